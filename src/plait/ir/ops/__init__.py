@@ -1,0 +1,42 @@
+"""The closed op registry and its op families.
+
+Example:
+    >>> from plait.ir.ops import all_ops, get_op
+    >>> get_op("relu").category.value
+    'pointwise'
+    >>> "conv2d" in all_ops()
+    True
+"""
+
+from plait.ir.ops import extern, pointwise, reduction, view  # noqa: F401  (registers the ops)
+from plait.ir.ops.registry import (
+    ATTR_KINDS,
+    OPTIONAL_TENSOR,
+    SCALAR_OR_TENSOR,
+    TENSOR,
+    VARIADIC,
+    Attr,
+    AttrError,
+    Category,
+    OpDef,
+    Param,
+    TypeRuleError,
+    all_ops,
+    get_op,
+)
+
+__all__ = [
+    "ATTR_KINDS",
+    "OPTIONAL_TENSOR",
+    "SCALAR_OR_TENSOR",
+    "TENSOR",
+    "VARIADIC",
+    "Attr",
+    "AttrError",
+    "Category",
+    "OpDef",
+    "Param",
+    "TypeRuleError",
+    "all_ops",
+    "get_op",
+]

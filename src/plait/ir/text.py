@@ -1,0 +1,394 @@
+"""The IR's text form: print with :func:`to_text`, parse back with :func:`from_text`.
+
+The round trip is exact: ``to_text(from_text(to_text(g))) == to_text(g)``. Attributes equal to
+their declared default are left out of the text; the parser fills them back in.
+
+Example:
+    >>> import torch
+    >>> from plait.ir import GraphBuilder, TensorType, to_text, from_text
+    >>> b = GraphBuilder()
+    >>> x = b.input("x", TensorType((2, 3), torch.float32))
+    >>> b.output(b.call("sum", x, dims=[1]))
+    >>> print(to_text(b.build()))
+    graph(
+      user %x: f32[2, 3]
+    ) {
+      %0 = sum(%x) {dims=[1]} : f32[2]
+      return %0
+    }
+    >>> to_text(from_text(to_text(b.graph))) == to_text(b.graph)
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import sympy
+import torch
+
+from plait.ir.graph import INPUT_KINDS, Graph, Node, Operand, Value
+from plait.ir.types import (
+    DTYPES_BY_NAME,
+    SCALAR_KINDS,
+    NoneType,
+    ScalarType,
+    TensorType,
+    Type,
+    dtype_name,
+)
+from plait.symbolic import DimParseError, dim_to_text, parse_dim
+
+RESERVED = {"true", "false", "none", "inf", "nan", *DTYPES_BY_NAME, *SCALAR_KINDS}
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*")
+_FLOAT_RE = re.compile(r"-?(?:\d+\.\d*(?:e[-+]?\d+)?|\d+e[-+]?\d+|inf|nan)(?![\w.])")
+_INT_RE = re.compile(r"-?\d+(?![\w.])")
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+# --- printing ----------------------------------------------------------------------------------
+def format_value(v: Any) -> str:
+    """Text of a literal operand or attribute value."""
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, torch.dtype):
+        return dtype_name(v)
+    if isinstance(v, sympy.Expr):
+        names = {str(s) for s in v.free_symbols} & RESERVED
+        if names:
+            raise ValueError(f"symbol names {sorted(names)} are reserved words in the IR text")
+        return f"({dim_to_text(v)})"
+    if isinstance(v, tuple):
+        return "[" + ", ".join(format_value(x) for x in v) + "]"
+    raise TypeError(f"cannot print attribute value {v!r} of type {type(v).__name__}")
+
+
+def format_type(t: Type) -> str:
+    return str(t)
+
+
+def format_operand(o: Operand) -> str:
+    return f"%{o.name}" if isinstance(o, Value) else format_value(o)
+
+
+def format_attrs(attrs: Mapping[str, Any]) -> str:
+    if not attrs:
+        return ""
+    return " {" + ", ".join(f"{k}={format_value(v)}" for k, v in attrs.items()) + "}"
+
+
+def node_text(
+    node: Node, name: Callable[[Value], str], attrs: Mapping[str, Any] | None = None
+) -> str:
+    outs = ", ".join(f"%{name(v)}" for v in node.outputs)
+    args = ", ".join(f"%{name(o)}" if isinstance(o, Value) else format_value(o)
+                     for o in node.inputs)
+    types = ", ".join(format_type(v.type) for v in node.outputs)
+    return f"{outs} = {node.op}({args}){format_attrs(node.attrs if attrs is None else attrs)}" \
+           f" : {types}"
+
+
+def _non_default_attrs(node: Node) -> dict[str, Any]:
+    from plait.ir.ops import get_op
+
+    try:
+        opdef = get_op(node.op)
+    except KeyError:
+        return dict(node.attrs)
+    defaults = {a.name: a.default for a in opdef.attrs if not a.required}
+    return {k: v for k, v in node.attrs.items()
+            if k not in defaults or not _same_attr(v, defaults[k])}
+
+
+def _same_attr(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and format_value(a) == format_value(b)
+
+
+def to_text(graph: Graph) -> str:
+    lines = ["graph("]
+    lines += [f"  {v.kind} %{v.name}: {format_type(v.type)}" for v in graph.inputs]
+    lines.append(") {")
+    lines += ["  " + node_text(n, lambda v: v.name, _non_default_attrs(n)) for n in graph.nodes]
+    lines.append("  return " + ", ".join(format_operand(o) for o in graph.outputs))
+    lines.append("}")
+    return "\n".join(lines)
+
+
+# --- parsing -----------------------------------------------------------------------------------
+class IRParseError(ValueError):
+    """Malformed IR text; names the 1-based line and column and what was expected."""
+
+    def __init__(self, message: str, line: int, column: int, line_text: str) -> None:
+        super().__init__(f"line {line}, column {column}: {message}\n  {line_text}\n"
+                         f"  {' ' * (column - 1)}^")
+        self.line, self.column, self.reason = line, column, message
+
+
+class _Cursor:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0
+
+    def error(self, message: str, pos: int | None = None) -> IRParseError:
+        pos = self.pos if pos is None else pos
+        line = self.text.count("\n", 0, pos) + 1
+        start = self.text.rfind("\n", 0, pos) + 1
+        end = self.text.find("\n", pos)
+        line_text = self.text[start : end if end >= 0 else len(self.text)]
+        return IRParseError(message, line, pos - start + 1, line_text)
+
+    def skip_ws(self, newlines: bool = True) -> None:
+        chars = " \t\r\n" if newlines else " \t\r"
+        while self.pos < len(self.text) and self.text[self.pos] in chars:
+            self.pos += 1
+
+    def peek(self, s: str) -> bool:
+        self.skip_ws()
+        return self.text.startswith(s, self.pos)
+
+    def expect(self, s: str) -> None:
+        self.skip_ws()
+        if not self.text.startswith(s, self.pos):
+            found = self.text[self.pos : self.pos + 12].split("\n")[0] or "end of text"
+            raise self.error(f"expected {s!r}, found {found!r}")
+        self.pos += len(s)
+
+    def match(self, pattern: re.Pattern[str], what: str) -> str:
+        self.skip_ws()
+        m = pattern.match(self.text, self.pos)
+        if not m:
+            found = self.text[self.pos : self.pos + 12].split("\n")[0] or "end of text"
+            raise self.error(f"expected {what}, found {found!r}")
+        self.pos = m.end()
+        return m.group(0)
+
+    def value_name(self) -> str:
+        self.expect("%")
+        return self.match(_NAME_RE, "a value name")
+
+    def balanced_until(self, stops: str) -> tuple[str, int]:
+        """Raw text up to a top-level stop character (used for dim expressions)."""
+        self.skip_ws()
+        start, depth = self.pos, 0
+        while self.pos < len(self.text):
+            c = self.text[self.pos]
+            if c == "(":
+                depth += 1
+            elif c == ")" and depth:
+                depth -= 1
+            elif depth == 0 and c in stops:
+                break
+            self.pos += 1
+        return self.text[start : self.pos].strip(), start
+
+    def dim(self, stops: str) -> Any:
+        raw, start = self.balanced_until(stops)
+        try:
+            return parse_dim(raw)
+        except (DimParseError, ValueError) as exc:
+            offset = exc.pos if isinstance(exc, DimParseError) else 0
+            raise self.error(f"bad dimension {raw!r}: {exc}", start + offset) from None
+
+    def type(self) -> Type:
+        self.skip_ws()
+        start = self.pos
+        word = self.match(_IDENT_RE, "a type")
+        if word == "none":
+            return NoneType()
+        if word in SCALAR_KINDS and not self.text.startswith("[", self.pos):
+            return ScalarType(word)
+        if word not in DTYPES_BY_NAME:
+            raise self.error(f"unknown dtype {word!r}; expected one of "
+                             f"{', '.join(DTYPES_BY_NAME)}", start)
+        self.expect("[")
+        dims: list[Any] = []
+        if not self.peek("]"):
+            dims.append(self.dim(",]"))
+            while self.peek(","):
+                self.expect(",")
+                dims.append(self.dim(",]"))
+        self.expect("]")
+        device = "cpu"
+        if self.text.startswith("@", self.pos):
+            self.pos += 1
+            device = self.match(re.compile(r"cpu|cuda:\d+"), "a device (cpu, cuda:N)")
+        try:
+            return TensorType(tuple(dims), DTYPES_BY_NAME[word], device)
+        except (ValueError, TypeError) as exc:
+            raise self.error(str(exc), start) from None
+
+    def literal(self, stops: str) -> Any:
+        self.skip_ws()
+        for word, value in (("true", True), ("false", False), ("none", None)):
+            if re.match(word + r"(?!\w)", self.text[self.pos :]):
+                self.pos += len(word)
+                return value
+        if self.text.startswith('"', self.pos):
+            return self._string()
+        if self.text.startswith("[", self.pos):
+            self.pos += 1
+            items: list[Any] = []
+            if not self.peek("]"):
+                items.append(self.literal(",]"))
+                while self.peek(","):
+                    self.expect(",")
+                    items.append(self.literal(",]"))
+            self.expect("]")
+            return tuple(items)
+        for pattern, convert in ((_FLOAT_RE, float), (_INT_RE, int)):
+            m = pattern.match(self.text, self.pos)
+            if m:
+                self.pos = m.end()
+                return convert(m.group(0))
+        m = _IDENT_RE.match(self.text, self.pos)
+        if m and m.group(0) in DTYPES_BY_NAME:
+            self.pos = m.end()
+            return DTYPES_BY_NAME[m.group(0)]
+        if self.text.startswith("(", self.pos):
+            return self.dim(stops)
+        raise self.error("expected a literal (number, true/false, none, string, list, dtype, "
+                         "or a parenthesized dim expression)")
+
+    def _string(self) -> str:
+        start = self.pos
+        decoder = json.JSONDecoder()
+        try:
+            value, end = decoder.raw_decode(self.text, self.pos)
+        except json.JSONDecodeError:
+            raise self.error("unterminated or invalid string", start) from None
+        self.pos = end
+        return str(value)
+
+
+def parse_type(text: str) -> Type:
+    """Parse one type, e.g. ``f32[4, s0]@cuda:0``."""
+    cur = _Cursor(text)
+    t = cur.type()
+    cur.skip_ws()
+    if cur.pos != len(text):
+        raise cur.error("unexpected text after the type")
+    return t
+
+
+def from_text(text: str, verify: bool = True) -> Graph:
+    """Parse IR text into a graph (and verify it unless ``verify=False``)."""
+    from plait.ir.ops import AttrError, TypeRuleError, get_op
+
+    cur = _Cursor(text)
+    graph = Graph()
+    env: dict[str, Value] = {}
+
+    def define(name: str, v: Value, pos: int) -> None:
+        if name in env:
+            raise cur.error(f"value %{name} is defined twice (SSA)", pos)
+        env[name] = v
+
+    def operand(stops: str) -> Operand:
+        cur.skip_ws()
+        if cur.text.startswith("%", cur.pos):
+            pos = cur.pos
+            name = cur.value_name()
+            if name not in env:
+                raise cur.error(f"value %{name} is used before it is defined", pos)
+            return env[name]
+        return cur.literal(stops)
+
+    cur.expect("graph")
+    cur.expect("(")
+    while not cur.peek(")"):
+        pos = cur.pos
+        kind = cur.match(_IDENT_RE, "an input kind (" + ", ".join(INPUT_KINDS) + ")")
+        if kind not in INPUT_KINDS:
+            raise cur.error(f"unknown input kind {kind!r}; expected one of {INPUT_KINDS}", pos)
+        cur.skip_ws()
+        pos = cur.pos
+        name = cur.value_name()
+        cur.expect(":")
+        v = Value(name, cur.type(), kind=kind)
+        define(name, v, pos)
+        graph.inputs.append(v)
+    cur.expect(")")
+    cur.expect("{")
+    while True:
+        cur.skip_ws()
+        if cur.peek("return"):
+            cur.expect("return")
+            break
+        line_start = cur.pos
+        names = [cur.value_name()]
+        while cur.peek(","):
+            cur.expect(",")
+            names.append(cur.value_name())
+        cur.expect("=")
+        op_pos = cur.pos
+        op_name = cur.match(_IDENT_RE, "an op name")
+        try:
+            opdef = get_op(op_name)
+        except KeyError as exc:
+            raise cur.error(str(exc.args[0]), op_pos) from None
+        cur.expect("(")
+        inputs: list[Operand] = []
+        if not cur.peek(")"):
+            inputs.append(operand(",)"))
+            while cur.peek(","):
+                cur.expect(",")
+                inputs.append(operand(",)"))
+        cur.expect(")")
+        attrs: dict[str, Any] = {}
+        if cur.peek("{"):
+            cur.expect("{")
+            while not cur.peek("}"):
+                key = cur.match(_IDENT_RE, "an attribute name")
+                cur.expect("=")
+                attrs[key] = cur.literal(",}")
+                if not cur.peek("}"):
+                    cur.expect(",")
+            cur.expect("}")
+        cur.expect(":")
+        types = [cur.type()]
+        while cur.peek(","):
+            cur.expect(",")
+            types.append(cur.type())
+        if len(types) != len(names):
+            raise cur.error(f"{len(names)} results but {len(types)} types", line_start)
+        try:
+            full = opdef.check_attrs(attrs)
+        except (AttrError, TypeRuleError) as exc:
+            raise cur.error(str(exc), op_pos) from None
+        node = Node(len(graph.nodes), op_name, tuple(inputs), full)
+        node.outputs = tuple(Value(n, t, node, i) for i, (n, t) in enumerate(zip(names, types)))
+        for v in node.outputs:
+            define(v.name, v, line_start)
+        graph.nodes.append(node)
+    cur.skip_ws(newlines=False)
+    if not cur.peek("}"):
+        graph.outputs.append(operand(",}"))
+        while cur.peek(","):
+            cur.expect(",")
+            graph.outputs.append(operand(",}"))
+    cur.expect("}")
+    cur.skip_ws()
+    if cur.pos != len(text):
+        raise cur.error("unexpected text after the graph")
+    if verify:
+        from plait.ir.verify import verify as run_verify
+
+        run_verify(graph)
+    return graph
+
