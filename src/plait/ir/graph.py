@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, TypeAlias
 
 import sympy
 
@@ -28,7 +28,7 @@ from plait.ir.types import Type
 INPUT_KINDS = ("user", "param", "buffer", "const")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Value:
     """An SSA value: a graph input (``kind`` set) or the ``index``-th output of ``producer``."""
 
@@ -42,12 +42,14 @@ class Value:
         return f"%{self.name}: {self.type}"
 
 
-Literal = Union[int, float, bool, None, sympy.Expr]
-Operand = Union[Value, Literal]
-AttrValue = Any  # int | float | bool | str | None | torch.dtype | sympy.Expr | tuple[AttrValue, ...]
+LiteralValue: TypeAlias = int | float | bool | sympy.Expr | None
+Operand: TypeAlias = Value | LiteralValue
+AttrValue = (
+    Any  # int | float | bool | str | None | torch.dtype | sympy.Expr | tuple[AttrValue, ...]
+)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Node:
     id: int
     op: str
@@ -65,7 +67,7 @@ class Node:
         return f"<node {self.id}: {outs} = {self.op}>"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Graph:
     inputs: list[Value] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
@@ -95,6 +97,8 @@ class Graph:
         from plait.ir.text import to_text
 
         return to_text(self)
+
+    __repr__ = __str__
 
 
 class GraphBuilder:
@@ -130,7 +134,10 @@ class GraphBuilder:
         return self.input(name, type, "buffer")
 
     def call(
-        self, op: str, *inputs: Operand | Sequence[Value], names: Sequence[str] | None = None,
+        self,
+        op: str,
+        *inputs: Operand | Sequence[Value],
+        names: Sequence[str] | None = None,
         **attrs: AttrValue,
     ) -> Any:
         """Append ``op(*inputs, **attrs)``; returns its value, or a tuple for several outputs.

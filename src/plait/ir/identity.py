@@ -42,85 +42,114 @@ def _sorted_attrs(node: Node) -> str:
     return "{" + ", ".join(f"{k}={format_value(node.attrs[k])}" for k in sorted(node.attrs)) + "}"
 
 
-def canonical_order(graph: Graph) -> list[Node]:
-    """Nodes in a topological order that does not depend on the order they were given in."""
+def _structural_keys(graph: Graph) -> dict[int, str]:
+    """Merkle keys: a value's key covers its op, attributes, types and operands' keys.
+
+    NOTE: equal keys mean identical computations; random nodes carry their position among
+    random nodes, so two draws never share a key.
+    """
     from plait.ir.ops import get_op
 
     keys: dict[int, str] = {id(v): _input_label(v, i) for i, v in enumerate(graph.inputs)}
-    random_nodes = [n for n in graph.nodes if get_op(n.op).is_random(n.attrs)]
-    random_rank = {id(n): i for i, n in enumerate(random_nodes)}
-    node_key: dict[int, str] = {}
+    random_rank = 0
     for node in graph.nodes:
         parts = [node.op, _sorted_attrs(node), ",".join(format_type(v.type) for v in node.outputs)]
-        parts += [keys[id(o)] if isinstance(o, Value) else "lit:" + format_value(o)
-                  for o in node.inputs]
-        if id(node) in random_rank:
-            parts.append(f"random#{random_rank[id(node)]}")
-        node_key[id(node)] = _sha("\x1f".join(parts))
+        parts += [
+            keys[id(o)] if isinstance(o, Value) else "lit:" + format_value(o) for o in node.inputs
+        ]
+        if get_op(node.op).is_random(node.attrs):
+            parts.append(f"random#{random_rank}")
+            random_rank += 1
+        key = _sha("\x1f".join(parts))
+        keys[id(node)] = key
         for v in node.outputs:
-            keys[id(v)] = f"{node_key[id(node)]}:{v.index}"
+            keys[id(v)] = f"{key}:{v.index}"
+    return keys
 
-    # Kahn's algorithm; ties on equal keys (identical computations) break on canonical names.
-    pending = {id(n): len({id(v.producer) for v in n.input_values() if v.producer is not None})
-               for n in graph.nodes}
+
+class _Namer:
+    """Canonical names. NOTE: values with equal structural keys share one name, so which of two
+    identical computations a user reads cannot change the canonical text."""
+
+    def __init__(self, graph: Graph, keys: dict[int, str]) -> None:
+        self.keys = keys
+        self.by_key: dict[str, str] = {keys[id(v)]: f"i{i}" for i, v in enumerate(graph.inputs)}
+        self.count = 0
+
+    def define(self, node: Node) -> None:
+        for v in node.outputs:
+            if self.keys[id(v)] not in self.by_key:
+                self.by_key[self.keys[id(v)]] = f"v{self.count}"
+                self.count += 1
+
+    def __call__(self, o: object) -> str:
+        return self.by_key[self.keys[id(o)]] if isinstance(o, Value) else format_value(o)
+
+
+def canonical_order(graph: Graph) -> list[Node]:
+    """Nodes in a topological order that does not depend on the order they were given in."""
+    return _canonical(graph)[0]
+
+
+def _canonical(graph: Graph) -> tuple[list[Node], _Namer]:
+    from plait.ir.ops import get_op
+
+    keys = _structural_keys(graph)
+    random_nodes = [n for n in graph.nodes if get_op(n.op).is_random(n.attrs)]
+    random_rank = {id(n): i for i, n in enumerate(random_nodes)}
+    producers = {
+        id(n): {id(v.producer) for v in n.input_values() if v.producer is not None}
+        for n in graph.nodes
+    }
+    pending = {nid: len(ps) for nid, ps in producers.items()}
     consumers: dict[int, list[Node]] = {}
     for n in graph.nodes:
-        for producer_id in {id(v.producer) for v in n.input_values() if v.producer is not None}:
-            consumers.setdefault(producer_id, []).append(n)
-    names: dict[int, str] = {id(v): f"i{i}" for i, v in enumerate(graph.inputs)}
+        for pid in producers[id(n)]:
+            consumers.setdefault(pid, []).append(n)
+    namer = _Namer(graph, keys)
     heap: list[tuple[str, tuple[str, ...], int]] = []
     by_id = {id(n): n for n in graph.nodes}
     next_random = 0
 
-    def ready(n: Node) -> bool:
-        return pending[id(n)] == 0 and random_rank.get(id(n), next_random) == next_random
-
-    def push(n: Node) -> None:
-        operands = tuple(names[id(o)] for o in n.input_values())
-        heapq.heappush(heap, (node_key[id(n)], operands, id(n)))
+    def push_if_ready(n: Node) -> None:
+        if pending[id(n)] == 0 and random_rank.get(id(n), next_random) == next_random:
+            operands = tuple(namer(o) for o in n.input_values())
+            heapq.heappush(heap, (keys[id(n)], operands, id(n)))
 
     for n in graph.nodes:
-        if ready(n):
-            push(n)
+        push_if_ready(n)
     order: list[Node] = []
     while heap:
-        _, _, nid = heapq.heappop(heap)
+        nid = heapq.heappop(heap)[2]
         node = by_id[nid]
         order.append(node)
-        for v in node.outputs:
-            names[id(v)] = f"v{len(names) - len(graph.inputs)}"
-        newly: list[Node] = []
-        for c in consumers.get(nid, []):
+        namer.define(node)
+        newly = consumers.get(nid, [])
+        for c in newly:
             pending[id(c)] -= 1
-            newly.append(c)
-        if id(node) in random_rank:
+        if nid in random_rank:
             next_random += 1
             if next_random < len(random_nodes):
-                newly.append(random_nodes[next_random])
-        for c in dict.fromkeys(newly):
-            if ready(c):
-                push(c)
+                newly = [*newly, random_nodes[next_random]]
+        for c in {id(c): c for c in newly}.values():
+            push_if_ready(c)
     if len(order) != len(graph.nodes):
         raise ValueError("graph has a cycle or a use before definition; run plait.ir.verify")
-    return order
+    return order, namer
 
 
 def canonical_text(graph: Graph) -> str:
     """The text the semantic hash is taken over (not meant to be parsed back)."""
-    order = canonical_order(graph)
-    names: dict[int, str] = {id(v): f"i{i}" for i, v in enumerate(graph.inputs)}
-    lines = [f"input {_input_label(v, i)} {format_type(v.type)}"
-             for i, v in enumerate(graph.inputs)]
+    order, name = _canonical(graph)
+    lines = [
+        f"input {_input_label(v, i)} {format_type(v.type)}" for i, v in enumerate(graph.inputs)
+    ]
     for node in order:
-        for v in node.outputs:
-            names[id(v)] = f"v{len(names) - len(graph.inputs)}"
-        outs = ", ".join(names[id(v)] for v in node.outputs)
-        args = ", ".join(names[id(o)] if isinstance(o, Value) else format_value(o)
-                         for o in node.inputs)
+        outs = ", ".join(name(v) for v in node.outputs)
+        args = ", ".join(name(o) for o in node.inputs)
         types = ", ".join(format_type(v.type) for v in node.outputs)
         lines.append(f"{outs} = {node.op}({args}) {_sorted_attrs(node)} : {types}")
-    lines.append("return " + ", ".join(names[id(o)] if isinstance(o, Value) else format_value(o)
-                                       for o in graph.outputs))
+    lines.append("return " + ", ".join(name(o) for o in graph.outputs))
     return "\n".join(lines)
 
 

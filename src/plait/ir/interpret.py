@@ -38,8 +38,10 @@ def bind_inputs(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any]) -> dict
     else:
         values = list(inputs)
         if len(values) != len(graph.inputs):
-            raise InterpretError(f"graph takes {len(graph.inputs)} inputs "
-                                 f"({', '.join(v.name for v in graph.inputs)}), got {len(values)}")
+            raise InterpretError(
+                f"graph takes {len(graph.inputs)} inputs "
+                f"({', '.join(v.name for v in graph.inputs)}), got {len(values)}"
+            )
     bindings: dict[str, int] = {}
     for v, x in zip(graph.inputs, values):
         if isinstance(v.type, TensorType):
@@ -72,8 +74,9 @@ def _dim_matches(d: Dim, n: int, bindings: dict[str, int]) -> bool:
     return not isinstance(value, int) or value == n
 
 
-def interpret(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any],
-              check_types: bool = True) -> list[Any]:
+def interpret(
+    graph: Graph, inputs: Sequence[Any] | Mapping[str, Any], check_types: bool = True
+) -> list[Any]:
     """Run ``graph`` on concrete inputs (in input order, or by name); returns the outputs."""
     from plait.ir.ops import get_op
 
@@ -90,13 +93,15 @@ def interpret(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any],
         args = [values[id(o)] if isinstance(o, Value) else o for o in node.inputs]
         results = opdef.run(args, node.attrs)
         if len(results) != len(node.outputs):
-            raise InterpretError(f"node {node.id} ({node.op}) returned {len(results)} values, "
-                                 f"declared {len(node.outputs)}")
+            raise InterpretError(
+                f"node {node.id} ({node.op}) returned {len(results)} values, "
+                f"declared {len(node.outputs)}"
+            )
         for v, r in zip(node.outputs, results):
             if check_types and isinstance(v.type, TensorType):
                 check_tensor(f"node {node.id} ({node.op}) output %{v.name}", v.type, r, bindings)
             values[id(v)] = r
-        for o in node.input_values():
+        for o in {id(v): v for v in node.input_values()}.values():
             if last_use.get(id(o)) == step and o.producer is not None:
                 del values[id(o)]
     return [values[id(o)] if isinstance(o, Value) else o for o in graph.outputs]

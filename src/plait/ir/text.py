@@ -97,11 +97,14 @@ def node_text(
     node: Node, name: Callable[[Value], str], attrs: Mapping[str, Any] | None = None
 ) -> str:
     outs = ", ".join(f"%{name(v)}" for v in node.outputs)
-    args = ", ".join(f"%{name(o)}" if isinstance(o, Value) else format_value(o)
-                     for o in node.inputs)
+    args = ", ".join(
+        f"%{name(o)}" if isinstance(o, Value) else format_value(o) for o in node.inputs
+    )
     types = ", ".join(format_type(v.type) for v in node.outputs)
-    return f"{outs} = {node.op}({args}){format_attrs(node.attrs if attrs is None else attrs)}" \
-           f" : {types}"
+    return (
+        f"{outs} = {node.op}({args}){format_attrs(node.attrs if attrs is None else attrs)}"
+        f" : {types}"
+    )
 
 
 def _non_default_attrs(node: Node) -> dict[str, Any]:
@@ -112,8 +115,9 @@ def _non_default_attrs(node: Node) -> dict[str, Any]:
     except KeyError:
         return dict(node.attrs)
     defaults = {a.name: a.default for a in opdef.attrs if not a.required}
-    return {k: v for k, v in node.attrs.items()
-            if k not in defaults or not _same_attr(v, defaults[k])}
+    return {
+        k: v for k, v in node.attrs.items() if k not in defaults or not _same_attr(v, defaults[k])
+    }
 
 
 def _same_attr(a: Any, b: Any) -> bool:
@@ -135,8 +139,9 @@ class IRParseError(ValueError):
     """Malformed IR text; names the 1-based line and column and what was expected."""
 
     def __init__(self, message: str, line: int, column: int, line_text: str) -> None:
-        super().__init__(f"line {line}, column {column}: {message}\n  {line_text}\n"
-                         f"  {' ' * (column - 1)}^")
+        super().__init__(
+            f"line {line}, column {column}: {message}\n  {line_text}\n  {' ' * (column - 1)}^"
+        )
         self.line, self.column, self.reason = line, column, message
 
 
@@ -192,7 +197,7 @@ class _Cursor:
                 depth += 1
             elif c == ")" and depth:
                 depth -= 1
-            elif depth == 0 and c in stops:
+            elif (depth == 0 and c in stops) or c == "\n":
                 break
             self.pos += 1
         return self.text[start : self.pos].strip(), start
@@ -214,8 +219,9 @@ class _Cursor:
         if word in SCALAR_KINDS and not self.text.startswith("[", self.pos):
             return ScalarType(word)
         if word not in DTYPES_BY_NAME:
-            raise self.error(f"unknown dtype {word!r}; expected one of "
-                             f"{', '.join(DTYPES_BY_NAME)}", start)
+            raise self.error(
+                f"unknown dtype {word!r}; expected one of {', '.join(DTYPES_BY_NAME)}", start
+            )
         self.expect("[")
         dims: list[Any] = []
         if not self.peek("]"):
@@ -262,8 +268,10 @@ class _Cursor:
             return DTYPES_BY_NAME[m.group(0)]
         if self.text.startswith("(", self.pos):
             return self.dim(stops)
-        raise self.error("expected a literal (number, true/false, none, string, list, dtype, "
-                         "or a parenthesized dim expression)")
+        raise self.error(
+            "expected a literal (number, true/false, none, string, list, dtype, "
+            "or a parenthesized dim expression)"
+        )
 
     def _string(self) -> str:
         start = self.pos
@@ -312,6 +320,7 @@ def from_text(text: str, verify: bool = True) -> Graph:
     cur.expect("graph")
     cur.expect("(")
     while not cur.peek(")"):
+        cur.skip_ws()
         pos = cur.pos
         kind = cur.match(_IDENT_RE, "an input kind (" + ", ".join(INPUT_KINDS) + ")")
         if kind not in INPUT_KINDS:
@@ -336,6 +345,7 @@ def from_text(text: str, verify: bool = True) -> Graph:
             cur.expect(",")
             names.append(cur.value_name())
         cur.expect("=")
+        cur.skip_ws()
         op_pos = cur.pos
         op_name = cur.match(_IDENT_RE, "an op name")
         try:
@@ -391,4 +401,3 @@ def from_text(text: str, verify: bool = True) -> Graph:
 
         run_verify(graph)
     return graph
-

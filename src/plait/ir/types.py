@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import TypeAlias
 
 import sympy
 import torch
@@ -137,7 +137,7 @@ class NoneType:
         return "none"
 
 
-Type = Union[TensorType, ScalarType, NoneType]
+Type: TypeAlias = TensorType | ScalarType | NoneType
 
 
 def scalar_type_of(value: object) -> ScalarType:

@@ -20,8 +20,11 @@ class VerificationError(ValueError):
     """A graph breaks an IR invariant. ``node`` is the offending node (None for graph-level)."""
 
     def __init__(self, rule: str, message: str, node: Node | None = None) -> None:
-        where = f"node {node.id} ({node.op}, defines {', '.join('%' + v.name for v in node.outputs)})" \
-            if node is not None else "graph"
+        where = (
+            f"node {node.id} ({node.op}, defines {', '.join('%' + v.name for v in node.outputs)})"
+            if node is not None
+            else "graph"
+        )
         super().__init__(f"[{rule}] {where}: {message}")
         self.rule = rule
         self.node = node
@@ -42,8 +45,9 @@ def verify(graph: Graph) -> None:
 
     for v in graph.inputs:
         if v.kind not in INPUT_KINDS:
-            raise VerificationError("input-kind", f"input %{v.name} has kind {v.kind!r}; "
-                                    f"expected one of {INPUT_KINDS}")
+            raise VerificationError(
+                "input-kind", f"input %{v.name} has kind {v.kind!r}; expected one of {INPUT_KINDS}"
+            )
         if v.producer is not None:
             raise VerificationError("ssa", f"input %{v.name} has a producer node")
         define(v, None)
@@ -55,7 +59,8 @@ def verify(graph: Graph) -> None:
         for i, operand in enumerate(node.inputs):
             if isinstance(operand, Value) and id(operand) not in defined:
                 raise VerificationError(
-                    "ssa", f"operand {i} (%{operand.name}) is not defined before its use", node)
+                    "ssa", f"operand {i} (%{operand.name}) is not defined before its use", node
+                )
         try:
             opdef = get_op(node.op)
         except KeyError as exc:
@@ -65,25 +70,35 @@ def verify(graph: Graph) -> None:
         except (AttrError, TypeRuleError) as exc:
             raise VerificationError("attrs", str(exc), node) from None
         if not _attrs_identical(full, node.attrs):
-            raise VerificationError("attrs", f"attributes {node.attrs} are not in canonical form "
-                                    f"{full} (missing defaults or non-canonical values)", node)
+            raise VerificationError(
+                "attrs",
+                f"attributes {node.attrs} are not in canonical form "
+                f"{full} (missing defaults or non-canonical values)",
+                node,
+            )
         try:
             expected = opdef.output_types(node.inputs, node.attrs)
         except (TypeRuleError, AttrError, ValueError, TypeError) as exc:
-            raise VerificationError("type-rule", f"the type rule rejects the operands: {exc}",
-                                    node) from None
+            raise VerificationError(
+                "type-rule", f"the type rule rejects the operands: {exc}", node
+            ) from None
         actual = tuple(v.type for v in node.outputs)
         if len(expected) != len(actual):
-            raise VerificationError("type", f"{len(actual)} outputs, the type rule gives "
-                                    f"{len(expected)}", node)
+            raise VerificationError(
+                "type", f"{len(actual)} outputs, the type rule gives {len(expected)}", node
+            )
         for i, (e, a) in enumerate(zip(expected, actual)):
             if str(e) != str(a):
-                raise VerificationError("type", f"output {i} (%{node.outputs[i].name}) has type {a}"
-                                        f", the type rule gives {e}", node)
+                raise VerificationError(
+                    "type",
+                    f"output {i} (%{node.outputs[i].name}) has type {a}, the type rule gives {e}",
+                    node,
+                )
         for i, v in enumerate(node.outputs):
             if v.producer is not node or v.index != i:
-                raise VerificationError("ssa", f"output %{v.name} does not point back at its "
-                                        "node", node)
+                raise VerificationError(
+                    "ssa", f"output %{v.name} does not point back at its node", node
+                )
             define(v, node)
     for i, out in enumerate(graph.outputs):
         if isinstance(out, Value) and id(out) not in defined:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Union
+from typing import TypeAlias
 
 import sympy
 
-Dim = Union[int, sympy.Expr]
+Dim: TypeAlias = int | sympy.Expr
 
 _SYMBOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FUNCTIONS = {
@@ -72,7 +72,7 @@ def free_symbols(dims: Iterable[Dim]) -> set[sympy.Symbol]:
     out: set[sympy.Symbol] = set()
     for d in dims:
         if isinstance(d, sympy.Expr):
-            out |= d.free_symbols  # type: ignore[arg-type]
+            out |= d.free_symbols
     return out
 
 
@@ -124,8 +124,10 @@ def parse_dim(text: str) -> Dim:
 
 
 class _Parser:
-    """Recursive descent over: sum := term (('+'|'-') term)*; term := unary (('*'|'/') unary)*;
-    unary := '-' unary | power; power := atom ('**' unary)?; atom := int | name | call | '(' sum ')'.
+    """Recursive descent over
+    sum := term (('+'|'-') term)*;  term := unary (('*'|'/') unary)*;
+    unary := '-' unary | power;  power := atom ('**' unary)?;
+    atom := int | name | call | '(' sum ')'.
     """
 
     def __init__(self, text: str) -> None:
@@ -155,8 +157,9 @@ class _Parser:
     def take(self, expected: str | None = None) -> str:
         tok = self.peek()
         if tok is None:
-            raise DimParseError(f"expected {expected or 'a value'}, found end of text", self.text,
-                                self.pos)
+            raise DimParseError(
+                f"expected {expected or 'a value'}, found end of text", self.text, self.pos
+            )
         if expected is not None and tok != expected:
             raise DimParseError(f"expected {expected!r}, found {tok!r}", self.text, self.pos)
         self.index += 1
@@ -188,7 +191,7 @@ class _Parser:
         base = self.atom()
         if self.peek() == "**":
             self.take()
-            return base**self.unary()
+            return base ** self.unary()
         return base
 
     def atom(self) -> sympy.Expr:

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 
 from plait.ir.ops.registry import (
     OPTIONAL_TENSOR,
-    SCALAR_OR_TENSOR,
     VARIADIC,
     Attr,
     Category,
@@ -20,7 +19,7 @@ from plait.ir.ops.registry import (
     register,
 )
 from plait.ir.ops.rules import broadcast_shapes, device_of, require_float, wrap_dim
-from plait.ir.types import FLOAT_DTYPES, INT_DTYPES, NoneType, TensorType, Type
+from plait.ir.types import FLOAT_DTYPES, INT_DTYPES, TensorType, Type
 from plait.symbolic import Dim, dims_equal, normalize
 
 FLOATS = FLOAT_DTYPES
@@ -50,8 +49,15 @@ def _conv_out(n: Dim, k: int, stride: int, pad: int, dil: int, ceil: bool = Fals
     return normalize(span // stride + 1)
 
 
-def _conv2d_rule(x: TensorType, w: TensorType, b: Type, stride: tuple, padding: tuple,
-                 dilation: tuple, groups: int) -> list[Type]:
+def _conv2d_rule(
+    x: TensorType,
+    w: TensorType,
+    b: Type,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+) -> list[Type]:
     require_float(x, "conv2d")
     if x.rank != 4 or w.rank != 4:
         raise TypeRuleError(f"conv2d: expects 4-D input and weight, got {x} and {w}")
@@ -61,19 +67,31 @@ def _conv2d_rule(x: TensorType, w: TensorType, b: Type, stride: tuple, padding: 
         _check_dim("conv2d", b.shape[0], w.shape[0], "bias size vs output channels")
     if len(stride) != 2 or len(padding) != 2 or len(dilation) != 2:
         raise TypeRuleError("conv2d: stride, padding and dilation take two values each")
-    h, wd = (_conv_out(x.shape[2 + i], int(w.shape[2 + i]), stride[i], padding[i], dilation[i])
-             for i in range(2))
+    h, wd = (
+        _conv_out(x.shape[2 + i], int(w.shape[2 + i]), stride[i], padding[i], dilation[i])
+        for i in range(2)
+    )
     return [TensorType((x.shape[0], w.shape[0], h, wd), dtype, device_of(x, w, b))]
 
 
-register(OpDef("conv2d", Category.EXTERN,
-               (Param("x"), Param("weight"), Param("bias", OPTIONAL_TENSOR)),
-               (Attr("stride", "ints", (1, 1)), Attr("padding", "ints", (0, 0)),
-                Attr("dilation", "ints", (1, 1)), Attr("groups", "int", 1)),
-               _conv2d_rule,
-               lambda x, w, b, stride, padding, dilation, groups: F.conv2d(
-                   x, w, b, stride, padding, dilation, groups),
-               FLOATS))
+register(
+    OpDef(
+        "conv2d",
+        Category.EXTERN,
+        (Param("x"), Param("weight"), Param("bias", OPTIONAL_TENSOR)),
+        (
+            Attr("stride", "ints", (1, 1)),
+            Attr("padding", "ints", (0, 0)),
+            Attr("dilation", "ints", (1, 1)),
+            Attr("groups", "int", 1),
+        ),
+        _conv2d_rule,
+        lambda x, w, b, stride, padding, dilation, groups: F.conv2d(
+            x, w, b, stride, padding, dilation, groups
+        ),
+        FLOATS,
+    )
+)
 
 
 def _linear_rule(x: TensorType, w: TensorType, b: Type) -> list[Type]:
@@ -87,9 +105,17 @@ def _linear_rule(x: TensorType, w: TensorType, b: Type) -> list[Type]:
     return [TensorType((*x.shape[:-1], w.shape[0]), dtype, device_of(x, w, b))]
 
 
-register(OpDef("linear", Category.EXTERN,
-               (Param("x"), Param("weight"), Param("bias", OPTIONAL_TENSOR)), (),
-               _linear_rule, F.linear, FLOATS))
+register(
+    OpDef(
+        "linear",
+        Category.EXTERN,
+        (Param("x"), Param("weight"), Param("bias", OPTIONAL_TENSOR)),
+        (),
+        _linear_rule,
+        F.linear,
+        FLOATS,
+    )
+)
 
 
 def _matmul_rule(a: TensorType, b: TensorType) -> list[Type]:
@@ -111,8 +137,17 @@ def _matmul_rule(a: TensorType, b: TensorType) -> list[Type]:
     return [TensorType(shape, dtype, device_of(a, b))]
 
 
-register(OpDef("matmul", Category.EXTERN, (Param("a"), Param("b")), (), _matmul_rule,
-               torch.matmul, (*FLOATS, *INT_DTYPES)))
+register(
+    OpDef(
+        "matmul",
+        Category.EXTERN,
+        (Param("a"), Param("b")),
+        (),
+        _matmul_rule,
+        torch.matmul,
+        (*FLOATS, *INT_DTYPES),
+    )
+)
 
 
 def _bmm_rule(a: TensorType, b: TensorType) -> list[Type]:
@@ -124,12 +159,28 @@ def _bmm_rule(a: TensorType, b: TensorType) -> list[Type]:
     return [TensorType((a.shape[0], a.shape[1], b.shape[2]), dtype, device_of(a, b))]
 
 
-register(OpDef("bmm", Category.EXTERN, (Param("a"), Param("b")), (), _bmm_rule, torch.bmm,
-               (*FLOATS, *INT_DTYPES)))
+register(
+    OpDef(
+        "bmm",
+        Category.EXTERN,
+        (Param("a"), Param("b")),
+        (),
+        _bmm_rule,
+        torch.bmm,
+        (*FLOATS, *INT_DTYPES),
+    )
+)
 
 
-def _sdpa_rule(q: TensorType, k: TensorType, v: TensorType, mask: Type, dropout_p: float,
-               is_causal: bool, scale: float | None) -> list[Type]:
+def _sdpa_rule(
+    q: TensorType,
+    k: TensorType,
+    v: TensorType,
+    mask: Type,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+) -> list[Type]:
     require_float(q, "scaled_dot_product_attention")
     dtype = _same_dtype("scaled_dot_product_attention", q, k, v)
     if q.rank < 2 or k.rank != q.rank or v.rank != q.rank:
@@ -145,14 +196,24 @@ def _sdpa_rule(q: TensorType, k: TensorType, v: TensorType, mask: Type, dropout_
     return [TensorType((*batch, q.shape[-2], v.shape[-1]), dtype, device_of(q, k, v, mask))]
 
 
-register(OpDef("scaled_dot_product_attention", Category.EXTERN,
-               (Param("q"), Param("k"), Param("v"), Param("attn_mask", OPTIONAL_TENSOR)),
-               (Attr("dropout_p", "float", 0.0), Attr("is_causal", "bool", False),
-                Attr("scale", "float?", None)),
-               _sdpa_rule,
-               lambda q, k, v, m, dropout_p, is_causal, scale: F.scaled_dot_product_attention(
-                   q, k, v, attn_mask=m, dropout_p=dropout_p, is_causal=is_causal, scale=scale),
-               FLOATS, random_when=lambda a: a["dropout_p"] > 0))
+register(
+    OpDef(
+        "scaled_dot_product_attention",
+        Category.EXTERN,
+        (Param("q"), Param("k"), Param("v"), Param("attn_mask", OPTIONAL_TENSOR)),
+        (
+            Attr("dropout_p", "float", 0.0),
+            Attr("is_causal", "bool", False),
+            Attr("scale", "float?", None),
+        ),
+        _sdpa_rule,
+        lambda q, k, v, m, dropout_p, is_causal, scale: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=m, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        ),
+        FLOATS,
+        random_when=lambda a: a["dropout_p"] > 0,
+    )
+)
 
 
 def _embedding_rule(indices: TensorType, weight: TensorType, padding_idx: int | None) -> list[Type]:
@@ -164,9 +225,17 @@ def _embedding_rule(indices: TensorType, weight: TensorType, padding_idx: int | 
     return [TensorType(shape, weight.dtype, device_of(indices, weight))]
 
 
-register(OpDef("embedding", Category.EXTERN, (Param("indices"), Param("weight")),
-               (Attr("padding_idx", "int?", None),), _embedding_rule,
-               lambda i, w, padding_idx: F.embedding(i, w, padding_idx), FLOATS))
+register(
+    OpDef(
+        "embedding",
+        Category.EXTERN,
+        (Param("indices"), Param("weight")),
+        (Attr("padding_idx", "int?", None),),
+        _embedding_rule,
+        lambda i, w, padding_idx: F.embedding(i, w, padding_idx),
+        FLOATS,
+    )
+)
 
 
 def _index_select_rule(x: TensorType, index: TensorType, dim: int) -> list[Type]:
@@ -180,14 +249,29 @@ def _index_select_rule(x: TensorType, index: TensorType, dim: int) -> list[Type]
     return [TensorType(tuple(shape), x.dtype, device_of(x, index))]
 
 
-register(OpDef("index_select", Category.EXTERN, (Param("x"), Param("index")),
-               (Attr("dim", "int"),), _index_select_rule,
-               lambda x, i, dim: torch.index_select(x, dim, i), ALL))
+register(
+    OpDef(
+        "index_select",
+        Category.EXTERN,
+        (Param("x"), Param("index")),
+        (Attr("dim", "int"),),
+        _index_select_rule,
+        lambda x, i, dim: torch.index_select(x, dim, i),
+        ALL,
+    )
+)
 
 
 def _pool_rule(name: str) -> Any:
-    def rule(x: TensorType, kernel_size: tuple, stride: tuple | None, padding: tuple,
-             ceil_mode: bool, dilation: tuple = (1, 1), **_: Any) -> list[Type]:
+    def rule(
+        x: TensorType,
+        kernel_size: tuple,
+        stride: tuple | None,
+        padding: tuple,
+        ceil_mode: bool,
+        dilation: tuple = (1, 1),
+        **_: Any,
+    ) -> list[Type]:
         if x.rank not in (3, 4):
             raise TypeRuleError(f"{name}: expects a 3-D or 4-D input, got {x}")
         stride = stride or kernel_size
@@ -196,29 +280,60 @@ def _pool_rule(name: str) -> Any:
                 raise TypeRuleError(f"{name}: {what} takes two values, got {list(v)}")
         if any(2 * p > k for p, k in zip(padding, kernel_size)):
             raise TypeRuleError(f"{name}: padding {list(padding)} exceeds half the kernel")
-        hw = tuple(_conv_out(x.shape[x.rank - 2 + i], kernel_size[i], stride[i], padding[i],
-                             dilation[i], ceil_mode) for i in range(2))
+        hw = tuple(
+            _conv_out(
+                x.shape[x.rank - 2 + i],
+                kernel_size[i],
+                stride[i],
+                padding[i],
+                dilation[i],
+                ceil_mode,
+            )
+            for i in range(2)
+        )
         return [x.with_shape((*x.shape[:-2], *hw))]
 
     return rule
 
 
-_POOL_ATTRS = (Attr("kernel_size", "ints"), Attr("stride", "ints?", None),
-               Attr("padding", "ints", (0, 0)))
-register(OpDef("max_pool2d", Category.EXTERN, (Param("x"),),
-               (*_POOL_ATTRS, Attr("dilation", "ints", (1, 1)), Attr("ceil_mode", "bool", False)),
-               _pool_rule("max_pool2d"),
-               lambda x, kernel_size, stride, padding, dilation, ceil_mode: F.max_pool2d(
-                   x, kernel_size, stride, padding, dilation, ceil_mode),
-               (*FLOATS, torch.int64)))
-register(OpDef("avg_pool2d", Category.EXTERN, (Param("x"),),
-               (*_POOL_ATTRS, Attr("ceil_mode", "bool", False),
-                Attr("count_include_pad", "bool", True), Attr("divisor_override", "int?", None)),
-               _pool_rule("avg_pool2d"),
-               lambda x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-               divisor_override: F.avg_pool2d(x, kernel_size, stride, padding, ceil_mode,
-                                              count_include_pad, divisor_override),
-               FLOATS))
+_POOL_ATTRS = (
+    Attr("kernel_size", "ints"),
+    Attr("stride", "ints?", None),
+    Attr("padding", "ints", (0, 0)),
+)
+register(
+    OpDef(
+        "max_pool2d",
+        Category.EXTERN,
+        (Param("x"),),
+        (*_POOL_ATTRS, Attr("dilation", "ints", (1, 1)), Attr("ceil_mode", "bool", False)),
+        _pool_rule("max_pool2d"),
+        lambda x, kernel_size, stride, padding, dilation, ceil_mode: F.max_pool2d(
+            x, kernel_size, stride, padding, dilation, ceil_mode
+        ),
+        (*FLOATS, torch.int64),
+    )
+)
+register(
+    OpDef(
+        "avg_pool2d",
+        Category.EXTERN,
+        (Param("x"),),
+        (
+            *_POOL_ATTRS,
+            Attr("ceil_mode", "bool", False),
+            Attr("count_include_pad", "bool", True),
+            Attr("divisor_override", "int?", None),
+        ),
+        _pool_rule("avg_pool2d"),
+        lambda x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override: (
+            F.avg_pool2d(
+                x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+            )
+        ),
+        FLOATS,
+    )
+)
 
 
 def _adaptive_rule(x: TensorType, output_size: tuple) -> list[Type]:
@@ -228,9 +343,17 @@ def _adaptive_rule(x: TensorType, output_size: tuple) -> list[Type]:
     return [x.with_shape((*x.shape[:-2], *output_size))]
 
 
-register(OpDef("adaptive_avg_pool2d", Category.EXTERN, (Param("x"),),
-               (Attr("output_size", "ints"),), _adaptive_rule,
-               lambda x, output_size: F.adaptive_avg_pool2d(x, output_size), FLOATS))
+register(
+    OpDef(
+        "adaptive_avg_pool2d",
+        Category.EXTERN,
+        (Param("x"),),
+        (Attr("output_size", "ints"),),
+        _adaptive_rule,
+        lambda x, output_size: F.adaptive_avg_pool2d(x, output_size),
+        FLOATS,
+    )
+)
 
 
 # --- random --------------------------------------------------------------------------------
@@ -241,10 +364,19 @@ def _dropout_rule(x: TensorType, p: float, train: bool) -> list[Type]:
     return [x]
 
 
-register(OpDef("dropout", Category.RANDOM, (Param("x"),),
-               (Attr("p", "float", 0.5), Attr("train", "bool", True)), _dropout_rule,
-               lambda x, p, train: F.dropout(x, p, train), FLOATS,
-               "identity when train is false", random_when=lambda a: a["train"] and a["p"] > 0))
+register(
+    OpDef(
+        "dropout",
+        Category.RANDOM,
+        (Param("x"),),
+        (Attr("p", "float", 0.5), Attr("train", "bool", True)),
+        _dropout_rule,
+        lambda x, p, train: F.dropout(x, p, train),
+        FLOATS,
+        "identity when train is false",
+        random_when=lambda a: a["train"] and a["p"] > 0,
+    )
+)
 
 
 # --- constants -----------------------------------------------------------------------------
@@ -255,13 +387,39 @@ def _full_rule(shape: tuple, dtype: torch.dtype, device: str, **_: Any) -> list[
 
 
 _CONST_ATTRS = (Attr("shape", "dims"), Attr("dtype", "dtype"), Attr("device", "str", "cpu"))
-register(OpDef("full", Category.CONSTANT, (), (*_CONST_ATTRS, Attr("value", "scalar")), _full_rule,
-               lambda shape, dtype, device, value: torch.full(shape, value, dtype=dtype,
-                                                              device=device), ALL))
-register(OpDef("zeros", Category.CONSTANT, (), _CONST_ATTRS, _full_rule,
-               lambda shape, dtype, device: torch.zeros(shape, dtype=dtype, device=device), ALL))
-register(OpDef("ones", Category.CONSTANT, (), _CONST_ATTRS, _full_rule,
-               lambda shape, dtype, device: torch.ones(shape, dtype=dtype, device=device), ALL))
+register(
+    OpDef(
+        "full",
+        Category.CONSTANT,
+        (),
+        (*_CONST_ATTRS, Attr("value", "scalar")),
+        _full_rule,
+        lambda shape, dtype, device, value: torch.full(shape, value, dtype=dtype, device=device),
+        ALL,
+    )
+)
+register(
+    OpDef(
+        "zeros",
+        Category.CONSTANT,
+        (),
+        _CONST_ATTRS,
+        _full_rule,
+        lambda shape, dtype, device: torch.zeros(shape, dtype=dtype, device=device),
+        ALL,
+    )
+)
+register(
+    OpDef(
+        "ones",
+        Category.CONSTANT,
+        (),
+        _CONST_ATTRS,
+        _full_rule,
+        lambda shape, dtype, device: torch.ones(shape, dtype=dtype, device=device),
+        ALL,
+    )
+)
 
 
 def arange_length(start: float, end: float, step: float) -> int:
@@ -279,13 +437,25 @@ def _arange_rule(start: Any, end: Any, step: Any, dtype: torch.dtype, device: st
     return [TensorType((arange_length(start, end, step),), dtype, device)]
 
 
-register(OpDef("arange", Category.CONSTANT, (),
-               (Attr("start", "scalar", 0), Attr("end", "scalar"), Attr("step", "scalar", 1),
-                Attr("dtype", "dtype"), Attr("device", "str", "cpu")),
-               _arange_rule,
-               lambda start, end, step, dtype, device: torch.arange(start, end, step, dtype=dtype,
-                                                                    device=device),
-               (*FLOATS, *INT_DTYPES)))
+register(
+    OpDef(
+        "arange",
+        Category.CONSTANT,
+        (),
+        (
+            Attr("start", "scalar", 0),
+            Attr("end", "scalar"),
+            Attr("step", "scalar", 1),
+            Attr("dtype", "dtype"),
+            Attr("device", "str", "cpu"),
+        ),
+        _arange_rule,
+        lambda start, end, step, dtype, device: torch.arange(
+            start, end, step, dtype=dtype, device=device
+        ),
+        (*FLOATS, *INT_DTYPES),
+    )
+)
 
 
 # --- opaque --------------------------------------------------------------------------------
@@ -324,9 +494,16 @@ def _opaque_ref(args: list[Any], target: str, out_types: str) -> Any:
     return resolve_target(target)(*args)
 
 
-register(OpDef("opaque", Category.OPAQUE, (Param("args", VARIADIC),),
-               (Attr("target", "str"), Attr("out_types", "str")), _opaque_rule, _opaque_ref, ALL,
-               "a PyTorch call with no IR op; run by PyTorch and counted as a fallback",
-               fixed_outputs=None))
-
-
+register(
+    OpDef(
+        "opaque",
+        Category.OPAQUE,
+        (Param("args", VARIADIC),),
+        (Attr("target", "str"), Attr("out_types", "str")),
+        _opaque_rule,
+        _opaque_ref,
+        ALL,
+        "a PyTorch call with no IR op; run by PyTorch and counted as a fallback",
+        fixed_outputs=None,
+    )
+)

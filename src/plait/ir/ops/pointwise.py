@@ -48,8 +48,13 @@ def _unary(
 
 
 _unary("relu", torch.relu, NUMERIC)
-_unary("gelu", lambda x, approximate: F.gelu(x, approximate=approximate), FLOATS,
-       float_only=True, attrs=(Attr("approximate", "str", "none", ("none", "tanh")),))
+_unary(
+    "gelu",
+    lambda x, approximate: F.gelu(x, approximate=approximate),
+    FLOATS,
+    float_only=True,
+    attrs=(Attr("approximate", "str", "none", ("none", "tanh")),),
+)
 _unary("silu", F.silu, FLOATS, float_only=True)
 _unary("sigmoid", torch.sigmoid, NUMERIC, to_float=True)
 _unary("tanh", torch.tanh, NUMERIC, to_float=True)
@@ -67,16 +72,35 @@ def _logical_not_rule(x: TensorType) -> list[Type]:
     return [x.with_dtype(torch.bool)]
 
 
-register(OpDef("logical_not", Category.POINTWISE, (Param("x"),), (), _logical_not_rule,
-               torch.logical_not, ALL))
+register(
+    OpDef(
+        "logical_not",
+        Category.POINTWISE,
+        (Param("x"),),
+        (),
+        _logical_not_rule,
+        torch.logical_not,
+        ALL,
+    )
+)
 
 
 def _cast_rule(x: TensorType, dtype: torch.dtype) -> list[Type]:
     return [x.with_dtype(dtype)]
 
 
-register(OpDef("to_dtype", Category.POINTWISE, (Param("x"),), (Attr("dtype", "dtype"),),
-               _cast_rule, lambda x, dtype: x.to(dtype), ALL, "dtype conversion"))
+register(
+    OpDef(
+        "to_dtype",
+        Category.POINTWISE,
+        (Param("x"),),
+        (Attr("dtype", "dtype"),),
+        _cast_rule,
+        lambda x, dtype: x.to(dtype),
+        ALL,
+        "dtype conversion",
+    )
+)
 
 
 # --- binary ------------------------------------------------------------------------------------
@@ -114,15 +138,38 @@ def _scalar_first(fn: Callable[..., Any], swapped: Callable[..., Any]) -> Callab
 
 _ALPHA = (Attr("alpha", "scalar", 1),)
 _BINARIES: list[tuple[str, Callable[..., Any], str, tuple, tuple[Attr, ...], str]] = [
-    ("add", _scalar_first(torch.add, lambda b, a, alpha: torch.add(b, a)), "promote", ALL,
-     _ALPHA, SCALAR_OR_TENSOR),
-    ("sub", _scalar_first(torch.sub, lambda b, a, alpha: torch.rsub(b, a)), "promote", NUMERIC,
-     _ALPHA, SCALAR_OR_TENSOR),
-    ("mul", _scalar_first(torch.mul, lambda b, a: torch.mul(b, a)), "promote", ALL, (),
-     SCALAR_OR_TENSOR),
-    ("div", lambda a, b, rounding_mode: torch.div(a, b, rounding_mode=rounding_mode),
-     "true_div", NUMERIC,
-     (Attr("rounding_mode", "str?", None, (None, "trunc", "floor")),), TENSOR),
+    (
+        "add",
+        _scalar_first(torch.add, lambda b, a, alpha: torch.add(b, a)),
+        "promote",
+        ALL,
+        _ALPHA,
+        SCALAR_OR_TENSOR,
+    ),
+    (
+        "sub",
+        _scalar_first(torch.sub, lambda b, a, alpha: torch.rsub(b, a)),
+        "promote",
+        NUMERIC,
+        _ALPHA,
+        SCALAR_OR_TENSOR,
+    ),
+    (
+        "mul",
+        _scalar_first(torch.mul, lambda b, a: torch.mul(b, a)),
+        "promote",
+        ALL,
+        (),
+        SCALAR_OR_TENSOR,
+    ),
+    (
+        "div",
+        lambda a, b, rounding_mode: torch.div(a, b, rounding_mode=rounding_mode),
+        "true_div",
+        NUMERIC,
+        (Attr("rounding_mode", "str?", None, (None, "trunc", "floor")),),
+        TENSOR,
+    ),
     ("pow", torch.pow, "promote", NUMERIC, (), SCALAR_OR_TENSOR),
     ("maximum", torch.maximum, "promote", ALL, (), TENSOR),
     ("minimum", torch.minimum, "promote", ALL, (), TENSOR),
@@ -138,8 +185,17 @@ _BINARIES: list[tuple[str, Callable[..., Any], str, tuple, tuple[Attr, ...], str
 
 for _name, _fn, _result, _dtypes, _attrs, _first in _BINARIES:
     _second = TENSOR if _name in ("maximum", "minimum") else SCALAR_OR_TENSOR
-    register(OpDef(_name, Category.POINTWISE, (Param("a", _first), Param("b", _second)), _attrs,
-                   _binary_rule(_name, _result, _dtypes), _fn, _dtypes))
+    register(
+        OpDef(
+            _name,
+            Category.POINTWISE,
+            (Param("a", _first), Param("b", _second)),
+            _attrs,
+            _binary_rule(_name, _result, _dtypes),
+            _fn,
+            _dtypes,
+        )
+    )
 
 
 def _where_rule(cond: TensorType, a: Type, b: Type) -> list[Type]:
@@ -149,9 +205,17 @@ def _where_rule(cond: TensorType, a: Type, b: Type) -> list[Type]:
     return [TensorType(broadcast_shapes(*shapes), promote(a, b), device_of(cond, a, b))]
 
 
-register(OpDef("where", Category.POINTWISE,
-               (Param("cond"), Param("a", SCALAR_OR_TENSOR), Param("b", SCALAR_OR_TENSOR)), (),
-               _where_rule, torch.where, ALL))
+register(
+    OpDef(
+        "where",
+        Category.POINTWISE,
+        (Param("cond"), Param("a", SCALAR_OR_TENSOR), Param("b", SCALAR_OR_TENSOR)),
+        (),
+        _where_rule,
+        torch.where,
+        ALL,
+    )
+)
 
 
 def _clamp_rule(x: TensorType, min: Any, max: Any) -> list[Type]:
@@ -166,9 +230,17 @@ def _clamp_rule(x: TensorType, min: Any, max: Any) -> list[Type]:
     return [x.with_dtype(dtype)]
 
 
-register(OpDef("clamp", Category.POINTWISE, (Param("x"),),
-               (Attr("min", "scalar?", None), Attr("max", "scalar?", None)),
-               _clamp_rule, lambda x, min, max: torch.clamp(x, min=min, max=max), NUMERIC))
+register(
+    OpDef(
+        "clamp",
+        Category.POINTWISE,
+        (Param("x"),),
+        (Attr("min", "scalar?", None), Attr("max", "scalar?", None)),
+        _clamp_rule,
+        lambda x, min, max: torch.clamp(x, min=min, max=max),
+        NUMERIC,
+    )
+)
 
 
 def _tri_rule(name: str) -> Callable[..., list[Type]]:
@@ -180,9 +252,27 @@ def _tri_rule(name: str) -> Callable[..., list[Type]]:
     return rule
 
 
-register(OpDef("triu", Category.POINTWISE, (Param("x"),), (Attr("diagonal", "int", 0),),
-               _tri_rule("triu"), lambda x, diagonal: torch.triu(x, diagonal), ALL,
-               "zero below the diagonal (index-dependent pointwise)"))
-register(OpDef("tril", Category.POINTWISE, (Param("x"),), (Attr("diagonal", "int", 0),),
-               _tri_rule("tril"), lambda x, diagonal: torch.tril(x, diagonal), ALL,
-               "zero above the diagonal (index-dependent pointwise)"))
+register(
+    OpDef(
+        "triu",
+        Category.POINTWISE,
+        (Param("x"),),
+        (Attr("diagonal", "int", 0),),
+        _tri_rule("triu"),
+        lambda x, diagonal: torch.triu(x, diagonal),
+        ALL,
+        "zero below the diagonal (index-dependent pointwise)",
+    )
+)
+register(
+    OpDef(
+        "tril",
+        Category.POINTWISE,
+        (Param("x"),),
+        (Attr("diagonal", "int", 0),),
+        _tri_rule("tril"),
+        lambda x, diagonal: torch.tril(x, diagonal),
+        ALL,
+        "zero above the diagonal (index-dependent pointwise)",
+    )
+)

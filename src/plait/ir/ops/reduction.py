@@ -68,18 +68,65 @@ def _var_rule(x: TensorType, dims: Any, correction: Any, keepdim: bool) -> list[
 
 
 _DTYPE = (Attr("dtype", "dtype?", None),)
-register(OpDef("sum", Category.REDUCTION, (Param("x"),), _REDUCE_ATTRS + _DTYPE, _sum_rule,
-               _reduce_ref(torch.sum), ALL))
-register(OpDef("mean", Category.REDUCTION, (Param("x"),), _REDUCE_ATTRS + _DTYPE, _mean_rule,
-               _reduce_ref(torch.mean), FLOAT_DTYPES))
-register(OpDef("amax", Category.REDUCTION, (Param("x"),), _REDUCE_ATTRS, _minmax_rule("amax"),
-               _reduce_ref(torch.amax), ALL))
-register(OpDef("amin", Category.REDUCTION, (Param("x"),), _REDUCE_ATTRS, _minmax_rule("amin"),
-               _reduce_ref(torch.amin), ALL))
-register(OpDef("var", Category.REDUCTION, (Param("x"),),
-               (Attr("dims", "ints?", None), Attr("correction", "scalar", 1),
-                Attr("keepdim", "bool", False)),
-               _var_rule, _reduce_ref(torch.var), FLOAT_DTYPES))
+register(
+    OpDef(
+        "sum",
+        Category.REDUCTION,
+        (Param("x"),),
+        _REDUCE_ATTRS + _DTYPE,
+        _sum_rule,
+        _reduce_ref(torch.sum),
+        ALL,
+    )
+)
+register(
+    OpDef(
+        "mean",
+        Category.REDUCTION,
+        (Param("x"),),
+        _REDUCE_ATTRS + _DTYPE,
+        _mean_rule,
+        _reduce_ref(torch.mean),
+        FLOAT_DTYPES,
+    )
+)
+register(
+    OpDef(
+        "amax",
+        Category.REDUCTION,
+        (Param("x"),),
+        _REDUCE_ATTRS,
+        _minmax_rule("amax"),
+        _reduce_ref(torch.amax),
+        ALL,
+    )
+)
+register(
+    OpDef(
+        "amin",
+        Category.REDUCTION,
+        (Param("x"),),
+        _REDUCE_ATTRS,
+        _minmax_rule("amin"),
+        _reduce_ref(torch.amin),
+        ALL,
+    )
+)
+register(
+    OpDef(
+        "var",
+        Category.REDUCTION,
+        (Param("x"),),
+        (
+            Attr("dims", "ints?", None),
+            Attr("correction", "scalar", 1),
+            Attr("keepdim", "bool", False),
+        ),
+        _var_rule,
+        _reduce_ref(torch.var),
+        FLOAT_DTYPES,
+    )
+)
 
 
 # --- softmax family ------------------------------------------------------------------------
@@ -95,12 +142,28 @@ def _softmax_rule(name: str) -> Any:
 
 
 _SOFTMAX_ATTRS = (Attr("dim", "int"), Attr("dtype", "dtype?", None))
-register(OpDef("softmax", Category.REDUCTION, (Param("x"),), _SOFTMAX_ATTRS,
-               _softmax_rule("softmax"),
-               lambda x, dim, dtype: F.softmax(x, dim=dim, dtype=dtype), FLOAT_DTYPES))
-register(OpDef("log_softmax", Category.REDUCTION, (Param("x"),), _SOFTMAX_ATTRS,
-               _softmax_rule("log_softmax"),
-               lambda x, dim, dtype: F.log_softmax(x, dim=dim, dtype=dtype), FLOAT_DTYPES))
+register(
+    OpDef(
+        "softmax",
+        Category.REDUCTION,
+        (Param("x"),),
+        _SOFTMAX_ATTRS,
+        _softmax_rule("softmax"),
+        lambda x, dim, dtype: F.softmax(x, dim=dim, dtype=dtype),
+        FLOAT_DTYPES,
+    )
+)
+register(
+    OpDef(
+        "log_softmax",
+        Category.REDUCTION,
+        (Param("x"),),
+        _SOFTMAX_ATTRS,
+        _softmax_rule("log_softmax"),
+        lambda x, dim, dtype: F.log_softmax(x, dim=dim, dtype=dtype),
+        FLOAT_DTYPES,
+    )
+)
 
 
 # --- normalizations ------------------------------------------------------------------------
@@ -114,12 +177,15 @@ def _check_param(name: str, what: str, t: Type, shape: tuple[Dim, ...], x: Tenso
         raise TypeRuleError(f"{name}: {what} is on {t.device}, input on {x.device}")
 
 
-def _layer_norm_rule(x: TensorType, weight: Type, bias: Type, normalized_shape: tuple,
-                     eps: float) -> list[Type]:
+def _layer_norm_rule(
+    x: TensorType, weight: Type, bias: Type, normalized_shape: tuple, eps: float
+) -> list[Type]:
     require_float(x, "layer_norm")
     n = len(normalized_shape)
-    if n == 0 or n > x.rank or not all(
-        dims_equal(a, b) for a, b in zip(x.shape[x.rank - n :], normalized_shape)
+    if (
+        n == 0
+        or n > x.rank
+        or not all(dims_equal(a, b) for a, b in zip(x.shape[x.rank - n :], normalized_shape))
     ):
         raise TypeRuleError(
             f"layer_norm: normalized_shape {list(normalized_shape)} does not match the trailing "
@@ -130,16 +196,22 @@ def _layer_norm_rule(x: TensorType, weight: Type, bias: Type, normalized_shape: 
     return [x]
 
 
-register(OpDef("layer_norm", Category.REDUCTION,
-               (Param("x"), Param("weight", OPTIONAL_TENSOR), Param("bias", OPTIONAL_TENSOR)),
-               (Attr("normalized_shape", "dims"), Attr("eps", "float", 1e-5)),
-               _layer_norm_rule,
-               lambda x, w, b, normalized_shape, eps: F.layer_norm(x, normalized_shape, w, b, eps),
-               FLOAT_DTYPES))
+register(
+    OpDef(
+        "layer_norm",
+        Category.REDUCTION,
+        (Param("x"), Param("weight", OPTIONAL_TENSOR), Param("bias", OPTIONAL_TENSOR)),
+        (Attr("normalized_shape", "dims"), Attr("eps", "float", 1e-5)),
+        _layer_norm_rule,
+        lambda x, w, b, normalized_shape, eps: F.layer_norm(x, normalized_shape, w, b, eps),
+        FLOAT_DTYPES,
+    )
+)
 
 
-def _group_norm_rule(x: TensorType, weight: Type, bias: Type, num_groups: int,
-                     eps: float) -> list[Type]:
+def _group_norm_rule(
+    x: TensorType, weight: Type, bias: Type, num_groups: int, eps: float
+) -> list[Type]:
     require_float(x, "group_norm")
     if x.rank < 2:
         raise TypeRuleError(f"group_norm: expects rank >= 2 (N, C, ...), got {x}")
@@ -151,12 +223,17 @@ def _group_norm_rule(x: TensorType, weight: Type, bias: Type, num_groups: int,
     return [x]
 
 
-register(OpDef("group_norm", Category.REDUCTION,
-               (Param("x"), Param("weight", OPTIONAL_TENSOR), Param("bias", OPTIONAL_TENSOR)),
-               (Attr("num_groups", "int"), Attr("eps", "float", 1e-5)),
-               _group_norm_rule,
-               lambda x, w, b, num_groups, eps: F.group_norm(x, num_groups, w, b, eps),
-               FLOAT_DTYPES))
+register(
+    OpDef(
+        "group_norm",
+        Category.REDUCTION,
+        (Param("x"), Param("weight", OPTIONAL_TENSOR), Param("bias", OPTIONAL_TENSOR)),
+        (Attr("num_groups", "int"), Attr("eps", "float", 1e-5)),
+        _group_norm_rule,
+        lambda x, w, b, num_groups, eps: F.group_norm(x, num_groups, w, b, eps),
+        FLOAT_DTYPES,
+    )
+)
 
 _BN_PARAMS = (
     Param("x"),
@@ -186,13 +263,23 @@ def _bn_eval_ref(x: Any, w: Any, b: Any, rm: Any, rv: Any, eps: float) -> Any:
     return F.batch_norm(x, rm, rv, w, b, training=False, eps=eps)
 
 
-register(OpDef("batch_norm", Category.REDUCTION, _BN_PARAMS, (Attr("eps", "float", 1e-5),),
-               _bn_eval_rule, _bn_eval_ref, FLOAT_DTYPES,
-               "inference semantics: normalize with the running statistics"))
+register(
+    OpDef(
+        "batch_norm",
+        Category.REDUCTION,
+        _BN_PARAMS,
+        (Attr("eps", "float", 1e-5),),
+        _bn_eval_rule,
+        _bn_eval_ref,
+        FLOAT_DTYPES,
+        "inference semantics: normalize with the running statistics",
+    )
+)
 
 
-def _bn_train_rule(x: TensorType, w: Type, b: Type, rm: Type, rv: Type, momentum: float | None,
-                   eps: float) -> list[Type]:
+def _bn_train_rule(
+    x: TensorType, w: Type, b: Type, rm: Type, rv: Type, momentum: float | None, eps: float
+) -> list[Type]:
     _bn_common("batch_norm_train", x, w, b, rm, rv)
     if isinstance(rm, NoneType) != isinstance(rv, NoneType):
         raise TypeRuleError("batch_norm_train: give both running stats or neither")
@@ -201,8 +288,9 @@ def _bn_train_rule(x: TensorType, w: Type, b: Type, rm: Type, rv: Type, momentum
     return [x]
 
 
-def _bn_train_ref(x: Any, w: Any, b: Any, rm: Any, rv: Any, momentum: float | None,
-                  eps: float) -> Any:
+def _bn_train_ref(
+    x: Any, w: Any, b: Any, rm: Any, rv: Any, momentum: float | None, eps: float
+) -> Any:
     """Functional: returns the output and the updated running stats (inputs are not mutated).
 
     NOTE: ``momentum=None`` means a cumulative average, which PyTorch's module computes by passing
@@ -215,8 +303,17 @@ def _bn_train_ref(x: Any, w: Any, b: Any, rm: Any, rv: Any, momentum: float | No
     return (y, new_rm, new_rv)
 
 
-register(OpDef("batch_norm_train", Category.REDUCTION, _BN_PARAMS,
-               (Attr("momentum", "float", 0.1), Attr("eps", "float", 1e-5)),
-               _bn_train_rule, _bn_train_ref, FLOAT_DTYPES,
-               "training semantics: batch statistics; outputs (y, new_running_mean, "
-               "new_running_var) when running stats are given, else (y,)", fixed_outputs=None))
+register(
+    OpDef(
+        "batch_norm_train",
+        Category.REDUCTION,
+        _BN_PARAMS,
+        (Attr("momentum", "float", 0.1), Attr("eps", "float", 1e-5)),
+        _bn_train_rule,
+        _bn_train_ref,
+        FLOAT_DTYPES,
+        "training semantics: batch statistics; outputs (y, new_running_mean, "
+        "new_running_var) when running stats are given, else (y,)",
+        fixed_outputs=None,
+    )
+)

@@ -263,8 +263,9 @@ def get_op(name: str) -> OpDef:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise KeyError(f"unknown op {name!r}; plait's op registry is closed: "
-                       f"see plait.ir.ops.all_ops()") from None
+        raise KeyError(
+            f"unknown op {name!r}; plait's op registry is closed: see plait.ir.ops.all_ops()"
+        ) from None
 
 
 def all_ops() -> dict[str, OpDef]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import sympy
 import torch
 
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
@@ -27,16 +28,35 @@ def _infer_shape(name: str, x: TensorType, shape: Sequence[Dim]) -> tuple[Dim, .
     if holes:
         if dims_equal(known, 0):
             raise TypeRuleError(f"{name}: cannot infer -1 in {list(shape)} with a zero dim")
-        inferred = normalize(x.numel / known) if not isinstance(known, int) or known else 0
-        if isinstance(inferred, int) is False and not getattr(inferred, "is_integer", False):
-            raise TypeRuleError(f"{name}: {x} does not reshape to {list(shape)}")
         out = list(shape)
-        out[holes[0]] = inferred
+        out[holes[0]] = _exact_div(name, x.numel, known, shape)
         shape = out
     if not known_equal(product(shape), x.numel):
-        raise TypeRuleError(f"{name}: shape {list(shape)} does not hold the {x.numel} elements "
-                            f"of {x}")
+        if x.is_static and all(isinstance(d, int) for d in shape):
+            raise TypeRuleError(
+                f"{name}: shape {list(shape)} does not hold the {x.numel} elements of {x}"
+            )
+        raise TypeRuleError(
+            f"{name}: cannot prove that shape {list(shape)} holds the "
+            f"{x.numel} elements of {x}; specialize the dims"
+        )
     return tuple(shape)
+
+
+def _exact_div(name: str, numel: Dim, known: Dim, shape: Sequence[Dim]) -> Dim:
+    if isinstance(numel, int) and isinstance(known, int):
+        if numel % known:
+            raise TypeRuleError(f"{name}: {numel} elements do not reshape to {list(shape)}")
+        return numel // known
+    quotient = sympy.simplify(
+        sympy.Integer(numel) / known if isinstance(numel, int) else numel / known
+    )
+    if not quotient.is_integer:
+        raise TypeRuleError(
+            f"{name}: cannot prove that {numel} elements reshape to "
+            f"{list(shape)}; specialize the dims"
+        )
+    return normalize(quotient)
 
 
 def _reshape_rule(name: str) -> Any:
@@ -46,10 +66,28 @@ def _reshape_rule(name: str) -> Any:
     return rule
 
 
-register(OpDef("view", Category.VIEW, (Param("x"),), (Attr("shape", "dims"),),
-               _reshape_rule("view"), lambda x, shape: x.view(shape), ALL))
-register(OpDef("reshape", Category.VIEW, (Param("x"),), (Attr("shape", "dims"),),
-               _reshape_rule("reshape"), lambda x, shape: x.reshape(shape), ALL))
+register(
+    OpDef(
+        "view",
+        Category.VIEW,
+        (Param("x"),),
+        (Attr("shape", "dims"),),
+        _reshape_rule("view"),
+        lambda x, shape: x.view(shape),
+        ALL,
+    )
+)
+register(
+    OpDef(
+        "reshape",
+        Category.VIEW,
+        (Param("x"),),
+        (Attr("shape", "dims"),),
+        _reshape_rule("reshape"),
+        lambda x, shape: x.reshape(shape),
+        ALL,
+    )
+)
 
 
 def _permute_rule(x: TensorType, dims: tuple[int, ...]) -> list[Type]:
@@ -59,8 +97,17 @@ def _permute_rule(x: TensorType, dims: tuple[int, ...]) -> list[Type]:
     return [x.with_shape(tuple(x.shape[a] for a in axes))]
 
 
-register(OpDef("permute", Category.VIEW, (Param("x"),), (Attr("dims", "ints"),), _permute_rule,
-               lambda x, dims: x.permute(dims), ALL))
+register(
+    OpDef(
+        "permute",
+        Category.VIEW,
+        (Param("x"),),
+        (Attr("dims", "ints"),),
+        _permute_rule,
+        lambda x, dims: x.permute(dims),
+        ALL,
+    )
+)
 
 
 def _transpose_rule(x: TensorType, dim0: int, dim1: int) -> list[Type]:
@@ -71,9 +118,17 @@ def _transpose_rule(x: TensorType, dim0: int, dim1: int) -> list[Type]:
     return [x.with_shape(tuple(shape))]
 
 
-register(OpDef("transpose", Category.VIEW, (Param("x"),),
-               (Attr("dim0", "int"), Attr("dim1", "int")), _transpose_rule,
-               lambda x, dim0, dim1: x.transpose(dim0, dim1), ALL))
+register(
+    OpDef(
+        "transpose",
+        Category.VIEW,
+        (Param("x"),),
+        (Attr("dim0", "int"), Attr("dim1", "int")),
+        _transpose_rule,
+        lambda x, dim0, dim1: x.transpose(dim0, dim1),
+        ALL,
+    )
+)
 
 
 def _expand_rule(x: TensorType, shape: tuple) -> list[Type]:
@@ -97,8 +152,17 @@ def _expand_rule(x: TensorType, shape: tuple) -> list[Type]:
     return [x.with_shape(tuple(out))]
 
 
-register(OpDef("expand", Category.VIEW, (Param("x"),), (Attr("shape", "dims"),), _expand_rule,
-               lambda x, shape: x.expand(shape), ALL))
+register(
+    OpDef(
+        "expand",
+        Category.VIEW,
+        (Param("x"),),
+        (Attr("shape", "dims"),),
+        _expand_rule,
+        lambda x, shape: x.expand(shape),
+        ALL,
+    )
+)
 
 
 def _unsqueeze_rule(x: TensorType, dim: int) -> list[Type]:
@@ -108,8 +172,17 @@ def _unsqueeze_rule(x: TensorType, dim: int) -> list[Type]:
     return [x.with_shape(tuple(shape))]
 
 
-register(OpDef("unsqueeze", Category.VIEW, (Param("x"),), (Attr("dim", "int"),), _unsqueeze_rule,
-               lambda x, dim: x.unsqueeze(dim), ALL))
+register(
+    OpDef(
+        "unsqueeze",
+        Category.VIEW,
+        (Param("x"),),
+        (Attr("dim", "int"),),
+        _unsqueeze_rule,
+        lambda x, dim: x.unsqueeze(dim),
+        ALL,
+    )
+)
 
 
 def _squeeze_rule(x: TensorType, dims: tuple[int, ...] | None) -> list[Type]:
@@ -123,8 +196,17 @@ def _squeeze_ref(x: torch.Tensor, dims: tuple[int, ...] | None) -> torch.Tensor:
     return x.squeeze() if dims is None else x.squeeze(dims)
 
 
-register(OpDef("squeeze", Category.VIEW, (Param("x"),), (Attr("dims", "ints?", None),),
-               _squeeze_rule, _squeeze_ref, ALL))
+register(
+    OpDef(
+        "squeeze",
+        Category.VIEW,
+        (Param("x"),),
+        (Attr("dims", "ints?", None),),
+        _squeeze_rule,
+        _squeeze_ref,
+        ALL,
+    )
+)
 
 
 def _flatten_rule(x: TensorType, start_dim: int, end_dim: int) -> list[Type]:
@@ -137,9 +219,17 @@ def _flatten_rule(x: TensorType, start_dim: int, end_dim: int) -> list[Type]:
     return [x.with_shape(shape)]
 
 
-register(OpDef("flatten", Category.VIEW, (Param("x"),),
-               (Attr("start_dim", "int", 0), Attr("end_dim", "int", -1)), _flatten_rule,
-               lambda x, start_dim, end_dim: torch.flatten(x, start_dim, end_dim), ALL))
+register(
+    OpDef(
+        "flatten",
+        Category.VIEW,
+        (Param("x"),),
+        (Attr("start_dim", "int", 0), Attr("end_dim", "int", -1)),
+        _flatten_rule,
+        lambda x, start_dim, end_dim: torch.flatten(x, start_dim, end_dim),
+        ALL,
+    )
+)
 
 
 def _cat_rule(*xs: Any, dim: int) -> list[Type]:
@@ -159,12 +249,21 @@ def _cat_rule(*xs: Any, dim: int) -> list[Type]:
         ):
             raise TypeRuleError(f"cat: {t} does not match {first} outside dim {d}")
     shape = list(first.shape)
-    shape[d] = normalize(sum((t.shape[d] for t in ranked), start=0))  # type: ignore[arg-type]
+    shape[d] = normalize(sum((t.shape[d] for t in ranked), start=0))
     return [TensorType(tuple(shape), dtype, device_of(*tensors))]
 
 
-register(OpDef("cat", Category.VIEW, (Param("tensors", VARIADIC),), (Attr("dim", "int", 0),),
-               _cat_rule, lambda tensors, dim: torch.cat(tensors, dim), ALL))
+register(
+    OpDef(
+        "cat",
+        Category.VIEW,
+        (Param("tensors", VARIADIC),),
+        (Attr("dim", "int", 0),),
+        _cat_rule,
+        lambda tensors, dim: torch.cat(tensors, dim),
+        ALL,
+    )
+)
 
 
 def _stack_rule(*xs: Any, dim: int) -> list[Type]:
@@ -182,22 +281,47 @@ def _stack_rule(*xs: Any, dim: int) -> list[Type]:
     return [TensorType(tuple(shape), dtype, device_of(*tensors))]
 
 
-register(OpDef("stack", Category.VIEW, (Param("tensors", VARIADIC),), (Attr("dim", "int", 0),),
-               _stack_rule, lambda tensors, dim: torch.stack(tensors, dim), ALL))
+register(
+    OpDef(
+        "stack",
+        Category.VIEW,
+        (Param("tensors", VARIADIC),),
+        (Attr("dim", "int", 0),),
+        _stack_rule,
+        lambda tensors, dim: torch.stack(tensors, dim),
+        ALL,
+    )
+)
 
 
 def _split_rule(x: TensorType, sizes: tuple, dim: int) -> list[Type]:
     d = wrap_dim(dim, x.rank, "split")
     if x.rank == 0:
         raise TypeRuleError("split: cannot split a rank-0 tensor")
-    if not known_equal(normalize(sum(sizes, start=0)), x.shape[d]):
-        raise TypeRuleError(f"split: sizes {list(sizes)} do not add up to dim {d} of {x}")
+    total = normalize(sum(sizes, start=0))
+    if not known_equal(total, x.shape[d]):
+        hint = (
+            ""
+            if isinstance(total, int) and isinstance(x.shape[d], int)
+            else ("; cannot prove it, specialize the dims")
+        )
+        raise TypeRuleError(f"split: sizes {list(sizes)} do not add up to dim {d} of {x}{hint}")
     return [x.with_shape((*x.shape[:d], s, *x.shape[d + 1 :])) for s in sizes]
 
 
-register(OpDef("split", Category.VIEW, (Param("x"),), (Attr("sizes", "dims"), Attr("dim", "int", 0)),
-               _split_rule, lambda x, sizes, dim: torch.split(x, list(sizes), dim), ALL,
-               "split into pieces of the given sizes (one output each)", fixed_outputs=None))
+register(
+    OpDef(
+        "split",
+        Category.VIEW,
+        (Param("x"),),
+        (Attr("sizes", "dims"), Attr("dim", "int", 0)),
+        _split_rule,
+        lambda x, sizes, dim: torch.split(x, list(sizes), dim),
+        ALL,
+        "split into pieces of the given sizes (one output each)",
+        fixed_outputs=None,
+    )
+)
 
 
 def chunk_sizes(n: int, chunks: int) -> list[int]:
@@ -218,45 +342,66 @@ def _chunk_rule(x: TensorType, chunks: int, dim: int) -> list[Type]:
     return [x.with_shape((*x.shape[:d], s, *x.shape[d + 1 :])) for s in chunk_sizes(n, chunks)]
 
 
-register(OpDef("chunk", Category.VIEW, (Param("x"),), (Attr("chunks", "int"), Attr("dim", "int", 0)),
-               _chunk_rule, lambda x, chunks, dim: torch.chunk(x, chunks, dim), ALL,
-               fixed_outputs=None))
+register(
+    OpDef(
+        "chunk",
+        Category.VIEW,
+        (Param("x"),),
+        (Attr("chunks", "int"), Attr("dim", "int", 0)),
+        _chunk_rule,
+        lambda x, chunks, dim: torch.chunk(x, chunks, dim),
+        ALL,
+        fixed_outputs=None,
+    )
+)
 
 
-def _slice_bounds(n: Dim, start: int | None, end: int | None) -> tuple[Dim, Dim]:
-    """Python slice clamping; symbolic sizes need nonnegative bounds or None."""
+def _slice_length(n: Dim, start: int | None, end: int | None, step: int) -> Dim:
+    """Python slice semantics (bounds clamped to the size); symbolic sizes need nonnegative
+    bounds, since a negative bound's meaning depends on the size."""
     if isinstance(n, int):
-        lo, hi, _ = slice(start, end).indices(n)
-        return lo, max(hi, lo)
+        return len(range(*slice(start, end, step).indices(n)))
     if (start or 0) < 0 or (end is not None and end < 0):
         raise TypeRuleError(f"slice: negative bounds on symbolic dim {n}; specialize it")
-    lo_d: Dim = start or 0
-    hi_d: Dim = n if end is None else end
-    return lo_d, hi_d
+    lo = sympy.Min(start or 0, n)
+    hi = n if end is None else sympy.Min(end, n)
+    return normalize(sympy.Max(0, sympy.ceiling((hi - lo) / step)))
 
 
-def _slice_rule(x: TensorType, dim: int, start: int | None, end: int | None,
-                step: int) -> list[Type]:
+def _slice_rule(
+    x: TensorType, dim: int, start: int | None, end: int | None, step: int
+) -> list[Type]:
     d = wrap_dim(dim, x.rank, "slice")
     if step <= 0:
         raise TypeRuleError(f"slice: step must be positive, got {step}")
-    lo, hi = _slice_bounds(x.shape[d], start, end)
-    length = normalize((hi - lo + step - 1) // step) if isinstance(hi - lo, int) else (
-        normalize(-(-(hi - lo) // step)))
+    length = _slice_length(x.shape[d], start, end, step)
     return [x.with_shape((*x.shape[:d], length, *x.shape[d + 1 :]))]
 
 
-def _slice_ref(x: torch.Tensor, dim: int, start: int | None, end: int | None,
-               step: int) -> torch.Tensor:
+def _slice_ref(
+    x: torch.Tensor, dim: int, start: int | None, end: int | None, step: int
+) -> torch.Tensor:
     index = [slice(None)] * x.dim()
     index[dim] = slice(start, end, step)
     return x[tuple(index)]
 
 
-register(OpDef("slice", Category.VIEW, (Param("x"),),
-               (Attr("dim", "int", 0), Attr("start", "int?", None), Attr("end", "int?", None),
-                Attr("step", "int", 1)),
-               _slice_rule, _slice_ref, ALL))
+register(
+    OpDef(
+        "slice",
+        Category.VIEW,
+        (Param("x"),),
+        (
+            Attr("dim", "int", 0),
+            Attr("start", "int?", None),
+            Attr("end", "int?", None),
+            Attr("step", "int", 1),
+        ),
+        _slice_rule,
+        _slice_ref,
+        ALL,
+    )
+)
 
 
 def _select_rule(x: TensorType, dim: int, index: int) -> list[Type]:
@@ -267,8 +412,27 @@ def _select_rule(x: TensorType, dim: int, index: int) -> list[Type]:
     return [x.with_shape((*x.shape[:d], *x.shape[d + 1 :]))]
 
 
-register(OpDef("select", Category.VIEW, (Param("x"),), (Attr("dim", "int"), Attr("index", "int")),
-               _select_rule, lambda x, dim, index: x.select(dim, index), ALL))
+register(
+    OpDef(
+        "select",
+        Category.VIEW,
+        (Param("x"),),
+        (Attr("dim", "int"), Attr("index", "int")),
+        _select_rule,
+        lambda x, dim, index: x.select(dim, index),
+        ALL,
+    )
+)
 
-register(OpDef("contiguous", Category.VIEW, (Param("x"),), (), lambda x: [x],
-               lambda x: x.contiguous(), ALL, "identity on values; a layout request to codegen"))
+register(
+    OpDef(
+        "contiguous",
+        Category.VIEW,
+        (Param("x"),),
+        (),
+        lambda x: [x],
+        lambda x: x.contiguous(),
+        ALL,
+        "identity on values; a layout request to codegen",
+    )
+)

@@ -1,0 +1,28 @@
+"""Test helpers shared across the suite."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def assert_bitwise(a: Any, b: Any, what: str = "") -> None:
+    """Equal bits, shape, dtype and device (NaNs compare by their bits, signed zeros differ)."""
+    assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor), what
+    assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
+    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+    assert a.device == b.device, f"{what}: device {a.device} != {b.device}"
+    if a.dtype == torch.bool:
+        assert torch.equal(a, b), what
+        return
+    as_int = _SAME_SIZE_INT[a.element_size()]
+    ia = a.detach().contiguous().view(as_int)
+    ib = b.detach().contiguous().view(as_int)
+    if not torch.equal(ia, ib):
+        diff = (ia != ib).nonzero()[0].tolist()
+        raise AssertionError(
+            f"{what}: differs first at {diff}: {a[tuple(diff)]} vs {b[tuple(diff)]}"
+        )
