@@ -69,9 +69,34 @@ class Node:
 
 @dataclass(eq=False, repr=False)
 class Graph:
+    """``constants`` holds the values of ``const`` inputs the compiler owns (folded or frozen
+    tensors); like weights, they are not part of the text or the semantic hash."""
+
     inputs: list[Value] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
     outputs: list[Operand] = field(default_factory=list)
+    constants: dict[str, Any] = field(default_factory=dict)
+
+    def copy(self) -> Graph:
+        """A structural copy: new values and nodes with the same names and ids."""
+        mapping: dict[int, Value] = {}
+
+        def clone(v: Value, producer: Node | None) -> Value:
+            new = Value(v.name, v.type, producer, v.index, v.kind)
+            mapping[id(v)] = new
+            return new
+
+        def remap(o: Operand) -> Operand:
+            return mapping[id(o)] if isinstance(o, Value) else o
+
+        out = Graph(constants=dict(self.constants))
+        out.inputs = [clone(v, None) for v in self.inputs]
+        for n in self.nodes:
+            node = Node(n.id, n.op, tuple(remap(o) for o in n.inputs), dict(n.attrs))
+            node.outputs = tuple(clone(v, node) for v in n.outputs)
+            out.nodes.append(node)
+        out.outputs = [remap(o) for o in self.outputs]
+        return out
 
     def input(self, name: str) -> Value:
         for v in self.inputs:

@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import sympy
 import torch
 
 from plait.ir.graph import Graph, Value
 from plait.ir.types import TensorType
-from plait.symbolic import Dim, normalize
+from plait.symbolic import Dim, evaluate, normalize
 
 
 class InterpretError(RuntimeError):
@@ -31,6 +32,7 @@ class InterpretError(RuntimeError):
 def bind_inputs(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any]) -> dict[str, int]:
     """Check concrete inputs against the graph's input types; return the symbol bindings."""
     if isinstance(inputs, Mapping):
+        inputs = {**graph.constants, **inputs}
         missing = [v.name for v in graph.inputs if v.name not in inputs]
         if missing:
             raise InterpretError(f"missing graph inputs: {missing}")
@@ -77,21 +79,27 @@ def _dim_matches(d: Dim, n: int, bindings: dict[str, int]) -> bool:
 def interpret(
     graph: Graph, inputs: Sequence[Any] | Mapping[str, Any], check_types: bool = True
 ) -> list[Any]:
-    """Run ``graph`` on concrete inputs (in input order, or by name); returns the outputs."""
+    """Run ``graph`` on concrete inputs (in input order, or by name); returns the outputs.
+
+    Given by name, ``const`` inputs default to the graph's own ``constants``.
+    """
     from plait.ir.ops import get_op
 
     bindings = bind_inputs(graph, inputs)
     values: dict[int, Any] = {}
-    ordered = inputs.values() if isinstance(inputs, Mapping) else inputs
+    ordered = inputs
     if isinstance(inputs, Mapping):
-        ordered = [inputs[v.name] for v in graph.inputs]
+        named = {**graph.constants, **inputs}
+        ordered = [named[v.name] for v in graph.inputs]
     for v, x in zip(graph.inputs, ordered):
         values[id(v)] = x
     last_use = _last_uses(graph)
     for step, node in enumerate(graph.nodes):
         opdef = get_op(node.op)
-        args = [values[id(o)] if isinstance(o, Value) else o for o in node.inputs]
-        results = opdef.run(args, node.attrs)
+        args = [
+            values[id(o)] if isinstance(o, Value) else _concrete(o, bindings) for o in node.inputs
+        ]
+        results = opdef.run(args, {k: _concrete(v, bindings) for k, v in node.attrs.items()})
         if len(results) != len(node.outputs):
             raise InterpretError(
                 f"node {node.id} ({node.op}) returned {len(results)} values, "
@@ -105,6 +113,15 @@ def interpret(
             if last_use.get(id(o)) == step and o.producer is not None:
                 del values[id(o)]
     return [values[id(o)] if isinstance(o, Value) else o for o in graph.outputs]
+
+
+def _concrete(value: Any, bindings: dict[str, int]) -> Any:
+    """Symbolic sizes in attributes and literal operands, evaluated for this call."""
+    if isinstance(value, sympy.Expr):
+        return evaluate(value, bindings)
+    if isinstance(value, tuple):
+        return tuple(_concrete(v, bindings) for v in value)
+    return value
 
 
 def _last_uses(graph: Graph) -> dict[int, int]:

@@ -1,0 +1,153 @@
+"""The compile manifest: one JSON document per compiled specialization.
+
+It records the source semantic hash (minted at capture, carried here), the options, the
+toolchain, every pass with its rewrites, guards, fallbacks with reasons, kernel and executor
+choices, cache key parts, and — in a separate top-level section — timings. Everything outside
+``timings`` is deterministic: two compiles of the same model give identical documents.
+
+Example:
+    >>> m = Manifest(source_hash="ab" * 32, options={"backend": "eager"})
+    >>> m.passes.append({"name": "dce", "changed": False, "rewrites": [], "details": {}})
+    >>> Manifest.from_json(m.to_json()).deterministic() == m.deterministic()
+    True
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import platform
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "plait.manifest/1"
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_features() -> dict[str, Any]:
+    """The CPU model and a hash of its feature flags (what native codegen may depend on)."""
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model in (
+                "",
+                platform.machine(),
+                platform.processor(),
+            ):
+                model = value.strip()
+            if key.strip() in ("flags", "Features") and not flags:
+                flags = " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    return {
+        "machine": platform.machine(),
+        "model": model,
+        "flags_sha256": hashlib.sha256(flags.encode()).hexdigest(),
+    }
+
+
+def toolchain(extra: dict[str, str] | None = None) -> dict[str, Any]:
+    """Versions of everything that shaped the compiled artifact."""
+    import torch
+
+    import plait
+
+    out: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "plait": plait.__version__,
+        "cpu": cpu_features(),
+    }
+    if torch.cuda.is_available():
+        out["cuda"] = torch.version.cuda
+        out["gpu_capability"] = list(torch.cuda.get_device_capability())
+    out.update(extra or {})
+    return out
+
+
+@dataclass
+class Manifest:
+    source_hash: str
+    options: dict[str, Any] = field(default_factory=dict)
+    toolchain: dict[str, Any] = field(default_factory=toolchain)
+    passes: list[dict[str, Any]] = field(default_factory=list)
+    guards: list[str] = field(default_factory=list)
+    fallbacks: list[dict[str, Any]] = field(default_factory=list)
+    kernels: dict[str, Any] = field(default_factory=dict)
+    executor: dict[str, Any] = field(default_factory=dict)
+    cache_key: dict[str, Any] = field(default_factory=dict)
+    graph: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "source_hash": self.source_hash,
+            "options": self.options,
+            "toolchain": self.toolchain,
+            "passes": self.passes,
+            "guards": self.guards,
+            "fallbacks": self.fallbacks,
+            "kernels": self.kernels,
+            "executor": self.executor,
+            "cache_key": self.cache_key,
+            "graph": self.graph,
+            "timings": self.timings,
+        }
+
+    def deterministic(self) -> dict[str, Any]:
+        """Everything but the timings: equal across compiles of the same program."""
+        out = self.to_json()
+        del out["timings"]
+        return out
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, sort_keys=True, default=str)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.dumps() + "\n")
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Manifest:
+        if data.get("schema") != SCHEMA:
+            raise ValueError(
+                f"not a plait manifest (schema {data.get('schema')!r}, expected {SCHEMA!r})"
+            )
+        fields = {k: v for k, v in data.items() if k != "schema"}
+        return cls(**fields)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Manifest:
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+    def report(self) -> str:
+        """A readable report: passes and rewrites, fallbacks, guards, executor counts."""
+        lines = [
+            f"manifest for program {self.source_hash[:16]}…",
+            f"  options: {json.dumps(self.options, sort_keys=True, default=str)}",
+        ]
+        lines.append("  passes:")
+        lines.append(f"    {'pass':<14} {'changed':<8} {'rewrites':>8}  rules")
+        for p in self.passes:
+            counts: dict[str, int] = {}
+            for r in p.get("rewrites", []):
+                counts[r["rule"]] = counts.get(r["rule"], 0) + 1
+            rules = ", ".join(f"{k}×{v}" for k, v in sorted(counts.items())) or "-"
+            lines.append(
+                f"    {p['name']:<14} {p['changed']!s:<8} "
+                f"{len(p.get('rewrites', [])):>8}  {rules}"
+            )
+        lines.append(f"  fallbacks: {len(self.fallbacks)}")
+        lines += [f"    - {f.get('what', '?')}: {f.get('reason', '?')}" for f in self.fallbacks]
+        lines.append(f"  guards: {len(self.guards)}")
+        lines += [f"    - {g}" for g in self.guards]
+        if self.executor:
+            lines.append(f"  executor: {json.dumps(self.executor, sort_keys=True, default=str)}")
+        if self.timings:
+            total = sum(v for v in self.timings.values() if isinstance(v, (int, float)))
+            lines.append(f"  timings: {total * 1e3:.1f} ms over {len(self.timings)} entries")
+        return "\n".join(lines)

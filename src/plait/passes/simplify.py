@@ -1,0 +1,132 @@
+"""Algebraic simplification: identities, cancelling pairs, collapsed view chains.
+
+Results are equal as IEEE values (``x + 0`` becomes ``x``, which keeps a ``-0.0`` that the
+addition would have turned into ``+0.0``); the driver refuses any rule that would change a type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from plait.ir import TensorType, Value
+from plait.passes.manager import VALUE_EQUAL, PassContext, register_pass
+from plait.passes.rewrite import Lit, Match, Op, Rule, Var, apply_rules
+
+
+def _type(v: Any) -> TensorType:
+    assert isinstance(v, Value) and isinstance(v.type, TensorType)
+    return v.type
+
+
+def _same_shape(m: Match) -> Any:
+    """The view is a no-op when the result has the input's shape."""
+    x = m["x"]
+    if str(_type(x)) == str(m.root.outputs[0].type):
+        return x
+    return None
+
+
+def _is(value: float) -> Any:
+    return lambda v: not isinstance(v, bool) and v == value
+
+
+def _compose_permute(m: Match, emit: Any) -> Any:
+    inner = m["inner"].attrs["dims"]
+    outer = m.root.attrs["dims"]
+    n = len(inner)
+    dims = tuple(inner[d % n] % n for d in outer)
+    if dims == tuple(range(n)):
+        return m["x"]
+    return emit("permute", m["x"], dims=dims)
+
+
+def _identity_permute(m: Match) -> Any:
+    n = _type(m["x"]).rank
+    return m["x"] if tuple(d % max(n, 1) for d in m.root.attrs["dims"]) == tuple(range(n)) else None
+
+
+def _reshape_chain(m: Match, emit: Any) -> Any:
+    return emit("reshape", m["x"], shape=_type(m.root.outputs[0]).shape)
+
+
+_EXACT_WIDENING = {
+    torch.float16: (torch.float32, torch.float64),
+    torch.bfloat16: (torch.float32, torch.float64),
+    torch.float32: (torch.float64,),
+    torch.int8: (torch.int16, torch.int32, torch.int64),
+    torch.int16: (torch.int32, torch.int64),
+    torch.int32: (torch.int64,),
+    torch.uint8: (torch.int16, torch.int32, torch.int64),
+}
+
+
+def _cast_round_trip(m: Match) -> Any:
+    """``to(wider)`` then back to the original dtype is exact: drop both."""
+    x = m["x"]
+    src, mid = _type(x).dtype, m["inner"].attrs["dtype"]
+    if m.root.attrs["dtype"] == src and mid in _EXACT_WIDENING.get(src, ()):
+        return x
+    return None
+
+
+RULES = [
+    Rule("simplify.mul-one", Op("mul", Var("x"), Lit(_is(1))), lambda m, e: m["x"]),
+    Rule("simplify.one-mul", Op("mul", Lit(_is(1)), Var("x")), lambda m, e: m["x"]),
+    Rule("simplify.add-zero", Op("add", Var("x"), Lit(_is(0))), lambda m, e: m["x"]),
+    Rule(
+        "simplify.zero-add",
+        Op("add", Lit(_is(0)), Var("x"), attrs=lambda a: a["alpha"] == 1),
+        lambda m, e: m["x"],
+    ),
+    Rule("simplify.sub-zero", Op("sub", Var("x"), Lit(_is(0))), lambda m, e: m["x"]),
+    Rule(
+        "simplify.div-one",
+        Op("div", Var("x"), Lit(_is(1)), attrs=lambda a: a["rounding_mode"] is None),
+        lambda m, e: m["x"],
+    ),
+    Rule("simplify.pow-one", Op("pow", Var("x"), Lit(_is(1))), lambda m, e: m["x"]),
+    Rule("simplify.double-neg", Op("neg", Op("neg", Var("x"))), lambda m, e: m["x"]),
+    Rule(
+        "simplify.double-not", Op("logical_not", Op("logical_not", Var("x"))), lambda m, e: m["x"]
+    ),
+    Rule(
+        "simplify.cast-same-dtype",
+        Op("to_dtype", Var("x")),
+        lambda m, e: m["x"] if _type(m["x"]).dtype == m.root.attrs["dtype"] else None,
+    ),
+    Rule(
+        "simplify.cast-round-trip",
+        Op("to_dtype", Op("to_dtype", Var("x"), name="inner")),
+        lambda m, e: _cast_round_trip(m),
+    ),
+    Rule(
+        "simplify.dropout-eval",
+        Op("dropout", Var("x"), attrs=lambda a: not a["train"] or a["p"] == 0.0),
+        lambda m, e: m["x"],
+    ),
+    Rule(
+        "simplify.identity-view",
+        Op(("reshape", "view", "expand", "contiguous", "squeeze", "flatten", "slice"), Var("x")),
+        lambda m, e: _same_shape(m),
+    ),
+    Rule("simplify.identity-permute", Op("permute", Var("x")), lambda m, e: _identity_permute(m)),
+    Rule(
+        "simplify.permute-permute",
+        Op("permute", Op("permute", Var("x"), name="inner")),
+        _compose_permute,
+    ),
+    Rule(
+        "simplify.reshape-chain",
+        Op(("reshape", "view"), Op(("reshape", "view"), Var("x"))),
+        _reshape_chain,
+    ),
+]
+
+
+@register_pass("simplify", VALUE_EQUAL, rules=tuple(r.name for r in RULES))
+def simplify(graph: Any, ctx: PassContext) -> Any:
+    """Remove identities (x*1, x+0, casts to the same dtype, no-op views, eval dropout), cancel
+    pairs (double neg, permute chains, lossless cast round trips), collapse reshape chains."""
+    return apply_rules(graph, RULES, ctx.record)

@@ -1,0 +1,458 @@
+"""For every rewrite rule: a graph where it must fire and one where it must not.
+
+Each case is (IR text, pipeline, whether params are frozen). The completeness test walks every
+registered pass and rule and requires a case here, so no rule can exist without being shown to
+reach the manifest.
+"""
+
+from __future__ import annotations
+
+HEAD = "graph(\n  user %x: f32[4, 6]\n) {\n"
+
+
+def g(body: str, head: str = HEAD) -> str:
+    return head + body + "\n}"
+
+
+BN_HEAD = """graph(
+  user %x: f32[2, 3, 8, 8]
+  param %w: f32[4, 3, 3, 3]
+  param %g: f32[4]
+  param %b: f32[4]
+  buffer %m: f32[4]
+  buffer %v: f32[4]
+) {
+"""
+LIN_HEAD = """graph(
+  user %x: f32[5, 3]
+  param %w: f32[4, 3]
+  param %lb: f32[4]
+  param %g: f32[4]
+  param %b: f32[4]
+  buffer %m: f32[4]
+  buffer %v: f32[4]
+) {
+"""
+
+# the shape-prop case starts from a graph whose input type changed after it was built
+UNVERIFIED = {"shape-prop.retype"}
+
+# rule -> (graph where it fires, pipeline, freeze?)
+FIRES: dict[str, tuple[str, str, bool]] = {
+    "dce.dead-node": (g("  %0 = exp(%x) : f32[4, 6]\n  return %x"), "dce", False),
+    "dce.unused-const": (
+        g(
+            "  %0 = exp(%x) : f32[4, 6]\n  return %x",
+            "graph(\n  user %x: f32[4, 6]\n  param %p: f32[4, 6]\n) {\n",
+        ),
+        "freeze,dce",
+        True,
+    ),
+    "cse.duplicate": (
+        g(
+            "  %0 = exp(%x) : f32[4, 6]\n  %1 = exp(%x) : f32[4, 6]\n"
+            "  %2 = add(%0, %1) : f32[4, 6]\n  return %2"
+        ),
+        "cse",
+        False,
+    ),
+    "canonicalize.view-to-reshape": (
+        g("  %0 = view(%x) {shape=[24]} : f32[24]\n  return %0"),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.flatten-to-reshape": (
+        g("  %0 = flatten(%x) : f32[24]\n  return %0"),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.squeeze-to-reshape": (
+        g(
+            "  %0 = unsqueeze(%x) {dim=0} : f32[1, 4, 6]\n  %1 = squeeze(%0) : f32[4, 6]\n"
+            "  %2 = relu(%1) : f32[4, 6]\n  return %2"
+        ),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.unsqueeze-to-reshape": (
+        g("  %0 = unsqueeze(%x) {dim=1} : f32[4, 1, 6]\n  return %0"),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.transpose-to-permute": (
+        g("  %0 = transpose(%x) {dim0=0, dim1=1} : f32[6, 4]\n  return %0"),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.drop-contiguous": (
+        g("  %0 = contiguous(%x) : f32[4, 6]\n  %1 = exp(%0) : f32[4, 6]\n  return %1"),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.normalize-dims": (
+        g("  %0 = softmax(%x) {dim=-1} : f32[4, 6]\n  return %0"),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.pool-stride-default": (
+        g(
+            "  %0 = max_pool2d(%x) {kernel_size=[2, 2]} : f32[1, 2, 3, 3]\n  return %0",
+            "graph(\n  user %x: f32[1, 2, 6, 6]\n) {\n",
+        ),
+        "canonicalize",
+        False,
+    ),
+    "simplify.mul-one": (
+        g("  %0 = mul(%x, 1) : f32[4, 6]\n  %1 = exp(%0) : f32[4, 6]\n  return %1"),
+        "simplify",
+        False,
+    ),
+    "simplify.one-mul": (g("  %0 = mul(1.0, %x) : f32[4, 6]\n  return %0"), "simplify", False),
+    "simplify.add-zero": (g("  %0 = add(%x, 0) : f32[4, 6]\n  return %0"), "simplify", False),
+    "simplify.zero-add": (g("  %0 = add(0.0, %x) : f32[4, 6]\n  return %0"), "simplify", False),
+    "simplify.sub-zero": (g("  %0 = sub(%x, 0.0) : f32[4, 6]\n  return %0"), "simplify", False),
+    "simplify.div-one": (g("  %0 = div(%x, 1) : f32[4, 6]\n  return %0"), "simplify", False),
+    "simplify.pow-one": (g("  %0 = pow(%x, 1.0) : f32[4, 6]\n  return %0"), "simplify", False),
+    "simplify.double-neg": (
+        g("  %0 = neg(%x) : f32[4, 6]\n  %1 = neg(%0) : f32[4, 6]\n  return %1"),
+        "simplify",
+        False,
+    ),
+    "simplify.double-not": (
+        g(
+            "  %0 = logical_not(%x) : bool[4, 6]\n  %1 = logical_not(%0) : bool[4, 6]\n  return %1",
+            "graph(\n  user %x: bool[4, 6]\n) {\n",
+        ),
+        "simplify",
+        False,
+    ),
+    "simplify.cast-same-dtype": (
+        g("  %0 = to_dtype(%x) {dtype=f32} : f32[4, 6]\n  return %0"),
+        "simplify",
+        False,
+    ),
+    "simplify.cast-round-trip": (
+        g(
+            "  %0 = to_dtype(%x) {dtype=f64} : f64[4, 6]\n  %1 = to_dtype(%0) {dtype=f32} : "
+            "f32[4, 6]\n  return %1"
+        ),
+        "simplify",
+        False,
+    ),
+    "simplify.dropout-eval": (
+        g("  %0 = dropout(%x) {train=false} : f32[4, 6]\n  return %0"),
+        "simplify",
+        False,
+    ),
+    "simplify.identity-view": (
+        g("  %0 = reshape(%x) {shape=[4, 6]} : f32[4, 6]\n  return %0"),
+        "simplify",
+        False,
+    ),
+    "simplify.identity-permute": (
+        g("  %0 = permute(%x) {dims=[0, 1]} : f32[4, 6]\n  return %0"),
+        "simplify",
+        False,
+    ),
+    "simplify.permute-permute": (
+        g(
+            "  %0 = permute(%x) {dims=[1, 0]} : f32[6, 4]\n  %1 = permute(%0) {dims=[1, 0]} : "
+            "f32[4, 6]\n  %2 = exp(%1) : f32[4, 6]\n  return %2"
+        ),
+        "simplify",
+        False,
+    ),
+    "simplify.reshape-chain": (
+        g(
+            "  %0 = reshape(%x) {shape=[24]} : f32[24]\n  %1 = reshape(%0) {shape=[2, 12]} : "
+            "f32[2, 12]\n  return %1"
+        ),
+        "simplify",
+        False,
+    ),
+    "freeze.param": (
+        g(
+            "  %0 = mul(%x, %p) : f32[4, 6]\n  return %0",
+            "graph(\n  user %x: f32[4, 6]\n  param %p: f32[4, 6]\n) {\n",
+        ),
+        "freeze",
+        True,
+    ),
+    "const-fold.node": (
+        g(
+            "  %0 = transpose(%p) {dim0=0, dim1=1} : f32[6, 4]\n"
+            "  %1 = matmul(%x, %0) : f32[4, 4]\n  return %1",
+            "graph(\n  user %x: f32[4, 6]\n  param %p: f32[4, 6]\n) {\n",
+        ),
+        "freeze,const-fold",
+        True,
+    ),
+    "fold-bn.conv": (
+        g(
+            "  %0 = conv2d(%x, %w, none) {padding=[1, 1]} : f32[2, 4, 8, 8]\n"
+            "  %1 = batch_norm(%0, %g, %b, %m, %v) : f32[2, 4, 8, 8]\n  return %1",
+            BN_HEAD,
+        ),
+        "freeze,fold-bn",
+        True,
+    ),
+    "fold-bn.linear": (
+        g(
+            "  %0 = linear(%x, %w, %lb) : f32[5, 4]\n"
+            "  %1 = batch_norm(%0, %g, %b, %m, %v) : f32[5, 4]\n  return %1",
+            LIN_HEAD,
+        ),
+        "freeze,fold-bn",
+        True,
+    ),
+    "decompose.gelu": (
+        g('  %0 = gelu(%x) {approximate="tanh"} : f32[4, 6]\n  return %0'),
+        "decompose",
+        False,
+    ),
+    "decompose.silu": (g("  %0 = silu(%x) : f32[4, 6]\n  return %0"), "decompose", False),
+    "decompose.softmax": (
+        g("  %0 = softmax(%x) {dim=1} : f32[4, 6]\n  return %0"),
+        "decompose",
+        False,
+    ),
+    "decompose.log_softmax": (
+        g("  %0 = log_softmax(%x) {dim=0} : f32[4, 6]\n  return %0"),
+        "decompose",
+        False,
+    ),
+    "decompose.layer_norm": (
+        g(
+            "  %0 = layer_norm(%x, %w, none) {normalized_shape=[6]} : bf16[4, 6]\n  return %0",
+            "graph(\n  user %x: bf16[4, 6]\n  param %w: bf16[6]\n) {\n",
+        ),
+        "decompose",
+        False,
+    ),
+    "decompose.batch_norm": (
+        g(
+            "  %0 = batch_norm(%x, %g, %b, %m, %v) : f32[2, 3, 8, 8]\n  return %0",
+            BN_HEAD.replace("f32[4]", "f32[3]"),
+        ),
+        "decompose",
+        False,
+    ),
+    "decompose.batch_norm_train": (
+        g(
+            "  %0, %1, %2 = batch_norm_train(%x, %g, %b, %m, %v) : f32[2, 3, 8, 8], f32[3], "
+            "f32[3]\n  return %0, %1, %2",
+            BN_HEAD.replace("f32[4]", "f32[3]"),
+        ),
+        "decompose",
+        False,
+    ),
+    "decompose.group_norm": (
+        g(
+            "  %0 = group_norm(%x, none, none) {num_groups=2} : f32[2, 4, 3]\n  return %0",
+            "graph(\n  user %x: f32[2, 4, 3]\n) {\n",
+        ),
+        "decompose",
+        False,
+    ),
+    "shape-prop.retype": (
+        g("  %0 = exp(%x) : f32[4, 6]\n  return %0", "graph(\n  user %x: f32[4, (s0)]\n) {\n"),
+        "shape-prop",
+        False,
+    ),
+}
+
+# rule -> (graph where it must not fire, pipeline, freeze?)
+MUST_NOT: dict[str, tuple[str, str, bool]] = {
+    "dce.dead-node": (
+        g("  %0 = dropout(%x) : f32[4, 6]\n  %1 = dropout(%x) : f32[4, 6]\n  return %1"),
+        "dce",
+        False,
+    ),
+    "dce.unused-const": (
+        g(
+            "  %0 = mul(%x, %p) : f32[4, 6]\n  return %0",
+            "graph(\n  user %x: f32[4, 6]\n  param %p: f32[4, 6]\n) {\n",
+        ),
+        "freeze,dce",
+        True,
+    ),
+    "cse.duplicate": (
+        g(
+            "  %0 = dropout(%x) : f32[4, 6]\n  %1 = dropout(%x) : f32[4, 6]\n"
+            "  %2 = add(%0, %1) : f32[4, 6]\n  return %2"
+        ),
+        "cse",
+        False,
+    ),
+    "canonicalize.view-to-reshape": (
+        g("  %0 = reshape(%x) {shape=[24]} : f32[24]\n  return %0"),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.flatten-to-reshape": (
+        g("  %0 = exp(%x) : f32[4, 6]\n  return %0"),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.squeeze-to-reshape": (
+        g("  %0 = exp(%x) : f32[4, 6]\n  return %0"),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.unsqueeze-to-reshape": (
+        g("  %0 = exp(%x) : f32[4, 6]\n  return %0"),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.transpose-to-permute": (
+        g("  %0 = permute(%x) {dims=[1, 0]} : f32[6, 4]\n  return %0"),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.drop-contiguous": (
+        g("  %0 = exp(%x) : f32[4, 6]\n  return %0"),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.normalize-dims": (
+        g("  %0 = softmax(%x) {dim=1} : f32[4, 6]\n  return %0"),
+        "canonicalize",
+        False,
+    ),
+    "canonicalize.pool-stride-default": (
+        g(
+            "  %0 = max_pool2d(%x) {kernel_size=[2, 2], stride=[1, 1]} : f32[1, 2, 5, 5]\n"
+            "  return %0",
+            "graph(\n  user %x: f32[1, 2, 6, 6]\n) {\n",
+        ),
+        "canonicalize",
+        False,
+    ),
+    "simplify.mul-one": (g("  %0 = mul(%x, 2) : f32[4, 6]\n  return %0"), "simplify", False),
+    "simplify.one-mul": (  # int tensor * 1.0 is a float tensor: the types differ, no rewrite
+        g("  %0 = mul(1.0, %x) : f32[4, 6]\n  return %0", "graph(\n  user %x: i64[4, 6]\n) {\n"),
+        "simplify",
+        False,
+    ),
+    "simplify.add-zero": (g("  %0 = add(%x, 0.5) : f32[4, 6]\n  return %0"), "simplify", False),
+    "simplify.zero-add": (g("  %0 = add(0.5, %x) : f32[4, 6]\n  return %0"), "simplify", False),
+    "simplify.sub-zero": (g("  %0 = sub(0.0, %x) : f32[4, 6]\n  return %0"), "simplify", False),
+    "simplify.div-one": (
+        g('  %0 = div(%x, 1) {rounding_mode="floor"} : f32[4, 6]\n  return %0'),
+        "simplify",
+        False,
+    ),
+    "simplify.pow-one": (g("  %0 = pow(1.0, %x) : f32[4, 6]\n  return %0"), "simplify", False),
+    "simplify.double-neg": (
+        g("  %0 = neg(%x) : f32[4, 6]\n  %1 = abs(%0) : f32[4, 6]\n  return %1"),
+        "simplify",
+        False,
+    ),
+    "simplify.double-not": (
+        g(
+            "  %0 = logical_not(%x) : bool[4, 6]\n  return %0",
+            "graph(\n  user %x: bool[4, 6]\n) {\n",
+        ),
+        "simplify",
+        False,
+    ),
+    "simplify.cast-same-dtype": (
+        g("  %0 = to_dtype(%x) {dtype=f64} : f64[4, 6]\n  return %0"),
+        "simplify",
+        False,
+    ),
+    "simplify.cast-round-trip": (  # f32 -> bf16 -> f32 loses bits: must stay
+        g(
+            "  %0 = to_dtype(%x) {dtype=bf16} : bf16[4, 6]\n  %1 = to_dtype(%0) {dtype=f32} : "
+            "f32[4, 6]\n  return %1"
+        ),
+        "simplify",
+        False,
+    ),
+    "simplify.dropout-eval": (
+        g("  %0 = dropout(%x) {p=0.1} : f32[4, 6]\n  return %0"),
+        "simplify",
+        False,
+    ),
+    "simplify.identity-view": (
+        g("  %0 = reshape(%x) {shape=[6, 4]} : f32[6, 4]\n  return %0"),
+        "simplify",
+        False,
+    ),
+    "simplify.identity-permute": (
+        g("  %0 = permute(%x) {dims=[1, 0]} : f32[6, 4]\n  return %0"),
+        "simplify",
+        False,
+    ),
+    "simplify.permute-permute": (
+        g("  %0 = permute(%x) {dims=[1, 0]} : f32[6, 4]\n  %1 = exp(%0) : f32[6, 4]\n  return %1"),
+        "simplify",
+        False,
+    ),
+    "simplify.reshape-chain": (
+        g("  %0 = reshape(%x) {shape=[24]} : f32[24]\n  %1 = exp(%0) : f32[24]\n  return %1"),
+        "simplify",
+        False,
+    ),
+    "freeze.param": (
+        g(
+            "  %0 = mul(%x, %p) : f32[4, 6]\n  return %0",
+            "graph(\n  user %x: f32[4, 6]\n  param %p: f32[4, 6]\n) {\n",
+        ),
+        "freeze",
+        False,
+    ),
+    "const-fold.node": (
+        g(
+            "  %0 = transpose(%p) {dim0=0, dim1=1} : f32[6, 4]\n"
+            "  %1 = matmul(%x, %0) : f32[4, 4]\n  return %1",
+            "graph(\n  user %x: f32[4, 6]\n  param %p: f32[4, 6]\n) {\n",
+        ),
+        "const-fold",
+        False,
+    ),
+    # the conv output has a second user: folding would need the unnormalized conv too
+    "fold-bn.conv": (
+        g(
+            "  %0 = conv2d(%x, %w, none) {padding=[1, 1]} : f32[2, 4, 8, 8]\n"
+            "  %1 = batch_norm(%0, %g, %b, %m, %v) : f32[2, 4, 8, 8]\n"
+            "  %2 = add(%1, %0) : f32[2, 4, 8, 8]\n  return %2",
+            BN_HEAD,
+        ),
+        "freeze,fold-bn",
+        True,
+    ),
+    "fold-bn.linear": (
+        g(
+            "  %0 = linear(%x, %w, %lb) : f32[5, 4]\n"  # not frozen: training
+            "  %1 = batch_norm(%0, %g, %b, %m, %v) : f32[5, 4]\n  return %1",
+            LIN_HEAD,
+        ),
+        "fold-bn",
+        False,
+    ),
+    "decompose.gelu": (g("  %0 = relu(%x) : f32[4, 6]\n  return %0"), "decompose", False),
+    "decompose.silu": (g("  %0 = relu(%x) : f32[4, 6]\n  return %0"), "decompose", False),
+    "decompose.softmax": (
+        g(
+            "  %0 = softmax(%x) {dim=1} : f32[0, 6]\n  return %0",
+            "graph(\n  user %x: f32[0, 6]\n) {\n",
+        ),
+        "decompose",
+        False,
+    ),
+    "decompose.log_softmax": (g("  %0 = relu(%x) : f32[4, 6]\n  return %0"), "decompose", False),
+    "decompose.layer_norm": (g("  %0 = relu(%x) : f32[4, 6]\n  return %0"), "decompose", False),
+    "decompose.batch_norm": (g("  %0 = relu(%x) : f32[4, 6]\n  return %0"), "decompose", False),
+    "decompose.batch_norm_train": (  # one value per channel: the unbiased variance is undefined
+        g(
+            "  %0, %1, %2 = batch_norm_train(%x, none, none, %m, %v) : f32[1, 4], f32[4], "
+            "f32[4]\n  return %0, %1, %2",
+            "graph(\n  user %x: f32[1, 4]\n  buffer %m: f32[4]\n  buffer %v: f32[4]\n) {\n",
+        ),
+        "decompose",
+        False,
+    ),
+    "decompose.group_norm": (g("  %0 = relu(%x) : f32[4, 6]\n  return %0"), "decompose", False),
+    "shape-prop.retype": (g("  %0 = exp(%x) : f32[4, 6]\n  return %0"), "shape-prop", False),
+}

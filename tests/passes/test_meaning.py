@@ -1,0 +1,158 @@
+"""Every pass keeps meaning on a corpus of graphs.
+
+Passes that keep the order of arithmetic must give bitwise-equal results under the reference
+interpreter; ``value-equal`` passes equal IEEE values; passes that change arithmetic (folding,
+decomposition) are judged by plait.conformance under the numerical contract, anchored on a float64
+run of the original graph.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+import plait.conformance
+from plait.ir import Graph, TensorType, from_text, interpret, to_text
+from plait.passes import CONTRACT, EXACT, VALUE_EQUAL, all_passes, run_pipeline
+from tests.ir.graphs import causal_attention, graphs, multi_output, resnet_block
+from tests.passes.cases import FIRES, UNVERIFIED
+from tests.passes.test_rules import params_for
+from tests.util import assert_bitwise
+
+PASSES = sorted(n for n in all_passes() if not n.startswith("test-"))
+SIZES = {"s0": 5}
+
+
+def _shape(t: TensorType) -> tuple[int, ...]:
+    return tuple(
+        int(d) if isinstance(d, int) else int(d.subs({s: SIZES[str(s)] for s in d.free_symbols}))
+        for d in t.shape
+    )
+
+
+def user_inputs(g: Graph, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for v in g.inputs:
+        if v.kind != "user":
+            continue
+        assert isinstance(v.type, TensorType)
+        shape = _shape(v.type)
+        if v.type.dtype == torch.bool:
+            t = torch.rand(shape, generator=gen) > 0.3
+            if t.dim() == 2 and t.shape[0] == t.shape[1]:
+                t |= torch.eye(t.shape[0], dtype=torch.bool)  # no fully masked attention row
+            out[v.name] = t
+        elif v.type.dtype.is_floating_point:
+            out[v.name] = torch.randn(shape, generator=gen, dtype=torch.float64).to(v.type.dtype)
+        else:
+            out[v.name] = torch.randint(-5, 6, shape, generator=gen).to(v.type.dtype)
+    return out
+
+
+def corpus() -> list[tuple[str, Graph]]:
+    named = [
+        ("resnet_block", resnet_block()),
+        ("causal_attention", causal_attention()),
+        ("multi_output", multi_output()),
+    ]
+    named += [
+        (f"case:{rule}", from_text(FIRES[rule][0]))
+        for rule in sorted(FIRES)
+        if rule not in UNVERIFIED
+    ]
+    return named
+
+
+CORPUS = corpus()
+
+
+def pipeline_for(name: str) -> str:
+    return f"freeze,{name}" if name in ("const-fold", "fold-bn", "dce") else name
+
+
+def runner(g: Graph, params: dict[str, torch.Tensor], seed: int = 0) -> Callable[..., Any]:
+    names = [v.name for v in g.inputs if v.kind == "user"]
+
+    def run(*args: torch.Tensor) -> list[Any]:
+        torch.manual_seed(seed)
+        return interpret(g, {**params, **dict(zip(names, args))})
+
+    return run
+
+
+def as_float64(g: Graph, params: dict[str, torch.Tensor]) -> tuple[Graph, dict[str, Any]]:
+    text = re.sub(r"\b(f32|bf16|f16)\b", "f64", to_text(g))
+    g64 = from_text(text)
+    cast = {k: v.double() if v.is_floating_point() else v for k, v in params.items()}
+    return g64, cast
+
+
+def _compare(kind: str, before: Graph, after: Graph, params: dict[str, Any], label: str) -> None:
+    if kind == CONTRACT:
+        names = [v.name for v in before.inputs if v.kind == "user"]
+        g64, p64 = as_float64(before, params)
+
+        def factory(seed: int) -> tuple[torch.Tensor, ...]:
+            values = user_inputs(before, 1000 + seed)
+            return tuple(values[n] for n in names)
+
+        def ref64(*args: torch.Tensor) -> list[Any]:
+            return runner(g64, p64)(*(a.double() if a.is_floating_point() else a for a in args))
+
+        report = plait.conformance.check(
+            runner(before, params), runner(after, params), factory, reference64=ref64, stress=None
+        )
+        assert report.ok, f"{label}\n{report}"
+        return
+    for seed in (1, 2):
+        values = user_inputs(before, seed)
+        args = [values[v.name] for v in before.inputs if v.kind == "user"]
+        expected = runner(before, params)(*args)
+        got = runner(after, params)(*args)
+        for e, a in zip(expected, got):
+            if kind == EXACT:
+                assert_bitwise(a, e, label)
+            else:
+                assert kind == VALUE_EQUAL
+                assert torch.equal(torch.nan_to_num(a, nan=7.0), torch.nan_to_num(e, nan=7.0)), (
+                    label
+                )
+
+
+@pytest.mark.parametrize("pass_name", PASSES)
+@pytest.mark.parametrize(("label", "graph"), CORPUS, ids=[c[0] for c in CORPUS])
+def test_pass_keeps_meaning(pass_name: str, label: str, graph: Graph) -> None:
+    params = params_for(graph)
+    kind = all_passes()[pass_name].semantics
+    if pass_name == "shape-prop":
+        kind = EXACT
+    after = run_pipeline(graph, pipeline_for(pass_name), params=params).graph
+    _compare(kind, graph, after, params, f"{pass_name} on {label}")
+
+
+@settings(max_examples=40)
+@given(graphs())
+def test_order_keeping_passes_on_random_graphs(g: Graph) -> None:
+    params = params_for(g)
+    for name in PASSES:
+        kind = all_passes()[name].semantics
+        if kind == CONTRACT:
+            continue
+        after = run_pipeline(g, pipeline_for(name), params=params).graph
+        _compare(EXACT if name == "shape-prop" else kind, g, after, params, name)
+
+
+@settings(max_examples=15)
+@given(graphs(allow_random=False))
+def test_contract_passes_on_random_graphs(g: Graph) -> None:
+    params = params_for(g)
+    for name in PASSES:
+        if all_passes()[name].semantics == CONTRACT:
+            after = run_pipeline(g, pipeline_for(name), params=params).graph
+            _compare(CONTRACT, g, after, params, name)
