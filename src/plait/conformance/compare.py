@@ -1,0 +1,257 @@
+"""Judging one value against the contract: non-finite positions, tolerances, the float64 anchor.
+
+Rules, in order, for a floating-point tensor (integers and bools must be equal):
+1. NaN and Inf must match in position and kind, whatever the tolerances.
+2. ``bitwise``: every element identical (order-preserving transforms, determinism).
+3. elementwise: ``|a - e| <= atol * max(1, S) + rtol * |e|``, ``S`` the largest finite ``|e|``.
+4. anchored, when a float64 reference ``z`` exists:
+   ``max|a - z| <= factor * max|e - z| + floor * u * max|z|`` (``u`` the unit roundoff),
+   pooled over draws by :class:`~plait.conformance.anchor.AnchorPool`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from plait.conformance.anchor import AnchorPool
+from plait.conformance.anchor import index_of as _index
+from plait.conformance.anchor import value_at as _at
+from plait.conformance.report import Failure, Report
+from plait.contract import Tolerance
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The contract's budget for one value: op-class tolerance plus model rule and bitwise mode."""
+
+    tol: Tolerance
+    factor: float | None
+    floor: float
+    bitwise: bool = False
+    noise_bits: float | None = None
+
+
+def compare(
+    report: Report,
+    where: str,
+    case: str,
+    expected: Any,
+    actual: Any,
+    budget: Budget,
+    anchor: Any = None,
+    *,
+    pool: AnchorPool | None = None,
+    group: str = "",
+) -> bool:
+    """Judge ``actual`` against ``expected`` (and the float64 ``anchor``); record failures.
+
+    The anchored rule goes to ``pool`` (judged when the pool is finalized, over all draws of
+    ``group``), or is judged at once on this case alone when there is no pool.
+    Returns True when no error was recorded (so far).
+    """
+    before = len(report.errors)
+    if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
+        _compare_plain(report, where, case, expected, actual)
+    elif _same_meta(report, where, case, expected, actual):
+        _compare_tensors(report, where, case, expected, actual, budget, anchor, pool, group)
+    return len(report.errors) == before
+
+
+def identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality: same shape, dtype and bits (so -0.0 differs from 0.0); every NaN equals
+    every NaN, since NaN sign and payload bits differ between correct kernels."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    if a.dtype.is_complex:
+        a, b = torch.view_as_real(a.resolve_conj()), torch.view_as_real(b.resolve_conj())
+    if not a.dtype.is_floating_point:
+        return bool(torch.equal(a, b))
+    nan_a, nan_b = a.isnan(), b.isnan()
+    if not torch.equal(nan_a, nan_b):
+        return False
+    bits = _SAME_SIZE_INT[a.element_size()]
+    zero = torch.zeros((), dtype=a.dtype)
+    return bool(torch.equal(a.where(~nan_a, zero).view(bits), b.where(~nan_b, zero).view(bits)))
+
+
+_SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Half the spacing of ``dtype``'s floats at 1.0 (2^-24 for float32)."""
+    return float(torch.finfo(dtype).eps) / 2
+
+
+def _compare_plain(report: Report, where: str, case: str, expected: Any, actual: Any) -> None:
+    report.count("value")
+    if isinstance(expected, torch.Tensor) != isinstance(actual, torch.Tensor):
+        kinds = f"{type(expected).__name__} vs {type(actual).__name__}"
+        report.add(Failure("error", "structure", where, case, f"reference vs candidate: {kinds}"))
+        return
+    same = expected == actual
+    if isinstance(expected, float) and isinstance(actual, float):
+        same = same or (math.isnan(expected) and math.isnan(actual))
+    if not same:
+        msg = f"non-tensor values differ: {expected!r} vs {actual!r}"
+        report.add(Failure("error", "value", where, case, msg))
+
+
+def _same_meta(report: Report, where: str, case: str, e: torch.Tensor, a: torch.Tensor) -> bool:
+    report.count("meta")
+    for check, left, right in (
+        ("shape", tuple(e.shape), tuple(a.shape)),
+        ("dtype", e.dtype, a.dtype),
+        ("device", e.device, a.device),
+    ):
+        if left != right:
+            msg = f"reference {check} {left} but candidate {right}"
+            report.add(Failure("error", check, where, case, msg))
+            return False
+    return True
+
+
+def _compare_tensors(
+    report: Report,
+    where: str,
+    case: str,
+    e_raw: torch.Tensor,
+    a_raw: torch.Tensor,
+    budget: Budget,
+    anchor: Any,
+    pool: AnchorPool | None,
+    group: str,
+) -> None:
+    if e_raw.numel() == 0:
+        return
+    if not (e_raw.dtype.is_floating_point or e_raw.dtype.is_complex):
+        _compare_exact(report, where, case, e_raw, a_raw)
+        return
+    if budget.bitwise:
+        _compare_bitwise(report, where, case, e_raw, a_raw, "bitwise")
+        return
+    e, a = _as_real64(e_raw), _as_real64(a_raw)
+    if not _nonfinite_match(report, where, case, e, a):
+        return
+    finite = torch.isfinite(e) & torch.isfinite(a)
+    _elementwise(report, where, case, e, a, finite, budget)
+    if budget.factor is None or not isinstance(anchor, torch.Tensor):
+        return
+    z = _as_real64(anchor)
+    if z.shape != e.shape:
+        return
+    dtype = e_raw.dtype if e_raw.dtype.is_floating_point else torch.float32
+    floor = budget.floor * unit_roundoff(dtype)
+    target = pool if pool is not None else AnchorPool()
+    mask = finite & torch.isfinite(z)
+    target.add(where, group, case, e, a, z, mask, budget.factor, floor, budget.noise_bits)
+    if pool is None:
+        target.finalize(report)
+
+
+def _compare_exact(report: Report, where: str, case: str, e: torch.Tensor, a: torch.Tensor) -> None:
+    report.count("exact")
+    e, a = e.detach().cpu(), a.detach().cpu()
+    if torch.equal(e, a):
+        return
+    idx = _index(int((e != a).reshape(-1).nonzero()[0]), e.shape)
+    ev, av = float(e[idx].item()), float(a[idx].item())
+    report.add(Failure("error", "exact", where, case, "integer/bool values differ", idx, ev, av))
+
+
+def _compare_bitwise(
+    report: Report, where: str, case: str, e: torch.Tensor, a: torch.Tensor, check: str
+) -> None:
+    report.count(check)
+    if identical(e, a):
+        return
+    e64, a64 = _as_real64(e), _as_real64(a)
+    diff = (a64 - e64).abs().nan_to_num(nan=math.inf)
+    diff[(e64 == a64) | (e64.isnan() & a64.isnan())] = 0
+    flat = int(diff.reshape(-1).argmax())
+    idx = _index(flat, e64.shape)
+    msg = "not bitwise equal" if check == "bitwise" else "two calls on identical inputs differ"
+    report.add(
+        Failure(
+            "error", check, where, case, msg, idx, _at(e64, idx), _at(a64, idx), _at(diff, idx), 0.0
+        )
+    )
+
+
+def compare_calls(report: Report, where: str, case: str, first: Any, second: Any) -> None:
+    """Two candidate calls on identical inputs must agree bitwise (determinism)."""
+    tensors = isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)
+    if tensors and first.shape == second.shape and first.dtype == second.dtype:
+        _compare_bitwise(report, where, case, first, second, "nondeterminism")
+        return
+    compare(report, where, case, first, second, _EXACT)
+
+
+def _nonfinite_match(
+    report: Report, where: str, case: str, e: torch.Tensor, a: torch.Tensor
+) -> bool:
+    report.count("nonfinite")
+    fin_e, fin_a = torch.isfinite(e), torch.isfinite(a)
+    same_kind = (e.isnan() & a.isnan()) | (e == a)
+    bad = (fin_e != fin_a) | (~fin_e & ~fin_a & ~same_kind)
+    if not bool(bad.any()):
+        return True
+    count = int(bad.sum())
+    idx = _index(int(bad.reshape(-1).nonzero()[0]), e.shape)
+    ev, av = _at(e, idx), _at(a, idx)
+    msg = (
+        f"NaN/Inf positions differ at {count} element(s): candidate {_kind(av)} "
+        f"where reference is {_kind(ev)}"
+    )
+    report.add(Failure("error", "nonfinite", where, case, msg, idx, ev, av))
+    return False
+
+
+def _elementwise(
+    report: Report,
+    where: str,
+    case: str,
+    e: torch.Tensor,
+    a: torch.Tensor,
+    finite: torch.Tensor,
+    budget: Budget,
+) -> None:
+    report.count("tolerance")
+    if not bool(finite.any()):
+        return
+    scale = max(1.0, float(e[finite].abs().max()))
+    err = (a - e).abs().where(finite, torch.zeros((), dtype=e.dtype))
+    allowed = budget.tol.atol * scale + budget.tol.rtol * e.abs()
+    over = err > allowed
+    if not bool(over.any()):
+        return
+    score = torch.where(allowed > 0, err / allowed, torch.where(over, math.inf, 0.0))
+    idx = _index(int(score.reshape(-1).argmax()), e.shape)
+    msg = (
+        f"{int(over.sum())} element(s) outside rtol {budget.tol.rtol:g} / atol "
+        f"{budget.tol.atol:g} (x scale {scale:.3g})"
+    )
+    report.add(
+        Failure(
+            "error", "tolerance", where, case, msg, idx, _at(e, idx), _at(a, idx),
+            _at(err, idx), _at(allowed, idx),
+        )
+    )  # fmt: skip
+
+
+def _as_real64(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().cpu()
+    if t.dtype.is_complex:
+        t = torch.view_as_real(t.resolve_conj())
+    return t.to(torch.float64)
+
+
+def _kind(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("Inf" if math.isinf(value) else "finite")
+
+
+_EXACT = Budget(Tolerance(0.0, 0.0, "float64", False), None, 0.0, bitwise=True)

@@ -1,0 +1,348 @@
+"""The gate: ``check(reference, candidate, inputs)`` judges a candidate against eager PyTorch.
+
+Per case (a draw of inputs, in a layout, on a device) the gate runs the reference twice (to learn
+whether eager itself is deterministic there), a float64 copy of the reference on the CPU (the
+anchor), and the candidate twice: the first candidate call is judged against the reference, its
+outputs are then poisoned with NaN, and the second call must reproduce the first bitwise (unless the
+contract allows nondeterminism) without handing back the first call's storage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+import plait.contract
+from plait.conformance.compare import identical
+from plait.conformance.draws import (
+    Args,
+    Case,
+    apply_layout,
+    as_args,
+    draw_from_factory,
+    draw_like,
+    stressed,
+    to_device,
+    to_float64,
+)
+from plait.conformance.judge import (
+    Judge,
+    check_call_aliases,
+    check_input_aliases,
+    judge_run,
+    poison,
+    same_run,
+)
+from plait.conformance.report import Failure, Report
+from plait.conformance.runner import Program, Run, backward, ieee_float32, make_cotangents, run
+from plait.conformance.tree import leaves, map_tensors
+from plait.contract import Contract, loosened
+
+Inputs = Any  # a tuple of example arguments, a lone tensor, or a factory(seed) -> arguments
+_HALF = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check(
+    reference: Callable[..., Any],
+    candidate: Callable[..., Any],
+    inputs: Inputs,
+    *,
+    contract: Contract | None = None,
+    grads: bool = False,
+    draws: int = 3,
+    layouts: Sequence[str] = ("contiguous",),
+    devices: Sequence[str] | None = None,
+    op_class: str = "model",
+    reference_module: nn.Module | None = None,
+    candidate_module: nn.Module | None = None,
+    reference64: Callable[..., Any] | None = None,
+    bitwise: bool = False,
+    stress: float | None = 100.0,
+    seed: int = 0,
+) -> Report:
+    """Judge ``candidate`` against ``reference`` under the numerical contract; return a Report.
+
+    ``inputs`` is a tuple of example arguments (fresh draws copy their shapes, dtypes and devices;
+    the example itself is one more case) or a ``factory(seed) -> arguments``. ``draws`` fresh
+    draws are always judged, plus one ``stress`` draw with float inputs scaled by ``stress``.
+    Module state: a ``nn.Module`` reference/candidate is its own module; a plain callable names its
+    module with ``reference_module``/``candidate_module`` (the same object when the candidate
+    wraps the reference's module). ``reference64`` overrides the float64 anchor, which is otherwise
+    a float64 deep copy of a module reference, or the reference function called on float64 inputs.
+    ``bitwise=True`` declares that the candidate keeps the order of arithmetic. ``devices``
+    defaults to where the inputs live; ``"cuda"`` is skipped, with a note, where there is none.
+
+    Example:
+        >>> import torch, plait.conformance
+        >>> model = torch.nn.Linear(4, 3)
+        >>> report = plait.conformance.check(model, model, (torch.randn(2, 4),), grads=True)
+        >>> report.ok
+        True
+    """
+    if draws < 1:
+        raise ValueError("draws must be >= 1: the gate never judges on the example alone")
+    contract = contract if contract is not None else plait.contract.load()
+    contract.tolerance(op_class, "float32")  # NOTE: raises on an unknown op class.
+    report = Report(contract_version=contract.version)
+    _audit(contract, report)
+    judge = Judge(contract, op_class, bitwise)
+    ref, cand = Program.of(reference, reference_module), Program.of(candidate, candidate_module)
+    if ref.initial and cand.module is None:
+        msg = "the reference has buffers; the candidate's module is unknown: pass candidate_module="
+        report.add(Failure("error", "setup", "buffers", "all cases", msg))
+    anchor = _Anchor.build(reference, ref, reference64, report)
+    cases = _draws(inputs, draws, stress, seed, report)
+    try:
+        with ieee_float32():
+            for device in _devices(devices, cases, report):
+                with _on_device([ref.module, cand.module], device):
+                    for index, (label, args) in enumerate(cases):
+                        for layout in layouts:
+                            laid, changed = apply_layout(to_device(args, device), layout)
+                            if layout != "contiguous" and not changed:
+                                report.note(f"layout {layout}: no 4-D/5-D float input, skipped")
+                                continue
+                            case = Case(label, laid, layout, device)
+                            _check_case(report, judge, case, ref, cand, anchor, grads, seed + index)
+        judge.pool.finalize(report)
+    finally:
+        ref.reset()
+        cand.reset()
+    return report
+
+
+def _check_case(
+    report: Report,
+    judge: Judge,
+    case: Case,
+    ref: Program,
+    cand: Program,
+    anchor: _Anchor,
+    grads: bool,
+    seed: int,
+) -> None:
+    label, cuda = str(case), _uses_cuda(case)
+    r1 = run(ref, case.args, rng_seed=seed, grads=grads, cuda=cuda)
+    if r1.error is not None:
+        msg = f"the reference raised {r1.error!r}: these inputs are outside its domain"
+        report.add(Failure("error", "setup", "reference", label, msg))
+        return
+    cot = make_cotangents(r1.outputs, seed) if grads else {}
+    _backward(r1, ref, cot, grads)
+    r2 = run(ref, case.args, rng_seed=seed, grads=grads, cuda=cuda)
+    _backward(r2, ref, cot, grads)
+    pooled = not case.label.startswith("stress")
+    z = anchor.run(case.args, r1, seed, cot, grads, report) if pooled else None
+    group = f"layout {case.layout}, device {case.device_name}" if pooled else None
+    first = run(cand, case.args, rng_seed=seed, grads=grads, cuda=cuda)
+    _backward(first, cand, cot, grads)
+    if _raised(report, first, label, "first call"):
+        return
+    judge_run(report, judge, label, r1, first, z, group=group)
+    check_input_aliases(report, label, r1, first)
+    snapshot = _snapshot(first)
+    poison(first, ref.storages() | cand.storages() | first.input_storages)
+    second = run(cand, case.args, rng_seed=seed, grads=grads, cuda=cuda)
+    _backward(second, cand, cot, grads)
+    if _raised(report, second, label, "second call"):
+        return
+    check_call_aliases(report, label, (r1, r2), (first, second))
+    if same_run(r1, r2):
+        judge_run(report, judge, label + ", call 2", r1, second, z, against=snapshot)
+    else:
+        report.note(f"{label}: eager is itself nondeterministic here; call 2 judged by tolerance")
+        judge_run(report, judge, label + ", call 2", r1, second, z)
+
+
+def _backward(result: Run, program: Program, cot: dict[str, torch.Tensor], grads: bool) -> None:
+    if grads and result.error is None:
+        backward(result, program, cot)
+
+
+def _raised(report: Report, result: Run, label: str, which: str) -> bool:
+    if result.error is None:
+        return False
+    msg = f"candidate {which} raised {type(result.error).__name__}: {result.error}"
+    report.add(Failure("error", "exception", "candidate", label, msg))
+    return True
+
+
+def _snapshot(result: Run) -> Run:
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().clone()
+
+    return Run(
+        outputs=map_tensors(keep, result.outputs),
+        buffers=dict(result.buffers),
+        inputs_after=result.inputs_after,
+        grads=dict(result.grads),
+    )
+
+
+class _Anchor:
+    """The float64 reference on the CPU, or the reason there is none."""
+
+    def __init__(self, program: Program | None, trial: bool) -> None:
+        self.program, self.trial = program, trial
+
+    @classmethod
+    def build(
+        cls,
+        reference: Callable[..., Any],
+        ref: Program,
+        reference64: Callable[..., Any] | None,
+        report: Report,
+    ) -> _Anchor:
+        if reference64 is not None:
+            return cls(Program.of(reference64, None), trial=False)
+        if isinstance(reference, nn.Module):
+            try:
+                wide = copy.deepcopy(reference).cpu().double()
+            except Exception as exc:
+                report.note(f"float64 anchor unavailable: cannot copy the reference ({exc!r})")
+                return cls(None, trial=False)
+            return cls(Program.of(wide, None), trial=False)
+        # NOTE: a plain function: try it on float64 inputs; it may close over float32 weights.
+        return cls(Program(reference, ref.module, ref.initial), trial=True)
+
+    def run(
+        self,
+        args: Args,
+        eager: Run,
+        seed: int,
+        cot: dict[str, torch.Tensor],
+        grads: bool,
+        report: Report,
+    ) -> Run | None:
+        if self.program is None or not _needs_anchor(eager):
+            if self.program is not None:
+                report.note("reference computes in float64: judged by float64 tolerances alone")
+            return None
+        result = run(self.program, to_float64(args), rng_seed=seed, grads=grads, cuda=False)
+        if grads and result.error is None:
+            backward(result, self.program, {k: v.double() for k, v in cot.items()})
+        problem = _anchor_problem(result, eager)
+        if problem is None:
+            return result
+        report.note(
+            f"float64 anchor unavailable ({problem}); the model rule was not applied and "
+            "values are judged by op-class tolerances alone: pass reference64= to anchor them"
+        )
+        self.program = None
+        return None
+
+
+def _needs_anchor(eager: Run) -> bool:
+    return any(
+        isinstance(v, torch.Tensor) and v.dtype in _HALF for _, v in leaves(eager.outputs, "output")
+    )
+
+
+def _anchor_problem(result: Run, eager: Run) -> str | None:
+    if result.error is not None:
+        return f"the reference raised {type(result.error).__name__} in float64: {result.error}"
+    wide = dict(leaves(result.outputs, "output"))
+    for name, value in leaves(eager.outputs, "output"):
+        if isinstance(value, torch.Tensor) and value.dtype in _HALF:
+            got = wide.get(name)
+            if not isinstance(got, torch.Tensor) or got.dtype != torch.float64:
+                return f"{name} is not float64 when the inputs are"
+    return None
+
+
+def _draws(
+    inputs: Inputs, draws: int, stress: float | None, seed: int, report: Report
+) -> list[tuple[str, Args]]:
+    base = seed * 7919
+    if callable(inputs) and not isinstance(inputs, torch.Tensor):
+        factory = inputs
+        cases = [(f"draw {i}", draw_from_factory(factory, base + i)) for i in range(1, draws + 1)]
+        _check_fresh(cases, report)
+        if stress:
+            big = stressed(draw_from_factory(factory, base + draws + 1), stress)
+            cases.append((f"stress draw (x{stress:g})", big))
+        return cases
+    example = as_args(inputs)
+    cases = [("example", example)]
+    cases += [(f"draw {i}", draw_like(example, base + i)) for i in range(1, draws + 1)]
+    if stress:
+        cases.append((f"stress draw (x{stress:g})", stressed(draw_like(example, base), stress)))
+    return cases
+
+
+def _check_fresh(cases: list[tuple[str, Args]], report: Report) -> None:
+    flat = [(label, [t for _, t in leaves(args, "input")]) for label, args in cases]
+    for i, (label, tensors) in enumerate(flat):
+        for j in range(i):
+            other_label, other = flat[j]
+            same = len(tensors) == len(other) and all(
+                identical(a, b) if isinstance(a, torch.Tensor) else a == b
+                for a, b in zip(tensors, other, strict=True)
+            )
+            if same and tensors:
+                msg = f"the factory returned the same inputs for {other_label} and {label}"
+                report.add(Failure("error", "setup", "inputs", label, msg))
+    for label, args in cases:
+        for name, t in leaves(args, "input"):
+            floating = isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.numel()
+            if floating and not bool(t.ne(0).any()):
+                msg = "the factory drew an all-zero float input"
+                report.add(Failure("error", "setup", name, label, msg))
+
+
+def _devices(
+    devices: Sequence[str] | None, cases: list[tuple[str, Args]], report: Report
+) -> list[str | None]:
+    if devices is None:
+        return [None]
+    out: list[str | None] = []
+    for device in devices:
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            report.note(f"device {device} skipped: CUDA is not available on this machine")
+            continue
+        out.append(device)
+    if not out:
+        report.note("no requested device is available: nothing was run")
+        report.add(Failure("error", "setup", "devices", "all cases", "no device to run on"))
+    return out
+
+
+@contextlib.contextmanager
+def _on_device(modules: list[nn.Module | None], device: str | None) -> Iterator[None]:
+    """Move the modules to ``device`` for the cases there, and back afterwards."""
+    moved: list[tuple[nn.Module, torch.device]] = []
+    seen: set[int] = set()
+    for module in modules:
+        if device is None or module is None or id(module) in seen:
+            continue
+        seen.add(id(module))
+        first = next(iter(list(module.parameters()) + list(module.buffers())), None)
+        if first is not None and first.device != torch.device(device):
+            moved.append((module, first.device))
+            module.to(device)
+    try:
+        yield
+    finally:
+        for module, original in moved:
+            module.to(original)
+
+
+def _uses_cuda(case: Case) -> bool:
+    if case.device is not None:
+        return torch.device(case.device).type == "cuda"
+    return any(isinstance(t, torch.Tensor) and t.is_cuda for _, t in leaves(case.args, "input"))
+
+
+def _audit(contract: Contract, report: Report) -> None:
+    """A contract looser than the shipped default is allowed, but never silently."""
+    shipped = plait.contract.load()
+    if contract is shipped or contract.data == shipped.data:
+        return
+    for change in loosened(shipped, contract):
+        msg = f"contract looser than the shipped default: {change}"
+        report.add(Failure("warning", "contract", change.key, "all cases", msg))

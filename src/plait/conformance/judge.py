@@ -1,0 +1,214 @@
+"""Judging a candidate run against a reference run: every output, buffer, mutated input and
+gradient, by name; plus aliasing, poisoning and the determinism of repeated calls."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from plait.conformance.anchor import AnchorPool
+from plait.conformance.compare import Budget, compare, compare_calls, identical
+from plait.conformance.report import Failure, Report
+from plait.conformance.runner import Run
+from plait.conformance.tree import leaves
+from plait.contract import FACTOR_DTYPES, Contract, dtype_key
+
+Values = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Judge:
+    """The contract as applied to one gate call: which op class, bitwise or not."""
+
+    contract: Contract
+    op_class: str
+    bitwise: bool
+    pool: AnchorPool = field(default_factory=AnchorPool)
+
+    def budget(self, value: Any, anchored: bool) -> Budget:
+        dtype = value.dtype if isinstance(value, torch.Tensor) else torch.float64
+        try:
+            key = dtype_key(dtype)
+        except ValueError:
+            key = "float64"  # NOTE: complex and exotic dtypes: judged as their widest real row.
+        factor, floor = None, 0.0
+        if anchored and key in FACTOR_DTYPES:
+            factor, floor = self.contract.model_factor(key), self.contract.model_floor(key)
+        bitwise = self.bitwise and self.contract.bitwise_order_preserving
+        tol = self.contract.tolerance(self.op_class, key)
+        return Budget(tol, factor, floor, bitwise, self.contract.noise_bits)
+
+    def nondeterminism_allowed(self, value: Any) -> bool:
+        if not isinstance(value, torch.Tensor):
+            return False
+        try:
+            return self.contract.tolerance(self.op_class, value.dtype).nondeterminism_allowed
+        except ValueError:
+            return False
+
+
+def values(result: Run) -> Values:
+    """Everything a run produced, flat and named: outputs, buffers, inputs after, gradients."""
+    named: Values = dict(leaves(result.outputs, "output"))
+    named.update({f"buffer[{n}]": b for n, b in result.buffers.items()})
+    named.update({f"{n} after call": t for n, t in leaves(result.inputs_after, "input")})
+    named.update(result.grads)
+    return named
+
+
+def align(ref: Values, cand: Values) -> dict[str, str]:
+    """Map each reference name to the candidate's: exact, or the unique candidate name that ends
+    with it after a module prefix (``buffer[m.bn.running_mean]`` for ``buffer[bn.running_mean]``).
+    """
+    out = {}
+    for name in ref:
+        if name in cand:
+            out[name] = name
+            continue
+        kind, _, inner = name.partition("[")
+        if kind not in ("buffer", "grad") or not inner:
+            continue
+        hits = [c for c in cand if c.startswith(kind + "[") and c.endswith("." + inner)]
+        if len(hits) == 1:
+            out[name] = hits[0]
+    return out
+
+
+def judge_run(
+    report: Report,
+    judge: Judge,
+    case: str,
+    ref: Run,
+    cand: Run,
+    anchor: Run | None,
+    *,
+    group: str | None = None,
+    against: Run | None = None,
+) -> None:
+    """Compare ``cand`` with ``ref`` (or, for determinism, bitwise with ``against``).
+
+    Anchored statistics go to the judge's pool under ``group``; no group, no anchored rule.
+    """
+    ref_vals, cand_vals = values(ref), values(cand)
+    z_vals = values(anchor) if anchor is not None else {}
+    prev = values(against) if against is not None else {}
+    names = align(ref_vals, cand_vals)
+    for name in cand.not_differentiable if against is None else []:
+        msg = "the reference's output is differentiable but the candidate's is not"
+        report.add(Failure("error", "grad", name, case, msg))
+    for name, expected in ref_vals.items():
+        if name not in names:
+            if expected is not None:
+                _missing(report, name, case, [n for n in cand_vals if n.startswith("output")])
+            continue
+        actual = cand_vals[names[name]]
+        if expected is None and actual is None:
+            continue
+        expected, actual = _zeros_for_none(expected, actual)
+        if against is not None and judge.nondeterminism_allowed(expected) is False:
+            compare_calls(report, name, case, prev.get(names[name]), actual)
+            continue
+        z = z_vals.get(name)
+        anchored = group is not None and isinstance(z, torch.Tensor) and z.dtype == torch.float64
+        budget = judge.budget(expected, anchored)
+        anchor_value = z if anchored else None
+        compare(
+            report, name, case, expected, actual, budget, anchor_value,
+            pool=judge.pool, group=group or "",
+        )  # fmt: skip
+
+
+def _missing(report: Report, name: str, case: str, outputs: list[str]) -> None:
+    if name.startswith("output"):
+        msg = f"the candidate's outputs are shaped differently: {', '.join(outputs) or 'none'}"
+        report.add(Failure("error", "structure", name, case, msg))
+    else:
+        msg = "the reference produced this value; the candidate has no counterpart"
+        report.add(Failure("error", "missing", name, case, msg))
+
+
+def _zeros_for_none(expected: Any, actual: Any) -> tuple[Any, Any]:
+    # NOTE: an unused input or parameter has gradient None in one program and zeros in another;
+    # both mean zero.
+    if expected is None and isinstance(actual, torch.Tensor):
+        return torch.zeros_like(actual), actual
+    if actual is None and isinstance(expected, torch.Tensor):
+        return expected, torch.zeros_like(expected)
+    return expected, actual
+
+
+def same_run(first: Run, second: Run) -> bool:
+    """True when two runs of the reference agree bitwise everywhere."""
+    a, b = values(first), values(second)
+    if a.keys() != b.keys():
+        return False
+    for name, value in a.items():
+        other = b[name]
+        if isinstance(value, torch.Tensor) and isinstance(other, torch.Tensor):
+            if not identical(value, other):
+                return False
+        elif value is not None and other is not None and value != other:
+            return False
+    return True
+
+
+def output_storages(result: Run) -> dict[str, set[int]]:
+    out = {}
+    for name, leaf in leaves(result.outputs, "output"):
+        if isinstance(leaf, torch.Tensor) and leaf.untyped_storage().nbytes() > 0:
+            out[name] = {leaf.untyped_storage().data_ptr()}
+    return out
+
+
+def check_input_aliases(report: Report, case: str, ref: Run, cand: Run) -> None:
+    """An output that aliases an input must do so in both programs: a write to one is visible in
+    the other."""
+    report.count("alias")
+    ref_alias = {n for n, s in output_storages(ref).items() if s & ref.input_storages}
+    cand_alias = {n for n, s in output_storages(cand).items() if s & cand.input_storages}
+    for name in sorted(cand_alias - ref_alias):
+        msg = "candidate output aliases an input; the reference's does not"
+        report.add(Failure("error", "alias", name, case, msg))
+    for name in sorted(ref_alias - cand_alias):
+        msg = "reference output is a view of an input; the candidate's is a copy"
+        report.add(Failure("warning", "alias", name, case, msg))
+
+
+def check_call_aliases(
+    report: Report, case: str, ref: tuple[Run, Run], cand: tuple[Run, Run]
+) -> None:
+    """A second call must not hand back the first call's output storage (unless eager does)."""
+    report.count("alias")
+    ref_first, ref_second = output_storages(ref[0]), output_storages(ref[1])
+    first, second = output_storages(cand[0]), output_storages(cand[1])
+    shared_ref = {n for n, s in ref_second.items() if any(s & o for o in ref_first.values())}
+    for name, storage in second.items():
+        if name in shared_ref or not any(storage & o for o in first.values()):
+            continue
+        msg = "second call returned the storage of the first call's output (results overwritten)"
+        report.add(Failure("error", "alias", name, case, msg))
+
+
+def poison(result: Run, keep: set[int]) -> int:
+    """Overwrite the run's output tensors with NaN (or the dtype's max), except those whose storage
+    is in ``keep`` (module state, inputs). A later call that reuses or reads them shows it."""
+    poisoned = 0
+    for _, leaf in leaves(result.outputs, "output"):
+        if not isinstance(leaf, torch.Tensor) or leaf.untyped_storage().data_ptr() in keep:
+            continue
+        if leaf.dtype == torch.bool:
+            fill: float | bool = True
+        elif leaf.dtype.is_floating_point or leaf.dtype.is_complex:
+            fill = math.nan
+        else:
+            fill = float(torch.iinfo(leaf.dtype).max)
+        try:
+            with torch.no_grad():
+                leaf.detach().fill_(fill)
+            poisoned += 1
+        except RuntimeError:
+            continue  # NOTE: expanded (overlapping) outputs cannot be written; skip them.
+    return poisoned

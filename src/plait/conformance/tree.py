@@ -1,0 +1,50 @@
+"""Nested structures of tensors: flatten to named leaves and map over tensor leaves.
+
+Our own tiny pytree (tuples, lists, namedtuples, dicts), so the gate depends on no private torch
+module. Leaf names read like Python: ``output[0]['logits']``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+
+def leaves(obj: Any, name: str) -> list[tuple[str, Any]]:
+    """Every leaf of ``obj`` with its path, in a deterministic order.
+
+    Example:
+        >>> [n for n, _ in leaves((1, {"a": 2}), "output")]
+        ['output[0]', "output[1]['a']"]
+    """
+    if isinstance(obj, Mapping):
+        out: list[tuple[str, Any]] = []
+        for key in obj:
+            out += leaves(obj[key], f"{name}[{key!r}]")
+        return out
+    if isinstance(obj, list | tuple):
+        out = []
+        for i, item in enumerate(obj):
+            out += leaves(item, f"{name}[{i}]")
+        return out
+    return [(name, obj)]
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
+    """Rebuild ``obj`` with ``fn`` applied to every tensor leaf; other leaves are kept."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, Mapping):
+        return type(obj)({k: map_tensors(fn, v) for k, v in obj.items()})  # type: ignore[call-arg]
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(map_tensors(fn, v) for v in obj))
+    if isinstance(obj, list | tuple):
+        return type(obj)(map_tensors(fn, v) for v in obj)
+    return obj
+
+
+def tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensor leaves of ``obj``, in :func:`leaves` order."""
+    return [leaf for _, leaf in leaves(obj, "") if isinstance(leaf, torch.Tensor)]
