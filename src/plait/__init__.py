@@ -10,4 +10,7 @@ Example:
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from plait.api import Captured, capture, compile  # noqa: E402
+from plait.errors import GraphCaptureError  # noqa: E402
+
+__all__ = ["Captured", "GraphCaptureError", "__version__", "capture", "compile"]

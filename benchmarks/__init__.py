@@ -1,0 +1,1 @@
+"""plait's benchmarks and the model definitions they (and the capture tests) use."""

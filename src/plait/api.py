@@ -1,0 +1,332 @@
+"""plait's public entry points: :func:`capture` and :func:`compile`.
+
+``compile`` returns a callable with the program's calling convention. It captures on the first
+call, keeps each specialization behind its guards, runs the graph with a backend (``"eager"``:
+plait's reference interpreter), and on a guard failure captures a new specialization, recording
+the reason (which guard, expected and actual value).
+
+Example:
+    >>> import torch, plait
+    >>> @plait.compile
+    ... def f(x):
+    ...     return x.relu() if x.shape[0] > 2 else x.sigmoid()
+    >>> y = f(torch.randn(4, 8))
+    >>> y = f(torch.randn(1, 8))
+    >>> len(f.specializations), f.recompile_reasons[0].split(":")[0]
+    (2, 'x.shape[0] > 2')
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from plait.capture import (
+    CapturedProgram,
+    Executor,
+    GuardEnv,
+    GuardSet,
+    InputAdapter,
+    ModuleState,
+    capture_program,
+)
+from plait.errors import (
+    CaptureFallbackWarning,
+    CompiledInputError,
+    GraphCaptureError,
+    RecompileLimitError,
+)
+from plait.ir import Graph, interpret
+
+__all__ = ["Captured", "CompiledFunction", "CompiledModule", "GraphCaptureError",
+           "Specialization", "capture", "compile", "register_backend"]
+
+DEFAULT_RECOMPILE_LIMIT = 8
+_MODES = (None, "default")
+
+
+# --- capture -------------------------------------------------------------------------------
+@dataclass
+class Captured:
+    """One captured program: ``graph`` (plait IR), ``guards`` (what its behaviour depended
+    on; ``print(captured.guards)``) and ``semantic_hash`` (minted here, once). A program that
+    fell back (``fullgraph=False``) has ``graph is None`` and ``fallback_reason`` set."""
+
+    graph: Graph | None
+    guards: GuardSet
+    semantic_hash: str | None
+    fallback_reason: str | None = None
+    opaque_counts: dict[str, int] = field(default_factory=dict)
+    program: CapturedProgram | None = field(default=None, repr=False)
+
+
+def _as_args(args: Any) -> tuple:
+    return tuple(args) if isinstance(args, (tuple, list)) else (args,)
+
+
+def capture(fn: Callable[..., Any], args: Any, kwargs: dict | None = None, *,
+            fullgraph: bool = True, dynamic: bool | None = None) -> Captured:
+    """Capture ``fn(*args, **kwargs)`` (``fn`` an ``nn.Module`` or a function) into plait IR.
+
+    Example:
+        >>> import torch, plait
+        >>> c = plait.capture(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
+        >>> [v.name for v in c.graph.inputs]
+        ['input', 'weight', 'bias']
+        >>> len(c.semantic_hash)
+        64
+    """
+    prog = capture_program(fn, _as_args(args), kwargs, fullgraph=fullgraph, dynamic=dynamic)
+    _report(prog, stacklevel=3)
+    return Captured(prog.graph, prog.guards, prog.semantic_hash, prog.fallback_reason,
+                    dict(prog.opaque_counts), prog)
+
+
+def _report(prog: CapturedProgram, stacklevel: int) -> None:
+    """NOTE: never a silent fallback: each fallback and each opaque node is announced once,
+    when the specialization is captured."""
+    if prog.fallback_reason is not None:
+        warnings.warn(f"plait runs this program eagerly (fallback): {prog.fallback_reason}",
+                      CaptureFallbackWarning, stacklevel=stacklevel + 1)
+    if prog.opaque_counts:
+        calls = ", ".join(f"{k} x{v}" for k, v in sorted(prog.opaque_counts.items()))
+        warnings.warn(f"plait runs calls with no IR op as opaque PyTorch nodes: {calls}",
+                      CaptureFallbackWarning, stacklevel=stacklevel + 1)
+
+
+# --- backends ----------------------------------------------------------------------------
+BackendFactory = Callable[[CapturedProgram], Executor]
+
+
+def _eager_backend(prog: CapturedProgram) -> Executor:
+    def run(graph: Graph, inputs: list[Any]) -> list[Any]:
+        return interpret(graph, inputs, check_types=False)
+
+    return run
+
+
+_BACKENDS: dict[str, BackendFactory] = {"eager": _eager_backend}
+
+
+def register_backend(name: str, factory: BackendFactory) -> None:
+    """Make ``plait.compile(backend=name)`` run graphs with ``factory(program)``'s executor."""
+    _BACKENDS[name] = factory
+
+
+# --- compile ---------------------------------------------------------------------------------
+@dataclass
+class Specialization:
+    """A captured program behind its guards, and the executor its backend made for it."""
+
+    program: CapturedProgram
+    executor: Executor | None
+    reason: str | None  # why it was captured: None for the first, else the failed guards
+
+    @property
+    def graph(self) -> Graph | None:
+        return self.program.graph
+
+    @property
+    def guards(self) -> GuardSet:
+        return self.program.guards
+
+    @property
+    def semantic_hash(self) -> str | None:
+        return self.program.semantic_hash
+
+    @property
+    def fallback_reason(self) -> str | None:
+        return self.program.fallback_reason
+
+    @property
+    def opaque_counts(self) -> dict[str, int]:
+        return self.program.opaque_counts
+
+
+class _Engine:
+    """The specialization cache shared by CompiledFunction and CompiledModule."""
+
+    def __init__(self, fn: Callable[..., Any], backend: str, fullgraph: bool,
+                 dynamic: bool | None, mode: str | None, options: dict[str, Any] | None) -> None:
+        if backend not in _BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; available: {sorted(_BACKENDS)}")
+        if mode not in _MODES:
+            raise ValueError(f"mode {mode!r} is not available; modes: {list(_MODES)}")
+        options = dict(options or {})
+        self.recompile_limit = int(options.pop("recompile_limit", DEFAULT_RECOMPILE_LIMIT))
+        if options:
+            raise ValueError(f"unknown options {sorted(options)}; known: ['recompile_limit']")
+        self.fn, self.backend, self.fullgraph, self.dynamic = fn, backend, fullgraph, dynamic
+        self.adapter = InputAdapter(fn)
+        self.state = ModuleState(fn) if isinstance(fn, nn.Module) else None
+        self.specializations: list[Specialization] = []
+        self.recompile_reasons: list[str] = []
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        try:
+            spec, leaves, paths = self.adapter.flatten(args, kwargs)
+        except TypeError as exc:
+            raise CompiledInputError(str(exc)) from None
+        state = self.state.fetch() if self.state is not None else ()
+        env = GuardEnv(spec, leaves, self.fn, state)
+        for s in self.specializations:
+            if s.program.guards.holds(env):
+                return self._run(s, env, state, args, kwargs)
+        return self._recapture(env, paths, args, kwargs)
+
+    def _recapture(self, env: GuardEnv, paths: list[str], args: tuple, kwargs: dict) -> Any:
+        reason = None
+        if self.specializations:
+            last = self.specializations[-1]
+            _check_kinds(last.program, env, paths)
+            failures = last.program.guards.explain(env) or ["no guard failed (internal)"]
+            reason = "; ".join(failures)
+            if len(self.specializations) >= self.recompile_limit:
+                raise RecompileLimitError(
+                    f"{self.adapter.name}: reached the recompile limit "
+                    f"({self.recompile_limit} specializations); this call failed: {reason}. "
+                    "Raise it with options={'recompile_limit': n}, or use dynamic=True "
+                    "when sizes vary.")
+        if self.state is not None and not self.state.structure_intact():
+            self.state = ModuleState(self.state.module)
+        prog = capture_program(self.fn, args, kwargs, fullgraph=self.fullgraph,
+                               dynamic=self.dynamic, adapter=self.adapter,
+                               module_state=self.state)
+        _report(prog, stacklevel=4)
+        executor = _BACKENDS[self.backend](prog) if prog.graph is not None else None
+        spec = Specialization(prog, executor, reason)
+        self.specializations.append(spec)
+        if reason is not None:
+            self.recompile_reasons.append(reason)
+        state = self.state.fetch() if self.state is not None else ()
+        env = GuardEnv(env.spec, env.leaves, self.fn, state)
+        return self._run(spec, env, state, args, kwargs)
+
+    def _run(self, s: Specialization, env: GuardEnv, state: Sequence[torch.Tensor], args: tuple,
+             kwargs: dict) -> Any:
+        if s.executor is None:
+            return self.fn(*args, **kwargs)  # the recorded eager fallback
+        return s.program.run(s.executor, env, state)
+
+
+def _check_kinds(prog: CapturedProgram, env: GuardEnv, paths: list[str]) -> None:
+    """A tensor where a non-tensor was captured (or the reverse) is a calling error."""
+    structure = prog.guards.guards[0]
+    captured_spec, kinds = structure.expected
+    if env.spec != captured_spec:
+        return
+    for path, was, leaf in zip(paths, kinds, env.leaves):
+        now = "tensor" if isinstance(leaf, torch.Tensor) else type(leaf).__name__
+        if (was == "tensor") != (now == "tensor") and "NoneType" not in (was, now):
+            raise CompiledInputError(
+                f"argument {path!r} was a {'Tensor' if was == 'tensor' else was} when the program "
+                f"was captured; got {'a Tensor' if now == 'tensor' else now}")
+
+
+class CompiledFunction:
+    """A compiled function: call it like the original. ``specializations`` and
+    ``recompile_reasons`` record what was captured and why."""
+
+    def __init__(self, fn: Callable[..., Any], engine: _Engine) -> None:
+        functools.update_wrapper(self, fn)
+        self._plait = engine
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._plait(args, kwargs)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else functools.partial(self, obj)
+
+    @property
+    def specializations(self) -> list[Specialization]:
+        return self._plait.specializations
+
+    @property
+    def recompile_reasons(self) -> list[str]:
+        return self._plait.recompile_reasons
+
+
+_SHARED = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules",
+           "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+           "_load_state_dict_post_hooks")
+
+
+class CompiledModule(nn.Module):
+    """A compiled ``nn.Module`` that behaves as the module: it shares its parameters, buffers
+    and submodules (``state_dict()`` keys are the module's own), ``train()``/``eval()`` switch
+    the module, and attribute reads and writes go to it. Forward hooks registered on the
+    original module run inside the captured program."""
+
+    _orig_mod: nn.Module
+    _plait: _Engine
+
+    def __init__(self, module: nn.Module, engine: _Engine) -> None:
+        # NOTE: no nn.Module.__init__: the wrapper takes the module's own tables (shared, not
+        # copied) and keeps empty hook tables of its own; `training` lives on the module.
+        fresh = nn.Module().__dict__
+        for key, value in fresh.items():
+            if key != "training":
+                object.__setattr__(self, key, value)
+        for key in _SHARED:
+            object.__setattr__(self, key, module.__dict__[key])
+        object.__setattr__(self, "_orig_mod", module)
+        object.__setattr__(self, "_plait", engine)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._plait(args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_orig_mod"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._orig_mod, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._orig_mod, name)
+
+    def _get_name(self) -> str:
+        return f"CompiledModule[{self._orig_mod._get_name()}]"
+
+    @property
+    def specializations(self) -> list[Specialization]:
+        return self._plait.specializations
+
+    @property
+    def recompile_reasons(self) -> list[str]:
+        return self._plait.recompile_reasons
+
+
+def compile(model_or_fn: Any = None, *, backend: str = "eager", fullgraph: bool = False,
+            dynamic: bool | None = None, mode: str | None = None,
+            options: dict[str, Any] | None = None) -> Any:
+    """Compile an ``nn.Module`` or a function; usable as ``@plait.compile`` or
+    ``@plait.compile(backend="eager", ...)``.
+
+    Example:
+        >>> import torch, plait
+        >>> model = torch.nn.Linear(4, 2)
+        >>> cm = plait.compile(model)
+        >>> torch.equal(cm(torch.ones(1, 4)), model(torch.ones(1, 4)))
+        True
+        >>> list(cm.state_dict()) == list(model.state_dict())
+        True
+    """
+    if model_or_fn is None:
+        return functools.partial(compile, backend=backend, fullgraph=fullgraph, dynamic=dynamic,
+                                 mode=mode, options=options)
+    engine = _Engine(model_or_fn, backend, fullgraph, dynamic, mode, options)
+    if isinstance(model_or_fn, nn.Module):
+        return CompiledModule(model_or_fn, engine)
+    if not callable(model_or_fn):
+        raise TypeError(f"plait.compile expects an nn.Module or a function, got "
+                        f"{type(model_or_fn).__name__}")
+    return CompiledFunction(model_or_fn, engine)

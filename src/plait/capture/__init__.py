@@ -1,0 +1,39 @@
+"""L1 capture: run a PyTorch program on tracer tensors and record it as plait IR.
+
+The pieces: ``tracer`` (tracer tensors and the capture context), ``table`` (the torch-function →
+IR op table, filled by the ``lower_*`` modules), ``views`` (functionalization of aliasing),
+``state`` (parameters and buffers lifted to named graph inputs), ``guards`` (what the program's
+behaviour depended on), ``frontend`` (the capture driver) and ``program`` (the calling
+convention a backend runs).
+
+Example:
+    >>> import torch
+    >>> from plait.capture import capture_program
+    >>> prog = capture_program(lambda x: x.relu() if x.shape[0] > 2 else x.sigmoid(),
+    ...                        (torch.randn(4, 8),))
+    >>> [n.op for n in prog.graph.nodes]
+    ['relu']
+    >>> [g.text for g in prog.guards if g.kind == "dim"]
+    ['x.shape[0] > 2']
+"""
+
+from plait.capture import lower_math, lower_meta, lower_nn, lower_shape  # noqa: F401  (rules)
+from plait.capture.frontend import capture_program, preserved_rng
+from plait.capture.guards import Guard, GuardEnv, GuardSet
+from plait.capture.inputs import InputAdapter
+from plait.capture.program import CapturedProgram, Executor, InputSlot, OutputLeaf
+from plait.capture.state import ModuleState
+
+__all__ = [
+    "CapturedProgram",
+    "Executor",
+    "Guard",
+    "GuardEnv",
+    "GuardSet",
+    "InputAdapter",
+    "InputSlot",
+    "ModuleState",
+    "OutputLeaf",
+    "capture_program",
+    "preserved_rng",
+]

@@ -1,0 +1,252 @@
+"""L1 capture: run a program once on tracer tensors and return a :class:`CapturedProgram`.
+
+Capture leaves no trace: user inputs and buffers are traced through clones, parameters are
+never written (an in-place update of one is refused), the RNG states are restored, and the
+module's parameter/buffer slots are restored even when capture fails.
+
+Example:
+    >>> import torch
+    >>> prog = capture_program(lambda x: x * 2, (torch.ones(3),))
+    >>> print(prog.graph)
+    graph(
+      user %x: f32[3]
+    ) {
+      %0 = mul(%x, 2) : f32[3]
+      return %0
+    }
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+from plait.capture import guard_build, pytree
+from plait.capture.guards import Guard, GuardSet
+from plait.capture.inputs import InputAdapter
+from plait.capture.program import CapturedProgram, InputSlot, OutputLeaf
+from plait.capture.state import ModuleState
+from plait.capture.symints import TracedInt, TracedSize
+from plait.capture.tracer import CaptureContext, Lift, Restart, Tracer
+from plait.errors import GraphCaptureError
+from plait.ir import TensorType, Value, semantic_hash
+
+_KIND_RANK = {"user": 0, "param": 1, "buffer": 2, "const": 3}
+
+
+@contextmanager
+def preserved_rng() -> Iterator[None]:
+    cpu = torch.get_rng_state()
+    cuda = (torch.cuda.get_rng_state_all()
+            if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def capture_program(fn: Callable[..., Any], args: tuple, kwargs: dict | None = None, *,
+                    fullgraph: bool = True, dynamic: bool | None = None,
+                    adapter: InputAdapter | None = None,
+                    module_state: ModuleState | None = None) -> CapturedProgram:
+    """Capture ``fn(*args, **kwargs)``. With ``fullgraph=False`` a program that cannot be one
+    graph comes back as a fallback (``graph is None``, ``fallback_reason`` set) instead of
+    raising :class:`GraphCaptureError`."""
+    kwargs = kwargs or {}
+    adapter = adapter or InputAdapter(fn)
+    spec, leaves, paths = adapter.flatten(tuple(args), kwargs)
+    if module_state is None and isinstance(fn, nn.Module):
+        module_state = ModuleState(fn)
+    if guard_build.autocast_on():
+        raise GraphCaptureError("torch.autocast", "capture under autocast is not supported yet",
+                                kind="limitation")
+    static_sizes: set[int] = set()
+    while True:
+        cx = CaptureContext(fullgraph=fullgraph, dynamic=bool(dynamic), static_sizes=static_sizes)
+        try:
+            return _capture_once(cx, fn, adapter, spec, leaves, paths, module_state)
+        except Restart as restart:
+            static_sizes |= restart.sizes
+        except GraphCaptureError as err:
+            if fullgraph or err.kind not in ("data-dependent", "unsupported", "limitation"):
+                raise
+            return _fallback(cx, err, spec, leaves, paths, module_state)
+
+
+def _input_name(path: str, taken: set[str]) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", path).strip("_") or "arg"
+    base, n = name, 1
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def _lift_user_inputs(cx: CaptureContext, leaves: list[Any], paths: list[str]) -> list[Any]:
+    out = list(leaves)
+    taken: set[str] = set()
+    for i, (leaf, path) in enumerate(zip(leaves, paths)):
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        if isinstance(leaf, Tracer):
+            cx.limitation("a tensor from a running capture was passed to another capture")
+        ir_shape, exprs = cx.input_dims(i, path, leaf.shape)
+        cx.current = f"input {path}"
+        ty = cx.type_of_plain(leaf).with_shape(ir_shape)
+        with torch._C.DisableTorchFunction():
+            sample = leaf.detach().clone()
+        tr = cx.lift_input(sample, kind="user", name=_input_name(path, taken), ref=i,
+                           writeback=True, requires_grad=leaf.requires_grad, ir_type=ty)
+        tr._dim_exprs = exprs
+        out[i] = tr
+    cx.current = "<capture>"
+    return out
+
+
+def _lift_state(cx: CaptureContext, ms: ModuleState | None) -> tuple[list[Tracer], list[Any]]:
+    if ms is None:
+        return [], []
+    tensors = ms.fetch()
+    tracers: list[Tracer] = []
+    for k, (entry, t) in enumerate(zip(ms.entries, tensors)):
+        with torch._C.DisableTorchFunction():
+            # NOTE: parameters are traced in place (their writes are refused); buffers through
+            # clones, so BatchNorm's running statistics stay untouched by capture.
+            sample = t.detach() if entry.kind == "param" else t.detach().clone()
+        tracers.append(cx.lift_input(sample, kind=entry.kind, name=entry.path, ref=k,
+                                     writeback=entry.kind == "buffer",
+                                     requires_grad=t.requires_grad))
+    return tracers, tensors
+
+
+def _capture_once(cx: CaptureContext, fn: Callable[..., Any], adapter: InputAdapter, spec: Any,
+                  leaves: list[Any], paths: list[str], ms: ModuleState | None) -> CapturedProgram:
+    with preserved_rng():
+        traced_leaves = _lift_user_inputs(cx, leaves, paths)
+        state_tracers, state = _lift_state(cx, ms)
+        try:
+            with ms.swapped(state_tracers) if ms is not None else nullcontext(), cx.activate():
+                out = adapter.call(fn, spec, traced_leaves)
+        except BaseException as exc:
+            if cx.error is not None and exc is not cx.error:
+                raise cx.error from exc
+            raise
+        if cx.error is not None:
+            raise cx.error
+        return _finish(cx, out, spec, leaves, paths, ms, state)
+
+
+def _output_leaves(cx: CaptureContext, out: Any) -> tuple[Any, list[Any], list[Value]]:
+    out_spec, raw, _ = pytree.flatten(out, "output")
+    leaves: list[Any] = []
+    values: list[Value] = []
+    cx.current = "returning the output"
+    for leaf in raw:
+        if isinstance(leaf, Tracer):
+            tr = cx.tracer(leaf)
+            lift = tr._lift
+            if tr._root is None and lift is not None and (lift.writeback or lift.kind == "param"):
+                cx.value(tr)
+                leaves.append(("input", lift))
+            else:
+                values.append(cx.value(tr))
+                leaves.append(("graph", (len(values) - 1, id(tr), tr._root is None)))
+        elif isinstance(leaf, TracedSize):
+            leaves.append(("value", torch.Size(cx.int(d) for d in leaf)))
+        elif isinstance(leaf, TracedInt):
+            leaves.append(("value", cx.int(leaf)))
+        else:
+            leaves.append(("value", leaf))
+    return out_spec, leaves, values
+
+
+def _finish(cx: CaptureContext, out: Any, spec: Any, leaves: list[Any], paths: list[str],
+            ms: ModuleState | None, state: list[Any]) -> CapturedProgram:
+    out_spec, out_leaves, values = _output_leaves(cx, out)
+    mutations: list[tuple[Lift, int]] = []
+    for root in cx.mutated.values():
+        if root._lift is not None and root._lift.writeback:
+            mutations.append((root._lift, len(values)))
+            values.append(cx.value(root))
+    graph = cx.builder.graph
+    lift_of = {id(lift.value): lift for lift in cx.lifts if lift.value is not None}
+    graph.inputs.sort(key=lambda v: (_KIND_RANK[lift_of[id(v)].kind], lift_of[id(v)].ref
+                                     if lift_of[id(v)].kind in ("param", "buffer")
+                                     else lift_of[id(v)].order))
+    position = {id(v): i for i, v in enumerate(graph.inputs)}
+    slots = [_slot(lift_of[id(v)]) for v in graph.inputs]
+    cx.builder.output(*values)
+    built = cx.builder.build()
+    guards = _guards(cx, spec, leaves, paths, ms, state, slots, mutations)
+    return CapturedProgram(
+        graph=built, guards=guards, semantic_hash=semantic_hash(built), inputs=slots,
+        out_spec=out_spec,
+        out_leaves=[OutputLeaf("input", position[id(ref.value)]) if kind == "input"
+                    else OutputLeaf(kind, ref) for kind, ref in out_leaves],
+        mutations=[(position[id(lift.value)], o) for lift, o in mutations],
+        opaque_counts=dict(cx.opaque_counts), dynamic=cx.dynamic,
+    )
+
+
+def _slot(lift: Lift) -> InputSlot:
+    if lift.kind == "user":
+        return InputSlot("user", lift.ref)
+    if lift.kind in ("param", "buffer"):
+        return InputSlot("state", lift.ref)
+    return InputSlot("const", lift.ref)
+
+
+def _guards(cx: CaptureContext, spec: Any, leaves: list[Any], paths: list[str],
+            ms: ModuleState | None, state: list[Any], slots: list[InputSlot] | None,
+            mutations: list[tuple[Lift, int]]) -> GuardSet:
+    guards: list[Guard] = [guard_build.structure_guard(spec, leaves, paths)]
+    user_types = {lift.ref: lift.type for lift in cx.lifts if lift.kind == "user"}
+    for i, (leaf, path) in enumerate(zip(leaves, paths)):
+        if isinstance(leaf, torch.Tensor):
+            ty = user_types.get(i) or TensorType.of(leaf)
+            guards += guard_build.tensor_guards(i, path, leaf, ty)
+        else:
+            guards.append(guard_build.scalar_guard(i, path, leaf))
+    for pred in cx.predicates.values():
+        redundant = not any(s in cx.bindings for s in pred[0].free_symbols)
+        guards += guard_build.predicate_guards([pred], cx.symbols, redundant)
+    if cx.dynamic:
+        guards += guard_build.symbol_guards(cx.symbols, cx.bindings, cx.duck)
+    if any(lift.kind == "user" for lift, _ in mutations):
+        guards.append(_no_alias_guard(leaves))
+    guards += guard_build.ambient_guards()
+    if ms is not None:
+        used = sorted(s.ref for s in slots or [] if s.source == "state") if slots is not None \
+            else list(range(len(ms.entries)))
+        guards += guard_build.module_guards(ms, used, state or ms.fetch())
+    return GuardSet(guards)
+
+
+def _distinct_memory(tensors: list[torch.Tensor]) -> bool:
+    ptrs = [p for p in (t.untyped_storage().data_ptr() for t in tensors) if p]
+    return len(ptrs) == len(set(ptrs))
+
+
+def _no_alias_guard(leaves: list[Any]) -> Guard:
+    tensor_ix = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    if not _distinct_memory([leaves[i] for i in tensor_ix]):
+        raise GraphCaptureError("inputs", "the program writes an input that shares memory with "
+                                "another input", kind="limitation")
+    return Guard("alias", "inputs", "tensor inputs do not share memory", True,
+                 lambda env: _distinct_memory([env.leaves[i] for i in tensor_ix]))
+
+
+def _fallback(cx: CaptureContext, err: GraphCaptureError, spec: Any, leaves: list[Any],
+              paths: list[str], ms: ModuleState | None) -> CapturedProgram:
+    """The documented fallback: run eagerly, under the guards read before the failure."""
+    guards = _guards(cx, spec, leaves, paths, ms, [], None, [])
+    return CapturedProgram(graph=None, guards=guards, semantic_hash=None,
+                           opaque_counts=dict(cx.opaque_counts), fallback_reason=str(err),
+                           dynamic=cx.dynamic)

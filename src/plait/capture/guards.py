@@ -1,0 +1,145 @@
+"""Guards: what a captured program's behaviour depended on, recorded as data.
+
+A :class:`Guard` reads one thing from a call (an input's type, a size the program compared, a
+Python scalar argument, the modules' training flags, grad mode, ...) and holds when that reading
+equals the value seen at capture. A :class:`GuardSet` checks all of them in a fixed order (cheap
+ones that make later reads safe first) and, when one fails, explains which guards failed with
+the expected and the actual value, the program's own comparisons first.
+
+Example:
+    >>> env = GuardEnv((), [3])
+    >>> g = Guard("scalar", "arg n", "n == 4", 4, lambda env: env.leaves[0])
+    >>> GuardSet([g]).holds(env), GuardSet([g]).explain(env)
+    (False, ['n == 4: expected 4, got 3'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# NOTE: reasons list the program's own reads first: they are what the user can act on.
+_PRIORITY = {
+    "dim": 0,
+    "scalar": 1,
+    "training": 2,
+    "grad_mode": 3,
+    "requires_grad": 4,
+    "tensor": 5,
+    "alias": 6,
+    "state": 7,
+    "ambient": 8,
+    "structure": 9,
+}
+
+
+class GuardEnv:
+    """One call's view for guards: the input spec, its flattened leaves, the module."""
+
+    __slots__ = ("leaves", "module", "spec", "state")
+
+    def __init__(self, spec: Any, leaves: Sequence[Any], module: Any = None,
+                 state: Sequence[Any] = ()) -> None:
+        self.spec = spec
+        self.leaves = leaves
+        self.module = module
+        self.state = state
+
+
+@dataclass(frozen=True, eq=False)
+class Guard:
+    """One recorded dependency. ``kind`` is one of the keys of the priority table; ``source``
+    says what it reads (``"x.shape[0]"``, ``"arg scale"``, ``"self.training"``); ``text`` is the
+    predicate as a human reads it (``"x.shape[0] > 2"``); ``expected`` is the value seen at
+    capture (for a comparison: its outcome)."""
+
+    kind: str
+    source: str
+    text: str
+    expected: Any
+    read: Callable[[GuardEnv], Any]
+    detail: Callable[[GuardEnv], str] | None = None
+    # NOTE: a gate guard makes the reads of later guards safe (structure, ranks); when it fails,
+    # the explanation stops there.
+    gate: bool = False
+    # NOTE: a redundant guard is implied by others (a comparison of a static size is implied by
+    # the input's type guard); the fast path skips it, explanations still report it.
+    redundant: bool = False
+    fmt: Callable[[Any], str] = repr  # how a reading is shown in a failure message
+
+    def holds(self, env: GuardEnv) -> bool:
+        return bool(self.read(env) == self.expected)
+
+    def failure(self, env: GuardEnv) -> str | None:
+        """None when the guard holds, else ``"<text>: expected <e>, got <a>"``."""
+        try:
+            actual = self.read(env)
+        except Exception as exc:  # a guard whose input is missing or of another kind
+            return f"{self.text}: could not read it ({type(exc).__name__}: {exc})"
+        if actual == self.expected:
+            return None
+        msg = f"{self.text}: expected {self.fmt(self.expected)}, got {self.fmt(actual)}"
+        if self.detail is not None:
+            try:
+                msg += f" ({self.detail(env)})"
+            except Exception:  # NOTE: a detail is a courtesy; never let it hide the failure
+                pass
+        return msg
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "kind": self.kind,
+            "source": self.source,
+            "text": self.text,
+            "expected": _show(self.expected),
+        }
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class GuardSet:
+    """The guards of one specialization, in check order."""
+
+    def __init__(self, guards: Sequence[Guard]) -> None:
+        self.guards = list(guards)
+        self._fast = [g for g in self.guards if not g.redundant]
+
+    def __iter__(self) -> Iterator[Guard]:
+        return iter(self.guards)
+
+    def __len__(self) -> int:
+        return len(self.guards)
+
+    def holds(self, env: GuardEnv) -> bool:
+        """The fast path: every guard in order, stopping at the first that fails."""
+        try:
+            for g in self._fast:
+                if g.read(env) != g.expected:
+                    return False
+        except Exception:  # NOTE: an unreadable guard (e.g. a missing input) is a failed one
+            return False
+        return True
+
+    def explain(self, env: GuardEnv) -> list[str]:
+        """Every failed guard as ``"<text>: expected <e>, got <a>"``, the program's own reads
+        first; stops after a failed gate guard (later reads would be meaningless)."""
+        failed: list[tuple[int, int, str]] = []
+        for i, g in enumerate(self.guards):
+            msg = g.failure(env)
+            if msg is None:
+                continue
+            failed.append((_PRIORITY.get(g.kind, 99), i, msg))
+            if g.gate:
+                break
+        return [m for _, _, m in sorted(failed)]
+
+    def texts(self) -> list[str]:
+        return [g.text for g in self.guards]
+
+    def __str__(self) -> str:
+        return "\n".join(self.texts())
+
+    def __repr__(self) -> str:
+        return f"GuardSet({self.texts()!r})"

@@ -1,0 +1,75 @@
+"""The calling convention of a captured program: bind a call to the signature, flatten it.
+
+Arguments are bound to the callable's signature (defaults applied), so a wrong call fails the way
+Python would, and every leaf gets a readable path (``x``, ``batch['ids']``, ``args[1]``) that
+guards and error messages use.
+
+Example:
+    >>> adapter = InputAdapter(lambda x, scale=2.0: x)
+    >>> spec, leaves, paths = adapter.flatten((1,), {})
+    >>> leaves, paths
+    ([1, 2.0], ['x', 'scale'])
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from plait.capture import pytree
+
+
+class InputAdapter:
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        target = fn.forward if isinstance(fn, nn.Module) else fn
+        try:
+            self.signature: inspect.Signature | None = inspect.signature(target)
+        except (TypeError, ValueError):
+            self.signature = None
+        self.name = getattr(target, "__qualname__", type(fn).__name__)
+
+    def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """Named arguments in signature order; raises TypeError like the callable would."""
+        if self.signature is None:
+            return {"args": tuple(args), "kwargs": dict(kwargs)}
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.name}(): {exc}") from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def flatten(self, args: tuple, kwargs: dict) -> tuple[Any, list[Any], list[str]]:
+        named = self.bind(args, kwargs)
+        specs: list[Any] = []
+        leaves: list[Any] = []
+        paths: list[str] = []
+        for name, value in named.items():
+            spec, ls, ps = pytree.flatten(value, name)
+            specs.append((name, spec))
+            leaves += ls
+            paths += ps
+        return tuple(specs), leaves, paths
+
+    def call(self, fn: Callable[..., Any], spec: Any, leaves: list[Any]) -> Any:
+        """Call ``fn`` with the arguments ``spec`` describes, leaves replaced by ``leaves``."""
+        named: dict[str, Any] = {}
+        i = 0
+        for name, sub in spec:
+            n = _count(sub)
+            named[name] = pytree.unflatten(sub, leaves[i : i + n])
+            i += n
+        if self.signature is None:
+            return fn(*named["args"], **named["kwargs"])
+        bound = inspect.BoundArguments(self.signature, named)  # type: ignore[arg-type]
+        return fn(*bound.args, **bound.kwargs)
+
+
+def _count(spec: Any) -> int:
+    if spec == pytree.LEAF:
+        return 1
+    kids = spec[-1]
+    return sum(_count(k) for k in kids)

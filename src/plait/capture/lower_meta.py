@@ -1,0 +1,140 @@
+"""Metadata reads (answered from the tracer, guarded) and reads of tensor data (refused).
+
+NOTE: dtype, device and rank are fixed by the input types, which are always guarded; sizes are
+returned as TracedInts so the comparisons the program makes become named guards.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from plait.capture.symints import TracedSize
+from plait.capture.table import data_read, meta
+from plait.capture.tracer import CaptureContext
+
+T = torch.Tensor
+
+
+def _plain(cx: CaptureContext, x: Any) -> torch.Tensor:
+    return cx.tracer(x)._plain
+
+
+@meta(T.shape.__get__)
+def _shape(cx: CaptureContext, x: Any) -> Any:
+    return cx.sizes(cx.tracer(x))
+
+
+@meta(T.size)
+def _size(cx: CaptureContext, x: Any, dim: Any = None) -> Any:
+    sizes = cx.sizes(cx.tracer(x))
+    if dim is None:
+        return sizes
+    rank, d = len(sizes), int(dim)
+    if not -rank <= d < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, "
+                         f"{rank - 1}], but got {d})")
+    return sizes[d]
+
+
+@meta(T.dim, T.ndimension, T.ndim.__get__)
+def _rank(cx: CaptureContext, x: Any) -> int:
+    return _plain(cx, x).dim()
+
+
+@meta(T.numel, T.nelement)
+def _numel(cx: CaptureContext, x: Any) -> Any:
+    sizes = cx.sizes(cx.tracer(x))
+    return sizes.numel() if isinstance(sizes, TracedSize) else math.prod(sizes)
+
+
+@meta(T.__len__)
+def _len(cx: CaptureContext, x: Any) -> Any:
+    sizes = cx.sizes(cx.tracer(x))
+    if not len(sizes):
+        raise TypeError("len() of a 0-d tensor")
+    return sizes[0]
+
+
+@meta(T.dtype.__get__)
+def _dtype(cx: CaptureContext, x: Any) -> torch.dtype:
+    return _plain(cx, x).dtype
+
+
+@meta(T.device.__get__)
+def _device(cx: CaptureContext, x: Any) -> torch.device:
+    return _plain(cx, x).device
+
+
+@meta(T.requires_grad.__get__)
+def _requires_grad(cx: CaptureContext, x: Any) -> bool:
+    return cx.tracer(x)._rg
+
+
+# NOTE: facts fixed by dtype, device and layout, which the input types pin down.
+_STATIC = [
+    (T.is_floating_point, lambda t: t.is_floating_point()),
+    (T.is_complex, lambda t: t.is_complex()),
+    (T.is_signed, lambda t: t.is_signed()),
+    (T.is_cuda.__get__, lambda t: t.is_cuda),
+    (T.is_cpu.__get__, lambda t: t.is_cpu),
+    (T.is_meta.__get__, lambda t: t.is_meta),
+    (T.is_sparse.__get__, lambda t: t.is_sparse),
+    (T.is_quantized.__get__, lambda t: t.is_quantized),
+    (T.is_mkldnn.__get__, lambda t: t.is_mkldnn),
+    (T.is_nested.__get__, lambda t: t.is_nested),
+    (T.layout.__get__, lambda t: t.layout),
+    (T.element_size, lambda t: t.element_size()),
+    (T.itemsize.__get__, lambda t: t.itemsize),
+    (T.get_device, lambda t: t.get_device()),
+]
+
+
+def _static_meta(func: Any, read: Any) -> None:
+    @meta(func)
+    def rule(cx: CaptureContext, x: Any, *args: Any, **kwargs: Any) -> Any:
+        return read(_plain(cx, x))
+
+
+for _func, _read in _STATIC:
+    _static_meta(_func, _read)
+
+
+@meta(T.is_contiguous)
+def _is_contiguous(cx: CaptureContext, x: Any, memory_format: Any = None) -> bool:
+    # NOTE: the answer for the capture sample; layouts are not part of the IR (documented).
+    t = _plain(cx, x)
+    return t.is_contiguous() if memory_format is None else t.is_contiguous(
+        memory_format=memory_format)
+
+
+@meta(T.requires_grad_, T.requires_grad.__set__, T.stride, T.storage_offset, T.data_ptr,
+      T.untyped_storage, T.retain_grad, T.register_hook)
+def _layout_or_autograd(cx: CaptureContext, x: Any, *args: Any, **kwargs: Any) -> Any:
+    cx.limitation("strides, storage and autograd state of a tensor are not part of a captured "
+                  "program")
+
+
+data_read("converting a tensor to a Python bool (e.g. `if tensor:`)", T.__bool__)
+data_read("Tensor.item()", T.item)
+data_read("Tensor.tolist()", T.tolist)
+data_read("int(tensor)", T.__int__)
+data_read("float(tensor)", T.__float__)
+data_read("complex(tensor)", T.__complex__)
+data_read("using a tensor as a Python index", T.__index__)
+data_read("printing or formatting a tensor", T.__repr__, T.__format__)
+data_read("converting a tensor to NumPy", T.numpy, T.__array__)
+data_read("`in` on a tensor", T.__contains__)
+data_read("torch.equal (a Python bool from tensor values)", torch.equal, T.equal)
+data_read("allclose (a Python bool from tensor values)", torch.allclose, T.allclose)
+data_read("nonzero (its output shape depends on the values)", torch.nonzero, T.nonzero,
+          torch.argwhere, T.argwhere)
+data_read("unique (its output shape depends on the values)", torch.unique, T.unique,
+          torch.unique_consecutive, T.unique_consecutive)
+data_read("masked_select (its output shape depends on the values)", torch.masked_select,
+          T.masked_select)
+data_read("repeat_interleave (its output shape depends on the values)",
+          torch.repeat_interleave, T.repeat_interleave)
+data_read("bincount (its output shape depends on the values)", torch.bincount, T.bincount)

@@ -1,0 +1,98 @@
+"""A captured program: the graph plus how a call feeds it and how its results come back.
+
+:meth:`CapturedProgram.run` is the calling convention every backend shares: it gathers the graph
+inputs (user tensors from the call, the module's *live* parameters and buffers, constants), runs
+the graph with a backend's executor, writes mutated inputs and buffers back with ``copy_``, and
+rebuilds the user's output structure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from plait.capture import pytree
+from plait.capture.guards import GuardEnv, GuardSet
+from plait.ir import Graph
+
+Executor = Callable[[Graph, list[Any]], Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class InputSlot:
+    """Where graph input ``i`` comes from: ``("user", leaf index)``, ``("state", entry index)``
+    or ``("const", tensor)``."""
+
+    source: str
+    ref: Any
+
+
+@dataclass(frozen=True)
+class OutputLeaf:
+    """One leaf of the output: ``("graph", (output index, tracer id, fresh))`` (a computed
+    tensor; ``fresh`` when eager gives it memory of its own),
+    ``("input", slot index)`` (an input tensor returned as such) or ``("value", obj)``."""
+
+    source: str
+    ref: Any
+
+
+@dataclass
+class CapturedProgram:
+    graph: Graph | None
+    guards: GuardSet
+    semantic_hash: str | None
+    inputs: list[InputSlot] = field(default_factory=list)
+    out_spec: Any = None
+    out_leaves: list[OutputLeaf] = field(default_factory=list)
+    mutations: list[tuple[int, int]] = field(default_factory=list)
+    opaque_counts: dict[str, int] = field(default_factory=dict)
+    fallback_reason: str | None = None
+    dynamic: bool = False
+
+    def graph_inputs(self, env: GuardEnv, state: Sequence[torch.Tensor]) -> list[Any]:
+        out: list[Any] = []
+        for slot in self.inputs:
+            if slot.source == "user":
+                out.append(env.leaves[slot.ref])
+            elif slot.source == "state":
+                out.append(state[slot.ref])
+            else:
+                out.append(slot.ref)
+        return out
+
+    def run(self, execute: Executor, env: GuardEnv, state: Sequence[torch.Tensor]) -> Any:
+        assert self.graph is not None, "a fallback program has no graph to run"
+        values = self.graph_inputs(env, state)
+        results = list(execute(self.graph, values))
+        if self.mutations:
+            with torch.no_grad():
+                for i, o in self.mutations:
+                    values[i].copy_(results[o])
+        inputs = {id(v) for v in values if isinstance(v, torch.Tensor)}
+        by_tracer: dict[int, Any] = {}
+        handed_out: set[int] = set()
+        leaves: list[Any] = []
+        for leaf in self.out_leaves:
+            if leaf.source == "value":
+                leaves.append(leaf.ref)
+            elif leaf.source == "input":
+                leaves.append(values[leaf.ref])
+            else:
+                index, tracer_id, fresh = leaf.ref
+                if tracer_id in by_tracer:
+                    leaves.append(by_tracer[tracer_id])
+                    continue
+                t = results[index]
+                # NOTE: a fresh tensor in eager (a clone, or one returned twice under different
+                # names) must not come back as an input's memory or as another output's.
+                if fresh and isinstance(t, torch.Tensor) and (
+                        id(t) in inputs or id(t) in handed_out):
+                    t = t.clone()
+                by_tracer[tracer_id] = t
+                handed_out.add(id(t))
+                leaves.append(t)
+        return pytree.unflatten(self.out_spec, leaves)

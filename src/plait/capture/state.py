@@ -1,0 +1,105 @@
+"""A module's state as graph inputs: parameters and buffers by their state_dict paths.
+
+:class:`ModuleState` lists each distinct parameter and buffer tensor once (tied weights share one
+entry, named by the first path), every slot that holds it, the submodules with their training
+flags, and the parent→child edges, so that each call can fetch the *live* tensors (parameters
+are shared with the module, never copied) and guard that the module was not restructured.
+
+Example:
+    >>> import torch
+    >>> ms = ModuleState(torch.nn.Linear(2, 3))
+    >>> [(e.path, e.kind) for e in ms.entries]
+    [('weight', 'param'), ('bias', 'param')]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from plait.errors import GraphCaptureError
+
+
+@dataclass
+class StateEntry:
+    path: str
+    kind: str  # "param" | "buffer"
+    slots: list[tuple[nn.Module, str]] = field(default_factory=list)
+
+    def get(self) -> torch.Tensor:
+        owner, attr = self.slots[0]
+        table = owner._parameters if self.kind == "param" else owner._buffers
+        t = table[attr]
+        assert t is not None
+        return t
+
+
+class ModuleState:
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.modules: list[tuple[str, nn.Module]] = list(module.named_modules())
+        self.edges: list[tuple[nn.Module, str, nn.Module]] = []
+        self.entries: list[StateEntry] = []
+        by_id: dict[int, StateEntry] = {}
+        for prefix, mod in self.modules:
+            for key, child in mod._modules.items():
+                if child is not None:
+                    self.edges.append((mod, key, child))
+            for kind, table in (("param", mod._parameters), ("buffer", mod._buffers)):
+                for attr, t in table.items():
+                    if t is None:
+                        continue
+                    entry = by_id.get(id(t))
+                    if entry is None:
+                        entry = StateEntry(f"{prefix}.{attr}" if prefix else attr, kind)
+                        by_id[id(t)] = entry
+                        self.entries.append(entry)
+                    entry.slots.append((mod, attr))
+
+    def fetch(self) -> list[torch.Tensor]:
+        """The live tensors, in entry order."""
+        return [e.get() for e in self.entries]
+
+    def training_flags(self) -> tuple[bool, ...]:
+        return tuple(m.training for _, m in self.modules)
+
+    def structure_intact(self) -> bool:
+        return all(p._modules.get(k) is c for p, k, c in self.edges)
+
+    def module_path(self, i: int) -> str:
+        name = self.modules[i][0]
+        return "self" if not name else f"self.{name}"
+
+    @contextmanager
+    def swapped(self, tensors: Sequence[Any]) -> Iterator[None]:
+        """Put ``tensors[i]`` in every slot of entry ``i`` for the duration; restore after.
+
+        NOTE: raises when the program assigned another tensor to a slot meanwhile (state the
+        capture could not roll back)."""
+        saved = [(e, self._tables(e)) for e in self.entries]
+        originals = [e.get() for e in self.entries]
+        for (entry, tables), t in zip(saved, tensors):
+            for table, attr in tables:
+                table[attr] = t
+        reassigned: list[str] = []
+        try:
+            yield
+        finally:
+            for (entry, tables), t, orig in zip(saved, tensors, originals):
+                for table, attr in tables:
+                    if table.get(attr) is not t:
+                        reassigned.append(entry.path)
+                    table[attr] = orig
+        if reassigned:
+            raise GraphCaptureError(
+                "module state", f"the program assigned new tensors to {sorted(set(reassigned))}; "
+                "plait cannot capture changes to module attributes", kind="limitation")
+
+    def _tables(self, entry: StateEntry) -> list[tuple[dict, str]]:
+        return [((m._parameters if entry.kind == "param" else m._buffers), a)
+                for m, a in entry.slots]

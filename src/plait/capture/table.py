@@ -1,0 +1,98 @@
+"""The torch-function → IR table: one rule per torch-level callable.
+
+A rule is keyed by the callable object that ``__torch_function__`` receives (``torch.add``,
+``torch.Tensor.add``, ``torch.Tensor.__add__``, ``F.relu``, ``torch.Tensor.shape.__get__``, ...).
+Three kinds:
+
+- ``op``: an *emitter* ``fn(cx, out, *args, **kwargs)`` that writes IR for the call. The tracer
+  first runs the real PyTorch call on the sample values (``out`` is its result), then the
+  emitter; it returns IR values (or :class:`Viewed` / :class:`InPlace` results) shaped like
+  ``out``. ``inplace=True`` marks an in-place method: the emitter returns the functional value
+  and the tracer rebinds the mutated tensor.
+- ``meta``: ``fn(cx, *args, **kwargs)`` answers a metadata read (shape, dtype, ...) itself.
+- ``data``: a read of tensor data; capture refuses it (``GraphCaptureError``) naming ``what``.
+
+Example:
+    >>> import torch
+    >>> from plait.capture import table
+    >>> table.lookup(torch.Tensor.item).kind
+    'data'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from plait.capture.views import ViewStep
+from plait.ir import Value
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str  # "op" | "meta" | "data"
+    fn: Callable[..., Any] | None = None
+    inplace: bool = False
+    what: str = ""
+
+
+@dataclass(frozen=True)
+class Viewed:
+    """An op result that PyTorch returns as a view of ``source`` (shares its memory)."""
+
+    value: Value
+    source: Any
+    steps: tuple[ViewStep, ...]
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """An op that overwrites ``target`` with ``value`` and returns ``target``."""
+
+    target: Any
+    value: Value
+
+
+_RULES: dict[Any, Rule] = {}
+
+
+def _register(funcs: Sequence[Any], rule: Rule) -> None:
+    # NOTE: some spellings are one object (Tensor.__rtruediv__ is Tensor.__rdiv__): dedupe them.
+    unique = {id(f): f for f in funcs if f is not None}
+    for f in unique.values():
+        if f in _RULES:
+            raise ValueError(f"capture rule for {f!r} registered twice")
+        _RULES[f] = rule
+
+
+def op(*funcs: Any, inplace: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _register(funcs, Rule("op", fn, inplace))
+        return fn
+
+    return deco
+
+
+def meta(*funcs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _register(funcs, Rule("meta", fn))
+        return fn
+
+    return deco
+
+
+def data_read(what: str, *funcs: Any) -> None:
+    _register(funcs, Rule("data", what=what))
+
+
+def lookup(func: Any) -> Rule | None:
+    try:
+        return _RULES.get(func)
+    except TypeError:  # an unhashable callable
+        return None
+
+
+def covered() -> list[Any]:
+    """Every torch callable with a rule (for docs and tests)."""
+    return list(_RULES)

@@ -1,0 +1,154 @@
+"""Functionalization of aliasing: view steps, replay after a mutation, scatter of a write.
+
+In eager PyTorch a view shares memory with its base: writing through the view changes the base,
+and writing the base changes what the view reads. The IR has value semantics, so capture keeps,
+for each tracer that is a view, the chain of :class:`ViewStep` from its root tensor:
+
+- after the root is updated (an in-place op, or a write through another view), a view's value is
+  *replayed*: its steps applied to the root's new value;
+- a write through a view is *scattered* into the root: each step knows how to put a new value of
+  its output back into its input (reshape back, transpose back, or concatenate the untouched
+  slices around the written one). Steps that cannot do that (``expand``) refuse.
+
+Everything here moves values and never does arithmetic, so it is bitwise exact.
+
+Example:
+    >>> ViewStep("transpose", (("dim0", 0), ("dim1", 1))).inverse_name()
+    'transpose'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from plait.ir import TensorType, Value
+from plait.symbolic import normalize
+
+if TYPE_CHECKING:
+    from plait.capture.tracer import CaptureContext
+
+# NOTE: these keep the element order, so a new value goes back by reshaping to the input shape.
+_RESHAPES = ("view", "reshape", "flatten", "unsqueeze", "squeeze")
+_IDENTITY = ("identity",)
+
+
+@dataclass(frozen=True)
+class ViewStep:
+    """One IR view op (``op`` with ``attrs``) from a tensor to a view of it; ``"identity"`` is a
+    view with the same value (``contiguous()`` of a contiguous tensor, eval-mode dropout...)."""
+
+    op: str
+    attrs: tuple[tuple[str, Any], ...] = ()
+
+    @staticmethod
+    def of(op: str, **attrs: Any) -> ViewStep:
+        return ViewStep(op, tuple(attrs.items()))
+
+    def apply(self, cx: CaptureContext, v: Value, replay: bool = False) -> Value:
+        """Emit the step. NOTE: a replay reshapes where the program viewed: after
+        functionalization the replayed input may not be viewable in the eager runtime."""
+        if self.op in _IDENTITY:
+            return v
+        op = "reshape" if replay and self.op == "view" else self.op
+        out: Value = cx.call(op, v, **dict(self.attrs))
+        return out
+
+    def inverse_name(self) -> str | None:
+        if self.op in _RESHAPES:
+            return "reshape"
+        if self.op in ("transpose", "permute", "slice", "select") or self.op in _IDENTITY:
+            return self.op
+        return None
+
+    def unapply(self, cx: CaptureContext, base: Value, new: Value) -> Value:
+        """The value of this step's input after its output was overwritten with ``new``."""
+        attrs = dict(self.attrs)
+        kind = self.inverse_name()
+        assert isinstance(base.type, TensorType)
+        if kind is None:
+            cx.limitation(
+                f"a write through a view made by {self.op!r} cannot be put back into "
+                "the tensor it views"
+            )
+        if kind in _IDENTITY:
+            return new
+        if kind == "reshape":
+            out: Value = cx.call("reshape", new, shape=base.type.shape)
+            return out
+        if kind == "transpose":
+            out = cx.call("transpose", new, dim0=attrs["dim0"], dim1=attrs["dim1"])
+            return out
+        if kind == "permute":
+            dims = [d % base.type.rank for d in attrs["dims"]]
+            inverse = tuple(sorted(range(len(dims)), key=lambda i: dims[i]))
+            out = cx.call("permute", new, dims=inverse)
+            return out
+        if kind == "select":
+            dim = attrs["dim"] % base.type.rank
+            n = base.type.shape[dim]
+            index = attrs["index"]
+            if index < 0:
+                if not isinstance(n, int):
+                    cx.limitation("a write through a negative index of a symbolic dim")
+                index += n
+            piece = cx.call("unsqueeze", new, dim=dim)
+            return _splice(cx, base, piece, dim, index, index + 1)
+        # slice
+        if attrs["step"] != 1:
+            cx.limitation("a write through a strided slice (step != 1) is not supported")
+        dim = attrs["dim"] % base.type.rank
+        lo, hi = _bounds(cx, base.type.shape[dim], attrs["start"], attrs["end"])
+        return _splice(cx, base, new, dim, lo, hi)
+
+
+def _bounds(cx: CaptureContext, n: Any, start: int | None, end: int | None) -> tuple[Any, Any]:
+    if isinstance(n, int):
+        lo, hi, _ = slice(start, end).indices(n)
+        return lo, max(lo, hi)
+    if (start or 0) < 0 or (end is not None and end < 0):
+        cx.limitation("a write through a slice with negative bounds on a symbolic dim")
+    return start or 0, (n if end is None else end)
+
+
+def _splice(cx: CaptureContext, base: Value, piece: Value, dim: int, lo: Any, hi: Any) -> Value:
+    """``base`` with positions ``[lo, hi)`` along ``dim`` replaced by ``piece``."""
+    assert isinstance(base.type, TensorType)
+    n = base.type.shape[dim]
+    parts: list[Value] = []
+    if not _is_zero(lo):
+        parts.append(cx.call("slice", base, dim=dim, start=0, end=_as_attr(cx, lo)))
+    parts.append(piece)
+    if not _is_zero(normalize(n - hi)):
+        parts.append(cx.call("slice", base, dim=dim, start=_as_attr(cx, hi), end=None))
+    if len(parts) == 1:
+        return piece
+    out: Value = cx.call("cat", parts, dim=dim)
+    return out
+
+
+def _is_zero(d: Any) -> bool:
+    return isinstance(d, int) and d == 0
+
+
+def _as_attr(cx: CaptureContext, d: Any) -> int:
+    if not isinstance(normalize(d), int):
+        cx.limitation("a write through a slice whose bounds are symbolic")
+    return int(normalize(d))
+
+
+def replay(cx: CaptureContext, root_value: Value, steps: Sequence[ViewStep]) -> Value:
+    v = root_value
+    for step in steps:
+        v = step.apply(cx, v, replay=True)
+    return v
+
+
+def scatter(cx: CaptureContext, root_value: Value, steps: Sequence[ViewStep], new: Value) -> Value:
+    """The root's value after the view reached by ``steps`` was overwritten with ``new``."""
+    if not steps:
+        return new
+    inner = steps[0].apply(cx, root_value, replay=True)
+    inner_new = scatter(cx, inner, steps[1:], new)
+    return steps[0].unapply(cx, root_value, inner_new)
