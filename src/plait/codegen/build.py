@@ -1,0 +1,219 @@
+"""Building kernels: the system C++ compiler, a content-addressed cache, ctypes loading.
+
+Kernels are grouped into translation units (a few per program, built in parallel); each unit is
+one shared library. A unit's cache key is the SHA-256 of everything that decides its machine
+code: the source, the compiler's path and version, the flags, and the CPU's feature flags (the
+flags say ``-march=native``). Libraries are published atomically (written under a temporary name,
+then ``os.replace``) so concurrent processes never load a half-written file.
+
+The cache directory is ``$PLAIT_CACHE_DIR`` or ``~/.cache/plait/kernels``. ``STATS`` counts
+compiler invocations and cache hits in this process; with ``PLAIT_STAX_NO_COMPILE=1`` in the
+environment any compiler invocation raises (tests use it to prove a warm cache is used).
+
+Example:
+    >>> tc = toolchain()
+    >>> "-fopenmp" in tc.flags
+    True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from plait.codegen.errors import BuildError
+from plait.codegen.prelude import PRELUDE
+
+# NOTE: bump when the printer's output changes meaning without changing its text (never silently).
+CODEGEN_VERSION = "stax-cpp-1"
+BASE_FLAGS = (
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+    "-std=c++17",
+    "-fwrapv",
+    "-fno-math-errno",
+    "-ffp-contract=off",
+    "-fno-semantic-interposition",
+)
+STATS = {"compiles": 0, "hits": 0, "memory_hits": 0}
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """The compiler and everything about it that a cache key must name."""
+
+    cxx: str
+    version: str
+    flags: tuple[str, ...]
+    libs: tuple[str, ...]
+    cpu_flags: str
+    libmvec: bool
+
+    def key_parts(self) -> dict[str, object]:
+        return {
+            "codegen": CODEGEN_VERSION,
+            "cxx": self.cxx,
+            "version": self.version,
+            "flags": list(self.flags),
+            "libs": list(self.libs),
+            "cpu_flags": self.cpu_flags,
+        }
+
+    def record(self) -> dict[str, object]:
+        """What the manifest records about the toolchain."""
+        return {**self.key_parts(), "libmvec": self.libmvec}
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+@cache
+def toolchain() -> Toolchain:
+    """Probe the system C++ compiler once per process (``$CXX``, else ``g++``, else ``c++``)."""
+    candidates = [os.environ.get("CXX"), "g++", "c++"]
+    cxx = next((shutil.which(c) for c in candidates if c and shutil.which(c)), None)
+    if cxx is None:
+        raise BuildError("no C++ compiler found (set CXX, or install g++)")
+    cxx = os.path.realpath(cxx)
+    out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
+    version = out.stdout.splitlines()[0] if out.stdout else "unknown"
+    libmvec = _has_libmvec(cxx)
+    flags = (*BASE_FLAGS, f"-DPLAIT_LIBMVEC={int(libmvec)}")
+    libs = ("-lmvec",) if libmvec else ()
+    return Toolchain(cxx, version, flags, libs, _cpu_flags(), libmvec)
+
+
+def _has_libmvec(cxx: str) -> bool:
+    """glibc's vector math library: present on glibc x86-64 systems, linked with ``-lmvec``."""
+    import ctypes.util
+    import platform
+
+    return (
+        platform.machine() in ("x86_64", "AMD64") and ctypes.util.find_library("mvec") is not None
+    )
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("PLAIT_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "plait" / "kernels"
+
+
+@dataclass
+class Unit:
+    """One translation unit: kernel definitions (symbol -> source), built into one library."""
+
+    symbols: list[str]
+    sources: list[str]
+    key: str = ""
+    path: Path | None = None
+    seconds: float = 0.0
+    cache_hit: bool = False
+    lib: ctypes.CDLL | None = field(default=None, repr=False)
+
+    def text(self) -> str:
+        return PRELUDE + "\n" + "\n\n".join(self.sources) + "\n"
+
+
+def unit_key(source: str, tc: Toolchain) -> str:
+    payload = json.dumps({"source": source, **tc.key_parts()}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+_LOADED: dict[str, ctypes.CDLL] = {}
+
+
+def build_units(units: Sequence[Unit], jobs: int | None = None) -> None:
+    """Build (or fetch from the cache) and load every unit, independent ones in parallel."""
+    tc = toolchain()
+    root = cache_dir()
+    for u in units:
+        u.key = unit_key(u.text(), tc)
+        u.path = root / u.key[:2] / f"{u.key}.so"
+    todo = [u for u in units if not _try_load(u)]
+    if todo:
+        workers = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
+        if workers == 1:
+            for u in todo:
+                _compile(u, tc)
+        else:
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(lambda u: _compile(u, tc), todo))
+    for u in units:
+        if u.lib is None:
+            u.lib = _load(u)
+
+
+def _try_load(u: Unit) -> bool:
+    assert u.path is not None
+    if u.key in _LOADED:
+        u.lib, u.cache_hit = _LOADED[u.key], True
+        with _LOCK:
+            STATS["memory_hits"] += 1
+        return True
+    if u.path.exists():
+        try:
+            u.lib = _load(u)
+        except OSError:
+            u.path.unlink(missing_ok=True)  # NOTE: a corrupt entry is discarded and rebuilt.
+            return False
+        u.cache_hit = True
+        with _LOCK:
+            STATS["hits"] += 1
+        return True
+    return False
+
+
+def _load(u: Unit) -> ctypes.CDLL:
+    assert u.path is not None
+    lib = ctypes.CDLL(str(u.path))
+    for sym in u.symbols:
+        getattr(lib, sym)  # NOTE: fail now, not at the first call, if a symbol is missing.
+    _LOADED[u.key] = lib
+    return lib
+
+
+def _compile(u: Unit, tc: Toolchain) -> None:
+    if os.environ.get("PLAIT_STAX_NO_COMPILE") == "1":
+        raise BuildError("compiler invocation refused: PLAIT_STAX_NO_COMPILE=1 (cache miss)")
+    assert u.path is not None
+    start = time.perf_counter()
+    u.path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="plait-stax-") as tmp:
+        src = Path(tmp) / "unit.cpp"
+        src.write_text(u.text())
+        out = Path(tmp) / "unit.so"
+        cmd = [tc.cxx, *tc.flags, str(src), "-o", str(out), *tc.libs]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        with _LOCK:
+            STATS["compiles"] += 1
+        if proc.returncode != 0:
+            raise BuildError(f"C++ compilation failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+        staged = u.path.with_name(f".{u.path.name}.{os.getpid()}.{threading.get_ident()}")
+        shutil.copyfile(out, staged)
+        os.replace(staged, u.path)
+    u.seconds = time.perf_counter() - start

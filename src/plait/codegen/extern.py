@@ -1,0 +1,147 @@
+"""Extern calls: heavy ops whose best CPU kernels PyTorch already has.
+
+Each rule turns an IR node into a plain callable over the node's operands (tensors, literals,
+None for an absent optional tensor), with the attributes bound, calling the ATen op directly.
+The op class names the contract row a conformance check of that node uses.
+
+Example:
+    >>> import torch
+    >>> from plait.ir import GraphBuilder, TensorType
+    >>> gb = GraphBuilder()
+    >>> a = gb.input("a", TensorType((2, 3), torch.float32))
+    >>> w = gb.input("w", TensorType((4, 3), torch.float32))
+    >>> y = gb.call("linear", a, w)
+    >>> call = make_call(y.producer)
+    >>> call.fn(torch.ones(2, 3), torch.ones(4, 3), None).shape
+    torch.Size([2, 4])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from plait.ir.graph import Node
+
+
+@dataclass(frozen=True)
+class ExternCall:
+    """How the executor runs one extern node."""
+
+    fn: Callable[..., Any]
+    op_class: str
+    detail: str
+
+
+def _conv2d(n: Node) -> ExternCall:
+    a = n.attrs
+    stride, padding, dilation, groups = a["stride"], a["padding"], a["dilation"], a["groups"]
+    conv = torch.conv2d
+
+    def fn(x: Any, w: Any, b: Any) -> Any:
+        return conv(x, w, b, stride, padding, dilation, groups)
+
+    return ExternCall(fn, "conv", "aten.conv2d")
+
+
+def _linear(n: Node) -> ExternCall:
+    return ExternCall(torch._C._nn.linear, "matmul", "aten.linear")
+
+
+def _matmul(n: Node) -> ExternCall:
+    return ExternCall(torch.matmul, "matmul", "aten.matmul")
+
+
+def _bmm(n: Node) -> ExternCall:
+    return ExternCall(torch.bmm, "matmul", "aten.bmm")
+
+
+def _sdpa(n: Node) -> ExternCall:
+    a = n.attrs
+    sdpa = torch._C._nn.scaled_dot_product_attention
+    dropout_p, is_causal, scale = a["dropout_p"], a["is_causal"], a["scale"]
+
+    def fn(q: Any, k: Any, v: Any, mask: Any) -> Any:
+        return sdpa(q, k, v, mask, dropout_p, is_causal, scale=scale)
+
+    return ExternCall(fn, "attention", "aten.scaled_dot_product_attention")
+
+
+def _embedding(n: Node) -> ExternCall:
+    pad = n.attrs["padding_idx"]
+    pad = -1 if pad is None else pad
+
+    def fn(indices: Any, weight: Any) -> Any:
+        return torch.embedding(weight, indices, pad)
+
+    return ExternCall(fn, "data_movement", "aten.embedding")
+
+
+def _index_select(n: Node) -> ExternCall:
+    dim = n.attrs["dim"]
+
+    def fn(x: Any, index: Any) -> Any:
+        return torch.index_select(x, dim, index)
+
+    return ExternCall(fn, "data_movement", "aten.index_select")
+
+
+def _max_pool2d(n: Node) -> ExternCall:
+    a = n.attrs
+    k, s, p, d, c = (
+        a["kernel_size"],
+        a["stride"] or a["kernel_size"],
+        a["padding"],
+        a["dilation"],
+        a["ceil_mode"],
+    )
+    pool = torch.max_pool2d
+
+    def fn(x: Any) -> Any:
+        return pool(x, k, s, p, d, c)
+
+    return ExternCall(fn, "data_movement", "aten.max_pool2d")
+
+
+def _avg_pool2d(n: Node) -> ExternCall:
+    a = n.attrs
+    k, s, p = a["kernel_size"], a["stride"] or a["kernel_size"], a["padding"]
+    c, inc, div = a["ceil_mode"], a["count_include_pad"], a["divisor_override"]
+    pool = torch._C._nn.avg_pool2d
+
+    def fn(x: Any) -> Any:
+        return pool(x, k, s, p, c, inc, div)
+
+    return ExternCall(fn, "reduction", "aten.avg_pool2d")
+
+
+def _adaptive_avg_pool2d(n: Node) -> ExternCall:
+    size = n.attrs["output_size"]
+    pool = torch._C._nn.adaptive_avg_pool2d
+
+    def fn(x: Any) -> Any:
+        return pool(x, size)
+
+    return ExternCall(fn, "reduction", "aten.adaptive_avg_pool2d")
+
+
+EXTERN_RULES: dict[str, Callable[[Node], ExternCall]] = {
+    "conv2d": _conv2d,
+    "linear": _linear,
+    "matmul": _matmul,
+    "bmm": _bmm,
+    "scaled_dot_product_attention": _sdpa,
+    "embedding": _embedding,
+    "index_select": _index_select,
+    "max_pool2d": _max_pool2d,
+    "avg_pool2d": _avg_pool2d,
+    "adaptive_avg_pool2d": _adaptive_avg_pool2d,
+}
+
+
+def make_call(node: Node) -> ExternCall:
+    """The extern call for ``node`` (an op in :data:`EXTERN_RULES`)."""
+    return EXTERN_RULES[node.op](node)

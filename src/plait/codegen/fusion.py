@@ -1,0 +1,394 @@
+"""Fusion: decide where every value lives and group nodes into kernels and extern calls.
+
+Rules, in order, walking the graph's nodes:
+
+- Extern ops (conv, linear, matmul, attention, pooling, embedding) are calls into PyTorch.
+  Opaque calls, random ops that draw numbers and ops with no lowering fall back to PyTorch's
+  reference implementation, each with its reason.
+- A view of a materialized value (graph input, buffer) whose index map is affine is a strided
+  view: no code, no copy; externs receive it as an ``as_strided`` tensor. Other views are index
+  maps inlined into their readers.
+- A pointwise or constant value is inlined into each reader, except when it is a graph output,
+  an extern or fallback reads it, or several nodes read it and recomputing it would cost more
+  than two simple ops: then it is materialized (stored to a buffer by a kernel).
+- Consecutive materialized values of one shape share one kernel (one loop nest, several stores)
+  unless one would read another at a different index.
+- Each reduction (and softmax, layer_norm, group_norm) is one kernel from a template, with its
+  pointwise producers inlined.
+- An extern's result read by a kernel that dies there is written in place by that kernel (the
+  memory plan decides): that is the epilogue of a matmul (bias, activation) or a conv (residual
+  add, relu), fused into the extern's output.
+
+Example:
+    >>> import torch
+    >>> from plait.ir import GraphBuilder, TensorType
+    >>> gb = GraphBuilder()
+    >>> x = gb.input("x", TensorType((4, 8), torch.float32))
+    >>> w = gb.input("w", TensorType((8, 8), torch.float32))
+    >>> gb.output(gb.call("relu", gb.call("add", gb.call("linear", x, w), 1.0)))
+    >>> plan = plan_graph(gb.build())
+    >>> [type(s).__name__ for s in plan.steps]
+    ['ExternStep', 'KernelStep']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from plait.codegen.errors import CodegenError
+from plait.codegen.extern import EXTERN_RULES, ExternCall, make_call
+from plait.codegen.index import Ix, contiguous_strides, linear
+from plait.codegen.lower import Lowered, loop_vars, lower_pointwise
+from plait.codegen.reductions import OP_CLASS, TEMPLATES, lower_reduction
+from plait.codegen.scalar import RULES
+from plait.codegen.views import MAPPED_VIEWS, SELECT_VIEWS, input_index, shape_of
+from plait.ir.graph import Graph, Node, Value
+from plait.ir.ops import get_op
+from plait.ir.types import TensorType
+
+CONSTANTS = frozenset({"full", "zeros", "ones", "arange"})
+_COSTLY = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "silu", "gelu", "pow", "div"})
+CHEAP = 2
+
+
+@dataclass
+class Loc:
+    """Where a value lives: a graph ``input``, a ``buffer`` (materialized by a kernel, an extern or
+    a fallback), a strided ``view`` of one (``base``, ``offset``, ``strides`` in elements), or
+    ``inline`` (recomputed by each kernel that reads it)."""
+
+    kind: str
+    base: Value | None = None
+    offset: int = 0
+    strides: tuple[int, ...] = ()
+
+
+@dataclass
+class NodeTag:
+    """What executed a node: ``native`` (a C++ kernel, or a view: index arithmetic), ``extern``
+    (a PyTorch kernel by design), ``fallback`` (PyTorch, because Stax cannot), ``dead``."""
+
+    executor: str
+    detail: str
+
+
+@dataclass
+class KernelStep:
+    lowered: Lowered
+    outputs: list[Value]
+
+
+@dataclass
+class ExternStep:
+    node: Node
+    call: ExternCall
+    out_strides: list[tuple[int, ...]]
+
+
+@dataclass
+class FallbackStep:
+    node: Node
+    reason: str
+
+
+Step = KernelStep | ExternStep | FallbackStep
+
+
+@dataclass
+class Plan:
+    graph: Graph
+    locs: dict[Value, Loc]
+    steps: list[Step]
+    tags: dict[int, NodeTag]
+    fallbacks: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def kernels(self) -> list[Lowered]:
+        return [s.lowered for s in self.steps if isinstance(s, KernelStep)]
+
+
+def classify(node: Node) -> tuple[str, str]:
+    """``(kind, reason)``: kind is extern, pointwise, reduction, view, constant or fallback."""
+    op = node.op
+    if op in EXTERN_RULES:
+        return "extern", ""
+    if op == "dropout":
+        if get_op(op).is_random(node.attrs):
+            return "fallback", "dropout in training draws from PyTorch's RNG stream"
+        return "view", ""
+    for v in node.input_values():
+        if not isinstance(v.type, TensorType):
+            return "fallback", f"reads the runtime scalar %{v.name}"
+    if op in RULES:
+        return "pointwise", ""
+    if op in TEMPLATES:
+        return "reduction", ""
+    if op in MAPPED_VIEWS or op in SELECT_VIEWS:
+        return "view", ""
+    if op in CONSTANTS:
+        return "constant", ""
+    if op == "opaque":
+        return "fallback", f"opaque call to {node.attrs['target']}"
+    return "fallback", f"no Stax lowering for {op}"
+
+
+def check_graph(graph: Graph) -> None:
+    """Stax compiles static shapes on the CPU; anything else is a clear error."""
+    for v in _all_values(graph):
+        t = v.type
+        if not isinstance(t, TensorType):
+            continue
+        if not t.is_static:
+            where = f"%{v.name}" + (f" of node {v.producer.id}" if v.producer else "")
+            raise CodegenError(
+                f"symbolic dims are not yet supported by the Stax backend ({where}: {t})",
+                node_id=v.producer.id if v.producer else None,
+                op=v.producer.op if v.producer else None,
+            )
+        if t.device != "cpu":
+            raise CodegenError(f"the Stax CPU backend got a tensor on {t.device} (%{v.name})")
+
+
+def _all_values(graph: Graph) -> Iterator[Value]:
+    yield from graph.inputs
+    for n in graph.nodes:
+        yield from n.outputs
+
+
+def live_nodes(graph: Graph) -> set[int]:
+    """Nodes whose results reach an output (random nodes always run: they advance the RNG)."""
+    live: set[int] = set()
+    needed = {id(o) for o in graph.outputs if isinstance(o, Value)}
+    for node in reversed(graph.nodes):
+        random = get_op(node.op).is_random(node.attrs)
+        if random or any(id(v) in needed for v in node.outputs):
+            live.add(node.id)
+            needed.update(id(v) for v in node.input_values())
+    return live
+
+
+class _Planner:
+    def __init__(self, graph: Graph, infer_layouts: bool) -> None:
+        self.graph = graph
+        self.users = graph.users()
+        self.outputs = {id(o) for o in graph.outputs if isinstance(o, Value)}
+        self.live = live_nodes(graph)
+        self.kinds = {n.id: classify(n) for n in graph.nodes}
+        self.locs: dict[Value, Loc] = {}
+        self.steps: list[Step] = []
+        self.tags: dict[int, NodeTag] = {}
+        self._cost: dict[int, int] = {}
+        self._open: list[Value] = []
+        self._open_lowered: Lowered | None = None
+        self._count = 0
+        self._infer = infer_layouts
+        self._samples: dict[Value, torch.Tensor] = {}
+
+    # --- decisions ----------------------------------------------------------------------------
+    def kind(self, node: Node) -> str:
+        return self.kinds[node.id][0]
+
+    def cost(self, v: Value) -> int:
+        hit = self._cost.get(id(v))
+        if hit is not None:
+            return hit
+        loc = self.locs[v]
+        total = 0
+        if loc.kind == "inline" and v.producer is not None:
+            node = v.producer
+            total = 0 if node.op in MAPPED_VIEWS else 4 if node.op in _COSTLY else 1
+            total += sum(self.cost(u) for u in node.input_values())
+        self._cost[id(v)] = total
+        return total
+
+    def needs_buffer(self, v: Value) -> bool:
+        if id(v) in self.outputs:
+            return True
+        loc = self.locs[v]
+        users = [u for u in self.users.get(v, []) if u.id in self.live]
+        if loc.kind == "view":
+            return False
+        if any(self.kind(u) in ("extern", "fallback") for u in users):
+            return True
+        distinct = {u.id for u in users}
+        return len(distinct) > 1 and self.cost(v) > CHEAP
+
+    def view_loc(self, node: Node, k: int) -> Loc:
+        """A strided view of the input's base when the index map is affine, else inline."""
+        x = node.inputs[0]
+        if node.op not in MAPPED_VIEWS or not isinstance(x, Value):
+            return Loc("inline")
+        base = self.locs[x]
+        if base.kind == "inline":
+            return Loc("inline")
+        out = node.outputs[k]
+        shape = shape_of(out.type)
+        idx = tuple(Ix.var(v) for v in loop_vars(shape))
+        lin = linear(input_index(node, k, idx), base.strides, base.offset)
+        if lin.has_divmod():
+            return Loc("inline")
+        coefs = []
+        for i in idx:
+            (var,) = i.vars()
+            c = lin.coef(var)
+            assert c is not None
+            coefs.append(c)
+        return Loc("view", base.base, lin.const, tuple(coefs))
+
+    # --- grouping -----------------------------------------------------------------------------
+    def _name(self) -> str:
+        self._count += 1
+        return f"k{self._count - 1}"
+
+    def close(self) -> None:
+        if self._open_lowered is not None:
+            self._emit_kernel(self._open_lowered, list(self._open))
+        self._open, self._open_lowered = [], None
+
+    def _emit_kernel(self, lowered: Lowered, outputs: list[Value]) -> None:
+        self.steps.append(KernelStep(lowered, outputs))
+        for nid in lowered.covered:
+            prev = self.tags.get(nid)
+            name = lowered.kernel.name
+            if prev is None or prev.executor != "native":
+                self.tags[nid] = NodeTag("native", f"kernel {name}")
+            elif name not in prev.detail:
+                self.tags[nid] = NodeTag("native", f"{prev.detail}, {name}")
+        for v in outputs:
+            self._sample(v, contiguous_strides(shape_of(v.type)))
+
+    def materialize(self, v: Value) -> None:
+        shape = shape_of(v.type)
+        self.locs[v] = Loc("buffer", v, 0, contiguous_strides(shape))
+        if self._open and shape_of(self._open[0].type) == shape:
+            from plait.codegen.lower import Unfusable
+
+            try:
+                name = self._open_lowered.kernel.name if self._open_lowered else self._name()
+                self._open_lowered = lower_pointwise(name, [*self._open, v], shape, self.locs)
+                self._open.append(v)
+                return
+            except Unfusable:
+                pass
+        self.close()
+        self._open = [v]
+        self._open_lowered = lower_pointwise(self._name(), [v], shape, self.locs)
+
+    def run(self) -> Plan:
+        for v in self.graph.inputs:
+            if isinstance(v.type, TensorType):
+                strides = contiguous_strides(shape_of(v.type))
+                self.locs[v] = Loc("input", v, 0, strides)
+                self._sample(v, strides)
+        for node in self.graph.nodes:
+            if node.id not in self.live:
+                self.tags[node.id] = NodeTag("dead", "result unused")
+                continue
+            kind, reason = self.kinds[node.id]
+            if kind in ("extern", "fallback"):
+                self.close()
+                self._call_step(node, kind, reason)
+            elif kind == "reduction":
+                self.close()
+                for v in node.outputs:
+                    self.locs[v] = Loc("buffer", v, 0, contiguous_strides(shape_of(v.type)))
+                self._emit_kernel(
+                    lower_reduction(self._name(), node, self.locs), list(node.outputs)
+                )
+            else:
+                for k, v in enumerate(node.outputs):
+                    self.locs[v] = self.view_loc(node, k) if kind == "view" else Loc("inline")
+                    if self.needs_buffer(v):
+                        self.materialize(v)
+                    elif self.locs[v].kind == "view":
+                        self.tags[node.id] = NodeTag("native", "strided view (no code)")
+        self.close()
+        for node in self.graph.nodes:
+            if node.id not in self.tags:
+                self.tags[node.id] = NodeTag("native", "inlined (no reader needed it)")
+        fallbacks = {
+            n.id: r
+            for n in self.graph.nodes
+            for k, r in [self.kinds[n.id]]
+            if k == "fallback" and n.id in self.live
+        }
+        return Plan(self.graph, self.locs, self.steps, self.tags, fallbacks)
+
+    def _call_step(self, node: Node, kind: str, reason: str) -> None:
+        if kind == "fallback":
+            self.steps.append(FallbackStep(node, reason))
+            self.tags[node.id] = NodeTag("fallback", reason)
+            strides = [
+                contiguous_strides(shape_of(v.type)) if isinstance(v.type, TensorType) else ()
+                for v in node.outputs
+            ]
+        else:
+            call = make_call(node)
+            strides = self._dry_run(node, call)
+            self.steps.append(ExternStep(node, call, strides))
+            self.tags[node.id] = NodeTag(
+                "extern", f"{call.detail} ({OP_CLASS.get(node.op, call.op_class)})"
+            )
+        for v, s in zip(node.outputs, strides):
+            self.locs[v] = Loc("buffer" if isinstance(v.type, TensorType) else "object", v, 0, s)
+
+    # --- layout inference ---------------------------------------------------------------------
+    def _sample(self, v: Value, strides: tuple[int, ...]) -> None:
+        if not self._infer or not isinstance(v.type, TensorType):
+            return
+        shape = shape_of(v.type)
+        self._samples[v] = (
+            torch.zeros(shape, dtype=v.type.dtype).as_strided(shape, strides)
+            if _dense(shape, strides)
+            else torch.zeros(shape, dtype=v.type.dtype)
+        )
+
+    def _operand_sample(self, operand: object) -> object:
+        if not isinstance(operand, Value):
+            return operand
+        loc = self.locs[operand]
+        assert loc.base is not None, f"%{operand.name} should have been materialized"
+        base = self._samples[loc.base]
+        if loc.kind == "view":
+            return base.as_strided(
+                shape_of(operand.type), loc.strides, base.storage_offset() + loc.offset
+            )
+        return base
+
+    def _dry_run(self, node: Node, call: ExternCall) -> list[tuple[int, ...]]:
+        """Run the extern once on zeros to learn the layout PyTorch gives its result."""
+        contiguous = [contiguous_strides(shape_of(v.type)) for v in node.outputs]
+        if not self._infer:
+            return contiguous
+        args = [self._operand_sample(o) for o in node.inputs]
+        with torch.no_grad():
+            result = call.fn(*get_op(node.op).structure(args))
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        out = []
+        for v, r, c in zip(node.outputs, results, contiguous):
+            s = tuple(int(x) for x in r.stride())
+            usable = r.storage_offset() == 0 and _dense(shape_of(v.type), s)
+            out.append(s if usable else c)
+            self._samples[v] = r if usable else r.contiguous()
+        return out
+
+
+def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether ``strides`` lay ``shape`` out without gaps or overlaps (a permutation of
+    contiguous strides)."""
+    dims = sorted((s, n) for s, n in zip(strides, shape) if n != 1)
+    expected = 1
+    for s, n in dims:
+        if s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def plan_graph(graph: Graph, *, infer_layouts: bool = True) -> Plan:
+    """Decide locations, kernels and calls for ``graph`` (static shapes, CPU)."""
+    check_graph(graph)
+    return _Planner(graph, infer_layouts).run()

@@ -1,0 +1,116 @@
+"""Loop transforms on the kernel IR, before any printer: drop size-1 loops, merge adjacent loops.
+
+Merging two loops ``a`` (outer) and ``b`` (inner) into one ``f`` substitutes ``a = f / eb`` and
+``b = f % eb`` in every index; it is kept only when the kernel ends up with no more div/mod atoms
+than before, i.e. when every access was contiguous across the pair (or broadcast along both). A
+contiguous pointwise kernel thus becomes one flat loop, which vectorizes and parallelizes best.
+
+Example:
+    >>> from plait.codegen.index import Ix, Var
+    >>> from plait.codegen.kir import KernelBuilder
+    >>> b = KernelBuilder("k", outer=(Var("i0", 3), Var("i1", 5)))
+    >>> x, y = b.buffer("x", "f32", 15), b.buffer("y", "f32", 15, output=True)
+    >>> i = Ix.var(b.outer[0]) * 5 + Ix.var(b.outer[1])
+    >>> b.store(y, i, b.load(x, i))
+    >>> [str(v) for v in merge_loops(b.build(nodes=())).outer]
+    ['i0']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from plait.codegen.index import Ix, Var
+from plait.codegen.kir import Kernel, Phase, Reduce, Stmt, Store
+
+
+def _count_divmod(kernel: Kernel) -> int:
+    n = 0
+    for ix in _indices(kernel):
+        n += sum(1 for a, _ in ix.terms if not isinstance(a, Var))
+    return n
+
+
+def _indices(kernel: Kernel) -> list[Ix]:
+    out = []
+    for s in kernel.stmts():
+        if s.op == "load":
+            out.append(s.attr[1])
+        elif s.op == "index":
+            out.append(s.attr)
+    for ph in kernel.phases:
+        out.extend(st.index for st in ph.stores)
+    out.extend(st.index for st in kernel.final)
+    return out
+
+
+def substitute(
+    kernel: Kernel, mapping: Mapping[Var, Ix], outer: tuple[Var, ...], inner: tuple[Var, ...]
+) -> Kernel:
+    """``kernel`` with every index rewritten by ``mapping`` and new loop variables."""
+    memo: dict[int, Stmt] = {}
+
+    def stmt(s: Stmt) -> Stmt:
+        hit = memo.get(s.id)
+        if hit is not None:
+            return hit
+        attr = s.attr
+        if s.op == "load":
+            attr = (attr[0], attr[1].subs(mapping))
+        elif s.op == "index":
+            attr = attr.subs(mapping)
+        new = Stmt(s.id, s.op, tuple(stmt(a) for a in s.args), s.dtype, attr)
+        memo[s.id] = new
+        return new
+
+    def store(st: Store) -> Store:
+        return Store(st.buffer, st.index.subs(mapping), stmt(st.value))
+
+    phases = [
+        Phase(
+            [Reduce(r.acc, r.kind, stmt(r.value), r.dtype) for r in ph.reduces],
+            [store(st) for st in ph.stores],
+        )
+        for ph in kernel.phases
+    ]
+    final = [store(st) for st in kernel.final]
+    return replace(kernel, outer=outer, inner=inner, phases=phases, final=final)
+
+
+def drop_unit_loops(kernel: Kernel) -> Kernel:
+    units = [v for v in (*kernel.outer, *kernel.inner) if v.extent == 1]
+    if not units:
+        return kernel
+    mapping = {v: Ix.lit(0) for v in units}
+    outer = tuple(v for v in kernel.outer if v.extent != 1)
+    inner = tuple(v for v in kernel.inner if v.extent != 1)
+    return substitute(kernel, mapping, outer, inner)
+
+
+def _merge_pair(kernel: Kernel, which: str, j: int) -> Kernel:
+    loops = kernel.outer if which == "outer" else kernel.inner
+    a, b = loops[j], loops[j + 1]
+    f = Var(a.name, a.extent * b.extent)
+    fi = Ix.var(f)
+    mapping = {a: fi.div(b.extent), b: fi.mod(b.extent)}
+    merged = (*loops[:j], f, *loops[j + 2 :])
+    if which == "outer":
+        return substitute(kernel, mapping, merged, kernel.inner)
+    return substitute(kernel, mapping, kernel.outer, merged)
+
+
+def merge_loops(kernel: Kernel) -> Kernel:
+    """Drop size-1 loops, then merge adjacent loops (innermost pairs first) where free."""
+    kernel = drop_unit_loops(kernel)
+    if kernel.numel == 0:
+        return kernel
+    for which in ("outer", "inner"):
+        j = len(kernel.outer if which == "outer" else kernel.inner) - 2
+        while j >= 0:
+            before = _count_divmod(kernel)
+            candidate = _merge_pair(kernel, which, j)
+            if _count_divmod(candidate) <= before:
+                kernel = candidate
+            j -= 1
+    return kernel

@@ -1,0 +1,231 @@
+"""Lowering: a fusion group of IR nodes becomes one kernel of the loop-level kernel IR.
+
+A value inside a kernel is an expression of the loop index: a load from a buffer (a graph input,
+an extern's result, a value materialized by an earlier kernel) at a strided or div/mod index, or
+the value's own computation inlined at that index (pointwise ops, views as index maps, constants,
+``cat``/``stack`` as selections). A value that the kernel itself stores is computed once and
+reused at the kernel's own index.
+
+Example:
+    >>> import torch
+    >>> from plait.ir import GraphBuilder, TensorType
+    >>> from plait.codegen.fusion import plan_graph
+    >>> gb = GraphBuilder()
+    >>> x = gb.input("x", TensorType((4, 8), torch.float32))
+    >>> gb.output(gb.call("relu", gb.call("add", x, 1.0)))
+    >>> plan = plan_graph(gb.build())
+    >>> [k.kernel.template for k in plan.kernels]
+    ['pointwise']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from plait.codegen.index import Ix, Var, contiguous_strides, linear
+from plait.codegen.kir import STORAGE_OF, Kernel, KernelBuilder, Stmt, scalar_of
+from plait.codegen.scalar import CHANNEL_OPERANDS, RULES, Arg, arg_of, to
+from plait.codegen.views import MAPPED_VIEWS, cat_pieces, input_index, shape_of
+from plait.ir.graph import Node, Value
+from plait.ir.types import TensorType
+
+if TYPE_CHECKING:
+    from plait.codegen.fusion import Loc
+
+
+class Unfusable(Exception):
+    """A value would read a value of its own kernel at another index than the kernel's own."""
+
+
+@dataclass
+class Lowered:
+    """A kernel plus the IR values bound to its buffers (in buffer order) and the nodes it ran."""
+
+    kernel: Kernel
+    bindings: list[Value]
+    covered: set[int] = field(default_factory=set)
+
+
+def loop_vars(shape: Sequence[int], prefix: str = "i", start: int = 0) -> tuple[Var, ...]:
+    return tuple(Var(f"{prefix}{start + k}", int(n)) for k, n in enumerate(shape))
+
+
+class Lowerer:
+    """Builds one kernel. ``locs`` says where each value lives; ``own`` are the values this
+    kernel stores (computed once, at the kernel's own index ``home``)."""
+
+    def __init__(self, builder: KernelBuilder, locs: dict[Value, Loc]) -> None:
+        self.b = builder
+        self.locs = locs
+        self.bindings: list[Value] = []
+        self._buf_of: dict[Value, int] = {}
+        self.own: dict[Value, Stmt] = {}
+        self.home: tuple[Ix, ...] | None = None
+        self.own_values: set[Value] = set()
+        self._memo: dict[tuple[int, tuple[Ix, ...]], Stmt] = {}
+        self.covered: set[int] = set()
+
+    # --- buffers ------------------------------------------------------------------------------
+    def buffer_for(self, v: Value, output: bool = False) -> int:
+        if v in self._buf_of and not output:
+            return self._buf_of[v]
+        t = v.type
+        assert isinstance(t, TensorType)
+        numel = 1
+        for d in shape_of(t):
+            numel *= d
+        kind = "out" if output else "in"
+        index = self.b.buffer(f"{kind}{len(self.bindings)}", STORAGE_OF[t.dtype], numel, output)
+        self.bindings.append(v)
+        if not output:
+            self._buf_of[v] = index
+        return index
+
+    # --- values -------------------------------------------------------------------------------
+    def value_at(self, v: Value, idx: tuple[Ix, ...]) -> Stmt:
+        """The element of ``v`` at ``idx``, in ``v``'s compute type."""
+        if v in self.own_values:
+            if idx != self.home:
+                raise Unfusable(f"%{v.name} read at another index than its kernel's own")
+            return self.own[v]
+        key = (id(v), idx)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._value_at(v, idx)
+            self._memo[key] = hit
+        return hit
+
+    def _value_at(self, v: Value, idx: tuple[Ix, ...]) -> Stmt:
+        loc = self.locs[v]
+        if loc.kind in ("input", "buffer", "view"):
+            assert loc.base is not None
+            if loc.base in self.own_values:
+                raise Unfusable(f"%{v.name} views a value its own kernel is writing")
+            buf = self.buffer_for(loc.base)
+            return self.b.load(buf, linear(idx, loc.strides, loc.offset))
+        return self.produce(v, idx)
+
+    def produce(self, v: Value, idx: tuple[Ix, ...]) -> Stmt:
+        """``v`` computed from its producer at ``idx`` (whatever its location)."""
+        node = v.producer
+        assert node is not None, f"%{v.name} has no location"
+        self.covered.add(node.id)
+        if node.op in MAPPED_VIEWS:
+            x = node.inputs[0]
+            assert isinstance(x, Value)
+            return self.value_at(x, input_index(node, v.index, idx))
+        if node.op in ("cat", "stack"):
+            return self._select(node, idx)
+        if node.op in ("full", "zeros", "ones", "arange"):
+            return self._constant(node, idx)
+        return self.compute(node, idx)
+
+    def compute(self, node: Node, idx: tuple[Ix, ...]) -> Stmt:
+        """A pointwise node's value at ``idx`` (rounded to its 16-bit dtype if it has one)."""
+        self.covered.add(node.id)
+        out = node.outputs[0].type
+        assert isinstance(out, TensorType)
+        out_shape = shape_of(out)
+        channel = CHANNEL_OPERANDS.get(node.op, ())
+        args: list[Arg] = []
+        for pos, operand in enumerate(node.inputs):
+            if isinstance(operand, Value):
+                if pos in channel:
+                    sub: tuple[Ix, ...] = (idx[1] if len(idx) > 1 else Ix.lit(0),)
+                else:
+                    sub = broadcast_index(idx, out_shape, shape_of(operand.type))
+                args.append(arg_of(operand, self.value_at(operand, sub)))
+            else:
+                args.append(arg_of(operand, None))
+        stmt = RULES[node.op](self.b, node, args, idx)
+        return self.b.round(stmt, STORAGE_OF[out.dtype])
+
+    def _select(self, node: Node, idx: tuple[Ix, ...]) -> Stmt:
+        out = node.outputs[0].type
+        assert isinstance(out, TensorType)
+        t = scalar_of(out.dtype)
+        d, pieces = cat_pieces(node, idx)
+        if not pieces:
+            return self.b.const(0, t)
+        result: Stmt | None = None
+        for pos, start, sub in reversed(pieces):
+            x = node.inputs[pos]
+            assert isinstance(x, Value)
+            value = self.b.round(
+                to(self.b, arg_of(x, self.value_at(x, sub)), t), STORAGE_OF[out.dtype]
+            )
+            if result is None:
+                result = value
+                continue
+            bound = self.b.const(start + _piece_len(node, pos, d), "i64")
+            take = self.b.op("lt", [self.b.index(idx[d]), bound], "b")
+            result = self.b.op("where", [take, value, result], t)
+        assert result is not None
+        return result
+
+    def _constant(self, node: Node, idx: tuple[Ix, ...]) -> Stmt:
+        self.covered.add(node.id)
+        out = node.outputs[0].type
+        assert isinstance(out, TensorType)
+        t = scalar_of(out.dtype)
+        a = node.attrs
+        if node.op == "arange":
+            acc = t if t not in ("f32", "f64") else "f64"
+            i = self.b.cast(self.b.index(idx[0]), acc)
+            step = to(self.b, Arg(None, a["step"], None), acc)
+            start = to(self.b, Arg(None, a["start"], None), acc)
+            value = self.b.op("add", [start, self.b.op("mul", [i, step], acc)], acc)
+            return self.b.round(self.b.cast(value, t), STORAGE_OF[out.dtype])
+        fill = {"zeros": 0, "ones": 1}.get(node.op, a.get("value"))
+        value = to(self.b, Arg(None, fill, None), t)
+        return self.b.round(value, STORAGE_OF[out.dtype])
+
+
+def _piece_len(node: Node, pos: int, d: int) -> int:
+    if node.op == "stack":
+        return 1
+    x = node.inputs[pos]
+    assert isinstance(x, Value)
+    return shape_of(x.type)[d]
+
+
+def broadcast_index(
+    idx: tuple[Ix, ...], out_shape: tuple[int, ...], shape: tuple[int, ...]
+) -> tuple[Ix, ...]:
+    """The index into an operand of ``shape`` broadcast to ``out_shape``."""
+    lead = len(out_shape) - len(shape)
+    return tuple(
+        Ix.lit(0) if shape[j] == 1 and out_shape[lead + j] != 1 else idx[lead + j]
+        for j in range(len(shape))
+    )
+
+
+def lower_pointwise(
+    name: str, values: Sequence[Value], shape: tuple[int, ...], locs: dict[Value, Loc]
+) -> Lowered:
+    """One kernel storing each of ``values`` (all of ``shape``) into a fresh contiguous buffer."""
+    outer = loop_vars(shape)
+    b = KernelBuilder(name, outer)
+    low = Lowerer(b, locs)
+    home = tuple(Ix.var(v) for v in outer)
+    low.home = home
+    strides = contiguous_strides(shape)
+    for v in values:
+        node = v.producer
+        assert node is not None
+        stmt = low.produce(v, home)
+        low.own[v] = stmt
+        low.own_values.add(v)
+        out = low.buffer_for(v, output=True)
+        b.store(out, linear(home, strides), stmt)
+    nodes = tuple(sorted(low.covered))
+    return Lowered(b.build(nodes, "pointwise"), low.bindings, low.covered)
+
+
+def value_dtype(v: Value) -> torch.dtype:
+    assert isinstance(v.type, TensorType)
+    return v.type.dtype

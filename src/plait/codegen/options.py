@@ -1,0 +1,33 @@
+"""Options of the Stax backend (codegen and executor), with defaults that suit the CPU.
+
+Example:
+    >>> StaxOptions(strict=True).strict
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StaxOptions:
+    """``strict``: raise :class:`~plait.codegen.CodegenError` when a node would fall back to
+    PyTorch (``fullgraph=True``). ``parallel_threshold``: elements (times phases) from which a
+    kernel's outer loop runs OpenMP-parallel. ``jobs``: parallel compiler processes (default: CPU
+    count). ``kernels_per_unit``: kernels per translation unit. ``check_inputs``: check each
+    call's input dtypes and shapes (kernels read raw memory: a wrong shape must never reach
+    them). ``inplace``: allow epilogue kernels to write over a dying input. ``infer_layouts``: run
+    each extern once on zeros at compile time to learn the layout of its result."""
+
+    strict: bool = False
+    parallel_threshold: int = 1 << 17
+    jobs: int | None = None
+    kernels_per_unit: int = 24
+    check_inputs: bool = True
+    inplace: bool = True
+    infer_layouts: bool = True
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)

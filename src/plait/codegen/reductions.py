@@ -1,0 +1,297 @@
+"""Reduction templates: reductions and the composite ops built on them, as multi-phase kernels.
+
+Each template picks the kernel's domain (``outer`` = the kept positions, ``inner`` = the reduced
+ones) and writes its phases in the kernel IR:
+
+=============  ==========================================================================
+sum, mean      one phase: sum (accumulated in the contract's type); final store
+amax, amin     one phase: NaN-propagating max/min; final store
+var            two phases: sum -> mean; sum of squared deviations -> / max(0, n - correction)
+softmax        three phases: max; sum of exp(x - max); store exp(x - max) / sum
+log_softmax    three phases: max; sum of exp(x - max); store x - max - log(sum)
+layer_norm     three phases: mean; biased variance; store (x - mean) * rstd * weight + bias
+group_norm     as layer_norm over (channels of the group, spatial), per-channel affine
+=============  ==========================================================================
+
+``batch_norm`` in inference is pointwise (see :mod:`plait.codegen.scalar`). The input of a
+template is read through :meth:`Lowerer.value_at`, so pointwise producers and views fuse into the
+reduction (recomputed in each phase, never stored).
+
+The accumulation type is the numerical contract's for the op class and dtype, never narrower than
+the values it sums (``accum_type``). Two-pass variance is used (not Welford): it is as accurate and
+vectorizes.
+
+Example:
+    >>> sorted(TEMPLATES)
+    ['amax', 'amin', 'group_norm', 'layer_norm', 'log_softmax', 'mean', 'softmax', 'sum', 'var']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from typing import TYPE_CHECKING
+
+import torch
+
+import plait.contract
+from plait.codegen.index import Ix, contiguous_strides, linear
+from plait.codegen.kir import STORAGE_OF, KernelBuilder, Stmt, is_float, scalar_of
+from plait.codegen.lower import Lowered, Lowerer, loop_vars
+from plait.codegen.scalar import Arg, to
+from plait.codegen.views import shape_of
+from plait.ir.graph import Node, Value
+from plait.ir.ops.rules import wrap_dim, wrap_dims
+from plait.ir.types import TensorType
+
+if TYPE_CHECKING:
+    from plait.codegen.fusion import Loc
+
+OP_CLASS = {
+    "sum": "reduction",
+    "mean": "reduction",
+    "amax": "reduction",
+    "amin": "reduction",
+    "var": "reduction",
+    "softmax": "normalization",
+    "log_softmax": "normalization",
+    "layer_norm": "normalization",
+    "group_norm": "normalization",
+    "batch_norm": "normalization",
+}
+_WIDTH = {"b": 0, "u8": 1, "i8": 1, "i16": 2, "i32": 3, "i64": 4, "f32": 5, "f64": 6}
+_CONTRACT_ACCUM = {"float64": "f64", "float32": "f32", "int64": "i64"}
+
+
+@cache
+def accum_type(op_class: str, dtype: torch.dtype) -> str:
+    """The scalar type to accumulate ``dtype`` values in: the contract's accumulation dtype for
+    the op class, widened to the values' own compute type if that is wider (never loosened)."""
+    tol = plait.contract.load().tolerance(op_class, dtype)
+    declared = _CONTRACT_ACCUM[tol.accum_dtype]
+    own = scalar_of(dtype)
+    if is_float(own) != is_float(declared):
+        return declared
+    return own if _WIDTH[own] > _WIDTH[declared] else declared
+
+
+class _Template:
+    """Shared scaffolding: domain, input access at (outer, inner), output buffers."""
+
+    def __init__(
+        self,
+        name: str,
+        node: Node,
+        locs: dict[Value, Loc],
+        kept: tuple[int, ...],
+        reduced: tuple[int, ...],
+    ) -> None:
+        x = node.inputs[0]
+        assert isinstance(x, Value)
+        self.node, self.x = node, x
+        self.shape = shape_of(x.type)
+        self.kept, self.reduced = kept, reduced
+        outer = loop_vars([self.shape[d] for d in kept], "i")
+        inner = loop_vars([self.shape[d] for d in reduced], "r")
+        self.b = KernelBuilder(name, outer, inner)
+        self.low = Lowerer(self.b, locs)
+        self.low.covered.add(node.id)
+        index: list[Ix] = [Ix.lit(0)] * len(self.shape)
+        for d, v in zip(kept, outer):
+            index[d] = Ix.var(v)
+        for d, v in zip(reduced, inner):
+            index[d] = Ix.var(v)
+        self.index = tuple(index)
+        self.n = 1
+        for d in reduced:
+            self.n *= self.shape[d]
+
+    def out_type(self, k: int = 0) -> TensorType:
+        t = self.node.outputs[k].type
+        assert isinstance(t, TensorType)
+        return t
+
+    def x_as(self, t: str, source: torch.dtype | None = None) -> Stmt:
+        """The input element at the current (outer, inner) point, converted to ``t`` (through
+        the ``source`` dtype first when the op converts its input, e.g. ``sum(dtype=...)``)."""
+        v = self.low.value_at(self.x, self.index)
+        if source is not None:
+            v = self.b.round(self.b.cast(v, scalar_of(source)), STORAGE_OF[source])
+        return self.b.cast(v, t)
+
+    def store_reduced(self, value: Stmt, keepdim: bool) -> None:
+        t = self.out_type()
+        out = self.low.buffer_for(self.node.outputs[0], output=True)
+        shape = shape_of(t)
+        outer = [Ix.var(v) for v in self.b.outer]
+        if keepdim:
+            idx: list[Ix] = [Ix.lit(0)] * len(self.shape)
+            for d, i in zip(self.kept, outer):
+                idx[d] = i
+            pos = linear(tuple(idx), contiguous_strides(shape))
+        else:
+            pos = linear(tuple(outer), contiguous_strides(shape))
+        v = self.b.round(self.b.cast(value, scalar_of(t.dtype)), STORAGE_OF[t.dtype])
+        self.b.store_final(out, pos, v)
+
+    def store_element(self, value: Stmt) -> None:
+        t = self.out_type()
+        out = self.low.buffer_for(self.node.outputs[0], output=True)
+        pos = linear(self.index, contiguous_strides(self.shape))
+        v = self.b.round(self.b.cast(value, scalar_of(t.dtype)), STORAGE_OF[t.dtype])
+        self.b.store(out, pos, v)
+
+    def done(self, template: str) -> Lowered:
+        nodes = tuple(sorted(self.low.covered))
+        return Lowered(self.b.build(nodes, template), self.low.bindings, self.low.covered)
+
+
+def _axes(node: Node, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    reduced = wrap_dims(node.attrs.get("dims"), rank, node.op) if rank else ()
+    kept = tuple(d for d in range(rank) if d not in reduced)
+    return kept, tuple(sorted(reduced))
+
+
+def _simple(name: str, node: Node, locs: dict[Value, Loc]) -> Lowered:
+    x = node.inputs[0]
+    assert isinstance(x, Value) and isinstance(x.type, TensorType)
+    kept, reduced = _axes(node, x.type.rank)
+    tp = _Template(name, node, locs, kept, reduced)
+    b = tp.b
+    out = tp.out_type()
+    op = node.op
+    source = node.attrs.get("dtype") if op in ("sum", "mean") else None
+    if op in ("sum", "mean"):
+        acc_t = accum_type("reduction", source or x.type.dtype)
+        acc_t = (
+            accum_type("reduction", out.dtype)
+            if _WIDTH[scalar_of(out.dtype)] > _WIDTH[acc_t]
+            else acc_t
+        )
+        total = b.reduce("sum", tp.x_as(acc_t, source), acc_t)
+        if op == "mean":
+            total = b.op("div", [total, b.const(float(tp.n), acc_t)], acc_t)
+        tp.store_reduced(total, node.attrs["keepdim"])
+        return tp.done(op)
+    if op in ("amax", "amin"):
+        t = scalar_of(x.type.dtype)
+        kind = "max" if op == "amax" else "min"
+        if t == "b":
+            t = "i32"
+        tp.store_reduced(b.reduce(kind, tp.x_as(t), t), node.attrs["keepdim"])
+        return tp.done(op)
+    # var: two passes
+    acc_t = accum_type("reduction", x.type.dtype)
+    mean = b.op("div", [b.reduce("sum", tp.x_as(acc_t), acc_t), b.const(float(tp.n), acc_t)], acc_t)
+    b.next_phase()
+    dev = b.op("sub", [tp.x_as(acc_t), mean], acc_t)
+    m2 = b.reduce("sum", b.op("mul", [dev, dev], acc_t), acc_t)
+    dof = max(0.0, float(tp.n) - float(node.attrs["correction"]))
+    var = b.op("div", [m2, b.const(dof, acc_t)], acc_t)
+    tp.store_reduced(var, node.attrs["keepdim"])
+    return tp.done("var")
+
+
+def _softmax(name: str, node: Node, locs: dict[Value, Loc]) -> Lowered:
+    x = node.inputs[0]
+    assert isinstance(x, Value) and isinstance(x.type, TensorType)
+    rank = x.type.rank
+    d = wrap_dim(node.attrs["dim"], rank, node.op) if rank else 0
+    kept = tuple(k for k in range(rank) if k != d)
+    tp = _Template(name, node, locs, kept, (d,) if rank else ())
+    b = tp.b
+    source = node.attrs.get("dtype")
+    acc_t = accum_type("normalization", source or x.type.dtype)
+    m = b.reduce("max", tp.x_as(acc_t, source), acc_t)
+    b.next_phase()
+    shifted = b.op("sub", [tp.x_as(acc_t, source), m], acc_t)
+    s = b.reduce("sum", b.op("exp", [shifted], acc_t), acc_t)
+    b.next_phase()
+    if node.op == "softmax":
+        y = b.op("div", [b.op("exp", [shifted], acc_t), s], acc_t)
+    else:
+        y = b.op("sub", [shifted, b.op("log", [s], acc_t)], acc_t)
+    tp.store_element(y)
+    return tp.done(node.op)
+
+
+def _norm(name: str, node: Node, locs: dict[Value, Loc]) -> Lowered:
+    x = node.inputs[0]
+    assert isinstance(x, Value) and isinstance(x.type, TensorType)
+    shape = shape_of(x.type)
+    rank = len(shape)
+    if node.op == "layer_norm":
+        k = len(node.attrs["normalized_shape"])
+        kept, reduced = tuple(range(rank - k)), tuple(range(rank - k, rank))
+        tp = _Template(name, node, locs, kept, reduced)
+        param_index: tuple[Ix, ...] = tp.index[rank - k :]
+    else:
+        tp = _group_template(name, node, locs, shape)
+        param_index = (tp.index[1],)
+    b = tp.b
+    acc_t = accum_type("normalization", x.type.dtype)
+    n = b.const(float(tp.n), acc_t)
+    mean = b.op("div", [b.reduce("sum", tp.x_as(acc_t), acc_t), n], acc_t)
+    b.next_phase()
+    dev = b.op("sub", [tp.x_as(acc_t), mean], acc_t)
+    var = b.op("div", [b.reduce("sum", b.op("mul", [dev, dev], acc_t), acc_t), n], acc_t)
+    b.next_phase()
+    eps = b.const(float(node.attrs["eps"]), acc_t)
+    rstd = b.op(
+        "div", [b.const(1.0, acc_t), b.op("sqrt", [b.op("add", [var, eps], acc_t)], acc_t)], acc_t
+    )
+    y = b.op("mul", [dev, rstd], acc_t)
+    weight, bias = node.inputs[1], node.inputs[2]
+    if isinstance(weight, Value):
+        y = b.op("mul", [y, _param(tp, weight, param_index, acc_t)], acc_t)
+    if isinstance(bias, Value):
+        y = b.op("add", [y, _param(tp, bias, param_index, acc_t)], acc_t)
+    tp.store_element(y)
+    return tp.done(node.op)
+
+
+def _param(tp: _Template, p: Value, index: tuple[Ix, ...], t: str) -> Stmt:
+    return to(tp.b, Arg(tp.low.value_at(p, index), None, None), t)
+
+
+def _group_template(
+    name: str, node: Node, locs: dict[Value, Loc], shape: tuple[int, ...]
+) -> _Template:
+    """group_norm: outer (N, G), inner (C/G, spatial...); x index (n, g*C/G + c, spatial...)."""
+    n, c = shape[0], shape[1]
+    g = node.attrs["num_groups"]
+    cg = c // g
+    spatial = shape[2:]
+    tp = _Template.__new__(_Template)
+    x = node.inputs[0]
+    assert isinstance(x, Value)
+    tp.node, tp.x, tp.shape = node, x, shape
+    outer = loop_vars([n, g], "i")
+    inner = loop_vars([cg, *spatial], "r")
+    tp.kept, tp.reduced = (), ()
+    tp.b = KernelBuilder(name, outer, inner)
+    tp.low = Lowerer(tp.b, locs)
+    tp.low.covered.add(node.id)
+    channel = Ix.var(outer[1]) * cg + Ix.var(inner[0])
+    tp.index = (Ix.var(outer[0]), channel, *(Ix.var(v) for v in inner[1:]))
+    tp.n = cg
+    for s in spatial:
+        tp.n *= s
+    return tp
+
+
+TEMPLATES: dict[str, Callable[[str, Node, dict[Value, Loc]], Lowered]] = {
+    "sum": _simple,
+    "mean": _simple,
+    "amax": _simple,
+    "amin": _simple,
+    "var": _simple,
+    "softmax": _softmax,
+    "log_softmax": _softmax,
+    "layer_norm": _norm,
+    "group_norm": _norm,
+}
+
+
+def lower_reduction(name: str, node: Node, locs: dict[Value, Loc]) -> Lowered:
+    return TEMPLATES[node.op](name, node, locs)

@@ -1,0 +1,330 @@
+"""Scalar rules: each pointwise IR op as kernel-IR statements, with PyTorch's semantics.
+
+A rule receives its operands already loaded (statements in their compute types, or Python
+literals) and returns one statement in the compute type of the node's output dtype; the caller
+rounds 16-bit results. Semantics follow eager PyTorch on the CPU: type promotion from the IR's own
+rules, 16-bit floats computed in float32 ("opmath") with Python scalars kept at float32 precision,
+integer arithmetic that wraps, integer division by zero reported as an error, NaN-propagating
+maximum/minimum/clamp, and PyTorch's special cases for ``pow`` by a scalar.
+
+Example:
+    >>> sorted(RULES)[:4]
+    ['abs', 'add', 'batch_norm', 'clamp']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from plait.codegen.index import Ix
+from plait.codegen.kir import KernelBuilder, Stmt, is_float, scalar_of
+from plait.ir.graph import Node, Value
+from plait.ir.ops.rules import float_dtype, promote
+from plait.ir.types import ScalarType, TensorType, scalar_type_of
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One operand of a pointwise node: a loaded statement, or a Python literal (``stmt`` None)."""
+
+    stmt: Stmt | None
+    literal: Any
+    type: TensorType | ScalarType | None
+
+
+Rule = Callable[[KernelBuilder, Node, Sequence[Arg], tuple[Ix, ...]], Stmt]
+RULES: dict[str, Rule] = {}
+
+
+def rule(*names: str) -> Callable[[Rule], Rule]:
+    def deco(fn: Rule) -> Rule:
+        for n in names:
+            RULES[n] = fn
+        return fn
+
+    return deco
+
+
+def arg_of(operand: Any, stmt: Stmt | None) -> Arg:
+    if isinstance(operand, Value):
+        assert isinstance(operand.type, TensorType)
+        return Arg(stmt, None, operand.type)
+    if operand is None:
+        return Arg(None, None, None)
+    return Arg(None, operand, scalar_type_of(operand))
+
+
+def to(b: KernelBuilder, a: Arg, t: str) -> Stmt:
+    """The operand converted to scalar type ``t``."""
+    if a.stmt is not None:
+        return cast(b, a.stmt, t)
+    value = a.literal
+    if t == "b":
+        return b.const(bool(value), "b")
+    if is_float(t):
+        return b.const(float(value), t)
+    if isinstance(value, float):
+        return cast(b, b.const(value, "f64"), t)
+    return b.const(int(value), t)
+
+
+def cast(b: KernelBuilder, x: Stmt, t: str) -> Stmt:
+    return b.cast(x, t)
+
+
+def out_type(node: Node) -> str:
+    t = node.outputs[0].type
+    assert isinstance(t, TensorType)
+    return scalar_of(t.dtype)
+
+
+def _common(args: Sequence[Arg]) -> torch.dtype:
+    types = [a.type for a in args if a.type is not None]
+    dtype = promote(types[0], types[1] if len(types) > 1 else None)
+    return dtype
+
+
+# --- unary math -----------------------------------------------------------------------------
+def _unary_float(b: KernelBuilder, node: Node, args: Sequence[Arg]) -> tuple[Stmt, str]:
+    t = out_type(node)
+    return to(b, args[0], t), t
+
+
+@rule("exp", "log", "sqrt", "tanh", "erf")
+def _transcendental(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    return b.op(node.op, [x], t)
+
+
+@rule("rsqrt")
+def _rsqrt(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    return b.op("div", [b.const(1.0, t), b.op("sqrt", [x], t)], t)
+
+
+@rule("reciprocal")
+def _reciprocal(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    return b.op("div", [b.const(1.0, t), x], t)
+
+
+def _sigmoid_of(b: KernelBuilder, x: Stmt, t: str) -> Stmt:
+    one = b.const(1.0, t)
+    return b.op("div", [one, b.op("add", [one, b.op("exp", [b.op("neg", [x], t)], t)], t)], t)
+
+
+@rule("sigmoid")
+def _sigmoid(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    return _sigmoid_of(b, x, t)
+
+
+@rule("silu")
+def _silu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    one = b.const(1.0, t)
+    denom = b.op("add", [one, b.op("exp", [b.op("neg", [x], t)], t)], t)
+    return b.op("div", [x, denom], t)
+
+
+@rule("gelu")
+def _gelu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    half, one = b.const(0.5, t), b.const(1.0, t)
+    if node.attrs["approximate"] == "tanh":
+        beta = b.const(math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5, t)
+        kappa = b.const(0.044715, t)
+        cube = b.op("mul", [b.op("mul", [x, x], t), x], t)
+        inner = b.op("mul", [beta, b.op("add", [x, b.op("mul", [kappa, cube], t)], t)], t)
+        return b.op(
+            "mul", [b.op("mul", [half, x], t), b.op("add", [one, b.op("tanh", [inner], t)], t)], t
+        )
+    alpha = b.const(math.sqrt(0.5), t)
+    erf = b.op("erf", [b.op("mul", [x, alpha], t)], t)
+    return b.op("mul", [b.op("mul", [x, half], t), b.op("add", [one, erf], t)], t)
+
+
+@rule("relu")
+def _relu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x = to(b, args[0], t)
+    zero = b.const(0, t)
+    return b.op("max", [x, zero], t)
+
+
+@rule("neg")
+def _neg(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    return b.op("neg", [to(b, args[0], t)], t)
+
+
+@rule("abs")
+def _abs(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    return b.op("abs", [to(b, args[0], t)], t)
+
+
+@rule("logical_not")
+def _not(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    return b.op("not", [to(b, args[0], "b")], "b")
+
+
+@rule("to_dtype", "contiguous")
+def _to_dtype(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    return to(b, args[0], out_type(node))
+
+
+# --- binary ---------------------------------------------------------------------------------
+def _scaled(b: KernelBuilder, x: Stmt, alpha: Any, t: str) -> Stmt:
+    if alpha == 1:
+        return x
+    return b.op("mul", [to(b, Arg(None, alpha, scalar_type_of(alpha)), t), x], t)
+
+
+@rule("add", "sub")
+def _add_sub(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x, y = to(b, args[0], t), to(b, args[1], t)
+    if t == "b":
+        return b.op("or", [x, y], "b")
+    y = _scaled(b, y, node.attrs.get("alpha", 1), t)
+    return b.op(node.op, [x, y], t)
+
+
+@rule("mul")
+def _mul(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x, y = to(b, args[0], t), to(b, args[1], t)
+    return b.op("and" if t == "b" else "mul", [x, y], t)
+
+
+@rule("div")
+def _div(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x, y = to(b, args[0], t), to(b, args[1], t)
+    mode = node.attrs.get("rounding_mode")
+    if mode is None:
+        return b.op("div", [x, y], t)
+    if is_float(t):
+        return b.op("fdiv_trunc" if mode == "trunc" else "fdiv_floor", [x, y], t)
+    return b.op("idiv_trunc" if mode == "trunc" else "idiv_floor", [x, y], t)
+
+
+@rule("pow")
+def _pow(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x = to(b, args[0], t)
+    if not is_float(t):
+        return b.op("ipow", [x, to(b, args[1], t)], t)
+    e = args[1].literal if args[1].stmt is None else None
+    if isinstance(e, (int, float)) and not isinstance(e, bool) and args[0].stmt is not None:
+        # NOTE: PyTorch's pow_tensor_scalar special cases; the rest call pow.
+        one = b.const(1.0, t)
+        if e == 2:
+            return b.op("mul", [x, x], t)
+        if e == 3:
+            return b.op("mul", [b.op("mul", [x, x], t), x], t)
+        if e == 0.5:
+            return b.op("sqrt", [x], t)
+        if e == -0.5:
+            return b.op("div", [one, b.op("sqrt", [x], t)], t)
+        if e == -1:
+            return b.op("div", [one, x], t)
+        if e == -2:
+            return b.op("div", [one, b.op("mul", [x, x], t)], t)
+    return b.op("pow", [x, to(b, args[1], t)], t)
+
+
+@rule("maximum", "minimum")
+def _maxmin(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x, y = to(b, args[0], t), to(b, args[1], t)
+    if t == "b":
+        return b.op("or" if node.op == "maximum" else "and", [x, y], "b")
+    return b.op("max" if node.op == "maximum" else "min", [x, y], t)
+
+
+@rule("eq", "ne", "lt", "le", "gt", "ge")
+def _compare(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = scalar_of(_common(args))
+    if t == "b":
+        t = "i32"
+    return b.op(node.op, [to(b, args[0], t), to(b, args[1], t)], "b")
+
+
+@rule("logical_and", "logical_or")
+def _logical(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    op = "and" if node.op == "logical_and" else "or"
+    return b.op(op, [to(b, args[0], "b"), to(b, args[1], "b")], "b")
+
+
+@rule("where")
+def _where(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    return b.op("where", [to(b, args[0], "b"), to(b, args[1], t), to(b, args[2], t)], t)
+
+
+@rule("clamp")
+def _clamp(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x = to(b, args[0], t)
+    lo, hi = node.attrs["min"], node.attrs["max"]
+    if lo is not None:
+        x = b.op("max", [x, to(b, Arg(None, lo, scalar_type_of(lo)), t)], t)
+    if hi is not None:
+        x = b.op("min", [x, to(b, Arg(None, hi, scalar_type_of(hi)), t)], t)
+    return x
+
+
+@rule("triu", "tril")
+def _tri(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x = to(b, args[0], t)
+    diff = b.index(idx[-1] - idx[-2])
+    diag = b.const(node.attrs["diagonal"], "i64")
+    keep = b.op("ge" if node.op == "triu" else "le", [diff, diag], "b")
+    return b.op("where", [keep, x, b.const(0, t)], t)
+
+
+@rule("dropout")
+def _dropout_eval(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    return to(b, args[0], out_type(node))
+
+
+@rule("batch_norm")
+def _batch_norm(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    """Inference batch norm is pointwise over (N, C, ...) with per-channel parameters:
+    ``y = x * alpha + beta``, ``alpha = weight / sqrt(var + eps)``, ``beta = bias - mean * alpha``
+    (PyTorch's CPU formula), in the accumulation type of the input."""
+    t = accum_scalar(node.outputs[0].type)
+    x, w, bias, mean, var = args
+    invstd = b.op(
+        "div",
+        [b.const(1.0, t), b.op("sqrt", [b.op("add", [to(b, var, t), _eps(b, node, t)], t)], t)],
+        t,
+    )
+    alpha = invstd if w.type is None else b.op("mul", [invstd, to(b, w, t)], t)
+    shift = b.op("mul", [to(b, mean, t), alpha], t)
+    beta = b.op("neg", [shift], t) if bias.type is None else b.op("sub", [to(b, bias, t), shift], t)
+    y = b.op("add", [b.op("mul", [to(b, x, t), alpha], t), beta], t)
+    return cast(b, y, out_type(node))
+
+
+def _eps(b: KernelBuilder, node: Node, t: str) -> Stmt:
+    return b.const(float(node.attrs["eps"]), t)
+
+
+def accum_scalar(t: Any) -> str:
+    """The compute type for a normalization over values of IR type ``t`` (f64 stays f64)."""
+    assert isinstance(t, TensorType)
+    return "f64" if t.dtype == torch.float64 else scalar_of(float_dtype(t.dtype))
+
+
+# NOTE: operand positions a rule reads per channel (batch_norm's parameters); the rest are
+# broadcast like any pointwise operand.
+CHANNEL_OPERANDS: dict[str, tuple[int, ...]] = {"batch_norm": (1, 2, 3, 4)}

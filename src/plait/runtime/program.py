@@ -1,0 +1,241 @@
+"""``compile_graph``: an IR graph to a :class:`StaxProgram`, the Stax executor's callable.
+
+Pipeline: plan (fusion, locations, externs) -> print each kernel to C++ -> build translation units
+in parallel (content-addressed cache) -> memory plan -> straight-line runner.
+
+Example:
+    >>> import torch
+    >>> from plait.ir import GraphBuilder, TensorType
+    >>> gb = GraphBuilder()
+    >>> x = gb.input("x", TensorType((4, 8), torch.float32))
+    >>> gb.output(gb.call("relu", gb.call("mul", x, 2.0)))
+    >>> program = compile_graph(gb.build())
+    >>> (y,) = program(torch.ones(4, 8))
+    >>> float(y.sum()), program.evidence.counts["native"]
+    (64.0, 2)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from plait.codegen.build import Unit, build_units, toolchain
+from plait.codegen.cpp import PrintOptions, print_kernel
+from plait.codegen.errors import CodegenError
+from plait.codegen.fusion import KernelStep, NodeTag, Plan, plan_graph
+from plait.codegen.options import StaxOptions
+from plait.ir.graph import Graph
+from plait.runtime.memory import MemoryPlan, plan_memory
+from plait.runtime.runner import Runner, build_runner
+
+EXECUTORS = ("native", "extern", "fallback", "dead")
+
+
+@dataclass
+class Evidence:
+    """What executed each node: ``native`` (C++ kernel or zero-copy view), ``extern``
+    (PyTorch kernel by design), ``fallback`` (PyTorch because Stax cannot; with its reason),
+    ``dead`` (unused, not run)."""
+
+    nodes: dict[int, NodeTag]
+    ops: dict[int, str]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(EXECUTORS, 0)
+        for tag in self.nodes.values():
+            out[tag.executor] += 1
+        return out
+
+    @property
+    def fallbacks(self) -> dict[int, str]:
+        return {n: t.detail for n, t in self.nodes.items() if t.executor == "fallback"}
+
+    def records(self) -> dict[str, Any]:
+        return {
+            "counts": self.counts,
+            "nodes": [
+                {"id": n, "op": self.ops[n], "executor": t.executor, "detail": t.detail}
+                for n, t in sorted(self.nodes.items())
+            ],
+        }
+
+
+@dataclass
+class KernelInfo:
+    name: str
+    symbol: str
+    template: str
+    nodes: tuple[int, ...]
+    source_sha256: str
+    unit: str = ""
+    build_seconds: float = 0.0
+    cache_hit: bool = False
+    epilogue_of: list[int] = field(default_factory=list)
+    source: str = field(default="", repr=False)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "symbol": self.symbol,
+            "template": self.template,
+            "nodes": list(self.nodes),
+            "source_sha256": self.source_sha256,
+            "unit": self.unit,
+            "build_seconds": round(self.build_seconds, 6),
+            "cache_hit": self.cache_hit,
+            "epilogue_of": self.epilogue_of,
+        }
+
+
+class StaxProgram:
+    """A compiled graph: call it with the graph's inputs (in input order); it returns the list of
+    outputs. Outputs are fresh tensors owned by the caller (or the caller's own input, when the
+    graph returns an input unchanged). Calls are serialized per program (the arena is shared).
+
+    ``evidence`` (per node executor), ``kernels`` (name, nodes, source hash, build time, cache
+    hit), ``memory_plan`` (buffers, arena and peak bytes) and ``records()`` (all of it, JSON) are
+    what the manifest embeds.
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        plan: Plan,
+        memory: MemoryPlan,
+        kernels: list[KernelInfo],
+        runner: Runner,
+        options: StaxOptions,
+        timings: dict[str, float],
+    ) -> None:
+        self.graph = graph
+        self.plan = plan
+        self.memory_plan = memory
+        self.kernels = kernels
+        self.options = options
+        self.timings = timings
+        self._runner = runner
+        self.source = runner.source
+        self.evidence = Evidence(dict(plan.tags), {n.id: n.op for n in graph.nodes})
+        self.__call__ = runner.fn  # type: ignore[method-assign]
+
+    def __call__(self, *inputs: Any) -> list[Any]:  # pragma: no cover - replaced per instance
+        return self._runner.fn(*inputs)
+
+    def schedule(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        names = iter(self.kernels)
+        for step in self.plan.steps:
+            if isinstance(step, KernelStep):
+                out.append({"kind": "kernel", "name": next(names).name})
+            else:
+                kind = "extern" if type(step).__name__ == "ExternStep" else "fallback"
+                out.append({"kind": kind, "node": step.node.id, "op": step.node.op})
+        return out
+
+    def records(self) -> dict[str, Any]:
+        """Everything the manifest needs, JSON-serializable."""
+        return {
+            "backend": "stax",
+            "target": "cpu",
+            "toolchain": toolchain().record(),
+            "options": self.options.record(),
+            "evidence": self.evidence.records(),
+            "kernels": [k.record() for k in self.kernels],
+            "schedule": self.schedule(),
+            "memory_plan": self.memory_plan.records(),
+            "timings": {k: round(v, 6) for k, v in self.timings.items()},
+        }
+
+
+def compile_graph(graph: Graph, *, options: StaxOptions | None = None) -> StaxProgram:
+    """Compile ``graph`` (static shapes, CPU tensors) with the Stax backend.
+
+    Raises :class:`~plait.codegen.CodegenError` for symbolic shapes, non-CPU tensors, or (with
+    ``options.strict``) the first node that would fall back to PyTorch.
+    """
+    (program,) = compile_graphs([graph], options=options)
+    return program
+
+
+def compile_graphs(
+    graphs: Sequence[Graph], *, options: StaxOptions | None = None
+) -> list[StaxProgram]:
+    """Compile several graphs, building all their kernels together (fewer, larger compiler
+    invocations, all cores busy; identical kernels are built once)."""
+    opts = options or StaxOptions()
+    start = time.perf_counter()
+    plans = []
+    for g in graphs:
+        plan = plan_graph(g, infer_layouts=opts.infer_layouts)
+        if opts.strict and plan.fallbacks:
+            nid, reason = next(iter(plan.fallbacks.items()))
+            op = next(n.op for n in g.nodes if n.id == nid)
+            raise CodegenError(f"would fall back to PyTorch (strict): {reason}", node_id=nid, op=op)
+        plans.append(plan)
+    t_plan = time.perf_counter()
+    popts = PrintOptions(parallel_threshold=opts.parallel_threshold)
+    infos: list[list[KernelInfo]] = []
+    sources: dict[str, str] = {}
+    for plan in plans:
+        row = []
+        for low in plan.kernels:
+            text = print_kernel(low.kernel, "STAX_SYMBOL", popts)
+            digest = hashlib.sha256(text.encode()).hexdigest()
+            symbol = f"stax_{digest[:24]}"
+            sources[symbol] = text.replace("STAX_SYMBOL", symbol, 1)
+            row.append(KernelInfo(low.kernel.name, symbol, low.kernel.template,
+                                  low.kernel.nodes, digest, source=sources[symbol]))  # fmt: skip
+        infos.append(row)
+    t_print = time.perf_counter()
+    units = _units(sorted(sources), sources, opts)
+    build_units(units, opts.jobs)
+    t_build = time.perf_counter()
+    unit_of = {sym: u for u in units for sym in u.symbols}
+    programs = []
+    for g, plan, row in zip(graphs, plans, infos):
+        t0 = time.perf_counter()
+        funcs: dict[int, Any] = {}
+        kernel_steps = [i for i, s in enumerate(plan.steps) if isinstance(s, KernelStep)]
+        for step_index, info in zip(kernel_steps, row):
+            u = unit_of[info.symbol]
+            info.unit, info.build_seconds, info.cache_hit = u.key[:16], u.seconds, u.cache_hit
+            assert u.lib is not None
+            fn = getattr(u.lib, info.symbol)
+            fn.restype = __import__("ctypes").c_int
+            fn.argtypes = [__import__("ctypes").c_void_p]
+            funcs[step_index] = fn
+        memory = plan_memory(plan, allow_inplace=opts.inplace)
+        for info, step_index in zip(row, kernel_steps):
+            step = plan.steps[step_index]
+            assert isinstance(step, KernelStep)
+            info.epilogue_of = sorted(
+                {bp.epilogue_of for v in step.outputs
+                 for bp in [memory.by_value[v]] if bp.epilogue_of is not None}
+            )  # fmt: skip
+        runner = build_runner(plan, memory, funcs, opts.check_inputs)
+        timings = {
+            "plan_s": (t_plan - start) / len(graphs),
+            "print_s": (t_print - t_plan) / len(graphs),
+            "build_s": t_build - t_print,
+            "runner_s": time.perf_counter() - t0,
+        }
+        programs.append(StaxProgram(g, plan, memory, row, runner, opts, timings))
+    return programs
+
+
+def _units(symbols: list[str], sources: dict[str, str], opts: StaxOptions) -> list[Unit]:
+    if not symbols:
+        return []
+    import os
+
+    jobs = opts.jobs or os.cpu_count() or 1
+    count = max(min(jobs, len(symbols)), -(-len(symbols) // opts.kernels_per_unit))
+    buckets: list[list[str]] = [[] for _ in range(count)]
+    for i, sym in enumerate(symbols):
+        buckets[i % count].append(sym)
+    return [Unit(b, [sources[s] for s in b]) for b in buckets if b]

@@ -1,0 +1,303 @@
+"""The straight-line runner: one generated Python function per program.
+
+Everything that can be decided before a call is decided here, once: the schedule is unrolled into
+Python statements, kernel arguments live in one preallocated pointer table (arena pointers are
+written into it once; per call only the pointers of inputs, outputs and PyTorch-allocated results
+are refreshed), extern and fallback callables are bound with their attributes, and constants are
+globals of the generated function. A call then costs a few hundred nanoseconds per step.
+
+The generated source is kept on the program (``StaxProgram.source``) for debugging.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from plait.codegen.fusion import ExternStep, FallbackStep, KernelStep, Plan
+from plait.codegen.index import contiguous_strides
+from plait.codegen.kir import ITEMSIZE, STORAGE_OF
+from plait.codegen.views import shape_of
+from plait.ir.graph import Value
+from plait.ir.ops import get_op
+from plait.ir.types import TensorType
+from plait.runtime.memory import BufferPlan, MemoryPlan
+
+
+class StaxInputError(TypeError):
+    """A call's input does not match the graph's input type."""
+
+
+def _bad_input(position: int, name: str, expected: str, got: Any) -> None:
+    if isinstance(got, torch.Tensor):
+        desc = f"{got.dtype} {tuple(got.shape)} on {got.device}"
+    else:
+        desc = type(got).__name__
+    raise StaxInputError(f"input {position} (%{name}): expected {expected}, got {desc}")
+
+
+def _zero_division() -> None:
+    raise RuntimeError("ZeroDivisionError")
+
+
+def _conform(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """``t`` copied into the layout the plan expects (PyTorch chose another one)."""
+    out = torch.empty_strided(t.shape, strides, dtype=t.dtype)
+    out.copy_(t)
+    return out
+
+
+def _check_result(t: Any, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape:
+        raise RuntimeError(f"{what}: expected {dtype} {shape}, got {t!r:.80}")
+    return t if t.is_contiguous() else t.contiguous()
+
+
+@dataclass
+class Runner:
+    fn: Callable[..., list[Any]]
+    source: str
+    table: Any
+    arena: torch.Tensor | None
+    globals: dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+class _Emitter:
+    def __init__(
+        self, plan: Plan, memory: MemoryPlan, symbols: dict[int, Any], check: bool
+    ) -> None:
+        self.plan, self.memory, self.check = plan, memory, check
+        self.funcs = symbols  # step index -> ctypes function
+        self.g: dict[str, Any] = {
+            "_bad_input": _bad_input,
+            "_zero_division": _zero_division,
+            "_conform": _conform,
+            "_check_result": _check_result,
+            "_empty": torch.empty,
+            "_as_strided": torch.as_strided,
+            "_grad_enabled": torch.is_grad_enabled,
+            "_set_grad": torch._C._set_grad_enabled,
+        }
+        self.lines: list[str] = []
+        self.names: dict[int, str] = {}
+        self.inputs = {id(v): i for i, v in enumerate(plan.graph.inputs)}
+        self._const = 0
+        self.slots = 0
+        self.fixed: list[tuple[int, int]] = []  # (slot, arena offset)
+        self.arena: torch.Tensor | None = None
+        self.arena_views: dict[int, str] = {}
+
+    def const(self, value: Any, prefix: str = "C") -> str:
+        name = f"{prefix}{self._const}"
+        self._const += 1
+        self.g[name] = value
+        return name
+
+    def line(self, text: str, depth: int = 2) -> None:
+        self.lines.append("    " * depth + text)
+
+    # --- values -------------------------------------------------------------------------------
+    def var(self, v: Value) -> str:
+        if id(v) in self.inputs:
+            return f"a{self.inputs[id(v)]}"
+        if id(v) not in self.names:
+            self.names[id(v)] = f"v{len(self.names)}"
+        return self.names[id(v)]
+
+    def root(self, v: Value) -> BufferPlan:
+        bp = self.memory.by_value[v]
+        while bp.alias_of is not None:
+            bp = self.memory.by_value[bp.alias_of]
+        return bp
+
+    def tensor(self, v: Value) -> str:
+        """An expression for ``v``'s tensor at this point of the call."""
+        if id(v) in self.inputs:
+            return self.var(v)
+        bp = self.memory.by_value.get(v)
+        if bp is not None and self.root(bp.value).home == "arena":
+            return self.arena_view(v)
+        return self.var(v)
+
+    def arena_view(self, v: Value) -> str:
+        if id(v) not in self.arena_views:
+            assert self.arena is not None and isinstance(v.type, TensorType)
+            root = self.root(v)
+            t = self.arena[root.offset : root.offset + root.nbytes].view(v.type.dtype)
+            self.arena_views[id(v)] = self.const(t.view(shape_of(v.type)), "V")
+        return self.arena_views[id(v)]
+
+    def operand(self, o: Any) -> str:
+        if not isinstance(o, Value):
+            return "None" if o is None else self.const(o)
+        loc = self.plan.locs[o]
+        if loc.kind != "view":
+            return self.tensor(o)
+        assert loc.base is not None
+        base = self.tensor(loc.base)
+        shape = shape_of(o.type)
+        if base.startswith("V"):
+            t = self.g[base]
+            return self.const(
+                t.as_strided(shape, loc.strides, t.storage_offset() + loc.offset), "V"
+            )
+        s, st = self.const(shape), self.const(loc.strides)
+        return f"_as_strided({base}, {s}, {st}, {base}.storage_offset() + {loc.offset})"
+
+    # --- program ------------------------------------------------------------------------------
+    def emit(self) -> None:
+        plan = self.plan
+        if self.memory.arena_bytes:
+            self.arena = torch.empty(self.memory.arena_bytes, dtype=torch.uint8)
+        native_inputs = self._native_inputs()
+        for i, v in enumerate(plan.graph.inputs):
+            t = v.type
+            if not isinstance(t, TensorType):
+                continue
+            if self.check:
+                d, s = self.const(t.dtype, "D"), self.const(torch.Size(shape_of(t)), "S")
+                a = f"a{i}"
+                bad = f"{a}.__class__ is not _Tensor or {a}.dtype is not {d} or {a}.shape != {s}"
+                self.line(f"if {bad} or not {a}.is_cpu:", 2)
+                self.line(f"_bad_input({i}, {v.name!r}, {str(t)!r}, a{i})", 3)
+            if v in native_inputs:
+                self.line(f"if not a{i}.is_contiguous(): a{i} = a{i}.contiguous()", 2)
+        self.g["_Tensor"] = torch.Tensor
+        calls = any(not isinstance(s, KernelStep) for s in plan.steps)
+        for k, step in enumerate(plan.steps):
+            if isinstance(step, KernelStep):
+                self.kernel_step(k, step)
+            elif isinstance(step, ExternStep):
+                self.extern_step(step)
+            else:
+                self.fallback_step(step)
+        outs = ", ".join(self.output(o) for o in plan.graph.outputs)
+        self.line(f"return [{outs}]", 2)
+        if calls:
+            self.lines = [
+                "    " * 2 + "g = _grad_enabled()",
+                "    " * 2 + "if g: _set_grad(False)",
+                "    " * 2 + "try:",
+                *["    " + ln for ln in self.lines],
+                "    " * 2 + "finally:",
+                "    " * 3 + "if g: _set_grad(True)",
+            ]
+
+    def output(self, o: Any) -> str:
+        if isinstance(o, Value):
+            return self.tensor(o)
+        return self.const(o)
+
+    def _native_inputs(self) -> set[Value]:
+        out: set[Value] = set()
+        for step in self.plan.steps:
+            if isinstance(step, KernelStep):
+                out.update(v for v in step.lowered.bindings if id(v) in self.inputs)
+        for loc in self.plan.locs.values():
+            if loc.kind == "view" and loc.base is not None and id(loc.base) in self.inputs:
+                out.add(loc.base)
+        return out
+
+    def kernel_step(self, k: int, step: KernelStep) -> None:
+        kernel = step.lowered.kernel
+        base = self.slots
+        self.slots += len(kernel.buffers)
+        for j, (v, buf) in enumerate(zip(step.lowered.bindings, kernel.buffers)):
+            slot = base + j
+            if buf.output:
+                self._prepare_output(v)
+            if id(v) not in self.inputs and self.root(v).home == "arena":
+                self.fixed.append((slot, self.root(v).offset))
+            else:
+                self.line(f"T[{slot}] = {self.tensor(v)}.data_ptr()")
+        fn = self.const(self.funcs[k], "K")
+        self.line(f"if {fn}({self.const(base, 'A')}): _zero_division()")
+
+    def _prepare_output(self, v: Value) -> None:
+        bp = self.memory.by_value[v]
+        t = v.type
+        assert isinstance(t, TensorType)
+        if bp.home == "output":
+            s, d = self.const(shape_of(t)), self.const(t.dtype, "D")
+            self.line(f"{self.var(v)} = _empty({s}, dtype={d})")
+        elif bp.home == "inplace":
+            assert bp.alias_of is not None
+            if self.root(v).home == "arena":
+                return
+            src = self.tensor(bp.alias_of)
+            a = bp.alias_of.type
+            assert isinstance(a, TensorType)
+            if shape_of(a) == shape_of(t):
+                self.line(f"{self.var(v)} = {src}")
+            else:
+                self.line(f"{self.var(v)} = {src}.view({self.const(shape_of(t))})")
+
+    def extern_step(self, step: ExternStep) -> None:
+        node = step.node
+        args = [self.operand(o) for o in node.inputs]
+        args = get_op(node.op).structure(args)
+        fn = self.const(step.call.fn, "X")
+        (out,) = [v for v in node.outputs]
+        var = self.var(out)
+        self.line(f"{var} = {fn}({', '.join(args)})")
+        (strides,) = step.out_strides
+        if isinstance(out.type, TensorType):
+            st = self.const(tuple(strides))
+            self.line(f"if {var}.stride() != {st}: {var} = _conform({var}, {st})")
+
+    def fallback_step(self, step: FallbackStep) -> None:
+        node = step.node
+        opdef = get_op(node.op)
+        attrs = self.const(dict(node.attrs))
+        runner = self.const(opdef.run, "F")
+        args = ", ".join(self.operand(o) for o in node.inputs)
+        self.line(f"r = {runner}([{args}], {attrs})")
+        for k, v in enumerate(node.outputs):
+            var = self.var(v)
+            if isinstance(v.type, TensorType):
+                s, d = self.const(shape_of(v.type)), self.const(v.type.dtype, "D")
+                what = self.const(f"fallback node {node.id} ({node.op}) output {k}")
+                self.line(f"{var} = _check_result(r[{k}], {s}, {d}, {what})")
+            else:
+                self.line(f"{var} = r[{k}]")
+
+
+def build_runner(
+    plan: Plan, memory: MemoryPlan, funcs: dict[int, Any], check_inputs: bool
+) -> Runner:
+    """Generate and compile the program's Python runner."""
+    em = _Emitter(plan, memory, funcs, check_inputs)
+    em.emit()
+    table = (ctypes.c_void_p * max(em.slots, 1))()
+    base_addr = ctypes.addressof(table)
+    if em.arena is not None:
+        arena_ptr = em.arena.data_ptr()
+        for slot, offset in em.fixed:
+            table[slot] = arena_ptr + offset
+    for name, value in list(em.g.items()):
+        if name.startswith("A") and isinstance(value, int):
+            em.g[name] = base_addr + value * ctypes.sizeof(ctypes.c_void_p)
+    em.g["T"] = table
+    em.g["_lock"] = threading.Lock()
+    params = ", ".join(f"a{i}" for i in range(len(plan.graph.inputs)))
+    body = "\n".join(em.lines) if em.lines else "        pass"
+    source = f"def run({params}):\n    with _lock:\n{body}\n"
+    code = compile(source, "<plait.stax runner>", "exec")
+    namespace = em.g
+    exec(code, namespace)
+    return Runner(namespace["run"], source, table, em.arena, namespace)
+
+
+def tensor_bytes(t: TensorType) -> int:
+    n = 1
+    for d in shape_of(t):
+        n *= d
+    return n * ITEMSIZE[STORAGE_OF[t.dtype]]
+
+
+__all__ = ["Runner", "StaxInputError", "build_runner", "contiguous_strides", "tensor_bytes"]
