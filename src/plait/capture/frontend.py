@@ -131,6 +131,7 @@ def _capture_once(cx: CaptureContext, fn: Callable[..., Any], adapter: InputAdap
     with preserved_rng():
         traced_leaves = _lift_user_inputs(cx, leaves, paths)
         state_tracers, state = _lift_state(cx, ms)
+        versions = [t._version for t in state]
         try:
             with ms.swapped(state_tracers) if ms is not None else nullcontext(), cx.activate():
                 out = adapter.call(fn, spec, traced_leaves)
@@ -140,6 +141,12 @@ def _capture_once(cx: CaptureContext, fn: Callable[..., Any], adapter: InputAdap
             raise
         if cx.error is not None:
             raise cx.error
+        if [t._version for t in state] != versions:
+            changed = [e.path for e, t, v in zip(ms.entries, state, versions)  # type: ignore[union-attr]
+                       if t._version != v]
+            raise GraphCaptureError("capture", f"capture wrote parameter(s) {changed}: a call "
+                                    "wrote them in place without a capture rule seeing it",
+                                    kind="limitation")
         return _finish(cx, out, spec, leaves, paths, ms, state)
 
 

@@ -92,7 +92,7 @@ class Guard:
             "kind": self.kind,
             "source": self.source,
             "text": self.text,
-            "expected": _show(self.expected),
+            "expected": self.fmt(self.expected),
         }
 
     def __str__(self) -> str:

@@ -152,7 +152,8 @@ op(T.floor_divide_, T.__ifloordiv__, inplace=True)(
 @op(T.__rtruediv__)
 def _rdiv(cx: CaptureContext, out: Any, x: Any, other: Any) -> Value:
     # NOTE: eager computes `other / x` as `x.reciprocal() * other` (torch/_tensor.py).
-    return _bin(cx, "mul", cx.call("reciprocal", cx.value(x)), other)
+    v: Value = cx.call("mul", cx.call("reciprocal", cx.value(x)), cx.operand(other))
+    return v
 
 
 @op(T.__and__, T.__rand__, T.__or__, T.__ror__)

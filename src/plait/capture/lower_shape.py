@@ -231,19 +231,22 @@ def _stack(cx: CaptureContext, out: Any, tensors: Any, dim: Any = 0) -> Value:
 
 # --- indexing ----------------------------------------------------------------------------------
 def _index_items(cx: CaptureContext, x: Any, index: Any) -> list[Any]:
+    """The index as a list with its ellipsis expanded. NOTE: identity tests only: ``==`` on a
+    traced index tensor would be a traced call."""
     items = list(index) if isinstance(index, tuple) else [index]
     rank = cx.tracer(x)._plain.dim()
     used = 0
     for it in items:
         if isinstance(it, T):
-            used += it.dim() if it.dtype in (torch.bool, torch.uint8) else 1
+            p = cx.tracer(it)._plain
+            used += p.dim() if p.dtype in (torch.bool, torch.uint8) else 1
         elif it is not None and it is not Ellipsis and not isinstance(it, bool):
             used += 1
-    if sum(1 for it in items if it is Ellipsis) > 1:
+    at = [i for i, it in enumerate(items) if it is Ellipsis]
+    if len(at) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
-    if Ellipsis in items:
-        at = next(i for i, it in enumerate(items) if it is Ellipsis)
-        items[at : at + 1] = [slice(None)] * max(rank - used, 0)
+    if at:
+        items[at[0] : at[0] + 1] = [slice(None)] * max(rank - used, 0)
     return items
 
 
@@ -261,10 +264,11 @@ def _basic_steps(cx: CaptureContext, x: Any, index: Any) -> tuple[list[ViewStep]
         elif isinstance(it, bool):
             cx.limitation("indexing with a Python bool")
         elif isinstance(it, T):
-            if it.dtype in (torch.bool, torch.uint8):
+            p = cx.tracer(it)._plain
+            if p.dtype in (torch.bool, torch.uint8):
                 cx.fail("data-dependent", "indexing with a boolean mask: the result's shape "
                                           "depends on the mask's values")
-            if it.dim() == 0:
+            if p.dim() == 0:
                 cx.fail("data-dependent", "indexing with a 0-dim tensor reads its value as a "
                                           "Python index")
             if advanced is not None:
@@ -319,7 +323,7 @@ def _getitem(cx: CaptureContext, out: Any, x: Any, index: Any) -> Any:
 @op(T.__setitem__)
 def _setitem(cx: CaptureContext, out: Any, x: Any, index: Any, value: Any) -> Any:
     base = cx.value(x)
-    if isinstance(index, T) and index.dtype == torch.bool:
+    if isinstance(index, T) and cx.tracer(index)._plain.dtype == torch.bool:
         if tuple(index.shape) != tuple(cx.tracer(x)._plain.shape):
             cx.fail("data-dependent", "assigning through a boolean mask of another shape")
         return InPlace(x, _masked_write(cx, base, index, value))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.overrides import resolve_name
 
+from plait.capture.writes import write_targets
 from plait.ir.ops.extern import resolve_target
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ def run_opaque(cx: CaptureContext, func: Any, args: tuple, kwargs: dict) -> Any:
             f"no capture rule maps {name} to plait's IR, and it cannot be an opaque node: {why}",
         )
     tracers = [cx.tracer(a) for a in args]
+    cx.check_writable(write_targets(name, func, args, kwargs))
     versions = [t._plain._version for t in tracers]
     out, _ = cx.sample(func, args, kwargs)
     if [t._plain._version for t in tracers] != versions:

@@ -35,6 +35,7 @@ from plait.capture.frames import user_frame
 from plait.capture.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.capture.table import InPlace, Rule, Viewed, lookup
 from plait.capture.views import ViewStep, replay, scatter
+from plait.capture.writes import write_targets
 from plait.errors import GraphCaptureError
 from plait.ir import GraphBuilder, TensorType, Value
 from plait.ir.ops import AttrError, TypeRuleError
@@ -91,10 +92,6 @@ class Tracer(torch.Tensor):
                 return func(*args, **(kwargs or {}))
         return cx.dispatch(func, args, kwargs or {})
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
-        t = self._value.type if getattr(self, "_value", None) is not None else None
-        return f"Tracer({t})"
-
 
 class _Mode(TorchFunctionMode):
     """Sees every torch call during capture, factories (no tensor argument) included."""
@@ -111,7 +108,8 @@ def op_name(func: Any) -> str:
     name = resolve_name(func)
     if name is None:
         name = getattr(func, "__qualname__", None) or repr(func)
-    return name.removeprefix("torch.").replace(".__get__", "")
+    # NOTE: torch.functional.* is re-exported as torch.*; name the public spelling.
+    return name.removeprefix("torch.").removeprefix("functional.").replace(".__get__", "")
 
 
 class CaptureContext:
@@ -400,6 +398,17 @@ class CaptureContext:
             tr._value, tr._seen = new, tr._root._mutations
         self.mutated[id(root)] = root
 
+    def check_writable(self, targets: list[Any]) -> None:
+        """Refuse, before PyTorch runs the call, a write to a parameter (or a view of one)."""
+        for t in targets:
+            if not isinstance(t, torch.Tensor):
+                continue
+            tr = self.tracer(t)
+            root = tr._root if tr._root is not None else tr
+            if root._lift is not None and root._lift.kind == "param":
+                self.limitation(f"in-place update of parameter {root._lift.name!r} inside the "
+                                "program")
+
     # --- dispatch --------------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if self.error is not None:
@@ -451,7 +460,13 @@ class CaptureContext:
         return out, found
 
     def run_op(self, rule: Rule, func: Any, args: tuple, kwargs: dict) -> Any:
+        if kwargs.get("out") is not None:
+            self.limitation("out= arguments write into a given tensor; plait does not capture "
+                            "them")
+        self.check_writable(write_targets(self.current, func, args, kwargs))
         out, inputs = self.sample(func, args, kwargs)
+        if out is NotImplemented:  # e.g. `tensor == None`: Python falls back to identity
+            return out
         assert rule.fn is not None
         ir = rule.fn(self, out, *args, **kwargs)
         if rule.inplace:

@@ -1,0 +1,54 @@
+"""Helpers for the capture tests: run a compiled program and eager PyTorch side by side."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+import plait
+from tests.util import assert_bitwise
+
+
+def assert_same(a: Any, b: Any, what: str = "output") -> None:
+    """Bitwise equality of (nested) outputs: tensors by their bits, everything else by ==."""
+    if isinstance(a, torch.Tensor):
+        assert_bitwise(a, b, what)
+    elif isinstance(a, (tuple, list)):
+        assert type(a) is type(b) and len(a) == len(b), what
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{what}[{i}]")
+    elif isinstance(a, dict):
+        assert list(a) == list(b), what
+        for k in a:
+            assert_same(a[k], b[k], f"{what}[{k!r}]")
+    else:
+        assert a == b, f"{what}: {a!r} != {b!r}"
+
+
+def assert_state_equal(a: nn.Module, b: nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for k in sa:
+        assert_bitwise(sa[k], sb[k], k)
+
+
+def compare_module(model: nn.Module, make_input: Callable[[int], Any], calls: int = 3,
+                   **compile_kwargs: Any) -> plait.api.CompiledModule:
+    """Compile ``model`` and check each call (fresh inputs, same seed before both) bitwise
+    against an eager deep copy, outputs and state (buffers) alike."""
+    reference = copy.deepcopy(model)
+    compiled = plait.compile(model, **compile_kwargs)
+    for i in range(calls):
+        args = make_input(i)
+        args = args if isinstance(args, tuple) else (args,)
+        torch.manual_seed(1000 + i)
+        got = compiled(*args)
+        torch.manual_seed(1000 + i)
+        want = reference(*args)
+        assert_same(got, want, f"call {i}")
+        assert_state_equal(model, reference)
+    return compiled
