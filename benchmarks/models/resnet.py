@@ -26,8 +26,9 @@ def conv1x1(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
 class BasicBlock(nn.Module):
     expansion = 1
 
-    def __init__(self, cin: int, width: int, stride: int = 1,
-                 downsample: nn.Module | None = None) -> None:
+    def __init__(
+        self, cin: int, width: int, stride: int = 1, downsample: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.conv1 = conv3x3(cin, width, stride)
         self.bn1 = nn.BatchNorm2d(width)
@@ -49,8 +50,9 @@ class BasicBlock(nn.Module):
 class Bottleneck(nn.Module):
     expansion = 4
 
-    def __init__(self, cin: int, width: int, stride: int = 1,
-                 downsample: nn.Module | None = None) -> None:
+    def __init__(
+        self, cin: int, width: int, stride: int = 1, downsample: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.conv1 = conv1x1(cin, width)
         self.bn1 = nn.BatchNorm2d(width)
@@ -73,8 +75,9 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
-    def __init__(self, block: type[BasicBlock] | type[Bottleneck], layers: list[int],
-                 num_classes: int = 1000) -> None:
+    def __init__(
+        self, block: type[BasicBlock] | type[Bottleneck], layers: list[int], num_classes: int = 1000
+    ) -> None:
         super().__init__()
         self.inplanes = 64
         self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
@@ -91,12 +94,15 @@ class ResNet(nn.Module):
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
-    def _make_layer(self, block: type[BasicBlock] | type[Bottleneck], width: int, blocks: int,
-                    stride: int = 1) -> nn.Sequential:
+    def _make_layer(
+        self, block: type[BasicBlock] | type[Bottleneck], width: int, blocks: int, stride: int = 1
+    ) -> nn.Sequential:
         downsample = None
         if stride != 1 or self.inplanes != width * block.expansion:
-            downsample = nn.Sequential(conv1x1(self.inplanes, width * block.expansion, stride),
-                                       nn.BatchNorm2d(width * block.expansion))
+            downsample = nn.Sequential(
+                conv1x1(self.inplanes, width * block.expansion, stride),
+                nn.BatchNorm2d(width * block.expansion),
+            )
         layers: list[nn.Module] = [block(self.inplanes, width, stride, downsample)]
         self.inplanes = width * block.expansion
         layers += [block(self.inplanes, width) for _ in range(1, blocks)]

@@ -10,7 +10,7 @@ Example:
 
 __version__ = "0.1.0"
 
-from plait.api import Captured, capture, compile  # noqa: E402
-from plait.errors import GraphCaptureError  # noqa: E402
+from plait.api import Captured, capture, compile
+from plait.errors import GraphCaptureError
 
 __all__ = ["Captured", "GraphCaptureError", "__version__", "capture", "compile"]

@@ -44,8 +44,16 @@ from plait.errors import (
 )
 from plait.ir import Graph, interpret
 
-__all__ = ["Captured", "CompiledFunction", "CompiledModule", "GraphCaptureError",
-           "Specialization", "capture", "compile", "register_backend"]
+__all__ = [
+    "Captured",
+    "CompiledFunction",
+    "CompiledModule",
+    "GraphCaptureError",
+    "Specialization",
+    "capture",
+    "compile",
+    "register_backend",
+]
 
 DEFAULT_RECOMPILE_LIMIT = 8
 _MODES = (None, "default")
@@ -70,8 +78,14 @@ def _as_args(args: Any) -> tuple:
     return tuple(args) if isinstance(args, (tuple, list)) else (args,)
 
 
-def capture(fn: Callable[..., Any], args: Any, kwargs: dict | None = None, *,
-            fullgraph: bool = True, dynamic: bool | None = None) -> Captured:
+def capture(
+    fn: Callable[..., Any],
+    args: Any,
+    kwargs: dict | None = None,
+    *,
+    fullgraph: bool = True,
+    dynamic: bool | None = None,
+) -> Captured:
     """Capture ``fn(*args, **kwargs)`` (``fn`` an ``nn.Module`` or a function) into plait IR.
 
     Example:
@@ -84,20 +98,32 @@ def capture(fn: Callable[..., Any], args: Any, kwargs: dict | None = None, *,
     """
     prog = capture_program(fn, _as_args(args), kwargs, fullgraph=fullgraph, dynamic=dynamic)
     _report(prog, stacklevel=3)
-    return Captured(prog.graph, prog.guards, prog.semantic_hash, prog.fallback_reason,
-                    dict(prog.opaque_counts), prog)
+    return Captured(
+        prog.graph,
+        prog.guards,
+        prog.semantic_hash,
+        prog.fallback_reason,
+        dict(prog.opaque_counts),
+        prog,
+    )
 
 
 def _report(prog: CapturedProgram, stacklevel: int) -> None:
     """NOTE: never a silent fallback: each fallback and each opaque node is announced once,
     when the specialization is captured."""
     if prog.fallback_reason is not None:
-        warnings.warn(f"plait runs this program eagerly (fallback): {prog.fallback_reason}",
-                      CaptureFallbackWarning, stacklevel=stacklevel + 1)
+        warnings.warn(
+            f"plait runs this program eagerly (fallback): {prog.fallback_reason}",
+            CaptureFallbackWarning,
+            stacklevel=stacklevel + 1,
+        )
     if prog.opaque_counts:
         calls = ", ".join(f"{k} x{v}" for k, v in sorted(prog.opaque_counts.items()))
-        warnings.warn(f"plait runs calls with no IR op as opaque PyTorch nodes: {calls}",
-                      CaptureFallbackWarning, stacklevel=stacklevel + 1)
+        warnings.warn(
+            f"plait runs calls with no IR op as opaque PyTorch nodes: {calls}",
+            CaptureFallbackWarning,
+            stacklevel=stacklevel + 1,
+        )
 
 
 # --- backends ----------------------------------------------------------------------------
@@ -152,8 +178,15 @@ class Specialization:
 class _Engine:
     """The specialization cache shared by CompiledFunction and CompiledModule."""
 
-    def __init__(self, fn: Callable[..., Any], backend: str, fullgraph: bool,
-                 dynamic: bool | None, mode: str | None, options: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        backend: str,
+        fullgraph: bool,
+        dynamic: bool | None,
+        mode: str | None,
+        options: dict[str, Any] | None,
+    ) -> None:
         if backend not in _BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; available: {sorted(_BACKENDS)}")
         if mode not in _MODES:
@@ -192,12 +225,19 @@ class _Engine:
                     f"{self.adapter.name}: reached the recompile limit "
                     f"({self.recompile_limit} specializations); this call failed: {reason}. "
                     "Raise it with options={'recompile_limit': n}, or use dynamic=True "
-                    "when sizes vary.")
+                    "when sizes vary."
+                )
         if self.state is not None and not self.state.structure_intact():
             self.state = ModuleState(self.state.module)
-        prog = capture_program(self.fn, args, kwargs, fullgraph=self.fullgraph,
-                               dynamic=self.dynamic, adapter=self.adapter,
-                               module_state=self.state)
+        prog = capture_program(
+            self.fn,
+            args,
+            kwargs,
+            fullgraph=self.fullgraph,
+            dynamic=self.dynamic,
+            adapter=self.adapter,
+            module_state=self.state,
+        )
         _report(prog, stacklevel=4)
         executor = _BACKENDS[self.backend](prog) if prog.graph is not None else None
         spec = Specialization(prog, executor, reason)
@@ -208,8 +248,14 @@ class _Engine:
         env = GuardEnv(env.spec, env.leaves, self.fn, state)
         return self._run(spec, env, state, args, kwargs)
 
-    def _run(self, s: Specialization, env: GuardEnv, state: Sequence[torch.Tensor], args: tuple,
-             kwargs: dict) -> Any:
+    def _run(
+        self,
+        s: Specialization,
+        env: GuardEnv,
+        state: Sequence[torch.Tensor],
+        args: tuple,
+        kwargs: dict,
+    ) -> Any:
         if s.executor is None:
             return self.fn(*args, **kwargs)  # the recorded eager fallback
         return s.program.run(s.executor, env, state)
@@ -226,7 +272,8 @@ def _check_kinds(prog: CapturedProgram, env: GuardEnv, paths: list[str]) -> None
         if (was == "tensor") != (now == "tensor") and "NoneType" not in (was, now):
             raise CompiledInputError(
                 f"argument {path!r} was a {'Tensor' if was == 'tensor' else was} when the program "
-                f"was captured; got {'a Tensor' if now == 'tensor' else now}")
+                f"was captured; got {'a Tensor' if now == 'tensor' else now}"
+            )
 
 
 class CompiledFunction:
@@ -252,9 +299,16 @@ class CompiledFunction:
         return self._plait.recompile_reasons
 
 
-_SHARED = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules",
-           "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
-           "_load_state_dict_post_hooks")
+_SHARED = (
+    "_parameters",
+    "_buffers",
+    "_non_persistent_buffers_set",
+    "_modules",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+)
 
 
 class CompiledModule(nn.Module):
@@ -293,6 +347,16 @@ class CompiledModule(nn.Module):
     def __delattr__(self, name: str) -> None:
         delattr(self._orig_mod, name)
 
+    # NOTE: container modules (Sequential, ModuleList, ModuleDict) keep their protocol.
+    def __getitem__(self, key: Any) -> Any:
+        return self._orig_mod[key]  # type: ignore[index]
+
+    def __len__(self) -> int:
+        return len(self._orig_mod)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Any:
+        return iter(self._orig_mod)  # type: ignore[call-overload]
+
     def _get_name(self) -> str:
         return f"CompiledModule[{self._orig_mod._get_name()}]"
 
@@ -305,9 +369,15 @@ class CompiledModule(nn.Module):
         return self._plait.recompile_reasons
 
 
-def compile(model_or_fn: Any = None, *, backend: str = "eager", fullgraph: bool = False,
-            dynamic: bool | None = None, mode: str | None = None,
-            options: dict[str, Any] | None = None) -> Any:
+def compile(
+    model_or_fn: Any = None,
+    *,
+    backend: str = "eager",
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Any:
     """Compile an ``nn.Module`` or a function; usable as ``@plait.compile`` or
     ``@plait.compile(backend="eager", ...)``.
 
@@ -321,12 +391,19 @@ def compile(model_or_fn: Any = None, *, backend: str = "eager", fullgraph: bool 
         True
     """
     if model_or_fn is None:
-        return functools.partial(compile, backend=backend, fullgraph=fullgraph, dynamic=dynamic,
-                                 mode=mode, options=options)
+        return functools.partial(
+            compile,
+            backend=backend,
+            fullgraph=fullgraph,
+            dynamic=dynamic,
+            mode=mode,
+            options=options,
+        )
     engine = _Engine(model_or_fn, backend, fullgraph, dynamic, mode, options)
     if isinstance(model_or_fn, nn.Module):
         return CompiledModule(model_or_fn, engine)
     if not callable(model_or_fn):
-        raise TypeError(f"plait.compile expects an nn.Module or a function, got "
-                        f"{type(model_or_fn).__name__}")
+        raise TypeError(
+            f"plait.compile expects an nn.Module or a function, got {type(model_or_fn).__name__}"
+        )
     return CompiledFunction(model_or_fn, engine)

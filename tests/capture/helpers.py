@@ -36,8 +36,9 @@ def assert_state_equal(a: nn.Module, b: nn.Module) -> None:
         assert_bitwise(sa[k], sb[k], k)
 
 
-def compare_module(model: nn.Module, make_input: Callable[[int], Any], calls: int = 3,
-                   **compile_kwargs: Any) -> plait.api.CompiledModule:
+def compare_module(
+    model: nn.Module, make_input: Callable[[int], Any], calls: int = 3, **compile_kwargs: Any
+) -> plait.api.CompiledModule:
     """Compile ``model`` and check each call (fresh inputs, same seed before both) bitwise
     against an eager deep copy, outputs and state (buffers) alike."""
     reference = copy.deepcopy(model)

@@ -73,9 +73,9 @@ def _masked_setitem(x: torch.Tensor) -> torch.Tensor:
 
 
 def _split_views(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.split([1, 3], dim=1)
+    _, b = x.split([1, 3], dim=1)
     b.add_(10)
-    c, d = x.chunk(2, dim=0)
+    _, d = x.chunk(2, dim=0)
     d.zero_()
     for row in x.unbind(0):
         row.mul_(2)
@@ -96,8 +96,17 @@ def _functional_inplace(x: torch.Tensor) -> torch.Tensor:
     return F.silu(h, inplace=True)
 
 
-@pytest.mark.parametrize("fn", [_through_view, _view_after_base_write, _setitem, _masked_setitem,
-                                _split_views, _functional_inplace])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _through_view,
+        _view_after_base_write,
+        _setitem,
+        _masked_setitem,
+        _split_views,
+        _functional_inplace,
+    ],
+)
 def test_views_and_writes(fn: Callable[..., Any]) -> None:
     _check(fn, (3, 4))
 
@@ -129,7 +138,7 @@ def test_module_buffers_written_back_each_call() -> None:
     model = _Counter()
     compiled = plait.compile(model, fullgraph=True)
     ref = _Counter()
-    for i in range(3):
+    for _ in range(3):
         x = torch.randn(2, 3)
         assert torch.equal(compiled(x), ref(x))
     assert int(model.count) == 3
@@ -163,7 +172,7 @@ def test_inplace_on_parameter_is_refused() -> None:
             return self.lin(x)
 
     before = model.weight.detach().clone()
-    with pytest.raises(GraphCaptureError, match="in-place update of parameter 'lin.weight'"):
+    with pytest.raises(GraphCaptureError, match=r"in-place update of parameter 'lin\.weight'"):
         plait.capture(M(), (torch.randn(1, 2),))
     assert torch.equal(model.weight, before)
 

@@ -58,8 +58,9 @@ def test_seed_example_dynamic() -> None:
 def test_captured_guards_are_printable_data() -> None:
     c = plait.capture(seed, (torch.randn(4, 8),))
     dims = [g for g in c.guards if g.kind == "dim"]
-    assert [(g.source, g.text, g.expected) for g in dims] == [("x.shape[0]", "x.shape[0] > 2",
-                                                              True)]
+    assert [(g.source, g.text, g.expected) for g in dims] == [
+        ("x.shape[0]", "x.shape[0] > 2", True)
+    ]
     text = str(c.guards)
     assert "x: f32[4, 8]" in text and "torch.is_grad_enabled() == True" in text
     assert all(set(g.to_dict()) == {"kind", "source", "text", "expected"} for g in c.guards)
@@ -80,8 +81,9 @@ def _one_recompile(f: Any, first: tuple, second: tuple, needle: str) -> str:
 
 def test_dtype_change_recompiles_once() -> None:
     f = plait.compile(lambda x: x * 2)
-    reason = _one_recompile(f, (torch.randn(3),), (torch.randn(3, dtype=torch.float64),),
-                            "x: f32[3]")
+    reason = _one_recompile(
+        f, (torch.randn(3),), (torch.randn(3, dtype=torch.float64),), "x: f32[3]"
+    )
     assert "expected f32[3] on cpu, got f64[3] on cpu" in reason
 
 
@@ -104,8 +106,9 @@ def test_cuda_device_change_recompiles_once() -> None:
 
 def test_requires_grad_change_recompiles_once() -> None:
     f = plait.compile(lambda x: x.exp())
-    reason = _one_recompile(f, (torch.randn(3),), (torch.randn(3, requires_grad=True),),
-                            "x.requires_grad == False")
+    reason = _one_recompile(
+        f, (torch.randn(3),), (torch.randn(3, requires_grad=True),), "x.requires_grad == False"
+    )
     assert reason.startswith("x.requires_grad == False: expected False, got True")
 
 
@@ -132,7 +135,8 @@ def test_train_eval_switch_recompiles_once() -> None:
     assert len(compiled.specializations) == 2
     assert compiled.recompile_reasons == [
         "self.training == True (and all 2 submodules): expected True, got False "
-        "(self.training is False, self.0.training is False, self.1.training is False)"]
+        "(self.training is False, self.0.training is False, self.1.training is False)"
+    ]
     compiled.train()
     compiled(x)
     assert len(compiled.specializations) == 2  # the train specialization is still there

@@ -43,8 +43,10 @@ def test_mlp(train: bool, dtype: torch.dtype) -> None:
     torch.manual_seed(0)
     model = MLP(16, 64, 8, dropout=0.2).to(dtype).train(train)
     compiled = compare_module(
-        model, lambda i: torch.randn(5, 16, generator=torch.Generator().manual_seed(i)).to(dtype),
-        fullgraph=True)
+        model,
+        lambda i: torch.randn(5, 16, generator=torch.Generator().manual_seed(i)).to(dtype),
+        fullgraph=True,
+    )
     _no_opaque(compiled)
 
 
@@ -70,8 +72,15 @@ def test_resnet50(train: bool, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("train", MODES)
 def test_gpt2(attention: str, train: bool, dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=96, block_size=32, n_layer=2, n_head=4, d_model=32,
-                     dropout=0.1, attention=attention)
+    cfg = GPT2Config(
+        vocab_size=96,
+        block_size=32,
+        n_layer=2,
+        n_head=4,
+        d_model=32,
+        dropout=0.1,
+        attention=attention,
+    )
     model = GPT2(cfg).to(dtype).train(train)
 
     def tokens(i: int) -> torch.Tensor:
@@ -105,8 +114,7 @@ def test_capture_leaves_no_trace(train: bool) -> None:
     model = resnet18(num_classes=10).train(train)
     cfg = GPT2Config(vocab_size=64, block_size=16, n_layer=1, n_head=2, d_model=16, dropout=0.5)
     gpt = GPT2(cfg).train(train)
-    for m, args in ((model, (torch.randn(2, 3, 16, 16),)),
-                    (gpt, (torch.randint(0, 64, (2, 8)),))):
+    for m, args in ((model, (torch.randn(2, 3, 16, 16),)), (gpt, (torch.randint(0, 64, (2, 8)),))):
         before = {k: v.clone() for k, v in m.state_dict().items()}
         rng = torch.get_rng_state()
         plait.capture(m, args)

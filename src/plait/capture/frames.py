@@ -9,11 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-import plait
-
-_SKIP = tuple(
-    os.path.dirname(os.path.abspath(p)) + os.sep for p in (plait.__file__, torch.__file__)
-)
+# NOTE: plait's package directory is this file's grandparent (no import of plait itself: the
+# capture layer may not import the API above it).
+_PLAIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP = (_PLAIT_DIR + os.sep, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,11 @@ _KIND_RANK = {"user": 0, "param": 1, "buffer": 2, "const": 3}
 @contextmanager
 def preserved_rng() -> Iterator[None]:
     cpu = torch.get_rng_state()
-    cuda = (torch.cuda.get_rng_state_all()
-            if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+    cuda = (
+        torch.cuda.get_rng_state_all()
+        if torch.cuda.is_available() and torch.cuda.is_initialized()
+        else None
+    )
     try:
         yield
     finally:
@@ -52,10 +55,16 @@ def preserved_rng() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def capture_program(fn: Callable[..., Any], args: tuple, kwargs: dict | None = None, *,
-                    fullgraph: bool = True, dynamic: bool | None = None,
-                    adapter: InputAdapter | None = None,
-                    module_state: ModuleState | None = None) -> CapturedProgram:
+def capture_program(
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict | None = None,
+    *,
+    fullgraph: bool = True,
+    dynamic: bool | None = None,
+    adapter: InputAdapter | None = None,
+    module_state: ModuleState | None = None,
+) -> CapturedProgram:
     """Capture ``fn(*args, **kwargs)``. With ``fullgraph=False`` a program that cannot be one
     graph comes back as a fallback (``graph is None``, ``fallback_reason`` set) instead of
     raising :class:`GraphCaptureError`."""
@@ -65,8 +74,9 @@ def capture_program(fn: Callable[..., Any], args: tuple, kwargs: dict | None = N
     if module_state is None and isinstance(fn, nn.Module):
         module_state = ModuleState(fn)
     if guard_build.autocast_on():
-        raise GraphCaptureError("torch.autocast", "capture under autocast is not supported yet",
-                                kind="limitation")
+        raise GraphCaptureError(
+            "torch.autocast", "capture under autocast is not supported yet", kind="limitation"
+        )
     static_sizes: set[int] = set()
     while True:
         cx = CaptureContext(fullgraph=fullgraph, dynamic=bool(dynamic), static_sizes=static_sizes)
@@ -102,8 +112,15 @@ def _lift_user_inputs(cx: CaptureContext, leaves: list[Any], paths: list[str]) -
         ty = cx.type_of_plain(leaf).with_shape(ir_shape)
         with torch._C.DisableTorchFunction():
             sample = leaf.detach().clone()
-        tr = cx.lift_input(sample, kind="user", name=_input_name(path, taken), ref=i,
-                           writeback=True, requires_grad=leaf.requires_grad, ir_type=ty)
+        tr = cx.lift_input(
+            sample,
+            kind="user",
+            name=_input_name(path, taken),
+            ref=i,
+            writeback=True,
+            requires_grad=leaf.requires_grad,
+            ir_type=ty,
+        )
         tr._dim_exprs = exprs
         out[i] = tr
     cx.current = "<capture>"
@@ -120,14 +137,28 @@ def _lift_state(cx: CaptureContext, ms: ModuleState | None) -> tuple[list[Tracer
             # NOTE: parameters are traced in place (their writes are refused); buffers through
             # clones, so BatchNorm's running statistics stay untouched by capture.
             sample = t.detach() if entry.kind == "param" else t.detach().clone()
-        tracers.append(cx.lift_input(sample, kind=entry.kind, name=entry.path, ref=k,
-                                     writeback=entry.kind == "buffer",
-                                     requires_grad=t.requires_grad))
+        tracers.append(
+            cx.lift_input(
+                sample,
+                kind=entry.kind,
+                name=entry.path,
+                ref=k,
+                writeback=entry.kind == "buffer",
+                requires_grad=t.requires_grad,
+            )
+        )
     return tracers, tensors
 
 
-def _capture_once(cx: CaptureContext, fn: Callable[..., Any], adapter: InputAdapter, spec: Any,
-                  leaves: list[Any], paths: list[str], ms: ModuleState | None) -> CapturedProgram:
+def _capture_once(
+    cx: CaptureContext,
+    fn: Callable[..., Any],
+    adapter: InputAdapter,
+    spec: Any,
+    leaves: list[Any],
+    paths: list[str],
+    ms: ModuleState | None,
+) -> CapturedProgram:
     with preserved_rng():
         traced_leaves = _lift_user_inputs(cx, leaves, paths)
         state_tracers, state = _lift_state(cx, ms)
@@ -142,11 +173,17 @@ def _capture_once(cx: CaptureContext, fn: Callable[..., Any], adapter: InputAdap
         if cx.error is not None:
             raise cx.error
         if [t._version for t in state] != versions:
-            changed = [e.path for e, t, v in zip(ms.entries, state, versions)  # type: ignore[union-attr]
-                       if t._version != v]
-            raise GraphCaptureError("capture", f"capture wrote parameter(s) {changed}: a call "
-                                    "wrote them in place without a capture rule seeing it",
-                                    kind="limitation")
+            changed = [
+                e.path
+                for e, t, v in zip(ms.entries, state, versions)  # type: ignore[union-attr]
+                if t._version != v
+            ]
+            raise GraphCaptureError(
+                "capture",
+                f"capture wrote parameter(s) {changed}: a call "
+                "wrote them in place without a capture rule seeing it",
+                kind="limitation",
+            )
         return _finish(cx, out, spec, leaves, paths, ms, state)
 
 
@@ -174,8 +211,15 @@ def _output_leaves(cx: CaptureContext, out: Any) -> tuple[Any, list[Any], list[V
     return out_spec, leaves, values
 
 
-def _finish(cx: CaptureContext, out: Any, spec: Any, leaves: list[Any], paths: list[str],
-            ms: ModuleState | None, state: list[Any]) -> CapturedProgram:
+def _finish(
+    cx: CaptureContext,
+    out: Any,
+    spec: Any,
+    leaves: list[Any],
+    paths: list[str],
+    ms: ModuleState | None,
+    state: list[Any],
+) -> CapturedProgram:
     out_spec, out_leaves, values = _output_leaves(cx, out)
     mutations: list[tuple[Lift, int]] = []
     for root in cx.mutated.values():
@@ -184,21 +228,34 @@ def _finish(cx: CaptureContext, out: Any, spec: Any, leaves: list[Any], paths: l
             values.append(cx.value(root))
     graph = cx.builder.graph
     lift_of = {id(lift.value): lift for lift in cx.lifts if lift.value is not None}
-    graph.inputs.sort(key=lambda v: (_KIND_RANK[lift_of[id(v)].kind], lift_of[id(v)].ref
-                                     if lift_of[id(v)].kind in ("param", "buffer")
-                                     else lift_of[id(v)].order))
+    graph.inputs.sort(
+        key=lambda v: (
+            _KIND_RANK[lift_of[id(v)].kind],
+            lift_of[id(v)].ref
+            if lift_of[id(v)].kind in ("param", "buffer")
+            else lift_of[id(v)].order,
+        )
+    )
     position = {id(v): i for i, v in enumerate(graph.inputs)}
     slots = [_slot(lift_of[id(v)]) for v in graph.inputs]
     cx.builder.output(*values)
     built = cx.builder.build()
     guards = _guards(cx, spec, leaves, paths, ms, state, slots, mutations)
     return CapturedProgram(
-        graph=built, guards=guards, semantic_hash=semantic_hash(built), inputs=slots,
+        graph=built,
+        guards=guards,
+        semantic_hash=semantic_hash(built),
+        inputs=slots,
         out_spec=out_spec,
-        out_leaves=[OutputLeaf("input", position[id(ref.value)]) if kind == "input"
-                    else OutputLeaf(kind, ref) for kind, ref in out_leaves],
+        out_leaves=[
+            OutputLeaf("input", position[id(ref.value)])
+            if kind == "input"
+            else OutputLeaf(kind, ref)
+            for kind, ref in out_leaves
+        ],
         mutations=[(position[id(lift.value)], o) for lift, o in mutations],
-        opaque_counts=dict(cx.opaque_counts), dynamic=cx.dynamic,
+        opaque_counts=dict(cx.opaque_counts),
+        dynamic=cx.dynamic,
     )
 
 
@@ -210,9 +267,16 @@ def _slot(lift: Lift) -> InputSlot:
     return InputSlot("const", lift.ref)
 
 
-def _guards(cx: CaptureContext, spec: Any, leaves: list[Any], paths: list[str],
-            ms: ModuleState | None, state: list[Any], slots: list[InputSlot] | None,
-            mutations: list[tuple[Lift, int]]) -> GuardSet:
+def _guards(
+    cx: CaptureContext,
+    spec: Any,
+    leaves: list[Any],
+    paths: list[str],
+    ms: ModuleState | None,
+    state: list[Any],
+    slots: list[InputSlot] | None,
+    mutations: list[tuple[Lift, int]],
+) -> GuardSet:
     guards: list[Guard] = [guard_build.structure_guard(spec, leaves, paths)]
     user_types = {lift.ref: lift.type for lift in cx.lifts if lift.kind == "user"}
     for i, (leaf, path) in enumerate(zip(leaves, paths)):
@@ -230,8 +294,11 @@ def _guards(cx: CaptureContext, spec: Any, leaves: list[Any], paths: list[str],
         guards.append(_no_alias_guard(leaves))
     guards += guard_build.ambient_guards()
     if ms is not None:
-        used = sorted(s.ref for s in slots or [] if s.source == "state") if slots is not None \
+        used = (
+            sorted(s.ref for s in slots or [] if s.source == "state")
+            if slots is not None
             else list(range(len(ms.entries)))
+        )
         guards += guard_build.module_guards(ms, used, state or ms.fetch())
     return GuardSet(guards)
 
@@ -244,16 +311,35 @@ def _distinct_memory(tensors: list[torch.Tensor]) -> bool:
 def _no_alias_guard(leaves: list[Any]) -> Guard:
     tensor_ix = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     if not _distinct_memory([leaves[i] for i in tensor_ix]):
-        raise GraphCaptureError("inputs", "the program writes an input that shares memory with "
-                                "another input", kind="limitation")
-    return Guard("alias", "inputs", "tensor inputs do not share memory", True,
-                 lambda env: _distinct_memory([env.leaves[i] for i in tensor_ix]))
+        raise GraphCaptureError(
+            "inputs",
+            "the program writes an input that shares memory with another input",
+            kind="limitation",
+        )
+    return Guard(
+        "alias",
+        "inputs",
+        "tensor inputs do not share memory",
+        True,
+        lambda env: _distinct_memory([env.leaves[i] for i in tensor_ix]),
+    )
 
 
-def _fallback(cx: CaptureContext, err: GraphCaptureError, spec: Any, leaves: list[Any],
-              paths: list[str], ms: ModuleState | None) -> CapturedProgram:
+def _fallback(
+    cx: CaptureContext,
+    err: GraphCaptureError,
+    spec: Any,
+    leaves: list[Any],
+    paths: list[str],
+    ms: ModuleState | None,
+) -> CapturedProgram:
     """The documented fallback: run eagerly, under the guards read before the failure."""
     guards = _guards(cx, spec, leaves, paths, ms, [], None, [])
-    return CapturedProgram(graph=None, guards=guards, semantic_hash=None,
-                           opaque_counts=dict(cx.opaque_counts), fallback_reason=str(err),
-                           dynamic=cx.dynamic)
+    return CapturedProgram(
+        graph=None,
+        guards=guards,
+        semantic_hash=None,
+        opaque_counts=dict(cx.opaque_counts),
+        fallback_reason=str(err),
+        dynamic=cx.dynamic,
+    )

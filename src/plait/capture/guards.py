@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,8 +40,9 @@ class GuardEnv:
 
     __slots__ = ("leaves", "module", "spec", "state")
 
-    def __init__(self, spec: Any, leaves: Sequence[Any], module: Any = None,
-                 state: Sequence[Any] = ()) -> None:
+    def __init__(
+        self, spec: Any, leaves: Sequence[Any], module: Any = None, state: Sequence[Any] = ()
+    ) -> None:
         self.spec = spec
         self.leaves = leaves
         self.module = module
@@ -81,10 +83,9 @@ class Guard:
             return None
         msg = f"{self.text}: expected {self.fmt(self.expected)}, got {self.fmt(actual)}"
         if self.detail is not None:
-            try:
+            # NOTE: a detail is a courtesy; never let it hide the failure
+            with contextlib.suppress(Exception):
                 msg += f" ({self.detail(env)})"
-            except Exception:  # NOTE: a detail is a courtesy; never let it hide the failure
-                pass
         return msg
 
     def to_dict(self) -> dict[str, str]:

@@ -64,7 +64,7 @@ class InputAdapter:
             i += n
         if self.signature is None:
             return fn(*named["args"], **named["kwargs"])
-        bound = inspect.BoundArguments(self.signature, named)  # type: ignore[arg-type]
+        bound = inspect.BoundArguments(self.signature, named)
         return fn(*bound.args, **bound.kwargs)
 
 

@@ -34,9 +34,17 @@ def _dtype_of(v: Value) -> torch.dtype:
 
 # --- unary -----------------------------------------------------------------------------------
 _UNARY = {
-    "relu": ("relu",), "sigmoid": ("sigmoid",), "tanh": ("tanh",), "exp": ("exp",),
-    "log": ("log",), "sqrt": ("sqrt",), "rsqrt": ("rsqrt",), "erf": ("erf",),
-    "reciprocal": ("reciprocal",), "neg": ("neg", "negative"), "abs": ("abs", "absolute"),
+    "relu": ("relu",),
+    "sigmoid": ("sigmoid",),
+    "tanh": ("tanh",),
+    "exp": ("exp",),
+    "log": ("log",),
+    "sqrt": ("sqrt",),
+    "rsqrt": ("rsqrt",),
+    "erf": ("erf",),
+    "reciprocal": ("reciprocal",),
+    "neg": ("neg", "negative"),
+    "abs": ("abs", "absolute"),
     "logical_not": ("logical_not",),
 }
 
@@ -87,8 +95,14 @@ def _f_gelu(cx: CaptureContext, out: Any, x: Any, approximate: str = "none") -> 
 
 
 @op(F.hardtanh)
-def _f_hardtanh(cx: CaptureContext, out: Any, x: Any, min_val: float = -1.0,
-                max_val: float = 1.0, inplace: bool = False) -> Any:
+def _f_hardtanh(
+    cx: CaptureContext,
+    out: Any,
+    x: Any,
+    min_val: float = -1.0,
+    max_val: float = 1.0,
+    inplace: bool = False,
+) -> Any:
     v = cx.call("clamp", cx.value(x), min=float(min_val), max=float(max_val))
     return _maybe_inplace(x, v, inplace)
 
@@ -99,8 +113,13 @@ def _bin(cx: CaptureContext, ir_op: str, a: Any, b: Any, **attrs: Any) -> Value:
     return v
 
 
-def _binary(ir_op: str, funcs: list[Any], inplace: list[Any], reflected: list[Any] = (),  # type: ignore[assignment]
-            alpha: bool = False) -> None:
+def _binary(
+    ir_op: str,
+    funcs: list[Any],
+    inplace: list[Any],
+    reflected: list[Any] = (),  # type: ignore[assignment]
+    alpha: bool = False,
+) -> None:
     def emit(cx: CaptureContext, out: Any, a: Any, b: Any, *, alpha: Any = 1) -> Value:
         attrs = {"alpha": cx.operand(alpha)} if ir_op in ("add", "sub") else {}
         return _bin(cx, ir_op, a, b, **attrs)
@@ -115,16 +134,22 @@ def _binary(ir_op: str, funcs: list[Any], inplace: list[Any], reflected: list[An
 
 
 _binary("add", [*_both("add"), T.__add__, T.__radd__], [T.add_, T.__iadd__])
-_binary("sub", [*_both("sub", "subtract"), T.__sub__], [T.sub_, T.subtract_, T.__isub__],
-        [T.__rsub__])
-_binary("mul", [*_both("mul", "multiply"), T.__mul__, T.__rmul__],
-        [T.mul_, T.multiply_, T.__imul__])
+_binary(
+    "sub", [*_both("sub", "subtract"), T.__sub__], [T.sub_, T.subtract_, T.__isub__], [T.__rsub__]
+)
+_binary(
+    "mul", [*_both("mul", "multiply"), T.__mul__, T.__rmul__], [T.mul_, T.multiply_, T.__imul__]
+)
 _binary("pow", [*_both("pow"), T.__pow__], [T.pow_, T.__ipow__], [T.__rpow__])
 _binary("maximum", _both("maximum"), [])
 _binary("minimum", _both("minimum"), [])
 for _ir, _names in {
-    "eq": ("eq",), "ne": ("ne", "not_equal"), "lt": ("lt", "less"), "le": ("le", "less_equal"),
-    "gt": ("gt", "greater"), "ge": ("ge", "greater_equal"),
+    "eq": ("eq",),
+    "ne": ("ne", "not_equal"),
+    "lt": ("lt", "less"),
+    "le": ("le", "less_equal"),
+    "gt": ("gt", "greater"),
+    "ge": ("ge", "greater_equal"),
 }.items():
     _binary(_ir, [*_both(*_names), getattr(T, f"__{_ir}__")], [])
 _binary("logical_and", _both("logical_and"), [])
@@ -136,17 +161,20 @@ def _rsub(cx: CaptureContext, out: Any, x: Any, other: Any, alpha: Any = 1) -> V
     return _bin(cx, "sub", other, x, alpha=cx.operand(alpha))
 
 
-def _div(cx: CaptureContext, out: Any, a: Any, b: Any, *, rounding_mode: str | None = None
-         ) -> Value:
+def _div(
+    cx: CaptureContext, out: Any, a: Any, b: Any, *, rounding_mode: str | None = None
+) -> Value:
     return _bin(cx, "div", a, b, rounding_mode=rounding_mode)
 
 
 op(*_both("div", "divide", "true_divide"), T.__truediv__, T.__div__)(_div)
 op(T.div_, T.divide_, T.true_divide_, T.__itruediv__, inplace=True)(_div)
 op(*_both("floor_divide"), T.__floordiv__)(
-    lambda cx, out, a, b: _bin(cx, "div", a, b, rounding_mode="floor"))
+    lambda cx, out, a, b: _bin(cx, "div", a, b, rounding_mode="floor")
+)
 op(T.floor_divide_, T.__ifloordiv__, inplace=True)(
-    lambda cx, out, a, b: _bin(cx, "div", a, b, rounding_mode="floor"))
+    lambda cx, out, a, b: _bin(cx, "div", a, b, rounding_mode="floor")
+)
 
 
 @op(T.__rtruediv__)
@@ -168,8 +196,11 @@ def _bool_logic(cx: CaptureContext, out: Any, a: Any, b: Any) -> Value:
 @op(*_both("where"))
 def _where(cx: CaptureContext, out: Any, cond: Any, a: Any = None, b: Any = None) -> Value:
     if a is None or b is None:
-        cx.fail("data-dependent", "torch.where(condition) returns the indices of true "
-                                  "elements: its output shape depends on the values")
+        cx.fail(
+            "data-dependent",
+            "torch.where(condition) returns the indices of true "
+            "elements: its output shape depends on the values",
+        )
     if cx.current == "Tensor.where":  # x.where(cond, y) is torch.where(cond, x, y)
         cond, a = a, cond
     v: Value = cx.call("where", cx.value(cond), cx.operand(a), cx.operand(b))
@@ -206,9 +237,17 @@ def _clamp(cx: CaptureContext, out: Any, x: Any, min: Any = None, max: Any = Non
         for bound, name in ((min, "maximum"), (max, "minimum")):
             if bound is None:
                 continue
-            other = cx.value(bound) if isinstance(bound, T) else cx.call(
-                "full", shape=(), dtype=_dtype_of(v), device=str(v.type.device),  # type: ignore[union-attr]
-                value=cx.operand(bound))
+            other = (
+                cx.value(bound)
+                if isinstance(bound, T)
+                else cx.call(
+                    "full",
+                    shape=(),
+                    dtype=_dtype_of(v),
+                    device=str(v.type.device),  # type: ignore[union-attr]
+                    value=cx.operand(bound),
+                )
+            )
             v = cx.call(name, v, other)
         return v
     out_v: Value = cx.call("clamp", v, min=cx.operand(min), max=cx.operand(max))
@@ -231,15 +270,32 @@ def _convert(cx: CaptureContext, out: Any, x: Any) -> Any:
     tr = cx.tracer(x)
     v = cx.value(tr)
     if out.device != tr._plain.device:
-        cx.limitation(f"moving a tensor from {tr._plain.device} to {out.device} inside the "
-                      "program has no IR op")
+        cx.limitation(
+            f"moving a tensor from {tr._plain.device} to {out.device} inside the "
+            "program has no IR op"
+        )
     if out.dtype != _dtype_of(v):
         v = cx.call("to_dtype", v, dtype=out.dtype)
     return Viewed(v, x, (ViewStep("identity"),))
 
 
-_CASTS = ["float", "double", "half", "bfloat16", "int", "long", "short", "bool", "byte", "char",
-          "to", "type", "type_as", "cpu", "cuda"]
+_CASTS = [
+    "float",
+    "double",
+    "half",
+    "bfloat16",
+    "int",
+    "long",
+    "short",
+    "bool",
+    "byte",
+    "char",
+    "to",
+    "type",
+    "type_as",
+    "cpu",
+    "cuda",
+]
 op(*_fns(T, *_CASTS))(lambda cx, out, x, *args, **kwargs: _convert(cx, out, x))
 
 
@@ -267,10 +323,18 @@ def _dims(cx: CaptureContext, dim: Any) -> tuple[int, ...] | None:
 
 
 def _reduce(name: str) -> Any:
-    def emit(cx: CaptureContext, out: Any, x: Any, dim: Any = None, keepdim: bool = False, *,
-             dtype: torch.dtype | None = None) -> Value:
-        v: Value = cx.call(name, cx.value(x), dims=_dims(cx, dim), keepdim=bool(keepdim),
-                           dtype=dtype)
+    def emit(
+        cx: CaptureContext,
+        out: Any,
+        x: Any,
+        dim: Any = None,
+        keepdim: bool = False,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> Value:
+        v: Value = cx.call(
+            name, cx.value(x), dims=_dims(cx, dim), keepdim=bool(keepdim), dtype=dtype
+        )
         return v
 
     return emit
@@ -298,8 +362,10 @@ def _max(reduce: str, pointwise: str) -> Any:
         if isinstance(other, T):
             return _bin(cx, pointwise, x, other)
         if args or kwargs:
-            cx.limitation(f"{reduce[1:]}(dim) also returns indices; there is no IR op for arg"
-                          f"{reduce[1:]} (use torch.{reduce} for the values)")
+            cx.limitation(
+                f"{reduce[1:]}(dim) also returns indices; there is no IR op for arg"
+                f"{reduce[1:]} (use torch.{reduce} for the values)"
+            )
         v: Value = cx.call(reduce, cx.value(x), dims=None, keepdim=False)
         return v
 
@@ -311,8 +377,16 @@ op(*_both("min"))(_max("amin", "minimum"))
 
 
 @op(*_both("var"))
-def _var(cx: CaptureContext, out: Any, x: Any, *args: Any, dim: Any = None,
-         unbiased: bool | None = None, correction: Any = None, keepdim: bool = False) -> Value:
+def _var(
+    cx: CaptureContext,
+    out: Any,
+    x: Any,
+    *args: Any,
+    dim: Any = None,
+    unbiased: bool | None = None,
+    correction: Any = None,
+    keepdim: bool = False,
+) -> Value:
     rest = list(args)
     if rest and isinstance(rest[0], bool):
         unbiased = rest.pop(0)
@@ -324,14 +398,26 @@ def _var(cx: CaptureContext, out: Any, x: Any, *args: Any, dim: Any = None,
             keepdim = rest.pop(0)
     if correction is None:
         correction = 0 if unbiased is False else 1
-    v: Value = cx.call("var", cx.value(x), dims=_dims(cx, dim), correction=cx.operand(correction),
-                       keepdim=bool(keepdim))
+    v: Value = cx.call(
+        "var",
+        cx.value(x),
+        dims=_dims(cx, dim),
+        correction=cx.operand(correction),
+        keepdim=bool(keepdim),
+    )
     return v
 
 
 def _softmax(name: str) -> Any:
-    def emit(cx: CaptureContext, out: Any, x: Any, dim: Any = None, *rest: Any,
-             dtype: torch.dtype | None = None, _stacklevel: int = 3) -> Value:
+    def emit(
+        cx: CaptureContext,
+        out: Any,
+        x: Any,
+        dim: Any = None,
+        *rest: Any,
+        dtype: torch.dtype | None = None,
+        _stacklevel: int = 3,
+    ) -> Value:
         if rest and isinstance(rest[-1], torch.dtype):
             dtype = rest[-1]
         if dim is None:

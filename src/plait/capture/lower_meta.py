@@ -12,17 +12,20 @@ from typing import Any
 import torch
 
 from plait.capture.symints import TracedSize
-from plait.capture.table import data_read, meta
+from plait.capture.table import data_read, getter, meta
 from plait.capture.tracer import CaptureContext
 
 T = torch.Tensor
+
+
+_getter = getter
 
 
 def _plain(cx: CaptureContext, x: Any) -> torch.Tensor:
     return cx.tracer(x)._plain
 
 
-@meta(T.shape.__get__)
+@meta(_getter("shape"))
 def _shape(cx: CaptureContext, x: Any) -> Any:
     return cx.sizes(cx.tracer(x))
 
@@ -34,12 +37,14 @@ def _size(cx: CaptureContext, x: Any, dim: Any = None) -> Any:
         return sizes
     rank, d = len(sizes), int(dim)
     if not -rank <= d < rank:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, "
-                         f"{rank - 1}], but got {d})")
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{-rank}, "
+            f"{rank - 1}], but got {d})"
+        )
     return sizes[d]
 
 
-@meta(T.dim, T.ndimension, T.ndim.__get__)
+@meta(T.dim, T.ndimension, _getter("ndim"))
 def _rank(cx: CaptureContext, x: Any) -> int:
     return _plain(cx, x).dim()
 
@@ -58,17 +63,17 @@ def _len(cx: CaptureContext, x: Any) -> Any:
     return sizes[0]
 
 
-@meta(T.dtype.__get__)
+@meta(_getter("dtype"))
 def _dtype(cx: CaptureContext, x: Any) -> torch.dtype:
     return _plain(cx, x).dtype
 
 
-@meta(T.device.__get__)
+@meta(_getter("device"))
 def _device(cx: CaptureContext, x: Any) -> torch.device:
     return _plain(cx, x).device
 
 
-@meta(T.requires_grad.__get__)
+@meta(_getter("requires_grad"))
 def _requires_grad(cx: CaptureContext, x: Any) -> bool:
     return cx.tracer(x)._rg
 
@@ -78,16 +83,16 @@ _STATIC = [
     (T.is_floating_point, lambda t: t.is_floating_point()),
     (T.is_complex, lambda t: t.is_complex()),
     (T.is_signed, lambda t: t.is_signed()),
-    (T.is_cuda.__get__, lambda t: t.is_cuda),
-    (T.is_cpu.__get__, lambda t: t.is_cpu),
-    (T.is_meta.__get__, lambda t: t.is_meta),
-    (T.is_sparse.__get__, lambda t: t.is_sparse),
-    (T.is_quantized.__get__, lambda t: t.is_quantized),
-    (T.is_mkldnn.__get__, lambda t: t.is_mkldnn),
-    (T.is_nested.__get__, lambda t: t.is_nested),
-    (T.layout.__get__, lambda t: t.layout),
+    (_getter("is_cuda"), lambda t: t.is_cuda),
+    (_getter("is_cpu"), lambda t: t.is_cpu),
+    (_getter("is_meta"), lambda t: t.is_meta),
+    (_getter("is_sparse"), lambda t: t.is_sparse),
+    (_getter("is_quantized"), lambda t: t.is_quantized),
+    (_getter("is_mkldnn"), lambda t: t.is_mkldnn),
+    (_getter("is_nested"), lambda t: t.is_nested),
+    (_getter("layout"), lambda t: t.layout),
     (T.element_size, lambda t: t.element_size()),
-    (T.itemsize.__get__, lambda t: t.itemsize),
+    (_getter("itemsize"), lambda t: t.itemsize),
     (T.get_device, lambda t: t.get_device()),
 ]
 
@@ -106,15 +111,25 @@ for _func, _read in _STATIC:
 def _is_contiguous(cx: CaptureContext, x: Any, memory_format: Any = None) -> bool:
     # NOTE: the answer for the capture sample; layouts are not part of the IR (documented).
     t = _plain(cx, x)
-    return t.is_contiguous() if memory_format is None else t.is_contiguous(
-        memory_format=memory_format)
+    return (
+        t.is_contiguous() if memory_format is None else t.is_contiguous(memory_format=memory_format)
+    )
 
 
-@meta(T.requires_grad_, T.requires_grad.__set__, T.stride, T.storage_offset, T.data_ptr,
-      T.untyped_storage, T.retain_grad, T.register_hook)
+@meta(
+    T.requires_grad_,
+    _getter("requires_grad", "__set__"),
+    T.stride,
+    T.storage_offset,
+    T.data_ptr,
+    T.untyped_storage,
+    T.retain_grad,
+    T.register_hook,
+)
 def _layout_or_autograd(cx: CaptureContext, x: Any, *args: Any, **kwargs: Any) -> Any:
-    cx.limitation("strides, storage and autograd state of a tensor are not part of a captured "
-                  "program")
+    cx.limitation(
+        "strides, storage and autograd state of a tensor are not part of a captured program"
+    )
 
 
 data_read("converting a tensor to a Python bool (e.g. `if tensor:`)", T.__bool__)
@@ -129,12 +144,26 @@ data_read("converting a tensor to NumPy", T.numpy, T.__array__)
 data_read("`in` on a tensor", T.__contains__)
 data_read("torch.equal (a Python bool from tensor values)", torch.equal, T.equal)
 data_read("allclose (a Python bool from tensor values)", torch.allclose, T.allclose)
-data_read("nonzero (its output shape depends on the values)", torch.nonzero, T.nonzero,
-          torch.argwhere, T.argwhere)
-data_read("unique (its output shape depends on the values)", torch.unique, T.unique,
-          torch.unique_consecutive, T.unique_consecutive)
-data_read("masked_select (its output shape depends on the values)", torch.masked_select,
-          T.masked_select)
-data_read("repeat_interleave (its output shape depends on the values)",
-          torch.repeat_interleave, T.repeat_interleave)
+data_read(
+    "nonzero (its output shape depends on the values)",
+    torch.nonzero,
+    T.nonzero,
+    torch.argwhere,
+    T.argwhere,
+)
+data_read(
+    "unique (its output shape depends on the values)",
+    torch.unique,
+    T.unique,
+    torch.unique_consecutive,
+    T.unique_consecutive,
+)
+data_read(
+    "masked_select (its output shape depends on the values)", torch.masked_select, T.masked_select
+)
+data_read(
+    "repeat_interleave (its output shape depends on the values)",
+    torch.repeat_interleave,
+    T.repeat_interleave,
+)
 data_read("bincount (its output shape depends on the values)", torch.bincount, T.bincount)

@@ -40,8 +40,17 @@ def _linear(cx: CaptureContext, out: Any, x: Any, weight: Any, bias: Any = None)
 
 
 @op(F.conv2d)
-def _conv2d(cx: CaptureContext, out: Any, x: Any, weight: Any, bias: Any = None,
-            stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: Any = 1) -> Value:
+def _conv2d(
+    cx: CaptureContext,
+    out: Any,
+    x: Any,
+    weight: Any,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: Any = 1,
+) -> Value:
     dil = _pair(cx, dilation)
     if isinstance(padding, str):
         if padding == "valid":
@@ -54,34 +63,67 @@ def _conv2d(cx: CaptureContext, out: Any, x: Any, weight: Any, bias: Any = None,
             pad = (totals[0] // 2, totals[1] // 2)
     else:
         pad = _pair(cx, padding)
-    v: Value = cx.call("conv2d", cx.value(x), cx.value(weight), _opt(cx, bias),
-                       stride=_pair(cx, stride), padding=pad, dilation=dil, groups=cx.int(groups))
+    v: Value = cx.call(
+        "conv2d",
+        cx.value(x),
+        cx.value(weight),
+        _opt(cx, bias),
+        stride=_pair(cx, stride),
+        padding=pad,
+        dilation=dil,
+        groups=cx.int(groups),
+    )
     return v
 
 
 @op(F.max_pool2d)
-def _max_pool2d(cx: CaptureContext, out: Any, x: Any, kernel_size: Any, stride: Any = None,
-                padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False,
-                return_indices: bool = False) -> Value:
+def _max_pool2d(
+    cx: CaptureContext,
+    out: Any,
+    x: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Value:
     if return_indices:
         cx.limitation("max_pool2d(return_indices=True) has no IR op")
-    v: Value = cx.call("max_pool2d", cx.value(x), kernel_size=_pair(cx, kernel_size),
-                       stride=None if stride is None or stride == [] else _pair(cx, stride),
-                       padding=_pair(cx, padding), dilation=_pair(cx, dilation),
-                       ceil_mode=bool(ceil_mode))
+    v: Value = cx.call(
+        "max_pool2d",
+        cx.value(x),
+        kernel_size=_pair(cx, kernel_size),
+        stride=None if stride is None or stride == [] else _pair(cx, stride),
+        padding=_pair(cx, padding),
+        dilation=_pair(cx, dilation),
+        ceil_mode=bool(ceil_mode),
+    )
     return v
 
 
 @op(F.avg_pool2d)
-def _avg_pool2d(cx: CaptureContext, out: Any, x: Any, kernel_size: Any, stride: Any = None,
-                padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True,
-                divisor_override: Any = None) -> Value:
-    v: Value = cx.call("avg_pool2d", cx.value(x), kernel_size=_pair(cx, kernel_size),
-                       stride=None if stride is None or stride == [] else _pair(cx, stride),
-                       padding=_pair(cx, padding), ceil_mode=bool(ceil_mode),
-                       count_include_pad=bool(count_include_pad),
-                       divisor_override=None if divisor_override is None else cx.int(
-                           divisor_override))
+def _avg_pool2d(
+    cx: CaptureContext,
+    out: Any,
+    x: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: Any = None,
+) -> Value:
+    v: Value = cx.call(
+        "avg_pool2d",
+        cx.value(x),
+        kernel_size=_pair(cx, kernel_size),
+        stride=None if stride is None or stride == [] else _pair(cx, stride),
+        padding=_pair(cx, padding),
+        ceil_mode=bool(ceil_mode),
+        count_include_pad=bool(count_include_pad),
+        divisor_override=None if divisor_override is None else cx.int(divisor_override),
+    )
     return v
 
 
@@ -93,14 +135,30 @@ def _adaptive_avg_pool2d(cx: CaptureContext, out: Any, x: Any, output_size: Any)
     return v
 
 
-def _bn_train(cx: CaptureContext, x: Any, weight: Any, bias: Any, running_mean: Any,
-              running_var: Any, momentum: Any, eps: float) -> Value:
+def _bn_train(
+    cx: CaptureContext,
+    x: Any,
+    weight: Any,
+    bias: Any,
+    running_mean: Any,
+    running_var: Any,
+    momentum: Any,
+    eps: float,
+) -> Value:
     if momentum is None and running_mean is not None:
-        cx.limitation("batch_norm with momentum=None (a cumulative average) reads "
-                      "num_batches_tracked's value")
-    outs = cx.call("batch_norm_train", cx.value(x), _opt(cx, weight), _opt(cx, bias),
-                   _opt(cx, running_mean), _opt(cx, running_var),
-                   momentum=float(momentum or 0.0), eps=float(eps))
+        cx.limitation(
+            "batch_norm with momentum=None (a cumulative average) reads num_batches_tracked's value"
+        )
+    outs = cx.call(
+        "batch_norm_train",
+        cx.value(x),
+        _opt(cx, weight),
+        _opt(cx, bias),
+        _opt(cx, running_mean),
+        _opt(cx, running_var),
+        momentum=float(momentum or 0.0),
+        eps=float(eps),
+    )
     if running_mean is not None:
         cx.assign(running_mean, outs[1])
         cx.assign(running_var, outs[2])
@@ -109,39 +167,91 @@ def _bn_train(cx: CaptureContext, x: Any, weight: Any, bias: Any, running_mean: 
 
 
 @op(F.batch_norm)
-def _f_batch_norm(cx: CaptureContext, out: Any, x: Any, running_mean: Any, running_var: Any,
-                  weight: Any = None, bias: Any = None, training: bool = False,
-                  momentum: Any = 0.1, eps: float = 1e-5) -> Value:
+def _f_batch_norm(
+    cx: CaptureContext,
+    out: Any,
+    x: Any,
+    running_mean: Any,
+    running_var: Any,
+    weight: Any = None,
+    bias: Any = None,
+    training: bool = False,
+    momentum: Any = 0.1,
+    eps: float = 1e-5,
+) -> Value:
     if training or running_mean is None:
         return _bn_train(cx, x, weight, bias, running_mean, running_var, momentum, eps)
-    v: Value = cx.call("batch_norm", cx.value(x), _opt(cx, weight), _opt(cx, bias),
-                       cx.value(running_mean), cx.value(running_var), eps=float(eps))
+    v: Value = cx.call(
+        "batch_norm",
+        cx.value(x),
+        _opt(cx, weight),
+        _opt(cx, bias),
+        cx.value(running_mean),
+        cx.value(running_var),
+        eps=float(eps),
+    )
     return v
 
 
 @op(torch.batch_norm)
-def _torch_batch_norm(cx: CaptureContext, out: Any, x: Any, weight: Any, bias: Any,
-                      running_mean: Any, running_var: Any, training: bool, momentum: Any,
-                      eps: float, cudnn_enabled: bool = True) -> Value:
-    return _f_batch_norm(cx, out, x, running_mean, running_var, weight, bias, training,
-                         momentum, eps)
+def _torch_batch_norm(
+    cx: CaptureContext,
+    out: Any,
+    x: Any,
+    weight: Any,
+    bias: Any,
+    running_mean: Any,
+    running_var: Any,
+    training: bool,
+    momentum: Any,
+    eps: float,
+    cudnn_enabled: bool = True,
+) -> Value:
+    return _f_batch_norm(
+        cx, out, x, running_mean, running_var, weight, bias, training, momentum, eps
+    )
 
 
 @op(F.layer_norm)
-def _layer_norm(cx: CaptureContext, out: Any, x: Any, normalized_shape: Any, weight: Any = None,
-                bias: Any = None, eps: float = 1e-5) -> Value:
-    shape = normalized_shape if isinstance(normalized_shape, (list, tuple)) else (
-        normalized_shape,)
-    v: Value = cx.call("layer_norm", cx.value(x), _opt(cx, weight), _opt(cx, bias),
-                       normalized_shape=tuple(cx.dim(d) for d in shape), eps=float(eps))
+def _layer_norm(
+    cx: CaptureContext,
+    out: Any,
+    x: Any,
+    normalized_shape: Any,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = 1e-5,
+) -> Value:
+    shape = normalized_shape if isinstance(normalized_shape, (list, tuple)) else (normalized_shape,)
+    v: Value = cx.call(
+        "layer_norm",
+        cx.value(x),
+        _opt(cx, weight),
+        _opt(cx, bias),
+        normalized_shape=tuple(cx.dim(d) for d in shape),
+        eps=float(eps),
+    )
     return v
 
 
 @op(F.group_norm)
-def _group_norm(cx: CaptureContext, out: Any, x: Any, num_groups: Any, weight: Any = None,
-                bias: Any = None, eps: float = 1e-5) -> Value:
-    v: Value = cx.call("group_norm", cx.value(x), _opt(cx, weight), _opt(cx, bias),
-                       num_groups=cx.int(num_groups), eps=float(eps))
+def _group_norm(
+    cx: CaptureContext,
+    out: Any,
+    x: Any,
+    num_groups: Any,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = 1e-5,
+) -> Value:
+    v: Value = cx.call(
+        "group_norm",
+        cx.value(x),
+        _opt(cx, weight),
+        _opt(cx, bias),
+        num_groups=cx.int(num_groups),
+        eps=float(eps),
+    )
     return v
 
 
@@ -154,8 +264,14 @@ def _dropout(cx: CaptureContext, out: Any, x: Any, p: float, train: bool, inplac
 
 
 @op(F.dropout)
-def _f_dropout(cx: CaptureContext, out: Any, x: Any, p: float = 0.5, training: bool = True,
-               inplace: bool = False) -> Any:
+def _f_dropout(
+    cx: CaptureContext,
+    out: Any,
+    x: Any,
+    p: float = 0.5,
+    training: bool = True,
+    inplace: bool = False,
+) -> Any:
     return _dropout(cx, out, x, p, training, inplace)
 
 
@@ -170,25 +286,53 @@ def _torch_dropout_(cx: CaptureContext, out: Any, x: Any, p: float, train: bool)
 
 
 @op(F.scaled_dot_product_attention)
-def _sdpa(cx: CaptureContext, out: Any, q: Any, k: Any, v: Any, attn_mask: Any = None,
-          dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None,
-          enable_gqa: bool = False) -> Value:
+def _sdpa(
+    cx: CaptureContext,
+    out: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Any = None,
+    enable_gqa: bool = False,
+) -> Value:
     if enable_gqa:
         cx.limitation("scaled_dot_product_attention(enable_gqa=True) has no IR op")
-    r: Value = cx.call("scaled_dot_product_attention", cx.value(q), cx.value(k), cx.value(v),
-                       _opt(cx, attn_mask), dropout_p=float(dropout_p),
-                       is_causal=bool(is_causal), scale=None if scale is None else float(scale))
+    r: Value = cx.call(
+        "scaled_dot_product_attention",
+        cx.value(q),
+        cx.value(k),
+        cx.value(v),
+        _opt(cx, attn_mask),
+        dropout_p=float(dropout_p),
+        is_causal=bool(is_causal),
+        scale=None if scale is None else float(scale),
+    )
     return r
 
 
 @op(F.embedding)
-def _embedding(cx: CaptureContext, out: Any, indices: Any, weight: Any, padding_idx: Any = None,
-               max_norm: Any = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
-               sparse: bool = False) -> Value:
+def _embedding(
+    cx: CaptureContext,
+    out: Any,
+    indices: Any,
+    weight: Any,
+    padding_idx: Any = None,
+    max_norm: Any = None,
+    norm_type: float = 2.0,
+    scale_grad_by_freq: bool = False,
+    sparse: bool = False,
+) -> Value:
     if max_norm is not None:
         cx.limitation("embedding(max_norm=...) renormalizes the weight in place")
-    v: Value = cx.call("embedding", cx.value(indices), cx.value(weight),
-                       padding_idx=None if padding_idx is None else cx.int(padding_idx))
+    v: Value = cx.call(
+        "embedding",
+        cx.value(indices),
+        cx.value(weight),
+        padding_idx=None if padding_idx is None else cx.int(padding_idx),
+    )
     return v
 
 

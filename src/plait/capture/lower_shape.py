@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from plait.capture.symints import TracedInt
-from plait.capture.table import InPlace, Viewed, op
+from plait.capture.table import InPlace, Viewed, getter, op
 from plait.capture.tracer import CaptureContext
 from plait.capture.views import ViewStep, scatter
 from plait.ir import TensorType, Value
@@ -64,12 +64,15 @@ def _reshape(cx: CaptureContext, out: Any, x: Any, *shape: Any, **kwargs: Any) -
     return _view(cx, x, ViewStep.of("reshape", shape=_shape_args(cx, shape)))
 
 
-op(T.view_as)(lambda cx, out, x, other: _view(
-    cx, x, ViewStep.of("view", shape=_dims_of(cx, other))))
-op(T.reshape_as)(lambda cx, out, x, other: _view(
-    cx, x, ViewStep.of("reshape", shape=_dims_of(cx, other))))
-op(T.expand_as)(lambda cx, out, x, other: _view(
-    cx, x, ViewStep.of("expand", shape=_dims_of(cx, other))))
+op(T.view_as)(
+    lambda cx, out, x, other: _view(cx, x, ViewStep.of("view", shape=_dims_of(cx, other)))
+)
+op(T.reshape_as)(
+    lambda cx, out, x, other: _view(cx, x, ViewStep.of("reshape", shape=_dims_of(cx, other)))
+)
+op(T.expand_as)(
+    lambda cx, out, x, other: _view(cx, x, ViewStep.of("expand", shape=_dims_of(cx, other)))
+)
 
 
 @op(T.expand)
@@ -102,8 +105,8 @@ def _t(cx: CaptureContext, out: Any, x: Any) -> Any:
     return _view(cx, x, ViewStep.of("permute", dims=tuple(range(rank - 1, -1, -1))))
 
 
-op(*_both("t"), T.T.__get__)(_t)
-op(T.mT.__get__)(lambda cx, out, x: _view(cx, x, ViewStep.of("transpose", dim0=-2, dim1=-1)))
+op(*_both("t"), getter("T"))(_t)
+op(getter("mT"))(lambda cx, out, x: _view(cx, x, ViewStep.of("transpose", dim0=-2, dim1=-1)))
 
 
 @op(*_both("unsqueeze"))
@@ -113,15 +116,19 @@ def _unsqueeze(cx: CaptureContext, out: Any, x: Any, dim: Any) -> Any:
 
 @op(*_both("squeeze"))
 def _squeeze(cx: CaptureContext, out: Any, x: Any, dim: Any = None) -> Any:
-    dims = None if dim is None else (
-        tuple(cx.int(d) for d in dim) if isinstance(dim, (list, tuple)) else (cx.int(dim),))
+    dims = (
+        None
+        if dim is None
+        else (tuple(cx.int(d) for d in dim) if isinstance(dim, (list, tuple)) else (cx.int(dim),))
+    )
     return _view(cx, x, ViewStep.of("squeeze", dims=dims))
 
 
 @op(*_both("flatten"))
 def _flatten(cx: CaptureContext, out: Any, x: Any, start_dim: Any = 0, end_dim: Any = -1) -> Any:
-    return _view(cx, x, ViewStep.of("flatten", start_dim=cx.int(start_dim),
-                                    end_dim=cx.int(end_dim)))
+    return _view(
+        cx, x, ViewStep.of("flatten", start_dim=cx.int(start_dim), end_dim=cx.int(end_dim))
+    )
 
 
 @op(*_both("unflatten"))
@@ -159,20 +166,21 @@ def _narrow(cx: CaptureContext, out: Any, x: Any, dim: Any, start: Any, length: 
 
 
 # --- split / chunk / unbind ------------------------------------------------------------------
-def _pieces(cx: CaptureContext, x: Any, values: tuple[Value, ...], sizes: list[int],
-            dim: int) -> tuple[Viewed, ...]:
+def _pieces(
+    cx: CaptureContext, x: Any, values: tuple[Value, ...], sizes: list[int], dim: int
+) -> tuple[Viewed, ...]:
     out: list[Viewed] = []
     start = 0
     for v, n in zip(values, sizes):
-        out.append(Viewed(v, x, (ViewStep.of("slice", dim=dim, start=start, end=start + n,
-                                             step=1),)))
+        out.append(
+            Viewed(v, x, (ViewStep.of("slice", dim=dim, start=start, end=start + n, step=1),))
+        )
         start += n
     return tuple(out)
 
 
 @op(*_both("split"))
-def _split(cx: CaptureContext, out: Any, x: Any, split_size_or_sections: Any, dim: Any = 0
-           ) -> Any:
+def _split(cx: CaptureContext, out: Any, x: Any, split_size_or_sections: Any, dim: Any = 0) -> Any:
     d = cx.int(dim)
     sizes = [int(o.shape[d]) for o in out]
     values = cx.call("split", cx.value(x), sizes=tuple(sizes), dim=d)
@@ -266,11 +274,15 @@ def _basic_steps(cx: CaptureContext, x: Any, index: Any) -> tuple[list[ViewStep]
         elif isinstance(it, T):
             p = cx.tracer(it)._plain
             if p.dtype in (torch.bool, torch.uint8):
-                cx.fail("data-dependent", "indexing with a boolean mask: the result's shape "
-                                          "depends on the mask's values")
+                cx.fail(
+                    "data-dependent",
+                    "indexing with a boolean mask: the result's shape depends on the mask's values",
+                )
             if p.dim() == 0:
-                cx.fail("data-dependent", "indexing with a 0-dim tensor reads its value as a "
-                                          "Python index")
+                cx.fail(
+                    "data-dependent",
+                    "indexing with a 0-dim tensor reads its value as a Python index",
+                )
             if advanced is not None:
                 cx.limitation("indexing with more than one index tensor has no IR op")
             advanced = (d, it)
@@ -279,10 +291,15 @@ def _basic_steps(cx: CaptureContext, x: Any, index: Any) -> tuple[list[ViewStep]
             if it.step is not None and cx.int(it.step) <= 0:
                 raise ValueError("step must be greater than zero")
             if not (it.start is None and it.stop is None and it.step in (None, 1)):
-                steps.append(ViewStep.of(
-                    "slice", dim=d, start=None if it.start is None else cx.int(it.start),
-                    end=None if it.stop is None else cx.int(it.stop),
-                    step=1 if it.step is None else cx.int(it.step)))
+                steps.append(
+                    ViewStep.of(
+                        "slice",
+                        dim=d,
+                        start=None if it.start is None else cx.int(it.start),
+                        end=None if it.stop is None else cx.int(it.stop),
+                        step=1 if it.step is None else cx.int(it.step),
+                    )
+                )
             d += 1
         elif isinstance(it, (list, tuple)):
             cx.limitation("indexing with a Python list (an implicit index tensor)")
@@ -363,8 +380,13 @@ def _fill_like(cx: CaptureContext, target: Value, value: Any) -> Value:
     """``value`` converted to ``target``'s dtype and broadcast to its shape (``copy_``)."""
     ty = _type(target)
     if not isinstance(value, T):
-        v: Value = cx.call("full", shape=ty.shape, dtype=ty.dtype, device=ty.device,
-                           value=_scalar_for(cx, value, ty.dtype))
+        v: Value = cx.call(
+            "full",
+            shape=ty.shape,
+            dtype=ty.dtype,
+            device=ty.device,
+            value=_scalar_for(cx, value, ty.dtype),
+        )
         return v
     v = cx.value(value)
     if _type(v).device != ty.device:
@@ -377,18 +399,25 @@ def _fill_like(cx: CaptureContext, target: Value, value: Any) -> Value:
 
 
 op(T.copy_, inplace=True)(
-    lambda cx, out, x, src, non_blocking=False: _fill_like(cx, cx.value(x), src))
+    lambda cx, out, x, src, non_blocking=False: _fill_like(cx, cx.value(x), src)
+)
 op(T.fill_, inplace=True)(lambda cx, out, x, value: _fill_like(cx, cx.value(x), value))
 op(T.zero_, inplace=True)(lambda cx, out, x: _fill_like(cx, cx.value(x), 0))
 
 
 # --- factories ---------------------------------------------------------------------------------
-def _factory(cx: CaptureContext, out: Any, shape: tuple[Any, ...], kind: str,
-             value: Any = None) -> Value:
+def _factory(
+    cx: CaptureContext, out: Any, shape: tuple[Any, ...], kind: str, value: Any = None
+) -> Value:
     dev = str(TensorType.of(out).device)
     if kind == "full":
-        v: Value = cx.call("full", shape=shape, dtype=out.dtype, device=dev,
-                           value=_scalar_for(cx, value, out.dtype))
+        v: Value = cx.call(
+            "full",
+            shape=shape,
+            dtype=out.dtype,
+            device=dev,
+            value=_scalar_for(cx, value, out.dtype),
+        )
     else:
         v = cx.call(kind, shape=shape, dtype=out.dtype, device=dev)
     return v
@@ -401,20 +430,30 @@ def _sizes(cx: CaptureContext, args: tuple, kwargs: dict) -> tuple[Any, ...]:
 
 
 op(torch.zeros, torch.empty)(
-    lambda cx, out, *size, **kw: _factory(cx, out, _sizes(cx, size, kw), "zeros"))
+    lambda cx, out, *size, **kw: _factory(cx, out, _sizes(cx, size, kw), "zeros")
+)
 op(torch.ones)(lambda cx, out, *size, **kw: _factory(cx, out, _sizes(cx, size, kw), "ones"))
-op(torch.full)(lambda cx, out, size, fill_value, **kw: _factory(
-    cx, out, _shape_args(cx, (size,)), "full", fill_value))
+op(torch.full)(
+    lambda cx, out, size, fill_value, **kw: _factory(
+        cx, out, _shape_args(cx, (size,)), "full", fill_value
+    )
+)
 op(torch.zeros_like, torch.empty_like)(
-    lambda cx, out, x, **kw: _factory(cx, out, _dims_of(cx, x), "zeros"))
+    lambda cx, out, x, **kw: _factory(cx, out, _dims_of(cx, x), "zeros")
+)
 op(torch.ones_like)(lambda cx, out, x, **kw: _factory(cx, out, _dims_of(cx, x), "ones"))
-op(torch.full_like)(lambda cx, out, x, fill_value, **kw: _factory(
-    cx, out, _dims_of(cx, x), "full", fill_value))
+op(torch.full_like)(
+    lambda cx, out, x, fill_value, **kw: _factory(cx, out, _dims_of(cx, x), "full", fill_value)
+)
 op(T.new_zeros, T.new_empty)(
-    lambda cx, out, x, *size, **kw: _factory(cx, out, _sizes(cx, size, kw), "zeros"))
+    lambda cx, out, x, *size, **kw: _factory(cx, out, _sizes(cx, size, kw), "zeros")
+)
 op(T.new_ones)(lambda cx, out, x, *size, **kw: _factory(cx, out, _sizes(cx, size, kw), "ones"))
-op(T.new_full)(lambda cx, out, x, size, fill_value, **kw: _factory(
-    cx, out, _shape_args(cx, (size,)), "full", fill_value))
+op(T.new_full)(
+    lambda cx, out, x, size, fill_value, **kw: _factory(
+        cx, out, _shape_args(cx, (size,)), "full", fill_value
+    )
+)
 
 
 @op(torch.arange)
@@ -424,8 +463,11 @@ def _arange(cx: CaptureContext, out: Any, *args: Any, **kwargs: Any) -> Value:
         if key in kwargs:
             nums.append(kwargs[key])
     vals = [cx.operand(a) for a in nums]
-    start, end, step = (0, vals[0], 1) if len(vals) == 1 else (
-        (vals[0], vals[1], 1) if len(vals) == 2 else tuple(vals[:3]))
+    start, end, step = (
+        (0, vals[0], 1)
+        if len(vals) == 1
+        else ((vals[0], vals[1], 1) if len(vals) == 2 else tuple(vals[:3]))
+    )
     dev = str(TensorType.of(out).device)
     v: Value = cx.call("arange", start=start, end=end, step=step, dtype=out.dtype, device=dev)
     return v
@@ -436,8 +478,14 @@ def _tensor(cx: CaptureContext, out: Any, *args: Any, **kwargs: Any) -> Value:
     # NOTE: a constant made by the program on every call: a const input, never written back.
     _check_data(cx, args[0] if args else kwargs.get("data"))
     data = out.detach().clone()
-    lifted = cx.lift_input(data, kind="const", name=f"const{len(cx.lifts)}", ref=data,
-                           writeback=False, requires_grad=False)
+    lifted = cx.lift_input(
+        data,
+        kind="const",
+        name=f"const{len(cx.lifts)}",
+        ref=data,
+        writeback=False,
+        requires_grad=False,
+    )
     return cx.value(lifted)
 
 
@@ -450,4 +498,3 @@ def _check_data(cx: CaptureContext, data: Any) -> None:
     if isinstance(data, (list, tuple)):
         for d in data:
             _check_data(cx, d)
-

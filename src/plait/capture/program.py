@@ -89,8 +89,11 @@ class CapturedProgram:
                 t = results[index]
                 # NOTE: a fresh tensor in eager (a clone, or one returned twice under different
                 # names) must not come back as an input's memory or as another output's.
-                if fresh and isinstance(t, torch.Tensor) and (
-                        id(t) in inputs or id(t) in handed_out):
+                if (
+                    fresh
+                    and isinstance(t, torch.Tensor)
+                    and (id(t) in inputs or id(t) in handed_out)
+                ):
                     t = t.clone()
                 by_tracer[tracer_id] = t
                 handed_out.add(id(t))

@@ -83,7 +83,7 @@ class ModuleState:
         capture could not roll back)."""
         saved = [(e, self._tables(e)) for e in self.entries]
         originals = [e.get() for e in self.entries]
-        for (entry, tables), t in zip(saved, tensors):
+        for (_, tables), t in zip(saved, tensors):
             for table, attr in tables:
                 table[attr] = t
         reassigned: list[str] = []
@@ -97,9 +97,13 @@ class ModuleState:
                     table[attr] = orig
         if reassigned:
             raise GraphCaptureError(
-                "module state", f"the program assigned new tensors to {sorted(set(reassigned))}; "
-                "plait cannot capture changes to module attributes", kind="limitation")
+                "module state",
+                f"the program assigned new tensors to {sorted(set(reassigned))}; "
+                "plait cannot capture changes to module attributes",
+                kind="limitation",
+            )
 
     def _tables(self, entry: StateEntry) -> list[tuple[dict, str]]:
-        return [((m._parameters if entry.kind == "param" else m._buffers), a)
-                for m, a in entry.slots]
+        return [
+            ((m._parameters if entry.kind == "param" else m._buffers), a) for m, a in entry.slots
+        ]

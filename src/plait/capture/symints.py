@@ -138,8 +138,8 @@ class TracedInt(int):
     def __hash__(self) -> int:
         return int.__hash__(self)
 
-    __eq__ = _compare(operator.eq)  # type: ignore[assignment]
-    __ne__ = _compare(operator.ne)  # type: ignore[assignment]
+    __eq__ = _compare(operator.eq)
+    __ne__ = _compare(operator.ne)
     __lt__ = _compare(operator.lt)
     __le__ = _compare(operator.le)
     __gt__ = _compare(operator.gt)
@@ -172,7 +172,7 @@ class TracedInt(int):
     def __rtruediv__(self, other: Any) -> Any:
         return other / self.__int__()
 
-    def __pow__(self, other: Any, mod: Any = None) -> Any:  # type: ignore[override]
+    def __pow__(self, other: Any, mod: Any = None) -> Any:
         return pow(self.__int__(), other, mod)
 
     def __float__(self) -> float:
@@ -197,18 +197,18 @@ def plain_int(v: Any) -> Any:
     return int.__int__(v) if isinstance(v, TracedInt) else v
 
 
-class TracedSize(tuple):  # type: ignore[type-arg]
+class TracedSize(tuple):
     """What ``tensor.shape`` / ``tensor.size()`` return during capture: a tuple of dims
     (:class:`TracedInt` where tracked), with ``torch.Size``'s ``numel()``."""
 
     def __new__(cls, dims: Iterable[Any]) -> TracedSize:
         return super().__new__(cls, tuple(dims))
 
-    def __getitem__(self, index: SupportsIndex | slice) -> Any:  # type: ignore[override]
+    def __getitem__(self, index: SupportsIndex | slice) -> Any:
         out = tuple.__getitem__(self, index)
         return TracedSize(out) if isinstance(index, slice) else out
 
-    def __add__(self, other: Any) -> TracedSize:  # type: ignore[override]
+    def __add__(self, other: Any) -> TracedSize:
         return TracedSize(tuple(self) + tuple(other))
 
     def __radd__(self, other: Any) -> TracedSize:

@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from plait.capture.views import ViewStep
 from plait.ir import Value
 
@@ -84,6 +86,11 @@ def meta(*funcs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 def data_read(what: str, *funcs: Any) -> None:
     _register(funcs, Rule("data", what=what))
+
+
+def getter(name: str, which: str = "__get__") -> Any:
+    """``Tensor.<name>.__get__``: the callable ``__torch_function__`` sees for a property read."""
+    return getattr(getattr(torch.Tensor, name), which)
 
 
 def lookup(func: Any) -> Rule | None:

@@ -46,7 +46,7 @@ _HINT_FULLGRAPH = (
 )
 
 
-class Restart(BaseException):  # noqa: N818  (control flow, not an error)
+class Restart(BaseException):
     """Dynamic capture specialized a symbolic size; capture restarts with those sizes static.
 
     NOTE: a BaseException, so that a user's ``except Exception`` cannot swallow it."""
@@ -180,7 +180,7 @@ class CaptureContext:
             return
         ir_syms = {s for s in expr.free_symbols if s in self.bindings}
         if ir_syms:
-            err = Restart({self.bindings[s] for s in ir_syms})  # type: ignore[index]
+            err = Restart({self.bindings[s] for s in ir_syms})
             self.error = err
             raise err
 
@@ -216,7 +216,7 @@ class CaptureContext:
         t._cx, t._plain, t._value, t._root, t._steps = self, plain, value, None, ()
         t._seen, t._mutations, t._lift, t._dim_exprs = 0, 0, lift, None
         t._made_by, t._rg = self.current, requires_grad
-        return t  # type: ignore[return-value]
+        return t
 
     def lift_input(
         self,
@@ -337,12 +337,21 @@ class CaptureContext:
         """A type rule could not relate symbolic sizes (``s1`` against a weight's ``8``): make
         the sizes involved static and capture again. Sizes equal to a static dim of another
         operand go first; failing that, every symbolic size of the operands."""
-        types = [o.type for o in _flat(operands) if isinstance(o, Value)
-                 and isinstance(o.type, TensorType)]
-        syms = {s for t in types for d in t.shape if not isinstance(d, int)
-                for s in d.free_symbols if s in self.bindings}
+        types = [
+            o.type
+            for o in _flat(operands)
+            if isinstance(o, Value) and isinstance(o.type, TensorType)
+        ]
+        syms = {
+            s
+            for t in types
+            for d in t.shape
+            if not isinstance(d, int)
+            for s in d.free_symbols
+            if s in self.bindings
+        }
         statics = {d for t in types for d in t.shape if isinstance(d, int)}
-        sizes = {self.bindings[s] for s in syms}  # type: ignore[index]
+        sizes = {self.bindings[s] for s in syms}
         matching = sizes & statics
         if sizes:
             err = Restart(matching or sizes)
@@ -406,8 +415,9 @@ class CaptureContext:
             tr = self.tracer(t)
             root = tr._root if tr._root is not None else tr
             if root._lift is not None and root._lift.kind == "param":
-                self.limitation(f"in-place update of parameter {root._lift.name!r} inside the "
-                                "program")
+                self.limitation(
+                    f"in-place update of parameter {root._lift.name!r} inside the program"
+                )
 
     # --- dispatch --------------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -461,8 +471,7 @@ class CaptureContext:
 
     def run_op(self, rule: Rule, func: Any, args: tuple, kwargs: dict) -> Any:
         if kwargs.get("out") is not None:
-            self.limitation("out= arguments write into a given tensor; plait does not capture "
-                            "them")
+            self.limitation("out= arguments write into a given tensor; plait does not capture them")
         self.check_writable(write_targets(self.current, func, args, kwargs))
         out, inputs = self.sample(func, args, kwargs)
         if out is NotImplemented:  # e.g. `tensor == None`: Python falls back to identity

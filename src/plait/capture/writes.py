@@ -7,6 +7,7 @@ The frontend also checks the parameters' version counters after capture as a las
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any
 
@@ -26,10 +27,8 @@ def _inplace_index(func: Any) -> int | None:
         index = params.index("inplace") if "inplace" in params else None
     except (TypeError, ValueError):
         index = None
-    try:
+    with contextlib.suppress(TypeError):  # an unhashable callable is simply not cached
         _INPLACE_ARG[func] = index
-    except TypeError:
-        pass
     return index
 
 
@@ -37,13 +36,19 @@ def write_targets(name: str, func: Any, args: tuple, kwargs: dict) -> list[Any]:
     """The tensors ``func(*args, **kwargs)`` (named ``name``) may write in place."""
     last = name.rsplit(".", 1)[-1]
     dunder = last.startswith("__") and last.endswith("__")
-    if (last.endswith("_") and not dunder) or last == "__setitem__" or (
-            dunder and last.startswith("__i") and last not in _NOT_INPLACE):
+    if (
+        (last.endswith("_") and not dunder)
+        or last == "__setitem__"
+        or (dunder and last.startswith("__i") and last not in _NOT_INPLACE)
+    ):
         return list(args[:1])
     if last == "batch_norm":
         if name.startswith("nn.functional"):
-            return [a for a in (*args[1:3], kwargs.get("running_mean"), kwargs.get("running_var"))
-                    if a is not None]
+            return [
+                a
+                for a in (*args[1:3], kwargs.get("running_mean"), kwargs.get("running_var"))
+                if a is not None
+            ]
         return [a for a in args[3:5] if a is not None]
     index = _inplace_index(func)
     if index is not None:
