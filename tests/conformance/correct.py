@@ -99,6 +99,19 @@ def half_linear_float32_split_k() -> Setup:
     return Setup(model, candidate, inputs, {"candidate_module": model})
 
 
+def bf16_mlp_fused() -> Setup:
+    model = seeded(1, MLP).to(torch.bfloat16)
+
+    def candidate(x: torch.Tensor) -> torch.Tensor:
+        # NOTE: a fused kernel: the hidden layer stays float32, one rounding at the end.
+        f1, f2 = model.fc1, model.fc2
+        hidden = torch.relu(x.float() @ f1.weight.float().T + f1.bias.float())
+        return (hidden @ f2.weight.float().T + f2.bias.float()).to(torch.bfloat16)
+
+    inputs = (randn(8, 16, seed=37, dtype=torch.bfloat16),)
+    return Setup(model, candidate, inputs, {"candidate_module": model})
+
+
 def log_relu_clamp() -> Setup:
     model = seeded(8, LogRelu)
     cand = lambda x: torch.clamp(torch.log(x), min=0) * model.w  # NOTE: clamp keeps NaN.
@@ -131,6 +144,8 @@ CORRECT: dict[str, Callable[[], Setup]] = {
     "softmax_written_out": softmax_written_out,
     "half_linear_float32_split_k": half_linear_float32_split_k,
     "log_relu_clamp": log_relu_clamp,
+    "bf16_mlp_fused": bf16_mlp_fused,
+    "bf16_mlp_fused_grads": lambda: _with(bf16_mlp_fused(), grads=True),
 }  # fmt: skip
 
 

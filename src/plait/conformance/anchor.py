@@ -94,6 +94,8 @@ class AnchorPool:
             report.count("anchored")
             floor = stat.floor * stat.scale
             allowed = stat.factor * stat.worst_e + floor
+            used = stat.worst_c / allowed if allowed > 0 else (0.0 if stat.worst_c == 0 else 1e300)
+            report.margins[f"{where} ({group})"] = used
             if stat.worst_c <= allowed or stat.at is None:
                 continue
             at = stat.at

@@ -133,6 +133,8 @@ def _check_case(
         report.add(Failure("error", "setup", "reference", label, msg))
         return
     cot = make_cotangents(r1.outputs, seed) if grads else {}
+    if grads and not cot:
+        report.note(f"{label}: grads asked for, but no output of the reference is differentiable")
     _backward(r1, ref, cot, grads)
     r2 = run(ref, case.args, rng_seed=seed, grads=grads, cuda=cuda)
     _backward(r2, ref, cot, grads)

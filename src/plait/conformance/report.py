@@ -52,6 +52,9 @@ class Failure:
 class Report:
     """The gate's verdict. ``ok`` is True when no failure has severity ``"error"``.
 
+    ``margins`` maps each anchored value to the share of its model-rule budget it used (worst
+    error / budget; above 1 is a failure), to show how close a passing candidate came.
+
     Example:
         >>> r = Report()
         >>> r.ok, r.caught()
@@ -65,6 +68,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     checks_run: Counter[str] = field(default_factory=Counter)
     contract_version: str = ""
+    margins: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -117,6 +121,9 @@ class Report:
         hidden = len(self.failures) - len(shown)
         if hidden > 0:
             lines.append(f"  ... and {hidden} more")
+        if self.margins:
+            name, used = max(self.margins.items(), key=lambda kv: kv[1])
+            lines.append(f"  closest to its budget: {name} used {used:.0%} of the model rule")
         if self.checks_run:
             counts = ", ".join(f"{k} {v}" for k, v in sorted(self.checks_run.items()))
             lines.append(f"  checks: {counts}")
