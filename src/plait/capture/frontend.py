@@ -207,8 +207,23 @@ def _output_leaves(cx: CaptureContext, out: Any) -> tuple[Any, list[Any], list[V
         elif isinstance(leaf, TracedInt):
             leaves.append(("value", cx.int(leaf)))
         else:
+            _check_opaque_output(cx, leaf)
             leaves.append(("value", leaf))
     return out_spec, leaves, values
+
+
+def _check_opaque_output(cx: CaptureContext, leaf: Any) -> None:
+    """An output plait cannot look into must not hold traced tensors (they would escape)."""
+    inner = (
+        list(leaf)
+        if isinstance(leaf, (set, frozenset))
+        else list(getattr(leaf, "__dict__", {}).values())
+    )
+    if any(isinstance(x, Tracer) for x in inner):
+        cx.limitation(
+            f"the output holds tensors inside a {type(leaf).__name__}; return "
+            "tuples, lists, dicts, namedtuples or dataclasses"
+        )
 
 
 def _finish(
