@@ -481,7 +481,7 @@ def _tensor(cx: CaptureContext, out: Any, *args: Any, **kwargs: Any) -> Value:
     lifted = cx.lift_input(
         data,
         kind="const",
-        name=f"const{len(cx.lifts)}",
+        name=cx.const_name(),
         ref=data,
         writeback=False,
         requires_grad=False,

@@ -247,13 +247,16 @@ class CaptureContext:
         tracer = self.lift_input(
             sample,
             kind="const",
-            name=f"const{len(self.consts)}",
+            name=self.const_name(),
             ref=t,
             writeback=True,
             requires_grad=t.requires_grad,
         )
         self.consts[id(t)] = tracer
         return tracer
+
+    def const_name(self) -> str:
+        return f"const{sum(lift.kind == 'const' for lift in self.lifts)}"
 
     # --- values -------------------------------------------------------------------------------
     def tracer(self, t: Any) -> Tracer:
