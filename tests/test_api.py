@@ -12,6 +12,7 @@ import torch
 
 import plait
 from plait.errors import CompiledInputError, GraphCaptureError
+from plait.ir import semantic_hash
 from tests.capture.helpers import assert_same
 
 
@@ -29,7 +30,7 @@ def test_capture_returns_graph_guards_and_hash() -> None:
         ("param", "0.weight"),
         ("param", "0.bias"),
     ]
-    assert c.semantic_hash == plait.ir.semantic_hash(c.graph)
+    assert c.semantic_hash == semantic_hash(c.graph)
     # NOTE: the hash names the program, not the sample values or the weights.
     again = plait.capture(
         torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()), torch.randn(2, 4)
