@@ -1,4 +1,4 @@
-"""The public API: plait.capture, plait.compile (functions, modules, decorator forms), nested
+"""The public API: plait.frontend, plait.compile (functions, modules, decorator forms), nested
 inputs and outputs, clear errors for bad calls and bad options."""
 
 from __future__ import annotations

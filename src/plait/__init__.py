@@ -1,16 +1,47 @@
 """plait: a tensor compiler for PyTorch programs that never changes what they compute.
 
-The public API is re-exported here; each piece lives in its own subpackage (see DESIGN.md).
+The public API is re-exported here, lazily: ``import plait.conformance`` (the independent gate)
+must not load the compiler it judges, so nothing below is imported until it is first used.
 
 Example:
     >>> import plait
     >>> plait.__version__
     '0.1.0'
+    >>> callable(plait.compile)
+    True
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from plait.api import Captured, capture, compile
-from plait.errors import GraphCaptureError
+# public name -> the module that defines it
+_EXPORTS = {
+    "Captured": "plait.api",
+    "capture": "plait.api",
+    "compile": "plait.api",
+    "GraphCaptureError": "plait.errors",
+}
+
+if TYPE_CHECKING:
+    from plait.api import Captured, capture, compile
+    from plait.errors import GraphCaptureError
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'plait' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __all__ = ["Captured", "GraphCaptureError", "__version__", "capture", "compile"]

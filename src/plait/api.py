@@ -27,7 +27,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.capture import (
+from plait.errors import (
+    CaptureFallbackWarning,
+    CompiledInputError,
+    GraphCaptureError,
+    RecompileLimitError,
+)
+from plait.frontend import (
     CapturedProgram,
     Executor,
     GuardEnv,
@@ -35,12 +41,6 @@ from plait.capture import (
     InputAdapter,
     ModuleState,
     capture_program,
-)
-from plait.errors import (
-    CaptureFallbackWarning,
-    CompiledInputError,
-    GraphCaptureError,
-    RecompileLimitError,
 )
 from plait.ir import Graph, interpret
 

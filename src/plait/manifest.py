@@ -138,8 +138,7 @@ class Manifest:
                 counts[r["rule"]] = counts.get(r["rule"], 0) + 1
             rules = ", ".join(f"{k}×{v}" for k, v in sorted(counts.items())) or "-"
             lines.append(
-                f"    {p['name']:<14} {p['changed']!s:<8} "
-                f"{len(p.get('rewrites', [])):>8}  {rules}"
+                f"    {p['name']:<14} {p['changed']!s:<8} {len(p.get('rewrites', [])):>8}  {rules}"
             )
         lines.append(f"  fallbacks: {len(self.fallbacks)}")
         lines += [f"    - {f.get('what', '?')}: {f.get('reason', '?')}" for f in self.fallbacks]

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import plait
-from plait.capture import table
 from plait.errors import CaptureFallbackWarning, GraphCaptureError
+from plait.frontend import table
 from tests.capture.helpers import assert_same
 
 X = (3, 4)

@@ -72,11 +72,6 @@ def test_the_check_accepts_what_the_gate_may_use() -> None:
     assert foreign_imports(source, "x.py") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src/plait/__init__.py imports plait.api eagerly, so importing any plait subpackage "
-    "loads the compiler; make those re-exports lazy (module __getattr__) and drop this marker",
-)
 def test_importing_the_gate_loads_nothing_of_the_compiler() -> None:
     src = str(GATE.parents[1])
     code = (

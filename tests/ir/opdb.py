@@ -476,6 +476,7 @@ VIEW_CASES: dict[str, list[tuple[tuple[int, ...], dict[str, Any], Callable[..., 
         ((4, 5), {"dim": 0, "index": 2}, lambda x: x[2], False),
         ((4, 5, 3), {"dim": -1, "index": -1}, lambda x: x[..., -1], True),
     ],
+    "detach": [((4, 5), {}, lambda x: x.detach(), True)],
     "contiguous": [((4, 5), {}, lambda x: x.contiguous(), True)],
 }
 
@@ -680,12 +681,33 @@ def gen_constant(op: str, dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
 
 def gen_opaque(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
     x = make((4, 6), dtype)
+    t = f"{_tname(dtype)}[4, 6]"
     yield Sample(
         "opaque",
         [[x]],
-        {"target": "torch.fliplr", "out_types": f"{_tname(dtype)}[4, 6]"},
+        {"target": "torch.fliplr", "out_types": t},
         lambda: torch.fliplr(x),
         "fliplr by name",
+    )
+    yield Sample(
+        "opaque",
+        [[x]],
+        {"target": "torch.roll", "out_types": t, "literals": '[{"t": 0}, 1, 0]'},
+        lambda: torch.roll(x, 1, 0),
+        "roll with literal arguments",
+    )
+    y = make((4, 6), dtype)
+    yield Sample(
+        "opaque",
+        [[x, y]],
+        {
+            "target": "torch.stack",
+            "out_types": f"{_tname(dtype)}[4, 2, 6]",
+            "literals": '[[{"t": 0}, {"t": 1}]]',
+            "kwliterals": '{"dim": 1}',
+        },
+        lambda: torch.stack([x, y], dim=1),
+        "nested list and keyword literals",
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 from typing import Any
 
 import torch
@@ -480,18 +481,54 @@ def resolve_target(target: str) -> Any:
     return obj
 
 
-def _opaque_rule(*args: Any, target: str, out_types: str) -> list[Type]:
+def _call_spec(literals: str, kwliterals: str) -> tuple[list[Any] | None, dict[str, Any]]:
+    """Decode the JSON call spec: ``literals`` is the full positional argument list, where
+    ``{"t": i}`` stands for tensor operand ``i``; ``kwliterals`` holds literal keyword arguments."""
+    try:
+        positional = json.loads(literals) if literals else None
+        keywords = json.loads(kwliterals) if kwliterals else {}
+    except json.JSONDecodeError as exc:
+        raise TypeRuleError(f"opaque: malformed call spec: {exc}") from None
+    if positional is not None and not isinstance(positional, list):
+        raise TypeRuleError("opaque: literals must be a JSON list")
+    if not isinstance(keywords, dict):
+        raise TypeRuleError("opaque: kwliterals must be a JSON object")
+    return positional, keywords
+
+
+def _substitute(spec: Any, tensors: list[Any]) -> Any:
+    if isinstance(spec, dict) and set(spec) == {"t"}:
+        return tensors[spec["t"]]
+    if isinstance(spec, list):
+        return [_substitute(s, tensors) for s in spec]
+    return spec
+
+
+def _opaque_rule(
+    *args: Any, target: str, out_types: str, literals: str, kwliterals: str
+) -> list[Type]:
     from plait.ir.text import parse_type
 
     resolve_target(target)
+    positional, _ = _call_spec(literals, kwliterals)
+    if positional is not None:
+        used = json.dumps(positional).count('{"t": ')
+        if used != len(args[0]):
+            raise TypeRuleError(
+                f"opaque: the call spec uses {used} tensor operand(s), the node has {len(args[0])}"
+            )
     types = [parse_type(s.strip()) for s in out_types.split(";") if s.strip()]
     if not types:
         raise TypeRuleError("opaque: out_types must name at least one output type")
     return types
 
 
-def _opaque_ref(args: list[Any], target: str, out_types: str) -> Any:
-    return resolve_target(target)(*args)
+def _opaque_ref(
+    args: list[Any], target: str, out_types: str, literals: str, kwliterals: str
+) -> Any:
+    positional, keywords = _call_spec(literals, kwliterals)
+    call_args = args if positional is None else _substitute(positional, list(args))
+    return resolve_target(target)(*call_args, **keywords)
 
 
 register(
@@ -499,7 +536,12 @@ register(
         "opaque",
         Category.OPAQUE,
         (Param("args", VARIADIC),),
-        (Attr("target", "str"), Attr("out_types", "str")),
+        (
+            Attr("target", "str"),
+            Attr("out_types", "str"),
+            Attr("literals", "str", ""),
+            Attr("kwliterals", "str", ""),
+        ),
         _opaque_rule,
         _opaque_ref,
         ALL,

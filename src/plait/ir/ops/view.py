@@ -356,12 +356,13 @@ register(
 )
 
 
-def _slice_length(n: Dim, start: int | None, end: int | None, step: int) -> Dim:
-    """Python slice semantics (bounds clamped to the size); symbolic sizes need nonnegative
-    bounds, since a negative bound's meaning depends on the size."""
-    if isinstance(n, int):
-        return len(range(*slice(start, end, step).indices(n)))
-    if (start or 0) < 0 or (end is not None and end < 0):
+def _slice_length(n: Dim, start: Dim | None, end: Dim | None, step: int) -> Dim:
+    """Python slice semantics (bounds clamped to the size). With symbolic sizes or bounds, an
+    integer bound must be nonnegative (a negative one's meaning depends on the size) and a
+    symbolic bound is a size expression, nonnegative by construction."""
+    if all(isinstance(v, int) or v is None for v in (n, start, end)):
+        return len(range(*slice(start, end, step).indices(n)))  # type: ignore[arg-type]
+    if any(isinstance(v, int) and v < 0 for v in (start, end)):
         raise TypeRuleError(f"slice: negative bounds on symbolic dim {n}; specialize it")
     lo = sympy.Min(start or 0, n)
     hi = n if end is None else sympy.Min(end, n)
@@ -369,7 +370,7 @@ def _slice_length(n: Dim, start: int | None, end: int | None, step: int) -> Dim:
 
 
 def _slice_rule(
-    x: TensorType, dim: int, start: int | None, end: int | None, step: int
+    x: TensorType, dim: int, start: Dim | None, end: Dim | None, step: int
 ) -> list[Type]:
     d = wrap_dim(dim, x.rank, "slice")
     if step <= 0:
@@ -393,8 +394,8 @@ register(
         (Param("x"),),
         (
             Attr("dim", "int", 0),
-            Attr("start", "int?", None),
-            Attr("end", "int?", None),
+            Attr("start", "dim?", None),
+            Attr("end", "dim?", None),
             Attr("step", "int", 1),
         ),
         _slice_rule,
@@ -421,6 +422,19 @@ register(
         _select_rule,
         lambda x, dim, index: x.select(dim, index),
         ALL,
+    )
+)
+
+register(
+    OpDef(
+        "detach",
+        Category.VIEW,
+        (Param("x"),),
+        (),
+        lambda x: [x],
+        lambda x: x.detach(),
+        ALL,
+        "identity on values; gradients do not flow through it",
     )
 )
 

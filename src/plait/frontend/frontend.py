@@ -26,14 +26,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.capture import guard_build, pytree
-from plait.capture.guards import Guard, GuardSet
-from plait.capture.inputs import InputAdapter
-from plait.capture.program import CapturedProgram, InputSlot, OutputLeaf
-from plait.capture.state import ModuleState
-from plait.capture.symints import TracedInt, TracedSize
-from plait.capture.tracer import CaptureContext, Lift, Restart, Tracer
 from plait.errors import GraphCaptureError
+from plait.frontend import guard_build, pytree
+from plait.frontend.guards import Guard, GuardSet
+from plait.frontend.inputs import InputAdapter
+from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
+from plait.frontend.state import ModuleState
+from plait.frontend.symints import TracedInt, TracedSize
+from plait.frontend.tracer import CaptureContext, Lift, Restart, Tracer
 from plait.ir import TensorType, Value, semantic_hash
 
 _KIND_RANK = {"user": 0, "param": 1, "buffer": 2, "const": 3}

@@ -8,8 +8,8 @@ from typing import Any
 import sympy
 import torch
 
-from plait.capture.guards import Guard, GuardEnv
-from plait.capture.state import ModuleState
+from plait.frontend.guards import Guard, GuardEnv
+from plait.frontend.state import ModuleState
 from plait.ir import TensorType
 from plait.ir.types import dtype_name
 

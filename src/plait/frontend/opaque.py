@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.overrides import resolve_name
 
-from plait.capture.writes import write_targets
+from plait.frontend.writes import write_targets
 from plait.ir.ops.extern import resolve_target
 
 if TYPE_CHECKING:
-    from plait.capture.tracer import CaptureContext
+    from plait.frontend.tracer import CaptureContext
 
 _HINT = (
     "plait.compile(fullgraph=False) runs a call with no capture rule as an 'opaque' node that "

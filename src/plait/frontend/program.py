@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from plait.capture import pytree
-from plait.capture.guards import GuardEnv, GuardSet
+from plait.frontend import pytree
+from plait.frontend.guards import GuardEnv, GuardSet
 from plait.ir import Graph
 
 Executor = Callable[[Graph, list[Any]], Sequence[Any]]

@@ -27,7 +27,7 @@ from plait.ir import TensorType, Value
 from plait.symbolic import normalize
 
 if TYPE_CHECKING:
-    from plait.capture.tracer import CaptureContext
+    from plait.frontend.tracer import CaptureContext
 
 # NOTE: these keep the element order, so a new value goes back by reshaping to the input shape.
 _RESHAPES = ("view", "reshape", "flatten", "unsqueeze", "squeeze")

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plait.capture.table import InPlace, Viewed, op
-from plait.capture.tracer import CaptureContext
-from plait.capture.views import ViewStep
+from plait.frontend.table import InPlace, Viewed, op
+from plait.frontend.tracer import CaptureContext
+from plait.frontend.views import ViewStep
 from plait.ir import Value
 
 T = torch.Tensor

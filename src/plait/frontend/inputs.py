@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from plait.capture import pytree
+from plait.frontend import pytree
 
 
 class InputAdapter:

@@ -8,7 +8,7 @@ convention a backend runs).
 
 Example:
     >>> import torch
-    >>> from plait.capture import capture_program
+    >>> from plait.frontend import capture_program
     >>> prog = capture_program(lambda x: x.relu() if x.shape[0] > 2 else x.sigmoid(),
     ...                        (torch.randn(4, 8),))
     >>> [n.op for n in prog.graph.nodes]
@@ -17,12 +17,12 @@ Example:
     ['x.shape[0] > 2']
 """
 
-from plait.capture import lower_math, lower_meta, lower_nn, lower_shape  # noqa: F401  (rules)
-from plait.capture.frontend import capture_program, preserved_rng
-from plait.capture.guards import Guard, GuardEnv, GuardSet
-from plait.capture.inputs import InputAdapter
-from plait.capture.program import CapturedProgram, Executor, InputSlot, OutputLeaf
-from plait.capture.state import ModuleState
+from plait.frontend import lower_math, lower_meta, lower_nn, lower_shape  # noqa: F401  (rules)
+from plait.frontend.frontend import capture_program, preserved_rng
+from plait.frontend.guards import Guard, GuardEnv, GuardSet
+from plait.frontend.inputs import InputAdapter
+from plait.frontend.program import CapturedProgram, Executor, InputSlot, OutputLeaf
+from plait.frontend.state import ModuleState
 
 __all__ = [
     "CapturedProgram",

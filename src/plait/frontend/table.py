@@ -14,7 +14,7 @@ Three kinds:
 
 Example:
     >>> import torch
-    >>> from plait.capture import table
+    >>> from plait.frontend import table
     >>> table.lookup(torch.Tensor.item).kind
     'data'
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from plait.capture.views import ViewStep
+from plait.frontend.views import ViewStep
 from plait.ir import Value
 
 

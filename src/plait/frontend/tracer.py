@@ -13,7 +13,7 @@ NOTE: invariants.
 
 Example:
     >>> import torch
-    >>> from plait.capture import capture_program
+    >>> from plait.frontend import capture_program
     >>> prog = capture_program(lambda x: x.relu() + 1, (torch.randn(2, 3),))
     >>> [n.op for n in prog.graph.nodes]
     ['relu', 'add']
@@ -31,12 +31,12 @@ import sympy
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
-from plait.capture.frames import user_frame
-from plait.capture.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
-from plait.capture.table import InPlace, Rule, Viewed, lookup
-from plait.capture.views import ViewStep, replay, scatter
-from plait.capture.writes import write_targets
 from plait.errors import GraphCaptureError
+from plait.frontend.frames import user_frame
+from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
+from plait.frontend.table import InPlace, Rule, Viewed, lookup
+from plait.frontend.views import ViewStep, replay, scatter
+from plait.frontend.writes import write_targets
 from plait.ir import GraphBuilder, TensorType, Value
 from plait.ir.ops import AttrError, TypeRuleError
 
@@ -431,7 +431,7 @@ class CaptureContext:
         try:
             rule = lookup(func)
             if rule is None:
-                from plait.capture.opaque import run_opaque
+                from plait.frontend.opaque import run_opaque
 
                 return run_opaque(self, func, args, kwargs)
             if rule.kind == "meta":

@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from plait.capture.symints import TracedInt
-from plait.capture.table import InPlace, Viewed, getter, op
-from plait.capture.tracer import CaptureContext
-from plait.capture.views import ViewStep, scatter
+from plait.frontend.symints import TracedInt
+from plait.frontend.table import InPlace, Viewed, getter, op
+from plait.frontend.tracer import CaptureContext
+from plait.frontend.views import ViewStep, scatter
 from plait.ir import TensorType, Value
 
 T = torch.Tensor

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from plait.capture.symints import TracedSize
-from plait.capture.table import data_read, getter, meta
-from plait.capture.tracer import CaptureContext
+from plait.frontend.symints import TracedSize
+from plait.frontend.table import data_read, getter, meta
+from plait.frontend.tracer import CaptureContext
 
 T = torch.Tensor
 
