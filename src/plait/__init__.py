@@ -23,11 +23,12 @@ _EXPORTS = {
     "Captured": "plait.api",
     "capture": "plait.api",
     "compile": "plait.api",
+    "explain": "plait.api",
     "GraphCaptureError": "plait.errors",
 }
 
 if TYPE_CHECKING:
-    from plait.api import Captured, capture, compile
+    from plait.api import Captured, capture, compile, explain
     from plait.errors import GraphCaptureError
 
 
@@ -44,4 +45,4 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
-__all__ = ["Captured", "GraphCaptureError", "__version__", "capture", "compile"]
+__all__ = ["Captured", "GraphCaptureError", "__version__", "capture", "compile", "explain"]

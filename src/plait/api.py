@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
 from plait.errors import (
     CaptureFallbackWarning,
     CompiledInputError,
@@ -42,7 +43,8 @@ from plait.frontend import (
     ModuleState,
     capture_program,
 )
-from plait.ir import Graph, interpret
+from plait.ir import Graph
+from plait.manifest import Explanation, Manifest, SpecializationReport
 
 __all__ = [
     "Captured",
@@ -52,7 +54,7 @@ __all__ = [
     "Specialization",
     "capture",
     "compile",
-    "register_backend",
+    "explain",
 ]
 
 DEFAULT_RECOMPILE_LIMIT = 8
@@ -126,41 +128,31 @@ def _report(prog: CapturedProgram, stacklevel: int) -> None:
         )
 
 
-# --- backends ----------------------------------------------------------------------------
-BackendFactory = Callable[[CapturedProgram], Executor]
-
-
-def _eager_backend(prog: CapturedProgram) -> Executor:
-    def run(graph: Graph, inputs: list[Any]) -> list[Any]:
-        return interpret(graph, inputs, check_types=False)
-
-    return run
-
-
-_BACKENDS: dict[str, BackendFactory] = {"eager": _eager_backend}
-
-
-def register_backend(name: str, factory: BackendFactory) -> None:
-    """Make ``plait.compile(backend=name)`` run graphs with ``factory(program)``'s executor."""
-    _BACKENDS[name] = factory
-
-
 # --- compile ---------------------------------------------------------------------------------
 @dataclass
 class Specialization:
-    """A captured program behind its guards, and the executor its backend made for it."""
+    """A captured program behind its guards (capture's, plus those the compile added, such as
+    frozen parameters), the executor its backend made for it, and its manifest."""
 
     program: CapturedProgram
-    executor: Executor | None
+    compiled: Compiled
     reason: str | None  # why it was captured: None for the first, else the failed guards
+    guards: GuardSet = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.guards = GuardSet([*self.program.guards, *self.compiled.guards])
+
+    @property
+    def executor(self) -> Executor | None:
+        return self.compiled.executor
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.compiled.manifest
 
     @property
     def graph(self) -> Graph | None:
         return self.program.graph
-
-    @property
-    def guards(self) -> GuardSet:
-        return self.program.guards
 
     @property
     def semantic_hash(self) -> str | None:
@@ -175,6 +167,17 @@ class Specialization:
         return self.program.opaque_counts
 
 
+def _default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tuple[str, str]:
+    """``stax`` for CPU programs; CUDA has no native codegen yet, so the interpreter runs it."""
+    devices = {str(t.device) for t in state if isinstance(t, torch.Tensor)}
+    if prog.graph is not None:
+        for v in prog.graph.inputs:
+            devices.add(getattr(v.type, "device", "cpu"))
+    if devices <= {"cpu"}:
+        return "stax", "default for CPU tensors"
+    return "eager", f"default for {sorted(devices)}: no native CUDA backend yet"
+
+
 class _Engine:
     """The specialization cache shared by CompiledFunction and CompiledModule."""
 
@@ -187,14 +190,17 @@ class _Engine:
         mode: str | None,
         options: dict[str, Any] | None,
     ) -> None:
-        if backend not in _BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; available: {sorted(_BACKENDS)}")
+        if backend is not None and backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; available: {list(BACKENDS)}")
         if mode not in _MODES:
             raise ValueError(f"mode {mode!r} is not available; modes: {list(_MODES)}")
         options = dict(options or {})
         self.recompile_limit = int(options.pop("recompile_limit", DEFAULT_RECOMPILE_LIMIT))
-        if options:
-            raise ValueError(f"unknown options {sorted(options)}; known: ['recompile_limit']")
+        unknown = sorted(set(options) - set(KNOWN_OPTIONS))
+        if unknown:
+            known = ["recompile_limit", *KNOWN_OPTIONS]
+            raise ValueError(f"unknown options {unknown}; known: {known}")
+        self.options = options
         self.fn, self.backend, self.fullgraph, self.dynamic = fn, backend, fullgraph, dynamic
         self.adapter = InputAdapter(fn)
         self.state = ModuleState(fn) if isinstance(fn, nn.Module) else None
@@ -209,7 +215,7 @@ class _Engine:
         state = self.state.fetch() if self.state is not None else ()
         env = GuardEnv(spec, leaves, self.fn, state)
         for s in self.specializations:
-            if s.program.guards.holds(env):
+            if s.guards.holds(env):
                 return self._run(s, env, state, args, kwargs)
         return self._recapture(env, paths, args, kwargs)
 
@@ -218,7 +224,7 @@ class _Engine:
         if self.specializations:
             last = self.specializations[-1]
             _check_kinds(last.program, env, paths)
-            failures = last.program.guards.explain(env) or ["no guard failed (internal)"]
+            failures = last.guards.explain(env) or ["no guard failed (internal)"]
             reason = "; ".join(failures)
             if len(self.specializations) >= self.recompile_limit:
                 raise RecompileLimitError(
@@ -239,12 +245,17 @@ class _Engine:
             module_state=self.state,
         )
         _report(prog, stacklevel=4)
-        executor = _BACKENDS[self.backend](prog) if prog.graph is not None else None
-        spec = Specialization(prog, executor, reason)
+        state = self.state.fetch() if self.state is not None else ()
+        backend, why = self.backend, "requested"
+        if backend is None:
+            backend, why = _default_backend(prog, state)
+        request = CompileRequest(prog, backend, self.fullgraph, self.options, state)
+        compiled = compile_program(request)
+        compiled.manifest.options["backend_choice"] = why
+        spec = Specialization(prog, compiled, reason)
         self.specializations.append(spec)
         if reason is not None:
             self.recompile_reasons.append(reason)
-        state = self.state.fetch() if self.state is not None else ()
         env = GuardEnv(env.spec, env.leaves, self.fn, state)
         return self._run(spec, env, state, args, kwargs)
 
@@ -372,7 +383,7 @@ class CompiledModule(nn.Module):
 def compile(
     model_or_fn: Any = None,
     *,
-    backend: str = "eager",
+    backend: str | None = "eager",
     fullgraph: bool = False,
     dynamic: bool | None = None,
     mode: str | None = None,
@@ -407,3 +418,26 @@ def compile(
             f"plait.compile expects an nn.Module or a function, got {type(model_or_fn).__name__}"
         )
     return CompiledFunction(model_or_fn, engine)
+
+
+def explain(compiled: Any) -> Explanation:
+    """The specializations of a compiled callable, with guards, recompile reasons and manifests.
+
+    Example:
+        >>> import torch, plait
+        >>> f = plait.compile(lambda x: x * 2 + 1, backend="eager")
+        >>> _ = f(torch.randn(3))
+        >>> report = plait.explain(f)
+        >>> len(report.specializations), report.specializations[0].reason is None
+        (1, True)
+    """
+    engine = getattr(compiled, "_plait", None)
+    if not isinstance(engine, _Engine):
+        raise TypeError(
+            f"plait.explain expects what plait.compile returned, got {type(compiled).__name__}"
+        )
+    reports = [
+        SpecializationReport(i, s.reason, s.guards.texts(), s.manifest)
+        for i, s in enumerate(engine.specializations)
+    ]
+    return Explanation(engine.adapter.name, reports)

@@ -150,3 +150,41 @@ class Manifest:
             total = sum(v for v in self.timings.values() if isinstance(v, (int, float)))
             lines.append(f"  timings: {total * 1e3:.1f} ms over {len(self.timings)} entries")
         return "\n".join(lines)
+
+
+@dataclass
+class SpecializationReport:
+    index: int
+    reason: str | None  # None for the first specialization, else the guards that failed
+    guards: list[str]
+    manifest: Manifest
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "recompile_reason": self.reason,
+            "guards": self.guards,
+            "manifest": self.manifest.to_json(),
+        }
+
+
+@dataclass
+class Explanation:
+    """What ``plait.explain(compiled)`` returns: each specialization with its guards, the
+    reason it was compiled, and its manifest. ``str()`` is a readable report."""
+
+    name: str
+    specializations: list[SpecializationReport]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "specializations": [s.to_json() for s in self.specializations]}
+
+    def __str__(self) -> str:
+        if not self.specializations:
+            return f"{self.name}: not compiled yet (it compiles on its first call)"
+        lines = [f"{self.name}: {len(self.specializations)} specialization(s)"]
+        for s in self.specializations:
+            why = "first call" if s.reason is None else f"recompiled: {s.reason}"
+            lines.append(f"[{s.index}] {why}")
+            lines += ["    " + line for line in s.manifest.report().splitlines()]
+        return "\n".join(lines)
