@@ -184,7 +184,7 @@ class _Engine:
     def __init__(
         self,
         fn: Callable[..., Any],
-        backend: str,
+        backend: str | None,
         fullgraph: bool,
         dynamic: bool | None,
         mode: str | None,

@@ -49,19 +49,13 @@ class CompileRequest:
 
 def _needs_grad(req: CompileRequest) -> bool:
     """Can a gradient flow through this call? Then nothing may freeze, and native kernels (no
-    autograd until L4) cannot run it."""
+    autograd until L4) cannot run it. The guards pin grad mode and every requires_grad read."""
     if not torch.is_grad_enabled():
         return False
-    values = [s.ref for s in req.program.inputs if s.source == "const"]
-    values += list(req.state)
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in values) or (
-        any(s.source == "user" for s in req.program.inputs) and _user_requires_grad(req)
-    )
-
-
-def _user_requires_grad(req: CompileRequest) -> bool:
-    guards = [g for g in req.program.guards if g.kind == "requires_grad"]
-    return any(g.expected for g in guards)
+    tensors = [*req.state, *(s.ref for s in req.program.inputs if s.source == "const")]
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        return True
+    return any(g.kind == "requires_grad" and g.expected for g in req.program.guards)
 
 
 def _pipeline(req: CompileRequest, freeze: bool) -> str:
