@@ -41,6 +41,13 @@ def _bad_input(position: int, name: str, expected: str, got: Any) -> None:
     raise StaxInputError(f"input {position} (%{name}): expected {expected}, got {desc}")
 
 
+def _not_tensor(args: tuple[Any, ...], specs: list[tuple[int, str, str]]) -> None:
+    for a, (i, name, expected) in zip(args, specs):
+        if not isinstance(a, torch.Tensor):
+            _bad_input(i, name, expected, a)
+    raise StaxInputError("an input is not a tensor")
+
+
 def _zero_division() -> None:
     raise RuntimeError("ZeroDivisionError")
 
@@ -75,6 +82,7 @@ class _Emitter:
         self.funcs = symbols  # step index -> ctypes function
         self.g: dict[str, Any] = {
             "_bad_input": _bad_input,
+            "_not_tensor": _not_tensor,
             "_zero_division": _zero_division,
             "_conform": _conform,
             "_check_result": _check_result,
@@ -155,19 +163,23 @@ class _Emitter:
         if self.memory.arena_bytes:
             self.arena = torch.empty(self.memory.arena_bytes, dtype=torch.uint8)
         native_inputs = self._native_inputs()
-        for i, v in enumerate(plan.graph.inputs):
-            t = v.type
-            if not isinstance(t, TensorType):
-                continue
-            if self.check:
+        tensors = [(i, v) for i, v in enumerate(plan.graph.inputs) if isinstance(v.type, TensorType)]
+        if self.check and tensors:
+            self.line("try:", 2)
+            for i, v in tensors:
+                t = v.type
+                assert isinstance(t, TensorType)
                 d, s = self.const(t.dtype, "D"), self.const(torch.Size(shape_of(t)), "S")
                 a = f"a{i}"
-                bad = f"{a}.__class__ is not _Tensor or {a}.dtype is not {d} or {a}.shape != {s}"
-                self.line(f"if {bad} or not {a}.is_cpu:", 2)
-                self.line(f"_bad_input({i}, {v.name!r}, {str(t)!r}, a{i})", 3)
+                self.line(f"if {a}.dtype is not {d} or {a}.shape != {s} or not {a}.is_cpu:", 3)
+                self.line(f"_bad_input({i}, {v.name!r}, {str(t)!r}, {a})", 4)
+            self.line("except AttributeError:", 2)
+            names = self.const([(i, v.name, str(v.type)) for i, v in tensors])
+            args = ", ".join(f"a{i}" for i, _ in tensors)
+            self.line(f"_not_tensor(({args},), {names})", 3)
+        for i, v in tensors:
             if v in native_inputs:
                 self.line(f"if not a{i}.is_contiguous(): a{i} = a{i}.contiguous()", 2)
-        self.g["_Tensor"] = torch.Tensor
         calls = any(not isinstance(s, KernelStep) for s in plan.steps)
         for k, step in enumerate(plan.steps):
             if isinstance(step, KernelStep):
