@@ -73,8 +73,11 @@ register(
         (Param("x"),),
         (Attr("shape", "dims"),),
         _reshape_rule("view"),
-        lambda x, shape: x.view(shape),
+        # NOTE: value semantics: the IR's view is the reshaped value, whatever the strides of its
+        # operand (passes may drop a `contiguous` before it); memory sharing is codegen's business.
+        lambda x, shape: x.reshape(shape),
         ALL,
+        "reshape; spelled view when the program asked for a view",
     )
 )
 register(
