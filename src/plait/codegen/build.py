@@ -4,7 +4,8 @@ Kernels are grouped into translation units (a few per program, built in parallel
 one shared library. A unit's cache key is the SHA-256 of everything that decides its machine
 code: the source, the compiler's path and version, the flags, and the CPU's feature flags (the
 flags say ``-march=native``). Libraries are published atomically (written under a temporary name,
-then ``os.replace``) so concurrent processes never load a half-written file.
+then ``os.replace``) with their SHA-256 beside them; an entry whose bytes do not match its hash is
+discarded and rebuilt.
 
 The cache directory is ``$PLAIT_CACHE_DIR`` or ``~/.cache/plait/kernels``. ``STATS`` counts
 compiler invocations and cache hits in this process; with ``PLAIT_STAX_NO_COMPILE=1`` in the
@@ -177,6 +178,8 @@ def _try_load(u: Unit) -> bool:
         return True
     if u.path.exists():
         try:
+            if not _verified(u.path):
+                raise OSError(f"{u.path} does not match its recorded hash")
             u.lib = _load(u)
         except OSError:
             u.path.unlink(missing_ok=True)  # NOTE: a corrupt entry is discarded and rebuilt.
@@ -186,6 +189,32 @@ def _try_load(u: Unit) -> bool:
             STATS["hits"] += 1
         return True
     return False
+
+
+def _digest_path(path: Path) -> Path:
+    return path.with_suffix(".sha256")
+
+
+def _verified(path: Path) -> bool:
+    """An entry is used only when its bytes match the hash published with it."""
+    try:
+        recorded = _digest_path(path).read_text().strip()
+    except OSError:
+        return False
+    return hashlib.sha256(path.read_bytes()).hexdigest() == recorded
+
+
+def _publish(data: bytes, path: Path) -> None:
+    """Atomically publish a library and its hash (the hash last: an entry is complete when its
+    hash is there)."""
+    tag = f"{os.getpid()}.{threading.get_ident()}"
+    staged = path.with_name(f".{path.name}.{tag}")
+    staged.write_bytes(data)
+    os.replace(staged, path)
+    digest = _digest_path(path)
+    staged_digest = digest.with_name(f".{digest.name}.{tag}")
+    staged_digest.write_text(hashlib.sha256(data).hexdigest() + "\n")
+    os.replace(staged_digest, digest)
 
 
 def _load(u: Unit) -> ctypes.CDLL:
@@ -213,7 +242,5 @@ def _compile(u: Unit, tc: Toolchain) -> None:
             STATS["compiles"] += 1
         if proc.returncode != 0:
             raise BuildError(f"C++ compilation failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
-        staged = u.path.with_name(f".{u.path.name}.{os.getpid()}.{threading.get_ident()}")
-        shutil.copyfile(out, staged)
-        os.replace(staged, u.path)
+        _publish(out.read_bytes(), u.path)
     u.seconds = time.perf_counter() - start

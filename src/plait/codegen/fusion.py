@@ -182,9 +182,15 @@ class _Planner:
         self.tags: dict[int, NodeTag] = {}
         self._cost: dict[int, int] = {}
         self._open: list[Value] = []
+        self._open_key: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._open_lowered: Lowered | None = None
         self._count = 0
         self._infer = infer_layouts
+        self.consts = {
+            v: graph.constants[v.name]
+            for v in graph.inputs
+            if v.kind == "const" and isinstance(graph.constants.get(v.name), torch.Tensor)
+        }
         self._samples: dict[Value, torch.Tensor] = {}
 
     # --- decisions ----------------------------------------------------------------------------
@@ -258,24 +264,55 @@ class _Planner:
             elif name not in prev.detail:
                 self.tags[nid] = NodeTag("native", f"{prev.detail}, {name}")
         for v in outputs:
-            self._sample(v, contiguous_strides(shape_of(v.type)))
+            self._sample(v, self.locs[v].strides)
+
+    def layout(self, v: Value) -> tuple[int, ...]:
+        """A materialized value's strides: contiguous for graph outputs; otherwise the dense
+        layout of a same-shaped buffer it is computed from (a channels_last conv result keeps
+        its epilogue channels_last, so the epilogue can run in place and the next conv gets
+        the layout it wants)."""
+        shape = shape_of(v.type)
+        contiguous = contiguous_strides(shape)
+        if id(v) in self.outputs:
+            return contiguous
+        seen: set[int] = set()
+        stack = [v]
+        while stack:
+            w = stack.pop()
+            node = w.producer
+            if node is None or id(w) in seen or self.kinds[node.id][0] not in ("pointwise", "view"):
+                continue
+            seen.add(id(w))
+            for u in node.input_values():
+                loc = self.locs.get(u)
+                if loc is None or shape_of(u.type) != shape:
+                    continue
+                if loc.kind in ("buffer", "input") and loc.strides != contiguous:
+                    if loc.offset == 0 and _dense(shape, loc.strides):
+                        return loc.strides
+                elif loc.kind == "inline" and node.op in RULES:
+                    stack.append(u)
+        return contiguous
 
     def materialize(self, v: Value) -> None:
         shape = shape_of(v.type)
-        self.locs[v] = Loc("buffer", v, 0, contiguous_strides(shape))
-        if self._open and shape_of(self._open[0].type) == shape:
+        strides = self.layout(v)
+        self.locs[v] = Loc("buffer", v, 0, strides)
+        if self._open and self._open_key == (shape, strides):
             from plait.codegen.lower import Unfusable
 
             try:
                 name = self._open_lowered.kernel.name if self._open_lowered else self._name()
-                self._open_lowered = lower_pointwise(name, [*self._open, v], shape, self.locs)
+                members = [*self._open, v]
+                self._open_lowered = lower_pointwise(name, members, shape, self.locs, strides)
                 self._open.append(v)
                 return
             except Unfusable:
                 pass
         self.close()
         self._open = [v]
-        self._open_lowered = lower_pointwise(self._name(), [v], shape, self.locs)
+        self._open_key = (shape, strides)
+        self._open_lowered = lower_pointwise(self._name(), [v], shape, self.locs, strides)
 
     def run(self) -> Plan:
         for v in self.graph.inputs:
@@ -326,7 +363,7 @@ class _Planner:
                 for v in node.outputs
             ]
         else:
-            call = make_call(node)
+            call = make_call(node, self.consts)
             strides = self._dry_run(node, call)
             self.steps.append(ExternStep(node, call, strides))
             self.tags[node.id] = NodeTag(

@@ -204,16 +204,28 @@ def broadcast_index(
     )
 
 
+def memory_order(shape: Sequence[int], strides: Sequence[int]) -> list[int]:
+    """Dims from the largest stride to the smallest (the loop order that walks memory)."""
+    return sorted(range(len(shape)), key=lambda d: (-strides[d], d))
+
+
 def lower_pointwise(
-    name: str, values: Sequence[Value], shape: tuple[int, ...], locs: dict[Value, Loc]
+    name: str,
+    values: Sequence[Value],
+    shape: tuple[int, ...],
+    locs: dict[Value, Loc],
+    strides: tuple[int, ...] | None = None,
 ) -> Lowered:
-    """One kernel storing each of ``values`` (all of ``shape``) into a fresh contiguous buffer."""
-    outer = loop_vars(shape)
+    """One kernel storing each of ``values`` (all of ``shape``) into a fresh buffer laid out
+    with ``strides`` (contiguous by default); loops walk that layout's memory order."""
+    strides = strides or contiguous_strides(shape)
+    order = memory_order(shape, strides)
+    outer = tuple(Var(f"i{k}", int(shape[d])) for k, d in enumerate(order))
+    by_dim = {d: outer[k] for k, d in enumerate(order)}
     b = KernelBuilder(name, outer)
     low = Lowerer(b, locs)
-    home = tuple(Ix.var(v) for v in outer)
+    home = tuple(Ix.var(by_dim[d]) for d in range(len(shape)))
     low.home = home
-    strides = contiguous_strides(shape)
     for v in values:
         node = v.producer
         assert node is not None

@@ -196,7 +196,7 @@ def _inplace_target(
         ut, vt = u.type, v.type
         if not isinstance(ut, TensorType) or not isinstance(vt, TensorType) or ut.dtype != vt.dtype:
             continue
-        if nbytes(u) != nbytes(v) or not _dense_contiguous(plan, u):
+        if nbytes(u) != nbytes(v) or not _same_layout(plan, u, v):
             continue
         if _identity_reads(kernel, j, out_index):
             return u
@@ -210,11 +210,11 @@ def _producer_step(plan: Plan, v: Value) -> Any:
     return None
 
 
-def _dense_contiguous(plan: Plan, u: Value) -> bool:
-    from plait.codegen.index import contiguous_strides
-
-    loc = plan.locs[u]
-    return loc.offset == 0 and loc.strides == contiguous_strides(shape_of(u.type))
+def _same_layout(plan: Plan, u: Value, v: Value) -> bool:
+    """``v`` may take over ``u``'s buffer: same shape and strides (the index check does the
+    rest)."""
+    lu, lv = plan.locs[u], plan.locs[v]
+    return lu.offset == 0 and shape_of(u.type) == shape_of(v.type) and lu.strides == lv.strides
 
 
 def _assign_arena(items: list[BufferPlan]) -> int:

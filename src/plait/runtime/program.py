@@ -111,6 +111,7 @@ class StaxProgram:
         runner: Runner,
         options: StaxOptions,
         timings: dict[str, float],
+        funcs: dict[int, Any],
     ) -> None:
         self.graph = graph
         self.plan = plan
@@ -119,6 +120,7 @@ class StaxProgram:
         self.options = options
         self.timings = timings
         self._runner = runner
+        self._funcs = funcs
         self.source = runner.source
         self.evidence = Evidence(dict(plan.tags), {n.id: n.op for n in graph.nodes})
         self.__call__ = runner.fn  # type: ignore[method-assign]
@@ -135,6 +137,32 @@ class StaxProgram:
             else:
                 kind = "extern" if type(step).__name__ == "ExternStep" else "fallback"
                 out.append({"kind": kind, "node": step.node.id, "op": step.node.op})
+        return out
+
+    def profile(self, *inputs: Any, repeat: int = 10) -> list[dict[str, Any]]:
+        """Mean wall seconds per schedule step over ``repeat`` calls (after one warm-up call),
+        from an instrumented copy of the runner: what dominates a call.
+
+        Example:
+            >>> import torch
+            >>> from plait.ir import GraphBuilder, TensorType
+            >>> gb = GraphBuilder()
+            >>> x = gb.input("x", TensorType((8,), torch.float32))
+            >>> gb.output(gb.call("exp", x))
+            >>> steps = compile_graph(gb.build()).profile(torch.ones(8), repeat=2)
+            >>> [(s["kind"], s["seconds"] > 0) for s in steps]
+            [('kernel', True)]
+        """
+        runner = build_runner(self.plan, self.memory_plan, self._funcs, True, profile=True)
+        runner.fn(*inputs)
+        totals = runner.globals["_P"]
+        for i in range(len(totals)):
+            totals[i] = 0.0
+        for _ in range(repeat):
+            runner.fn(*inputs)
+        out = []
+        for step, seconds in zip(self.schedule(), totals):
+            out.append({**step, "seconds": seconds / repeat})
         return out
 
     def records(self) -> dict[str, Any]:
@@ -224,7 +252,7 @@ def compile_graphs(
             "build_s": t_build - t_print,
             "runner_s": time.perf_counter() - t0,
         }
-        programs.append(StaxProgram(g, plan, memory, row, runner, opts, timings))
+        programs.append(StaxProgram(g, plan, memory, row, runner, opts, timings, funcs))
     return programs
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,9 +77,14 @@ class Runner:
 
 class _Emitter:
     def __init__(
-        self, plan: Plan, memory: MemoryPlan, symbols: dict[int, Any], check: bool
+        self,
+        plan: Plan,
+        memory: MemoryPlan,
+        symbols: dict[int, Any],
+        check: bool,
+        profile: bool = False,
     ) -> None:
-        self.plan, self.memory, self.check = plan, memory, check
+        self.plan, self.memory, self.check, self.profile = plan, memory, check, profile
         self.funcs = symbols  # step index -> ctypes function
         self.g: dict[str, Any] = {
             "_bad_input": _bad_input,
@@ -163,7 +169,9 @@ class _Emitter:
         if self.memory.arena_bytes:
             self.arena = torch.empty(self.memory.arena_bytes, dtype=torch.uint8)
         native_inputs = self._native_inputs()
-        tensors = [(i, v) for i, v in enumerate(plan.graph.inputs) if isinstance(v.type, TensorType)]
+        tensors = [
+            (i, v) for i, v in enumerate(plan.graph.inputs) if isinstance(v.type, TensorType)
+        ]
         if self.check and tensors:
             self.line("try:", 2)
             for i, v in tensors:
@@ -181,6 +189,10 @@ class _Emitter:
             if v in native_inputs:
                 self.line(f"if not a{i}.is_contiguous(): a{i} = a{i}.contiguous()", 2)
         calls = any(not isinstance(s, KernelStep) for s in plan.steps)
+        if self.profile:
+            self.g["_clock"] = time.perf_counter
+            self.g["_P"] = [0.0] * (len(plan.steps) + 1)
+            self.line("_t = _clock()")
         for k, step in enumerate(plan.steps):
             if isinstance(step, KernelStep):
                 self.kernel_step(k, step)
@@ -188,6 +200,8 @@ class _Emitter:
                 self.extern_step(step)
             else:
                 self.fallback_step(step)
+            if self.profile:
+                self.line(f"_n = _clock(); _P[{k}] += _n - _t; _t = _n")
         outs = ", ".join(self.output(o) for o in plan.graph.outputs)
         self.line(f"return [{outs}]", 2)
         if calls:
@@ -280,10 +294,11 @@ class _Emitter:
 
 
 def build_runner(
-    plan: Plan, memory: MemoryPlan, funcs: dict[int, Any], check_inputs: bool
+    plan: Plan, memory: MemoryPlan, funcs: dict[int, Any], check_inputs: bool, profile: bool = False
 ) -> Runner:
-    """Generate and compile the program's Python runner."""
-    em = _Emitter(plan, memory, funcs, check_inputs)
+    """Generate and compile the program's Python runner (``profile``: accumulate each step's
+    wall time into the global list ``_P``)."""
+    em = _Emitter(plan, memory, funcs, check_inputs, profile)
     em.emit()
     table = (ctypes.c_void_p * max(em.slots, 1))()
     base_addr = ctypes.addressof(table)

@@ -1,0 +1,121 @@
+"""Fusion and lowering decisions, read from the plan and the kernel IR."""
+
+from __future__ import annotations
+
+import torch
+
+import plait.contract
+from plait.codegen import plan_graph
+from plait.codegen.cpp import print_kernel
+from plait.codegen.fusion import ExternStep, KernelStep
+from plait.codegen.kir import STORAGE_OF
+from plait.codegen.loops import merge_loops
+from plait.ir import GraphBuilder, TensorType
+
+
+def chain(n: int = 10, shape: tuple[int, ...] = (64, 33)) -> GraphBuilder:
+    gb = GraphBuilder()
+    y = gb.input("x", TensorType(shape, torch.float32))
+    ops = [("relu", ()), ("mul", (1.5,)), ("add", (0.5,)), ("sigmoid", ()), ("tanh", ())]
+    for k in range(n):
+        op, extra = ops[k % len(ops)]
+        y = gb.call(op, y, *extra)
+    gb.output(y)
+    return gb
+
+
+def test_pointwise_chain_is_one_flat_kernel() -> None:
+    plan = plan_graph(chain().build())
+    (low,) = plan.kernels
+    assert low.kernel.nodes == tuple(range(10))
+    assert [v.extent for v in merge_loops(low.kernel).outer] == [64 * 33]
+    assert {t.executor for t in plan.tags.values()} == {"native"}
+
+
+def test_broadcast_keeps_loops_and_hoists_invariants() -> None:
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((8, 16), torch.float32))
+    b = gb.input("b", TensorType((8, 1), torch.float32))
+    gb.output(gb.call("mul", x, gb.call("exp", b)))
+    (low,) = plan_graph(gb.build()).kernels
+    assert len(merge_loops(low.kernel).outer) == 2
+    src = print_kernel(low.kernel, "k")
+    # exp(b) depends on the outer loop only: computed once per row, outside the simd loop
+    assert src.index("expf(") < src.index("#pragma omp simd")
+
+
+def test_expensive_shared_value_is_materialized_cheap_one_recomputed() -> None:
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((4, 4), torch.float32))
+    cheap = gb.call("add", x, 1.0)
+    costly = gb.call("exp", gb.call("tanh", x))
+    gb.output(gb.call("amax", cheap, dims=(1,)), gb.call("sum", cheap, dims=(0,)),
+              gb.call("amax", costly, dims=(1,)), gb.call("sum", costly, dims=(0,)))  # fmt: skip
+    plan = plan_graph(gb.build())
+    assert plan.locs[cheap].kind == "inline"
+    assert plan.locs[costly].kind == "buffer"
+
+
+def test_views_of_buffers_are_strided_no_copy() -> None:
+    """linear -> view -> transpose -> attention: the extern gets a strided view, no kernel."""
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((1, 16, 24), torch.float32))
+    w = gb.input("w", TensorType((24, 24), torch.float32))
+    h = gb.call("linear", x, w)
+    q = gb.call("transpose", gb.call("view", h, shape=(1, 16, 4, 6)), dim0=1, dim1=2)
+    gb.output(gb.call("scaled_dot_product_attention", q, q, q, is_causal=True))
+    plan = plan_graph(gb.build())
+    assert [type(s) for s in plan.steps] == [ExternStep, ExternStep]
+    assert plan.locs[q].kind == "view" and plan.locs[q].strides == (384, 6, 24, 1)
+
+
+def test_reduction_templates_and_contract_accumulation() -> None:
+    contract = plait.contract.load()
+    names = {"float32": "f32", "float64": "f64", "int64": "i64"}
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int32):
+        gb = GraphBuilder()
+        x = gb.input("x", TensorType((3, 5), dtype))
+        gb.output(gb.call("sum", x, dims=(1,)))
+        (low,) = plan_graph(gb.build()).kernels
+        (reduce,) = low.kernel.phases[0].reduces
+        want = contract.tolerance("reduction", dtype).accum_dtype
+        assert reduce.dtype == names[want], dtype
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((3, 5), torch.bfloat16))
+    gb.output(gb.call("softmax", x, dim=-1))
+    (low,) = plan_graph(gb.build()).kernels
+    assert low.kernel.template == "softmax" and len(low.kernel.phases) == 3
+    want = contract.tolerance("normalization", torch.bfloat16).accum_dtype
+    assert {r.dtype for ph in low.kernel.phases for r in ph.reduces} == {names[want]}
+
+
+def test_extern_epilogue_runs_in_place() -> None:
+    from plait.runtime.memory import plan_memory
+
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((8, 32), torch.float32))
+    w = gb.input("w", TensorType((16, 32), torch.float32))
+    b = gb.input("b", TensorType((16,), torch.float32))
+    y = gb.call("relu", gb.call("add", gb.call("linear", x, w), b))
+    gb.output(gb.call("linear", y, gb.input("w2", TensorType((4, 16), torch.float32))))
+    plan = plan_graph(gb.build())
+    assert [type(s) for s in plan.steps] == [ExternStep, KernelStep, ExternStep]
+    memory = plan_memory(plan)
+    (epilogue,) = [b for b in memory.buffers if b.home == "inplace"]
+    assert epilogue.value is y and epilogue.epilogue_of == 0
+
+
+def test_kernel_text_is_readable() -> None:
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((4,), torch.bfloat16))
+    gb.output(gb.call("mul", x, 2.0))
+    (low,) = plan_graph(gb.build()).kernels
+    assert low.kernel.text().splitlines() == [
+        "kernel k0(in0: bf16[4], out out1: bf16[4]) over [i0<4]",
+        "  t0 = load in0[i0]",
+        "  t1 = f32(2.0)",
+        "  t2 = mul(t0, t1): f32",
+        "  t3 = round(t2) -> bf16: f32",
+        "  phase 0: out1[i0] = t3",
+    ]
+    assert STORAGE_OF[torch.bfloat16] == "bf16"

@@ -1,0 +1,81 @@
+"""Index algebra: every simplification is exact, checked by brute force over the loop ranges."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from plait.codegen.index import Clamp, Div, Ix, Mod, Var, contiguous_strides, linear, ravel, unravel
+
+
+def evaluate(ix: Ix, env: dict[Var, int]) -> int:
+    total = ix.const
+    for atom, coef in ix.terms:
+        if isinstance(atom, Var):
+            value = env[atom]
+        elif isinstance(atom, Div):
+            value = evaluate(atom.e, env) // atom.k
+        elif isinstance(atom, Mod):
+            value = evaluate(atom.e, env) % atom.k
+        else:
+            assert isinstance(atom, Clamp)
+            value = min(max(evaluate(atom.e, env), atom.lo), atom.hi)
+        total += coef * value
+    return total
+
+
+def envs(vs: list[Var]) -> list[dict[Var, int]]:
+    return [dict(zip(vs, p)) for p in itertools.product(*(range(v.extent) for v in vs))]
+
+
+shapes = st.lists(st.integers(1, 5), min_size=1, max_size=3)
+
+
+@given(shapes, st.lists(st.integers(0, 7), min_size=3, max_size=3), st.integers(0, 5),
+       st.integers(1, 12))  # fmt: skip
+def test_div_mod_exact(shape: list[int], coefs: list[int], const: int, k: int) -> None:
+    vs = [Var(f"i{j}", n) for j, n in enumerate(shape)]
+    e = Ix.lit(const)
+    for v, c in zip(vs, coefs):
+        e = e + Ix.var(v) * c
+    q, r = e.div(k), e.mod(k)
+    for env in envs(vs):
+        x = evaluate(e, env)
+        assert evaluate(q, env) == x // k
+        assert evaluate(r, env) == x % k
+        lo, hi = q.range
+        assert lo <= evaluate(q, env) <= hi
+
+
+@given(shapes, shapes)
+def test_reshape_roundtrip_folds_to_strides(a: list[int], b: list[int]) -> None:
+    """Reshape into any shape of the same size and back: the index folds back to plain vars."""
+    n = 1
+    for d in a:
+        n *= d
+    target = [*b[:-1], 1]
+    m = 1
+    for d in target:
+        m *= d
+    if n % m:
+        return
+    target[-1] = n // m
+    vs = [Var(f"i{j}", d) for j, d in enumerate(a)]
+    idx = tuple(Ix.var(v) for v in vs)
+    mid = unravel(ravel(idx, tuple(a)), tuple(target))
+    back = unravel(ravel(mid, tuple(target)), tuple(a))
+    for env in envs(vs):
+        assert [evaluate(i, env) for i in back] == [env[v] for v in vs]
+    assert linear(back, contiguous_strides(tuple(a))) == ravel(idx, tuple(a))
+
+
+def test_merge_rule_and_clamp() -> None:
+    i = Ix.var(Var("i0", 12))
+    assert i.div(4) * 4 + i.mod(4) == i
+    j = Ix.var(Var("i1", 5))
+    e = i * 5 + j
+    assert str(e.div(5)) == "i0" and str(e.mod(5)) == "i1"
+    assert (j - 2).clamp(0, 10) != j - 2
+    assert (j + 1).clamp(0, 10) == j + 1
