@@ -86,8 +86,8 @@ def views_in_kernels(dtype: torch.dtype) -> tuple[Graph, tuple[torch.Tensor, ...
 
 def reductions_fused(dtype: torch.dtype) -> tuple[Graph, tuple[torch.Tensor, ...]]:
     gb = GraphBuilder()
-    x, r, w, b, m = _inputs(gb, ("x", (3, 8, 33), dtype), ("res", (3, 8, 33), dtype),
-                            ("w", (33,), dtype), ("b", (33,), dtype), ("m", (8, 33), dtype))  # fmt: skip
+    x, r = _inputs(gb, ("x", (3, 8, 33), dtype), ("res", (3, 8, 33), dtype))
+    w, b, m = _inputs(gb, ("w", (33,), dtype), ("b", (33,), dtype), ("m", (8, 33), dtype))
     h = gb.call("add", x, r)
     ln = gb.call("layer_norm", h, w, b, normalized_shape=(33,), eps=1e-5)
     sm = gb.call("softmax", gb.call("add", gb.call("mul", h, 0.125), m), dim=-1)
@@ -95,8 +95,9 @@ def reductions_fused(dtype: torch.dtype) -> tuple[Graph, tuple[torch.Tensor, ...
     s = gb.call("sum", gb.call("exp", gb.call("mul", x, 0.5)), dims=(-1,), keepdim=True)
     v = gb.call("var", gb.call("sub", x, 1.0), dims=(0, 2), correction=1)
     mx = gb.call("amax", gb.call("abs", h), dims=(1,))
-    gb.output(h, gb.call("relu", ln), sm, lsm, gb.call("div", gb.call("exp", gb.call("mul", x, 0.5)), s), v, mx,
-              gb.call("mean", gb.call("transpose", x, dim0=0, dim1=2), dims=(0, 1)))  # fmt: skip
+    e = gb.call("div", gb.call("exp", gb.call("mul", x, 0.5)), s)
+    mean = gb.call("mean", gb.call("transpose", x, dim0=0, dim1=2), dims=(0, 1))
+    gb.output(h, gb.call("relu", ln), sm, lsm, e, v, mx, mean)
     ins = (_rand((3, 8, 33), dtype, 5), _rand((3, 8, 33), dtype, 6), _rand((33,), dtype, 7),
            _rand((33,), dtype, 8), _rand((8, 33), dtype, 9))  # fmt: skip
     return gb.build(), ins
@@ -137,9 +138,16 @@ def edge_sizes(dtype: torch.dtype) -> tuple[Graph, tuple[torch.Tensor, ...]]:
     gb = GraphBuilder()
     x, z, s = _inputs(gb, ("x", (1, 5, 1), dtype), ("z", (0, 5), dtype), ("s", (), dtype))
     a = gb.call("add", gb.call("mul", x, s), 2.0)
-    gb.output(gb.call("exp", a), gb.call("sum", gb.call("add", z, 1.0), dims=(0,)),
-              gb.call("mean", z, dims=(0,)), gb.call("softmax", a, dim=0),
-              gb.call("add", z, gb.call("squeeze", x, dims=(0, 2))), gb.call("mul", s, s))  # fmt: skip
+    sq = gb.call("squeeze", x, dims=(0, 2))
+    total = gb.call("sum", gb.call("add", z, 1.0), dims=(0,))
+    gb.output(
+        gb.call("exp", a),
+        total,
+        gb.call("mean", z, dims=(0,)),
+        gb.call("softmax", a, dim=0),
+        gb.call("add", z, sq),
+        gb.call("mul", s, s),
+    )
     return gb.build(), (_rand((1, 5, 1), dtype, 19), _rand((0, 5), dtype, 20), _rand((), dtype, 21))
 
 
