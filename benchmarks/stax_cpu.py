@@ -311,7 +311,7 @@ def report(results: list[dict], cold: dict[str, dict[str, float]], over: dict[st
             cells = f"{c['inductor']:.2f} | {c['stax']:.2f} | {frac:.3f} {ok(frac <= 0.25)}"
             out.append(f"| {name} | {cells} |")
     if over:
-        out += ["", "## Per-call overhead: 10-op graph, 8-element tensors (us per call, median)", "",
+        out += ["", "## Per-call overhead: 10-op graph, 8-element tensors (us/call, median)", "",
                 "| StaxProgram (raw) | plait.compile (guards + stax) | eager | torch.compile |",
                 "|---:|---:|---:|---:|",
                 f"| {over['stax_program']:.1f} {ok(over['stax_program'] <= 20)} | "
