@@ -27,7 +27,7 @@ layers: $(STAMP)
 	$(BIN)/lint-imports
 
 pytest: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 test: lint typecheck layers pytest
 

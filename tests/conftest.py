@@ -1,7 +1,10 @@
-"""Shared test configuration: hypothesis profiles (CI runs the same examples as developers)."""
+"""Shared test configuration: hypothesis profiles (CI runs the same examples as developers) and
+one kernel cache directory for the whole session (never the user's own cache)."""
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -15,3 +18,18 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def plait_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Kernels and artifacts built by tests go to a session directory shared by xdist workers."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = str(root / "plait-cache")
+    previous = os.environ.get("PLAIT_CACHE_DIR")
+    os.environ["PLAIT_CACHE_DIR"] = path
+    yield path
+    if previous is None:
+        os.environ.pop("PLAIT_CACHE_DIR", None)
+    else:
+        os.environ["PLAIT_CACHE_DIR"] = previous

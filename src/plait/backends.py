@@ -36,6 +36,7 @@ class Compiled:
     manifest: Manifest
     guards: list[Guard] = field(default_factory=list)
     graph: Graph | None = None  # the graph the executor runs (after passes)
+    program: Any = None  # the backend's own program (a StaxProgram), for profiling and explain
 
 
 @dataclass
@@ -113,7 +114,9 @@ def _eager_executor(graph: Graph, optimized: Graph) -> Executor:
     return run
 
 
-def _stax_executor(req: CompileRequest, graph: Graph, optimized: Graph, m: Manifest) -> Executor:
+def _stax_executor(
+    req: CompileRequest, graph: Graph, optimized: Graph, m: Manifest
+) -> tuple[Executor, Any]:
     from plait.runtime import CodegenError, StaxOptions, compile_graph
 
     settings = dict(req.options.get("stax") or {})
@@ -140,7 +143,7 @@ def _stax_executor(req: CompileRequest, graph: Graph, optimized: Graph, m: Manif
     def run(_: Graph, values: list[Any]) -> list[Any]:
         return program(*bind(values))
 
-    return run
+    return run, program
 
 
 def compile_program(req: CompileRequest) -> Compiled:
@@ -199,9 +202,9 @@ def compile_program(req: CompileRequest) -> Compiled:
         return Compiled(_eager_executor(graph, optimized), m, guards, optimized)
     if req.backend == "stax":
         start = time.perf_counter()
-        executor = _stax_executor(req, graph, optimized, m)
+        executor, program = _stax_executor(req, graph, optimized, m)
         m.timings["backend"] = time.perf_counter() - start
-        return Compiled(executor, m, guards, optimized)
+        return Compiled(executor, m, guards, optimized, program)
     m.executor = {"backend": "eager", "evidence": {"counts": {"interpreted": len(optimized.nodes)}}}
     return Compiled(_eager_executor(graph, optimized), m, guards, optimized)
 
