@@ -119,3 +119,25 @@ def test_kernel_text_is_readable() -> None:
         "  phase 0: out1[i0] = t3",
     ]
     assert STORAGE_OF[torch.bfloat16] == "bf16"
+
+
+def test_onednn_post_ops_fuse_activation_and_residual() -> None:
+    """conv -> add(residual) -> relu and linear -> gelu run as one oneDNN call each."""
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((1, 8, 6, 6), torch.float32))
+    w = gb.input("w", TensorType((8, 8, 3, 3), torch.float32), kind="const")
+    y = gb.call("relu", gb.call("add", gb.call("conv2d", x, w, None, padding=(1, 1)), x))
+    h = gb.call("reshape", y, shape=(8, 36))
+    lw = gb.input("lw", TensorType((16, 36), torch.float32))
+    gb.output(gb.call("gelu", gb.call("linear", h, lw)))
+    graph = gb.build()
+    graph.constants["w"] = torch.randn(8, 8, 3, 3)
+    plan = plan_graph(graph)
+    steps = [s for s in plan.steps if isinstance(s, ExternStep)]
+    assert [(s.node.op, [n.op for n in s.fused]) for s in steps] == [
+        ("conv2d", ["add", "relu"]),
+        ("linear", ["gelu"]),
+    ]
+    assert "prepacked at compile time" in plan.tags[0].detail
+    fused = [t for t in plan.tags.values() if "oneDNN post-op" in t.detail]
+    assert len(fused) == 3 and {t.executor for t in fused} == {"extern"}

@@ -4,12 +4,8 @@ Each rule turns an IR node into a plain callable over the node's operands (tenso
 None for an absent optional tensor), with the attributes bound, calling the ATen op directly.
 The op class names the contract row a conformance check of that node uses.
 
-Layout and weight preparation (measured on the 2-core AMD EPYC this was built on, see
-docs/stax.md): float32/bfloat16 convolutions run channels_last (oneDNN's fast path; several
-times faster than NCHW for large activations), so the input is converted when it is not already
-channels_last and the weight is prepared once: at compile time when it is a constant the
-compiler owns (frozen), else per weight tensor, reused while its identity and version counter
-are unchanged (the rule freezing follows), so an in-place update is never missed.
+Float32 and bfloat16 convolution and linear go through oneDNN with prepacked weights and fused
+epilogues instead (:mod:`plait.codegen.onednn`); the rules here cover the rest.
 
 Example:
     >>> import torch
@@ -45,9 +41,6 @@ class ExternCall:
     detail: str
 
 
-_CHANNELS_LAST_DTYPES = (torch.float32, torch.bfloat16)
-
-
 class PreparedWeight:
     """A weight in the layout an extern wants, rebuilt when the source tensor is replaced or
     written in place (identity and version counter, as freezing guards them)."""
@@ -65,32 +58,16 @@ class PreparedWeight:
         return self.value
 
 
-def _channels_last(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous(memory_format=torch.channels_last)
-
-
 def _conv2d(n: Node, consts: Consts) -> ExternCall:
+    """Convolutions of dtypes oneDNN's fused path does not take (float64, float16)."""
     a = n.attrs
     stride, padding, dilation, groups = a["stride"], a["padding"], a["dilation"], a["groups"]
     conv = torch.conv2d
-    out = n.outputs[0].type
-    if getattr(out, "dtype", None) not in _CHANNELS_LAST_DTYPES:
-
-        def plain(x: Any, w: Any, b: Any) -> Any:
-            return conv(x, w, b, stride, padding, dilation, groups)
-
-        return ExternCall(plain, "conv", "aten.conv2d")
-    fixed = consts.get(n.inputs[1])
-    weight = PreparedWeight(_channels_last)
-    if fixed is not None:
-        weight(fixed)
-    cl = torch.channels_last
 
     def fn(x: Any, w: Any, b: Any) -> Any:
-        return conv(x.contiguous(memory_format=cl), weight(w), b, stride, padding, dilation, groups)
+        return conv(x, w, b, stride, padding, dilation, groups)
 
-    where = "compile time" if fixed is not None else "first call, guarded by version"
-    return ExternCall(fn, "conv", f"aten.conv2d channels_last (weight prepared at {where})")
+    return ExternCall(fn, "conv", "aten.conv2d")
 
 
 def _linear(n: Node, consts: Consts) -> ExternCall:

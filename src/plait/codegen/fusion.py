@@ -42,10 +42,11 @@ from plait.codegen.errors import CodegenError
 from plait.codegen.extern import EXTERN_RULES, ExternCall, make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
 from plait.codegen.lower import Lowered, loop_vars, lower_pointwise
+from plait.codegen.onednn import Epilogue, find_epilogue, onednn_call, supported
 from plait.codegen.reductions import OP_CLASS, TEMPLATES, lower_reduction
 from plait.codegen.scalar import RULES
 from plait.codegen.views import MAPPED_VIEWS, SELECT_VIEWS, input_index, shape_of
-from plait.ir.graph import Graph, Node, Value
+from plait.ir.graph import Graph, Node, Operand, Value
 from plait.ir.ops import get_op
 from plait.ir.types import TensorType
 
@@ -83,9 +84,21 @@ class KernelStep:
 
 @dataclass
 class ExternStep:
+    """An extern call of ``node``; with ``fused`` pointwise nodes run as its post-ops (reading
+    ``extra`` operands), the step's result is the last fused node's output."""
+
     node: Node
     call: ExternCall
     out_strides: list[tuple[int, ...]]
+    fused: tuple[Node, ...] = ()
+    extra: tuple[Value, ...] = ()
+
+    def operands(self) -> list[Operand]:
+        return [*self.node.inputs, *self.extra]
+
+    @property
+    def outputs(self) -> tuple[Value, ...]:
+        return self.fused[-1].outputs if self.fused else self.node.outputs
 
 
 @dataclass
@@ -192,6 +205,20 @@ class _Planner:
             if v.kind == "const" and isinstance(graph.constants.get(v.name), torch.Tensor)
         }
         self._samples: dict[Value, torch.Tensor] = {}
+        self.epilogues: dict[int, Epilogue] = {}
+        self.fused_into: dict[int, Node] = {}
+        for node in graph.nodes:
+            ep = find_epilogue(node, self.users, self.outputs, self.live)
+            # NOTE: first come, first served: two convs feeding one residual add both find it.
+            if (
+                node.id in self.live
+                and ep is not None
+                and not any(n.id in self.fused_into for n in ep.nodes)
+            ):
+                self.epilogues[node.id] = ep
+                for n in ep.nodes:
+                    self.fused_into[n.id] = node
+                    self.kinds[n.id] = ("fused", "")
 
     # --- decisions ----------------------------------------------------------------------------
     def kind(self, node: Node) -> str:
@@ -217,7 +244,7 @@ class _Planner:
         users = [u for u in self.users.get(v, []) if u.id in self.live]
         if loc.kind == "view":
             return False
-        if any(self.kind(u) in ("extern", "fallback") for u in users):
+        if any(self.kind(u) in ("extern", "fallback", "fused") for u in users):
             return True
         distinct = {u.id for u in users}
         return len(distinct) > 1 and self.cost(v) > CHEAP
@@ -325,6 +352,15 @@ class _Planner:
                 self.tags[node.id] = NodeTag("dead", "result unused")
                 continue
             kind, reason = self.kinds[node.id]
+            if node.id in self.epilogues:
+                continue  # NOTE: emitted with its epilogue, where the epilogue's operands exist.
+            if kind == "fused":
+                host = self.fused_into[node.id]
+                ep = self.epilogues[host.id]
+                if node is ep.nodes[0]:
+                    self.close()
+                    self._fused_step(host, ep)
+                continue
             if kind in ("extern", "fallback"):
                 self.close()
                 self._call_step(node, kind, reason)
@@ -363,14 +399,37 @@ class _Planner:
                 for v in node.outputs
             ]
         else:
-            call = make_call(node, self.consts)
-            strides = self._dry_run(node, call)
-            self.steps.append(ExternStep(node, call, strides))
+            call = (
+                onednn_call(node, self.consts, None)
+                if supported(node)
+                else make_call(node, self.consts)
+            )
+            step = ExternStep(node, call, [])
+            step.out_strides = strides = self._dry_run(step)
+            self.steps.append(step)
             self.tags[node.id] = NodeTag(
                 "extern", f"{call.detail} ({OP_CLASS.get(node.op, call.op_class)})"
             )
         for v, s in zip(node.outputs, strides):
             self.locs[v] = Loc("buffer" if isinstance(v.type, TensorType) else "object", v, 0, s)
+
+    def _fused_step(self, host: Node, ep: Epilogue) -> None:
+        call = onednn_call(host, self.consts, ep)
+        extra = (ep.other,) if ep.other is not None else ()
+        step = ExternStep(host, call, [], ep.nodes, extra)
+        step.out_strides = strides = self._dry_run(step)
+        self.steps.append(step)
+        self.tags[host.id] = NodeTag("extern", f"{call.detail} ({call.op_class})")
+        for n in ep.nodes:
+            self.tags[n.id] = NodeTag(
+                "extern", f"fused into node {host.id} ({host.op}) as a oneDNN post-op"
+            )
+        for v in host.outputs:
+            self.locs[v] = Loc("inline")  # NOTE: never materialized: only the epilogue read it.
+        for n in ep.nodes[:-1]:
+            for v in n.outputs:
+                self.locs[v] = Loc("inline")
+        self.locs[ep.output] = Loc("buffer", ep.output, 0, strides[0])
 
     # --- layout inference ---------------------------------------------------------------------
     def _sample(self, v: Value, strides: tuple[int, ...]) -> None:
@@ -395,17 +454,19 @@ class _Planner:
             )
         return base
 
-    def _dry_run(self, node: Node, call: ExternCall) -> list[tuple[int, ...]]:
+    def _dry_run(self, step: ExternStep) -> list[tuple[int, ...]]:
         """Run the extern once on zeros to learn the layout PyTorch gives its result."""
-        contiguous = [contiguous_strides(shape_of(v.type)) for v in node.outputs]
+        node = step.node
+        contiguous = [contiguous_strides(shape_of(v.type)) for v in step.outputs]
         if not self._infer:
             return contiguous
-        args = [self._operand_sample(o) for o in node.inputs]
+        args = get_op(node.op).structure([self._operand_sample(o) for o in node.inputs])
+        args += [self._operand_sample(o) for o in step.extra]
         with torch.no_grad():
-            result = call.fn(*get_op(node.op).structure(args))
+            result = step.call.fn(*args)
         results = result if isinstance(result, (tuple, list)) else (result,)
         out = []
-        for v, r, c in zip(node.outputs, results, contiguous):
+        for v, r, c in zip(step.outputs, results, contiguous):
             s = tuple(int(x) for x in r.stride())
             usable = r.storage_offset() == 0 and _dense(shape_of(v.type), s)
             out.append(s if usable else c)

@@ -89,7 +89,10 @@ def _reads(plan: Plan, step: Any) -> list[Value]:
         kernel = step.lowered.kernel
         return [v for v, b in zip(step.lowered.bindings, kernel.buffers) if not b.output]
     out = []
-    for o in step.node.input_values():
+    operands = step.operands() if isinstance(step, ExternStep) else list(step.node.inputs)
+    for o in operands:
+        if not isinstance(o, Value):
+            continue
         loc = plan.locs.get(o)
         if loc is not None and loc.base is not None:
             out.append(loc.base)
@@ -100,7 +103,8 @@ def _writes(step: Any) -> list[Value]:
     if isinstance(step, KernelStep):
         kernel = step.lowered.kernel
         return [v for v, b in zip(step.lowered.bindings, kernel.buffers) if b.output]
-    return [v for v in step.node.outputs if isinstance(v.type, TensorType)]
+    outs = step.outputs if isinstance(step, ExternStep) else step.node.outputs
+    return [v for v in outs if isinstance(v.type, TensorType)]
 
 
 def _identity_reads(kernel: Kernel, buf_in: int, buf_out: int) -> bool:
@@ -140,14 +144,13 @@ def plan_memory(plan: Plan, allow_inplace: bool = True) -> MemoryPlan:
                 else None
             )
             if target is not None:
-                src = buffers[target]
                 taken.add(id(target))
                 bp.home, bp.alias_of = "inplace", target
                 root = _root(buffers, target)
                 root.last = max(root.last, stop)
-                producer = target.producer
-                if src.home == "torch" and producer is not None:
-                    bp.epilogue_of = producer.id
+                producer = _producer_step(plan, _root(buffers, target).value)
+                if isinstance(producer, ExternStep):
+                    bp.epilogue_of = producer.node.id
             buffers[v] = bp
     ordered = list(buffers.values())
     arena = _assign_arena([b for b in ordered if b.home == "arena"])
@@ -205,7 +208,9 @@ def _inplace_target(
 
 def _producer_step(plan: Plan, v: Value) -> Any:
     for step in plan.steps:
-        if isinstance(step, (ExternStep, FallbackStep)) and v in step.node.outputs:
+        if isinstance(step, ExternStep) and v in step.outputs:
+            return step
+        if isinstance(step, FallbackStep) and v in step.node.outputs:
             return step
     return None
 

@@ -266,9 +266,9 @@ class _Emitter:
     def extern_step(self, step: ExternStep) -> None:
         node = step.node
         args = [self.operand(o) for o in node.inputs]
-        args = get_op(node.op).structure(args)
+        args = get_op(node.op).structure(args) + [self.operand(o) for o in step.extra]
         fn = self.const(step.call.fn, "X")
-        (out,) = [v for v in node.outputs]
+        (out,) = step.outputs
         var = self.var(out)
         self.line(f"{var} = {fn}({', '.join(args)})")
         (strides,) = step.out_strides

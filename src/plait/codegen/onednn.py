@@ -1,0 +1,205 @@
+"""Convolution and linear through oneDNN, with prepacked weights and fused epilogues.
+
+PyTorch exposes oneDNN's fused primitives (``mkldnn._convolution_pointwise`` and
+``mkldnn._linear_pointwise``, the ones inductor uses when freezing): the weight is reordered once
+into oneDNN's blocked layout, and an epilogue runs as a post-op inside the kernel, on the
+accumulator, before the result is written: an activation (relu, gelu, silu, sigmoid, tanh) and,
+for a residual, an add of another tensor of the output's shape (conv: add then activation).
+
+A weight is prepacked at compile time when it is a constant the compiler owns (frozen; the
+frozen-parameter guards make a changed parameter a recompile). Otherwise it is prepacked on the
+first call and reused while the tensor's identity and version counter are unchanged, so an
+in-place update is never missed. Convolutions run channels_last (the input is converted when it
+is not), which is oneDNN's fast layout on the CPU.
+
+Example:
+    >>> import torch
+    >>> from plait.ir import GraphBuilder, TensorType
+    >>> gb = GraphBuilder()
+    >>> x = gb.input("x", TensorType((4, 8), torch.float32))
+    >>> w = gb.input("w", TensorType((16, 8), torch.float32))
+    >>> y = gb.call("relu", gb.call("linear", x, w))
+    >>> gb.output(y)
+    >>> g = gb.build()
+    >>> ep = find_epilogue(g.nodes[0], g.users(), set(), {0, 1})
+    >>> ep.unary, [n.op for n in ep.nodes]
+    ('relu', ['relu'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from plait.codegen.extern import ExternCall, PreparedWeight
+from plait.ir.graph import Node, Value
+from plait.ir.types import TensorType
+
+DTYPES = (torch.float32, torch.bfloat16)
+UNARY = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "silu": "swish", "gelu": "gelu"}
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """Pointwise nodes fused into an extern's oneDNN post-ops, and the value they produce."""
+
+    nodes: tuple[Node, ...]
+    unary: str | None
+    algorithm: str
+    other: Value | None
+    output: Value
+
+    def describe(self) -> str:
+        parts = (["add"] if self.other is not None else []) + ([self.unary] if self.unary else [])
+        return "+".join(parts)
+
+
+def supported(node: Node) -> bool:
+    """Whether ``node`` (conv2d or linear) can run through oneDNN's fused primitives."""
+    if node.op not in ("conv2d", "linear"):
+        return False
+    out = node.outputs[0].type
+    x, w = node.inputs[0], node.inputs[1]
+    if not (isinstance(out, TensorType) and out.dtype in DTYPES):
+        return False
+    if not (isinstance(x, Value) and isinstance(w, Value) and isinstance(x.type, TensorType)):
+        return False
+    return node.op == "linear" or x.type.rank == 4
+
+
+def _same(a: Value, b: Value) -> bool:
+    return isinstance(a.type, TensorType) and a.type == b.type
+
+
+def _single_user(
+    v: Value, users: Mapping[Value, list[Node]], outputs: set[int], live: set[int]
+) -> Node | None:
+    if id(v) in outputs:
+        return None
+    found = {u.id: u for u in users.get(v, []) if u.id in live}
+    return next(iter(found.values())) if len(found) == 1 else None
+
+
+def _unary(n: Node, v: Value) -> tuple[str, str] | None:
+    if n.op not in UNARY or n.inputs[0] is not v or not _same(v, n.outputs[0]):
+        return None
+    return UNARY[n.op], str(n.attrs.get("approximate", "")) if n.op == "gelu" else ""
+
+
+def find_epilogue(
+    node: Node, users: Mapping[Value, list[Node]], outputs: set[int], live: set[int]
+) -> Epilogue | None:
+    """The pointwise nodes after ``node`` that oneDNN can run as post-ops: an activation, or a
+    residual add of a same-shaped tensor (conv: optionally followed by an activation)."""
+    if not supported(node):
+        return None
+    v = node.outputs[0]
+    first = _single_user(v, users, outputs, live)
+    if first is None:
+        return None
+    unary = _unary(first, v)
+    if unary is not None:
+        return Epilogue((first,), unary[0], unary[1], None, first.outputs[0])
+    if first.op != "add" or first.attrs.get("alpha", 1) != 1:
+        return None
+    a, b = first.inputs
+    other = b if a is v else a
+    if not (isinstance(other, Value) and other is not v and (a is v or b is v)):
+        return None
+    if not (_same(other, v) and _same(v, first.outputs[0])):
+        return None
+    added = first.outputs[0]
+    then = _single_user(added, users, outputs, live) if node.op == "conv2d" else None
+    after = _unary(then, added) if then is not None else None
+    if then is not None and after is not None:
+        return Epilogue((first, then), after[0], after[1], other, then.outputs[0])
+    return Epilogue((first,), None, "", other, added)
+
+
+def _attr(ep: Epilogue | None) -> tuple[str, list[Any], str]:
+    if ep is None or ep.unary is None:
+        return "none", [], ""
+    return ep.unary, [], ep.algorithm
+
+
+def linear_call(node: Node, consts: Mapping[Any, torch.Tensor], ep: Epilogue | None) -> ExternCall:
+    op = torch.ops.mkldnn._linear_pointwise
+    x = node.inputs[0]
+    assert isinstance(x, Value) and isinstance(x.type, TensorType)
+    rows = 1
+    for d in x.type.shape[:-1]:
+        rows *= int(d)
+    reorder = torch.ops.mkldnn._reorder_linear_weight
+    weight = PreparedWeight(lambda w: reorder(w.contiguous(), rows))
+    when = _prepare(weight, consts.get(node.inputs[1]))
+    detail = f"oneDNN linear (weight prepacked {when})"
+    if ep is not None and ep.other is not None:
+        binary = op.binary
+
+        def with_add(x: Any, w: Any, b: Any, other: Any) -> Any:
+            return binary(x, other, weight(w), b, "add")
+
+        return ExternCall(with_add, "matmul", f"{detail} + fused {ep.describe()}")
+    attr, scalars, algorithm = _attr(ep)
+    default = op.default
+
+    def fn(x: Any, w: Any, b: Any) -> Any:
+        return default(x, weight(w), b, attr, scalars, algorithm)
+
+    suffix = f" + fused {ep.describe()}" if ep is not None else ""
+    return ExternCall(fn, "matmul", detail + suffix)
+
+
+def conv_call(node: Node, consts: Mapping[Any, torch.Tensor], ep: Epilogue | None) -> ExternCall:
+    a = node.attrs
+    stride, padding, dilation, groups = (
+        list(a["stride"]),
+        list(a["padding"]),
+        list(a["dilation"]),
+        a["groups"],
+    )
+    x = node.inputs[0]
+    assert isinstance(x, Value) and isinstance(x.type, TensorType)
+    size = [int(d) for d in x.type.shape]
+    reorder = torch.ops.mkldnn._reorder_convolution_weight
+    weight = PreparedWeight(
+        lambda w: reorder(w.contiguous(), padding, stride, dilation, groups, size)
+    )
+    when = _prepare(weight, consts.get(node.inputs[1]))
+    detail = f"oneDNN conv2d channels_last (weight prepacked {when})"
+    cl = torch.channels_last
+    op = torch.ops.mkldnn._convolution_pointwise
+    attr, scalars, algorithm = _attr(ep)
+    if ep is not None and ep.other is not None:
+        binary = op.binary
+        unary = ep.unary
+
+        def with_add(x: Any, w: Any, b: Any, other: Any) -> Any:
+            return binary(x.contiguous(memory_format=cl), other.contiguous(memory_format=cl),
+                          weight(w), b, padding, stride, dilation, groups, "add", 1.0, unary,
+                          scalars, algorithm or None)  # fmt: skip
+
+        return ExternCall(with_add, "conv", f"{detail} + fused {ep.describe()}")
+    default = op.default
+
+    def fn(x: Any, w: Any, b: Any) -> Any:
+        return default(x.contiguous(memory_format=cl), weight(w), b, padding, stride, dilation,
+                       groups, attr, scalars, algorithm)  # fmt: skip
+
+    suffix = f" + fused {ep.describe()}" if ep is not None else ""
+    return ExternCall(fn, "conv", detail + suffix)
+
+
+def _prepare(weight: PreparedWeight, fixed: torch.Tensor | None) -> str:
+    if fixed is None:
+        return "on first use, reused while identity and version hold"
+    weight(fixed)
+    return "at compile time"
+
+
+def onednn_call(node: Node, consts: Mapping[Any, torch.Tensor], ep: Epilogue | None) -> ExternCall:
+    make: Callable[..., ExternCall] = linear_call if node.op == "linear" else conv_call
+    return make(node, consts, ep)
