@@ -123,6 +123,9 @@ def test_clone_output_never_aliases_input() -> None:
 
 
 class _Counter(torch.nn.Module):
+    count: torch.Tensor
+    total: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("count", torch.zeros((), dtype=torch.int64))

@@ -170,8 +170,10 @@ def test_unchanged_calls_never_recompile() -> None:
     compiled = plait.compile(model)
     for _ in range(5):
         compiled(torch.randn(3, 4))
+    first = model[0]
+    assert isinstance(first, torch.nn.Linear)
     with torch.no_grad():
-        model[0].weight.add_(1.0)  # values may change: parameters are read live
+        first.weight.add_(1.0)  # values may change: parameters are read live
     compiled(torch.randn(3, 4))
     assert len(compiled.specializations) == 1 and compiled.recompile_reasons == []
 

@@ -89,6 +89,7 @@ def test_gpt2(attention: str, train: bool, dtype: torch.dtype) -> None:
     compiled = compare_module(model, tokens, fullgraph=True)
     _no_opaque(compiled)
     graph = compiled.specializations[0].graph
+    assert graph is not None
     ops = {n.op for n in graph.nodes}
     assert ("scaled_dot_product_attention" in ops) == (attention == "sdpa")
     assert ("softmax" in ops) == (attention == "explicit")
@@ -100,9 +101,12 @@ def test_batchnorm_buffers_update_once_per_call() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).train()
     compiled = compare_module(model, _images(torch.float32, 8), calls=3)
-    assert int(model[1].num_batches_tracked) == 3
+    bn = model[1]
+    assert isinstance(bn, torch.nn.BatchNorm2d) and bn.num_batches_tracked is not None
+    assert int(bn.num_batches_tracked) == 3
     assert len(compiled.specializations) == 1
     graph = compiled.specializations[0].graph
+    assert graph is not None
     # NOTE: the running stats and the counter are graph outputs written back after each call.
     assert sum(n.op == "batch_norm_train" for n in graph.nodes) == 1
     assert len(compiled.specializations[0].program.mutations) == 3

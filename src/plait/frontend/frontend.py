@@ -78,16 +78,21 @@ def capture_program(
             "torch.autocast", "capture under autocast is not supported yet", kind="limitation"
         )
     static_sizes: set[int] = set()
+    specialized: list[str] = []
     while True:
         cx = CaptureContext(fullgraph=fullgraph, dynamic=bool(dynamic), static_sizes=static_sizes)
         try:
-            return _capture_once(cx, fn, adapter, spec, leaves, paths, module_state)
+            prog = _capture_once(cx, fn, adapter, spec, leaves, paths, module_state)
         except Restart as restart:
             static_sizes |= restart.sizes
+            specialized.append(restart.why)
+            continue
         except GraphCaptureError as err:
             if fullgraph or err.kind not in ("data-dependent", "unsupported", "limitation"):
                 raise
-            return _fallback(cx, err, spec, leaves, paths, module_state)
+            prog = _fallback(cx, err, spec, leaves, paths, module_state)
+        prog.specialized = specialized
+        return prog
 
 
 def _input_name(path: str, taken: set[str]) -> str:

@@ -125,6 +125,8 @@ def _is_contiguous(cx: CaptureContext, x: Any, memory_format: Any = None) -> boo
     T.untyped_storage,
     T.retain_grad,
     T.register_hook,
+    T.detach_,
+    _getter("data", "__set__"),
 )
 def _layout_or_autograd(cx: CaptureContext, x: Any, *args: Any, **kwargs: Any) -> Any:
     cx.limitation(

@@ -11,11 +11,12 @@ from typing import Any
 
 import torch
 
-from plait.frontend.symints import TracedInt
+from plait.frontend.symints import TracedInt, plain_int
 from plait.frontend.table import InPlace, Viewed, getter, op
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.views import ViewStep, scatter
 from plait.ir import TensorType, Value
+from plait.symbolic import normalize
 
 T = torch.Tensor
 
@@ -146,6 +147,12 @@ def _contiguous(cx: CaptureContext, out: Any, x: Any, memory_format: Any = None)
     return Viewed(v, x, (ViewStep("identity"),))
 
 
+@op(*_both("detach"), getter("data"), grad=False)
+def _detach(cx: CaptureContext, out: Any, x: Any) -> Any:
+    # NOTE: shares memory with x (a write through it writes x) and never requires grad.
+    return _view(cx, x, ViewStep("detach"))
+
+
 @op(*_both("clone"))
 def _clone(cx: CaptureContext, out: Any, x: Any, memory_format: Any = None) -> Value:
     return cx.value(x)  # NOTE: same value, new memory: the result is a fresh root
@@ -158,11 +165,20 @@ def _select(cx: CaptureContext, out: Any, x: Any, dim: Any, index: Any) -> Any:
 
 @op(*_both("narrow"))
 def _narrow(cx: CaptureContext, out: Any, x: Any, dim: Any, start: Any, length: Any) -> Any:
-    s = cx.int(start)
     d = cx.int(dim)
-    if s < 0:
-        s += cx.int(cx.tracer(x)._plain.shape[d])
-    return _view(cx, x, ViewStep.of("slice", dim=d, start=s, end=s + cx.int(length), step=1))
+    s = _bound(cx, start)
+    if isinstance(s, int) and s < 0:
+        s = normalize(_dims_of(cx, x)[d] + s)
+    end = normalize(s + _bound(cx, length))
+    return _view(cx, x, ViewStep.of("slice", dim=d, start=s, end=end, step=1))
+
+
+def _bound(cx: CaptureContext, b: Any) -> Any:
+    """A slice bound for the IR: an int, or with ``dynamic=True`` the size expression of a
+    traced size (slices.py guards it); a negative traced size is specialized."""
+    if isinstance(b, TracedInt) and not isinstance(b.ir, int) and plain_int(b) >= 0:
+        return b.ir
+    return cx.int(b)
 
 
 # --- split / chunk / unbind ------------------------------------------------------------------
@@ -295,8 +311,8 @@ def _basic_steps(cx: CaptureContext, x: Any, index: Any) -> tuple[list[ViewStep]
                     ViewStep.of(
                         "slice",
                         dim=d,
-                        start=None if it.start is None else cx.int(it.start),
-                        end=None if it.stop is None else cx.int(it.stop),
+                        start=None if it.start is None else _bound(cx, it.start),
+                        end=None if it.stop is None else _bound(cx, it.stop),
                         step=1 if it.step is None else cx.int(it.step),
                     )
                 )

@@ -2,18 +2,39 @@
 
 Under ``fullgraph=True`` a call with no rule is a :class:`GraphCaptureError`. Otherwise it becomes
 an ``opaque`` node (counted; the compiled callable reports the counts) when the IR can express
-it: positional tensor arguments only, tensor outputs, static shapes, no mutation of its inputs,
-and a ``torch.*`` name the IR can resolve. Anything else is a capture error (``plait.compile``
-then runs the program eagerly, recorded and with a warning).
+it: at least one tensor argument, tensor outputs, static shapes, no mutation of its inputs, a
+``torch.*`` name the IR can resolve, and every other argument a *literal* the node can carry.
+Anything else is a capture error (``plait.compile`` then runs the program eagerly, recorded and
+with a warning).
+
+Literals travel as JSON (the node's ``literals``/``kwliterals`` attributes): the call's
+positional arguments with ``{"t": i}`` for tensor operand ``i``, and its keyword arguments.
+
+NOTE: a literal is accepted only when JSON gives back exactly the same value: bool, int, str,
+None, floats whose bits survive (``inf`` and the default ``nan`` do, ``-nan`` does not), and
+lists of those; tuples too for builtin torch functions, whose argument parser takes a list
+wherever it takes a tuple. Dicts (``{"t": i}`` is the operand marker), ``torch.dtype``,
+devices and other objects have no encoding the IR decodes, so they are refused.
+
+Example:
+    >>> import torch
+    >>> from plait.frontend import capture_program
+    >>> prog = capture_program(lambda x: x.cumsum(0), (torch.ones(3),), fullgraph=False)
+    >>> [(n.op, n.attrs["literals"]) for n in prog.graph.nodes]
+    [('opaque', '[{"t": 0}, 0]')]
 """
 
 from __future__ import annotations
 
+import json
+import struct
+import types
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.overrides import resolve_name
 
+from plait.frontend.symints import TracedInt, TracedSize
 from plait.frontend.writes import write_targets
 from plait.ir.ops.extern import resolve_target
 
@@ -24,6 +45,18 @@ _HINT = (
     "plait.compile(fullgraph=False) runs a call with no capture rule as an 'opaque' node that "
     "PyTorch executes (counted and reported), when the IR can express it."
 )
+# NOTE: C functions: PyTorch's argument parser treats a list and a tuple alike.
+_BUILTIN = (
+    types.BuiltinFunctionType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.MethodWrapperType,
+    types.ClassMethodDescriptorType,
+)
+
+
+class _NotLiteral(Exception):
+    """An argument the opaque node cannot carry; the message says which and why."""
 
 
 def _target(func: Any) -> str | None:
@@ -37,11 +70,48 @@ def _target(func: Any) -> str | None:
     return name
 
 
-def _why_not(cx: CaptureContext, func: Any, args: tuple, kwargs: dict) -> str | None:
-    if kwargs:
-        return f"it takes keyword arguments ({', '.join(kwargs)})"
-    if not args or not all(isinstance(a, torch.Tensor) for a in args):
-        return "the IR's opaque node passes tensor arguments only"
+def _encode(x: Any, tensors: list[Any], tuples_ok: bool) -> Any:
+    """``x`` as JSON data; tensors become ``{"t": i}`` (appended to ``tensors``)."""
+    if isinstance(x, torch.Tensor):
+        tensors.append(x)
+        return {"t": len(tensors) - 1}
+    if isinstance(x, TracedInt):
+        return int.__int__(x)  # NOTE: opaque nodes are static-only: the size is type-guarded
+    if x is None or isinstance(x, (bool, int, str)):
+        return x
+    if isinstance(x, float):
+        back = json.loads(json.dumps(x))
+        if struct.pack("<d", back) != struct.pack("<d", x):
+            raise _NotLiteral(f"the float {x!r} does not survive a JSON round trip")
+        return x
+    if type(x) in (tuple, torch.Size, TracedSize) and not tuples_ok:
+        raise _NotLiteral("a tuple argument to a Python function would come back as a list")
+    if type(x) in (list, tuple, torch.Size, TracedSize):
+        return [_encode(v, tensors, tuples_ok) for v in x]
+    raise _NotLiteral(f"a {type(x).__name__} argument has no JSON encoding the IR decodes")
+
+
+def _call_spec(func: Any, args: tuple, kwargs: dict) -> tuple[list[Any], dict[str, str]]:
+    """The tensor operands and the opaque node's ``literals``/``kwliterals`` attributes (left
+    out when the call is tensors only, in order)."""
+    tensors: list[Any] = []
+    tuples_ok = isinstance(func, _BUILTIN)
+    positional = [_encode(a, tensors, tuples_ok) for a in args]
+    in_keywords: list[Any] = []
+    keywords = {k: _encode(v, in_keywords, tuples_ok) for k, v in kwargs.items()}
+    if in_keywords:
+        raise _NotLiteral("a tensor keyword argument (the node passes literal keywords only)")
+    if not tensors:
+        raise _NotLiteral("it has no tensor argument")
+    attrs: dict[str, str] = {}
+    if positional != [{"t": i} for i in range(len(tensors))]:
+        attrs["literals"] = json.dumps(positional)
+    if keywords:
+        attrs["kwliterals"] = json.dumps(keywords)
+    return tensors, attrs
+
+
+def _why_not(cx: CaptureContext, func: Any) -> str | None:
     if cx.dynamic:
         return "opaque nodes need static shapes (dynamic=True)"
     if _target(func) is None:
@@ -53,13 +123,17 @@ def run_opaque(cx: CaptureContext, func: Any, args: tuple, kwargs: dict) -> Any:
     name = cx.current
     if cx.fullgraph:
         cx.fail("unsupported", f"no capture rule maps {name} to plait's IR", _HINT)
-    why = _why_not(cx, func, args, kwargs)
+    why = _why_not(cx, func)
+    try:
+        operands, literal_attrs = _call_spec(func, args, kwargs)
+    except _NotLiteral as exc:
+        why = why or str(exc)
     if why is not None:
         cx.fail(
             "unsupported",
             f"no capture rule maps {name} to plait's IR, and it cannot be an opaque node: {why}",
         )
-    tracers = [cx.tracer(a) for a in args]
+    tracers = [cx.tracer(a) for a in operands]
     cx.check_writable(write_targets(name, func, args, kwargs))
     versions = [t._plain._version for t in tracers]
     out, _ = cx.sample(func, args, kwargs)
@@ -70,13 +144,14 @@ def run_opaque(cx: CaptureContext, func: Any, args: tuple, kwargs: dict) -> Any:
         cx.fail(
             "unsupported", f"{name} returns {type(out).__name__}; an opaque node returns tensors"
         )
-    types = [cx.type_of_plain(o) for o in outs]
+    out_types = [cx.type_of_plain(o) for o in outs]
     target = _target(func)
     values = cx.call(
         "opaque",
         [cx.value(t) for t in tracers],
         target=target,
-        out_types="; ".join(str(t) for t in types),
+        out_types="; ".join(str(t) for t in out_types),
+        **literal_attrs,
     )
     cx.opaque_counts[str(target)] += 1
     grad = cx.grad_enabled and any(t._rg for t in tracers)

@@ -52,6 +52,7 @@ class CapturedProgram:
     opaque_counts: dict[str, int] = field(default_factory=dict)
     fallback_reason: str | None = None
     dynamic: bool = False
+    specialized: list[str] = field(default_factory=list)  # dynamic=True: sizes made static, why
 
     def graph_inputs(self, env: GuardEnv, state: Sequence[torch.Tensor]) -> list[Any]:
         out: list[Any] = []

@@ -8,7 +8,8 @@ Three kinds:
   first runs the real PyTorch call on the sample values (``out`` is its result), then the
   emitter; it returns IR values (or :class:`Viewed` / :class:`InPlace` results) shaped like
   ``out``. ``inplace=True`` marks an in-place method: the emitter returns the functional value
-  and the tracer rebinds the mutated tensor.
+  and the tracer rebinds the mutated tensor. ``grad=False`` marks a call whose result never
+  requires grad (``detach``).
 - ``meta``: ``fn(cx, *args, **kwargs)`` answers a metadata read (shape, dtype, ...) itself.
 - ``data``: a read of tensor data; capture refuses it (``GraphCaptureError``) naming ``what``.
 
@@ -37,6 +38,7 @@ class Rule:
     fn: Callable[..., Any] | None = None
     inplace: bool = False
     what: str = ""
+    grad: bool = True  # False: the result never requires grad, whatever its inputs
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,11 @@ def _register(funcs: Sequence[Any], rule: Rule) -> None:
         _RULES[f] = rule
 
 
-def op(*funcs: Any, inplace: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def op(
+    *funcs: Any, inplace: bool = False, grad: bool = True
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        _register(funcs, Rule("op", fn, inplace))
+        _register(funcs, Rule("op", fn, inplace, grad=grad))
         return fn
 
     return deco

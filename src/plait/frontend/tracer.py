@@ -51,9 +51,10 @@ class Restart(BaseException):
 
     NOTE: a BaseException, so that a user's ``except Exception`` cannot swallow it."""
 
-    def __init__(self, sizes: set[int]) -> None:
-        super().__init__(f"specialize sizes {sorted(sizes)}")
+    def __init__(self, sizes: set[int], why: str) -> None:
+        super().__init__(f"specialize sizes {sorted(sizes)}: {why}")
         self.sizes = sizes
+        self.why = why
 
 
 @dataclass
@@ -180,9 +181,14 @@ class CaptureContext:
             return
         ir_syms = {s for s in expr.free_symbols if s in self.bindings}
         if ir_syms:
-            err = Restart({self.bindings[s] for s in ir_syms})
-            self.error = err
-            raise err
+            self.restart(ir_syms, f"{self.current} needs a plain int")
+
+    def restart(self, syms: set[sympy.Symbol], why: str) -> NoReturn:
+        """Capture again with the sizes of ``syms`` static; ``why`` names the cause."""
+        sources = ", ".join(sorted(self.symbols[s][2] for s in syms))
+        err = Restart({self.bindings[s] for s in syms}, f"{sources}: {why}")
+        self.error = err
+        raise err
 
     # --- inputs ---------------------------------------------------------------------------------
     def input_dims(self, leaf: int, label: str, shape: torch.Size) -> tuple[tuple, tuple]:
@@ -333,10 +339,10 @@ class CaptureContext:
             return self.builder.call(op, *operands, **attrs)
         except (TypeRuleError, AttrError, TypeError, ValueError) as exc:
             if self.dynamic:
-                self._restart_static(operands)
+                self._restart_static(operands, f"plait's IR op {op!r}: {exc}")
             self.limitation(f"plait's IR op {op!r} rejects this call: {exc}")
 
-    def _restart_static(self, operands: Any) -> None:
+    def _restart_static(self, operands: Any, why: str) -> None:
         """A type rule could not relate symbolic sizes (``s1`` against a weight's ``8``): make
         the sizes involved static and capture again. Sizes equal to a static dim of another
         operand go first; failing that, every symbolic size of the operands."""
@@ -354,12 +360,9 @@ class CaptureContext:
             if s in self.bindings
         }
         statics = {d for t in types for d in t.shape if isinstance(d, int)}
-        sizes = {self.bindings[s] for s in syms}
-        matching = sizes & statics
-        if sizes:
-            err = Restart(matching or sizes)
-            self.error = err
-            raise err
+        matching = {s for s in syms if self.bindings[s] in statics}
+        if syms:
+            self.restart(matching or syms, why)
 
     # --- shapes for metadata reads --------------------------------------------------------
     def sizes(self, t: Tracer) -> tuple[Any, ...]:
@@ -389,6 +392,9 @@ class CaptureContext:
         lift = root._lift
         if lift is not None and lift.kind == "param":
             self.limitation(f"in-place update of parameter {lift.name!r} inside the program")
+        if self.grad_enabled and root._rg and any(s.op == "detach" for s in tr._steps or ()):
+            # NOTE: eager autograd never sees such a write; the IR would cut the gradient.
+            self.limitation("in-place update through detach()/.data of a tensor that requires grad")
         if lift is not None and lift.kind in ("user", "const") and self.grad_enabled and root._rg:
             raise RuntimeError(
                 "a leaf Variable that requires grad is being used in an in-place operation."
@@ -457,6 +463,8 @@ class CaptureContext:
             return torch.Size(plain_int(d) for d in x)
         if isinstance(x, TracedInt):
             return plain_int(x)
+        if isinstance(x, slice):  # NOTE: plain bounds, so PyTorch never specializes them
+            return slice(plain_int(x.start), plain_int(x.stop), plain_int(x.step))
         if type(x) in (list, tuple):
             return type(x)(self.unwrap(v, found) for v in x)
         if isinstance(x, dict):
@@ -483,7 +491,7 @@ class CaptureContext:
         ir = rule.fn(self, out, *args, **kwargs)
         if rule.inplace:
             ir = InPlace(args[0], ir)
-        grad = self.grad_enabled and any(t._rg for t in inputs)
+        grad = rule.grad and self.grad_enabled and any(t._rg for t in inputs)
         return self.wrap(ir, out, inputs, grad)
 
     def wrap(self, ir: Any, out: Any, inputs: list[Tracer], grad: bool) -> Any:

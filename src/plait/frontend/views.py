@@ -10,6 +10,9 @@ for each tracer that is a view, the chain of :class:`ViewStep` from its root ten
   its output back into its input (reshape back, transpose back, or concatenate the untouched
   slices around the written one). Steps that cannot do that (``expand``) refuse.
 
+``detach`` (and ``.data``) is a view step too: same value, no gradient; a write through it goes
+to the root unchanged. Slices of symbolic dims are in slices.py.
+
 Everything here moves values and never does arithmetic, so it is bitwise exact.
 
 Example:
@@ -23,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from plait.frontend.slices import emit_slice, splice, write_range
 from plait.ir import TensorType, Value
 from plait.symbolic import normalize
 
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
 # NOTE: these keep the element order, so a new value goes back by reshaping to the input shape.
 _RESHAPES = ("view", "reshape", "flatten", "unsqueeze", "squeeze")
 _IDENTITY = ("identity",)
+_SAME_VALUE = ("identity", "detach")  # NOTE: output value == input value
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ class ViewStep:
         functionalization the replayed input may not be viewable in the eager runtime."""
         if self.op in _IDENTITY:
             return v
+        if self.op == "slice":
+            return emit_slice(cx, v, **dict(self.attrs))
         op = "reshape" if replay and self.op == "view" else self.op
         out: Value = cx.call(op, v, **dict(self.attrs))
         return out
@@ -58,7 +65,7 @@ class ViewStep:
     def inverse_name(self) -> str | None:
         if self.op in _RESHAPES:
             return "reshape"
-        if self.op in ("transpose", "permute", "slice", "select") or self.op in _IDENTITY:
+        if self.op in ("transpose", "permute", "slice", "select") or self.op in _SAME_VALUE:
             return self.op
         return None
 
@@ -72,7 +79,7 @@ class ViewStep:
                 f"a write through a view made by {self.op!r} cannot be put back into "
                 "the tensor it views"
             )
-        if kind in _IDENTITY:
+        if kind in _SAME_VALUE:
             return new
         if kind == "reshape":
             out: Value = cx.call("reshape", new, shape=base.type.shape)
@@ -89,53 +96,16 @@ class ViewStep:
             dim = attrs["dim"] % base.type.rank
             n = base.type.shape[dim]
             index = attrs["index"]
-            if index < 0:
-                if not isinstance(n, int):
-                    cx.limitation("a write through a negative index of a symbolic dim")
-                index += n
+            lo = normalize(n + index) if index < 0 else index
+            lo, hi = write_range(cx, n, lo, normalize(lo + 1))
             piece = cx.call("unsqueeze", new, dim=dim)
-            return _splice(cx, base, piece, dim, index, index + 1)
+            return splice(cx, base, piece, dim, lo, hi)
         # slice
         if attrs["step"] != 1:
             cx.limitation("a write through a strided slice (step != 1) is not supported")
         dim = attrs["dim"] % base.type.rank
-        lo, hi = _bounds(cx, base.type.shape[dim], attrs["start"], attrs["end"])
-        return _splice(cx, base, new, dim, lo, hi)
-
-
-def _bounds(cx: CaptureContext, n: Any, start: int | None, end: int | None) -> tuple[Any, Any]:
-    if isinstance(n, int):
-        lo, hi, _ = slice(start, end).indices(n)
-        return lo, max(lo, hi)
-    if (start or 0) < 0 or (end is not None and end < 0):
-        cx.limitation("a write through a slice with negative bounds on a symbolic dim")
-    return start or 0, (n if end is None else end)
-
-
-def _splice(cx: CaptureContext, base: Value, piece: Value, dim: int, lo: Any, hi: Any) -> Value:
-    """``base`` with positions ``[lo, hi)`` along ``dim`` replaced by ``piece``."""
-    assert isinstance(base.type, TensorType)
-    n = base.type.shape[dim]
-    parts: list[Value] = []
-    if not _is_zero(lo):
-        parts.append(cx.call("slice", base, dim=dim, start=0, end=_as_attr(cx, lo)))
-    parts.append(piece)
-    if not _is_zero(normalize(n - hi)):
-        parts.append(cx.call("slice", base, dim=dim, start=_as_attr(cx, hi), end=None))
-    if len(parts) == 1:
-        return piece
-    out: Value = cx.call("cat", parts, dim=dim)
-    return out
-
-
-def _is_zero(d: Any) -> bool:
-    return isinstance(d, int) and d == 0
-
-
-def _as_attr(cx: CaptureContext, d: Any) -> int:
-    if not isinstance(normalize(d), int):
-        cx.limitation("a write through a slice whose bounds are symbolic")
-    return int(normalize(d))
+        lo, hi = write_range(cx, base.type.shape[dim], attrs["start"], attrs["end"])
+        return splice(cx, base, new, dim, lo, hi)
 
 
 def replay(cx: CaptureContext, root_value: Value, steps: Sequence[ViewStep]) -> Value:

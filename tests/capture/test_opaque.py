@@ -1,0 +1,149 @@
+"""Calls with no capture rule whose arguments include literals become ``opaque`` nodes carrying
+the literals (under ``fullgraph=False``: counted, warned about, recorded), bitwise equal to eager
+on fresh inputs; a literal JSON cannot give back exactly keeps the eager fallback."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import plait
+from plait.errors import CaptureFallbackWarning, GraphCaptureError
+from plait.frontend import capture_program
+from plait.ir import from_text, to_text
+from tests.capture.helpers import assert_same
+
+# name: (program, expected (target, literals, kwliterals) of its opaque nodes)
+CASES: dict[str, tuple[Any, list[tuple[str, str, str]]]] = {
+    "cumsum": (lambda x: x.cumsum(0), [("torch.Tensor.cumsum", '[{"t": 0}, 0]', "")]),
+    "roll": (lambda x: torch.roll(x, 1, 0), [("torch.roll", '[{"t": 0}, 1, 0]', "")]),
+    "flip_list": (lambda x: torch.flip(x, [0]), [("torch.flip", '[{"t": 0}, [0]]', "")]),
+    "flip_tuple": (lambda x: x.flip((0, 1)), [("torch.Tensor.flip", '[{"t": 0}, [0, 1]]', "")]),
+    "keywords": (
+        lambda x: torch.cumsum(x, dim=1) * torch.roll(x, shifts=(1, -2), dims=(0, 1)),
+        [
+            ("torch.cumsum", "", '{"dim": 1}'),
+            ("torch.roll", "", '{"shifts": [1, -2], "dims": [0, 1]}'),
+        ],
+    ),
+    "float_literals": (
+        lambda x: torch.nan_to_num(x.log(), 0.25, posinf=math.inf, neginf=-1e300),
+        [
+            (
+                "torch.nan_to_num",
+                '[{"t": 0}, 0.25]',
+                '{"posinf": Infinity, "neginf": -1e+300}',
+            )
+        ],
+    ),
+    "strings_and_nested_tensors": (
+        lambda x: torch.einsum("ij,jk->ik", [x, x.t()]) + torch.einsum("ij->ji", x),
+        [
+            ("torch.functional.einsum", '["ij,jk->ik", [{"t": 0}, {"t": 1}]]', ""),
+            ("torch.functional.einsum", '["ij->ji", {"t": 0}]', ""),
+        ],
+    ),
+    "none_and_bool": (
+        lambda x: torch.std_mean(x, None, correction=0, keepdim=True)[0],
+        [("torch.std_mean", '[{"t": 0}, null]', '{"correction": 0, "keepdim": true}')],
+    ),
+}
+
+
+def _opaque_attrs(graph: Any) -> list[tuple[str, str, str]]:
+    return [
+        (n.attrs["target"], n.attrs["literals"], n.attrs["kwliterals"])
+        for n in graph.nodes
+        if n.op == "opaque"
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_literal_arguments_become_opaque_nodes(name: str) -> None:
+    fn, expected = CASES[name]
+    compiled = plait.compile(fn)
+    for i in range(3):
+        x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i)).abs() + 0.5
+        if i == 0:
+            with pytest.warns(CaptureFallbackWarning, match="opaque PyTorch nodes"):
+                got = compiled(x)
+        else:
+            got = compiled(x)
+        assert_same(got, fn(x), f"call {i}")
+    assert len(compiled.specializations) == 1
+    spec = compiled.specializations[0]
+    assert spec.fallback_reason is None
+    assert _opaque_attrs(spec.graph) == expected
+    assert spec.opaque_counts == {t: [e[0] for e in expected].count(t) for t, _, _ in expected}
+    back = from_text(to_text(spec.graph))  # NOTE: the literals survive the IR's text form
+    assert to_text(back) == to_text(spec.graph)
+    assert _opaque_attrs(back) == expected
+
+
+def test_literal_calls_are_errors_under_fullgraph() -> None:
+    for fn, _ in CASES.values():
+        with pytest.raises(GraphCaptureError, match="no capture rule maps") as info:
+            plait.capture(fn, (torch.randn(4, 4),))
+        assert info.value.kind == "unsupported"
+
+
+def test_tensors_only_calls_keep_their_plain_form() -> None:
+    prog = capture_program(lambda x: torch.fliplr(x), (torch.randn(2, 3),), fullgraph=False)
+    assert _opaque_attrs(prog.graph) == [("torch.fliplr", "", "")]
+
+
+# name: (program, why it cannot be an opaque node)
+REFUSED: dict[str, tuple[Any, str]] = {
+    "dtype": (lambda x: x.cumsum(0, dtype=torch.float64), "a dtype argument"),
+    "device": (lambda x: torch.rand_like(x, device=torch.device("cpu")), "a device argument"),
+    "generator": (
+        lambda x: torch.bernoulli(x.sigmoid(), generator=torch.Generator()),
+        "a Generator argument",
+    ),
+    "tensor_keyword": (lambda x: torch.lerp(x, end=x * 2, weight=0.5), "a tensor keyword"),
+    "tuple_to_python_function": (lambda x: F.pad(x, (1, 1), value=-1.0), "a tuple argument"),
+    "negative_nan": (lambda x: torch.nan_to_num(x, -math.nan), "does not survive a JSON round"),
+    "nan_payload": (
+        lambda x: torch.nan_to_num(x, _nan_with_payload()),
+        "does not survive a JSON round",
+    ),
+    "dict": (lambda x: torch.einsum("ij->ji", x, {"t": 0}), "a dict argument"),
+}
+
+
+def _nan_with_payload() -> float:
+    import struct
+
+    (value,) = struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000123))
+    return float(value)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_literals_json_cannot_give_back_keep_the_fallback(name: str) -> None:
+    fn, why = REFUSED[name]
+    prog = capture_program(fn, (torch.randn(3, 3),), fullgraph=False)
+    assert prog.graph is None, name
+    assert "cannot be an opaque node" in str(prog.fallback_reason)
+    assert why in str(prog.fallback_reason), prog.fallback_reason
+
+
+def test_a_refused_literal_runs_eagerly_and_bitwise() -> None:
+    fn = REFUSED["dtype"][0]
+    compiled = plait.compile(fn)
+    x = torch.randn(5)
+    with pytest.warns(CaptureFallbackWarning, match="eagerly"):
+        assert_same(compiled(x), fn(x))
+    assert compiled(x.exp()).dtype == torch.float64
+
+
+def test_json_round_trip_of_special_floats() -> None:
+    # NOTE: what the literal check relies on: Python's json keeps inf and the default nan's
+    # bits, and writes no negative-nan sign.
+    assert json.loads(json.dumps(math.inf)) == math.inf
+    assert math.copysign(1.0, json.loads(json.dumps(-math.nan))) == 1.0
+    assert json.loads(json.dumps(-0.0)).hex() == "-0x0.0p+0"
