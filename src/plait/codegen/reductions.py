@@ -85,26 +85,36 @@ class _Template:
         locs: dict[Value, Loc],
         kept: tuple[int, ...],
         reduced: tuple[int, ...],
+        groups: int = 0,
     ) -> None:
+        """Outer loops over the ``kept`` dims, inner loops over the ``reduced`` dims; with
+        ``groups`` (group_norm), outer (N, G) and inner (C/G, spatial...) instead."""
         x = node.inputs[0]
         assert isinstance(x, Value)
         self.node, self.x = node, x
         self.shape = shape_of(x.type)
         self.kept, self.reduced = kept, reduced
-        outer = loop_vars([self.shape[d] for d in kept], "i")
-        inner = loop_vars([self.shape[d] for d in reduced], "r")
+        if groups:
+            n, c = self.shape[0], self.shape[1]
+            outer = loop_vars([n, groups], "i")
+            inner = loop_vars([c // groups, *self.shape[2:]], "r")
+            channel = Ix.var(outer[1]) * (c // groups) + Ix.var(inner[0])
+            self.index = (Ix.var(outer[0]), channel, *(Ix.var(v) for v in inner[1:]))
+        else:
+            outer = loop_vars([self.shape[d] for d in kept], "i")
+            inner = loop_vars([self.shape[d] for d in reduced], "r")
+            index: list[Ix] = [Ix.lit(0)] * len(self.shape)
+            for d, v in zip(kept, outer):
+                index[d] = Ix.var(v)
+            for d, v in zip(reduced, inner):
+                index[d] = Ix.var(v)
+            self.index = tuple(index)
         self.b = KernelBuilder(name, outer, inner)
         self.low = Lowerer(self.b, locs)
         self.low.covered.add(node.id)
-        index: list[Ix] = [Ix.lit(0)] * len(self.shape)
-        for d, v in zip(kept, outer):
-            index[d] = Ix.var(v)
-        for d, v in zip(reduced, inner):
-            index[d] = Ix.var(v)
-        self.index = tuple(index)
         self.n = 1
-        for d in reduced:
-            self.n *= self.shape[d]
+        for v in inner:
+            self.n *= v.extent
 
     def out_type(self, k: int = 0) -> TensorType:
         t = self.node.outputs[k].type
@@ -226,7 +236,7 @@ def _norm(name: str, node: Node, locs: dict[Value, Loc]) -> Lowered:
         tp = _Template(name, node, locs, kept, reduced)
         param_index: tuple[Ix, ...] = tp.index[rank - k :]
     else:
-        tp = _group_template(name, node, locs, shape)
+        tp = _Template(name, node, locs, (), (), groups=node.attrs["num_groups"])
         param_index = (tp.index[1],)
     b = tp.b
     acc_t = accum_type("normalization", x.type.dtype)
@@ -252,32 +262,6 @@ def _norm(name: str, node: Node, locs: dict[Value, Loc]) -> Lowered:
 
 def _param(tp: _Template, p: Value, index: tuple[Ix, ...], t: str) -> Stmt:
     return to(tp.b, Arg(tp.low.value_at(p, index), None, None), t)
-
-
-def _group_template(
-    name: str, node: Node, locs: dict[Value, Loc], shape: tuple[int, ...]
-) -> _Template:
-    """group_norm: outer (N, G), inner (C/G, spatial...); x index (n, g*C/G + c, spatial...)."""
-    n, c = shape[0], shape[1]
-    g = node.attrs["num_groups"]
-    cg = c // g
-    spatial = shape[2:]
-    tp = _Template.__new__(_Template)
-    x = node.inputs[0]
-    assert isinstance(x, Value)
-    tp.node, tp.x, tp.shape = node, x, shape
-    outer = loop_vars([n, g], "i")
-    inner = loop_vars([cg, *spatial], "r")
-    tp.kept, tp.reduced = (), ()
-    tp.b = KernelBuilder(name, outer, inner)
-    tp.low = Lowerer(tp.b, locs)
-    tp.low.covered.add(node.id)
-    channel = Ix.var(outer[1]) * cg + Ix.var(inner[0])
-    tp.index = (Ix.var(outer[0]), channel, *(Ix.var(v) for v in inner[1:]))
-    tp.n = cg
-    for s in spatial:
-        tp.n *= s
-    return tp
 
 
 TEMPLATES: dict[str, Callable[[str, Node, dict[Value, Loc]], Lowered]] = {
