@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from plait.ir import (
     Graph,
+    GraphBuilder,
     InterpretError,
     TensorType,
     Value,
@@ -229,3 +230,19 @@ def test_weights_hash(change: str) -> None:
     else:
         w2["a"] = w["a"].reshape(4, 3)
     assert weights_hash(w2) != base
+
+
+def test_hash_does_not_depend_on_memory_addresses() -> None:
+    """Identical computations read by different users: the hash is one value, every time."""
+    hashes, keep = set(), []
+    for _ in range(30):
+        b = GraphBuilder()
+        x = b.input("x", TensorType((4, 4), torch.float32))
+        t1 = b.call("transpose", x, dim0=0, dim1=1)
+        t2 = b.call("transpose", x, dim0=0, dim1=1)
+        b.output(b.call("add", b.call("matmul", x, t1), b.call("exp", t2)))
+        g = b.build()
+        keep.append(g)  # NOTE: keep them alive, so new graphs get new addresses
+        hashes.add(semantic_hash(g))
+        hashes.add(semantic_hash(from_text(to_text(g))))
+    assert len(hashes) == 1

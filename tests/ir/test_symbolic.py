@@ -116,3 +116,12 @@ def test_reshape_symbolic() -> None:
     assert isinstance(t, TensorType) and t.shape == (s0, 24)
     (t,) = op.output_types((x,), op.check_attrs({"shape": (4 * s0, -1)}))
     assert isinstance(t, TensorType) and t.shape == (4 * s0, 6)
+
+
+@pytest.mark.parametrize(("start", "step", "n"), [(0, 1, 7), (2, 3, 11), (0, 2, 1), (5, 1, 5)])
+def test_arange_symbolic_end(start: int, step: int, n: int) -> None:
+    op = get_op("arange")
+    attrs = op.check_attrs({"start": start, "end": S[0], "step": step, "dtype": torch.int64})
+    (t,) = op.output_types((), attrs)
+    assert isinstance(t, TensorType)
+    assert _concrete(t, {"s0": n}) == tuple(torch.arange(start, n, step).shape)

@@ -120,17 +120,24 @@ def _canonical(graph: Graph) -> tuple[list[Node], _Namer]:
         push_if_ready(n)
     order: list[Node] = []
     while heap:
-        nid = heapq.heappop(heap)[2]
-        node = by_id[nid]
-        order.append(node)
-        namer.define(node)
-        newly = consumers.get(nid, [])
-        for c in newly:
-            pending[id(c)] -= 1
-        if nid in random_rank:
-            next_random += 1
-            if next_random < len(random_nodes):
-                newly = [*newly, random_nodes[next_random]]
+        # NOTE: every ready node with the smallest key leaves together: equal keys are identical
+        # computations sharing one canonical name, so none of them may get ahead of the others
+        # (which one the heap yields first depends on memory addresses).
+        key = heap[0][0]
+        group = []
+        while heap and heap[0][0] == key:
+            group.append(by_id[heapq.heappop(heap)[2]])
+        newly: list[Node] = []
+        for node in group:
+            order.append(node)
+            namer.define(node)
+            for c in consumers.get(id(node), []):
+                pending[id(c)] -= 1
+                newly.append(c)
+            if id(node) in random_rank:
+                next_random += 1
+                if next_random < len(random_nodes):
+                    newly.append(random_nodes[next_random])
         for c in {id(c): c for c in newly}.values():
             push_if_ready(c)
     if len(order) != len(graph.nodes):

@@ -6,6 +6,7 @@ import importlib
 import json
 from typing import Any
 
+import sympy
 import torch
 import torch.nn.functional as F
 
@@ -433,9 +434,19 @@ def arange_length(start: float, end: float, step: float) -> int:
 
 
 def _arange_rule(start: Any, end: Any, step: Any, dtype: torch.dtype, device: str) -> list[Type]:
-    if not all(isinstance(v, (int, float)) for v in (start, end, step)):
-        raise TypeRuleError("arange: symbolic bounds are not supported; specialize them")
-    return [TensorType((arange_length(start, end, step),), dtype, device)]
+    if all(isinstance(v, (int, float)) for v in (start, end, step)):
+        return [TensorType((arange_length(start, end, step),), dtype, device)]
+    # NOTE: symbolic bounds are size expressions; with integer start and step the length is
+    # exact integer arithmetic, never a float ceil.
+    if not (isinstance(start, int) and isinstance(step, int)) or step <= 0:
+        raise TypeRuleError(
+            "arange: a symbolic end needs an integer start and a positive "
+            "integer step; specialize the bounds"
+        )
+    if isinstance(end, float):
+        raise TypeRuleError("arange: a float end with a symbolic start; specialize them")
+    length = normalize(sympy.Max(0, sympy.ceiling((end - start) / sympy.Integer(step))))
+    return [TensorType((length,), dtype, device)]
 
 
 register(
