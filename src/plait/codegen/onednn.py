@@ -59,7 +59,7 @@ class Epilogue:
 
 def supported(node: Node) -> bool:
     """Whether ``node`` (conv2d or linear) can run through oneDNN's fused primitives."""
-    if node.op not in ("conv2d", "linear"):
+    if node.op not in ("conv2d", "linear") or not torch.backends.mkldnn.is_available():
         return False
     out = node.outputs[0].type
     x, w = node.inputs[0], node.inputs[1]
