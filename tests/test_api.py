@@ -1,4 +1,4 @@
-"""The public API: plait.frontend, plait.compile (functions, modules, decorator forms), nested
+"""The public API: plait.capture, plait.compile (functions, modules, decorator forms), nested
 inputs and outputs, clear errors for bad calls and bad options."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_compile_as_decorator_both_forms() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return x * 2
 
-    @plait.compile(fullgraph=True, dynamic=True)
+    @plait.compile(backend="eager", fullgraph=True, dynamic=True)
     def g(x: torch.Tensor) -> torch.Tensor:
         return x + 1
 
@@ -59,7 +59,7 @@ def test_compiled_module_behaves_as_the_module() -> None:
     model = torch.nn.Sequential(
         torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Dropout(0.5)
     )
-    cm = plait.compile(model)
+    cm = plait.compile(model, backend="eager")
     assert isinstance(cm, torch.nn.Module)
     assert list(cm.state_dict()) == list(model.state_dict())
     assert all(a is b for a, b in zip(cm.parameters(), model.parameters()))
@@ -81,7 +81,7 @@ def test_compiled_module_behaves_as_the_module() -> None:
 
 def test_parameters_are_shared_not_copied() -> None:
     model = torch.nn.Linear(3, 2)
-    cm = plait.compile(model)
+    cm = plait.compile(model, backend="eager")
     x = torch.randn(1, 3)
     cm(x)
     with torch.no_grad():
@@ -93,7 +93,7 @@ def test_parameters_are_shared_not_copied() -> None:
 def test_backward_through_eager_backend_matches() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
-    cm = plait.compile(model)
+    cm = plait.compile(model, backend="eager")
     x = torch.randn(5, 3)
     cm(x).sum().backward()
     got = [p.grad.clone() for p in model.parameters()]
@@ -124,7 +124,7 @@ def _nested(batch: dict[str, Any], pair: Pair, scale: float = 1.0) -> Output:
 
 
 def test_nested_inputs_and_outputs() -> None:
-    f = plait.compile(_nested, fullgraph=True)
+    f = plait.compile(_nested, backend="eager", fullgraph=True)
 
     def args() -> tuple:
         return (
@@ -146,22 +146,22 @@ def test_nested_inputs_and_outputs() -> None:
 
 
 def test_ordered_dict_output_keeps_its_type() -> None:
-    f = plait.compile(lambda x: OrderedDict(y=x + 1, z=[x, 2]))
+    f = plait.compile(lambda x: OrderedDict(y=x + 1, z=[x, 2]), backend="eager")
     out = f(torch.ones(2))
     assert type(out) is OrderedDict and out["z"][1] == 2
 
 
 def test_wrong_number_of_inputs_is_a_clear_error() -> None:
-    f = plait.compile(lambda x, y: x + y)
+    f = plait.compile(lambda x, y: x + y, backend="eager")
     with pytest.raises(CompiledInputError, match="missing a required argument: 'y'"):
         f(torch.randn(2))
-    cm = plait.compile(torch.nn.Linear(2, 2))
+    cm = plait.compile(torch.nn.Linear(2, 2), backend="eager")
     with pytest.raises(CompiledInputError, match="too many positional arguments"):
         cm(torch.randn(1, 2), torch.randn(1, 2))
 
 
 def test_non_tensor_where_a_tensor_was_captured_is_a_clear_error() -> None:
-    f = plait.compile(lambda x, y: x * y)
+    f = plait.compile(lambda x, y: x * y, backend="eager")
     f(torch.randn(2), torch.randn(2))
     with pytest.raises(
         CompiledInputError,
@@ -176,7 +176,7 @@ def test_optional_tensor_argument_may_become_none() -> None:
     def f(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return x if mask is None else x * mask
 
-    cf = plait.compile(f)
+    cf = plait.compile(f, backend="eager")
     x = torch.randn(3)
     assert torch.equal(cf(x, torch.ones(3)), x)
     assert torch.equal(cf(x), x)
@@ -187,9 +187,9 @@ def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown backend 'nope'"):
         plait.compile(lambda x: x, backend="nope")
     with pytest.raises(ValueError, match="mode 'max-autotune' is not available"):
-        plait.compile(lambda x: x, mode="max-autotune")
+        plait.compile(lambda x: x, mode="max-autotune", backend="eager")
     with pytest.raises(ValueError, match=r"unknown options \['fast'\]"):
-        plait.compile(lambda x: x, options={"fast": True})
+        plait.compile(lambda x: x, options={"fast": True}, backend="eager")
     with pytest.raises(TypeError, match=r"expects an nn\.Module or a function"):
         plait.compile(3)
 
@@ -197,6 +197,6 @@ def test_bad_options_are_refused() -> None:
 def test_forward_hooks_of_the_module_are_captured() -> None:
     model = torch.nn.Linear(2, 2)
     model.register_forward_hook(lambda m, args, out: out * 10)
-    cm = plait.compile(model, fullgraph=True)
+    cm = plait.compile(model, backend="eager", fullgraph=True)
     x = torch.randn(1, 2)
     assert torch.equal(cm(x), model(x))

@@ -61,8 +61,9 @@ def test_frozen_weight_changed_in_place_recompiles_and_matches_eager(backend: st
     reason = compiled.recompile_reasons[0]
     assert "conv.weight is the frozen tensor" in reason and "version" in reason
     with torch.no_grad():
-        report = plait.conformance.check(model, lambda t: compiled(t), factory,
-                                         candidate_module=model)
+        report = plait.conformance.check(
+            model, lambda t: compiled(t), factory, candidate_module=model
+        )
     assert report.ok, str(report)
     assert got.shape == expected.shape
 
@@ -87,10 +88,13 @@ def _manifest_json(seed: int) -> dict:
 def test_manifest_is_deterministic_in_process_and_across_processes() -> None:
     first = _manifest_json(0)
     assert json.dumps(first, sort_keys=True, default=str) == json.dumps(
-        _manifest_json(0), sort_keys=True, default=str)
-    code = ("import json, warnings; warnings.simplefilter('ignore');"
-            "from tests.test_compile_stage import _manifest_json;"
-            "print(json.dumps(_manifest_json(0), sort_keys=True, default=str))")
+        _manifest_json(0), sort_keys=True, default=str
+    )
+    code = (
+        "import json, warnings; warnings.simplefilter('ignore');"
+        "from tests.test_compile_stage import _manifest_json;"
+        "print(json.dumps(_manifest_json(0), sort_keys=True, default=str))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == json.dumps(first, sort_keys=True, default=str)
     # weights are not part of the program's identity: another seed, the same manifest
@@ -126,8 +130,10 @@ def test_stax_with_gradients_is_a_recorded_fallback() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = compiled(*factory(0))
-    assert any(issubclass(w.category, CaptureFallbackWarning) and "backward" in str(w.message)
-               for w in caught)
+    assert any(
+        issubclass(w.category, CaptureFallbackWarning) and "backward" in str(w.message)
+        for w in caught
+    )
     out.sum().backward()
     assert model.conv.weight.grad is not None
     m = compiled.specializations[0].manifest
@@ -142,3 +148,23 @@ def test_unknown_options_are_refused() -> None:
     compiled = plait.compile(convbn(), backend="eager", options={"freeze": True})
     with pytest.raises(ValueError, match="freeze=True needs"):
         compiled(*factory(0))
+
+
+def test_default_backend_is_stax_for_static_cpu_programs() -> None:
+    model = convbn()
+    compiled = plait.compile(model)
+    with torch.no_grad():
+        compiled(*factory(0))
+    m = compiled.specializations[0].manifest
+    assert (
+        m.options["backend"] == "stax" and m.options["backend_choice"] == "default for CPU tensors"
+    )
+    assert m.executor["evidence"]["counts"]["native"] > 0
+
+
+def test_default_backend_records_why_it_is_not_stax() -> None:
+    f = plait.compile(lambda x: x.relu() * 2, dynamic=True)
+    f(torch.randn(5, 3))
+    m = f.specializations[0].manifest
+    assert m.options["backend"] == "eager"
+    assert "symbolic shapes" in m.options["backend_choice"]

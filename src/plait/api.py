@@ -43,7 +43,7 @@ from plait.frontend import (
     ModuleState,
     capture_program,
 )
-from plait.ir import Graph
+from plait.ir import Graph, TensorType
 from plait.manifest import Explanation, Manifest, SpecializationReport
 
 __all__ = [
@@ -168,14 +168,22 @@ class Specialization:
 
 
 def _default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tuple[str, str]:
-    """``stax`` for CPU programs; CUDA has no native codegen yet, so the interpreter runs it."""
+    """``stax`` for static CPU programs. CUDA has no native codegen yet and Stax needs static
+    shapes, so the reference interpreter runs the others; the choice and its reason are
+    recorded in the manifest (``options.backend_choice``)."""
     devices = {str(t.device) for t in state if isinstance(t, torch.Tensor)}
+    static = True
     if prog.graph is not None:
         for v in prog.graph.inputs:
-            devices.add(getattr(v.type, "device", "cpu"))
-    if devices <= {"cpu"}:
-        return "stax", "default for CPU tensors"
-    return "eager", f"default for {sorted(devices)}: no native CUDA backend yet"
+            t = v.type
+            if isinstance(t, TensorType):
+                devices.add(t.device)
+                static = static and t.is_static
+    if not devices <= {"cpu"}:
+        return "eager", f"default for {sorted(devices)}: no native CUDA backend yet"
+    if not static:
+        return "eager", "default for symbolic shapes: Stax compiles static shapes only"
+    return "stax", "default for CPU tensors"
 
 
 class _Engine:
@@ -383,7 +391,7 @@ class CompiledModule(nn.Module):
 def compile(
     model_or_fn: Any = None,
     *,
-    backend: str | None = "eager",
+    backend: str | None = None,
     fullgraph: bool = False,
     dynamic: bool | None = None,
     mode: str | None = None,
@@ -392,10 +400,18 @@ def compile(
     """Compile an ``nn.Module`` or a function; usable as ``@plait.compile`` or
     ``@plait.compile(backend="eager", ...)``.
 
+    ``backend``: ``"stax"`` (native C++ kernels and PyTorch externs), ``"eager"`` (plait's
+    reference interpreter), or ``None``: Stax for static CPU programs, the interpreter otherwise,
+    with the choice recorded in each specialization's manifest. ``fullgraph=True`` makes any
+    capture fallback or Stax fallback an error. ``options``: ``recompile_limit`` (default 8),
+    ``passes`` (a pipeline such as ``"canonicalize,cse,dce"``, or ``"inference"``,
+    ``"training"``, ``"none"``), ``freeze`` (default: when no gradient can flow), ``stax``
+    (a dict of :class:`plait.runtime.StaxOptions` fields).
+
     Example:
         >>> import torch, plait
         >>> model = torch.nn.Linear(4, 2)
-        >>> cm = plait.compile(model)
+        >>> cm = plait.compile(model, backend="eager")
         >>> torch.equal(cm(torch.ones(1, 4)), model(torch.ones(1, 4)))
         True
         >>> list(cm.state_dict()) == list(model.state_dict())

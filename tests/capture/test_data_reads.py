@@ -111,7 +111,7 @@ def test_data_read_raises_with_location(
 
 
 def test_compile_fullgraph_raises_on_first_call() -> None:
-    f = plait.compile(_item, fullgraph=True)
+    f = plait.compile(_item, backend="eager", fullgraph=True)
     with pytest.raises(GraphCaptureError, match=r"Tensor\.item"):
         f(torch.randn(3))
 
@@ -127,7 +127,7 @@ def test_swallowed_capture_error_still_fails() -> None:
 
 
 def test_fallback_runs_eagerly_warns_once_and_is_recorded() -> None:
-    f = plait.compile(_bool)
+    f = plait.compile(_bool, backend="eager")
     x = torch.randn(3)
     with pytest.warns(CaptureFallbackWarning, match="Tensor.__bool__") as record:
         assert torch.equal(f(x), _bool(x))
@@ -157,7 +157,7 @@ def test_fallback_keeps_guards_read_before_the_failure() -> None:
             return x * x.sum().item()
         return x.relu()
 
-    cf = plait.compile(f)
+    cf = plait.compile(f, backend="eager")
     with pytest.warns(CaptureFallbackWarning):
         cf(torch.randn(4))
     x = torch.randn(1)

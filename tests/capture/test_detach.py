@@ -16,7 +16,7 @@ from tests.capture.helpers import assert_same
 
 
 def _check(fn: Any, shape: tuple[int, ...] = (3, 4), calls: int = 2, **kw: Any) -> Any:
-    compiled = plait.compile(fn, fullgraph=True, **kw)
+    compiled = plait.compile(fn, backend="eager", fullgraph=True, **kw)
     for i in range(calls):
         g = torch.Generator().manual_seed(i)
         x = torch.randn(*shape, generator=g)
@@ -36,7 +36,7 @@ def test_detach_result_never_requires_grad() -> None:
     def f(x: torch.Tensor) -> Any:
         return x.detach(), (x * 3).detach() + x, x.data.requires_grad
 
-    compiled = plait.compile(f, fullgraph=True)
+    compiled = plait.compile(f, backend="eager", fullgraph=True)
     x = torch.randn(4, requires_grad=True)
     got, want = compiled(x), f(x)
     assert_same(got[:2], want[:2])
@@ -71,7 +71,7 @@ def test_writing_an_input_through_data_writes_it_back() -> None:
         x.data.clamp_(-0.5, 0.5)
         return x + 1
 
-    compiled = plait.compile(f, fullgraph=True)
+    compiled = plait.compile(f, backend="eager", fullgraph=True)
     for i in range(2):
         x = torch.randn(5, generator=torch.Generator().manual_seed(i))
         x_eager = x.clone()
@@ -110,7 +110,7 @@ def test_data_writes_and_detach_inplace_are_clear_errors(fn: Any) -> None:
         plait.capture(fn, (torch.randn(3),))
     assert info.value.kind == "limitation"
     assert info.value.lineno is not None
-    compiled = plait.compile(fn)
+    compiled = plait.compile(fn, backend="eager")
     x = torch.randn(3)
     with pytest.warns(CaptureFallbackWarning, match="eagerly"):
         assert_same(compiled(x), fn(x))

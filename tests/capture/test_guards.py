@@ -21,7 +21,7 @@ def _ops(compiled: Any, i: int) -> list[str]:
 
 
 def test_seed_example_static() -> None:
-    f = plait.compile(seed)
+    f = plait.compile(seed, backend="eager")
     x = torch.randn(4, 8)
     assert torch.equal(f(x), x.relu())
     assert _ops(f, 0) == ["relu"]
@@ -42,7 +42,7 @@ def test_seed_example_static() -> None:
 
 
 def test_seed_example_dynamic() -> None:
-    f = plait.compile(seed, dynamic=True)
+    f = plait.compile(seed, backend="eager", dynamic=True)
     for n in (4, 3, 7):
         x = torch.randn(n, 5)
         assert torch.equal(f(x), x.relu())
@@ -80,7 +80,7 @@ def _one_recompile(f: Any, first: tuple, second: tuple, needle: str) -> str:
 
 
 def test_dtype_change_recompiles_once() -> None:
-    f = plait.compile(lambda x: x * 2)
+    f = plait.compile(lambda x: x * 2, backend="eager")
     reason = _one_recompile(
         f, (torch.randn(3),), (torch.randn(3, dtype=torch.float64),), "x: f32[3]"
     )
@@ -88,7 +88,7 @@ def test_dtype_change_recompiles_once() -> None:
 
 
 def test_device_change_recompiles_once() -> None:
-    f = plait.compile(lambda x: x + 1)
+    f = plait.compile(lambda x: x + 1, backend="eager")
     reason = _one_recompile(f, (torch.randn(3),), (torch.randn(3, device="meta"),), "x: f32[3]")
     assert "got f32[3] on meta" in reason
     assert f(torch.randn(3, device="meta")).device.type == "meta"
@@ -97,7 +97,7 @@ def test_device_change_recompiles_once() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_device_change_recompiles_once() -> None:
-    f = plait.compile(lambda x: x.relu() + 1)
+    f = plait.compile(lambda x: x.relu() + 1, backend="eager")
     _one_recompile(f, (torch.randn(3),), (torch.randn(3, device="cuda"),), "on cuda:0")
     x = torch.randn(5, device="cuda")
     f(x)
@@ -105,7 +105,7 @@ def test_cuda_device_change_recompiles_once() -> None:
 
 
 def test_requires_grad_change_recompiles_once() -> None:
-    f = plait.compile(lambda x: x.exp())
+    f = plait.compile(lambda x: x.exp(), backend="eager")
     reason = _one_recompile(
         f, (torch.randn(3),), (torch.randn(3, requires_grad=True),), "x.requires_grad == False"
     )
@@ -113,7 +113,7 @@ def test_requires_grad_change_recompiles_once() -> None:
 
 
 def test_program_reading_requires_grad_specializes() -> None:
-    f = plait.compile(lambda x: x * 2 if x.requires_grad else x * 3)
+    f = plait.compile(lambda x: x * 2 if x.requires_grad else x * 3, backend="eager")
     x = torch.randn(3)
     assert torch.equal(f(x), x * 3)
     xg = torch.randn(3, requires_grad=True)
@@ -123,7 +123,7 @@ def test_program_reading_requires_grad_specializes() -> None:
 def test_train_eval_switch_recompiles_once() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
-    compiled = plait.compile(model)
+    compiled = plait.compile(model, backend="eager")
     x = torch.randn(2, 4)
     compiled(x)
     compiled(x)
@@ -147,7 +147,7 @@ def test_python_scalar_change_recompiles_once() -> None:
         y = x * scale
         return y.relu() if use_relu else y
 
-    cf = plait.compile(f)
+    cf = plait.compile(f, backend="eager")
     x = torch.randn(4)
     reason = _one_recompile(cf, (x, 2.0), (x, 3.0), "scale == 2.0")
     assert reason == "scale == 2.0: expected 2.0 (float), got 3.0 (float)"
@@ -157,7 +157,7 @@ def test_python_scalar_change_recompiles_once() -> None:
 
 
 def test_grad_mode_is_guarded() -> None:
-    f = plait.compile(lambda x: x + 1)
+    f = plait.compile(lambda x: x + 1, backend="eager")
     f(torch.randn(2))
     with torch.no_grad():
         f(torch.randn(2))
@@ -167,7 +167,7 @@ def test_grad_mode_is_guarded() -> None:
 def test_unchanged_calls_never_recompile() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    compiled = plait.compile(model)
+    compiled = plait.compile(model, backend="eager")
     for _ in range(5):
         compiled(torch.randn(3, 4))
     first = model[0]
@@ -179,7 +179,7 @@ def test_unchanged_calls_never_recompile() -> None:
 
 
 def test_recompile_limit() -> None:
-    f = plait.compile(lambda x: x + 1, options={"recompile_limit": 2})
+    f = plait.compile(lambda x: x + 1, options={"recompile_limit": 2}, backend="eager")
     f(torch.randn(1))
     f(torch.randn(2))
     with pytest.raises(RecompileLimitError, match=r"recompile limit \(2 specializations\)"):
@@ -188,7 +188,7 @@ def test_recompile_limit() -> None:
 
 def test_replaced_parameter_shape_recompiles() -> None:
     model = torch.nn.Linear(4, 2)
-    compiled = plait.compile(model)
+    compiled = plait.compile(model, backend="eager")
     compiled(torch.randn(1, 4))
     model.weight = torch.nn.Parameter(torch.randn(3, 4))
     model.bias = torch.nn.Parameter(torch.randn(3))
@@ -200,7 +200,7 @@ def test_replaced_parameter_shape_recompiles() -> None:
 
 def test_replaced_submodule_recompiles() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 2))
-    compiled = plait.compile(model)
+    compiled = plait.compile(model, backend="eager")
     compiled(torch.randn(1, 4))
     model[0] = torch.nn.Linear(4, 3)
     x = torch.randn(1, 4)
@@ -220,7 +220,7 @@ def test_dynamic_batch_serves_every_size_bitwise() -> None:
         (mlp, lambda b: torch.randn(b, 8)),
         (gpt, lambda b: torch.randint(0, 64, (b, 10))),
     ):
-        compiled = plait.compile(model, dynamic=True, fullgraph=True)
+        compiled = plait.compile(model, backend="eager", dynamic=True, fullgraph=True)
         for b in (3, 5, 2):
             x = make(b)
             assert torch.equal(compiled(x), model(x))

@@ -137,7 +137,7 @@ def test_compiled_train_then_eval_matches_eager() -> None:
     import copy
 
     reference = copy.deepcopy(model)
-    compiled = plait.compile(model, fullgraph=True)
+    compiled = plait.compile(model, backend="eager", fullgraph=True)
     x = torch.randn(2, 3, 32, 32)
     compiled(x)
     reference(x)

@@ -66,7 +66,7 @@ def _opaque_attrs(graph: Any) -> list[tuple[str, str, str]]:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_literal_arguments_become_opaque_nodes(name: str) -> None:
     fn, expected = CASES[name]
-    compiled = plait.compile(fn)
+    compiled = plait.compile(fn, backend="eager")
     for i in range(3):
         x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i)).abs() + 0.5
         if i == 0:
@@ -134,7 +134,7 @@ def test_literals_json_cannot_give_back_keep_the_fallback(name: str) -> None:
 
 def test_a_refused_literal_runs_eagerly_and_bitwise() -> None:
     fn = REFUSED["dtype"][0]
-    compiled = plait.compile(fn)
+    compiled = plait.compile(fn, backend="eager")
     x = torch.randn(5)
     with pytest.warns(CaptureFallbackWarning, match="eagerly"):
         assert_same(compiled(x), fn(x))

@@ -259,7 +259,7 @@ def _make(shape: tuple[int, ...], dtype: torch.dtype, g: torch.Generator) -> tor
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_rule_matches_eager(name: str) -> None:
     fn, shapes, dtype = PROGRAMS[name]
-    compiled = plait.compile(fn, fullgraph=True)
+    compiled = plait.compile(fn, backend="eager", fullgraph=True)
     for i in range(2):
         g = torch.Generator().manual_seed(i)
         args = [_make(s, dtype, g) for s in shapes]
@@ -279,7 +279,7 @@ def test_conv2d_variants() -> None:
             F.conv2d(x, w[:, :1], groups=2, padding="valid"),
         )
 
-    compiled = plait.compile(f, fullgraph=True)
+    compiled = plait.compile(f, backend="eager", fullgraph=True)
     x = torch.randn(1, 2, 7, 7)
     assert_same(compiled(x), f(x))
     assert sum(v.kind == "const" for v in compiled.specializations[0].graph.inputs) == 1
@@ -292,7 +292,7 @@ def test_unknown_call_is_an_error_under_fullgraph() -> None:
 
 
 def test_unknown_call_becomes_a_counted_opaque_node() -> None:
-    f = plait.compile(lambda x: torch.cos(x) + torch.sin(x).cos())
+    f = plait.compile(lambda x: torch.cos(x) + torch.sin(x).cos(), backend="eager")
     x = torch.randn(5)
     with pytest.warns(CaptureFallbackWarning, match=r"opaque PyTorch nodes: .*torch.sin x1"):
         assert_same(f(x), torch.cos(x) + torch.sin(x).cos())
@@ -306,7 +306,7 @@ def test_unknown_call_becomes_a_counted_opaque_node() -> None:
 
 
 def test_unknown_call_the_ir_cannot_express_falls_back() -> None:
-    f = plait.compile(lambda x: x.cumsum(0, dtype=torch.float64))
+    f = plait.compile(lambda x: x.cumsum(0, dtype=torch.float64), backend="eager")
     x = torch.randn(4)
     with pytest.warns(CaptureFallbackWarning, match="cannot be an opaque node: a dtype argument"):
         assert_same(f(x), x.cumsum(0, dtype=torch.float64))
