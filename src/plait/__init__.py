@@ -32,7 +32,13 @@ if TYPE_CHECKING:
     from plait.errors import GraphCaptureError
 
 
+# subpackages reachable as attributes (``plait.conformance.check``) without an explicit import
+_SUBPACKAGES = ("conformance", "contract", "ir", "passes", "runtime", "manifest")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"plait.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'plait' has no attribute {name!r}")

@@ -145,7 +145,16 @@ class Manifest:
         lines.append(f"  guards: {len(self.guards)}")
         lines += [f"    - {g}" for g in self.guards]
         if self.executor:
-            lines.append(f"  executor: {json.dumps(self.executor, sort_keys=True, default=str)}")
+            counts = self.executor.get("evidence", {}).get("counts", {})
+            memory = self.executor.get("memory_plan", {})
+            line = f"  executor: {self.executor.get('backend', '?')}"
+            if counts:
+                line += " — " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if v)
+            if "peak_live_bytes" in memory:
+                line += f"; peak live {memory['peak_live_bytes'] / 2**20:.1f} MiB"
+            lines.append(line)
+        if self.kernels.get("kernels"):
+            lines.append(f"  kernels: {len(self.kernels['kernels'])} native")
         if self.timings:
             total = sum(v for v in self.timings.values() if isinstance(v, (int, float)))
             lines.append(f"  timings: {total * 1e3:.1f} ms over {len(self.timings)} entries")
