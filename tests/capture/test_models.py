@@ -147,31 +147,3 @@ def test_compiled_train_then_eval_matches_eager() -> None:
     assert torch.equal(compiled(y), reference(y))
     assert_state_equal(model, reference)
     assert len(compiled.specializations) == 2
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("train", MODES)
-def test_models_on_cuda(train: bool) -> None:
-    torch.manual_seed(0)
-    model = resnet18(num_classes=10).cuda().train(train)
-    _no_opaque(
-        compare_module(
-            model,
-            lambda i: torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(i)).cuda(),
-            fullgraph=True,
-        )
-    )
-    cfg = GPT2Config(vocab_size=96, block_size=32, n_layer=2, n_head=4, d_model=32, dropout=0.1)
-    for attention in ("sdpa", "explicit"):
-        cfg.attention = attention
-        gpt = GPT2(cfg).cuda().train(train)
-        _no_opaque(
-            compare_module(
-                gpt,
-                lambda i: torch.randint(
-                    0, 96, (2, 12), generator=torch.Generator().manual_seed(i)
-                ).cuda(),
-                fullgraph=True,
-            )
-        )
