@@ -33,7 +33,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -184,7 +184,12 @@ def live_nodes(graph: Graph) -> set[int]:
 
 
 class _Planner:
-    def __init__(self, graph: Graph, infer_layouts: bool) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        infer_layouts: bool,
+        layouts: Mapping[int, Sequence[Sequence[int]]] | None = None,
+    ) -> None:
         self.graph = graph
         self.users = graph.users()
         self.outputs = {id(o) for o in graph.outputs if isinstance(o, Value)}
@@ -198,7 +203,11 @@ class _Planner:
         self._open_key: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._open_lowered: Lowered | None = None
         self._count = 0
-        self._infer = infer_layouts
+        # NOTE: recorded layouts (from a saved plan) replace the dry runs: same decisions, no
+        # extern runs on zeros.
+        self._layouts = layouts
+        self.position = {n.id: i for i, n in enumerate(graph.nodes)}
+        self._infer = infer_layouts and layouts is None
         self.consts = {
             v: graph.constants[v.name]
             for v in graph.inputs
@@ -457,6 +466,8 @@ class _Planner:
     def _dry_run(self, step: ExternStep) -> list[tuple[int, ...]]:
         """Run the extern once on zeros to learn the layout PyTorch gives its result."""
         node = step.node
+        if self._layouts is not None:
+            return [tuple(int(x) for x in s) for s in self._layouts[self.position[node.id]]]
         contiguous = [contiguous_strides(shape_of(v.type)) for v in step.outputs]
         if not self._infer:
             return contiguous
@@ -486,7 +497,26 @@ def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
-def plan_graph(graph: Graph, *, infer_layouts: bool = True) -> Plan:
-    """Decide locations, kernels and calls for ``graph`` (static shapes, CPU)."""
+def plan_graph(
+    graph: Graph,
+    *,
+    infer_layouts: bool = True,
+    layouts: Mapping[int, Sequence[Sequence[int]]] | None = None,
+) -> Plan:
+    """Decide locations, kernels and calls for ``graph`` (static shapes, CPU). ``layouts``
+    (an extern node's position in ``graph.nodes`` -> its result strides, as
+    :func:`extern_layouts` returns) replays a saved plan's layout decisions instead of running
+    each extern once on zeros."""
     check_graph(graph)
-    return _Planner(graph, infer_layouts).run()
+    return _Planner(graph, infer_layouts, layouts).run()
+
+
+def extern_layouts(plan: Plan) -> dict[int, list[tuple[int, ...]]]:
+    """The result strides each extern step of ``plan`` settled on, keyed by the node's position
+    in ``plan.graph.nodes`` (positions survive the IR's text round trip; ids need not)."""
+    position = {n.id: i for i, n in enumerate(plan.graph.nodes)}
+    return {
+        position[s.node.id]: [tuple(x) for x in s.out_strides]
+        for s in plan.steps
+        if isinstance(s, ExternStep)
+    }

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from plait.codegen.build import Unit, build_units, toolchain
 from plait.codegen.cpp import PrintOptions, print_kernel
 from plait.codegen.errors import CodegenError
-from plait.codegen.fusion import KernelStep, NodeTag, Plan, plan_graph
+from plait.codegen.fusion import KernelStep, NodeTag, Plan, extern_layouts, plan_graph
 from plait.codegen.options import StaxOptions
 from plait.ir.graph import Graph
 from plait.runtime.memory import MemoryPlan, plan_memory
@@ -165,6 +165,12 @@ class StaxProgram:
             out.append({**step, "seconds": seconds / repeat})
         return out
 
+    def layouts(self) -> dict[int, list[tuple[int, ...]]]:
+        """The saved plan: the result strides of each extern step (by node position). With the
+        optimized graph, ``compile_graph(graph, layouts=...)`` rebuilds this program without
+        running externs on zeros (the planner's other decisions are a function of the graph)."""
+        return extern_layouts(self.plan)
+
     def records(self) -> dict[str, Any]:
         """Everything the manifest needs, JSON-serializable."""
         return {
@@ -180,26 +186,35 @@ class StaxProgram:
         }
 
 
-def compile_graph(graph: Graph, *, options: StaxOptions | None = None) -> StaxProgram:
-    """Compile ``graph`` (static shapes, CPU tensors) with the Stax backend.
+def compile_graph(
+    graph: Graph,
+    *,
+    options: StaxOptions | None = None,
+    layouts: Mapping[int, Sequence[Sequence[int]]] | None = None,
+) -> StaxProgram:
+    """Compile ``graph`` (static shapes, CPU tensors) with the Stax backend. ``layouts`` (from
+    :meth:`StaxProgram.layouts`) rebuilds a saved plan without its layout dry runs.
 
     Raises :class:`~plait.codegen.CodegenError` for symbolic shapes, non-CPU tensors, or (with
     ``options.strict``) the first node that would fall back to PyTorch.
     """
-    (program,) = compile_graphs([graph], options=options)
+    (program,) = compile_graphs([graph], options=options, layouts=[layouts])
     return program
 
 
 def compile_graphs(
-    graphs: Sequence[Graph], *, options: StaxOptions | None = None
+    graphs: Sequence[Graph],
+    *,
+    options: StaxOptions | None = None,
+    layouts: Sequence[Mapping[int, Sequence[Sequence[int]]] | None] | None = None,
 ) -> list[StaxProgram]:
     """Compile several graphs, building all their kernels together (fewer, larger compiler
     invocations, all cores busy; identical kernels are built once)."""
     opts = options or StaxOptions()
     start = time.perf_counter()
     plans = []
-    for g in graphs:
-        plan = plan_graph(g, infer_layouts=opts.infer_layouts)
+    for g, saved in zip(graphs, layouts or [None] * len(graphs)):
+        plan = plan_graph(g, infer_layouts=opts.infer_layouts, layouts=saved)
         if opts.strict and plan.fallbacks:
             nid, reason = next(iter(plan.fallbacks.items()))
             op = next(n.op for n in g.nodes if n.id == nid)
