@@ -124,10 +124,13 @@ def run_workload(name: str, rounds: int) -> dict[str, Any]:
                 out = fn(*args)
             err = float((out.double() - reference.double()).abs().max())
             samples.setdefault(f"{s}_maxdiff", []).append(err)
-        for _ in range(rounds):
-            for s, fn in systems.items():
-                samples[s].append(_time(fn, args, calls))
+        order = list(systems)
+        for r in range(rounds):
+            # NOTE: rotate who goes first each round, so no system always runs after another.
+            for s in order[r % 3 :] + order[: r % 3]:
+                samples[s].append(_time(systems[s], args, calls))
     med = {s: statistics.median(samples[s]) for s in systems}
+    spread = {s: _iqr(samples[s]) / med[s] for s in systems}
     return {
         "name": name,
         "ms": {s: med[s] * 1e3 for s in systems},
@@ -135,8 +138,14 @@ def run_workload(name: str, rounds: int) -> dict[str, Any]:
         "vs_inductor": med["inductor"] / med["stax"],
         "inductor_vs_eager": med["eager"] / med["inductor"],
         "maxdiff": {s: samples[f"{s}_maxdiff"][0] for s in systems},
+        "relative_iqr": spread,
         "profile": profile_stax(name, args),
     }
+
+
+def _iqr(values: list[float]) -> float:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return q[2] - q[0]
 
 
 def stax_program(name: str, args: tuple[Any, ...]) -> tuple[Any, list[Any]]:
@@ -299,6 +308,10 @@ def report(results: list[dict], cold: dict[str, dict[str, float]], over: dict[st
             f"{r['vs_eager']:.2f}x {ok(r['vs_eager'] >= TARGETS['vs_eager'])} | "
             f"{r['vs_inductor']:.2f}x {ok(r['vs_inductor'] >= TARGETS['vs_inductor'])} |"
         )
+    systems = ("eager", "inductor", "stax")
+    out += ["", "Spread (interquartile range / median, eager / inductor / stax): " + ", ".join(
+        f"{r['name']} " + "/".join(f"{r['relative_iqr'][s]:.0%}" for s in systems)
+        for r in results)]  # fmt: skip
     out += ["", "Max abs difference to eager (float32): " + ", ".join(
         f"{r['name']} inductor {r['maxdiff']['inductor']:.1e} stax {r['maxdiff']['stax']:.1e}"
         for r in results)]  # fmt: skip
