@@ -194,3 +194,35 @@ def test_chains_fuse(compiled: dict) -> None:
     assert len(program.kernels) <= 2  # two outputs of one shape: one loop nest, or two
     covered = {n for k in program.kernels for n in k.nodes}
     assert covered == {n.id for n in program.graph.nodes}
+
+
+def _spread(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a non-contiguous layout (every other element of a wider buffer)."""
+    if t.dim() == 0 or t.numel() == 0:
+        return t
+    wide = torch.zeros((*t.shape[:-1], t.shape[-1] * 2), dtype=t.dtype)
+    out = wide[..., ::2]
+    out.copy_(t)
+    return out
+
+
+@pytest.mark.xdist_group("stax-chains")
+@pytest.mark.parametrize(
+    ("name", "dtype"), CASES[::3], ids=[f"{n}-{str(d)[6:]}" for n, d in CASES[::3]]
+)
+def test_chain_noncontiguous_inputs_bitwise(compiled: dict, name: str, dtype: torch.dtype) -> None:
+    """Strided and channels_last inputs give the bits their contiguous copies give (externs
+    aside, which receive the caller's layout)."""
+    from tests.util import assert_bitwise
+
+    _, inputs, program = compiled[(name, dtype)]
+    if program.evidence.counts["extern"]:
+        pytest.skip("externs compute in the layout they are given")
+    want = program(*inputs)
+    for layout in (
+        _spread,
+        lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t,
+    ):
+        got = program(*[layout(t) for t in inputs])
+        for a, b in zip(got, want):
+            assert_bitwise(a, b, f"{name} {dtype}")
