@@ -120,8 +120,18 @@ def _has_libmvec(cxx: str) -> bool:
 
 
 def cache_dir() -> Path:
+    """``$PLAIT_CACHE_DIR``, else ``~/.cache/plait/kernels``; a per-user temporary directory when
+    that cannot be created (a read-only home)."""
     env = os.environ.get("PLAIT_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "plait" / "kernels"
+    path = Path(env) if env else Path.home() / ".cache" / "plait" / "kernels"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        if env:
+            raise BuildError(f"PLAIT_CACHE_DIR={env} cannot be created") from None
+        path = Path(tempfile.gettempdir()) / f"plait-kernels-{os.getuid()}"
+        path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @dataclass
