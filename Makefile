@@ -1,19 +1,19 @@
 # plait: two commands on a fresh machine.
 #   make test   set up .venv (once) and run the whole check suite: ruff, mypy, import-linter, pytest
-#   make bench  set up .venv (once) and run the headless benchmark (arrives with issue 8)
+#   make bench  set up .venv (once) and run the ResNet benchmark (eager, plait, torch.compile)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck layers pytest setup clean
+.PHONY: test bench lint typecheck layers pytest setup clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	touch $(STAMP)
 
 lint: $(STAMP)
@@ -30,6 +30,9 @@ pytest: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 test: lint typecheck layers pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.resnet_classification --out benchmarks/out
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
