@@ -3,15 +3,17 @@
 Example:
     >>> from click.testing import CliRunner
     >>> result = CliRunner().invoke(main, ["--help"])
-    >>> "explain" in result.output
+    >>> "explain" in result.output and "bench" in result.output
     True
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -34,6 +36,53 @@ def explain(manifest: Path, as_json: bool) -> None:
     except (ValueError, TypeError, json.JSONDecodeError) as exc:
         raise click.ClickException(f"{manifest}: not a plait manifest: {exc}") from exc
     click.echo(m.dumps() if as_json else m.report())
+
+
+BENCH_MODULE = "benchmarks.resnet_classification"
+
+
+def _checkout() -> Path | None:
+    """The plait source checkout that holds ``benchmarks/`` (it is not installed): the current
+    directory or one above it, else the checkout this package was installed from (editable)."""
+    here = Path.cwd().resolve()
+    candidates = [here, *here.parents, Path(__file__).resolve().parents[2]]
+    for root in candidates:
+        if (root / "benchmarks" / "resnet_classification.py").is_file():
+            return root
+    return None
+
+
+def _bench_command() -> Any:
+    root = _checkout()
+    if root is None:
+        raise click.ClickException(
+            "plait bench runs benchmarks/resnet_classification.py from plait's source checkout, "
+            "and none was found here or above: run it from the repository"
+        )
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        module = importlib.import_module(BENCH_MODULE)
+    except ImportError as exc:
+        raise click.ClickException(
+            f"plait bench: cannot import {BENCH_MODULE} from {root}: {exc} "
+            "(install the benchmark's dependencies: pip install -e '.[bench]')"
+        ) from exc
+    return module.main
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    add_help_option=False,
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args: tuple[str, ...]) -> None:
+    """Run the ResNet classification benchmark (eager vs plait vs torch.compile).
+
+    Options are the benchmark's own: see `plait bench --help`; `plait bench --quick --json
+    out.json` is the under-a-minute configuration. Exit status 1 when parity fails.
+    """
+    _bench_command().main(args=list(args), prog_name="plait bench")
 
 
 if __name__ == "__main__":  # pragma: no cover
