@@ -141,3 +141,16 @@ def test_onednn_post_ops_fuse_activation_and_residual() -> None:
     assert "prepacked at compile time" in plan.tags[0].detail
     fused = [t for t in plan.tags.values() if "oneDNN post-op" in t.detail]
     assert len(fused) == 3 and {t.executor for t in fused} == {"extern"}
+
+
+def test_row_template_absorbs_its_pointwise_consumers() -> None:
+    """layer_norm -> relu -> mul(x): one kernel, the normalized value never stored."""
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((4, 8), torch.float32))
+    ln = gb.call("layer_norm", x, None, None, normalized_shape=(8,))
+    gb.output(gb.call("mul", gb.call("relu", ln), x))
+    plan = plan_graph(gb.build())
+    (low,) = plan.kernels
+    assert low.kernel.template == "layer_norm" and low.kernel.nodes == (0, 1, 2)
+    assert [b.output for b in low.kernel.buffers] == [False, True]
+    assert plan.locs[ln].kind == "inline"

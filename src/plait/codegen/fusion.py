@@ -363,6 +363,8 @@ class _Planner:
             kind, reason = self.kinds[node.id]
             if node.id in self.epilogues:
                 continue  # NOTE: emitted with its epilogue, where the epilogue's operands exist.
+            if kind == "absorbed":
+                continue  # NOTE: computed in the store of the reduction template before it.
             if kind == "fused":
                 host = self.fused_into[node.id]
                 ep = self.epilogues[host.id]
@@ -375,11 +377,7 @@ class _Planner:
                 self._call_step(node, kind, reason)
             elif kind == "reduction":
                 self.close()
-                for v in node.outputs:
-                    self.locs[v] = Loc("buffer", v, 0, contiguous_strides(shape_of(v.type)))
-                self._emit_kernel(
-                    lower_reduction(self._name(), node, self.locs), list(node.outputs)
-                )
+                self._reduction_step(node)
             else:
                 for k, v in enumerate(node.outputs):
                     self.locs[v] = self.view_loc(node, k) if kind == "view" else Loc("inline")
@@ -398,6 +396,45 @@ class _Planner:
             if k == "fallback" and n.id in self.live
         }
         return Plan(self.graph, self.locs, self.steps, self.tags, fallbacks)
+
+    def _reduction_step(self, node: Node) -> None:
+        chain = self._reduction_epilogue(node)
+        for v in node.outputs:
+            self.locs[v] = Loc("buffer", v, 0, contiguous_strides(shape_of(v.type)))
+        if chain:
+            self.locs[node.outputs[0]] = Loc("inline")
+            for n in chain[:-1]:
+                self.locs[n.outputs[0]] = Loc("inline")
+            last = chain[-1].outputs[0]
+            self.locs[last] = Loc("buffer", last, 0, contiguous_strides(shape_of(last.type)))
+            for n in chain:
+                self.kinds[n.id] = ("absorbed", "")
+        outputs = [chain[-1].outputs[0]] if chain else list(node.outputs)
+        self._emit_kernel(lower_reduction(self._name(), node, self.locs, chain), outputs)
+
+    def _reduction_epilogue(self, node: Node) -> list[Node]:
+        """Pointwise nodes reading a row-wise template's result alone, same shape, whose other
+        operands exist already: computed in the template's store (layer_norm -> relu)."""
+        from plait.codegen.reductions import ELEMENTWISE
+
+        chain: list[Node] = []
+        if node.op not in ELEMENTWISE:
+            return chain
+        v = node.outputs[0]
+        while id(v) not in self.outputs:
+            users = {u.id: u for u in self.users.get(v, []) if u.id in self.live}
+            if len(users) != 1:
+                break
+            (u,) = users.values()
+            if self.kinds[u.id][0] != "pointwise" or shape_of(u.outputs[0].type) != shape_of(
+                v.type
+            ):
+                break
+            if any(o is not v and o not in self.locs for o in u.input_values()):
+                break  # NOTE: an operand produced after the template: not readable there.
+            chain.append(u)
+            v = u.outputs[0]
+        return chain
 
     def _call_step(self, node: Node, kind: str, reason: str) -> None:
         if kind == "fallback":

@@ -28,7 +28,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -86,12 +86,14 @@ class _Template:
         kept: tuple[int, ...],
         reduced: tuple[int, ...],
         groups: int = 0,
+        epilogue: Sequence[Node] = (),
     ) -> None:
         """Outer loops over the ``kept`` dims, inner loops over the ``reduced`` dims; with
         ``groups`` (group_norm), outer (N, G) and inner (C/G, spatial...) instead."""
         x = node.inputs[0]
         assert isinstance(x, Value)
         self.node, self.x = node, x
+        self.epilogue = tuple(epilogue)
         self.shape = shape_of(x.type)
         self.kept, self.reduced = kept, reduced
         if groups:
@@ -145,11 +147,23 @@ class _Template:
         self.b.store_final(out, pos, v)
 
     def store_element(self, value: Stmt) -> None:
+        """Store the op's element; with an epilogue (pointwise nodes reading it, same shape),
+        compute them on it in registers and store the last one's value instead."""
         t = self.out_type()
-        out = self.low.buffer_for(self.node.outputs[0], output=True)
-        pos = linear(self.index, contiguous_strides(self.shape))
         v = self.b.round(self.b.cast(value, scalar_of(t.dtype)), STORAGE_OF[t.dtype])
-        self.b.store(out, pos, v)
+        result = self.node.outputs[0]
+        if self.epilogue:
+            low = self.low
+            low.home = self.index
+            low.own[result], low.own_values = v, {result}
+            for n in self.epilogue:
+                out_value = n.outputs[0]
+                low.own[out_value] = low.produce(out_value, self.index)
+                low.own_values.add(out_value)
+            result = self.epilogue[-1].outputs[0]
+            v = low.own[result]
+        out = self.low.buffer_for(result, output=True)
+        self.b.store(out, linear(self.index, contiguous_strides(self.shape)), v)
 
     def done(self, template: str) -> Lowered:
         nodes = tuple(sorted(self.low.covered))
@@ -162,7 +176,7 @@ def _axes(node: Node, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return kept, tuple(sorted(reduced))
 
 
-def _simple(name: str, node: Node, locs: dict[Value, Loc]) -> Lowered:
+def _simple(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node, ...]) -> Lowered:
     x = node.inputs[0]
     assert isinstance(x, Value) and isinstance(x.type, TensorType)
     kept, reduced = _axes(node, x.type.rank)
@@ -202,13 +216,13 @@ def _simple(name: str, node: Node, locs: dict[Value, Loc]) -> Lowered:
     return tp.done("var")
 
 
-def _softmax(name: str, node: Node, locs: dict[Value, Loc]) -> Lowered:
+def _softmax(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node, ...]) -> Lowered:
     x = node.inputs[0]
     assert isinstance(x, Value) and isinstance(x.type, TensorType)
     rank = x.type.rank
     d = wrap_dim(node.attrs["dim"], rank, node.op) if rank else 0
     kept = tuple(k for k in range(rank) if k != d)
-    tp = _Template(name, node, locs, kept, (d,) if rank else ())
+    tp = _Template(name, node, locs, kept, (d,) if rank else (), epilogue=epilogue)
     b = tp.b
     source = node.attrs.get("dtype")
     acc_t = accum_type("normalization", source or x.type.dtype)
@@ -225,7 +239,7 @@ def _softmax(name: str, node: Node, locs: dict[Value, Loc]) -> Lowered:
     return tp.done(node.op)
 
 
-def _norm(name: str, node: Node, locs: dict[Value, Loc]) -> Lowered:
+def _norm(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node, ...]) -> Lowered:
     x = node.inputs[0]
     assert isinstance(x, Value) and isinstance(x.type, TensorType)
     shape = shape_of(x.type)
@@ -233,10 +247,11 @@ def _norm(name: str, node: Node, locs: dict[Value, Loc]) -> Lowered:
     if node.op == "layer_norm":
         k = len(node.attrs["normalized_shape"])
         kept, reduced = tuple(range(rank - k)), tuple(range(rank - k, rank))
-        tp = _Template(name, node, locs, kept, reduced)
+        tp = _Template(name, node, locs, kept, reduced, epilogue=epilogue)
         param_index: tuple[Ix, ...] = tp.index[rank - k :]
     else:
-        tp = _Template(name, node, locs, (), (), groups=node.attrs["num_groups"])
+        groups = node.attrs["num_groups"]
+        tp = _Template(name, node, locs, (), (), groups=groups, epilogue=epilogue)
         param_index = (tp.index[1],)
     b = tp.b
     acc_t = accum_type("normalization", x.type.dtype)
@@ -264,7 +279,7 @@ def _param(tp: _Template, p: Value, index: tuple[Ix, ...], t: str) -> Stmt:
     return to(tp.b, Arg(tp.low.value_at(p, index), None, None), t)
 
 
-TEMPLATES: dict[str, Callable[[str, Node, dict[Value, Loc]], Lowered]] = {
+TEMPLATES: dict[str, Callable[[str, Node, dict[Value, Loc], tuple[Node, ...]], Lowered]] = {
     "sum": _simple,
     "mean": _simple,
     "amax": _simple,
@@ -277,5 +292,14 @@ TEMPLATES: dict[str, Callable[[str, Node, dict[Value, Loc]], Lowered]] = {
 }
 
 
-def lower_reduction(name: str, node: Node, locs: dict[Value, Loc]) -> Lowered:
-    return TEMPLATES[node.op](name, node, locs)
+ELEMENTWISE = frozenset({"softmax", "log_softmax", "layer_norm", "group_norm"})
+
+
+def lower_reduction(
+    name: str, node: Node, locs: dict[Value, Loc], epilogue: Sequence[Node] = ()
+) -> Lowered:
+    """The template kernel of ``node``; ``epilogue``: pointwise nodes of the same shape fused
+    into the element store (only for the templates in :data:`ELEMENTWISE`)."""
+    if epilogue and node.op not in ELEMENTWISE:
+        raise ValueError(f"{node.op} stores per-row results: no elementwise epilogue")
+    return TEMPLATES[node.op](name, node, locs, tuple(epilogue))
