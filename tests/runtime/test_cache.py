@@ -43,7 +43,6 @@ def _run(cache: Path, **env: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
 def test_new_process_reuses_kernels_without_compiling(tmp_path: Path) -> None:
     first = _run(tmp_path)
     assert first["stats"]["compiles"] >= 1 and not any(first["hits"])
