@@ -120,7 +120,7 @@ def test_explain_reports_specializations() -> None:
     text = str(report)
     assert "2 specialization(s)" in text and "x.shape[0] > 2" in text
     json.dumps(report.to_json(), default=str)
-    with pytest.raises(TypeError, match="expects what plait.compile returned"):
+    with pytest.raises(TypeError, match=r"expects what plait\.compile returned"):
         plait.explain(lambda x: x)
 
 
