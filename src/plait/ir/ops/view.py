@@ -363,8 +363,8 @@ def _slice_length(n: Dim, start: Dim | None, end: Dim | None, step: int) -> Dim:
     """Python slice semantics (bounds clamped to the size). With symbolic sizes or bounds, an
     integer bound must be nonnegative (a negative one's meaning depends on the size) and a
     symbolic bound is a size expression, nonnegative by construction."""
-    if all(isinstance(v, int) or v is None for v in (n, start, end)):
-        return len(range(*slice(start, end, step).indices(n)))  # type: ignore[arg-type]
+    if isinstance(n, int) and all(isinstance(v, int) or v is None for v in (start, end)):
+        return len(range(*slice(start, end, step).indices(n)))
     if any(isinstance(v, int) and v < 0 for v in (start, end)):
         raise TypeRuleError(f"slice: negative bounds on symbolic dim {n}; specialize it")
     lo = sympy.Min(start or 0, n)
