@@ -14,7 +14,7 @@ its schedule shows what dominates.
 
 Usage::
 
-    python -m benchmarks.stax_cpu                 # everything, writes benchmarks/RESULTS.md
+    python -m benchmarks.stax_cpu                 # everything, updates its section of RESULTS.md
     python -m benchmarks.stax_cpu --only mlp --rounds 5 --no-cold --output /tmp/r.md
 """
 
@@ -283,7 +283,7 @@ def report(results: list[dict], cold: dict[str, dict[str, float]], over: dict[st
            loads: tuple[str, str], rounds: int) -> str:  # fmt: skip
     today = datetime.date.today().isoformat()
     out = [
-        "# Stax CPU benchmark results",
+        "# Stax CPU benchmark (issue 6): eager vs torch.compile vs stax",
         "",
         f"Date: {today}. Produced by `python -m benchmarks.stax_cpu` ({rounds} interleaved rounds, "
         "medians; inference under `torch.no_grad()`).",
@@ -340,6 +340,23 @@ def report(results: list[dict], cold: dict[str, dict[str, float]], over: dict[st
     return "\n".join(out) + "\n"
 
 
+BEGIN, END = "<!-- stax_cpu: begin -->", "<!-- stax_cpu: end -->"
+
+
+def write_section(path: Path, text: str) -> None:
+    """Write this benchmark's section of ``path`` (between its markers), leaving the rest of the
+    file (other benchmarks' results) as it is."""
+    section = f"{BEGIN}\n{text}{END}\n"
+    old = path.read_text() if path.exists() else ""
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1].lstrip("\n")
+        new = head + section + (("\n" + tail) if tail else "")
+    else:
+        new = old + ("\n" if old and not old.endswith("\n\n") else "") + section
+    path.write_text(new)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None)
@@ -367,7 +384,7 @@ def main() -> None:
             cold[name] = {s: cold_compile(name, s) for s in ("inductor", "stax")}
             print(f"[stax_cpu] cold {name} {cold[name]}", file=sys.stderr, flush=True)
     text = report(results, cold, over, (start_load, _load()), args.rounds)
-    Path(args.output).write_text(text)
+    write_section(Path(args.output), text)
     if args.json:
         Path(args.json).write_text(
             json.dumps({"results": results, "cold": cold, "overhead": over}, indent=1)
