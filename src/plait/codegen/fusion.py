@@ -356,7 +356,10 @@ class _Planner:
                 strides = contiguous_strides(shape_of(v.type))
                 self.locs[v] = Loc("input", v, 0, strides)
                 self._sample(v, strides)
-        for node in self.graph.nodes:
+        self._sample_last = self._sample_lifetimes()
+        for position, node in enumerate(self.graph.nodes):
+            if self._samples:
+                self._prune_samples(position - 1)
             if node.id not in self.live:
                 self.tags[node.id] = NodeTag("dead", "result unused")
                 continue
@@ -482,11 +485,34 @@ class _Planner:
         if not self._infer or not isinstance(v.type, TensorType):
             return
         shape = shape_of(v.type)
-        self._samples[v] = (
-            torch.zeros(shape, dtype=v.type.dtype).as_strided(shape, strides)
-            if _dense(shape, strides)
-            else torch.zeros(shape, dtype=v.type.dtype)
-        )
+        dtype = v.type.dtype
+        # NOTE: floats need no values to learn a layout (untouched pages cost no memory);
+        # integers may be indices and must be in range.
+        make = torch.empty if dtype.is_floating_point else torch.zeros
+        t = make(shape, dtype=dtype)
+        self._samples[v] = t.as_strided(shape, strides) if _dense(shape, strides) else t
+
+    def _sample_lifetimes(self) -> dict[int, int]:
+        """Per value, the last node position that reads it, directly or through views (a
+        deferred extern reads at its epilogue's position): samples are freed after it."""
+        position = {n.id: i for i, n in enumerate(self.graph.nodes)}
+        for host, ep in self.epilogues.items():
+            position[host] = position[ep.nodes[0].id]
+        last: dict[int, int] = {}
+        for node in reversed(self.graph.nodes):
+            if node.id not in self.live:
+                continue
+            for o in node.outputs:
+                if node.op in MAPPED_VIEWS and isinstance(node.inputs[0], Value):
+                    x = node.inputs[0]
+                    last[id(x)] = max(last.get(id(x), -1), last.get(id(o), -1))
+            for u in node.input_values():
+                last[id(u)] = max(last.get(id(u), -1), position[node.id])
+        return last
+
+    def _prune_samples(self, position: int) -> None:
+        for v in [v for v in self._samples if self._sample_last.get(id(v), -1) <= position]:
+            del self._samples[v]
 
     def _operand_sample(self, operand: object) -> object:
         if not isinstance(operand, Value):
