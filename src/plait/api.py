@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
+from plait.cache import resolve_store
 from plait.errors import (
     CaptureFallbackWarning,
     CompiledInputError,
@@ -43,6 +44,7 @@ from plait.frontend import (
     ModuleState,
     capture_program,
 )
+from plait.guards import StateFetcher
 from plait.ir import Graph, TensorType
 from plait.manifest import Explanation, Manifest, SpecializationReport
 
@@ -58,6 +60,7 @@ __all__ = [
 ]
 
 DEFAULT_RECOMPILE_LIMIT = 8
+_ENGINE_OPTIONS = ("recompile_limit", "on_recompile_limit", "cache")
 _MODES = (None, "default")
 
 
@@ -187,7 +190,13 @@ def _default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tu
 
 
 class _Engine:
-    """The specialization cache shared by CompiledFunction and CompiledModule."""
+    """The specialization cache shared by CompiledFunction and CompiledModule.
+
+    Each call flattens its inputs, fetches the module's live state and tries the
+    specializations in order (:meth:`GuardSet.holds`, the fast path). A miss captures and
+    compiles a new one (through the artifact cache) with the failed guards as its reason, up
+    to the recompile limit: past it, a clear error, or with ``on_recompile_limit="eager"`` the
+    original program, run eagerly, warned once and recorded for :func:`explain`."""
 
     def __init__(
         self,
@@ -204,23 +213,34 @@ class _Engine:
             raise ValueError(f"mode {mode!r} is not available; modes: {list(_MODES)}")
         options = dict(options or {})
         self.recompile_limit = int(options.pop("recompile_limit", DEFAULT_RECOMPILE_LIMIT))
+        self.on_limit = options.pop("on_recompile_limit", "raise")
+        if self.on_limit not in ("raise", "eager"):
+            raise ValueError(
+                f"on_recompile_limit must be 'raise' or 'eager', got {self.on_limit!r}"
+            )
+        self.cache = options.pop("cache", True)
+        resolve_store(self.cache)  # NOTE: a wrong value fails here, not at the first call
         unknown = sorted(set(options) - set(KNOWN_OPTIONS))
         if unknown:
-            known = ["recompile_limit", *KNOWN_OPTIONS]
+            known = [*_ENGINE_OPTIONS, *KNOWN_OPTIONS]
             raise ValueError(f"unknown options {unknown}; known: {known}")
         self.options = options
         self.fn, self.backend, self.fullgraph, self.dynamic = fn, backend, fullgraph, dynamic
         self.adapter = InputAdapter(fn)
         self.state = ModuleState(fn) if isinstance(fn, nn.Module) else None
+        self.fetch: Callable[[], Sequence[torch.Tensor]] = (
+            StateFetcher(self.state) if self.state is not None else tuple
+        )
         self.specializations: list[Specialization] = []
         self.recompile_reasons: list[str] = []
+        self.limit_fallback: dict[str, Any] | None = None  # on_recompile_limit="eager", once hit
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         try:
             spec, leaves, paths = self.adapter.flatten(args, kwargs)
         except TypeError as exc:
             raise CompiledInputError(str(exc)) from None
-        state = self.state.fetch() if self.state is not None else ()
+        state = self.fetch()
         env = GuardEnv(spec, leaves, self.fn, state)
         for s in self.specializations:
             if s.guards.holds(env):
@@ -235,14 +255,10 @@ class _Engine:
             failures = last.guards.explain(env) or ["no guard failed (internal)"]
             reason = "; ".join(failures)
             if len(self.specializations) >= self.recompile_limit:
-                raise RecompileLimitError(
-                    f"{self.adapter.name}: reached the recompile limit "
-                    f"({self.recompile_limit} specializations); this call failed: {reason}. "
-                    "Raise it with options={'recompile_limit': n}, or use dynamic=True "
-                    "when sizes vary."
-                )
+                return self._limit_reached(reason, args, kwargs)
         if self.state is not None and not self.state.structure_intact():
             self.state = ModuleState(self.state.module)
+            self.fetch = StateFetcher(self.state)
         prog = capture_program(
             self.fn,
             args,
@@ -253,11 +269,12 @@ class _Engine:
             module_state=self.state,
         )
         _report(prog, stacklevel=4)
-        state = self.state.fetch() if self.state is not None else ()
+        state = self.fetch()
         backend, why = self.backend, "requested"
         if backend is None:
             backend, why = _default_backend(prog, state)
-        request = CompileRequest(prog, backend, self.fullgraph, self.options, state)
+        store = resolve_store(self.cache)
+        request = CompileRequest(prog, backend, self.fullgraph, self.options, state, store)
         compiled = compile_program(request)
         compiled.manifest.options["backend_choice"] = why
         spec = Specialization(prog, compiled, reason)
@@ -266,6 +283,29 @@ class _Engine:
             self.recompile_reasons.append(reason)
         env = GuardEnv(env.spec, env.leaves, self.fn, state)
         return self._run(spec, env, state, args, kwargs)
+
+    def _limit_reached(self, reason: str, args: tuple, kwargs: dict) -> Any:
+        """NOTE: never silent: an error by default; the eager fallback warns once and is
+        recorded (``plait.explain``) with every call it ran."""
+        message = (
+            f"{self.adapter.name}: reached the recompile limit "
+            f"({self.recompile_limit} specializations); this call failed: {reason}"
+        )
+        if self.on_limit == "raise":
+            raise RecompileLimitError(
+                f"{message}. Raise it with options={{'recompile_limit': n}}, use dynamic=True "
+                "when sizes vary, or options={'on_recompile_limit': 'eager'} to run such calls "
+                "eagerly."
+            )
+        if self.limit_fallback is None:
+            warnings.warn(
+                f"plait runs calls that miss every specialization eagerly: {message}",
+                CaptureFallbackWarning,
+                stacklevel=5,
+            )
+            self.limit_fallback = {"reason": message, "calls": 0}
+        self.limit_fallback["calls"] += 1
+        return self.fn(*args, **kwargs)
 
     def _run(
         self,
@@ -404,9 +444,12 @@ def compile(
     reference interpreter), or ``None``: Stax for static CPU programs, the interpreter otherwise,
     with the choice recorded in each specialization's manifest. ``fullgraph=True`` makes any
     capture fallback or Stax fallback an error. ``options``: ``recompile_limit`` (default 8),
-    ``passes`` (a pipeline such as ``"canonicalize,cse,dce"``, or ``"inference"``,
-    ``"training"``, ``"none"``), ``freeze`` (default: when no gradient can flow), ``stax``
-    (a dict of :class:`plait.runtime.StaxOptions` fields).
+    ``on_recompile_limit`` (``"raise"``, the default, or ``"eager"``: run calls past the limit
+    eagerly, warned once and recorded), ``cache`` (the artifact cache: ``True``, the default,
+    for ``$PLAIT_CACHE_DIR`` or the per-user cache directory; ``False``; a directory; a
+    :class:`plait.cache.Store`), ``passes`` (a pipeline such as ``"canonicalize,cse,dce"``,
+    or ``"inference"``, ``"training"``, ``"none"``), ``freeze`` (default: when no gradient can
+    flow), ``stax`` (a dict of :class:`plait.runtime.StaxOptions` fields).
 
     Example:
         >>> import torch, plait
@@ -456,4 +499,4 @@ def explain(compiled: Any) -> Explanation:
         SpecializationReport(i, s.reason, s.guards.texts(), s.manifest)
         for i, s in enumerate(engine.specializations)
     ]
-    return Explanation(engine.adapter.name, reports)
+    return Explanation(engine.adapter.name, reports, engine.limit_fallback)

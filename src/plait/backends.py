@@ -20,9 +20,12 @@ from typing import Any
 
 import torch
 
+from plait.cache import SavedCompile, Store
+from plait.cache.lookup import cached_compile
 from plait.errors import CaptureFallbackWarning, PlaitCompileError
 from plait.frontend.guards import Guard
 from plait.frontend.program import CapturedProgram, Executor
+from plait.guards import ambient_guards, call_settings, frozen_guards, process_settings
 from plait.ir import Graph, interpret
 from plait.manifest import Manifest
 from plait.passes import INFERENCE_PIPELINE, TRAINING_PIPELINE, run_pipeline
@@ -46,6 +49,7 @@ class CompileRequest:
     fullgraph: bool
     options: dict[str, Any]
     state: Sequence[torch.Tensor]  # the module's parameters and buffers, in slot order
+    store: Store | None = None  # the artifact cache (None: compile, never save)
 
 
 def _needs_grad(req: CompileRequest) -> bool:
@@ -79,20 +83,6 @@ def _state_slots(prog: CapturedProgram, graph: Graph) -> dict[str, int]:
     return out
 
 
-def _frozen_guard(name: str, k: int, tensor: torch.Tensor) -> Guard:
-    # NOTE: identity and version counter: replacing the tensor or writing it in place (an
-    # optimizer step, load_state_dict) fails the guard, so a frozen value is never stale.
-    expected = (id(tensor), tensor._version)
-    return Guard(
-        "state",
-        name,
-        f"{name} is the frozen tensor, unchanged (identity, version)",
-        expected,
-        lambda env: (id(env.state[k]), env.state[k]._version),
-        fmt=lambda v: f"version {v[1]}" if isinstance(v, tuple) else repr(v),
-    )
-
-
 def _bind(graph: Graph, optimized: Graph) -> Callable[[list[Any]], list[Any]]:
     """Map the captured graph's input list onto the optimized graph's inputs (by name)."""
     index = {v.name: i for i, v in enumerate(graph.inputs)}
@@ -114,40 +104,56 @@ def _eager_executor(graph: Graph, optimized: Graph) -> Executor:
     return run
 
 
-def _stax_executor(
-    req: CompileRequest, graph: Graph, optimized: Graph, m: Manifest
-) -> tuple[Executor, Any]:
-    from plait.runtime import CodegenError, StaxOptions, compile_graph
+def _stax_options(req: CompileRequest) -> Any:
+    from plait.runtime import StaxOptions
 
     settings = dict(req.options.get("stax") or {})
     settings.setdefault("strict", req.fullgraph)
+    return StaxOptions(**settings)
+
+
+def _stax_program(req: CompileRequest, optimized: Graph) -> Any:
+    from plait.runtime import CodegenError, compile_graph
+
     try:
-        program = compile_graph(optimized, options=StaxOptions(**settings))
+        return compile_graph(optimized, options=_stax_options(req))
     except CodegenError as exc:
         raise PlaitCompileError(f"stax could not compile the graph: {exc}") from exc
-    records = program.records()
+
+
+def _stax_timings(program: Any, m: Manifest, records: dict[str, Any]) -> None:
     m.timings.update({f"stax.{k}": v for k, v in records.pop("timings", {}).items()})
     for k in records.get("kernels", []):
         name = k.get("name", "?")
         for key in ("build_seconds", "cache_hit"):
             if key in k:
                 m.timings[f"stax.kernel.{name}.{key}"] = k.pop(key)
+
+
+def _stax_records(program: Any, m: Manifest) -> None:
+    records = program.records()
+    _stax_timings(program, m, records)
     m.kernels = {"kernels": records.pop("kernels", []), "schedule": records.pop("schedule", [])}
     m.toolchain["cxx"] = records.pop("toolchain", {})
     m.executor = records
     for n in records.get("evidence", {}).get("nodes", []):
         if n["executor"] == "fallback":
             m.fallbacks.append({"what": f"node {n['id']} ({n['op']})", "reason": n["detail"]})
+
+
+def _stax_executor(graph: Graph, optimized: Graph, program: Any) -> Executor:
     bind = _bind(graph, optimized)
 
     def run(_: Graph, values: list[Any]) -> list[Any]:
         return program(*bind(values))
 
-    return run, program
+    return run
 
 
 def compile_program(req: CompileRequest) -> Compiled:
-    """Run the pass pipeline and the backend for one specialization; build its manifest."""
+    """Run the pass pipeline and the backend for one specialization, or load it from the
+    artifact cache (``req.store``) when an entry with the same key is there; build its
+    manifest either way."""
     prog = req.program
     unknown = sorted(set(req.options) - set(KNOWN_OPTIONS))
     if unknown:
@@ -161,7 +167,6 @@ def compile_program(req: CompileRequest) -> Compiled:
     if prog.graph is None:
         m.fallbacks.append({"what": "whole program", "reason": prog.fallback_reason or "?"})
         return Compiled(None, m)
-    graph = prog.graph
     needs_grad = _needs_grad(req)
     freeze = req.options.get("freeze")
     freeze = (not needs_grad) if freeze is None else bool(freeze)
@@ -170,13 +175,32 @@ def compile_program(req: CompileRequest) -> Compiled:
             "freeze=True needs a call no gradient flows through (torch.no_grad(), "
             "or parameters and inputs that do not require grad)"
         )
+    pipeline = _pipeline(req, freeze)
+    ambient = ambient_guards()
+    if req.store is None:
+        compiled = _compile(req, m, pipeline, freeze, needs_grad)
+    else:
+        settings = {**call_settings(), **process_settings()}
+        compiled = cached_compile(
+            req, m, pipeline, freeze, needs_grad, _compile, _restore, settings
+        )
+    compiled.guards += ambient
+    compiled.manifest.guards += [g.text for g in ambient if not g.batch]
+    return compiled
+
+
+def _compile(
+    req: CompileRequest, m: Manifest, pipeline: str, freeze: bool, needs_grad: bool
+) -> Compiled:
+    """The cold path: passes, then the backend."""
+    prog = req.program
+    graph = prog.graph
+    assert graph is not None
     state = list(req.state)
     slots = _state_slots(prog, graph)
     params = {name: state[k] for name, k in slots.items()} if freeze else {}
     start = time.perf_counter()
-    result = run_pipeline(
-        graph, _pipeline(req, freeze), params=params, source_hash=prog.semantic_hash
-    )
+    result = run_pipeline(graph, pipeline, params=params, source_hash=prog.semantic_hash)
     m.timings["passes"] = time.perf_counter() - start
     m.passes = result.to_json()
     m.timings.update({f"pass.{k}": v for k, v in result.timings().items()})
@@ -184,8 +208,8 @@ def compile_program(req: CompileRequest) -> Compiled:
     frozen = [
         n for rec in result.records if rec.name == "freeze" for n in rec.details.get("frozen", [])
     ]
-    guards = [_frozen_guard(n, slots[n], state[slots[n]]) for n in frozen]
-    m.guards += [g.text for g in guards]
+    guards = frozen_guards({n: slots[n] for n in frozen}, state, list(slots.values()))
+    m.guards += [g.text for g in guards if not g.batch]
     m.graph = {
         "nodes_captured": len(graph.nodes),
         "nodes_optimized": len(optimized.nodes),
@@ -196,17 +220,36 @@ def compile_program(req: CompileRequest) -> Compiled:
             "gradients can flow through this call and Stax kernels have no backward yet "
             "(L4): the reference interpreter runs the forward, eager autograd the backward"
         )
-        warnings.warn(f"plait stax: {reason}", CaptureFallbackWarning, stacklevel=6)
+        warnings.warn(f"plait stax: {reason}", CaptureFallbackWarning, stacklevel=7)
         m.fallbacks.append({"what": "backend stax → eager interpreter", "reason": reason})
         m.executor = {"backend": "eager", "requested": "stax"}
         return Compiled(_eager_executor(graph, optimized), m, guards, optimized)
     if req.backend == "stax":
         start = time.perf_counter()
-        executor, program = _stax_executor(req, graph, optimized, m)
+        program = _stax_program(req, optimized)
+        _stax_records(program, m)
         m.timings["backend"] = time.perf_counter() - start
-        return Compiled(executor, m, guards, optimized, program)
+        return Compiled(_stax_executor(graph, optimized, program), m, guards, optimized, program)
     m.executor = {"backend": "eager", "evidence": {"counts": {"interpreted": len(optimized.nodes)}}}
     return Compiled(_eager_executor(graph, optimized), m, guards, optimized)
+
+
+def _restore(req: CompileRequest, saved: SavedCompile) -> Compiled:
+    """The warm path: a loaded entry as a Compiled (no pass, no dry run, no compiler)."""
+    prog = req.program
+    graph = prog.graph
+    assert graph is not None
+    m = Manifest.from_json(saved.manifest)
+    m.timings = dict(saved.seconds)
+    slots = _state_slots(prog, graph)
+    used = list(slots.values())
+    guards = frozen_guards({n: slots[n] for n in saved.frozen}, list(req.state), used)
+    if saved.program is not None:
+        _stax_timings(saved.program, m, saved.program.records())
+        executor = _stax_executor(graph, saved.graph, saved.program)
+    else:
+        executor = _eager_executor(graph, saved.graph)
+    return Compiled(executor, m, guards, saved.graph, saved.program)
 
 
 def _options_record(req: CompileRequest) -> dict[str, Any]:

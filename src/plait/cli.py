@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from plait.cache.cli import cache_group
 from plait.manifest import Manifest
 
 
@@ -83,6 +84,9 @@ def bench(args: tuple[str, ...]) -> None:
     out.json` is the under-a-minute configuration. Exit status 1 when parity fails.
     """
     _bench_command().main(args=list(args), prog_name="plait bench")
+
+
+main.add_command(cache_group)
 
 
 if __name__ == "__main__":  # pragma: no cover

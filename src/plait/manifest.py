@@ -82,6 +82,9 @@ class Manifest:
     cache_key: dict[str, Any] = field(default_factory=dict)
     graph: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    # NOTE: how this process got the artifact (hit, miss and why, corrupt entries replaced):
+    # a fact about the cache's state, not the compile, so outside deterministic() like timings.
+    cache: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,12 +100,13 @@ class Manifest:
             "cache_key": self.cache_key,
             "graph": self.graph,
             "timings": self.timings,
+            "cache": self.cache,
         }
 
     def deterministic(self) -> dict[str, Any]:
         """Everything but the timings: equal across compiles of the same program."""
         out = self.to_json()
-        del out["timings"]
+        del out["timings"], out["cache"]
         return out
 
     def dumps(self) -> str:
@@ -155,6 +159,11 @@ class Manifest:
             lines.append(line)
         if self.kernels.get("kernels"):
             lines.append(f"  kernels: {len(self.kernels['kernels'])} native")
+        if self.cache_key.get("digest"):
+            lines.append(f"  cache key: {self.cache_key['digest'][:16]}…")
+        if self.cache:
+            lines.append(f"  cache: {self.cache.get('status', '?')}")
+            lines += [f"    - {e}" for e in self.cache.get("events", [])]
         if self.timings:
             total = sum(v for v in self.timings.values() if isinstance(v, (int, float)))
             lines.append(f"  timings: {total * 1e3:.1f} ms over {len(self.timings)} entries")
@@ -184,9 +193,15 @@ class Explanation:
 
     name: str
     specializations: list[SpecializationReport]
+    # on_recompile_limit="eager": why calls past the limit ran eagerly, and how many did
+    limit_fallback: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "specializations": [s.to_json() for s in self.specializations]}
+        return {
+            "name": self.name,
+            "specializations": [s.to_json() for s in self.specializations],
+            "limit_fallback": self.limit_fallback,
+        }
 
     def __str__(self) -> str:
         if not self.specializations:
@@ -196,4 +211,9 @@ class Explanation:
             why = "first call" if s.reason is None else f"recompiled: {s.reason}"
             lines.append(f"[{s.index}] {why}")
             lines += ["    " + line for line in s.manifest.report().splitlines()]
+        if self.limit_fallback is not None:
+            lines.append(
+                f"eager fallback past the recompile limit ({self.limit_fallback['calls']} "
+                f"call(s)): {self.limit_fallback['reason']}"
+            )
         return "\n".join(lines)

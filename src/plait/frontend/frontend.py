@@ -74,9 +74,14 @@ def capture_program(
     if module_state is None and isinstance(fn, nn.Module):
         module_state = ModuleState(fn)
     if guard_build.autocast_on():
-        raise GraphCaptureError(
+        err = GraphCaptureError(
             "torch.autocast", "capture under autocast is not supported yet", kind="limitation"
         )
+        if fullgraph:
+            raise err
+        # NOTE: the documented fallback, guarded on autocast being on.
+        cx = CaptureContext(fullgraph=False, dynamic=bool(dynamic), static_sizes=set())
+        return _fallback(cx, err, spec, leaves, paths, module_state)
     static_sizes: set[int] = set()
     specialized: list[str] = []
     while True:
@@ -313,6 +318,7 @@ def _guards(
     if any(lift.kind == "user" for lift, _ in mutations):
         guards.append(_no_alias_guard(leaves))
     guards += guard_build.ambient_guards()
+    used: list[int] = []
     if ms is not None:
         used = (
             sorted(s.ref for s in slots or [] if s.source == "state")
@@ -320,6 +326,9 @@ def _guards(
             else list(range(len(ms.entries)))
         )
         guards += guard_build.module_guards(ms, used, state or ms.fetch())
+    if cx.layout_read is not None:
+        live = state or (ms.fetch() if ms is not None else [])
+        guards.append(guard_build.layout_guard(cx.layout_read, leaves, paths, used, live))
     return GuardSet(guards)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -97,6 +98,7 @@ def scalar_guard(i: int, path: str, value: Any) -> Guard:
         f"{path} is the captured {type(value).__name__} object",
         True,
         lambda env: env.leaves[i] is value,
+        portable=False,
     )
 
 
@@ -166,12 +168,14 @@ def symbol_guards(
 
 
 def autocast_on() -> bool:
-    return any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
+    return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
 
 
 def ambient_guards() -> list[Guard]:
+    """What capture itself read of the ambient state: grad mode, default dtype, autocast."""
     grad = torch.is_grad_enabled()
     dtype = torch.get_default_dtype()
+    autocast = autocast_on()
     return [
         Guard(
             "grad_mode",
@@ -187,12 +191,35 @@ def ambient_guards() -> list[Guard]:
             dtype,
             lambda env: torch.get_default_dtype(),
         ),
-        Guard("ambient", "torch.autocast", "autocast is off", False, lambda env: autocast_on()),
+        Guard(
+            "ambient",
+            "torch.autocast",
+            f"autocast is {'on' if autocast else 'off'}",
+            autocast,
+            lambda env: autocast_on(),
+        ),
     ]
 
 
 def _fmt_flags(flags: tuple[bool, ...]) -> str:
     return str(flags[0]) if len(set(flags)) == 1 else "mixed flags"
+
+
+_SIG = operator.attrgetter("dtype", "shape", "device", "requires_grad")
+# NOTE: the source of the guard on the state's signatures; a compile that freezes tensors may
+# take over its fast-path duty (plait.guards.state) with a cheaper exact check of its own.
+STATE_SIGNATURES = "parameters and buffers"
+_TRAINING = operator.attrgetter("training")
+
+
+def _picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """``pick(seq)``: the items at ``indices``, as a sequence (one C call)."""
+    if not indices:
+        return lambda seq: ()
+    if len(indices) == 1:
+        k = indices[0]
+        return lambda seq: (seq[k],)
+    return operator.itemgetter(*indices)
 
 
 def module_guards(
@@ -218,16 +245,24 @@ def module_guards(
         else ""
     )
 
-    def sig(t: torch.Tensor) -> tuple[Any, ...]:
-        return (t.dtype, t.shape, t.device, t.requires_grad)
-
-    expected = tuple(sig(state[k]) for k in used)
+    expected = tuple(map(_SIG, (state[k] for k in used)))
     paths = [ms.entries[k].path for k in used]
+    pick = _picker(used)
 
     def state_detail(env: GuardEnv) -> str:
         now = ms.fetch()
-        bad = [p for p, k, e in zip(paths, used, expected) if sig(now[k]) != e]
+        bad = [p for p, k, e in zip(paths, used, expected) if _SIG(now[k]) != e]
         return "changed: " + ", ".join(bad[:5]) + (" ..." if len(bad) > 5 else "")
+
+    # NOTE: the fast path reads with C-level maps over precomputed tables (a few tens of
+    # nanoseconds per module or tensor); the module's own methods stay the reference.
+    modules = [m for _, m in ms.modules]
+    tables = [p._modules for p, _, _ in ms.edges]
+    keys = [k for _, k, _ in ms.edges]
+    children = [c for _, _, c in ms.edges]
+
+    def intact(env: GuardEnv) -> bool:
+        return all(map(operator.is_, map(dict.get, tables, keys), children))
 
     return [
         Guard(
@@ -235,7 +270,7 @@ def module_guards(
             "self",
             "self has the captured submodules",
             True,
-            lambda env: ms.structure_intact(),
+            intact,
             gate=True,
         ),
         Guard(
@@ -243,17 +278,54 @@ def module_guards(
             "self.training",
             text,
             flags,
-            lambda env: ms.training_flags(),
+            lambda env: tuple(map(_TRAINING, modules)),
             train_detail,
             fmt=_fmt_flags,
         ),
         Guard(
             "state",
-            "parameters and buffers",
+            STATE_SIGNATURES,
             "parameters and buffers keep their dtype, shape, device and requires_grad",
             expected,
-            lambda env: tuple(sig(env.state[k]) for k in used),
+            lambda env: tuple(map(_SIG, pick(env.state))),
             state_detail,
             fmt=lambda r: f"{len(r)} signatures",
         ),
     ]
+
+
+_STRIDES = operator.methodcaller("stride")
+
+
+def layout_guard(
+    where: str,
+    leaves: Sequence[Any],
+    paths: Sequence[str],
+    used: Sequence[int],
+    state: Sequence[torch.Tensor],
+) -> Guard:
+    """The program read a layout (``is_contiguous`` in ``where``): the answer depends on the
+    strides of the tensors it reads, so the strides of every tensor input and used parameter
+    or buffer are pinned."""
+    tensor_ix = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    pick_leaves, pick_state = _picker(tensor_ix), _picker(used)
+    expected = (
+        tuple(map(_STRIDES, pick_leaves(leaves))),
+        tuple(map(_STRIDES, pick_state(state))) if used else (),
+    )
+    names = ", ".join([paths[i] for i in tensor_ix][:3] + (["..."] if len(tensor_ix) > 3 else []))
+
+    def read(env: GuardEnv) -> Any:
+        return (
+            tuple(map(_STRIDES, pick_leaves(env.leaves))),
+            tuple(map(_STRIDES, pick_state(env.state))) if used else (),
+        )
+
+    return Guard(
+        "layout",
+        "strides",
+        f"{names} keep their strides (the program read a layout in {where})",
+        expected,
+        read,
+        fmt=lambda r: f"strides {list(r[0])}",
+    )

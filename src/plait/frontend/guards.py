@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +29,26 @@ _PRIORITY = {
     "grad_mode": 3,
     "requires_grad": 4,
     "tensor": 5,
+    "layout": 5,
     "alias": 6,
     "state": 7,
     "ambient": 8,
     "structure": 9,
 }
+
+
+def canonical(value: Any) -> str:
+    """A process-independent text for a guard's expected value (dtypes, devices, sizes, nested
+    tuples, types by qualified name). ``repr`` of anything else that has no address in it."""
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(canonical(v) for v in value)
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    text = repr(value)
+    if " at 0x" in text:
+        raise ValueError(f"{text}: has no process-independent text")
+    return text
 
 
 class GuardEnv:
@@ -69,6 +85,16 @@ class Guard:
     # the input's type guard); the fast path skips it, explanations still report it.
     redundant: bool = False
     fmt: Callable[[Any], str] = repr  # how a reading is shown in a failure message
+    # NOTE: a batch guard checks, in one read, what the redundant guards listed after it check
+    # one by one: the fast path runs it instead of them; texts, keys and explanations skip it.
+    batch: bool = False
+    # NOTE: a guard whose expected value only means something in this process (an object's
+    # identity) makes its specialization unfit for the artifact cache.
+    portable: bool = True
+    key: str | None = None  # the guard in a cache key (default: kind, text, expected value)
+    # NOTE: a batch guard may take over the fast-path duty of the guards with this source: a
+    # specialization then checks them only to explain a miss.
+    replaces: str | None = None
 
     def holds(self, env: GuardEnv) -> bool:
         return bool(self.read(env) == self.expected)
@@ -88,6 +114,15 @@ class Guard:
                 msg += f" ({self.detail(env)})"
         return msg
 
+    def key_text(self) -> str:
+        """The guard as a cache key part: what it reads and the value it expects, written the
+        same way in every process. Raises ``ValueError`` for a guard that is not portable."""
+        if not self.portable:
+            raise ValueError(f"{self.text}: holds for an object of this process only")
+        if self.key is not None:
+            return self.key
+        return f"{self.kind}|{self.source}|{self.text}|{canonical(self.expected)}"
+
     def to_dict(self) -> dict[str, str]:
         return {
             "kind": self.kind,
@@ -104,8 +139,12 @@ class GuardSet:
     """The guards of one specialization, in check order."""
 
     def __init__(self, guards: Sequence[Guard]) -> None:
-        self.guards = list(guards)
-        self._fast = [g for g in self.guards if not g.redundant]
+        taken = {g.replaces for g in guards if g.replaces is not None}
+        self.guards = [
+            dataclasses.replace(g, redundant=True) if g.source in taken and not g.batch else g
+            for g in guards
+        ]
+        self._fast = [(g.read, g.expected) for g in self.guards if not g.redundant]
 
     def __iter__(self) -> Iterator[Guard]:
         return iter(self.guards)
@@ -116,8 +155,8 @@ class GuardSet:
     def holds(self, env: GuardEnv) -> bool:
         """The fast path: every guard in order, stopping at the first that fails."""
         try:
-            for g in self._fast:
-                if g.read(env) != g.expected:
+            for read, expected in self._fast:
+                if read(env) != expected:
                     return False
         except Exception:  # NOTE: an unreadable guard (e.g. a missing input) is a failed one
             return False
@@ -128,6 +167,8 @@ class GuardSet:
         first; stops after a failed gate guard (later reads would be meaningless)."""
         failed: list[tuple[int, int, str]] = []
         for i, g in enumerate(self.guards):
+            if g.batch:
+                continue
             msg = g.failure(env)
             if msg is None:
                 continue
@@ -137,7 +178,15 @@ class GuardSet:
         return [m for _, _, m in sorted(failed)]
 
     def texts(self) -> list[str]:
-        return [g.text for g in self.guards]
+        return [g.text for g in self.guards if not g.batch]
+
+    def key_texts(self) -> list[str]:
+        """Every guard as a cache key part (see :meth:`Guard.key_text`)."""
+        return [g.key_text() for g in self.guards if not g.batch]
+
+    @property
+    def portable(self) -> bool:
+        return all(g.portable for g in self.guards)
 
     def __str__(self) -> str:
         return "\n".join(self.texts())

@@ -109,8 +109,11 @@ for _func, _read in _STATIC:
 
 @meta(T.is_contiguous)
 def _is_contiguous(cx: CaptureContext, x: Any, memory_format: Any = None) -> bool:
-    # NOTE: the answer for the capture sample; layouts are not part of the IR (documented).
+    # NOTE: the answer for the capture sample; layouts are not part of the IR (documented), so
+    # the guards pin the strides of the inputs it may depend on.
     t = _plain(cx, x)
+    if cx.layout_read is None:
+        cx.layout_read = cx.current
     return (
         t.is_contiguous() if memory_format is None else t.is_contiguous(memory_format=memory_format)
     )

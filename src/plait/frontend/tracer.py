@@ -135,6 +135,9 @@ class CaptureContext:
         self.error: BaseException | None = None
         self.current = "<capture>"
         self.grad_enabled = torch.is_grad_enabled()
+        # NOTE: a read of a tensor's layout (is_contiguous) specializes on the strides of the
+        # inputs: the guards then pin them (the first such read, for the reason).
+        self.layout_read: str | None = None
 
     # --- activation ---------------------------------------------------------------------------
     @contextmanager

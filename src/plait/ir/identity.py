@@ -171,5 +171,5 @@ def weights_hash(weights: Mapping[str, torch.Tensor]) -> str:
     for name in sorted(weights):
         t = weights[name].detach().cpu().contiguous()
         h.update(f"{name}\x1f{t.dtype}\x1f{tuple(t.shape)}\x1e".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # NOTE: the buffer, no copy
     return h.hexdigest()

@@ -1,0 +1,182 @@
+"""ResNet-18: cold vs warm first call through the artifact cache, and the guard cost per call.
+
+Each measurement runs in a fresh process. *Cold*: an empty cache directory (no artifact, no
+kernel): capture, passes, planning, C++ compiler, save. *Warm*: a new process on the cache the
+cold one filled: capture, key, load, rebuild from the saved plan (no pass, no dry run, no
+compiler; ``PLAIT_STAX_NO_COMPILE=1`` makes any compiler call an error). *Eager*: the model's own
+first call in a fresh process (the floor: capture runs the model once). First-call times start at
+``plait.compile`` and end with the first output (Python and torch imports excluded).
+
+Configurations: ``frozen`` (the default under ``torch.no_grad()``: weights folded into constants,
+oneDNN convolutions with fused post-ops), ``inputs`` (``freeze=False``: weights stay graph inputs,
+batch norm and residual adds run as native C++ kernels) and ``frozen-interpreter`` (the inference
+passes, frozen weights, plait's interpreter: the frozen guard set without oneDNN).
+
+Usage::
+
+    python benchmarks/cache_warm_start.py [--size 32] [--repeat 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, sys, time, timeit
+import torch
+sys.path.insert(0, sys.argv[1])
+from benchmarks.models.resnet import resnet18
+mode, config, size = sys.argv[2], sys.argv[3], int(sys.argv[4])
+torch.manual_seed(0)
+model = resnet18(num_classes=10).eval()
+x = torch.randn(1, 3, size, size)
+if mode == "eager":
+    start = time.perf_counter()
+    with torch.no_grad():
+        model(x)
+    print(json.dumps({"first_call": time.perf_counter() - start}))
+    raise SystemExit
+import plait
+from plait.codegen import build
+from plait.frontend import GuardEnv
+kwargs = {
+    "frozen": {},
+    "inputs": {"options": {"freeze": False}},
+    "frozen-interpreter": {"backend": "eager", "options": {"passes": "inference"}},
+}[config]
+start = time.perf_counter()
+compiled = plait.compile(model, **kwargs)
+with torch.no_grad():
+    out = compiled(x)
+first = time.perf_counter() - start
+spec = compiled.specializations[0]
+engine = compiled._plait
+with torch.no_grad():
+    spec_, leaves, _ = engine.adapter.flatten((x,), {})
+    env = GuardEnv(spec_, leaves, model, engine.fetch())
+    assert spec.guards.holds(env)
+    n = 20000
+    holds = min(timeit.repeat(lambda: spec.guards.holds(env), number=n, repeat=5)) / n
+    fetch = min(timeit.repeat(engine.fetch, number=n, repeat=5)) / n
+    flatten = min(timeit.repeat(lambda: engine.adapter.flatten((x,), {}), number=n, repeat=5)) / n
+    with torch.no_grad():
+        expected = model(x)
+print(json.dumps({
+    "first_call": first,
+    "status": spec.manifest.cache.get("status"),
+    "compiles": build.STATS["compiles"],
+    "kernels": len(spec.manifest.kernels.get("kernels", [])),
+    "frozen": len(spec.manifest.graph.get("frozen", [])),
+    "guards": len(spec.guards),
+    "fast_guards": len(spec.guards._fast),
+    "holds_us": holds * 1e6,
+    "fetch_us": fetch * 1e6,
+    "flatten_us": flatten * 1e6,
+    "max_abs_err": float((out - expected).abs().max()),
+    "timings": {k: v for k, v in spec.manifest.timings.items()
+                if not k.startswith(("pass.", "stax.kernel."))},
+}))
+"""
+
+
+def _child(mode: str, config: str, size: int, cache: Path, **env: str) -> dict[str, Any]:
+    environ = {**os.environ, "PLAIT_CACHE_DIR": str(cache), **env}
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ROOT), mode, config, str(size)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{mode}/{config} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure(config: str, size: int, repeat: int) -> dict[str, Any]:
+    colds, warms, eagers = [], [], []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory(prefix="plait-bench-cache-") as tmp:
+            cache = Path(tmp)
+            colds.append(_child("cold", config, size, cache))
+            warms.append(_child("warm", config, size, cache, PLAIT_STAX_NO_COMPILE="1"))
+        with tempfile.TemporaryDirectory() as tmp:
+            eagers.append(_child("eager", config, size, Path(tmp)))
+    assert all(c["status"] == "miss" for c in colds) and all(w["status"] == "hit" for w in warms)
+    assert all(w["compiles"] == 0 for w in warms)
+
+    def med(rows: list[dict[str, Any]], key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    cold, warm = med(colds, "first_call"), med(warms, "first_call")
+    return {
+        "config": config,
+        "size": size,
+        "cold_first_call_s": cold,
+        "warm_first_call_s": warm,
+        "warm_over_cold": warm / cold,
+        "eager_first_call_s": med(eagers, "first_call"),
+        "cold_compiler_invocations": colds[0]["compiles"],
+        "native_kernels": colds[0]["kernels"],
+        "frozen_tensors": colds[0]["frozen"],
+        "guards": colds[0]["guards"],
+        "fast_path_guards": colds[0]["fast_guards"],
+        "guard_holds_us": med(warms + colds, "holds_us"),
+        "state_fetch_us": med(warms + colds, "fetch_us"),
+        "input_flatten_us": med(warms + colds, "flatten_us"),
+        "max_abs_err_vs_eager": max(r["max_abs_err"] for r in colds + warms),
+        "cold_timings": colds[len(colds) // 2]["timings"],
+        "warm_timings": warms[len(warms) // 2]["timings"],
+    }
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| config | input | cold first call | warm first call | warm/cold | eager first call "
+        "| native kernels | guard check per call |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['config']} | 1x3x{r['size']}x{r['size']} "
+            f"| {r['cold_first_call_s'] * 1e3:.0f} ms "
+            f"| {r['warm_first_call_s'] * 1e3:.0f} ms | {r['warm_over_cold']:.0%} "
+            f"| {r['eager_first_call_s'] * 1e3:.0f} ms | {r['native_kernels']} "
+            f"| {r['guard_holds_us']:.1f} µs |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", type=int, nargs="+", default=[32])
+    parser.add_argument("--config", nargs="+", default=["frozen", "inputs"])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    rows = [measure(c, s, args.repeat) for s in args.size for c in args.config]
+    info = {
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+    print(markdown(rows))
+    print(json.dumps({"machine": info, "rows": rows}, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps({"machine": info, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""plait.cache: the content-addressed artifact cache (L6).
+
+A compiled specialization is saved under a key made of everything that decided it (source
+semantic hash, guards, target, options, toolchain, ambient settings, frozen weights) and loaded
+by a later process that captures the same program under the same conditions: a warm start skips
+the passes, the planner's dry runs and the C++ compiler.
+
+The default store is a directory: ``$PLAIT_CACHE_DIR/artifacts`` when that variable is set, else
+``$XDG_CACHE_HOME/plait/artifacts`` (``~/.cache/plait/artifacts``); ``plait.compile(...,
+options={"cache": ...})`` takes ``False`` (off), a directory, or a :class:`Store`.
+
+Example:
+    >>> import tempfile
+    >>> store = resolve_store(tempfile.mkdtemp())
+    >>> isinstance(store, LocalStore), store.stat().entries
+    (True, 0)
+    >>> resolve_store(False) is None
+    True
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from plait.cache.compiled import SavedCompile, StaleEntryError, load_compiled, save_compiled
+from plait.cache.key import CacheKey, MissExplanation, explain_miss
+from plait.cache.store import (
+    CorruptEntryError,
+    EntryInfo,
+    LocalStore,
+    Store,
+    StoreStats,
+    VerifyReport,
+)
+
+
+def cache_root() -> Path:
+    """The per-user cache directory (``$PLAIT_CACHE_DIR``, else the XDG cache home)."""
+    env = os.environ.get("PLAIT_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "plait"
+
+
+def default_store() -> LocalStore:
+    return LocalStore(cache_root() / "artifacts")
+
+
+def resolve_store(option: Any = True) -> Store | None:
+    """The store an option names: ``True``/``None`` the default, ``False`` none, a path a
+    :class:`LocalStore` there, a :class:`Store` itself."""
+    if option is None or option is True:
+        return default_store()
+    if option is False:
+        return None
+    if isinstance(option, Store):
+        return option
+    if isinstance(option, (str, os.PathLike)):
+        return LocalStore(option)
+    raise ValueError(
+        f"options['cache'] must be True, False, a directory or a plait.cache.Store, "
+        f"got {type(option).__name__}"
+    )
+
+
+__all__ = [
+    "CacheKey",
+    "CorruptEntryError",
+    "EntryInfo",
+    "LocalStore",
+    "MissExplanation",
+    "SavedCompile",
+    "StaleEntryError",
+    "Store",
+    "StoreStats",
+    "VerifyReport",
+    "cache_root",
+    "default_store",
+    "explain_miss",
+    "load_compiled",
+    "resolve_store",
+    "save_compiled",
+]

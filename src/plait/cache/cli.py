@@ -1,0 +1,118 @@
+"""``plait cache``: look after the artifact cache (stats, verify, clear, explain a miss).
+
+``--dir`` names the cache directory (what ``$PLAIT_CACHE_DIR`` names; artifacts live in its
+``artifacts/`` folder, kernels beside them); the default is the one ``plait.compile`` uses.
+
+Example:
+    >>> import tempfile
+    >>> from click.testing import CliRunner
+    >>> out = CliRunner().invoke(cache_group, ["stats", "--dir", tempfile.mkdtemp()]).output
+    >>> "0 entries" in out
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from plait.cache import LocalStore, cache_root
+from plait.cache.key import explain_miss
+
+_DIR = click.option(
+    "--dir",
+    "root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The cache directory (default: $PLAIT_CACHE_DIR, else the per-user cache directory).",
+)
+
+
+def _store(root: Path | None) -> LocalStore:
+    return LocalStore((root or cache_root()) / "artifacts")
+
+
+def _kernel_files(root: Path | None) -> list[Path]:
+    """The kernel cache's files (``plait.codegen.build``: the cache directory itself when it is
+    named, else its ``kernels/`` folder)."""
+    base = root or cache_root()
+    kernels = base if (root or os.environ.get("PLAIT_CACHE_DIR")) else base / "kernels"
+    if not kernels.is_dir():
+        return []
+    return [p for p in kernels.glob("??/*") if p.suffix in (".so", ".sha256")]
+
+
+@click.group("cache")
+def cache_group() -> None:
+    """The content-addressed artifact cache: compiled specializations keyed by what decided
+    them (semantic hash, guards, target, options, toolchain, ambient settings, frozen
+    weights)."""
+
+
+@cache_group.command()
+@_DIR
+@click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
+def stats(root: Path | None, as_json: bool) -> None:
+    """Entries, size and size limit of the cache (and the kernel files beside it)."""
+    store = _store(root)
+    st = store.stat()
+    kernels = _kernel_files(root)
+    kernel_bytes = sum(p.stat().st_size for p in kernels)
+    if as_json:
+        data = {**st.__dict__, "kernel_files": len(kernels), "kernel_bytes": kernel_bytes}
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(str(st))
+    click.echo(f"kernels: {len(kernels)} files, {kernel_bytes / 2**20:.1f} MiB")
+    for e in store.list()[:10]:
+        source = str(e.meta.get("source") or "?")[:16]
+        click.echo(f"  {e.key[:16]}…  {e.size / 2**20:8.1f} MiB  source {source}…")
+
+
+@cache_group.command()
+@_DIR
+def verify(root: Path | None) -> None:
+    """Check every entry against its own hash; remove and report those that fail. Exit status
+    1 when anything was wrong."""
+    report = _store(root).verify()
+    click.echo(str(report))
+    if not report.ok:
+        sys.exit(1)
+
+
+@cache_group.command()
+@_DIR
+@click.option("--kernels", is_flag=True, help="Also remove the compiled kernel libraries.")
+def clear(root: Path | None, kernels: bool) -> None:
+    """Remove every artifact (and with --kernels every kernel library)."""
+    n = _store(root).clear()
+    click.echo(f"removed {n} entries")
+    if kernels:
+        files = _kernel_files(root)
+        for p in files:
+            p.unlink(missing_ok=True)
+        click.echo(f"removed {len(files)} kernel files")
+
+
+@cache_group.command("explain-miss")
+@click.argument("manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_DIR
+def explain_miss_command(manifest: Path, root: Path | None) -> None:
+    """Why a compile's key (from its saved manifest) is not in the cache: the nearest entry and
+    the key parts that differ from it."""
+    try:
+        key = json.loads(manifest.read_text())["cache_key"]
+        parts, digest = key["parts"], key["digest"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.ClickException(f"{manifest}: no cache key in this manifest ({exc})") from exc
+    store = _store(root)
+    entries = store.list()
+    if any(e.key == digest for e in entries):
+        click.echo(f"hit: entry {digest[:16]}… is in the cache")
+        return
+    click.echo(f"miss: {digest[:16]}… is not in {store.root}")
+    click.echo(str(explain_miss(parts, [(e.key, e.meta.get("parts", {})) for e in entries])))

@@ -1,0 +1,132 @@
+"""A compiled specialization as a cache entry: what is saved, and the warm start that loads it.
+
+Saved: the optimized graph (IR text, exact round trip), its constants, the executor kind, the
+Stax plan's extern layouts with the schedule and kernel source hashes they must reproduce, the
+frozen tensor names, and the manifest. Loaded: the graph is parsed back, the constants put back,
+and the Stax program rebuilt from the saved plan: no pass runs, no extern runs on zeros, and the
+kernels come from the kernel cache (content-addressed by their source; the C++ compiler runs
+only if that cache lost them). A rebuilt program whose schedule or kernels differ from the
+recorded ones is refused (:class:`StaleEntryError`): the caller compiles afresh and replaces it.
+
+Example:
+    >>> import tempfile, torch
+    >>> from plait.ir import GraphBuilder, TensorType
+    >>> from plait.manifest import Manifest
+    >>> from plait.cache import LocalStore
+    >>> gb = GraphBuilder()
+    >>> x = gb.input("x", TensorType((3,), torch.float32))
+    >>> gb.output(gb.call("mul", x, 2.0))
+    >>> store = LocalStore(tempfile.mkdtemp())
+    >>> saved = SavedCompile(gb.build(), Manifest(source_hash="s"), "eager")
+    >>> save_compiled(store, "ab" * 32, {"source": "s"}, saved)
+    >>> load_compiled(store, "ab" * 32).executor
+    'eager'
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from plait.cache.artifact import pack, unpack
+from plait.cache.store import Store
+from plait.ir import Graph, TensorType, from_text, to_text
+
+
+class StaleEntryError(Exception):
+    """An entry that loads but does not rebuild into the program it recorded."""
+
+
+@dataclass
+class SavedCompile:
+    """What a compile produced that a warm start restores. ``manifest``: a
+    :class:`~plait.manifest.Manifest` when saving, its JSON when loaded; ``executor``:
+    ``"stax"`` or ``"eager"`` (the interpreter); ``program``: the StaxProgram, if any."""
+
+    graph: Graph
+    manifest: Any
+    executor: str
+    frozen: list[str] = field(default_factory=list)
+    program: Any = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _plan_record(program: Any) -> dict[str, Any]:
+    return {
+        "layouts": {str(k): [list(s) for s in v] for k, v in program.layouts().items()},
+        "schedule": _schedule(program),
+        "kernels": [k.source_sha256 for k in program.kernels],
+        "options": program.options.record(),
+    }
+
+
+def _schedule(program: Any) -> list[str]:
+    """The schedule without node ids (ids do not survive the text round trip; positions do)."""
+    return [s.get("name") or s.get("op", "?") for s in program.schedule()]
+
+
+def save_compiled(store: Store, key: str, parts: dict[str, Any], saved: SavedCompile) -> None:
+    """Publish ``saved`` under ``key`` (its key ``parts`` go into the entry's meta, for
+    explanations of later misses)."""
+    doc: dict[str, Any] = {
+        "graph": to_text(saved.graph),
+        "executor": saved.executor,
+        "frozen": saved.frozen,
+        "manifest": saved.manifest.to_json(),
+    }
+    if saved.program is not None:
+        doc["plan"] = _plan_record(saved.program)
+    tensors = {k: v for k, v in saved.graph.constants.items() if isinstance(v, torch.Tensor)}
+    meta = {"parts": parts, "executor": saved.executor, "source": parts.get("source")}
+    store.put(key, pack(doc, tensors), meta)
+
+
+def load_compiled(store: Store, key: str) -> SavedCompile | None:
+    """The entry under ``key`` rebuilt, or None when there is none. Raises
+    :class:`~plait.cache.store.CorruptEntryError` (the store removed it) or
+    :class:`StaleEntryError` (the caller removes it)."""
+    start = time.perf_counter()
+    payload = store.get(key)
+    if payload is None:
+        return None
+    t_read = time.perf_counter()
+    try:
+        doc, tensors = unpack(payload)
+        graph = from_text(doc["graph"])
+    except (ValueError, KeyError) as exc:
+        raise StaleEntryError(f"entry does not load: {exc}") from None
+    for v in graph.inputs:
+        if v.kind == "const":
+            t = tensors.get(v.name)
+            if t is None:
+                raise StaleEntryError(f"constant {v.name} is missing from the entry")
+            device = v.type.device if isinstance(v.type, TensorType) else "cpu"
+            graph.constants[v.name] = t if device == "cpu" else t.to(device)
+    t_parse = time.perf_counter()
+    program = None
+    if doc["executor"] == "stax":
+        program = _rebuild_stax(graph, doc["plan"])
+    manifest = doc["manifest"]
+    seconds = {
+        "cache.read": t_read - start,
+        "cache.parse": t_parse - t_read,
+        "cache.rebuild": time.perf_counter() - t_parse,
+    }
+    return SavedCompile(graph, manifest, doc["executor"], list(doc["frozen"]), program, seconds)
+
+
+def _rebuild_stax(graph: Graph, plan: dict[str, Any]) -> Any:
+    from plait.runtime import StaxOptions, compile_graph
+
+    # NOTE: the options are part of the key, so the recorded ones are the requested ones.
+    options = StaxOptions(**plan["options"])
+    layouts = {int(k): [tuple(s) for s in v] for k, v in plan["layouts"].items()}
+    program = compile_graph(graph, options=options, layouts=layouts)
+    if _schedule(program) != plan["schedule"]:
+        raise StaleEntryError("the rebuilt Stax schedule differs from the recorded one")
+    if [k.source_sha256 for k in program.kernels] != plan["kernels"]:
+        raise StaleEntryError("the rebuilt Stax kernels differ from the recorded ones")
+    return program

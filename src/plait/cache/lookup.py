@@ -1,0 +1,227 @@
+"""One compile through the artifact cache: its key, the lookup, the save, and what happened.
+
+The key's parts (recorded in the manifest's ``cache_key``): ``source`` (the semantic hash capture
+minted), ``guards`` (every capture guard as process-independent text, and the frozen tensors by
+name), ``target`` (backend and devices), ``options`` (as requested and as resolved: pipeline,
+freeze), ``toolchain`` (Python, PyTorch, plait, and for Stax the C++ compiler's version and flags),
+``ambient`` (the call settings and the process settings: CPU features, GPU capability, PyTorch's
+build) and ``weights`` (the hash of the frozen tensors' values; parameters that stay graph inputs
+never enter it). A program with a guard on an object of this process (an argument compared by
+identity) is compiled and never cached, and the manifest says why.
+
+What happened goes to the manifest's ``cache`` section: ``hit``, or ``miss`` with the key part
+that differs from the nearest entry, and every corrupt or stale entry that was discarded and
+rebuilt (also warned as :class:`CacheWarning`).
+
+Example:
+    >>> freeze_candidates.__doc__.split(":")[0]
+    'The parameters and buffers the freeze pass of ``pipeline`` would make constants'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from plait.cache.compiled import SavedCompile, StaleEntryError, load_compiled, save_compiled
+from plait.cache.key import CacheKey, explain_miss
+from plait.cache.store import CorruptEntryError
+from plait.errors import PlaitWarning
+from plait.ir import Graph, TensorType, Value, weights_hash
+
+FORMAT = "plait.specialization/1"
+
+
+class CacheWarning(PlaitWarning):
+    """A cache entry was discarded (corrupt or stale) and rebuilt, or could not be saved."""
+
+
+class NotCacheable(Exception):
+    """This specialization cannot have a cache key (the reason says why)."""
+
+
+def freeze_candidates(graph: Graph, slots: Mapping[str, int], pipeline: str) -> list[str]:
+    """The parameters and buffers the freeze pass of ``pipeline`` would make constants: state
+    inputs the graph does not write back. NOTE: a superset of what it freezes; a compile that
+    froze anything else is not saved."""
+    if "freeze" not in [n.strip() for n in pipeline.split(",")]:
+        return []
+    written = {id(o) for o in graph.outputs if isinstance(o, Value)}
+    return [
+        v.name
+        for v in graph.inputs
+        if v.kind in ("param", "buffer") and v.name in slots and id(v) not in written
+    ]
+
+
+_WEIGHTS_MEMO: dict[tuple[Any, ...], str] = {}
+
+
+def weights_digest(weights: Mapping[str, torch.Tensor]) -> str:
+    """``weights_hash`` of the frozen tensors, remembered per (name, identity, version, storage)
+    in this process (a recompile does not hash unchanged weights again)."""
+    if not weights:
+        return "none"
+    memo = tuple((n, id(t), t._version, t.data_ptr()) for n, t in sorted(weights.items()))
+    found = _WEIGHTS_MEMO.get(memo)
+    if found is None:
+        found = weights_hash(weights)
+        if len(_WEIGHTS_MEMO) > 16:
+            _WEIGHTS_MEMO.clear()
+        _WEIGHTS_MEMO[memo] = found
+    return found
+
+
+def _jsonable(value: Any, what: str) -> Any:
+    def refuse(obj: Any) -> Any:
+        raise NotCacheable(f"{what}: {type(obj).__name__} has no JSON form")
+
+    return json.loads(json.dumps(value, sort_keys=True, default=refuse))
+
+
+def toolchain_parts(backend: str) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "plait": sys.modules["plait"].__version__,  # NOTE: the package this module is in
+    }
+    if backend == "stax":
+        from plait.codegen.build import toolchain
+
+        # NOTE: the compiler by version and flags, never by its path on this machine.
+        parts = dict(toolchain().key_parts())
+        parts.pop("cxx", None)
+        cpu = str(parts.pop("cpu_flags", ""))
+        parts["cpu_flags_sha256"] = hashlib.sha256(cpu.encode()).hexdigest()
+        out["cxx"] = parts
+    return out
+
+
+def key_parts(
+    req: Any,
+    options_record: Mapping[str, Any],
+    pipeline: str,
+    freeze: bool,
+    ambient: Mapping[str, Any],
+) -> tuple[dict[str, Any], list[str]]:
+    """The key's parts and the freeze candidates; raises :class:`NotCacheable`. ``ambient``:
+    the settings the compile depends on (:mod:`plait.guards.ambient`: call and process)."""
+    prog = req.program
+    graph = prog.graph
+    if prog.semantic_hash is None or graph is None:
+        raise NotCacheable("no graph")
+    try:
+        guards = prog.guards.key_texts()
+    except ValueError as exc:
+        raise NotCacheable(f"a guard is specific to this process: {exc}") from None
+    slots = {v.name: s.ref for v, s in zip(graph.inputs, prog.inputs) if s.source == "state"}
+    candidates = freeze_candidates(graph, slots, pipeline) if freeze else []
+    state: Sequence[torch.Tensor] = list(req.state)
+    devices = sorted({v.type.device for v in graph.inputs if isinstance(v.type, TensorType)})
+    parts = {
+        "format": FORMAT,
+        "source": prog.semantic_hash,
+        "guards": guards + [f"frozen|{n}" for n in candidates],
+        "target": {"backend": req.backend, "devices": devices},
+        "options": _jsonable(
+            {**options_record, "pipeline": pipeline, "freeze": freeze}, "an option"
+        ),
+        "toolchain": toolchain_parts(req.backend),
+        "ambient": _jsonable(dict(ambient), "an ambient setting"),
+        "weights": weights_digest({n: state[slots[n]] for n in candidates}),
+    }
+    return parts, candidates
+
+
+def _report(events: list[str], message: str) -> None:
+    events.append(message)
+    warnings.warn(f"plait cache: {message}", CacheWarning, stacklevel=8)
+
+
+CompileFn = Callable[[Any, Any, str, bool, bool], Any]
+RestoreFn = Callable[[Any, SavedCompile], Any]
+
+
+def cached_compile(
+    req: Any,
+    m: Any,
+    pipeline: str,
+    freeze: bool,
+    needs_grad: bool,
+    compile_fn: CompileFn,
+    restore_fn: RestoreFn,
+    ambient: Mapping[str, Any],
+) -> Any:
+    """``restore_fn`` on a verified entry with this key, else ``compile_fn`` and save."""
+    store = req.store
+    start = time.perf_counter()
+    try:
+        parts, candidates = key_parts(req, m.options, pipeline, freeze, ambient)
+    except NotCacheable as exc:
+        compiled = compile_fn(req, m, pipeline, freeze, needs_grad)
+        compiled.manifest.cache = {"status": "not cached", "events": [str(exc)]}
+        return compiled
+    digest = CacheKey(parts).digest
+    m.cache_key = {"digest": digest, "parts": parts}
+    t_key = time.perf_counter() - start
+    events: list[str] = []
+    saved = None
+    try:
+        saved = load_compiled(store, digest)
+    except CorruptEntryError as exc:
+        _report(events, f"{exc}; rebuilt")
+    except StaleEntryError as exc:
+        store.delete(digest)
+        _report(events, f"cache entry {digest[:16]}… discarded: {exc}; rebuilt")
+    except OSError as exc:  # NOTE: an unusable cache directory costs the cache, not the compile
+        _report(events, f"cache unavailable ({exc}); compiled without it")
+        compiled = compile_fn(req, m, pipeline, freeze, needs_grad)
+        m.cache = {"status": "not cached", "key": digest, "events": events}
+        return compiled
+    for problem in getattr(store, "problems", [])[:]:  # NOTE: e.g. an index rebuilt
+        store.problems.remove(problem)
+        _report(events, problem)
+    if saved is not None:
+        compiled = restore_fn(req, saved)
+        compiled.manifest.cache_key = m.cache_key
+        compiled.manifest.timings["cache.key"] = t_key
+        compiled.manifest.cache = {"status": "hit", "key": digest, "events": events}
+        return compiled
+    try:
+        entries = [(e.key, e.meta.get("parts", {})) for e in store.list()]
+    except OSError:
+        entries = []
+    miss = explain_miss(parts, entries)
+    compiled = compile_fn(req, m, pipeline, freeze, needs_grad)
+    m.timings["cache.key"] = t_key
+    frozen = set(m.graph.get("frozen", []))
+    if not frozen <= set(candidates):
+        events.append(f"not saved: froze {sorted(frozen - set(candidates))}, not in the key")
+    else:
+        start = time.perf_counter()
+        saved = SavedCompile(compiled.graph, m, _executor_kind(compiled), sorted(frozen))
+        saved.program = compiled.program
+        try:
+            save_compiled(store, digest, parts, saved)
+        except (OSError, ValueError, RuntimeError) as exc:
+            _report(events, f"could not save entry {digest[:16]}…: {exc}")
+        m.timings["cache.save"] = time.perf_counter() - start
+    m.cache = {
+        "status": "miss",
+        "key": digest,
+        "miss": str(miss),
+        "differs": miss.differs,
+        "events": events,
+    }
+    return compiled
+
+
+def _executor_kind(compiled: Any) -> str:
+    return "stax" if compiled.program is not None else "eager"

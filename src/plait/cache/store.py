@@ -1,0 +1,369 @@
+"""The artifact store: an interface, and the local on-disk store plait uses by default.
+
+A store maps a key (the hex SHA-256 of a :class:`~plait.cache.key.CacheKey`) to one entry: a JSON
+``meta`` document (the key's parts, what the artifact is) and an opaque ``payload``. Every entry
+carries the SHA-256 of its own bytes and is checked against it on every read: a corrupt, truncated
+or unreadable entry raises :class:`CorruptEntryError` after it was removed, so the caller rebuilds
+it and says so; it is never used.
+
+:class:`LocalStore` lays entries out as ``objects/<key[:2]>/<key>``, publishes each one atomically
+(written to a temporary file, fsynced, then ``os.replace``), and keeps an index (sizes, last
+access, key parts) under a file lock. The index is a cache of the objects, never their authority:
+an unreadable index is rebuilt from the objects. Entries past the size limit go least recently
+used first.
+
+Example:
+    >>> import tempfile
+    >>> store = LocalStore(tempfile.mkdtemp())
+    >>> store.put("ab" * 32, b"payload", {"parts": {"source": "x"}})
+    >>> store.get("ab" * 32)
+    b'payload'
+    >>> store.stat().entries, store.verify().ok
+    (1, True)
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+MAGIC = b"PLAITART"
+FORMAT = 1
+_HEADER = struct.Struct(
+    ">8sH32sQQ"
+)  # magic, format, sha256(meta + payload), len(meta), len(payload)
+DEFAULT_MAX_BYTES = 8 << 30
+INDEX_SCHEMA = "plait.cache.index/1"
+
+
+class CorruptEntryError(Exception):
+    """An entry failed its own hash (or could not be read); it was removed from the store."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key, self.reason = key, reason
+        super().__init__(f"cache entry {key[:16]}… discarded: {reason}")
+
+
+@dataclass
+class EntryInfo:
+    key: str
+    size: int
+    last_access: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StoreStats:
+    location: str
+    entries: int
+    bytes: int
+    max_bytes: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.location}: {self.entries} entries, {_size(self.bytes)} "
+            f"(limit {_size(self.max_bytes)})"
+        )
+
+
+@dataclass
+class VerifyReport:
+    checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        head = f"checked {self.checked} entries: " + ("ok" if self.ok else "problems found")
+        return "\n".join([head, *(f"  - {p}" for p in self.problems)])
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+class Store(abc.ABC):
+    """What plait needs of an artifact store (a remote shared store implements the same)."""
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """The payload, verified; None when absent. Raises :class:`CorruptEntryError` (after
+        removing the entry) when the stored bytes fail their hash."""
+
+    @abc.abstractmethod
+    def put(self, key: str, payload: bytes, meta: dict[str, Any]) -> None:
+        """Publish an entry atomically: readers see the old entry, the new one, or none."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> bool: ...
+
+    @abc.abstractmethod
+    def list(self) -> list[EntryInfo]: ...
+
+    @abc.abstractmethod
+    def stat(self) -> StoreStats: ...
+
+    @abc.abstractmethod
+    def verify(self) -> VerifyReport:
+        """Check every entry against its hash; remove those that fail and report them."""
+
+    def clear(self) -> int:
+        """Remove every entry; returns how many."""
+        keys = [e.key for e in self.list()]
+        return sum(self.delete(k) for k in keys)
+
+
+def encode_entry(payload: bytes, meta: dict[str, Any]) -> list[bytes]:
+    """An entry's bytes, in pieces: header (with the SHA-256 of what follows), meta JSON,
+    payload (pieces, so a large payload is never copied to be framed)."""
+    meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    h = hashlib.sha256(meta_bytes)
+    h.update(payload)
+    header = _HEADER.pack(MAGIC, FORMAT, h.digest(), len(meta_bytes), len(payload))
+    return [header, meta_bytes, payload]
+
+
+def decode_entry(data: bytes) -> tuple[dict[str, Any], memoryview]:
+    """``(meta, payload)``; raises ``ValueError`` naming what is wrong with ``data``."""
+    if len(data) < _HEADER.size:
+        raise ValueError(f"truncated: {len(data)} bytes, shorter than the header")
+    magic, fmt, digest, n_meta, n_payload = _HEADER.unpack_from(data)
+    if magic != MAGIC or fmt != FORMAT:
+        raise ValueError(f"not a plait cache entry (magic {magic!r}, format {fmt})")
+    body = memoryview(data)[_HEADER.size :]
+    if len(body) != n_meta + n_payload:
+        expected = n_meta + n_payload
+        raise ValueError(f"truncated: {len(body)} bytes after the header, expected {expected}")
+    if hashlib.sha256(body).digest() != digest:
+        raise ValueError("content does not match its SHA-256")
+    try:
+        meta = json.loads(bytes(body[:n_meta]))
+    except ValueError as exc:
+        raise ValueError(f"meta is not JSON: {exc}") from None
+    return meta, body[n_meta:]
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes | list[bytes]) -> None:
+    """Write ``data`` (bytes, or pieces written in order) to ``path`` atomically: a temporary
+    file in the same directory, fsynced, then renamed over ``path`` (readers never see a
+    partial file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for piece in [data] if isinstance(data, bytes) else data:
+                f.write(piece)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+class LocalStore(Store):
+    """Entries under ``root`` (``objects/``, ``index.json``, ``index.lock``); ``max_bytes``
+    (default ``$PLAIT_CACHE_MAX_BYTES``, else 8 GiB) bounds their total size."""
+
+    def __init__(self, root: str | os.PathLike[str], max_bytes: int | None = None) -> None:
+        self.root = Path(root)
+        env = os.environ.get("PLAIT_CACHE_MAX_BYTES")
+        self.max_bytes = int(max_bytes if max_bytes is not None else env or DEFAULT_MAX_BYTES)
+        self.objects = self.root / "objects"
+        self._lock = FileLock(str(self.root / "index.lock"))
+        self.problems: list[str] = []  # NOTE: index problems found and repaired, for reports
+
+    def __repr__(self) -> str:
+        return f"LocalStore({str(self.root)!r})"
+
+    def path(self, key: str) -> Path:
+        if len(key) < 3 or not all(c in "0123456789abcdef" for c in key):
+            raise ValueError(f"not a cache key: {key!r}")
+        return self.objects / key[:2] / key
+
+    # --- the index (a cache of the objects, rebuilt when unreadable) -------------------------
+    @contextlib.contextmanager
+    def _index(self) -> Iterator[dict[str, dict[str, Any]]]:
+        """The index entries, under the lock; written back when the block ends."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            entries = self._read_index()
+            yield entries
+            data = {"schema": INDEX_SCHEMA, "entries": entries}
+            write_atomic(self.root / "index.json", json.dumps(data, sort_keys=True).encode())
+
+    def _read_index(self) -> dict[str, dict[str, Any]]:
+        path = self.root / "index.json"
+        if not path.exists():
+            return self._scan() if self.objects.exists() else {}
+        try:
+            data = json.loads(path.read_bytes())
+            if not isinstance(data, dict) or data.get("schema") != INDEX_SCHEMA:
+                raise ValueError(f"schema {data.get('schema') if isinstance(data, dict) else '?'}")
+            entries = data["entries"]
+            if not isinstance(entries, dict) or not all(
+                isinstance(v, dict) and isinstance(v.get("size"), int) for v in entries.values()
+            ):
+                raise ValueError("malformed entries")
+        except (ValueError, KeyError, UnicodeDecodeError) as exc:
+            self.problems.append(f"index.json unreadable ({exc}); rebuilt from the objects")
+            return self._scan()
+        return entries
+
+    def _scan(self) -> dict[str, dict[str, Any]]:
+        """Index entries from the objects themselves (verified; corrupt ones removed)."""
+        out: dict[str, dict[str, Any]] = {}
+        for key, path in self._object_paths():
+            try:
+                meta, _ = decode_entry(path.read_bytes())
+            except (OSError, ValueError) as exc:
+                self._remove(path)
+                self.problems.append(f"entry {key[:16]}… removed: {exc}")
+                continue
+            st = path.stat()
+            out[key] = {"size": st.st_size, "last_access": st.st_mtime, "meta": meta}
+        return out
+
+    def _object_paths(self) -> Iterator[tuple[str, Path]]:
+        if not self.objects.exists():
+            return
+        for sub in sorted(self.objects.iterdir()):
+            if not sub.is_dir():
+                continue
+            for path in sorted(sub.iterdir()):
+                if not path.name.startswith("."):
+                    yield path.name, path
+
+    @staticmethod
+    def _remove(path: Path) -> None:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+    # --- Store ---------------------------------------------------------------------------------
+    def get(self, key: str) -> bytes | None:
+        path = self.path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._discard(key)
+            raise CorruptEntryError(key, f"unreadable: {exc}") from None
+        try:
+            meta, payload = decode_entry(data)
+        except ValueError as exc:
+            self._discard(key)
+            raise CorruptEntryError(key, str(exc)) from None
+        with self._index() as index:
+            row = index.setdefault(key, {"size": len(data), "meta": meta})
+            row["last_access"] = time.time()
+        return bytes(payload)
+
+    def _discard(self, key: str) -> None:
+        self._remove(self.path(key))
+        with self._index() as index:
+            index.pop(key, None)
+
+    def put(self, key: str, payload: bytes, meta: dict[str, Any]) -> None:
+        pieces = encode_entry(payload, meta)
+        write_atomic(self.path(key), pieces)
+        size = sum(len(p) for p in pieces)
+        with self._index() as index:
+            index[key] = {"size": size, "last_access": time.time(), "meta": meta}
+            self._evict(index, keep=key)
+
+    def _evict(self, index: dict[str, dict[str, Any]], keep: str) -> None:
+        """Least recently used first, until the total fits (the entry just written stays)."""
+        total = sum(row["size"] for row in index.values())
+        for key in sorted(index, key=lambda k: index[k].get("last_access", 0.0)):
+            if total <= self.max_bytes:
+                break
+            if key == keep:
+                continue
+            total -= index.pop(key)["size"]
+            self._remove(self.path(key))
+
+    def delete(self, key: str) -> bool:
+        path = self.path(key)
+        existed = path.exists()
+        self._remove(path)
+        with self._index() as index:
+            existed = index.pop(key, None) is not None or existed
+        return existed
+
+    def list(self) -> list[EntryInfo]:
+        with self._index() as index:
+            rows = dict(index)
+        return [
+            EntryInfo(k, r["size"], r.get("last_access", 0.0), r.get("meta", {}))
+            for k, r in sorted(rows.items(), key=lambda kv: -kv[1].get("last_access", 0.0))
+        ]
+
+    def stat(self) -> StoreStats:
+        entries = self.list()
+        return StoreStats(
+            str(self.root), len(entries), sum(e.size for e in entries), self.max_bytes
+        )
+
+    def verify(self) -> VerifyReport:
+        report = VerifyReport()
+        with self._index() as index:
+            report.problems += self.problems
+            self.problems = []
+            on_disk = {}
+            for key, path in self._object_paths():
+                report.checked += 1
+                try:
+                    meta, _ = decode_entry(path.read_bytes())
+                except (OSError, ValueError) as exc:
+                    self._remove(path)
+                    index.pop(key, None)
+                    report.problems.append(f"entry {key[:16]}… removed: {exc}")
+                    continue
+                on_disk[key] = (path, meta)
+            for key in [k for k in index if k not in on_disk]:
+                index.pop(key)
+                report.problems.append(f"index named {key[:16]}…, which has no object (removed)")
+            for key, (path, meta) in on_disk.items():
+                if key not in index:
+                    st = path.stat()
+                    index[key] = {"size": st.st_size, "last_access": st.st_mtime, "meta": meta}
+                    report.problems.append(f"entry {key[:16]}… was missing from the index (added)")
+        return report
+
+    def clear(self) -> int:
+        with self._index() as index:
+            paths = list(self._object_paths())
+            for _, path in paths:
+                self._remove(path)
+            index.clear()
+        return len(paths)

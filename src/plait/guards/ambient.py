@@ -1,0 +1,173 @@
+"""Ambient settings: what a compile read of the process's state besides its inputs.
+
+Two kinds. *Call* settings can change between calls (``torch.set_num_threads``, the TF32 and
+matmul precision flags, deterministic algorithms, oneDNN on/off): each is a guard of kind
+``"ambient"`` on every compiled specialization and a part of its cache key. *Process* settings are
+fixed for the life of a process (CPU features, GPU compute capability, how PyTorch was built):
+they can never fail a guard, so they enter the cache key only.
+
+Why the compile depends on them: passes fold constants and fold batch norms with PyTorch's own
+kernels, Stax probes extern layouts and prepacks oneDNN weights at compile time, and native code
+is built for this CPU. Each of those results can change with these settings.
+
+Example:
+    >>> names = [g.source for g in ambient_guards()]
+    >>> "torch.get_num_threads()" in names and "torch.get_float32_matmul_precision()" in names
+    True
+    >>> sorted(process_settings())[:2]
+    ['cpu', 'gpu_capability']
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from plait.frontend.guards import Guard, GuardEnv
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One call setting: its name as a user writes it, and a cheap reader (a C accessor where
+    PyTorch has one: guards read it on every call)."""
+
+    name: str
+    read: Callable[[], Any]
+
+
+def _precision(backend: str, op: str) -> Callable[[], Any]:
+    """The effective fp32 precision of one backend's op: ``"none"`` inherits from the backend's
+    ``all``, then from ``generic``, and at the root means ``"ieee"`` (so a setting restored
+    through another API compares equal)."""
+    getter = getattr(torch._C, "_get_fp32_precision_getter", None)
+    if getter is None:  # NOTE: PyTorch before the per-backend fp32_precision API
+        return lambda: None
+
+    def read() -> str:
+        for b, o in ((backend, op), (backend, "all"), ("generic", "all")):
+            value = getter(b, o)
+            if value != "none":
+                return str(value)
+        return "ieee"
+
+    return read
+
+
+def _legacy_precision() -> str:
+    try:
+        return str(torch._C._get_float32_matmul_precision())
+    except RuntimeError:  # NOTE: set through both APIs: the per-backend settings say it all
+        return "mixed (see the fp32_precision settings)"
+
+
+CALL_SETTINGS: tuple[Setting, ...] = (
+    Setting("torch.get_num_threads()", torch.get_num_threads),
+    Setting("torch.get_float32_matmul_precision()", _legacy_precision),
+    Setting("torch.backends.cuda.matmul.allow_tf32", torch._C._get_cublas_allow_tf32),
+    Setting("torch.backends.cudnn.allow_tf32", torch._C._get_cudnn_allow_tf32),
+    Setting("torch.backends.mkldnn.matmul.fp32_precision", _precision("mkldnn", "matmul")),
+    Setting("torch.backends.mkldnn.conv.fp32_precision", _precision("mkldnn", "conv")),
+    Setting(
+        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+        torch._C._get_cublas_allow_fp16_reduced_precision_reduction,
+    ),
+    Setting(
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+        torch._C._get_cublas_allow_bf16_reduced_precision_reduction,
+    ),
+    Setting("torch.are_deterministic_algorithms_enabled()", torch._C._get_deterministic_algorithms),
+    Setting(
+        "torch.is_deterministic_algorithms_warn_only_enabled()",
+        torch._C._get_deterministic_algorithms_warn_only,
+    ),
+    Setting("torch.backends.mkldnn.enabled", torch._C._get_mkldnn_enabled),
+    Setting("torch.backends.cudnn.enabled", torch._C._get_cudnn_enabled),
+)
+
+
+def call_settings() -> dict[str, Any]:
+    """The call settings now, by name."""
+    return {s.name: s.read() for s in CALL_SETTINGS}
+
+
+def _fmt(value: Any) -> str:
+    return repr(value)
+
+
+def ambient_guards() -> list[Guard]:
+    """One guard per call setting (what explanations name), and before them one batch guard
+    that reads them all as a tuple (what the fast path runs: one comparison)."""
+    readers = tuple(s.read for s in CALL_SETTINGS)
+    expected = tuple(r() for r in readers)
+
+    def read_all(env: GuardEnv) -> tuple[Any, ...]:
+        return tuple([r() for r in readers])
+
+    out = [Guard("ambient", "settings", "ambient settings", expected, read_all, batch=True)]
+    for s, value in zip(CALL_SETTINGS, expected):
+        out.append(
+            Guard(
+                "ambient",
+                s.name,
+                f"{s.name} == {value!r}",
+                value,
+                _reader(s.read),
+                redundant=True,
+                fmt=_fmt,
+            )
+        )
+    return out
+
+
+def _reader(read: Callable[[], Any]) -> Callable[[GuardEnv], Any]:
+    return lambda env: read()
+
+
+def cpu_features() -> dict[str, str]:
+    """The CPU's architecture, model and a hash of its feature flags (native code is built with
+    ``-march=native``; oneDNN picks kernels by them)."""
+    model, flags = platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == platform.machine():
+                model = value.strip()
+            if key.strip() in ("flags", "Features") and not flags:
+                flags = " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    digest = hashlib.sha256(flags.encode()).hexdigest()
+    return {"machine": platform.machine(), "model": model, "flags_sha256": digest}
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_build() -> str:
+    """A hash of how PyTorch was built (compiler, BLAS, oneDNN, CUDA versions and flags)."""
+    text = torch.__config__.show()
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _gpu_capability() -> list[list[int]] | None:
+    # NOTE: only where CUDA is already initialized or available: probing must not start it
+    # on a CPU-only program more than once per process.
+    if not torch.cuda.is_available():
+        return None
+    return [list(torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())]
+
+
+@functools.lru_cache(maxsize=1)
+def process_settings() -> dict[str, Any]:
+    """Settings fixed for the life of this process: cache key parts, never guards."""
+    return {
+        "cpu": cpu_features(),
+        "gpu_capability": _gpu_capability(),
+        "mkldnn_available": torch.backends.mkldnn.is_available(),
+        "torch_build_sha256": _torch_build(),
+    }

@@ -1,0 +1,149 @@
+"""Module state on the fast path: fetching the live tensors and guarding frozen ones.
+
+A frozen tensor (a parameter or buffer the compile made a graph constant) is guarded by its
+identity, its version counter and its storage address: replacing it (``module.weight = ...``,
+``load_state_dict(assign=True)``), writing it in place (an optimizer step, ``load_state_dict``)
+or swapping its data (``weight.data = ...``, ``module.to(...)``) each fail a guard, so a frozen
+value is never stale. NOTE: a write through ``weight.data`` (``weight.data.add_(...)``) bumps no
+version counter PyTorch keeps for ``weight``; it is the one change no guard can see (PyTorch's
+autograd cannot see it either).
+
+Example:
+    >>> import torch
+    >>> from plait.frontend import GuardEnv, GuardSet, ModuleState
+    >>> lin = torch.nn.Linear(2, 2)
+    >>> fetch = StateFetcher(ModuleState(lin))
+    >>> guards = GuardSet(frozen_guards({"weight": 0}, fetch()))
+    >>> env = GuardEnv((), [], lin, fetch())
+    >>> guards.holds(env)
+    True
+    >>> with torch.no_grad():
+    ...     _ = lin.weight.mul_(2)
+    >>> guards.holds(env), guards.explain(env)[0].split(":")[0]
+    (False, 'weight is the frozen tensor, unchanged (identity, version, storage)')
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from plait.frontend.guard_build import STATE_SIGNATURES
+from plait.frontend.guards import Guard, GuardEnv
+from plait.frontend.state import ModuleState
+
+_VERSION = operator.attrgetter("_version")
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+class StateFetcher:
+    """``fetch()``: the module's live parameters and buffers in entry order, read from the
+    modules' own tables in one C-level pass (``ModuleState.fetch`` is the reference).
+
+    NOTE: holds the modules' ``_parameters``/``_buffers`` dicts; nn.Module never replaces them
+    (only their items), and a restructured module fails the structure guard first."""
+
+    def __init__(self, ms: ModuleState) -> None:
+        self.tables: list[dict[str, Any]] = []
+        self.keys: list[str] = []
+        for e in ms.entries:
+            owner, attr = e.slots[0]
+            self.tables.append(owner._parameters if e.kind == "param" else owner._buffers)
+            self.keys.append(attr)
+
+    def __call__(self) -> list[torch.Tensor]:
+        return list(map(operator.getitem, self.tables, self.keys))
+
+
+def _signature(t: torch.Tensor) -> tuple[int, int, int]:
+    return (id(t), t._version, t.data_ptr())
+
+
+_SIG = operator.attrgetter("dtype", "shape", "device", "requires_grad")
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
+def _picker(index: Sequence[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    if not index:
+        return lambda seq: ()
+    if len(index) == 1:
+        k = index[0]
+        return lambda seq: (seq[k],)
+    return operator.itemgetter(*index)
+
+
+def frozen_guards(
+    slots: Mapping[str, int],
+    state: Sequence[torch.Tensor],
+    used: Sequence[int] = (),
+    grad: bool | None = None,
+) -> list[Guard]:
+    """Guards for the frozen tensors ``slots`` (name -> index into the module state): one
+    batch guard for the fast path, then one guard per tensor for explanations and the cache
+    key (which names the frozen tensors; their values enter it through the weights hash).
+
+    The batch guard reads, in C-level passes, the frozen tensors' identities, versions and
+    storage addresses (and ``requires_grad`` when grad mode was on: only then could it matter),
+    and the signatures of the other ``used`` state tensors; it takes over the fast-path duty of
+    capture's guard on the state's signatures, which is then checked only to explain a miss.
+    NOTE: a frozen tensor's dtype, shape and device change only with its storage or version,
+    except through ``tensor.data = <a view of the same storage>``, a write through ``.data``
+    like ``.data.add_()``: both bypass PyTorch's own tracking, and plait's (documented)."""
+    if not slots:
+        return []
+    grad = torch.is_grad_enabled() if grad is None else grad
+    names = list(slots)
+    index = [slots[n] for n in names]
+    others = sorted(set(used) - set(index))
+    pick, pick_others = _picker(index), _picker(others)
+
+    def read_all(env: GuardEnv) -> tuple[tuple[Any, ...], ...]:
+        now = pick(env.state)
+        return (
+            tuple(map(id, now)),
+            tuple(map(_VERSION, now)),
+            tuple(map(_DATA_PTR, now)),
+            tuple(map(_REQUIRES_GRAD, now)) if grad else (),
+            tuple(map(_SIG, pick_others(env.state))),
+        )
+
+    out = [
+        Guard(
+            "state",
+            "frozen tensors",
+            f"{len(names)} frozen tensors unchanged",
+            read_all(GuardEnv((), [], None, state)),
+            read_all,
+            batch=True,
+            replaces=STATE_SIGNATURES,
+        )
+    ]
+    for name, k in zip(names, index):
+        out.append(_frozen_guard(name, k, state[k]))
+    return out
+
+
+def _frozen_guard(name: str, k: int, tensor: torch.Tensor) -> Guard:
+    def read(env: GuardEnv) -> tuple[int, int, int]:
+        return _signature(env.state[k])
+
+    return Guard(
+        "state",
+        name,
+        f"{name} is the frozen tensor, unchanged (identity, version, storage)",
+        _signature(tensor),
+        read,
+        redundant=True,
+        fmt=_fmt_frozen,
+        key=f"frozen|{name}",
+    )
+
+
+def _fmt_frozen(reading: Any) -> str:
+    if not isinstance(reading, tuple) or len(reading) != 3:
+        return repr(reading)
+    ident, version, ptr = reading
+    return f"version {version} (tensor {ident:#x}, storage {ptr:#x})"

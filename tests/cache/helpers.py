@@ -1,0 +1,51 @@
+"""Small models and helpers for the artifact cache tests (each test uses its own cache dir)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import plait
+
+
+class ConvNet(nn.Module):
+    """Conv + BN + ReLU + a residual add + linear: frozen and folded under inference, native
+    kernels (the pooling and the residual) under the training pipeline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(self.conv(x)).relu()
+        y = y + y.sigmoid()
+        return self.head(y.mean(dim=(2, 3)))
+
+
+def convnet(seed: int = 0) -> ConvNet:
+    torch.manual_seed(seed)
+    return ConvNet().eval()
+
+
+def sample(seed: int = 1) -> torch.Tensor:
+    return torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
+
+
+def run(
+    model: Any, x: Any, cache: Path | str | bool, **kwargs: Any
+) -> tuple[torch.Tensor, plait.api.Specialization]:
+    options = {"cache": str(cache) if isinstance(cache, Path) else cache}
+    options.update(kwargs.pop("options", {}))
+    compiled = plait.compile(model, options=options, **kwargs)
+    with torch.no_grad():
+        out = compiled(x)
+    return out, compiled.specializations[-1]
+
+
+def status(spec: Any) -> str:
+    return str(spec.manifest.cache.get("status"))

@@ -1,0 +1,93 @@
+"""Corrupt cache entries through plait.compile: a flipped byte, a truncated file, a missing file,
+garbage in the index, an entry that no longer rebuilds into its program. Each is detected, never
+used, rebuilt and reported; the answer is right and the cache verifies clean afterwards."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from plait.cache import LocalStore
+from plait.cache.artifact import pack, unpack
+from plait.cache.lookup import CacheWarning
+from tests.cache.helpers import convnet, run, sample, status
+
+
+def _entry(cache: Path) -> tuple[LocalStore, str]:
+    store = LocalStore(cache)
+    (entry,) = store.list()
+    return store, entry.key
+
+
+def _flip(store: LocalStore, key: str) -> None:
+    path = store.path(key)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _truncate(store: LocalStore, key: str) -> None:
+    path = store.path(key)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+
+
+def _stale(store: LocalStore, key: str) -> None:
+    """A well-formed entry (its own hash matches) whose saved plan no longer rebuilds into the
+    recorded program."""
+    doc, tensors = unpack(store.get(key) or b"")
+    doc["plan"]["kernels"] = ["0" * 64, *doc["plan"]["kernels"]]
+    (entry,) = store.list()
+    store.put(key, pack(doc, tensors), entry.meta)
+
+
+@pytest.mark.parametrize(
+    ("damage", "reported"),
+    [
+        (_flip, "does not match its SHA-256"),
+        (_truncate, "truncated"),
+        (_stale, "differ from the recorded ones"),
+    ],
+    ids=["flipped-byte", "truncated", "stale-plan"],
+)
+def test_damaged_entry_is_rebuilt_and_reported(
+    tmp_path: Path, damage: Callable[[LocalStore, str], None], reported: str
+) -> None:
+    cache = tmp_path / "cache"
+    expected, _ = run(convnet(), sample(), cache)
+    store, key = _entry(cache)
+    damage(store, key)
+    with pytest.warns(CacheWarning, match="discarded"):
+        out, spec = run(convnet(), sample(), cache)
+    assert torch.equal(out, expected)
+    assert status(spec) == "miss"
+    (event,) = spec.manifest.cache["events"]
+    assert reported in event and "rebuilt" in event
+    assert LocalStore(cache).verify().ok
+    again, spec = run(convnet(), sample(), cache)
+    assert status(spec) == "hit" and torch.equal(again, expected)
+
+
+def test_missing_file_is_a_miss_and_rebuilt(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    expected, _ = run(convnet(), sample(), cache)
+    store, key = _entry(cache)
+    store.path(key).unlink()
+    out, spec = run(convnet(), sample(), cache)
+    assert status(spec) == "miss" and torch.equal(out, expected)
+    assert LocalStore(cache).verify().ok
+    assert status(run(convnet(), sample(), cache)[1]) == "hit"
+
+
+def test_garbage_index_is_rebuilt_and_the_entry_still_serves(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    expected, _ = run(convnet(), sample(), cache)
+    (cache / "index.json").write_bytes(b"\x00garbage{{{")
+    with pytest.warns(CacheWarning, match="index.json unreadable"):
+        out, spec = run(convnet(), sample(), cache)
+    assert status(spec) == "hit" and torch.equal(out, expected)
+    assert "rebuilt from the objects" in spec.manifest.cache["events"][0]
+    report = LocalStore(cache).verify()
+    assert report.ok, report  # NOTE: the run above rewrote a good index

@@ -1,0 +1,163 @@
+"""The local store: atomic, self-verifying entries; corruption of every kind detected and removed;
+an index that is rebuilt when it is garbage; least-recently-used eviction under a size limit."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from plait.cache import CorruptEntryError, LocalStore, Store, resolve_store
+from plait.cache.store import decode_entry, encode_entry
+
+KEY = "ab" * 32
+OTHER = "cd" * 32
+
+
+def _store(tmp_path: Path, **kw: int) -> LocalStore:
+    return LocalStore(tmp_path / "artifacts", **kw)
+
+
+def test_round_trip_and_listing(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    assert store.get(KEY) is None
+    store.put(KEY, b"payload", {"parts": {"source": "s"}})
+    assert store.get(KEY) == b"payload"
+    (entry,) = store.list()
+    assert entry.key == KEY and entry.meta["parts"] == {"source": "s"}
+    assert store.stat().entries == 1 and store.verify().ok
+    assert store.path(KEY) == tmp_path / "artifacts" / "objects" / "ab" / KEY
+    assert not [p for p in store.path(KEY).parent.iterdir() if p.name.startswith(".")]
+
+
+def test_the_store_is_an_interface() -> None:
+    assert isinstance(resolve_store(True), Store)
+    abstract = {"get", "put", "delete", "list", "stat", "verify"}
+    assert abstract <= set(Store.__abstractmethods__)
+
+
+def test_keys_are_hex_digests(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a cache key"):
+        _store(tmp_path).path("../../etc/passwd")
+
+
+def _corrupt_flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def _corrupt_truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-5])
+
+
+def _corrupt_header(path: Path) -> None:
+    path.write_bytes(b"garbage" + path.read_bytes()[7:])
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (_corrupt_flip, "does not match its SHA-256"),
+        (_corrupt_truncate, "truncated"),
+        (_corrupt_header, "not a plait cache entry"),
+    ],
+    ids=["flipped-byte", "truncated", "bad-header"],
+)
+def test_corrupt_entry_is_detected_and_removed(tmp_path: Path, corrupt, message: str) -> None:
+    store = _store(tmp_path)
+    store.put(KEY, b"x" * 1000, {})
+    corrupt(store.path(KEY))
+    with pytest.raises(CorruptEntryError, match=message):
+        store.get(KEY)
+    assert not store.path(KEY).exists() and store.get(KEY) is None
+    assert store.stat().entries == 0
+
+
+def test_verify_reports_and_removes_corrupt_entries(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.put(KEY, b"x" * 100, {})
+    store.put(OTHER, b"y" * 100, {})
+    _corrupt_flip(store.path(KEY))
+    report = store.verify()
+    assert not report.ok and report.checked == 2
+    assert any("does not match" in p for p in report.problems)
+    assert store.verify().ok and [e.key for e in store.list()] == [OTHER]
+
+
+def test_missing_file_is_a_miss_and_verify_repairs_the_index(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.put(KEY, b"x", {})
+    store.path(KEY).unlink()
+    assert store.get(KEY) is None
+    report = store.verify()
+    assert any("has no object" in p for p in report.problems)
+    assert store.verify().ok and store.stat().entries == 0
+
+
+@pytest.mark.parametrize("garbage", [b"\x00\xff not json", b'{"schema": "other"}', b"[1, 2]"])
+def test_garbage_index_is_rebuilt_from_the_objects(tmp_path: Path, garbage: bytes) -> None:
+    store = _store(tmp_path)
+    store.put(KEY, b"payload", {"parts": {"source": "s"}})
+    (tmp_path / "artifacts" / "index.json").write_bytes(garbage)
+    fresh = _store(tmp_path)
+    assert fresh.get(KEY) == b"payload"
+    assert fresh.list()[0].meta["parts"] == {"source": "s"}
+    assert any("rebuilt" in p for p in fresh.problems)
+    report = fresh.verify()
+    assert any("index.json unreadable" in p for p in report.problems)
+    assert fresh.verify().ok
+
+
+def test_lru_eviction_keeps_the_total_under_the_limit(tmp_path: Path) -> None:
+    store = _store(tmp_path, max_bytes=2500)
+    keys = [f"{i:02x}" * 32 for i in range(3)]
+    for k in keys:
+        store.put(k, b"z" * 1000, {})
+        time.sleep(0.01)
+    assert [e.key for e in store.list()] == [keys[2], keys[1]]  # the oldest went
+    time.sleep(0.01)
+    assert store.get(keys[1]) is not None  # now the most recently used
+    store.put(keys[0], b"z" * 1000, {})
+    assert {e.key for e in store.list()} == {keys[0], keys[1]}
+    assert not store.path(keys[2]).exists()
+    assert store.stat().bytes <= 2500
+
+
+def test_size_limit_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAIT_CACHE_MAX_BYTES", "1234")
+    assert _store(tmp_path).max_bytes == 1234
+
+
+def test_clear_and_delete(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.put(KEY, b"1", {})
+    store.put(OTHER, b"2", {})
+    assert store.delete(KEY) and not store.delete(KEY)
+    assert store.clear() == 1 and store.stat().entries == 0
+
+
+def test_entry_format_is_self_verifying() -> None:
+    data = b"".join(encode_entry(b"payload", {"a": 1}))
+    meta, payload = decode_entry(data)
+    assert meta == {"a": 1} and bytes(payload) == b"payload"
+    for bad in (data[:10], data[:-1], data[:-1] + b"X"):
+        with pytest.raises(ValueError):
+            decode_entry(bad)
+
+
+def test_publish_is_atomic_under_a_failed_write(tmp_path: Path, monkeypatch) -> None:
+    store = _store(tmp_path)
+    store.put(KEY, b"old", {})
+
+    def broken(fd: int) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", broken)
+    with pytest.raises(OSError, match="disk full"):
+        store.put(KEY, b"new", {})
+    monkeypatch.undo()
+    assert store.get(KEY) == b"old"
+    assert not [p for p in store.path(KEY).parent.iterdir() if p.name.startswith(".")]

@@ -1,0 +1,85 @@
+"""Every ambient setting the compiler reads is covered by a guard or a cache key part.
+
+A read of process state that no guard covers is a bug (a compiled program reused where its
+assumptions no longer hold). This test finds every such read in the compiler's source and holds
+it to the table below: a new read fails here until it is classified, and its guard or key part
+gets a test of its own (tests/guards/test_guard_kinds.py, tests/cache/test_key_parts.py).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+import plait
+from plait.guards import call_settings, process_settings
+
+SRC = Path(plait.__file__).parent
+PATTERN = re.compile(
+    r"get_num_threads|allow_tf32|float32_matmul_precision|deterministic_algorithms|"
+    r"/proc/cpuinfo|get_device_capability|get_default_dtype|mkldnn\.is_available|"
+    r"mkldnn\.enabled|cudnn\.|is_autocast_enabled|is_grad_enabled|os\.environ|cpu_count|"
+    r"fp32_precision|_get_cublas|_get_cudnn|_get_mkldnn|_get_deterministic"
+)
+# NOTE: not the compiler: the gate reads what it compares under, and the ambient table itself.
+SKIP = ("conformance/", "guards/ambient.py")
+
+# (file, what it reads) -> what covers it
+COVERED = {
+    ("frontend/guard_build.py", "is_grad_enabled"): "guard grad_mode",
+    ("frontend/guard_build.py", "get_default_dtype"): "guard torch.get_default_dtype()",
+    ("frontend/guard_build.py", "is_autocast_enabled"): "guard torch.autocast",
+    ("frontend/tracer.py", "is_grad_enabled"): "guard grad_mode (capture's own)",
+    ("backends.py", "is_grad_enabled"): "guard grad_mode (decides freezing and the backend)",
+    ("guards/state.py", "is_grad_enabled"): "guard grad_mode (what the frozen guard reads)",
+    ("codegen/onednn.py", "mkldnn.is_available"): "key ambient.mkldnn_available",
+    ("codegen/build.py", "/proc/cpuinfo"): "key ambient.cpu, toolchain.cxx.cpu_flags_sha256",
+    ("codegen/build.py", "os.environ"): "CXX: key toolchain.cxx.version; cache dir; test hook",
+    ("codegen/build.py", "cpu_count"): "build parallelism only: the same libraries",
+    ("runtime/program.py", "cpu_count"): "build parallelism only: the same libraries",
+    ("runtime/runner.py", "is_grad_enabled"): "read per call, at run time (nothing compiled)",
+    ("manifest.py", "/proc/cpuinfo"): "recorded in the manifest; key ambient.cpu",
+    ("manifest.py", "get_device_capability"): "recorded in the manifest; key gpu_capability",
+    ("cache/__init__.py", "os.environ"): "the cache's location, never its key",
+    ("cache/cli.py", "os.environ"): "the cache's location, never its key",
+    ("cache/store.py", "os.environ"): "the cache's size limit, never its key",
+    ("guards/__init__.py", "get_num_threads"): "docstring example of the ambient guards",
+}
+
+
+def _reads() -> set[tuple[str, str]]:
+    found = set()
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith(SKIP):
+            continue
+        for match in PATTERN.finditer(path.read_text()):
+            found.add((rel, match.group(0)))
+    return found
+
+
+def test_every_ambient_read_is_covered() -> None:
+    unclassified = sorted(_reads() - set(COVERED))
+    assert not unclassified, f"ambient reads with no guard or key part: {unclassified}"
+
+
+def test_the_table_has_no_stale_rows() -> None:
+    assert not set(COVERED) - _reads()
+
+
+def test_process_settings_are_key_parts() -> None:
+    fixed = process_settings()
+    assert set(fixed) == {"cpu", "gpu_capability", "mkldnn_available", "torch_build_sha256"}
+    assert fixed["mkldnn_available"] == torch.backends.mkldnn.is_available()
+    assert fixed["gpu_capability"] is None or torch.cuda.is_available()
+
+
+def test_call_settings_read_the_live_values() -> None:
+    now = call_settings()
+    assert now["torch.get_num_threads()"] == torch.get_num_threads()
+    assert now["torch.backends.mkldnn.enabled"] == torch.backends.mkldnn.enabled
+    assert now["torch.are_deterministic_algorithms_enabled()"] == (
+        torch.are_deterministic_algorithms_enabled()
+    )
