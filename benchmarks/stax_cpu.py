@@ -159,7 +159,8 @@ def stax_program(name: str, args: tuple[Any, ...]) -> tuple[Any, list[Any]]:
     compiled = plait.compile(model, backend="stax")
     with torch.no_grad():
         compiled(*args)
-    graph = compiled.specializations[0].compiled.graph
+    spec = compiled.specializations[0].compiled
+    graph = spec.graph
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     users = iter(args)
     inputs = []
@@ -170,7 +171,8 @@ def stax_program(name: str, args: tuple[Any, ...]) -> tuple[Any, list[Any]]:
             inputs.append(next(users))
         else:
             inputs.append(state[v.name])
-    return compile_graph(graph), inputs
+    program = getattr(spec, "program", None)
+    return (program if program is not None else compile_graph(graph)), inputs
 
 
 def profile_stax(name: str, args: tuple[Any, ...]) -> dict[str, Any]:
