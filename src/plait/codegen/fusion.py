@@ -189,8 +189,12 @@ class _Planner:
         graph: Graph,
         infer_layouts: bool,
         layouts: Mapping[int, Sequence[Sequence[int]]] | None = None,
+        fuse: bool = True,
+        channels_last: bool = True,
     ) -> None:
         self.graph = graph
+        self.fuse = fuse
+        self.channels_last = channels_last
         self.users = graph.users()
         self.outputs = {id(o) for o in graph.outputs if isinstance(o, Value)}
         self.live = live_nodes(graph)
@@ -216,7 +220,7 @@ class _Planner:
         self._samples: dict[Value, torch.Tensor] = {}
         self.epilogues: dict[int, Epilogue] = {}
         self.fused_into: dict[int, Node] = {}
-        for node in graph.nodes:
+        for node in graph.nodes if fuse else ():
             ep = find_epilogue(node, self.users, self.outputs, self.live)
             # NOTE: first come, first served: two convs feeding one residual add both find it.
             if (
@@ -255,6 +259,8 @@ class _Planner:
             return False
         if any(self.kind(u) in ("extern", "fallback", "fused") for u in users):
             return True
+        if not self.fuse:
+            return True  # NOTE: no fusion: every pointwise or constant node is its own kernel.
         distinct = {u.id for u in users}
         return len(distinct) > 1 and self.cost(v) > CHEAP
 
@@ -309,7 +315,7 @@ class _Planner:
         the layout it wants)."""
         shape = shape_of(v.type)
         contiguous = contiguous_strides(shape)
-        if id(v) in self.outputs:
+        if id(v) in self.outputs or not self.channels_last:
             return contiguous
         seen: set[int] = set()
         stack = [v]
@@ -334,7 +340,7 @@ class _Planner:
         shape = shape_of(v.type)
         strides = self.layout(v)
         self.locs[v] = Loc("buffer", v, 0, strides)
-        if self._open and self._open_key == (shape, strides):
+        if self.fuse and self._open and self._open_key == (shape, strides):
             from plait.codegen.lower import Unfusable
 
             try:
@@ -401,7 +407,7 @@ class _Planner:
         return Plan(self.graph, self.locs, self.steps, self.tags, fallbacks)
 
     def _reduction_step(self, node: Node) -> None:
-        chain = self._reduction_epilogue(node)
+        chain = self._reduction_epilogue(node) if self.fuse else []
         for v in node.outputs:
             self.locs[v] = Loc("buffer", v, 0, contiguous_strides(shape_of(v.type)))
         if chain:
@@ -449,7 +455,7 @@ class _Planner:
             ]
         else:
             call = (
-                onednn_call(node, self.consts, None)
+                onednn_call(node, self.consts, None, self.channels_last)
                 if supported(node)
                 else make_call(node, self.consts)
             )
@@ -463,7 +469,7 @@ class _Planner:
             self.locs[v] = Loc("buffer" if isinstance(v.type, TensorType) else "object", v, 0, s)
 
     def _fused_step(self, host: Node, ep: Epilogue) -> None:
-        call = onednn_call(host, self.consts, ep)
+        call = onednn_call(host, self.consts, ep, self.channels_last)
         extra = (ep.other,) if ep.other is not None else ()
         step = ExternStep(host, call, [], ep.nodes, extra)
         step.out_strides = strides = self._dry_run(step)
@@ -534,6 +540,11 @@ class _Planner:
         contiguous = [contiguous_strides(shape_of(v.type)) for v in step.outputs]
         if not self._infer:
             return contiguous
+        if not self.channels_last:
+            # NOTE: no channels_last anywhere: a result PyTorch lays out otherwise is conformed.
+            for v, c in zip(step.outputs, contiguous):
+                self._sample(v, c)
+            return contiguous
         args = get_op(node.op).structure([self._operand_sample(o) for o in node.inputs])
         args += [self._operand_sample(o) for o in step.extra]
         with torch.no_grad():
@@ -565,13 +576,18 @@ def plan_graph(
     *,
     infer_layouts: bool = True,
     layouts: Mapping[int, Sequence[Sequence[int]]] | None = None,
+    fuse: bool = True,
+    channels_last: bool = True,
 ) -> Plan:
     """Decide locations, kernels and calls for ``graph`` (static shapes, CPU). ``layouts``
     (an extern node's position in ``graph.nodes`` -> its result strides, as
     :func:`extern_layouts` returns) replays a saved plan's layout decisions instead of running
-    each extern once on zeros."""
+    each extern once on zeros. ``fuse=False``: every pointwise, constant and reduction node is
+    its own kernel (no chains, no reduction or extern epilogues, no oneDNN post-ops).
+    ``channels_last=False``: every stored value and extern result is contiguous, convolutions
+    run on contiguous (NCHW) activations."""
     check_graph(graph)
-    return _Planner(graph, infer_layouts, layouts).run()
+    return _Planner(graph, infer_layouts, layouts, fuse, channels_last).run()
 
 
 def extern_layouts(plan: Plan) -> dict[int, list[tuple[int, ...]]]:

@@ -125,7 +125,12 @@ def _attr(ep: Epilogue | None) -> tuple[str, list[Any], str]:
     return ep.unary, [], ep.algorithm
 
 
-def linear_call(node: Node, consts: Mapping[Any, torch.Tensor], ep: Epilogue | None) -> ExternCall:
+def linear_call(
+    node: Node,
+    consts: Mapping[Any, torch.Tensor],
+    ep: Epilogue | None,
+    channels_last: bool = True,
+) -> ExternCall:
     op = torch.ops.mkldnn._linear_pointwise
     x = node.inputs[0]
     assert isinstance(x, Value) and isinstance(x.type, TensorType)
@@ -153,7 +158,12 @@ def linear_call(node: Node, consts: Mapping[Any, torch.Tensor], ep: Epilogue | N
     return ExternCall(fn, "matmul", detail + suffix)
 
 
-def conv_call(node: Node, consts: Mapping[Any, torch.Tensor], ep: Epilogue | None) -> ExternCall:
+def conv_call(
+    node: Node,
+    consts: Mapping[Any, torch.Tensor],
+    ep: Epilogue | None,
+    channels_last: bool = True,
+) -> ExternCall:
     a = node.attrs
     stride, padding, dilation, groups = (
         list(a["stride"]),
@@ -169,8 +179,9 @@ def conv_call(node: Node, consts: Mapping[Any, torch.Tensor], ep: Epilogue | Non
         lambda w: reorder(w.contiguous(), padding, stride, dilation, groups, size)
     )
     when = _prepare(weight, consts.get(node.inputs[1]))
-    detail = f"oneDNN conv2d channels_last (weight prepacked {when})"
-    cl = torch.channels_last
+    cl = torch.channels_last if channels_last else torch.contiguous_format
+    layout = "channels_last" if channels_last else "contiguous"
+    detail = f"oneDNN conv2d {layout} (weight prepacked {when})"
     op = torch.ops.mkldnn._convolution_pointwise
     attr, scalars, algorithm = _attr(ep)
     if ep is not None and ep.other is not None:
@@ -200,6 +211,13 @@ def _prepare(weight: PreparedWeight, fixed: torch.Tensor | None) -> str:
     return "at compile time"
 
 
-def onednn_call(node: Node, consts: Mapping[Any, torch.Tensor], ep: Epilogue | None) -> ExternCall:
+def onednn_call(
+    node: Node,
+    consts: Mapping[Any, torch.Tensor],
+    ep: Epilogue | None,
+    channels_last: bool = True,
+) -> ExternCall:
+    """The oneDNN call of a conv2d or linear ``node`` with epilogue ``ep``; ``channels_last``:
+    convolutions convert their activations to channels_last (else to contiguous NCHW)."""
     make: Callable[..., ExternCall] = linear_call if node.op == "linear" else conv_call
-    return make(node, consts, ep)
+    return make(node, consts, ep, channels_last)

@@ -19,7 +19,16 @@ class StaxOptions:
     count). ``kernels_per_unit``: kernels per translation unit. ``check_inputs``: check each
     call's input dtypes and shapes (kernels read raw memory: a wrong shape must never reach
     them). ``inplace``: allow epilogue kernels to write over a dying input. ``infer_layouts``: run
-    each extern once on zeros at compile time to learn the layout of its result."""
+    each extern once on zeros at compile time to learn the layout of its result.
+
+    Ablation knobs (each on by default; off turns one optimisation off, the program still
+    conforms): ``fuse``: fuse pointwise chains, reduction producers and epilogues into kernels and
+    oneDNN post-ops (off: every pointwise, constant and reduction node is its own kernel, every
+    extern its own call). ``memory_plan``: kernel intermediates live in one arena reused across
+    calls, epilogues in place (off: each is allocated fresh per call, nothing in place).
+    ``channels_last``: convolutions run on channels_last activations and stored values keep
+    the layout of what they are computed from (off: every stored value and extern result is
+    contiguous, convolutions read NCHW)."""
 
     strict: bool = False
     parallel_threshold: int = 1 << 17
@@ -28,6 +37,9 @@ class StaxOptions:
     check_inputs: bool = True
     inplace: bool = True
     infer_layouts: bool = True
+    fuse: bool = True
+    memory_plan: bool = True
+    channels_last: bool = True
 
     def record(self) -> dict[str, Any]:
         return asdict(self)

@@ -8,7 +8,9 @@ Every materialized value gets one of these homes:
 - ``arena``: an intermediate a kernel writes: a fixed offset in one arena reused across calls;
 - ``inplace``: written by a kernel over the buffer of a value it reads for the last time, at the
   very index it writes (all its reads of that buffer are at the store's index). This is how an
-  epilogue (bias, activation, residual add, normalization) runs on an extern's result.
+  epilogue (bias, activation, residual add, normalization) runs on an extern's result;
+- ``fresh``: with the plan turned off (``StaxOptions(memory_plan=False)``), an intermediate a
+  kernel writes, allocated per call in its planned layout and held until the call returns.
 
 Arena offsets come from a greedy best-fit over lifetimes (largest first); the arena's size is the
 plan's peak. ``peak_live_bytes`` also counts buffers PyTorch and the caller own.
@@ -66,8 +68,11 @@ class MemoryPlan:
     peak_live_bytes: int
     by_value: dict[Value, BufferPlan] = field(default_factory=dict)
 
+    reuse: bool = True
+
     def records(self) -> dict[str, Any]:
         return {
+            "reuse": self.reuse,
             "arena_bytes": self.arena_bytes,
             "peak_live_bytes": self.peak_live_bytes,
             "buffers": [b.record() for b in self.buffers],
@@ -118,8 +123,11 @@ def _identity_reads(kernel: Kernel, buf_in: int, buf_out: int) -> bool:
     return all(ix == index for ix in loads)
 
 
-def plan_memory(plan: Plan, allow_inplace: bool = True) -> MemoryPlan:
-    """Liveness, homes and arena offsets for ``plan``'s schedule."""
+def plan_memory(plan: Plan, allow_inplace: bool = True, reuse: bool = True) -> MemoryPlan:
+    """Liveness, homes and arena offsets for ``plan``'s schedule. ``reuse=False`` turns the plan
+    off: no arena, nothing in place, each kernel intermediate allocated fresh per call (and
+    counted live until the call returns, as the runner holds it)."""
+    allow_inplace = allow_inplace and reuse
     end = len(plan.steps)
     outputs = {id(o) for o in plan.graph.outputs if isinstance(o, Value)}
     last: dict[int, int] = {}
@@ -137,7 +145,10 @@ def plan_memory(plan: Plan, allow_inplace: bool = True) -> MemoryPlan:
         taken: set[int] = set()
         for v in written:
             stop = _last(v, i, last, outputs, end)
-            bp = BufferPlan(v, "output" if id(v) in outputs else "arena", nbytes(v), i, stop)
+            home = "output" if id(v) in outputs else "arena" if reuse else "fresh"
+            if home == "fresh":
+                stop = end
+            bp = BufferPlan(v, home, nbytes(v), i, stop)
             target = (
                 _inplace_target(plan, step, v, i, buffers, last, outputs, taken)
                 if allow_inplace
@@ -155,7 +166,7 @@ def plan_memory(plan: Plan, allow_inplace: bool = True) -> MemoryPlan:
     ordered = list(buffers.values())
     arena = _assign_arena([b for b in ordered if b.home == "arena"])
     peak = _peak(ordered, buffers, end)
-    return MemoryPlan(ordered, arena, peak, buffers)
+    return MemoryPlan(ordered, arena, peak, buffers, reuse)
 
 
 def _last(v: Value, i: int, last: dict[int, int], outputs: set[int], end: int) -> int:

@@ -214,7 +214,13 @@ def compile_graphs(
     start = time.perf_counter()
     plans = []
     for g, saved in zip(graphs, layouts or [None] * len(graphs)):
-        plan = plan_graph(g, infer_layouts=opts.infer_layouts, layouts=saved)
+        plan = plan_graph(
+            g,
+            infer_layouts=opts.infer_layouts,
+            layouts=saved,
+            fuse=opts.fuse,
+            channels_last=opts.channels_last,
+        )
         if opts.strict and plan.fallbacks:
             nid, reason = next(iter(plan.fallbacks.items()))
             op = next(n.op for n in g.nodes if n.id == nid)
@@ -252,7 +258,7 @@ def compile_graphs(
             fn.restype = __import__("ctypes").c_int
             fn.argtypes = [__import__("ctypes").c_void_p]
             funcs[step_index] = fn
-        memory = plan_memory(plan, allow_inplace=opts.inplace)
+        memory = plan_memory(plan, allow_inplace=opts.inplace, reuse=opts.memory_plan)
         for info, step_index in zip(row, kernel_steps):
             step = plan.steps[step_index]
             assert isinstance(step, KernelStep)

@@ -93,6 +93,7 @@ class _Emitter:
             "_conform": _conform,
             "_check_result": _check_result,
             "_empty": torch.empty,
+            "_empty_strided": torch.empty_strided,
             "_as_strided": torch.as_strided,
             "_grad_enabled": torch.is_grad_enabled,
             "_set_grad": torch._C._set_grad_enabled,
@@ -143,8 +144,17 @@ class _Emitter:
             assert self.arena is not None and isinstance(v.type, TensorType)
             root = self.root(v)
             t = self.arena[root.offset : root.offset + root.nbytes].view(v.type.dtype)
-            self.arena_views[id(v)] = self.const(t.view(shape_of(v.type)), "V")
+            # NOTE: in the layout the plan gave the value (a channels_last activation read by
+            # a conv), not a contiguous view of the same bytes.
+            shape = shape_of(v.type)
+            self.arena_views[id(v)] = self.const(t.as_strided(shape, self._strides(v)), "V")
         return self.arena_views[id(v)]
+
+    def _strides(self, v: Value) -> tuple[int, ...]:
+        loc = self.plan.locs.get(v)
+        if loc is not None and loc.kind == "buffer" and loc.strides:
+            return loc.strides
+        return contiguous_strides(shape_of(v.type))
 
     def operand(self, o: Any) -> str:
         if not isinstance(o, Value):
@@ -251,6 +261,10 @@ class _Emitter:
         if bp.home == "output":
             s, d = self.const(shape_of(t)), self.const(t.dtype, "D")
             self.line(f"{self.var(v)} = _empty({s}, dtype={d})")
+        elif bp.home == "fresh":
+            s, d = self.const(shape_of(t)), self.const(t.dtype, "D")
+            st = self.const(self._strides(v))
+            self.line(f"{self.var(v)} = _empty_strided({s}, {st}, dtype={d})")
         elif bp.home == "inplace":
             assert bp.alias_of is not None
             if self.root(v).home == "arena":
