@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from plait._version import __version__
 
 # public name -> the module that defines it
 _EXPORTS = {

@@ -54,12 +54,12 @@ def toolchain(extra: dict[str, str] | None = None) -> dict[str, Any]:
     """Versions of everything that shaped the compiled artifact."""
     import torch
 
-    import plait
+    from plait._version import __version__
 
     out: dict[str, Any] = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
-        "plait": plait.__version__,
+        "plait": __version__,
         "cpu": cpu_features(),
     }
     if torch.cuda.is_available():
