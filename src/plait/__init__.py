@@ -14,9 +14,9 @@ Example:
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from plait._version import __version__
+__version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -26,10 +26,6 @@ _EXPORTS = {
     "explain": "plait.api",
     "GraphCaptureError": "plait.errors",
 }
-
-if TYPE_CHECKING:
-    from plait.api import Captured, capture, compile, explain
-    from plait.errors import GraphCaptureError
 
 
 # subpackages reachable as attributes (``plait.conformance.check``) without an explicit import

@@ -54,7 +54,7 @@ def toolchain(extra: dict[str, str] | None = None) -> dict[str, Any]:
     """Versions of everything that shaped the compiled artifact."""
     import torch
 
-    from plait._version import __version__
+    from plait import __version__
 
     out: dict[str, Any] = {
         "python": sys.version.split()[0],
