@@ -31,6 +31,11 @@ from plait.manifest import Manifest
 from plait.passes import INFERENCE_PIPELINE, TRAINING_PIPELINE, run_pipeline
 
 KNOWN_OPTIONS = ("passes", "freeze", "stax")
+_GRAD_FALLBACK = "backend stax → eager interpreter"
+_GRAD_REASON = (
+    "gradients can flow through this call and Stax kernels have no backward yet "
+    "(L4): the reference interpreter runs the forward, eager autograd the backward"
+)
 
 
 @dataclass
@@ -121,7 +126,7 @@ def _stax_program(req: CompileRequest, optimized: Graph) -> Any:
         raise PlaitCompileError(f"stax could not compile the graph: {exc}") from exc
 
 
-def _stax_timings(program: Any, m: Manifest, records: dict[str, Any]) -> None:
+def _stax_timings(m: Manifest, records: dict[str, Any]) -> None:
     m.timings.update({f"stax.{k}": v for k, v in records.pop("timings", {}).items()})
     for k in records.get("kernels", []):
         name = k.get("name", "?")
@@ -132,7 +137,7 @@ def _stax_timings(program: Any, m: Manifest, records: dict[str, Any]) -> None:
 
 def _stax_records(program: Any, m: Manifest) -> None:
     records = program.records()
-    _stax_timings(program, m, records)
+    _stax_timings(m, records)
     m.kernels = {"kernels": records.pop("kernels", []), "schedule": records.pop("schedule", [])}
     m.toolchain["cxx"] = records.pop("toolchain", {})
     m.executor = records
@@ -216,12 +221,8 @@ def _compile(
         "frozen": frozen,
     }
     if req.backend == "stax" and needs_grad:
-        reason = (
-            "gradients can flow through this call and Stax kernels have no backward yet "
-            "(L4): the reference interpreter runs the forward, eager autograd the backward"
-        )
-        warnings.warn(f"plait stax: {reason}", CaptureFallbackWarning, stacklevel=7)
-        m.fallbacks.append({"what": "backend stax → eager interpreter", "reason": reason})
+        warnings.warn(f"plait stax: {_GRAD_REASON}", CaptureFallbackWarning, stacklevel=7)
+        m.fallbacks.append({"what": _GRAD_FALLBACK, "reason": _GRAD_REASON})
         m.executor = {"backend": "eager", "requested": "stax"}
         return Compiled(_eager_executor(graph, optimized), m, guards, optimized)
     if req.backend == "stax":
@@ -241,11 +242,14 @@ def _restore(req: CompileRequest, saved: SavedCompile) -> Compiled:
     assert graph is not None
     m = Manifest.from_json(saved.manifest)
     m.timings = dict(saved.seconds)
+    if any(f.get("what") == _GRAD_FALLBACK for f in m.fallbacks):
+        # NOTE: never silent, warm or cold
+        warnings.warn(f"plait stax: {_GRAD_REASON}", CaptureFallbackWarning, stacklevel=8)
     slots = _state_slots(prog, graph)
     used = list(slots.values())
     guards = frozen_guards({n: slots[n] for n in saved.frozen}, list(req.state), used)
     if saved.program is not None:
-        _stax_timings(saved.program, m, saved.program.records())
+        _stax_timings(m, saved.program.records())
         executor = _stax_executor(graph, saved.graph, saved.program)
     else:
         executor = _eager_executor(graph, saved.graph)

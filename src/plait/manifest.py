@@ -163,6 +163,8 @@ class Manifest:
             lines.append(f"  cache key: {self.cache_key['digest'][:16]}…")
         if self.cache:
             lines.append(f"  cache: {self.cache.get('status', '?')}")
+            if self.cache.get("miss"):
+                lines.append(f"    - {self.cache['miss']}")
             lines += [f"    - {e}" for e in self.cache.get("events", [])]
         if self.timings:
             total = sum(v for v in self.timings.values() if isinstance(v, (int, float)))

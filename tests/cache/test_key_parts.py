@@ -192,3 +192,29 @@ def test_key_digest_is_canonical_json() -> None:
     b = CacheKey({"a": "s", "b": [1, {"x": 1, "y": 2}]})
     assert a.digest == b.digest
     assert a.digest == "fc76477f3faaa4e6774397befd97e4b2a6af6aaff6aeea3c72487efaac3486d4"
+
+
+def test_weights_digest_never_mistakes_a_new_tensor_for_a_freed_one() -> None:
+    """The digest memo is keyed by identity, version and storage; a freed tensor's id and
+    address can be reused by a new one with other values."""
+    from plait.ir import weights_hash
+
+    for i in range(50):
+        t = torch.full((64,), float(i))
+        assert lookup.weights_digest({"w": t}) == weights_hash({"w": t})
+        del t
+
+
+def test_recorded_fallback_is_warned_on_a_hit_too(cache: Path) -> None:
+    from plait.errors import CaptureFallbackWarning
+
+    model = torch.nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    for expected in ("miss", "hit"):
+        compiled = plait.compile(model, backend="stax", options={"cache": str(cache)})
+        with pytest.warns(CaptureFallbackWarning, match="no backward yet"):
+            out = compiled(x)
+        assert status(compiled.specializations[0]) == expected
+        out.sum().backward()
+        assert model.weight.grad is not None
+        torch.testing.assert_close(out, model(x))

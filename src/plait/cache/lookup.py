@@ -25,6 +25,7 @@ import json
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -61,22 +62,25 @@ def freeze_candidates(graph: Graph, slots: Mapping[str, int], pipeline: str) -> 
     ]
 
 
-_WEIGHTS_MEMO: dict[tuple[Any, ...], str] = {}
+_WEIGHTS_MEMO: dict[tuple[Any, ...], tuple[str, list[weakref.ref[torch.Tensor]]]] = {}
 
 
 def weights_digest(weights: Mapping[str, torch.Tensor]) -> str:
     """``weights_hash`` of the frozen tensors, remembered per (name, identity, version, storage)
-    in this process (a recompile does not hash unchanged weights again)."""
+    in this process (a recompile does not hash unchanged weights again). NOTE: the memo holds
+    weak references and checks them: an id reused by a new tensor is never taken for the old."""
     if not weights:
         return "none"
-    memo = tuple((n, id(t), t._version, t.data_ptr()) for n, t in sorted(weights.items()))
+    items = sorted(weights.items())
+    memo = tuple((n, id(t), t._version, t.data_ptr()) for n, t in items)
     found = _WEIGHTS_MEMO.get(memo)
-    if found is None:
-        found = weights_hash(weights)
-        if len(_WEIGHTS_MEMO) > 16:
-            _WEIGHTS_MEMO.clear()
-        _WEIGHTS_MEMO[memo] = found
-    return found
+    if found is not None and all(r() is t for r, (_, t) in zip(found[1], items)):
+        return found[0]
+    digest = weights_hash(weights)
+    if len(_WEIGHTS_MEMO) > 16:
+        _WEIGHTS_MEMO.clear()
+    _WEIGHTS_MEMO[memo] = (digest, [weakref.ref(t) for _, t in items])
+    return digest
 
 
 def _jsonable(value: Any, what: str) -> Any:
