@@ -9,8 +9,8 @@ Example:
     >>> from benchmarks.bench.config import ablation
     >>> plait_options(ablation("fold-bn"))[0]["passes"].count("fold-bn")
     0
-    >>> plait_options(ablation("channels-last"))[1]
-    "not available: StaxOptions has no ['channels_last'] knob yet"
+    >>> plait_options(ablation("channels-last"))[0]["stax"]
+    {'channels_last': False}
 """
 
 from __future__ import annotations
