@@ -161,3 +161,15 @@ def test_publish_is_atomic_under_a_failed_write(tmp_path: Path, monkeypatch) -> 
     monkeypatch.undo()
     assert store.get(KEY) == b"old"
     assert not [p for p in store.path(KEY).parent.iterdir() if p.name.startswith(".")]
+
+
+def test_index_keeps_small_meta_and_entries_keep_all(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    parts = {"guards": ["x" * 100] * 50, "source": "s"}
+    store.put(KEY, b"payload", {"parts": parts, "executor": "stax"})
+    (entry,) = store.list()
+    assert entry.meta == {"executor": "stax"}  # NOTE: the index stays small
+    assert store.read_meta(KEY) == {"parts": parts, "executor": "stax"}
+    assert store.read_meta(OTHER) is None
+    index = (tmp_path / "artifacts" / "index.json").stat().st_size
+    assert index < 1000

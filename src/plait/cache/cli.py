@@ -115,4 +115,5 @@ def explain_miss_command(manifest: Path, root: Path | None) -> None:
         click.echo(f"hit: entry {digest[:16]}… is in the cache")
         return
     click.echo(f"miss: {digest[:16]}… is not in {store.root}")
-    click.echo(str(explain_miss(parts, [(e.key, e.meta.get("parts", {})) for e in entries])))
+    known = [(e.key, (store.read_meta(e.key) or {}).get("parts", {})) for e in entries]
+    click.echo(str(explain_miss(parts, known)))

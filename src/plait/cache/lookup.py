@@ -198,11 +198,7 @@ def cached_compile(
         compiled.manifest.timings["cache.key"] = t_key
         compiled.manifest.cache = {"status": "hit", "key": digest, "events": events}
         return compiled
-    try:
-        entries = [(e.key, e.meta.get("parts", {})) for e in store.list()]
-    except OSError:
-        entries = []
-    miss = explain_miss(parts, entries)
+    miss = explain_miss(parts, _entry_parts(store))
     compiled = compile_fn(req, m, pipeline, freeze, needs_grad)
     m.timings["cache.key"] = t_key
     frozen = set(m.graph.get("frozen", []))
@@ -225,6 +221,20 @@ def cached_compile(
         "events": events,
     }
     return compiled
+
+
+def _entry_parts(store: Any, limit: int = 256) -> list[tuple[str, Any]]:
+    """The key parts of the most recently used entries (read from their heads)."""
+    try:
+        keys = [e.key for e in store.list()[:limit]]
+    except OSError:
+        return []
+    out = []
+    for key in keys:
+        meta = store.read_meta(key)
+        if meta is not None:
+            out.append((key, meta.get("parts", {})))
+    return out
 
 
 def _executor_kind(compiled: Any) -> str:

@@ -58,6 +58,8 @@ class CorruptEntryError(Exception):
 
 @dataclass
 class EntryInfo:
+    """One entry as the index knows it: key, size, last access, the small items of its meta."""
+
     key: str
     size: int
     last_access: float
@@ -113,6 +115,11 @@ class Store(abc.ABC):
         """Publish an entry atomically: readers see the old entry, the new one, or none."""
 
     @abc.abstractmethod
+    def read_meta(self, key: str) -> dict[str, Any] | None:
+        """An entry's full meta (its key parts), None when absent or unreadable: for
+        explanations of misses, never for loading."""
+
+    @abc.abstractmethod
     def delete(self, key: str) -> bool: ...
 
     @abc.abstractmethod
@@ -159,6 +166,25 @@ def decode_entry(data: bytes) -> tuple[dict[str, Any], memoryview]:
     except ValueError as exc:
         raise ValueError(f"meta is not JSON: {exc}") from None
     return meta, body[n_meta:]
+
+
+def summary(meta: dict[str, Any], width: int = 200) -> dict[str, Any]:
+    """The small items of ``meta``: what the index keeps (the full meta stays in the entry, read
+    with :meth:`Store.read_meta`), so the index stays small however large the key parts grow."""
+    return {k: v for k, v in meta.items() if len(json.dumps(v, default=str)) <= width}
+
+
+def read_head(path: Path) -> dict[str, Any]:
+    """An entry's meta, read from its head without the payload (not verified: for
+    explanations, never for loading)."""
+    with path.open("rb") as f:
+        head = f.read(_HEADER.size)
+        if len(head) < _HEADER.size:
+            raise ValueError("truncated")
+        magic, fmt, _, n_meta, _ = _HEADER.unpack(head)
+        if magic != MAGIC or fmt != FORMAT:
+            raise ValueError("not a plait cache entry")
+        return dict(json.loads(f.read(n_meta)))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -250,7 +276,7 @@ class LocalStore(Store):
                 self.problems.append(f"entry {key[:16]}… removed: {exc}")
                 continue
             st = path.stat()
-            out[key] = {"size": st.st_size, "last_access": st.st_mtime, "meta": meta}
+            out[key] = {"size": st.st_size, "last_access": st.st_mtime, "meta": summary(meta)}
         return out
 
     def _object_paths(self) -> Iterator[tuple[str, Path]]:
@@ -284,9 +310,15 @@ class LocalStore(Store):
             self._discard(key)
             raise CorruptEntryError(key, str(exc)) from None
         with self._index() as index:
-            row = index.setdefault(key, {"size": len(data), "meta": meta})
+            row = index.setdefault(key, {"size": len(data), "meta": summary(meta)})
             row["last_access"] = time.time()
         return bytes(payload)
+
+    def read_meta(self, key: str) -> dict[str, Any] | None:
+        try:
+            return read_head(self.path(key))
+        except (OSError, ValueError):
+            return None
 
     def _discard(self, key: str) -> None:
         self._remove(self.path(key))
@@ -298,7 +330,7 @@ class LocalStore(Store):
         write_atomic(self.path(key), pieces)
         size = sum(len(p) for p in pieces)
         with self._index() as index:
-            index[key] = {"size": size, "last_access": time.time(), "meta": meta}
+            index[key] = {"size": size, "last_access": time.time(), "meta": summary(meta)}
             self._evict(index, keep=key)
 
     def _evict(self, index: dict[str, dict[str, Any]], keep: str) -> None:
@@ -356,7 +388,8 @@ class LocalStore(Store):
             for key, (path, meta) in on_disk.items():
                 if key not in index:
                     st = path.stat()
-                    index[key] = {"size": st.st_size, "last_access": st.st_mtime, "meta": meta}
+                    row = {"size": st.st_size, "last_access": st.st_mtime, "meta": summary(meta)}
+                    index[key] = row
                     report.problems.append(f"entry {key[:16]}… was missing from the index (added)")
         return report
 
