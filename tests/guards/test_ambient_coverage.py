@@ -43,7 +43,6 @@ COVERED = {
     ("manifest.py", "/proc/cpuinfo"): "recorded in the manifest; key ambient.cpu",
     ("manifest.py", "get_device_capability"): "recorded in the manifest; key gpu_capability",
     ("cache/__init__.py", "os.environ"): "the cache's location, never its key",
-    ("cache/cli.py", "os.environ"): "the cache's location, never its key",
     ("cache/store.py", "os.environ"): "the cache's size limit, never its key",
     ("guards/__init__.py", "get_num_threads"): "docstring example of the ambient guards",
 }

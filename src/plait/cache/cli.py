@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -37,10 +36,14 @@ def _store(root: Path | None) -> LocalStore:
 
 
 def _kernel_files(root: Path | None) -> list[Path]:
-    """The kernel cache's files (``plait.codegen.build``: the cache directory itself when it is
-    named, else its ``kernels/`` folder)."""
-    base = root or cache_root()
-    kernels = base if (root or os.environ.get("PLAIT_CACHE_DIR")) else base / "kernels"
+    """The kernel cache's files (``plait.codegen.build``: the named cache directory itself, else
+    the kernel cache directory that build uses)."""
+    if root is not None:
+        kernels = root
+    else:
+        from plait.codegen.build import cache_dir
+
+        kernels = cache_dir()
     if not kernels.is_dir():
         return []
     return [p for p in kernels.glob("??/*") if p.suffix in (".so", ".sha256")]
