@@ -117,6 +117,9 @@ class Plan:
     steps: list[Step]
     tags: dict[int, NodeTag]
     fallbacks: dict[int, str] = field(default_factory=dict)
+    # NOTE: extern nodes whose oneDNN fusion (or oneDNN call) was refused at compile time, with
+    # the reason; they run on the slower unfused path.
+    unfused: dict[int, str] = field(default_factory=dict)
 
     @property
     def kernels(self) -> list[Lowered]:
@@ -219,6 +222,7 @@ class _Planner:
         }
         self._samples: dict[Value, torch.Tensor] = {}
         self.epilogues: dict[int, Epilogue] = {}
+        self.unfused: dict[int, str] = {}
         self.fused_into: dict[int, Node] = {}
         for node in graph.nodes if fuse else ():
             ep = find_epilogue(node, self.users, self.outputs, self.live)
@@ -377,10 +381,17 @@ class _Planner:
             if kind == "fused":
                 host = self.fused_into[node.id]
                 ep = self.epilogues[host.id]
-                if node is ep.nodes[0]:
-                    self.close()
-                    self._fused_step(host, ep)
-                continue
+                if node is not ep.nodes[0]:
+                    continue
+                self.close()
+                failure = self._fused_step(host, ep)
+                if failure is None:
+                    continue
+                # NOTE: oneDNN refused the fused call (some builds cannot create the binary
+                # post-op): the host runs unfused here, its epilogue as ordinary nodes.
+                self._unfuse(host, ep)
+                self._call_step(host, "extern", "", f"{ep.describe()} not fused: {failure}")
+                kind, reason = self.kinds[node.id]
             if kind in ("extern", "fallback"):
                 self.close()
                 self._call_step(node, kind, reason)
@@ -404,7 +415,7 @@ class _Planner:
             for k, r in [self.kinds[n.id]]
             if k == "fallback" and n.id in self.live
         }
-        return Plan(self.graph, self.locs, self.steps, self.tags, fallbacks)
+        return Plan(self.graph, self.locs, self.steps, self.tags, fallbacks, dict(self.unfused))
 
     def _reduction_step(self, node: Node) -> None:
         chain = self._reduction_epilogue(node) if self.fuse else []
@@ -445,7 +456,7 @@ class _Planner:
             v = u.outputs[0]
         return chain
 
-    def _call_step(self, node: Node, kind: str, reason: str) -> None:
+    def _call_step(self, node: Node, kind: str, reason: str, note: str = "") -> None:
         if kind == "fallback":
             self.steps.append(FallbackStep(node, reason))
             self.tags[node.id] = NodeTag("fallback", reason)
@@ -454,25 +465,77 @@ class _Planner:
                 for v in node.outputs
             ]
         else:
-            call = (
-                onednn_call(node, self.consts, None, self.channels_last)
-                if supported(node)
-                else make_call(node, self.consts)
-            )
-            step = ExternStep(node, call, [])
-            step.out_strides = strides = self._dry_run(step)
+            step: ExternStep | None = None
+            if supported(node):
+                step = ExternStep(
+                    node, onednn_call(node, self.consts, None, self.channels_last), []
+                )
+                failure = self._try_dry_run(step)
+                if failure is not None:
+                    note = "; ".join(x for x in (note, f"oneDNN {node.op}: {failure}") if x)
+                    step = None
+            if step is None:
+                step = ExternStep(node, make_call(node, self.consts), [])
+                step.out_strides = self._dry_run(step)
+            strides = step.out_strides
+            call = step.call
             self.steps.append(step)
+            suffix = f"; {note}" if note else ""
             self.tags[node.id] = NodeTag(
-                "extern", f"{call.detail} ({OP_CLASS.get(node.op, call.op_class)})"
+                "extern", f"{call.detail} ({OP_CLASS.get(node.op, call.op_class)}){suffix}"
             )
+            if note:
+                self.unfused[node.id] = note
         for v, s in zip(node.outputs, strides):
             self.locs[v] = Loc("buffer" if isinstance(v.type, TensorType) else "object", v, 0, s)
 
-    def _fused_step(self, host: Node, ep: Epilogue) -> None:
+    def _try_dry_run(self, step: ExternStep) -> str | None:
+        """Dry-run ``step`` (and, when no dry run would run it, probe it once on fresh tensors):
+        ``None`` when oneDNN accepts the call, else the reason it refused (decided here, at
+        compile time, never per call)."""
+        try:
+            ran = self._infer and self.channels_last and self._layouts is None
+            step.out_strides = self._dry_run(step)
+            if not ran:
+                self._probe(step)
+        except RuntimeError as e:
+            return f"oneDNN refused the call at compile time ({str(e).splitlines()[0]})"
+        return None
+
+    def _probe(self, step: ExternStep) -> None:
+        def fresh(o: object) -> object:
+            if not isinstance(o, Value) or not isinstance(o.type, TensorType):
+                return o
+            const = self.consts.get(o)
+            if const is not None:
+                return const
+            t = o.type
+            make = torch.empty if t.dtype.is_floating_point else torch.zeros
+            return make(shape_of(t), dtype=t.dtype)
+
+        args = get_op(step.node.op).structure([fresh(o) for o in step.node.inputs])
+        args += [fresh(o) for o in step.extra]
+        with torch.no_grad():
+            step.call.fn(*args)
+
+    def _unfuse(self, host: Node, ep: Epilogue) -> None:
+        """Give ``ep``'s nodes back to the ordinary rules (pointwise kernels)."""
+        del self.epilogues[host.id]
+        for n in ep.nodes:
+            del self.fused_into[n.id]
+            self.kinds[n.id] = classify(n)
+        self._cost.clear()
+
+    def _fused_step(self, host: Node, ep: Epilogue) -> str | None:
+        """Emit ``host`` with ``ep`` as oneDNN post-ops; the reason, emitting nothing, when
+        oneDNN cannot create or run the fused call."""
         call = onednn_call(host, self.consts, ep, self.channels_last)
         extra = (ep.other,) if ep.other is not None else ()
         step = ExternStep(host, call, [], ep.nodes, extra)
-        step.out_strides = strides = self._dry_run(step)
+        failure = self._try_dry_run(step)
+        if failure is not None:
+            return failure
+        strides = step.out_strides
         self.steps.append(step)
         self.tags[host.id] = NodeTag("extern", f"{call.detail} ({call.op_class})")
         for n in ep.nodes:
@@ -485,6 +548,7 @@ class _Planner:
             for v in n.outputs:
                 self.locs[v] = Loc("inline")
         self.locs[ep.output] = Loc("buffer", ep.output, 0, strides[0])
+        return None
 
     # --- layout inference ---------------------------------------------------------------------
     def _sample(self, v: Value, strides: tuple[int, ...]) -> None:

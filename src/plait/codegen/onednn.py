@@ -125,6 +125,32 @@ def _attr(ep: Epilogue | None) -> tuple[str, list[Any], str]:
     return ep.unary, [], ep.algorithm
 
 
+def linear_binary(x: Any, other: Any, w: Any, b: Any) -> Any:
+    """oneDNN linear with a fused residual add post-op (the entry point of the binary call)."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, other, w, b, "add")
+
+
+def conv_binary(
+    x: Any,
+    other: Any,
+    w: Any,
+    b: Any,
+    padding: list[int],
+    stride: list[int],
+    dilation: list[int],
+    groups: int,
+    unary: str | None,
+    scalars: list[Any],
+    algorithm: str | None,
+) -> Any:
+    """oneDNN conv with a fused residual add (then ``unary``) post-op: the binary entry point.
+    Some oneDNN builds (torch 2.11) refuse it ("could not create a memory"); the planner's dry
+    run then falls back to the unfused conv and a native epilogue kernel."""
+    op = torch.ops.mkldnn._convolution_pointwise.binary
+    return op(x, other, w, b, padding, stride, dilation, groups, "add", 1.0, unary, scalars,
+              algorithm)  # fmt: skip
+
+
 def linear_call(
     node: Node,
     consts: Mapping[Any, torch.Tensor],
@@ -142,10 +168,9 @@ def linear_call(
     when = _prepare(weight, consts.get(node.inputs[1]))
     detail = f"oneDNN linear (weight prepacked {when})"
     if ep is not None and ep.other is not None:
-        binary = op.binary
 
         def with_add(x: Any, w: Any, b: Any, other: Any) -> Any:
-            return binary(x, other, weight(w), b, "add")
+            return linear_binary(x, other, weight(w), b)
 
         return ExternCall(with_add, "matmul", f"{detail} + fused {ep.describe()}")
     attr, scalars, algorithm = _attr(ep)
@@ -185,13 +210,12 @@ def conv_call(
     op = torch.ops.mkldnn._convolution_pointwise
     attr, scalars, algorithm = _attr(ep)
     if ep is not None and ep.other is not None:
-        binary = op.binary
         unary = ep.unary
 
         def with_add(x: Any, w: Any, b: Any, other: Any) -> Any:
-            return binary(x.contiguous(memory_format=cl), other.contiguous(memory_format=cl),
-                          weight(w), b, padding, stride, dilation, groups, "add", 1.0, unary,
-                          scalars, algorithm or None)  # fmt: skip
+            return conv_binary(x.contiguous(memory_format=cl), other.contiguous(memory_format=cl),
+                               weight(w), b, padding, stride, dilation, groups, unary, scalars,
+                               algorithm or None)  # fmt: skip
 
         return ExternCall(with_add, "conv", f"{detail} + fused {ep.describe()}")
     default = op.default

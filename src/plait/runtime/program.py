@@ -43,6 +43,8 @@ class Evidence:
 
     nodes: dict[int, NodeTag]
     ops: dict[int, str]
+    # NOTE: extern nodes run unfused because oneDNN refused the fused call at compile time.
+    unfused: dict[int, str] = field(default_factory=dict)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -62,6 +64,7 @@ class Evidence:
                 {"id": n, "op": self.ops[n], "executor": t.executor, "detail": t.detail}
                 for n, t in sorted(self.nodes.items())
             ],
+            "unfused": [{"id": n, "reason": r} for n, r in sorted(self.unfused.items())],
         }
 
 
@@ -122,7 +125,9 @@ class StaxProgram:
         self._runner = runner
         self._funcs = funcs
         self.source = runner.source
-        self.evidence = Evidence(dict(plan.tags), {n.id: n.op for n in graph.nodes})
+        self.evidence = Evidence(
+            dict(plan.tags), {n.id: n.op for n in graph.nodes}, dict(plan.unfused)
+        )
         self.__call__ = runner.fn  # type: ignore[method-assign]
 
     def __call__(self, *inputs: Any) -> list[Any]:  # pragma: no cover - replaced per instance
