@@ -147,3 +147,28 @@ def batch_norm_by_hand(bn: nn.BatchNorm2d, x: torch.Tensor, *, eps: float, updat
             bn.running_mean.mul_(1 - momentum).add_(mean.detach(), alpha=momentum)
             bn.running_var.mul_(1 - momentum).add_(var.detach() * n / (n - 1), alpha=momentum)
     return out
+
+
+def resnet18_eval(seed: int = 0, image: int = 32) -> nn.Module:
+    """ResNet-18 (benchmarks/models/resnet.py, 10 classes) as the ResNet benchmark builds it:
+    seeded init, BatchNorm affine parameters drawn, running statistics calibrated on two
+    training-mode batches of ``image``-sized inputs (cumulative average), eval mode."""
+    from benchmarks.models.resnet import resnet18
+
+    def make() -> nn.Module:
+        model = resnet18(num_classes=10)
+        gen = torch.Generator().manual_seed(seed + 1)
+        bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+        with torch.no_grad():
+            for bn in bns:
+                bn.weight.uniform_(0.5, 1.5, generator=gen)
+                bn.bias.normal_(0.0, 0.1, generator=gen)
+                bn.momentum = None  # NOTE: cumulative average: the statistics of the batches.
+            model.train()
+            for i in range(2):
+                model(randn(16, 3, image, image, seed=1000 + i))
+            for bn in bns:
+                bn.momentum = 0.1
+        return model.eval()
+
+    return seeded(seed, make)

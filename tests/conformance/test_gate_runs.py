@@ -25,7 +25,8 @@ class Recorder:
     """A correct candidate that remembers every input it was called with."""
 
     def __init__(self, fn: Any) -> None:
-        self.fn, self.seen = fn, []
+        self.fn = fn
+        self.seen: list[tuple[torch.Tensor, ...]] = []
 
     def __call__(self, *args: torch.Tensor) -> Any:
         self.seen.append(tuple(a.detach().clone() for a in args))
@@ -50,7 +51,7 @@ def test_candidate_sees_the_example_fresh_draws_and_repeated_calls() -> None:
     x = randn(4, 6, seed=2)
     cand = Recorder(lambda t: t * 3)
     assert check(lambda t: t * 3, cand, (x,), draws=3).ok
-    distinct = []
+    distinct: list[torch.Tensor] = []
     for (seen,) in cand.seen:
         if not any(torch.equal(seen, d) for d in distinct):
             distinct.append(seen)
@@ -116,6 +117,38 @@ def test_buffer_names_align_through_a_wrapper() -> None:
     assert check(model, Wrapper(), (randn(4, 3, 8, 8, seed=6),), grads=True).ok
 
 
+class TwoNorms(nn.Module):
+    """Two BatchNorms whose state names end alike (``bn.running_mean``, ``block.bn.running_mean``),
+    as in a ResNet: a suffix cannot tell them apart behind a wrapper's prefix."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3)
+        self.block = ConvBN()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(self.bn(x))
+
+
+@pytest.mark.parametrize("wrap", ["torch.compile", "DataParallel"])
+def test_state_names_align_through_wrapper_prefixes(wrap: str) -> None:
+    # NOTE: torch.compile's OptimizedModule names the state `_orig_mod.bn.running_mean`,
+    # DataParallel `module.bn.running_mean`; without candidate_module= the gate reads the wrapper.
+    model = seeded(11, TwoNorms)
+    if wrap == "torch.compile":
+        compiled: Any = torch.compile(model, backend="eager", dynamic=False)
+        wrapped: nn.Module = compiled
+        prefix = "_orig_mod."
+    else:
+        wrapped, prefix = nn.DataParallel(model, device_ids=[]), "module."
+    assert all(name.startswith(prefix) for name, _ in wrapped.named_buffers())
+    report = check(model, wrapped, (randn(4, 3, 6, 6, seed=12),), grads=True, draws=1)
+    assert report.ok, str(report)
+    judged = {where.split(" (")[0] for where in report.anchored}
+    assert {"buffer[bn.running_mean]", "buffer[block.bn.running_mean]"} <= judged
+    assert "grad[bn.weight]" in judged and "grad[block.conv.weight]" in judged
+
+
 def test_channels_last_is_run_when_asked_and_noted_when_impossible() -> None:
     model = seeded(2, ConvBN)
     report = check(
@@ -163,6 +196,16 @@ def test_the_stress_draw_is_what_exposes_an_unstable_softmax() -> None:
     assert calm.ok
     report = check(setup.reference, setup.candidate, setup.inputs, **setup.options)
     assert report.caught("stress draw", "nonfinite")
+
+
+def test_eager_in_a_layout_that_draws_other_random_numbers_is_no_baseline() -> None:
+    # NOTE: dropout on a channels_last tensor draws its mask in memory order: that eager run
+    # computes another function, and must not widen the model rule's budget.
+    model = seeded(3, lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Dropout(0.5)))
+    report = check(model.train(), model, (randn(2, 3, 8, 8, seed=1),), grads=True)
+    assert report.ok, str(report)
+    assert any("layout channels_last is not a baseline" in note for note in report.notes)
+    assert all(a.baseline_from == "eager" for a in report.anchored.values())
 
 
 def test_dropout_sees_the_same_random_stream_in_both_programs() -> None:

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 import plait.conformance
 import plait.contract
 from plait.conformance import check
 from tests.conformance.correct import mlp_split_k
-from tests.conformance.models import MLP, randn, seeded
+from tests.conformance.models import MLP, ConvPool, randn, seeded
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -92,6 +93,43 @@ def test_anchor_catches_what_the_elementwise_budget_cannot() -> None:
     )
     assert report.caught("output", "anchored")
     assert not report.caught("output", "tolerance")
+
+
+def test_the_tail_rule_catches_one_element_the_rms_dilutes() -> None:
+    # NOTE: 4096 outputs, one of them off by 32 ulps of the largest value: the RMS error moves
+    # little, the worst error exceeds the tail factor, the elementwise budget sees nothing.
+    model = seeded(1, lambda: nn.Linear(64, 64))
+
+    def candidate(x: torch.Tensor) -> torch.Tensor:
+        y = model(x)
+        bump = torch.zeros_like(y)
+        bump[0, 0] = 64 * 2.0**-24 * float(y.detach().abs().max())
+        return y + bump
+
+    report = check(model, candidate, (randn(64, 64, seed=13),), candidate_module=model)
+    assert report.caught("output", "anchored") and not report.caught("output", "tolerance")
+    (stat,) = [a for where, a in report.anchored.items() if where.startswith("output")]
+    rms_share, tail_share = stat.shares
+    assert rms_share < 1 < tail_share, (rms_share, tail_share)
+    assert all("tail factor" in f.message for f in report.errors)
+
+
+def test_the_baseline_is_the_least_accurate_of_eagers_layouts() -> None:
+    # NOTE: PyTorch's channels_last float32 convolution rounds differently (less accurately here)
+    # than its NCHW one; the baseline takes eager in both layouts, on the same inputs.
+    model = seeded(6, ConvPool).eval()
+    report = check(model, model, (randn(4, 3, 12, 12, seed=14),), grads=True)
+    assert report.ok
+    stats = [a for where, a in report.anchored.items() if where.startswith("output")]
+    assert stats and all(a.rms_baseline >= a.rms_eager for a in stats)
+    assert any(a.baseline_from == "eager, layout channels_last" for a in report.anchored.values())
+    data = tomllib.loads(plait.contract.default_text())
+    data["model"]["baseline_layouts"] = []
+    alone = check(
+        model, model, (randn(4, 3, 12, 12, seed=14),), contract=plait.contract.from_data(data)
+    )
+    assert all(a.baseline_from == "eager" for a in alone.anchored.values())
+    assert all(a.rms_baseline == a.rms_eager for a in alone.anchored.values())
 
 
 def test_without_anchor_the_gate_says_so() -> None:

@@ -5,6 +5,8 @@ The kill rate is printed in pytest's terminal summary (see conftest.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 import plait.conformance
@@ -12,7 +14,7 @@ from tests.conformance.mutants import MUTANTS, REQUIRED, Mutant
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
-def test_mutant_is_killed(mutant: Mutant, record_property: pytest.RecordProperty) -> None:
+def test_mutant_is_killed(mutant: Mutant, record_property: Callable[[str, object], None]) -> None:
     setup = mutant.build()
     report = plait.conformance.check(
         setup.reference, setup.candidate, setup.inputs, **setup.options

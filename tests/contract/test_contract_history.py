@@ -101,6 +101,8 @@ def test_an_old_entry_cannot_explain_a_new_loosening() -> None:
         ),
         ("bitwise.order_preserving", lambda d: d["bitwise"].update(order_preserving=False)),
         ("model.floor.float32", lambda d: d["model"]["floor"].update(float32=100.0)),
+        ("model.tail_factor.float16", lambda d: d["model"]["tail_factor"].update(float16=9.0)),
+        ("schema_version", lambda d: d.update(schema_version=3)),
         ("model.noise_bits", lambda d: d["model"].update(noise_bits=20)),
         ("gradcheck.atol", lambda d: d["gradcheck"].update(atol=1.0)),
         ("op.reduction.float16.rtol", lambda d: d["op"]["reduction"]["float16"].pop("rtol")),
@@ -113,10 +115,42 @@ def test_every_kind_of_loosening_is_seen(key: str, edit: Any) -> None:
     assert [c.key for c in loosened(old, new)] == [key]
 
 
+def test_schema_1s_worst_error_factor_is_its_tail_factor() -> None:
+    # NOTE: schema 1 judged the worst error by `factor`: raising the worst-error factor from it
+    # is a loosening that a changelog entry must name.
+    old = base()
+    old["schema_version"] = 1
+    for key in ("tail_factor", "baseline_layouts"):
+        old["model"].pop(key)
+    keys = budget_keys(old)
+    assert keys["model.tail_factor.float32"] == keys["model.factor.float32"]
+    found = {c.key for c in loosened(old, base())}
+    assert "schema_version" in found and "model.baseline_layouts" in found
+    tails = {f"model.tail_factor.{d}" for d in plait.contract.FACTOR_DTYPES}
+    assert {
+        k for k in tails if base()["model"]["tail_factor"][k.rsplit(".", 1)[1]] > keys[k]
+    } <= found
+
+
+def test_adding_a_baseline_layout_loosens_and_dropping_one_tightens() -> None:
+    # NOTE: eager's error in each baseline layout may raise the baseline the factor scales; a
+    # contract without the key (1.0.0) judges against eager in the case's own layout alone.
+    none = base()
+    none["model"].pop("baseline_layouts")
+    assert budget_keys(none)["model.baseline_layouts"] == ()
+    (change,) = loosened(none, base())
+    assert change.key == "model.baseline_layouts" and change.reason is None
+    fewer = base()
+    fewer["model"]["baseline_layouts"] = ["contiguous"]
+    assert loosened(base(), fewer) == [] and loosened(base(), none) == []
+    assert [c.key for c in loosened(fewer, base())] == ["model.baseline_layouts"]
+
+
 def test_every_budget_key_is_compared() -> None:
     keys = budget_keys(base())
     assert "op.attention.float16.rtol" in keys
     assert "model.factor.float32" in keys and "model.floor.float16" in keys
+    assert "model.baseline_layouts" in keys and "model.tail_factor.bfloat16" in keys
     assert "gradcheck.rtol" in keys and "bitwise.order_preserving" in keys
 
 
@@ -151,6 +185,10 @@ def test_the_contract_never_loosens_without_a_reason() -> None:
         previous = _git(top, "show", f"{commits[1]}:{CONTRACT_PATH}")
         pairs.append((f"{commits[0][:10]} vs {commits[1][:10]}", previous, committed))
     for label, old, new in pairs:
+        # NOTE: the changelog is append-only: an entry once committed is never edited away.
+        kept = tomllib.loads(new)["changelog"]
+        edited = [e for e in tomllib.loads(old)["changelog"] if e not in kept]
+        assert not edited, f"{label}: changelog entries edited or removed: {edited}"
         unexplained = [c for c in loosened(tomllib.loads(old), tomllib.loads(new)) if not c.reason]
         assert not unexplained, f"{label}: loosened without a changelog reason:\n" + "\n".join(
             str(c) for c in unexplained

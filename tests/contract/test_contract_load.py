@@ -52,6 +52,18 @@ def test_default_contract_declares_every_op_class_and_dtype() -> None:
     assert contract.version in {entry.version for entry in contract.changelog}
 
 
+def test_model_rule_keys() -> None:
+    # NOTE: relations, not literals: the worst element is the noisier statistic, so its factor is
+    # never below the RMS factor; an empty baseline list means eager's own layout alone.
+    contract = load()
+    for dtype in FACTOR_DTYPES:
+        assert contract.model_tail_factor(dtype) >= contract.model_factor(dtype)
+    assert set(contract.baseline_layouts) <= set(plait.contract.LAYOUTS)
+    data = default_data()
+    data["model"]["baseline_layouts"] = []
+    assert from_data(data).baseline_layouts == ()
+
+
 def test_integers_and_bools_are_exact_everywhere() -> None:
     contract = load()
     for op_class in OP_CLASSES:
@@ -100,7 +112,7 @@ def test_contract_is_immutable() -> None:
     with pytest.raises(TypeError):
         contract.tolerances[("model", "float32")] = contract.tolerance("model", "float64")  # type: ignore[index]
     with pytest.raises(TypeError):
-        contract.data["op"]["model"] = {}  # type: ignore[index]
+        contract.data["op"]["model"] = {}
     tol = contract.tolerance("model", "float32")
     with pytest.raises(dataclasses.FrozenInstanceError):
         tol.rtol = 1.0  # type: ignore[misc]
@@ -145,6 +157,20 @@ MALFORMED = {
     "reason must be a non-empty string": lambda d: d["changelog"][0].update(reason=" "),
     "order_preserving must be true or false": lambda d: d["bitwise"].update(order_preserving=1),
     "gradcheck.eps must be finite and > 0": lambda d: d["gradcheck"].update(eps=0.0),
+    "baseline_layouts: unknown layout 'nhwc'": lambda d: d["model"].update(
+        baseline_layouts=["contiguous", "nhwc"]
+    ),
+    "baseline_layouts must be a list": lambda d: d["model"].update(baseline_layouts="contiguous"),
+    "missing model.baseline_layouts": lambda d: d["model"].pop("baseline_layouts"),
+    "model.tail_factor: missing dtype 'bfloat16'": lambda d: d["model"]["tail_factor"].pop(
+        "bfloat16"
+    ),
+    "tail_factor.float32 must be >= model.factor.float32": lambda d: d["model"][
+        "tail_factor"
+    ].update(float32=1.5),
+    "baseline_layouts: a layout is named twice": lambda d: d["model"].update(
+        baseline_layouts=["channels_last", "channels_last"]
+    ),
 }
 
 
@@ -158,10 +184,12 @@ def test_invalid_toml_text_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ContractError, match="not valid TOML"):
         parse("schema_version = = 1")
     path = tmp_path / "bad.toml"
+    # NOTE: a schema 1 file (factor on the worst error, no baseline layouts) is refused, never
+    # reinterpreted under schema 2's meaning.
     path.write_text(
-        plait.contract.default_text().replace("schema_version = 1", "schema_version = 2")
+        plait.contract.default_text().replace("schema_version = 2", "schema_version = 1")
     )
-    with pytest.raises(ContractError, match=f"{path}: schema_version must be 1"):
+    with pytest.raises(ContractError, match=f"{path}: schema_version must be 2"):
         load(path)
 
 

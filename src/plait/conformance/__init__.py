@@ -18,10 +18,11 @@ from plait.conformance.compare import Budget, unit_roundoff
 from plait.conformance.draws import LAYOUTS, draw_like
 from plait.conformance.gate import check
 from plait.conformance.gradcheck import gradcheck_fd
-from plait.conformance.report import ConformanceError, Failure, Report
+from plait.conformance.report import Anchored, ConformanceError, Failure, Report
 
 __all__ = [
     "LAYOUTS",
+    "Anchored",
     "Budget",
     "ConformanceError",
     "Failure",

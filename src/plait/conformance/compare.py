@@ -4,9 +4,11 @@ Rules, in order, for a floating-point tensor (integers and bools must be equal):
 1. NaN and Inf must match in position and kind, whatever the tolerances.
 2. ``bitwise``: every element identical (order-preserving transforms, determinism).
 3. elementwise: ``|a - e| <= atol * max(1, S) + rtol * |e|``, ``S`` the largest finite ``|e|``.
-4. anchored, when a float64 reference ``z`` exists:
-   ``max|a - z| <= factor * max|e - z| + floor * u * max|z|`` (``u`` the unit roundoff),
-   pooled over draws by :class:`~plait.conformance.anchor.AnchorPool`.
+4. anchored, when a float64 reference ``z`` exists, pooled over draws by
+   :class:`~plait.conformance.anchor.AnchorPool` (``u`` the unit roundoff, ``e`` the least
+   accurate of eager's runs over the contract's baseline layouts):
+   ``rms(a - z) <= factor * rms(e - z) + floor * u * rms(z)`` and
+   ``max|a - z| <= tail_factor * max|e - z| + floor * u * max|z|``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import torch
 
-from plait.conformance.anchor import AnchorPool
+from plait.conformance.anchor import AnchorPool, ModelRule
 from plait.conformance.anchor import index_of as _index
 from plait.conformance.anchor import value_at as _at
 from plait.conformance.report import Failure, Report
@@ -33,6 +35,7 @@ class Budget:
     floor: float
     bitwise: bool = False
     noise_bits: float | None = None
+    tail_factor: float | None = None
 
 
 def compare(
@@ -46,19 +49,33 @@ def compare(
     *,
     pool: AnchorPool | None = None,
     group: str = "",
+    baselines: dict[str, Any] | None = None,
 ) -> bool:
     """Judge ``actual`` against ``expected`` (and the float64 ``anchor``); record failures.
 
     The anchored rule goes to ``pool`` (judged when the pool is finalized, over all draws of
-    ``group``), or is judged at once on this case alone when there is no pool.
+    ``group``), or is judged at once on this case alone when there is no pool. ``baselines``:
+    eager's values in other layouts on the same inputs (by layout), candidates for the baseline.
     Returns True when no error was recorded (so far).
     """
     before = len(report.errors)
     if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
         _compare_plain(report, where, case, expected, actual)
     elif _same_meta(report, where, case, expected, actual):
-        _compare_tensors(report, where, case, expected, actual, budget, anchor, pool, group)
+        anchored = _Anchoring(anchor, pool, group, baselines or {})
+        _compare_tensors(report, where, case, expected, actual, budget, anchored)
     return len(report.errors) == before
+
+
+@dataclass(frozen=True)
+class _Anchoring:
+    """Where the anchored rule's statistics go: the float64 value, the pool and its group, and
+    eager's values in the other baseline layouts."""
+
+    anchor: Any
+    pool: AnchorPool | None
+    group: str
+    baselines: dict[str, Any]
 
 
 def identical(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -122,9 +139,7 @@ def _compare_tensors(
     e_raw: torch.Tensor,
     a_raw: torch.Tensor,
     budget: Budget,
-    anchor: Any,
-    pool: AnchorPool | None,
-    group: str,
+    anchoring: _Anchoring,
 ) -> None:
     if e_raw.numel() == 0:
         return
@@ -139,17 +154,34 @@ def _compare_tensors(
         return
     finite = torch.isfinite(e) & torch.isfinite(a)
     _elementwise(report, where, case, e, a, finite, budget)
+    anchor = anchoring.anchor
     if budget.factor is None or not isinstance(anchor, torch.Tensor):
         return
     z = _as_real64(anchor)
     if z.shape != e.shape:
         return
     dtype = e_raw.dtype if e_raw.dtype.is_floating_point else torch.float32
+    tail = budget.tail_factor if budget.tail_factor is not None else budget.factor
     floor = budget.floor * unit_roundoff(dtype)
-    target = pool if pool is not None else AnchorPool()
+    rule = ModelRule(budget.factor, tail, floor, budget.noise_bits)
+    target = anchoring.pool if anchoring.pool is not None else AnchorPool()
     mask = finite & torch.isfinite(z)
-    target.add(where, group, case, e, a, z, mask, budget.factor, floor, budget.noise_bits)
-    if pool is None:
+    # NOTE: eager in another layout sets the baseline only where it is what a candidate may be:
+    # the same value within the elementwise budget (not other random numbers, say).
+    others = {}
+    for layout, other in anchoring.baselines.items():
+        if isinstance(other, torch.Tensor) and other.dtype == e_raw.dtype:
+            o = _as_real64(other)
+            same = o.shape == e.shape and torch.equal(torch.isfinite(o), torch.isfinite(e))
+            if same and not bool(_outside(e, o, finite, budget).any()):
+                others[layout] = o
+                continue
+        report.note(
+            f"{where} ({anchoring.group}): eager in layout {layout} is not a baseline: it differs "
+            "from eager beyond the elementwise budget (random numbers drawn in memory order?)"
+        )
+    target.add(where, anchoring.group, case, e, a, z, mask, rule, others)
+    if anchoring.pool is None:
         target.finalize(report)
 
 
@@ -223,12 +255,12 @@ def _elementwise(
     report.count("tolerance")
     if not bool(finite.any()):
         return
+    over = _outside(e, a, finite, budget)
+    if not bool(over.any()):
+        return
     scale = max(1.0, float(e[finite].abs().max()))
     err = (a - e).abs().where(finite, torch.zeros((), dtype=e.dtype))
     allowed = budget.tol.atol * scale + budget.tol.rtol * e.abs()
-    over = err > allowed
-    if not bool(over.any()):
-        return
     score = torch.where(allowed > 0, err / allowed, torch.where(over, math.inf, 0.0))
     idx = _index(int(score.reshape(-1).argmax()), e.shape)
     msg = (
@@ -241,6 +273,17 @@ def _elementwise(
             _at(err, idx), _at(allowed, idx),
         )
     )  # fmt: skip
+
+
+def _outside(
+    e: torch.Tensor, a: torch.Tensor, finite: torch.Tensor, budget: Budget
+) -> torch.Tensor:
+    """Where ``a`` is outside the elementwise budget around ``e`` (finite positions only)."""
+    if not bool(finite.any()):
+        return torch.zeros_like(finite)
+    scale = max(1.0, float(e[finite].abs().max()))
+    err = (a - e).abs().where(finite, torch.zeros((), dtype=e.dtype))
+    return err > budget.tol.atol * scale + budget.tol.rtol * e.abs()
 
 
 def _as_real64(t: torch.Tensor) -> torch.Tensor:

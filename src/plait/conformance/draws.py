@@ -14,12 +14,13 @@ from typing import Any
 
 import torch
 
+import plait.contract
 from plait.conformance.tree import leaves, map_tensors
 
 Args = tuple[Any, ...]
 Factory = Callable[[int], Any]
 
-LAYOUTS = ("contiguous", "channels_last")
+LAYOUTS = plait.contract.LAYOUTS
 
 
 @dataclass(frozen=True)

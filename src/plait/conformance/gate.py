@@ -141,11 +141,12 @@ def _check_case(
     pooled = not case.label.startswith("stress")
     z = anchor.run(case.args, r1, seed, cot, grads, report) if pooled else None
     group = f"layout {case.layout}, device {case.device_name}" if pooled else None
+    others = _baseline_runs(judge, case, ref, seed, cot, grads) if z is not None else {}
     first = run(cand, case.args, rng_seed=seed, grads=grads, cuda=cuda)
     _backward(first, cand, cot, grads)
     if _raised(report, first, label, "first call"):
         return
-    judge_run(report, judge, label, r1, first, z, group=group)
+    judge_run(report, judge, label, r1, first, z, group=group, baselines=others)
     check_input_aliases(report, label, r1, first)
     snapshot = _snapshot(first)
     poison(first, ref.storages() | cand.storages() | first.input_storages)
@@ -159,6 +160,39 @@ def _check_case(
     else:
         report.note(f"{label}: eager is itself nondeterministic here; call 2 judged by tolerance")
         judge_run(report, judge, label + ", call 2", r1, second, z)
+
+
+def _baseline_runs(
+    judge: Judge,
+    case: Case,
+    ref: Program,
+    seed: int,
+    cot: dict[str, torch.Tensor],
+    grads: bool,
+) -> dict[str, Run]:
+    """Eager on the same inputs in each of the contract's baseline layouts other than the case's
+    own (where the layout changes an input): PyTorch picks other kernels there, of other accuracy,
+    and the model rule's baseline is the least accurate of them."""
+    out = {}
+    for layout in judge.contract.baseline_layouts:
+        if layout == case.layout:
+            continue
+        args, _ = apply_layout(case.args, layout)
+        if not _restrided(case.args, args):
+            continue
+        result = run(ref, args, rng_seed=seed, grads=grads, cuda=_uses_cuda(case))
+        _backward(result, ref, cot, grads)
+        if result.error is None:
+            out[layout] = result
+    return out
+
+
+def _restrided(before: Args, after: Args) -> bool:
+    old, new = leaves(before, "input"), leaves(after, "input")
+    return any(
+        isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.stride() != b.stride()
+        for (_, a), (_, b) in zip(old, new, strict=True)
+    )
 
 
 def _backward(result: Run, program: Program, cot: dict[str, torch.Tensor], grads: bool) -> None:

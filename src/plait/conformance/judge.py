@@ -34,12 +34,13 @@ class Judge:
             key = dtype_key(dtype)
         except ValueError:
             key = "float64"  # NOTE: complex and exotic dtypes: judged as their widest real row.
-        factor, floor = None, 0.0
+        factor, floor, tail = None, 0.0, None
         if anchored and key in FACTOR_DTYPES:
             factor, floor = self.contract.model_factor(key), self.contract.model_floor(key)
+            tail = self.contract.model_tail_factor(key)
         bitwise = self.bitwise and self.contract.bitwise_order_preserving
         tol = self.contract.tolerance(self.op_class, key)
-        return Budget(tol, factor, floor, bitwise, self.contract.noise_bits)
+        return Budget(tol, factor, floor, bitwise, self.contract.noise_bits, tail)
 
     def nondeterminism_allowed(self, value: Any) -> bool:
         if not isinstance(value, torch.Tensor):
@@ -59,10 +60,21 @@ def values(result: Run) -> Values:
     return named
 
 
+# NOTE: prefixes a wrapper puts before the wrapped module's state names: torch.compile's
+# OptimizedModule (``_orig_mod.``), DataParallel and DistributedDataParallel (``module.``).
+WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
 def align(ref: Values, cand: Values) -> dict[str, str]:
-    """Map each reference name to the candidate's: exact, or the unique candidate name that ends
-    with it after a module prefix (``buffer[m.bn.running_mean]`` for ``buffer[bn.running_mean]``).
+    """Map each reference name to the candidate's: exact; else the candidate name that is exact
+    once wrapper prefixes are peeled off (``buffer[_orig_mod.bn.running_mean]`` for
+    ``buffer[bn.running_mean]``, fewest peeled first); else the unique candidate name that ends
+    with it after a module prefix (``buffer[m.bn.running_mean]``).
     """
+    peeled: dict[str, list[tuple[int, str]]] = {}
+    for name in cand:
+        for depth, bare in enumerate(_unwrapped(name)[1:], start=1):
+            peeled.setdefault(bare, []).append((depth, name))
     out = {}
     for name in ref:
         if name in cand:
@@ -71,9 +83,26 @@ def align(ref: Values, cand: Values) -> dict[str, str]:
         kind, _, inner = name.partition("[")
         if kind not in ("buffer", "grad") or not inner:
             continue
-        hits = [c for c in cand if c.startswith(kind + "[") and c.endswith("." + inner)]
-        if len(hits) == 1:
-            out[name] = hits[0]
+        hits = peeled.get(name, [])
+        nearest = [c for depth, c in hits if depth == min(d for d, _ in hits)] if hits else []
+        if len(nearest) == 1:
+            out[name] = nearest[0]
+            continue
+        ends = [c for c in cand if c.startswith(kind + "[") and c.endswith("." + inner)]
+        if len(ends) == 1:
+            out[name] = ends[0]
+    return out
+
+
+def _unwrapped(name: str) -> list[str]:
+    """``name`` and each name left as wrapper prefixes are peeled off its state path."""
+    kind, _, inner = name.partition("[")
+    if kind not in ("buffer", "grad") or not inner:
+        return [name]
+    out = [name]
+    while prefix := next((p for p in WRAPPER_PREFIXES if inner.startswith(p)), None):
+        inner = inner[len(prefix) :]
+        out.append(f"{kind}[{inner}")
     return out
 
 
@@ -87,13 +116,16 @@ def judge_run(
     *,
     group: str | None = None,
     against: Run | None = None,
+    baselines: dict[str, Run] | None = None,
 ) -> None:
     """Compare ``cand`` with ``ref`` (or, for determinism, bitwise with ``against``).
 
     Anchored statistics go to the judge's pool under ``group``; no group, no anchored rule.
+    ``baselines`` are the reference's runs in other layouts on the same inputs (by layout).
     """
     ref_vals, cand_vals = values(ref), values(cand)
     z_vals = values(anchor) if anchor is not None else {}
+    other_vals = {layout: values(run) for layout, run in (baselines or {}).items()}
     prev = values(against) if against is not None else {}
     names = align(ref_vals, cand_vals)
     for name in cand.not_differentiable if against is None else []:
@@ -115,9 +147,10 @@ def judge_run(
         anchored = group is not None and isinstance(z, torch.Tensor) and z.dtype == torch.float64
         budget = judge.budget(expected, anchored)
         anchor_value = z if anchored else None
+        others = {layout: vals.get(name) for layout, vals in other_vals.items()}
         compare(
             report, name, case, expected, actual, budget, anchor_value,
-            pool=judge.pool, group=group or "",
+            pool=judge.pool, group=group or "", baselines=others if anchored else None,
         )  # fmt: skip
 
 

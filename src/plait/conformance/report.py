@@ -48,12 +48,54 @@ class Failure:
         return head + ("\n          " + "; ".join(parts) if parts else "")
 
 
+@dataclass(frozen=True)
+class Anchored:
+    """The model rule's statistics for one value, pooled over the draws of one layout and device.
+
+    ``rms_error`` is the candidate's RMS error against float64, ``rms_eager`` eager's (in the
+    case's own layout), ``rms_baseline`` the one the factor scaled (the largest over the
+    contract's baseline layouts; ``baseline_from`` says whose) and ``rms_budget`` what the rule
+    allowed; ``error``, ``eager``, ``baseline`` and ``budget`` the same for the worst element
+    and the tail factor. ``rms_scale`` and ``scale`` are the RMS and largest magnitude of the
+    float64 value. ``factor``, ``tail_factor`` and ``floor`` (times the dtype's unit roundoff) are
+    the rule that was applied.
+    """
+
+    rms_error: float
+    rms_eager: float
+    rms_baseline: float
+    rms_budget: float
+    error: float
+    eager: float
+    baseline: float
+    budget: float
+    baseline_from: str
+    rms_scale: float
+    scale: float
+    draws: int
+    factor: float
+    tail_factor: float
+    floor: float
+
+    @property
+    def shares(self) -> tuple[float, float]:
+        """The shares of the RMS budget and of the worst-element budget used."""
+        return _ratio(self.rms_error, self.rms_budget), _ratio(self.error, self.budget)
+
+
+def _ratio(error: float, budget: float) -> float:
+    if budget > 0:
+        return error / budget
+    return 0.0 if error == 0 else float("inf")
+
+
 @dataclass
 class Report:
     """The gate's verdict. ``ok`` is True when no failure has severity ``"error"``.
 
     ``margins`` maps each anchored value to the share of its model-rule budget it used (worst
-    error / budget; above 1 is a failure), to show how close a passing candidate came.
+    error / budget; above 1 is a failure), to show how close a passing candidate came;
+    ``anchored`` holds the statistics behind each (:class:`Anchored`).
 
     Example:
         >>> r = Report()
@@ -69,6 +111,7 @@ class Report:
     checks_run: Counter[str] = field(default_factory=Counter)
     contract_version: str = ""
     margins: dict[str, float] = field(default_factory=dict)
+    anchored: dict[str, Anchored] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -28,6 +28,7 @@ from plait.contract.model import (
     DTYPES,
     FACTOR_DTYPES,
     FLOAT_DTYPES,
+    LAYOUTS,
     OP_CLASSES,
     ChangelogEntry,
     Contract,
@@ -54,7 +55,7 @@ def load(path: str | Path | None = None) -> Contract:
 
     Example:
         >>> load().version
-        '1.0.0'
+        '1.1.0'
     """
     if path is None:
         return parse(default_text(), source=f"plait/contract/{DEFAULT_RESOURCE}")
@@ -65,6 +66,7 @@ __all__ = [
     "DTYPES",
     "FACTOR_DTYPES",
     "FLOAT_DTYPES",
+    "LAYOUTS",
     "OP_CLASSES",
     "ChangelogEntry",
     "Contract",

@@ -42,12 +42,12 @@ def loosened(
     today's validation can still be compared).
 
     Example:
-        >>> old = {"model": {"factor": {"float32": 2.0}}, "changelog": []}
-        >>> new = {"model": {"factor": {"float32": 2.5}}, "changelog": [
+        >>> old = {"model": {"floor": {"float32": 4.0}}, "changelog": []}
+        >>> new = {"model": {"floor": {"float32": 5.0}}, "changelog": [
         ...     {"version": "1.1", "reason": "flaky on tiny tensors",
-        ...      "changes": ["model.factor.float32"]}]}
+        ...      "changes": ["model.floor.float32"]}]}
         >>> [str(x) for x in loosened(old, new)]
-        ['model.factor.float32: 2.0 -> 2.5 (reason: flaky on tiny tensors)']
+        ['model.floor.float32: 4.0 -> 5.0 (reason: flaky on tiny tensors)']
     """
     old_data, new_data = _data(old), _data(new)
     old_keys, new_keys = budget_keys(old_data), budget_keys(new_data)
@@ -64,20 +64,28 @@ def loosened(
 def budget_keys(data: Mapping[str, Any]) -> dict[str, Any]:
     """Flatten a contract mapping to ``{"op.matmul.float32.rtol": 1e-05, ...}`` for comparison."""
     keys: dict[str, Any] = {}
+    if "schema_version" in data:
+        keys["schema_version"] = data["schema_version"]
     for op_class, rows in _mapping(data.get("op")).items():
         for dtype, row in _mapping(rows).items():
             for name, value in _mapping(row).items():
                 keys[f"op.{op_class}.{dtype}.{name}"] = value
     model = _mapping(data.get("model"))
-    for name in ("factor", "floor"):
+    for name in ("factor", "floor", "tail_factor"):
         table = model.get(name)
         if isinstance(table, Mapping):
             for dtype, value in table.items():
                 keys[f"model.{name}.{dtype}"] = value
         elif name in model:
             keys[f"model.{name}"] = table
+    if "tail_factor" not in model and isinstance(model.get("factor"), Mapping):
+        # NOTE: schema 1 judged the worst error by `factor`: that was its tail factor.
+        for dtype, value in model["factor"].items():
+            keys[f"model.tail_factor.{dtype}"] = value
     if "noise_bits" in model:
         keys["model.noise_bits"] = model["noise_bits"]
+    # NOTE: absent means none: the baseline is eager in the case's own layout alone (schema 1).
+    keys["model.baseline_layouts"] = tuple(model.get("baseline_layouts", ()))
     bitwise = _mapping(data.get("bitwise"))
     if "order_preserving" in bitwise:
         keys["bitwise.order_preserving"] = bitwise["order_preserving"]
@@ -104,6 +112,11 @@ def _looser(key: str, old: Any, new: Any) -> bool:
         return bool(new) and not bool(old)
     if leaf == "order_preserving":
         return bool(old) and not bool(new)
+    if leaf == "schema_version":
+        return bool(new != old)  # NOTE: a new schema changes what keys mean: say why.
+    if leaf == "baseline_layouts":
+        # NOTE: each layout added lets eager's error in it raise the baseline the factor scales.
+        return bool(set(new) - set(old))
     try:
         return float(new) > float(old)
     except (TypeError, ValueError):

@@ -20,7 +20,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 only
     import tomli as tomllib
 
-SCHEMA_VERSION = 1
+# Schema 2 (contract 1.1.0): model.factor judges the RMS error, model.tail_factor the worst error,
+# model.baseline_layouts names eager's runs that set the baseline. Schema 1 files (factor on the
+# worst error, eager's own layout alone) mean something else and are refused, not reinterpreted.
+SCHEMA_VERSION = 2
 
 OP_CLASSES: tuple[str, ...] = (
     "data_movement",
@@ -36,6 +39,8 @@ DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16", "integer
 FLOAT_DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16")
 # NOTE: dtypes the anchored model rule applies to: those narrower than the float64 anchor.
 FACTOR_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+# Memory layouts the gate can run a program in (plait.conformance.draws applies them).
+LAYOUTS: tuple[str, ...] = ("contiguous", "channels_last")
 
 # Width of each accumulation dtype, to reject an accumulator narrower than the values it sums.
 _WIDTH = {"bool": 1, "float16": 16, "bfloat16": 16, "float32": 32, "float64": 64, "int64": 64}
@@ -100,6 +105,12 @@ class GradcheckSpec:
 class Contract:
     """A loaded, validated, immutable numerical contract.
 
+    The model rule (docs/conformance.md): per value, the candidate's RMS error against float64
+    may exceed the baseline's by ``model_factor``, its worst error the baseline's worst by
+    ``model_tail_factor``, each plus ``model_floor`` units of roundoff x the value's scale. The
+    baseline is eager in the case's own layout and in each of ``baseline_layouts`` on the same
+    inputs, the least accurate of them.
+
     Example:
         >>> import plait.contract
         >>> c = plait.contract.load()
@@ -107,6 +118,8 @@ class Contract:
         2.0
         >>> c.tolerance("pointwise", "int64").exact
         True
+        >>> c.model_tail_factor("float32"), c.baseline_layouts
+        (4.0, ('contiguous', 'channels_last'))
     """
 
     version: str
@@ -114,7 +127,9 @@ class Contract:
     tolerances: Mapping[tuple[str, str], Tolerance]
     model_factors: Mapping[str, float]
     model_floors: Mapping[str, float]
+    model_tail_factors: Mapping[str, float]
     noise_bits: float
+    baseline_layouts: tuple[str, ...]
     bitwise_order_preserving: bool
     gradcheck: GradcheckSpec
     changelog: tuple[ChangelogEntry, ...]
@@ -128,7 +143,7 @@ class Contract:
         return self.tolerances[(op_class, dtype_key(dtype))]
 
     def model_factor(self, dtype: object) -> float:
-        """How far compiled error may exceed eager error against float64, for ``dtype``."""
+        """How far compiled RMS error may exceed eager's against float64, for ``dtype``."""
         key = dtype_key(dtype)
         if key not in self.model_factors:
             raise ContractError(
@@ -141,6 +156,11 @@ class Contract:
         """The anchored budget's floor for ``dtype``, in units of unit roundoff x largest value."""
         self.model_factor(dtype)  # NOTE: same rows, same error for the others.
         return self.model_floors[dtype_key(dtype)]
+
+    def model_tail_factor(self, dtype: object) -> float:
+        """How far compiled worst error may exceed eager's against float64, for ``dtype``."""
+        self.model_factor(dtype)
+        return self.model_tail_factors[dtype_key(dtype)]
 
 
 def dtype_key(dtype: object) -> str:
@@ -181,10 +201,10 @@ def from_data(data: Mapping[str, Any], source: str = "<data>") -> Contract:
     if not isinstance(version, str) or not version:
         raise fail("version must be a non-empty string")
     tolerances = _parse_ops(data.get("op"), fail)
-    factors, floors = _parse_model(data.get("model"), fail)
-    noise_bits = _positive(
-        _table(data["model"], "model", fail).get("noise_bits"), "model.noise_bits", fail
-    )
+    factors, floors, tails = _parse_model(data.get("model"), fail)
+    model = _table(data["model"], "model", fail)
+    noise_bits = _positive(model.get("noise_bits"), "model.noise_bits", fail)
+    baseline = _parse_layouts(model.get("baseline_layouts"), fail)
     bitwise = _table(data.get("bitwise"), "bitwise", fail).get("order_preserving")
     if not isinstance(bitwise, bool):
         raise fail("bitwise.order_preserving must be true or false")
@@ -203,7 +223,9 @@ def from_data(data: Mapping[str, Any], source: str = "<data>") -> Contract:
         tolerances=MappingProxyType(tolerances),
         model_factors=MappingProxyType(factors),
         model_floors=MappingProxyType(floors),
+        model_tail_factors=MappingProxyType(tails),
         noise_bits=noise_bits,
+        baseline_layouts=baseline,
         bitwise_order_preserving=bitwise,
         gradcheck=spec,
         changelog=changelog,
@@ -268,13 +290,36 @@ def _parse_row(row: Any, key: str, dtype: str, fail: Any) -> Tolerance:
     return Tolerance(rtol, atol, str(accum), nondet)
 
 
-def _parse_model(value: Any, fail: Any) -> tuple[dict[str, float], dict[str, float]]:
+def _parse_model(
+    value: Any, fail: Any
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     model = _table(value, "model", fail)
     factors = _per_dtype(model, "factor", fail)
+    tails = _per_dtype(model, "tail_factor", fail)
     for dtype, factor in factors.items():
         if factor < 1.0:
             raise fail(f"model.factor.{dtype} must be >= 1 (eager itself meets factor 1)")
-    return factors, _per_dtype(model, "floor", fail)
+        if tails[dtype] < factor:
+            raise fail(
+                f"model.tail_factor.{dtype} must be >= model.factor.{dtype}: a worst error is "
+                "a noisier statistic than an RMS error"
+            )
+    return factors, _per_dtype(model, "floor", fail), tails
+
+
+def _parse_layouts(value: Any, fail: Any) -> tuple[str, ...]:
+    if value is None:
+        raise fail("missing model.baseline_layouts (a list of layout names, possibly empty)")
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise fail(f"model.baseline_layouts must be a list of layout names, got {value!r}")
+    unknown = sorted(set(value) - set(LAYOUTS))
+    if unknown:
+        raise fail(
+            f"model.baseline_layouts: unknown layout {unknown[0]!r}; known: {', '.join(LAYOUTS)}"
+        )
+    if len(set(value)) != len(value):
+        raise fail("model.baseline_layouts: a layout is named twice")
+    return tuple(value)
 
 
 def _per_dtype(model: Mapping[str, Any], name: str, fail: Any) -> dict[str, float]:
