@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,8 @@ import torch
 from torch import nn
 
 from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
-from plait.cache import resolve_store
+from plait.cache import Store, resolve_store
+from plait.cache.snapshots import front_parts, load_snapshot, save_snapshot
 from plait.errors import (
     CaptureFallbackWarning,
     CompiledInputError,
@@ -44,6 +46,7 @@ from plait.frontend import (
     ModuleState,
     capture_program,
 )
+from plait.frontend.deps import CodeRecorder, Unpinnable, recording
 from plait.guards import StateFetcher
 from plait.ir import Graph, TensorType
 from plait.manifest import Explanation, Manifest, SpecializationReport
@@ -259,30 +262,63 @@ class _Engine:
         if self.state is not None and not self.state.structure_intact():
             self.state = ModuleState(self.state.module)
             self.fetch = StateFetcher(self.state)
-        prog = capture_program(
-            self.fn,
-            args,
-            kwargs,
-            fullgraph=self.fullgraph,
-            dynamic=self.dynamic,
-            adapter=self.adapter,
-            module_state=self.state,
-        )
+        store = resolve_store(self.cache)
+        start = time.perf_counter()
+        prog, parts, note = self._from_snapshot(store, env, paths)
+        seconds = {"cache.snapshot": time.perf_counter() - start}
+        recorder = None
+        if prog is None:
+            start = time.perf_counter()
+            with recording(parts is not None) as recorder:
+                prog = capture_program(
+                    self.fn,
+                    args,
+                    kwargs,
+                    fullgraph=self.fullgraph,
+                    dynamic=self.dynamic,
+                    adapter=self.adapter,
+                    module_state=self.state,
+                )
+            seconds["capture"] = time.perf_counter() - start
         _report(prog, stacklevel=4)
         state = self.fetch()
         backend, why = self.backend, "requested"
         if backend is None:
             backend, why = _default_backend(prog, state)
-        store = resolve_store(self.cache)
         request = CompileRequest(prog, backend, self.fullgraph, self.options, state, store)
         compiled = compile_program(request)
         compiled.manifest.options["backend_choice"] = why
+        compiled.manifest.timings.update(seconds)
+        if store is not None:
+            if recorder is not None and parts is not None:
+                note = _save_snapshot(store, parts, prog, recorder, compiled, note)
+            compiled.manifest.cache["capture"] = note
         spec = Specialization(prog, compiled, reason)
         self.specializations.append(spec)
         if reason is not None:
             self.recompile_reasons.append(reason)
         env = GuardEnv(env.spec, env.leaves, self.fn, state)
         return self._run(spec, env, state, args, kwargs)
+
+    def _from_snapshot(
+        self, store: Store | None, env: GuardEnv, paths: list[str]
+    ) -> tuple[CapturedProgram | None, dict[str, Any] | None, str]:
+        """The captured program saved for this call's front key, if one holds (else None),
+        the front key's parts (None: this program cannot have one) and what happened."""
+        if store is None:
+            return None, None, "captured: no cache"
+        request = {
+            "backend": self.backend,
+            "fullgraph": self.fullgraph,
+            "dynamic": self.dynamic,
+            "options": self.options,
+        }
+        try:
+            parts = front_parts(self.fn, env.spec, env.leaves, request)
+        except Unpinnable as exc:
+            return None, None, f"captured: {exc}"
+        prog, note = load_snapshot(store, parts, env.spec, env.leaves, paths, self.state, env.state)
+        return prog, parts, note
 
     def _limit_reached(self, reason: str, args: tuple, kwargs: dict) -> Any:
         """NOTE: never silent: an error by default; the eager fallback warns once and is
@@ -318,6 +354,26 @@ class _Engine:
         if s.executor is None:
             return self.fn(*args, **kwargs)  # the recorded eager fallback
         return s.program.run(s.executor, env, state)
+
+
+def _save_snapshot(
+    store: Store,
+    parts: dict[str, Any],
+    prog: CapturedProgram,
+    recorder: CodeRecorder | None,
+    compiled: Compiled,
+    note: str,
+) -> str:
+    """After a capture: save the program for warm starts when its artifact is cacheable."""
+    if recorder is None or compiled.manifest.cache.get("status") not in ("hit", "miss"):
+        return note
+    try:
+        key = save_snapshot(store, parts, prog, recorder.deps())
+    except Unpinnable as exc:
+        return f"{note}; no snapshot: {exc}"
+    except (OSError, ValueError) as exc:
+        return f"{note}; the snapshot could not be saved: {exc}"
+    return f"{note}; snapshot {key[:16]}… saved"
 
 
 def _check_kinds(prog: CapturedProgram, env: GuardEnv, paths: list[str]) -> None:

@@ -159,7 +159,8 @@ def test_hit_after_recompile_in_the_same_process(cache: Path) -> None:
         again(torch.randn(3, 3, 8, 8))
     assert [status(s) for s in compiled.specializations] == ["miss", "miss"]
     assert status(again.specializations[0]) == "hit"
-    assert len(LocalStore(cache).list()) == 2
+    kinds = [e.meta.get("kind", "artifact") for e in LocalStore(cache).list()]
+    assert sorted(kinds) == ["artifact", "artifact", "snapshot", "snapshot"]
 
 
 def test_process_specific_guard_is_never_cached(cache: Path) -> None:

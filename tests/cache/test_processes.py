@@ -1,6 +1,7 @@
-"""The artifact cache across processes: a warm start runs no pass, no planner dry run and no C++
-compiler, and gives the cold answer bit for bit; several processes compiling the same model at
-once into one cache all answer right and leave one entry that verifies clean."""
+"""The artifact cache across processes: a warm start captures nothing and runs no pass, no
+planner dry run and no C++ compiler, and gives the cold answer bit for bit; several processes
+compiling the same model at once into one cache all answer right and leave one entry that
+verifies clean."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from plait.codegen import build
 from tests.cache.helpers import convnet, sample
 mode = sys.argv[1]
 if mode == "warm":
+    import plait.api
     import plait.backends
     from plait.codegen import fusion
 
@@ -34,6 +36,11 @@ if mode == "warm":
         raise AssertionError("a pass ran on a warm start")
 
     plait.backends.run_pipeline = refuse
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("a warm start captured the program")
+
+    plait.api.capture_program = no_capture
     real = fusion._Planner._dry_run
 
     def dry_run(self, step):
@@ -48,6 +55,7 @@ with torch.no_grad():
 spec = compiled.specializations[0]
 print(json.dumps({
     "status": spec.manifest.cache["status"],
+    "capture": spec.manifest.cache["capture"],
     "out": out.flatten().tolist(),
     "compiles": build.STATS["compiles"],
     "kernels": len(spec.manifest.kernels.get("kernels", [])),
@@ -87,6 +95,8 @@ def test_warm_start_runs_no_pass_and_no_compiler(tmp_path: Path) -> None:
     assert cold["status"] == "miss" and cold["kernels"] > 0 and cold["compiles"] > 0
     warm = _result(_child(cache, "warm", PLAIT_STAX_NO_COMPILE="1"))
     assert warm["status"] == "hit" and warm["compiles"] == 0
+    assert warm["capture"].startswith("snapshot"), warm["capture"]
+    assert cold["capture"].startswith("captured") and "saved" in cold["capture"]
     assert warm["out"] == cold["out"]  # NOTE: bit for bit (JSON floats round-trip exactly)
     assert "passes" not in warm["timings"] and "cache.rebuild" in warm["timings"]
 
@@ -104,6 +114,7 @@ def test_processes_compiling_at_once_share_one_consistent_entry(tmp_path: Path) 
     store = LocalStore(cache / "artifacts")
     report = store.verify()
     assert report.ok, report
-    assert store.stat().entries == 1
+    kinds = sorted(str(e.meta.get("kind", "artifact")) for e in store.list())
+    assert kinds == ["artifact", "snapshot"]  # NOTE: one of each, however many wrote them
     warm = _result(_child(cache, "warm", PLAIT_STAX_NO_COMPILE="1"))
     assert warm["status"] == "hit" and warm["out"] == results[0]["out"]

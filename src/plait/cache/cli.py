@@ -71,9 +71,13 @@ def stats(root: Path | None, as_json: bool) -> None:
         return
     click.echo(str(st))
     click.echo(f"kernels: {len(kernels)} files, {kernel_bytes / 2**20:.1f} MiB")
-    for e in store.list()[:10]:
+    entries = store.list()
+    snapshots = sum(e.meta.get("kind") == "snapshot" for e in entries)
+    click.echo(f"{len(entries) - snapshots} compiled artifacts, {snapshots} captured programs")
+    for e in entries[:10]:
         source = str(e.meta.get("source") or "?")[:16]
-        click.echo(f"  {e.key[:16]}…  {e.size / 2**20:8.1f} MiB  source {source}…")
+        kind = "program" if e.meta.get("kind") == "snapshot" else "artifact"
+        click.echo(f"  {e.key[:16]}…  {kind:8}  {e.size / 2**20:8.1f} MiB  source {source}…")
 
 
 @cache_group.command()
@@ -118,5 +122,9 @@ def explain_miss_command(manifest: Path, root: Path | None) -> None:
         click.echo(f"hit: entry {digest[:16]}… is in the cache")
         return
     click.echo(f"miss: {digest[:16]}… is not in {store.root}")
-    known = [(e.key, (store.read_meta(e.key) or {}).get("parts", {})) for e in entries]
+    known = [
+        (e.key, (store.read_meta(e.key) or {}).get("parts", {}))
+        for e in entries
+        if e.meta.get("kind") != "snapshot"
+    ]
     click.echo(str(explain_miss(parts, known)))

@@ -226,7 +226,7 @@ def cached_compile(
 def _entry_parts(store: Any, limit: int = 256) -> list[tuple[str, Any]]:
     """The key parts of the most recently used entries (read from their heads)."""
     try:
-        keys = [e.key for e in store.list()[:limit]]
+        keys = [e.key for e in store.list()[:limit] if e.meta.get("kind") != "snapshot"]
     except OSError:
         return []
     out = []

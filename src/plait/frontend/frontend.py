@@ -28,13 +28,13 @@ from torch import nn
 
 from plait.errors import GraphCaptureError
 from plait.frontend import guard_build, pytree
-from plait.frontend.guards import Guard, GuardSet
+from plait.frontend.guard_plan import GuardPlan, build_guards
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
 from plait.frontend.state import ModuleState
 from plait.frontend.symints import TracedInt, TracedSize
 from plait.frontend.tracer import CaptureContext, Lift, Restart, Tracer
-from plait.ir import TensorType, Value, semantic_hash
+from plait.ir import Value, semantic_hash
 
 _KIND_RANK = {"user": 0, "param": 1, "buffer": 2, "const": 3}
 
@@ -265,10 +265,11 @@ def _finish(
     slots = [_slot(lift_of[id(v)]) for v in graph.inputs]
     cx.builder.output(*values)
     built = cx.builder.build()
-    guards = _guards(cx, spec, leaves, paths, ms, state, slots, mutations)
+    plan = _plan(cx, ms, slots, mutations)
     return CapturedProgram(
         graph=built,
-        guards=guards,
+        guards=build_guards(plan, spec, leaves, paths, ms, state),
+        guard_plan=plan,
         semantic_hash=semantic_hash(built),
         inputs=slots,
         out_spec=out_spec,
@@ -292,65 +293,26 @@ def _slot(lift: Lift) -> InputSlot:
     return InputSlot("const", lift.ref)
 
 
-def _guards(
+def _plan(
     cx: CaptureContext,
-    spec: Any,
-    leaves: list[Any],
-    paths: list[str],
     ms: ModuleState | None,
-    state: list[Any],
     slots: list[InputSlot] | None,
     mutations: list[tuple[Lift, int]],
-) -> GuardSet:
-    guards: list[Guard] = [guard_build.structure_guard(spec, leaves, paths)]
-    user_types = {lift.ref: lift.type for lift in cx.lifts if lift.kind == "user"}
-    for i, (leaf, path) in enumerate(zip(leaves, paths)):
-        if isinstance(leaf, torch.Tensor):
-            ty = user_types.get(i) or TensorType.of(leaf)
-            guards += guard_build.tensor_guards(i, path, leaf, ty)
-        else:
-            guards.append(guard_build.scalar_guard(i, path, leaf))
-    for pred in cx.predicates.values():
-        redundant = not any(s in cx.bindings for s in pred[0].free_symbols)
-        guards += guard_build.predicate_guards([pred], cx.symbols, redundant)
-    if cx.dynamic:
-        guards += guard_build.symbol_guards(cx.symbols, cx.bindings, cx.duck)
-    if any(lift.kind == "user" for lift, _ in mutations):
-        guards.append(_no_alias_guard(leaves))
-    guards += guard_build.ambient_guards()
-    used: list[int] = []
-    if ms is not None:
-        used = (
-            sorted(s.ref for s in slots or [] if s.source == "state")
-            if slots is not None
-            else list(range(len(ms.entries)))
-        )
-        guards += guard_build.module_guards(ms, used, state or ms.fetch())
-    if cx.layout_read is not None:
-        live = state or (ms.fetch() if ms is not None else [])
-        guards.append(guard_build.layout_guard(cx.layout_read, leaves, paths, used, live))
-    return GuardSet(guards)
-
-
-def _distinct_memory(tensors: list[torch.Tensor]) -> bool:
-    ptrs = [p for p in (t.untyped_storage().data_ptr() for t in tensors) if p]
-    return len(ptrs) == len(set(ptrs))
-
-
-def _no_alias_guard(leaves: list[Any]) -> Guard:
-    tensor_ix = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    if not _distinct_memory([leaves[i] for i in tensor_ix]):
-        raise GraphCaptureError(
-            "inputs",
-            "the program writes an input that shares memory with another input",
-            kind="limitation",
-        )
-    return Guard(
-        "alias",
-        "inputs",
-        "tensor inputs do not share memory",
-        True,
-        lambda env: _distinct_memory([env.leaves[i] for i in tensor_ix]),
+) -> GuardPlan:
+    """What the guards depend on besides the call (the call's own values come at build)."""
+    used = None
+    if ms is not None and slots is not None:
+        used = sorted(s.ref for s in slots if s.source == "state")
+    return GuardPlan(
+        user_types={lift.ref: lift.type for lift in cx.lifts if lift.kind == "user"},
+        predicates=list(cx.predicates.values()),
+        symbols=dict(cx.symbols),
+        bindings=dict(cx.bindings),
+        duck=list(cx.duck),
+        dynamic=cx.dynamic,
+        alias=any(lift.kind == "user" for lift, _ in mutations),
+        used=used,
+        layout_read=cx.layout_read,
     )
 
 
@@ -363,10 +325,11 @@ def _fallback(
     ms: ModuleState | None,
 ) -> CapturedProgram:
     """The documented fallback: run eagerly, under the guards read before the failure."""
-    guards = _guards(cx, spec, leaves, paths, ms, [], None, [])
+    plan = _plan(cx, ms, None, [])
     return CapturedProgram(
         graph=None,
-        guards=guards,
+        guards=build_guards(plan, spec, leaves, paths, ms),
+        guard_plan=plan,
         semantic_hash=None,
         opaque_counts=dict(cx.opaque_counts),
         fallback_reason=str(err),

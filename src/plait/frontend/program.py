@@ -53,6 +53,7 @@ class CapturedProgram:
     fallback_reason: str | None = None
     dynamic: bool = False
     specialized: list[str] = field(default_factory=list)  # dynamic=True: sizes made static, why
+    guard_plan: Any = None  # the GuardPlan the guards were built from (None: built otherwise)
 
     def graph_inputs(self, env: GuardEnv, state: Sequence[torch.Tensor]) -> list[Any]:
         out: list[Any] = []

@@ -1,0 +1,152 @@
+"""A specialization's guards as data: what capture learned, apart from the call it saw.
+
+Capture fills a :class:`GuardPlan` (the input types it traced, the size comparisons the program
+made, the symbols of dynamic dims, whether it wrote an input, which parameters it read, where it
+read a layout); :func:`build_guards` turns a plan and a call into the guard set. Capture builds
+its guards that way, and a warm start rebuilds them from a saved plan (:meth:`GuardPlan.to_json`)
+and the call at hand, without capturing: the guards' cache-key texts then say whether that call
+is one the plan was made for.
+
+Example:
+    >>> import torch
+    >>> from plait.frontend import InputAdapter, capture_program
+    >>> f = lambda x: x.relu() if x.shape[0] > 2 else x
+    >>> x = torch.randn(4, 8)
+    >>> prog = capture_program(f, (x,))
+    >>> plan = GuardPlan.from_json(prog.guard_plan.to_json())
+    >>> spec, leaves, paths = InputAdapter(f).flatten((x,), {})
+    >>> build_guards(plan, spec, leaves, paths).key_texts() == prog.guards.key_texts()
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+
+from plait.errors import GraphCaptureError
+from plait.frontend import guard_build
+from plait.frontend.guards import Guard, GuardSet
+from plait.frontend.state import ModuleState
+from plait.ir import TensorType
+from plait.ir.text import format_type, parse_type
+from plait.symbolic.dims import parse_dim, symbol
+
+_RELATIONS = {">": sympy.Gt, ">=": sympy.Ge, "<": sympy.Lt, "<=": sympy.Le, "==": sympy.Eq}
+
+
+@dataclass
+class GuardPlan:
+    """What the guards of a specialization depend on besides the call (see the module doc)."""
+
+    user_types: dict[int, TensorType] = field(default_factory=dict)
+    predicates: list[tuple[Any, bool]] = field(default_factory=list)  # (relation, outcome)
+    symbols: dict[Any, tuple[int, int, str]] = field(default_factory=dict)  # sym -> leaf, dim, src
+    bindings: dict[Any, int] = field(default_factory=dict)  # dynamic symbols -> capture size
+    duck: list[tuple[int, int, str, Any]] = field(default_factory=list)
+    dynamic: bool = False
+    alias: bool = False  # the program writes a user input: inputs must not share memory
+    used: list[int] | None = None  # state entries the graph reads (None: all)
+    layout_read: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON form; raises ``ValueError`` for a relation it cannot write."""
+        preds = []
+        for rel, outcome in self.predicates:
+            op = getattr(rel, "rel_op", None)
+            if op not in _RELATIONS:
+                raise ValueError(f"a size comparison {rel} has no saved form")
+            preds.append([op, str(rel.lhs), str(rel.rhs), bool(outcome)])
+        return {
+            "user_types": {str(i): format_type(t) for i, t in self.user_types.items()},
+            "predicates": preds,
+            "symbols": [[str(s), i, d, src] for s, (i, d, src) in self.symbols.items()],
+            "bindings": [[str(s), n] for s, n in self.bindings.items()],
+            "duck": [[j, e, src, str(s)] for j, e, src, s in self.duck],
+            "dynamic": self.dynamic,
+            "alias": self.alias,
+            "used": self.used,
+            "layout_read": self.layout_read,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> GuardPlan:
+        types = {}
+        for i, text in doc["user_types"].items():
+            t = parse_type(text)
+            assert isinstance(t, TensorType)
+            types[int(i)] = t
+        return cls(
+            user_types=types,
+            predicates=[
+                (_RELATIONS[op](parse_dim(lhs), parse_dim(rhs), evaluate=False), outcome)
+                for op, lhs, rhs, outcome in doc["predicates"]
+            ],
+            symbols={symbol(s): (i, d, src) for s, i, d, src in doc["symbols"]},
+            bindings={symbol(s): n for s, n in doc["bindings"]},
+            duck=[(j, e, src, symbol(s)) for j, e, src, s in doc["duck"]],
+            dynamic=doc["dynamic"],
+            alias=doc["alias"],
+            used=doc["used"],
+            layout_read=doc["layout_read"],
+        )
+
+
+def build_guards(
+    plan: GuardPlan,
+    spec: Any,
+    leaves: Sequence[Any],
+    paths: Sequence[str],
+    ms: ModuleState | None = None,
+    state: Sequence[torch.Tensor] = (),
+) -> GuardSet:
+    """The guard set of ``plan`` for the call ``(spec, leaves)`` and the module state."""
+    guards: list[Guard] = [guard_build.structure_guard(spec, leaves, paths)]
+    for i, (leaf, path) in enumerate(zip(leaves, paths)):
+        if isinstance(leaf, torch.Tensor):
+            ty = plan.user_types.get(i) or TensorType.of(leaf)
+            guards += guard_build.tensor_guards(i, path, leaf, ty)
+        else:
+            guards.append(guard_build.scalar_guard(i, path, leaf))
+    for pred in plan.predicates:
+        redundant = not any(s in plan.bindings for s in pred[0].free_symbols)
+        guards += guard_build.predicate_guards([pred], plan.symbols, redundant)
+    if plan.dynamic:
+        guards += guard_build.symbol_guards(plan.symbols, plan.bindings, plan.duck)
+    if plan.alias:
+        guards.append(_no_alias_guard(leaves))
+    guards += guard_build.ambient_guards()
+    used: list[int] = []
+    if ms is not None:
+        used = list(plan.used) if plan.used is not None else list(range(len(ms.entries)))
+        guards += guard_build.module_guards(ms, used, state or ms.fetch())
+    if plan.layout_read is not None:
+        live = state or (ms.fetch() if ms is not None else [])
+        guards.append(guard_build.layout_guard(plan.layout_read, leaves, paths, used, live))
+    return GuardSet(guards)
+
+
+def _distinct_memory(tensors: list[torch.Tensor]) -> bool:
+    ptrs = [p for p in (t.untyped_storage().data_ptr() for t in tensors) if p]
+    return len(ptrs) == len(set(ptrs))
+
+
+def _no_alias_guard(leaves: Sequence[Any]) -> Guard:
+    tensor_ix = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    if not _distinct_memory([leaves[i] for i in tensor_ix]):
+        raise GraphCaptureError(
+            "inputs",
+            "the program writes an input that shares memory with another input",
+            kind="limitation",
+        )
+    return Guard(
+        "alias",
+        "inputs",
+        "tensor inputs do not share memory",
+        True,
+        lambda env: _distinct_memory([env.leaves[i] for i in tensor_ix]),
+    )

@@ -1,0 +1,173 @@
+"""A captured program as a JSON document, and back, for a warm start that does not capture.
+
+:func:`program_doc` writes everything a :class:`CapturedProgram` holds besides the call: the
+graph (IR text), where its inputs come from, the output structure, the writes back, the guard
+plan and the guards' key texts. :func:`program_from_doc` rebuilds the program for a new call:
+the guards come from the plan and the call, and must write the same key texts as capture's did,
+else :class:`Unpinnable` says the call is not one the document was made for. Loading reads JSON
+and IR text only: it never imports, unpickles or runs code from the document.
+
+A program that cannot be written (a constant tensor captured from the program's environment, an
+output holding an arbitrary object, a type that cannot be found again by name) raises
+:class:`Unpinnable` when written: it is captured on every warm start.
+
+Example:
+    >>> import torch
+    >>> from plait.frontend import InputAdapter, capture_program
+    >>> f = lambda x: (x * 2, x.shape[0])
+    >>> x = torch.randn(3)
+    >>> doc = program_doc(capture_program(f, (x,)))
+    >>> spec, leaves, paths = InputAdapter(f).flatten((x,), {})
+    >>> prog = program_from_doc(doc, spec, leaves, paths)
+    >>> [n.op for n in prog.graph.nodes], prog.out_leaves[1].ref
+    (['mul'], 3)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from plait.frontend.deps import Unpinnable
+from plait.frontend.guard_plan import GuardPlan, build_guards
+from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
+from plait.frontend.state import ModuleState
+from plait.ir import from_text, to_text
+
+FORMAT = "plait.program/1"
+
+
+# --- values ---------------------------------------------------------------------------------
+def encode(value: Any) -> Any:
+    """``value`` (primitives, tuples, lists, dicts, types, dtypes, devices, sizes) as JSON."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.Size):
+        return {"size": list(value)}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, type):
+        if "<" in value.__qualname__:
+            raise Unpinnable(f"type {value.__qualname__} cannot be found again by name")
+        return {"type": [value.__module__, value.__qualname__]}
+    if isinstance(value, tuple) and type(value) is tuple:
+        return {"tuple": [encode(v) for v in value]}
+    if isinstance(value, list) and type(value) is list:
+        return {"list": [encode(v) for v in value]}
+    raise Unpinnable(f"a {type(value).__name__} in the program's output has no saved form")
+
+
+def decode(doc: Any) -> Any:
+    if not isinstance(doc, dict):
+        return doc
+    ((tag, body),) = doc.items()
+    if tag == "size":
+        return torch.Size(body)
+    if tag == "dtype":
+        dtype = getattr(torch, body, None)
+        if not isinstance(dtype, torch.dtype):
+            raise Unpinnable(f"dtype {body} is unknown to this PyTorch")
+        return dtype
+    if tag == "device":
+        return torch.device(body)
+    if tag == "type":
+        return _find_type(*body)
+    if tag == "tuple":
+        return tuple(decode(v) for v in body)
+    if tag == "list":
+        return [decode(v) for v in body]
+    raise Unpinnable(f"unknown saved value {tag!r}")
+
+
+def _find_type(module: str, qualname: str) -> type:
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if not isinstance(obj, type):
+        raise Unpinnable(f"type {module}.{qualname} is not loaded in this process")
+    return obj
+
+
+# --- programs -------------------------------------------------------------------------------
+def program_doc(prog: CapturedProgram) -> dict[str, Any]:
+    """``prog`` as JSON; raises :class:`Unpinnable` for a program that has no saved form."""
+    if prog.graph is None or prog.guard_plan is None:
+        raise Unpinnable("a fallback program has no graph to save")
+    slots = []
+    for s in prog.inputs:
+        if s.source == "const":
+            raise Unpinnable("the program reads a tensor that is neither input nor parameter")
+        slots.append([s.source, s.ref])
+    leaves = []
+    for leaf in prog.out_leaves:
+        ref = list(leaf.ref) if leaf.source == "graph" else leaf.ref
+        leaves.append([leaf.source, encode(ref) if leaf.source == "value" else ref])
+    try:
+        plan = prog.guard_plan.to_json()
+        graph = to_text(prog.graph)
+        guard_keys = prog.guards.key_texts()
+    except ValueError as exc:
+        raise Unpinnable(str(exc)) from None
+    return {
+        "format": FORMAT,
+        "graph": graph,
+        "semantic_hash": prog.semantic_hash,
+        "inputs": slots,
+        "out_spec": encode(prog.out_spec),
+        "out_leaves": leaves,
+        "mutations": [list(m) for m in prog.mutations],
+        "opaque_counts": dict(prog.opaque_counts),
+        "dynamic": prog.dynamic,
+        "specialized": list(prog.specialized),
+        "guard_plan": plan,
+        "guard_keys": guard_keys,
+    }
+
+
+def program_from_doc(
+    doc: dict[str, Any],
+    spec: Any,
+    leaves: Sequence[Any],
+    paths: Sequence[str],
+    ms: ModuleState | None = None,
+    state: Sequence[torch.Tensor] = (),
+) -> CapturedProgram:
+    """The program ``doc`` describes, guarded for this call; raises :class:`Unpinnable` when
+    the call is not one it was captured for (its guards would differ) or it does not load."""
+    if doc.get("format") != FORMAT:
+        raise Unpinnable(f"program format {doc.get('format')!r}, expected {FORMAT!r}")
+    plan = GuardPlan.from_json(doc["guard_plan"])
+    try:
+        guards = build_guards(plan, spec, leaves, paths, ms, state)
+        keys = guards.key_texts()
+    except Exception as exc:  # NOTE: e.g. a new input aliasing another: capture says it best
+        raise Unpinnable(f"the saved guards do not apply to this call ({exc})") from None
+    if keys != doc["guard_keys"]:
+        differ = next(
+            (f"{a} / {b}" for a, b in zip(doc["guard_keys"], keys) if a != b),
+            f"{len(doc['guard_keys'])} guards saved, {len(keys)} now",
+        )
+        raise Unpinnable(f"this call is not the captured one: {differ}")
+    graph = from_text(doc["graph"])
+    out_leaves = [
+        OutputLeaf(src, tuple(ref) if src == "graph" else decode(ref) if src == "value" else ref)
+        for src, ref in doc["out_leaves"]
+    ]
+    return CapturedProgram(
+        graph=graph,
+        guards=guards,
+        semantic_hash=doc["semantic_hash"],
+        inputs=[InputSlot(src, ref) for src, ref in doc["inputs"]],
+        out_spec=decode(doc["out_spec"]),
+        out_leaves=out_leaves,
+        mutations=[(i, o) for i, o in doc["mutations"]],
+        opaque_counts=dict(doc["opaque_counts"]),
+        dynamic=doc["dynamic"],
+        specialized=list(doc["specialized"]),
+        guard_plan=plan,
+    )
