@@ -2,10 +2,11 @@
 
 Each measurement runs in a fresh process. *Cold*: an empty cache directory (no artifact, no
 kernel): capture, passes, planning, C++ compiler, save. *Warm*: a new process on the cache the
-cold one filled: capture, key, load, rebuild from the saved plan (no pass, no dry run, no
-compiler; ``PLAIT_STAX_NO_COMPILE=1`` makes any compiler call an error). *Eager*: the model's own
-first call in a fresh process (the floor: capture runs the model once). First-call times start at
-``plait.compile`` and end with the first output (module imports, torch's and plait's, excluded).
+cold one filled: front key, the captured program from its snapshot (no capture), key, load,
+rebuild from the saved plan (no pass, no dry run, no compiler; ``PLAIT_STAX_NO_COMPILE=1`` makes
+any compiler call an error). *Eager*: the model's own first call in a fresh process. First-call
+times start at ``plait.compile`` and end with the first output (module imports, torch's and
+plait's, excluded).
 
 Configurations: ``frozen`` (the default under ``torch.no_grad()``: weights folded into constants,
 oneDNN convolutions with fused post-ops), ``inputs`` (``freeze=False``: weights stay graph inputs,
@@ -61,6 +62,10 @@ compiled = plait.compile(model, **kwargs)
 with torch.no_grad():
     out = compiled(x)
 first = time.perf_counter() - start
+start = time.perf_counter()
+with torch.no_grad():
+    compiled(x)
+second = time.perf_counter() - start
 spec = compiled.specializations[0]
 engine = compiled._plait
 with torch.no_grad():
@@ -75,7 +80,9 @@ with torch.no_grad():
         expected = model(x)
 print(json.dumps({
     "first_call": first,
+    "second_call": second,
     "status": spec.manifest.cache.get("status"),
+    "capture": spec.manifest.cache.get("capture"),
     "compiles": build.STATS["compiles"],
     "kernels": len(spec.manifest.kernels.get("kernels", [])),
     "frozen": len(spec.manifest.graph.get("frozen", [])),
@@ -116,6 +123,7 @@ def measure(config: str, size: int, repeat: int) -> dict[str, Any]:
             eagers.append(_child("eager", config, size, Path(tmp)))
     assert all(c["status"] == "miss" for c in colds) and all(w["status"] == "hit" for w in warms)
     assert all(w["compiles"] == 0 for w in warms)
+    assert all(str(w["capture"]).startswith("snapshot") for w in warms), warms[0]["capture"]
 
     def med(rows: list[dict[str, Any]], key: str) -> float:
         return statistics.median(r[key] for r in rows)
@@ -127,6 +135,8 @@ def measure(config: str, size: int, repeat: int) -> dict[str, Any]:
         "cold_first_call_s": cold,
         "warm_first_call_s": warm,
         "warm_over_cold": warm / cold,
+        "warm_second_call_s": med(warms, "second_call"),
+        "warm_capture": warms[0]["capture"],
         "eager_first_call_s": med(eagers, "first_call"),
         "cold_compiler_invocations": colds[0]["compiles"],
         "native_kernels": colds[0]["kernels"],
@@ -159,6 +169,16 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _torch_version() -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.__version__)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return out.stdout.strip()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", type=int, nargs="+", default=[32])
@@ -172,6 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         "processor": platform.processor(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
+        "torch": _torch_version(),
     }
     print(markdown(rows))
     print(json.dumps({"machine": info, "rows": rows}, indent=2))
