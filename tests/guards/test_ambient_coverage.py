@@ -45,6 +45,10 @@ COVERED = {
     ("cache/__init__.py", "os.environ"): "the cache's location, never its key",
     ("cache/store.py", "os.environ"): "the cache's size limit, never its key",
     ("guards/__init__.py", "get_num_threads"): "docstring example of the ambient guards",
+    ("guards/native.py", "os.environ"): "where the guard evaluator is cached, whether it is "
+    "used: how guards run, never what they check",
+    ("cache/snapshots.py", "is_grad_enabled"): "front key mode; guard grad_mode (rebuilt)",
+    ("cache/snapshots.py", "get_default_dtype"): "front key mode; guard default dtype (rebuilt)",
 }
 
 

@@ -9,7 +9,17 @@ from typing import Any
 import sympy
 import torch
 
-from plait.frontend.guards import Guard, GuardEnv
+from plait.frontend.guards import (
+    Guard,
+    GuardEnv,
+    ReadAttrs,
+    ReadCall,
+    ReadEdges,
+    ReadLeaf,
+    ReadStructure,
+    ReadTensors,
+    TensorCheck,
+)
 from plait.frontend.state import ModuleState
 from plait.ir import TensorType
 from plait.ir.types import dtype_name
@@ -36,6 +46,7 @@ def structure_guard(spec: Any, leaves: Sequence[Any], paths: Sequence[str]) -> G
         read,
         gate=True,
         fmt=lambda r: "(" + ", ".join(r[1]) + ")",
+        native=ReadStructure(spec, kinds),
     )
 
 
@@ -63,14 +74,24 @@ def tensor_guards(i: int, path: str, t: torch.Tensor, ir_type: TensorType) -> li
 
     dev = "" if t.device.type == "cpu" else f" on {t.device}"
     rg = t.requires_grad
+    meta = TensorCheck("leaf", i, dtype=expected[0], device=expected[1], shape=expected[2])
     return [
-        Guard("tensor", path, f"{path}: {ir_type}{dev}", expected, read, fmt=_fmt_tensor),
+        Guard(
+            "tensor",
+            path,
+            f"{path}: {ir_type}{dev}",
+            expected,
+            read,
+            fmt=_fmt_tensor,
+            native=ReadTensors((meta,)),
+        ),
         Guard(
             "requires_grad",
             f"{path}.requires_grad",
             f"{path}.requires_grad == {rg}",
             rg,
             lambda env: env.leaves[i].requires_grad,
+            native=ReadTensors((TensorCheck("leaf", i, requires_grad=rg),)),
         ),
     ]
 
@@ -91,6 +112,7 @@ def scalar_guard(i: int, path: str, value: Any) -> Guard:
             expected,
             lambda env: (type(env.leaves[i]), env.leaves[i]),
             fmt=lambda r: f"{r[1]!r} ({r[0].__name__})",
+            native=ReadLeaf(i, value),
         )
     return Guard(
         "scalar",
@@ -99,6 +121,7 @@ def scalar_guard(i: int, path: str, value: Any) -> Guard:
         True,
         lambda env: env.leaves[i] is value,
         portable=False,
+        native=ReadLeaf(i, value, identity=True),
     )
 
 
@@ -171,6 +194,17 @@ def autocast_on() -> bool:
     return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
 
 
+# NOTE: autocast on no device at all implies autocast_on() is False: one cheap call decides the
+# common case (autocast off); any other answer is decided by autocast_on itself.
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
+
+
+def _autocast_read(expected: bool) -> ReadCall:
+    if not expected and _ANY_AUTOCAST is not None:
+        return ReadCall(_ANY_AUTOCAST, exact=False)
+    return ReadCall(autocast_on)
+
+
 def ambient_guards() -> list[Guard]:
     """What capture itself read of the ambient state: grad mode, default dtype, autocast."""
     grad = torch.is_grad_enabled()
@@ -183,6 +217,7 @@ def ambient_guards() -> list[Guard]:
             f"torch.is_grad_enabled() == {grad}",
             grad,
             lambda env: torch.is_grad_enabled(),
+            native=ReadCall(torch.is_grad_enabled),
         ),
         Guard(
             "ambient",
@@ -190,6 +225,7 @@ def ambient_guards() -> list[Guard]:
             f"torch.get_default_dtype() == {dtype}",
             dtype,
             lambda env: torch.get_default_dtype(),
+            native=ReadCall(torch.get_default_dtype),
         ),
         Guard(
             "ambient",
@@ -197,6 +233,7 @@ def ambient_guards() -> list[Guard]:
             f"autocast is {'on' if autocast else 'off'}",
             autocast,
             lambda env: autocast_on(),
+            native=_autocast_read(autocast),
         ),
     ]
 
@@ -246,6 +283,7 @@ def module_guards(
     )
 
     expected = tuple(map(_SIG, (state[k] for k in used)))
+    signatures = ReadTensors(tuple(_sig_check(k, sig) for k, sig in zip(used, expected)))
     paths = [ms.entries[k].path for k in used]
     pick = _picker(used)
 
@@ -272,6 +310,7 @@ def module_guards(
             True,
             intact,
             gate=True,
+            native=ReadEdges(tuple(tables), tuple(keys), tuple(children)),
         ),
         Guard(
             "training",
@@ -281,6 +320,7 @@ def module_guards(
             lambda env: tuple(map(_TRAINING, modules)),
             train_detail,
             fmt=_fmt_flags,
+            native=ReadAttrs(tuple(modules), "training"),
         ),
         Guard(
             "state",
@@ -290,8 +330,16 @@ def module_guards(
             lambda env: tuple(map(_SIG, pick(env.state))),
             state_detail,
             fmt=lambda r: f"{len(r)} signatures",
+            native=signatures,
         ),
     ]
+
+
+def _sig_check(k: int, sig: tuple[Any, ...]) -> TensorCheck:
+    """The check of state tensor ``k`` against its signature (dtype, shape, device,
+    requires_grad)."""
+    dtype, shape, device, rg = sig
+    return TensorCheck("state", k, dtype=dtype, device=device, shape=tuple(shape), requires_grad=rg)
 
 
 _STRIDES = operator.methodcaller("stride")

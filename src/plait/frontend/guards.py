@@ -6,6 +6,13 @@ equals the value seen at capture. A :class:`GuardSet` checks all of them in a fi
 ones that make later reads safe first) and, when one fails, explains which guards failed with
 the expected and the actual value, the program's own comparisons first.
 
+The fast path (:meth:`GuardSet.holds`) runs a compiled evaluator when one is available: each
+guard may describe its read as data (``native``: one of the ``Read*`` classes below) and the
+evaluator registered with :func:`use_evaluator` (:mod:`plait.guards.native`) checks those reads in
+C++; a guard without a description is checked by its Python ``read``, called from the evaluator.
+Without an evaluator the guards run in Python, and :attr:`GuardSet.evaluator` says why.
+Explanations always use the Python reads.
+
 Example:
     >>> env = GuardEnv((), [3])
     >>> g = Guard("scalar", "arg n", "n == 4", 4, lambda env: env.leaves[0])
@@ -19,7 +26,9 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import torch
 
 # NOTE: reasons list the program's own reads first: they are what the user can act on.
 _PRIORITY = {
@@ -49,6 +58,94 @@ def canonical(value: Any) -> str:
     if " at 0x" in text:
         raise ValueError(f"{text}: has no process-independent text")
     return text
+
+
+# ---------------------------------------------------------------------------------------------
+# A guard's read as data: what a compiled evaluator checks instead of calling the read. Each must
+# hold exactly when ``guard.read(env) == guard.expected`` does (tests/guards/test_native.py).
+
+
+@dataclass(frozen=True)
+class TensorCheck:
+    """What is checked of one tensor: ``env.leaves[index]`` (``where="leaf"``) or
+    ``env.state[index]`` (``"state"``). Each field that is not None must equal the tensor's:
+    ``identity`` (``id``), ``version`` (``_version``), ``data_ptr``, ``dtype`` and ``device``
+    (both or neither), ``shape`` (None for a dim of any size), ``requires_grad``."""
+
+    where: str
+    index: int
+    identity: int | None = None
+    version: int | None = None
+    data_ptr: int | None = None
+    dtype: torch.dtype | None = None
+    device: torch.device | None = None
+    shape: tuple[int | None, ...] | None = None
+    requires_grad: bool | None = None
+
+
+@dataclass(frozen=True)
+class ReadStructure:
+    """``(env.spec, kinds of env.leaves)``: a leaf's kind is ``"tensor"`` or its type's name."""
+
+    spec: Any
+    kinds: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReadTensors:
+    """All the checks hold (expected: the guard's expected value, whatever its form)."""
+
+    checks: tuple[TensorCheck, ...]
+
+
+@dataclass(frozen=True)
+class ReadEdges:
+    """``tables[i].get(keys[i]) is children[i]`` for every i (dicts)."""
+
+    tables: tuple[dict, ...]
+    keys: tuple[str, ...]
+    children: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class ReadAttrs:
+    """``tuple(getattr(o, name) for o in objects)`` (the guard expects a tuple)."""
+
+    objects: tuple[Any, ...]
+    name: str
+
+
+@dataclass(frozen=True)
+class ReadCall:
+    """``fn()``. With ``exact=False``, ``fn() == expected`` only implies that the guard holds;
+    otherwise the guard's own read decides."""
+
+    fn: Callable[[], Any]
+    exact: bool = True
+
+
+@dataclass(frozen=True)
+class ReadCalls:
+    """``tuple(fn() for fn in fns)`` (the guard expects a tuple). With ``expected`` and
+    ``exact=False``, ``fns`` are other reads whose values, when they equal ``expected``, imply
+    that the guard holds; otherwise the guard's own read decides."""
+
+    fns: tuple[Callable[[], Any], ...]
+    expected: tuple[Any, ...] | None = None
+    exact: bool = True
+
+
+@dataclass(frozen=True)
+class ReadLeaf:
+    """``env.leaves[index] is value`` (``identity=True``, the guard expects True), else
+    ``(type(leaf), leaf)`` (the guard expects ``(type, value)``)."""
+
+    index: int
+    value: Any
+    identity: bool = False
+
+
+NativeRead = ReadStructure | ReadTensors | ReadEdges | ReadAttrs | ReadCall | ReadCalls | ReadLeaf
 
 
 class GuardEnv:
@@ -95,6 +192,8 @@ class Guard:
     # NOTE: a batch guard may take over the fast-path duty of the guards with this source: a
     # specialization then checks them only to explain a miss.
     replaces: str | None = None
+    # NOTE: the read as data, for a compiled evaluator; None: the evaluator calls ``read``.
+    native: NativeRead | None = None
 
     def holds(self, env: GuardEnv) -> bool:
         return bool(self.read(env) == self.expected)
@@ -135,8 +234,30 @@ class Guard:
         return self.text
 
 
+class Evaluators(Protocol):
+    """What :func:`use_evaluator` registers: ``compile(guards)`` returns a callable that holds
+    for an env exactly when every guard does (stopping at the first that fails) and a
+    description, or None and the reason there is none."""
+
+    def compile(self, guards: Sequence[Guard]) -> tuple[Callable[[GuardEnv], bool] | None, str]: ...
+
+
+_EVALUATORS: list[Evaluators] = []
+
+
+def use_evaluator(evaluators: Evaluators | None) -> None:
+    """Register the compiler of fast evaluators (None: guards run in Python). The guard sets
+    created before keep theirs once compiled."""
+    _EVALUATORS[:] = [] if evaluators is None else [evaluators]
+
+
 class GuardSet:
-    """The guards of one specialization, in check order."""
+    """The guards of one specialization, in check order.
+
+    ``holds(env)`` is the fast path: every guard in order, stopping at the first that fails. The
+    first call compiles it (see the module doc); :attr:`evaluator` says what runs it."""
+
+    holds: Callable[[GuardEnv], bool]
 
     def __init__(self, guards: Sequence[Guard]) -> None:
         taken = {g.replaces for g in guards if g.replaces is not None}
@@ -145,6 +266,8 @@ class GuardSet:
             for g in guards
         ]
         self._fast = [(g.read, g.expected) for g in self.guards if not g.redundant]
+        self._evaluator: str | None = None
+        self.holds = self._compile_and_hold
 
     def __iter__(self) -> Iterator[Guard]:
         return iter(self.guards)
@@ -152,8 +275,33 @@ class GuardSet:
     def __len__(self) -> int:
         return len(self.guards)
 
-    def holds(self, env: GuardEnv) -> bool:
-        """The fast path: every guard in order, stopping at the first that fails."""
+    def _compile_and_hold(self, env: GuardEnv) -> bool:
+        self._compile()
+        return self.holds(env)
+
+    def _compile(self) -> None:
+        fn: Callable[[GuardEnv], bool] | None = None
+        what = "python: no evaluator registered (plait.guards registers the native one)"
+        if _EVALUATORS:
+            try:
+                fn, what = _EVALUATORS[0].compile([g for g in self.guards if not g.redundant])
+            except Exception as exc:  # NOTE: never silent: the reason is the description
+                fn, what = None, f"python: the evaluator failed ({type(exc).__name__}: {exc})"
+        self.holds = fn if fn is not None else self.holds_python
+        self._evaluator = what
+
+    @property
+    def evaluator(self) -> str:
+        """What runs :meth:`holds`: ``"native"``, or ``"python: <why>"`` (compiles it now if no
+        call did yet)."""
+        if self._evaluator is None:
+            self._compile()
+        assert self._evaluator is not None
+        return self._evaluator
+
+    def holds_python(self, env: GuardEnv) -> bool:
+        """The guards' Python reads, in order, stopping at the first that fails (the reference
+        for every compiled evaluator)."""
         try:
             for read, expected in self._fast:
                 if read(env) != expected:

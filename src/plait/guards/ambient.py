@@ -30,34 +30,52 @@ from typing import Any
 
 import torch
 
-from plait.frontend.guards import Guard, GuardEnv
+from plait.frontend.guards import Guard, GuardEnv, ReadCalls
 
 
 @dataclass(frozen=True)
 class Setting:
     """One call setting: its name as a user writes it, and a cheap reader (a C accessor where
-    PyTorch has one: guards read it on every call)."""
+    PyTorch has one: guards read it on every call). ``raw``: C accessors whose values decide
+    ``read()`` (the same values, the same setting); the native evaluator reads those, and only
+    where one changed, ``read`` (None: ``read`` is such an accessor itself)."""
 
     name: str
     read: Callable[[], Any]
+    raw: tuple[Callable[[], Any], ...] | None = None
+
+    def accessors(self) -> tuple[Callable[[], Any], ...]:
+        return (self.read,) if self.raw is None else self.raw
 
 
-def _precision(backend: str, op: str) -> Callable[[], Any]:
+_FP32_GETTER = getattr(torch._C, "_get_fp32_precision_getter", None)
+
+
+@functools.cache
+def _fp32_raw(backend: str, op: str) -> Callable[[], Any]:
+    """One raw fp32 precision setting (the same object for the same pair: read once a call)."""
+    assert _FP32_GETTER is not None
+    return functools.partial(_FP32_GETTER, backend, op)
+
+
+def _precision(backend: str, op: str) -> Setting:
     """The effective fp32 precision of one backend's op: ``"none"`` inherits from the backend's
     ``all``, then from ``generic``, and at the root means ``"ieee"`` (so a setting restored
     through another API compares equal)."""
-    getter = getattr(torch._C, "_get_fp32_precision_getter", None)
+    name = f"torch.backends.{backend}.{op}.fp32_precision"
+    getter = _FP32_GETTER
     if getter is None:  # NOTE: PyTorch before the per-backend fp32_precision API
-        return lambda: None
+        return Setting(name, lambda: None)
+    pairs = ((backend, op), (backend, "all"), ("generic", "all"))
 
     def read() -> str:
-        for b, o in ((backend, op), (backend, "all"), ("generic", "all")):
+        for b, o in pairs:
             value = getter(b, o)
             if value != "none":
                 return str(value)
         return "ieee"
 
-    return read
+    return Setting(name, read, tuple(_fp32_raw(b, o) for b, o in pairs))
 
 
 def _legacy_precision() -> str:
@@ -69,11 +87,15 @@ def _legacy_precision() -> str:
 
 CALL_SETTINGS: tuple[Setting, ...] = (
     Setting("torch.get_num_threads()", torch.get_num_threads),
-    Setting("torch.get_float32_matmul_precision()", _legacy_precision),
+    Setting(
+        "torch.get_float32_matmul_precision()",
+        _legacy_precision,
+        (torch._C._get_float32_matmul_precision,),
+    ),
     Setting("torch.backends.cuda.matmul.allow_tf32", torch._C._get_cublas_allow_tf32),
     Setting("torch.backends.cudnn.allow_tf32", torch._C._get_cudnn_allow_tf32),
-    Setting("torch.backends.mkldnn.matmul.fp32_precision", _precision("mkldnn", "matmul")),
-    Setting("torch.backends.mkldnn.conv.fp32_precision", _precision("mkldnn", "conv")),
+    _precision("mkldnn", "matmul"),
+    _precision("mkldnn", "conv"),
     Setting(
         "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
         torch._C._get_cublas_allow_fp16_reduced_precision_reduction,
@@ -101,16 +123,39 @@ def _fmt(value: Any) -> str:
     return repr(value)
 
 
+def _raw_state() -> tuple[tuple[Callable[[], Any], ...], tuple[Any, ...]] | None:
+    """The distinct raw accessors of every call setting and their values now (None when one
+    cannot be read: then the settings' own readers are the only check)."""
+    accessors = tuple(dict.fromkeys(a for s in CALL_SETTINGS for a in s.accessors()))
+    try:
+        return accessors, tuple(a() for a in accessors)
+    except Exception:
+        return None
+
+
 def ambient_guards() -> list[Guard]:
     """One guard per call setting (what explanations name), and before them one batch guard
-    that reads them all as a tuple (what the fast path runs: one comparison)."""
+    that reads them all as a tuple (what the fast path runs: one comparison; natively, the raw
+    accessors, and the readers only when one of those changed)."""
     readers = tuple(s.read for s in CALL_SETTINGS)
     expected = tuple(r() for r in readers)
+    raw = _raw_state()
+    fast = ReadCalls(readers) if raw is None else ReadCalls(raw[0], raw[1], exact=False)
 
     def read_all(env: GuardEnv) -> tuple[Any, ...]:
         return tuple([r() for r in readers])
 
-    out = [Guard("ambient", "settings", "ambient settings", expected, read_all, batch=True)]
+    out = [
+        Guard(
+            "ambient",
+            "settings",
+            "ambient settings",
+            expected,
+            read_all,
+            batch=True,
+            native=fast,
+        )
+    ]
     for s, value in zip(CALL_SETTINGS, expected):
         out.append(
             Guard(

@@ -32,8 +32,9 @@ from typing import Any
 import torch
 
 from plait.frontend.guard_build import STATE_SIGNATURES
-from plait.frontend.guards import Guard, GuardEnv
+from plait.frontend.guards import Guard, GuardEnv, ReadTensors, TensorCheck
 from plait.frontend.state import ModuleState
+from plait.guards import native
 
 _VERSION = operator.attrgetter("_version")
 _DATA_PTR = torch.Tensor.data_ptr
@@ -41,7 +42,8 @@ _DATA_PTR = torch.Tensor.data_ptr
 
 class StateFetcher:
     """``fetch()``: the module's live parameters and buffers in entry order, read from the
-    modules' own tables in one C-level pass (``ModuleState.fetch`` is the reference).
+    modules' own tables in one native pass (:mod:`plait.guards.native`; without it, one C-level
+    ``map``). ``ModuleState.fetch`` is the reference.
 
     NOTE: holds the modules' ``_parameters``/``_buffers`` dicts; nn.Module never replaces them
     (only their items), and a restructured module fails the structure guard first."""
@@ -53,9 +55,15 @@ class StateFetcher:
             owner, attr = e.slots[0]
             self.tables.append(owner._parameters if e.kind == "param" else owner._buffers)
             self.keys.append(attr)
+        fast = native.fetcher(self.tables, self.keys)
+        self.native = fast is not None
+        self._fetch: Callable[[], list[torch.Tensor]] = fast or self._python
+
+    def _python(self) -> list[torch.Tensor]:
+        return list(map(operator.getitem, self.tables, self.keys))
 
     def __call__(self) -> list[torch.Tensor]:
-        return list(map(operator.getitem, self.tables, self.keys))
+        return self._fetch()
 
 
 def _signature(t: torch.Tensor) -> tuple[int, int, int]:
@@ -110,15 +118,35 @@ def frozen_guards(
             tuple(map(_SIG, pick_others(env.state))),
         )
 
+    expected = read_all(GuardEnv((), [], None, state))
+    ids, versions, ptrs, grads, sigs = expected
+    checks = [
+        TensorCheck(
+            "state",
+            k,
+            identity=i,
+            version=v,
+            data_ptr=p,
+            requires_grad=grads[j] if grad else None,
+        )
+        for j, (k, i, v, p) in enumerate(zip(index, ids, versions, ptrs))
+    ]
+    for k, (dtype, shape, device, rg) in zip(others, sigs):
+        checks.append(
+            TensorCheck(
+                "state", k, dtype=dtype, device=device, shape=tuple(shape), requires_grad=rg
+            )
+        )
     out = [
         Guard(
             "state",
             "frozen tensors",
             f"{len(names)} frozen tensors unchanged",
-            read_all(GuardEnv((), [], None, state)),
+            expected,
             read_all,
             batch=True,
             replaces=STATE_SIGNATURES,
+            native=ReadTensors(tuple(checks)),
         )
     ]
     for name, k in zip(names, index):

@@ -1,0 +1,806 @@
+"""The C++ source of the native guard evaluator (:mod:`plait.guards.native` builds and loads it).
+
+One extension module, ``_plait_guards``, with two types:
+
+* ``Evaluator(ops)``: called with a :class:`~plait.frontend.guards.GuardEnv`, runs the ops in
+  order and returns whether every one holds, stopping at the first that fails. Each op is one
+  guard (``(code, read, expected, *args)``); what an op cannot decide natively (a tensor of a type
+  other than ``torch.Tensor``/``nn.Parameter``, an error inside PyTorch) it decides with the
+  guard's own Python ``read``, and counts it (``python_reads``).
+* ``Fetcher(tables, keys)``: called with no argument, returns ``[tables[i][keys[i]] ...]``.
+
+Tensors are read through their ``TensorImpl`` (headers of the PyTorch it is built against); the
+Python object's layout is checked at ``configure`` against ``Tensor._cdata``.
+"""
+
+SOURCE = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <c10/core/TensorImpl.h>
+#include <torch/version.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+namespace {
+
+// NOTE: torch 2.10 made THPVariable::cdata a plain at::Tensor (one TensorImpl pointer); before,
+// a c10::MaybeOwned<at::Tensor>. configure() checks the layout against Tensor._cdata.
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 10
+struct Var {
+  PyObject_HEAD
+  bool borrowed;
+  union {
+    c10::TensorImpl* const* borrow;
+    c10::TensorImpl* own;
+  };
+};
+inline c10::TensorImpl* impl_of(PyObject* o) {
+  auto* v = reinterpret_cast<Var*>(o);
+  return v->borrowed ? *v->borrow : v->own;
+}
+#else
+struct Var {
+  PyObject_HEAD
+  c10::TensorImpl* impl;
+};
+inline c10::TensorImpl* impl_of(PyObject* o) {
+  return reinterpret_cast<Var*>(o)->impl;
+}
+#endif
+
+PyObject* g_plain[4] = {nullptr, nullptr, nullptr, nullptr};  // types read natively
+int g_nplain = 0;
+PyObject* g_tensor_class = nullptr;  // torch.Tensor, for isinstance
+getattrofunc g_hook_getattro = nullptr;  // tp_getattro of a Python class with __getattr__
+PyObject* g_object_getattribute = nullptr;  // object.__getattribute__
+PyObject* s_getattribute = nullptr;
+bool g_configured = false;
+
+inline bool plain(PyObject* o) {
+  PyObject* t = reinterpret_cast<PyObject*>(Py_TYPE(o));
+  for (int i = 0; i < g_nplain; ++i) {
+    if (t == g_plain[i]) return true;
+  }
+  return false;
+}
+
+enum Result { HOLDS = 0, FAILS = 1, PYTHON = 2, ERROR = 3 };
+enum Code {
+  CALL = 0, CALL0 = 1, CALLS0 = 2, STRUCTURE = 3, TENSORS = 4, EDGES = 5, ATTRS = 6,
+  LEAF_VALUE = 7, LEAF_IS = 8
+};
+enum Flag {
+  F_ID = 1, F_VERSION = 2, F_PTR = 4, F_META = 8, F_SIZES = 16, F_GRAD = 32
+};
+
+struct TCheck {
+  int where = 0;  // 0: env.leaves, 1: env.state
+  Py_ssize_t index = 0;
+  int flags = 0;
+  uintptr_t id = 0;
+  int64_t version = 0;
+  uintptr_t ptr = 0;
+  caffe2::TypeMeta dtype;
+  c10::Device device{c10::kCPU};
+  std::vector<int64_t> sizes;
+  std::vector<char> wild;  // 1: a symbolic dim, any size
+  bool grad = false;
+};
+
+// getattr(o, name) read from o's instance dict: valid while o's type is `type` and that type
+// (or a base) was not modified since (its version tag; 0: no fast read).
+struct AttrFast {
+  PyTypeObject* type = nullptr;
+  unsigned int tag = 0;
+};
+
+struct Op {
+  int code = 0;
+  bool exact = true;  // CALL0: false when fn() == expected only suffices (else: the read decides)
+  Py_ssize_t index = 0;
+  PyObject* tuple = nullptr;  // the op as given (owns every object below)
+  PyObject* read = nullptr;
+  PyObject* expected = nullptr;
+  PyObject* a = nullptr;
+  std::vector<PyObject*> xs, ys, zs;
+  std::vector<TCheck> checks;
+  std::vector<AttrFast> fast;
+};
+
+struct Env {
+  PyObject* env;
+  PyObject* spec = nullptr;
+  PyObject* leaves = nullptr;
+  PyObject* state = nullptr;
+  ~Env() {
+    Py_XDECREF(spec);
+    Py_XDECREF(leaves);
+    Py_XDECREF(state);
+  }
+};
+
+PyObject* s_spec = nullptr;
+PyObject* s_leaves = nullptr;
+PyObject* s_state = nullptr;
+
+// A failed read: an Exception means the guard fails (as in GuardSet.holds); anything else
+// (KeyboardInterrupt) propagates.
+inline int failed_read() {
+  if (PyErr_ExceptionMatches(PyExc_Exception)) {
+    PyErr_Clear();
+    return FAILS;
+  }
+  return ERROR;
+}
+
+inline int compare(PyObject* actual, PyObject* expected) {
+  if (actual == expected) return HOLDS;
+  int eq = PyObject_RichCompareBool(actual, expected, Py_EQ);
+  if (eq < 0) return failed_read();
+  return eq ? HOLDS : FAILS;
+}
+
+int python_read(const Op& op, PyObject* env) {
+  PyObject* r = PyObject_CallOneArg(op.read, env);
+  if (r == nullptr) return failed_read();
+  int ne = PyObject_RichCompareBool(r, op.expected, Py_NE);
+  Py_DECREF(r);
+  if (ne < 0) return failed_read();
+  return ne ? FAILS : HOLDS;
+}
+
+PyObject* env_attr(Env& e, PyObject** slot, PyObject* name) {
+  if (*slot == nullptr) *slot = PyObject_GetAttr(e.env, name);
+  return *slot;
+}
+
+// seq[i] as a borrowed reference, nullptr when out of range (no exception set).
+inline PyObject* item(PyObject* seq, Py_ssize_t i) {
+  if (PyList_CheckExact(seq)) {
+    return i < PyList_GET_SIZE(seq) ? PyList_GET_ITEM(seq, i) : nullptr;
+  }
+  if (PyTuple_CheckExact(seq)) {
+    return i < PyTuple_GET_SIZE(seq) ? PyTuple_GET_ITEM(seq, i) : nullptr;
+  }
+  return nullptr;
+}
+
+int run_structure(const Op& op, Env& e) {
+  PyObject* spec = env_attr(e, &e.spec, s_spec);
+  PyObject* leaves = env_attr(e, &e.leaves, s_leaves);
+  if (spec == nullptr || leaves == nullptr) return failed_read();
+  int r = compare(spec, op.a);
+  if (r != HOLDS) return r;
+  if (!PyList_CheckExact(leaves) && !PyTuple_CheckExact(leaves)) return PYTHON;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(leaves);
+  if (n != static_cast<Py_ssize_t>(op.xs.size())) return FAILS;
+  PyObject** items = PySequence_Fast_ITEMS(leaves);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* leaf = items[i];
+    bool want_tensor = op.ys[i] == Py_True;
+    bool is_tensor = plain(leaf);
+    if (!is_tensor) {
+      int k = PyObject_IsInstance(leaf, g_tensor_class);
+      if (k < 0) return failed_read();
+      is_tensor = k == 1;
+    }
+    if (want_tensor != is_tensor) return FAILS;
+    if (is_tensor) continue;
+    // NOTE: type(leaf).__name__, as type_name() in CPython's typeobject.c computes it
+    PyTypeObject* tp = Py_TYPE(leaf);
+    if (tp->tp_flags & Py_TPFLAGS_HEAPTYPE) {
+      PyObject* name = reinterpret_cast<PyHeapTypeObject*>(tp)->ht_name;
+      int c = compare(name, op.xs[i]);
+      if (c != HOLDS) return c;
+    } else {
+      const char* s = strrchr(tp->tp_name, '.');
+      s = s ? s + 1 : tp->tp_name;
+      const char* want = PyUnicode_AsUTF8(op.xs[i]);
+      if (want == nullptr) return failed_read();
+      if (strcmp(s, want) != 0) return FAILS;
+    }
+  }
+  return HOLDS;
+}
+
+int check_tensor(const TCheck& c, PyObject* obj) {
+  if ((c.flags & F_ID) && reinterpret_cast<uintptr_t>(obj) != c.id) return FAILS;
+  if (!plain(obj)) return PYTHON;
+  c10::TensorImpl* t = impl_of(obj);
+  try {
+    if ((c.flags & F_VERSION) &&
+        static_cast<int64_t>(t->version_counter().current_version()) != c.version) {
+      return FAILS;
+    }
+    if ((c.flags & F_PTR) && reinterpret_cast<uintptr_t>(t->mutable_data()) != c.ptr) {
+      return FAILS;
+    }
+    if (c.flags & F_META) {
+      if (t->dtype() != c.dtype || t->device() != c.device) return FAILS;
+    }
+    if (c.flags & F_SIZES) {
+      c10::IntArrayRef s = t->sizes();
+      if (s.size() != c.sizes.size()) return FAILS;
+      for (size_t d = 0; d < s.size(); ++d) {
+        if (!c.wild[d] && s[d] != c.sizes[d]) return FAILS;
+      }
+    }
+    if ((c.flags & F_GRAD) && t->requires_grad() != c.grad) return FAILS;
+  } catch (const std::exception&) {
+    return PYTHON;  // NOTE: the guard's own read decides (and explains)
+  }
+  return HOLDS;
+}
+
+int run_tensors(const Op& op, Env& e) {
+  PyObject* seqs[2] = {nullptr, nullptr};
+  for (const TCheck& c : op.checks) {
+    PyObject*& seq = seqs[c.where];
+    if (seq == nullptr) {
+      seq = c.where == 0 ? env_attr(e, &e.leaves, s_leaves) : env_attr(e, &e.state, s_state);
+      if (seq == nullptr) return failed_read();
+      if (!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq)) return PYTHON;
+    }
+    PyObject* obj = item(seq, c.index);
+    if (obj == nullptr) return FAILS;  // NOTE: the read would raise IndexError
+    int r = check_tensor(c, obj);
+    if (r != HOLDS) return r;
+  }
+  return HOLDS;
+}
+
+int run_edges(const Op& op) {
+  for (size_t i = 0; i < op.xs.size(); ++i) {
+    PyObject* table = op.xs[i];
+    if (!PyDict_Check(table)) return PYTHON;
+    PyObject* v = PyDict_GetItemWithError(table, op.ys[i]);
+    if (v == nullptr && PyErr_Occurred()) return failed_read();
+    if (v != op.zs[i]) return FAILS;
+  }
+  return HOLDS;
+}
+
+inline unsigned int valid_tag(PyTypeObject* tp) {
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+  if (!(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
+#endif
+  return tp->tp_version_tag;
+}
+
+// Whether getattr(o, name) is o.__dict__[name] for every o of type tp that has it: no class
+// attribute of that name, object's __getattribute__ (a __getattr__ only runs on a miss).
+AttrFast attr_fast(PyObject* o, PyObject* name) {
+  AttrFast f;
+  PyTypeObject* tp = Py_TYPE(o);
+  if (tp->tp_getattro != PyObject_GenericGetAttr && tp->tp_getattro != g_hook_getattro) return f;
+  if (_PyType_Lookup(tp, s_getattribute) != g_object_getattribute) return f;
+  if (_PyType_Lookup(tp, name) != nullptr) return f;  // NOTE: also gives tp a version tag
+  if (tp->tp_dictoffset == 0) return f;
+  f.type = tp;
+  f.tag = valid_tag(tp);
+  return f;
+}
+
+// A new reference to getattr(o, name), nullptr with an exception set on failure.
+inline PyObject* get_attr(PyObject* o, PyObject* name, const AttrFast& f) {
+  PyTypeObject* tp = Py_TYPE(o);
+  if (f.tag != 0 && tp == f.type && valid_tag(tp) == f.tag) {
+#if PY_VERSION_HEX < 0x030D0000
+    PyObject** slot = _PyObject_GetDictPtr(o);
+    PyObject* dict = slot != nullptr ? *slot : nullptr;
+    if (dict != nullptr && PyDict_Check(dict)) {
+      PyObject* v = PyDict_GetItemWithError(dict, name);
+      Py_XINCREF(v);
+      if (v != nullptr || PyErr_Occurred()) return v;
+    }
+#else
+    PyObject* dict = PyObject_GenericGetDict(o, nullptr);
+    if (dict == nullptr) return nullptr;
+    PyObject* v = PyDict_Check(dict) ? PyDict_GetItemWithError(dict, name) : nullptr;
+    Py_XINCREF(v);
+    Py_DECREF(dict);
+    if (v != nullptr || PyErr_Occurred()) return v;
+#endif
+  }
+  return PyObject_GetAttr(o, name);
+}
+
+int run_attrs(const Op& op) {
+  for (size_t i = 0; i < op.xs.size(); ++i) {
+    PyObject* v = get_attr(op.xs[i], op.a, op.fast[i]);
+    if (v == nullptr) return failed_read();
+    int r = compare(v, op.ys[i]);
+    Py_DECREF(v);
+    if (r != HOLDS) return r;
+  }
+  return HOLDS;
+}
+
+int run_call0(const Op& op) {
+  PyObject* r = PyObject_CallNoArgs(op.a);
+  if (r == nullptr) {
+    if (op.exact) return failed_read();
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return ERROR;
+    PyErr_Clear();
+    return PYTHON;
+  }
+  int c = compare(r, op.expected);
+  Py_DECREF(r);
+  if (c == FAILS && !op.exact) return PYTHON;
+  return c;
+}
+
+int run_calls0(const Op& op) {
+  for (size_t i = 0; i < op.xs.size(); ++i) {
+    PyObject* r = PyObject_CallNoArgs(op.xs[i]);
+    if (r == nullptr) {
+      if (op.exact) return failed_read();
+      if (!PyErr_ExceptionMatches(PyExc_Exception)) return ERROR;
+      PyErr_Clear();
+      return PYTHON;
+    }
+    int c = compare(r, op.ys[i]);
+    Py_DECREF(r);
+    if (c == FAILS && !op.exact) return PYTHON;
+    if (c != HOLDS) return c;
+  }
+  return HOLDS;
+}
+
+int run_leaf(const Op& op, Env& e) {
+  PyObject* leaves = env_attr(e, &e.leaves, s_leaves);
+  if (leaves == nullptr) return failed_read();
+  if (!PyList_CheckExact(leaves) && !PyTuple_CheckExact(leaves)) return PYTHON;
+  PyObject* leaf = item(leaves, op.index);
+  if (leaf == nullptr) return FAILS;
+  if (op.code == LEAF_IS) return leaf == op.a ? HOLDS : FAILS;
+  int r = compare(reinterpret_cast<PyObject*>(Py_TYPE(leaf)), op.a);
+  if (r != HOLDS) return r;
+  return compare(leaf, op.xs[0]);
+}
+
+int run(const Op& op, Env& e) {
+  switch (op.code) {
+    case CALL: return PYTHON;
+    case CALL0: return run_call0(op);
+    case CALLS0: return run_calls0(op);
+    case STRUCTURE: return run_structure(op, e);
+    case TENSORS: return run_tensors(op, e);
+    case EDGES: return run_edges(op);
+    case ATTRS: return run_attrs(op);
+    case LEAF_VALUE:
+    case LEAF_IS: return run_leaf(op, e);
+  }
+  return PYTHON;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Building ops from their Python tuples
+
+bool objects(PyObject* seq, std::vector<PyObject*>& out) {
+  if (!PyTuple_Check(seq)) {
+    PyErr_SetString(PyExc_TypeError, "expected a tuple");
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(seq); ++i) out.push_back(PyTuple_GET_ITEM(seq, i));
+  return true;
+}
+
+// (where, index, flags, id, version, ptr, prototype or None, sizes or None, requires_grad)
+bool tensor_check(PyObject* spec, TCheck& c) {
+  int where = 0, grad = 0;
+  long long version = 0;
+  unsigned long long id = 0, ptr = 0;
+  PyObject *proto = nullptr, *sizes = nullptr;
+  if (!PyArg_ParseTuple(spec, "iniKLKOOp", &where, &c.index, &c.flags, &id, &version, &ptr,
+                        &proto, &sizes, &grad)) {
+    return false;
+  }
+  c.where = where ? 1 : 0;
+  c.id = static_cast<uintptr_t>(id);
+  c.version = version;
+  c.ptr = static_cast<uintptr_t>(ptr);
+  c.grad = grad != 0;
+  if (c.flags & F_META) {
+    if (!plain(proto)) {
+      PyErr_SetString(PyExc_TypeError, "prototype must be a plain tensor");
+      return false;
+    }
+    c10::TensorImpl* t = impl_of(proto);
+    c.dtype = t->dtype();
+    c.device = t->device();
+  }
+  if (c.flags & F_SIZES) {
+    if (!PyTuple_Check(sizes)) {
+      PyErr_SetString(PyExc_TypeError, "sizes must be a tuple");
+      return false;
+    }
+    for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(sizes); ++d) {
+      PyObject* n = PyTuple_GET_ITEM(sizes, d);
+      if (n == Py_None) {
+        c.sizes.push_back(0);
+        c.wild.push_back(1);
+      } else {
+        long long v = PyLong_AsLongLong(n);
+        if (v == -1 && PyErr_Occurred()) return false;
+        c.sizes.push_back(v);
+        c.wild.push_back(0);
+      }
+    }
+  }
+  return true;
+}
+
+bool build_op(PyObject* t, Op& op) {
+  if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 3) {
+    PyErr_SetString(PyExc_TypeError, "an op is a tuple (code, read, expected, ...)");
+    return false;
+  }
+  op.tuple = t;
+  op.code = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(t, 0)));
+  if (op.code == -1 && PyErr_Occurred()) return false;
+  op.read = PyTuple_GET_ITEM(t, 1);
+  op.expected = PyTuple_GET_ITEM(t, 2);
+  Py_ssize_t n = PyTuple_GET_SIZE(t);
+  auto arg = [&](Py_ssize_t i) { return i < n ? PyTuple_GET_ITEM(t, i) : Py_None; };
+  switch (op.code) {
+    case CALL: return true;
+    case CALL0:
+      op.a = arg(3);
+      op.exact = PyObject_IsTrue(arg(4)) == 1;
+      return true;
+    case CALLS0:
+      op.exact = PyObject_IsTrue(arg(5)) == 1;
+      return objects(arg(3), op.xs) && objects(arg(4), op.ys) && op.xs.size() == op.ys.size();
+    case STRUCTURE:
+      op.a = arg(3);
+      return objects(arg(4), op.xs) && objects(arg(5), op.ys) && op.xs.size() == op.ys.size();
+    case TENSORS: {
+      std::vector<PyObject*> specs;
+      if (!objects(arg(3), specs)) return false;
+      for (PyObject* s : specs) {
+        TCheck c;
+        if (!tensor_check(s, c)) return false;
+        op.checks.push_back(std::move(c));
+      }
+      return true;
+    }
+    case EDGES: return objects(arg(3), op.xs) && objects(arg(4), op.ys) && objects(arg(5), op.zs);
+    case ATTRS:
+      op.a = arg(4);
+      if (!PyUnicode_Check(op.a)) {
+        PyErr_SetString(PyExc_TypeError, "an attribute name must be a str");
+        return false;
+      }
+      if (!objects(arg(3), op.xs) || !objects(op.expected, op.ys)) return false;
+      if (op.xs.size() != op.ys.size()) {
+        PyErr_SetString(PyExc_ValueError, "as many expected values as objects");
+        return false;
+      }
+      for (PyObject* o : op.xs) op.fast.push_back(attr_fast(o, op.a));
+      return true;
+    case LEAF_VALUE:
+    case LEAF_IS:
+      op.index = PyLong_AsSsize_t(arg(3));
+      if (op.index == -1 && PyErr_Occurred()) return false;
+      op.a = arg(4);
+      op.xs.push_back(arg(5));
+      return true;
+  }
+  PyErr_Format(PyExc_ValueError, "unknown op code %d", op.code);
+  return false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Evaluator
+
+struct Evaluator {
+  PyObject_HEAD
+  std::vector<Op>* ops;
+  PyObject* tuples;  // the op tuples (owns the objects the ops point to)
+  unsigned long long python_reads;
+  vectorcallfunc vectorcall;
+};
+
+// NOTE: the ops hold modules and closures; GC support lets a cycle through them be collected.
+int evaluator_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(reinterpret_cast<Evaluator*>(self)->tuples);
+  return 0;
+}
+
+int evaluator_clear(PyObject* self) {
+  auto* ev = reinterpret_cast<Evaluator*>(self);
+  if (ev->ops != nullptr) ev->ops->clear();  // NOTE: they borrow from the tuples
+  Py_CLEAR(ev->tuples);
+  return 0;
+}
+
+void evaluator_dealloc(PyObject* self) {
+  auto* ev = reinterpret_cast<Evaluator*>(self);
+  PyObject_GC_UnTrack(self);
+  evaluator_clear(self);
+  delete ev->ops;
+  ev->ops = nullptr;
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* evaluator_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
+                               PyObject* kwnames) {
+  auto* ev = reinterpret_cast<Evaluator*>(self);
+  if (kwnames != nullptr || PyVectorcall_NARGS(nargsf) != 1) {
+    PyErr_SetString(PyExc_TypeError, "Evaluator(env) takes one argument");
+    return nullptr;
+  }
+  if (ev->tuples == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "a cleared Evaluator");
+    return nullptr;
+  }
+  Env e{args[0]};
+  for (const Op& op : *ev->ops) {
+    int r = run(op, e);
+    if (r == PYTHON) {
+      ev->python_reads += 1;
+      r = python_read(op, e.env);
+    }
+    if (r == ERROR) return nullptr;
+    if (r != HOLDS) Py_RETURN_FALSE;
+  }
+  Py_RETURN_TRUE;
+}
+
+PyObject* evaluator_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  PyObject* ops = nullptr;
+  static const char* kw[] = {"ops", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!", const_cast<char**>(kw), &PyTuple_Type,
+                                   &ops)) {
+    return nullptr;
+  }
+  if (!g_configured) {
+    PyErr_SetString(PyExc_RuntimeError, "_plait_guards.configure() was not called");
+    return nullptr;
+  }
+  // NOTE: tp_alloc of a GC type returns it tracked; traverse and clear accept a partial one
+  auto* ev = reinterpret_cast<Evaluator*>(type->tp_alloc(type, 0));
+  if (ev == nullptr) return nullptr;
+  ev->ops = new std::vector<Op>();
+  ev->python_reads = 0;
+  ev->vectorcall = evaluator_vectorcall;
+  Py_INCREF(ops);
+  ev->tuples = ops;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ops); ++i) {
+    Op op;
+    if (!build_op(PyTuple_GET_ITEM(ops, i), op)) {
+      Py_DECREF(ev);
+      return nullptr;
+    }
+    ev->ops->push_back(std::move(op));
+  }
+  return reinterpret_cast<PyObject*>(ev);
+}
+
+PyObject* evaluator_python_reads(PyObject* self, void*) {
+  return PyLong_FromUnsignedLongLong(reinterpret_cast<Evaluator*>(self)->python_reads);
+}
+
+PyObject* evaluator_len(PyObject* self, void*) {
+  return PyLong_FromSize_t(reinterpret_cast<Evaluator*>(self)->ops->size());
+}
+
+PyGetSetDef evaluator_getset[] = {
+    {"python_reads", evaluator_python_reads, nullptr,
+     "ops decided by the guard's Python read since creation", nullptr},
+    {"size", evaluator_len, nullptr, "the number of ops", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyTypeObject EvaluatorType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// ---------------------------------------------------------------------------------------------
+// Fetcher
+
+struct Fetcher {
+  PyObject_HEAD
+  PyObject* tables;
+  PyObject* keys;
+};
+
+int fetcher_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(reinterpret_cast<Fetcher*>(self)->tables);
+  Py_VISIT(reinterpret_cast<Fetcher*>(self)->keys);
+  return 0;
+}
+
+int fetcher_clear(PyObject* self) {
+  Py_CLEAR(reinterpret_cast<Fetcher*>(self)->tables);
+  Py_CLEAR(reinterpret_cast<Fetcher*>(self)->keys);
+  return 0;
+}
+
+void fetcher_dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  fetcher_clear(self);
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* fetcher_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  PyObject *tables = nullptr, *keys = nullptr;
+  static const char* kw[] = {"tables", "keys", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!", const_cast<char**>(kw), &PyTuple_Type,
+                                   &tables, &PyTuple_Type, &keys)) {
+    return nullptr;
+  }
+  if (PyTuple_GET_SIZE(tables) != PyTuple_GET_SIZE(keys)) {
+    PyErr_SetString(PyExc_ValueError, "tables and keys differ in length");
+    return nullptr;
+  }
+  auto* f = reinterpret_cast<Fetcher*>(type->tp_alloc(type, 0));
+  if (f == nullptr) return nullptr;
+  Py_INCREF(tables);
+  Py_INCREF(keys);
+  f->tables = tables;
+  f->keys = keys;
+  return reinterpret_cast<PyObject*>(f);
+}
+
+PyObject* fetcher_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  auto* f = reinterpret_cast<Fetcher*>(self);
+  if (kwargs != nullptr || PyTuple_GET_SIZE(args) != 0) {
+    PyErr_SetString(PyExc_TypeError, "Fetcher() takes no argument");
+    return nullptr;
+  }
+  if (f->tables == nullptr || f->keys == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "a cleared Fetcher");
+    return nullptr;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(f->tables);
+  PyObject* out = PyList_New(n);
+  if (out == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* table = PyTuple_GET_ITEM(f->tables, i);
+    PyObject* key = PyTuple_GET_ITEM(f->keys, i);
+    PyObject* v;
+    if (PyDict_CheckExact(table)) {
+      v = PyDict_GetItemWithError(table, key);
+      if (v == nullptr) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+        Py_DECREF(out);
+        return nullptr;
+      }
+      Py_INCREF(v);
+    } else {
+      v = PyObject_GetItem(table, key);
+      if (v == nullptr) {
+        Py_DECREF(out);
+        return nullptr;
+      }
+    }
+    PyList_SET_ITEM(out, i, v);
+  }
+  return out;
+}
+
+PyTypeObject FetcherType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// ---------------------------------------------------------------------------------------------
+// Module
+
+// configure(plain_types, tensor_class, sample, sample_cdata, hooked_class): the types read
+// natively, a check that this build reads a tensor's TensorImpl where PyTorch keeps it, and a
+// Python class with __getattr__ (nn.Module).
+PyObject* configure(PyObject*, PyObject* args) {
+  PyObject *types = nullptr, *tensor_class = nullptr, *sample = nullptr, *hooked = nullptr;
+  unsigned long long cdata = 0;
+  if (!PyArg_ParseTuple(args, "O!OOKO!", &PyTuple_Type, &types, &tensor_class, &sample, &cdata,
+                        &PyType_Type, &hooked)) {
+    return nullptr;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(types);
+  if (n < 1 || n > 4) {
+    PyErr_SetString(PyExc_ValueError, "one to four plain types");
+    return nullptr;
+  }
+  if (Py_TYPE(sample) != reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(types, 0))) {
+    PyErr_SetString(PyExc_TypeError, "the sample must be of the first plain type");
+    return nullptr;
+  }
+  if (reinterpret_cast<uintptr_t>(impl_of(sample)) != static_cast<uintptr_t>(cdata)) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "this build does not find the TensorImpl where this PyTorch keeps it");
+    return nullptr;
+  }
+  for (int i = 0; i < g_nplain; ++i) Py_CLEAR(g_plain[i]);
+  Py_CLEAR(g_tensor_class);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    g_plain[i] = PyTuple_GET_ITEM(types, i);
+    Py_INCREF(g_plain[i]);
+  }
+  g_nplain = static_cast<int>(n);
+  Py_INCREF(tensor_class);
+  g_tensor_class = tensor_class;
+  // NOTE: a class with __getattr__ (nn.Module): its tp_getattro is CPython's slot hook, which
+  // reads like object.__getattribute__ and calls __getattr__ only on a miss.
+  g_hook_getattro = reinterpret_cast<PyTypeObject*>(hooked)->tp_getattro;
+  g_object_getattribute = _PyType_Lookup(&PyBaseObject_Type, s_getattribute);
+  g_configured = true;
+  Py_RETURN_NONE;
+}
+
+// tensor_state(t): (version, data pointer) as this build reads them (tests compare them with
+// Python's reads).
+PyObject* tensor_state(PyObject*, PyObject* obj) {
+  if (!g_configured || !plain(obj)) {
+    PyErr_SetString(PyExc_TypeError, "a plain tensor, after configure()");
+    return nullptr;
+  }
+  c10::TensorImpl* t = impl_of(obj);
+  try {
+    return Py_BuildValue("(LK)", static_cast<long long>(t->version_counter().current_version()),
+                         static_cast<unsigned long long>(
+                             reinterpret_cast<uintptr_t>(t->mutable_data())));
+  } catch (const std::exception& exc) {
+    PyErr_SetString(PyExc_RuntimeError, exc.what());
+    return nullptr;
+  }
+}
+
+PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS, "configure(types, tensor_class, sample, cdata, cls)"},
+    {"tensor_state", tensor_state, METH_O, "tensor_state(t) -> (version, data_ptr)"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_plait_guards", "plait's guard evaluator", -1,
+                         methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__plait_guards(void) {
+  s_spec = PyUnicode_InternFromString("spec");
+  s_leaves = PyUnicode_InternFromString("leaves");
+  s_state = PyUnicode_InternFromString("state");
+  s_getattribute = PyUnicode_InternFromString("__getattribute__");
+  if (s_spec == nullptr || s_leaves == nullptr || s_state == nullptr ||
+      s_getattribute == nullptr) {
+    return nullptr;
+  }
+
+  EvaluatorType.tp_name = "_plait_guards.Evaluator";
+  EvaluatorType.tp_basicsize = sizeof(Evaluator);
+  EvaluatorType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  EvaluatorType.tp_traverse = evaluator_traverse;
+  EvaluatorType.tp_clear = evaluator_clear;
+  EvaluatorType.tp_doc = "Evaluator(ops)(env) -> bool";
+  EvaluatorType.tp_new = evaluator_new;
+  EvaluatorType.tp_dealloc = evaluator_dealloc;
+  EvaluatorType.tp_call = PyVectorcall_Call;
+  EvaluatorType.tp_vectorcall_offset = offsetof(Evaluator, vectorcall);
+  EvaluatorType.tp_getset = evaluator_getset;
+  if (PyType_Ready(&EvaluatorType) < 0) return nullptr;
+
+  FetcherType.tp_name = "_plait_guards.Fetcher";
+  FetcherType.tp_basicsize = sizeof(Fetcher);
+  FetcherType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  FetcherType.tp_traverse = fetcher_traverse;
+  FetcherType.tp_clear = fetcher_clear;
+  FetcherType.tp_doc = "Fetcher(tables, keys)() -> list";
+  FetcherType.tp_new = fetcher_new;
+  FetcherType.tp_dealloc = fetcher_dealloc;
+  FetcherType.tp_call = fetcher_call;
+  if (PyType_Ready(&FetcherType) < 0) return nullptr;
+
+  PyObject* m = PyModule_Create(&moduledef);
+  if (m == nullptr) return nullptr;
+  Py_INCREF(&EvaluatorType);
+  Py_INCREF(&FetcherType);
+  if (PyModule_AddObject(m, "Evaluator", reinterpret_cast<PyObject*>(&EvaluatorType)) < 0 ||
+      PyModule_AddObject(m, "Fetcher", reinterpret_cast<PyObject*>(&FetcherType)) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}
+"""
