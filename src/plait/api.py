@@ -552,7 +552,7 @@ def explain(compiled: Any) -> Explanation:
             f"plait.explain expects what plait.compile returned, got {type(compiled).__name__}"
         )
     reports = [
-        SpecializationReport(i, s.reason, s.guards.texts(), s.manifest)
+        SpecializationReport(i, s.reason, s.guards.texts(), s.manifest, s.guards.evaluator)
         for i, s in enumerate(engine.specializations)
     ]
     return Explanation(engine.adapter.name, reports, engine.limit_fallback)

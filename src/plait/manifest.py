@@ -178,12 +178,15 @@ class SpecializationReport:
     reason: str | None  # None for the first specialization, else the guards that failed
     guards: list[str]
     manifest: Manifest
+    # what checks the guards on each call: "native", or "python: <why not native>"
+    guard_evaluator: str = "python"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "index": self.index,
             "recompile_reason": self.reason,
             "guards": self.guards,
+            "guard_evaluator": self.guard_evaluator,
             "manifest": self.manifest.to_json(),
         }
 
@@ -212,6 +215,8 @@ class Explanation:
         for s in self.specializations:
             why = "first call" if s.reason is None else f"recompiled: {s.reason}"
             lines.append(f"[{s.index}] {why}")
+            checked = f"checked by the {s.guard_evaluator} evaluator"
+            lines.append(f"    {len(s.guards)} guards, {checked}")
             lines += ["    " + line for line in s.manifest.report().splitlines()]
         if self.limit_fallback is not None:
             lines.append(

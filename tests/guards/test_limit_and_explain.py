@@ -66,6 +66,12 @@ def test_explain_lists_specializations_with_reasons_and_cache_status(tmp_path) -
     text = str(report)
     assert "recompiled: x: f32[3]" in text and "cache: miss" in text
     assert report.specializations[0].manifest.cache_key["digest"]
+    # NOTE: what checks the guards is reported; on a machine with a C++ compiler, the native
+    # evaluator (a failed build would say "python: <why>" here, and this test would fail).
+    evaluator = report.specializations[0].guard_evaluator
+    assert evaluator == f.specializations[0].guards.evaluator == "native", evaluator
+    assert "checked by the native evaluator" in text
+    assert report.to_json()["specializations"][0]["guard_evaluator"] == "native"
 
 
 def test_resnet_guard_fast_path_is_batched() -> None:
