@@ -60,7 +60,7 @@ def _corrupt_header(path: Path) -> None:
 @pytest.mark.parametrize(
     ("corrupt", "message"),
     [
-        (_corrupt_flip, "does not match its SHA-256"),
+        (_corrupt_flip, "does not match its BLAKE3 hash"),
         (_corrupt_truncate, "truncated"),
         (_corrupt_header, "not a plait cache entry"),
     ],
@@ -173,3 +173,57 @@ def test_index_keeps_small_meta_and_entries_keep_all(tmp_path: Path) -> None:
     assert store.read_meta(OTHER) is None
     index = (tmp_path / "artifacts" / "index.json").stat().st_size
     assert index < 1000
+
+
+def test_an_entry_of_format_1_is_discarded_never_read(tmp_path: Path) -> None:
+    """Format 1 (SHA-256 self-hash, unaligned payload) written by an earlier plait: refused like
+    a corrupt entry (removed, reported), so the caller rebuilds it."""
+    import hashlib
+    import json
+    import struct
+
+    store = _store(tmp_path)
+    meta = json.dumps({"parts": {}}).encode()
+    payload = b"old payload"
+    digest = hashlib.sha256(meta + payload).digest()
+    old = struct.pack(">8sH32sQQ", b"PLAITART", 1, digest, len(meta), len(payload))
+    path = store.path(KEY)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(old + meta + payload)
+    assert store.read_meta(KEY) is None
+    with pytest.raises(CorruptEntryError, match="format 1"):
+        store.get(KEY)
+    assert not path.exists() and store.get(KEY) is None
+
+
+def test_get_buffer_is_a_private_aligned_view_of_the_entry(tmp_path: Path) -> None:
+    import torch
+
+    store = _store(tmp_path)
+    for n in range(3):  # NOTE: metas of several lengths: the payload is always aligned
+        key = f"{n:02x}" * 32
+        store.put(key, b"0123456789" * 10, {"parts": {"n": "x" * n * 7}})
+        view = store.get_buffer(key)
+        assert view is not None and not view.readonly and bytes(view) == b"0123456789" * 10
+        assert torch.frombuffer(view, dtype=torch.uint8).data_ptr() % 64 == 0
+        view[:4] = b"XXXX"  # NOTE: copy-on-write: never reaches the file
+        assert store.get(key) == b"0123456789" * 10 and store.verify().ok
+
+
+def test_a_mapped_entry_does_not_change_when_it_is_replaced_or_removed(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.put(KEY, b"first" * 100, {})
+    view = store.get_buffer(KEY)
+    assert view is not None
+    store.put(KEY, b"other" * 100, {})
+    assert bytes(view) == b"first" * 100 and store.get(KEY) == b"other" * 100
+    store.delete(KEY)
+    assert bytes(view) == b"first" * 100
+
+
+def test_the_default_get_buffer_is_a_writable_copy(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.put(KEY, b"payload", {})
+    view = Store.get_buffer(store, KEY)
+    assert view is not None and not view.readonly and bytes(view) == b"payload"
+    assert Store.get_buffer(store, OTHER) is None

@@ -131,3 +131,23 @@ def test_parsed_graph_is_verified() -> None:
     with pytest.raises(Exception, match="type rule gives f32\\[2\\]"):
         from_text(text)
     assert from_text(text, verify=False).nodes[0].outputs[0].type == TensorType((3,), torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("canonical", "spaced"),
+    [
+        ("f32[1, 3, 224, 224]", "f32[ 1 ,3,  224 , 224 ]"),
+        ("f32[]", "f32[ ]"),
+        ("i64[0, 7]@cpu", "i64[0 ,7]@cpu"),
+        ("bf16[2, 3]@cuda:1", "bf16[2 , 3]@cuda:1"),
+        ("bool[5]", "bool[ 5]"),
+    ],
+)
+def test_static_types_parse_alike_in_every_spelling(canonical: str, spaced: str) -> None:
+    """Types as to_text prints them take a one-match path; other spellings the general one:
+    the same types either way, and errors stay errors."""
+    t = parse_type(canonical)
+    assert t == parse_type(spaced) and str(t) == canonical.replace("@cpu", "")
+    for bad in (canonical + "@gpu", canonical.replace("[", "[-1, ", 1), "f33" + canonical[3:]):
+        with pytest.raises(IRParseError):
+            parse_type(bad)

@@ -54,7 +54,9 @@ def _factory(shape: tuple[int, ...]) -> Any:
 def _check(model: nn.Module, shape: tuple[int, ...]) -> list[dict[str, Any]]:
     model.eval()
     with torch.no_grad():
-        compiled = plait.compile(model, backend="stax")
+        # NOTE: no artifact cache: a saved plan replays the compile's oneDNN decisions (its key
+        # pins the PyTorch build that made them), and these tests change oneDNN's answer by hand.
+        compiled = plait.compile(model, backend="stax", options={"cache": False})
         report = plait.conformance.check(
             model, lambda *xs: compiled(*xs), _factory(shape), candidate_module=model,
             op_class="model", draws=2,

@@ -1,12 +1,15 @@
 """A compiled specialization as a cache entry: what is saved, and the warm start that loads it.
 
 Saved: the optimized graph (IR text, exact round trip), its constants, the executor kind, the
-Stax plan's extern layouts with the schedule and kernel source hashes they must reproduce, the
-frozen tensor names, and the manifest. Loaded: the graph is parsed back, the constants put back,
-and the Stax program rebuilt from the saved plan: no pass runs, no extern runs on zeros, and the
-kernels come from the kernel cache (content-addressed by their source; the C++ compiler runs
-only if that cache lost them). A rebuilt program whose schedule or kernels differ from the
-recorded ones is refused (:class:`StaleEntryError`): the caller compiles afresh and replaces it.
+Stax plan (extern layouts, the oneDNN calls refused at compile time) with the schedule and kernel
+source hashes they must reproduce, the frozen tensor names, and the manifest. Loaded: the graph
+is parsed back, the constants put back (built on the store's mapping of the entry, no copy), and
+the Stax program rebuilt from the saved plan: no pass runs, no extern runs on zeros, no oneDNN
+call is probed (the compile decided which ones oneDNN accepts, under the same key: PyTorch's
+build, the CPU, the options), and the kernels come from the kernel cache (content-addressed by
+their source; the C++ compiler runs only if that cache lost them). A rebuilt program whose
+schedule or kernels differ from the recorded ones is refused (:class:`StaleEntryError`): the
+caller compiles afresh and replaces it.
 
 Example:
     >>> import tempfile, torch
@@ -55,12 +58,17 @@ class SavedCompile:
 
 
 def _plan_record(program: Any) -> dict[str, Any]:
-    return {
-        "layouts": {str(k): [list(s) for s in v] for k, v in program.layouts().items()},
+    layouts = program.layouts()
+    record = {
+        "layouts": {str(k): [list(s) for s in v] for k, v in layouts.items()},
         "schedule": _schedule(program),
         "kernels": [k.source_sha256 for k in program.kernels],
         "options": program.options.record(),
     }
+    refused = getattr(layouts, "refused", None)  # NOTE: the compile's oneDNN decisions
+    if refused is not None:
+        record["refused"] = {str(k): dict(v) for k, v in sorted(refused.items())}
+    return record
 
 
 def _schedule(program: Any) -> list[str]:
@@ -89,7 +97,9 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
     :class:`~plait.cache.store.CorruptEntryError` (the store removed it) or
     :class:`StaleEntryError` (the caller removes it)."""
     start = time.perf_counter()
-    payload = store.get(key)
+    # NOTE: a writable view (LocalStore: a private mapping of the entry, verified): the
+    # constants are built on it without a copy.
+    payload = store.get_buffer(key)
     if payload is None:
         return None
     t_read = time.perf_counter()
@@ -118,12 +128,30 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
     return SavedCompile(graph, manifest, doc["executor"], list(doc["frozen"]), program, seconds)
 
 
+def _saved_layouts(plan: dict[str, Any]) -> Any:
+    from plait.codegen.fusion import STAGES, SavedLayouts
+
+    layouts = {int(k): [tuple(int(x) for x in s) for s in v] for k, v in plan["layouts"].items()}
+    if "refused" not in plan:  # NOTE: no decisions recorded: the planner probes them
+        return layouts
+    refused = plan["refused"]
+    if not isinstance(refused, dict) or not all(
+        isinstance(v, dict) and all(s in STAGES and isinstance(r, str) for s, r in v.items())
+        for v in refused.values()
+    ):
+        raise StaleEntryError("the saved plan's oneDNN decisions are malformed")
+    return SavedLayouts(layouts, {int(k): v for k, v in refused.items()})
+
+
 def _rebuild_stax(graph: Graph, plan: dict[str, Any]) -> Any:
     from plait.runtime import StaxOptions, compile_graph
 
     # NOTE: the options are part of the key, so the recorded ones are the requested ones.
     options = StaxOptions(**plan["options"])
-    layouts = {int(k): [tuple(s) for s in v] for k, v in plan["layouts"].items()}
+    try:
+        layouts = _saved_layouts(plan)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StaleEntryError(f"the saved plan does not load: {exc!r}") from None
     program = compile_graph(graph, options=options, layouts=layouts)
     if _schedule(program) != plan["schedule"]:
         raise StaleEntryError("the rebuilt Stax schedule differs from the recorded one")

@@ -2,15 +2,24 @@
 
 A store maps a key (the hex SHA-256 of a :class:`~plait.cache.key.CacheKey`) to one entry: a JSON
 ``meta`` document (the key's parts, what the artifact is) and an opaque ``payload``. Every entry
-carries the SHA-256 of its own bytes and is checked against it on every read: a corrupt, truncated
-or unreadable entry raises :class:`CorruptEntryError` after it was removed, so the caller rebuilds
-it and says so; it is never used.
+carries the BLAKE3 hash of its own bytes and is checked against it on every read: a corrupt,
+truncated or unreadable entry raises :class:`CorruptEntryError` after it was removed, so the
+caller rebuilds it and says so; it is never used. An entry of another format (format 1 carried a
+SHA-256) is never read with this format's rules: it is discarded the same way and rebuilt.
 
 :class:`LocalStore` lays entries out as ``objects/<key[:2]>/<key>``, publishes each one atomically
 (written to a temporary file, fsynced, then ``os.replace``), and keeps an index (sizes, last
 access, key parts) under a file lock. The index is a cache of the objects, never their authority:
 an unreadable index is rebuilt from the objects. Entries past the size limit go least recently
 used first.
+
+:meth:`Store.get_buffer` is the zero-copy read: :class:`LocalStore` maps the entry's file
+copy-on-write (``MAP_PRIVATE``), verifies the hash over the mapping and returns the payload as a
+writable view of it, on which the caller builds tensors without copying (a write to them stays in
+this process and never reaches the file). plait only ever replaces (``os.replace``) or unlinks an
+entry, never writes into one, so a mapped entry never changes under its reader (the mapping holds
+the inode it opened); a process that writes into an entry's file in place is outside what the
+store guarantees.
 
 Example:
     >>> import tempfile
@@ -26,8 +35,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import hashlib
 import json
+import mmap
 import os
 import struct
 import tempfile
@@ -37,13 +46,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import blake3
 from filelock import FileLock
 
 MAGIC = b"PLAITART"
-FORMAT = 1
-_HEADER = struct.Struct(
-    ">8sH32sQQ"
-)  # magic, format, sha256(meta + payload), len(meta), len(payload)
+# NOTE: format 2: the self-hash is BLAKE3 and the payload starts ALIGN-aligned (format 1:
+# SHA-256, unaligned). A reader refuses every other format: no entry is read with another's rules.
+FORMAT = 2
+HASH = "BLAKE3"
+ALIGN = 64
+# NOTE: magic, format, blake3(meta + padding + payload), len(meta), len(payload); the payload
+# starts at the first multiple of ALIGN after header + meta (zero padding, covered by the hash).
+_HEADER = struct.Struct(">8sH32sQQ")
 DEFAULT_MAX_BYTES = 8 << 30
 INDEX_SCHEMA = "plait.cache.index/1"
 
@@ -110,6 +124,14 @@ class Store(abc.ABC):
         """The payload, verified; None when absent. Raises :class:`CorruptEntryError` (after
         removing the entry) when the stored bytes fail their hash."""
 
+    def get_buffer(self, key: str) -> memoryview | None:
+        """The payload, verified, as a writable buffer the caller may build tensors on without
+        copying (writes stay private to this process); None when absent. Raises
+        :class:`CorruptEntryError` like :meth:`get`. This default copies what :meth:`get`
+        returns; :class:`LocalStore` maps the file instead."""
+        data = self.get(key)
+        return None if data is None else memoryview(bytearray(data))
+
     @abc.abstractmethod
     def put(self, key: str, payload: bytes, meta: dict[str, Any]) -> None:
         """Publish an entry atomically: readers see the old entry, the new one, or none."""
@@ -138,34 +160,74 @@ class Store(abc.ABC):
         return sum(self.delete(k) for k in keys)
 
 
+def _hasher() -> Any:
+    return blake3.blake3(max_threads=blake3.blake3.AUTO)
+
+
+def _payload_offset(n_meta: int) -> int:
+    return -(-(_HEADER.size + n_meta) // ALIGN) * ALIGN
+
+
 def encode_entry(payload: bytes, meta: dict[str, Any]) -> list[bytes]:
-    """An entry's bytes, in pieces: header (with the SHA-256 of what follows), meta JSON,
-    payload (pieces, so a large payload is never copied to be framed)."""
+    """An entry's bytes, in pieces: header (with the BLAKE3 hash of what follows), meta JSON,
+    zero padding (the payload starts ALIGN-aligned, so tensors built on a mapping of the file
+    are aligned), payload (pieces, so a large payload is never copied to be framed)."""
     meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
-    h = hashlib.sha256(meta_bytes)
-    h.update(payload)
+    pad = bytes(_payload_offset(len(meta_bytes)) - _HEADER.size - len(meta_bytes))
+    h = _hasher()
+    for piece in (meta_bytes, pad, payload):
+        h.update(piece)
     header = _HEADER.pack(MAGIC, FORMAT, h.digest(), len(meta_bytes), len(payload))
-    return [header, meta_bytes, payload]
+    return [header, meta_bytes, pad, payload]
 
 
-def decode_entry(data: bytes) -> tuple[dict[str, Any], memoryview]:
-    """``(meta, payload)``; raises ``ValueError`` naming what is wrong with ``data``."""
-    if len(data) < _HEADER.size:
-        raise ValueError(f"truncated: {len(data)} bytes, shorter than the header")
-    magic, fmt, digest, n_meta, n_payload = _HEADER.unpack_from(data)
-    if magic != MAGIC or fmt != FORMAT:
-        raise ValueError(f"not a plait cache entry (magic {magic!r}, format {fmt})")
-    body = memoryview(data)[_HEADER.size :]
-    if len(body) != n_meta + n_payload:
-        expected = n_meta + n_payload
-        raise ValueError(f"truncated: {len(body)} bytes after the header, expected {expected}")
-    if hashlib.sha256(body).digest() != digest:
-        raise ValueError("content does not match its SHA-256")
+def decode_entry(data: Any) -> tuple[dict[str, Any], memoryview]:
+    """``(meta, payload)`` of an entry's bytes (any buffer: bytes, a mapping); the payload is a
+    view of ``data``, not a copy. Raises ``ValueError`` naming what is wrong with ``data``."""
+    view = memoryview(data).cast("B")
+    if len(view) < _HEADER.size:
+        raise ValueError(f"truncated: {len(view)} bytes, shorter than the header")
+    magic, fmt, digest, n_meta, n_payload = _HEADER.unpack_from(view)
+    if magic != MAGIC:
+        raise ValueError(f"not a plait cache entry (magic {magic!r})")
+    if fmt != FORMAT:
+        raise ValueError(f"not a plait cache entry of format {FORMAT} (format {fmt})")
+    start = _payload_offset(n_meta)
+    if len(view) != start + n_payload:
+        have, expected = len(view) - _HEADER.size, start + n_payload - _HEADER.size
+        raise ValueError(f"truncated: {have} bytes after the header, expected {expected}")
+    h = _hasher()
+    h.update(view[_HEADER.size :])
+    if h.digest() != digest:
+        raise ValueError(f"content does not match its {HASH} hash")
     try:
-        meta = json.loads(bytes(body[:n_meta]))
+        meta = json.loads(bytes(view[_HEADER.size : _HEADER.size + n_meta]))
     except ValueError as exc:
         raise ValueError(f"meta is not JSON: {exc}") from None
-    return meta, body[n_meta:]
+    if not isinstance(meta, dict):
+        raise ValueError("meta is not a JSON object")
+    return meta, view[start:]
+
+
+def map_entry(path: Path) -> tuple[dict[str, Any], memoryview, int]:
+    """``(meta, payload, size)`` of the entry at ``path``, verified; the payload is a writable
+    view of a private (copy-on-write) mapping of the file: nothing is copied, and a write to the
+    view never reaches the file. Raises ``OSError`` (absent, unreadable) or ``ValueError``."""
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < _HEADER.size:
+            raise ValueError(f"truncated: {size} bytes, shorter than the header")
+        data: Any
+        try:
+            # NOTE: the mapping holds the inode opened here: an entry replaced or removed
+            # meanwhile (os.replace, eviction) leaves this reader's bytes as they were.
+            data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError):  # NOTE: a file system that cannot map files: read it
+            data = bytearray(size)
+            if f.readinto(data) != size:
+                raise ValueError("truncated while it was read") from None
+    meta, payload = decode_entry(data)
+    return meta, payload, size
 
 
 def summary(meta: dict[str, Any], width: int = 200) -> dict[str, Any]:
@@ -183,7 +245,7 @@ def read_head(path: Path) -> dict[str, Any]:
             raise ValueError("truncated")
         magic, fmt, _, n_meta, _ = _HEADER.unpack(head)
         if magic != MAGIC or fmt != FORMAT:
-            raise ValueError("not a plait cache entry")
+            raise ValueError(f"not a plait cache entry of format {FORMAT}")
         return dict(json.loads(f.read(n_meta)))
 
 
@@ -196,10 +258,10 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes | list[bytes]) -> None:
+def write_atomic(path: Path, data: bytes | list[bytes], durable: bool = True) -> None:
     """Write ``data`` (bytes, or pieces written in order) to ``path`` atomically: a temporary
-    file in the same directory, fsynced, then renamed over ``path`` (readers never see a
-    partial file)."""
+    file in the same directory, fsynced (when ``durable``), then renamed over ``path`` (readers
+    never see a partial file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -207,13 +269,15 @@ def write_atomic(path: Path, data: bytes | list[bytes]) -> None:
             for piece in [data] if isinstance(data, bytes) else data:
                 f.write(piece)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
 class LocalStore(Store):
@@ -245,7 +309,10 @@ class LocalStore(Store):
             entries = self._read_index()
             yield entries
             data = {"schema": INDEX_SCHEMA, "entries": entries}
-            write_atomic(self.root / "index.json", json.dumps(data, sort_keys=True).encode())
+            # NOTE: not fsynced (every read updates it): the index is a cache of the objects;
+            # one a crash left unreadable is rebuilt from them.
+            text = json.dumps(data, sort_keys=True).encode()
+            write_atomic(self.root / "index.json", text, durable=False)
 
     def _read_index(self) -> dict[str, dict[str, Any]]:
         path = self.root / "index.json"
@@ -270,7 +337,7 @@ class LocalStore(Store):
         out: dict[str, dict[str, Any]] = {}
         for key, path in self._object_paths():
             try:
-                meta, _ = decode_entry(path.read_bytes())
+                meta, _, _ = map_entry(path)
             except (OSError, ValueError) as exc:
                 self._remove(path)
                 self.problems.append(f"entry {key[:16]}… removed: {exc}")
@@ -296,23 +363,25 @@ class LocalStore(Store):
 
     # --- Store ---------------------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
+        payload = self.get_buffer(key)
+        return None if payload is None else bytes(payload)
+
+    def get_buffer(self, key: str) -> memoryview | None:
         path = self.path(key)
         try:
-            data = path.read_bytes()
+            meta, payload, size = map_entry(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
             self._discard(key)
             raise CorruptEntryError(key, f"unreadable: {exc}") from None
-        try:
-            meta, payload = decode_entry(data)
         except ValueError as exc:
             self._discard(key)
             raise CorruptEntryError(key, str(exc)) from None
         with self._index() as index:
-            row = index.setdefault(key, {"size": len(data), "meta": summary(meta)})
+            row = index.setdefault(key, {"size": size, "meta": summary(meta)})
             row["last_access"] = time.time()
-        return bytes(payload)
+        return payload
 
     def read_meta(self, key: str) -> dict[str, Any] | None:
         try:
@@ -375,7 +444,7 @@ class LocalStore(Store):
             for key, path in self._object_paths():
                 report.checked += 1
                 try:
-                    meta, _ = decode_entry(path.read_bytes())
+                    meta, _, _ = map_entry(path)
                 except (OSError, ValueError) as exc:
                     self._remove(path)
                     index.pop(key, None)

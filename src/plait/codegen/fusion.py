@@ -42,7 +42,7 @@ from plait.codegen.errors import CodegenError
 from plait.codegen.extern import EXTERN_RULES, ExternCall, make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
 from plait.codegen.lower import Lowered, loop_vars, lower_pointwise
-from plait.codegen.onednn import Epilogue, find_epilogue, onednn_call, supported
+from plait.codegen.onednn import Epilogue, Prepacker, find_epilogue, onednn_call, supported
 from plait.codegen.reductions import OP_CLASS, TEMPLATES, lower_reduction
 from plait.codegen.scalar import RULES
 from plait.codegen.views import MAPPED_VIEWS, SELECT_VIEWS, input_index, shape_of
@@ -51,6 +51,7 @@ from plait.ir.ops import get_op
 from plait.ir.types import TensorType
 
 CONSTANTS = frozenset({"full", "zeros", "ones", "arange"})
+SAVED = "(from the saved plan, not probed)"
 _COSTLY = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "silu", "gelu", "pow", "div"})
 CHEAP = 2
 
@@ -109,6 +110,26 @@ class FallbackStep:
 
 Step = KernelStep | ExternStep | FallbackStep
 
+# NOTE: what a oneDNN decision is about: the call with its post-ops ("fused"), or the call alone
+# ("onednn", after the fused one was refused or when there was no epilogue).
+STAGES = ("fused", "onednn")
+
+
+class SavedLayouts(dict[int, list[tuple[int, ...]]]):
+    """A saved plan: each extern step's result strides by node position (the mapping), and the
+    oneDNN calls refused at compile time (``refused``: position -> stage -> reason). Given to
+    :func:`plan_graph`, it replays the compile's decisions: no extern runs on zeros, no oneDNN
+    call is probed (the cache key pins what decided them: PyTorch's build, the CPU, options)."""
+
+    def __init__(
+        self,
+        layouts: Mapping[int, Sequence[Sequence[int]]],
+        refused: Mapping[int, Mapping[str, str]] | None = None,
+    ) -> None:
+        saved = {int(k): [tuple(int(x) for x in s) for s in v] for k, v in layouts.items()}
+        super().__init__(saved)
+        self.refused = {int(k): dict(v) for k, v in (refused or {}).items()}
+
 
 @dataclass
 class Plan:
@@ -120,6 +141,10 @@ class Plan:
     # NOTE: extern nodes whose oneDNN fusion (or oneDNN call) was refused at compile time, with
     # the reason; they run on the slower unfused path.
     unfused: dict[int, str] = field(default_factory=dict)
+    # NOTE: the same refusals by node position and stage (they survive the IR's text round
+    # trip; ids need not), for the saved plan; and whether they came from one (not probed).
+    refused: dict[int, dict[str, str]] = field(default_factory=dict)
+    from_saved_plan: bool = False
 
     @property
     def kernels(self) -> list[Lowered]:
@@ -213,6 +238,13 @@ class _Planner:
         # NOTE: recorded layouts (from a saved plan) replace the dry runs: same decisions, no
         # extern runs on zeros.
         self._layouts = layouts
+        # NOTE: a saved plan that carries its oneDNN decisions replays them unprobed; bare
+        # layouts (no decisions) still probe each oneDNN call once.
+        self._decided = layouts.refused if isinstance(layouts, SavedLayouts) else None
+        self.refused: dict[int, dict[str, str]] = {}
+        # NOTE: with the decisions replayed nothing runs a call while planning, so the weight
+        # reorders may run in threads meanwhile (done before the plan is returned).
+        self.prepack = Prepacker() if self._decided is not None else None
         self.position = {n.id: i for i, n in enumerate(graph.nodes)}
         self._infer = infer_layouts and layouts is None
         self.consts = {
@@ -406,6 +438,8 @@ class _Planner:
                     elif self.locs[v].kind == "view":
                         self.tags[node.id] = NodeTag("native", "strided view (no code)")
         self.close()
+        if self.prepack is not None:
+            self.prepack.wait()
         for node in self.graph.nodes:
             if node.id not in self.tags:
                 self.tags[node.id] = NodeTag("native", "inlined (no reader needed it)")
@@ -415,7 +449,10 @@ class _Planner:
             for k, r in [self.kinds[n.id]]
             if k == "fallback" and n.id in self.live
         }
-        return Plan(self.graph, self.locs, self.steps, self.tags, fallbacks, dict(self.unfused))
+        return Plan(
+            self.graph, self.locs, self.steps, self.tags, fallbacks, dict(self.unfused),
+            {k: dict(v) for k, v in self.refused.items()}, self._decided is not None,
+        )  # fmt: skip
 
     def _reduction_step(self, node: Node) -> None:
         chain = self._reduction_epilogue(node) if self.fuse else []
@@ -466,21 +503,24 @@ class _Planner:
             ]
         else:
             step: ExternStep | None = None
+            accepted = ""
             if supported(node):
                 step = ExternStep(
-                    node, onednn_call(node, self.consts, None, self.channels_last), []
+                    node, onednn_call(node, self.consts, None, self.channels_last, self.prepack), []
                 )
-                failure = self._try_dry_run(step)
+                failure = self._try_dry_run(step, "onednn")
                 if failure is not None:
                     note = "; ".join(x for x in (note, f"oneDNN {node.op}: {failure}") if x)
                     step = None
+                else:
+                    accepted = self._accepted_note()
             if step is None:
                 step = ExternStep(node, make_call(node, self.consts), [])
                 step.out_strides = self._dry_run(step)
             strides = step.out_strides
             call = step.call
             self.steps.append(step)
-            suffix = f"; {note}" if note else ""
+            suffix = "".join(f"; {x}" for x in (note, accepted) if x)
             self.tags[node.id] = NodeTag(
                 "extern", f"{call.detail} ({OP_CLASS.get(node.op, call.op_class)}){suffix}"
             )
@@ -489,18 +529,32 @@ class _Planner:
         for v, s in zip(node.outputs, strides):
             self.locs[v] = Loc("buffer" if isinstance(v.type, TensorType) else "object", v, 0, s)
 
-    def _try_dry_run(self, step: ExternStep) -> str | None:
+    def _try_dry_run(self, step: ExternStep, stage: str) -> str | None:
         """Dry-run ``step`` (and, when no dry run would run it, probe it once on fresh tensors):
         ``None`` when oneDNN accepts the call, else the reason it refused (decided here, at
-        compile time, never per call)."""
+        compile time, never per call). With a saved plan's decisions, the decision is read
+        from them: nothing runs."""
+        position = self.position[step.node.id]
+        if self._decided is not None:
+            reason = self._decided.get(position, {}).get(stage)
+            if reason is None:
+                step.out_strides = self._dry_run(step)
+                return None
+            self.refused.setdefault(position, {})[stage] = reason
+            return f"{reason} {SAVED}"
         try:
             ran = self._infer and self.channels_last and self._layouts is None
             step.out_strides = self._dry_run(step)
             if not ran:
                 self._probe(step)
         except RuntimeError as e:
-            return f"oneDNN refused the call at compile time ({str(e).splitlines()[0]})"
+            reason = f"oneDNN refused the call at compile time ({str(e).splitlines()[0]})"
+            self.refused.setdefault(position, {})[stage] = reason
+            return reason
         return None
+
+    def _accepted_note(self) -> str:
+        return f"accepted by oneDNN at compile time {SAVED}" if self._decided is not None else ""
 
     def _probe(self, step: ExternStep) -> None:
         def fresh(o: object) -> object:
@@ -529,15 +583,17 @@ class _Planner:
     def _fused_step(self, host: Node, ep: Epilogue) -> str | None:
         """Emit ``host`` with ``ep`` as oneDNN post-ops; the reason, emitting nothing, when
         oneDNN cannot create or run the fused call."""
-        call = onednn_call(host, self.consts, ep, self.channels_last)
+        call = onednn_call(host, self.consts, ep, self.channels_last, self.prepack)
         extra = (ep.other,) if ep.other is not None else ()
         step = ExternStep(host, call, [], ep.nodes, extra)
-        failure = self._try_dry_run(step)
+        failure = self._try_dry_run(step, "fused")
         if failure is not None:
             return failure
         strides = step.out_strides
         self.steps.append(step)
-        self.tags[host.id] = NodeTag("extern", f"{call.detail} ({call.op_class})")
+        accepted = self._accepted_note()
+        suffix = f"; {accepted}" if accepted else ""
+        self.tags[host.id] = NodeTag("extern", f"{call.detail} ({call.op_class}){suffix}")
         for n in ep.nodes:
             self.tags[n.id] = NodeTag(
                 "extern", f"fused into node {host.id} ({host.op}) as a oneDNN post-op"
@@ -651,15 +707,22 @@ def plan_graph(
     ``channels_last=False``: every stored value and extern result is contiguous, convolutions
     run on contiguous (NCHW) activations."""
     check_graph(graph)
-    return _Planner(graph, infer_layouts, layouts, fuse, channels_last).run()
+    planner = _Planner(graph, infer_layouts, layouts, fuse, channels_last)
+    try:
+        return planner.run()
+    finally:
+        if planner.prepack is not None:
+            planner.prepack.close()
 
 
-def extern_layouts(plan: Plan) -> dict[int, list[tuple[int, ...]]]:
+def extern_layouts(plan: Plan) -> SavedLayouts:
     """The result strides each extern step of ``plan`` settled on, keyed by the node's position
-    in ``plan.graph.nodes`` (positions survive the IR's text round trip; ids need not)."""
+    in ``plan.graph.nodes`` (positions survive the IR's text round trip; ids need not), with
+    the oneDNN calls refused at compile time (``.refused``): the plan to save."""
     position = {n.id: i for i, n in enumerate(plan.graph.nodes)}
-    return {
+    layouts = {
         position[s.node.id]: [tuple(x) for x in s.out_strides]
         for s in plan.steps
         if isinstance(s, ExternStep)
     }
+    return SavedLayouts(layouts, plan.refused)

@@ -7,10 +7,12 @@ accumulator, before the result is written: an activation (relu, gelu, silu, sigm
 for a residual, an add of another tensor of the output's shape (conv: add then activation).
 
 A weight is prepacked at compile time when it is a constant the compiler owns (frozen; the
-frozen-parameter guards make a changed parameter a recompile). Otherwise it is prepacked on the
-first call and reused while the tensor's identity and version counter are unchanged, so an
-in-place update is never missed. Convolutions run channels_last (the input is converted when it
-is not), which is oneDNN's fast layout on the CPU.
+frozen-parameter guards make a changed parameter a recompile); when a saved plan is rebuilt
+(nothing runs a call before the plan is done), the reorders run in two threads
+(:class:`Prepacker`). Otherwise it is prepacked on the first call and reused while the tensor's
+identity and version counter are unchanged, so an in-place update is never missed.
+Convolutions run channels_last (the input is converted when it is not), which is oneDNN's fast
+layout on the CPU.
 
 Example:
     >>> import torch
@@ -29,6 +31,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,11 +154,47 @@ def conv_binary(
               algorithm)  # fmt: skip
 
 
+class Prepacker:
+    """Runs weight prepacking (oneDNN reorders; PyTorch releases the GIL in them) in
+    ``threads`` threads, so they overlap each other and the planner's Python work. Only where
+    nothing calls an extern before :meth:`wait`: the rebuild of a saved plan (the compile's dry
+    runs call them, so it prepacks inline). ``wait`` returns once all are done, re-raising the
+    first failure; ``close`` ends the threads (after ``wait``, or on the way out of an error).
+
+    NOTE: measured on ResNet-18 (20 conv reorders, 45 MB) on a 2-core machine shared with
+    other work: sequential, 170 to 480 ms (the reorders' OpenMP regions wait on busy cores);
+    two threads, 70 to 130 ms. On an idle machine the two are equal (about 45 ms).
+    """
+
+    def __init__(self, threads: int = 2) -> None:
+        # NOTE: a fixed count, not the machine's (two already keep the reorders off one
+        # another's waits; each reorder is itself parallel); the results do not depend on it.
+        self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        self._futures: list[Future[Any]] = []
+
+    def __call__(self, fn: Callable[[], Any]) -> None:
+        if self._pool is None:
+            fn()
+        else:
+            self._futures.append(self._pool.submit(fn))
+
+    def wait(self) -> None:
+        futures, self._futures = self._futures, []
+        for f in futures:
+            f.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
 def linear_call(
     node: Node,
     consts: Mapping[Any, torch.Tensor],
     ep: Epilogue | None,
     channels_last: bool = True,
+    prepack: Prepacker | None = None,
 ) -> ExternCall:
     op = torch.ops.mkldnn._linear_pointwise
     x = node.inputs[0]
@@ -165,7 +204,7 @@ def linear_call(
         rows *= int(d)
     reorder = torch.ops.mkldnn._reorder_linear_weight
     weight = PreparedWeight(lambda w: reorder(w.contiguous(), rows))
-    when = _prepare(weight, consts.get(node.inputs[1]))
+    when = _prepare(weight, consts.get(node.inputs[1]), prepack)
     detail = f"oneDNN linear (weight prepacked {when})"
     if ep is not None and ep.other is not None:
 
@@ -188,6 +227,7 @@ def conv_call(
     consts: Mapping[Any, torch.Tensor],
     ep: Epilogue | None,
     channels_last: bool = True,
+    prepack: Prepacker | None = None,
 ) -> ExternCall:
     a = node.attrs
     stride, padding, dilation, groups = (
@@ -203,7 +243,7 @@ def conv_call(
     weight = PreparedWeight(
         lambda w: reorder(w.contiguous(), padding, stride, dilation, groups, size)
     )
-    when = _prepare(weight, consts.get(node.inputs[1]))
+    when = _prepare(weight, consts.get(node.inputs[1]), prepack)
     cl = torch.channels_last if channels_last else torch.contiguous_format
     layout = "channels_last" if channels_last else "contiguous"
     detail = f"oneDNN conv2d {layout} (weight prepacked {when})"
@@ -228,10 +268,13 @@ def conv_call(
     return ExternCall(fn, "conv", detail + suffix)
 
 
-def _prepare(weight: PreparedWeight, fixed: torch.Tensor | None) -> str:
+def _prepare(weight: PreparedWeight, fixed: torch.Tensor | None, prepack: Prepacker | None) -> str:
     if fixed is None:
         return "on first use, reused while identity and version hold"
-    weight(fixed)
+    if prepack is not None:
+        prepack(lambda: weight(fixed))
+    else:
+        weight(fixed)
     return "at compile time"
 
 
@@ -240,8 +283,10 @@ def onednn_call(
     consts: Mapping[Any, torch.Tensor],
     ep: Epilogue | None,
     channels_last: bool = True,
+    prepack: Prepacker | None = None,
 ) -> ExternCall:
     """The oneDNN call of a conv2d or linear ``node`` with epilogue ``ep``; ``channels_last``:
-    convolutions convert their activations to channels_last (else to contiguous NCHW)."""
+    convolutions convert their activations to channels_last (else to contiguous NCHW);
+    ``prepack``: where the constant weight's prepacking runs (None: here, now)."""
     make: Callable[..., ExternCall] = linear_call if node.op == "linear" else conv_call
-    return make(node, consts, ep, channels_last)
+    return make(node, consts, ep, channels_last, prepack)

@@ -48,6 +48,14 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*")
 _FLOAT_RE = re.compile(r"-?(?:\d+\.\d*(?:e[-+]?\d+)?|\d+e[-+]?\d+|inf|nan)(?![\w.])")
 _INT_RE = re.compile(r"-?\d+(?![\w.])")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_WS_RE = re.compile(r"[ \t\r\n]*")
+_WS_LINE_RE = re.compile(r"[ \t\r]*")
+_UINT_RE = re.compile(r"[0-9]+")
+# NOTE: the common case of a type as to_text prints it (static dims): parsed in one match; any
+# other text takes the general path, which gives the same result for what this accepts.
+_STATIC_TYPE_RE = re.compile(
+    r"([A-Za-z_][A-Za-z0-9_]*)\[((?:[0-9]+(?:, [0-9]+)*)?)\](?:@(cpu|cuda:[0-9]+))?(?!@)"
+)
 
 
 # --- printing ----------------------------------------------------------------------------------
@@ -159,9 +167,8 @@ class _Cursor:
         return IRParseError(message, line, pos - start + 1, line_text)
 
     def skip_ws(self, newlines: bool = True) -> None:
-        chars = " \t\r\n" if newlines else " \t\r"
-        while self.pos < len(self.text) and self.text[self.pos] in chars:
-            self.pos += 1
+        m = (_WS_RE if newlines else _WS_LINE_RE).match(self.text, self.pos)
+        self.pos = m.end()  # type: ignore[union-attr]  # NOTE: matches the empty string
 
     def peek(self, s: str) -> bool:
         self.skip_ws()
@@ -204,6 +211,8 @@ class _Cursor:
 
     def dim(self, stops: str) -> Any:
         raw, start = self.balanced_until(stops)
+        if _UINT_RE.fullmatch(raw):
+            return int(raw)
         try:
             return parse_dim(raw)
         except (DimParseError, ValueError) as exc:
@@ -213,6 +222,15 @@ class _Cursor:
     def type(self) -> Type:
         self.skip_ws()
         start = self.pos
+        m = _STATIC_TYPE_RE.match(self.text, start)
+        if m and m.group(1) in DTYPES_BY_NAME:
+            static = tuple(int(d) for d in m.group(2).split(", ")) if m.group(2) else ()
+            try:
+                t = TensorType(static, DTYPES_BY_NAME[m.group(1)], m.group(3) or "cpu")
+            except (ValueError, TypeError) as exc:
+                raise self.error(str(exc), start) from None
+            self.pos = m.end()
+            return t
         word = self.match(_IDENT_RE, "a type")
         if word == "none":
             return NoneType()
