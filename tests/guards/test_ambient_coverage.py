@@ -11,10 +11,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 import plait
 from plait.guards import call_settings, process_settings
+from plait.guards.ambient import onednn_environment
 
 SRC = Path(plait.__file__).parent
 PATTERN = re.compile(
@@ -74,9 +76,26 @@ def test_the_table_has_no_stale_rows() -> None:
 
 def test_process_settings_are_key_parts() -> None:
     fixed = process_settings()
-    assert set(fixed) == {"cpu", "gpu_capability", "mkldnn_available", "torch_build_sha256"}
+    assert set(fixed) == {
+        "cpu",
+        "gpu_capability",
+        "mkldnn_available",
+        "torch_build_sha256",
+        "onednn_env",
+    }
     assert fixed["mkldnn_available"] == torch.backends.mkldnn.is_available()
     assert fixed["gpu_capability"] is None or torch.cuda.is_available()
+
+
+def test_onednn_environment_is_a_key_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ONEDNN_MAX_CPU_ISA narrows the kernels oneDNN may pick (and the fused calls it accepts)
+    for the whole process: a process with another value must not load this one's artifacts."""
+    assert process_settings()["onednn_env"] == onednn_environment()  # NOTE: read once
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    before = onednn_environment()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    after = onednn_environment()
+    assert ["ONEDNN_MAX_CPU_ISA", "AVX2"] in after and after != before
 
 
 def test_call_settings_read_the_live_values() -> None:

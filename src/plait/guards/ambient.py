@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import platform
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -215,4 +216,15 @@ def process_settings() -> dict[str, Any]:
         "gpu_capability": _gpu_capability(),
         "mkldnn_available": torch.backends.mkldnn.is_available(),
         "torch_build_sha256": _torch_build(),
+        "onednn_env": onednn_environment(),
     }
+
+
+# NOTE: oneDNN reads these when a process first uses it (ONEDNN_MAX_CPU_ISA narrows the kernels
+# it may pick, and so which fused calls it accepts): fixed for the process, a key part.
+_ONEDNN_ENV = ("ONEDNN_", "DNNL_", "MKLDNN_")
+
+
+def onednn_environment() -> list[list[str]]:
+    """The oneDNN environment variables set in this process, sorted by name."""
+    return sorted([k, v] for k, v in os.environ.items() if k.startswith(_ONEDNN_ENV))
