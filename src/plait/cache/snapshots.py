@@ -6,20 +6,23 @@ cache: the artifact's key is made of what capture mints (the semantic hash and t
 *snapshot* entry keeps the captured program itself (:mod:`plait.frontend.snapshot`) under a
 *front key* made of what is known before capture:
 
-- ``callable``: the module tree (classes, every plain attribute of every submodule and class,
-  training flags; :func:`plait.frontend.deps.module_fingerprint`) or the function's name;
+- ``callable``: the module tree (classes with their bases, attributes and methods by name, every
+  attribute of every submodule, training flags; :func:`plait.frontend.deps.module_fingerprint`)
+  or the function, found again by name;
 - ``inputs`` and ``state``: the call's structure, its tensors' dtype, shape, device and
-  requires_grad, its other arguments' values, and the same for parameters and buffers;
+  requires_grad (and class, for a subclass), its other arguments' values, and the same for
+  parameters and buffers with every path that holds each (tied weights);
 - ``mode``: grad mode, default dtype, autocast; ``request``: backend, fullgraph, dynamic and
-  options as requested; ``toolchain``: Python, PyTorch, plait.
+  options as requested; ``toolchain``: Python, PyTorch, plait, NumPy, SymPy, mpmath.
 
 A snapshot is used only when, in this process, every function the capture ran (recorded at
 capture, PyTorch's and the standard library's own excepted) is found again by name with the same
-bytecode, defaults and module-level values, and the guards rebuilt from the saved plan and this
-call write the same key texts as capture's. The program then goes through the artifact cache as
-a captured one would (same full key: a hit loads the compiled artifact). Anything else (no
-snapshot, a changed function, a program that could not be pinned down) captures, and the
-manifest's ``cache.capture`` says which and why.
+digest (:mod:`plait.frontend.deps`: bytecode, defaults, the values it reads), and the guards
+rebuilt from the saved plan and this call write the same key texts as capture's and hold. The
+program then goes through the artifact cache as a captured one would (same full key: a hit loads
+the compiled artifact). Anything else (no snapshot, a changed function, a program that could not
+be pinned down, a document this plait cannot read) captures, and the manifest's
+``cache.capture`` says which and why.
 
 Example:
     >>> import tempfile, torch
@@ -37,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -48,22 +52,32 @@ from torch import nn
 from plait.cache.key import CacheKey
 from plait.cache.store import CorruptEntryError, Store
 from plait.frontend import CapturedProgram, ModuleState
-from plait.frontend.deps import (
-    CodeDep,
-    Unpinnable,
-    find_function,
-    fingerprint,
-    function_digest,
-    module_fingerprint,
-)
+from plait.frontend.deps import CodeDep, Unpinnable, dep_digest, fingerprint, module_fingerprint
 from plait.frontend.guard_build import autocast_on
 from plait.frontend.snapshot import encode, program_doc, program_from_doc
 
 FORMAT = "plait.snapshot/1"
 
 
+_PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
+
+
 def _tensor_sig(t: torch.Tensor) -> list[Any]:
-    return [str(t.dtype), list(t.shape), str(t.device), bool(t.requires_grad)]
+    sig = [str(t.dtype), list(t.shape), str(t.device), bool(t.requires_grad)]
+    if type(t) not in _PLAIN_TENSORS:
+        sig.append(f"{type(t).__module__}.{type(t).__qualname__}")  # NOTE: a tensor subclass
+    return sig
+
+
+def _state_part(ms: ModuleState) -> list[Any]:
+    """Each parameter and buffer: every path that holds it (a tied weight and what it is tied
+    to), its kind and signature."""
+    prefix = {id(m): p for p, m in ms.modules}
+    out = []
+    for e, t in zip(ms.entries, ms.fetch()):
+        paths = [f"{prefix[id(m)]}.{a}" if prefix[id(m)] else a for m, a in e.slots]
+        out.append([paths, e.kind, *_tensor_sig(t)])
+    return out
 
 
 def front_parts(
@@ -71,18 +85,30 @@ def front_parts(
 ) -> dict[str, Any]:
     """The front key's parts for calling ``fn`` with ``(spec, leaves)``; raises
     :class:`Unpinnable` for what cannot be described without capture."""
+    try:
+        return _front_parts(fn, spec, leaves, request)
+    except Unpinnable:
+        raise
+    except Exception as exc:  # NOTE: never fail a call over what a warm start could skip
+        raise Unpinnable(f"the front key could not be made ({type(exc).__name__}: {exc})") from None
+
+
+def _front_parts(
+    fn: Any, spec: Any, leaves: Sequence[Any], request: Mapping[str, Any]
+) -> dict[str, Any]:
     if isinstance(fn, nn.Module):
         ms = ModuleState(fn)
-        callable_ = {
+        callable_: dict[str, Any] = {
             "modules": module_fingerprint(fn),
             "training": list(ms.training_flags()),
         }
-        state = [[e.path, e.kind, *_tensor_sig(t)] for e, t in zip(ms.entries, ms.fetch())]
+        state = _state_part(ms)
     else:
         name = getattr(fn, "__qualname__", None)
         if not callable(fn) or name is None or "<" in name:
             raise Unpinnable(f"a {type(fn).__name__} callable has no name to find it again by")
-        callable_ = {"function": [getattr(fn, "__module__", None), name]}
+        # NOTE: found again by name, and not a method bound to an object whose state it reads
+        callable_ = {"function": fingerprint(fn, "the compiled callable")}
         state = []
     inputs = [
         _tensor_sig(x) if isinstance(x, torch.Tensor) else fingerprint(x, "an argument")
@@ -103,6 +129,11 @@ def front_parts(
             "python": sys.version.split()[0],
             "torch": torch.__version__,
             "plait": sys.modules["plait"].__version__,
+            # NOTE: their code is not recorded either (plait.frontend.deps): their versions pin it
+            **{
+                name: str(getattr(sys.modules.get(name), "__version__", None))
+                for name in ("numpy", "sympy", "mpmath")
+            },
         },
     }
 
@@ -123,7 +154,10 @@ def save_snapshot(
         "program": program_doc(prog),
     }
     key = CacheKey(dict(parts)).digest
-    payload = json.dumps(doc, sort_keys=True).encode()
+    try:
+        payload = json.dumps(doc, sort_keys=True).encode()
+    except (TypeError, ValueError) as exc:
+        raise Unpinnable(f"the snapshot has no JSON form ({exc})") from None
     store.put(key, payload, {"kind": "snapshot", "source": prog.semantic_hash})
     return key
 
@@ -150,18 +184,33 @@ def load_snapshot(
         return None, "captured: no snapshot for this front key"
     try:
         doc = json.loads(bytes(payload))
-        if doc.get("format") != FORMAT or doc.get("front") != dict(parts):
+        if not isinstance(doc, dict):
+            raise ValueError("not a snapshot document")
+        if doc.get("format") != FORMAT or doc.get("front") != json.loads(json.dumps(parts)):
             raise Unpinnable("the snapshot was saved for another front key")
         for module, qualname, digest in doc["deps"]:
-            fn = find_function(module, qualname)
-            if fn is None:
-                raise Unpinnable(f"{module}.{qualname} is not loaded in this process")
-            if function_digest(fn) != digest:
-                raise Unpinnable(f"{module}.{qualname} changed since the capture")
+            _check_dep(module, qualname, digest)
         prog = program_from_doc(doc["program"], spec, leaves, paths, ms, state)
     except Unpinnable as exc:
         return None, f"captured: {exc}"
-    except (ValueError, KeyError, TypeError) as exc:
-        store.delete(key)
+    except Exception as exc:  # NOTE: a document this plait cannot read: replaced by capture
+        with contextlib.suppress(OSError):
+            store.delete(key)
         return None, f"captured: the snapshot did not load ({type(exc).__name__}: {exc})"
     return prog, f"snapshot {key[:16]}…"
+
+
+def _check_dep(module: str, qualname: str, digest: str) -> None:
+    try:
+        now = dep_digest(module, qualname)
+    except Unpinnable as exc:
+        text = str(exc)
+        if not text.startswith(f"{module}.{qualname}"):
+            text = f"{module}.{qualname} cannot be checked now: {text}"
+        raise Unpinnable(text) from None
+    except Exception as exc:  # NOTE: user code ran while finding it (a property, __getattr__)
+        raise Unpinnable(
+            f"{module}.{qualname} could not be checked ({type(exc).__name__}: {exc})"
+        ) from None
+    if now != digest:
+        raise Unpinnable(f"{module}.{qualname} changed since the capture")

@@ -2,17 +2,27 @@
 and the module could read, written so that another process can check them without capturing.
 
 :class:`CodeRecorder` records every Python function that runs during a capture (a profile hook,
-installed only for the capture). :func:`code_deps` turns the record into :class:`CodeDep` items:
-each function found again by its module and qualified name, with a digest of its bytecode
-(constants and nested code included; file names and line numbers excluded) and of its defaults,
-and the module-level values its code can read by name. PyTorch's, plait's and the standard
-library's own code is left out: the toolchain versions in every cache key cover it.
-:func:`module_fingerprint` is the same for an ``nn.Module`` tree: classes, and every plain
-attribute of every submodule and of their classes.
+installed only for the capture), digested when it is first called: each function found again by
+its module and qualified name, with a digest of its bytecode (constants and nested code included;
+file names and line numbers excluded), of its defaults, of the module-level values its code can
+read by name (a name it loads, or a string constant such as ``getattr(cfg, "SCALE")`` uses), of
+the attributes it names of the modules and functions those values are, and of the classes that
+own it. PyTorch's, plait's, NumPy's, SymPy's and the standard library's own code is left out
+(the toolchain versions in every cache key cover it; a PyTorch module attribute that user code
+replaced, ``F.gelu = my_gelu``, is not), and so is what they generate and run themselves and
+what the import system runs. A namedtuple's or a dataclass's generated methods count as their
+class. :func:`module_fingerprint` is the same for an ``nn.Module`` tree: classes (their bases,
+attributes and methods by name) and every attribute of every submodule.
 
-Anything these cannot pin down (a nested function or a lambda, whose closure cannot be read back
-by name; a global that is an arbitrary object; a forward hook) raises :class:`Unpinnable`, with
-the reason: such a program is captured on every warm start, never assumed unchanged.
+A value is described by :func:`fingerprint`: plain values by value; containers item by item (a
+set in its iteration order, which is what a loop over it sees); enums by name and value; user
+classes by their contents; dataclass configs by class and fields; functions and classes by
+module and qualified name, which must find the very object again (a class redefined since its
+instances were made is not the class its module names). Anything these cannot pin down (an
+arbitrary object; a method bound to one; a user module held by an attribute; a forward hook; a
+lambda or nested function that runs, whose closure cannot be read back by name; code that names
+the environment or the command line) raises :class:`Unpinnable`, with the reason: such a program
+is captured on every warm start, never assumed unchanged.
 
 Example:
     >>> import torch
@@ -23,10 +33,17 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import dis
 import enum
+import functools
 import hashlib
+import logging
+import os
 import sys
+import sysconfig
 import types
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,12 +52,23 @@ from typing import Any
 import torch
 from torch import nn
 
-# NOTE: code of these top-level packages is pinned by the toolchain versions in every key.
-_PINNED_TOP = frozenset({"torch", "plait", "sympy", "typing_extensions", "numpy"}) | frozenset(
-    sys.stdlib_module_names
+# NOTE: code of these top-level packages is pinned by the toolchain versions in every key
+# (functorch and torchgen ship inside the PyTorch wheel).
+_PINNED_TOP = frozenset(
+    {"torch", "functorch", "torchgen", "plait", "sympy", "mpmath", "typing_extensions", "numpy"}
 )
+# NOTE: a standard library module's name is pinned only when the module loaded under it is the
+# standard library's: a user's own `test/` package or `trace.py` is user code.
+_STDLIB_NAMES = frozenset(sys.stdlib_module_names)
+_STDLIB_DIRS = tuple(
+    {os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")}
+)
+_STDLIB_SEEN: dict[str, tuple[types.ModuleType, bool]] = {}
 # NOTE: nested code of these kinds is part of its enclosing function's digest, which also ran.
 _INLINE = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
+# NOTE: names through which code reads state that differs from one process to the next.
+_PROCESS_STATE = frozenset({"environ", "environb", "getenv", "getenvb", "argv", "orig_argv"})
+_MAX_DEPTH = 32
 
 
 class Unpinnable(Exception):
@@ -49,8 +77,8 @@ class Unpinnable(Exception):
 
 @dataclass(frozen=True)
 class CodeDep:
-    """A function the capture ran: ``module`` and ``qualname`` find it again; ``digest`` covers
-    its code, defaults and the module-level values its code names."""
+    """A function (or a class whose generated methods ran) the capture ran: ``module`` and
+    ``qualname`` find it again; ``digest`` covers its code, defaults and the values it reads."""
 
     module: str
     qualname: str
@@ -59,26 +87,64 @@ class CodeDep:
 
 # --- recording ------------------------------------------------------------------------------
 class CodeRecorder:
-    """Records the code objects that run while active (``with CodeRecorder() as rec:``).
+    """Records the code that runs while active (``with CodeRecorder() as rec:``), each function
+    digested when first called: what it reads then is what the capture saw.
 
     NOTE: a profile hook is per thread; one already installed (a profiler) is left alone and
     nothing is recorded (``refusal`` says so)."""
 
     def __init__(self) -> None:
-        self.codes: dict[int, tuple[types.CodeType, dict[str, Any]]] = {}
+        self.seen: set[int] = set()
+        self.found: dict[tuple[str, str], CodeDep] = {}
         self.refusal: str | None = None
+        self._alive: list[types.CodeType] = []  # NOTE: keeps the ids in `seen` from reuse
+        self._outside: set[int] = set()  # NOTE: the frames on the stack when recording began
+        self._frames: list[types.FrameType] = []
         self._installed = False
 
     def _hook(self, frame: types.FrameType, event: str, arg: Any) -> None:
-        if event == "call":
-            code = frame.f_code
-            if id(code) not in self.codes:
-                self.codes[id(code)] = (code, frame.f_globals)
+        if event != "call":
+            return
+        code = frame.f_code
+        if id(code) in self.seen:
+            return
+        if self.refusal is None and not _pinned(str(frame.f_globals.get("__name__", ""))):
+            if self._under_import(frame):
+                return  # NOTE: not marked seen: the program proper may run it later
+            # NOTE: an exception must never leave a profile hook: it would surface in user code
+            try:
+                dep = _frame_dep(frame)
+            except Unpinnable as exc:
+                self.refusal = str(exc)
+            except Exception as exc:
+                self.refusal = f"recording the code the capture ran failed ({exc!r})"
+            else:
+                if dep is not None:
+                    self.found.setdefault((dep.module, dep.qualname), dep)
+        self.seen.add(id(code))
+        self._alive.append(code)
+
+    def _under_import(self, frame: types.FrameType) -> bool:
+        """Whether ``frame`` runs for an import begun during the recording (a finder such as
+        setuptools' or pytest's, a module's body): the import system's business, not the
+        program's. What the program then calls of that module is recorded, and a module not
+        loaded in a later process makes its functions not found there."""
+        caller = frame.f_back
+        while caller is not None and id(caller) not in self._outside:
+            if caller.f_globals.get("__name__") in _IMPORT_SYSTEM:
+                return True
+            caller = caller.f_back
+        return False
 
     def __enter__(self) -> CodeRecorder:
         if sys.getprofile() is not None:
             self.refusal = "a profiler was active during capture"
         else:
+            outer: types.FrameType | None = sys._getframe(1)
+            while outer is not None:
+                self._outside.add(id(outer))
+                self._frames.append(outer)  # NOTE: alive, so that no new frame takes its id
+                outer = outer.f_back
             sys.setprofile(self._hook)
             self._installed = True
         return self
@@ -87,52 +153,139 @@ class CodeRecorder:
         if self._installed:
             sys.setprofile(None)
             self._installed = False
+        self._frames.clear()
 
     def deps(self) -> list[CodeDep]:
         """The recorded code as :class:`CodeDep` items; raises :class:`Unpinnable`."""
         if self.refusal is not None:
             raise Unpinnable(self.refusal)
-        return code_deps(self.codes.values())
+        return sorted(self.found.values(), key=lambda d: (d.module, d.qualname))
 
 
 def _pinned(module: str) -> bool:
-    return module.split(".", 1)[0] in _PINNED_TOP
+    top = module.split(".", 1)[0]
+    if top in _PINNED_TOP:
+        return True
+    return top in _STDLIB_NAMES and _is_stdlib(top)
 
 
-def code_deps(codes: Any) -> list[CodeDep]:
-    out: dict[tuple[str, str], CodeDep] = {}
-    for code, globals_ in codes:
-        module = str(globals_.get("__name__", ""))
-        if _pinned(module):
-            continue
-        qualname = code.co_qualname
-        if qualname.rsplit(".", 1)[-1] in _INLINE:
-            continue
-        if "<" in qualname:
-            raise Unpinnable(
-                f"the program runs {module}.{qualname}: a nested function or lambda, whose "
-                "closure cannot be checked without capturing"
-            )
-        fn = find_function(module, qualname)
-        if fn is None or fn.__code__ is not code:
-            raise Unpinnable(f"{module}.{qualname} ran but cannot be found again by its name")
-        out[(module, qualname)] = CodeDep(module, qualname, function_digest(fn))
-    return sorted(out.values(), key=lambda d: (d.module, d.qualname))
+def _is_stdlib(top: str) -> bool:
+    mod = sys.modules.get(top)
+    if mod is None:
+        return True  # NOTE: nothing is loaded under that name: no user code of it can run
+    seen = _STDLIB_SEEN.get(top)
+    if seen is not None and seen[0] is mod:
+        return seen[1]
+    file = getattr(mod, "__file__", None)
+    paths = [file] if isinstance(file, str) else list(getattr(mod, "__path__", None) or [])
+    real = [os.path.realpath(p) for p in paths]
+    verdict = all(
+        r.startswith(_STDLIB_DIRS) and "site-packages" not in r and "dist-packages" not in r
+        for r in real
+    )
+    _STDLIB_SEEN[top] = (mod, verdict)
+    return verdict
+
+
+def _frame_dep(frame: types.FrameType) -> CodeDep | None:
+    """The dependency a frame's code makes (None: pinned or part of another one)."""
+    code = frame.f_code
+    module = str(frame.f_globals.get("__name__", ""))
+    if _pinned(module) or _generated_by_library(frame):
+        return None
+    qualname = code.co_qualname
+    owner = _generated_for(frame, module, qualname)
+    if owner is not None:
+        # NOTE: namedtuple's and dataclasses' generated methods follow from the class's fields
+        if _pinned(owner.__module__ or ""):
+            return None
+        return CodeDep(owner.__module__, owner.__qualname__, class_digest(owner))
+    if qualname.rsplit(".", 1)[-1] in _INLINE:
+        return None
+    if qualname == "<module>":
+        raise Unpinnable(f"the program ran the module-level code of {module} (an import)")
+    if "<" in qualname:
+        raise Unpinnable(
+            f"the program runs {module}.{qualname}: a nested function or lambda, whose "
+            "closure cannot be checked without capturing"
+        )
+    fn = find_function(module, qualname)
+    if fn is None or fn.__code__ is not code:
+        raise Unpinnable(f"{module}.{qualname} ran but cannot be found again by its name")
+    return CodeDep(module, qualname, function_digest(fn))
+
+
+_IMPORT_SYSTEM = frozenset(
+    {
+        "_frozen_importlib",
+        "_frozen_importlib_external",
+        "importlib._bootstrap",
+        "importlib._bootstrap_external",
+    }
+)
+
+
+def _generated_by_library(frame: types.FrameType) -> bool:
+    """Code a library made from a string and runs itself (``sympy.lambdify``'s, when plait
+    builds the guards of a size comparison): no module, a ``<...>`` file, a pinned caller."""
+    if "__name__" in frame.f_globals or not frame.f_code.co_filename.startswith("<"):
+        return False
+    caller = frame.f_back
+    return caller is not None and _pinned(str(caller.f_globals.get("__name__", "")))
+
+
+def _generated_for(frame: types.FrameType, module: str, qualname: str) -> type | None:
+    """The class a namedtuple ``__new__`` or a dataclass method was generated for, else None."""
+    code = frame.f_code
+    if code.co_filename != "<string>" or not code.co_argcount:
+        return None
+    if module.startswith("namedtuple_") and qualname == "<lambda>":
+        cls = frame.f_locals.get("_cls")
+        return cls if isinstance(cls, type) and hasattr(cls, "_fields") else None
+    if qualname.startswith("__create_fn__.<locals>."):
+        first = frame.f_locals.get(code.co_varnames[0])
+        cls = first if isinstance(first, type) else type(first)
+        return cls if dataclasses.is_dataclass(cls) else None
+    return None
+
+
+def dep_digest(module: str, qualname: str) -> str:
+    """The digest the dependency ``module.qualname`` has in this process (compare with a
+    :class:`CodeDep`'s); raises :class:`Unpinnable` when it is not found."""
+    obj = _lookup(module, qualname)
+    if isinstance(obj, type):
+        return class_digest(obj)
+    fn = _unwrap(obj, qualname) if obj is not None else None
+    if fn is None:
+        raise Unpinnable(f"{module}.{qualname} is not loaded in this process")
+    return function_digest(fn)
 
 
 # --- finding and digesting ------------------------------------------------------------------
-def find_function(module: str, qualname: str) -> types.FunctionType | None:
-    """The function ``module.qualname`` in this process (no import: its module must be loaded
-    already, as it is when its code can run), or None."""
+def _lookup(module: str, qualname: str) -> Any:
+    """The object ``module.qualname`` names in this process (no import), or None."""
     obj: Any = sys.modules.get(module)
     if obj is None:
         return None
     for part in qualname.split("."):
-        namespace = getattr(obj, "__dict__", {})
-        obj = namespace[part] if part in namespace else getattr(obj, part, None)
+        namespace = getattr(obj, "__dict__", None)
+        if isinstance(namespace, (dict, types.MappingProxyType)) and part in namespace:
+            obj = namespace[part]
+        else:
+            try:
+                obj = getattr(obj, part, None)
+            except Exception:  # NOTE: a property or __getattr__ of user code
+                return None
         if obj is None:
             return None
-    return _unwrap(obj, qualname)
+    return obj
+
+
+def find_function(module: str, qualname: str) -> types.FunctionType | None:
+    """The function ``module.qualname`` in this process (no import: its module must be loaded
+    already, as it is when its code can run), or None."""
+    obj = _lookup(module, qualname)
+    return None if obj is None else _unwrap(obj, qualname)
 
 
 def _unwrap(obj: Any, qualname: str) -> types.FunctionType | None:
@@ -143,6 +296,8 @@ def _unwrap(obj: Any, qualname: str) -> types.FunctionType | None:
             if isinstance(f, types.FunctionType) and f.__code__.co_qualname == qualname:
                 return f
         return None
+    if isinstance(obj, functools.cached_property):
+        obj = obj.func
     seen = 0
     while not isinstance(obj, types.FunctionType) or obj.__code__.co_qualname != qualname:
         obj = getattr(obj, "__wrapped__", None)
@@ -152,85 +307,380 @@ def _unwrap(obj: Any, qualname: str) -> types.FunctionType | None:
     return obj
 
 
+def _reachable(found: Any, value: Any) -> bool:
+    """Whether ``value`` is ``found`` or what it wraps (a staticmethod, property, decorator)."""
+    for _ in range(8):
+        if found is value:
+            return True
+        if isinstance(found, (staticmethod, classmethod)):
+            found = found.__func__
+        elif isinstance(found, property):
+            return value in (found.fget, found.fset, found.fdel)
+        elif isinstance(found, functools.cached_property):
+            found = found.func
+        else:
+            found = getattr(found, "__wrapped__", None)
+            if found is None:
+                return False
+    return False
+
+
+# NOTE: by identity: code objects that differ only in a constant set's order compare equal
+_CODE_DIGESTS: dict[int, tuple[types.CodeType, bytes]] = {}
+
+
+def _code_digest(code: types.CodeType) -> bytes:
+    hit = _CODE_DIGESTS.get(id(code))
+    if hit is not None and hit[0] is code:
+        return hit[1]
+    h = hashlib.sha256()
+    for part in _code_parts(code):
+        h.update(repr(part).encode() if not isinstance(part, bytes) else part)
+    if len(_CODE_DIGESTS) > 4096:
+        _CODE_DIGESTS.clear()
+    _CODE_DIGESTS[id(code)] = (code, h.digest())
+    return h.digest()
+
+
 def _code_parts(code: types.CodeType) -> Iterator[Any]:
     """The meaning of ``code``: bytecode, names, constants (nested code recursively); never its
     file name or line numbers."""
     yield code.co_code
     yield (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
     yield (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)
-    for c in code.co_consts:
+    tested = _membership_only(code)
+    for i, c in enumerate(code.co_consts):
         if isinstance(c, types.CodeType):
             yield ("code", c.co_qualname)
             yield from _code_parts(c)
+        elif i in tested:
+            # NOTE: `act in {"relu", "gelu"}` only asks membership: the set's iteration order,
+            # which string hashing makes differ between processes, is not part of its meaning
+            yield ("frozenset", sorted(repr(v) for v in c))
         else:
             yield (type(c).__name__, repr(c))
 
 
-def _names(code: types.CodeType) -> set[str]:
+def _membership_only(code: types.CodeType) -> set[int]:
+    """The frozenset constants of ``code`` that are only ever the right side of ``in``."""
+    sets = {i for i, c in enumerate(code.co_consts) if isinstance(c, frozenset)}
+    if not sets:
+        return sets
+    out = set(sets)
+    instructions = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+    for ins, nxt in zip(instructions, [*instructions[1:], None]):
+        membership = nxt is not None and nxt.opname == "CONTAINS_OP"
+        if ins.opname == "LOAD_CONST" and ins.arg in out and not membership:
+            out.discard(ins.arg)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _names(code: types.CodeType) -> frozenset[str]:
+    """The names ``code`` (and its nested code) loads, and its identifier-like string constants
+    (``getattr(cfg, "SCALE")``, ``globals()["SHIFT"]``)."""
     out = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             out |= _names(c)
-    return out
+        elif isinstance(c, str) and c.isidentifier():
+            out.add(c)
+        elif isinstance(c, (tuple, frozenset)):
+            out |= {s for s in c if isinstance(s, str) and s.isidentifier()}
+    return frozenset(out)
 
 
 def function_digest(fn: types.FunctionType) -> str:
-    """SHA-256 over the function's code, defaults, and the module-level values its code names
-    (raises :class:`Unpinnable` for a value that has no fingerprint)."""
-    h = hashlib.sha256()
-    for part in _code_parts(fn.__code__):
-        h.update(repr(part).encode() if not isinstance(part, bytes) else part)
-    h.update(repr(fingerprint(fn.__defaults__, f"{fn.__qualname__} defaults")).encode())
-    h.update(repr(fingerprint(fn.__kwdefaults__, f"{fn.__qualname__} defaults")).encode())
+    """SHA-256 over the function's code, defaults, the classes that own it, the module-level
+    values its code names and their attributes it names (raises :class:`Unpinnable` for a
+    value that has no fingerprint, or for code that reads the environment or command line)."""
+    memo: dict[int, Any] = {}  # NOTE: fresh: a digest must not depend on what came before
+    where = f"{fn.__module__}.{fn.__qualname__}"
+    names = _names(fn.__code__)
+    process = sorted(names & _PROCESS_STATE)
+    if process:
+        raise Unpinnable(
+            f"{where} reads {', '.join(process)}: state of the process (the environment, the "
+            "command line) that another process does not share"
+        )
+    h = hashlib.sha256(_code_digest(fn.__code__))
+    h.update(repr(_fp(fn.__defaults__, f"{where} defaults", memo, 0)).encode())
+    h.update(repr(_fp(fn.__kwdefaults__, f"{where} defaults", memo, 0)).encode())
+    # NOTE: the classes the function is defined in (`cls.K`, `self.K` of a helper class)
+    module = sys.modules.get(str(fn.__globals__.get("__name__", "")))
+    owner: Any = module
+    for part in fn.__qualname__.split(".")[:-1]:
+        owner = getattr(owner, "__dict__", {}).get(part)
+        if isinstance(owner, type):
+            h.update(repr(("owner", _fp(owner, f"{where}'s class", memo, 0))).encode())
     globals_ = fn.__globals__
-    for name in sorted(_names(fn.__code__)):
-        if name in globals_:
-            what = f"global {globals_.get('__name__')}.{name}"
-            h.update(repr((name, fingerprint(globals_[name], what))).encode())
+    seen: set[int] = set()
+    for name in sorted(names):
+        if name not in globals_:
+            continue
+        value = globals_[name]
+        what = f"global {globals_.get('__name__')}.{name}"
+        h.update(repr((name, _value_fp(value, what, memo))).encode())
+        _named_attrs(value, names, h, memo, seen, what)
     return h.hexdigest()
 
 
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+def _named_attrs(
+    value: Any,
+    names: frozenset[str],
+    h: Any,
+    memo: dict[int, Any],
+    seen: set[int],
+    what: str,
+) -> None:
+    """Digest the attributes the code names of ``value`` when it is a module (recursively:
+    ``pkg.config.SCALE``) or a user function (``helper.scale``). Of a PyTorch or standard
+    library module, only attributes that user code replaced (``F.gelu = my_gelu``) count."""
+    if id(value) in seen:
+        return
+    if isinstance(value, types.ModuleType):
+        seen.add(id(value))
+        pinned = _pinned(value.__name__)
+        namespace = vars(value)
+        for attr in sorted(a for a in names if a in namespace):
+            inner = namespace[attr]
+            here = f"{what}.{attr}"
+            if not pinned:
+                h.update(repr((here, _value_fp(inner, here, memo))).encode())
+            elif _user_defined(inner):
+                h.update(repr(("replaced", here, _fp(inner, here, memo, 0))).encode())
+            _named_attrs(inner, names, h, memo, seen, here)
+    elif isinstance(value, types.FunctionType) and _user_defined(value):
+        seen.add(id(value))
+        namespace = vars(value)
+        for attr in sorted(a for a in names if a in namespace and a != "__wrapped__"):
+            here = f"{what}.{attr}"
+            h.update(repr((here, _fp(namespace[attr], here, memo, 0))).encode())
 
 
-def fingerprint(value: Any, what: str) -> Any:
-    """A process-independent, comparable description of ``value``; raises :class:`Unpinnable`
-    for an object whose state cannot be described (``what`` names it in the message)."""
-    if isinstance(value, _PLAIN):
-        return [type(value).__name__, repr(value)]
-    if isinstance(value, (torch.dtype, torch.device, torch.Size, torch.layout)):
-        return [type(value).__name__, str(value)]
-    if isinstance(value, (tuple, list)):
-        return [type(value).__name__, [fingerprint(v, what) for v in value]]
-    if isinstance(value, (set, frozenset)):
-        return [type(value).__name__, sorted(repr(fingerprint(v, what)) for v in value)]
-    if isinstance(value, dict):
-        items = [[fingerprint(k, what), fingerprint(v, what)] for k, v in value.items()]
-        return [type(value).__name__, items]
-    if isinstance(value, enum.Enum):
-        return ["enum", _qualified(type(value)), value.name]
+def _value_fp(value: Any, what: str, memo: dict[int, Any]) -> Any:
+    """A global's fingerprint: a module by name (:func:`_named_attrs` checks what is named of
+    it), anything else by :func:`fingerprint`."""
     if isinstance(value, types.ModuleType):
         return ["module", value.__name__]
+    return _fp(value, what, memo, 0)
+
+
+def _user_defined(value: Any) -> bool:
+    if isinstance(value, types.FunctionType):
+        return not (_pinned(value.__module__ or "") and _pinned(_globals_name(value)))
+    if isinstance(value, (type, types.MethodType)):
+        return not _pinned(getattr(value, "__module__", None) or "")
+    return False
+
+
+def _globals_name(fn: types.FunctionType) -> str:
+    return str(fn.__globals__.get("__name__", ""))
+
+
+def class_digest(cls: type) -> str:
+    """SHA-256 over a class's fingerprint (bases, attributes, methods by name, dataclass and
+    namedtuple fields): what its generated methods and its readers depend on."""
+    fp = _fp(cls, _qualified(cls), {}, 0)
+    return "class:" + hashlib.sha256(repr(fp).encode()).hexdigest()
+
+
+# --- fingerprints ---------------------------------------------------------------------------
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+_TORCH_PLAIN = (
+    torch.dtype,
+    torch.device,
+    torch.Size,
+    torch.layout,
+    torch.memory_format,
+    torch.qscheme,
+)
+
+
+def fingerprint(value: Any, what: str, memo: dict[int, Any] | None = None) -> Any:
+    """A process-independent, comparable description of ``value``; raises :class:`Unpinnable`
+    for an object whose state cannot be described (``what`` names it in the message)."""
+    return _fp(value, what, {} if memo is None else memo, 0)
+
+
+def _fp(value: Any, what: str, memo: dict[int, Any], depth: int) -> Any:
+    if depth > _MAX_DEPTH:
+        raise Unpinnable(f"{what} is nested too deeply (or holds itself)")
+    if isinstance(value, enum.Enum):
+        cls = type(value)
+        _check_found(cls, what)
+        return ["enum", _qualified(cls), value.name, _fp(value.value, what, memo, depth + 1)]
+    if isinstance(value, _PLAIN):
+        return [_type_name(type(value)), repr(value)]
+    if isinstance(value, _TORCH_PLAIN):
+        return [type(value).__name__, str(value)]
+    if isinstance(value, torch.Tensor):
+        raise Unpinnable(f"{what} is a tensor that is neither parameter nor buffer")
+    if isinstance(value, (tuple, list, set, frozenset, dict)):
+        return _container_fp(value, what, memo, depth)
+    if isinstance(value, types.ModuleType):
+        if not _pinned(value.__name__):
+            # NOTE: a module a function names as a global has the attributes it names checked
+            # (function_digest); one held elsewhere (`self.cfg = config`) would not
+            raise Unpinnable(
+                f"{what} is the module {value.__name__}, whose attributes plait cannot check "
+                "there (import it where it is used)"
+            )
+        return ["module", value.__name__]
     if isinstance(value, type):
-        return ["class", _qualified(value)]
-    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
-        if "<" in value.__qualname__:
-            raise Unpinnable(f"{what} is a nested function or lambda ({value.__qualname__})")
-        return ["function", f"{value.__module__}.{value.__qualname__}"]
+        return _class_fp(value, what, memo, depth)
+    if isinstance(value, functools.partial):
+        return [
+            "partial",
+            _fp(value.func, what, memo, depth + 1),
+            _fp(value.args, what, memo, depth + 1),
+            _fp(value.keywords, what, memo, depth + 1),
+            _fp(vars(value), what, memo, depth + 1),
+        ]
+    if isinstance(value, types.FunctionType):
+        return _function_fp(value, what, memo, depth)
+    if isinstance(value, types.MethodType):
+        bound = value.__self__
+        if not isinstance(bound, type):
+            raise Unpinnable(
+                f"{what} is a method bound to a {_qualified(type(bound))} object, whose state "
+                "plait cannot check"
+            )
+        return [
+            "method",
+            _fp(bound, what, memo, depth + 1),
+            _fp(value.__func__, what, memo, depth + 1),
+        ]
+    if dataclasses.is_dataclass(value):
+        # NOTE: a config object: its class (fields, methods by name) and its values
+        fields = dataclasses.fields(value)
+        names = {f.name for f in fields}
+        extra = {k: v for k, v in getattr(value, "__dict__", {}).items() if k not in names}
+        return [
+            "dataclass",
+            _fp(type(value), what, memo, depth + 1),
+            [[f.name, _fp(getattr(value, f.name), what, memo, depth + 1)] for f in fields],
+            [[k, _fp(v, what, memo, depth + 1)] for k, v in extra.items()],
+        ]
+    if isinstance(value, types.SimpleNamespace):
+        items = vars(value).items()
+        return ["namespace", [[k, _fp(v, what, memo, depth + 1)] for k, v in items]]
+    if isinstance(value, nn.Module):
+        raise Unpinnable(
+            f"{what} is a module outside the module tree (hold modules in nn.ModuleList or "
+            "nn.ModuleDict, or as attributes)"
+        )
+    if isinstance(value, logging.Logger):
+        # NOTE: a logger only decides what is logged; its level is what code may branch on
+        return ["logger", value.name, value.getEffectiveLevel()]
     if _pinned(type(value).__module__ or "") and callable(value):
-        # NOTE: torch's and the standard library's callables (torch.ops, ufuncs) by name
+        # NOTE: builtins, torch's and the standard library's callables (torch.ops, ufuncs) by
+        # name; one bound to an object (`tensor.add`, `random.random`) by that object too.
         name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
-        if name is not None:
-            return ["callable", _qualified(type(value)), str(name)]
+        if isinstance(name, str):
+            out = ["callable", _qualified(type(value)), f"{getattr(value, '__module__', '')}"]
+            out.append(name)
+            bound = getattr(value, "__self__", None)
+            if bound is not None and not isinstance(bound, (type, types.ModuleType)):
+                out.append(_fp(bound, f"{what} (the object it is bound to)", memo, depth + 1))
+            wrapped = getattr(value, "__wrapped__", None)
+            if wrapped is not None:
+                out.append(_fp(wrapped, what, memo, depth + 1))
+            return out
     raise Unpinnable(f"{what} is a {_qualified(type(value))}, whose state plait cannot check")
+
+
+def _type_name(cls: type) -> str:
+    return cls.__name__ if cls.__module__ == "builtins" else _qualified(cls)
+
+
+def _container_fp(value: Any, what: str, memo: dict[int, Any], depth: int) -> Any:
+    cls = type(value)
+    tag: Any = cls.__name__
+    if cls.__module__ != "builtins":
+        # NOTE: a namedtuple's fields, a subclass's methods: its class's contents
+        tag = _fp(cls, what, memo, depth + 1)
+    if isinstance(value, dict):
+        items = [
+            [_fp(k, what, memo, depth + 1), _fp(v, what, memo, depth + 1)] for k, v in value.items()
+        ]
+        if isinstance(value, defaultdict):
+            items.append(_fp(value.default_factory, what, memo, depth + 1))
+        return [tag, items]
+    # NOTE: a set in its iteration order: a loop over it sees that order, which may differ
+    # between processes (string hashing) or with the order of insertion.
+    return [tag, [_fp(v, what, memo, depth + 1) for v in value]]
 
 
 def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-# --- modules --------------------------------------------------------------------------------
-_TABLES = ("_parameters", "_buffers", "_modules", "training", "_non_persistent_buffers_set")
+def _check_found(obj: Any, what: str) -> None:
+    """A user class or function must be the one its module names now (not an older
+    definition, not one made inside a function): what another process would find."""
+    module = getattr(obj, "__module__", None) or ""
+    qualname = getattr(obj, "__qualname__", "")
+    if _pinned(module):
+        return
+    if "<" in qualname:
+        raise Unpinnable(f"{what} ({qualname}) is defined inside a function or is a lambda")
+    if not _reachable(_lookup(module, qualname), obj):
+        raise Unpinnable(
+            f"{what} ({module}.{qualname}) is not the one its module defines under that name now "
+            "(redefined or reloaded since it was made)"
+        )
+
+
+def _function_fp(fn: types.FunctionType, what: str, memo: dict[int, Any], depth: int) -> Any:
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    out: list[Any] = ["function", name]
+    origin = f"{_globals_name(fn)}.{fn.__code__.co_qualname}"
+    if origin != name:
+        out.append(origin)  # NOTE: a decorator's wrapper, by the code it runs
+    if fn.__closure__ and _pinned(_globals_name(fn)):
+        # NOTE: a library's code runs unrecorded: what its wrapper closes over (the function
+        # it wraps, the context it enters: torch.no_grad or torch.enable_grad) counts
+        out.append([_cell_fp(c, what, memo, depth) for c in fn.__closure__])
+    if "<" in fn.__qualname__:
+        # NOTE: a lambda or nested function of user code cannot be found again by name, but
+        # it is harmless unless it runs, and the recorder refuses the program when it does.
+        return out
+    _check_found(fn, what)
+    return out
+
+
+def _cell_fp(cell: Any, what: str, memo: dict[int, Any], depth: int) -> Any:
+    try:
+        value = cell.cell_contents
+    except ValueError:  # NOTE: an empty cell
+        return None
+    if depth > _MAX_DEPTH:
+        raise Unpinnable(f"{what} is nested too deeply (or holds itself)")
+    if isinstance(value, types.FunctionType) and _pinned(_globals_name(value)):
+        # NOTE: a library's inner function (singledispatch's `dispatch`): what it closes over
+        cells = [_cell_fp(c, what, memo, depth + 1) for c in value.__closure__ or ()]
+        return ["function", f"{_globals_name(value)}.{value.__qualname__}", cells]
+    try:
+        return _fp(value, what, memo, depth + 1)
+    except Unpinnable:
+        owner = getattr(value, "__self__", value)
+        if not _pinned(type(owner).__module__ or ""):
+            raise
+        return ["object", _qualified(type(owner))]  # NOTE: a library object, by its class
+
+
+def _class_fp(cls: type, what: str, memo: dict[int, Any], depth: int) -> Any:
+    name = _qualified(cls)
+    if _pinned(cls.__module__ or ""):
+        return ["class", name]
+    _check_found(cls, what)
+    if id(cls) in memo:
+        return ["class", name]  # NOTE: its contents are written where it was first met
+    memo[id(cls)] = cls
+    return ["class", name, _class_contents(cls, memo, depth)]
+
+
 _CLASS_SKIP = frozenset(
     {
         "__module__",
@@ -241,11 +691,81 @@ _CLASS_SKIP = frozenset(
         "__annotations__",
         "__orig_bases__",
         "__parameters__",
-        "__dataclass_fields__",
-        "__dataclass_params__",
+        "__firstlineno__",
         "_abc_impl",
+        # NOTE: sets of names that follow from the methods (and iterate in a hash-seeded order)
+        "__abstractmethods__",
+        "__protocol_attrs__",
+        "__non_callable_proto_members__",
     }
 )
+
+
+def _class_contents(cls: type, memo: dict[int, Any], depth: int) -> Any:
+    """A user class's bases and the attributes of its user bases: values, methods by name (an
+    override added or removed changes it), dataclass fields."""
+    attrs: dict[str, Any] = {}
+    for base in reversed(cls.__mro__):
+        if base is object or _pinned(base.__module__ or ""):
+            continue
+        if base is not cls:
+            _check_found(base, f"{_qualified(cls)}'s base")
+        for key, value in vars(base).items():
+            if key in _CLASS_SKIP:
+                continue
+            where = f"{_qualified(base)}.{key}"
+            attrs[f"{base.__qualname__}.{key}"] = _member_fp(base, key, value, where, memo, depth)
+    return [[_qualified(b) for b in cls.__mro__], [[k, attrs[k]] for k in sorted(attrs)]]
+
+
+def _member_fp(
+    base: type, key: str, value: Any, where: str, memo: dict[int, Any], depth: int
+) -> Any:
+    if isinstance(value, types.FunctionType):
+        if value.__qualname__ == f"{base.__qualname__}.{key}" and not value.__closure__:
+            # NOTE: defined in this class's body (found with it); its code is digested if it runs
+            return ["function", f"{_globals_name(value)}.{value.__code__.co_qualname}"]
+        return _function_fp(value, where, memo, depth)
+    if isinstance(value, (staticmethod, classmethod)):
+        inner = _member_fp(base, key, value.__func__, where, memo, depth)
+        return [type(value).__name__, inner]
+    if isinstance(value, property):
+        return [
+            "property",
+            [
+                None if f is None else _member_fp(base, key, f, where, memo, depth)
+                for f in (value.fget, value.fset, value.fdel)
+            ],
+        ]
+    if isinstance(value, functools.cached_property):
+        return ["cached_property", _member_fp(base, key, value.func, where, memo, depth)]
+    if isinstance(value, (types.MemberDescriptorType, types.GetSetDescriptorType)):
+        return ["slot"]  # NOTE: follows from __slots__
+    if type(value).__qualname__ == "_tuplegetter":
+        return ["field", value.__doc__]  # NOTE: follows from _fields
+    if key == "__dataclass_fields__" and isinstance(value, dict):
+        return [_field_fp(f, where, memo, depth) for f in value.values()]
+    if key == "__dataclass_params__":
+        return repr(value)
+    return _fp(value, where, memo, depth + 1)
+
+
+def _field_fp(f: Any, where: str, memo: dict[int, Any], depth: int) -> Any:
+    missing = dataclasses.MISSING
+    return [
+        f.name,
+        str(f._field_type),
+        None if f.default is missing else _fp(f.default, where, memo, depth + 1),
+        None if f.default_factory is missing else _fp(f.default_factory, where, memo, depth + 1),
+        f.init,
+        f.kw_only,
+    ]
+
+
+# --- modules --------------------------------------------------------------------------------
+_TABLES = ("_parameters", "_buffers", "_modules", "training", "_non_persistent_buffers_set")
+# NOTE: PyTorch's hook tables, by the names this version gives them in every module
+_HOOK_TABLES = frozenset(k for k in nn.Module().__dict__ if "hook" in k)
 
 
 def _hooks(name: str, value: Any, what: str) -> None:
@@ -256,12 +776,14 @@ def _hooks(name: str, value: Any, what: str) -> None:
 
 
 def module_fingerprint(module: nn.Module) -> list[dict[str, Any]]:
-    """Every submodule's path, class and plain attributes, and its classes' plain attributes;
-    raises :class:`Unpinnable` (hooks, tensor attributes, objects without a fingerprint)."""
+    """Every submodule's path, class and attributes, and its classes' bases, attributes and
+    methods; raises :class:`Unpinnable` (hooks, tensor attributes, objects without a
+    fingerprint, a class that is not the one its module defines now)."""
     for name in dir(nn.modules.module):
         if name.startswith("_global_") and "hook" in name:
             _hooks(name, getattr(nn.modules.module, name), "torch.nn (global)")
     out = []
+    memo: dict[int, Any] = {}
     classes: dict[type, Any] = {}
     for path, m in module.named_modules():
         where = f"self.{path}" if path else "self"
@@ -269,15 +791,19 @@ def module_fingerprint(module: nn.Module) -> list[dict[str, Any]]:
         for key, value in vars(m).items():
             if key in _TABLES:
                 continue
-            if "hook" in key:
+            if key in _HOOK_TABLES:
                 _hooks(key, value, where)
                 continue
-            if isinstance(value, torch.Tensor):
-                raise Unpinnable(f"{where}.{key} is a tensor that is neither parameter nor buffer")
-            attrs[key] = fingerprint(value, f"{where}.{key}")
+            what = f"{where}.{key}"
+            if isinstance(value, types.MethodType) and value.__self__ is m:
+                # NOTE: a method set on the instance (`model.forward = MethodType(f, model)`)
+                attrs[key] = ["method of self", _fp(value.__func__, what, memo, 0)]
+            else:
+                attrs[key] = _fp(value, what, memo, 0)
         cls = type(m)
         if cls not in classes:
-            classes[cls] = _class_attrs(cls)
+            contents = _class_fp(cls, f"{where}'s class", memo, 0)
+            classes[cls] = contents[2] if len(contents) > 2 else []
         out.append(
             {
                 "path": path,
@@ -287,20 +813,6 @@ def module_fingerprint(module: nn.Module) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def _class_attrs(cls: type) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for base in reversed(cls.__mro__):
-        if _pinned(base.__module__) or base is object:
-            continue
-        for key, value in vars(base).items():
-            if key in _CLASS_SKIP or isinstance(
-                value, (types.FunctionType, staticmethod, classmethod, property)
-            ):
-                continue
-            out[f"{base.__qualname__}.{key}"] = fingerprint(value, f"{_qualified(base)}.{key}")
-    return dict(sorted(out.items()))
 
 
 @contextmanager

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +34,7 @@ import torch
 
 from plait.frontend.deps import Unpinnable
 from plait.frontend.guard_plan import GuardPlan, build_guards
+from plait.frontend.guards import GuardEnv
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
 from plait.frontend.state import ModuleState
 from plait.ir import from_text, to_text
@@ -54,7 +56,10 @@ def encode(value: Any) -> Any:
     if isinstance(value, type):
         if "<" in value.__qualname__:
             raise Unpinnable(f"type {value.__qualname__} cannot be found again by name")
-        return {"type": [value.__module__, value.__qualname__]}
+        fields = _fields(value)
+        if fields is None:
+            return {"type": [value.__module__, value.__qualname__]}
+        return {"type": [value.__module__, value.__qualname__, fields]}
     if isinstance(value, tuple) and type(value) is tuple:
         return {"tuple": [encode(v) for v in value]}
     if isinstance(value, list) and type(value) is list:
@@ -84,12 +89,24 @@ def decode(doc: Any) -> Any:
     raise Unpinnable(f"unknown saved value {tag!r}")
 
 
-def _find_type(module: str, qualname: str) -> type:
+def _fields(cls: type) -> list[str] | None:
+    """The fields a namedtuple or dataclass type is built from (a structure's rebuild depends
+    on them), else None."""
+    if issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple):
+        return [str(f) for f in cls._fields]  # type: ignore[attr-defined]
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls) if f.init]
+    return None
+
+
+def _find_type(module: str, qualname: str, fields: list[str] | None = None) -> type:
     obj: Any = sys.modules.get(module)
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
     if not isinstance(obj, type):
         raise Unpinnable(f"type {module}.{qualname} is not loaded in this process")
+    if _fields(obj) != fields:
+        raise Unpinnable(f"type {module}.{qualname} has other fields than at the capture")
     return obj
 
 
@@ -153,6 +170,12 @@ def program_from_doc(
             f"{len(doc['guard_keys'])} guards saved, {len(keys)} now",
         )
         raise Unpinnable(f"this call is not the captured one: {differ}")
+    # NOTE: the key texts hold the outcomes capture saw (`x.shape[0] > 2: True`); the call at
+    # hand must give them too, as a call that reuses a specialization must.
+    env = GuardEnv(spec, leaves, None, state or (ms.fetch() if ms is not None else ()))
+    if not guards.holds(env):
+        failed = "; ".join(guards.explain(env)) or "a guard failed"
+        raise Unpinnable(f"this call fails the captured guards: {failed}")
     graph = from_text(doc["graph"])
     out_leaves = [
         OutputLeaf(src, tuple(ref) if src == "graph" else decode(ref) if src == "value" else ref)
