@@ -164,9 +164,7 @@ def test_what_cannot_be_checked_is_never_snapshotted(tmp_path: Path) -> None:
     with torch.no_grad():
         torch.testing.assert_close(out, model(sample()), rtol=1e-5, atol=1e-5)
     assert "has hooks (_forward_hooks)" in _capture_note(spec)
-    assert not any(
-        e.meta.get("kind") == "snapshot" for e in LocalStore(tmp_path).list()
-    )
+    assert not any(e.meta.get("kind") == "snapshot" for e in LocalStore(tmp_path).list())
 
 
 def test_a_corrupt_snapshot_is_discarded_and_captured_again(tmp_path: Path) -> None:
