@@ -26,7 +26,7 @@ from plait.errors import CaptureFallbackWarning, PlaitCompileError
 from plait.frontend.guards import Guard
 from plait.frontend.program import CapturedProgram, Executor
 from plait.guards import ambient_guards, call_settings, frozen_guards, process_settings
-from plait.ir import Graph, interpret
+from plait.ir import Graph, TensorType, interpret
 from plait.manifest import Manifest
 from plait.passes import INFERENCE_PIPELINE, TRAINING_PIPELINE, run_pipeline
 
@@ -185,13 +185,21 @@ def compile_program(req: CompileRequest) -> Compiled:
     if req.store is None:
         compiled = _compile(req, m, pipeline, freeze, needs_grad)
     else:
-        settings = {**call_settings(), **process_settings()}
+        settings = {**call_settings(), **process_settings(_on_cuda(req))}
         compiled = cached_compile(
             req, m, pipeline, freeze, needs_grad, _compile, _restore, settings
         )
     compiled.guards += ambient
     compiled.manifest.guards += [g.text for g in ambient if not g.batch]
     return compiled
+
+
+def _on_cuda(req: CompileRequest) -> bool:
+    graph = req.program.graph
+    types = [v.type for v in graph.inputs] if graph is not None else []
+    devices = {t.device for t in types if isinstance(t, TensorType)}
+    devices |= {str(t.device) for t in req.state if isinstance(t, torch.Tensor)}
+    return any(d.startswith("cuda") for d in devices)
 
 
 def _compile(

@@ -62,8 +62,10 @@ def toolchain(extra: dict[str, str] | None = None) -> dict[str, Any]:
         "plait": __version__,
         "cpu": cpu_features(),
     }
-    if torch.cuda.is_available():
+    if torch.version.cuda:
         out["cuda"] = torch.version.cuda
+    # NOTE: only where this process already uses CUDA: asking starts the driver (~0.2 s).
+    if torch.cuda.is_initialized():
         out["gpu_capability"] = list(torch.cuda.get_device_capability())
     out.update(extra or {})
     return out

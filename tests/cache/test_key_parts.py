@@ -125,7 +125,9 @@ def test_ambient_process_setting_part(
     """CPU features and GPU compute capability are fixed per process: key parts, not guards."""
     _warm(cache)
     fixed = dict(ambient.process_settings())
-    monkeypatch.setattr("plait.backends.process_settings", lambda: {**fixed, name: value})
+    monkeypatch.setattr(
+        "plait.backends.process_settings", lambda cuda=False: {**fixed, name: value}
+    )
     assert _miss(cache, "ambient") == [f"ambient.{name}"]
 
 

@@ -44,7 +44,7 @@ def preserved_rng() -> Iterator[None]:
     cpu = torch.get_rng_state()
     cuda = (
         torch.cuda.get_rng_state_all()
-        if torch.cuda.is_available() and torch.cuda.is_initialized()
+        if torch.cuda.is_initialized()  # NOTE: never starts CUDA (is_available() would)
         else None
     )
     try:

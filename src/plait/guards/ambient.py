@@ -201,19 +201,21 @@ def _torch_build() -> str:
 
 
 def _gpu_capability() -> list[list[int]] | None:
-    # NOTE: only where CUDA is already initialized or available: probing must not start it
-    # on a CPU-only program more than once per process.
     if not torch.cuda.is_available():
         return None
     return [list(torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())]
 
 
-@functools.lru_cache(maxsize=1)
-def process_settings() -> dict[str, Any]:
-    """Settings fixed for the life of this process: cache key parts, never guards."""
+@functools.lru_cache(maxsize=2)
+def process_settings(cuda: bool = False) -> dict[str, Any]:
+    """Settings fixed for the life of this process: cache key parts, never guards. ``cuda``: the
+    program runs on CUDA tensors; only then does the GPU's compute capability matter.
+
+    NOTE: asking CUDA anything (even whether a GPU is there) starts its driver, about 0.2 s on
+    a GPU machine: a CPU program's warm start must not pay for it."""
     return {
         "cpu": cpu_features(),
-        "gpu_capability": _gpu_capability(),
+        "gpu_capability": _gpu_capability() if cuda else None,
         "mkldnn_available": torch.backends.mkldnn.is_available(),
         "torch_build_sha256": _torch_build(),
         "onednn_env": onednn_environment(),
