@@ -8,6 +8,7 @@ gets a test of its own (tests/guards/test_guard_kinds.py, tests/cache/test_key_p
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 import plait
-from plait.guards import call_settings, process_settings
+from plait.guards import ambient, call_settings, process_settings
 from plait.guards.ambient import onednn_environment
 
 SRC = Path(plait.__file__).parent
@@ -105,3 +106,26 @@ def test_call_settings_read_the_live_values() -> None:
     assert now["torch.are_deterministic_algorithms_enabled()"] == (
         torch.are_deterministic_algorithms_enabled()
     )
+
+
+def test_torch_build_memo_gives_the_hash_of_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk memo of torch.__config__.show()'s hash: the same value as asking PyTorch; a memo
+    for another library file, or garbage, is not believed."""
+    monkeypatch.setenv("PLAIT_CACHE_DIR", str(tmp_path))
+    truth = ambient._torch_build_now()
+    ambient._torch_build.cache_clear()
+    try:
+        assert ambient._torch_build() == truth  # NOTE: computed, then remembered
+        memo = tmp_path / "torch_build.json"
+        saved = json.loads(memo.read_text())
+        assert saved["sha256"] == truth
+        memo.write_text(json.dumps({"identity": ["other"], "sha256": "0" * 64}))
+        ambient._torch_build.cache_clear()
+        assert ambient._torch_build() == truth
+        memo.write_text("{garbage")
+        ambient._torch_build.cache_clear()
+        assert ambient._torch_build() == truth
+    finally:
+        ambient._torch_build.cache_clear()

@@ -20,8 +20,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import json
 import os
 import platform
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from typing import Any
 
 import torch
 
+from plait.codegen import build
 from plait.frontend.guards import Guard, GuardEnv, ReadCalls
 
 
@@ -195,9 +198,35 @@ def cpu_features() -> dict[str, str]:
 
 @functools.lru_cache(maxsize=1)
 def _torch_build() -> str:
-    """A hash of how PyTorch was built (compiler, BLAS, oneDNN, CUDA versions and flags)."""
-    text = torch.__config__.show()
-    return hashlib.sha256(text.encode()).hexdigest()
+    """A hash of how PyTorch was built (compiler, BLAS, oneDNN, CUDA versions and flags).
+
+    NOTE: ``torch.__config__.show()`` takes about 0.2 s with a CUDA build, on every warm
+    start; its hash is remembered on disk beside the kernel cache, for the installed library
+    file as it is (path, size, mtime, inode: a reinstall changes them). The memo only saves the
+    call: the key part is the hash of the text either way."""
+    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        st = lib.stat()
+        identity = [str(lib), st.st_size, st.st_mtime_ns, st.st_ino, torch.__version__]
+        memo = build.cache_dir() / "torch_build.json"
+    except (OSError, build.BuildError):
+        return _torch_build_now()
+    try:
+        saved = json.loads(memo.read_text())
+        if saved.get("identity") == identity and len(saved.get("sha256", "")) == 64:
+            return str(saved["sha256"])
+    except (OSError, ValueError, AttributeError):
+        pass
+    digest = _torch_build_now()
+    staged = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(OSError):
+        staged.write_text(json.dumps({"identity": identity, "sha256": digest}))
+        os.replace(staged, memo)
+    return digest
+
+
+def _torch_build_now() -> str:
+    return hashlib.sha256(torch.__config__.show().encode()).hexdigest()
 
 
 def _gpu_capability() -> list[list[int]] | None:
