@@ -218,3 +218,36 @@ def test_guard_plan_rebuilds_capture_guards(name: str, fn: Any, args: tuple, dyn
     rebuilt = build_guards(plan, spec, leaves, paths, ms, ms.fetch() if ms else ())
     assert rebuilt.key_texts() == prog.guards.key_texts()
     assert rebuilt.texts() == prog.guards.texts()
+
+
+def test_a_collection_during_capture_does_not_count_as_program_code(tmp_path: Path) -> None:
+    """A gc callback (hypothesis installs one) or the __del__ of unrelated garbage may run in
+    the middle of a capture: not the program's code, and not a reason to refuse a snapshot."""
+    import gc
+
+    ran: list[str] = []
+
+    def callback(phase: str, info: dict) -> None:
+        ran.append(phase)
+
+    class Cycle:
+        def __del__(self) -> None:
+            ran.append("del")
+
+    def garbage() -> None:
+        for _ in range(2000):
+            c = Cycle()
+            c.me = c  # type: ignore[attr-defined]
+
+    gc.callbacks.append(callback)
+    try:
+        garbage()
+        model = convnet()
+        out, spec = run(model, sample(), tmp_path)
+        assert _capture_note(spec).endswith("saved"), _capture_note(spec)
+        gc.collect()
+        assert "del" in ran and "start" in ran  # NOTE: the garbage was there to collect
+    finally:
+        gc.callbacks.remove(callback)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(sample()), rtol=1e-5, atol=1e-5)

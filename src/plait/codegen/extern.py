@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,11 +51,22 @@ class PreparedWeight:
         self.source: torch.Tensor | None = None
         self.version = -1
         self.value: torch.Tensor | None = None
+        # NOTE: a prepacking started elsewhere (a thread of the rebuild's pool); the first use
+        # waits for it (and re-raises its failure) before reading the fields it sets.
+        self.pending: Future[None] | None = None
+
+    def prepare(self, w: torch.Tensor) -> None:
+        """Convert ``w`` now (what a pending prepacking runs)."""
+        self.value = self.convert(w)
+        self.source, self.version = w, w._version
 
     def __call__(self, w: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
         if w is not self.source or w._version != self.version or self.value is None:
-            self.value = self.convert(w)
-            self.source, self.version = w, w._version
+            self.prepare(w)
+        assert self.value is not None
         return self.value
 
 

@@ -438,8 +438,8 @@ class _Planner:
                     elif self.locs[v].kind == "view":
                         self.tags[node.id] = NodeTag("native", "strided view (no code)")
         self.close()
-        if self.prepack is not None:
-            self.prepack.wait()
+        # NOTE: the rebuild's prepacking goes on in the background; each weight's first use
+        # waits for its own (PreparedWeight.pending), so the reorders overlap what follows.
         for node in self.graph.nodes:
             if node.id not in self.tags:
                 self.tags[node.id] = NodeTag("native", "inlined (no reader needed it)")
@@ -709,10 +709,14 @@ def plan_graph(
     check_graph(graph)
     planner = _Planner(graph, infer_layouts, layouts, fuse, channels_last)
     try:
-        return planner.run()
-    finally:
+        plan = planner.run()
+    except BaseException:
         if planner.prepack is not None:
             planner.prepack.close()
+        raise
+    if planner.prepack is not None:
+        planner.prepack.close(finish=True)
+    return plan
 
 
 def extern_layouts(plan: Plan) -> SavedLayouts:

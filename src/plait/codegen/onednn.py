@@ -172,20 +172,25 @@ class Prepacker:
         self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
         self._futures: list[Future[Any]] = []
 
-    def __call__(self, fn: Callable[[], Any]) -> None:
+    def __call__(self, fn: Callable[[], Any]) -> Future[Any]:
         if self._pool is None:
-            fn()
-        else:
-            self._futures.append(self._pool.submit(fn))
+            done: Future[Any] = Future()
+            done.set_result(fn())
+            return done
+        future = self._pool.submit(fn)
+        self._futures.append(future)
+        return future
 
     def wait(self) -> None:
         futures, self._futures = self._futures, []
         for f in futures:
             f.result()
 
-    def close(self) -> None:
+    def close(self, finish: bool = False) -> None:
+        """End the threads: ``finish`` lets the queued jobs run to the end first (their users
+        wait on them), else they are cancelled (on the way out of an error)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=not finish, cancel_futures=not finish)
             self._pool = None
 
 
@@ -272,9 +277,9 @@ def _prepare(weight: PreparedWeight, fixed: torch.Tensor | None, prepack: Prepac
     if fixed is None:
         return "on first use, reused while identity and version hold"
     if prepack is not None:
-        prepack(lambda: weight(fixed))
-    else:
-        weight(fixed)
+        weight.pending = prepack(lambda: weight.prepare(fixed))
+        return "at load, in the background (the first use waits for it)"
+    weight(fixed)
     return "at compile time"
 
 

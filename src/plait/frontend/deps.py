@@ -37,6 +37,7 @@ import dataclasses
 import dis
 import enum
 import functools
+import gc
 import hashlib
 import logging
 import os
@@ -101,6 +102,7 @@ class CodeRecorder:
         self._outside: set[int] = set()  # NOTE: the frames on the stack when recording began
         self._frames: list[types.FrameType] = []
         self._installed = False
+        self._gc_was_enabled = False
 
     def _hook(self, frame: types.FrameType, event: str, arg: Any) -> None:
         if event != "call":
@@ -145,6 +147,11 @@ class CodeRecorder:
                 self._outside.add(id(outer))
                 self._frames.append(outer)  # NOTE: alive, so that no new frame takes its id
                 outer = outer.f_back
+            # NOTE: no cyclic collection while recording: what it runs (gc.callbacks, the
+            # __del__ of unrelated garbage) is not the program's code, and whether it runs
+            # depends on allocation history (hypothesis' gc callback made snapshots flaky).
+            self._gc_was_enabled = gc.isenabled()
+            gc.disable()
             sys.setprofile(self._hook)
             self._installed = True
         return self
@@ -153,6 +160,8 @@ class CodeRecorder:
         if self._installed:
             sys.setprofile(None)
             self._installed = False
+            if self._gc_was_enabled:
+                gc.enable()
         self._frames.clear()
 
     def deps(self) -> list[CodeDep]:
