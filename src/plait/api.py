@@ -46,7 +46,8 @@ from plait.frontend import (
     ModuleState,
     capture_program,
 )
-from plait.frontend.deps import CodeRecorder, Unpinnable, recording
+from plait.frontend.deps import CodeRecorder, recording
+from plait.frontend.fingerprint import Unpinnable
 from plait.guards import StateFetcher
 from plait.ir import Graph, TensorType
 from plait.manifest import Explanation, Manifest, SpecializationReport
@@ -314,7 +315,7 @@ class _Engine:
             "options": self.options,
         }
         try:
-            parts = front_parts(self.fn, env.spec, env.leaves, request)
+            parts = front_parts(self.fn, env.spec, env.leaves, request, self.state)
         except Unpinnable as exc:
             return None, None, f"captured: {exc}"
         prog, note = load_snapshot(store, parts, env.spec, env.leaves, paths, self.state, env.state)

@@ -29,7 +29,7 @@ from torch import nn
 
 import plait
 from plait.cache import LocalStore
-from plait.frontend import deps
+from plait.frontend import fingerprint
 
 _SEEDS = itertools.count(1000)
 
@@ -618,13 +618,13 @@ def test_a_constant_set_that_is_iterated(module: Any) -> None:
         )
         fn.__code__ = fn.__code__.replace(co_consts=consts)
 
-    before = {f: deps.function_digest(getattr(m, f)) for f in ("loop", "member")}
+    before = {f: fingerprint.function_digest(getattr(m, f)) for f in ("loop", "member")}
     first = m.loop()
     reorder(m.loop)
     reorder(m.member)
     assert m.loop() == first[::-1]  # NOTE: the same set, iterated the other way
-    assert deps.function_digest(m.loop) != before["loop"]
-    assert deps.function_digest(m.member) == before["member"]
+    assert fingerprint.function_digest(m.loop) != before["loop"]
+    assert fingerprint.function_digest(m.member) == before["member"]
 
 
 @pytest.mark.slow

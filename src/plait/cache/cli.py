@@ -21,6 +21,7 @@ import click
 
 from plait.cache import LocalStore, cache_root
 from plait.cache.key import explain_miss
+from plait.cache.lookup import entry_parts
 
 _DIR = click.option(
     "--dir",
@@ -122,9 +123,4 @@ def explain_miss_command(manifest: Path, root: Path | None) -> None:
         click.echo(f"hit: entry {digest[:16]}… is in the cache")
         return
     click.echo(f"miss: {digest[:16]}… is not in {store.root}")
-    known = [
-        (e.key, (store.read_meta(e.key) or {}).get("parts", {}))
-        for e in entries
-        if e.meta.get("kind") != "snapshot"
-    ]
-    click.echo(str(explain_miss(parts, known)))
+    click.echo(str(explain_miss(parts, entry_parts(store, limit=None))))

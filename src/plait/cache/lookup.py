@@ -198,7 +198,7 @@ def cached_compile(
         compiled.manifest.timings["cache.key"] = t_key
         compiled.manifest.cache = {"status": "hit", "key": digest, "events": events}
         return compiled
-    miss = explain_miss(parts, _entry_parts(store))
+    miss = explain_miss(parts, entry_parts(store))
     compiled = compile_fn(req, m, pipeline, freeze, needs_grad)
     m.timings["cache.key"] = t_key
     frozen = set(m.graph.get("frozen", []))
@@ -223,8 +223,9 @@ def cached_compile(
     return compiled
 
 
-def _entry_parts(store: Any, limit: int = 256) -> list[tuple[str, Any]]:
-    """The key parts of the most recently used entries (read from their heads)."""
+def entry_parts(store: Any, limit: int | None = 256) -> list[tuple[str, Any]]:
+    """The key parts of the most recently used artifact entries (read from their heads;
+    snapshots have none), for :func:`~plait.cache.key.explain_miss`."""
     try:
         keys = [e.key for e in store.list()[:limit] if e.meta.get("kind") != "snapshot"]
     except OSError:

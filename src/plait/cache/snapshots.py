@@ -7,8 +7,8 @@ cache: the artifact's key is made of what capture mints (the semantic hash and t
 *front key* made of what is known before capture:
 
 - ``callable``: the module tree (classes with their bases, attributes and methods by name, every
-  attribute of every submodule, training flags; :func:`plait.frontend.deps.module_fingerprint`)
-  or the function, found again by name;
+  attribute of every submodule, training flags;
+  :func:`plait.frontend.fingerprint.module_fingerprint`) or the function, found again by name;
 - ``inputs`` and ``state``: the call's structure, its tensors' dtype, shape, device and
   requires_grad (and class, for a subclass), its other arguments' values, and the same for
   parameters and buffers with every path that holds each (tied weights);
@@ -17,7 +17,7 @@ cache: the artifact's key is made of what capture mints (the semantic hash and t
 
 A snapshot is used only when, in this process, every function the capture ran (recorded at
 capture, PyTorch's and the standard library's own excepted) is found again by name with the same
-digest (:mod:`plait.frontend.deps`: bytecode, defaults, the values it reads), and the guards
+digest (:mod:`plait.frontend.fingerprint`: bytecode, defaults, the values it reads), and the guards
 rebuilt from the saved plan and this call write the same key texts as capture's and hold. The
 program then goes through the artifact cache as a captured one would (same full key: a hit loads
 the compiled artifact). Anything else (no snapshot, a changed function, a program that could not
@@ -52,7 +52,8 @@ from torch import nn
 from plait.cache.key import CacheKey
 from plait.cache.store import CorruptEntryError, Store
 from plait.frontend import CapturedProgram, ModuleState
-from plait.frontend.deps import CodeDep, Unpinnable, dep_digest, fingerprint, module_fingerprint
+from plait.frontend.deps import CodeDep
+from plait.frontend.fingerprint import Unpinnable, dep_digest, fingerprint, module_fingerprint
 from plait.frontend.guard_build import autocast_on
 from plait.frontend.snapshot import encode, program_doc, program_from_doc
 
@@ -81,12 +82,17 @@ def _state_part(ms: ModuleState) -> list[Any]:
 
 
 def front_parts(
-    fn: Any, spec: Any, leaves: Sequence[Any], request: Mapping[str, Any]
+    fn: Any,
+    spec: Any,
+    leaves: Sequence[Any],
+    request: Mapping[str, Any],
+    ms: ModuleState | None = None,
 ) -> dict[str, Any]:
     """The front key's parts for calling ``fn`` with ``(spec, leaves)``; raises
-    :class:`Unpinnable` for what cannot be described without capture."""
+    :class:`Unpinnable` for what cannot be described without capture. ``ms``: the module's
+    state as the caller already holds it (one is made when None)."""
     try:
-        return _front_parts(fn, spec, leaves, request)
+        return _front_parts(fn, spec, leaves, request, ms)
     except Unpinnable:
         raise
     except Exception as exc:  # NOTE: never fail a call over what a warm start could skip
@@ -94,10 +100,14 @@ def front_parts(
 
 
 def _front_parts(
-    fn: Any, spec: Any, leaves: Sequence[Any], request: Mapping[str, Any]
+    fn: Any,
+    spec: Any,
+    leaves: Sequence[Any],
+    request: Mapping[str, Any],
+    ms: ModuleState | None,
 ) -> dict[str, Any]:
     if isinstance(fn, nn.Module):
-        ms = ModuleState(fn)
+        ms = ms if ms is not None and ms.module is fn else ModuleState(fn)
         callable_: dict[str, Any] = {
             "modules": module_fingerprint(fn),
             "training": list(ms.training_flags()),

@@ -1,79 +1,41 @@
-"""What a capture depended on beyond its inputs: the Python code it ran and the values that code
-and the module could read, written so that another process can check them without capturing.
-
-:class:`CodeRecorder` records every Python function that runs during a capture (a profile hook,
-installed only for the capture), digested when it is first called: each function found again by
-its module and qualified name, with a digest of its bytecode (constants and nested code included;
-file names and line numbers excluded), of its defaults, of the module-level values its code can
-read by name (a name it loads, or a string constant such as ``getattr(cfg, "SCALE")`` uses), of
-the attributes it names of the modules and functions those values are, and of the classes that
-own it. PyTorch's, plait's, NumPy's, SymPy's and the standard library's own code is left out
-(the toolchain versions in every cache key cover it; a PyTorch module attribute that user code
-replaced, ``F.gelu = my_gelu``, is not), and so is what they generate and run themselves and
-what the import system runs. A namedtuple's or a dataclass's generated methods count as their
-class. :func:`module_fingerprint` is the same for an ``nn.Module`` tree: classes (their bases,
-attributes and methods by name) and every attribute of every submodule.
-
-A value is described by :func:`fingerprint`: plain values by value; containers item by item (a
-set in its iteration order, which is what a loop over it sees); enums by name and value; user
-classes by their contents; dataclass configs by class and fields; functions and classes by
-module and qualified name, which must find the very object again (a class redefined since its
-instances were made is not the class its module names). Anything these cannot pin down (an
-arbitrary object; a method bound to one; a user module held by an attribute; a forward hook; a
-lambda or nested function that runs, whose closure cannot be read back by name; code that names
-the environment or the command line) raises :class:`Unpinnable`, with the reason: such a program
-is captured on every warm start, never assumed unchanged.
+"""What a capture ran: :class:`CodeRecorder` records every Python function that runs during a
+capture (a profile hook, installed only for the capture, with the cyclic collector paused), each
+digested (:mod:`plait.frontend.fingerprint`) when it is first called, so that what it reads then
+is what the capture saw. Pinned code (PyTorch's, plait's, the standard library's), what such
+libraries generate and run themselves, and what the import system runs are left out; a
+namedtuple's or a dataclass's generated methods count as their class. A lambda or nested
+function that runs (its closure cannot be read back by name) or module-level code makes the
+program :class:`~plait.frontend.fingerprint.Unpinnable`: it is captured on every warm start.
 
 Example:
-    >>> import torch
-    >>> fp = module_fingerprint(torch.nn.Linear(2, 3))
-    >>> fp[0]["class"], fp[0]["attrs"]["in_features"]
-    ('torch.nn.modules.linear.Linear', ['int', '2'])
+    >>> import json
+    >>> with CodeRecorder() as rec:
+    ...     _ = json.dumps([1])  # NOTE: the standard library's code: pinned, not recorded
+    >>> rec.deps()
+    []
 """
 
 from __future__ import annotations
 
 import dataclasses
-import dis
-import enum
-import functools
 import gc
-import hashlib
-import logging
-import os
 import sys
-import sysconfig
 import types
-from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import nn
+from plait.frontend.fingerprint import (
+    Unpinnable,
+    class_digest,
+    find_function,
+    function_digest,
+    is_pinned,
+)
 
-# NOTE: code of these top-level packages is pinned by the toolchain versions in every key
-# (functorch and torchgen ship inside the PyTorch wheel).
-_PINNED_TOP = frozenset(
-    {"torch", "functorch", "torchgen", "plait", "sympy", "mpmath", "typing_extensions", "numpy"}
-)
-# NOTE: a standard library module's name is pinned only when the module loaded under it is the
-# standard library's: a user's own `test/` package or `trace.py` is user code.
-_STDLIB_NAMES = frozenset(sys.stdlib_module_names)
-_STDLIB_DIRS = tuple(
-    {os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")}
-)
-_STDLIB_SEEN: dict[str, tuple[types.ModuleType, bool]] = {}
 # NOTE: nested code of these kinds is part of its enclosing function's digest, which also ran.
 _INLINE = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
-# NOTE: names through which code reads state that differs from one process to the next.
-_PROCESS_STATE = frozenset({"environ", "environb", "getenv", "getenvb", "argv", "orig_argv"})
-_MAX_DEPTH = 32
-
-
-class Unpinnable(Exception):
-    """A dependency another process cannot check without capturing (the message says which)."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +72,7 @@ class CodeRecorder:
         code = frame.f_code
         if id(code) in self.seen:
             return
-        if self.refusal is None and not _pinned(str(frame.f_globals.get("__name__", ""))):
+        if self.refusal is None and not is_pinned(str(frame.f_globals.get("__name__", ""))):
             if self._under_import(frame):
                 return  # NOTE: not marked seen: the program proper may run it later
             # NOTE: an exception must never leave a profile hook: it would surface in user code
@@ -171,42 +133,17 @@ class CodeRecorder:
         return sorted(self.found.values(), key=lambda d: (d.module, d.qualname))
 
 
-def _pinned(module: str) -> bool:
-    top = module.split(".", 1)[0]
-    if top in _PINNED_TOP:
-        return True
-    return top in _STDLIB_NAMES and _is_stdlib(top)
-
-
-def _is_stdlib(top: str) -> bool:
-    mod = sys.modules.get(top)
-    if mod is None:
-        return True  # NOTE: nothing is loaded under that name: no user code of it can run
-    seen = _STDLIB_SEEN.get(top)
-    if seen is not None and seen[0] is mod:
-        return seen[1]
-    file = getattr(mod, "__file__", None)
-    paths = [file] if isinstance(file, str) else list(getattr(mod, "__path__", None) or [])
-    real = [os.path.realpath(p) for p in paths]
-    verdict = all(
-        r.startswith(_STDLIB_DIRS) and "site-packages" not in r and "dist-packages" not in r
-        for r in real
-    )
-    _STDLIB_SEEN[top] = (mod, verdict)
-    return verdict
-
-
 def _frame_dep(frame: types.FrameType) -> CodeDep | None:
     """The dependency a frame's code makes (None: pinned or part of another one)."""
     code = frame.f_code
     module = str(frame.f_globals.get("__name__", ""))
-    if _pinned(module) or _generated_by_library(frame):
+    if is_pinned(module) or _generated_by_library(frame):
         return None
     qualname = code.co_qualname
     owner = _generated_for(frame, module, qualname)
     if owner is not None:
         # NOTE: namedtuple's and dataclasses' generated methods follow from the class's fields
-        if _pinned(owner.__module__ or ""):
+        if is_pinned(owner.__module__ or ""):
             return None
         return CodeDep(owner.__module__, owner.__qualname__, class_digest(owner))
     if qualname.rsplit(".", 1)[-1] in _INLINE:
@@ -240,7 +177,7 @@ def _generated_by_library(frame: types.FrameType) -> bool:
     if "__name__" in frame.f_globals or not frame.f_code.co_filename.startswith("<"):
         return False
     caller = frame.f_back
-    return caller is not None and _pinned(str(caller.f_globals.get("__name__", "")))
+    return caller is not None and is_pinned(str(caller.f_globals.get("__name__", "")))
 
 
 def _generated_for(frame: types.FrameType, module: str, qualname: str) -> type | None:
@@ -256,572 +193,6 @@ def _generated_for(frame: types.FrameType, module: str, qualname: str) -> type |
         cls = first if isinstance(first, type) else type(first)
         return cls if dataclasses.is_dataclass(cls) else None
     return None
-
-
-def dep_digest(module: str, qualname: str) -> str:
-    """The digest the dependency ``module.qualname`` has in this process (compare with a
-    :class:`CodeDep`'s); raises :class:`Unpinnable` when it is not found."""
-    obj = _lookup(module, qualname)
-    if isinstance(obj, type):
-        return class_digest(obj)
-    fn = _unwrap(obj, qualname) if obj is not None else None
-    if fn is None:
-        raise Unpinnable(f"{module}.{qualname} is not loaded in this process")
-    return function_digest(fn)
-
-
-# --- finding and digesting ------------------------------------------------------------------
-def _lookup(module: str, qualname: str) -> Any:
-    """The object ``module.qualname`` names in this process (no import), or None."""
-    obj: Any = sys.modules.get(module)
-    if obj is None:
-        return None
-    for part in qualname.split("."):
-        namespace = getattr(obj, "__dict__", None)
-        if isinstance(namespace, (dict, types.MappingProxyType)) and part in namespace:
-            obj = namespace[part]
-        else:
-            try:
-                obj = getattr(obj, part, None)
-            except Exception:  # NOTE: a property or __getattr__ of user code
-                return None
-        if obj is None:
-            return None
-    return obj
-
-
-def find_function(module: str, qualname: str) -> types.FunctionType | None:
-    """The function ``module.qualname`` in this process (no import: its module must be loaded
-    already, as it is when its code can run), or None."""
-    obj = _lookup(module, qualname)
-    return None if obj is None else _unwrap(obj, qualname)
-
-
-def _unwrap(obj: Any, qualname: str) -> types.FunctionType | None:
-    if isinstance(obj, (staticmethod, classmethod)):
-        obj = obj.__func__
-    if isinstance(obj, property):
-        for f in (obj.fget, obj.fset, obj.fdel):
-            if isinstance(f, types.FunctionType) and f.__code__.co_qualname == qualname:
-                return f
-        return None
-    if isinstance(obj, functools.cached_property):
-        obj = obj.func
-    seen = 0
-    while not isinstance(obj, types.FunctionType) or obj.__code__.co_qualname != qualname:
-        obj = getattr(obj, "__wrapped__", None)
-        seen += 1
-        if obj is None or seen > 8:
-            return None
-    return obj
-
-
-def _reachable(found: Any, value: Any) -> bool:
-    """Whether ``value`` is ``found`` or what it wraps (a staticmethod, property, decorator)."""
-    for _ in range(8):
-        if found is value:
-            return True
-        if isinstance(found, (staticmethod, classmethod)):
-            found = found.__func__
-        elif isinstance(found, property):
-            return value in (found.fget, found.fset, found.fdel)
-        elif isinstance(found, functools.cached_property):
-            found = found.func
-        else:
-            found = getattr(found, "__wrapped__", None)
-            if found is None:
-                return False
-    return False
-
-
-# NOTE: by identity: code objects that differ only in a constant set's order compare equal
-_CODE_DIGESTS: dict[int, tuple[types.CodeType, bytes]] = {}
-
-
-def _code_digest(code: types.CodeType) -> bytes:
-    hit = _CODE_DIGESTS.get(id(code))
-    if hit is not None and hit[0] is code:
-        return hit[1]
-    h = hashlib.sha256()
-    for part in _code_parts(code):
-        h.update(repr(part).encode() if not isinstance(part, bytes) else part)
-    if len(_CODE_DIGESTS) > 4096:
-        _CODE_DIGESTS.clear()
-    _CODE_DIGESTS[id(code)] = (code, h.digest())
-    return h.digest()
-
-
-def _code_parts(code: types.CodeType) -> Iterator[Any]:
-    """The meaning of ``code``: bytecode, names, constants (nested code recursively); never its
-    file name or line numbers."""
-    yield code.co_code
-    yield (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
-    yield (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)
-    tested = _membership_only(code)
-    for i, c in enumerate(code.co_consts):
-        if isinstance(c, types.CodeType):
-            yield ("code", c.co_qualname)
-            yield from _code_parts(c)
-        elif i in tested:
-            # NOTE: `act in {"relu", "gelu"}` only asks membership: the set's iteration order,
-            # which string hashing makes differ between processes, is not part of its meaning
-            yield ("frozenset", sorted(repr(v) for v in c))
-        else:
-            yield (type(c).__name__, repr(c))
-
-
-def _membership_only(code: types.CodeType) -> set[int]:
-    """The frozenset constants of ``code`` that are only ever the right side of ``in``."""
-    sets = {i for i, c in enumerate(code.co_consts) if isinstance(c, frozenset)}
-    if not sets:
-        return sets
-    out = set(sets)
-    instructions = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
-    for ins, nxt in zip(instructions, [*instructions[1:], None]):
-        membership = nxt is not None and nxt.opname == "CONTAINS_OP"
-        if ins.opname == "LOAD_CONST" and ins.arg in out and not membership:
-            out.discard(ins.arg)
-    return out
-
-
-@functools.lru_cache(maxsize=4096)
-def _names(code: types.CodeType) -> frozenset[str]:
-    """The names ``code`` (and its nested code) loads, and its identifier-like string constants
-    (``getattr(cfg, "SCALE")``, ``globals()["SHIFT"]``)."""
-    out = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            out |= _names(c)
-        elif isinstance(c, str) and c.isidentifier():
-            out.add(c)
-        elif isinstance(c, (tuple, frozenset)):
-            out |= {s for s in c if isinstance(s, str) and s.isidentifier()}
-    return frozenset(out)
-
-
-def function_digest(fn: types.FunctionType) -> str:
-    """SHA-256 over the function's code, defaults, the classes that own it, the module-level
-    values its code names and their attributes it names (raises :class:`Unpinnable` for a
-    value that has no fingerprint, or for code that reads the environment or command line)."""
-    memo: dict[int, Any] = {}  # NOTE: fresh: a digest must not depend on what came before
-    where = f"{fn.__module__}.{fn.__qualname__}"
-    names = _names(fn.__code__)
-    process = sorted(names & _PROCESS_STATE)
-    if process:
-        raise Unpinnable(
-            f"{where} reads {', '.join(process)}: state of the process (the environment, the "
-            "command line) that another process does not share"
-        )
-    h = hashlib.sha256(_code_digest(fn.__code__))
-    h.update(repr(_fp(fn.__defaults__, f"{where} defaults", memo, 0)).encode())
-    h.update(repr(_fp(fn.__kwdefaults__, f"{where} defaults", memo, 0)).encode())
-    # NOTE: the classes the function is defined in (`cls.K`, `self.K` of a helper class)
-    module = sys.modules.get(str(fn.__globals__.get("__name__", "")))
-    owner: Any = module
-    for part in fn.__qualname__.split(".")[:-1]:
-        owner = getattr(owner, "__dict__", {}).get(part)
-        if isinstance(owner, type):
-            h.update(repr(("owner", _fp(owner, f"{where}'s class", memo, 0))).encode())
-    globals_ = fn.__globals__
-    seen: set[int] = set()
-    for name in sorted(names):
-        if name not in globals_:
-            continue
-        value = globals_[name]
-        what = f"global {globals_.get('__name__')}.{name}"
-        h.update(repr((name, _value_fp(value, what, memo))).encode())
-        _named_attrs(value, names, h, memo, seen, what)
-    return h.hexdigest()
-
-
-def _named_attrs(
-    value: Any,
-    names: frozenset[str],
-    h: Any,
-    memo: dict[int, Any],
-    seen: set[int],
-    what: str,
-) -> None:
-    """Digest the attributes the code names of ``value`` when it is a module (recursively:
-    ``pkg.config.SCALE``) or a user function (``helper.scale``). Of a PyTorch or standard
-    library module, only attributes that user code replaced (``F.gelu = my_gelu``) count."""
-    if id(value) in seen:
-        return
-    if isinstance(value, types.ModuleType):
-        seen.add(id(value))
-        pinned = _pinned(value.__name__)
-        namespace = vars(value)
-        for attr in sorted(a for a in names if a in namespace):
-            inner = namespace[attr]
-            here = f"{what}.{attr}"
-            if not pinned:
-                h.update(repr((here, _value_fp(inner, here, memo))).encode())
-            elif _user_defined(inner):
-                h.update(repr(("replaced", here, _fp(inner, here, memo, 0))).encode())
-            _named_attrs(inner, names, h, memo, seen, here)
-    elif isinstance(value, types.FunctionType) and _user_defined(value):
-        seen.add(id(value))
-        namespace = vars(value)
-        for attr in sorted(a for a in names if a in namespace and a != "__wrapped__"):
-            here = f"{what}.{attr}"
-            h.update(repr((here, _fp(namespace[attr], here, memo, 0))).encode())
-
-
-def _value_fp(value: Any, what: str, memo: dict[int, Any]) -> Any:
-    """A global's fingerprint: a module by name (:func:`_named_attrs` checks what is named of
-    it), anything else by :func:`fingerprint`."""
-    if isinstance(value, types.ModuleType):
-        return ["module", value.__name__]
-    return _fp(value, what, memo, 0)
-
-
-def _user_defined(value: Any) -> bool:
-    if isinstance(value, types.FunctionType):
-        return not (_pinned(value.__module__ or "") and _pinned(_globals_name(value)))
-    if isinstance(value, (type, types.MethodType)):
-        return not _pinned(getattr(value, "__module__", None) or "")
-    return False
-
-
-def _globals_name(fn: types.FunctionType) -> str:
-    return str(fn.__globals__.get("__name__", ""))
-
-
-def class_digest(cls: type) -> str:
-    """SHA-256 over a class's fingerprint (bases, attributes, methods by name, dataclass and
-    namedtuple fields): what its generated methods and its readers depend on."""
-    fp = _fp(cls, _qualified(cls), {}, 0)
-    return "class:" + hashlib.sha256(repr(fp).encode()).hexdigest()
-
-
-# --- fingerprints ---------------------------------------------------------------------------
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
-_TORCH_PLAIN = (
-    torch.dtype,
-    torch.device,
-    torch.Size,
-    torch.layout,
-    torch.memory_format,
-    torch.qscheme,
-)
-
-
-def fingerprint(value: Any, what: str, memo: dict[int, Any] | None = None) -> Any:
-    """A process-independent, comparable description of ``value``; raises :class:`Unpinnable`
-    for an object whose state cannot be described (``what`` names it in the message)."""
-    return _fp(value, what, {} if memo is None else memo, 0)
-
-
-def _fp(value: Any, what: str, memo: dict[int, Any], depth: int) -> Any:
-    if depth > _MAX_DEPTH:
-        raise Unpinnable(f"{what} is nested too deeply (or holds itself)")
-    if isinstance(value, enum.Enum):
-        cls = type(value)
-        _check_found(cls, what)
-        return ["enum", _qualified(cls), value.name, _fp(value.value, what, memo, depth + 1)]
-    if isinstance(value, _PLAIN):
-        return [_type_name(type(value)), repr(value)]
-    if isinstance(value, _TORCH_PLAIN):
-        return [type(value).__name__, str(value)]
-    if isinstance(value, torch.Tensor):
-        raise Unpinnable(f"{what} is a tensor that is neither parameter nor buffer")
-    if isinstance(value, (tuple, list, set, frozenset, dict)):
-        return _container_fp(value, what, memo, depth)
-    if isinstance(value, types.ModuleType):
-        if not _pinned(value.__name__):
-            # NOTE: a module a function names as a global has the attributes it names checked
-            # (function_digest); one held elsewhere (`self.cfg = config`) would not
-            raise Unpinnable(
-                f"{what} is the module {value.__name__}, whose attributes plait cannot check "
-                "there (import it where it is used)"
-            )
-        return ["module", value.__name__]
-    if isinstance(value, type):
-        return _class_fp(value, what, memo, depth)
-    if isinstance(value, functools.partial):
-        return [
-            "partial",
-            _fp(value.func, what, memo, depth + 1),
-            _fp(value.args, what, memo, depth + 1),
-            _fp(value.keywords, what, memo, depth + 1),
-            _fp(vars(value), what, memo, depth + 1),
-        ]
-    if isinstance(value, types.FunctionType):
-        return _function_fp(value, what, memo, depth)
-    if isinstance(value, types.MethodType):
-        bound = value.__self__
-        if not isinstance(bound, type):
-            raise Unpinnable(
-                f"{what} is a method bound to a {_qualified(type(bound))} object, whose state "
-                "plait cannot check"
-            )
-        return [
-            "method",
-            _fp(bound, what, memo, depth + 1),
-            _fp(value.__func__, what, memo, depth + 1),
-        ]
-    if dataclasses.is_dataclass(value):
-        # NOTE: a config object: its class (fields, methods by name) and its values
-        fields = dataclasses.fields(value)
-        names = {f.name for f in fields}
-        extra = {k: v for k, v in getattr(value, "__dict__", {}).items() if k not in names}
-        return [
-            "dataclass",
-            _fp(type(value), what, memo, depth + 1),
-            [[f.name, _fp(getattr(value, f.name), what, memo, depth + 1)] for f in fields],
-            [[k, _fp(v, what, memo, depth + 1)] for k, v in extra.items()],
-        ]
-    if isinstance(value, types.SimpleNamespace):
-        items = vars(value).items()
-        return ["namespace", [[k, _fp(v, what, memo, depth + 1)] for k, v in items]]
-    if isinstance(value, nn.Module):
-        raise Unpinnable(
-            f"{what} is a module outside the module tree (hold modules in nn.ModuleList or "
-            "nn.ModuleDict, or as attributes)"
-        )
-    if isinstance(value, logging.Logger):
-        # NOTE: a logger only decides what is logged; its level is what code may branch on
-        return ["logger", value.name, value.getEffectiveLevel()]
-    if _pinned(type(value).__module__ or "") and callable(value):
-        # NOTE: builtins, torch's and the standard library's callables (torch.ops, ufuncs) by
-        # name; one bound to an object (`tensor.add`, `random.random`) by that object too.
-        name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
-        if isinstance(name, str):
-            out = ["callable", _qualified(type(value)), f"{getattr(value, '__module__', '')}"]
-            out.append(name)
-            bound = getattr(value, "__self__", None)
-            if bound is not None and not isinstance(bound, (type, types.ModuleType)):
-                out.append(_fp(bound, f"{what} (the object it is bound to)", memo, depth + 1))
-            wrapped = getattr(value, "__wrapped__", None)
-            if wrapped is not None:
-                out.append(_fp(wrapped, what, memo, depth + 1))
-            return out
-    raise Unpinnable(f"{what} is a {_qualified(type(value))}, whose state plait cannot check")
-
-
-def _type_name(cls: type) -> str:
-    return cls.__name__ if cls.__module__ == "builtins" else _qualified(cls)
-
-
-def _container_fp(value: Any, what: str, memo: dict[int, Any], depth: int) -> Any:
-    cls = type(value)
-    tag: Any = cls.__name__
-    if cls.__module__ != "builtins":
-        # NOTE: a namedtuple's fields, a subclass's methods: its class's contents
-        tag = _fp(cls, what, memo, depth + 1)
-    if isinstance(value, dict):
-        items = [
-            [_fp(k, what, memo, depth + 1), _fp(v, what, memo, depth + 1)] for k, v in value.items()
-        ]
-        if isinstance(value, defaultdict):
-            items.append(_fp(value.default_factory, what, memo, depth + 1))
-        return [tag, items]
-    # NOTE: a set in its iteration order: a loop over it sees that order, which may differ
-    # between processes (string hashing) or with the order of insertion.
-    return [tag, [_fp(v, what, memo, depth + 1) for v in value]]
-
-
-def _qualified(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _check_found(obj: Any, what: str) -> None:
-    """A user class or function must be the one its module names now (not an older
-    definition, not one made inside a function): what another process would find."""
-    module = getattr(obj, "__module__", None) or ""
-    qualname = getattr(obj, "__qualname__", "")
-    if _pinned(module):
-        return
-    if "<" in qualname:
-        raise Unpinnable(f"{what} ({qualname}) is defined inside a function or is a lambda")
-    if not _reachable(_lookup(module, qualname), obj):
-        raise Unpinnable(
-            f"{what} ({module}.{qualname}) is not the one its module defines under that name now "
-            "(redefined or reloaded since it was made)"
-        )
-
-
-def _function_fp(fn: types.FunctionType, what: str, memo: dict[int, Any], depth: int) -> Any:
-    name = f"{fn.__module__}.{fn.__qualname__}"
-    out: list[Any] = ["function", name]
-    origin = f"{_globals_name(fn)}.{fn.__code__.co_qualname}"
-    if origin != name:
-        out.append(origin)  # NOTE: a decorator's wrapper, by the code it runs
-    if fn.__closure__ and _pinned(_globals_name(fn)):
-        # NOTE: a library's code runs unrecorded: what its wrapper closes over (the function
-        # it wraps, the context it enters: torch.no_grad or torch.enable_grad) counts
-        out.append([_cell_fp(c, what, memo, depth) for c in fn.__closure__])
-    if "<" in fn.__qualname__:
-        # NOTE: a lambda or nested function of user code cannot be found again by name, but
-        # it is harmless unless it runs, and the recorder refuses the program when it does.
-        return out
-    _check_found(fn, what)
-    return out
-
-
-def _cell_fp(cell: Any, what: str, memo: dict[int, Any], depth: int) -> Any:
-    try:
-        value = cell.cell_contents
-    except ValueError:  # NOTE: an empty cell
-        return None
-    if depth > _MAX_DEPTH:
-        raise Unpinnable(f"{what} is nested too deeply (or holds itself)")
-    if isinstance(value, types.FunctionType) and _pinned(_globals_name(value)):
-        # NOTE: a library's inner function (singledispatch's `dispatch`): what it closes over
-        cells = [_cell_fp(c, what, memo, depth + 1) for c in value.__closure__ or ()]
-        return ["function", f"{_globals_name(value)}.{value.__qualname__}", cells]
-    try:
-        return _fp(value, what, memo, depth + 1)
-    except Unpinnable:
-        owner = getattr(value, "__self__", value)
-        if not _pinned(type(owner).__module__ or ""):
-            raise
-        return ["object", _qualified(type(owner))]  # NOTE: a library object, by its class
-
-
-def _class_fp(cls: type, what: str, memo: dict[int, Any], depth: int) -> Any:
-    name = _qualified(cls)
-    if _pinned(cls.__module__ or ""):
-        return ["class", name]
-    _check_found(cls, what)
-    if id(cls) in memo:
-        return ["class", name]  # NOTE: its contents are written where it was first met
-    memo[id(cls)] = cls
-    return ["class", name, _class_contents(cls, memo, depth)]
-
-
-_CLASS_SKIP = frozenset(
-    {
-        "__module__",
-        "__doc__",
-        "__dict__",
-        "__weakref__",
-        "__qualname__",
-        "__annotations__",
-        "__orig_bases__",
-        "__parameters__",
-        "__firstlineno__",
-        "_abc_impl",
-        # NOTE: sets of names that follow from the methods (and iterate in a hash-seeded order)
-        "__abstractmethods__",
-        "__protocol_attrs__",
-        "__non_callable_proto_members__",
-    }
-)
-
-
-def _class_contents(cls: type, memo: dict[int, Any], depth: int) -> Any:
-    """A user class's bases and the attributes of its user bases: values, methods by name (an
-    override added or removed changes it), dataclass fields."""
-    attrs: dict[str, Any] = {}
-    for base in reversed(cls.__mro__):
-        if base is object or _pinned(base.__module__ or ""):
-            continue
-        if base is not cls:
-            _check_found(base, f"{_qualified(cls)}'s base")
-        for key, value in vars(base).items():
-            if key in _CLASS_SKIP:
-                continue
-            where = f"{_qualified(base)}.{key}"
-            attrs[f"{base.__qualname__}.{key}"] = _member_fp(base, key, value, where, memo, depth)
-    return [[_qualified(b) for b in cls.__mro__], [[k, attrs[k]] for k in sorted(attrs)]]
-
-
-def _member_fp(
-    base: type, key: str, value: Any, where: str, memo: dict[int, Any], depth: int
-) -> Any:
-    if isinstance(value, types.FunctionType):
-        if value.__qualname__ == f"{base.__qualname__}.{key}" and not value.__closure__:
-            # NOTE: defined in this class's body (found with it); its code is digested if it runs
-            return ["function", f"{_globals_name(value)}.{value.__code__.co_qualname}"]
-        return _function_fp(value, where, memo, depth)
-    if isinstance(value, (staticmethod, classmethod)):
-        inner = _member_fp(base, key, value.__func__, where, memo, depth)
-        return [type(value).__name__, inner]
-    if isinstance(value, property):
-        return [
-            "property",
-            [
-                None if f is None else _member_fp(base, key, f, where, memo, depth)
-                for f in (value.fget, value.fset, value.fdel)
-            ],
-        ]
-    if isinstance(value, functools.cached_property):
-        return ["cached_property", _member_fp(base, key, value.func, where, memo, depth)]
-    if isinstance(value, (types.MemberDescriptorType, types.GetSetDescriptorType)):
-        return ["slot"]  # NOTE: follows from __slots__
-    if type(value).__qualname__ == "_tuplegetter":
-        return ["field", value.__doc__]  # NOTE: follows from _fields
-    if key == "__dataclass_fields__" and isinstance(value, dict):
-        return [_field_fp(f, where, memo, depth) for f in value.values()]
-    if key == "__dataclass_params__":
-        return repr(value)
-    return _fp(value, where, memo, depth + 1)
-
-
-def _field_fp(f: Any, where: str, memo: dict[int, Any], depth: int) -> Any:
-    missing = dataclasses.MISSING
-    return [
-        f.name,
-        str(f._field_type),
-        None if f.default is missing else _fp(f.default, where, memo, depth + 1),
-        None if f.default_factory is missing else _fp(f.default_factory, where, memo, depth + 1),
-        f.init,
-        f.kw_only,
-    ]
-
-
-# --- modules --------------------------------------------------------------------------------
-_TABLES = ("_parameters", "_buffers", "_modules", "training", "_non_persistent_buffers_set")
-# NOTE: PyTorch's hook tables, by the names this version gives them in every module
-_HOOK_TABLES = frozenset(k for k in nn.Module().__dict__ if "hook" in k)
-
-
-def _hooks(name: str, value: Any, what: str) -> None:
-    """Forward and backward hooks run inside the program: a module that has any is captured."""
-    if "state_dict" in name or not value:
-        return
-    raise Unpinnable(f"{what} has hooks ({name}): they run inside the program")
-
-
-def module_fingerprint(module: nn.Module) -> list[dict[str, Any]]:
-    """Every submodule's path, class and attributes, and its classes' bases, attributes and
-    methods; raises :class:`Unpinnable` (hooks, tensor attributes, objects without a
-    fingerprint, a class that is not the one its module defines now)."""
-    for name in dir(nn.modules.module):
-        if name.startswith("_global_") and "hook" in name:
-            _hooks(name, getattr(nn.modules.module, name), "torch.nn (global)")
-    out = []
-    memo: dict[int, Any] = {}
-    classes: dict[type, Any] = {}
-    for path, m in module.named_modules():
-        where = f"self.{path}" if path else "self"
-        attrs: dict[str, Any] = {}
-        for key, value in vars(m).items():
-            if key in _TABLES:
-                continue
-            if key in _HOOK_TABLES:
-                _hooks(key, value, where)
-                continue
-            what = f"{where}.{key}"
-            if isinstance(value, types.MethodType) and value.__self__ is m:
-                # NOTE: a method set on the instance (`model.forward = MethodType(f, model)`)
-                attrs[key] = ["method of self", _fp(value.__func__, what, memo, 0)]
-            else:
-                attrs[key] = _fp(value, what, memo, 0)
-        cls = type(m)
-        if cls not in classes:
-            contents = _class_fp(cls, f"{where}'s class", memo, 0)
-            classes[cls] = contents[2] if len(contents) > 2 else []
-        out.append(
-            {
-                "path": path,
-                "class": _qualified(cls),
-                "attrs": dict(sorted(attrs.items())),
-                "class_attrs": classes[cls],
-            }
-        )
-    return out
 
 
 @contextmanager

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from plait.frontend.deps import Unpinnable
+from plait.frontend.fingerprint import Unpinnable
 from plait.frontend.guard_plan import GuardPlan, build_guards
 from plait.frontend.guards import GuardEnv
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
