@@ -1,17 +1,20 @@
-"""The prepacking pool a saved plan's rebuild uses: every job runs before ``wait`` returns, the
-first failure is raised there, and ``close`` ends the threads."""
+"""The prepacking pool a saved plan's rebuild uses: every job runs (``close(finish=True)`` lets
+the queue run out), a job's failure is raised where its weight is first used, and ``close``
+ends the threads."""
 
 from __future__ import annotations
 
 import threading
 
 import pytest
+import torch
 
+from plait.codegen.extern import PreparedWeight
 from plait.codegen.onednn import Prepacker
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_every_job_runs_before_wait_returns(threads: int) -> None:
+def test_every_job_runs(threads: int) -> None:
     prepack = Prepacker(threads)
     done: list[int] = []
     lock = threading.Lock()
@@ -20,22 +23,27 @@ def test_every_job_runs_before_wait_returns(threads: int) -> None:
         with lock:
             done.append(i)
 
-    try:
-        for i in range(20):
-            prepack(lambda i=i: job(i))
-        prepack.wait()
-        assert sorted(done) == list(range(20))
-    finally:
-        prepack.close()
+    futures = [prepack(lambda i=i: job(i)) for i in range(20)]
+    prepack.close(finish=True)
+    for f in futures:
+        f.result()
+    assert sorted(done) == list(range(20))
 
 
-def test_a_failure_is_raised_by_wait() -> None:
-    prepack = Prepacker(2)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_weight_waits_for_its_prepacking_and_raises_its_failure(threads: int) -> None:
+    prepack = Prepacker(threads)
     try:
-        prepack(lambda: None)
-        prepack(lambda: 1 / 0)
+        w = torch.randn(4, 3)
+        good = PreparedWeight(lambda t: t * 2)
+        good.pending = prepack(lambda: good.prepare(w))
+        bad = PreparedWeight(lambda t: t * 2)
+        bad.pending = prepack(lambda: 1 / 0)
+        torch.testing.assert_close(good(w), w * 2, rtol=0, atol=0)
         with pytest.raises(ZeroDivisionError):
-            prepack.wait()
+            bad(w)
+        # NOTE: once waited for, a weight converts on its own (the failure is not sticky)
+        torch.testing.assert_close(bad(w), w * 2, rtol=0, atol=0)
     finally:
         prepack.close()
     prepack.close()  # NOTE: idempotent

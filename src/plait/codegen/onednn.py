@@ -156,10 +156,12 @@ def conv_binary(
 
 class Prepacker:
     """Runs weight prepacking (oneDNN reorders; PyTorch releases the GIL in them) in
-    ``threads`` threads, so they overlap each other and the planner's Python work. Only where
-    nothing calls an extern before :meth:`wait`: the rebuild of a saved plan (the compile's dry
-    runs call them, so it prepacks inline). ``wait`` returns once all are done, re-raising the
-    first failure; ``close`` ends the threads (after ``wait``, or on the way out of an error).
+    ``threads`` threads, so they overlap each other, the planner's Python work and what follows
+    it. Only where nothing calls an extern while the plan is made: the rebuild of a saved plan
+    (the compile's dry runs call them, so it prepacks inline). Each job's future goes to the
+    weight it prepares (``PreparedWeight.pending``): its first use waits for it and re-raises
+    its failure. ``close(finish=True)`` lets the queued jobs run out; ``close()`` cancels them
+    (on the way out of an error).
 
     NOTE: measured on ResNet-18 (20 conv reorders, 45 MB) on a 2-core machine shared with
     other work: sequential, 170 to 480 ms (the reorders' OpenMP regions wait on busy cores);
@@ -170,21 +172,16 @@ class Prepacker:
         # NOTE: a fixed count, not the machine's (two already keep the reorders off one
         # another's waits; each reorder is itself parallel); the results do not depend on it.
         self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
-        self._futures: list[Future[Any]] = []
 
     def __call__(self, fn: Callable[[], Any]) -> Future[Any]:
-        if self._pool is None:
-            done: Future[Any] = Future()
+        if self._pool is not None:
+            return self._pool.submit(fn)
+        done: Future[Any] = Future()
+        try:
             done.set_result(fn())
-            return done
-        future = self._pool.submit(fn)
-        self._futures.append(future)
-        return future
-
-    def wait(self) -> None:
-        futures, self._futures = self._futures, []
-        for f in futures:
-            f.result()
+        except Exception as exc:  # NOTE: raised where a pooled job's would be: at its use
+            done.set_exception(exc)
+        return done
 
     def close(self, finish: bool = False) -> None:
         """End the threads: ``finish`` lets the queued jobs run to the end first (their users
