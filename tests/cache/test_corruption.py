@@ -46,7 +46,7 @@ def _stale(store: LocalStore, key: str) -> None:
 @pytest.mark.parametrize(
     ("damage", "reported"),
     [
-        (_flip, "does not match its BLAKE3 hash"),
+        (_flip, "does not match its XXH3-128 hash"),
         (_truncate, "truncated"),
         (_stale, "differ from the recorded ones"),
     ],

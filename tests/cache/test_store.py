@@ -60,7 +60,7 @@ def _corrupt_header(path: Path) -> None:
 @pytest.mark.parametrize(
     ("corrupt", "message"),
     [
-        (_corrupt_flip, "does not match its BLAKE3 hash"),
+        (_corrupt_flip, "does not match its XXH3-128 hash"),
         (_corrupt_truncate, "truncated"),
         (_corrupt_header, "not a plait cache entry"),
     ],

@@ -10,6 +10,16 @@ tensor's dtype, shape and byte range, then the bytes), checks every range agains
 and builds each tensor on the buffer with ``torch.frombuffer``: no copy. Given a writable buffer
 (the store's private mapping of the entry) the tensors share it; given bytes, it copies them once.
 
+:func:`pack_pieces` writes the same layout as buffers to be written in order (the header, then
+each tensor's own memory): a save copies no tensor. The files are ordinary safetensors files
+(``safetensors.torch.load`` reads them).
+
+*Blobs* (byte tensors that native code reads in place: oneDNN's prepacked weights) go into one
+arena tensor, each at a multiple of :data:`ALIGN` bytes from the start of the data section, which
+itself starts :data:`ALIGN`-aligned (the header is padded with spaces, as the safetensors format
+allows): in an entry whose payload starts aligned (the store's, since its format 2), every blob
+is aligned.
+
 Example:
     >>> import torch
     >>> data = pack({"graph": "graph() { return }"}, {"w": torch.ones(2)})
@@ -28,9 +38,10 @@ from typing import Any
 
 import torch
 from safetensors.torch import load as _load
-from safetensors.torch import save as _save
 
 FORMAT = "plait.artifact/1"
+ALIGN = 64
+ARENA = "plait.arena"
 _MAX_HEADER = 100 << 20  # NOTE: safetensors' own bound on the JSON header
 # NOTE: safetensors' dtype names; those this PyTorch lacks are not read.
 _DTYPE_NAMES = {
@@ -43,21 +54,75 @@ _DTYPE_NAMES = {
 _DTYPES: dict[str, torch.dtype] = {
     k: getattr(torch, v) for k, v in _DTYPE_NAMES.items() if hasattr(torch, v)
 }
+_NAMES = {v: k for k, v in _DTYPES.items()}
 
 
-def pack(doc: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> bytes:
-    """``doc`` (JSON) and ``tensors`` as safetensors bytes."""
-    plain: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for name, t in sorted(tensors.items()):
-        t = t.detach().cpu().contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen or t.storage_offset() or t.untyped_storage().nbytes() != t.nbytes:
-            t = t.clone()  # NOTE: safetensors refuses tensors that share or slice a storage
-        seen.add(t.untyped_storage().data_ptr())
-        plain[name] = t
+def pack(
+    doc: Mapping[str, Any],
+    tensors: Mapping[str, torch.Tensor],
+    blobs: Mapping[str, torch.Tensor] | None = None,
+) -> bytes:
+    """``doc`` (JSON), ``tensors`` and ``blobs`` (uint8 tensors, each stored
+    :data:`ALIGN`-aligned) as safetensors bytes (:func:`pack_pieces`, joined)."""
+    return b"".join(bytes(p) for p in pack_pieces(doc, tensors, blobs))
+
+
+def pack_pieces(
+    doc: Mapping[str, Any],
+    tensors: Mapping[str, torch.Tensor],
+    blobs: Mapping[str, torch.Tensor] | None = None,
+) -> list[memoryview]:
+    """The artifact as buffers to be written in order: the header, then each tensor's own
+    memory (no copy: the caller keeps ``tensors`` and ``blobs`` unchanged until written)."""
+    blobs = dict(blobs or {})
+    clash = sorted(set(blobs) & (set(tensors) | {ARENA}))
+    if clash:
+        raise ValueError(f"blob names {clash} are also tensor names")
     meta = {"format": FORMAT, "plait": json.dumps(dict(doc), sort_keys=True)}
-    return _save(plain, metadata=meta)
+    header: dict[str, Any] = {}
+    body: list[memoryview] = []
+    edge = 0
+    if blobs:
+        # NOTE: the arena leads the data section (which starts aligned), and each blob starts
+        # at a multiple of ALIGN within it, zero-padded.
+        index = {}
+        for name, b in sorted(blobs.items()):
+            if b.dtype != torch.uint8 or b.dim() != 1 or not b.is_contiguous():
+                raise ValueError(f"blob {name!r} is not a contiguous 1-d uint8 tensor")
+            index[name] = [edge, edge + b.numel()]
+            body.append(_bytes_of(b))
+            edge += b.numel()
+            pad = -edge % ALIGN
+            body.append(memoryview(bytes(pad)))
+            edge += pad
+        if edge == 0:
+            body.append(memoryview(bytes(ALIGN)))
+            edge = ALIGN
+        header[ARENA] = {"dtype": "U64", "shape": [edge // 8], "data_offsets": [0, edge]}
+        meta["arena"] = json.dumps(index, sort_keys=True)
+    # NOTE: widest elements first (as safetensors orders them): every tensor starts at a
+    # multiple of its element size, so none is copied to be read.
+    for name, t in sorted(tensors.items(), key=lambda kv: (-kv[1].element_size(), kv[0])):
+        t = t.detach().cpu().contiguous()
+        if t.dtype not in _NAMES:
+            raise ValueError(f"tensor {name!r}: dtype {t.dtype} has no safetensors name")
+        header[name] = {
+            "dtype": _NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [edge, edge + t.nbytes],
+        }
+        body.append(_bytes_of(t))
+        edge += t.nbytes
+    text = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % ALIGN)  # NOTE: the format allows trailing spaces
+    return [memoryview(len(text).to_bytes(8, "little") + text), *body]
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, as a view of its memory (it stays referenced)."""
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy().data).cast("B")
 
 
 def unpack(data: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -75,6 +140,8 @@ def unpack(data: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         found = meta.get("format") if isinstance(meta, dict) else meta
         raise ValueError(f"artifact format {found!r}, expected {FORMAT!r}")
     tensors = {name: _tensor(buf, base, *spec) for name, spec in _specs(header, buf, base)}
+    if "arena" in meta:
+        tensors.update(_blobs(tensors.pop(ARENA, None), meta["arena"]))
     try:
         doc = json.loads(meta["plait"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -82,6 +149,29 @@ def unpack(data: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     if not isinstance(doc, dict):
         raise ValueError("artifact document is not a JSON object")
     return doc, tensors
+
+
+def _blobs(arena: torch.Tensor | None, index_json: Any) -> dict[str, torch.Tensor]:
+    """The blobs of an arena, checked against it; each is ALIGN-aligned in memory (one that is
+    not, in a buffer that is not, is copied to memory that is)."""
+    try:
+        index = json.loads(index_json)
+        ranges = {str(k): (int(v[0]), int(v[1])) for k, v in index.items()}
+    except (TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise ValueError(f"artifact blob index unreadable: {exc!r}") from None
+    if arena is None or arena.dtype != torch.uint64:
+        raise ValueError("artifact blob index without its uint64 arena")
+    raw = arena.view(torch.uint8)
+    out = {}
+    for name, (begin, end) in ranges.items():
+        if not (0 <= begin <= end <= raw.numel() and begin % ALIGN == 0):
+            raise ValueError(f"blob {name!r}: bytes {begin}..{end} of an arena of {raw.numel()}")
+        blob = raw[begin:end]
+        if blob.data_ptr() % ALIGN:
+            aligned = torch.empty(end - begin, dtype=torch.uint8)
+            blob = aligned.copy_(blob)
+        out[name] = blob
+    return out
 
 
 def _header(buf: memoryview) -> tuple[dict[str, Any], int]:
@@ -153,4 +243,6 @@ def _unpack_copy(data: bytes) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     meta = header.get("__metadata__", {})
     if meta.get("format") != FORMAT:
         raise ValueError(f"artifact format {meta.get('format')!r}, expected {FORMAT!r}")
+    if "arena" in meta:
+        tensors.update(_blobs(tensors.pop(ARENA, None), meta["arena"]))
     return json.loads(meta["plait"]), tensors

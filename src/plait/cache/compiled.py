@@ -2,12 +2,14 @@
 
 Saved: the optimized graph (IR text, exact round trip), its constants, the executor kind, the
 Stax plan (extern layouts, the oneDNN calls refused at compile time) with the schedule and kernel
-source hashes they must reproduce, the frozen tensor names, and the manifest. Loaded: the graph
-is parsed back, the constants put back (built on the store's mapping of the entry, no copy), and
-the Stax program rebuilt from the saved plan: no pass runs, no extern runs on zeros, no oneDNN
-call is probed (the compile decided which ones oneDNN accepts, under the same key: PyTorch's
-build, the CPU, the options), and the kernels come from the kernel cache (content-addressed by
-their source; the C++ compiler runs only if that cache lost them). A rebuilt program whose
+source hashes they must reproduce and the bytes of the weights it prepacked for oneDNN, the frozen
+tensor names, and the manifest. Loaded: the graph is parsed back, the constants put back (built on
+the store's mapping of the entry, no copy), and the Stax program rebuilt from the saved plan: no
+pass runs, no extern runs on zeros, no weight is reordered again (oneDNN reads the saved bytes
+where the mapping holds them), no oneDNN call is probed (the compile decided which ones oneDNN
+accepts, under the same key: PyTorch's build, the CPU, the options), and the kernels come from
+the kernel cache (content-addressed by their source; the C++ compiler runs only if that cache
+lost them). A rebuilt program whose
 schedule or kernels differ from the recorded ones is refused (:class:`StaleEntryError`): the
 caller compiles afresh and replaces it.
 
@@ -34,7 +36,7 @@ from typing import Any
 
 import torch
 
-from plait.cache.artifact import pack, unpack
+from plait.cache.artifact import pack_pieces, unpack
 from plait.cache.store import Store
 from plait.ir import Graph, TensorType, from_text, to_text
 
@@ -57,18 +59,30 @@ class SavedCompile:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _plan_record(program: Any) -> dict[str, Any]:
+PACKED = "prepacked:"  # NOTE: blob names: PACKED + "data:" / "md:" + the weight's key
+
+
+def _plan_record(program: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The saved plan, and the blobs it refers to (the prepacked weights' bytes)."""
     layouts = program.layouts()
+    packs = program.prepacked()
+    blobs = {}
+    for key, pack in packs.items():
+        blobs[f"{PACKED}data:{key}"], blobs[f"{PACKED}md:{key}"] = pack.data, pack.md
     record = {
         "layouts": {str(k): [list(s) for s in v] for k, v in layouts.items()},
         "schedule": _schedule(program),
         "kernels": [k.source_sha256 for k in program.kernels],
         "options": program.options.record(),
+        "prepacked": {
+            k: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch.")}
+            for k, p in packs.items()
+        },
     }
     refused = getattr(layouts, "refused", None)  # NOTE: the compile's oneDNN decisions
     if refused is not None:
         record["refused"] = {str(k): dict(v) for k, v in sorted(refused.items())}
-    return record
+    return record, blobs
 
 
 def _schedule(program: Any) -> list[str]:
@@ -85,11 +99,12 @@ def save_compiled(store: Store, key: str, parts: dict[str, Any], saved: SavedCom
         "frozen": saved.frozen,
         "manifest": saved.manifest.to_json(),
     }
+    blobs: dict[str, torch.Tensor] = {}
     if saved.program is not None:
-        doc["plan"] = _plan_record(saved.program)
+        doc["plan"], blobs = _plan_record(saved.program)
     tensors = {k: v for k, v in saved.graph.constants.items() if isinstance(v, torch.Tensor)}
     meta = {"parts": parts, "executor": saved.executor, "source": parts.get("source")}
-    store.put(key, pack(doc, tensors), meta)
+    store.put(key, pack_pieces(doc, tensors, blobs), meta)
 
 
 def load_compiled(store: Store, key: str) -> SavedCompile | None:
@@ -120,7 +135,7 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
     t_parse = time.perf_counter()
     program = None
     if doc["executor"] == "stax":
-        program = _rebuild_stax(graph, doc["plan"])
+        program = _rebuild_stax(graph, doc["plan"], tensors)
     manifest = doc["manifest"]
     seconds = {
         "cache.read": t_read - start,
@@ -130,7 +145,22 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
     return SavedCompile(graph, manifest, doc["executor"], list(doc["frozen"]), program, seconds)
 
 
-def _saved_layouts(plan: dict[str, Any]) -> Any:
+def _saved_packs(plan: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    from plait.codegen.onednn import SavedPack
+
+    out = {}
+    for key, info in plan.get("prepacked", {}).items():
+        data, md = tensors.get(f"{PACKED}data:{key}"), tensors.get(f"{PACKED}md:{key}")
+        if data is None or md is None:
+            raise StaleEntryError(f"the prepacked weight {key} is missing from the entry")
+        dtype = getattr(torch, info["dtype"])
+        if not isinstance(dtype, torch.dtype):
+            raise StaleEntryError(f"the prepacked weight {key} has dtype {info['dtype']!r}")
+        out[key] = SavedPack(data, md, tuple(int(d) for d in info["shape"]), dtype)
+    return out
+
+
+def _saved_layouts(plan: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
     from plait.codegen.fusion import STAGES, SavedLayouts
 
     layouts = {int(k): [tuple(int(x) for x in s) for s in v] for k, v in plan["layouts"].items()}
@@ -142,17 +172,18 @@ def _saved_layouts(plan: dict[str, Any]) -> Any:
         for v in refused.values()
     ):
         raise StaleEntryError("the saved plan's oneDNN decisions are malformed")
-    return SavedLayouts(layouts, {int(k): v for k, v in refused.items()})
+    refused_at = {int(k): v for k, v in refused.items()}
+    return SavedLayouts(layouts, refused_at, _saved_packs(plan, tensors))
 
 
-def _rebuild_stax(graph: Graph, plan: dict[str, Any]) -> Any:
+def _rebuild_stax(graph: Graph, plan: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
     from plait.runtime import StaxOptions, compile_graph
 
     # NOTE: the options are part of the key, so the recorded ones are the requested ones.
     options = StaxOptions(**plan["options"])
     try:
-        layouts = _saved_layouts(plan)
-    except (KeyError, TypeError, ValueError) as exc:
+        layouts = _saved_layouts(plan, tensors)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise StaleEntryError(f"the saved plan does not load: {exc!r}") from None
     program = compile_graph(graph, options=options, layouts=layouts)
     if _schedule(program) != plan["schedule"]:

@@ -54,10 +54,17 @@ class PreparedWeight:
         # NOTE: a prepacking started elsewhere (a thread of the rebuild's pool); the first use
         # waits for it (and re-raises its failure) before reading the fields it sets.
         self.pending: Future[None] | None = None
+        # NOTE: memory the value reads without owning (an imported prepacked weight's bytes).
+        self.keep: torch.Tensor | None = None
+
+    def adopt(self, w: torch.Tensor, value: torch.Tensor, keep: torch.Tensor) -> None:
+        """Take ``value`` (read from ``keep``'s memory) as ``w`` converted, unconverted."""
+        self.value, self.keep = value, keep
+        self.source, self.version = w, w._version
 
     def prepare(self, w: torch.Tensor) -> None:
         """Convert ``w`` now (what a pending prepacking runs)."""
-        self.value = self.convert(w)
+        self.value, self.keep = self.convert(w), None
         self.source, self.version = w, w._version
 
     def __call__(self, w: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,15 @@ from plait.codegen.errors import CodegenError
 from plait.codegen.extern import EXTERN_RULES, ExternCall, make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
 from plait.codegen.lower import Lowered, loop_vars, lower_pointwise
-from plait.codegen.onednn import Epilogue, Prepacker, find_epilogue, onednn_call, supported
+from plait.codegen.onednn import (
+    Epilogue,
+    PackedWeights,
+    Prepacker,
+    SavedPack,
+    find_epilogue,
+    onednn_call,
+    supported,
+)
 from plait.codegen.reductions import OP_CLASS, TEMPLATES, lower_reduction
 from plait.codegen.scalar import RULES
 from plait.codegen.views import MAPPED_VIEWS, SELECT_VIEWS, input_index, shape_of
@@ -119,16 +127,19 @@ class SavedLayouts(dict[int, list[tuple[int, ...]]]):
     """A saved plan: each extern step's result strides by node position (the mapping), and the
     oneDNN calls refused at compile time (``refused``: position -> stage -> reason). Given to
     :func:`plan_graph`, it replays the compile's decisions: no extern runs on zeros, no oneDNN
-    call is probed (the cache key pins what decided them: PyTorch's build, the CPU, options)."""
+    call is probed (the cache key pins what decided them: PyTorch's build, the CPU, options).
+    ``packed``: the constant weights the compile prepacked, as bytes (loaded, not reordered)."""
 
     def __init__(
         self,
         layouts: Mapping[int, Sequence[Sequence[int]]],
         refused: Mapping[int, Mapping[str, str]] | None = None,
+        packed: Mapping[str, SavedPack] | None = None,
     ) -> None:
         saved = {int(k): [tuple(int(x) for x in s) for s in v] for k, v in layouts.items()}
         super().__init__(saved)
         self.refused = {int(k): dict(v) for k, v in (refused or {}).items()}
+        self.packed = dict(packed or {})
 
 
 @dataclass
@@ -145,6 +156,8 @@ class Plan:
     # trip; ids need not), for the saved plan; and whether they came from one (not probed).
     refused: dict[int, dict[str, str]] = field(default_factory=dict)
     from_saved_plan: bool = False
+    # NOTE: the constant weights prepacked for oneDNN (saved ones imported, the rest made).
+    packs: PackedWeights = field(default_factory=PackedWeights)
 
     @property
     def kernels(self) -> list[Lowered]:
@@ -245,6 +258,7 @@ class _Planner:
         # NOTE: with the decisions replayed nothing runs a call while planning, so the weight
         # reorders may run in threads meanwhile (done before the plan is returned).
         self.prepack = Prepacker() if self._decided is not None else None
+        self.packs = PackedWeights(layouts.packed if isinstance(layouts, SavedLayouts) else None)
         self.position = {n.id: i for i, n in enumerate(graph.nodes)}
         self._infer = infer_layouts and layouts is None
         self.consts = {
@@ -451,7 +465,7 @@ class _Planner:
         }
         return Plan(
             self.graph, self.locs, self.steps, self.tags, fallbacks, dict(self.unfused),
-            {k: dict(v) for k, v in self.refused.items()}, self._decided is not None,
+            {k: dict(v) for k, v in self.refused.items()}, self._decided is not None, self.packs,
         )  # fmt: skip
 
     def _reduction_step(self, node: Node) -> None:
@@ -505,9 +519,10 @@ class _Planner:
             step: ExternStep | None = None
             accepted = ""
             if supported(node):
-                step = ExternStep(
-                    node, onednn_call(node, self.consts, None, self.channels_last, self.prepack), []
+                call = onednn_call(
+                    node, self.consts, None, self.channels_last, self.prepack, self.packs
                 )
+                step = ExternStep(node, call, [])
                 failure = self._try_dry_run(step, "onednn")
                 if failure is not None:
                     note = "; ".join(x for x in (note, f"oneDNN {node.op}: {failure}") if x)
@@ -583,7 +598,7 @@ class _Planner:
     def _fused_step(self, host: Node, ep: Epilogue) -> str | None:
         """Emit ``host`` with ``ep`` as oneDNN post-ops; the reason, emitting nothing, when
         oneDNN cannot create or run the fused call."""
-        call = onednn_call(host, self.consts, ep, self.channels_last, self.prepack)
+        call = onednn_call(host, self.consts, ep, self.channels_last, self.prepack, self.packs)
         extra = (ep.other,) if ep.other is not None else ()
         step = ExternStep(host, call, [], ep.nodes, extra)
         failure = self._try_dry_run(step, "fused")
@@ -643,6 +658,11 @@ class _Planner:
     def _operand_sample(self, operand: object) -> object:
         if not isinstance(operand, Value):
             return operand
+        const = self.consts.get(operand)
+        if const is not None:
+            # NOTE: a constant is its own sample: a weight prepared (prepacked) for the dry run
+            # is then the one the calls use, not one of a stand-in they would redo.
+            return const
         loc = self.locs[operand]
         assert loc.base is not None, f"%{operand.name} should have been materialized"
         base = self._samples[loc.base]

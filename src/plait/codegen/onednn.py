@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from plait.codegen import packed
 from plait.codegen.extern import ExternCall, PreparedWeight
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
@@ -191,12 +192,69 @@ class Prepacker:
             self._pool = None
 
 
+@dataclass(frozen=True)
+class SavedPack:
+    """A prepacked weight as a cache entry holds it (:mod:`plait.codegen.packed`)."""
+
+    data: torch.Tensor
+    md: torch.Tensor
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    # NOTE: what ``data`` reads without owning (the prepacked tensor it was exported from).
+    owner: Any = None
+
+
+class PackedWeights:
+    """The prepacked constant weights of one plan, by key (the constant's name and what its
+    layout depends on: the op, its geometry and input shape). ``saved``: those a saved plan
+    carries, imported instead of reordered; ``made``: those this plan prepared, for
+    :meth:`export` (each with its constant). ``unusable``: why a saved one was not used
+    (reported in the call's detail; the weight is then reordered)."""
+
+    def __init__(self, saved: Mapping[str, SavedPack] | None = None) -> None:
+        self.saved = dict(saved or {})
+        self.made: dict[str, tuple[PreparedWeight, torch.Tensor]] = {}
+        self.unusable: dict[str, str] = {}
+
+    def load(self, key: str, weight: PreparedWeight, fixed: torch.Tensor) -> bool:
+        """Give ``weight`` the saved bytes of ``key`` for the constant ``fixed``, if saved."""
+        pack = self.saved.get(key)
+        if pack is None:
+            return False
+        try:
+            value = packed.import_packed(pack.data, pack.md, pack.shape, pack.dtype)
+        except (packed.PackedUnavailable, ValueError) as exc:
+            self.unusable[key] = str(exc)
+            return False
+        weight.adopt(fixed, value, keep=pack.data)
+        return True
+
+    def export(self) -> dict[str, SavedPack]:
+        """The prepared weights as bytes (views of the prepacked tensors, which each
+        :class:`SavedPack` keeps alive), those prepared from their constant only."""
+        out = {}
+        for key, (w, fixed) in sorted(self.made.items(), key=lambda kv: kv[0]):
+            # NOTE: only a weight prepared from its constant (a call given another tensor for it
+            # prepared that one instead).
+            if w.source is fixed and w.value is not None and w.value.is_mkldnn:
+                data, md = packed.export_packed(w.value)
+                out[key] = SavedPack(data, md, tuple(w.value.shape), w.value.dtype, w.value)
+        return out
+
+
+def _pack_key(node: Node, *geometry: Any) -> str:
+    w = node.inputs[1]
+    assert isinstance(w, Value)
+    return f"{w.name}:{node.op}:" + ":".join(str(g) for g in geometry)
+
+
 def linear_call(
     node: Node,
     consts: Mapping[Any, torch.Tensor],
     ep: Epilogue | None,
     channels_last: bool = True,
     prepack: Prepacker | None = None,
+    packs: PackedWeights | None = None,
 ) -> ExternCall:
     op = torch.ops.mkldnn._linear_pointwise
     x = node.inputs[0]
@@ -206,7 +264,8 @@ def linear_call(
         rows *= int(d)
     reorder = torch.ops.mkldnn._reorder_linear_weight
     weight = PreparedWeight(lambda w: reorder(w.contiguous(), rows))
-    when = _prepare(weight, consts.get(node.inputs[1]), prepack)
+    key = _pack_key(node, rows)
+    when = _prepare(weight, consts.get(node.inputs[1]), prepack, packs, key)
     detail = f"oneDNN linear (weight prepacked {when})"
     if ep is not None and ep.other is not None:
 
@@ -230,6 +289,7 @@ def conv_call(
     ep: Epilogue | None,
     channels_last: bool = True,
     prepack: Prepacker | None = None,
+    packs: PackedWeights | None = None,
 ) -> ExternCall:
     a = node.attrs
     stride, padding, dilation, groups = (
@@ -245,7 +305,8 @@ def conv_call(
     weight = PreparedWeight(
         lambda w: reorder(w.contiguous(), padding, stride, dilation, groups, size)
     )
-    when = _prepare(weight, consts.get(node.inputs[1]), prepack)
+    key = _pack_key(node, padding, stride, dilation, groups, size)
+    when = _prepare(weight, consts.get(node.inputs[1]), prepack, packs, key)
     cl = torch.channels_last if channels_last else torch.contiguous_format
     layout = "channels_last" if channels_last else "contiguous"
     detail = f"oneDNN conv2d {layout} (weight prepacked {when})"
@@ -270,12 +331,25 @@ def conv_call(
     return ExternCall(fn, "conv", detail + suffix)
 
 
-def _prepare(weight: PreparedWeight, fixed: torch.Tensor | None, prepack: Prepacker | None) -> str:
+def _prepare(
+    weight: PreparedWeight,
+    fixed: torch.Tensor | None,
+    prepack: Prepacker | None,
+    packs: PackedWeights | None,
+    key: str,
+) -> str:
     if fixed is None:
         return "on first use, reused while identity and version hold"
+    note = ""
+    if packs is not None:
+        packs.made[key] = (weight, fixed)
+        if packs.load(key, weight, fixed):
+            return "at compile time, its bytes loaded from the cache entry"
+        if key in packs.unusable:
+            note = f"; the entry's bytes were unusable: {packs.unusable[key]}"
     if prepack is not None:
         weight.pending = prepack(lambda: weight.prepare(fixed))
-        return "at load, in the background (the first use waits for it)"
+        return f"at load, in the background (the first use waits for it){note}"
     weight(fixed)
     return "at compile time"
 
@@ -286,9 +360,11 @@ def onednn_call(
     ep: Epilogue | None,
     channels_last: bool = True,
     prepack: Prepacker | None = None,
+    packs: PackedWeights | None = None,
 ) -> ExternCall:
     """The oneDNN call of a conv2d or linear ``node`` with epilogue ``ep``; ``channels_last``:
     convolutions convert their activations to channels_last (else to contiguous NCHW);
-    ``prepack``: where the constant weight's prepacking runs (None: here, now)."""
+    ``prepack``: where the constant weight's prepacking runs (None: here, now); ``packs``: the
+    plan's prepacked weights (saved ones are loaded, not reordered; new ones are recorded)."""
     make: Callable[..., ExternCall] = linear_call if node.op == "linear" else conv_call
-    return make(node, consts, ep, channels_last, prepack)
+    return make(node, consts, ep, channels_last, prepack, packs)

@@ -176,6 +176,12 @@ class StaxProgram:
         running externs on zeros (the planner's other decisions are a function of the graph)."""
         return extern_layouts(self.plan)
 
+    def prepacked(self) -> dict[str, Any]:
+        """The constant weights this program prepacked for oneDNN, as bytes (a copy each, keyed
+        as :class:`~plait.codegen.onednn.PackedWeights` keys them): what a saved plan carries so
+        that a rebuild imports them instead of reordering."""
+        return self.plan.packs.export()
+
     def records(self) -> dict[str, Any]:
         """Everything the manifest needs, JSON-serializable."""
         return {
