@@ -27,17 +27,15 @@ SCHEMA = "plait.manifest/1"
 
 
 @functools.lru_cache(maxsize=1)
+@functools.cache
 def cpu_features() -> dict[str, Any]:
-    """The CPU model and a hash of its feature flags (what native codegen may depend on)."""
-    model, flags = platform.processor() or platform.machine(), ""
+    """The CPU's architecture, model and a hash of its feature flags (native code is built with
+    ``-march=native``; oneDNN picks kernels by them). Read once per process."""
+    model, flags = platform.machine(), ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "model name" and model in (
-                "",
-                platform.machine(),
-                platform.processor(),
-            ):
+            if key.strip() == "model name" and model == platform.machine():
                 model = value.strip()
             if key.strip() in ("flags", "Features") and not flags:
                 flags = " ".join(sorted(value.split()))
@@ -60,7 +58,7 @@ def toolchain(extra: dict[str, str] | None = None) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "plait": __version__,
-        "cpu": cpu_features(),
+        "cpu": dict(cpu_features()),
     }
     if torch.version.cuda:
         out["cuda"] = torch.version.cuda

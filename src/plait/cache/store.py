@@ -309,6 +309,7 @@ class LocalStore(Store):
         self.objects = self.root / "objects"
         self._lock = FileLock(str(self.root / "index.lock"))
         self.problems: list[str] = []  # NOTE: index problems found and repaired, for reports
+        self._index_checked = False
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
@@ -387,7 +388,7 @@ class LocalStore(Store):
     def get_buffer(self, key: str) -> memoryview | None:
         path = self.path(key)
         try:
-            meta, payload, size = map_entry(path)
+            _, payload, _ = map_entry(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -396,10 +397,30 @@ class LocalStore(Store):
         except ValueError as exc:
             self._discard(key)
             raise CorruptEntryError(key, str(exc)) from None
-        with self._index() as index:
-            row = index.setdefault(key, {"size": size, "meta": summary(meta)})
-            row["last_access"] = time.time()
+        # NOTE: a read marks the object's mtime (one syscall), not the index (a locked rewrite
+        # of index.json on every warm start); the index takes it in when it orders entries.
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        self._check_index()
         return payload
+
+    def _check_index(self) -> None:
+        """Once per store object: an unreadable index is found on a read too (an unlocked read
+        of it; rebuilt, reported, under the lock only when it is unreadable)."""
+        if self._index_checked:
+            return
+        self._index_checked = True
+        path = self.root / "index.json"
+        try:
+            data = json.loads(path.read_bytes())
+            if isinstance(data, dict) and data.get("schema") == INDEX_SCHEMA:
+                return
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, UnicodeDecodeError):
+            pass
+        with self._index():
+            pass  # NOTE: the locked read finds it unreadable (or repaired meanwhile) and rebuilds
 
     def read_meta(self, key: str) -> dict[str, Any] | None:
         try:
@@ -420,9 +441,18 @@ class LocalStore(Store):
             index[key] = {"size": size, "last_access": time.time(), "meta": summary(meta)}
             self._evict(index, keep=key)
 
+    def _refresh(self, index: dict[str, dict[str, Any]]) -> None:
+        """Each row's last access, with the reads since it was written (objects' mtimes)."""
+        for key, row in index.items():
+            with contextlib.suppress(OSError, ValueError):
+                mtime = self.path(key).stat().st_mtime
+                row["last_access"] = max(row.get("last_access", 0.0), mtime)
+
     def _evict(self, index: dict[str, dict[str, Any]], keep: str) -> None:
         """Least recently used first, until the total fits (the entry just written stays)."""
         total = sum(row["size"] for row in index.values())
+        if total > self.max_bytes:
+            self._refresh(index)
         for key in sorted(index, key=lambda k: index[k].get("last_access", 0.0)):
             if total <= self.max_bytes:
                 break
@@ -441,6 +471,7 @@ class LocalStore(Store):
 
     def list(self) -> list[EntryInfo]:
         with self._index() as index:
+            self._refresh(index)
             rows = dict(index)
         return [
             EntryInfo(k, r["size"], r.get("last_access", 0.0), r.get("meta", {}))

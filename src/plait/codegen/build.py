@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
@@ -81,6 +81,7 @@ class Toolchain:
         return {**self.key_parts(), "libmvec": self.libmvec}
 
 
+@cache
 def _cpu_flags() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -95,18 +96,66 @@ def _cpu_flags() -> str:
 
 @cache
 def toolchain() -> Toolchain:
-    """Probe the system C++ compiler once per process (``$CXX``, else ``g++``, else ``c++``)."""
+    """Probe the system C++ compiler once per process (``$CXX``, else ``g++``, else ``c++``).
+    The probe's answers (its version, whether glibc's vector math library links) are
+    remembered on disk for the compiler binary and the linker cache as they are
+    (:func:`remembered`): a warm start runs no subprocess."""
     candidates = [os.environ.get("CXX"), "g++", "c++"]
     cxx = next((shutil.which(c) for c in candidates if c and shutil.which(c)), None)
     if cxx is None:
         raise BuildError("no C++ compiler found (set CXX, or install g++)")
     cxx = os.path.realpath(cxx)
-    out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
-    version = out.stdout.splitlines()[0] if out.stdout else "unknown"
-    libmvec = _has_libmvec(cxx)
+    identity = [file_identity(Path(cxx)), file_identity(Path("/etc/ld.so.cache"))]
+    probe = remembered("toolchain", identity, lambda: _probe_compiler(cxx))
+    version, libmvec = str(probe["version"]), bool(probe["libmvec"])
     flags = (*BASE_FLAGS, f"-DPLAIT_LIBMVEC={int(libmvec)}")
     libs = ("-lmvec",) if libmvec else ()
     return Toolchain(cxx, version, flags, libs, _cpu_flags(), libmvec)
+
+
+def _probe_compiler(cxx: str) -> dict[str, object]:
+    out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
+    version = out.stdout.splitlines()[0] if out.stdout else "unknown"
+    return {"version": version, "libmvec": _has_libmvec(cxx)}
+
+
+def file_identity(path: Path) -> list[object]:
+    """A file as it is now (path, size, mtime, inode; None fields when it is absent): what a
+    memo of something derived from it is keyed by. Never a cache key part."""
+    try:
+        st = path.stat()
+    except OSError:
+        return [str(path), None, None, None]
+    return [str(path), st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def remembered(
+    name: str, identity: Sequence[object], compute: Callable[[], dict[str, object]]
+) -> dict[str, object]:
+    """``compute()`` (a JSON object), remembered in the cache directory under ``name`` for
+    ``identity``: a probe that costs a subprocess or a slow call runs once per machine and
+    installation, not once per process. The memo is only ever a shortcut to what ``compute``
+    answers; one that is unreadable or for another identity is computed again and replaced."""
+    try:
+        memo = cache_dir() / f"{name}.json"
+    except BuildError:
+        return compute()
+    try:
+        saved = json.loads(memo.read_text())
+        if isinstance(saved, dict) and saved.get("identity") == json.loads(json.dumps(identity)):
+            value = saved.get("value")
+            if isinstance(value, dict):
+                return value
+    except (OSError, ValueError):
+        pass
+    value = compute()
+    staged = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
+    try:
+        staged.write_text(json.dumps({"identity": identity, "value": value}))
+        os.replace(staged, memo)
+    except OSError:
+        staged.unlink(missing_ok=True)
+    return value
 
 
 def _has_libmvec(cxx: str) -> bool:

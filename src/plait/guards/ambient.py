@@ -20,12 +20,9 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import json
 import os
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +32,7 @@ import torch
 
 from plait.codegen import build
 from plait.frontend.guards import Guard, GuardEnv, ReadCalls
+from plait.manifest import cpu_features
 
 
 @dataclass(frozen=True)
@@ -179,50 +177,18 @@ def _reader(read: Callable[[], Any]) -> Callable[[GuardEnv], Any]:
     return lambda env: read()
 
 
-def cpu_features() -> dict[str, str]:
-    """The CPU's architecture, model and a hash of its feature flags (native code is built with
-    ``-march=native``; oneDNN picks kernels by them)."""
-    model, flags = platform.machine(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == platform.machine():
-                model = value.strip()
-            if key.strip() in ("flags", "Features") and not flags:
-                flags = " ".join(sorted(value.split()))
-    except OSError:
-        pass
-    digest = hashlib.sha256(flags.encode()).hexdigest()
-    return {"machine": platform.machine(), "model": model, "flags_sha256": digest}
-
-
 @functools.lru_cache(maxsize=1)
 def _torch_build() -> str:
     """A hash of how PyTorch was built (compiler, BLAS, oneDNN, CUDA versions and flags).
 
     NOTE: ``torch.__config__.show()`` takes about 0.2 s with a CUDA build, on every warm
-    start; its hash is remembered on disk beside the kernel cache, for the installed library
-    file as it is (path, size, mtime, inode: a reinstall changes them). The memo only saves the
-    call: the key part is the hash of the text either way."""
+    start; its hash is remembered on disk (:func:`~plait.codegen.build.remembered`) for the
+    installed library file as it is (path, size, mtime, inode: a reinstall changes them). The
+    memo only saves the call: the key part is the hash of the text either way."""
     lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
-    try:
-        st = lib.stat()
-        identity = [str(lib), st.st_size, st.st_mtime_ns, st.st_ino, torch.__version__]
-        memo = build.cache_dir() / "torch_build.json"
-    except (OSError, build.BuildError):
-        return _torch_build_now()
-    try:
-        saved = json.loads(memo.read_text())
-        if saved.get("identity") == identity and len(saved.get("sha256", "")) == 64:
-            return str(saved["sha256"])
-    except (OSError, ValueError, AttributeError):
-        pass
-    digest = _torch_build_now()
-    staged = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(OSError):
-        staged.write_text(json.dumps({"identity": identity, "sha256": digest}))
-        os.replace(staged, memo)
-    return digest
+    digest = build.remembered("torch_build", [build.file_identity(lib), torch.__version__],
+                              lambda: {"sha256": _torch_build_now()})  # fmt: skip
+    return str(digest["sha256"])
 
 
 def _torch_build_now() -> str:
@@ -243,7 +209,7 @@ def process_settings(cuda: bool = False) -> dict[str, Any]:
     NOTE: asking CUDA anything (even whether a GPU is there) starts its driver, about 0.2 s on
     a GPU machine: a CPU program's warm start must not pay for it."""
     return {
-        "cpu": cpu_features(),
+        "cpu": dict(cpu_features()),
         "gpu_capability": _gpu_capability() if cuda else None,
         "mkldnn_available": torch.backends.mkldnn.is_available(),
         "torch_build_sha256": _torch_build(),
