@@ -57,6 +57,47 @@ def test_round_trip_is_exact_and_behaves_identically(g: Graph) -> None:
         assert_bitwise(a, b, "parsed graph")
 
 
+def _general_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    from plait.ir import text
+
+    never = re.compile(r"(?!)")
+    monkeypatch.setattr(text, "_FAST_STMT_RE", never)
+    monkeypatch.setattr(text, "_FAST_INPUT_RE", never)
+
+
+def _structure(g: Graph) -> list[object]:
+    """Everything a parse decides, compared by value (types, attrs with their Python types)."""
+    rows: list[object] = [(v.name, v.kind, v.type) for v in g.inputs]
+    for n in g.nodes:
+        ops = [(type(o).__name__, o.name if hasattr(o, "name") else repr(o)) for o in n.inputs]
+        attrs = sorted((k, type(v).__name__, repr(v)) for k, v in n.attrs.items())
+        rows.append((n.op, ops, attrs, [(o.name, o.type) for o in n.outputs]))
+    return rows
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_fast_path_parses_as_the_general_path(name: str) -> None:
+    """The one-match statement and input forms give exactly what the general parser gives."""
+    text = (GOLDEN_DIR / f"{name}.ir").read_text()
+    fast = from_text(text)
+    with pytest.MonkeyPatch.context() as m:
+        _general_path_only(m)
+        general = from_text(text)
+    assert _structure(fast) == _structure(general)
+
+
+@given(graphs())
+def test_fast_path_agrees_on_generated_graphs(g: Graph) -> None:
+    text = to_text(g)
+    fast = from_text(text)
+    with pytest.MonkeyPatch.context() as m:
+        _general_path_only(m)
+        general = from_text(text)
+    assert _structure(fast) == _structure(general)
+
+
 def test_literal_spellings_round_trip() -> None:
     text = """graph(
   user %x: f64[3]

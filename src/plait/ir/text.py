@@ -48,6 +48,8 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*")
 _FLOAT_RE = re.compile(r"-?(?:\d+\.\d*(?:e[-+]?\d+)?|\d+e[-+]?\d+|inf|nan)(?![\w.])")
 _INT_RE = re.compile(r"-?\d+(?![\w.])")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KEYWORD_RE = re.compile(r"(?:true|false|none)(?!\w)")
+_KEYWORDS = {"true": True, "false": False, "none": None}
 _WS_RE = re.compile(r"[ \t\r\n]*")
 _WS_LINE_RE = re.compile(r"[ \t\r]*")
 _UINT_RE = re.compile(r"[0-9]+")
@@ -56,6 +58,17 @@ _UINT_RE = re.compile(r"[0-9]+")
 _STATIC_TYPE_RE = re.compile(
     r"([A-Za-z_][A-Za-z0-9_]*)\[((?:[0-9]+(?:, [0-9]+)*)?)\](?:@(cpu|cuda:[0-9]+))?(?!@)"
 )
+# NOTE: the common statement as to_text prints it: one result, operands and attributes without
+# strings, parentheses or nested lists, one type; matched in one go, then checked piece by
+# piece (_fast_statement). Anything else (or anything wrong) takes the general path, which
+# gives the same result for what this accepts, and the errors.
+_FAST_STMT_RE = re.compile(
+    r"%([A-Za-z0-9_][A-Za-z0-9_.]*) = ([A-Za-z_][A-Za-z0-9_]*)\(([^()\[\]{}\"\n]*)\)"
+    r"(?: \{([^(){}\"\n]*)\})? : ([^\n]*?)[ \t\r]*\n"
+)
+_FAST_INPUT_RE = re.compile(r"([a-z]+) %([A-Za-z0-9_][A-Za-z0-9_.]*): ([^\n]*?)[ \t\r]*\n")
+_FAST_ATTR_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(\[[^\[\]]*\]|[^,\[\]]+)(?:, |$)")
+_NO_VALUE = object()
 
 
 # --- printing ----------------------------------------------------------------------------------
@@ -259,10 +272,10 @@ class _Cursor:
 
     def literal(self, stops: str) -> Any:
         self.skip_ws()
-        for word, value in (("true", True), ("false", False), ("none", None)):
-            if re.match(word + r"(?!\w)", self.text[self.pos :]):
-                self.pos += len(word)
-                return value
+        m = _KEYWORD_RE.match(self.text, self.pos)
+        if m:
+            self.pos = m.end()
+            return _KEYWORDS[m.group(0)]
         if self.text.startswith('"', self.pos):
             return self._string()
         if self.text.startswith("[", self.pos):
@@ -302,6 +315,54 @@ class _Cursor:
         return str(value)
 
 
+def _fast_literal(token: str) -> Any:
+    """A plain literal (keyword, number, dtype) as the general parser reads it, else
+    ``_NO_VALUE``."""
+    if token in _KEYWORDS:
+        return _KEYWORDS[token]
+    if _FLOAT_RE.fullmatch(token):
+        return float(token)
+    if _INT_RE.fullmatch(token):
+        return int(token)
+    return DTYPES_BY_NAME.get(token, _NO_VALUE)
+
+
+def _fast_attrs(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return {}
+    attrs: dict[str, Any] = {}
+    pos = 0
+    while pos < len(text):
+        m = _FAST_ATTR_RE.match(text, pos)
+        if not m or m.group(1) in attrs:
+            return None
+        raw = m.group(2)
+        if raw.startswith("["):
+            inner = raw[1:-1]
+            items = [_fast_literal(t) for t in inner.split(", ")] if inner else []
+            if any(v is _NO_VALUE for v in items):
+                return None
+            attrs[m.group(1)] = tuple(items)
+        else:
+            value = _fast_literal(raw)
+            if value is _NO_VALUE:
+                return None
+            attrs[m.group(1)] = value
+        pos = m.end()
+    return attrs
+
+
+def _fast_type(text: str) -> TensorType | None:
+    m = _STATIC_TYPE_RE.fullmatch(text)
+    if not m or m.group(1) not in DTYPES_BY_NAME:
+        return None
+    static = tuple(int(d) for d in m.group(2).split(", ")) if m.group(2) else ()
+    try:
+        return TensorType(static, DTYPES_BY_NAME[m.group(1)], m.group(3) or "cpu")
+    except (ValueError, TypeError):
+        return None
+
+
 def parse_type(text: str) -> Type:
     """Parse one type, e.g. ``f32[4, s0]@cuda:0``."""
     cur = _Cursor(text)
@@ -335,10 +396,66 @@ def from_text(text: str, verify: bool = True) -> Graph:
             return env[name]
         return cur.literal(stops)
 
+    def fast_statement() -> bool:
+        """Parse the statement at the cursor in its common form; False (nothing consumed)
+        when it is not in that form or is not right: the general path then reads it."""
+        m = _FAST_STMT_RE.match(cur.text, cur.pos)
+        if m is None:
+            return False
+        name, op_name, args, attr_text, type_text = m.groups()
+        if name in env:
+            return False
+        try:
+            opdef = get_op(op_name)
+        except KeyError:
+            return False
+        inputs: list[Operand] = []
+        for token in args.split(", ") if args else ():
+            if token.startswith("%"):
+                v = env.get(token[1:])
+                if v is None or not _NAME_RE.fullmatch(token[1:]):
+                    return False
+                inputs.append(v)
+            else:
+                value = _fast_literal(token)
+                if value is _NO_VALUE:
+                    return False
+                inputs.append(value)
+        attrs = _fast_attrs(attr_text)
+        t = _fast_type(type_text)
+        if attrs is None or t is None:
+            return False
+        try:
+            full = opdef.check_attrs(attrs)
+        except (AttrError, TypeRuleError):
+            return False
+        node = Node(len(graph.nodes), op_name, tuple(inputs), full)
+        node.outputs = (Value(name, t, node, 0),)
+        env[name] = node.outputs[0]
+        graph.nodes.append(node)
+        cur.pos = m.end()
+        return True
+
+    def fast_input() -> bool:
+        """An input line in its common form (False, nothing consumed, otherwise)."""
+        m = _FAST_INPUT_RE.match(cur.text, cur.pos)
+        if m is None or m.group(1) not in INPUT_KINDS or m.group(2) in env:
+            return False
+        t = _fast_type(m.group(3))
+        if t is None:
+            return False
+        v = Value(m.group(2), t, kind=m.group(1))
+        env[v.name] = v
+        graph.inputs.append(v)
+        cur.pos = m.end()
+        return True
+
     cur.expect("graph")
     cur.expect("(")
     while not cur.peek(")"):
         cur.skip_ws()
+        if fast_input():
+            continue
         pos = cur.pos
         kind = cur.match(_IDENT_RE, "an input kind (" + ", ".join(INPUT_KINDS) + ")")
         if kind not in INPUT_KINDS:
@@ -357,6 +474,8 @@ def from_text(text: str, verify: bool = True) -> Graph:
         if cur.peek("return"):
             cur.expect("return")
             break
+        if fast_statement():
+            continue
         line_start = cur.pos
         names = [cur.value_name()]
         while cur.peek(","):

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -60,6 +61,7 @@ def is_integral(dtype: torch.dtype, include_bool: bool = False) -> bool:
     return dtype in INT_DTYPES or (include_bool and dtype == torch.bool)
 
 
+@functools.lru_cache(maxsize=64)
 def canonical_device(device: str | torch.device) -> str:
     """``'cpu'`` or ``'cuda:N'``: one spelling per device."""
     dev = torch.device(device)
@@ -77,10 +79,13 @@ class TensorType:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        shape = tuple(normalize(d) for d in self.shape)
-        for d in shape:
-            if isinstance(d, int) and d < 0:
-                raise ValueError(f"negative dimension {d} in shape {shape}")
+        shape = self.shape
+        # NOTE: static shapes (the common case) need no normalizing: plain ints stay as they are
+        if type(shape) is not tuple or not all(type(d) is int and d >= 0 for d in shape):
+            shape = tuple(normalize(d) for d in shape)
+            for d in shape:
+                if isinstance(d, int) and d < 0:
+                    raise ValueError(f"negative dimension {d} in shape {shape}")
         object.__setattr__(self, "shape", shape)
         dtype_name(self.dtype)
         object.__setattr__(self, "device", canonical_device(self.device))
