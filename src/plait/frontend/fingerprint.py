@@ -343,7 +343,17 @@ def fingerprint(value: Any, what: str, memo: dict[int, Any] | None = None) -> An
     return _fp(value, what, {} if memo is None else memo, 0)
 
 
+# NOTE: exact builtin types (not subclasses, not enums): what _fp gives them, without the
+# chain of checks below (most module attributes are these, or tuples of them).
+_EXACT_PLAIN = {t: t.__name__ for t in _PLAIN}
+
+
 def _fp(value: Any, what: str, memo: dict[int, Any], depth: int) -> Any:
+    cls = type(value)
+    if cls in _EXACT_PLAIN:
+        return [_EXACT_PLAIN[cls], repr(value)]
+    if cls is tuple and all(type(v) in _EXACT_PLAIN for v in value):
+        return ["tuple", [[_EXACT_PLAIN[type(v)], repr(v)] for v in value]]
     if depth > _MAX_DEPTH:
         raise Unpinnable(f"{what} is nested too deeply (or holds itself)")
     if isinstance(value, enum.Enum):
