@@ -75,7 +75,9 @@ def pack_pieces(
     """The artifact as buffers to be written in order: the header, then each tensor's own
     memory (no copy: the caller keeps ``tensors`` and ``blobs`` unchanged until written)."""
     blobs = dict(blobs or {})
-    clash = sorted(set(blobs) & (set(tensors) | {ARENA}))
+    if ARENA in tensors or ARENA in blobs:
+        raise ValueError(f"{ARENA!r} names the blob arena; no tensor or blob may take it")
+    clash = sorted(set(blobs) & set(tensors))
     if clash:
         raise ValueError(f"blob names {clash} are also tensor names")
     meta = {"format": FORMAT, "plait": json.dumps(dict(doc), sort_keys=True)}
@@ -141,7 +143,7 @@ def unpack(data: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         raise ValueError(f"artifact format {found!r}, expected {FORMAT!r}")
     tensors = {name: _tensor(buf, base, *spec) for name, spec in _specs(header, buf, base)}
     if "arena" in meta:
-        tensors.update(_blobs(tensors.pop(ARENA, None), meta["arena"]))
+        tensors.update(_blobs(tensors.pop(ARENA, None), meta["arena"], tensors))
     try:
         doc = json.loads(meta["plait"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -151,14 +153,20 @@ def unpack(data: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     return doc, tensors
 
 
-def _blobs(arena: torch.Tensor | None, index_json: Any) -> dict[str, torch.Tensor]:
-    """The blobs of an arena, checked against it; each is ALIGN-aligned in memory (one that is
-    not, in a buffer that is not, is copied to memory that is)."""
+def _blobs(
+    arena: torch.Tensor | None, index_json: Any, tensors: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The blobs of an arena, checked against it (and named apart from ``tensors``); each is
+    ALIGN-aligned in memory (one that is not, in a buffer that is not, is copied to memory
+    that is)."""
     try:
         index = json.loads(index_json)
         ranges = {str(k): (int(v[0]), int(v[1])) for k, v in index.items()}
     except (TypeError, ValueError, IndexError, AttributeError) as exc:
         raise ValueError(f"artifact blob index unreadable: {exc!r}") from None
+    clash = sorted(set(ranges) & set(tensors))
+    if clash:
+        raise ValueError(f"artifact blob index names tensors {clash}")
     if arena is None or arena.dtype != torch.uint64:
         raise ValueError("artifact blob index without its uint64 arena")
     raw = arena.view(torch.uint8)
@@ -244,5 +252,5 @@ def _unpack_copy(data: bytes) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     if meta.get("format") != FORMAT:
         raise ValueError(f"artifact format {meta.get('format')!r}, expected {FORMAT!r}")
     if "arena" in meta:
-        tensors.update(_blobs(tensors.pop(ARENA, None), meta["arena"]))
+        tensors.update(_blobs(tensors.pop(ARENA, None), meta["arena"], tensors))
     return json.loads(meta["plait"]), tensors

@@ -57,7 +57,7 @@ class PreparedWeight:
         # NOTE: memory the value reads without owning (an imported prepacked weight's bytes).
         self.keep: torch.Tensor | None = None
 
-    def adopt(self, w: torch.Tensor, value: torch.Tensor, keep: torch.Tensor) -> None:
+    def adopt(self, w: torch.Tensor, value: torch.Tensor, keep: torch.Tensor | None) -> None:
         """Take ``value`` (read from ``keep``'s memory) as ``w`` converted, unconverted."""
         self.value, self.keep = value, keep
         self.source, self.version = w, w._version

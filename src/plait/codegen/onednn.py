@@ -238,7 +238,10 @@ class PackedWeights:
             # prepared that one instead).
             if w.source is fixed and w.value is not None and w.value.is_mkldnn:
                 data, md = packed.export_packed(w.value)
-                out[key] = SavedPack(data, md, tuple(w.value.shape), w.value.dtype, w.value)
+                # NOTE: the owner keeps alive the value and, for an imported one, the memory it
+                # borrows (the entry's mapping), so the view stays valid as long as the pack.
+                owner = (w.value, w.keep)
+                out[key] = SavedPack(data, md, tuple(w.value.shape), w.value.dtype, owner)
         return out
 
 
@@ -342,9 +345,15 @@ def _prepare(
         return "on first use, reused while identity and version hold"
     note = ""
     if packs is not None:
+        earlier = packs.made.get(key)
         packs.made[key] = (weight, fixed)
         if packs.load(key, weight, fixed):
             return "at compile time, its bytes loaded from the cache entry"
+        if earlier is not None and earlier[0].source is fixed and earlier[0].value is not None:
+            # NOTE: the same constant prepacked for another call of this node (a fused call
+            # oneDNN refused): the same layout, no second reorder.
+            weight.adopt(fixed, earlier[0].value, keep=earlier[0].keep)
+            return "at compile time"
         if key in packs.unusable:
             note = f"; the entry's bytes were unusable: {packs.unusable[key]}"
     if prepack is not None:

@@ -12,8 +12,9 @@ handle ``torch._C._aoti`` turns into a tensor.
 
 Invariants: an imported tensor *borrows* its bytes (the caller keeps ``data`` alive as long as the
 tensor); the descriptor is only ever one this PyTorch build wrote (cache entries are keyed by the
-build); a layout that does not suit the kernel that reads it is reordered by oneDNN at the call,
-so a saved weight can cost time but never change a result.
+build), and it must describe the shape, dtype and byte count the caller names; a layout that does
+not suit the kernel that reads it is reordered by oneDNN at the call, so a saved weight can cost
+time but never change a result.
 
 Example:
     >>> import torch
@@ -75,6 +76,28 @@ def _shim() -> Any:
     return create, values, steal, capsule
 
 
+@functools.cache
+def _dtype_field() -> tuple[int, dict[torch.dtype, bytes]]:
+    """Where a serialized descriptor holds its data type, and each dtype's bytes there: found
+    by serializing one plain one-element tensor of each dtype. Their descriptors first differ
+    in the data type (an int32 enum, after the dims); the struct padding after it is not
+    initialized, so later bytes may differ too and are not read. Raises
+    :class:`PackedUnavailable` when the field found is not a small enum."""
+    mds = {
+        dt: bytes(torch.ops.mkldnn._get_mkldnn_serialized_md(torch.zeros(1, dtype=dt).to_mkldnn()))
+        for dt in (torch.float32, torch.bfloat16)
+    }
+    a, b = mds[torch.float32], mds[torch.bfloat16]
+    diff = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
+    if len(a) != len(b) or diff is None:
+        raise PackedUnavailable("oneDNN's descriptors do not name their data type")
+    start = diff - diff % 4
+    codes = {dt: md[start : start + 4] for dt, md in mds.items()}
+    if any(code[1:] != bytes(3) for code in codes.values()):  # NOTE: a little-endian small enum
+        raise PackedUnavailable("oneDNN's descriptor format is not the one plait reads")
+    return start, codes
+
+
 def unavailable() -> str | None:
     """Why prepacked weights cannot be saved here, or None when they can."""
     try:
@@ -113,6 +136,9 @@ def import_packed(
         raise ValueError(f"data and md are uint8 tensors, got {data.dtype} and {md.dtype}")
     if not (data.is_contiguous() and md.is_contiguous()) or data.device.type != "cpu":
         raise ValueError("data and md are contiguous CPU tensors")
+    start, codes_of = _dtype_field()
+    if md.numel() < start + 4 or bytes(md[start : start + 4].tolist()) != codes_of[dtype]:
+        raise ValueError(f"the descriptor does not describe {dtype} data")
     dims = [int(d) for d in shape]
     strides, step = [0] * len(dims), 1
     for i in range(len(dims) - 1, -1, -1):
@@ -130,4 +156,6 @@ def import_packed(
     need = int(torch.ops.mkldnn._nbytes(out))
     if need != data.numel():
         raise ValueError(f"{data.numel()} bytes for a descriptor of {need}")
+    if list(out.shape) != dims:
+        raise ValueError(f"the descriptor describes shape {list(out.shape)}, not {dims}")
     return out

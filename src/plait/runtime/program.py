@@ -177,8 +177,9 @@ class StaxProgram:
         return extern_layouts(self.plan)
 
     def prepacked(self) -> dict[str, Any]:
-        """The constant weights this program prepacked for oneDNN, as bytes (a copy each, keyed
-        as :class:`~plait.codegen.onednn.PackedWeights` keys them): what a saved plan carries so
+        """The constant weights this program prepacked for oneDNN, as bytes (views of the
+        prepacked tensors, each pack keeping alive what its view reads; keyed as
+        :class:`~plait.codegen.onednn.PackedWeights` keys them): what a saved plan carries so
         that a rebuild imports them instead of reordering."""
         return self.plan.packs.export()
 
