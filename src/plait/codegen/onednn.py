@@ -237,7 +237,10 @@ class PackedWeights:
             # NOTE: only a weight prepared from its constant (a call given another tensor for it
             # prepared that one instead).
             if w.source is fixed and w.value is not None and w.value.is_mkldnn:
-                data, md = packed.export_packed(w.value)
+                try:
+                    data, md = packed.export_packed(w.value)
+                except packed.PackedUnavailable:
+                    continue  # NOTE: not saved: a rebuild reorders it (its detail says so)
                 # NOTE: the owner keeps alive the value and, for an imported one, the memory it
                 # borrows (the entry's mapping), so the view stays valid as long as the pack.
                 owner = (w.value, w.keep)

@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from plait.codegen import build
+
 
 class PackedUnavailable(RuntimeError):
     """This PyTorch cannot export or import prepacked weights (the reason says what is missing)."""
@@ -76,16 +78,39 @@ def _shim() -> Any:
     return create, values, steal, capsule
 
 
+_PROBED = (torch.float32, torch.bfloat16)
+
+
 @functools.cache
 def _dtype_field() -> tuple[int, dict[torch.dtype, bytes]]:
-    """Where a serialized descriptor holds its data type, and each dtype's bytes there: found
-    by serializing one plain one-element tensor of each dtype. Their descriptors first differ
-    in the data type (an int32 enum, after the dims); the struct padding after it is not
+    """Where a serialized descriptor holds its data type, and each dtype's bytes there (see
+    :func:`_probe_dtype_field`), remembered on disk for the installed PyTorch (the probe
+    starts oneDNN, a few ms a warm start need not pay)."""
+    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    identity = [build.file_identity(lib), torch.__version__]
+
+    def probe() -> dict[str, object]:
+        start, codes = _probe_dtype_field()
+        return {"start": start, "codes": {str(dt): list(c) for dt, c in codes.items()}}
+
+    found = build.remembered("onednn_md_dtype", identity, probe)
+    try:
+        start = int(found["start"])  # type: ignore[call-overload]
+        table = found["codes"]
+        assert isinstance(table, dict)
+        return start, {dt: bytes(table[str(dt)]) for dt in _PROBED}
+    except (KeyError, TypeError, ValueError, AssertionError):
+        return _probe_dtype_field()
+
+
+def _probe_dtype_field() -> tuple[int, dict[torch.dtype, bytes]]:
+    """Found by serializing one plain one-element tensor of each dtype. Their descriptors first
+    differ in the data type (an int32 enum, after the dims); the struct padding after it is not
     initialized, so later bytes may differ too and are not read. Raises
     :class:`PackedUnavailable` when the field found is not a small enum."""
     mds = {
         dt: bytes(torch.ops.mkldnn._get_mkldnn_serialized_md(torch.zeros(1, dtype=dt).to_mkldnn()))
-        for dt in (torch.float32, torch.bfloat16)
+        for dt in _PROBED
     }
     a, b = mds[torch.float32], mds[torch.bfloat16]
     diff = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
@@ -121,6 +146,11 @@ def export_packed(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     else:
         data = torch.empty(0, dtype=torch.uint8)
     md = torch.ops.mkldnn._get_mkldnn_serialized_md(t).to(torch.uint8).contiguous().clone()
+    # NOTE: what import_packed will check, checked here (and the probe it needs remembered
+    # now, by the compile, not by the warm start that imports)
+    start, codes = _dtype_field()
+    if t.dtype not in codes or bytes(md[start : start + 4].tolist()) != codes[t.dtype]:
+        raise PackedUnavailable(f"the descriptor of a {t.dtype} weight does not say {t.dtype}")
     return data, md
 
 
