@@ -2,16 +2,17 @@
 
 A store maps a key (the hex SHA-256 of a :class:`~plait.cache.key.CacheKey`) to one entry: a JSON
 ``meta`` document (the key's parts, what the artifact is) and an opaque ``payload``. Every entry
-carries the XXH3-128 hash of its own bytes and is checked against it on every read: a corrupt,
-truncated or unreadable entry raises :class:`CorruptEntryError` after it was removed, so the
-caller rebuilds it and says so; it is never used. An entry of another format (format 1 carried a
-SHA-256, format 2 a BLAKE3) is never read with this format's rules: it is discarded the same way
-and rebuilt.
+carries the (chunked) XXH3-128 hash of its own bytes and is checked against it on every read: a
+corrupt, truncated or unreadable entry raises :class:`CorruptEntryError` after it was removed,
+so the caller rebuilds it and says so; it is never used. An entry of another format (format 1
+carried a SHA-256, format 2 a BLAKE3, format 3 one XXH3 stream) is never read with this
+format's rules: it is discarded the same way and rebuilt.
 
 The self-hash detects accidents (a flipped bit, a truncated or torn file), which is all it can
 do: whoever can write an entry can also write its hash, so a cryptographic hash would buy no
 protection here, and XXH3 reads memory about as fast as the machine delivers it (45 MB in about
-2 ms on one core, against 11 ms for BLAKE3; every warm start verifies its whole entry).
+2 ms on one core, against 11 ms for BLAKE3; every warm start verifies its whole entry), in
+chunks on several threads (:mod:`plait.ir.chunked_hash`).
 
 :class:`LocalStore` lays entries out as ``objects/<key[:2]>/<key>``, publishes each one atomically
 (written to a temporary file, fsynced, then ``os.replace``), and keeps an index (sizes, last
@@ -52,17 +53,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import xxhash
 from filelock import FileLock
 
+from plait.ir.chunked_hash import stream_digest
+
 MAGIC = b"PLAITART"
-# NOTE: format 3: the self-hash is XXH3-128 and the payload starts ALIGN-aligned (format 2:
-# BLAKE3; format 1: SHA-256, unaligned). A reader refuses every other format: no entry is read
-# with another's rules.
-FORMAT = 3
+# NOTE: format 4: the self-hash is the chunked XXH3-128 (plait.ir.chunked_hash) and the payload
+# starts ALIGN-aligned (format 3: one XXH3-128 stream; 2: BLAKE3; 1: SHA-256, unaligned). A reader
+# refuses every other format: no entry is read with another's rules.
+FORMAT = 4
 HASH = "XXH3-128"
 ALIGN = 64
-# NOTE: magic, format, xxh3_128(meta + padding + payload), len(meta), len(payload); the payload
+# NOTE: magic, format, stream_digest(meta + padding + payload), len(meta), len(payload); the payload
 # starts at the first multiple of ALIGN after header + meta (zero padding, covered by the hash).
 _HEADER = struct.Struct(">8sH16sQQ")
 # NOTE: a payload is bytes, or buffers (bytes-like) to be written in order (never joined).
@@ -170,10 +172,6 @@ class Store(abc.ABC):
         return sum(self.delete(k) for k in keys)
 
 
-def _hasher() -> Any:
-    return xxhash.xxh3_128()
-
-
 def _payload_offset(n_meta: int) -> int:
     return -(-(_HEADER.size + n_meta) // ALIGN) * ALIGN
 
@@ -191,11 +189,9 @@ def encode_entry(payload: Payload, meta: dict[str, Any]) -> list[Any]:
     meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
     pad = bytes(_payload_offset(len(meta_bytes)) - _HEADER.size - len(meta_bytes))
     pieces = _pieces(payload)
-    h = _hasher()
-    for piece in (meta_bytes, pad, *pieces):
-        h.update(piece)
+    digest = stream_digest([meta_bytes, pad, *pieces])
     n_payload = sum(p.nbytes for p in pieces)
-    header = _HEADER.pack(MAGIC, FORMAT, h.digest(), len(meta_bytes), n_payload)
+    header = _HEADER.pack(MAGIC, FORMAT, digest, len(meta_bytes), n_payload)
     return [header, meta_bytes, pad, *pieces]
 
 
@@ -214,9 +210,7 @@ def decode_entry(data: Any) -> tuple[dict[str, Any], memoryview]:
     if len(view) != start + n_payload:
         have, expected = len(view) - _HEADER.size, start + n_payload - _HEADER.size
         raise ValueError(f"truncated: {have} bytes after the header, expected {expected}")
-    h = _hasher()
-    h.update(view[_HEADER.size :])
-    if h.digest() != digest:
+    if stream_digest([view[_HEADER.size :]]) != digest:
         raise ValueError(f"content does not match its {HASH} hash")
     try:
         meta = json.loads(bytes(view[_HEADER.size : _HEADER.size + n_meta]))
