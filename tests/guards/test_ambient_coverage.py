@@ -52,6 +52,8 @@ COVERED = {
     "used: how guards run, never what they check",
     ("cache/snapshots.py", "is_grad_enabled"): "front key mode; guard grad_mode (rebuilt)",
     ("cache/snapshots.py", "get_default_dtype"): "front key mode; guard default dtype (rebuilt)",
+    ("ir/chunked_hash.py", "cpu_count"): "hashing threads only: the digest does not depend on "
+    "them (tests/ir/test_chunked_hash.py)",
     ("codegen/packed.py", "_get_mkldnn"): "not a setting: mkldnn._get_mkldnn_serialized_md, a "
     "prepacked weight's descriptor (entries are keyed by PyTorch's build and the CPU)",
 }
