@@ -3,8 +3,9 @@
 Each measurement runs in a fresh process. *Cold*: an empty cache directory (no artifact, no
 kernel): capture, passes, planning, C++ compiler, save. *Warm*: a new process on the cache the
 cold one filled: front key, the captured program from its snapshot (no capture), key, load,
-rebuild from the saved plan (no pass, no dry run, no compiler; ``PLAIT_STAX_NO_COMPILE=1`` makes
-any compiler call an error). *Eager*: the model's own first call in a fresh process. First-call
+rebuild from the saved plan (no pass, no dry run, no compiler, no weight reordered: the entry
+carries oneDNN's prepacked weights; ``PLAIT_STAX_NO_COMPILE=1`` makes any compiler call an
+error). *Eager*: the model's own first call in a fresh process. First-call
 times start at ``plait.compile`` and end with the first output (module imports, torch's and
 plait's, excluded; a ``gc.collect()`` before the clock starts, in every mode, so that a full
 collection owed by the imports does not land in whichever phase allocates first).

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import plait
+from plait.cache import LocalStore
 
 
 class ConvNet(nn.Module):
@@ -49,3 +50,19 @@ def run(
 
 def status(spec: Any) -> str:
     return str(spec.manifest.cache.get("status"))
+
+
+def stax_entry(cache: Path) -> tuple[LocalStore, str]:
+    """The store at ``cache`` and the key of its one Stax artifact entry."""
+    store = LocalStore(cache)
+    (entry,) = [e for e in store.list() if e.meta.get("executor") == "stax"]
+    return store, entry.key
+
+
+def call_program(program: Any, x: torch.Tensor) -> torch.Tensor:
+    """Run a Stax program on ``x`` with its graph's constants (one output)."""
+    graph = program.graph
+    args = [x if v.kind == "user" else graph.constants[v.name] for v in graph.inputs]
+    with torch.no_grad():
+        (y,) = program(*args)
+    return y

@@ -12,11 +12,10 @@ import torch
 from torch import nn
 
 import plait.conformance
-from plait.cache import LocalStore
 from plait.cache.compiled import load_compiled
 from plait.codegen import fusion, onednn
 from plait.runtime import compile_graph
-from tests.cache.helpers import convnet, run, sample
+from tests.cache.helpers import call_program, convnet, run, sample, stax_entry
 
 
 class Residual(nn.Module):
@@ -29,20 +28,6 @@ class Residual(nn.Module):
         return torch.relu(self.bn(self.conv(x)) + x)
 
 
-def _artifact(cache: Path) -> tuple[LocalStore, str]:
-    store = LocalStore(cache)
-    (entry,) = [e for e in store.list() if e.meta.get("executor") == "stax"]
-    return store, entry.key
-
-
-def _call(program: Any, x: torch.Tensor) -> torch.Tensor:
-    graph = program.graph
-    args = [x if v.kind == "user" else graph.constants[v.name] for v in graph.inputs]
-    with torch.no_grad():
-        (y,) = program(*args)
-    return y
-
-
 def _factory(shape: tuple[int, ...]) -> Any:
     def make(seed: int) -> tuple[torch.Tensor]:
         return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)),)
@@ -51,7 +36,7 @@ def _factory(shape: tuple[int, ...]) -> Any:
 
 
 def _rebuilt(cache: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    store, key = _artifact(cache)
+    store, key = stax_entry(cache)
     with monkeypatch.context() as m:
 
         def probe(self: Any, step: Any) -> None:
@@ -70,7 +55,7 @@ def test_rebuild_replays_accepted_calls_unprobed(
     expected, _ = run(convnet(), sample(), cache)
     program = _rebuilt(cache, monkeypatch)
     assert program.plan.from_saved_plan and program.plan.refused == {}
-    assert torch.equal(_call(program, sample()), expected)
+    assert torch.equal(call_program(program, sample()), expected)
     details = [t.detail for t in program.evidence.nodes.values() if t.detail.startswith("oneDNN")]
     assert details and all(fusion.SAVED in d for d in details), details
 
@@ -103,11 +88,11 @@ def test_rebuild_replays_a_refusal_without_trying_again(
     assert "could not create a memory" in program.plan.refused[position]["fused"]
     (reason,) = program.evidence.unfused.values()
     assert "could not create a memory" in reason and fusion.SAVED in reason
-    assert torch.equal(_call(program, x), out)
+    assert torch.equal(call_program(program, x), out)
     with torch.no_grad():
         report = plait.conformance.check(
-            model, lambda x: _call(program, x), _factory((2, 8, 6, 6)), candidate_module=model,
-            op_class="model", draws=2,
+            model, lambda x: call_program(program, x), _factory((2, 8, 6, 6)),
+            candidate_module=model, op_class="model", draws=2,
         )  # fmt: skip
     assert report.ok, str(report)
 
@@ -117,7 +102,7 @@ def test_bare_layouts_still_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     once, as before."""
     cache = tmp_path / "cache"
     run(convnet(), sample(), cache)
-    store, key = _artifact(cache)
+    store, key = stax_entry(cache)
     saved = load_compiled(store, key)
     assert saved is not None and saved.program is not None
     probed: list[int] = []

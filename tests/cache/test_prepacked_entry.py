@@ -29,7 +29,7 @@ from plait.cache.lookup import CacheWarning
 from plait.codegen import packed
 from plait.codegen.extern import PreparedWeight
 from plait.codegen.fusion import ExternStep
-from tests.cache.helpers import status
+from tests.cache.helpers import call_program, status, stax_entry
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADED = "its bytes loaded from the cache entry"
@@ -108,20 +108,6 @@ def _cold(model: nn.Module, cache: Path, xs: list[torch.Tensor]) -> tuple[list[t
     spec = compiled.specializations[-1]
     assert status(spec) == "miss" and spec.compiled.program is not None
     return outs, spec.compiled.program
-
-
-def _entry(cache: Path) -> tuple[LocalStore, str]:
-    store = LocalStore(cache)
-    (entry,) = [e for e in store.list() if e.meta.get("executor") == "stax"]
-    return store, entry.key
-
-
-def _call(program: Any, x: torch.Tensor) -> torch.Tensor:
-    graph = program.graph
-    args = [x if v.kind == "user" else graph.constants[v.name] for v in graph.inputs]
-    with torch.no_grad():
-        (y,) = program(*args)
-    return y
 
 
 def _onednn_details(program: Any) -> list[str]:
@@ -409,7 +395,7 @@ def test_a_warm_start_imports_every_prepacked_weight(
     expected, cold = _cold(model, cache, xs)
     steps = _const_weight_steps(cold)
     assert len(steps) == 6, [s.call.detail for s in cold.plan.steps]
-    store, key = _entry(cache)
+    store, key = stax_entry(cache)
     doc, tensors = unpack(store.get(key) or b"")
     keys = set(doc["plan"]["prepacked"])
     assert len(keys) == len(steps)
@@ -426,7 +412,7 @@ def test_a_warm_start_imports_every_prepacked_weight(
         saved = load_compiled(store, key)
         assert saved is not None and saved.program is not None
         program = saved.program
-        outs = [_call(program, x) for x in xs]
+        outs = [call_program(program, x) for x in xs]
     packs = program.plan.packs
     assert set(packs.saved) == set(packs.made) == keys and packs.unusable == {}
     details = _onednn_details(program)
@@ -438,10 +424,11 @@ def test_a_warm_start_imports_every_prepacked_weight(
         assert torch.equal(weight.value.to_dense(), fixed), k
     for x, out, cold_out in zip(xs, outs, expected):
         assert torch.equal(out, cold_out)
-        assert torch.equal(out, _call(cold, x))
+        assert torch.equal(out, call_program(cold, x))
     with torch.no_grad():
         report = plait.conformance.check(
-            model, lambda x: _call(program, x), lambda s: tuple(inputs(range(s, s + 1), dtype)),
+            model, lambda x: call_program(program, x),
+            lambda s: tuple(inputs(range(s, s + 1), dtype)),
             candidate_module=model, op_class="model", draws=2,
         )  # fmt: skip
     assert report.ok, str(report)
@@ -478,7 +465,7 @@ def test_weights_shared_across_geometries_get_a_pack_each(
     for x, y in zip(xs, expected):
         with torch.no_grad():
             torch.testing.assert_close(y, model(x))
-    store, key = _entry(cache)
+    store, key = stax_entry(cache)
     doc, _ = unpack(store.get(key) or b"")
     keys = sorted(doc["plan"]["prepacked"])
     # NOTE: two input sizes, two layouts; the same size twice shares one
@@ -488,7 +475,7 @@ def test_weights_shared_across_geometries_get_a_pack_each(
         _refuse_prepare(m)
         saved = load_compiled(store, key)
         assert saved is not None
-        outs = [_call(saved.program, x) for x in xs]
+        outs = [call_program(saved.program, x) for x in xs]
     details = _onednn_details(saved.program)
     assert len(details) == 3 and all(LOADED in d for d in details), details
     assert all(torch.equal(a, b) for a, b in zip(outs, expected))
@@ -519,7 +506,7 @@ def test_a_cold_compile_prepacks_each_constant_weight_once(
     again = compile_graph(program.graph, options=program.options)
     compiled_only = len(calls)
     for x in (x1, x2):
-        assert torch.equal(_call(again, x), _call(program, x))
+        assert torch.equal(call_program(again, x), call_program(program, x))
     assert compiled_only == len(calls) == len(steps)
 
 
@@ -561,7 +548,7 @@ def test_an_unusable_saved_pack_is_reordered_and_said_so(
     cache = tmp_path / "cache"
     xs = inputs(range(50, 53))
     expected, _ = _cold(net(), cache, xs)
-    store, key = _entry(cache)
+    store, key = stax_entry(cache)
 
     def refuse(*args: Any) -> Any:
         raise packed.PackedUnavailable("no shim in this test")
@@ -571,7 +558,7 @@ def test_an_unusable_saved_pack_is_reordered_and_said_so(
         calls = _count_prepare(m)
         saved = load_compiled(store, key)
         assert saved is not None
-        outs = [_call(saved.program, x) for x in xs]
+        outs = [call_program(saved.program, x) for x in xs]
     packs = saved.program.plan.packs
     assert set(packs.unusable) == set(packs.saved) and len(packs.saved) == 6
     assert all(r == "no shim in this test" for r in packs.unusable.values())
@@ -590,7 +577,7 @@ def test_a_saved_pack_of_the_wrong_size_is_reordered(
     cache = tmp_path / "cache"
     xs = inputs(range(60, 63))
     expected, _ = _cold(net(), cache, xs)
-    store, key = _entry(cache)
+    store, key = stax_entry(cache)
     doc, _ = unpack(store.get(key) or b"")
     short = min(k for k in doc["plan"]["prepacked"] if ":conv2d:" in k)
 
@@ -602,7 +589,7 @@ def test_a_saved_pack_of_the_wrong_size_is_reordered(
         calls = _count_prepare(m)
         saved = load_compiled(store, key)
         assert saved is not None
-        outs = [_call(saved.program, x) for x in xs]
+        outs = [call_program(saved.program, x) for x in xs]
     packs = saved.program.plan.packs
     assert set(packs.unusable) == {short}
     assert "bytes for a descriptor of" in packs.unusable[short]
@@ -619,7 +606,7 @@ def test_an_entry_missing_a_pack_is_discarded_and_rebuilt(tmp_path: Path, part: 
     cache = tmp_path / "cache"
     xs = inputs(range(70, 72))
     expected, _ = _cold(net(), cache, xs)
-    store, key = _entry(cache)
+    store, key = stax_entry(cache)
 
     def drop(doc: dict, tensors: dict, blobs: dict) -> None:
         first = min(doc["plan"]["prepacked"])
@@ -649,7 +636,7 @@ def test_an_entry_missing_a_pack_is_discarded_and_rebuilt(tmp_path: Path, part: 
 def test_an_entry_with_a_pack_of_no_dtype_is_stale(tmp_path: Path, dtype: str) -> None:
     cache = tmp_path / "cache"
     _cold(net(), cache, inputs(range(80, 81)))
-    store, key = _entry(cache)
+    store, key = stax_entry(cache)
 
     def retype(doc: dict, tensors: dict, blobs: dict) -> None:
         doc["plan"]["prepacked"][min(doc["plan"]["prepacked"])]["dtype"] = dtype
