@@ -566,7 +566,9 @@ def test_a_snapshot_document_of_another_shape_is_replaced(tmp_path: Path, module
     store.put(entry.key, json.dumps(["not", "a", "snapshot"]).encode(), dict(entry.meta))
     _not_snapshot(_check(m.Net(), (_x(3),), tmp_path), "did not load")
     doc = json.loads(bytes(store.get(entry.key) or b"{}"))
-    assert isinstance(doc, dict) and doc["format"] == "plait.snapshot/1"
+    from plait.cache.snapshots import FORMAT
+
+    assert isinstance(doc, dict) and doc["format"] == FORMAT
     doc["program"]["guard_plan"]["user_types"] = {"0": "i1"}  # NOTE: not a tensor type
     store.put(entry.key, json.dumps(doc).encode(), dict(entry.meta))
     _not_snapshot(_check(m.Net(), (_x(3),), tmp_path), "did not load")

@@ -41,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -49,7 +50,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.cache.key import CacheKey
+from plait.cache.key import canonical_json
 from plait.cache.store import CorruptEntryError, Store
 from plait.frontend import CapturedProgram, ModuleState
 from plait.frontend.deps import CodeDep
@@ -57,7 +58,8 @@ from plait.frontend.fingerprint import Unpinnable, dep_digest, fingerprint, modu
 from plait.frontend.guard_build import autocast_on
 from plait.frontend.snapshot import encode, program_doc, program_from_doc
 
-FORMAT = "plait.snapshot/1"
+# NOTE: /2: the front key's parts are kept as their canonical JSON text (compared as text)
+FORMAT = "plait.snapshot/2"
 
 
 _PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
@@ -152,18 +154,24 @@ def _refuse(obj: Any) -> Any:
     raise Unpinnable(f"an option of type {type(obj).__name__} has no JSON form")
 
 
+def _digest(front: str) -> str:
+    """The front key of the canonical JSON of its parts (what ``CacheKey(parts).digest`` is)."""
+    return hashlib.sha256(front.encode()).hexdigest()
+
+
 def save_snapshot(
     store: Store, parts: Mapping[str, Any], prog: CapturedProgram, deps: Sequence[CodeDep]
 ) -> str:
     """Publish ``prog`` under the front key ``parts``; returns the key. Raises
     :class:`Unpinnable` for a program that has no saved form."""
+    front = canonical_json(dict(parts))
     doc = {
         "format": FORMAT,
-        "front": dict(parts),
+        "front": front,
         "deps": [[d.module, d.qualname, d.digest] for d in deps],
         "program": program_doc(prog),
     }
-    key = CacheKey(dict(parts)).digest
+    key = _digest(front)
     try:
         payload = json.dumps(doc, sort_keys=True).encode()
     except (TypeError, ValueError) as exc:
@@ -183,7 +191,8 @@ def load_snapshot(
 ) -> tuple[CapturedProgram | None, str]:
     """The saved program for this front key and call, or None; and what happened, for the
     manifest (``"snapshot <key>"`` or ``"captured: <why>"``)."""
-    key = CacheKey(dict(parts)).digest
+    front = canonical_json(dict(parts))
+    key = _digest(front)
     try:
         payload = store.get(key)
     except CorruptEntryError as exc:
@@ -196,7 +205,7 @@ def load_snapshot(
         doc = json.loads(bytes(payload))
         if not isinstance(doc, dict):
             raise ValueError("not a snapshot document")
-        if doc.get("format") != FORMAT or doc.get("front") != json.loads(json.dumps(parts)):
+        if doc.get("format") != FORMAT or doc.get("front") != front:
             raise Unpinnable("the snapshot was saved for another front key")
         for module, qualname, digest in doc["deps"]:
             _check_dep(module, qualname, digest)
