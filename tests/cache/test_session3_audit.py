@@ -2,8 +2,9 @@
 chunked XXH3 hash, store format 4 (reads mark mtimes instead of rewriting the index), the IR
 text fast path, the TensorType fast path and the remembered probes.
 
-Strict xfails are real defects found by this audit (the reason says which); everything else is
-a guarantee that was attacked and held."""
+Three tests here failed before their fixes (the hash pool in a forked child; an entry missing
+from the index never counted nor evicted); everything else is a guarantee that was attacked and
+held."""
 
 from __future__ import annotations
 
@@ -119,14 +120,6 @@ print(os.waitstatus_to_exitcode(st))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="plait.ir.chunked_hash keeps one module-level ThreadPoolExecutor and no fork handler: "
-    "in a child forked after the pool ran, the pool's idle semaphore says workers are idle but "
-    "their threads do not exist, so the first stream of two or more chunks (> 4 MiB: a weights "
-    "hash, an entry verify) waits forever",
-)
 def test_chunked_digest_works_in_a_forked_child() -> None:
     out = subprocess.run(
         [sys.executable, "-c", FORK_CHILD, "3"],
@@ -165,14 +158,6 @@ print(os.waitstatus_to_exitcode(st))
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a process that compiled a model with more than 4 MiB of frozen weights and then "
-    "forked (a preforking server, multiprocessing's fork start method) hangs in the child's "
-    "next compile: weights_hash waits on plait.ir.chunked_hash's pool, whose threads the child "
-    "does not have",
-)
 def test_a_forked_child_can_compile(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-c", FORK_COMPILE, str(tmp_path / "cache"), "20"],
@@ -236,14 +221,6 @@ def test_lru_order_follows_reads_that_only_touch_mtimes(tmp_path: Path) -> None:
     assert _on_disk(store) <= store.max_bytes
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="LocalStore.get_buffer no longer records a read in the index (288ed1d's get_buffer "
-    "re-added a missing row with index.setdefault): an object the index does not name (a "
-    "process killed between write_atomic and the index update) is served as a hit on every "
-    "warm start yet never counted by stat/list nor evicted, so the store stays above max_bytes",
-)
 def test_an_entry_missing_from_the_index_still_counts_toward_the_limit(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "a", max_bytes=2500)
     orphan = "0a" * 32

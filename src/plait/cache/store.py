@@ -436,7 +436,16 @@ class LocalStore(Store):
             self._evict(index, keep=key)
 
     def _refresh(self, index: dict[str, dict[str, Any]]) -> None:
-        """Each row's last access, with the reads since it was written (objects' mtimes)."""
+        """Each row's last access, with the reads since it was written (objects' mtimes), and
+        a row for each object the index lacks (a writer stopped between publishing an entry
+        and indexing it; reads do not index, so this is where such an entry is counted)."""
+        for key, path in self._object_paths():
+            if key in index:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                st = path.stat()
+                meta = read_head(path)
+                index[key] = {"size": st.st_size, "last_access": st.st_mtime, "meta": summary(meta)}
         for key, row in index.items():
             with contextlib.suppress(OSError, ValueError):
                 mtime = self.path(key).stat().st_mtime
@@ -444,9 +453,8 @@ class LocalStore(Store):
 
     def _evict(self, index: dict[str, dict[str, Any]], keep: str) -> None:
         """Least recently used first, until the total fits (the entry just written stays)."""
+        self._refresh(index)
         total = sum(row["size"] for row in index.values())
-        if total > self.max_bytes:
-            self._refresh(index)
         for key in sorted(index, key=lambda k: index[k].get("last_access", 0.0)):
             if total <= self.max_bytes:
                 break

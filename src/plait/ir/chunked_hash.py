@@ -9,6 +9,7 @@ chunks' digests, in order.
 
 Invariants: the digest depends on the bytes of the stream alone: not on how the caller split it
 into buffers, nor on the number of threads. A stream shorter than two chunks is hashed inline.
+A forked child starts its own pool (the parent's threads do not exist in it).
 
 Example:
     >>> a = bytes(range(256)) * 100_000
@@ -28,11 +29,21 @@ import xxhash
 
 CHUNK = 4 << 20
 _POOL: list[ThreadPoolExecutor] = []
-_LOCK = threading.Lock()
+_LOCK = [threading.Lock()]
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's pool threads do not exist here (a submitted chunk would
+    never run) and its lock may have been held: start afresh."""
+    _POOL.clear()
+    _LOCK[0] = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _pool() -> ThreadPoolExecutor:
-    with _LOCK:
+    with _LOCK[0]:
         if not _POOL:
             threads = max(1, min(8, os.cpu_count() or 1))
             _POOL.append(ThreadPoolExecutor(threads, thread_name_prefix="plait-hash"))
