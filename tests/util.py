@@ -26,3 +26,15 @@ def assert_bitwise(a: Any, b: Any, what: str = "") -> None:
         raise AssertionError(
             f"{what}: differs first at {diff}: {a[tuple(diff)]} vs {b[tuple(diff)]}"
         )
+
+
+def graph_structure(g: Any) -> list[object]:
+    """Everything a parse decides, compared by value: inputs, each node's op, operands, attrs
+    (with their Python types) and results, and the outputs."""
+    rows: list[object] = [(v.name, v.kind, v.type) for v in g.inputs]
+    for n in g.nodes:
+        ops = [(type(o).__name__, o.name if hasattr(o, "name") else repr(o)) for o in n.inputs]
+        attrs = sorted((k, type(v).__name__, repr(v)) for k, v in n.attrs.items())
+        rows.append((n.op, ops, attrs, [(o.name, o.type) for o in n.outputs]))
+    rows.append([getattr(o, "name", repr(o)) for o in g.outputs])
+    return rows

@@ -35,6 +35,7 @@ from plait.ir.chunked_hash import CHUNK, stream_digest
 from plait.ir.identity import weights_hash
 from plait.ir.types import TensorType
 from tests.cache.helpers import call_program, status, stax_entry
+from tests.util import graph_structure
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -269,16 +270,6 @@ def test_a_byte_flipped_past_the_first_chunk_is_detected(tmp_path: Path) -> None
 # --- IR text: the fast path agrees with the general one ------------------------------------------
 
 
-def _structure(g: Any) -> list[object]:
-    rows: list[object] = [(v.name, v.kind, v.type) for v in g.inputs]
-    for n in g.nodes:
-        ops = [(type(o).__name__, o.name if hasattr(o, "name") else repr(o)) for o in n.inputs]
-        attrs = sorted((k, type(v).__name__, repr(v)) for k, v in n.attrs.items())
-        rows.append((n.op, ops, attrs, [(o.name, o.type) for o in n.outputs]))
-    rows.append([getattr(o, "name", repr(o)) for o in g.outputs])
-    return rows
-
-
 def _parse(text: str, general: bool) -> tuple[object, ...]:
     from plait.ir import text as text_mod
 
@@ -288,7 +279,7 @@ def _parse(text: str, general: bool) -> tuple[object, ...]:
             m.setattr(text_mod, "_FAST_STMT_RE", never)
             m.setattr(text_mod, "_FAST_INPUT_RE", never)
         try:
-            return ("ok", _structure(from_text(text, verify=False)))
+            return ("ok", graph_structure(from_text(text, verify=False)))
         except Exception as exc:  # NOTE: the error (type, message with line/column) must agree
             return ("error", type(exc).__name__, str(exc))
 

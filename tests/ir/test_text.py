@@ -12,7 +12,7 @@ from hypothesis import given
 from plait.ir import Graph, IRParseError, from_text, interpret, parse_type, to_text
 from plait.ir.types import TensorType
 from tests.ir.graphs import GOLDEN, graphs
-from tests.util import assert_bitwise
+from tests.util import assert_bitwise, graph_structure
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 
@@ -67,16 +67,6 @@ def _general_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(text, "_FAST_INPUT_RE", never)
 
 
-def _structure(g: Graph) -> list[object]:
-    """Everything a parse decides, compared by value (types, attrs with their Python types)."""
-    rows: list[object] = [(v.name, v.kind, v.type) for v in g.inputs]
-    for n in g.nodes:
-        ops = [(type(o).__name__, o.name if hasattr(o, "name") else repr(o)) for o in n.inputs]
-        attrs = sorted((k, type(v).__name__, repr(v)) for k, v in n.attrs.items())
-        rows.append((n.op, ops, attrs, [(o.name, o.type) for o in n.outputs]))
-    return rows
-
-
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_fast_path_parses_as_the_general_path(name: str) -> None:
     """The one-match statement and input forms give exactly what the general parser gives."""
@@ -85,7 +75,7 @@ def test_fast_path_parses_as_the_general_path(name: str) -> None:
     with pytest.MonkeyPatch.context() as m:
         _general_path_only(m)
         general = from_text(text)
-    assert _structure(fast) == _structure(general)
+    assert graph_structure(fast) == graph_structure(general)
 
 
 @given(graphs())
@@ -95,7 +85,7 @@ def test_fast_path_agrees_on_generated_graphs(g: Graph) -> None:
     with pytest.MonkeyPatch.context() as m:
         _general_path_only(m)
         general = from_text(text)
-    assert _structure(fast) == _structure(general)
+    assert graph_structure(fast) == graph_structure(general)
 
 
 def test_literal_spellings_round_trip() -> None:
