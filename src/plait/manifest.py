@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plait.codegen.build import cpu_info
+
 SCHEMA = "plait.manifest/1"
 
 
@@ -31,19 +33,10 @@ SCHEMA = "plait.manifest/1"
 def cpu_features() -> dict[str, Any]:
     """The CPU's architecture, model and a hash of its feature flags (native code is built with
     ``-march=native``; oneDNN picks kernels by them). Read once per process."""
-    model, flags = platform.machine(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == platform.machine():
-                model = value.strip()
-            if key.strip() in ("flags", "Features") and not flags:
-                flags = " ".join(sorted(value.split()))
-    except OSError:
-        pass
+    model, flags = cpu_info()
     return {
         "machine": platform.machine(),
-        "model": model,
+        "model": model or platform.machine(),
         "flags_sha256": hashlib.sha256(flags.encode()).hexdigest(),
     }
 

@@ -64,7 +64,7 @@ def pack(
 ) -> bytes:
     """``doc`` (JSON), ``tensors`` and ``blobs`` (uint8 tensors, each stored
     :data:`ALIGN`-aligned) as safetensors bytes (:func:`pack_pieces`, joined)."""
-    return b"".join(bytes(p) for p in pack_pieces(doc, tensors, blobs))
+    return b"".join(pack_pieces(doc, tensors, blobs))
 
 
 def pack_pieces(

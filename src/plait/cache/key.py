@@ -30,6 +30,11 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
+def text_digest(canonical: str) -> str:
+    """The key (hex SHA-256) of parts already written as :func:`canonical_json`."""
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class CacheKey:
     """The parts of a key (JSON values) and their digest (hex SHA-256)."""
@@ -38,7 +43,7 @@ class CacheKey:
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256(canonical_json(dict(self.parts)).encode()).hexdigest()
+        return text_digest(canonical_json(dict(self.parts)))
 
 
 @dataclass

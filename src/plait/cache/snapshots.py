@@ -41,7 +41,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -50,7 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.cache.key import canonical_json
+from plait.cache.key import canonical_json, text_digest
 from plait.cache.store import CorruptEntryError, Store
 from plait.frontend import CapturedProgram, ModuleState
 from plait.frontend.deps import CodeDep
@@ -154,11 +153,6 @@ def _refuse(obj: Any) -> Any:
     raise Unpinnable(f"an option of type {type(obj).__name__} has no JSON form")
 
 
-def _digest(front: str) -> str:
-    """The front key of the canonical JSON of its parts (what ``CacheKey(parts).digest`` is)."""
-    return hashlib.sha256(front.encode()).hexdigest()
-
-
 def save_snapshot(
     store: Store, parts: Mapping[str, Any], prog: CapturedProgram, deps: Sequence[CodeDep]
 ) -> str:
@@ -171,7 +165,7 @@ def save_snapshot(
         "deps": [[d.module, d.qualname, d.digest] for d in deps],
         "program": program_doc(prog),
     }
-    key = _digest(front)
+    key = text_digest(front)
     try:
         payload = json.dumps(doc, sort_keys=True).encode()
     except (TypeError, ValueError) as exc:
@@ -192,7 +186,7 @@ def load_snapshot(
     """The saved program for this front key and call, or None; and what happened, for the
     manifest (``"snapshot <key>"`` or ``"captured: <why>"``)."""
     front = canonical_json(dict(parts))
-    key = _digest(front)
+    key = text_digest(front)
     try:
         payload = store.get(key)
     except CorruptEntryError as exc:

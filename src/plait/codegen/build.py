@@ -82,16 +82,26 @@ class Toolchain:
 
 
 @cache
-def _cpu_flags() -> str:
+def cpu_info() -> tuple[str, str]:
+    """The CPU's model name and its feature flags (sorted, space-separated), read from
+    ``/proc/cpuinfo`` once per process; empty strings where it says nothing."""
+    model = flags = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return " ".join(sorted(line.split(":", 1)[1].split()))
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            if key.strip() in ("flags", "Features") and not flags:
+                flags = " ".join(sorted(value.split()))
     except OSError:
         pass
+    return model, flags
+
+
+def _cpu_flags() -> str:
     import platform
 
-    return platform.processor() or platform.machine()
+    return cpu_info()[1] or platform.processor() or platform.machine()
 
 
 @cache

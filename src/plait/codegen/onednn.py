@@ -233,7 +233,8 @@ class PackedWeights:
         """The prepared weights as bytes (views of the prepacked tensors, which each
         :class:`SavedPack` keeps alive), those prepared from their constant only."""
         out = {}
-        for key, (w, fixed) in sorted(self.made.items(), key=lambda kv: kv[0]):
+        for key in sorted(self.made):
+            w, fixed = self.made[key]
             # NOTE: only a weight prepared from its constant (a call given another tensor for it
             # prepared that one instead).
             if w.source is fixed and w.value is not None and w.value.is_mkldnn:

@@ -29,21 +29,22 @@ import xxhash
 
 CHUNK = 4 << 20
 _POOL: list[ThreadPoolExecutor] = []
-_LOCK = [threading.Lock()]
+_LOCK = threading.Lock()
 
 
 def _forget_pool() -> None:
     """In a forked child: the parent's pool threads do not exist here (a submitted chunk would
     never run) and its lock may have been held: start afresh."""
+    global _LOCK
     _POOL.clear()
-    _LOCK[0] = threading.Lock()
+    _LOCK = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _pool() -> ThreadPoolExecutor:
-    with _LOCK[0]:
+    with _LOCK:
         if not _POOL:
             threads = max(1, min(8, os.cpu_count() or 1))
             _POOL.append(ThreadPoolExecutor(threads, thread_name_prefix="plait-hash"))

@@ -413,7 +413,7 @@ def from_text(text: str, verify: bool = True) -> Graph:
         for token in args.split(", ") if args else ():
             if token.startswith("%"):
                 v = env.get(token[1:])
-                if v is None or not _NAME_RE.fullmatch(token[1:]):
+                if v is None:
                     return False
                 inputs.append(v)
             else:
