@@ -31,6 +31,7 @@ from torch import nn
 from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
 from plait.cache import Store, resolve_store
 from plait.cache.snapshots import front_parts, load_snapshot, save_snapshot
+from plait.cache.weight_digests import prefetch
 from plait.errors import (
     CaptureFallbackWarning,
     CompiledInputError,
@@ -265,6 +266,8 @@ class _Engine:
             self.fetch = StateFetcher(self.state)
         store = resolve_store(self.cache)
         start = time.perf_counter()
+        if store is not None and self.options.get("freeze", not torch.is_grad_enabled()):
+            prefetch(env.state)  # NOTE: the key's weights digest, hashed while the snapshot loads
         prog, parts, note = self._from_snapshot(store, env, paths)
         seconds = {"cache.snapshot": time.perf_counter() - start}
         recorder = None

@@ -54,6 +54,13 @@ COVERED = {
     ("cache/snapshots.py", "get_default_dtype"): "front key mode; guard default dtype (rebuilt)",
     ("ir/chunked_hash.py", "cpu_count"): "hashing threads only: the digest does not depend on "
     "them (tests/ir/test_chunked_hash.py)",
+    ("codegen/native_hash.py", "cpu_count"): "hashing threads only: the digests do not depend "
+    "on them (tests/codegen/test_native_hash.py)",
+    ("codegen/native_hash.py", "os.environ"): "PLAIT_NATIVE_HASH: how chunks are hashed, never "
+    "the digest (tests/codegen/test_native_hash.py)",
+    ("cache/weight_digests.py", "cpu_count"): "hashing threads only: the same digests",
+    ("api.py", "is_grad_enabled"): "whether to prefetch the weights digest (freezing is "
+    "decided, and guarded, in backends.py)",
     ("codegen/packed.py", "_get_mkldnn"): "not a setting: mkldnn._get_mkldnn_serialized_md, a "
     "prepacked weight's descriptor (entries are keyed by PyTorch's build and the CPU)",
 }

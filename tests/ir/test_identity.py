@@ -250,22 +250,26 @@ def test_hash_does_not_depend_on_memory_addresses() -> None:
 
 def test_weights_hash_is_pinned_and_names_its_algorithm() -> None:
     """A golden value: the same weights give the same text in every process, on every machine
-    (little-endian, as the bytes are hashed as stored), equal to the chunked XXH3-128 taken
-    directly, whatever the thread count."""
+    (little-endian, as the bytes are hashed as stored), equal to the definition spelled out:
+    per tensor in name order, its header and the chunked XXH3-128 of its bytes."""
     import xxhash
 
     from plait.ir.chunked_hash import CHUNK
 
     w = {"a": torch.arange(12, dtype=torch.float32).reshape(3, 4), "b": torch.tensor([1, 2])}
-    expected = "xxh3-128:6d8ec5ae34d6a9df69a5b7f8320661fe"
+    expected = "xxh3-128t:8949c1fc67cf67bd7db10064f743e43a"
     assert weights_hash(w) == expected
-    # NOTE: the definition, spelled out: XXH3-128 of each CHUNK of the stream, then of the
-    # stream's length and those digests
-    big = {"w": torch.randn(3 * CHUNK // 4 + 5, generator=torch.Generator().manual_seed(0))}
-    stream = f"w\x1f{torch.float32}\x1f{tuple(big['w'].shape)}\x1e".encode()
-    stream += big["w"].numpy().tobytes()
-    top = xxhash.xxh3_128(len(stream).to_bytes(8, "little"))
-    for at in range(0, len(stream), CHUNK):
-        top.update(xxhash.xxh3_128(stream[at : at + CHUNK]).digest())
-    assert weights_hash(big) == "xxh3-128:" + top.hexdigest()
+    # NOTE: the definition, spelled out: XXH3-128 of each CHUNK of a tensor's bytes, then of
+    # their length and those digests; over all, the headers and those tensor digests
+    gen = torch.Generator().manual_seed(0)
+    big = {"w": torch.randn(3 * CHUNK // 4 + 5, generator=gen), "s": torch.randn(3, generator=gen)}
+    top = xxhash.xxh3_128()
+    for name in sorted(big):
+        data = big[name].numpy().tobytes()
+        inner = xxhash.xxh3_128(len(data).to_bytes(8, "little"))
+        for at in range(0, len(data), CHUNK):
+            inner.update(xxhash.xxh3_128(data[at : at + CHUNK]).digest())
+        top.update(f"{name}\x1f{torch.float32}\x1f{tuple(big[name].shape)}\x1e".encode())
+        top.update(inner.digest())
+    assert weights_hash(big) == "xxh3-128t:" + top.hexdigest()
     assert weights_hash({}) != weights_hash({"e": torch.empty(0)})

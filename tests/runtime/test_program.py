@@ -4,6 +4,7 @@ checks, output ownership, the memory plan, errors PyTorch raises, concurrency.""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -96,6 +97,34 @@ def test_inputs_are_checked() -> None:
     with pytest.raises(StaxInputError, match="list"):
         program([1.0])
     program(torch.nn.Parameter(torch.randn(4, 6)))  # a Parameter is a tensor
+
+
+def _const_graph(value: torch.Tensor):
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((4, 6), torch.float32))
+    c = gb.input("c", TensorType((4, 6), torch.float32), kind="const")
+    gb.output(gb.call("mul", gb.call("exp", x), c))
+    graph = gb.build()
+    graph.constants["c"] = value
+    return graph
+
+
+def test_constants_are_checked_once_when_the_program_is_built() -> None:
+    """A graph constant is bound to the same tensor on every call: checked at build (a wrong
+    one is refused there), not on every call; the user's inputs are checked on every call."""
+    c = torch.randn(4, 6)
+    graph = _const_graph(c)
+    program = compile_graph(graph)
+    assert "'x'" in program.source and "'c'" not in program.source  # NOTE: per call: x only
+    x = torch.randn(4, 6)
+    (y,) = program(x, c)
+    torch.testing.assert_close(y, x.exp() * c)
+    with pytest.raises(StaxInputError, match="expected f32\\[4, 6\\]"):
+        program(torch.randn(4, 7), c)
+    with pytest.raises(StaxInputError, match=re.escape("constant %c: torch.float64")):
+        compile_graph(_const_graph(torch.randn(4, 6, dtype=torch.float64)))
+    with pytest.raises(StaxInputError, match=re.escape("constant %c: torch.float32 (4, 5)")):
+        compile_graph(_const_graph(torch.randn(4, 5)))
 
 
 def test_outputs_are_fresh_and_inputs_pass_through() -> None:

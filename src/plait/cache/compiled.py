@@ -112,26 +112,27 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
     :class:`~plait.cache.store.CorruptEntryError` (the store removed it) or
     :class:`StaleEntryError` (the caller removes it)."""
     start = time.perf_counter()
-    # NOTE: a writable view (LocalStore: a private mapping of the entry, verified): the
-    # constants are built on it without a copy.
-    payload = store.get_buffer(key)
-    if payload is None:
+    # NOTE: a writable view (LocalStore: a private mapping of the entry): the constants are built
+    # on it without a copy. Its hash is checked in the background while the Python parsers read
+    # it, and waited for before anything native (a descriptor, a kernel) touches it.
+    pending = store.get_pending(key)
+    if pending is None:
         return None
     t_read = time.perf_counter()
     try:
-        doc, tensors = unpack(payload)
+        doc, tensors = unpack(pending.payload)
         # NOTE: no verifier run: to_text of a verified graph, in an entry checked against its
         # own hash and keyed by the plait version that wrote it.
         graph = from_text(doc["graph"], verify=False)
-    except (ValueError, KeyError) as exc:
+        constants = _constants(graph, tensors)
+    except Exception as exc:  # NOTE: parsers of unverified bytes may fail in any way
+        pending.verified()  # NOTE: a corrupt entry is reported as corrupt, not as stale
+        if isinstance(exc, StaleEntryError):
+            raise
         raise StaleEntryError(f"entry does not load: {exc}") from None
-    for v in graph.inputs:
-        if v.kind == "const":
-            t = tensors.get(v.name)
-            if t is None:
-                raise StaleEntryError(f"constant {v.name} is missing from the entry")
-            device = v.type.device if isinstance(v.type, TensorType) else "cpu"
-            graph.constants[v.name] = t if device == "cpu" else t.to(device)
+    pending.verified()
+    graph.constants.update(constants)
+    _place(graph)
     t_parse = time.perf_counter()
     program = None
     if doc["executor"] == "stax":
@@ -143,6 +144,24 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
         "cache.rebuild": time.perf_counter() - t_parse,
     }
     return SavedCompile(graph, manifest, doc["executor"], list(doc["frozen"]), program, seconds)
+
+
+def _constants(graph: Graph, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for v in graph.inputs:
+        if v.kind == "const":
+            t = tensors.get(v.name)
+            if t is None:
+                raise StaleEntryError(f"constant {v.name} is missing from the entry")
+            out[v.name] = t
+    return out
+
+
+def _place(graph: Graph) -> None:
+    """Constants of a graph on another device are copied there (after the hash check)."""
+    for v in graph.inputs:
+        if v.kind == "const" and isinstance(v.type, TensorType) and v.type.device != "cpu":
+            graph.constants[v.name] = graph.constants[v.name].to(v.type.device)
 
 
 def _saved_packs(plan: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:

@@ -25,7 +25,6 @@ import json
 import sys
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,10 +33,11 @@ import torch
 from plait.cache.compiled import SavedCompile, StaleEntryError, load_compiled, save_compiled
 from plait.cache.key import CacheKey, explain_miss
 from plait.cache.store import CorruptEntryError
+from plait.cache.weight_digests import weights_digest
 from plait.errors import PlaitWarning
-from plait.ir import Graph, TensorType, Value, weights_hash
+from plait.ir import Graph, TensorType, Value
 
-FORMAT = "plait.specialization/1"
+FORMAT = "plait.specialization/2"  # NOTE: 2: the weights digest is taken per tensor
 
 
 class CacheWarning(PlaitWarning):
@@ -60,27 +60,6 @@ def freeze_candidates(graph: Graph, slots: Mapping[str, int], pipeline: str) -> 
         for v in graph.inputs
         if v.kind in ("param", "buffer") and v.name in slots and id(v) not in written
     ]
-
-
-_WEIGHTS_MEMO: dict[tuple[Any, ...], tuple[str, list[weakref.ref[torch.Tensor]]]] = {}
-
-
-def weights_digest(weights: Mapping[str, torch.Tensor]) -> str:
-    """``weights_hash`` of the frozen tensors, remembered per (name, identity, version, storage)
-    in this process (a recompile does not hash unchanged weights again). NOTE: the memo holds
-    weak references and checks them: an id reused by a new tensor is never taken for the old."""
-    if not weights:
-        return "none"
-    items = sorted(weights.items())
-    memo = tuple((n, id(t), t._version, t.data_ptr()) for n, t in items)
-    found = _WEIGHTS_MEMO.get(memo)
-    if found is not None and all(r() is t for r, (_, t) in zip(found[1], items)):
-        return found[0]
-    digest = weights_hash(weights)
-    if len(_WEIGHTS_MEMO) > 16:
-        _WEIGHTS_MEMO.clear()
-    _WEIGHTS_MEMO[memo] = (digest, [weakref.ref(t) for _, t in items])
-    return digest
 
 
 def _jsonable(value: Any, what: str) -> Any:

@@ -55,7 +55,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from plait.ir.chunked_hash import stream_digest
+from plait.codegen import native_hash
 
 MAGIC = b"PLAITART"
 # NOTE: format 4: the self-hash is the chunked XXH3-128 (plait.ir.chunked_hash) and the payload
@@ -143,6 +143,13 @@ class Store(abc.ABC):
         data = self.get(key)
         return None if data is None else memoryview(bytearray(data))
 
+    def get_pending(self, key: str) -> Pending | None:
+        """Like :meth:`get_buffer`, with the hash check deferred to :meth:`Pending.verified`
+        where the store can (:class:`LocalStore`: the hash is computed in the background while
+        the caller parses); this default verifies first."""
+        payload = self.get_buffer(key)
+        return None if payload is None else Pending(payload)
+
     @abc.abstractmethod
     def put(self, key: str, payload: Payload, meta: dict[str, Any]) -> None:
         """Publish an entry atomically: readers see the old entry, the new one, or none.
@@ -189,15 +196,15 @@ def encode_entry(payload: Payload, meta: dict[str, Any]) -> list[Any]:
     meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
     pad = bytes(_payload_offset(len(meta_bytes)) - _HEADER.size - len(meta_bytes))
     pieces = _pieces(payload)
-    digest = stream_digest([meta_bytes, pad, *pieces])
+    digest = native_hash.digest([meta_bytes, pad, *pieces])
     n_payload = sum(p.nbytes for p in pieces)
     header = _HEADER.pack(MAGIC, FORMAT, digest, len(meta_bytes), n_payload)
     return [header, meta_bytes, pad, *pieces]
 
 
-def decode_entry(data: Any) -> tuple[dict[str, Any], memoryview]:
-    """``(meta, payload)`` of an entry's bytes (any buffer: bytes, a mapping); the payload is a
-    view of ``data``, not a copy. Raises ``ValueError`` naming what is wrong with ``data``."""
+def _frame(data: Any) -> tuple[memoryview, bytes, int, int]:
+    """``(view, digest, len(meta), payload offset)`` of an entry's bytes, its framing checked
+    (magic, format, length), its hash not yet. Raises ``ValueError`` naming what is wrong."""
     view = memoryview(data).cast("B")
     if len(view) < _HEADER.size:
         raise ValueError(f"truncated: {len(view)} bytes, shorter than the header")
@@ -210,8 +217,19 @@ def decode_entry(data: Any) -> tuple[dict[str, Any], memoryview]:
     if len(view) != start + n_payload:
         have, expected = len(view) - _HEADER.size, start + n_payload - _HEADER.size
         raise ValueError(f"truncated: {have} bytes after the header, expected {expected}")
-    if stream_digest([view[_HEADER.size :]]) != digest:
-        raise ValueError(f"content does not match its {HASH} hash")
+    return view, digest, n_meta, start
+
+
+def _hash_error() -> ValueError:
+    return ValueError(f"content does not match its {HASH} hash")
+
+
+def decode_entry(data: Any) -> tuple[dict[str, Any], memoryview]:
+    """``(meta, payload)`` of an entry's bytes (any buffer: bytes, a mapping); the payload is a
+    view of ``data``, not a copy. Raises ``ValueError`` naming what is wrong with ``data``."""
+    view, digest, n_meta, start = _frame(data)
+    if native_hash.digest([view[_HEADER.size :]]) != digest:
+        raise _hash_error()
     try:
         meta = json.loads(bytes(view[_HEADER.size : _HEADER.size + n_meta]))
     except ValueError as exc:
@@ -221,25 +239,49 @@ def decode_entry(data: Any) -> tuple[dict[str, Any], memoryview]:
     return meta, view[start:]
 
 
-def map_entry(path: Path) -> tuple[dict[str, Any], memoryview, int]:
-    """``(meta, payload, size)`` of the entry at ``path``, verified; the payload is a writable
-    view of a private (copy-on-write) mapping of the file: nothing is copied, and a write to the
-    view never reaches the file. Raises ``OSError`` (absent, unreadable) or ``ValueError``."""
+def _open_mapping(path: Path) -> Any:
+    """The entry's bytes: a private (copy-on-write) mapping of the file, or a copy where the
+    file system cannot map files. Raises ``OSError`` (absent, unreadable) or ``ValueError``."""
     with path.open("rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < _HEADER.size:
             raise ValueError(f"truncated: {size} bytes, shorter than the header")
-        data: Any
         try:
             # NOTE: the mapping holds the inode opened here: an entry replaced or removed
             # meanwhile (os.replace, eviction) leaves this reader's bytes as they were.
-            data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+            return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
         except (OSError, ValueError):  # NOTE: a file system that cannot map files: read it
             data = bytearray(size)
             if f.readinto(data) != size:
                 raise ValueError("truncated while it was read") from None
+            return data
+
+
+def map_entry(path: Path) -> tuple[dict[str, Any], memoryview, int]:
+    """``(meta, payload, size)`` of the entry at ``path``, verified; the payload is a writable
+    view of a private (copy-on-write) mapping of the file: nothing is copied, and a write to the
+    view never reaches the file. Raises ``OSError`` (absent, unreadable) or ``ValueError``."""
+    data = _open_mapping(path)
     meta, payload = decode_entry(data)
-    return meta, payload, size
+    return meta, payload, len(data)
+
+
+@dataclass
+class Pending:
+    """A payload read before its hash is checked: :attr:`payload` may be parsed (by code that
+    cannot crash on garbage: Python parsers, bounds-checked views) while the hash is computed
+    on native threads; :meth:`verified` waits for it and raises :class:`CorruptEntryError`
+    (the entry removed) where it fails. NOTE: nothing that reaches native code (a kernel, a
+    descriptor oneDNN deserializes) may read the payload before :meth:`verified` returned."""
+
+    payload: memoryview
+    check: Any = None  # NOTE: () -> None, raises CorruptEntryError; None: verified already
+
+    def verified(self) -> memoryview:
+        check, self.check = self.check, None
+        if check is not None:
+            check()
+        return self.payload
 
 
 def summary(meta: dict[str, Any], width: int = 200) -> dict[str, Any]:
@@ -380,9 +422,13 @@ class LocalStore(Store):
         return None if payload is None else bytes(payload)
 
     def get_buffer(self, key: str) -> memoryview | None:
+        pending = self.get_pending(key)
+        return None if pending is None else pending.verified()
+
+    def get_pending(self, key: str) -> Pending | None:
         path = self.path(key)
         try:
-            _, payload, _ = map_entry(path)
+            view, digest, _, start = _frame(_open_mapping(path))
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -391,12 +437,19 @@ class LocalStore(Store):
         except ValueError as exc:
             self._discard(key)
             raise CorruptEntryError(key, str(exc)) from None
+        job = native_hash.start([[view[_HEADER.size :]]])
+
+        def check() -> None:
+            if job.result()[0] != digest:
+                self._discard(key)
+                raise CorruptEntryError(key, str(_hash_error()))
+
         # NOTE: a read marks the object's mtime (one syscall), not the index (a locked rewrite
         # of index.json on every warm start); the index takes it in when it orders entries.
         with contextlib.suppress(OSError):
             os.utime(path)
         self._check_index()
-        return payload
+        return Pending(view[start:], check)
 
     def _check_index(self) -> None:
         """Once per store object: an unreadable index is found on a read too (an unlocked read

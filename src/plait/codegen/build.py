@@ -193,6 +193,51 @@ def cache_dir() -> Path:
     return path
 
 
+def installation_dir() -> Path:
+    """Native code that depends on the installation alone, never on a program (the guard
+    evaluator, the chunk hasher): ``$PLAIT_GUARDS_CACHE_DIR``, else ``~/.cache/plait/guards``;
+    a per-user temporary directory when that cannot be created. A fresh ``PLAIT_CACHE_DIR``
+    does not rebuild it."""
+    env = os.environ.get("PLAIT_GUARDS_CACHE_DIR")
+    path = Path(env) if env else Path.home() / ".cache" / "plait" / "guards"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        path = Path(tempfile.gettempdir()) / f"plait-guards-{os.getuid()}"
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def installed_library(
+    name: str, source: str, symbols: Sequence[str], flags: Sequence[str]
+) -> ctypes.CDLL:
+    """A small C/C++ library (``extern "C"`` symbols, no PyTorch) built once per installation
+    into :func:`installation_dir`, keyed by its source, the compiler and version, and the
+    flags; loaded with ctypes, its bytes checked against the SHA-256 published beside them
+    (a mismatch is rebuilt). Raises :class:`BuildError` where it cannot be built."""
+    tc = toolchain()
+    parts = {"name": name, "source": source, "cxx": tc.cxx, "version": tc.version}
+    key = hashlib.sha256(json.dumps({**parts, "flags": list(flags)}).encode()).hexdigest()
+    path = installation_dir() / f"{name}-{key[:32]}.so"
+    if not (path.exists() and _verified(path)):
+        if os.environ.get("PLAIT_STAX_NO_COMPILE") == "1":
+            raise BuildError(f"{name} not built: PLAIT_STAX_NO_COMPILE=1 forbids the compiler")
+        with tempfile.TemporaryDirectory(prefix=f"plait-{name}-") as tmp:
+            src, out = Path(tmp) / f"{name}.cpp", Path(tmp) / f"{name}.so"
+            src.write_text(f'extern "C" {{\n{source}\n}}\n')
+            cmd = [tc.cxx, *flags, "-fPIC", "-shared", str(src), "-o", str(out)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            with _LOCK:
+                STATS["compiles"] += 1
+            if proc.returncode != 0:
+                raise BuildError(f"building {name} failed:\n{proc.stderr[-2000:]}")
+            _publish(out.read_bytes(), path)
+    lib = ctypes.CDLL(str(path))
+    for sym in symbols:
+        getattr(lib, sym)  # NOTE: fail now, not at the first call, if a symbol is missing.
+    return lib
+
+
 @dataclass
 class Unit:
     """One translation unit: kernel definitions (symbol -> source), built into one library."""

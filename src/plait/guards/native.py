@@ -99,16 +99,8 @@ def status() -> Status:
 
 
 def cache_dir() -> Path:
-    """``$PLAIT_GUARDS_CACHE_DIR``, else ``~/.cache/plait/guards``; a per-user temporary
-    directory when that cannot be created."""
-    env = os.environ.get("PLAIT_GUARDS_CACHE_DIR")
-    path = Path(env) if env else Path.home() / ".cache" / "plait" / "guards"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        path = Path(tempfile.gettempdir()) / f"plait-guards-{os.getuid()}"
-        path.mkdir(parents=True, exist_ok=True)
-    return path
+    """Where the evaluator is built: :func:`plait.codegen.build.installation_dir`."""
+    return build.installation_dir()
 
 
 def _torch_dirs() -> tuple[Path, Path]:

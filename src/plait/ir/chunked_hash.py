@@ -51,21 +51,28 @@ def _pool() -> ThreadPoolExecutor:
         return _POOL[0]
 
 
-def _chunks(views: list[memoryview]) -> list[list[memoryview]]:
-    """The stream's CHUNK-byte chunks, each as the slices of the buffers it spans."""
-    out: list[list[memoryview]] = [[]]
+def chunk_layout(lengths: Sequence[int]) -> list[list[tuple[int, int, int]]]:
+    """The CHUNK-byte chunks of a stream made of buffers of ``lengths``, each as the pieces
+    ``(buffer index, offset, length)`` it spans (an empty stream: one empty chunk)."""
+    out: list[list[tuple[int, int, int]]] = [[]]
     room = CHUNK
-    for v in views:
+    for i, n in enumerate(lengths):
         pos = 0
-        while pos < len(v):
+        while pos < n:
             if room == 0:
                 out.append([])
                 room = CHUNK
-            take = min(room, len(v) - pos)
-            out[-1].append(v[pos : pos + take])
+            take = min(room, n - pos)
+            out[-1].append((i, pos, take))
             pos += take
             room -= take
     return out
+
+
+def chunk_views(views: list[memoryview]) -> list[list[memoryview]]:
+    """The stream's chunks (:func:`chunk_layout`), each as the slices of the buffers it spans."""
+    layout = chunk_layout([len(v) for v in views])
+    return [[views[i][at : at + n] for i, at, n in chunk] for chunk in layout]
 
 
 def _digest(parts: list[memoryview]) -> bytes:
@@ -79,11 +86,16 @@ def stream_digest(buffers: Sequence[Any]) -> bytes:
     """The 16-byte digest of the concatenation of ``buffers`` (bytes-like objects)."""
     views = [memoryview(b).cast("B") for b in buffers]
     total = sum(len(v) for v in views)
-    chunks = _chunks(views)
+    chunks = chunk_views(views)
     if len(chunks) < 2:
         digests = [_digest(c) for c in chunks]
     else:
         digests = list(_pool().map(_digest, chunks))
+    return combine(total, digests)
+
+
+def combine(total: int, digests: Sequence[bytes]) -> bytes:
+    """The stream's digest from its length and its chunks' digests, in order."""
     top = xxhash.xxh3_128()
     top.update(total.to_bytes(8, "little"))
     for d in digests:

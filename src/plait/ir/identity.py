@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import xxhash
 
 from plait.ir.chunked_hash import stream_digest
 from plait.ir.graph import Graph, Node, Value
@@ -167,16 +168,31 @@ def semantic_hash(graph: Graph) -> str:
     return _sha(canonical_text(graph))
 
 
-WEIGHTS_HASH = "xxh3-128"
+WEIGHTS_HASH = "xxh3-128t"
 
 
-def weights_hash(weights: Mapping[str, torch.Tensor]) -> str:
-    """``"xxh3-128:<hex>"``: the chunked XXH3-128 (:func:`~plait.ir.chunked_hash.stream_digest`)
-    of the names, dtypes, shapes and bytes of the graph's constant tensors (in name order).
-    Content-addressed: the same values under the same names give the same text in every process
-    and on every machine. The algorithm's name leads the
-    text, so a digest taken with another algorithm (earlier plait: BLAKE3, SHA-256) never
-    equals it.
+def tensor_buffer(t: torch.Tensor) -> Any:
+    """The bytes a tensor's digest is taken over: its values, dense, in row-major order, as
+    stored (a view of the tensor's memory where it is a contiguous CPU tensor, else a copy)."""
+    t = t.detach().cpu().contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else b""
+
+
+def tensor_header(name: str, t: torch.Tensor) -> bytes:
+    return f"{name}\x1f{t.dtype}\x1f{tuple(t.shape)}\x1e".encode()
+
+
+def weights_hash(
+    weights: Mapping[str, torch.Tensor], digests: Mapping[str, bytes] | None = None
+) -> str:
+    """``"xxh3-128t:<hex>"``: XXH3-128 over, for each of the graph's constant tensors in name
+    order, its name, dtype and shape and the chunked XXH3-128 of its bytes
+    (:func:`~plait.ir.chunked_hash.stream_digest` of :func:`tensor_buffer`). ``digests``: those
+    per-tensor digests where the caller has them already (computed in the background, or
+    remembered); the others are computed here. Content-addressed: the same values under the
+    same names give the same text in every process and on every machine. The algorithm's name
+    leads the text, so a digest taken another way (earlier plait: one stream over every tensor,
+    BLAKE3, SHA-256) never equals it.
 
     NOTE: the digest tells weights apart for a cache key (a changed weight must miss); it is not
     a defence against someone crafting colliding weights (who can write the cache can write any
@@ -184,10 +200,11 @@ def weights_hash(weights: Mapping[str, torch.Tensor]) -> str:
     2 ms, against 5-11 ms for BLAKE3 and 26 ms for SHA-256 on the 2-core development machine,
     on every warm start.
     """
-    stream: list[Any] = []
+    digests = digests or {}
+    top = xxhash.xxh3_128()
     for name in sorted(weights):
-        t = weights[name].detach().cpu().contiguous()
-        stream.append(f"{name}\x1f{t.dtype}\x1f{tuple(t.shape)}\x1e".encode())
-        if t.numel():
-            stream.append(t.reshape(-1).view(torch.uint8).numpy().data)  # NOTE: no copy
-    return f"{WEIGHTS_HASH}:{stream_digest(stream).hex()}"
+        t = weights[name]
+        found = digests.get(name)
+        top.update(tensor_header(name, t))
+        top.update(found if found is not None else stream_digest([tensor_buffer(t)]))
+    return f"{WEIGHTS_HASH}:{top.hexdigest()}"

@@ -180,7 +180,9 @@ class _Emitter:
             self.arena = torch.empty(self.memory.arena_bytes, dtype=torch.uint8)
         native_inputs = self._native_inputs()
         tensors = [
-            (i, v) for i, v in enumerate(plan.graph.inputs) if isinstance(v.type, TensorType)
+            (i, v)
+            for i, v in enumerate(plan.graph.inputs)
+            if isinstance(v.type, TensorType) and not self._bound_constant(v)
         ]
         if self.check and tensors:
             self.line("try:", 2)
@@ -228,6 +230,18 @@ class _Emitter:
         if isinstance(o, Value):
             return self.tensor(o)
         return self.const(o)
+
+    def _bound_constant(self, v: Value) -> bool:
+        """A graph constant is passed as the same tensor on every call (the executor binds
+        ``graph.constants``): it is checked once, here, not on every call."""
+        t = self.plan.graph.constants.get(v.name)
+        if not isinstance(t, torch.Tensor) or v.kind != "const":
+            return False
+        assert isinstance(v.type, TensorType)
+        if t.dtype != v.type.dtype or tuple(t.shape) != shape_of(v.type) or not t.is_cpu:
+            got = f"{t.dtype} {tuple(t.shape)} on {t.device}"
+            raise StaxInputError(f"constant %{v.name}: {got}, the graph says {v.type}")
+        return True
 
     def _native_inputs(self) -> set[Value]:
         out: set[Value] = set()
