@@ -372,7 +372,8 @@ def _save_snapshot(
     if recorder is None or compiled.manifest.cache.get("status") not in ("hit", "miss"):
         return note
     try:
-        key = save_snapshot(store, parts, prog, recorder.deps())
+        artifact = compiled.manifest.cache.get("key")
+        key = save_snapshot(store, parts, prog, recorder.deps(), artifact)
     except Unpinnable as exc:
         return f"{note}; no snapshot: {exc}"
     except (OSError, ValueError) as exc:

@@ -154,9 +154,15 @@ def _refuse(obj: Any) -> Any:
 
 
 def save_snapshot(
-    store: Store, parts: Mapping[str, Any], prog: CapturedProgram, deps: Sequence[CodeDep]
+    store: Store,
+    parts: Mapping[str, Any],
+    prog: CapturedProgram,
+    deps: Sequence[CodeDep],
+    artifact: str | None = None,
 ) -> str:
-    """Publish ``prog`` under the front key ``parts``; returns the key. Raises
+    """Publish ``prog`` under the front key ``parts``; returns the key. ``artifact``: the key
+    of the artifact entry this call compiled to (a hint: a warm start reads it ahead while the
+    program loads; the artifact key computed from the loaded program decides). Raises
     :class:`Unpinnable` for a program that has no saved form."""
     front = canonical_json(dict(parts))
     doc = {
@@ -164,6 +170,7 @@ def save_snapshot(
         "front": front,
         "deps": [[d.module, d.qualname, d.digest] for d in deps],
         "program": program_doc(prog),
+        "artifact": artifact,
     }
     key = text_digest(front)
     try:
@@ -203,6 +210,8 @@ def load_snapshot(
             raise Unpinnable("the snapshot was saved for another front key")
         for module, qualname, digest in doc["deps"]:
             _check_dep(module, qualname, digest)
+        if isinstance(doc.get("artifact"), str):
+            store.read_ahead(doc["artifact"])  # NOTE: its hash is checked while this loads
         prog = program_from_doc(doc["program"], spec, leaves, paths, ms, state)
     except Unpinnable as exc:
         return None, f"captured: {exc}"

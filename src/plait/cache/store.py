@@ -150,6 +150,12 @@ class Store(abc.ABC):
         payload = self.get_buffer(key)
         return None if payload is None else Pending(payload)
 
+    def read_ahead(self, key: str) -> None:
+        """A hint: ``key`` is likely to be read soon (:class:`LocalStore` starts checking its
+        hash in the background; a later :meth:`get_pending` of it takes that read over, with
+        whatever it found). This default does nothing."""
+        return None
+
     @abc.abstractmethod
     def put(self, key: str, payload: Payload, meta: dict[str, Any]) -> None:
         """Publish an entry atomically: readers see the old entry, the new one, or none.
@@ -346,6 +352,8 @@ class LocalStore(Store):
         self._lock = FileLock(str(self.root / "index.lock"))
         self.problems: list[str] = []  # NOTE: index problems found and repaired, for reports
         self._index_checked = False
+        # NOTE: at most one read ahead, taken over (or dropped) by the next get_pending
+        self._ahead: dict[str, Pending | CorruptEntryError | None] = {}
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
@@ -425,7 +433,23 @@ class LocalStore(Store):
         pending = self.get_pending(key)
         return None if pending is None else pending.verified()
 
+    def read_ahead(self, key: str) -> None:
+        self._ahead.clear()
+        try:
+            self._ahead[key] = self._read_pending(key)
+        except CorruptEntryError as exc:  # NOTE: raised again where the entry is read
+            self._ahead[key] = exc
+
     def get_pending(self, key: str) -> Pending | None:
+        if key in self._ahead:
+            ahead = self._ahead.pop(key)
+            if isinstance(ahead, CorruptEntryError):
+                raise ahead
+            return ahead
+        self._ahead.clear()
+        return self._read_pending(key)
+
+    def _read_pending(self, key: str) -> Pending | None:
         path = self.path(key)
         try:
             view, digest, _, start = _frame(_open_mapping(path))

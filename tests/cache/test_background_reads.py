@@ -109,3 +109,58 @@ def test_native_code_never_reads_an_unverified_entry(
     assert rebuilds == [True]
     with torch.no_grad():
         torch.testing.assert_close(got, model(x))
+
+
+def test_the_snapshot_reads_its_artifact_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plait.cache import store as store_mod
+
+    run(convnet(), sample(), tmp_path)
+    _, key = stax_entry(tmp_path)
+    ahead: list[str] = []
+    taken: list[bool] = []
+    read_ahead, get_pending = store_mod.LocalStore.read_ahead, store_mod.LocalStore.get_pending
+
+    def read_ahead_spy(self: Any, k: str) -> None:
+        ahead.append(k)
+        read_ahead(self, k)
+
+    def get_pending_spy(self: Any, k: str) -> Any:
+        taken.append(k in self._ahead)
+        return get_pending(self, k)
+
+    monkeypatch.setattr(store_mod.LocalStore, "read_ahead", read_ahead_spy)
+    monkeypatch.setattr(store_mod.LocalStore, "get_pending", get_pending_spy)
+    model, x = convnet(), sample(seed=3)
+    got, spec = run(model, x, tmp_path)
+    assert spec.manifest.cache["status"] == "hit"
+    assert spec.manifest.cache["capture"].startswith("snapshot")
+    assert ahead == [key]
+    assert taken[-1] is True  # NOTE: the artifact read took the read-ahead over
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_artifact_read_ahead_is_reported_and_rebuilt(tmp_path: Path, damage: str) -> None:
+    from plait.cache.lookup import CacheWarning
+
+    run(convnet(), sample(), tmp_path)
+    store, key = stax_entry(tmp_path)
+    path = store.path(key)
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[len(data) // 3] ^= 0x01
+    else:
+        del data[len(data) // 2 :]
+    path.write_bytes(bytes(data))
+    model, x = convnet(), sample(seed=4)
+    with pytest.warns(CacheWarning, match="does not match|truncated"):
+        got, spec = run(model, x, tmp_path)
+    assert spec.manifest.cache["status"] == "miss"
+    assert spec.manifest.cache["capture"].startswith("snapshot")  # NOTE: the read-ahead path
+    assert any("does not match" in e or "truncated" in e for e in spec.manifest.cache["events"])
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x))
+    assert store.verify().ok
