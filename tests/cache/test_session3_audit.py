@@ -577,7 +577,9 @@ def test_in_place_change_after_a_warm_start_in_a_new_process(tmp_path: Path) -> 
     x = _inputs()(8)[0]
     with torch.no_grad():
         cold = _compile(model, cache)(x)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # NOTE: the repository first, then whatever path the caller runs plait from
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(WARM_CHILD), str(cache), str(ROOT), "6", "8"],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
