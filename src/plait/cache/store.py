@@ -284,9 +284,9 @@ class Pending:
     check: Any = None  # NOTE: () -> None, raises CorruptEntryError; None: verified already
 
     def verified(self) -> memoryview:
-        check, self.check = self.check, None
-        if check is not None:
-            check()
+        if self.check is not None:
+            self.check()  # NOTE: raises on every call while the hash fails
+            self.check = None
         return self.payload
 
 
