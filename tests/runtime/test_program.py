@@ -127,6 +127,17 @@ def test_constants_are_checked_once_when_the_program_is_built() -> None:
         compile_graph(_const_graph(torch.randn(4, 5)))
 
 
+def test_a_non_contiguous_constant_reaches_a_kernel_dense() -> None:
+    """A constant checked once at build still gets its layout conformed for a native kernel
+    (a folded transpose is a strided view)."""
+    c = torch.randn(6, 4).t()
+    assert not c.is_contiguous()
+    program = compile_graph(_const_graph(c))
+    x = torch.randn(4, 6)
+    (y,) = program(x, c)
+    torch.testing.assert_close(y, x.exp() * c)
+
+
 def test_outputs_are_fresh_and_inputs_pass_through() -> None:
     gb = GraphBuilder()
     x = gb.input("x", TensorType((32, 32), torch.float32))

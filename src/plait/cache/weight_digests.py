@@ -84,6 +84,8 @@ def _plain_cpu(t: Any) -> bool:
 def prefetch(tensors: Sequence[Any]) -> None:
     """Start hashing, in the background, the CPU tensors among ``tensors`` whose digest is not
     known yet (on one native thread per two cores: the caller keeps a core for its own work)."""
+    if not native_hash.status().available:
+        return  # NOTE: no background threads: hash only the frozen weights, when they are known
     todo = [t for t in tensors if _plain_cpu(t) and _lookup(t) is None]
     if todo:
         _remember(todo, max(1, (os.cpu_count() or 2) // 2))

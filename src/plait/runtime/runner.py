@@ -180,13 +180,13 @@ class _Emitter:
             self.arena = torch.empty(self.memory.arena_bytes, dtype=torch.uint8)
         native_inputs = self._native_inputs()
         tensors = [
-            (i, v)
-            for i, v in enumerate(plan.graph.inputs)
-            if isinstance(v.type, TensorType) and not self._bound_constant(v)
+            (i, v) for i, v in enumerate(plan.graph.inputs) if isinstance(v.type, TensorType)
         ]
-        if self.check and tensors:
+        bound = {v for _, v in tensors if self._bound_constant(v)}
+        checked = [(i, v) for i, v in tensors if v not in bound]
+        if self.check and checked:
             self.line("try:", 2)
-            for i, v in tensors:
+            for i, v in checked:
                 t = v.type
                 assert isinstance(t, TensorType)
                 d, s = self.const(t.dtype, "D"), self.const(torch.Size(shape_of(t)), "S")
@@ -194,11 +194,12 @@ class _Emitter:
                 self.line(f"if {a}.dtype is not {d} or {a}.shape != {s} or not {a}.is_cpu:", 3)
                 self.line(f"_bad_input({i}, {v.name!r}, {str(t)!r}, {a})", 4)
             self.line("except AttributeError:", 2)
-            names = self.const([(i, v.name, str(v.type)) for i, v in tensors])
-            args = ", ".join(f"a{i}" for i, _ in tensors)
+            names = self.const([(i, v.name, str(v.type)) for i, v in checked])
+            args = ", ".join(f"a{i}" for i, _ in checked)
             self.line(f"_not_tensor(({args},), {names})", 3)
         for i, v in tensors:
-            if v in native_inputs:
+            dense = v in bound and plan.graph.constants[v.name].is_contiguous()
+            if v in native_inputs and not dense:  # NOTE: a bound constant's layout is fixed
                 self.line(f"if not a{i}.is_contiguous(): a{i} = a{i}.contiguous()", 2)
         calls = any(not isinstance(s, KernelStep) for s in plan.steps)
         if self.profile:
