@@ -257,7 +257,8 @@ def _restore(req: CompileRequest, saved: SavedCompile) -> Compiled:
     used = list(slots.values())
     guards = frozen_guards({n: slots[n] for n in saved.frozen}, list(req.state), used)
     if saved.program is not None:
-        _stax_timings(m, saved.program.records())
+        # NOTE: the rest of the program's records is in the saved manifest already
+        _stax_timings(m, saved.program.timing_records())
         executor = _stax_executor(graph, saved.graph, saved.program)
     else:
         executor = _eager_executor(graph, saved.graph)

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -567,6 +568,68 @@ def test_an_unusable_saved_pack_is_reordered_and_said_so(
     details = _onednn_details(saved.program)
     assert len(details) == 6, details
     assert all(f"{UNUSABLE}no shim in this test" in d and LOADED not in d for d in details)
+    assert all(torch.equal(a, b) for a, b in zip(outs, expected))
+
+
+@needs_packs
+def test_a_rebuild_reads_the_entry_natively_only_once_it_is_verified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plait.cache import store as store_mod
+
+    cache = tmp_path / "cache"
+    xs = inputs(range(70, 73))
+    expected, _ = _cold(net(), cache, xs)
+    store, key = stax_entry(cache)
+    doc, _ = unpack(store.get(key) or b"")
+    dropped = min(k for k in doc["plan"]["prepacked"] if ":conv2d:" in k)
+
+    def drop(doc: dict, tensors: dict, blobs: dict) -> None:
+        # NOTE: a well-formed entry without one weight's pack: the rebuild reorders that one
+        del doc["plan"]["prepacked"][dropped]
+        del blobs[f"{PACKED}data:{dropped}"], blobs[f"{PACKED}md:{dropped}"]
+
+    _rewrite(store, key, drop)
+    pendings: list[Any] = []
+    seen: list[tuple[str, bool]] = []
+    get_pending, real_import = store_mod.LocalStore.get_pending, packed.import_packed
+    real_prepare = PreparedWeight.prepare
+
+    def get_pending_spy(self: Any, k: str) -> Any:
+        pending = get_pending(self, k)
+        check = pending.check
+
+        def slow_check() -> None:  # NOTE: a hash that takes its time: the rebuild must not wait
+            time.sleep(0.3)
+            check()
+
+        pending.check = slow_check
+        pendings.append(pending)
+        return pending
+
+    def import_spy(*args: Any) -> Any:
+        seen.append(("import", all(p.check is None for p in pendings)))
+        return real_import(*args)
+
+    def prepare_spy(self: PreparedWeight, w: torch.Tensor) -> None:
+        seen.append(("reorder", all(p.check is None for p in pendings)))
+        real_prepare(self, w)
+
+    with monkeypatch.context() as m:
+        m.setattr(store_mod.LocalStore, "get_pending", get_pending_spy)
+        m.setattr(packed, "import_packed", import_spy)
+        m.setattr(PreparedWeight, "prepare", prepare_spy)
+        saved = load_compiled(store, key)
+        assert saved is not None
+        outs = [call_program(saved.program, x) for x in xs]
+    assert len(pendings) == 1
+    packs = saved.program.plan.packs
+    # NOTE: every native read of the entry (oneDNN's descriptor imports, the one reorder) came
+    # after its hash check, although the rebuild itself did not wait for it
+    assert sorted(seen) == [("import", True)] * (len(packs.saved)) + [("reorder", True)]
+    assert dropped not in packs.saved and packs.unusable == {} and packs.queued == []
+    details = _onednn_details(saved.program)
+    assert sum(LOADED in d for d in details) == len(details) - 1
     assert all(torch.equal(a, b) for a, b in zip(outs, expected))
 
 

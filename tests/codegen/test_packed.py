@@ -7,6 +7,7 @@ and only weights prepared from their own constant are exported."""
 from __future__ import annotations
 
 import gc
+import threading
 from typing import Any
 
 import pytest
@@ -285,6 +286,70 @@ def test_an_unusable_saved_pack_is_recorded_and_not_adopted() -> None:
     assert not packs.load("k", weight, conv.w)
     assert weight.value is None
     assert "bytes for a descriptor of" in packs.unusable["k"]
+
+
+def test_a_deferred_load_imports_nothing_until_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    conv = Conv("3x3", torch.float32)
+    good = _saved(conv)
+    short = SavedPack(good.data[:-64].clone(), good.md, good.shape, good.dtype)
+    packs = PackedWeights({"good": good, "short": short}, deferred=True)
+    imported: list[torch.Tensor] = []
+    real = packed.import_packed
+
+    def spy(data: torch.Tensor, *args: Any) -> torch.Tensor:
+        imported.append(data)
+        return real(data, *args)
+
+    monkeypatch.setattr(packed, "import_packed", spy)
+    calls: list[torch.Tensor] = []
+    w_good, w_short = _weight(conv, calls), _weight(conv, calls)
+    fixed = conv.w.clone()
+    # NOTE: queued, nothing read (the entry's hash may still be being checked)
+    assert packs.load("good", w_good, fixed, 7) and packs.load("short", w_short, fixed, 9)
+    assert not packs.load("absent", _weight(conv, calls), fixed, 11)
+    assert imported == [] and calls == [] and w_good.value is None and w_short.value is None
+    redone = packs.import_deferred()
+    assert [t.data_ptr() for t in imported] == [good.data.data_ptr(), short.data.data_ptr()]
+    # NOTE: the good one adopted (no reorder); the short one reordered, and said so by node
+    assert w_good.keep is good.data and calls == [fixed] and w_short.keep is None
+    assert list(redone) == [9] and "bytes for a descriptor of" in redone[9]
+    assert redone[9].startswith("at load; the entry's bytes were unusable: ")
+    x = conv.x(4)
+    for w in (w_good, w_short):
+        assert torch.equal(conv.run(x, w(fixed)), conv.run(x, conv.packed))
+    assert len(calls) == 1 and packs.queued == [] and not packs.deferred
+    assert packs.import_deferred() == {}  # NOTE: the queue runs once
+
+
+def test_a_gated_prepacker_runs_no_job_before_its_gate() -> None:
+    order: list[str] = []
+    opened = threading.Event()
+
+    def gate() -> None:
+        opened.wait(10)
+        order.append("gate")
+
+    prepack = onednn.Prepacker(threads=2, gate=gate)
+    futures = [prepack(lambda i=i: order.append(f"job{i}")) for i in range(3)]
+    assert order == []
+    opened.set()
+    for f in futures:
+        f.result(10)
+    prepack.close(finish=True)
+    assert order.count("gate") == 3 and order.index("gate") == 0
+    assert sorted(o for o in order if o != "gate") == ["job0", "job1", "job2"]
+
+    def refuse() -> None:
+        raise RuntimeError("the entry failed its check")
+
+    ran: list[int] = []
+    for threads in (1, 2):  # NOTE: inline (one thread) and pooled: the gate's failure is the job's
+        prepack = onednn.Prepacker(threads=threads, gate=refuse)
+        future = prepack(lambda: ran.append(1))
+        with pytest.raises(RuntimeError, match="failed its check"):
+            future.result(10)
+        prepack.close(finish=True)
+    assert ran == []
 
 
 def test_export_takes_only_weights_prepared_from_their_constant() -> None:

@@ -130,18 +130,31 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
         if isinstance(exc, StaleEntryError):
             raise
         raise StaleEntryError(f"entry does not load: {exc}") from None
-    pending.verified()
     graph.constants.update(constants)
-    _place(graph)
     t_parse = time.perf_counter()
     program = None
     if doc["executor"] == "stax":
-        program = _rebuild_stax(graph, doc["plan"], tensors)
+        # NOTE: the rebuild reads the entry's constants as metadata only (shapes, strides): its
+        # imports of prepacked weights wait for the check (import_deferred_packs), its reorders
+        # (weights without a saved pack) wait for it in their threads. So the hash is checked
+        # during the rebuild, and not waited for before it.
+        try:
+            program = _rebuild_stax(graph, doc["plan"], tensors, pending.verified)
+        except Exception:
+            pending.verified()
+            raise
+    t_rebuild = time.perf_counter()
+    pending.verified()
+    t_verified = time.perf_counter()
+    _place(graph)
+    if program is not None:
+        program.import_deferred_packs()
     manifest = doc["manifest"]
     seconds = {
         "cache.read": t_read - start,
         "cache.parse": t_parse - t_read,
-        "cache.rebuild": time.perf_counter() - t_parse,
+        "cache.rebuild": t_rebuild - t_parse + time.perf_counter() - t_verified,
+        "cache.verify_wait": t_verified - t_rebuild,
     }
     return SavedCompile(graph, manifest, doc["executor"], list(doc["frozen"]), program, seconds)
 
@@ -179,11 +192,13 @@ def _saved_packs(plan: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict
     return out
 
 
-def _saved_layouts(plan: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
+def _saved_layouts(plan: dict[str, Any], tensors: dict[str, torch.Tensor], gate: Any) -> Any:
     from plait.codegen.fusion import STAGES, SavedLayouts
 
     layouts = {int(k): [tuple(int(x) for x in s) for s in v] for k, v in plan["layouts"].items()}
     if "refused" not in plan:  # NOTE: no decisions recorded: the planner probes them
+        if gate is not None:
+            gate()  # NOTE: a probe runs oneDNN on the constants: only on a verified entry
         return layouts
     refused = plan["refused"]
     if not isinstance(refused, dict) or not all(
@@ -192,16 +207,18 @@ def _saved_layouts(plan: dict[str, Any], tensors: dict[str, torch.Tensor]) -> An
     ):
         raise StaleEntryError("the saved plan's oneDNN decisions are malformed")
     refused_at = {int(k): v for k, v in refused.items()}
-    return SavedLayouts(layouts, refused_at, _saved_packs(plan, tensors))
+    return SavedLayouts(layouts, refused_at, _saved_packs(plan, tensors), gate)
 
 
-def _rebuild_stax(graph: Graph, plan: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
+def _rebuild_stax(
+    graph: Graph, plan: dict[str, Any], tensors: dict[str, torch.Tensor], gate: Any = None
+) -> Any:
     from plait.runtime import StaxOptions, compile_graph
 
     # NOTE: the options are part of the key, so the recorded ones are the requested ones.
     options = StaxOptions(**plan["options"])
     try:
-        layouts = _saved_layouts(plan, tensors)
+        layouts = _saved_layouts(plan, tensors, gate)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise StaleEntryError(f"the saved plan does not load: {exc!r}") from None
     program = compile_graph(graph, options=options, layouts=layouts)

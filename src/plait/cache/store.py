@@ -47,6 +47,7 @@ import mmap
 import os
 import struct
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -282,11 +283,14 @@ class Pending:
 
     payload: memoryview
     check: Any = None  # NOTE: () -> None, raises CorruptEntryError; None: verified already
+    # NOTE: verified() may be called from several threads (a rebuild's reorders wait on it)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def verified(self) -> memoryview:
-        if self.check is not None:
-            self.check()  # NOTE: raises on every call while the hash fails
-            self.check = None
+        with self._lock:
+            if self.check is not None:
+                self.check()  # NOTE: raises on every call while the hash fails
+                self.check = None
         return self.payload
 
 

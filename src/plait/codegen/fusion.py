@@ -33,7 +33,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -128,18 +128,24 @@ class SavedLayouts(dict[int, list[tuple[int, ...]]]):
     oneDNN calls refused at compile time (``refused``: position -> stage -> reason). Given to
     :func:`plan_graph`, it replays the compile's decisions: no extern runs on zeros, no oneDNN
     call is probed (the cache key pins what decided them: PyTorch's build, the CPU, options).
-    ``packed``: the constant weights the compile prepacked, as bytes (loaded, not reordered)."""
+    ``packed``: the constant weights the compile prepacked, as bytes (loaded, not reordered).
+    ``gate``: where the constants and ``packed`` are views of a cache entry whose hash is still
+    being checked, what returns once it is verified (raising where it is not): the plan then
+    imports no saved weight (the caller runs ``plan.packs.import_deferred()`` after the check)
+    and its reorders wait for it."""
 
     def __init__(
         self,
         layouts: Mapping[int, Sequence[Sequence[int]]],
         refused: Mapping[int, Mapping[str, str]] | None = None,
         packed: Mapping[str, SavedPack] | None = None,
+        gate: Callable[[], object] | None = None,
     ) -> None:
         saved = {int(k): [tuple(int(x) for x in s) for s in v] for k, v in layouts.items()}
         super().__init__(saved)
         self.refused = {int(k): dict(v) for k, v in (refused or {}).items()}
         self.packed = dict(packed or {})
+        self.gate = gate
 
 
 @dataclass
@@ -257,8 +263,12 @@ class _Planner:
         self.refused: dict[int, dict[str, str]] = {}
         # NOTE: with the decisions replayed nothing runs a call while planning, so the weight
         # reorders may run in threads meanwhile (done before the plan is returned).
-        self.prepack = Prepacker() if self._decided is not None else None
-        self.packs = PackedWeights(layouts.packed if isinstance(layouts, SavedLayouts) else None)
+        saved = layouts if isinstance(layouts, SavedLayouts) else None
+        gate = saved.gate if saved is not None else None
+        self.prepack = Prepacker(gate=gate) if self._decided is not None else None
+        self.packs = PackedWeights(
+            saved.packed if saved is not None else None, deferred=gate is not None
+        )
         self.position = {n.id: i for i, n in enumerate(graph.nodes)}
         self._infer = infer_layouts and layouts is None
         self.consts = {

@@ -169,17 +169,22 @@ class Prepacker:
     two threads, 70 to 130 ms. On an idle machine the two are equal (about 45 ms).
     """
 
-    def __init__(self, threads: int = 2) -> None:
+    def __init__(self, threads: int = 2, gate: Callable[[], Any] | None = None) -> None:
         # NOTE: a fixed count, not the machine's (two already keep the reorders off one
         # another's waits; each reorder is itself parallel); the results do not depend on it.
         self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        # NOTE: ``gate()`` returns before a job reads its weight (a cache entry's hash check,
+        # when the weights are views of an entry still being checked); its failure is the job's
+        self._gate = gate
 
     def __call__(self, fn: Callable[[], Any]) -> Future[Any]:
+        gate = self._gate
+        job = fn if gate is None else lambda: (gate(), fn())[1]
         if self._pool is not None:
-            return self._pool.submit(fn)
+            return self._pool.submit(job)
         done: Future[Any] = Future()
         try:
-            done.set_result(fn())
+            done.set_result(job())
         except Exception as exc:  # NOTE: raised where a pooled job's would be: at its use
             done.set_exception(exc)
         return done
@@ -204,23 +209,42 @@ class SavedPack:
     owner: Any = None
 
 
+# NOTE: how a call's detail says its weight came from the entry (replaced, for a deferred import
+# that fails, by what :meth:`PackedWeights.import_deferred` did instead)
+LOADED = "at compile time, its bytes loaded from the cache entry"
+
+
 class PackedWeights:
     """The prepacked constant weights of one plan, by key (the constant's name and what its
     layout depends on: the op, its geometry and input shape). ``saved``: those a saved plan
     carries, imported instead of reordered; ``made``: those this plan prepared, for
     :meth:`export` (each with its constant). ``unusable``: why a saved one was not used
-    (reported in the call's detail; the weight is then reordered)."""
+    (reported in the call's detail; the weight is then reordered).
 
-    def __init__(self, saved: Mapping[str, SavedPack] | None = None) -> None:
+    ``deferred``: :meth:`load` only queues the import (its bytes are in a cache entry whose hash
+    is still being checked: oneDNN must not read a descriptor before that), and
+    :meth:`import_deferred` runs the queue once the entry is verified."""
+
+    def __init__(
+        self, saved: Mapping[str, SavedPack] | None = None, deferred: bool = False
+    ) -> None:
         self.saved = dict(saved or {})
         self.made: dict[str, tuple[PreparedWeight, torch.Tensor]] = {}
         self.unusable: dict[str, str] = {}
+        self.deferred = deferred
+        self.queued: list[tuple[str, PreparedWeight, torch.Tensor, int | None]] = []
 
-    def load(self, key: str, weight: PreparedWeight, fixed: torch.Tensor) -> bool:
-        """Give ``weight`` the saved bytes of ``key`` for the constant ``fixed``, if saved."""
+    def load(
+        self, key: str, weight: PreparedWeight, fixed: torch.Tensor, node: int | None = None
+    ) -> bool:
+        """Give ``weight`` the saved bytes of ``key`` for the constant ``fixed``, if saved (when
+        deferred: queue it; ``node``, the id of the node that uses it, for the report)."""
         pack = self.saved.get(key)
         if pack is None:
             return False
+        if self.deferred:
+            self.queued.append((key, weight, fixed, node))
+            return True
         try:
             value = packed.import_packed(pack.data, pack.md, pack.shape, pack.dtype)
         except (packed.PackedUnavailable, ValueError) as exc:
@@ -228,6 +252,20 @@ class PackedWeights:
             return False
         weight.adopt(fixed, value, keep=pack.data)
         return True
+
+    def import_deferred(self) -> dict[int, str]:
+        """Import the queued weights (call it once their entry is verified). One that cannot be
+        imported is reordered here instead; returns, by node id, the detail text that says so
+        (it replaces :data:`LOADED` in that node's detail)."""
+        queued, self.queued, self.deferred = self.queued, [], False
+        redone: dict[int, str] = {}
+        for key, weight, fixed, node in queued:
+            if self.load(key, weight, fixed):
+                continue
+            weight(fixed)
+            if node is not None:
+                redone[node] = f"at load; the entry's bytes were unusable: {self.unusable[key]}"
+        return redone
 
     def export(self) -> dict[str, SavedPack]:
         """The prepared weights as bytes (views of the prepacked tensors, which each
@@ -272,7 +310,7 @@ def linear_call(
     reorder = torch.ops.mkldnn._reorder_linear_weight
     weight = PreparedWeight(lambda w: reorder(w.contiguous(), rows))
     key = _pack_key(node, rows)
-    when = _prepare(weight, consts.get(node.inputs[1]), prepack, packs, key)
+    when = _prepare(weight, consts.get(node.inputs[1]), prepack, packs, key, node.id)
     detail = f"oneDNN linear (weight prepacked {when})"
     if ep is not None and ep.other is not None:
 
@@ -313,7 +351,7 @@ def conv_call(
         lambda w: reorder(w.contiguous(), padding, stride, dilation, groups, size)
     )
     key = _pack_key(node, padding, stride, dilation, groups, size)
-    when = _prepare(weight, consts.get(node.inputs[1]), prepack, packs, key)
+    when = _prepare(weight, consts.get(node.inputs[1]), prepack, packs, key, node.id)
     cl = torch.channels_last if channels_last else torch.contiguous_format
     layout = "channels_last" if channels_last else "contiguous"
     detail = f"oneDNN conv2d {layout} (weight prepacked {when})"
@@ -344,6 +382,7 @@ def _prepare(
     prepack: Prepacker | None,
     packs: PackedWeights | None,
     key: str,
+    node: int | None = None,
 ) -> str:
     if fixed is None:
         return "on first use, reused while identity and version hold"
@@ -351,8 +390,8 @@ def _prepare(
     if packs is not None:
         earlier = packs.made.get(key)
         packs.made[key] = (weight, fixed)
-        if packs.load(key, weight, fixed):
-            return "at compile time, its bytes loaded from the cache entry"
+        if packs.load(key, weight, fixed, node):
+            return LOADED
         if earlier is not None and earlier[0].source is fixed and earlier[0].value is not None:
             # NOTE: the same constant prepacked for another call of this node (a fused call
             # oneDNN refused): the same layout, no second reorder.

@@ -220,7 +220,13 @@ class Guard:
             raise ValueError(f"{self.text}: holds for an object of this process only")
         if self.key is not None:
             return self.key
-        return f"{self.kind}|{self.source}|{self.text}|{canonical(self.expected)}"
+        # NOTE: a guard is immutable (frozen, its expected value a capture-time reading), so its
+        # text is written once: a warm start asks for it twice (snapshot check, cache key).
+        text = self.__dict__.get("_key_text")
+        if text is None:
+            text = f"{self.kind}|{self.source}|{self.text}|{canonical(self.expected)}"
+            object.__setattr__(self, "_key_text", text)
+        return text
 
     def to_dict(self) -> dict[str, str]:
         return {

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -352,7 +353,10 @@ def _fast_attrs(text: str | None) -> dict[str, Any] | None:
     return attrs
 
 
+@functools.lru_cache(maxsize=4096)
 def _fast_type(text: str) -> TensorType | None:
+    # NOTE: memoized by its text: a TensorType is immutable (frozen), so values may share one,
+    # and a graph repeats few types many times (every weight of a layer, every activation)
     m = _STATIC_TYPE_RE.fullmatch(text)
     if not m or m.group(1) not in DTYPES_BY_NAME:
         return None

@@ -27,6 +27,7 @@ from plait.codegen.build import Unit, build_units, toolchain
 from plait.codegen.cpp import PrintOptions, print_kernel
 from plait.codegen.errors import CodegenError
 from plait.codegen.fusion import KernelStep, NodeTag, Plan, extern_layouts, plan_graph
+from plait.codegen.onednn import LOADED
 from plait.codegen.options import StaxOptions
 from plait.ir.graph import Graph
 from plait.runtime.memory import MemoryPlan, plan_memory
@@ -183,6 +184,15 @@ class StaxProgram:
         that a rebuild imports them instead of reordering."""
         return self.plan.packs.export()
 
+    def import_deferred_packs(self) -> None:
+        """Import the saved prepacked weights a rebuild deferred (``SavedLayouts(gate=...)``:
+        call it once their cache entry is verified, before the first call). A weight that
+        cannot be imported is reordered instead, and its node's detail says why."""
+        for node, detail in self.plan.packs.import_deferred().items():
+            tag = self.plan.tags[node]
+            tag = NodeTag(tag.executor, tag.detail.replace(LOADED, detail))
+            self.plan.tags[node] = self.evidence.nodes[node] = tag
+
     def records(self) -> dict[str, Any]:
         """Everything the manifest needs, JSON-serializable."""
         return {
@@ -191,10 +201,17 @@ class StaxProgram:
             "toolchain": toolchain().record(),
             "options": self.options.record(),
             "evidence": self.evidence.records(),
-            "kernels": [k.record() for k in self.kernels],
             "schedule": self.schedule(),
             "memory_plan": self.memory_plan.records(),
+            **self.timing_records(),
+        }
+
+    def timing_records(self) -> dict[str, Any]:
+        """The part of :meth:`records` that differs between two builds of one program (the
+        phase timings, and each kernel's build time and cache hit)."""
+        return {
             "timings": {k: round(v, 6) for k, v in self.timings.items()},
+            "kernels": [k.record() for k in self.kernels],
         }
 
 
