@@ -135,12 +135,19 @@ def measure(config: str, size: int, repeat: int) -> dict[str, Any]:
         return statistics.median(r[key] for r in rows)
 
     cold, warm = med(colds, "first_call"), med(warms, "first_call")
+    # NOTE: each repeat's warm run follows its cold one on the same cache, so the two share the
+    # machine's state of the moment (its speed drifts by tens of percent on a shared host): the
+    # per-repeat ratios show the spread that the ratio of medians hides.
+    paired = [w["first_call"] / c["first_call"] for c, w in zip(colds, warms)]
     return {
         "config": config,
         "size": size,
         "cold_first_call_s": cold,
         "warm_first_call_s": warm,
         "warm_over_cold": warm / cold,
+        "warm_over_cold_per_repeat": paired,
+        "cold_first_calls_s": [c["first_call"] for c in colds],
+        "warm_first_calls_s": [w["first_call"] for w in warms],
         "warm_second_call_s": med(warms, "second_call"),
         "warm_capture": warms[0]["capture"],
         "eager_first_call_s": med(eagers, "first_call"),
@@ -162,15 +169,18 @@ def measure(config: str, size: int, repeat: int) -> dict[str, Any]:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| config | input | cold first call | warm first call | warm/cold | eager first call "
+        "| config | input | cold first call | warm first call | warm/cold "
+        "| warm/cold per repeat (median, range) | eager first call "
         "| native kernels | guard check per call |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        paired = r["warm_over_cold_per_repeat"]
         lines.append(
             f"| {r['config']} | 1x3x{r['size']}x{r['size']} "
             f"| {r['cold_first_call_s'] * 1e3:.0f} ms "
-            f"| {r['warm_first_call_s'] * 1e3:.0f} ms | {r['warm_over_cold']:.0%} "
+            f"| {r['warm_first_call_s'] * 1e3:.0f} ms | {r['warm_over_cold']:.1%} "
+            f"| {statistics.median(paired):.1%} ({min(paired):.1%}-{max(paired):.1%}) "
             f"| {r['eager_first_call_s'] * 1e3:.0f} ms | {r['native_kernels']} "
             f"| {r['guard_holds_us']:.1f} µs |"
         )

@@ -181,12 +181,11 @@ def _default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tu
     recorded in the manifest (``options.backend_choice``)."""
     devices = {str(t.device) for t in state if isinstance(t, torch.Tensor)}
     static = True
-    if prog.graph is not None:
-        for v in prog.graph.inputs:
-            t = v.type
-            if isinstance(t, TensorType):
-                devices.add(t.device)
-                static = static and t.is_static
+    for v in prog.interface()[0]:
+        t = v.type
+        if isinstance(t, TensorType):
+            devices.add(t.device)
+            static = static and t.is_static
     if not devices <= {"cpu"}:
         return "eager", f"default for {sorted(devices)}: no native CUDA backend yet"
     if not static:

@@ -26,7 +26,7 @@ from plait.errors import CaptureFallbackWarning, PlaitCompileError
 from plait.frontend.guards import Guard
 from plait.frontend.program import CapturedProgram, Executor
 from plait.guards import ambient_guards, call_settings, frozen_guards, process_settings
-from plait.ir import Graph, TensorType, interpret
+from plait.ir import Graph, TensorType, Value, interpret
 from plait.manifest import Manifest
 from plait.passes import INFERENCE_PIPELINE, TRAINING_PIPELINE, run_pipeline
 
@@ -79,18 +79,18 @@ def _pipeline(req: CompileRequest, freeze: bool) -> str:
     )
 
 
-def _state_slots(prog: CapturedProgram, graph: Graph) -> dict[str, int]:
+def _state_slots(prog: CapturedProgram) -> dict[str, int]:
     """Graph input name -> index into the module state, for parameter and buffer inputs."""
     out = {}
-    for v, slot in zip(graph.inputs, prog.inputs):
+    for v, slot in zip(prog.interface()[0], prog.inputs):
         if slot.source == "state":
             out[v.name] = slot.ref
     return out
 
 
-def _bind(graph: Graph, optimized: Graph) -> Callable[[list[Any]], list[Any]]:
+def _bind(inputs: Sequence[Value], optimized: Graph) -> Callable[[list[Any]], list[Any]]:
     """Map the captured graph's input list onto the optimized graph's inputs (by name)."""
-    index = {v.name: i for i, v in enumerate(graph.inputs)}
+    index = {v.name: i for i, v in enumerate(inputs)}
     plan: list[tuple[bool, Any]] = []
     for v in optimized.inputs:
         if v.name in optimized.constants:
@@ -100,10 +100,10 @@ def _bind(graph: Graph, optimized: Graph) -> Callable[[list[Any]], list[Any]]:
     return lambda values: [values[ref] if live else ref for live, ref in plan]
 
 
-def _eager_executor(graph: Graph, optimized: Graph) -> Executor:
-    bind = _bind(graph, optimized)
+def _eager_executor(inputs: Sequence[Value], optimized: Graph) -> Executor:
+    bind = _bind(inputs, optimized)
 
-    def run(_: Graph, values: list[Any]) -> list[Any]:
+    def run(values: list[Any]) -> list[Any]:
         return interpret(optimized, bind(values), check_types=False)
 
     return run
@@ -146,10 +146,10 @@ def _stax_records(program: Any, m: Manifest) -> None:
             m.fallbacks.append({"what": f"node {n['id']} ({n['op']})", "reason": n["detail"]})
 
 
-def _stax_executor(graph: Graph, optimized: Graph, program: Any) -> Executor:
-    bind = _bind(graph, optimized)
+def _stax_executor(inputs: Sequence[Value], optimized: Graph, program: Any) -> Executor:
+    bind = _bind(inputs, optimized)
 
-    def run(_: Graph, values: list[Any]) -> list[Any]:
+    def run(values: list[Any]) -> list[Any]:
         return program(*bind(values))
 
     return run
@@ -169,7 +169,7 @@ def compile_program(req: CompileRequest) -> Compiled:
         {"what": f"opaque {k} ×{v}", "reason": "no IR op; PyTorch runs the call"}
         for k, v in sorted(prog.opaque_counts.items())
     ]
-    if prog.graph is None:
+    if not prog.has_graph:
         m.fallbacks.append({"what": "whole program", "reason": prog.fallback_reason or "?"})
         return Compiled(None, m)
     needs_grad = _needs_grad(req)
@@ -195,8 +195,7 @@ def compile_program(req: CompileRequest) -> Compiled:
 
 
 def _on_cuda(req: CompileRequest) -> bool:
-    graph = req.program.graph
-    types = [v.type for v in graph.inputs] if graph is not None else []
+    types = [v.type for v in req.program.interface()[0]]
     devices = {t.device for t in types if isinstance(t, TensorType)}
     devices |= {str(t.device) for t in req.state if isinstance(t, torch.Tensor)}
     return any(d.startswith("cuda") for d in devices)
@@ -210,8 +209,11 @@ def _compile(
     graph = prog.graph
     assert graph is not None
     state = list(req.state)
-    slots = _state_slots(prog, graph)
-    params = {name: state[k] for name, k in slots.items()} if freeze else {}
+    slots = _state_slots(prog)
+    # NOTE: a parameter or buffer the program writes (BatchNorm's running statistics in train
+    # mode under no_grad) changes every call: frozen, it would fail its guard on the next call.
+    written = prog.written_inputs()
+    params = {n: state[k] for n, k in slots.items() if n not in written} if freeze else {}
     start = time.perf_counter()
     result = run_pipeline(graph, pipeline, params=params, source_hash=prog.semantic_hash)
     m.timings["passes"] = time.perf_counter() - start
@@ -232,36 +234,36 @@ def _compile(
         warnings.warn(f"plait stax: {_GRAD_REASON}", CaptureFallbackWarning, stacklevel=7)
         m.fallbacks.append({"what": _GRAD_FALLBACK, "reason": _GRAD_REASON})
         m.executor = {"backend": "eager", "requested": "stax"}
-        return Compiled(_eager_executor(graph, optimized), m, guards, optimized)
+        return Compiled(_eager_executor(graph.inputs, optimized), m, guards, optimized)
     if req.backend == "stax":
         start = time.perf_counter()
         program = _stax_program(req, optimized)
         _stax_records(program, m)
         m.timings["backend"] = time.perf_counter() - start
-        return Compiled(_stax_executor(graph, optimized, program), m, guards, optimized, program)
+        executor = _stax_executor(graph.inputs, optimized, program)
+        return Compiled(executor, m, guards, optimized, program)
     m.executor = {"backend": "eager", "evidence": {"counts": {"interpreted": len(optimized.nodes)}}}
-    return Compiled(_eager_executor(graph, optimized), m, guards, optimized)
+    return Compiled(_eager_executor(graph.inputs, optimized), m, guards, optimized)
 
 
 def _restore(req: CompileRequest, saved: SavedCompile) -> Compiled:
     """The warm path: a loaded entry as a Compiled (no pass, no dry run, no compiler)."""
     prog = req.program
-    graph = prog.graph
-    assert graph is not None
+    inputs = prog.interface()[0]  # NOTE: not prog.graph: a snapshot's nodes stay unparsed
     m = Manifest.from_json(saved.manifest)
     m.timings = dict(saved.seconds)
     if any(f.get("what") == _GRAD_FALLBACK for f in m.fallbacks):
         # NOTE: never silent, warm or cold
         warnings.warn(f"plait stax: {_GRAD_REASON}", CaptureFallbackWarning, stacklevel=8)
-    slots = _state_slots(prog, graph)
+    slots = _state_slots(prog)
     used = list(slots.values())
     guards = frozen_guards({n: slots[n] for n in saved.frozen}, list(req.state), used)
     if saved.program is not None:
         # NOTE: the rest of the program's records is in the saved manifest already
         _stax_timings(m, saved.program.timing_records())
-        executor = _stax_executor(graph, saved.graph, saved.program)
+        executor = _stax_executor(inputs, saved.graph, saved.program)
     else:
-        executor = _eager_executor(graph, saved.graph)
+        executor = _eager_executor(inputs, saved.graph)
     return Compiled(executor, m, guards, saved.graph, saved.program)
 
 

@@ -121,6 +121,12 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
     t_read = time.perf_counter()
     try:
         doc, tensors = unpack(pending.payload)
+        # NOTE: every part of the document read here, before the hash check: a damaged one
+        # fails in this block (reported as corruption when the hash fails), never later.
+        executor, frozen, manifest = str(doc["executor"]), list(doc["frozen"]), doc["manifest"]
+        plan = doc["plan"] if executor == "stax" else None
+        if not isinstance(manifest, dict) or (executor == "stax" and not isinstance(plan, dict)):
+            raise StaleEntryError("the entry's manifest or plan is not a JSON object")
         # NOTE: no verifier run: to_text of a verified graph, in an entry checked against its
         # own hash and keyed by the plait version that wrote it.
         graph = from_text(doc["graph"], verify=False)
@@ -133,13 +139,14 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
     graph.constants.update(constants)
     t_parse = time.perf_counter()
     program = None
-    if doc["executor"] == "stax":
+    if plan is not None:
         # NOTE: the rebuild reads the entry's constants as metadata only (shapes, strides): its
         # imports of prepacked weights wait for the check (import_deferred_packs), its reorders
-        # (weights without a saved pack) wait for it in their threads. So the hash is checked
-        # during the rebuild, and not waited for before it.
+        # (weights without a saved pack) wait for it in their threads, and so does the C++
+        # compiler (kernels printed from the entry's graph). So the hash is checked during the
+        # rebuild, and not waited for before it.
         try:
-            program = _rebuild_stax(graph, doc["plan"], tensors, pending.verified)
+            program = _rebuild_stax(graph, plan, tensors, pending.verified)
         except Exception:
             pending.verified()
             raise
@@ -149,14 +156,13 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
     _place(graph)
     if program is not None:
         program.import_deferred_packs()
-    manifest = doc["manifest"]
     seconds = {
         "cache.read": t_read - start,
         "cache.parse": t_parse - t_read,
         "cache.rebuild": t_rebuild - t_parse + time.perf_counter() - t_verified,
         "cache.verify_wait": t_verified - t_rebuild,
     }
-    return SavedCompile(graph, manifest, doc["executor"], list(doc["frozen"]), program, seconds)
+    return SavedCompile(graph, manifest, executor, frozen, program, seconds)
 
 
 def _constants(graph: Graph, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

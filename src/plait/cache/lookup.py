@@ -25,7 +25,7 @@ import json
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 import torch
@@ -35,7 +35,7 @@ from plait.cache.key import CacheKey, explain_miss
 from plait.cache.store import CorruptEntryError
 from plait.cache.weight_digests import weights_digest
 from plait.errors import PlaitWarning
-from plait.ir import Graph, TensorType, Value
+from plait.ir import TensorType, Value
 
 FORMAT = "plait.specialization/2"  # NOTE: 2: the weights digest is taken per tensor
 
@@ -48,17 +48,19 @@ class NotCacheable(Exception):
     """This specialization cannot have a cache key (the reason says why)."""
 
 
-def freeze_candidates(graph: Graph, slots: Mapping[str, int], pipeline: str) -> list[str]:
+def freeze_candidates(
+    inputs: Sequence[Value], written: Set[str], slots: Mapping[str, int], pipeline: str
+) -> list[str]:
     """The parameters and buffers the freeze pass of ``pipeline`` would make constants: state
-    inputs the graph does not write back. NOTE: a superset of what it freezes; a compile that
-    froze anything else is not saved."""
+    inputs the program does not write (``written``:
+    :meth:`~plait.frontend.CapturedProgram.written_inputs`). NOTE: a superset of what it
+    freezes; a compile that froze anything else is not saved."""
     if "freeze" not in [n.strip() for n in pipeline.split(",")]:
         return []
-    written = {id(o) for o in graph.outputs if isinstance(o, Value)}
     return [
         v.name
-        for v in graph.inputs
-        if v.kind in ("param", "buffer") and v.name in slots and id(v) not in written
+        for v in inputs
+        if v.kind in ("param", "buffer") and v.name in slots and v.name not in written
     ]
 
 
@@ -97,17 +99,17 @@ def key_parts(
     """The key's parts and the freeze candidates; raises :class:`NotCacheable`. ``ambient``:
     the settings the compile depends on (:mod:`plait.guards.ambient`: call and process)."""
     prog = req.program
-    graph = prog.graph
-    if prog.semantic_hash is None or graph is None:
+    if prog.semantic_hash is None or not prog.has_graph:
         raise NotCacheable("no graph")
+    inputs = prog.interface()[0]
     try:
         guards = prog.guards.key_texts()
     except ValueError as exc:
         raise NotCacheable(f"a guard is specific to this process: {exc}") from None
-    slots = {v.name: s.ref for v, s in zip(graph.inputs, prog.inputs) if s.source == "state"}
-    candidates = freeze_candidates(graph, slots, pipeline) if freeze else []
+    slots = {v.name: s.ref for v, s in zip(inputs, prog.inputs) if s.source == "state"}
+    candidates = freeze_candidates(inputs, prog.written_inputs(), slots, pipeline) if freeze else []
     state: Sequence[torch.Tensor] = list(req.state)
-    devices = sorted({v.type.device for v in graph.inputs if isinstance(v.type, TensorType)})
+    devices = sorted({v.type.device for v in inputs if isinstance(v.type, TensorType)})
     parts = {
         "format": FORMAT,
         "source": prog.semantic_hash,

@@ -466,11 +466,17 @@ class LocalStore(Store):
             self._discard(key)
             raise CorruptEntryError(key, str(exc)) from None
         job = native_hash.start([[view[_HEADER.size :]]])
+        failed: list[CorruptEntryError] = []
 
         def check() -> None:
+            # NOTE: the entry is removed on the first failure only: a later caller (a rebuild's
+            # reorder thread that outlived it) must not remove what replaced it since.
+            if failed:
+                raise failed[0]
             if job.result()[0] != digest:
+                failed.append(CorruptEntryError(key, str(_hash_error())))
                 self._discard(key)
-                raise CorruptEntryError(key, str(_hash_error()))
+                raise failed[0]
 
         # NOTE: a read marks the object's mtime (one syscall), not the index (a locked rewrite
         # of index.json on every warm start); the index takes it in when it orders entries.

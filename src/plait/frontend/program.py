@@ -16,9 +16,11 @@ import torch
 
 from plait.frontend import pytree
 from plait.frontend.guards import GuardEnv, GuardSet
-from plait.ir import Graph
+from plait.ir import Graph, Value
 
-Executor = Callable[[Graph, list[Any]], Sequence[Any]]
+# NOTE: an executor takes the graph's input values (in the captured graph's input order) and
+# returns its outputs; it holds whatever graph it runs itself.
+Executor = Callable[[list[Any]], Sequence[Any]]
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,26 @@ class CapturedProgram:
     specialized: list[str] = field(default_factory=list)  # dynamic=True: sizes made static, why
     guard_plan: Any = None  # the GuardPlan the guards were built from (None: built otherwise)
 
+    @property
+    def has_graph(self) -> bool:
+        """False for a fallback program (no graph; eager PyTorch runs it)."""
+        return self.graph is not None
+
+    def interface(self) -> tuple[list[Value], frozenset[str]]:
+        """The graph's inputs and the names of the values it returns: what keying, binding and
+        running the program need, without its nodes (``([], frozenset())`` for a fallback)."""
+        if self.graph is None:
+            return [], frozenset()
+        returned = frozenset(o.name for o in self.graph.outputs if isinstance(o, Value))
+        return self.graph.inputs, returned
+
+    def written_inputs(self) -> frozenset[str]:
+        """The names of the graph inputs this program writes (an in-place update copied back
+        after each call) or returns as they are: never constants, whatever else is frozen."""
+        inputs, returned = self.interface()
+        mutated = {inputs[i].name for i, _ in self.mutations}
+        return frozenset(mutated | (returned & {v.name for v in inputs}))
+
     def graph_inputs(self, env: GuardEnv, state: Sequence[torch.Tensor]) -> list[Any]:
         out: list[Any] = []
         for slot in self.inputs:
@@ -67,9 +89,9 @@ class CapturedProgram:
         return out
 
     def run(self, execute: Executor, env: GuardEnv, state: Sequence[torch.Tensor]) -> Any:
-        assert self.graph is not None, "a fallback program has no graph to run"
+        assert self.has_graph, "a fallback program has no graph to run"
         values = self.graph_inputs(env, state)
-        results = list(execute(self.graph, values))
+        results = list(execute(values))
         if self.mutations:
             with torch.no_grad():
                 for i, o in self.mutations:

@@ -37,7 +37,8 @@ from plait.frontend.guard_plan import GuardPlan, build_guards
 from plait.frontend.guards import GuardEnv
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
 from plait.frontend.state import ModuleState
-from plait.ir import from_text, to_text
+from plait.ir import Graph, Value, from_text, to_text
+from plait.ir.text import graph_interface
 
 FORMAT = "plait.program/1"
 
@@ -111,6 +112,43 @@ def _find_type(module: str, qualname: str, fields: list[str] | None = None) -> t
 
 
 # --- programs -------------------------------------------------------------------------------
+class SnapshotProgram(CapturedProgram):
+    """A program loaded from a snapshot. Its graph's text is parsed on first use of
+    :attr:`graph`: a warm start whose artifact is in the cache needs only the program's
+    :meth:`interface` (its inputs, read here, and the names it returns), not its nodes.
+
+    NOTE: no verifier run on either parse: the text is what ``to_text`` wrote of a verified
+    graph, in an entry checked against its own hash and keyed by the plait version that wrote
+    it. The inputs are parsed when the program loads, so a text this plait cannot read fails
+    there (and is replaced by a capture)."""
+
+    def __init__(self, text: str, **fields: Any) -> None:
+        self._text = text
+        self._graph: Graph | None = None
+        self._interface = graph_interface(text)
+        super().__init__(graph=None, **fields)
+
+    @property
+    def graph(self) -> Graph:
+        if self._graph is None:
+            self._graph = from_text(self._text, verify=False)
+        return self._graph
+
+    @graph.setter
+    def graph(self, value: Graph | None) -> None:
+        self._graph = value
+
+    @property
+    def has_graph(self) -> bool:
+        return True
+
+    def interface(self) -> tuple[list[Value], frozenset[str]]:
+        if self._graph is not None:
+            return super().interface()
+        inputs, returned = self._interface
+        return inputs, frozenset(returned)
+
+
 def program_doc(prog: CapturedProgram) -> dict[str, Any]:
     """``prog`` as JSON; raises :class:`Unpinnable` for a program that has no saved form."""
     if prog.graph is None or prog.guard_plan is None:
@@ -176,15 +214,12 @@ def program_from_doc(
     if not guards.holds(env):
         failed = "; ".join(guards.explain(env)) or "a guard failed"
         raise Unpinnable(f"this call fails the captured guards: {failed}")
-    # NOTE: no verifier run: the text is what to_text wrote of a verified graph, in an entry
-    # checked against its own hash and keyed by the plait version that wrote it.
-    graph = from_text(doc["graph"], verify=False)
     out_leaves = [
         OutputLeaf(src, tuple(ref) if src == "graph" else decode(ref) if src == "value" else ref)
         for src, ref in doc["out_leaves"]
     ]
-    return CapturedProgram(
-        graph=graph,
+    return SnapshotProgram(
+        doc["graph"],
         guards=guards,
         semantic_hash=doc["semantic_hash"],
         inputs=[InputSlot(src, ref) for src, ref in doc["inputs"]],

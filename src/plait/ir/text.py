@@ -377,8 +377,43 @@ def parse_type(text: str) -> Type:
     return t
 
 
-def from_text(text: str, verify: bool = True) -> Graph:
-    """Parse IR text into a graph (and verify it unless ``verify=False``)."""
+def graph_interface(text: str) -> tuple[list[Value], list[str]]:
+    """The inputs of the graph ``text`` writes (as :func:`from_text` parses them) and the names
+    of the values it returns, without parsing its nodes: what a program's calling convention
+    needs. Raises ``ValueError`` (an :class:`IRParseError`) where ``from_text`` would for these
+    parts; a text whose return line this cannot read is parsed whole.
+
+    Example:
+        >>> import torch
+        >>> from plait.ir import GraphBuilder, TensorType
+        >>> gb = GraphBuilder()
+        >>> x = gb.input("x", TensorType((2,), torch.float32))
+        >>> gb.output(gb.call("relu", x))
+        >>> inputs, returned = graph_interface(to_text(gb.build()))
+        >>> [v.name for v in inputs], len(returned)
+        (['x'], 1)
+    """
+    inputs = from_text(text, inputs_only=True).inputs
+    m = _RETURN_RE.search(text)
+    if m is None:
+        graph = from_text(text, verify=False)
+        return graph.inputs, [o.name for o in graph.outputs if isinstance(o, Value)]
+    tokens = m.group(1).split(", ") if m.group(1) else []
+    if not all(_NAME_RE.fullmatch(t[1:]) if t.startswith("%") else _fast_literal(t) is not
+               _NO_VALUE for t in tokens):  # fmt: skip
+        graph = from_text(text, verify=False)
+        return graph.inputs, [o.name for o in graph.outputs if isinstance(o, Value)]
+    return inputs, [t[1:] for t in tokens if t.startswith("%")]
+
+
+# NOTE: the last line of a graph as to_text writes it: "  return %a, %b\n}" (operands without
+# commas in them: value names and numbers)
+_RETURN_RE = re.compile(r"\n[ \t]*return(?: ([^\n{},]+(?:, [^\n{},]+)*))?[ \t]*\n\}\s*\Z")
+
+
+def from_text(text: str, verify: bool = True, inputs_only: bool = False) -> Graph:
+    """Parse IR text into a graph (and verify it unless ``verify=False``); ``inputs_only``:
+    only the graph's inputs (no nodes, no outputs; never verified)."""
     from plait.ir.ops import AttrError, TypeRuleError, get_op
 
     cur = _Cursor(text)
@@ -472,6 +507,8 @@ def from_text(text: str, verify: bool = True) -> Graph:
         define(name, v, pos)
         graph.inputs.append(v)
     cur.expect(")")
+    if inputs_only:
+        return graph
     cur.expect("{")
     while True:
         cur.skip_ws()
