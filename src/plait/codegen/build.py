@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -166,6 +167,41 @@ def remembered(
     except OSError:
         staged.unlink(missing_ok=True)
     return value
+
+
+def cached_blob(kind: str, key: str, make: Callable[[], bytes]) -> bytes:
+    """Bytes that ``key`` alone decides (``make()``), kept in the kernel cache as
+    ``<cache_dir>/<kind>/<key>`` with the SHA-256 published beside them: made once per cache,
+    read back afterwards. A blob that fails its check (or cannot be read) is made again and
+    replaced; where the cache cannot be written, ``make()`` answers alone.
+
+    Example:
+        >>> cached_blob("doc-example", "k" * 64, lambda: b"made once")
+        b'made once'
+    """
+    try:
+        path = cache_dir() / kind / key
+        path.parent.mkdir(exist_ok=True)
+    except (BuildError, OSError):
+        return make()
+    try:
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() == _digest_path(path).read_text().strip():
+            return data
+    except OSError:
+        pass
+    data = make()
+    store_blob(kind, key, data)
+    return data
+
+
+def store_blob(kind: str, key: str, data: bytes) -> None:
+    """Publish (or replace) the blob :func:`cached_blob` reads; a cache that cannot be written
+    keeps nothing (the blob is made again next time, never wrong)."""
+    with contextlib.suppress(BuildError, OSError):
+        path = cache_dir() / kind / key
+        path.parent.mkdir(exist_ok=True)
+        _publish(data, path)
 
 
 def _has_libmvec(cxx: str) -> bool:
