@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
-from plait.cache import Store, resolve_store
+from plait.cache import Store, check_store_option, resolve_store
 from plait.cache.snapshots import front_parts, load_snapshot, save_snapshot
 from plait.cache.weight_digests import prefetch
 from plait.errors import (
@@ -223,7 +223,7 @@ class _Engine:
                 f"on_recompile_limit must be 'raise' or 'eager', got {self.on_limit!r}"
             )
         self.cache = options.pop("cache", True)
-        resolve_store(self.cache)  # NOTE: a wrong value fails here, not at the first call
+        check_store_option(self.cache)  # NOTE: a wrong value fails here, not at the first call
         unknown = sorted(set(options) - set(KNOWN_OPTIONS))
         if unknown:
             known = [*_ENGINE_OPTIONS, *KNOWN_OPTIONS]

@@ -49,21 +49,28 @@ def default_store() -> LocalStore:
     return LocalStore(cache_root() / "artifacts")
 
 
+def check_store_option(option: Any) -> None:
+    """Raise ``ValueError`` for an ``options['cache']`` value :func:`resolve_store` refuses
+    (without opening any store)."""
+    if option is None or isinstance(option, (bool, Store, str, os.PathLike)):
+        return
+    raise ValueError(
+        f"options['cache'] must be True, False, a directory or a plait.cache.Store, "
+        f"got {type(option).__name__}"
+    )
+
+
 def resolve_store(option: Any = True) -> Store | None:
     """The store an option names: ``True``/``None`` the default, ``False`` none, a path a
     :class:`LocalStore` there, a :class:`Store` itself."""
+    check_store_option(option)
     if option is None or option is True:
         return default_store()
     if option is False:
         return None
     if isinstance(option, Store):
         return option
-    if isinstance(option, (str, os.PathLike)):
-        return LocalStore(option)
-    raise ValueError(
-        f"options['cache'] must be True, False, a directory or a plait.cache.Store, "
-        f"got {type(option).__name__}"
-    )
+    return LocalStore(option)
 
 
 __all__ = [
@@ -78,6 +85,7 @@ __all__ = [
     "StoreStats",
     "VerifyReport",
     "cache_root",
+    "check_store_option",
     "default_store",
     "explain_miss",
     "load_compiled",
