@@ -157,6 +157,18 @@ def _rewrite(store: LocalStore, key: str, edit: Callable[..., None]) -> None:
     store.put(key, pack_pieces(doc, tensors, blobs), entry.meta)
 
 
+def _entry_and_a_conv_pack(
+    cache: Path, xs: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], LocalStore, str, str]:
+    """A cold compile of ``net()`` into ``cache`` (its outputs on ``xs``), its Stax entry, and
+    the key of one convolution weight's saved pack."""
+    expected, _ = _cold(net(), cache, xs)
+    store, key = stax_entry(cache)
+    doc, _ = unpack(store.get(key) or b"")
+    conv = min(k for k in doc["plan"]["prepacked"] if ":conv2d:" in k)
+    return expected, store, key, conv
+
+
 # --- the artifact: blobs ------------------------------------------------------------------------
 
 
@@ -579,10 +591,7 @@ def test_a_rebuild_reads_the_entry_natively_only_once_it_is_verified(
 
     cache = tmp_path / "cache"
     xs = inputs(range(70, 73))
-    expected, _ = _cold(net(), cache, xs)
-    store, key = stax_entry(cache)
-    doc, _ = unpack(store.get(key) or b"")
-    dropped = min(k for k in doc["plan"]["prepacked"] if ":conv2d:" in k)
+    expected, store, key, dropped = _entry_and_a_conv_pack(cache, xs)
 
     def drop(doc: dict, tensors: dict, blobs: dict) -> None:
         # NOTE: a well-formed entry without one weight's pack: the rebuild reorders that one
@@ -639,10 +648,7 @@ def test_a_saved_pack_of_the_wrong_size_is_reordered(
 ) -> None:
     cache = tmp_path / "cache"
     xs = inputs(range(60, 63))
-    expected, _ = _cold(net(), cache, xs)
-    store, key = stax_entry(cache)
-    doc, _ = unpack(store.get(key) or b"")
-    short = min(k for k in doc["plan"]["prepacked"] if ":conv2d:" in k)
+    expected, store, key, short = _entry_and_a_conv_pack(cache, xs)
 
     def cut(doc: dict, tensors: dict, blobs: dict) -> None:
         blobs[f"{PACKED}data:{short}"] = blobs[f"{PACKED}data:{short}"][:-ALIGN].clone()

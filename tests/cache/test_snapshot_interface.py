@@ -70,6 +70,17 @@ def _xs(n: int, *shape: int) -> list[torch.Tensor]:
     return [torch.randn(*shape, generator=torch.Generator().manual_seed(40 + s)) for s in range(n)]
 
 
+def _run_beside(model: _Accumulate, ref: _Accumulate, cache: Path, calls: int) -> Any:
+    """``model`` compiled (on ``cache``) and called ``calls`` times beside eager ``ref``: the
+    outputs and the written buffer agree after every call."""
+    compiled = plait.compile(model, options={"cache": str(cache)})
+    with torch.no_grad():
+        for x in _xs(calls, 2, 4):
+            torch.testing.assert_close(compiled(x), ref(x))
+            torch.testing.assert_close(model.total, ref.total)
+    return compiled
+
+
 def test_a_buffer_the_program_writes_is_never_frozen(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -77,21 +88,13 @@ def test_a_buffer_the_program_writes_is_never_frozen(
     torch.manual_seed(3)
     model, ref = _Accumulate(), _Accumulate()
     ref.load_state_dict(model.state_dict())
-    compiled = plait.compile(model, options={"cache": str(tmp_path)})
-    with torch.no_grad():
-        for x in _xs(4, 2, 4):
-            torch.testing.assert_close(compiled(x), ref(x))
-            torch.testing.assert_close(model.total, ref.total)
+    compiled = _run_beside(model, ref, tmp_path, 4)
     (spec,) = compiled.specializations
     assert compiled.recompile_reasons == [] and "total" not in spec.manifest.graph["frozen"]
     assert "lin.weight" in spec.manifest.graph["frozen"]
     # NOTE: a new process's warm start: the same, without the snapshot's nodes parsed
     parsed = _spy_parses(monkeypatch)
-    warm = plait.compile(model, options={"cache": str(tmp_path)})
-    with torch.no_grad():
-        for x in _xs(3, 2, 4):
-            torch.testing.assert_close(warm(x), ref(x))
-            torch.testing.assert_close(model.total, ref.total)
+    warm = _run_beside(model, ref, tmp_path, 3)
     (spec,) = warm.specializations
     assert status(spec) == "hit" and parsed == [] and "total" in spec.program.written_inputs()
 
