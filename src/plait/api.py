@@ -30,7 +30,7 @@ from torch import nn
 
 from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
 from plait.cache import Store, check_store_option, resolve_store
-from plait.cache.snapshots import front_parts, load_snapshot, save_snapshot
+from plait.cache.snapshots import forget_snapshot, front_parts, load_snapshot, save_snapshot
 from plait.cache.weight_digests import prefetch
 from plait.errors import (
     CaptureFallbackWarning,
@@ -49,6 +49,7 @@ from plait.frontend import (
 )
 from plait.frontend.deps import CodeRecorder, recording
 from plait.frontend.fingerprint import Unpinnable
+from plait.frontend.snapshot import SnapshotUnreadable
 from plait.guards import StateFetcher
 from plait.ir import Graph, TensorType
 from plait.manifest import Explanation, Manifest, SpecializationReport
@@ -271,26 +272,18 @@ class _Engine:
         seconds = {"cache.snapshot": time.perf_counter() - start}
         recorder = None
         if prog is None:
-            start = time.perf_counter()
-            with recording(parts is not None) as recorder:
-                prog = capture_program(
-                    self.fn,
-                    args,
-                    kwargs,
-                    fullgraph=self.fullgraph,
-                    dynamic=self.dynamic,
-                    adapter=self.adapter,
-                    module_state=self.state,
-                )
-            seconds["capture"] = time.perf_counter() - start
+            prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
         _report(prog, stacklevel=4)
         state = self.fetch()
-        backend, why = self.backend, "requested"
-        if backend is None:
-            backend, why = _default_backend(prog, state)
-        request = CompileRequest(prog, backend, self.fullgraph, self.options, state, store)
-        compiled = compile_program(request)
-        compiled.manifest.options["backend_choice"] = why
+        try:
+            compiled = self._compile(prog, state, store)
+        except SnapshotUnreadable as exc:
+            # NOTE: a snapshot whose nodes do not parse (they are read only when the artifact
+            # misses): removed, and the call captured as if there had been none
+            forget_snapshot(store, exc.key)
+            note = f"captured: the snapshot did not load ({exc})"
+            prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
+            compiled = self._compile(prog, state, store)
         compiled.manifest.timings.update(seconds)
         if store is not None:
             if recorder is not None and parts is not None:
@@ -302,6 +295,34 @@ class _Engine:
             self.recompile_reasons.append(reason)
         env = GuardEnv(env.spec, env.leaves, self.fn, state)
         return self._run(spec, env, state, args, kwargs)
+
+    def _capture(
+        self, args: tuple, kwargs: dict, record: bool, seconds: dict[str, float]
+    ) -> tuple[CapturedProgram, CodeRecorder | None]:
+        start = time.perf_counter()
+        with recording(record) as recorder:
+            prog = capture_program(
+                self.fn,
+                args,
+                kwargs,
+                fullgraph=self.fullgraph,
+                dynamic=self.dynamic,
+                adapter=self.adapter,
+                module_state=self.state,
+            )
+        seconds["capture"] = time.perf_counter() - start
+        return prog, recorder
+
+    def _compile(
+        self, prog: CapturedProgram, state: Sequence[torch.Tensor], store: Store | None
+    ) -> Compiled:
+        backend, why = self.backend, "requested"
+        if backend is None:
+            backend, why = _default_backend(prog, state)
+        request = CompileRequest(prog, backend, self.fullgraph, self.options, state, store)
+        compiled = compile_program(request)
+        compiled.manifest.options["backend_choice"] = why
+        return compiled
 
     def _from_snapshot(
         self, store: Store | None, env: GuardEnv, paths: list[str]

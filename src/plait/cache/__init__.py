@@ -33,6 +33,7 @@ from plait.cache.store import (
     Store,
     StoreStats,
     VerifyReport,
+    max_bytes_setting,
 )
 
 
@@ -52,7 +53,10 @@ def default_store() -> LocalStore:
 def check_store_option(option: Any) -> None:
     """Raise ``ValueError`` for an ``options['cache']`` value :func:`resolve_store` refuses
     (without opening any store)."""
-    if option is None or isinstance(option, (bool, Store, str, os.PathLike)):
+    if option is False or isinstance(option, Store):
+        return
+    if option is None or isinstance(option, (bool, str, os.PathLike)):
+        max_bytes_setting()  # NOTE: a local store reads it: a bad value fails here, too
         return
     raise ValueError(
         f"options['cache'] must be True, False, a directory or a plait.cache.Store, "

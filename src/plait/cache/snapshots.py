@@ -213,6 +213,7 @@ def load_snapshot(
         if isinstance(doc.get("artifact"), str):
             store.read_ahead(doc["artifact"])  # NOTE: its hash is checked while this loads
         prog = program_from_doc(doc["program"], spec, leaves, paths, ms, state)
+        prog.snapshot_key = key
     except Unpinnable as exc:
         return None, f"captured: {exc}"
     except Exception as exc:  # NOTE: a document this plait cannot read: replaced by capture
@@ -220,6 +221,13 @@ def load_snapshot(
             store.delete(key)
         return None, f"captured: the snapshot did not load ({type(exc).__name__}: {exc})"
     return prog, f"snapshot {key[:16]}…"
+
+
+def forget_snapshot(store: Store | None, key: str | None) -> None:
+    """Remove the snapshot under ``key`` (one that turned out unreadable); never raises."""
+    if store is not None and key is not None:
+        with contextlib.suppress(OSError):
+            store.delete(key)
 
 
 def _check_dep(module: str, qualname: str, digest: str) -> None:

@@ -71,6 +71,22 @@ _HEADER = struct.Struct(">8sH16sQQ")
 # NOTE: a payload is bytes, or buffers (bytes-like) to be written in order (never joined).
 Payload = bytes | Sequence[Any]
 DEFAULT_MAX_BYTES = 8 << 30
+
+
+def max_bytes_setting() -> int:
+    """``$PLAIT_CACHE_MAX_BYTES`` (default 8 GiB); raises ``ValueError`` naming the variable
+    when it is not a whole number of bytes."""
+    env = os.environ.get("PLAIT_CACHE_MAX_BYTES")
+    if not env:
+        return DEFAULT_MAX_BYTES
+    try:
+        return int(env)
+    except ValueError:
+        raise ValueError(
+            f"PLAIT_CACHE_MAX_BYTES must be a whole number of bytes, got {env!r}"
+        ) from None
+
+
 INDEX_SCHEMA = "plait.cache.index/1"
 
 
@@ -350,8 +366,7 @@ class LocalStore(Store):
 
     def __init__(self, root: str | os.PathLike[str], max_bytes: int | None = None) -> None:
         self.root = Path(root)
-        env = os.environ.get("PLAIT_CACHE_MAX_BYTES")
-        self.max_bytes = int(max_bytes if max_bytes is not None else env or DEFAULT_MAX_BYTES)
+        self.max_bytes = int(max_bytes) if max_bytes is not None else max_bytes_setting()
         self.objects = self.root / "objects"
         self._lock = FileLock(str(self.root / "index.lock"))
         self.problems: list[str] = []  # NOTE: index problems found and repaired, for reports

@@ -358,13 +358,17 @@ def _publish(data: bytes, path: Path) -> None:
     """Atomically publish a library and its hash (the hash last: an entry is complete when its
     hash is there)."""
     tag = f"{os.getpid()}.{threading.get_ident()}"
-    staged = path.with_name(f".{path.name}.{tag}")
-    staged.write_bytes(data)
-    os.replace(staged, path)
     digest = _digest_path(path)
+    staged = path.with_name(f".{path.name}.{tag}")
     staged_digest = digest.with_name(f".{digest.name}.{tag}")
-    staged_digest.write_text(hashlib.sha256(data).hexdigest() + "\n")
-    os.replace(staged_digest, digest)
+    try:
+        staged.write_bytes(data)
+        os.replace(staged, path)
+        staged_digest.write_text(hashlib.sha256(data).hexdigest() + "\n")
+        os.replace(staged_digest, digest)
+    finally:  # NOTE: nothing staged is left behind (a replace refused, a disk full)
+        staged.unlink(missing_ok=True)
+        staged_digest.unlink(missing_ok=True)
 
 
 def _load(u: Unit) -> ctypes.CDLL:

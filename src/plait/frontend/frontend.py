@@ -310,7 +310,7 @@ def _plan(
         bindings=dict(cx.bindings),
         duck=list(cx.duck),
         dynamic=cx.dynamic,
-        alias=any(lift.kind == "user" for lift, _ in mutations),
+        alias=bool(mutations),
         used=used,
         layout_read=cx.layout_read,
     )

@@ -49,7 +49,10 @@ class GuardPlan:
     bindings: dict[Any, int] = field(default_factory=dict)  # dynamic symbols -> capture size
     duck: list[tuple[int, int, str, Any]] = field(default_factory=list)
     dynamic: bool = False
-    alias: bool = False  # the program writes a user input: inputs must not share memory
+    # NOTE: the program writes an input (a user tensor, a parameter or a buffer): the tensors it
+    # reads (user inputs and the state it uses) must not share memory, or one would read another's
+    # value from before the write
+    alias: bool = False
     used: list[int] | None = None  # state entries the graph reads (None: all)
     layout_read: str | None = None
 
@@ -117,12 +120,14 @@ def build_guards(
         guards += guard_build.predicate_guards([pred], plan.symbols, redundant)
     if plan.dynamic:
         guards += guard_build.symbol_guards(plan.symbols, plan.bindings, plan.duck)
-    if plan.alias:
-        guards.append(_no_alias_guard(leaves))
-    guards += guard_build.ambient_guards()
     used: list[int] = []
     if ms is not None:
         used = list(plan.used) if plan.used is not None else list(range(len(ms.entries)))
+    if plan.alias:
+        live_state = state or (ms.fetch() if ms is not None else [])
+        guards.append(_no_alias_guard(leaves, used, live_state))
+    guards += guard_build.ambient_guards()
+    if ms is not None:
         guards += guard_build.module_guards(ms, used, state or ms.fetch())
     if plan.layout_read is not None:
         live = state or (ms.fetch() if ms is not None else [])
@@ -135,18 +140,26 @@ def _distinct_memory(tensors: list[torch.Tensor]) -> bool:
     return len(ptrs) == len(set(ptrs))
 
 
-def _no_alias_guard(leaves: Sequence[Any]) -> Guard:
+def _no_alias_guard(
+    leaves: Sequence[Any], used: Sequence[int], state: Sequence[torch.Tensor]
+) -> Guard:
     tensor_ix = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    if not _distinct_memory([leaves[i] for i in tensor_ix]):
+    state_ix = [k for k in used if isinstance(state[k], torch.Tensor)]
+
+    def tensors(leaves: Sequence[Any], state: Sequence[Any]) -> list[torch.Tensor]:
+        return [leaves[i] for i in tensor_ix] + [state[k] for k in state_ix]
+
+    if not _distinct_memory(tensors(leaves, state)):
         raise GraphCaptureError(
             "inputs",
-            "the program writes an input that shares memory with another input",
+            "the program writes an input, parameter or buffer that shares memory with another "
+            "tensor it reads (a view of it, or a tensor it is a view of)",
             kind="limitation",
         )
     return Guard(
         "alias",
         "inputs",
-        "tensor inputs do not share memory",
+        "tensor inputs and the parameters and buffers read do not share memory",
         True,
-        lambda env: _distinct_memory([env.leaves[i] for i in tensor_ix]),
+        lambda env: _distinct_memory(tensors(env.leaves, env.state)),
     )

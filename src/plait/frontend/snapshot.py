@@ -112,6 +112,15 @@ def _find_type(module: str, qualname: str, fields: list[str] | None = None) -> t
 
 
 # --- programs -------------------------------------------------------------------------------
+class SnapshotUnreadable(Unpinnable):
+    """A snapshot program's nodes did not parse (found only when they are needed: an artifact
+    miss). ``key``: the snapshot entry's key, for the caller to remove it."""
+
+    def __init__(self, message: str, key: str | None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
 class SnapshotProgram(CapturedProgram):
     """A program loaded from a snapshot. Its graph's text is parsed on first use of
     :attr:`graph`: a warm start whose artifact is in the cache needs only the program's
@@ -126,12 +135,19 @@ class SnapshotProgram(CapturedProgram):
         self._text = text
         self._graph: Graph | None = None
         self._interface = graph_interface(text)
+        self.snapshot_key: str | None = None  # NOTE: the entry it came from (set by its loader)
         super().__init__(graph=None, **fields)
 
     @property
     def graph(self) -> Graph:
+        """The captured graph (parsed on first use); raises :class:`SnapshotUnreadable`."""
         if self._graph is None:
-            self._graph = from_text(self._text, verify=False)
+            try:
+                self._graph = from_text(self._text, verify=False)
+            except Exception as exc:  # NOTE: the caller removes the snapshot and captures
+                raise SnapshotUnreadable(
+                    f"its graph does not parse ({type(exc).__name__}: {exc})", self.snapshot_key
+                ) from None
         return self._graph
 
     @graph.setter
@@ -191,7 +207,7 @@ def program_from_doc(
     paths: Sequence[str],
     ms: ModuleState | None = None,
     state: Sequence[torch.Tensor] = (),
-) -> CapturedProgram:
+) -> SnapshotProgram:
     """The program ``doc`` describes, guarded for this call; raises :class:`Unpinnable` when
     the call is not one it was captured for (its guards would differ) or it does not load."""
     if doc.get("format") != FORMAT:

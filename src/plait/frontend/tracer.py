@@ -335,6 +335,12 @@ class CaptureContext:
         """A concrete int (a symbolic size is specialized)."""
         if isinstance(x, torch.Tensor):
             self.fail("data-dependent", "an int given as a tensor reads its data")
+        if isinstance(x, TracedInt) and x.expr is not None and not isinstance(x.ir, int):
+            # NOTE: here even where no sink is active (the output is read after the program
+            # ran): a size returned as a plain int must be guarded, not kept as a constant
+            value = int.__int__(x)
+            self.specialize(x.expr, value)
+            return value
         return int(x)
 
     def call(self, op: str, *operands: Any, **attrs: Any) -> Any:
