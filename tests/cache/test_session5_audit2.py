@@ -312,7 +312,10 @@ def test_two_processes_publishing_one_runner_leave_a_loadable_blob(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PLAIT_CACHE_DIR", str(tmp_path))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    root = Path(__file__).parents[2]
+    # NOTE: the caller's own path kept (a machine may run plait from a path, not an install)
+    path = [str(root / "src"), str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     procs = [subprocess.Popen([sys.executable, "-c", _CHILD], env=env) for _ in range(2)]
     assert [p.wait(timeout=300) for p in procs] == [0, 0]
     seen: list[str] = []
