@@ -4,7 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
+
+from plait.codegen import packed
+
+# NOTE: probed, never assumed: CI's CPU build of PyTorch has both, so these tests run there
+needs_packs = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or packed.unavailable() is not None,
+    reason=f"no oneDNN weight serialization here: {packed.unavailable()}",
+)
+needs_bf16 = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="no oneDNN bfloat16 here",
+)
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from plait.cache import SavedCompile, Store
-from plait.cache.lookup import cached_compile
+from plait.cache.lookup import cached_compile, freeze_candidates
 from plait.errors import CaptureFallbackWarning, PlaitCompileError
 from plait.frontend.guards import Guard
 from plait.frontend.program import CapturedProgram, Executor
@@ -210,10 +210,10 @@ def _compile(
     assert graph is not None
     state = list(req.state)
     slots = _state_slots(prog)
-    # NOTE: a parameter or buffer the program writes (BatchNorm's running statistics in train
-    # mode under no_grad) changes every call: frozen, it would fail its guard on the next call.
-    written = prog.written_inputs()
-    params = {n: state[k] for n, k in slots.items() if n not in written} if freeze else {}
+    # NOTE: the cache key names the same candidates (one definition): never a parameter or
+    # buffer the program writes (it changes every call; frozen, its guard would fail the next)
+    candidates = freeze_candidates(graph.inputs, prog.written_inputs(), slots, pipeline)
+    params = {n: state[slots[n]] for n in candidates} if freeze else {}
     start = time.perf_counter()
     result = run_pipeline(graph, pipeline, params=params, source_hash=prog.semantic_hash)
     m.timings["passes"] = time.perf_counter() - start

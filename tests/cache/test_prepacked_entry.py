@@ -31,25 +31,14 @@ from plait.codegen import packed
 from plait.codegen.extern import PreparedWeight
 from plait.codegen.fusion import ExternStep
 from tests.cache.helpers import call_program, status, stax_entry
+from tests.util import needs_bf16, needs_packs
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADED = "its bytes loaded from the cache entry"
 UNUSABLE = "the entry's bytes were unusable: "
 SHAPE = (2, 3, 16, 16)
 
-needs_packs = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available() or packed.unavailable() is not None,
-    reason=f"no oneDNN weight serialization here: {packed.unavailable()}",
-)
-BF16 = pytest.param(
-    torch.bfloat16,
-    marks=pytest.mark.skipif(
-        not torch.backends.mkldnn.is_available()
-        or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-        reason="no oneDNN bfloat16 here",
-    ),
-    id="bf16",
-)
+BF16 = pytest.param(torch.bfloat16, marks=needs_bf16, id="bf16")
 DTYPES = [pytest.param(torch.float32, id="fp32"), BF16]
 
 

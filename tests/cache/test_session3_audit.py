@@ -29,24 +29,15 @@ import plait.conformance
 from plait.cache import LocalStore
 from plait.cache.artifact import ARENA, unpack
 from plait.cache.compiled import PACKED, load_compiled
-from plait.codegen import build, packed
+from plait.codegen import build
 from plait.ir import from_text
 from plait.ir.chunked_hash import CHUNK, stream_digest
 from plait.ir.identity import weights_hash
 from plait.ir.types import TensorType
 from tests.cache.helpers import call_program, status, stax_entry
-from tests.util import graph_structure
+from tests.util import graph_structure, needs_bf16, needs_packs
 
 ROOT = Path(__file__).resolve().parents[2]
-
-needs_packs = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available() or packed.unavailable() is not None,
-    reason=f"no oneDNN weight serialization here: {packed.unavailable()}",
-)
-needs_bf16 = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-    reason="no oneDNN bfloat16 here",
-)
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -34,11 +34,9 @@ from plait.frontend.guards import Guard, canonical
 from plait.ir import from_text
 from tests.cache.helpers import call_program, status, stax_entry
 from tests.cache.test_prepacked_entry import BF16, LOADED, Shared, _rewrite, inputs, net
+from tests.util import needs_packs
 
-pytestmark = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available() or packed.unavailable() is not None,
-    reason=f"no oneDNN weight serialization here: {packed.unavailable()}",
-)
+pytestmark = needs_packs
 
 
 class Mixed(nn.Module):

@@ -17,11 +17,9 @@ from plait.codegen import onednn, packed
 from plait.codegen.extern import PreparedWeight
 from plait.codegen.onednn import PackedWeights, SavedPack
 from plait.codegen.packed import PackedUnavailable, export_packed, import_packed, unavailable
+from tests.util import needs_packs
 
-pytestmark = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available() or unavailable() is not None,
-    reason=f"no oneDNN weight serialization here: {unavailable()}",
-)
+pytestmark = needs_packs
 
 BF16 = pytest.param(
     torch.bfloat16,

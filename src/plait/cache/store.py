@@ -71,6 +71,7 @@ _HEADER = struct.Struct(">8sH16sQQ")
 # NOTE: a payload is bytes, or buffers (bytes-like) to be written in order (never joined).
 Payload = bytes | Sequence[Any]
 DEFAULT_MAX_BYTES = 8 << 30
+INDEX_SCHEMA = "plait.cache.index/1"
 
 
 def max_bytes_setting() -> int:
@@ -85,9 +86,6 @@ def max_bytes_setting() -> int:
         raise ValueError(
             f"PLAIT_CACHE_MAX_BYTES must be a whole number of bytes, got {env!r}"
         ) from None
-
-
-INDEX_SCHEMA = "plait.cache.index/1"
 
 
 class CorruptEntryError(Exception):

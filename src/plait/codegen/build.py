@@ -184,12 +184,9 @@ def cached_blob(kind: str, key: str, make: Callable[[], bytes]) -> bytes:
         path.parent.mkdir(exist_ok=True)
     except (BuildError, OSError):
         return make()
-    try:
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() == _digest_path(path).read_text().strip():
-            return data
-    except OSError:
-        pass
+    data = _checked_bytes(path)
+    if data is not None:
+        return data
     data = make()
     store_blob(kind, key, data)
     return data
@@ -345,13 +342,19 @@ def _digest_path(path: Path) -> Path:
     return path.with_suffix(".sha256")
 
 
-def _verified(path: Path) -> bool:
-    """An entry is used only when its bytes match the hash published with it."""
+def _checked_bytes(path: Path) -> bytes | None:
+    """A published file's bytes when they match the hash published with it, else None."""
     try:
         recorded = _digest_path(path).read_text().strip()
+        data = path.read_bytes()
     except OSError:
-        return False
-    return hashlib.sha256(path.read_bytes()).hexdigest() == recorded
+        return None
+    return data if hashlib.sha256(data).hexdigest() == recorded else None
+
+
+def _verified(path: Path) -> bool:
+    """An entry is used only when its bytes match the hash published with it."""
+    return _checked_bytes(path) is not None
 
 
 def _publish(data: bytes, path: Path) -> None:

@@ -26,7 +26,14 @@ from typing import Any
 from plait.codegen.build import Unit, build_units, toolchain
 from plait.codegen.cpp import PrintOptions, print_kernel
 from plait.codegen.errors import CodegenError
-from plait.codegen.fusion import KernelStep, NodeTag, Plan, extern_layouts, plan_graph
+from plait.codegen.fusion import (
+    KernelStep,
+    NodeTag,
+    Plan,
+    SavedLayouts,
+    extern_layouts,
+    plan_graph,
+)
 from plait.codegen.onednn import LOADED
 from plait.codegen.options import StaxOptions
 from plait.ir.graph import Graph
@@ -275,9 +282,8 @@ def compile_graphs(
         # NOTE: kernels printed from a cache entry's graph: the compiler (or the kernel cache)
         # sees them only once that entry has passed its hash check
         for saved in layouts or ():
-            gate = getattr(saved, "gate", None)
-            if gate is not None:
-                gate()
+            if isinstance(saved, SavedLayouts) and saved.gate is not None:
+                saved.gate()
     build_units(units, opts.jobs)
     t_build = time.perf_counter()
     unit_of = {sym: u for u in units for sym in u.symbols}
