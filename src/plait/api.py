@@ -18,17 +18,28 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
+from plait.backends import (
+    BACKENDS,
+    KNOWN_OPTIONS,
+    Compiled,
+    CompileRequest,
+    applied_state,
+    call_state,
+    compile_program,
+)
 from plait.cache import Store, check_store_option, resolve_store
 from plait.cache.snapshots import forget_snapshot, front_parts, load_snapshot, save_snapshot
 from plait.cache.weight_digests import prefetch
@@ -60,12 +71,18 @@ __all__ = [
     "CompiledModule",
     "GraphCaptureError",
     "Specialization",
+    "SpecializationMissError",
+    "SpecializationUse",
     "capture",
     "compile",
     "explain",
 ]
 
 DEFAULT_RECOMPILE_LIMIT = 8
+# NOTE: capture's context is process-wide (the frontend's active capture and guard sinks), so
+# captures never overlap: every miss path (capture, compile, the specialization table) holds
+# this lock first, then its callable's own lock; steady-state calls take neither.
+_CAPTURE_LOCK = threading.RLock()
 _ENGINE_OPTIONS = ("recompile_limit", "on_recompile_limit", "cache")
 _MODES = (None, "default")
 
@@ -107,7 +124,8 @@ def capture(
         >>> len(c.semantic_hash)
         64
     """
-    prog = capture_program(fn, _as_args(args), kwargs, fullgraph=fullgraph, dynamic=dynamic)
+    with _CAPTURE_LOCK:
+        prog = capture_program(fn, _as_args(args), kwargs, fullgraph=fullgraph, dynamic=dynamic)
     _report(prog, stacklevel=3)
     return Captured(
         prog.graph,
@@ -146,10 +164,18 @@ class Specialization:
     program: CapturedProgram
     compiled: Compiled
     reason: str | None  # why it was captured: None for the first, else the failed guards
+    settings: dict[str, Any] = field(default_factory=dict)  # the call's, when it was created
+    calls: int = 0  # user calls it ran (the gate's pinned calls are not counted)
     guards: GuardSet = field(init=False)
+    key: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.guards = GuardSet([*self.program.guards, *self.compiled.guards])
+        # NOTE: the identity of a specialization: its program and its guard set
+        digest = hashlib.sha256((self.program.semantic_hash or "eager fallback").encode())
+        for text in self.guards.texts():
+            digest.update(b"\n" + text.encode())
+        self.key = digest.hexdigest()[:32]
 
     @property
     def executor(self) -> Executor | None:
@@ -201,7 +227,12 @@ class _Engine:
     specializations in order (:meth:`GuardSet.holds`, the fast path). A miss captures and
     compiles a new one (through the artifact cache) with the failed guards as its reason, up
     to the recompile limit: past it, a clear error, or with ``on_recompile_limit="eager"`` the
-    original program, run eagerly, warned once and recorded for :func:`explain`."""
+    original program, run eagerly, warned once and recorded for :func:`explain`.
+
+    NOTE: thread safety. The fast path takes no lock: the table only grows, each entry appended
+    whole. A miss holds the process-wide capture lock, then ``self.lock``, and looks again
+    before capturing (another thread may have added the specialization while this one waited):
+    concurrent first calls capture once."""
 
     def __init__(
         self,
@@ -239,28 +270,55 @@ class _Engine:
         self.specializations: list[Specialization] = []
         self.recompile_reasons: list[str] = []
         self.limit_fallback: dict[str, Any] | None = None  # on_recompile_limit="eager", once hit
+        self.lock = threading.RLock()
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
-        try:
-            spec, leaves, paths = self.adapter.flatten(args, kwargs)
-        except TypeError as exc:
-            raise CompiledInputError(str(exc)) from None
+        spec, leaves, paths = self._flatten(args, kwargs)
         state = self.fetch()
         env = GuardEnv(spec, leaves, self.fn, state)
         for s in self.specializations:
             if s.guards.holds(env):
+                s.calls += 1
                 return self._run(s, env, state, args, kwargs)
-        return self._recapture(env, paths, args, kwargs)
+        found = self._miss(env, paths, args, kwargs)
+        if found is None:
+            return self._limit_call(args, kwargs)
+        s, env, state = found
+        s.calls += 1
+        return self._run(s, env, state, args, kwargs)
 
-    def _recapture(self, env: GuardEnv, paths: list[str], args: tuple, kwargs: dict) -> Any:
+    def _flatten(self, args: tuple, kwargs: dict) -> tuple[Any, list[Any], list[str]]:
+        try:
+            return self.adapter.flatten(args, kwargs)
+        except TypeError as exc:
+            raise CompiledInputError(str(exc)) from None
+
+    def _miss(
+        self, env: GuardEnv, paths: list[str], args: tuple, kwargs: dict
+    ) -> tuple[Specialization, GuardEnv, Sequence[torch.Tensor]] | None:
+        """The specialization for a call no guard set admitted: one another thread added
+        meanwhile, else a new one (None: past the limit, run eagerly)."""
+        with _CAPTURE_LOCK, self.lock:
+            state = self.fetch()
+            env = GuardEnv(env.spec, env.leaves, self.fn, state)
+            for s in self.specializations:
+                if s.guards.holds(env):
+                    return s, env, state
+            return self._recapture(env, paths, args, kwargs)
+
+    def _recapture(
+        self, env: GuardEnv, paths: list[str], args: tuple, kwargs: dict
+    ) -> tuple[Specialization, GuardEnv, Sequence[torch.Tensor]] | None:
         reason = None
+        settings = call_state()
         if self.specializations:
             last = self.specializations[-1]
             _check_kinds(last.program, env, paths)
             failures = last.guards.explain(env) or ["no guard failed (internal)"]
             reason = "; ".join(failures)
             if len(self.specializations) >= self.recompile_limit:
-                return self._limit_reached(reason, args, kwargs)
+                self._limit_reached(reason)
+                return None
         if self.state is not None and not self.state.structure_intact():
             self.state = ModuleState(self.state.module)
             self.fetch = StateFetcher(self.state)
@@ -273,7 +331,7 @@ class _Engine:
         recorder = None
         if prog is None:
             prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
-        _report(prog, stacklevel=4)
+        _report(prog, stacklevel=5)
         state = self.fetch()
         try:
             compiled = self._compile(prog, state, store)
@@ -289,12 +347,11 @@ class _Engine:
             if recorder is not None and parts is not None:
                 note = _save_snapshot(store, parts, prog, recorder, compiled, note)
             compiled.manifest.cache["capture"] = note
-        spec = Specialization(prog, compiled, reason)
+        spec = Specialization(prog, compiled, reason, settings)
         self.specializations.append(spec)
         if reason is not None:
             self.recompile_reasons.append(reason)
-        env = GuardEnv(env.spec, env.leaves, self.fn, state)
-        return self._run(spec, env, state, args, kwargs)
+        return spec, GuardEnv(env.spec, env.leaves, self.fn, state), state
 
     def _capture(
         self, args: tuple, kwargs: dict, record: bool, seconds: dict[str, float]
@@ -344,9 +401,9 @@ class _Engine:
         prog, note = load_snapshot(store, parts, env.spec, env.leaves, paths, self.state, env.state)
         return prog, parts, note
 
-    def _limit_reached(self, reason: str, args: tuple, kwargs: dict) -> Any:
+    def _limit_reached(self, reason: str) -> None:
         """NOTE: never silent: an error by default; the eager fallback warns once and is
-        recorded (``plait.explain``) with every call it ran."""
+        recorded (``plait.explain``) with every call it ran (:meth:`_limit_call`)."""
         message = (
             f"{self.adapter.name}: reached the recompile limit "
             f"({self.recompile_limit} specializations); this call failed: {reason}"
@@ -361,11 +418,58 @@ class _Engine:
             warnings.warn(
                 f"plait runs calls that miss every specialization eagerly: {message}",
                 CaptureFallbackWarning,
-                stacklevel=5,
+                stacklevel=6,
             )
             self.limit_fallback = {"reason": message, "calls": 0}
+
+    def _limit_call(self, args: tuple, kwargs: dict) -> Any:
+        assert self.limit_fallback is not None
         self.limit_fallback["calls"] += 1
         return self.fn(*args, **kwargs)
+
+    # --- the artifact protocol (what plait.conformance drives) --------------------------------
+    def uses(self) -> list[SpecializationUse]:
+        return [SpecializationUse.of(i, s) for i, s in enumerate(list(self.specializations))]
+
+    def _by_key(self, key: str) -> Specialization:
+        for s in list(self.specializations):
+            if s.key == key:
+                return s
+        known = [s.key for s in self.specializations]
+        raise KeyError(f"{self.adapter.name}: no specialization {key!r}; known: {known}")
+
+    def _pinned_env(
+        self, key: str, args: tuple, kwargs: dict
+    ) -> tuple[Specialization, GuardEnv, Sequence[torch.Tensor], list[str]]:
+        s = self._by_key(key)
+        spec, leaves, _ = self._flatten(args, kwargs)
+        state = self.fetch()
+        env = GuardEnv(spec, leaves, self.fn, state)
+        failed = [] if s.guards.holds(env) else s.guards.explain(env) or ["a guard failed"]
+        return s, env, state, failed
+
+    def guard_failures(self, key: str, args: tuple, kwargs: dict) -> list[str]:
+        return self._pinned_env(key, args, kwargs)[3]
+
+    def call_specialization(self, key: str, args: tuple, kwargs: dict) -> Any:
+        s, env, state, failed = self._pinned_env(key, args, kwargs)
+        if failed:
+            raise SpecializationMissError(
+                f"{self.adapter.name}: specialization {s.key} does not admit this call (it "
+                f"would compile another): {'; '.join(failed)}"
+            )
+        return self._run(s, env, state, args, kwargs)
+
+    def specialize(self, args: tuple, kwargs: dict) -> SpecializationUse:
+        spec, leaves, paths = self._flatten(args, kwargs)
+        env = GuardEnv(spec, leaves, self.fn, self.fetch())
+        found = self._miss(env, paths, args, kwargs)
+        if found is None:
+            raise RecompileLimitError(
+                f"{self.adapter.name}: reached the recompile limit; no specialization to make"
+            )
+        s = found[0]
+        return SpecializationUse.of(self.specializations.index(s), s)
 
     def _run(
         self,
@@ -378,6 +482,52 @@ class _Engine:
         if s.executor is None:
             return self.fn(*args, **kwargs)  # the recorded eager fallback
         return s.program.run(s.executor, env, state)
+
+
+class SpecializationMissError(LookupError):
+    """A call pinned to one specialization (``call_specialization``) that its guards refuse."""
+
+
+@dataclass(frozen=True)
+class SpecializationUse:
+    """One specialization of a compiled callable as its users ran it (the public artifact
+    protocol: what :func:`plait.conformance.check` reads).
+
+    ``key`` names it (its program's semantic hash and its guard set), ``index`` its place in
+    ``compiled.specializations``, ``calls`` the user calls it ran, ``settings`` the settings
+    of those calls (grad mode, default dtype, autocast, threads, precision and determinism
+    flags: its guards pin each, so every call it runs had them; see
+    :func:`plait.backends.call_state`), ``guards`` its guard texts and ``manifest`` its
+    manifest. ``applied()`` runs a block under ``settings``.
+
+    Example:
+        >>> import torch, plait
+        >>> f = plait.compile(lambda x: x * 2, backend="eager", options={"cache": False})
+        >>> with torch.no_grad():
+        ...     _ = f(torch.randn(3))
+        >>> use = f.specialization_uses()[0]
+        >>> use.calls, use.settings["torch.is_grad_enabled()"]
+        (1, False)
+        >>> with use.applied():
+        ...     torch.equal(f.call_specialization(use.key, torch.ones(3)), torch.full((3,), 2.0))
+        True
+    """
+
+    index: int
+    key: str
+    calls: int
+    settings: Mapping[str, Any]
+    guards: tuple[str, ...]
+    manifest: Manifest
+
+    @classmethod
+    def of(cls, index: int, s: Specialization) -> SpecializationUse:
+        return cls(index, s.key, s.calls, dict(s.settings), tuple(s.guards.texts()), s.manifest)
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        with applied_state(self.settings):
+            yield
 
 
 def _save_snapshot(
@@ -437,6 +587,27 @@ class CompiledFunction:
     @property
     def recompile_reasons(self) -> list[str]:
         return self._plait.recompile_reasons
+
+    # --- the artifact protocol: what plait.conformance drives (docs/conformance.md) -------------
+    def specialization_uses(self) -> list[SpecializationUse]:
+        """Every specialization, with the user calls it ran and their settings."""
+        return self._plait.uses()
+
+    def guard_failures(self, key: str, *args: Any, **kwargs: Any) -> list[str]:
+        """The guards of specialization ``key`` that this call (under the current settings)
+        fails; empty when that specialization would run it."""
+        return self._plait.guard_failures(key, args, kwargs)
+
+    def call_specialization(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        """Run this call with specialization ``key`` and no other: never captures or compiles,
+        and is not counted as a user call. Raises :class:`SpecializationMissError` when its
+        guards refuse the call (under the current settings)."""
+        return self._plait.call_specialization(key, args, kwargs)
+
+    def specialize(self, *args: Any, **kwargs: Any) -> SpecializationUse:
+        """The specialization a call with these arguments runs under the current settings,
+        captured and compiled as a call would when there is none; the program is not run."""
+        return self._plait.specialize(args, kwargs)
 
 
 _SHARED = (
@@ -507,6 +678,27 @@ class CompiledModule(nn.Module):
     @property
     def recompile_reasons(self) -> list[str]:
         return self._plait.recompile_reasons
+
+    # --- the artifact protocol: what plait.conformance drives (docs/conformance.md) -------------
+    def specialization_uses(self) -> list[SpecializationUse]:
+        """Every specialization, with the user calls it ran and their settings."""
+        return self._plait.uses()
+
+    def guard_failures(self, key: str, *args: Any, **kwargs: Any) -> list[str]:
+        """The guards of specialization ``key`` that this call (under the current settings)
+        fails; empty when that specialization would run it."""
+        return self._plait.guard_failures(key, args, kwargs)
+
+    def call_specialization(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        """Run this call with specialization ``key`` and no other: never captures or compiles,
+        and is not counted as a user call. Raises :class:`SpecializationMissError` when its
+        guards refuse the call (under the current settings)."""
+        return self._plait.call_specialization(key, args, kwargs)
+
+    def specialize(self, *args: Any, **kwargs: Any) -> SpecializationUse:
+        """The specialization a call with these arguments runs under the current settings,
+        captured and compiled as a call would when there is none; the program is not run."""
+        return self._plait.specialize(args, kwargs)
 
 
 def compile(
