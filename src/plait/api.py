@@ -31,15 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.backends import (
-    BACKENDS,
-    KNOWN_OPTIONS,
-    Compiled,
-    CompileRequest,
-    applied_state,
-    call_state,
-    compile_program,
-)
+from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
 from plait.cache import Store, check_store_option, resolve_store
 from plait.cache.snapshots import forget_snapshot, front_parts, load_snapshot, save_snapshot
 from plait.cache.weight_digests import prefetch
@@ -64,6 +56,7 @@ from plait.frontend.snapshot import SnapshotUnreadable
 from plait.guards import StateFetcher
 from plait.ir import Graph, TensorType
 from plait.manifest import Explanation, Manifest, SpecializationReport
+from plait.settings import applied_state, call_state
 
 __all__ = [
     "Captured",
@@ -497,7 +490,7 @@ class SpecializationUse:
     ``compiled.specializations``, ``calls`` the user calls it ran, ``settings`` the settings
     of those calls (grad mode, default dtype, autocast, threads, precision and determinism
     flags: its guards pin each, so every call it runs had them; see
-    :func:`plait.backends.call_state`), ``guards`` its guard texts and ``manifest`` its
+    :func:`plait.settings.call_state`), ``guards`` its guard texts and ``manifest`` its
     manifest. ``applied()`` runs a block under ``settings``.
 
     Example:

@@ -29,6 +29,10 @@ PATTERN = re.compile(
 # NOTE: not the compiler: the gate reads what it compares under, and the ambient table itself.
 SKIP = ("conformance/", "guards/ambient.py")
 
+# NOTE: plait.settings reads (and re-applies) the settings every specialization's guards pin, for
+# the artifact protocol (which settings a user's calls ran under); it decides nothing compiled.
+_PROTOCOL = "the artifact protocol's settings of a call, each pinned by a guard"
+
 # (file, what it reads) -> what covers it
 COVERED = {
     ("frontend/guard_build.py", "is_grad_enabled"): "guard grad_mode",
@@ -61,6 +65,16 @@ COVERED = {
     ("cache/weight_digests.py", "cpu_count"): "hashing threads only: the same digests",
     ("api.py", "is_grad_enabled"): "whether to prefetch the weights digest (freezing is "
     "decided, and guarded, in backends.py)",
+    ("settings.py", "is_grad_enabled"): _PROTOCOL,
+    ("settings.py", "get_default_dtype"): _PROTOCOL,
+    ("settings.py", "is_autocast_enabled"): _PROTOCOL,
+    ("settings.py", "get_num_threads"): _PROTOCOL,
+    ("settings.py", "float32_matmul_precision"): _PROTOCOL,
+    ("settings.py", "allow_tf32"): _PROTOCOL,
+    ("settings.py", "fp32_precision"): _PROTOCOL,
+    ("settings.py", "deterministic_algorithms"): _PROTOCOL,
+    ("settings.py", "mkldnn.enabled"): _PROTOCOL,
+    ("settings.py", "cudnn."): _PROTOCOL,
     ("codegen/packed.py", "_get_mkldnn"): "not a setting: mkldnn._get_mkldnn_serialized_md, a "
     "prepacked weight's descriptor (entries are keyed by PyTorch's build and the CPU)",
 }

@@ -18,7 +18,7 @@ from plait.conformance.compare import Budget, unit_roundoff
 from plait.conformance.draws import LAYOUTS, draw_like
 from plait.conformance.gate import check
 from plait.conformance.gradcheck import gradcheck_fd
-from plait.conformance.report import Anchored, ConformanceError, Failure, Report
+from plait.conformance.report import Anchored, ConformanceError, Failure, Judged, Report
 
 __all__ = [
     "LAYOUTS",
@@ -26,6 +26,7 @@ __all__ = [
     "Budget",
     "ConformanceError",
     "Failure",
+    "Judged",
     "Report",
     "check",
     "draw_like",

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import plait.contract
+from plait.conformance.artifact import NeedsAnotherSpecialization, contexts, ieee_problem
 from plait.conformance.compare import identical
 from plait.conformance.draws import (
     Args,
@@ -97,23 +98,65 @@ def check(
         report.add(Failure("error", "setup", "buffers", "all cases", msg))
     anchor = _Anchor.build(reference, ref, reference64, report)
     cases = _draws(inputs, draws, stress, seed, report)
+    on = _devices(devices, cases, report)
+    # NOTE: a compiled candidate is judged as its users' calls run it: per group of their
+    # settings, every case under those settings, pinned to their specializations (made, when
+    # there is no user call yet, under the caller's settings: outside ieee_float32)
+    judged = contexts(candidate, cases[0][1], grads, report)
     try:
         with ieee_float32():
-            for device in _devices(devices, cases, report):
-                with _on_device([ref.module, cand.module], device):
-                    for index, (label, args) in enumerate(cases):
-                        for layout in layouts:
-                            laid, changed = apply_layout(to_device(args, device), layout)
-                            if layout != "contiguous" and not changed:
-                                report.note(f"layout {layout}: no 4-D/5-D float input, skipped")
-                                continue
-                            case = Case(label, laid, layout, device)
-                            _check_case(report, judge, case, ref, cand, anchor, grads, seed + index)
+            for context in judged:
+                pinned = Program(context.call, cand.module, cand.initial)
+                with context.enter():
+                    for device in on:
+                        problem = ieee_problem(context.settings, _on_cuda(device, cases))
+                        if problem is not None:
+                            msg = (
+                                f"the user's calls ran with {problem}: the contract judges IEEE "
+                                "float32, which would need a specialization those calls never ran"
+                            )
+                            where = context.label or "all cases"
+                            report.add(Failure("error", "specialization", "settings", where, msg))
+                            continue
+                        with _on_device([ref.module, cand.module], device):
+                            for index, (label, args) in enumerate(cases):
+                                if context.label is not None:
+                                    label = f"{label}, {context.label}"
+                                for layout in layouts:
+                                    laid, changed = apply_layout(to_device(args, device), layout)
+                                    if layout != "contiguous" and not changed:
+                                        report.note(
+                                            f"layout {layout}: no 4-D/5-D float input, skipped"
+                                        )
+                                        continue
+                                    case = Case(label, laid, layout, device)
+                                    _check_case(
+                                        report,
+                                        judge,
+                                        case,
+                                        ref,
+                                        pinned,
+                                        anchor,
+                                        context.grads,
+                                        seed + index,
+                                        context.label,
+                                        context.input_grads,
+                                    )
         judge.pool.finalize(report)
     finally:
         ref.reset()
         cand.reset()
     return report
+
+
+def _on_cuda(device: str | None, cases: list[tuple[str, Args]]) -> bool:
+    if device is not None:
+        return torch.device(device).type == "cuda"
+    return any(
+        isinstance(t, torch.Tensor) and t.is_cuda
+        for _, args in cases
+        for _, t in leaves(args, "input")
+    )
 
 
 def _check_case(
@@ -125,9 +168,11 @@ def _check_case(
     anchor: _Anchor,
     grads: bool,
     seed: int,
+    context: str | None = None,
+    input_grads: bool | None = None,
 ) -> None:
     label, cuda = str(case), _uses_cuda(case)
-    r1 = run(ref, case.args, rng_seed=seed, grads=grads, cuda=cuda)
+    r1 = run(ref, case.args, rng_seed=seed, grads=grads, input_grads=input_grads, cuda=cuda)
     if r1.error is not None:
         msg = f"the reference raised {r1.error!r}: these inputs are outside its domain"
         report.add(Failure("error", "setup", "reference", label, msg))
@@ -136,13 +181,15 @@ def _check_case(
     if grads and not cot:
         report.note(f"{label}: grads asked for, but no output of the reference is differentiable")
     _backward(r1, ref, cot, grads)
-    r2 = run(ref, case.args, rng_seed=seed, grads=grads, cuda=cuda)
+    r2 = run(ref, case.args, rng_seed=seed, grads=grads, input_grads=input_grads, cuda=cuda)
     _backward(r2, ref, cot, grads)
     pooled = not case.label.startswith("stress")
-    z = anchor.run(case.args, r1, seed, cot, grads, report) if pooled else None
+    z = anchor.run(case.args, r1, seed, cot, grads, report, input_grads) if pooled else None
     group = f"layout {case.layout}, device {case.device_name}" if pooled else None
-    others = _baseline_runs(judge, case, ref, seed, cot, grads) if z is not None else {}
-    first = run(cand, case.args, rng_seed=seed, grads=grads, cuda=cuda)
+    if group is not None and context is not None:
+        group = f"{group}, {context}"
+    others = _baseline_runs(judge, case, ref, seed, cot, grads, input_grads) if z else {}
+    first = run(cand, case.args, rng_seed=seed, grads=grads, input_grads=input_grads, cuda=cuda)
     _backward(first, cand, cot, grads)
     if _raised(report, first, label, "first call"):
         return
@@ -150,7 +197,7 @@ def _check_case(
     check_input_aliases(report, label, r1, first)
     snapshot = _snapshot(first)
     poison(first, ref.storages() | cand.storages() | first.input_storages)
-    second = run(cand, case.args, rng_seed=seed, grads=grads, cuda=cuda)
+    second = run(cand, case.args, rng_seed=seed, grads=grads, input_grads=input_grads, cuda=cuda)
     _backward(second, cand, cot, grads)
     if _raised(report, second, label, "second call"):
         return
@@ -169,6 +216,7 @@ def _baseline_runs(
     seed: int,
     cot: dict[str, torch.Tensor],
     grads: bool,
+    input_grads: bool | None,
 ) -> dict[str, Run]:
     """Eager on the same inputs in each of the contract's baseline layouts other than the case's
     own (where the layout changes an input): PyTorch picks other kernels there, of other accuracy,
@@ -180,7 +228,9 @@ def _baseline_runs(
         args, _ = apply_layout(case.args, layout)
         if not _restrided(case.args, args):
             continue
-        result = run(ref, args, rng_seed=seed, grads=grads, cuda=_uses_cuda(case))
+        result = run(
+            ref, args, rng_seed=seed, grads=grads, input_grads=input_grads, cuda=_uses_cuda(case)
+        )
         _backward(result, ref, cot, grads)
         if result.error is None:
             out[layout] = result
@@ -203,6 +253,9 @@ def _backward(result: Run, program: Program, cot: dict[str, torch.Tensor], grads
 def _raised(report: Report, result: Run, label: str, which: str) -> bool:
     if result.error is None:
         return False
+    if isinstance(result.error, NeedsAnotherSpecialization):
+        report.add(Failure("error", "specialization", "candidate", label, str(result.error)))
+        return True
     msg = f"candidate {which} raised {type(result.error).__name__}: {result.error}"
     report.add(Failure("error", "exception", "candidate", label, msg))
     return True
@@ -254,12 +307,20 @@ class _Anchor:
         cot: dict[str, torch.Tensor],
         grads: bool,
         report: Report,
+        input_grads: bool | None = None,
     ) -> Run | None:
         if self.program is None or not _needs_anchor(eager):
             if self.program is not None:
                 report.note("reference computes in float64: judged by float64 tolerances alone")
             return None
-        result = run(self.program, to_float64(args), rng_seed=seed, grads=grads, cuda=False)
+        result = run(
+            self.program,
+            to_float64(args),
+            rng_seed=seed,
+            grads=grads,
+            input_grads=input_grads,
+            cuda=False,
+        )
         if grads and result.error is None:
             backward(result, self.program, {k: v.double() for k, v in cot.items()})
         problem = _anchor_problem(result, eager)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Severity = Literal["error", "warning"]
 
@@ -83,6 +83,34 @@ class Anchored:
         return _ratio(self.rms_error, self.rms_budget), _ratio(self.error, self.budget)
 
 
+@dataclass(frozen=True)
+class Judged:
+    """A specialization of a compiled candidate the gate judged: ``index`` in its
+    ``specializations``, ``key`` (its program and guard set), ``how`` it was chosen (the user
+    calls it ran, or made by the check), the ``semantic_hash`` and ``cache_key`` of its
+    manifest, its ``guards`` and the ``settings`` of the calls it runs (and the gate ran it
+    under)."""
+
+    index: int
+    key: str
+    how: str
+    semantic_hash: str
+    cache_key: str
+    guards: tuple[str, ...]
+    settings: dict[str, Any]
+
+    def __str__(self) -> str:
+        grad = self.settings.get("torch.is_grad_enabled()")
+        mode = "grad mode unknown" if grad is None else "grad mode" if grad else "no_grad"
+        parts = [f"specialization #{self.index} (key {self.key[:16]}", mode]
+        if self.semantic_hash:
+            parts.append(f"program {self.semantic_hash[:16]}")
+        if self.cache_key:
+            parts.append(f"cache key {self.cache_key[:16]}")
+        parts.append(f"{len(self.guards)} guards)")
+        return ", ".join(parts) + f": {self.how}"
+
+
 def _ratio(error: float, budget: float) -> float:
     if budget > 0:
         return error / budget
@@ -95,7 +123,8 @@ class Report:
 
     ``margins`` maps each anchored value to the share of its model-rule budget it used (worst
     error / budget; above 1 is a failure), to show how close a passing candidate came;
-    ``anchored`` holds the statistics behind each (:class:`Anchored`).
+    ``anchored`` holds the statistics behind each (:class:`Anchored`). ``judged`` names the
+    specializations of a compiled candidate that were judged (:class:`Judged`).
 
     Example:
         >>> r = Report()
@@ -112,6 +141,7 @@ class Report:
     contract_version: str = ""
     margins: dict[str, float] = field(default_factory=dict)
     anchored: dict[str, Anchored] = field(default_factory=dict)
+    judged: list[Judged] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -160,6 +190,7 @@ class Report:
             f"warning(s), {total} checks (contract {self.contract_version or '?'})"
         ]
         shown = self.errors[:20] + self.warnings[:10]
+        lines += [f"  judged: {j}" for j in self.judged]
         lines += [f"  {f}" for f in shown]
         hidden = len(self.failures) - len(shown)
         if hidden > 0:

@@ -76,14 +76,24 @@ class Program:
         return {t.untyped_storage().data_ptr() for t in tensors}
 
 
-def run(program: Program, args: Args, *, rng_seed: int, grads: bool, cuda: bool) -> Run:
+def run(
+    program: Program,
+    args: Args,
+    *,
+    rng_seed: int,
+    grads: bool,
+    cuda: bool,
+    input_grads: bool | None = None,
+) -> Run:
     """Call ``program`` on a private copy of ``args`` with the global RNG seeded to ``rng_seed``.
 
-    With ``grads`` the float inputs require grad and the forward runs with grad enabled; call
-    :func:`backward` afterwards with the cotangents.
+    With ``grads`` the forward runs with grad enabled and, unless ``input_grads`` is False, the
+    float inputs require grad (``input_grads=True`` without ``grads``: they require grad, as a
+    compiled candidate's users' inputs did); call :func:`backward` afterwards with the cotangents.
     """
     program.reset()
-    copied, named_inputs = fresh_copy(args, requires_grad=grads)
+    requires_grad = grads if input_grads is None else input_grads
+    copied, named_inputs = fresh_copy(args, requires_grad=requires_grad)
     result = Run(inputs_after=copied, input_storages=storages(copied), named_inputs=named_inputs)
     try:
         with seeded(rng_seed, cuda), torch.enable_grad() if grads else _nullctx():
