@@ -1,14 +1,18 @@
 """The calling convention of a captured program: bind a call to the signature, flatten it.
 
-Arguments are bound to the callable's signature (defaults applied), so a wrong call fails the way
-Python would, and every leaf gets a readable path (``x``, ``batch['ids']``, ``args[1]``) that
-guards and error messages use.
+Arguments are bound to the callable's signature, so a wrong call fails the way Python would, and
+every leaf gets a readable path (``x``, ``batch['ids']``, ``args[1]``) that guards and error
+messages use. NOTE: defaults are never applied: an argument the call leaves out is left out of
+the call the program receives too (decorators such as Hugging Face's fill some in themselves,
+and a default passed back as an argument collided with them).
 
 Example:
     >>> adapter = InputAdapter(lambda x, scale=2.0: x)
     >>> spec, leaves, paths = adapter.flatten((1,), {})
     >>> leaves, paths
-    ([1, 2.0], ['x', 'scale'])
+    ([1], ['x'])
+    >>> adapter.flatten((1,), {"scale": 3.0})[1:]
+    ([1, 3.0], ['x', 'scale'])
 """
 
 from __future__ import annotations
@@ -32,14 +36,14 @@ class InputAdapter:
         self.name = getattr(target, "__qualname__", type(fn).__name__)
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
-        """Named arguments in signature order; raises TypeError like the callable would."""
+        """The arguments the call passed, by name in signature order (defaults not applied);
+        raises TypeError like the callable would."""
         if self.signature is None:
             return {"args": tuple(args), "kwargs": dict(kwargs)}
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"{self.name}(): {exc}") from None
-        bound.apply_defaults()
         return dict(bound.arguments)
 
     def flatten(self, args: tuple, kwargs: dict) -> tuple[Any, list[Any], list[str]]:
