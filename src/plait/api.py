@@ -158,7 +158,9 @@ class Specialization:
     compiled: Compiled
     reason: str | None  # why it was captured: None for the first, else the failed guards
     settings: dict[str, Any] = field(default_factory=dict)  # the call's, when it was created
-    calls: int = 0  # user calls it ran (the gate's pinned calls are not counted)
+    # NOTE: user calls it ran (not the gate's pinned calls), counted without a lock: concurrent
+    # calls may undercount, never to 0 once one ran
+    calls: int = 0
     guards: GuardSet = field(init=False)
     key: str = field(init=False)
 
