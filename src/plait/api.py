@@ -561,29 +561,13 @@ def _check_kinds(prog: CapturedProgram, env: GuardEnv, paths: list[str]) -> None
             )
 
 
-class CompiledFunction:
-    """A compiled function: call it like the original. ``specializations`` and
-    ``recompile_reasons`` record what was captured and why."""
+class _ArtifactProtocol:
+    """The public artifact protocol of compiled callables: what :mod:`plait.conformance`
+    drives (docs/conformance.md), the specializations with the user calls each ran, and calls
+    pinned to one of them."""
 
-    def __init__(self, fn: Callable[..., Any], engine: _Engine) -> None:
-        functools.update_wrapper(self, fn)
-        self._plait = engine
+    _plait: _Engine
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._plait(args, kwargs)
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        return self if obj is None else functools.partial(self, obj)
-
-    @property
-    def specializations(self) -> list[Specialization]:
-        return self._plait.specializations
-
-    @property
-    def recompile_reasons(self) -> list[str]:
-        return self._plait.recompile_reasons
-
-    # --- the artifact protocol: what plait.conformance drives (docs/conformance.md) -------------
     def specialization_uses(self) -> list[SpecializationUse]:
         """Every specialization, with the user calls it ran and their settings."""
         return self._plait.uses()
@@ -605,6 +589,29 @@ class CompiledFunction:
         return self._plait.specialize(args, kwargs)
 
 
+class CompiledFunction(_ArtifactProtocol):
+    """A compiled function: call it like the original. ``specializations`` and
+    ``recompile_reasons`` record what was captured and why."""
+
+    def __init__(self, fn: Callable[..., Any], engine: _Engine) -> None:
+        functools.update_wrapper(self, fn)
+        self._plait = engine
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._plait(args, kwargs)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else functools.partial(self, obj)
+
+    @property
+    def specializations(self) -> list[Specialization]:
+        return self._plait.specializations
+
+    @property
+    def recompile_reasons(self) -> list[str]:
+        return self._plait.recompile_reasons
+
+
 _SHARED = (
     "_parameters",
     "_buffers",
@@ -617,7 +624,7 @@ _SHARED = (
 )
 
 
-class CompiledModule(nn.Module):
+class CompiledModule(_ArtifactProtocol, nn.Module):
     """A compiled ``nn.Module`` that behaves as the module: it shares its parameters, buffers
     and submodules (``state_dict()`` keys are the module's own), ``train()``/``eval()`` switch
     the module, and attribute reads and writes go to it. Forward hooks registered on the
@@ -673,27 +680,6 @@ class CompiledModule(nn.Module):
     @property
     def recompile_reasons(self) -> list[str]:
         return self._plait.recompile_reasons
-
-    # --- the artifact protocol: what plait.conformance drives (docs/conformance.md) -------------
-    def specialization_uses(self) -> list[SpecializationUse]:
-        """Every specialization, with the user calls it ran and their settings."""
-        return self._plait.uses()
-
-    def guard_failures(self, key: str, *args: Any, **kwargs: Any) -> list[str]:
-        """The guards of specialization ``key`` that this call (under the current settings)
-        fails; empty when that specialization would run it."""
-        return self._plait.guard_failures(key, args, kwargs)
-
-    def call_specialization(self, key: str, *args: Any, **kwargs: Any) -> Any:
-        """Run this call with specialization ``key`` and no other: never captures or compiles,
-        and is not counted as a user call. Raises :class:`SpecializationMissError` when its
-        guards refuse the call (under the current settings)."""
-        return self._plait.call_specialization(key, args, kwargs)
-
-    def specialize(self, *args: Any, **kwargs: Any) -> SpecializationUse:
-        """The specialization a call with these arguments runs under the current settings,
-        captured and compiled as a call would when there is none; the program is not run."""
-        return self._plait.specialize(args, kwargs)
 
 
 def compile(
