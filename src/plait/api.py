@@ -226,8 +226,8 @@ class _Engine:
 
     NOTE: thread safety. The fast path takes no lock: the table only grows, each entry appended
     whole. A miss holds the process-wide capture lock, then ``self.lock``, and looks again
-    before capturing (another thread may have added the specialization while this one waited):
-    concurrent first calls capture once."""
+    (:meth:`_admitted`: another thread may have added the specialization while this one
+    waited) before capturing: concurrent first calls capture once."""
 
     def __init__(
         self,
@@ -275,7 +275,9 @@ class _Engine:
             if s.guards.holds(env):
                 s.calls += 1
                 return self._run(s, env, state, args, kwargs)
-        found = self._miss(env, paths, args, kwargs)
+        # NOTE: the miss path, inline: warnings count the frames up to the user's call
+        with _CAPTURE_LOCK, self.lock:
+            found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
         if found is None:
             return self._limit_call(args, kwargs)
         s, env, state = found
@@ -288,18 +290,17 @@ class _Engine:
         except TypeError as exc:
             raise CompiledInputError(str(exc)) from None
 
-    def _miss(
-        self, env: GuardEnv, paths: list[str], args: tuple, kwargs: dict
+    def _admitted(
+        self, env: GuardEnv
     ) -> tuple[Specialization, GuardEnv, Sequence[torch.Tensor]] | None:
-        """The specialization for a call no guard set admitted: one another thread added
-        meanwhile, else a new one (None: past the limit, run eagerly)."""
-        with _CAPTURE_LOCK, self.lock:
-            state = self.fetch()
-            env = GuardEnv(env.spec, env.leaves, self.fn, state)
-            for s in self.specializations:
-                if s.guards.holds(env):
-                    return s, env, state
-            return self._recapture(env, paths, args, kwargs)
+        """Under the locks, after a miss: the specialization another thread added meanwhile
+        for this call, if one admits it."""
+        state = self.fetch()
+        env = GuardEnv(env.spec, env.leaves, self.fn, state)
+        for s in self.specializations:
+            if s.guards.holds(env):
+                return s, env, state
+        return None
 
     def _recapture(
         self, env: GuardEnv, paths: list[str], args: tuple, kwargs: dict
@@ -326,7 +327,7 @@ class _Engine:
         recorder = None
         if prog is None:
             prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
-        _report(prog, stacklevel=5)
+        _report(prog, stacklevel=4)
         state = self.fetch()
         try:
             compiled = self._compile(prog, state, store)
@@ -413,7 +414,7 @@ class _Engine:
             warnings.warn(
                 f"plait runs calls that miss every specialization eagerly: {message}",
                 CaptureFallbackWarning,
-                stacklevel=6,
+                stacklevel=5,
             )
             self.limit_fallback = {"reason": message, "calls": 0}
 
@@ -458,7 +459,8 @@ class _Engine:
     def specialize(self, args: tuple, kwargs: dict) -> SpecializationUse:
         spec, leaves, paths = self._flatten(args, kwargs)
         env = GuardEnv(spec, leaves, self.fn, self.fetch())
-        found = self._miss(env, paths, args, kwargs)
+        with _CAPTURE_LOCK, self.lock:
+            found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
         if found is None:
             raise RecompileLimitError(
                 f"{self.adapter.name}: reached the recompile limit; no specialization to make"

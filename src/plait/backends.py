@@ -231,7 +231,7 @@ def _compile(
         "frozen": frozen,
     }
     if req.backend == "stax" and needs_grad:
-        warnings.warn(f"plait stax: {_GRAD_REASON}", CaptureFallbackWarning, stacklevel=8)
+        warnings.warn(f"plait stax: {_GRAD_REASON}", CaptureFallbackWarning, stacklevel=7)
         m.fallbacks.append({"what": _GRAD_FALLBACK, "reason": _GRAD_REASON})
         m.executor = {"backend": "eager", "requested": "stax"}
         return Compiled(_eager_executor(graph.inputs, optimized), m, guards, optimized)
@@ -254,7 +254,7 @@ def _restore(req: CompileRequest, saved: SavedCompile) -> Compiled:
     m.timings = dict(saved.seconds)
     if any(f.get("what") == _GRAD_FALLBACK for f in m.fallbacks):
         # NOTE: never silent, warm or cold
-        warnings.warn(f"plait stax: {_GRAD_REASON}", CaptureFallbackWarning, stacklevel=9)
+        warnings.warn(f"plait stax: {_GRAD_REASON}", CaptureFallbackWarning, stacklevel=8)
     slots = _state_slots(prog)
     used = list(slots.values())
     guards = frozen_guards({n: slots[n] for n in saved.frozen}, list(req.state), used)

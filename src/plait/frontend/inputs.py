@@ -1,18 +1,23 @@
 """The calling convention of a captured program: bind a call to the signature, flatten it.
 
-Arguments are bound to the callable's signature, so a wrong call fails the way Python would, and
-every leaf gets a readable path (``x``, ``batch['ids']``, ``args[1]``) that guards and error
-messages use. NOTE: defaults are never applied: an argument the call leaves out is left out of
-the call the program receives too (decorators such as Hugging Face's fill some in themselves,
-and a default passed back as an argument collided with them).
+Arguments are bound to the callable's signature (defaults applied), so a wrong call fails the way
+Python would, and every leaf gets a readable path (``x``, ``batch['ids']``, ``args[1]``) that
+guards and error messages use.
+
+NOTE: defaults are applied only where that cannot change what the program sees: for a plain
+function or ``forward``. A decorated one (``functools.wraps``: Hugging Face's models) shows the
+signature of the function it wraps, not what the wrapper does with a missing argument (it may
+fill it in itself: a default passed back collided with it), so its calls are passed on as made.
 
 Example:
     >>> adapter = InputAdapter(lambda x, scale=2.0: x)
     >>> spec, leaves, paths = adapter.flatten((1,), {})
     >>> leaves, paths
+    ([1, 2.0], ['x', 'scale'])
+    >>> import functools
+    >>> wrapped = InputAdapter(functools.wraps(lambda x, scale=2.0: x)(lambda *a, **k: a[0]))
+    >>> wrapped.flatten((1,), {})[1:]
     ([1], ['x'])
-    >>> adapter.flatten((1,), {"scale": 3.0})[1:]
-    ([1, 3.0], ['x', 'scale'])
 """
 
 from __future__ import annotations
@@ -34,16 +39,22 @@ class InputAdapter:
         except (TypeError, ValueError):
             self.signature = None
         self.name = getattr(target, "__qualname__", type(fn).__name__)
+        try:
+            self.defaults = inspect.unwrap(target) is target  # see the module's NOTE
+        except ValueError:  # NOTE: a cycle of __wrapped__: a wrapper all the same
+            self.defaults = False
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
-        """The arguments the call passed, by name in signature order (defaults not applied);
-        raises TypeError like the callable would."""
+        """Named arguments in signature order (defaults applied unless the callable is a
+        wrapper); raises TypeError like the callable would."""
         if self.signature is None:
             return {"args": tuple(args), "kwargs": dict(kwargs)}
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"{self.name}(): {exc}") from None
+        if self.defaults:
+            bound.apply_defaults()
         return dict(bound.arguments)
 
     def flatten(self, args: tuple, kwargs: dict) -> tuple[Any, list[Any], list[str]]:
