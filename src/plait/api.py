@@ -268,7 +268,10 @@ class _Engine:
         self.lock = threading.RLock()
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
-        spec, leaves, paths = self._flatten(args, kwargs)
+        try:
+            spec, leaves, paths = self.adapter.flatten(args, kwargs)
+        except TypeError as exc:
+            raise CompiledInputError(str(exc)) from None
         state = self.fetch()
         env = GuardEnv(spec, leaves, self.fn, state)
         for s in self.specializations:
