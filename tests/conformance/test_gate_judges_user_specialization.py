@@ -175,3 +175,13 @@ def test_the_readme_usage_example_runs_and_passes() -> None:
     report = scope["report"]
     assert report.ok and report.judged, report  # type: ignore[attr-defined]
     assert "ran 1 user call(s)" in report.judged[0].how  # type: ignore[attr-defined]
+
+
+def test_a_first_call_that_cannot_be_made_is_a_finding() -> None:
+    def reads_data(x: torch.Tensor) -> torch.Tensor:
+        return x * float(x.sum())  # NOTE: a data read: fullgraph capture refuses it
+
+    compiled = plait.compile(reads_data, fullgraph=True, options={"cache": False})
+    report = plait.conformance.check(reads_data, compiled, (_x(),))
+    assert report.caught("candidate", "exception"), report
+    assert "GraphCaptureError" in str(report)

@@ -58,8 +58,13 @@ def contexts(candidate: Any, example: Sequence[Any], grads: bool, report: Report
     uses = [u for u in candidate.specialization_uses() if u.calls > 0]
     how = "ran {calls} user call(s)"
     if not uses:
-        with torch.enable_grad() if grads else contextlib.nullcontext():
-            made = candidate.specialize(*fresh_copy(tuple(example), requires_grad=grads)[0])
+        try:
+            with torch.enable_grad() if grads else contextlib.nullcontext():
+                made = candidate.specialize(*fresh_copy(tuple(example), requires_grad=grads)[0])
+        except Exception as exc:  # NOTE: as a raising first call: a finding, not a crash
+            msg = f"making the specialization a first call makes raised {type(exc).__name__}: {exc}"
+            report.add(Failure("error", "exception", "candidate", "all cases", msg))
+            return []
         uses = [made]
         how = "made by this check: the specialization a first call makes under its settings"
         report.note(

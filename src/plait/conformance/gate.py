@@ -18,7 +18,12 @@ import torch
 from torch import nn
 
 import plait.contract
-from plait.conformance.artifact import NeedsAnotherSpecialization, contexts, ieee_problem
+from plait.conformance.artifact import (
+    Context,
+    NeedsAnotherSpecialization,
+    contexts,
+    ieee_problem,
+)
 from plait.conformance.compare import identical
 from plait.conformance.draws import (
     Args,
@@ -106,47 +111,52 @@ def check(
     try:
         with ieee_float32():
             for context in judged:
-                pinned = Program(context.call, cand.module, cand.initial)
                 with context.enter():
                     for device in on:
-                        problem = ieee_problem(context.settings, _on_cuda(device, cases))
-                        if problem is not None:
-                            msg = (
-                                f"the user's calls ran with {problem}: the contract judges IEEE "
-                                "float32, which would need a specialization those calls never ran"
-                            )
-                            where = context.label or "all cases"
-                            report.add(Failure("error", "specialization", "settings", where, msg))
-                            continue
-                        with _on_device([ref.module, cand.module], device):
-                            for index, (label, args) in enumerate(cases):
-                                if context.label is not None:
-                                    label = f"{label}, {context.label}"
-                                for layout in layouts:
-                                    laid, changed = apply_layout(to_device(args, device), layout)
-                                    if layout != "contiguous" and not changed:
-                                        report.note(
-                                            f"layout {layout}: no 4-D/5-D float input, skipped"
-                                        )
-                                        continue
-                                    case = Case(label, laid, layout, device)
-                                    _check_case(
-                                        report,
-                                        judge,
-                                        case,
-                                        ref,
-                                        pinned,
-                                        anchor,
-                                        context.grads,
-                                        seed + index,
-                                        context.label,
-                                        context.input_grads,
-                                    )
+                        _check_device(report, judge, context, device, cases, layouts, ref, cand,
+                                      anchor, seed)  # fmt: skip
         judge.pool.finalize(report)
     finally:
         ref.reset()
         cand.reset()
     return report
+
+
+def _check_device(
+    report: Report,
+    judge: Judge,
+    context: Context,
+    device: str | None,
+    cases: list[tuple[str, Args]],
+    layouts: Sequence[str],
+    ref: Program,
+    cand: Program,
+    anchor: _Anchor,
+    seed: int,
+) -> None:
+    """Every case on ``device`` (every layout), the candidate called as ``context`` says."""
+    problem = ieee_problem(context.settings, _on_cuda(device, cases))
+    if problem is not None:
+        msg = (
+            f"the user's calls ran with {problem}: the contract judges IEEE float32, which "
+            "would need a specialization those calls never ran"
+        )
+        where = context.label or "all cases"
+        report.add(Failure("error", "specialization", "settings", where, msg))
+        return
+    pinned = Program(context.call, cand.module, cand.initial)
+    with _on_device([ref.module, cand.module], device):
+        for index, (label, args) in enumerate(cases):
+            if context.label is not None:
+                label = f"{label}, {context.label}"
+            for layout in layouts:
+                laid, changed = apply_layout(to_device(args, device), layout)
+                if layout != "contiguous" and not changed:
+                    report.note(f"layout {layout}: no 4-D/5-D float input, skipped")
+                    continue
+                case = Case(label, laid, layout, device)
+                _check_case(report, judge, case, ref, pinned, anchor, context.grads, seed + index,
+                            context.label, context.input_grads)  # fmt: skip
 
 
 def _on_cuda(device: str | None, cases: list[tuple[str, Args]]) -> bool:
