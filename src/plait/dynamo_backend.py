@@ -24,13 +24,14 @@ What the backend adds, per FX graph (:class:`DynamoGraph`):
 - ``dynamic`` follows the FX graph: symbolic sizes in it mean ``plait.compile(dynamic=True)``.
 
 Example:
-    >>> import torch, plait.dynamo_backend as pd
+    >>> import torch, plait.conformance, plait.dynamo_backend as pd
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU()).eval()
     >>> backend = pd.PlaitBackend(options={"cache": False})
     >>> compiled = torch.compile(model, backend=backend)
-    >>> x = torch.randn(2, 4)
-    >>> with torch.no_grad():
-    ...     torch.equal(compiled(x), model(x))
+    >>> with torch.no_grad():  # judged under the numerical contract, on fresh inputs
+    ...     report = plait.conformance.check(
+    ...         model, lambda x: compiled(x), (torch.randn(2, 4),), candidate_module=model)
+    >>> report.ok
     True
     >>> [g.state_paths for g in backend.graphs]
     [['0.weight', '0.bias']]
