@@ -24,6 +24,7 @@ from benchmarks.models.gpt2 import GPT2, GPT2Config
 from benchmarks.models.mlp import MLP
 from benchmarks.models.resnet import resnet18
 from plait.dynamo_backend import DynamoGraph, PlaitBackend, plait_backend
+from plait.errors import CaptureFallbackWarning
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -231,27 +232,46 @@ def test_plait_guards_hold_where_dynamo_does_not_guard() -> None:
     assert reason.startswith("torch.backends.mkldnn.enabled == True"), reason
 
 
-def test_dynamic_sizes_come_from_the_tensors() -> None:
-    """After a second batch size Dynamo compiles a graph with a symbolic batch and passes the
-    size as an argument; the program reads it from the tensor (plait's dynamic=True) and checks
-    it against Dynamo's argument."""
+def _dynamic_program(x: torch.Tensor) -> torch.Tensor:
+    return (x.reshape(x.shape[0], -1) * 2.0).tanh()
 
-    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return (x.reshape(x.shape[0], -1) * 2.0).tanh() @ w
 
-    backend = PlaitBackend()
-    compiled = torch.compile(f, backend=backend)
-    w = torch.randn(8, 3)
-    for batch in (3, 5, 7):
-        x = torch.randn(batch, 2, 4)
+def _judge_sizes(compiled: Callable[..., Any], batches: tuple[int, ...]) -> None:
+    for batch in batches:
         report = plait.conformance.check(
-            lambda x: f(x, w), lambda x: compiled(x, w), (x,), op_class="model", draws=2
+            _dynamic_program, compiled, _floats(batch, 2, 4), op_class="model", draws=2
         )
         assert report.ok, str(report)
+
+
+def test_a_graph_dynamo_made_dynamic_is_specialized_per_size_by_default() -> None:
+    """After a second batch size Dynamo compiles a graph with a symbolic batch; plait compiles
+    each size natively (Stax), behind its own shape guards, and past its recompile limit runs
+    the graph eagerly, warned and recorded (as torch.compile does on its own limit)."""
+    backend = PlaitBackend(options={"recompile_limit": 2})
+    compiled = torch.compile(_dynamic_program, backend=backend)
+    with pytest.warns(CaptureFallbackWarning, match="recompile limit"):
+        _judge_sizes(compiled, (3, 5, 7, 9))
     static, dynamic = backend.graphs
-    assert not static.dynamic and dynamic.dynamic
-    assert [s.kind for s in dynamic.slots] == ["size", "user", "user"]
-    assert all(s.manifest.options["dynamic"] for s in dynamic.compiled.specializations)
+    assert not static.symbolic and dynamic.symbolic and not dynamic.dynamic
+    specs = dynamic.compiled.specializations
+    assert len(specs) == 2 and all(s.manifest.options["backend"] == "stax" for s in specs)
+    assert "f32[7, 2, 4]" in dynamic.compiled.recompile_reasons[0]
+    limit = plait.explain(dynamic.compiled).limit_fallback
+    assert limit is not None and limit["calls"] > 0
+
+
+def test_dynamic_sizes_come_from_the_tensors() -> None:
+    """With options={"dynamic": True}, Dynamo's size argument is read from the tensor inside
+    the program (plait's symbol), so one specialization serves every batch size."""
+    backend = PlaitBackend(options={"dynamic": True})
+    compiled = torch.compile(_dynamic_program, backend=backend)
+    _judge_sizes(compiled, (3, 5, 7, 9))
+    _, dynamic = backend.graphs
+    assert [s.kind for s in dynamic.slots] == ["size", "user"]
+    (spec,) = dynamic.compiled.specializations
+    assert spec.manifest.options["dynamic"] and spec.graph is not None
+    assert any(not isinstance(d, int) for d in spec.graph.inputs[0].type.shape)
 
 
 def test_options_reach_plait_compile() -> None:

@@ -19,9 +19,16 @@ What the backend adds, per FX graph (:class:`DynamoGraph`):
   BatchNorm, prepack weights) behind its own guards on their identity and version: a weight
   changed in place or replaced is a plait recompile, never a stale answer.
 - Dynamo passes the sizes of dynamic dims as ``SymInt`` arguments. One that is the size of a
-  tensor argument's dim is read from that tensor inside the program (so plait's
+  tensor argument's dim is read from that tensor inside the program (so that plait's
   ``dynamic=True`` keeps it symbolic) and checked against Dynamo's argument on each call.
-- ``dynamic`` follows the FX graph: symbolic sizes in it mean ``plait.compile(dynamic=True)``.
+- Shapes: ``dynamic=False`` by default, even for a graph Dynamo made dynamic: Stax compiles
+  static shapes, and plait's ``dynamic=True`` makes every user dim symbolic (not only those
+  Dynamo chose), which either runs the reference interpreter or restarts capture with static
+  sizes. Each new size is then a plait specialization behind plait's guards. Ask for plait's
+  symbolic capture with ``options={"dynamic": True}``.
+- ``on_recompile_limit="eager"`` by default, as torch.compile does on its own limit: a call
+  past plait's recompile limit runs the FX graph eagerly, warned once and recorded for
+  ``plait.explain`` (``options={"on_recompile_limit": "raise"}`` makes it an error).
 
 Example:
     >>> import torch, plait.conformance, plait.dynamo_backend as pd
@@ -233,7 +240,9 @@ class DynamoGraph:
         self.gm = gm
         self.devices_prebuilt = _prebuild_devices(gm)
         self.slots, symbolic = _plan(gm)
-        keywords.setdefault("dynamic", bool(symbolic))
+        self.symbolic = symbolic  # Dynamo made some size of this graph symbolic
+        keywords.setdefault("dynamic", False)
+        options.setdefault("on_recompile_limit", "eager")
         self.dynamic = keywords["dynamic"]
         self.program = GraphProgram(gm, self.slots, example_inputs)
         self.compiled = plait_compile(self.program, mode=mode, options=options, **keywords)
@@ -278,7 +287,7 @@ class DynamoGraph:
         return (
             f"DynamoGraph(#{self.index}: {users} user inputs, {len(self.state_paths)} "
             f"parameters/buffers, {len(self._sizes)} sizes read from tensors, "
-            f"dynamic={self.dynamic})"
+            f"symbolic in Dynamo={self.symbolic}, plait dynamic={self.dynamic})"
         )
 
 
