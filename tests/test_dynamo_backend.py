@@ -25,6 +25,7 @@ from benchmarks.models.mlp import MLP
 from benchmarks.models.resnet import resnet18
 from plait.dynamo_backend import DynamoGraph, PlaitBackend, plait_backend
 from plait.errors import CaptureFallbackWarning
+from tests.util import assert_bitwise
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -155,6 +156,33 @@ def test_gradients_and_training_state_within_contract() -> None:
     for spec in specs:
         (grad,) = [f for f in spec.manifest.fallbacks if f["what"].startswith("backend stax")]
         assert "gradients can flow" in grad["reason"]
+
+
+class _WritesItsBias(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.linear.bias.add_(1.0)
+        return self.linear(x)
+
+
+def test_a_graph_that_writes_a_parameter_falls_back_loudly() -> None:
+    """Parameters are module state to plait, which never writes one inside a program: the FX
+    graph runs eagerly (warned, recorded), and the model's parameters move as eager's do."""
+    torch.manual_seed(0)
+    model = _WritesItsBias().eval()
+    reference = copy.deepcopy(model)
+    backend = PlaitBackend()
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(2, 4)
+    with torch.no_grad(), pytest.warns(CaptureFallbackWarning, match="in-place update"):
+        for _ in range(2):
+            assert_bitwise(compiled(x), reference(x), "output")  # eager runs the graph
+    assert_bitwise(model.linear.bias, reference.linear.bias, "bias")
+    (spec,) = _specializations(backend)
+    assert spec.fallback_reason is not None and "linear.bias" in spec.fallback_reason
 
 
 # --- graph breaks -------------------------------------------------------------------------
