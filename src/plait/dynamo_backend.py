@@ -247,8 +247,7 @@ class DynamoGraph:
         self.program = GraphProgram(gm, self.slots, example_inputs)
         self.compiled = plait_compile(self.program, mode=mode, options=options, **keywords)
         self._user = [i for i, s in enumerate(self.slots) if s.kind == "user"]
-        state = [i for i, s in enumerate(self.slots) if s.kind in ("param", "buffer")]
-        self._state = state
+        self._state = [i for i, s in enumerate(self.slots) if s.kind in ("param", "buffer")]
         self._bound: tuple[Any, ...] = tuple(table[attr] for table, attr in self.program._tables)
         self._sizes = [(i, s.tensor, s.dim) for i, s in enumerate(self.slots) if s.kind == "size"]
 
