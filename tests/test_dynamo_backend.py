@@ -106,6 +106,7 @@ def test_pyproject_registers_the_backend_for_torch_compile(monkeypatch: pytest.M
 
 
 # --- models under the contract ----------------------------------------------------------------
+@pytest.mark.slow
 def test_resnet18_one_graph_frozen_and_within_contract() -> None:
     torch.manual_seed(0)
     model = resnet18(num_classes=10).eval()
