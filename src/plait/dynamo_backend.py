@@ -42,6 +42,7 @@ Example:
     True
     >>> [g.state_paths for g in backend.graphs]
     [['0.weight', '0.bias']]
+    >>> torch._dynamo.reset()  # NOTE: Dynamo's cache refers to this example's namespace
 """
 
 from __future__ import annotations
@@ -303,6 +304,7 @@ class PlaitBackend:
         >>> x = torch.randn(3)
         >>> torch.equal(f(x), (x * 2).relu()), len(backend.graphs)
         (True, 1)
+        >>> torch._dynamo.reset()
     """
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
