@@ -198,10 +198,18 @@ def _capture_once(
 
 
 def _output_leaves(cx: CaptureContext, out: Any) -> tuple[Any, list[Any], list[Value]]:
+    cx.current = "returning the output"
+    hidden = pytree.find_hidden_in(out, lambda x: isinstance(x, Tracer), "output")
+    if hidden is not None:
+        # NOTE: never kept as a constant: it would return this capture's tensors on every call
+        cx.limitation(
+            f"the output holds a tensor at {hidden}, inside an object plait cannot rebuild; "
+            "return tensors in tuples, lists, dicts, namedtuples, torch.return_types or "
+            "dataclasses (ModelOutput)"
+        )
     out_spec, raw, _ = pytree.flatten(out, "output")
     leaves: list[Any] = []
     values: list[Value] = []
-    cx.current = "returning the output"
     for leaf in raw:
         if isinstance(leaf, Tracer):
             tr = cx.tracer(leaf)
@@ -217,23 +225,8 @@ def _output_leaves(cx: CaptureContext, out: Any) -> tuple[Any, list[Any], list[V
         elif isinstance(leaf, TracedInt):
             leaves.append(("value", cx.int(leaf)))
         else:
-            _check_opaque_output(cx, leaf)
             leaves.append(("value", leaf))
     return out_spec, leaves, values
-
-
-def _check_opaque_output(cx: CaptureContext, leaf: Any) -> None:
-    """An output plait cannot look into must not hold traced tensors (they would escape)."""
-    inner = (
-        list(leaf)
-        if isinstance(leaf, (set, frozenset))
-        else list(getattr(leaf, "__dict__", {}).values())
-    )
-    if any(isinstance(x, Tracer) for x in inner):
-        cx.limitation(
-            f"the output holds tensors inside a {type(leaf).__name__}; return "
-            "tuples, lists, dicts, namedtuples or dataclasses"
-        )
 
 
 def _finish(

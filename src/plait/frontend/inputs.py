@@ -65,7 +65,21 @@ class InputAdapter:
         if self.signature is None:
             return fn(*named["args"], **named["kwargs"])
         bound = inspect.BoundArguments(self.signature, named)
-        return fn(*bound.args, **bound.kwargs)
+        params = self.signature.parameters.values()
+        if any(p.kind is p.VAR_POSITIONAL for p in params):
+            return fn(*bound.args, **bound.kwargs)
+        # NOTE: what can be passed by keyword is: a wrapper that adds a keyword itself (Hugging
+        # Face's output decorators set use_cache) would otherwise get it twice.
+        args = [named[p.name] for p in params if p.kind is p.POSITIONAL_ONLY and p.name in named]
+        kwargs = {
+            p.name: named[p.name]
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name in named
+        }
+        var = [p.name for p in params if p.kind is p.VAR_KEYWORD]
+        if var and var[0] in named:
+            kwargs.update(named[var[0]])
+        return fn(*args, **kwargs)
 
 
 def _count(spec: Any) -> int:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.overrides import resolve_name
 
+from plait.frontend.pytree import is_named_sequence, same_type
 from plait.frontend.symints import TracedInt, TracedSize
 from plait.frontend.writes import write_targets
 from plait.ir.ops.extern import resolve_target
@@ -84,9 +85,9 @@ def _encode(x: Any, tensors: list[Any], tuples_ok: bool) -> Any:
         if struct.pack("<d", back) != struct.pack("<d", x):
             raise _NotLiteral(f"the float {x!r} does not survive a JSON round trip")
         return x
-    if type(x) in (tuple, torch.Size, TracedSize) and not tuples_ok:
+    if (type(x) in (tuple, torch.Size, TracedSize) or is_named_sequence(x)) and not tuples_ok:
         raise _NotLiteral("a tuple argument to a Python function would come back as a list")
-    if type(x) in (list, tuple, torch.Size, TracedSize):
+    if type(x) in (list, tuple, torch.Size, TracedSize) or is_named_sequence(x):
         return [_encode(v, tensors, tuples_ok) for v in x]
     raise _NotLiteral(f"a {type(x).__name__} argument has no JSON encoding the IR decodes")
 
@@ -160,5 +161,5 @@ def run_opaque(cx: CaptureContext, func: Any, args: tuple, kwargs: dict) -> Any:
         if w._root is not None:
             w._steps = None  # NOTE: an alias the IR cannot describe: never replayed or written
     if isinstance(out, (tuple, list)):
-        return type(out)(*wrapped) if hasattr(type(out), "_fields") else type(out)(wrapped)
+        return same_type(out, wrapped)
     return wrapped[0]

@@ -32,6 +32,7 @@ import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
 from plait.errors import GraphCaptureError
+from plait.frontend import pytree
 from plait.frontend.frames import user_frame
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.frontend.table import InPlace, Rule, Viewed, lookup
@@ -474,8 +475,8 @@ class CaptureContext:
             return plain_int(x)
         if isinstance(x, slice):  # NOTE: plain bounds, so PyTorch never specializes them
             return slice(plain_int(x.start), plain_int(x.stop), plain_int(x.step))
-        if type(x) in (list, tuple):
-            return type(x)(self.unwrap(v, found) for v in x)
+        if type(x) in (list, tuple) or pytree.is_named_sequence(x):
+            return pytree.same_type(x, [self.unwrap(v, found) for v in x])
         if isinstance(x, dict):
             return {k: self.unwrap(v, found) for k, v in x.items()}
         return x
@@ -517,9 +518,7 @@ class CaptureContext:
             if not isinstance(out, (tuple, list)) or len(out) != len(ir):
                 self.limitation("capture rule output does not match PyTorch's")
             items = [self.wrap(i, o, inputs, grad) for i, o in zip(ir, out)]
-            if hasattr(type(out), "_fields"):
-                return type(out)(*items)
-            return type(out)(items) if type(out) in (list, tuple) else tuple(items)
+            return pytree.same_type(out, items)
         return ir
 
     def new_output(
