@@ -65,20 +65,15 @@ class InputAdapter:
         if self.signature is None:
             return fn(*named["args"], **named["kwargs"])
         bound = inspect.BoundArguments(self.signature, named)
-        params = self.signature.parameters.values()
-        if any(p.kind is p.VAR_POSITIONAL for p in params):
-            return fn(*bound.args, **bound.kwargs)
-        # NOTE: what can be passed by keyword is: a wrapper that adds a keyword itself (Hugging
-        # Face's output decorators set use_cache) would otherwise get it twice.
-        args = [named[p.name] for p in params if p.kind is p.POSITIONAL_ONLY and p.name in named]
-        kwargs = {
-            p.name: named[p.name]
-            for p in params
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name in named
-        }
-        var = [p.name for p in params if p.kind is p.VAR_KEYWORD]
-        if var and var[0] in named:
-            kwargs.update(named[var[0]])
+        args, kwargs = list(bound.args), bound.kwargs
+        params = list(self.signature.parameters.values())
+        if not any(p.kind is p.VAR_POSITIONAL for p in params):
+            # NOTE: trailing arguments left at their defaults are not passed, as the caller did
+            # not pass them: a wrapper that adds one itself (Hugging Face's output decorators
+            # set use_cache) would otherwise get it twice. Forward pre-hooks still see the
+            # caller's positional arguments.
+            while args and params[len(args) - 1].default is args[-1]:
+                args.pop()
         return fn(*args, **kwargs)
 
 

@@ -34,6 +34,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 from plait.errors import GraphCaptureError
 from plait.frontend import pytree
 from plait.frontend.frames import user_frame
+from plait.frontend.rng import RngTracker
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.frontend.table import InPlace, Rule, Viewed, lookup
 from plait.frontend.views import ViewStep, replay, scatter
@@ -139,6 +140,7 @@ class CaptureContext:
         # NOTE: a read of a tensor's layout (is_contiguous) specializes on the strides of the
         # inputs: the guards then pin them (the first such read, for the reason).
         self.layout_read: str | None = None
+        self.rng = RngTracker()
 
     # --- activation ---------------------------------------------------------------------------
     @contextmanager
@@ -443,26 +445,34 @@ class CaptureContext:
         if self.error is not None:
             raise self.error
         prev = self.current
-        self.current = op_name(func)
+        self.current = "the random number generator"
         try:
-            rule = lookup(func)
-            if rule is None:
-                from plait.frontend.opaque import run_opaque
-
-                return run_opaque(self, func, args, kwargs)
-            if rule.kind == "meta":
-                assert rule.fn is not None
-                return rule.fn(self, *args, **kwargs)
-            if rule.kind == "data":
-                self.fail(
-                    "data-dependent",
-                    f"{rule.what} reads tensor data; a graph cannot branch on or "
-                    "export the values it computes",
-                    _HINT_FULLGRAPH,
-                )
-            return self.run_op(rule, func, args, kwargs)
+            self.rng.before(self)
+            self.current = op_name(func)
+            first = len(self.builder.graph.nodes)
+            result = self._dispatch(func, args, kwargs)
+            self.rng.after(self, first)
+            return result
         finally:
             self.current = prev
+
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        rule = lookup(func)
+        if rule is None:
+            from plait.frontend.opaque import run_opaque
+
+            return run_opaque(self, func, args, kwargs)
+        if rule.kind == "meta":
+            assert rule.fn is not None
+            return rule.fn(self, *args, **kwargs)
+        if rule.kind == "data":
+            self.fail(
+                "data-dependent",
+                f"{rule.what} reads tensor data; a graph cannot branch on or "
+                "export the values it computes",
+                _HINT_FULLGRAPH,
+            )
+        return self.run_op(rule, func, args, kwargs)
 
     def unwrap(self, x: Any, found: list[Tracer]) -> Any:
         if isinstance(x, torch.Tensor):
@@ -557,7 +567,7 @@ class CaptureContext:
             )
 
 
-def _storage(t: torch.Tensor) -> int:
+def storage_id(t: torch.Tensor) -> int:
     """Identity of the memory a tensor views (works for meta tensors too)."""
     try:
         return int(t.untyped_storage()._cdata)
@@ -566,11 +576,11 @@ def _storage(t: torch.Tensor) -> int:
 
 
 def _aliased(out: torch.Tensor, inputs: list[Tracer]) -> Tracer | None:
-    ptr = _storage(out)
+    ptr = storage_id(out)
     if not ptr:
         return None
     for t in inputs:
-        if _storage(t._plain) == ptr:
+        if storage_id(t._plain) == ptr:
             return t
     return None
 
