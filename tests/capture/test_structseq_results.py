@@ -79,22 +79,13 @@ def test_every_return_type_is_covered() -> None:
     assert len(names) >= 25
 
 
-def _reproducible(fn: Callable[..., Any], args: tuple[Any, ...]) -> bool:
-    """Whether eager gives the same bits on copies of ``args`` at other addresses (LAPACK's
-    least squares does not: its blocking follows the alignment of its workspace)."""
-    runs = []
-    for pad in range(4):
-        _spacer = torch.empty(pad * 3 + 1, dtype=torch.float64)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            runs.append(fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args]))
-        del _spacer
-    flat = [[_bytes(t) for t in torch.utils._pytree.tree_leaves(tuple(r))] for r in runs]
-    return all(all(torch.equal(a, b) for a, b in zip(flat[0], f)) for f in flat[1:])
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return _real(t).contiguous().reshape(-1).view(torch.uint8)
+# NOTE: these select or rearrange their input's values: bitwise. The others are linear algebra
+# through LAPACK, whose blocking may follow the alignment of its workspace (eager's own least
+# squares differs in the last bit from run to run): the contract's matmul budget.
+SELECTIONS = {
+    "sort", "topk", "kthvalue", "median", "nanmedian", "mode", "cummax", "cummin",
+    "aminmax", "max", "min", "frexp", "histogram", "histogramdd",
+}  # fmt: skip
 
 
 def _real(t: torch.Tensor) -> torch.Tensor:
@@ -103,7 +94,7 @@ def _real(t: torch.Tensor) -> torch.Tensor:
 
 def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     """The contract's matmul budget (linear algebra is matmul arithmetic), elementwise."""
-    tol = plait.contract.load().tolerance("matmul", want.dtype)
+    tol = plait.contract.load().tolerance("matmul", _real(want).dtype)
     g, w = _real(got), _real(want)
     scale = max(1.0, float(w.abs().max())) if w.numel() else 1.0
     bound = tol.atol * scale + tol.rtol * w.abs()
@@ -113,7 +104,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 @pytest.mark.parametrize(("name", "fn", "k"), STRUCTSEQ_CASES, ids=[c[0] for c in STRUCTSEQ_CASES])
 def test_structseq_result_is_fresh_each_call(name: str, fn: Callable[..., Any], k: int) -> None:
-    """Bitwise equal to eager where eager itself is reproducible, else within the contract."""
+    """Bitwise equal to eager for selections, else within the contract's matmul budget."""
 
     def program(*args: Any) -> Any:
         return fn(*args)
@@ -126,7 +117,7 @@ def test_structseq_result_is_fresh_each_call(name: str, fn: Callable[..., Any], 
             args = _candidates(seed)[k]
             got, want = compiled(*args), fn(*args)
             assert type(got) is type(want)
-            exact = _reproducible(fn, args)
+            exact = name in SELECTIONS
             pairs = zip(*map(torch.utils._pytree.tree_leaves, (tuple(got), tuple(want))))
             for i, (g, w) in enumerate(pairs):
                 what = f"{name} seed {seed} [{i}]"

@@ -80,14 +80,14 @@ def _encode(x: Any, tensors: list[Any], tuples_ok: bool, typed: list[str] | None
         return {"t": len(tensors) - 1}
     if isinstance(x, torch.Generator):
         raise _NotLiteral(
-            "a torch.Generator argument (plait replays the global random number generator "
-            "only; draw from it, or run this part eagerly)"
+            "a Generator argument has no JSON encoding the IR decodes (plait replays the "
+            "global random number generator only)"
         )
     if typed is not None and isinstance(x, torch.dtype):
-        typed.append(str(x))
+        typed.append("dtype")
         return {"dtype": str(x).removeprefix("torch.")}
     if typed is not None and isinstance(x, torch.device):
-        typed.append(str(x))
+        typed.append("device")
         return {"device": str(x)}
     if isinstance(x, TracedInt):
         return int.__int__(x)  # NOTE: opaque nodes are static-only: the size is type-guarded

@@ -28,9 +28,8 @@ import torch
 
 from plait.ir.ops.extern import resolve_target
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
-from plait.ir.types import FLOAT_DTYPES, INT_DTYPES, TensorType, Type
+from plait.ir.types import FLOAT_DTYPES, TensorType, Type
 
-_ALL = (*FLOAT_DTYPES, *INT_DTYPES, torch.bool)
 _TOKEN = TensorType((), torch.int64, "cpu")
 
 
@@ -52,7 +51,7 @@ register(
         (Attr("seed", "int"),),
         lambda seed: [_TOKEN],
         _seed,
-        _ALL,
+        (torch.int64,),
         "torch.manual_seed(seed) at this point of the program",
     )
 )
@@ -64,7 +63,7 @@ register(
         (Attr("size", "int"),),
         lambda size: [TensorType((size,), torch.uint8, "cpu")],
         lambda size: torch.default_generator.get_state(),
-        _ALL,
+        (torch.uint8,),
         "the CPU generator's state at this point of the program",
     )
 )
@@ -84,7 +83,7 @@ register(
         (),
         _set_state_rule,
         _set_state,
-        _ALL,
+        (torch.int64,),
         "restores the CPU generator's state",
     )
 )
@@ -154,7 +153,7 @@ register(
         lambda args, target, out_types, literals, kwliterals: _run(
             list(args), target, literals, kwliterals
         ),
-        _ALL,
+        FLOAT_DTYPES,
         "a PyTorch random function with tensor arguments, run by PyTorch in program order",
         fixed_outputs=None,
     )
@@ -167,7 +166,7 @@ register(
         _CALL_ATTRS,
         _random_rule,
         lambda target, out_types, literals, kwliterals: _run([], target, literals, kwliterals),
-        _ALL,
+        FLOAT_DTYPES,
         "a PyTorch random factory (no tensor argument), run by PyTorch in program order",
         fixed_outputs=None,
     )
