@@ -450,14 +450,15 @@ class CaptureContext:
             self.rng.before(self)
             self.current = op_name(func)
             first = len(self.builder.graph.nodes)
-            result = self._dispatch(func, args, kwargs)
-            self.rng.after(self, first)
+            rule = lookup(func)
+            result = self._dispatch(rule, func, args, kwargs)
+            if rule is None or rule.kind != "meta":  # NOTE: a metadata read computes nothing
+                self.rng.after(self, first)
             return result
         finally:
             self.current = prev
 
-    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        rule = lookup(func)
+    def _dispatch(self, rule: Rule | None, func: Any, args: tuple, kwargs: dict) -> Any:
         if rule is None:
             from plait.frontend.opaque import run_opaque
 
