@@ -33,7 +33,9 @@ def _one_graph(compiled: Any) -> Any:
 
 def _reads(x: torch.Tensor, table: torch.Tensor) -> Any:
     n = x.shape[1]
-    return (
+    # NOTE: cloned: an output that is a view of an input is made again from it on each call,
+    # which specializes its sizes (docs/capture.md); the slices stay symbolic here
+    views = (
         x[:, : n - 1],
         x[:, n // 2 :],
         x[:, 1:-1],
@@ -41,6 +43,9 @@ def _reads(x: torch.Tensor, table: torch.Tensor) -> Any:
         x[..., 1 : n - 1 : 2],
         x.narrow(1, 1, n - 2),
         x.narrow(1, -2, 2),
+    )
+    return (
+        *(v.clone() for v in views),
         table[:n, :n] * x[0],  # NOTE: static dim 8, symbolic bound: exact length under a guard
         table[:, :n].sum(0),
     )

@@ -8,6 +8,7 @@ inputs, size-1 and size-0 dims and every dtype the op declares.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -711,6 +712,55 @@ def gen_opaque(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
     )
 
 
+def gen_rng(op: str, dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
+    """The generator's ops (plait.ir.ops.rng); the test seeds the generator alike before both."""
+    if op == "rng_seed":
+        yield Sample(
+            op, [], {"seed": 7}, lambda: (torch.manual_seed(7), torch.tensor(7))[1], "seed 7"
+        )
+    elif op == "rng_get_state":
+        yield Sample(op, [], {"size": 5056}, torch.get_rng_state, "state")
+    elif op == "rng_set_state":
+        g = torch.Generator().manual_seed(3)
+        torch.rand(2, generator=g)
+        state = g.get_state()
+        yield Sample(
+            op,
+            [state],
+            {},
+            lambda: (torch.set_rng_state(state), torch.zeros((), dtype=torch.int64))[1],
+            "a state after draws",
+            static={0},
+        )
+    elif op == "random_call":
+        x = make((4, 6), dtype)
+        t = f"{_tname(dtype)}[4, 6]"
+        yield Sample(
+            op, [[x]], {"target": "torch.rand_like", "out_types": t}, lambda: torch.rand_like(x)
+        )
+        p = torch.rand(4, 6, generator=make.g).to(dtype)
+        yield Sample(
+            op,
+            [[p]],
+            {"target": "torch.bernoulli", "out_types": t, "literals": '[{"t": 0}, 0.25]'},
+            lambda: torch.bernoulli(p, 0.25),
+            "literal",
+        )
+    else:
+        yield Sample(
+            op,
+            [],
+            {
+                "target": "torch.randn",
+                "out_types": f"{_tname(dtype)}[2, 3]",
+                "literals": "[2, 3]",
+                "kwliterals": json.dumps({"dtype": {"dtype": str(dtype).removeprefix("torch.")}}),
+            },
+            lambda: torch.randn(2, 3, dtype=dtype),
+            "dtype keyword",
+        )
+
+
 def _tname(dtype: torch.dtype) -> str:
     from plait.ir.types import dtype_name
 
@@ -764,6 +814,8 @@ GENERATORS.update(
         "opaque": gen_opaque,
     }
 )
+for _op in ("rng_seed", "rng_get_state", "rng_set_state", "random_call", "random_factory"):
+    GENERATORS[_op] = lambda d, m, op=_op: gen_rng(op, d, m)
 
 
 def cases() -> list[tuple[str, torch.dtype]]:

@@ -118,6 +118,10 @@ def _symbolic_attrs(
 NEEDS_STATIC = {
     "chunk": "the number of outputs depends on the size",
     "arange": "no tensor operands",
+    "rng_seed": "no tensor operands",
+    "rng_get_state": "no tensor operands",
+    "random_factory": "no tensor operands",
+    "rng_set_state": "a generator state has the generator's fixed size",
     # split sizes must sum to a symbolic dim: see test_symbolic.py::test_split_symbolic
     "split": "sizes are attributes; covered by a hand-written symbolic case",
 }

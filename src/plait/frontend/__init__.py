@@ -2,9 +2,10 @@
 
 The pieces: ``tracer`` (tracer tensors and the capture context), ``table`` (the torch-function →
 IR op table, filled by the ``lower_*`` modules), ``views`` (functionalization of aliasing),
-``state`` (parameters and buffers lifted to named graph inputs), ``guards`` (what the program's
-behaviour depended on), ``frontend`` (the capture driver) and ``program`` (the calling
-convention a backend runs).
+``state`` (parameters and buffers lifted to named graph inputs), ``rng`` (the global random
+number generator: replayed or refused), ``pytree`` (the containers of inputs and results),
+``guards`` (what the program's behaviour depended on), ``frontend`` (the capture driver) and
+``program`` (the calling convention a backend runs).
 
 Example:
     >>> import torch

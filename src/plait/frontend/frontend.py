@@ -31,9 +31,10 @@ from plait.frontend import guard_build, pytree
 from plait.frontend.guard_plan import GuardPlan, build_guards
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
+from plait.frontend.rng import keep_last_draw
 from plait.frontend.state import ModuleState
 from plait.frontend.symints import TracedInt, TracedSize
-from plait.frontend.tracer import CaptureContext, Lift, Restart, Tracer
+from plait.frontend.tracer import CaptureContext, Lift, Restart, Tracer, storage_id
 from plait.ir import Value, semantic_hash
 
 _KIND_RANK = {"user": 0, "param": 1, "buffer": 2, "const": 3}
@@ -170,6 +171,7 @@ def _capture_once(
     ms: ModuleState | None,
 ) -> CapturedProgram:
     with preserved_rng():
+        cx.rng.start()
         traced_leaves = _lift_user_inputs(cx, leaves, paths)
         state_tracers, state = _lift_state(cx, ms)
         versions = [t._version for t in state]
@@ -182,6 +184,8 @@ def _capture_once(
             raise
         if cx.error is not None:
             raise cx.error
+        cx.current = "the random number generator"
+        cx.rng.before(cx)  # NOTE: a manual_seed after the last torch call
         if [t._version for t in state] != versions:
             changed = [
                 e.path
@@ -197,18 +201,31 @@ def _capture_once(
         return _finish(cx, out, spec, leaves, paths, ms, state)
 
 
-def _output_leaves(cx: CaptureContext, out: Any) -> tuple[Any, list[Any], list[Value]]:
+def _output_leaves(
+    cx: CaptureContext, out: Any, call_leaves: list[Any], state: list[Any]
+) -> tuple[Any, list[Any], list[Value]]:
+    cx.current = "returning the output"
+    hidden = pytree.find_hidden_in(out, lambda x: isinstance(x, Tracer), "output")
+    if hidden is not None:
+        # NOTE: never kept as a constant: it would return this capture's tensors on every call
+        cx.limitation(
+            f"the output holds a tensor at {hidden}, inside an object plait cannot rebuild; "
+            "return tensors in tuples, lists, dicts, namedtuples, torch.return_types or "
+            "dataclasses (ModelOutput)"
+        )
     out_spec, raw, _ = pytree.flatten(out, "output")
     leaves: list[Any] = []
     values: list[Value] = []
-    cx.current = "returning the output"
     for leaf in raw:
         if isinstance(leaf, Tracer):
             tr = cx.tracer(leaf)
             lift = tr._lift
+            view = _input_view(cx, tr, call_leaves, state)
             if tr._root is None and lift is not None and (lift.writeback or lift.kind == "param"):
                 cx.value(tr)
                 leaves.append(("input", lift))
+            elif view is not None:
+                leaves.append(view)
             else:
                 values.append(cx.value(tr))
                 leaves.append(("graph", (len(values) - 1, id(tr), tr._root is None)))
@@ -217,23 +234,58 @@ def _output_leaves(cx: CaptureContext, out: Any) -> tuple[Any, list[Any], list[V
         elif isinstance(leaf, TracedInt):
             leaves.append(("value", cx.int(leaf)))
         else:
-            _check_opaque_output(cx, leaf)
             leaves.append(("value", leaf))
     return out_spec, leaves, values
 
 
-def _check_opaque_output(cx: CaptureContext, leaf: Any) -> None:
-    """An output plait cannot look into must not hold traced tensors (they would escape)."""
-    inner = (
-        list(leaf)
-        if isinstance(leaf, (set, frozenset))
-        else list(getattr(leaf, "__dict__", {}).values())
-    )
-    if any(isinstance(x, Tracer) for x in inner):
+def _input_view(
+    cx: CaptureContext, tr: Tracer, call_leaves: list[Any], state: list[Any]
+) -> tuple[str, Any] | None:
+    """``("input", lift)`` or ``("alias", (lift, size, stride, offset, requires_grad))`` for an
+    output that shares memory with an input, parameter, buffer or constant (in eager it is a
+    view of that tensor, so a write to either shows in the other); else None.
+
+    NOTE: the view is made again on each call from the live tensor with ``as_strided`` (as
+    AOTAutograd does), after the writes back: its geometry is relative to the tensor's own
+    storage offset, and holds while the tensor keeps the strides it had at capture (guarded)."""
+    root = tr._root
+    if root is None or root._lift is None or storage_id(tr._plain) != storage_id(root._plain):
+        return None
+    lift = root._lift
+    if tr._plain is root._plain:  # NOTE: eager returned the tensor itself (x.contiguous())
+        cx.value(root)
+        return ("input", lift)
+    original = _original(lift, call_leaves, state)
+    if original.stride() != root._plain.stride():
         cx.limitation(
-            f"the output holds tensors inside a {type(leaf).__name__}; return "
-            "tuples, lists, dicts, namedtuples or dataclasses"
+            f"the output is a view of {lift.name}, whose layout (strides {original.stride()}) "
+            "capture did not keep; return a copy (.clone()) or pass a dense tensor"
         )
+    ir_type = cx.type_of(root)
+    syms = {
+        s
+        for d in (*ir_type.shape, *cx.type_of(tr).shape)
+        if not isinstance(d, int)
+        for s in d.free_symbols
+        if s in cx.bindings
+    }
+    if syms:
+        cx.restart(syms, f"the output is a view of {lift.name}")
+    if cx.layout_read is None:
+        cx.layout_read = f"an output that views {lift.name}"
+    cx.value(root)
+    offset = tr._plain.storage_offset() - root._plain.storage_offset()
+    geometry = (tuple(tr._plain.shape), tuple(tr._plain.stride()), offset, bool(tr._rg))
+    return ("alias", (lift, *geometry))
+
+
+def _original(lift: Lift, call_leaves: list[Any], state: list[Any]) -> torch.Tensor:
+    """The caller's tensor a lifted input was traced from."""
+    if lift.kind == "user":
+        return call_leaves[lift.ref]
+    if lift.kind in ("param", "buffer"):
+        return state[lift.ref]
+    return lift.ref
 
 
 def _finish(
@@ -245,12 +297,13 @@ def _finish(
     ms: ModuleState | None,
     state: list[Any],
 ) -> CapturedProgram:
-    out_spec, out_leaves, values = _output_leaves(cx, out)
+    out_spec, out_leaves, values = _output_leaves(cx, out, leaves, state)
     mutations: list[tuple[Lift, int]] = []
     for root in cx.mutated.values():
         if root._lift is not None and root._lift.writeback:
             mutations.append((root._lift, len(values)))
             values.append(cx.value(root))
+    keep_last_draw(cx, values)
     graph = cx.builder.graph
     lift_of = {id(lift.value): lift for lift in cx.lifts if lift.value is not None}
     graph.inputs.sort(
@@ -273,16 +326,20 @@ def _finish(
         semantic_hash=semantic_hash(built),
         inputs=slots,
         out_spec=out_spec,
-        out_leaves=[
-            OutputLeaf("input", position[id(ref.value)])
-            if kind == "input"
-            else OutputLeaf(kind, ref)
-            for kind, ref in out_leaves
-        ],
+        out_leaves=[_out_leaf(kind, ref, position) for kind, ref in out_leaves],
         mutations=[(position[id(lift.value)], o) for lift, o in mutations],
         opaque_counts=dict(cx.opaque_counts),
         dynamic=cx.dynamic,
     )
+
+
+def _out_leaf(kind: str, ref: Any, position: dict[int, int]) -> OutputLeaf:
+    if kind == "input":
+        return OutputLeaf("input", position[id(ref.value)])
+    if kind == "alias":
+        lift, *geometry = ref
+        return OutputLeaf("alias", (position[id(lift.value)], *geometry))
+    return OutputLeaf(kind, ref)
 
 
 def _slot(lift: Lift) -> InputSlot:

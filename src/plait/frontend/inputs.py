@@ -80,7 +80,15 @@ class InputAdapter:
         if self.signature is None:
             return fn(*named["args"], **named["kwargs"])
         bound = inspect.BoundArguments(self.signature, named)
-        return fn(*bound.args, **bound.kwargs)
+        args, kwargs = list(bound.args), bound.kwargs
+        params = list(self.signature.parameters.values())
+        if self.defaults and not any(p.kind is p.VAR_POSITIONAL for p in params):
+            # NOTE: trailing arguments at their defaults (applied by bind) are not passed on, so
+            # forward pre-hooks see the caller's positional arguments. A wrapper's calls were
+            # bound without defaults and pass on exactly as made.
+            while args and params[len(args) - 1].default is args[-1]:
+                args.pop()
+        return fn(*args, **kwargs)
 
 
 def _count(spec: Any) -> int:

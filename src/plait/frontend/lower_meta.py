@@ -172,3 +172,9 @@ data_read(
     T.repeat_interleave,
 )
 data_read("bincount (its output shape depends on the values)", torch.bincount, T.bincount)
+
+
+@meta(torch.device)
+def _device_object(cx: CaptureContext, *args: Any, **kwargs: Any) -> torch.device:
+    # NOTE: constructing a device object (torch.random.fork_rng does) reads no tensor
+    return torch.device(*args, **kwargs)

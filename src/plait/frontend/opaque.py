@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.overrides import resolve_name
 
+from plait.frontend.pytree import is_named_sequence, same_type
 from plait.frontend.symints import TracedInt, TracedSize
 from plait.frontend.writes import write_targets
 from plait.ir.ops.extern import resolve_target
@@ -70,11 +71,24 @@ def _target(func: Any) -> str | None:
     return name
 
 
-def _encode(x: Any, tensors: list[Any], tuples_ok: bool) -> Any:
-    """``x`` as JSON data; tensors become ``{"t": i}`` (appended to ``tensors``)."""
+def _encode(x: Any, tensors: list[Any], tuples_ok: bool, typed: list[str] | None = None) -> Any:
+    """``x`` as JSON data; tensors become ``{"t": i}`` (appended to ``tensors``). Dtypes and
+    devices are encoded too (``{"dtype": name}``), named in ``typed``: only a random call
+    (``random_call``/``random_factory``) decodes them."""
     if isinstance(x, torch.Tensor):
         tensors.append(x)
         return {"t": len(tensors) - 1}
+    if isinstance(x, torch.Generator):
+        raise _NotLiteral(
+            "a Generator argument has no JSON encoding the IR decodes (plait replays the "
+            "global random number generator only)"
+        )
+    if typed is not None and isinstance(x, torch.dtype):
+        typed.append("dtype")
+        return {"dtype": str(x).removeprefix("torch.")}
+    if typed is not None and isinstance(x, torch.device):
+        typed.append("device")
+        return {"device": str(x)}
     if isinstance(x, TracedInt):
         return int.__int__(x)  # NOTE: opaque nodes are static-only: the size is type-guarded
     if x is None or isinstance(x, (bool, int, str)):
@@ -84,25 +98,26 @@ def _encode(x: Any, tensors: list[Any], tuples_ok: bool) -> Any:
         if struct.pack("<d", back) != struct.pack("<d", x):
             raise _NotLiteral(f"the float {x!r} does not survive a JSON round trip")
         return x
-    if type(x) in (tuple, torch.Size, TracedSize) and not tuples_ok:
+    if (type(x) in (tuple, torch.Size, TracedSize) or is_named_sequence(x)) and not tuples_ok:
         raise _NotLiteral("a tuple argument to a Python function would come back as a list")
-    if type(x) in (list, tuple, torch.Size, TracedSize):
-        return [_encode(v, tensors, tuples_ok) for v in x]
+    if type(x) in (list, tuple, torch.Size, TracedSize) or is_named_sequence(x):
+        return [_encode(v, tensors, tuples_ok, typed) for v in x]
     raise _NotLiteral(f"a {type(x).__name__} argument has no JSON encoding the IR decodes")
 
 
-def _call_spec(func: Any, args: tuple, kwargs: dict) -> tuple[list[Any], dict[str, str]]:
-    """The tensor operands and the opaque node's ``literals``/``kwliterals`` attributes (left
-    out when the call is tensors only, in order)."""
+def _call_spec(
+    func: Any, args: tuple, kwargs: dict, typed: list[str] | None = None
+) -> tuple[list[Any], dict[str, str]]:
+    """The tensor operands and the node's ``literals``/``kwliterals`` attributes (left out when
+    the call is tensors only, in order). ``typed`` (a list): dtypes and devices are encoded and
+    named there."""
     tensors: list[Any] = []
     tuples_ok = isinstance(func, _BUILTIN)
-    positional = [_encode(a, tensors, tuples_ok) for a in args]
+    positional = [_encode(a, tensors, tuples_ok, typed) for a in args]
     in_keywords: list[Any] = []
-    keywords = {k: _encode(v, in_keywords, tuples_ok) for k, v in kwargs.items()}
+    keywords = {k: _encode(v, in_keywords, tuples_ok, typed) for k, v in kwargs.items()}
     if in_keywords:
         raise _NotLiteral("a tensor keyword argument (the node passes literal keywords only)")
-    if not tensors:
-        raise _NotLiteral("it has no tensor argument")
     attrs: dict[str, str] = {}
     if positional != [{"t": i} for i in range(len(tensors))]:
         attrs["literals"] = json.dumps(positional)
@@ -124,8 +139,9 @@ def run_opaque(cx: CaptureContext, func: Any, args: tuple, kwargs: dict) -> Any:
     if cx.fullgraph:
         cx.fail("unsupported", f"no capture rule maps {name} to plait's IR", _HINT)
     why = _why_not(cx, func)
+    typed: list[str] = []
     try:
-        operands, literal_attrs = _call_spec(func, args, kwargs)
+        operands, literal_attrs = _call_spec(func, args, kwargs, typed)
     except _NotLiteral as exc:
         why = why or str(exc)
     if why is not None:
@@ -139,6 +155,16 @@ def run_opaque(cx: CaptureContext, func: Any, args: tuple, kwargs: dict) -> Any:
     out, _ = cx.sample(func, args, kwargs)
     if [t._plain._version for t in tracers] != versions:
         cx.fail("unsupported", f"{name} updates its inputs in place; an opaque node cannot")
+    # NOTE: a call that moved the generator is random: a random node, run in program order
+    random = cx.rng.draws()
+    if not random and not tracers:
+        cx.fail("unsupported", f"{name} has no tensor argument; an opaque node needs one")
+    if not random and typed:
+        cx.fail(
+            "unsupported",
+            f"no capture rule maps {name} to plait's IR, and it cannot be an opaque node: "
+            f"a {typed[0]} argument has no JSON encoding the IR decodes",
+        )
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
         cx.fail(
@@ -146,13 +172,12 @@ def run_opaque(cx: CaptureContext, func: Any, args: tuple, kwargs: dict) -> Any:
         )
     out_types = [cx.type_of_plain(o) for o in outs]
     target = _target(func)
-    values = cx.call(
-        "opaque",
-        [cx.value(t) for t in tracers],
-        target=target,
-        out_types="; ".join(str(t) for t in out_types),
-        **literal_attrs,
-    )
+    spelled = {"target": target, "out_types": "; ".join(str(t) for t in out_types)}
+    if random and not tracers:
+        values = cx.call("random_factory", **spelled, **literal_attrs)
+    else:
+        op = "random_call" if random else "opaque"
+        values = cx.call(op, [cx.value(t) for t in tracers], **spelled, **literal_attrs)
     cx.opaque_counts[str(target)] += 1
     grad = cx.grad_enabled and any(t._rg for t in tracers)
     wrapped = [cx.new_output(v, o, tracers, grad) for v, o in zip(values, outs)]
@@ -160,5 +185,5 @@ def run_opaque(cx: CaptureContext, func: Any, args: tuple, kwargs: dict) -> Any:
         if w._root is not None:
             w._steps = None  # NOTE: an alias the IR cannot describe: never replayed or written
     if isinstance(out, (tuple, list)):
-        return type(out)(*wrapped) if hasattr(type(out), "_fields") else type(out)(wrapped)
+        return same_type(out, wrapped)
     return wrapped[0]

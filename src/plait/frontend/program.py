@@ -36,7 +36,9 @@ class InputSlot:
 class OutputLeaf:
     """One leaf of the output: ``("graph", (output index, tracer id, fresh))`` (a computed
     tensor; ``fresh`` when eager gives it memory of its own),
-    ``("input", slot index)`` (an input tensor returned as such) or ``("value", obj)``."""
+    ``("input", slot index)`` (an input tensor returned as such), ``("alias", (slot index,
+    size, stride, storage offset, requires_grad))`` (a view of an input: made from it on each
+    call, offset relative to its own) or ``("value", obj)``."""
 
     source: str
     ref: Any
@@ -105,6 +107,8 @@ class CapturedProgram:
                 leaves.append(leaf.ref)
             elif leaf.source == "input":
                 leaves.append(values[leaf.ref])
+            elif leaf.source == "alias":
+                leaves.append(_view_of(values, leaf.ref))
             else:
                 index, tracer_id, fresh = leaf.ref
                 if tracer_id in by_tracer:
@@ -123,3 +127,13 @@ class CapturedProgram:
                 handed_out.add(id(t))
                 leaves.append(t)
         return pytree.unflatten(self.out_spec, leaves)
+
+
+def _view_of(values: list[Any], ref: Sequence[Any]) -> torch.Tensor:
+    """The view an output was of its input at capture, made again of this call's input: the
+    same memory, as in eager (the input's strides are guarded)."""
+    slot, size, stride, offset, requires_grad = ref
+    base = values[slot]
+    if not requires_grad:
+        base = base.detach()  # NOTE: shares memory and version counter; no gradient, as eager
+    return base.as_strided(tuple(size), tuple(stride), base.storage_offset() + offset)

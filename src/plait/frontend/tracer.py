@@ -32,7 +32,9 @@ import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
 from plait.errors import GraphCaptureError
+from plait.frontend import pytree
 from plait.frontend.frames import user_frame
+from plait.frontend.rng import RngTracker
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.frontend.table import InPlace, Rule, Viewed, lookup
 from plait.frontend.views import ViewStep, replay, scatter
@@ -138,6 +140,7 @@ class CaptureContext:
         # NOTE: a read of a tensor's layout (is_contiguous) specializes on the strides of the
         # inputs: the guards then pin them (the first such read, for the reason).
         self.layout_read: str | None = None
+        self.rng = RngTracker()
 
     # --- activation ---------------------------------------------------------------------------
     @contextmanager
@@ -442,26 +445,35 @@ class CaptureContext:
         if self.error is not None:
             raise self.error
         prev = self.current
-        self.current = op_name(func)
+        self.current = "the random number generator"
         try:
+            self.rng.before(self)
+            self.current = op_name(func)
+            first = len(self.builder.graph.nodes)
             rule = lookup(func)
-            if rule is None:
-                from plait.frontend.opaque import run_opaque
-
-                return run_opaque(self, func, args, kwargs)
-            if rule.kind == "meta":
-                assert rule.fn is not None
-                return rule.fn(self, *args, **kwargs)
-            if rule.kind == "data":
-                self.fail(
-                    "data-dependent",
-                    f"{rule.what} reads tensor data; a graph cannot branch on or "
-                    "export the values it computes",
-                    _HINT_FULLGRAPH,
-                )
-            return self.run_op(rule, func, args, kwargs)
+            result = self._dispatch(rule, func, args, kwargs)
+            if rule is None or rule.kind != "meta":  # NOTE: a metadata read computes nothing
+                self.rng.after(self, first)
+            return result
         finally:
             self.current = prev
+
+    def _dispatch(self, rule: Rule | None, func: Any, args: tuple, kwargs: dict) -> Any:
+        if rule is None:
+            from plait.frontend.opaque import run_opaque
+
+            return run_opaque(self, func, args, kwargs)
+        if rule.kind == "meta":
+            assert rule.fn is not None
+            return rule.fn(self, *args, **kwargs)
+        if rule.kind == "data":
+            self.fail(
+                "data-dependent",
+                f"{rule.what} reads tensor data; a graph cannot branch on or "
+                "export the values it computes",
+                _HINT_FULLGRAPH,
+            )
+        return self.run_op(rule, func, args, kwargs)
 
     def unwrap(self, x: Any, found: list[Tracer]) -> Any:
         if isinstance(x, torch.Tensor):
@@ -474,8 +486,8 @@ class CaptureContext:
             return plain_int(x)
         if isinstance(x, slice):  # NOTE: plain bounds, so PyTorch never specializes them
             return slice(plain_int(x.start), plain_int(x.stop), plain_int(x.step))
-        if type(x) in (list, tuple):
-            return type(x)(self.unwrap(v, found) for v in x)
+        if type(x) in (list, tuple) or pytree.is_named_sequence(x):
+            return pytree.same_type(x, [self.unwrap(v, found) for v in x])
         if isinstance(x, dict):
             return {k: self.unwrap(v, found) for k, v in x.items()}
         return x
@@ -517,9 +529,7 @@ class CaptureContext:
             if not isinstance(out, (tuple, list)) or len(out) != len(ir):
                 self.limitation("capture rule output does not match PyTorch's")
             items = [self.wrap(i, o, inputs, grad) for i, o in zip(ir, out)]
-            if hasattr(type(out), "_fields"):
-                return type(out)(*items)
-            return type(out)(items) if type(out) in (list, tuple) else tuple(items)
+            return pytree.same_type(out, items)
         return ir
 
     def new_output(
@@ -558,7 +568,7 @@ class CaptureContext:
             )
 
 
-def _storage(t: torch.Tensor) -> int:
+def storage_id(t: torch.Tensor) -> int:
     """Identity of the memory a tensor views (works for meta tensors too)."""
     try:
         return int(t.untyped_storage()._cdata)
@@ -567,11 +577,11 @@ def _storage(t: torch.Tensor) -> int:
 
 
 def _aliased(out: torch.Tensor, inputs: list[Tracer]) -> Tracer | None:
-    ptr = _storage(out)
+    ptr = storage_id(out)
     if not ptr:
         return None
     for t in inputs:
-        if _storage(t._plain) == ptr:
+        if storage_id(t._plain) == ptr:
             return t
     return None
 

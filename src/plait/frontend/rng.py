@@ -1,0 +1,180 @@
+"""The global random number generator during capture: every change of its state is replayed
+by the graph, or capture refuses the program.
+
+Capture runs the program for real, so it sees the CPU generator's state move. The tracker
+compares the state at each torch call (and at the end) with the state the graph accounts for:
+
+- a torch call that draws (the state moved during it) must have become a random node (dropout,
+  attention with dropout, ``random_call``/``random_factory`` for PyTorch's random functions),
+  which the executors run in program order: the same draws as eager;
+- between torch calls, Python code may move it: ``torch.manual_seed(s)`` (the state equals a
+  fresh generator seeded with ``torch.initial_seed()``) becomes ``rng_seed {seed=s}``; a state
+  restored to one the program had earlier (``torch.random.fork_rng``, ``get_rng_state`` then
+  ``set_rng_state``) becomes ``rng_get_state`` at that earlier point and ``rng_set_state`` here;
+- anything else (a state from outside the program, draws by a call plait captured as a
+  deterministic op, the CUDA generators moving) is a :class:`GraphCaptureError`, under
+  ``fullgraph=False`` the recorded eager fallback.
+
+NOTE: ``torch.seed()`` (a nondeterministic seed) looks like ``manual_seed`` of the seed it drew
+and is replayed with that seed: documented, not detectable from the state.
+
+Example:
+    >>> import torch
+    >>> from plait.frontend import capture_program
+    >>> def f(x):
+    ...     torch.manual_seed(0)
+    ...     return torch.nn.functional.dropout(x, 0.5)
+    >>> [n.op for n in capture_program(f, (torch.ones(4),)).graph.nodes]
+    ['rng_seed', 'dropout']
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from plait.ir import Node, Value, get_op
+
+if TYPE_CHECKING:
+    from plait.frontend.tracer import CaptureContext
+
+
+def cpu_state() -> torch.Tensor:
+    return torch.default_generator.get_state()
+
+
+def _cuda_states() -> list[torch.Tensor] | None:
+    return torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(torch.equal(a, b))
+
+
+class RngTracker:
+    """What the graph accounts for of the CPU generator (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.start(draw=False)
+
+    def start(self, draw: bool = True) -> None:
+        """Called where capture starts running the program, its generator state saved.
+
+        NOTE: one draw first (capture restores the generator afterwards), so the state the
+        program starts from is never that of a fresh manual_seed: a state equal to one is
+        then the program's own seeding, never a restore of the caller's state."""
+        if draw:
+            torch.rand(1)
+        self.expected = cpu_state()
+        # NOTE: each state the program has been in, with the node position it held from
+        self.history: list[tuple[torch.Tensor, int]] = [(self.expected, 0)]
+        self.saved: dict[int, Value] = {}  # history index -> its rng_get_state value
+        self.last_random: Node | None = None
+        self.cuda = _cuda_states()
+
+    # --- around each torch call --------------------------------------------------------------
+    def before(self, cx: CaptureContext) -> None:
+        """Account for what Python code did to the generator since the last torch call."""
+        self._check_cuda(cx)
+        now = cpu_state()
+        if _same(now, self.expected):
+            return
+        seed = torch.initial_seed()
+        if _same(now, torch.Generator().manual_seed(seed).get_state()):
+            node_value = cx.call("rng_seed", seed=int(seed))
+        else:
+            k = self._find(now)
+            if k is None:
+                cx.fail(
+                    "limitation",
+                    "the program set the random number generator to a state it did not have "
+                    "before (set_rng_state from outside the program?); plait replays "
+                    "manual_seed, fork_rng and a state saved by get_rng_state in the program",
+                )
+            node_value = cx.call("rng_set_state", self._saved_state(cx, k))
+        self._moved(cx, now, node_value)
+
+    def after(self, cx: CaptureContext, first_node: int) -> None:
+        """The torch call just run moved the generator: a random node must account for it."""
+        now = cpu_state()
+        if _same(now, self.expected):
+            return
+        nodes = cx.builder.graph.nodes[first_node:]
+        drawn = [n for n in nodes if get_op(n.op).is_random(n.attrs)]
+        if not drawn:
+            cx.fail(
+                "limitation",
+                f"{cx.current} draws random numbers, and plait's capture of it would not "
+                "(its IR is deterministic)",
+            )
+        self.last_random = drawn[-1]
+        self.expected = now
+        self.history.append((now, len(cx.builder.graph.nodes)))
+
+    def draws(self) -> bool:
+        """Whether the generator moved since the last accounted state (for opaque calls)."""
+        return not _same(cpu_state(), self.expected)
+
+    # --- internals ---------------------------------------------------------------------------
+    def _moved(self, cx: CaptureContext, now: torch.Tensor, value: Any) -> None:
+        assert isinstance(value, Value) and value.producer is not None
+        self.last_random = value.producer
+        self.expected = now
+        self.history.append((now, len(cx.builder.graph.nodes)))
+
+    def _find(self, state: torch.Tensor) -> int | None:
+        for k in range(len(self.history) - 1, -1, -1):
+            if _same(self.history[k][0], state):
+                return k
+        return None
+
+    def _saved_state(self, cx: CaptureContext, k: int) -> Value:
+        """An ``rng_get_state`` at the point where the program was in state ``k``."""
+        found = self.saved.get(k)
+        if found is not None:
+            return found
+        value = cx.call("rng_get_state", size=int(self.history[k][0].numel()))
+        assert isinstance(value, Value) and value.producer is not None
+        nodes = cx.builder.graph.nodes
+        node = nodes.pop()
+        position = self.history[k][1]
+        nodes.insert(position, node)
+        # NOTE: later history positions shift by the node put before them
+        self.history = [
+            (s, p + 1 if p >= position and i > k else p) for i, (s, p) in enumerate(self.history)
+        ]
+        self.saved[k] = value
+        return value
+
+    def _check_cuda(self, cx: CaptureContext) -> None:
+        now = _cuda_states()
+        if self.cuda is None and now is None:
+            return
+        if (
+            self.cuda is None
+            or now is None
+            or len(now) != len(self.cuda)
+            or not all(_same(a, b) for a, b in zip(now, self.cuda))
+        ):
+            cx.fail(
+                "limitation",
+                "the program moved a CUDA random number generator; plait replays the CPU "
+                "generator only",
+            )
+
+
+def keep_last_draw(cx: CaptureContext, outputs: list[Any]) -> None:
+    """NOTE: the graph's last random node must run even when nothing reads it (a trailing
+    ``manual_seed``, an unused dropout): it becomes an extra graph output, so dead-code
+    elimination keeps it and the generator ends where eager leaves it."""
+    tracker: RngTracker = cx.rng
+    node = tracker.last_random
+    if node is None or not node.outputs:
+        return
+    live = {id(o) for o in outputs if isinstance(o, Value)}
+    for n in reversed(cx.builder.graph.nodes):
+        if any(id(v) in live for v in n.outputs):
+            live.update(id(v) for v in n.input_values())
+    if not any(id(v) in live for v in node.outputs):
+        outputs.append(node.outputs[0])

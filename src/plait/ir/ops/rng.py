@@ -1,0 +1,173 @@
+"""Ops of the global random number generator: seeding, saving and restoring its state, and
+PyTorch's random functions run as they are.
+
+Every op here is ``Category.RANDOM``: passes never merge, fold or reorder them among themselves
+(the order of draws is the program's), and the executors run them in program order, so a
+compiled program draws exactly the numbers eager does and leaves the generator in the same state.
+
+- ``rng_seed {seed}``: ``torch.manual_seed(seed)``; returns the seed (an ``i64[]`` token).
+- ``rng_get_state {size}``: the CPU generator's state (``u8[size]``, a copy).
+- ``rng_set_state(state)``: restores it; returns an ``i64[]`` token.
+- ``random_call(tensors...) {target, out_types, literals, kwliterals}`` and ``random_factory``
+  (no tensor operand): a PyTorch random function (``torch.rand_like``, ``torch.bernoulli``,
+  ``torch.randn``, ``torch.randperm``...), its arguments as in ``opaque``; literals may also be
+  ``{"dtype": "float64"}`` and ``{"device": "cpu"}``.
+
+Example:
+    >>> from plait.ir.ops import get_op
+    >>> get_op("rng_seed").is_random({"seed": 0})
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from plait.ir.ops.extern import resolve_target
+from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
+from plait.ir.types import FLOAT_DTYPES, TensorType, Type
+
+_TOKEN = TensorType((), torch.int64, "cpu")
+
+
+def _seed(seed: int) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return torch.tensor(seed, dtype=torch.int64)
+
+
+def _set_state(state: torch.Tensor) -> torch.Tensor:
+    torch.default_generator.set_state(state)
+    return torch.zeros((), dtype=torch.int64)
+
+
+register(
+    OpDef(
+        "rng_seed",
+        Category.RANDOM,
+        (),
+        (Attr("seed", "int"),),
+        lambda seed: [_TOKEN],
+        _seed,
+        (torch.int64,),
+        "torch.manual_seed(seed) at this point of the program",
+    )
+)
+register(
+    OpDef(
+        "rng_get_state",
+        Category.RANDOM,
+        (),
+        (Attr("size", "int"),),
+        lambda size: [TensorType((size,), torch.uint8, "cpu")],
+        lambda size: torch.default_generator.get_state(),
+        (torch.uint8,),
+        "the CPU generator's state at this point of the program",
+    )
+)
+
+
+def _set_state_rule(state: Type) -> list[Type]:
+    if not isinstance(state, TensorType) or state.dtype != torch.uint8 or state.rank != 1:
+        raise TypeRuleError(f"rng_set_state: the state is a u8 vector, got {state}")
+    return [_TOKEN]
+
+
+register(
+    OpDef(
+        "rng_set_state",
+        Category.RANDOM,
+        (Param("state"),),
+        (),
+        _set_state_rule,
+        _set_state,
+        (torch.int64,),
+        "restores the CPU generator's state",
+    )
+)
+
+
+def _decode(spec: Any, tensors: list[Any]) -> Any:
+    if isinstance(spec, dict):
+        ((tag, body),) = spec.items()
+        if tag == "t":
+            return tensors[body]
+        if tag == "dtype":
+            dtype = getattr(torch, str(body), None)
+            if not isinstance(dtype, torch.dtype):
+                raise TypeRuleError(f"random call: unknown dtype {body!r}")
+            return dtype
+        if tag == "device":
+            return torch.device(body)
+        raise TypeRuleError(f"random call: unknown literal {spec!r}")
+    if isinstance(spec, list):
+        return [_decode(s, tensors) for s in spec]
+    return spec
+
+
+def _call_spec(literals: str, kwliterals: str) -> tuple[list[Any] | None, dict[str, Any]]:
+    try:
+        positional = json.loads(literals) if literals else None
+        keywords = json.loads(kwliterals) if kwliterals else {}
+    except json.JSONDecodeError as exc:
+        raise TypeRuleError(f"random call: malformed call spec: {exc}") from None
+    if positional is not None and not isinstance(positional, list):
+        raise TypeRuleError("random call: literals must be a JSON list")
+    if not isinstance(keywords, dict):
+        raise TypeRuleError("random call: kwliterals must be a JSON object")
+    return positional, keywords
+
+
+def _random_rule(*args: Any, target: str, out_types: str, literals: str, kwliterals: str) -> Any:
+    from plait.ir.text import parse_type
+
+    resolve_target(target)
+    _call_spec(literals, kwliterals)
+    types = [parse_type(s.strip()) for s in out_types.split(";") if s.strip()]
+    if not types:
+        raise TypeRuleError("random call: out_types must name at least one output type")
+    return types
+
+
+def _run(tensors: list[Any], target: str, literals: str, kwliterals: str) -> Any:
+    positional, keywords = _call_spec(literals, kwliterals)
+    args = tensors if positional is None else _decode(positional, tensors)
+    return resolve_target(target)(*args, **{k: _decode(v, tensors) for k, v in keywords.items()})
+
+
+_CALL_ATTRS = (
+    Attr("target", "str"),
+    Attr("out_types", "str"),
+    Attr("literals", "str", ""),
+    Attr("kwliterals", "str", ""),
+)
+register(
+    OpDef(
+        "random_call",
+        Category.RANDOM,
+        (Param("args", VARIADIC),),
+        _CALL_ATTRS,
+        _random_rule,
+        lambda args, target, out_types, literals, kwliterals: _run(
+            list(args), target, literals, kwliterals
+        ),
+        FLOAT_DTYPES,
+        "a PyTorch random function with tensor arguments, run by PyTorch in program order",
+        fixed_outputs=None,
+    )
+)
+register(
+    OpDef(
+        "random_factory",
+        Category.RANDOM,
+        (),
+        _CALL_ATTRS,
+        _random_rule,
+        lambda target, out_types, literals, kwliterals: _run([], target, literals, kwliterals),
+        FLOAT_DTYPES,
+        "a PyTorch random factory (no tensor argument), run by PyTorch in program order",
+        fixed_outputs=None,
+    )
+)
