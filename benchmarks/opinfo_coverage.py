@@ -164,6 +164,8 @@ def read_results(path: Path) -> list[dict[str, Any]]:
     for line in path.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
+            if row["category"] == "eager_error":  # NOTE: the category's first name
+                row["category"] = "not_judged"
             rows[(row["op"], row["index"], row["grad_mode"])] = row
     return list(rows.values())
 
@@ -174,7 +176,7 @@ _SEVERITY = ("mismatch", "crash", "timeout", "error", "signed_zero", "fallback",
 
 def op_verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     """Per op: ``pass`` when every judged sample passed with no fallback, else the worst
-    category; ``nondeterministic`` and ``eager_error`` when nothing else was judged."""
+    category; ``nondeterministic`` and ``not_judged`` when nothing else was judged."""
     by_op: dict[str, set[str]] = defaultdict(set)
     for row in rows:
         by_op[row["op"]].add(row["category"])
@@ -184,7 +186,7 @@ def op_verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
         if judged:
             out[key] = judged[0]
         else:
-            out[key] = "nondeterministic" if "nondeterministic" in cats else "eager_error"
+            out[key] = "nondeterministic" if "nondeterministic" in cats else "not_judged"
     return out
 
 
@@ -226,7 +228,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "its message); **fallback** (right results, but the manifest records an opaque node or a",
         "whole-program eager fallback); **crash** (any other exception); **timeout**;",
         "**nondeterministic** (random or uninitialized results: shapes and dtypes judged only);",
-        "**eager_error** (eager rejects the sample: not judged).",
+        "**not_judged** (eager rejects the sample, or it holds sparse tensors: not judged).",
         "",
         f"Run: {meta.get('when', '?')}, torch {meta.get('torch', '?')}, "
         f"grad modes {', '.join(meta.get('grad_modes', ['no_grad']))}, "
@@ -239,7 +241,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     samples = Counter(r["category"] for r in rows)
     verdicts = op_verdicts(rows)
     per_op = Counter(verdicts.values())
-    judged_ops = sum(v for k, v in per_op.items() if k not in ("nondeterministic", "eager_error"))
+    judged_ops = sum(v for k, v in per_op.items() if k not in ("nondeterministic", "not_judged"))
     lines += ["| category | samples | ops (worst sample) |", "|---|---:|---:|"]
     for cat in CATEGORIES:
         lines.append(f"| {cat} | {samples.get(cat, 0)} | {per_op.get(cat, 0)} |")
@@ -317,7 +319,7 @@ def _section_failures_per_op(rows: list[dict[str, Any]], verdicts: dict[str, str
         per_op[r["op"]][r["category"]] += 1
     for key in sorted(verdicts):
         verdict = verdicts[key]
-        if verdict in ("pass", "nondeterministic", "eager_error"):
+        if verdict in ("pass", "nondeterministic", "not_judged"):
             continue
         counts = ", ".join(f"{c} {n}" for c, n in sorted(per_op[key].items()))
         reason = _reason_of(first[key])[:240] if key in first else ""
@@ -337,7 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grad-modes", default="no_grad", help="no_grad, grad or no_grad,grad")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--doc", type=Path, default=DEFAULT_DOC)
-    parser.add_argument("--resume", action="store_true", help="skip ops already in --out")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep --out; without --ops, skip the ops it has in these grad modes",
+    )
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     grad_modes = tuple(m for m in args.grad_modes.split(",") if m)
@@ -352,11 +358,11 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 parser.error(f"unknown op(s): {', '.join(unknown)}")
             keys = [k for k in keys if k in wanted]
-        if args.resume and args.out.exists():
-            seen = {r["op"] for r in read_results(args.out)}
-            keys = [k for k in keys if k not in seen]
-        elif args.out.exists():
+        if not args.resume and args.out.exists():
             args.out.unlink()
+        elif args.resume and args.out.exists() and not args.ops:
+            seen = {r["op"] for r in read_results(args.out) if r["grad_mode"] in grad_modes}
+            keys = [k for k in keys if k not in seen]
         wall = sweep(keys, args.out, workers=args.workers, timeout=args.timeout,
                      grad_modes=grad_modes)  # fmt: skip
         import torch
@@ -364,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         old = json.loads(meta_path.read_text()) if args.resume and meta_path.exists() else {}
         meta_path.write_text(json.dumps({
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "torch": torch.__version__, "grad_modes": list(grad_modes),
+            "torch": torch.__version__,
+            "grad_modes": sorted(set(old.get("grad_modes", [])) | set(grad_modes)),
             "workers": args.workers, "cpus": os.cpu_count(),
             "wall_s": wall + float(old.get("wall_s", 0.0)),
         }))  # fmt: skip

@@ -16,8 +16,9 @@ numerical contract, with no error: a silent mismatch, whatever fallback was reco
 ``signed_zero`` (only the sign of a zero differs); ``error`` (a plait error type with its message);
 ``fallback`` (right results, but the manifest records an opaque node or a whole-program eager
 fallback); ``crash`` (any other exception from the compiled call); ``nondeterministic`` (random or
-uninitialized results: only shapes and dtypes are judged); ``eager_error`` (eager rejects the
-sample: not judged); ``timeout`` (set by the sweep's pool).
+uninitialized results: only shapes and dtypes are judged); ``not_judged`` (eager rejects the
+sample, or it has sparse tensors: the sweep judges dense tensors only); ``timeout`` (set by the
+sweep's pool).
 
 Example:
     >>> ops = {op_key(op): op for op in float32_ops()}
@@ -54,7 +55,7 @@ CATEGORIES = (
     "crash",
     "timeout",
     "nondeterministic",
-    "eager_error",
+    "not_judged",
 )
 GRAD_MODES = ("no_grad", "grad")
 SECOND_SEED = 1_000_003
@@ -422,6 +423,9 @@ def run_sample(
         ("call 3 (fresh values with NaN/inf/-0)", with_specials(fresh, SECOND_SEED + index)),
     ]
     outcome = Outcome(op_key(op), index, grad_mode, "pass", desc)
+    if any(leaves[i].layout != torch.strided for i in where):
+        outcome.category, outcome.detail = "not_judged", "a sparse tensor: dense tensors only"
+        return outcome
     judge = judge_for(op)
     random = is_random(op)
     compiled = plait.compile(program, options=options if options is not None else {"cache": False})
@@ -434,7 +438,7 @@ def run_sample(
                 expected = program(*_tensors_copy(tensors))
             except Exception as exc:
                 if n == 0:
-                    outcome.category, outcome.detail = "eager_error", _exception_text(exc)
+                    outcome.category, outcome.detail = "not_judged", _exception_text(exc)
                     break
                 continue  # NOTE: eager rejects these values: nothing to judge them against
             try:
@@ -504,7 +508,7 @@ def run_op(
         first = samples(op, seed=0)
         second = samples(op, seed=SECOND_SEED)
     except Exception as exc:
-        yield Outcome(op_key(op), 0, grad_modes[0], "eager_error", "sample generation failed",
+        yield Outcome(op_key(op), 0, grad_modes[0], "not_judged", "sample generation failed",
                       _exception_text(exc))  # fmt: skip
         return
     stop = len(first) if limit is None else min(len(first), start + limit)

@@ -80,12 +80,10 @@ def test_slice_names_existing_ops_of_every_family() -> None:
 @pytest.mark.parametrize("key", [_param(key) for key in SLICE])
 def test_no_silent_mismatch(key: str) -> None:
     outcomes = list(
-        opinfo_sweep.run_op(
-            _ops()[key], limit=SAMPLES_PER_OP, grad_modes=opinfo_sweep.GRAD_MODES
-        )
+        opinfo_sweep.run_op(_ops()[key], limit=SAMPLES_PER_OP, grad_modes=opinfo_sweep.GRAD_MODES)
     )
     assert outcomes, f"{key}: no samples"
-    judged = [o for o in outcomes if o.category != "eager_error"]
+    judged = [o for o in outcomes if o.category != "not_judged"]
     assert judged, f"{key}: eager rejected every sample: {outcomes[0].detail}"
     wrong = [o for o in outcomes if o.category == "mismatch"]
     assert not wrong, "\n".join(
