@@ -164,8 +164,10 @@ def read_results(path: Path) -> list[dict[str, Any]]:
     for line in path.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            if row["category"] == "eager_error":  # NOTE: the category's first name
-                row["category"] = "not_judged"
+            # NOTE: categories by their first names
+            row["category"] = {"eager_error": "not_judged", "nondeterministic": "random"}.get(
+                row["category"], row["category"]
+            )
             rows[(row["op"], row["index"], row["grad_mode"])] = row
     return list(rows.values())
 
@@ -176,7 +178,7 @@ _SEVERITY = ("mismatch", "crash", "timeout", "error", "signed_zero", "fallback",
 
 def op_verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     """Per op: ``pass`` when every judged sample passed with no fallback, else the worst
-    category; ``nondeterministic`` and ``not_judged`` when nothing else was judged."""
+    category; ``random`` and ``not_judged`` when nothing else was judged."""
     by_op: dict[str, set[str]] = defaultdict(set)
     for row in rows:
         by_op[row["op"]].add(row["category"])
@@ -186,7 +188,7 @@ def op_verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
         if judged:
             out[key] = judged[0]
         else:
-            out[key] = "nondeterministic" if "nondeterministic" in cats else "not_judged"
+            out[key] = "random" if "random" in cats else "not_judged"
     return out
 
 
@@ -227,7 +229,10 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "error); **signed_zero** (only the sign of a zero differs); **error** (a plait error with",
         "its message); **fallback** (right results, but the manifest records an opaque node or a",
         "whole-program eager fallback); **crash** (any other exception); **timeout**;",
-        "**nondeterministic** (random or uninitialized results: shapes and dtypes judged only);",
+        "**random** (eager's call draws from or reseeds torch's RNG, or its result changes with",
+        "the seed, or is uninitialized memory: structure, shapes and dtypes judged; whether the",
+        "values equal eager's under the same seeds is noted. OpInfo seeds its random ops inside",
+        "the op, which makes eager deterministic: those are judged like any op);",
         "**not_judged** (eager rejects the sample, or it holds sparse tensors: not judged).",
         "",
         f"Run: {meta.get('when', '?')}, torch {meta.get('torch', '?')}, "
@@ -241,7 +246,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     samples = Counter(r["category"] for r in rows)
     verdicts = op_verdicts(rows)
     per_op = Counter(verdicts.values())
-    judged_ops = sum(v for k, v in per_op.items() if k not in ("nondeterministic", "not_judged"))
+    judged_ops = sum(v for k, v in per_op.items() if k not in ("random", "not_judged"))
     lines += ["| category | samples | ops (worst sample) |", "|---|---:|---:|"]
     for cat in CATEGORIES:
         lines.append(f"| {cat} | {samples.get(cat, 0)} | {per_op.get(cat, 0)} |")
@@ -250,7 +255,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines += [
         "",
         f"**{per_op.get('pass', 0)} of {judged_ops} judged ops ({share:.1%}) pass every sample "
-        "with no fallback** (ops whose samples are all nondeterministic or rejected by eager are "
+        "with no fallback** (ops whose samples are all random or rejected by eager are "
         "not judged).",
         "",
     ]
@@ -260,6 +265,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines += _section_reasons(rows, "timeout", "Timeouts")
     lines += _section_reasons(rows, "signed_zero", "Signed zeros")
     lines += _section_reasons(rows, "fallback", "Fallbacks")
+    lines += _section_reasons(rows, "random", "Random ops (not counted as mismatches)")
     lines += _section_failures_per_op(rows, verdicts)
     return "\n".join(lines) + "\n"
 
@@ -319,7 +325,7 @@ def _section_failures_per_op(rows: list[dict[str, Any]], verdicts: dict[str, str
         per_op[r["op"]][r["category"]] += 1
     for key in sorted(verdicts):
         verdict = verdicts[key]
-        if verdict in ("pass", "nondeterministic", "not_judged"):
+        if verdict in ("pass", "random", "not_judged"):
             continue
         counts = ", ".join(f"{c} {n}" for c, n in sorted(per_op[key].items()))
         reason = _reason_of(first[key])[:240] if key in first else ""

@@ -15,10 +15,11 @@ Outcomes (:data:`CATEGORIES`): ``pass``; ``mismatch`` (a result different from e
 numerical contract, with no error: a silent mismatch, whatever fallback was recorded);
 ``signed_zero`` (only the sign of a zero differs); ``error`` (a plait error type with its message);
 ``fallback`` (right results, but the manifest records an opaque node or a whole-program eager
-fallback); ``crash`` (any other exception from the compiled call); ``nondeterministic`` (random or
-uninitialized results: only shapes and dtypes are judged); ``not_judged`` (eager rejects the
-sample, or it has sparse tensors: the sweep judges dense tensors only); ``timeout`` (set by the
-sweep's pool).
+fallback); ``crash`` (any other exception from the compiled call); ``random`` (eager's call draws
+from or reseeds torch's RNG, its result changes with the seed, or OpInfo flags it uninitialized:
+structure, shapes and dtypes are judged, and whether the values equal eager's under the same
+seeds is noted); ``not_judged`` (eager rejects the sample, or it has sparse tensors: the
+sweep judges dense tensors only); ``timeout`` (set by the sweep's pool).
 
 Example:
     >>> ops = {op_key(op): op for op in float32_ops()}
@@ -28,9 +29,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import sys
+import time
 import types
 import unittest
 import warnings
@@ -54,19 +57,12 @@ CATEGORIES = (
     "fallback",
     "crash",
     "timeout",
-    "nondeterministic",
+    "random",
     "not_judged",
 )
 GRAD_MODES = ("no_grad", "grad")
 SECOND_SEED = 1_000_003
 
-# NOTE: ops whose eager output is random (drawn from the global RNG) or uninitialized memory;
-# OpInfo flags the latter (has_nondeterministic_output) but not every random op.
-_RANDOM = re.compile(
-    r"^(bernoulli|cauchy|exponential|geometric|log_normal|multinomial|normal|uniform|poisson"
-    r"|rand|randn|randint|rand_like|randn_like|randint_like"
-    r"|nn\.functional\.(dropout|dropout2d|dropout3d|alpha_dropout|feature_alpha_dropout|rrelu))$"
-)
 _MATMUL = re.compile(
     r"^(mm|bmm|addmm|addbmm|baddbmm|addmv|addr|mv|matmul|dot|vdot|inner|outer|ger|einsum|"
     r"tensordot|chain_matmul|kron|nn\.functional\.(linear|bilinear)|__rmatmul__|linalg\..*|"
@@ -113,8 +109,12 @@ def op_key(op: Any) -> str:
 
 
 def is_random(op: Any) -> bool:
-    """True when eager's output is random or uninitialized memory."""
-    return bool(op.has_nondeterministic_output or _RANDOM.match(op.name))
+    """True when OpInfo flags eager's output as nondeterministic (uninitialized memory).
+
+    NOTE: random ops are not listed by name: OpInfo seeds most of them inside the op
+    (``wrapper_set_seed``), and then eager is deterministic and plait must match it; a sample whose
+    eager result still changes with the seed is found by running eager under two seeds."""
+    return bool(op.has_nondeterministic_output)
 
 
 def op_class(op: Any) -> str:
@@ -399,48 +399,58 @@ def _grad_context(mode: str) -> Any:
     return torch.no_grad() if mode == "no_grad" else torch.enable_grad()
 
 
-def run_sample(
-    op: Any, first: Any, second: Any | None, index: int, grad_mode: str, *, options: Any = None
-) -> Outcome:
-    """Compile one sample and classify it (see the module docstring)."""
-    import time
-
-    start = time.perf_counter()
-    desc = describe(first)
-    leaves, spec = _flatten(first)
-    program, where = _program(op, spec, leaves)
+def _three_calls(
+    leaves: list[Any], where: list[int], spec: Any, second: Any | None, index: int
+) -> list[tuple[str, list[torch.Tensor]]]:
+    """The capture's values, a fresh draw of the same sample, and that draw with special values."""
+    fresh = None
     if second is not None:
         leaves2, spec2 = _flatten(second)
         if _same_structure(leaves, leaves2, spec, spec2):
             fresh = [leaves2[i] for i in where]
-        else:
-            fresh = redrawn(leaves, where, SECOND_SEED + index)
-    else:
+    if fresh is None:
         fresh = redrawn(leaves, where, SECOND_SEED + index)
-    calls = [
+    return [
         ("call 1 (capture values)", [leaves[i] for i in where]),
         ("call 2 (fresh values)", fresh),
         ("call 3 (fresh values with NaN/inf/-0)", with_specials(fresh, SECOND_SEED + index)),
     ]
-    outcome = Outcome(op_key(op), index, grad_mode, "pass", desc)
+
+
+def run_sample(
+    op: Any, first: Any, second: Any | None, index: int, grad_mode: str, *, options: Any = None
+) -> Outcome:
+    """Compile one sample and classify it (see the module docstring)."""
+    start = time.perf_counter()
+    leaves, spec = _flatten(first)
+    program, where = _program(op, spec, leaves)
+    outcome = Outcome(op_key(op), index, grad_mode, "pass", describe(first))
     if any(leaves[i].layout != torch.strided for i in where):
         outcome.category, outcome.detail = "not_judged", "a sparse tensor: dense tensors only"
         return outcome
+    calls = _three_calls(leaves, where, spec, second, index)
     judge = judge_for(op)
     random = is_random(op)
     compiled = plait.compile(program, options=options if options is not None else {"cache": False})
     signed: tuple[str, str] | None = None
+    draws_differ: tuple[str, str] | None = None
     with _grad_context(grad_mode), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for n, (label, tensors) in enumerate(calls):
             try:
                 torch.manual_seed(index)
-                expected = program(*_tensors_copy(tensors))
+                before = torch.get_rng_state()
+                with _counting_seeds() as seeds:
+                    expected = program(*_tensors_copy(tensors))
+                # NOTE: a call that draws from or reseeds torch's RNG is random.
+                random = random or not torch.equal(before, torch.get_rng_state())
             except Exception as exc:
                 if n == 0:
                     outcome.category, outcome.detail = "not_judged", _exception_text(exc)
                     break
                 continue  # NOTE: eager rejects these values: nothing to judge them against
+            if n == 0 and not random:
+                random = _eager_is_random(program, tensors, expected, index, judge)
             try:
                 torch.manual_seed(index)
                 actual = compiled(*_tensors_copy(tensors))
@@ -448,30 +458,83 @@ def run_sample(
                 outcome.category = "error" if _is_plait_error(exc) else "crash"
                 outcome.detail, outcome.draw = _exception_text(exc), label
                 break
-            if random:
-                verdict = _meta_verdict(expected, actual)
-            else:
-                verdict = judge(expected, actual)
+            verdict = _meta_verdict(expected, actual) if random else judge(expected, actual)
+            if random and verdict is None and draws_differ is None:
+                full = judge(expected, actual)
+                draws_differ = (full[1], label) if full is not None else None
             if verdict is None:
                 continue
             if verdict[0] == "mismatch":
-                outcome.category, outcome.detail, outcome.draw = "mismatch", verdict[1], label
+                seeded = "the program seeds torch's RNG (torch.manual_seed); " if seeds else ""
+                outcome.category, outcome.draw = "mismatch", label
+                outcome.detail = seeded + verdict[1]
                 break
             signed = signed or (verdict[1], label)
     if outcome.category == "pass":
-        try:
-            outcome.fallbacks = _fallbacks(compiled)
-        except Exception as exc:  # NOTE: explain itself failing is a finding too
-            outcome.category, outcome.detail = "crash", "plait.explain: " + _exception_text(exc)
-        if outcome.category == "pass":
-            if random:
-                outcome.category = "nondeterministic"
-            elif signed is not None:
-                outcome.category, outcome.detail, outcome.draw = "signed_zero", *signed
-            elif outcome.fallbacks:
-                outcome.category, outcome.detail = "fallback", outcome.fallbacks[0]
+        _settle(outcome, compiled, random, signed, draws_differ)
     outcome.seconds = time.perf_counter() - start
     return outcome
+
+
+def _settle(
+    outcome: Outcome,
+    compiled: Any,
+    random: bool,
+    signed: tuple[str, str] | None,
+    draws_differ: tuple[str, str] | None,
+) -> None:
+    """The category of a sample whose calls all matched: random, signed zero, fallback or pass."""
+    try:
+        outcome.fallbacks = _fallbacks(compiled)
+    except Exception as exc:  # NOTE: explain itself failing is a finding too
+        outcome.category, outcome.detail = "crash", "plait.explain: " + _exception_text(exc)
+        return
+    if random:
+        outcome.category = "random"
+        if draws_differ is not None:
+            outcome.detail = "values differ from eager's under the same seeds: " + draws_differ[0]
+            outcome.draw = draws_differ[1]
+        else:
+            outcome.detail = "same values as eager under the same seeds"
+    elif signed is not None:
+        outcome.category, outcome.detail, outcome.draw = "signed_zero", *signed
+    elif outcome.fallbacks:
+        outcome.category, outcome.detail = "fallback", outcome.fallbacks[0]
+
+
+@contextlib.contextmanager
+def _counting_seeds() -> Iterator[list[int]]:
+    """Records the seeds passed to ``torch.manual_seed`` inside the block (OpInfo's random ops
+    seed inside the op, so eager is deterministic there and plait must give the same values)."""
+    seeds: list[int] = []
+    original = torch.manual_seed
+
+    def counting(seed: int) -> Any:
+        seeds.append(int(seed))
+        return original(seed)
+
+    torch.manual_seed = counting  # type: ignore[assignment]
+    try:
+        yield seeds
+    finally:
+        torch.manual_seed = original  # type: ignore[assignment]
+
+
+def _eager_is_random(
+    program: Callable[..., Any],
+    tensors: list[torch.Tensor],
+    expected: Any,
+    seed: int,
+    judge: Judged,
+) -> bool:
+    """True when eager under another RNG seed gives another result (a sample that draws random
+    numbers from a generator of its own, say)."""
+    torch.manual_seed(seed + 7919)
+    try:
+        again = program(*_tensors_copy(tensors))
+    except Exception:
+        return False
+    return judge(expected, again) is not None
 
 
 def _tensors_copy(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
