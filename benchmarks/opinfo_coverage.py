@@ -126,8 +126,10 @@ def sweep(
                     try:
                         kind, payload = slot.conn.recv()
                     except (EOFError, OSError):
+                        slot.proc.join(timeout=10)
                         code = slot.proc.exitcode
-                        slots[i] = replace(slot, "crash", f"worker process died (exit code {code})")
+                        how = f"signal {-code}" if code is not None and code < 0 else f"exit {code}"
+                        slots[i] = replace(slot, "crash", f"the worker process died ({how})")
                         continue
                     slot.since = now
                     if kind == "ready":
