@@ -261,6 +261,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "not judged).",
         "",
     ]
+    lines += _section_time(rows)
     lines += _section_mismatches(rows)
     lines += _section_reasons(rows, "error", "Clear errors")
     lines += _section_reasons(rows, "crash", "Crashes")
@@ -272,6 +273,29 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _section_time(rows: list[dict[str, Any]]) -> list[str]:
+    per_op: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for r in rows:
+        per_op[r["op"]] += float(r.get("seconds", 0.0))
+        count[r["op"]] += 1
+    total = sum(per_op.values())
+    lines = [
+        "## Where the time goes",
+        "",
+        f"{total / 60:.1f} min of worker time over {len(rows)} samples "
+        f"({total / max(1, len(rows)) * 1e3:.0f} ms a sample: capture, passes, the C++ build "
+        "through plait's kernel cache, three compiled and four eager calls). The ops that took "
+        "longest:",
+        "",
+        "| op | samples | seconds |",
+        "|---|---:|---:|",
+    ]
+    for key, seconds in per_op.most_common(8):
+        lines.append(f"| {key} | {count[key]} | {seconds:.0f} |")
+    return [*lines, ""]
+
+
 def _section_mismatches(rows: list[dict[str, Any]]) -> list[str]:
     bad = sorted(
         (r for r in rows if r["category"] == "mismatch"), key=lambda r: (r["op"], r["index"])
@@ -279,12 +303,23 @@ def _section_mismatches(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["## Silent mismatches", ""]
     if not bad:
         return [*lines, "None.", ""]
-    lines += ["| op | sample | grad mode | call | what differed |", "|---|---|---|---|---|"]
+    total: Counter[str] = Counter(r["op"] for r in rows)
+    by_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in bad:
-        desc = r["desc"].replace("|", "\\|")
+        by_op[r["op"]].append(r)
+    lines += [
+        "One row per op: how many of its samples (over all grad modes) mismatched, and the first.",
+        "",
+        "| op | mismatched | grad modes | first sample | call | what differed |",
+        "|---|---:|---|---|---|---|",
+    ]
+    for key, hits in sorted(by_op.items()):
+        first = hits[0]
+        modes = ", ".join(sorted({r["grad_mode"] for r in hits}))
+        desc = first["desc"].replace("|", "\\|")
         lines.append(
-            f"| {r['op']} | {r['index']}: {desc} | {r['grad_mode']} | {r['draw']} | "
-            f"{_reason_of(r)} |"
+            f"| {key} | {len(hits)} of {total[key]} | {modes} | {first['index']}: {desc} | "
+            f"{first['draw']} | {_reason_of(first)} |"
         )
     return [*lines, ""]
 

@@ -325,6 +325,10 @@ class Judged:
                 if not isinstance(a, torch.Tensor):
                     return "mismatch", f"{where}: {type(a).__name__}, eager returned a tensor"
                 return "mismatch", f"{where}: a {type(a).__qualname__}, not a plain torch.Tensor"
+            if isinstance(e, torch.Tensor) and e.layout != a.layout:
+                return "mismatch", f"{where}: layout {a.layout}, eager's {e.layout}"
+            if isinstance(e, torch.Tensor) and e.layout != torch.strided:
+                e, a = e.to_dense(), a.to_dense()  # NOTE: sparse results compared by value
             report = Report(contract_version=self.version)
             dtype = e.dtype if isinstance(e, torch.Tensor) else torch.float32
             compare(report, where, "call", expected=e, actual=a, budget=self.budget_for(dtype))

@@ -16,7 +16,9 @@ import functools
 from typing import Any
 
 import pytest
+import torch
 
+import plait.contract
 from benchmarks import opinfo_sweep
 
 SAMPLES_PER_OP = 4
@@ -97,3 +99,30 @@ def test_no_silent_mismatch(key: str) -> None:
     assert not wrong, "\n".join(
         f"{o.op} sample {o.index} ({o.desc}), {o.grad_mode}, {o.draw}: {o.detail}" for o in wrong
     )
+
+
+def test_the_judge_catches_each_kind_of_difference() -> None:
+    """The slice can fail: values, NaN positions, signed zeros, result types, stale subclasses."""
+    op = _ops()["sort"]
+    judge = opinfo_sweep.judge_for(op)
+    tol = plait.contract.load().tolerance(opinfo_sweep.op_class(op), torch.float32)
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(3))
+    eager = torch.sort(x, dim=1)
+    assert judge(eager, torch.sort(x.clone(), dim=1)) is None
+    nan = x.clone()
+    nan[0, 0] = float("nan")
+    assert judge(torch.sort(nan, dim=1), torch.sort(nan.nan_to_num(), dim=1))[0] == "mismatch"
+    assert judge(eager, tuple(eager))[0] == "mismatch"  # a plain tuple for a structseq
+    # NOTE: ten times the contract's budget for this op's class, at every element
+    budget = tol.atol * max(1.0, float(eager.values.abs().max())) + tol.rtol * eager.values.abs()
+    off = torch.return_types.sort((eager.values + 10 * budget, eager.indices))
+    assert judge(eager, off)[0] == "mismatch"
+
+    class Stale(torch.Tensor):
+        pass
+
+    stale = torch.return_types.sort((eager.values.as_subclass(Stale), eager.indices))
+    assert judge(eager, stale)[0] == "mismatch"
+    zeros = torch.tensor([0.0, -0.0])
+    verdict = judge(zeros, zeros.abs())
+    assert verdict is not None and verdict[0] == "signed_zero"
