@@ -9,17 +9,20 @@ function is called three times, each time beside eager on clones of the same inp
    (same shapes, dtypes and constants; index tensors valid by construction), so a result baked
    into the program at capture shows up as a mismatch;
 3. on that second draw with NaN, +inf, -inf and -0.0 written into every floating-point tensor
-   (judged only where eager accepts those values), so NaN-swallowing kernels show up.
+   (judged only where eager accepts those values; not drawn for the few ops whose eager kernels
+   crash the process on them), so kernels that lose a NaN, an infinity or a sign show up.
 
 Outcomes (:data:`CATEGORIES`): ``pass``; ``mismatch`` (a result different from eager under the
 numerical contract, with no error: a silent mismatch, whatever fallback was recorded);
 ``signed_zero`` (only the sign of a zero differs); ``error`` (a plait error type with its message);
 ``fallback`` (right results, but the manifest records an opaque node or a whole-program eager
 fallback); ``crash`` (any other exception from the compiled call); ``random`` (eager's call draws
-from or reseeds torch's RNG, its result changes with the seed, or OpInfo flags it uninitialized:
-structure, shapes and dtypes are judged, and whether the values equal eager's under the same
-seeds is noted); ``not_judged`` (eager rejects the sample, or it has sparse tensors: the
-sweep judges dense tensors only); ``timeout`` (set by the sweep's pool).
+from torch's RNG, leaving it in another state, or its result changes with the seed, or OpInfo
+flags it uninitialized: structure, shapes and dtypes are judged, and whether the values equal
+eager's under the same seeds is noted; OpInfo's random ops that seed the RNG inside the op and
+restore it are deterministic, so they are judged like any op); ``not_judged`` (eager rejects the
+sample, or it has sparse tensors: the sweep judges dense tensors only); ``timeout`` (set by the
+sweep's pool).
 
 Example:
     >>> ops = {op_key(op): op for op in float32_ops()}
