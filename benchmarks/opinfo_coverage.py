@@ -275,7 +275,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 
 def _section_time(rows: list[dict[str, Any]]) -> list[str]:
-    per_op: Counter[str] = Counter()
+    per_op: dict[str, float] = defaultdict(float)
     count: Counter[str] = Counter()
     for r in rows:
         per_op[r["op"]] += float(r.get("seconds", 0.0))
@@ -292,7 +292,7 @@ def _section_time(rows: list[dict[str, Any]]) -> list[str]:
         "| op | samples | seconds |",
         "|---|---:|---:|",
     ]
-    for key, seconds in per_op.most_common(8):
+    for key, seconds in sorted(per_op.items(), key=lambda kv: -kv[1])[:8]:
         lines.append(f"| {key} | {count[key]} | {seconds:.0f} |")
     return [*lines, ""]
 

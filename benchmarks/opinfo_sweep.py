@@ -528,11 +528,11 @@ def _counting_seeds() -> Iterator[list[int]]:
         seeds.append(int(seed))
         return original(seed)
 
-    torch.manual_seed = counting  # type: ignore[assignment]
+    torch.manual_seed = counting
     try:
         yield seeds
     finally:
-        torch.manual_seed = original  # type: ignore[assignment]
+        torch.manual_seed = original
 
 
 def _eager_is_random(
