@@ -241,7 +241,13 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"Run: {meta.get('when', '?')}, torch {meta.get('torch', '?')}, "
         f"grad modes {', '.join(meta.get('grad_modes', ['no_grad']))}, "
         f"{meta.get('workers', '?')} worker(s) on {meta.get('cpus', '?')} CPU(s), "
-        f"wall time {meta.get('wall_s', 0) / 60:.1f} min.",
+        f"wall time {meta.get('wall_s', 0) / 60:.1f} min in all.",
+        "",
+        *[
+            f"- {run['ops']} op(s), grad modes {', '.join(run['grad_modes'])}: "
+            f"{run['wall_s'] / 60:.1f} min"
+            for run in meta.get("runs", [])
+        ],
         "",
         "## Totals",
         "",
@@ -418,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
             "grad_modes": sorted(set(old.get("grad_modes", [])) | set(grad_modes)),
             "workers": args.workers, "cpus": os.cpu_count(),
             "wall_s": wall + float(old.get("wall_s", 0.0)),
+            "runs": [*old.get("runs", []),
+                     {"ops": len(keys), "grad_modes": list(grad_modes), "wall_s": wall}],
         }))  # fmt: skip
     rows = read_results(args.out)
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
