@@ -263,7 +263,10 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     verdicts = op_verdicts(rows)
     per_op = Counter(verdicts.values())
     judged_ops = sum(v for k, v in per_op.items() if k not in ("random", "not_judged"))
-    lines += ["| category | samples (each grad mode counted) | ops (worst sample) |", "|---|---:|---:|"]
+    lines += [
+        "| category | samples (each grad mode counted) | ops (worst sample) |",
+        "|---|---:|---:|",
+    ]
     for cat in CATEGORIES:
         lines.append(f"| {cat} | {samples.get(cat, 0)} | {per_op.get(cat, 0)} |")
     lines.append(f"| **total** | {len(rows)} | {len(verdicts)} |")
