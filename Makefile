@@ -1,12 +1,13 @@
 # plait: two commands on a fresh machine.
 #   make test   set up .venv (once) and run the whole check suite: ruff, mypy, import-linter, pytest
 #   make bench  set up .venv (once) and run the ResNet benchmark (eager, plait, torch.compile)
+#   make coverage  sweep PyTorch's OpInfo samples through plait.compile; writes docs/coverage.md
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test bench lint typecheck layers pytest setup clean
+.PHONY: test bench coverage lint typecheck layers pytest setup clean
 
 setup: $(STAMP)
 
@@ -33,6 +34,9 @@ test: lint typecheck layers pytest
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.resnet_classification --out benchmarks/out
+
+coverage: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m benchmarks.opinfo_coverage
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
