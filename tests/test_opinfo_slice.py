@@ -41,26 +41,6 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "fallback": ("nonzero", "masked_select", "item"),
 }  # fmt: skip
 
-# NOTE: the silent mismatches known when this slice was written, each being fixed elsewhere
-# (issue 15). strict: the test fails as soon as a fix makes the op pass, so the mark is removed.
-_STRUCTSEQ = (
-    "torch.return_types results kept as constants: the structseq is not seen as a container, so "
-    "the compiled call returns the capture's Tracer objects (issue 15, item 2)"
-)
-_SEEDED = (
-    "torch.manual_seed inside the compiled function is ignored: OpInfo seeds its random ops "
-    "inside the op, eager returns the seeded draws and plait others (issue 15, item 4)"
-)
-KNOWN: dict[str, str] = {
-    "sort": _STRUCTSEQ,
-    "topk": _STRUCTSEQ,
-    "aminmax": _STRUCTSEQ,
-    "kthvalue": _STRUCTSEQ,
-    "cummax": _STRUCTSEQ,
-    "nn.functional.dropout": _SEEDED,
-    "nn.functional.scaled_dot_product_attention": _SEEDED,
-}
-
 SLICE = [key for keys in FAMILIES.values() for key in keys]
 
 
@@ -70,10 +50,7 @@ def _ops() -> dict[str, Any]:
 
 
 def _param(key: str) -> Any:
-    marks = [pytest.mark.slow]
-    if key in KNOWN:
-        marks.append(pytest.mark.xfail(reason=KNOWN[key], strict=True))
-    return pytest.param(key, marks=marks, id=key)
+    return pytest.param(key, marks=[pytest.mark.slow], id=key)
 
 
 def test_slice_names_existing_ops_of_every_family() -> None:
