@@ -201,8 +201,7 @@ def load_snapshot(
     except CorruptEntryError as exc:  # NOTE: damaged, or stored under another key: warned
         warnings.warn(f"plait cache: {exc}; captured again", CacheWarning, stacklevel=4)
         return None, f"captured: {exc}"
-    except OSError as exc:
-        warnings.warn(f"plait cache: cache unavailable ({exc})", CacheWarning, stacklevel=4)
+    except OSError as exc:  # NOTE: warned once, by the artifact lookup of the same store
         return None, f"captured: cache unavailable ({exc})"
     if payload is None:
         return None, "captured: no snapshot for this front key"

@@ -376,7 +376,7 @@ class LocalStore(Store):
         self.root = Path(root)
         self.max_bytes = int(max_bytes) if max_bytes is not None else max_bytes_setting()
         self.objects = self.root / "objects"
-        self._lock = FileLock(str(self.root / "index.lock"))
+        self._lock = FileLock(str(self.root / "index.lock"), mode=FILE_MODE)
         self.problems: list[str] = []  # NOTE: index problems found and repaired, for reports
         self._index_checked = False
         # NOTE: at most one read ahead, taken over (or dropped) by the next get_pending
@@ -486,8 +486,6 @@ class LocalStore(Store):
 
     def _read_pending(self, key: str) -> Pending | None:
         path = self.path(key)
-        if not self.root.exists():
-            return None
         self._private_root()  # NOTE: raises (an OSError) for a root others could have written
         try:
             view, digest, n_meta, start = _frame(_open_mapping(path))

@@ -125,8 +125,16 @@ def private_dir(path: str | os.PathLike[str]) -> Path:
         True
     """
     path = Path(os.path.abspath(path))
-    _make(path)
-    st = os.lstat(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        # NOTE: nothing is created under a directory others control
+        for parent in reversed(path.parents):
+            if not os.path.lexists(parent):
+                break
+            _check_ancestor(parent, os.stat(parent))
+        _make(path)
+        st = os.lstat(path)
     ident = (str(path), st.st_dev, st.st_ino, st.st_uid, st.st_mode)
     if ident in _CHECKED:
         return path
