@@ -37,6 +37,17 @@ def _store(root: Path | None) -> LocalStore:
     return LocalStore((root or cache_root()) / "artifacts")
 
 
+class _Group(click.Group):
+    """A cache directory plait refuses (another user's, writable by others) or cannot use is
+    one line and exit status 1, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            raise click.ClickException(printable(str(exc))) from None
+
+
 def _kernel_files(root: Path | None) -> list[Path]:
     """The kernel cache's files (``plait.codegen.build``: the named cache directory itself, else
     the kernel cache directory that build uses)."""
@@ -65,7 +76,7 @@ def load_manifest(path: Path, problem: str = "") -> Manifest:
         raise click.ClickException(f"{where}: {printable(str(exc))}") from None
 
 
-@click.group("cache")
+@click.group("cache", cls=_Group)
 def cache_group() -> None:
     """The content-addressed artifact cache: compiled specializations keyed by what decided
     them (semantic hash, guards, target, options, toolchain, ambient settings, frozen
