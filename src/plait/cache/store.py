@@ -29,7 +29,8 @@ the inode it opened); a process that writes into an entry's file in place is out
 store guarantees.
 
 Example:
-    >>>     >>> store = LocalStore(tempfile.mkdtemp())
+    >>> import tempfile
+    >>> store = LocalStore(tempfile.mkdtemp())
     >>> store.put("ab" * 32, b"payload", {"parts": {"source": "x"}})
     >>> store.get("ab" * 32)
     b'payload'

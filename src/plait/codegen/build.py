@@ -192,7 +192,7 @@ def remembered(
     answers; one that is unreadable or for another identity is computed again and replaced."""
     try:
         memo = cache_dir() / f"{name}.json"
-    except BuildError:
+    except OSError:  # NOTE: no directory at all (not even a temporary one): not remembered
         return compute()
     try:
         saved = json.loads(memo.read_text())
