@@ -10,15 +10,14 @@ Example:
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from plait.cache.cli import cache_group
-from plait.manifest import Manifest
+from plait.cache.cli import cache_group, load_manifest
+from plait.manifest import printable
 
 
 @click.group()
@@ -31,12 +30,18 @@ def main() -> None:
 @click.argument("manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest itself, re-indented.")
 def explain(manifest: Path, as_json: bool) -> None:
-    """Print a saved manifest as a readable report: passes, rewrites, fallbacks, guards."""
+    """Print a saved manifest as a readable report: passes, rewrites, fallbacks, guards.
+    A file that is not a plait manifest (or not a regular file) is refused with one line and
+    exit status 1; control characters in it are printed escaped."""
+    m = load_manifest(manifest)
     try:
-        m = Manifest.load(manifest)
-    except (ValueError, TypeError, json.JSONDecodeError) as exc:
-        raise click.ClickException(f"{manifest}: not a plait manifest: {exc}") from exc
-    click.echo(m.dumps() if as_json else m.report())
+        text = m.dumps() if as_json else m.report()
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
+        what = printable(f"{type(exc).__name__}: {exc}")
+        raise click.ClickException(
+            f"{printable(str(manifest))}: not a plait manifest: malformed content ({what})"
+        ) from None
+    click.echo(printable(text))
 
 
 BENCH_MODULE = "benchmarks.resnet_classification"

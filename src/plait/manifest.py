@@ -19,11 +19,13 @@ import hashlib
 import json
 import platform
 import sys
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from plait.codegen.build import cpu_info
+from plait.ir.private_files import read_regular
 
 SCHEMA = "plait.manifest/1"
 
@@ -60,6 +62,26 @@ def toolchain(extra: dict[str, str] | None = None) -> dict[str, Any]:
         out["gpu_capability"] = list(torch.cuda.get_device_capability())
     out.update(extra or {})
     return out
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: every control character but the newline (an escape
+    sequence, a carriage return, a bidirectional override) written as its Python escape.
+
+    Example:
+        >>> printable("ok\\x1b[2Jgone")
+        'ok\\\\x1b[2Jgone'
+    """
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii") if _unsafe(ch) else ch for ch in text
+    )
+
+
+def _unsafe(ch: str) -> bool:
+    return ch != "\n" and unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")
+
+
+MAX_BYTES = 1 << 30  # NOTE: a manifest file larger than this is refused, not read
 
 
 @dataclass
@@ -110,16 +132,44 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
+        """The manifest ``data`` describes; raises ``ValueError`` naming what is wrong when it
+        is not a plait manifest (not an object, another schema, a field of the wrong type)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"not a plait manifest (a JSON {type(data).__name__}, not an object)")
         if data.get("schema") != SCHEMA:
             raise ValueError(
                 f"not a plait manifest (schema {data.get('schema')!r}, expected {SCHEMA!r})"
             )
         fields = {k: v for k, v in data.items() if k != "schema"}
+        for name, value in fields.items():
+            kind = _FIELD_TYPES.get(name)
+            if kind is None:
+                raise ValueError(f"not a plait manifest: unknown field {name!r}")
+            if not isinstance(value, kind):
+                raise ValueError(
+                    f"not a plait manifest: {name!r} is a {type(value).__name__}, "
+                    f"expected a {kind.__name__}"
+                )
+        if "source_hash" not in fields:
+            raise ValueError("not a plait manifest: no 'source_hash'")
         return cls(**fields)
 
     @classmethod
     def load(cls, path: str | Path) -> Manifest:
-        return cls.from_json(json.loads(Path(path).read_text()))
+        """The manifest saved at ``path``. Raises ``OSError`` where it cannot be read (a FIFO,
+        a device or a directory is refused, never read) and ``ValueError`` naming what is wrong
+        with a file that is not a plait manifest (not UTF-8 JSON, nested too deep, a field of
+        the wrong type)."""
+        data = read_regular(path, limit=MAX_BYTES)
+        try:
+            doc = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"not a plait manifest: not UTF-8 ({exc.reason} at byte {exc.start})"
+            ) from None
+        except RecursionError:
+            raise ValueError("not a plait manifest: JSON nested too deep") from None
+        return cls.from_json(doc)
 
     def report(self) -> str:
         """A readable report: passes and rewrites, fallbacks, guards, executor counts."""
@@ -163,6 +213,23 @@ class Manifest:
             total = sum(v for v in self.timings.values() if isinstance(v, (int, float)))
             lines.append(f"  timings: {total * 1e3:.1f} ms over {len(self.timings)} entries")
         return "\n".join(lines)
+
+
+# NOTE: each field's JSON type: a loaded manifest is checked against it, field by field
+_FIELD_TYPES: dict[str, type] = {
+    "source_hash": str,
+    "options": dict,
+    "toolchain": dict,
+    "passes": list,
+    "guards": list,
+    "fallbacks": list,
+    "kernels": dict,
+    "executor": dict,
+    "cache_key": dict,
+    "graph": dict,
+    "timings": dict,
+    "cache": dict,
+}
 
 
 @dataclass

@@ -199,3 +199,40 @@ def test_invalid_toml_text_is_rejected(tmp_path: Path) -> None:
 def test_docstring_examples_run(module: Any) -> None:
     failures, _ = doctest.testmod(module, verbose=False)
     assert failures == 0
+
+
+# --- every malformed file is a ContractError naming the problem ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"schema_version = 1\n\xff\xfe = 2\n", "not UTF-8"),
+        (b"x = " + b"[" * 100_000 + b"]" * 100_000, "nested too deep"),
+        (b"x = " + b"{a = " * 5_000 + b"1" + b"}" * 5_000, "nested too deep"),
+    ],
+    ids=["not UTF-8", "nested arrays", "nested inline tables"],
+)
+def test_a_malformed_contract_file_is_a_contract_error(
+    tmp_path: Path, content: bytes, problem: str
+) -> None:
+    path = tmp_path / "contract.toml"
+    path.write_bytes(content)
+    with pytest.raises(ContractError, match=problem) as caught:
+        load(path)
+    assert str(path) in str(caught.value)
+
+
+def test_a_contract_path_that_is_not_a_regular_file_is_refused_without_reading(
+    tmp_path: Path,
+) -> None:
+    import os
+
+    fifo = tmp_path / "contract.toml"
+    os.mkfifo(fifo)  # NOTE: a blocking open would wait for a writer forever
+    with pytest.raises(ContractError, match="not a regular file"):
+        load(fifo)
+    with pytest.raises(ContractError, match="cannot be read"):
+        load(tmp_path)
+    with pytest.raises(ContractError, match="cannot be read"):
+        load(tmp_path / "absent.toml")

@@ -22,6 +22,7 @@ import click
 from plait.cache import LocalStore, cache_root
 from plait.cache.key import explain_miss
 from plait.cache.lookup import entry_parts
+from plait.manifest import Manifest, printable
 
 _DIR = click.option(
     "--dir",
@@ -34,6 +35,17 @@ _DIR = click.option(
 
 def _store(root: Path | None) -> LocalStore:
     return LocalStore((root or cache_root()) / "artifacts")
+
+
+class _Group(click.Group):
+    """A cache directory plait refuses (another user's, writable by others) or cannot use is
+    one line and exit status 1, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            raise click.ClickException(printable(str(exc))) from None
 
 
 def _kernel_files(root: Path | None) -> list[Path]:
@@ -50,7 +62,21 @@ def _kernel_files(root: Path | None) -> list[Path]:
     return [p for p in kernels.glob("??/*") if p.suffix in (".so", ".sha256")]
 
 
-@click.group("cache")
+def load_manifest(path: Path, problem: str = "") -> Manifest:
+    """The manifest at ``path``, or a :class:`click.ClickException` (exit status 1) with one
+    line that names the file, ``problem`` (what the command could not do) and what is wrong
+    with the file; everything it quotes is :func:`~plait.manifest.printable`."""
+    where = printable(str(path)) + (f": {problem}" if problem else "")
+    try:
+        return Manifest.load(path)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise click.ClickException(f"{where}: cannot read it: {printable(reason)}") from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise click.ClickException(f"{where}: {printable(str(exc))}") from None
+
+
+@click.group("cache", cls=_Group)
 def cache_group() -> None:
     """The content-addressed artifact cache: compiled specializations keyed by what decided
     them (semantic hash, guards, target, options, toolchain, ambient settings, frozen
@@ -112,11 +138,10 @@ def clear(root: Path | None, kernels: bool) -> None:
 def explain_miss_command(manifest: Path, root: Path | None) -> None:
     """Why a compile's key (from its saved manifest) is not in the cache: the nearest entry and
     the key parts that differ from it."""
-    try:
-        key = json.loads(manifest.read_text())["cache_key"]
-        parts, digest = key["parts"], key["digest"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise click.ClickException(f"{manifest}: no cache key in this manifest ({exc})") from exc
+    key = load_manifest(manifest, "no cache key in this manifest").cache_key
+    parts, digest = key.get("parts"), key.get("digest")
+    if not isinstance(parts, dict) or not isinstance(digest, str):
+        raise click.ClickException(f"{printable(str(manifest))}: no cache key in this manifest")
     store = _store(root)
     entries = store.list()
     if any(e.key == digest for e in entries):

@@ -20,12 +20,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from plait.cache.compiled import SavedCompile, StaleEntryError, load_compiled, s
 from plait.cache.key import CacheKey, explain_miss
 from plait.cache.store import CorruptEntryError
 from plait.cache.weight_digests import weights_digest
+from plait.codegen import build
 from plait.errors import PlaitWarning
 from plait.ir import TensorType, Value
 
@@ -125,6 +127,18 @@ def key_parts(
     return parts, candidates
 
 
+@contextlib.contextmanager
+def kernel_cache_events(events: list[str]) -> Iterator[None]:
+    """``events`` gets what the kernel cache reported while the block ran (each was warned
+    already, as :class:`~plait.codegen.build.KernelCacheWarning`): an entry discarded (damaged,
+    or made for another key), a directory refused, a library that could not be kept."""
+    first = len(build.EVENTS)
+    try:
+        yield
+    finally:
+        events.extend(f"kernel cache: {e}" for e in build.EVENTS[first:])
+
+
 def _report(events: list[str], message: str) -> None:
     events.append(message)
     warnings.warn(f"plait cache: {message}", CacheWarning, stacklevel=8)
@@ -167,20 +181,23 @@ def cached_compile(
         _report(events, f"cache entry {digest[:16]}… discarded: {exc}; rebuilt")
     except OSError as exc:  # NOTE: an unusable cache directory costs the cache, not the compile
         _report(events, f"cache unavailable ({exc}); compiled without it")
-        compiled = compile_fn(req, m, pipeline, freeze, needs_grad)
+        with kernel_cache_events(events):
+            compiled = compile_fn(req, m, pipeline, freeze, needs_grad)
         m.cache = {"status": "not cached", "key": digest, "events": events}
         return compiled
     for problem in getattr(store, "problems", [])[:]:  # NOTE: e.g. an index rebuilt
         store.problems.remove(problem)
         _report(events, problem)
     if saved is not None:
-        compiled = restore_fn(req, saved)
+        with kernel_cache_events(events):
+            compiled = restore_fn(req, saved)
         compiled.manifest.cache_key = m.cache_key
         compiled.manifest.timings["cache.key"] = t_key
         compiled.manifest.cache = {"status": "hit", "key": digest, "events": events}
         return compiled
     miss = explain_miss(parts, entry_parts(store))
-    compiled = compile_fn(req, m, pipeline, freeze, needs_grad)
+    with kernel_cache_events(events):
+        compiled = compile_fn(req, m, pipeline, freeze, needs_grad)
     m.timings["cache.key"] = t_key
     frozen = set(m.graph.get("frozen", []))
     if not frozen <= set(candidates):

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ import torch
 from torch import nn
 
 from plait.cache.key import canonical_json, text_digest
+from plait.cache.lookup import CacheWarning
 from plait.cache.store import CorruptEntryError, Store
 from plait.frontend import CapturedProgram, ModuleState
 from plait.frontend.deps import CodeDep
@@ -196,9 +198,10 @@ def load_snapshot(
     key = text_digest(front)
     try:
         payload = store.get(key)
-    except CorruptEntryError as exc:
+    except CorruptEntryError as exc:  # NOTE: damaged, or stored under another key: warned
+        warnings.warn(f"plait cache: {exc}; captured again", CacheWarning, stacklevel=4)
         return None, f"captured: {exc}"
-    except OSError as exc:
+    except OSError as exc:  # NOTE: warned once, by the artifact lookup of the same store
         return None, f"captured: cache unavailable ({exc})"
     if payload is None:
         return None, "captured: no snapshot for this front key"

@@ -46,7 +46,6 @@ import json
 import mmap
 import os
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -57,12 +56,14 @@ from typing import Any
 from filelock import FileLock
 
 from plait.codegen import native_hash
+from plait.ir.private_files import FILE_MODE, private_dir, private_subdir, staged_file
 
 MAGIC = b"PLAITART"
-# NOTE: format 4: the self-hash is the chunked XXH3-128 (plait.ir.chunked_hash) and the payload
-# starts ALIGN-aligned (format 3: one XXH3-128 stream; 2: BLAKE3; 1: SHA-256, unaligned). A reader
-# refuses every other format: no entry is read with another's rules.
-FORMAT = 4
+# NOTE: format 5: the meta names the key the entry was stored under, and a read under any other
+# key refuses it; format 4 did not. The self-hash is the chunked XXH3-128 (plait.ir.chunked_hash)
+# and the payload starts ALIGN-aligned (format 3: one XXH3-128 stream; 2: BLAKE3; 1: SHA-256,
+# unaligned). A reader refuses every other format: no entry is read with another's rules.
+FORMAT = 5
 HASH = "XXH3-128"
 ALIGN = 64
 # NOTE: magic, format, stream_digest(meta + padding + payload), len(meta), len(payload); the payload
@@ -241,6 +242,20 @@ def _frame(data: Any) -> tuple[memoryview, bytes, int, int]:
     return view, digest, n_meta, start
 
 
+def _check_key(meta: memoryview, key: str) -> None:
+    """Raise ``ValueError`` unless the entry's meta names ``key``: an entry copied or moved
+    under another key (another program's, valid by its own hash) is never served for this
+    one. NOTE: read before the hash is checked (a Python parser on unverified bytes); a
+    damaged meta fails here as damage."""
+    try:
+        stored = json.loads(bytes(meta)).get("key")
+    except (ValueError, AttributeError) as exc:
+        raise ValueError(f"meta unreadable: {exc}") from None
+    if stored != key:
+        other = f"{stored[:16]}…" if isinstance(stored, str) else repr(stored)
+        raise ValueError(f"it was stored under another key ({other})")
+
+
 def _hash_error() -> ValueError:
     return ValueError(f"content does not match its {HASH} hash")
 
@@ -311,7 +326,9 @@ class Pending:
 def summary(meta: dict[str, Any], width: int = 200) -> dict[str, Any]:
     """The small items of ``meta``: what the index keeps (the full meta stays in the entry, read
     with :meth:`Store.read_meta`), so the index stays small however large the key parts grow."""
-    return {k: v for k, v in meta.items() if len(json.dumps(v, default=str)) <= width}
+    return {
+        k: v for k, v in meta.items() if k != "key" and len(json.dumps(v, default=str)) <= width
+    }
 
 
 def read_head(path: Path) -> dict[str, Any]:
@@ -337,23 +354,17 @@ def _fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, data: bytes | list[Any], durable: bool = True) -> None:
-    """Write ``data`` (bytes, or pieces written in order) to ``path`` atomically: a temporary
-    file in the same directory, fsynced (when ``durable``), then renamed over ``path`` (readers
-    never see a partial file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for piece in [data] if isinstance(data, bytes) else data:
-                f.write(piece)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Write ``data`` (bytes, or pieces written in order) to ``path`` atomically: a new file in
+    the same (existing, private) directory, created ``O_EXCL`` under a random name, mode
+    ``0600`` whatever the umask, fsynced (when ``durable``), then renamed over ``path``
+    (readers never see a partial file; nothing staged is left behind)."""
+    private_subdir(path.parent.parent, path.parent.name)  # NOTE: made 0700, or checked
+    with staged_file(path, FILE_MODE) as (f, _):
+        for piece in [data] if isinstance(data, bytes) else data:
+            f.write(piece)
+        f.flush()
+        if durable:
+            os.fsync(f.fileno())
     if durable:
         _fsync_dir(path.parent)
 
@@ -366,7 +377,7 @@ class LocalStore(Store):
         self.root = Path(root)
         self.max_bytes = int(max_bytes) if max_bytes is not None else max_bytes_setting()
         self.objects = self.root / "objects"
-        self._lock = FileLock(str(self.root / "index.lock"))
+        self._lock = FileLock(str(self.root / "index.lock"), mode=FILE_MODE)
         self.problems: list[str] = []  # NOTE: index problems found and repaired, for reports
         self._index_checked = False
         # NOTE: at most one read ahead, taken over (or dropped) by the next get_pending
@@ -374,6 +385,12 @@ class LocalStore(Store):
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
+
+    def _private_root(self) -> Path:
+        """The root, created ``0700``; raises :class:`~plait.ir.private_files.UnsafeDirectoryError`
+        (an ``OSError``) when another user owns it or others may write it: its entries would
+        be theirs to choose."""
+        return private_dir(self.root)
 
     def path(self, key: str) -> Path:
         if len(key) < 3 or not all(c in "0123456789abcdef" for c in key):
@@ -384,7 +401,7 @@ class LocalStore(Store):
     @contextlib.contextmanager
     def _index(self) -> Iterator[dict[str, dict[str, Any]]]:
         """The index entries, under the lock; written back when the block ends."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._private_root()
         with self._lock:
             entries = self._read_index()
             yield entries
@@ -418,6 +435,8 @@ class LocalStore(Store):
         for key, path in self._object_paths():
             try:
                 meta, _, _ = map_entry(path)
+                if meta.get("key") != key:
+                    raise ValueError(f"it was stored under another key ({meta.get('key')!r})")
             except (OSError, ValueError) as exc:
                 self._remove(path)
                 self.problems.append(f"entry {key[:16]}… removed: {exc}")
@@ -468,8 +487,10 @@ class LocalStore(Store):
 
     def _read_pending(self, key: str) -> Pending | None:
         path = self.path(key)
+        self._private_root()  # NOTE: raises (an OSError) for a root others could have written
         try:
-            view, digest, _, start = _frame(_open_mapping(path))
+            view, digest, n_meta, start = _frame(_open_mapping(path))
+            _check_key(view[_HEADER.size : _HEADER.size + n_meta], key)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -518,9 +539,11 @@ class LocalStore(Store):
 
     def read_meta(self, key: str) -> dict[str, Any] | None:
         try:
-            return read_head(self.path(key))
+            meta = read_head(self.path(key))
         except (OSError, ValueError):
             return None
+        # NOTE: the key the entry names is the store's framing, not the caller's meta
+        return meta if meta.pop("key", None) == key else None
 
     def _discard(self, key: str) -> None:
         self._remove(self.path(key))
@@ -528,8 +551,10 @@ class LocalStore(Store):
             index.pop(key, None)
 
     def put(self, key: str, payload: Payload, meta: dict[str, Any]) -> None:
-        pieces = encode_entry(payload, meta)
-        write_atomic(self.path(key), pieces)
+        path = self.path(key)
+        pieces = encode_entry(payload, {**meta, "key": key})  # NOTE: checked on every read
+        self._private_root()
+        write_atomic(path, pieces)
         size = sum(memoryview(p).nbytes for p in pieces)
         with self._index() as index:
             index[key] = {"size": size, "last_access": time.time(), "meta": summary(meta)}
@@ -596,6 +621,8 @@ class LocalStore(Store):
                 report.checked += 1
                 try:
                     meta, _, _ = map_entry(path)
+                    if meta.get("key") != key:
+                        raise ValueError(f"it was stored under another key ({meta.get('key')!r})")
                 except (OSError, ValueError) as exc:
                     self._remove(path)
                     index.pop(key, None)

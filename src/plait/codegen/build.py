@@ -3,11 +3,18 @@
 Kernels are grouped into translation units (a few per program, built in parallel); each unit is
 one shared library. A unit's cache key is the SHA-256 of everything that decides its machine
 code: the source, the compiler's path and version, the flags, and the CPU's feature flags (the
-flags say ``-march=native``). Libraries are published atomically (written under a temporary name,
-then ``os.replace``) with their SHA-256 beside them; an entry whose bytes do not match its hash is
-discarded and rebuilt.
+flags say ``-march=native``). Libraries are published atomically (staged in a file only this
+process could have created, ``0700`` whatever the umask, then ``os.replace``) with a sidecar
+beside them that names their SHA-256 and the key they were built for: an entry whose bytes do
+not match, or that was built for another key (a library copied under this one's name), is
+discarded and rebuilt, with one :class:`KernelCacheWarning` and an event in :data:`EVENTS` (the
+artifact cache puts it in the manifest).
 
-The cache directory is ``$PLAIT_CACHE_DIR`` or ``~/.cache/plait/kernels``. ``STATS`` counts
+The cache directory is ``$PLAIT_CACHE_DIR`` or ``~/.cache/plait/kernels``, a private directory
+(:func:`plait.ir.private_files.private_dir`: this user's, ``0700``, nobody else may write it);
+one that is refused or cannot be created or written is replaced by a fresh private temporary
+directory for this process, with one warning: a kernel cache problem costs the cache, never the
+compile. ``STATS`` counts
 compiler invocations and cache hits in this process; with ``PLAIT_STAX_NO_COMPILE=1`` in the
 environment any compiler invocation raises (tests use it to prove a warm cache is used).
 
@@ -29,6 +36,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,6 +45,14 @@ from pathlib import Path
 
 from plait.codegen.errors import BuildError
 from plait.codegen.prelude import PRELUDE
+from plait.errors import PlaitWarning
+from plait.ir.private_files import (
+    LIBRARY_MODE,
+    fresh_private_dir,
+    private_dir,
+    private_subdir,
+    publish_bytes,
+)
 
 # NOTE: bump when the printer's output changes meaning without changing its text (never silently).
 CODEGEN_VERSION = "stax-cpp-1"
@@ -54,6 +70,33 @@ BASE_FLAGS = (
 )
 STATS = {"compiles": 0, "hits": 0, "memory_hits": 0}
 _LOCK = threading.Lock()
+# NOTE: what the kernel cache discarded or could not do, in order (each also warned once); the
+# artifact cache copies those of a compile into its manifest's cache events
+EVENTS: list[str] = []
+_WARNED: set[str] = set()
+_DIRS: dict[tuple[str, str], Path] = {}  # NOTE: (variable, its value) -> the directory used
+
+
+class KernelCacheWarning(PlaitWarning):
+    """The kernel cache discarded an entry, refused its directory or could not be written; the
+    kernels were built (or loaded) without it."""
+
+
+def report(message: str, once: str | None = None, warn: bool = True) -> None:
+    """Record ``message`` in :data:`EVENTS` and warn (unless ``warn`` is false); with ``once``,
+    warn only the first time that tag is reported in this process (a full disk or an unusable
+    directory is said once, not per kernel; every occurrence is recorded)."""
+    with _LOCK:
+        EVENTS.append(message)
+        if once is not None:
+            warn = warn and once not in _WARNED
+            _WARNED.add(once)
+    if warn:
+        warnings.warn(f"plait kernel cache: {message}", KernelCacheWarning, stacklevel=3)
+
+
+# NOTE: the tag of every failure to read or write the kernel cache: warned once per process
+UNUSABLE = "unusable"
 
 
 @dataclass(frozen=True)
@@ -149,7 +192,7 @@ def remembered(
     answers; one that is unreadable or for another identity is computed again and replaced."""
     try:
         memo = cache_dir() / f"{name}.json"
-    except BuildError:
+    except OSError:  # NOTE: no directory at all (not even a temporary one): not remembered
         return compute()
     try:
         saved = json.loads(memo.read_text())
@@ -157,15 +200,11 @@ def remembered(
             value = saved.get("value")
             if isinstance(value, dict):
                 return value
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # NOTE: UnicodeDecodeError is a ValueError
         pass
     value = compute()
-    staged = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-    try:
-        staged.write_text(json.dumps({"identity": identity, "value": value}))
-        os.replace(staged, memo)
-    except OSError:
-        staged.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # NOTE: a memo not kept is probed again next time
+        publish_bytes(memo, json.dumps({"identity": identity, "value": value}).encode())
     return value
 
 
@@ -180,11 +219,10 @@ def cached_blob(kind: str, key: str, make: Callable[[], bytes]) -> bytes:
         b'made once'
     """
     try:
-        path = cache_dir() / kind / key
-        path.parent.mkdir(exist_ok=True)
-    except (BuildError, OSError):
+        path = private_subdir(cache_dir(), kind) / key
+    except OSError:
         return make()
-    data = _checked_bytes(path)
+    data = _checked_bytes(path, key)
     if data is not None:
         return data
     data = make()
@@ -195,10 +233,10 @@ def cached_blob(kind: str, key: str, make: Callable[[], bytes]) -> bytes:
 def store_blob(kind: str, key: str, data: bytes) -> None:
     """Publish (or replace) the blob :func:`cached_blob` reads; a cache that cannot be written
     keeps nothing (the blob is made again next time, never wrong)."""
-    with contextlib.suppress(BuildError, OSError):
-        path = cache_dir() / kind / key
-        path.parent.mkdir(exist_ok=True)
-        _publish(data, path)
+    try:
+        _publish(data, private_subdir(cache_dir(), kind) / key, key)
+    except OSError as exc:
+        report(f"could not keep a {kind} blob ({exc})", once=UNUSABLE)
 
 
 def _has_libmvec(cxx: str) -> bool:
@@ -211,34 +249,54 @@ def _has_libmvec(cxx: str) -> bool:
     )
 
 
-def cache_dir() -> Path:
-    """``$PLAIT_CACHE_DIR``, else ``~/.cache/plait/kernels``; a per-user temporary directory when
-    that cannot be created (a read-only home)."""
-    env = os.environ.get("PLAIT_CACHE_DIR")
-    path = Path(env) if env else Path.home() / ".cache" / "plait" / "kernels"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        if env:
-            raise BuildError(f"PLAIT_CACHE_DIR={env} cannot be created") from None
-        path = Path(tempfile.gettempdir()) / f"plait-kernels-{os.getuid()}"
-        path.mkdir(parents=True, exist_ok=True)
+def _private_cache(variable: str, default: Path, fallback: str) -> Path:
+    """The directory ``$variable`` names (else ``default``) as a private directory; where it is
+    refused or cannot be made, ``<tmp>/<fallback>-<uid>`` (checked the same way), else a fresh
+    private temporary directory; each replacement is warned once per process."""
+    env = os.environ.get(variable)
+    memo = (variable, env or "")
+    first = Path(env) if env else default
+    if memo not in _DIRS:
+        with contextlib.suppress(OSError):
+            return private_dir(first)  # NOTE: checked (cheaply) on every use: it may be removed
+    else:
+        return _DIRS[memo]
+    candidates = [first]
+    if not env:
+        candidates.append(Path(tempfile.gettempdir()) / f"{fallback}-{os.geteuid()}")
+    problems = []
+    path = None
+    for candidate in candidates:
+        try:
+            path = private_dir(candidate)
+            break
+        except OSError as exc:
+            problems.append(str(exc))
+    if path is None:
+        path = fresh_private_dir(f"{fallback}-")
+    if problems:
+        report(f"{'; '.join(problems)}; using {path} instead", once=f"dir:{memo}")
+    with _LOCK:
+        _DIRS[memo] = path
     return path
+
+
+def cache_dir() -> Path:
+    """``$PLAIT_CACHE_DIR``, else ``~/.cache/plait/kernels``: a private directory
+    (:func:`~plait.ir.private_files.private_dir`). Where that one is refused (another user's,
+    writable by others) or cannot be created (a read-only home): a per-user temporary directory
+    (checked the same way), else a fresh private one for this process; warned once."""
+    default = Path.home() / ".cache" / "plait" / "kernels"
+    return _private_cache("PLAIT_CACHE_DIR", default, "plait-kernels")
 
 
 def installation_dir() -> Path:
     """Native code that depends on the installation alone, never on a program (the guard
-    evaluator, the chunk hasher): ``$PLAIT_GUARDS_CACHE_DIR``, else ``~/.cache/plait/guards``;
-    a per-user temporary directory when that cannot be created. A fresh ``PLAIT_CACHE_DIR``
-    does not rebuild it."""
-    env = os.environ.get("PLAIT_GUARDS_CACHE_DIR")
-    path = Path(env) if env else Path.home() / ".cache" / "plait" / "guards"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        path = Path(tempfile.gettempdir()) / f"plait-guards-{os.getuid()}"
-        path.mkdir(parents=True, exist_ok=True)
-    return path
+    evaluator, the chunk hasher): ``$PLAIT_GUARDS_CACHE_DIR``, else ``~/.cache/plait/guards``,
+    private and replaced like :func:`cache_dir`'s. A fresh ``PLAIT_CACHE_DIR`` does not rebuild
+    it."""
+    default = Path.home() / ".cache" / "plait" / "guards"
+    return _private_cache("PLAIT_GUARDS_CACHE_DIR", default, "plait-guards")
 
 
 def installed_library(
@@ -246,25 +304,37 @@ def installed_library(
 ) -> ctypes.CDLL:
     """A small C/C++ library (``extern "C"`` symbols, no PyTorch) built once per installation
     into :func:`installation_dir`, keyed by its source, the compiler and version, and the
-    flags; loaded with ctypes, its bytes checked against the SHA-256 published beside them
-    (a mismatch is rebuilt). Raises :class:`BuildError` where it cannot be built."""
+    flags; loaded with ctypes, its bytes checked against the sidecar published beside them
+    (SHA-256 and key: a mismatch is rebuilt). Raises :class:`BuildError` where it cannot be
+    built; one that cannot be kept (a full disk, a read-only directory) is loaded from where it
+    was built, warned once."""
     tc = toolchain()
-    parts = {"name": name, "source": source, "cxx": tc.cxx, "version": tc.version}
+    # NOTE: "entry": the sidecar's format (with the key): an earlier plait's file is not shared
+    parts = {"name": name, "source": source, "cxx": tc.cxx, "version": tc.version, "entry": 2}
     key = hashlib.sha256(json.dumps({**parts, "flags": list(flags)}).encode()).hexdigest()
     path = installation_dir() / f"{name}-{key[:32]}.so"
-    if not (path.exists() and _verified(path)):
-        if os.environ.get("PLAIT_STAX_NO_COMPILE") == "1":
-            raise BuildError(f"{name} not built: PLAIT_STAX_NO_COMPILE=1 forbids the compiler")
-        with tempfile.TemporaryDirectory(prefix=f"plait-{name}-") as tmp:
-            src, out = Path(tmp) / f"{name}.cpp", Path(tmp) / f"{name}.so"
-            src.write_text(f'extern "C" {{\n{source}\n}}\n')
-            cmd = [tc.cxx, *flags, "-fPIC", "-shared", str(src), "-o", str(out)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            with _LOCK:
-                STATS["compiles"] += 1
-            if proc.returncode != 0:
-                raise BuildError(f"building {name} failed:\n{proc.stderr[-2000:]}")
-            _publish(out.read_bytes(), path)
+    if usable_entry(path, key):
+        return _load_library(path, symbols)
+    if os.environ.get("PLAIT_STAX_NO_COMPILE") == "1":
+        raise BuildError(f"{name} not built: PLAIT_STAX_NO_COMPILE=1 forbids the compiler")
+    with tempfile.TemporaryDirectory(prefix=f"plait-{name}-") as tmp:
+        src, out = Path(tmp) / f"{name}.cpp", Path(tmp) / f"{name}.so"
+        src.write_text(f'extern "C" {{\n{source}\n}}\n')
+        cmd = [tc.cxx, *flags, "-fPIC", "-shared", str(src), "-o", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        with _LOCK:
+            STATS["compiles"] += 1
+        if proc.returncode != 0:
+            raise BuildError(f"building {name} failed:\n{proc.stderr[-2000:]}")
+        try:
+            publish_library(out.read_bytes(), path, key)
+        except OSError as exc:
+            report(f"could not keep {name} in {path.parent} ({exc})", once=UNUSABLE)
+            return _load_library(out, symbols)  # NOTE: stays mapped after tmp is removed
+    return _load_library(path, symbols)
+
+
+def _load_library(path: Path, symbols: Sequence[str]) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     for sym in symbols:
         getattr(lib, sym)  # NOTE: fail now, not at the first call, if a symbol is missing.
@@ -323,55 +393,81 @@ def _try_load(u: Unit) -> bool:
         with _LOCK:
             STATS["memory_hits"] += 1
         return True
-    if u.path.exists():
-        try:
-            if not _verified(u.path):
-                raise OSError(f"{u.path} does not match its recorded hash")
-            u.lib = _load(u)
-        except OSError:
-            u.path.unlink(missing_ok=True)  # NOTE: a corrupt entry is discarded and rebuilt.
-            return False
-        u.cache_hit = True
-        with _LOCK:
-            STATS["hits"] += 1
-        return True
-    return False
+    if not usable_entry(u.path, u.key):
+        return False
+    try:
+        u.lib = _load(u)
+    except OSError as exc:  # NOTE: it matched its sidecar yet does not load: rebuilt
+        _discard(u.path, f"kernel library {u.path.name} does not load ({exc})")
+        return False
+    u.cache_hit = True
+    with _LOCK:
+        STATS["hits"] += 1
+    return True
 
 
 def _digest_path(path: Path) -> Path:
     return path.with_suffix(".sha256")
 
 
-def _checked_bytes(path: Path) -> bytes | None:
-    """A published file's bytes when they match the hash published with it, else None."""
+def _sidecar(data: bytes, key: str) -> bytes:
+    """What is published beside an entry: its SHA-256 and the key it was made for."""
+    return f"sha256 {hashlib.sha256(data).hexdigest()} key {key}\n".encode()
+
+
+def _checked_bytes(path: Path, key: str) -> bytes | None:
+    """A published file's bytes when they match the sidecar published with them and were made
+    for ``key``, else None. An entry that is present and fails (damaged, another key's, a
+    sidecar that is not text) is removed and reported; an absent or unreadable one is not."""
     try:
-        recorded = _digest_path(path).read_text().strip()
+        recorded = _digest_path(path).read_bytes()
         data = path.read_bytes()
-    except OSError:
+    except FileNotFoundError:
         return None
-    return data if hashlib.sha256(data).hexdigest() == recorded else None
+    except OSError as exc:
+        report(f"{path} unreadable ({exc})", once=UNUSABLE)
+        return None
+    if recorded == _sidecar(data, key):
+        return data
+    parts = recorded.split()
+    if len(parts) == 1 and len(parts[0]) == 64:  # NOTE: an earlier plait's sidecar (no key)
+        _discard(path, f"{path.name} has a sidecar of an earlier format", warn=False)
+        return None
+    if (
+        len(parts) == 4
+        and parts[:3] == [b"sha256", hashlib.sha256(data).hexdigest().encode(), b"key"]
+        and parts[3] != key.encode()
+    ):
+        what = f"was made for another key ({parts[3][:16].decode('ascii', 'replace')}…)"
+    else:
+        what = "does not match its recorded hash"
+    _discard(path, f"{path.name} {what}")
+    return None
 
 
-def _verified(path: Path) -> bool:
-    """An entry is used only when its bytes match the hash published with it."""
-    return _checked_bytes(path) is not None
+def _discard(path: Path, message: str, warn: bool = True) -> None:
+    for p in (path, _digest_path(path)):
+        with contextlib.suppress(OSError):
+            p.unlink()
+    report(f"{message}: discarded and rebuilt", warn=warn)
 
 
-def _publish(data: bytes, path: Path) -> None:
-    """Atomically publish a library and its hash (the hash last: an entry is complete when its
-    hash is there)."""
-    tag = f"{os.getpid()}.{threading.get_ident()}"
-    digest = _digest_path(path)
-    staged = path.with_name(f".{path.name}.{tag}")
-    staged_digest = digest.with_name(f".{digest.name}.{tag}")
-    try:
-        staged.write_bytes(data)
-        os.replace(staged, path)
-        staged_digest.write_text(hashlib.sha256(data).hexdigest() + "\n")
-        os.replace(staged_digest, digest)
-    finally:  # NOTE: nothing staged is left behind (a replace refused, a disk full)
-        staged.unlink(missing_ok=True)
-        staged_digest.unlink(missing_ok=True)
+def usable_entry(path: Path, key: str) -> bool:
+    """An entry is used only when its bytes match the sidecar published with it, for ``key``."""
+    return _checked_bytes(path, key) is not None
+
+
+def _publish(data: bytes, path: Path, key: str, mode: int = 0o600) -> None:
+    """Atomically publish an entry and its sidecar (the sidecar last: an entry is complete
+    when its sidecar is there), each staged in a file of its own (``O_EXCL``, a random name,
+    ``mode`` whatever the umask). Raises ``OSError``; nothing staged is left behind."""
+    publish_bytes(path, data, mode)
+    publish_bytes(_digest_path(path), _sidecar(data, key))
+
+
+def publish_library(data: bytes, path: Path, key: str) -> None:
+    """:func:`_publish` for a shared library (mode ``0700``)."""
+    _publish(data, path, key, LIBRARY_MODE)
 
 
 def _load(u: Unit) -> ctypes.CDLL:
@@ -388,7 +484,6 @@ def _compile(u: Unit, tc: Toolchain) -> None:
         raise BuildError("compiler invocation refused: PLAIT_STAX_NO_COMPILE=1 (cache miss)")
     assert u.path is not None
     start = time.perf_counter()
-    u.path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="plait-stax-") as tmp:
         src = Path(tmp) / "unit.cpp"
         src.write_text(u.text())
@@ -399,5 +494,17 @@ def _compile(u: Unit, tc: Toolchain) -> None:
             STATS["compiles"] += 1
         if proc.returncode != 0:
             raise BuildError(f"C++ compilation failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
-        _publish(out.read_bytes(), u.path)
+        try:
+            publish_library(
+                out.read_bytes(),
+                private_subdir(u.path.parent.parent, u.key[:2]) / u.path.name,
+                u.key,
+            )
+        except OSError as exc:  # NOTE: a cache that cannot be written costs the cache only
+            report(
+                f"could not keep kernels in {u.path.parent} ({exc})",
+                once=UNUSABLE,
+            )
+            u.path = out
+            u.lib = _load(u)  # NOTE: loaded before tmp goes; the mapping outlives the file
     u.seconds = time.perf_counter() - start

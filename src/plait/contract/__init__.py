@@ -20,6 +20,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+import stat
 from importlib import resources
 from pathlib import Path
 
@@ -59,7 +61,31 @@ def load(path: str | Path | None = None) -> Contract:
     """
     if path is None:
         return parse(default_text(), source=f"plait/contract/{DEFAULT_RESOURCE}")
-    return parse(Path(path).read_text(encoding="utf-8"), source=str(path))
+    return parse(_read_text(Path(path)), source=str(path))
+
+
+MAX_BYTES = 16 << 20  # NOTE: a contract is a few KiB; a larger file is refused, not read
+
+
+def _read_text(path: Path) -> str:
+    """The UTF-8 text of the regular file at ``path``; :class:`ContractError` naming the file
+    and the problem otherwise (unreadable, a FIFO or device, too large, not UTF-8). NOTE: opened
+    without blocking, so a FIFO is refused instead of waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ContractError(f"{path}: not a regular file")
+            if st.st_size > MAX_BYTES:
+                raise ContractError(f"{path}: {st.st_size} bytes, larger than {MAX_BYTES}")
+            data = f.read()
+    except OSError as exc:
+        raise ContractError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ContractError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 __all__ = [

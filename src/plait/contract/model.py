@@ -185,7 +185,12 @@ def parse(text: str, source: str = "<string>") -> Contract:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ContractError(f"{source}: not valid TOML: {exc}") from exc
-    return from_data(data, source)
+    except RecursionError:
+        raise ContractError(f"{source}: not valid TOML: nested too deep") from None
+    try:
+        return from_data(data, source)
+    except RecursionError:  # NOTE: _freeze walks the values; TOML cannot nest this deep here
+        raise ContractError(f"{source}: values nested too deep") from None
 
 
 def from_data(data: Mapping[str, Any], source: str = "<data>") -> Contract:

@@ -31,11 +31,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.machinery
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -66,6 +68,7 @@ from plait.frontend.guards import (
     use_evaluator,
 )
 from plait.guards._evaluator_cpp import SOURCE
+from plait.ir.private_files import publish_bytes
 
 # NOTE: op codes and tensor-check flags, as the C++ source numbers them
 CALL, CALL0, CALLS0, STRUCTURE, TENSORS, EDGES, ATTRS, LEAF_VALUE, LEAF_IS = range(9)
@@ -141,23 +144,23 @@ def build_key(cxx: str, version: str) -> str:
         # NOTE: the interpreter's ABI tag, as its extension suffix names it (sysconfig's SOABI
         # says the same, but loading sysconfig's data costs a warm start about 1 ms)
         "soabi": importlib.machinery.EXTENSION_SUFFIXES[0],
+        "entry": 2,  # NOTE: the sidecar names the key: an earlier plait's file is not shared
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _compile(path: Path, cxx: str) -> None:
-    """Build into ``path`` atomically (a temporary name, then ``os.replace``), with the
-    library's SHA-256 beside it."""
+def _compile(path: Path, cxx: str, key: str) -> Path:
+    """Build the extension and publish it at ``path`` (:func:`plait.codegen.build.publish_library`:
+    staged ``O_EXCL``, mode ``0700``, its sidecar naming its SHA-256 and ``key``); returns where
+    it can be imported from: ``path``, or where it was built when the directory cannot keep it
+    (warned once; the caller imports it before that temporary directory goes)."""
     if os.environ.get("PLAIT_STAX_NO_COMPILE") == "1":
         raise BuildError("not built: PLAIT_STAX_NO_COMPILE=1 forbids compiler invocations")
-    with tempfile.TemporaryDirectory(prefix="plait-guards-") as tmp:
-        src = Path(tmp) / "plait_guards.cpp"
+    tmp = Path(tempfile.mkdtemp(prefix="plait-guards-"))
+    keep = False
+    try:
+        src, out = tmp / "plait_guards.cpp", tmp / "plait_guards.so"
         src.write_text(SOURCE)
-        out = Path(tmp) / "plait_guards.so"
         try:
             proc = subprocess.run(
                 _command(src, out, cxx), capture_output=True, text=True, check=False, timeout=600
@@ -167,15 +170,22 @@ def _compile(path: Path, cxx: str) -> None:
         if proc.returncode != 0:
             message = f"the C++ compiler failed:\n{proc.stderr[-2000:]}"
             # NOTE: recorded, so that later processes do not pay for the same failure
-            path.with_suffix(".failed").write_text(message)
+            with contextlib.suppress(OSError):
+                publish_bytes(path.with_suffix(".failed"), message.encode())
             raise BuildError(message)
-        staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        staged.write_bytes(out.read_bytes())
-        sha = path.with_suffix(".sha256")
-        sha_staged = sha.with_name(f".{sha.name}.{os.getpid()}.tmp")
-        sha_staged.write_text(_digest(staged))
-        os.replace(sha_staged, sha)
-        os.replace(staged, path)
+        try:
+            build.publish_library(out.read_bytes(), path, key)
+        except OSError as exc:
+            where = path.parent
+            build.report(
+                f"could not keep the guard evaluator in {where} ({exc})", once=build.UNUSABLE
+            )
+            keep = True
+            return out
+        return path
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _import(path: Path) -> ModuleType:
@@ -213,20 +223,24 @@ def _build_and_import() -> ModuleType:
     key = build_key(tc.cxx, tc.version)
     path = cache_dir() / f"{key}.so"
     _STATUS.key, _STATUS.path = key, str(path)
-    sha, failed = path.with_suffix(".sha256"), path.with_suffix(".failed")
+    failed = path.with_suffix(".failed")
     if failed.exists():
-        first = failed.read_text().splitlines()[:3]
+        first = failed.read_bytes().decode("utf-8", "replace").splitlines()[:3]
         raise BuildError(f"an earlier build failed ({failed}; delete it to retry): {first}")
-    if path.exists():
-        if sha.exists() and sha.read_text().strip() == _digest(path):
-            _STATUS.log.append("cache hit")
-            return _import(path)
+    existed = path.exists()
+    if build.usable_entry(path, key):  # NOTE: its bytes, and the key it was built for, checked
+        _STATUS.log.append("cache hit")
+        return _import(path)
+    if existed:  # NOTE: removed and warned by usable_entry (damaged, or another key's)
         _STATUS.log.append("discarded an entry that does not match its hash")
-        path.unlink(missing_ok=True)  # NOTE: a corrupt entry is rebuilt
-    _compile(path, tc.cxx)
+    built = _compile(path, tc.cxx, key)
     _STATUS.built = True
     _STATUS.log.append("built")
-    return _import(path)
+    try:
+        return _import(built)
+    finally:
+        if built != path:
+            shutil.rmtree(built.parent, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
