@@ -138,11 +138,14 @@ class ReadCalls:
 @dataclass(frozen=True)
 class ReadLeaf:
     """``env.leaves[index] is value`` (``identity=True``, the guard expects True), else
-    ``(type(leaf), leaf)`` (the guard expects ``(type, value)``)."""
+    ``(type(leaf), leaf)`` (the guard expects ``(type, value)``); with ``bits=True`` (a float
+    ``value``) ``(type(leaf), ("bits", IEEE-754 bits of leaf))``: ``-0.0`` is not ``0.0``, a
+    NaN is the same NaN."""
 
     index: int
     value: Any
     identity: bool = False
+    bits: bool = False
 
 
 NativeRead = ReadStructure | ReadTensors | ReadEdges | ReadAttrs | ReadCall | ReadCalls | ReadLeaf

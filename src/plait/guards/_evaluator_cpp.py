@@ -71,7 +71,7 @@ inline bool plain(PyObject* o) {
 enum Result { HOLDS = 0, FAILS = 1, PYTHON = 2, ERROR = 3 };
 enum Code {
   CALL = 0, CALL0 = 1, CALLS0 = 2, STRUCTURE = 3, TENSORS = 4, EDGES = 5, ATTRS = 6,
-  LEAF_VALUE = 7, LEAF_IS = 8
+  LEAF_VALUE = 7, LEAF_IS = 8, LEAF_BITS = 9
 };
 enum Flag {
   F_ID = 1, F_VERSION = 2, F_PTR = 4, F_META = 8, F_SIZES = 16, F_GRAD = 32
@@ -102,6 +102,7 @@ struct Op {
   int code = 0;
   bool exact = true;  // CALL0: false when fn() == expected only suffices (else: the read decides)
   Py_ssize_t index = 0;
+  int64_t bits = 0;  // LEAF_BITS: the expected float's IEEE-754 bits
   PyObject* tuple = nullptr;  // the op as given (owns every object below)
   PyObject* read = nullptr;
   PyObject* expected = nullptr;
@@ -360,6 +361,14 @@ int run_leaf(const Op& op, Env& e) {
   if (op.code == LEAF_IS) return leaf == op.a ? HOLDS : FAILS;
   int r = compare(reinterpret_cast<PyObject*>(Py_TYPE(leaf)), op.a);
   if (r != HOLDS) return r;
+  if (op.code == LEAF_BITS) {
+    // NOTE: a float by its IEEE-754 bits: -0.0 is not 0.0, a NaN is the same NaN
+    if (!PyFloat_Check(leaf)) return PYTHON;
+    double d = PyFloat_AS_DOUBLE(leaf);
+    int64_t bits = 0;
+    std::memcpy(&bits, &d, sizeof bits);
+    return bits == op.bits ? HOLDS : FAILS;
+  }
   return compare(leaf, op.xs[0]);
 }
 
@@ -373,6 +382,7 @@ int run(const Op& op, Env& e) {
     case EDGES: return run_edges(op);
     case ATTRS: return run_attrs(op);
     case LEAF_VALUE:
+    case LEAF_BITS:
     case LEAF_IS: return run_leaf(op, e);
   }
   return PYTHON;
@@ -489,6 +499,13 @@ bool build_op(PyObject* t, Op& op) {
       if (op.index == -1 && PyErr_Occurred()) return false;
       op.a = arg(4);
       op.xs.push_back(arg(5));
+      return true;
+    case LEAF_BITS:  // (index, type, bits as a signed 64-bit int)
+      op.index = PyLong_AsSsize_t(arg(3));
+      if (op.index == -1 && PyErr_Occurred()) return false;
+      op.a = arg(4);
+      op.bits = PyLong_AsLongLong(arg(5));
+      if (op.bits == -1 && PyErr_Occurred()) return false;
       return true;
   }
   PyErr_Format(PyExc_ValueError, "unknown op code %d", op.code);
