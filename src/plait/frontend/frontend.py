@@ -31,6 +31,7 @@ from plait.frontend import guard_build, pytree
 from plait.frontend.guard_plan import GuardPlan, build_guards
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
+from plait.frontend.pyreads import PyReads, Root
 from plait.frontend.state import ModuleState
 from plait.frontend.symints import TracedInt, TracedSize
 from plait.frontend.tracer import CaptureContext, Lift, Restart, Tracer
@@ -173,8 +174,10 @@ def _capture_once(
         traced_leaves = _lift_user_inputs(cx, leaves, paths)
         state_tracers, state = _lift_state(cx, ms)
         versions = [t._version for t in state]
+        reads = PyReads(ms.module if ms is not None else None, fn)
         try:
-            with ms.swapped(state_tracers) if ms is not None else nullcontext(), cx.activate():
+            swapped = ms.swapped(state_tracers) if ms is not None else nullcontext()
+            with swapped, cx.activate(), reads:
                 out = adapter.call(fn, spec, traced_leaves)
         except BaseException as exc:
             if cx.error is not None and exc is not cx.error:
@@ -194,7 +197,7 @@ def _capture_once(
                 "wrote them in place without a capture rule seeing it",
                 kind="limitation",
             )
-        return _finish(cx, out, spec, leaves, paths, ms, state)
+        return _finish(cx, out, spec, leaves, paths, ms, state, reads.finish())
 
 
 def _output_leaves(cx: CaptureContext, out: Any) -> tuple[Any, list[Any], list[Value]]:
@@ -244,6 +247,7 @@ def _finish(
     paths: list[str],
     ms: ModuleState | None,
     state: list[Any],
+    pyroots: list[Root],
 ) -> CapturedProgram:
     out_spec, out_leaves, values = _output_leaves(cx, out)
     mutations: list[tuple[Lift, int]] = []
@@ -266,6 +270,7 @@ def _finish(
     cx.builder.output(*values)
     built = cx.builder.build()
     plan = _plan(cx, ms, slots, mutations)
+    plan.pyroots = pyroots
     return CapturedProgram(
         graph=built,
         guards=build_guards(plan, spec, leaves, paths, ms, state),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 import struct
 from collections.abc import Callable, Sequence
@@ -125,6 +126,9 @@ def _show_scalar(reading: tuple[Any, Any]) -> str:
     if isinstance(value, tuple) and value[:1] == ("bits",):
         parts = [struct.unpack("<d", struct.pack("<q", b))[0] for b in value[1:]]
         shown = repr(parts[0]) if len(parts) == 1 else repr(complex(*parts))
+        if not any(math.isnan(p) for p in parts):
+            return f"{shown} ({cls.__name__})"
+        # NOTE: NaNs of other bits print alike
         bits = ", ".join(f"{b & (2**64 - 1):#018x}" for b in value[1:])
         return f"{shown} ({cls.__name__}, bits {bits})"
     return f"{value!r} ({cls.__name__})"

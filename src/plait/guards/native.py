@@ -61,6 +61,7 @@ from plait.frontend.guards import (
     ReadCalls,
     ReadEdges,
     ReadLeaf,
+    ReadPyValues,
     ReadStructure,
     ReadTensors,
     TensorCheck,
@@ -69,7 +70,9 @@ from plait.frontend.guards import (
 from plait.guards._evaluator_cpp import SOURCE
 
 # NOTE: op codes and tensor-check flags, as the C++ source numbers them
-CALL, CALL0, CALLS0, STRUCTURE, TENSORS, EDGES, ATTRS, LEAF_VALUE, LEAF_IS, LEAF_BITS = range(10)
+CALL, CALL0, CALLS0, STRUCTURE, TENSORS, EDGES, ATTRS, LEAF_VALUE, LEAF_IS, LEAF_BITS, PYVALUES = (
+    range(11)
+)
 F_ID, F_VERSION, F_PTR, F_META, F_SIZES, F_GRAD = 1, 2, 4, 8, 16, 32
 FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-w")
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)  # NOTE: read natively; any other: Python
@@ -303,6 +306,8 @@ def _op(g: Guard, protos: dict[Any, torch.Tensor]) -> tuple[Any, ...]:
         if n.expected is not None and n.exact:
             raise _Unsupported("exact calls with values of their own")
         return (CALLS0, *head, n.fns, want, n.exact)
+    if isinstance(n, ReadPyValues):
+        return (PYVALUES, *head, n.checks, n.absent)
     if isinstance(n, ReadLeaf):
         if n.identity:
             return (LEAF_IS, *head, n.index, n.value)
