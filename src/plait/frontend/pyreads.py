@@ -690,6 +690,45 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
     raise LookupError(f"unknown Python read {kind!r}")
 
 
+def _plain(key: Any) -> bool:
+    """A value key of a plain value: ``(type, value)`` or ``(type, "bits", ...)``."""
+    return (
+        isinstance(key, tuple)
+        and len(key) >= 2
+        and isinstance(key[0], type)
+        and (key[1] == "bits" or not isinstance(key[1], tuple))
+    )
+
+
+def _difference(a: Any, b: Any, where: str) -> tuple[str, Any, Any]:
+    """The first place two value keys differ (``self.config.n_embd``) and the two values."""
+    while (
+        isinstance(a, tuple)
+        and isinstance(b, tuple)
+        and len(a) == len(b)
+        and not _plain(a)
+        and not _plain(b)
+    ):
+        i = next(k for k, (x, y) in enumerate(zip(a, b)) if x != y)
+        x, y = a[i], b[i]
+        if (
+            isinstance(x, tuple)
+            and isinstance(y, tuple)
+            and len(x) == len(y) == 2
+            and x[0] == y[0]
+            and not _plain(x)
+        ):
+            name = x[0]
+            if isinstance(name, str):
+                where += f".{name}"
+            elif _plain(name):
+                where += f"[{name[1]!r}]"
+            a, b = x[1], y[1]
+            continue
+        a, b = x, y
+    return where, a, b
+
+
 def _short(key: Any) -> str:
     if isinstance(key, tuple) and len(key) == 3 and key[1] == "bits":
         return repr(struct.unpack("<d", struct.pack("<q", key[2]))[0])
@@ -721,11 +760,11 @@ def python_values_guard(roots: Sequence[Root]) -> Guard | None:
 
     def detail(env: GuardEnv) -> str:
         now = read(env)
-        changed = [
-            f"{r.show}: was {_short(a)}, now {_short(b)}"
-            for r, a, b in zip(roots, expected, now)
-            if a != b
-        ]
+        changed = []
+        for r, a, b in zip(roots, expected, now):
+            if a != b:
+                where, was, got = _difference(a, b, r.show)
+                changed.append(f"{where}: was {_short(was)}, now {_short(got)}")
         return "; ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
 
     descs = [r.desc for r in roots]
