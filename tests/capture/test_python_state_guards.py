@@ -330,3 +330,34 @@ def test_a_program_that_changes_what_it_reads_falls_back_loudly() -> None:
         out = cm(_x())
     assert cm.specializations[0].fallback_reason is not None
     assert out.shape == (3, 4)
+
+
+def test_a_warm_start_guards_the_values_it_loaded(tmp_path: Any) -> None:
+    """A specialization loaded from a snapshot (no capture ran in this callable) is guarded
+    as a captured one: its guard is rebuilt from the saved descriptions of what was read."""
+    m = Configured(Config())
+    options = {"cache": str(tmp_path)}
+    cold = plait.compile(m, backend="eager", options=options)
+    _same_as_eager(cold, m, _x())
+    warm = plait.compile(m, backend="eager", options=options)
+    _same_as_eager(warm, m, _x())
+    assert str(warm.specializations[0].manifest.cache["capture"]).startswith("snapshot")
+    assert any(g.kind == "python" for g in warm.specializations[0].guards)
+    m.config.scale = -1.5
+    _same_as_eager(warm, m, _x())
+    assert len(warm.specializations) == 2
+    assert "self.config.scale: was 2.0, now -1.5" in warm.recompile_reasons[0]
+
+
+def test_a_buffer_slot_that_was_none(evaluator: str) -> None:
+    class Optional(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("shift", None)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2 if self.shift is None else x * 2 + self.shift
+
+    m = Optional()
+    cm = plait.compile(m, backend="eager", options=NO_CACHE)
+    _changed_once(cm, m, lambda: setattr(m, "shift", torch.randn(4)), "self.shift")

@@ -323,13 +323,33 @@ def _library_caller() -> bool:
     return is_pinned(str(frame.f_globals.get("__name__", "")))
 
 
+_MODULE_GETATTR = nn.Module.__getattr__
+
+
+def _recording_getattr(self: Any, name: str) -> Any:
+    """``nn.Module.__getattr__`` (parameters, buffers, submodules): a slot holding None is a
+    Python value the program read (``if self.bias is not None``); a tensor or a submodule is
+    guarded by the state guards."""
+    value = _MODULE_GETATTR(self, name)
+    rec = getattr(_LOCAL, "rec", None)
+    if rec is not None and value is None:
+        _LOCAL.rec = None
+        try:
+            rec.table_read(self, name)
+        finally:
+            _LOCAL.rec = rec
+    return value
+
+
 def _instrument(on: bool) -> None:
     with _PATCH_LOCK:
         _PATCH_USERS[0] += 1 if on else -1
         if on and _PATCH_USERS[0] == 1:
             nn.Module.__getattribute__ = _recording_getattribute  # type: ignore[method-assign]
+            nn.Module.__getattr__ = _recording_getattr  # type: ignore[method-assign]
         elif not on and _PATCH_USERS[0] == 0:
             del nn.Module.__getattribute__
+            nn.Module.__getattr__ = _MODULE_GETATTR  # type: ignore[method-assign]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -456,6 +476,21 @@ class PyReads:
             cls = type(m)
             desc = self._desc(m, "classattr", name)
             self._add(("typeattr", id(cls), name), typeattr_root(cls, name, show, desc))
+
+    def table_read(self, m: nn.Module, name: str) -> None:
+        """A parameter, buffer or submodule slot read as None."""
+        if (id(m), name) in self._reads:
+            return
+        self._reads.add((id(m), name))
+        self._alive.append(m)
+        namespace = object.__getattribute__(m, "__dict__")
+        for table in ("_parameters", "_buffers", "_modules"):
+            slots = namespace.get(table)
+            if isinstance(slots, dict) and name in slots:
+                show = f"{self._where(m)}.{name}"
+                desc = self._desc(m, "table", table, name)
+                self._add(("item", id(slots), name), item_root(slots, name, show, desc))
+                return
 
     def _frame(self, frame: types.FrameType) -> None:
         code = frame.f_code
@@ -639,7 +674,7 @@ def _cell_value(cell: Any) -> Any:
 def resolve(desc: list[Any], module: nn.Module | None) -> Root:
     """The root ``desc`` describes in this process (a warm start); raises ``LookupError``."""
     kind = desc[0]
-    if kind in ("attr", "classattr", "type", "dict"):
+    if kind in ("attr", "classattr", "type", "dict", "table"):
         if module is None:
             raise LookupError("a module attribute without a module")
         m = module.get_submodule(desc[1]) if desc[1] else module
@@ -651,6 +686,9 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
         if kind == "attr":
             namespace = object.__getattribute__(m, "__dict__")
             return item_root(namespace, desc[2], f"{where}.{desc[2]}", desc)
+        if kind == "table":
+            slots = object.__getattribute__(m, "__dict__")[desc[2]]
+            return item_root(slots, desc[3], f"{where}.{desc[3]}", desc)
         return typeattr_root(type(m), desc[2], f"{where}.{desc[2]}", desc)
     if kind == "global":
         mod = sys.modules.get(desc[1])
