@@ -399,6 +399,7 @@ class PyReads:
         self._alive: list[Any] = []
         self._previous: Any = None
         self._active = False
+        self._tracing = False
         self._gc_was_enabled = False
 
     # -- entering and leaving
@@ -408,8 +409,16 @@ class PyReads:
                 # NOTE: a class of its own __getattribute__ may read around the instrument
                 self._add(("dict", id(m)), dict_root(m, self._where(m), self._desc(m, "dict")))
         _instrument(True)
+        # NOTE: a global trace function sees each new frame once and nothing else (no C calls,
+        # no line events: it returns None); where a tracer is active already (a debugger,
+        # coverage), a profile hook chained to the one in place sees the frames instead.
+        self._tracing = sys.gettrace() is None
         self._previous = sys.getprofile()
         previous = self._previous
+
+        def trace(frame: types.FrameType, event: str, arg: Any) -> None:
+            if event == "call" and id(frame.f_code) not in self._codes:
+                self._frame(frame)
 
         def hook(frame: types.FrameType, event: str, arg: Any) -> None:
             if previous is not None:
@@ -422,13 +431,19 @@ class PyReads:
         self._gc_was_enabled = gc.isenabled()
         gc.disable()
         _LOCAL.rec = self
-        sys.setprofile(hook)
+        if self._tracing:
+            sys.settrace(trace)
+        else:
+            sys.setprofile(hook)
         self._active = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._active:
-            sys.setprofile(self._previous)
+            if self._tracing:
+                sys.settrace(None)
+            else:
+                sys.setprofile(self._previous)
             _LOCAL.rec = None
             _instrument(False)
             if self._gc_was_enabled:
@@ -466,14 +481,15 @@ class PyReads:
         if name == "__dict__":
             self._add(("dict", id(m)), dict_root(m, where, self._desc(m, "dict")))
             return
-        self._add(("type", id(m)), type_root(m, f"type({where})", self._desc(m, "type")))
+        if ("type", id(m)) not in self.roots:
+            self._add(("type", id(m)), type_root(m, f"type({where})", self._desc(m, "type")))
         show = f"{where}.{name}"
         self._add(
             ("item", id(namespace), name),
             item_root(namespace, name, show, self._desc(m, "attr", name)),
         )
-        if name not in namespace:
-            cls = type(m)
+        cls = type(m)
+        if name not in namespace and ("typeattr", id(cls), name) not in self.roots:
             desc = self._desc(m, "classattr", name)
             self._add(("typeattr", id(cls), name), typeattr_root(cls, name, show, desc))
 
