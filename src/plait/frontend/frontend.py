@@ -31,7 +31,8 @@ from plait.frontend import guard_build, pytree
 from plait.frontend.guard_plan import GuardPlan, build_guards
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
-from plait.frontend.pyreads import PyReads, Root
+from plait.frontend.pyreads import PyReads
+from plait.frontend.pyvalues import Root
 from plait.frontend.state import ModuleState
 from plait.frontend.symints import TracedInt, TracedSize
 from plait.frontend.tracer import CaptureContext, Lift, Restart, Tracer

@@ -29,7 +29,7 @@ import sympy
 import torch
 
 from plait.errors import GraphCaptureError
-from plait.frontend import guard_build, pyreads
+from plait.frontend import guard_build, pyvalues
 from plait.frontend.guards import Guard, GuardSet
 from plait.frontend.state import ModuleState
 from plait.ir import TensorType
@@ -78,7 +78,7 @@ class GuardPlan:
             "alias": self.alias,
             "used": self.used,
             "layout_read": self.layout_read,
-            "pyreads": pyreads.saved_form(self.pyroots) if self.pyroots else self.pyreads,
+            "pyreads": pyvalues.saved_form(self.pyroots) if self.pyroots else self.pyreads,
         }
 
     @classmethod
@@ -141,8 +141,8 @@ def build_guards(
     roots = plan.pyroots
     if roots is None:
         module = ms.module if ms is not None else None
-        roots = [pyreads.resolve(d, module) for d in plan.pyreads]
-    python = pyreads.python_values_guard(roots)
+        roots = [pyvalues.resolve(d, module) for d in plan.pyreads]
+    python = pyvalues.python_values_guard(roots)
     if python is not None:
         guards.append(python)
     return GuardSet(guards)
