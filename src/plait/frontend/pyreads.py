@@ -83,7 +83,7 @@ def _recording_getattribute(self: Any, name: str) -> Any:
     if rec is not None and not (name == "__dict__" and _library_caller()):
         _LOCAL.rec = None  # NOTE: the recorder's own reads are not the program's
         try:
-            rec.module_read(self, name)
+            rec._safely(rec.module_read, self, name)
         finally:
             _LOCAL.rec = rec
     return value
@@ -108,7 +108,7 @@ def _recording_getattr(self: Any, name: str) -> Any:
     if rec is not None and value is None:
         _LOCAL.rec = None
         try:
-            rec.table_read(self, name)
+            rec._safely(rec.table_read, self, name)
         finally:
             _LOCAL.rec = rec
     return value
@@ -191,13 +191,13 @@ class PyReads:
 
         def trace(frame: types.FrameType, event: str, arg: Any) -> None:
             if event == "call" and id(frame.f_code) not in self._codes:
-                self._frame(frame)
+                self._safely(self._frame, frame)
 
         def hook(frame: types.FrameType, event: str, arg: Any) -> None:
             if previous is not None:
                 previous(frame, event, arg)
             if event == "call" and id(frame.f_code) not in self._codes:
-                self._frame(frame)
+                self._safely(self._frame, frame)
 
         # NOTE: no cyclic collection while recording: what it runs (gc callbacks, __del__ of
         # unrelated garbage) is not the program's code (as for plait.frontend.deps)
@@ -222,6 +222,14 @@ class PyReads:
             if self._gc_was_enabled:
                 gc.enable()
             self._active = False
+
+    def _safely(self, record: Any, *args: Any) -> None:
+        """NOTE: an exception must never leave a trace hook or an attribute read: it would
+        surface in user code; a read that could not be recorded refuses the capture."""
+        try:
+            record(*args)
+        except Exception as exc:
+            self.refusal = self.refusal or f"recording a Python read failed ({exc!r})"
 
     # -- what is read
     def _where(self, m: Any) -> str:
