@@ -96,14 +96,15 @@ def _library_caller() -> bool:
     return is_pinned(str(frame.f_globals.get("__name__", "")))
 
 
-_MODULE_GETATTR = nn.Module.__getattr__
+# NOTE: the __getattr__ in place when the instrument went in (restored when it comes out)
+_MODULE_GETATTR = [nn.Module.__getattr__]
 
 
 def _recording_getattr(self: Any, name: str) -> Any:
     """``nn.Module.__getattr__`` (parameters, buffers, submodules): a slot holding None is a
     Python value the program read (``if self.bias is not None``); a tensor or a submodule is
     guarded by the state guards."""
-    value = _MODULE_GETATTR(self, name)
+    value = _MODULE_GETATTR[0](self, name)
     rec = getattr(_LOCAL, "rec", None)
     if rec is not None and value is None:
         _LOCAL.rec = None
@@ -118,11 +119,12 @@ def _instrument(on: bool) -> None:
     with _PATCH_LOCK:
         _PATCH_USERS[0] += 1 if on else -1
         if on and _PATCH_USERS[0] == 1:
+            _MODULE_GETATTR[0] = nn.Module.__getattr__
             nn.Module.__getattribute__ = _recording_getattribute  # type: ignore[method-assign]
             nn.Module.__getattr__ = _recording_getattr  # type: ignore[method-assign]
         elif not on and _PATCH_USERS[0] == 0:
             del nn.Module.__getattribute__
-            nn.Module.__getattr__ = _MODULE_GETATTR  # type: ignore[method-assign]
+            nn.Module.__getattr__ = _MODULE_GETATTR[0]  # type: ignore[method-assign]
 
 
 @functools.lru_cache(maxsize=4096)
