@@ -199,7 +199,9 @@ MODULE_CHANGES: dict[str, tuple[Callable[[Net], Callable[[], None]], bool, bool]
     "submodule-train": (_train_sub, True, True),
     "training-int": (_training_int, False, False),
     "class-property": (_class_property, True, True),
-    "class-reassigned": (_class_reassigned, False, False),
+    # NOTE: the class of a module is a Python value the program reads (its forward, its
+    # class attributes): reassigned, it is a new specialization
+    "class-reassigned": (_class_reassigned, True, True),
     "submodule-replaced": (_submodule, True, True),
     "submodule-deleted": (_submodule_deleted, True, True),
 }

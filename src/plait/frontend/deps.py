@@ -140,7 +140,7 @@ def _frame_dep(frame: types.FrameType) -> CodeDep | None:
     if is_pinned(module) or _generated_by_library(frame):
         return None
     qualname = code.co_qualname
-    owner = _generated_for(frame, module, qualname)
+    owner = generated_for(frame, module, qualname)
     if owner is not None:
         # NOTE: namedtuple's and dataclasses' generated methods follow from the class's fields
         if is_pinned(owner.__module__ or ""):
@@ -180,7 +180,7 @@ def _generated_by_library(frame: types.FrameType) -> bool:
     return caller is not None and is_pinned(str(caller.f_globals.get("__name__", "")))
 
 
-def _generated_for(frame: types.FrameType, module: str, qualname: str) -> type | None:
+def generated_for(frame: types.FrameType, module: str, qualname: str) -> type | None:
     """The class a namedtuple ``__new__`` or a dataclass method was generated for, else None."""
     code = frame.f_code
     if code.co_filename != "<string>" or not code.co_argcount:

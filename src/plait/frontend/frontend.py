@@ -31,6 +31,8 @@ from plait.frontend import guard_build, pytree
 from plait.frontend.guard_plan import GuardPlan, build_guards
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
+from plait.frontend.pyreads import PyReads
+from plait.frontend.pyvalues import Root
 from plait.frontend.rng import keep_last_draw
 from plait.frontend.state import ModuleState
 from plait.frontend.symints import TracedInt, TracedSize
@@ -175,8 +177,10 @@ def _capture_once(
         traced_leaves = _lift_user_inputs(cx, leaves, paths)
         state_tracers, state = _lift_state(cx, ms)
         versions = [t._version for t in state]
+        reads = PyReads(ms.module if ms is not None else None, fn)
         try:
-            with ms.swapped(state_tracers) if ms is not None else nullcontext(), cx.activate():
+            swapped = ms.swapped(state_tracers) if ms is not None else nullcontext()
+            with swapped, cx.activate(), reads:
                 out = adapter.call(fn, spec, traced_leaves)
         except BaseException as exc:
             if cx.error is not None and exc is not cx.error:
@@ -198,7 +202,7 @@ def _capture_once(
                 "wrote them in place without a capture rule seeing it",
                 kind="limitation",
             )
-        return _finish(cx, out, spec, leaves, paths, ms, state)
+        return _finish(cx, out, spec, leaves, paths, ms, state, reads.finish())
 
 
 def _output_leaves(
@@ -296,6 +300,7 @@ def _finish(
     paths: list[str],
     ms: ModuleState | None,
     state: list[Any],
+    pyroots: list[Root],
 ) -> CapturedProgram:
     out_spec, out_leaves, values = _output_leaves(cx, out, leaves, state)
     mutations: list[tuple[Lift, int]] = []
@@ -319,6 +324,7 @@ def _finish(
     cx.builder.output(*values)
     built = cx.builder.build()
     plan = _plan(cx, ms, slots, mutations)
+    plan.pyroots = pyroots
     return CapturedProgram(
         graph=built,
         guards=build_guards(plan, spec, leaves, paths, ms, state),

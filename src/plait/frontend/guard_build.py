@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import operator
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -102,17 +104,51 @@ def _fmt_tensor(reading: Any) -> str:
     return f"{dtype_name(dtype)}[{dims}] on {device}"
 
 
+def float_bits(value: float) -> int:
+    """The IEEE-754 bit pattern of ``value`` as a signed 64-bit int: ``-0.0`` and ``0.0``
+    differ, a NaN equals the same NaN (``==`` says neither)."""
+    return int(struct.unpack("<q", struct.pack("<d", value))[0])
+
+
+def scalar_reading(x: Any) -> tuple[Any, Any]:
+    """What a scalar guard compares: ``(type, value)``, a float (or complex) by its bit
+    pattern (``("bits", ...)``) so that a guard tells ``-0.0`` from ``0.0`` and holds for the
+    same NaN."""
+    if isinstance(x, float):
+        return (type(x), ("bits", float_bits(x)))
+    if isinstance(x, complex):
+        return (type(x), ("bits", float_bits(x.real), float_bits(x.imag)))
+    return (type(x), x)
+
+
+def _show_scalar(reading: tuple[Any, Any]) -> str:
+    cls, value = reading
+    if isinstance(value, tuple) and value[:1] == ("bits",):
+        parts = [struct.unpack("<d", struct.pack("<q", b))[0] for b in value[1:]]
+        shown = repr(parts[0]) if len(parts) == 1 else repr(complex(*parts))
+        if not any(math.isnan(p) for p in parts):
+            return f"{shown} ({cls.__name__})"
+        # NOTE: NaNs of other bits print alike
+        bits = ", ".join(f"{b & (2**64 - 1):#018x}" for b in value[1:])
+        return f"{shown} ({cls.__name__}, bits {bits})"
+    return f"{value!r} ({cls.__name__})"
+
+
 def scalar_guard(i: int, path: str, value: Any) -> Guard:
-    if isinstance(value, _PRIMITIVES):
-        expected = (type(value), value)
+    if isinstance(value, (*_PRIMITIVES, complex)):
+        expected = scalar_reading(value)
+        # NOTE: floats by bit pattern, natively too; a complex is read in Python
+        native: ReadLeaf | None = ReadLeaf(i, value, bits=isinstance(value, float))
+        if isinstance(value, complex):
+            native = None
         return Guard(
             "scalar",
             path,
             f"{path} == {value!r}",
             expected,
-            lambda env: (type(env.leaves[i]), env.leaves[i]),
-            fmt=lambda r: f"{r[1]!r} ({r[0].__name__})",
-            native=ReadLeaf(i, value),
+            lambda env: scalar_reading(env.leaves[i]),
+            fmt=_show_scalar,
+            native=native,
         )
     return Guard(
         "scalar",

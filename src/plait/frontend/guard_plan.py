@@ -29,7 +29,7 @@ import sympy
 import torch
 
 from plait.errors import GraphCaptureError
-from plait.frontend import guard_build
+from plait.frontend import guard_build, pyvalues
 from plait.frontend.guards import Guard, GuardSet
 from plait.frontend.state import ModuleState
 from plait.ir import TensorType
@@ -55,6 +55,10 @@ class GuardPlan:
     alias: bool = False
     used: list[int] | None = None  # state entries the graph reads (None: all)
     layout_read: str | None = None
+    # NOTE: the Python values the program read (plait.frontend.pyreads): the live roots at
+    # capture; a warm start finds them again from their saved descriptions
+    pyroots: list[Any] | None = field(default=None, compare=False, repr=False)
+    pyreads: list[list[Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON form; raises ``ValueError`` for a relation it cannot write."""
@@ -74,6 +78,7 @@ class GuardPlan:
             "alias": self.alias,
             "used": self.used,
             "layout_read": self.layout_read,
+            "pyreads": pyvalues.saved_form(self.pyroots) if self.pyroots else self.pyreads,
         }
 
     @classmethod
@@ -96,6 +101,7 @@ class GuardPlan:
             alias=doc["alias"],
             used=doc["used"],
             layout_read=doc["layout_read"],
+            pyreads=[list(d) for d in doc["pyreads"]],
         )
 
 
@@ -132,6 +138,13 @@ def build_guards(
     if plan.layout_read is not None:
         live = state or (ms.fetch() if ms is not None else [])
         guards.append(guard_build.layout_guard(plan.layout_read, leaves, paths, used, live))
+    roots = plan.pyroots
+    if roots is None:
+        module = ms.module if ms is not None else None
+        roots = [pyvalues.resolve(d, module) for d in plan.pyreads]
+    python = pyvalues.python_values_guard(roots)
+    if python is not None:
+        guards.append(python)
     return GuardSet(guards)
 
 

@@ -34,6 +34,7 @@ import torch
 _PRIORITY = {
     "dim": 0,
     "scalar": 1,
+    "python": 1,
     "training": 2,
     "grad_mode": 3,
     "requires_grad": 4,
@@ -138,14 +139,40 @@ class ReadCalls:
 @dataclass(frozen=True)
 class ReadLeaf:
     """``env.leaves[index] is value`` (``identity=True``, the guard expects True), else
-    ``(type(leaf), leaf)`` (the guard expects ``(type, value)``)."""
+    ``(type(leaf), leaf)`` (the guard expects ``(type, value)``); with ``bits=True`` (a float
+    ``value``) ``(type(leaf), ("bits", IEEE-754 bits of leaf))``: ``-0.0`` is not ``0.0``, a
+    NaN is the same NaN."""
 
     index: int
     value: Any
     identity: bool = False
+    bits: bool = False
 
 
-NativeRead = ReadStructure | ReadTensors | ReadEdges | ReadAttrs | ReadCall | ReadCalls | ReadLeaf
+@dataclass(frozen=True)
+class ReadPyValues:
+    """Python values the program read (:mod:`plait.frontend.pyreads`): ``checks`` are
+    identity checks that, when all hold, imply the guard holds (any other answer: the guard's
+    own read decides). Each is a tuple ``(kind, ...)``: ``(0, mapping, keys, values)`` each
+    ``mapping.get(key, absent) is value``; ``(1, cell, value)``; ``(2, fn, code, defaults,
+    kwdefaults)``; ``(3, obj, type)``; ``(4, dict, keys, values)`` the dict's items are exactly
+    these objects, in order; ``(5, list, items)`` likewise; ``(6,)`` never (the read decides);
+    ``(7, cls, names, values)`` the MRO lookup of each name on ``cls`` is its value."""
+
+    checks: tuple[tuple[Any, ...], ...]
+    absent: Any
+
+
+NativeRead = (
+    ReadStructure
+    | ReadTensors
+    | ReadEdges
+    | ReadAttrs
+    | ReadCall
+    | ReadCalls
+    | ReadLeaf
+    | ReadPyValues
+)
 
 
 class GuardEnv:

@@ -71,7 +71,25 @@ inline bool plain(PyObject* o) {
 enum Result { HOLDS = 0, FAILS = 1, PYTHON = 2, ERROR = 3 };
 enum Code {
   CALL = 0, CALL0 = 1, CALLS0 = 2, STRUCTURE = 3, TENSORS = 4, EDGES = 5, ATTRS = 6,
-  LEAF_VALUE = 7, LEAF_IS = 8
+  LEAF_VALUE = 7, LEAF_IS = 8, LEAF_BITS = 9, PYVALUES = 10
+};
+// PYVALUES check kinds (plait.frontend.guards.ReadPyValues)
+enum PyKind {
+  PK_ITEMS = 0, PK_CELL = 1, PK_FUNC = 2, PK_TYPE = 3, PK_DICT = 4, PK_LIST = 5, PK_PYTHON = 6,
+  PK_TYPEATTRS = 7
+};
+
+// One PYVALUES check; `seen` remembers the dict version (or type version tag) at which the
+// check last held, so that an untouched dict costs one load.
+struct PyCheck {
+  int kind = PK_PYTHON;
+  PyObject* a = nullptr;
+  PyObject* b = nullptr;
+  PyObject* c = nullptr;
+  PyObject* d = nullptr;
+  std::vector<PyObject*> keys, values;
+  mutable uint64_t seen = 0;
+  mutable bool valid = false;
 };
 enum Flag {
   F_ID = 1, F_VERSION = 2, F_PTR = 4, F_META = 8, F_SIZES = 16, F_GRAD = 32
@@ -102,6 +120,7 @@ struct Op {
   int code = 0;
   bool exact = true;  // CALL0: false when fn() == expected only suffices (else: the read decides)
   Py_ssize_t index = 0;
+  int64_t bits = 0;  // LEAF_BITS: the expected float's IEEE-754 bits
   PyObject* tuple = nullptr;  // the op as given (owns every object below)
   PyObject* read = nullptr;
   PyObject* expected = nullptr;
@@ -109,6 +128,7 @@ struct Op {
   std::vector<PyObject*> xs, ys, zs;
   std::vector<TCheck> checks;
   std::vector<AttrFast> fast;
+  std::vector<PyCheck> pychecks;
 };
 
 struct Env {
@@ -360,7 +380,129 @@ int run_leaf(const Op& op, Env& e) {
   if (op.code == LEAF_IS) return leaf == op.a ? HOLDS : FAILS;
   int r = compare(reinterpret_cast<PyObject*>(Py_TYPE(leaf)), op.a);
   if (r != HOLDS) return r;
+  if (op.code == LEAF_BITS) {
+    // NOTE: a float by its IEEE-754 bits: -0.0 is not 0.0, a NaN is the same NaN
+    if (!PyFloat_Check(leaf)) return PYTHON;
+    double d = PyFloat_AS_DOUBLE(leaf);
+    int64_t bits = 0;
+    std::memcpy(&bits, &d, sizeof bits);
+    return bits == op.bits ? HOLDS : FAILS;
+  }
   return compare(leaf, op.xs[0]);
+}
+
+// The version of a dict: changes with every change of its items (CPython's PEP 509 tag while
+// it exists; 0 where it does not: no fast path).
+inline uint64_t dict_version(PyObject* d) {
+#if PY_VERSION_HEX < 0x030E0000
+  return reinterpret_cast<PyDictObject*>(d)->ma_version_tag;
+#else
+  (void)d;
+  return 0;
+#endif
+}
+
+inline bool fast_dict(PyObject* d) {
+  return PyDict_CheckExact(d) || PyODict_CheckExact(d);
+}
+
+// mapping.get(key, absent) as a borrowed-or-owned pair: *owned is set when the caller must
+// decref. nullptr with an exception set on an error other than a missing key.
+PyObject* lookup(PyObject* mapping, PyObject* key, PyObject* absent, bool* owned) {
+  *owned = false;
+  if (PyDict_Check(mapping) && fast_dict(mapping)) {
+    PyObject* v = PyDict_GetItemWithError(mapping, key);
+    if (v == nullptr && !PyErr_Occurred()) return absent;
+    return v;
+  }
+  PyObject* v = PyObject_GetItem(mapping, key);
+  if (v == nullptr) {
+    if (!PyErr_ExceptionMatches(PyExc_KeyError)) return nullptr;
+    PyErr_Clear();
+    return absent;
+  }
+  *owned = true;
+  return v;
+}
+
+int run_pycheck(const PyCheck& c, PyObject* absent) {
+  switch (c.kind) {
+    case PK_ITEMS: {
+      bool versioned = fast_dict(c.a);
+      if (versioned && c.valid && dict_version(c.a) == c.seen) return HOLDS;
+      for (size_t i = 0; i < c.keys.size(); ++i) {
+        bool owned = false;
+        PyObject* v = lookup(c.a, c.keys[i], absent, &owned);
+        if (v == nullptr) return failed_read();
+        bool same = v == c.values[i];
+        if (owned) Py_DECREF(v);
+        if (!same) return PYTHON;
+      }
+      if (versioned) {
+        c.seen = dict_version(c.a);
+        c.valid = c.seen != 0;
+      }
+      return HOLDS;
+    }
+    case PK_CELL: {
+      PyObject* v = PyCell_GET(c.a);
+      return (v == nullptr ? absent : v) == c.b ? HOLDS : PYTHON;
+    }
+    case PK_FUNC: {
+      PyObject* defaults = PyFunction_GET_DEFAULTS(c.a);
+      PyObject* kwdefaults = PyFunction_GET_KW_DEFAULTS(c.a);
+      if (PyFunction_GET_CODE(c.a) != c.b) return PYTHON;
+      if ((defaults == nullptr ? Py_None : defaults) != c.c) return PYTHON;
+      if ((kwdefaults == nullptr ? Py_None : kwdefaults) != c.d) return PYTHON;
+      return HOLDS;
+    }
+    case PK_TYPE:
+      return reinterpret_cast<PyObject*>(Py_TYPE(c.a)) == c.b ? HOLDS : PYTHON;
+    case PK_DICT: {
+      if (!fast_dict(c.a)) return PYTHON;
+      if (c.valid && dict_version(c.a) == c.seen) return HOLDS;
+      if (PyDict_GET_SIZE(c.a) != static_cast<Py_ssize_t>(c.keys.size())) return PYTHON;
+      Py_ssize_t pos = 0;
+      PyObject *k = nullptr, *v = nullptr;
+      size_t i = 0;
+      while (PyDict_Next(c.a, &pos, &k, &v)) {
+        if (i >= c.keys.size() || k != c.keys[i] || v != c.values[i]) return PYTHON;
+        ++i;
+      }
+      c.seen = dict_version(c.a);
+      c.valid = c.seen != 0;
+      return HOLDS;
+    }
+    case PK_LIST: {
+      if (!PyList_CheckExact(c.a)) return PYTHON;
+      if (PyList_GET_SIZE(c.a) != static_cast<Py_ssize_t>(c.values.size())) return PYTHON;
+      for (size_t i = 0; i < c.values.size(); ++i) {
+        if (PyList_GET_ITEM(c.a, i) != c.values[i]) return PYTHON;
+      }
+      return HOLDS;
+    }
+    case PK_TYPEATTRS: {
+      PyTypeObject* tp = reinterpret_cast<PyTypeObject*>(c.a);
+      unsigned int tag = valid_tag(tp);
+      if (c.valid && tag != 0 && tag == c.seen) return HOLDS;
+      for (size_t i = 0; i < c.keys.size(); ++i) {
+        PyObject* v = _PyType_Lookup(tp, c.keys[i]);
+        if ((v == nullptr ? absent : v) != c.values[i]) return PYTHON;
+      }
+      c.seen = valid_tag(tp);  // NOTE: _PyType_Lookup assigns a tag when there was none
+      c.valid = c.seen != 0;
+      return HOLDS;
+    }
+  }
+  return PYTHON;
+}
+
+int run_pyvalues(const Op& op) {
+  for (const PyCheck& c : op.pychecks) {
+    int r = run_pycheck(c, op.a);
+    if (r != HOLDS) return r;
+  }
+  return HOLDS;
 }
 
 int run(const Op& op, Env& e) {
@@ -373,7 +515,9 @@ int run(const Op& op, Env& e) {
     case EDGES: return run_edges(op);
     case ATTRS: return run_attrs(op);
     case LEAF_VALUE:
+    case LEAF_BITS:
     case LEAF_IS: return run_leaf(op, e);
+    case PYVALUES: return run_pyvalues(op);
   }
   return PYTHON;
 }
@@ -489,6 +633,66 @@ bool build_op(PyObject* t, Op& op) {
       if (op.index == -1 && PyErr_Occurred()) return false;
       op.a = arg(4);
       op.xs.push_back(arg(5));
+      return true;
+    case PYVALUES: {  // (checks, absent)
+      std::vector<PyObject*> checks;
+      if (!objects(arg(3), checks)) return false;
+      op.a = arg(4);
+      for (PyObject* t : checks) {
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) {
+          PyErr_SetString(PyExc_TypeError, "a Python-value check is a tuple (kind, ...)");
+          return false;
+        }
+        PyCheck c;
+        c.kind = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(t, 0)));
+        if (c.kind == -1 && PyErr_Occurred()) return false;
+        Py_ssize_t m = PyTuple_GET_SIZE(t);
+        auto at = [&](Py_ssize_t i) { return i < m ? PyTuple_GET_ITEM(t, i) : Py_None; };
+        bool ok = true;
+        switch (c.kind) {
+          case PK_ITEMS:
+          case PK_DICT:
+          case PK_TYPEATTRS:
+            c.a = at(1);
+            ok = objects(at(2), c.keys) && objects(at(3), c.values) &&
+                 c.keys.size() == c.values.size();
+            if (ok && c.kind == PK_TYPEATTRS && !PyType_Check(c.a)) c.kind = PK_PYTHON;
+            if (ok && c.kind == PK_DICT && !PyDict_Check(c.a)) c.kind = PK_PYTHON;
+            break;
+          case PK_CELL:
+            c.a = at(1);
+            c.b = at(2);
+            if (!PyCell_Check(c.a)) c.kind = PK_PYTHON;
+            break;
+          case PK_FUNC:
+            c.a = at(1);
+            c.b = at(2);
+            c.c = at(3);
+            c.d = at(4);
+            if (!PyFunction_Check(c.a)) c.kind = PK_PYTHON;
+            break;
+          case PK_TYPE:
+            c.a = at(1);
+            c.b = at(2);
+            break;
+          case PK_LIST:
+            c.a = at(1);
+            ok = objects(at(2), c.values);
+            break;
+          default:
+            c.kind = PK_PYTHON;
+        }
+        if (!ok) return false;
+        op.pychecks.push_back(std::move(c));
+      }
+      return true;
+    }
+    case LEAF_BITS:  // (index, type, bits as a signed 64-bit int)
+      op.index = PyLong_AsSsize_t(arg(3));
+      if (op.index == -1 && PyErr_Occurred()) return false;
+      op.a = arg(4);
+      op.bits = PyLong_AsLongLong(arg(5));
+      if (op.bits == -1 && PyErr_Occurred()) return false;
       return true;
   }
   PyErr_Format(PyExc_ValueError, "unknown op code %d", op.code);

@@ -54,6 +54,7 @@ import torch
 
 from plait.codegen import build
 from plait.codegen.errors import BuildError
+from plait.frontend.guard_build import float_bits
 from plait.frontend.guards import (
     Guard,
     GuardEnv,
@@ -62,6 +63,7 @@ from plait.frontend.guards import (
     ReadCalls,
     ReadEdges,
     ReadLeaf,
+    ReadPyValues,
     ReadStructure,
     ReadTensors,
     TensorCheck,
@@ -71,7 +73,9 @@ from plait.guards._evaluator_cpp import SOURCE
 from plait.ir.private_files import publish_bytes
 
 # NOTE: op codes and tensor-check flags, as the C++ source numbers them
-CALL, CALL0, CALLS0, STRUCTURE, TENSORS, EDGES, ATTRS, LEAF_VALUE, LEAF_IS = range(9)
+CALL, CALL0, CALLS0, STRUCTURE, TENSORS, EDGES, ATTRS, LEAF_VALUE, LEAF_IS, LEAF_BITS, PYVALUES = (
+    range(11)
+)
 F_ID, F_VERSION, F_PTR, F_META, F_SIZES, F_GRAD = 1, 2, 4, 8, 16, 32
 FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-w")
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)  # NOTE: read natively; any other: Python
@@ -316,9 +320,15 @@ def _op(g: Guard, protos: dict[Any, torch.Tensor]) -> tuple[Any, ...]:
         if n.expected is not None and n.exact:
             raise _Unsupported("exact calls with values of their own")
         return (CALLS0, *head, n.fns, want, n.exact)
+    if isinstance(n, ReadPyValues):
+        return (PYVALUES, *head, n.checks, n.absent)
     if isinstance(n, ReadLeaf):
         if n.identity:
             return (LEAF_IS, *head, n.index, n.value)
+        if n.bits:
+            if not isinstance(n.value, float):
+                raise _Unsupported("bits of a value that is not a float")
+            return (LEAF_BITS, *head, n.index, type(n.value), float_bits(n.value))
         return (LEAF_VALUE, *head, n.index, type(n.value), n.value)
     return (CALL, *head)
 

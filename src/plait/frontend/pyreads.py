@@ -1,0 +1,462 @@
+"""The Python values a capture reads, recorded while it runs and guarded after it.
+
+A captured graph bakes in what the program read of Python state: ``self.alpha`` becomes a literal,
+``if CONFIG.use_bias:`` picks a branch. :class:`PyReads` records those reads during the trace:
+
+- attribute reads on every ``nn.Module`` (``nn.Module.__getattribute__`` is instrumented while a
+  capture runs, so the reads PyTorch's own ``forward`` makes, ``self.stride``, count too): the
+  instance's value, or the class attribute it finds (methods, class constants, properties);
+- for each function of user code that runs (a global trace function that sees each new frame,
+  or a profile hook chained to the one in place where a tracer is active): the globals its code
+  loads (and the builtins it falls back to), the attributes it names of global modules and
+  classes, its closure cells, its defaults and its code object;
+- parameter, buffer and submodule slots read as ``None`` (``nn.Module.__getattr__``);
+- the attributes that code names of any user object reached from those values (a config
+  object's class constants).
+
+Each read is a *root* (where it was read, so it can be read again: :mod:`plait.frontend.pyvalues`
+has the roots, the value keys they are compared by and the guard over them): plain values by
+value (floats by their IEEE-754 bits), containers and user objects (dataclasses,
+``SimpleNamespace``, Hugging Face ``PretrainedConfig`` ...) by their contents recursively,
+tensors, modules, functions, classes and library objects by identity. The guard holds while
+every root's value key is the one capture saw; its native form checks identities and CPython's
+dict version tags (a few nanoseconds per dict), and asks the Python read only after something
+was assigned.
+
+A read that cannot be attributed is never ignored: a module class with its own
+``__getattribute__`` (or a program that reads ``__dict__``) has its whole instance dict guarded;
+code that calls ``globals()``, ``eval`` or ``exec`` has its whole module namespace guarded; a
+function whose closure cannot be found, or a program that changes a value it read while it runs,
+is refused (:class:`GraphCaptureError`, ``kind="limitation"``: the documented eager fallback).
+
+Example:
+    >>> import torch
+    >>> lin = torch.nn.Linear(2, 2)
+    >>> with PyReads(lin) as reads:
+    ...     _ = lin(torch.ones(1, 2))
+    >>> sorted(r.show for r in reads.finish())[:2]
+    ['self._backward_hooks', 'self._backward_pre_hooks']
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import gc
+import sys
+import threading
+import types
+from typing import Any
+
+from torch import nn
+
+from plait.errors import GraphCaptureError
+from plait.frontend.deps import generated_for
+from plait.frontend.fingerprint import find_function, is_pinned
+from plait.frontend.pyvalues import (
+    _MODULE_SKIP,
+    ABSENT,
+    Root,
+    _cell_value,
+    _is_value_object,
+    _mro_lookup,
+    _Walk,
+    cell_root,
+    dict_root,
+    find_class,
+    func_root,
+    item_root,
+    type_root,
+    typeattr_root,
+)
+
+# --- recording -----------------------------------------------------------------------------
+_WHOLE_NAMESPACE = frozenset({"globals", "eval", "exec", "vars", "locals", "__import__"})
+_LOCAL = threading.local()
+_PATCH_LOCK = threading.Lock()
+_PATCH_USERS = [0]
+
+
+def _recording_getattribute(self: Any, name: str) -> Any:
+    value = object.__getattribute__(self, name)
+    rec = getattr(_LOCAL, "rec", None)
+    if rec is not None and not (name == "__dict__" and _library_caller()):
+        _LOCAL.rec = None  # NOTE: the recorder's own reads are not the program's
+        try:
+            rec._safely(rec.module_read, self, name)
+        finally:
+            _LOCAL.rec = rec
+    return value
+
+
+def _library_caller() -> bool:
+    """Whether the attribute read comes from PyTorch's (or plait's) own code: their reads of
+    ``__dict__`` (``nn.Module.__getattr__`` finding parameters) are not the program's."""
+    frame = sys._getframe(2)
+    return is_pinned(str(frame.f_globals.get("__name__", "")))
+
+
+# NOTE: the __getattr__ in place when the instrument went in (restored when it comes out)
+_MODULE_GETATTR = [nn.Module.__getattr__]
+
+
+def _recording_getattr(self: Any, name: str) -> Any:
+    """``nn.Module.__getattr__`` (parameters, buffers, submodules): a slot holding None is a
+    Python value the program read (``if self.bias is not None``); a tensor or a submodule is
+    guarded by the state guards."""
+    value = _MODULE_GETATTR[0](self, name)
+    rec = getattr(_LOCAL, "rec", None)
+    if rec is not None and value is None:
+        _LOCAL.rec = None
+        try:
+            rec._safely(rec.table_read, self, name)
+        finally:
+            _LOCAL.rec = rec
+    return value
+
+
+def _instrument(on: bool) -> None:
+    with _PATCH_LOCK:
+        _PATCH_USERS[0] += 1 if on else -1
+        if on and _PATCH_USERS[0] == 1:
+            _MODULE_GETATTR[0] = nn.Module.__getattr__
+            nn.Module.__getattribute__ = _recording_getattribute  # type: ignore[method-assign]
+            nn.Module.__getattr__ = _recording_getattr  # type: ignore[method-assign]
+        elif not on and _PATCH_USERS[0] == 0:
+            del nn.Module.__getattribute__
+            nn.Module.__getattr__ = _MODULE_GETATTR[0]  # type: ignore[method-assign]
+
+
+@functools.lru_cache(maxsize=4096)
+def _global_loads(code: types.CodeType) -> tuple[str, ...]:
+    """The names ``code`` loads as globals (nested comprehensions included)."""
+    out: list[str] = []
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str):
+            out.append(ins.argval)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType) and c.co_name.startswith("<") and c.co_name != "<lambda>":
+            out.extend(_global_loads(c))
+    return tuple(dict.fromkeys(out))
+
+
+@functools.lru_cache(maxsize=4096)
+def _attr_names(code: types.CodeType) -> frozenset[str]:
+    """The attribute names ``code`` uses and its identifier-like string constants."""
+    out = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out |= _attr_names(c)
+        elif isinstance(c, str) and c.isidentifier():
+            out.add(c)
+    return frozenset(out)
+
+
+class PyReads:
+    """Records the Python values a capture reads (see the module doc); ``module`` is the
+    compiled module (its submodules' paths name their roots), if any."""
+
+    def __init__(self, module: nn.Module | None = None, program: Any = None) -> None:
+        # NOTE: the program function's own defaults are applied to the call's arguments (and
+        # guarded there): its closure is what is read of it
+        self.program = program
+        self.paths: dict[int, str] = {}
+        self.tree: list[nn.Module] = []
+        if module is not None:
+            for path, m in module.named_modules(remove_duplicate=False):
+                self.paths.setdefault(id(m), path)
+                self.tree.append(m)
+        self.roots: dict[tuple[Any, ...], Root] = {}
+        self.names: set[str] = set()
+        self.refusal: str | None = None
+        self._reads: set[tuple[int, str]] = set()
+        self._codes: set[int] = set()
+        self._alive: list[Any] = []
+        self._previous: Any = None
+        self._active = False
+        self._tracing = False
+        self._gc_was_enabled = False
+
+    # -- entering and leaving
+    def __enter__(self) -> PyReads:
+        for m in self.tree:
+            if type(m).__getattribute__ is not nn.Module.__getattribute__:
+                # NOTE: a class of its own __getattribute__ may read around the instrument
+                self._add(("dict", id(m)), dict_root(m, self._where(m), self._desc(m, "dict")))
+        _instrument(True)
+        # NOTE: a global trace function sees each new frame once and nothing else (no C calls,
+        # no line events: it returns None); where a tracer is active already (a debugger,
+        # coverage), a profile hook chained to the one in place sees the frames instead.
+        self._tracing = sys.gettrace() is None
+        self._previous = sys.getprofile()
+        previous = self._previous
+
+        def trace(frame: types.FrameType, event: str, arg: Any) -> None:
+            if event == "call" and id(frame.f_code) not in self._codes:
+                self._safely(self._frame, frame)
+
+        def hook(frame: types.FrameType, event: str, arg: Any) -> None:
+            if previous is not None:
+                previous(frame, event, arg)
+            if event == "call" and id(frame.f_code) not in self._codes:
+                self._safely(self._frame, frame)
+
+        # NOTE: no cyclic collection while recording: what it runs (gc callbacks, __del__ of
+        # unrelated garbage) is not the program's code (as for plait.frontend.deps)
+        self._gc_was_enabled = gc.isenabled()
+        gc.disable()
+        _LOCAL.rec = self
+        if self._tracing:
+            sys.settrace(trace)
+        else:
+            sys.setprofile(hook)
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._active:
+            if self._tracing:
+                sys.settrace(None)
+            else:
+                sys.setprofile(self._previous)
+            _LOCAL.rec = None
+            _instrument(False)
+            if self._gc_was_enabled:
+                gc.enable()
+            self._active = False
+
+    def _safely(self, record: Any, *args: Any) -> None:
+        """NOTE: an exception must never leave a trace hook or an attribute read: it would
+        surface in user code; a read that could not be recorded refuses the capture."""
+        try:
+            record(*args)
+        except Exception as exc:
+            self.refusal = self.refusal or f"recording a Python read failed ({exc!r})"
+
+    # -- what is read
+    def _where(self, m: Any) -> str:
+        path = self.paths.get(id(m))
+        if path is None:
+            return f"a {type(m).__name__} module outside the compiled module"
+        return f"self.{path}" if path else "self"
+
+    def _desc(self, m: Any, kind: str, *rest: Any) -> list[Any] | None:
+        path = self.paths.get(id(m))
+        return None if path is None else [kind, path, *rest]
+
+    def _add(self, key: tuple[Any, ...], root: Root) -> None:
+        if key in self.roots:
+            return
+        try:
+            root.first = _Walk().key(root.read(), shallow=root.shallow)
+        except GraphCaptureError as exc:
+            self.refusal = self.refusal or exc.reason
+            return
+        self.roots[key] = root
+
+    def module_read(self, m: nn.Module, name: str) -> None:
+        if (id(m), name) in self._reads or name in _MODULE_SKIP:
+            return
+        self._reads.add((id(m), name))
+        self._alive.append(m)
+        where = self._where(m)
+        namespace = object.__getattribute__(m, "__dict__")
+        if name == "__dict__":
+            self._add(("dict", id(m)), dict_root(m, where, self._desc(m, "dict")))
+            return
+        if ("type", id(m)) not in self.roots:
+            self._add(("type", id(m)), type_root(m, f"type({where})", self._desc(m, "type")))
+        show = f"{where}.{name}"
+        self._add(
+            ("item", id(namespace), name),
+            item_root(namespace, name, show, self._desc(m, "attr", name)),
+        )
+        cls = type(m)
+        if name not in namespace and ("typeattr", id(cls), name) not in self.roots:
+            desc = self._desc(m, "classattr", name)
+            self._add(("typeattr", id(cls), name), typeattr_root(cls, name, show, desc))
+
+    def table_read(self, m: nn.Module, name: str) -> None:
+        """A parameter, buffer or submodule slot read as None."""
+        if (id(m), name) in self._reads:
+            return
+        self._reads.add((id(m), name))
+        self._alive.append(m)
+        namespace = object.__getattribute__(m, "__dict__")
+        for table in ("_parameters", "_buffers", "_modules"):
+            slots = namespace.get(table)
+            if isinstance(slots, dict) and name in slots:
+                show = f"{self._where(m)}.{name}"
+                desc = self._desc(m, "table", table, name)
+                self._add(("item", id(slots), name), item_root(slots, name, show, desc))
+                return
+
+    def _frame(self, frame: types.FrameType) -> None:
+        code = frame.f_code
+        self._codes.add(id(code))
+        self._alive.append(code)
+        g = frame.f_globals
+        module = str(g.get("__name__", ""))
+        if is_pinned(module) or code.co_name == "<module>" or "__name__" not in g:
+            return
+        if generated_for(frame, module, code.co_qualname) is not None:
+            return  # NOTE: a namedtuple's or dataclass's generated method: its class's
+        if code.co_qualname.rsplit(".", 1)[-1] in _INLINE:
+            return  # NOTE: a comprehension: its enclosing function's loads cover it
+        if _under_import(frame):
+            return  # NOTE: the import system's business (a finder), not the program's
+        names = _attr_names(code)
+        self.names |= names
+        loads = _global_loads(code)
+        for name in loads:
+            self._global(g, module, name, frame.f_builtins)
+        if _WHOLE_NAMESPACE & set(loads):
+            for name in list(g):
+                self._global(g, module, name, frame.f_builtins)
+        fns = self._functions(frame)
+        if fns is None:
+            self.refusal = self.refusal or (
+                f"the program runs {module}.{code.co_qualname}, whose function object plait "
+                "cannot find to guard its closure and defaults"
+            )
+            return
+        for fn in fns:
+            where = f"{module}.{code.co_qualname}"
+            found = find_function(module, code.co_qualname) is fn
+            desc = ["func", module, code.co_qualname] if found else None
+            if fn is not self.program:
+                self._add(("func", id(fn)), func_root(fn, f"{where} (code, defaults)", desc))
+            for k, (var, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ())):
+                root = cell_root(cell, f"{where}: closure variable {var}")
+                root.desc = ["cell", module, code.co_qualname, k] if found else None
+                self._add(("cell", id(cell)), root)
+
+    def _global(self, g: dict, module: str, name: str, builtins_: dict) -> None:
+        resolvable = sys.modules.get(module) is not None and vars(sys.modules[module]) is g
+        desc = ["global", module, name] if resolvable else None
+        show = f"global {module}.{name}"
+        self._add(("item", id(g), name), item_root(g, name, show, desc))
+        if name not in g:
+            show = f"builtin {name}"
+            self._add(
+                ("item", id(builtins_), name), item_root(builtins_, name, show, ["builtin", name])
+            )
+
+    def _functions(self, frame: types.FrameType) -> list[types.FunctionType] | None:
+        """The function objects running ``frame``'s code: by name, else by reference (a
+        nested function or lambda: those whose cells hold what the frame sees)."""
+        code = frame.f_code
+        module = str(frame.f_globals.get("__name__", ""))
+        fn = find_function(module, code.co_qualname)
+        if fn is not None and fn.__code__ is code:
+            return [fn]
+        found = [
+            f
+            for f in gc.get_referrers(code)
+            if isinstance(f, types.FunctionType) and f.__code__ is code
+        ]
+        if code.co_freevars:
+            here = frame.f_locals
+            found = [
+                f
+                for f in found
+                if all(
+                    here.get(var, ABSENT) is _cell_value(c)
+                    for var, c in zip(code.co_freevars, f.__closure__ or ())
+                )
+            ]
+        return found or None
+
+    # -- after the capture
+    def finish(self) -> list[Root]:
+        """The roots, with those the recorded names reach in user objects and modules; raises
+        :class:`GraphCaptureError` for a read that cannot be guarded."""
+        if self.refusal is None:
+            self._named_attributes()
+        if self.refusal is not None:
+            raise GraphCaptureError("Python state", self.refusal, kind="limitation")
+        changed = [
+            r.show
+            for r in self.roots.values()
+            if _Walk().key(r.read(), shallow=r.shallow) != r.first
+        ]
+        if changed:
+            raise GraphCaptureError(
+                "Python state",
+                "the program changes Python values it reads while it runs "
+                f"({', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}); a compiled "
+                "program would not replay that",
+                kind="limitation",
+            )
+        return list(self.roots.values())
+
+    def _named_attributes(self) -> None:
+        """Attributes the code names of Python modules, classes and user objects its values
+        reach (``cfg.SCALE``, ``Consts.EPS``, ``self.config.n_embd``)."""
+        done: set[int] = set()
+        pending = list(self.roots.values())
+        while pending:
+            walk = _Walk()
+            base: dict[int, list[Any] | None] = {}
+            for r in pending:
+                value = r.read()
+                base.setdefault(id(value), r.desc)  # NOTE: a host read directly: its path
+                walk.key(value, shallow=r.shallow)
+            before = len(self.roots)
+            for host in walk.hosts:
+                if id(host) in done:
+                    continue
+                done.add(id(host))
+                self._alive.append(host)
+                self._host(host, base.get(id(host)))
+            pending = list(self.roots.values())[before:]
+
+    def _host(self, host: Any, base: list[Any] | None) -> None:
+        if isinstance(host, types.ModuleType):
+            namespace = vars(host)
+            loaded = sys.modules.get(host.__name__) is host
+            for name in sorted(self.names & namespace.keys()):
+                show = f"{host.__name__}.{name}"
+                desc = (
+                    ["global", host.__name__, name]
+                    if loaded
+                    else ["attrpath", base, name]
+                    if base is not None
+                    else None
+                )
+                root = item_root(namespace, name, show, desc)
+                root.shallow = is_pinned(host.__name__)
+                self._add(("item", id(namespace), name), root)
+            return
+        cls = host if isinstance(host, type) else type(host)
+        own = getattr(host, "__dict__", {}) if not isinstance(host, type) else {}
+        if not _is_value_object(host, cls):
+            return
+        for name in sorted(self.names):
+            if name in own or _mro_lookup(cls, name) is ABSENT:
+                continue
+            show = f"{cls.__qualname__}.{name}"
+            found: list[Any] | None = ["typeattr", cls.__module__, cls.__qualname__, name]
+            if "<" in cls.__qualname__ or find_class(cls.__module__, cls.__qualname__) is not cls:
+                found = ["attrpath", base, name] if base is not None else None
+            self._add(("typeattr", id(cls), name), typeattr_root(cls, name, show, found))
+
+
+_INLINE = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
+_IMPORT_SYSTEM = frozenset(
+    {
+        "_frozen_importlib",
+        "_frozen_importlib_external",
+        "importlib._bootstrap",
+        "importlib._bootstrap_external",
+    }
+)
+
+
+def _under_import(frame: types.FrameType) -> bool:
+    caller = frame.f_back
+    while caller is not None:
+        if caller.f_globals.get("__name__") in _IMPORT_SYSTEM:
+            return True
+        caller = caller.f_back
+    return False

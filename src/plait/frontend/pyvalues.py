@@ -1,0 +1,466 @@
+"""Value keys and roots of the Python values a capture reads (:mod:`plait.frontend.pyreads`
+records them), and the guard over them.
+
+A *root* is a place the program read (a module's instance dict and a name, a global, a closure
+cell, a function's defaults, a class attribute) that can be read again; :func:`value_key` says
+what its value is compared by: plain values by value (floats by their IEEE-754 bits), containers
+and user objects (dataclasses, ``SimpleNamespace``, Hugging Face ``PretrainedConfig`` ...) by
+their contents recursively, tensors, modules, functions, classes and library objects by
+identity. :func:`python_values_guard` turns roots into one guard whose native form
+(:class:`~plait.frontend.guards.ReadPyValues`) checks identities and version tags, and whose
+Python read compares value keys. :func:`resolve` finds a root again from its saved description.
+
+Example:
+    >>> value_key(0.0) == value_key(-0.0), value_key([1, 2.5]) == value_key([1, 2.5])
+    (False, True)
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import enum
+import functools
+import struct
+import sys
+import types
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from plait.errors import GraphCaptureError
+from plait.frontend.fingerprint import find_function, is_pinned
+from plait.frontend.guards import Guard, GuardEnv, ReadPyValues
+
+
+class _Absent:
+    """The value of a root that holds nothing (an attribute not set, a global not defined)."""
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+ABSENT = _Absent()
+
+
+class Same:
+    """A value compared by identity in a value key (a tensor, a module, a function)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Same) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __repr__(self) -> str:
+        name = getattr(self.obj, "__qualname__", None)
+        if isinstance(name, str):
+            return f"<{type(self.obj).__name__} {name}>"
+        return f"<a {type(self.obj).__name__} object at {id(self.obj):#x}>"
+
+
+# NOTE: native check kinds (plait.guards native evaluator, op PYVALUES)
+ITEMS, CELL, FUNC, TYPE, DICT, LIST, PYTHON, TYPEATTRS = range(8)
+_MAX_DEPTH = 24
+# NOTE: guarded elsewhere: parameters, buffers, submodules (state guards), training flags
+_MODULE_SKIP = frozenset({"_parameters", "_buffers", "_modules", "training", "__class__"})
+_IMMUTABLE = (type(None), bool, int, str, bytes, torch.dtype, torch.device, torch.layout)
+
+
+def _bits(x: float) -> int:
+    return int(struct.unpack("<q", struct.pack("<d", x))[0])
+
+
+def _is_user_class(cls: type) -> bool:
+    return not is_pinned(getattr(cls, "__module__", "") or "")
+
+
+def _mro_lookup(cls: type, name: str) -> Any:
+    """What ``name`` finds on ``cls`` (its MRO's namespaces, as attribute lookup sees them)."""
+    for base in cls.__mro__:
+        found = vars(base).get(name, ABSENT)
+        if found is not ABSENT:
+            return found
+    return ABSENT
+
+
+class _Walk:
+    """One value-key walk: the native checks it needs and the objects whose named attributes
+    count (user objects, Python modules, classes)."""
+
+    def __init__(self) -> None:
+        self.checks: list[tuple[Any, ...]] = []
+        self.hosts: list[Any] = []
+        self.seen: dict[int, int] = {}
+        self.keep: list[Any] = []
+
+    def key(self, v: Any, depth: int = 0, shallow: bool = False) -> Any:
+        cls = type(v)
+        if cls is float or isinstance(v, float):
+            return (cls, "bits", _bits(v))
+        if isinstance(v, complex):
+            return (cls, "bits", _bits(v.real), _bits(v.imag))
+        if isinstance(v, _IMMUTABLE) and not isinstance(v, enum.Enum):
+            return (cls, v)
+        if isinstance(v, enum.Enum):
+            return (cls, v.name)
+        if v is ABSENT:
+            return "<absent>"
+        if isinstance(v, (torch.Tensor, nn.Module, types.FunctionType, types.CodeType)):
+            return Same(v)
+        if isinstance(v, (type, types.ModuleType)):
+            self.hosts.append(v)
+            return Same(v)
+        if isinstance(v, types.MethodType):
+            return ("method", Same(v.__func__), self.key(v.__self__, depth + 1, shallow))
+        if callable(v) and not _is_user_class(cls) and not _is_data(v):
+            return Same(v)  # NOTE: a library's callable (a builtin, a torch op)
+        if depth > _MAX_DEPTH:
+            raise GraphCaptureError(
+                "Python state",
+                f"a {cls.__name__} the program reads is nested too deeply to guard",
+                kind="limitation",
+            )
+        if id(v) in self.seen:
+            return ("cycle", self.seen[id(v)])
+        if isinstance(v, tuple):
+            return (cls, tuple(self.key(x, depth + 1, shallow) for x in v))
+        if isinstance(v, frozenset):
+            return (cls, frozenset(self.key(x, depth + 1, shallow) for x in v))
+        if shallow and not _is_user_class(cls):
+            return Same(v)  # NOTE: a library's object (a library module's attribute)
+        self.seen[id(v)] = len(self.seen)
+        self.keep.append(v)
+        if isinstance(v, list):
+            self.checks.append((LIST, v, tuple(v)) if cls is list else (PYTHON,))
+            return (cls, tuple(self.key(x, depth + 1) for x in v))
+        if isinstance(v, dict):
+            native = cls is dict or cls is OrderedDict
+            self.checks.append((DICT, v, tuple(v), tuple(v.values())) if native else (PYTHON,))
+            items = tuple((self.key(k, depth + 1), self.key(x, depth + 1)) for k, x in v.items())
+            extra = self.key(v.default_factory, depth + 1) if hasattr(v, "default_factory") else ()
+            return (cls, items, extra)
+        if isinstance(v, (set, frozenset)):
+            self.checks.append((PYTHON,))
+            return (cls, frozenset(self.key(x, depth + 1) for x in v))
+        if isinstance(v, functools.partial):
+            self.checks.append((PYTHON,))
+            return (cls, self.key((v.func, v.args, v.keywords), depth + 1))
+        return self._object(v, cls, depth)
+
+    def _object(self, v: Any, cls: type, depth: int) -> Any:
+        namespace = getattr(v, "__dict__", None)
+        slots = [s for c in cls.__mro__ for s in getattr(c, "__slots__", ()) if s != "__dict__"]
+        if not _is_value_object(v, cls):
+            return Same(v)  # NOTE: a library's object: by identity (documented)
+        self.hosts.append(v)
+        self.checks.append((TYPE, v, cls))
+        parts: list[Any] = [Same(cls)]
+        if isinstance(namespace, dict):
+            self.checks.append(
+                (DICT, namespace, tuple(namespace), tuple(namespace.values()))
+                if type(namespace) is dict
+                else (PYTHON,)
+            )
+            parts.append(tuple((k, self.key(x, depth + 1)) for k, x in namespace.items()))
+        if slots:
+            self.checks.append((PYTHON,))
+            parts.append(tuple(self.key(getattr(v, s, ABSENT), depth + 1) for s in slots))
+        return ("object", *parts)
+
+
+def _is_value_object(v: Any, cls: type) -> bool:
+    """Whether ``v`` is compared by its contents: an object of a user class, a
+    ``SimpleNamespace``, a dataclass instance (a library's other objects: by identity)."""
+    return _is_user_class(cls) or isinstance(v, types.SimpleNamespace) or _is_data(v)
+
+
+def _is_data(v: Any) -> bool:
+    """A callable that is also a value container (a dataclass or user object with __call__)."""
+    return dataclasses.is_dataclass(v) and not isinstance(v, type)
+
+
+def value_key(v: Any) -> Any:
+    """What a Python value is compared by (see the module doc).
+
+    Example:
+        >>> value_key(0.0) == value_key(-0.0), value_key(float("nan")) == value_key(float("nan"))
+        (False, True)
+    """
+    return _Walk().key(v)
+
+
+@dataclass
+class Root:
+    """One place the program read: ``read()`` reads it again now; ``desc`` finds it again in
+    another process (None: it cannot be, e.g. a closure cell); ``show`` names it for a user."""
+
+    show: str
+    read: Callable[[], Any]
+    desc: list[Any] | None
+    native: Callable[[Any], tuple[Any, ...]]  # (captured value) -> the native check
+    shallow: bool = False
+    first: Any = None  # the value key at the first read (a change during capture is refused)
+    names: frozenset[str] = field(default_factory=frozenset)
+
+
+def item_root(
+    mapping: dict | types.MappingProxyType, key: str, show: str, desc: list | None, **kw: Any
+) -> Root:
+    def read() -> Any:
+        return mapping.get(key, ABSENT)
+
+    return Root(show, read, desc, lambda v: (ITEMS, mapping, (key,), (v,)), **kw)
+
+
+def typeattr_root(cls: type, name: str, show: str, desc: list | None) -> Root:
+    return Root(
+        show,
+        lambda: _mro_lookup(cls, name),
+        desc,
+        lambda v: (TYPEATTRS, cls, (name,), (v,)),
+        shallow=not _is_user_class(cls),
+    )
+
+
+def type_root(obj: Any, show: str, desc: list | None) -> Root:
+    return Root(show, lambda: type(obj), desc, lambda v: (TYPE, obj, v))
+
+
+def cell_root(cell: Any, show: str) -> Root:
+    def read() -> Any:
+        try:
+            return cell.cell_contents
+        except ValueError:
+            return ABSENT
+
+    return Root(show, read, None, lambda v: (CELL, cell, v))
+
+
+def func_root(fn: types.FunctionType, show: str, desc: list | None) -> Root:
+    def read() -> Any:
+        return (fn.__code__, fn.__defaults__, fn.__kwdefaults__)
+
+    return Root(show, read, desc, lambda v: (FUNC, fn, *v))
+
+
+def dict_root(owner: Any, show: str, desc: list | None) -> Root:
+    """The whole instance dict of ``owner`` (tables guarded elsewhere left out)."""
+
+    def read() -> Any:
+        d = object.__getattribute__(owner, "__dict__")
+        return {k: v for k, v in d.items() if k not in _MODULE_SKIP}
+
+    return Root(show, read, desc, lambda v: (PYTHON,))
+
+
+def find_class(module: str, qualname: str) -> Any:
+    """The object ``module.qualname`` names in this process (no import), or None."""
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        if obj is None:
+            return None
+        obj = vars(obj).get(part) if hasattr(obj, "__dict__") else None
+    return obj
+
+
+def _cell_value(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return ABSENT
+
+
+# --- the guard --------------------------------------------------------------------------------
+def resolve(desc: list[Any], module: nn.Module | None) -> Root:
+    """The root ``desc`` describes in this process (a warm start); raises ``LookupError``."""
+    kind = desc[0]
+    if kind in ("attr", "classattr", "type", "dict", "table"):
+        if module is None:
+            raise LookupError("a module attribute without a module")
+        m = module.get_submodule(desc[1]) if desc[1] else module
+        where = f"self.{desc[1]}" if desc[1] else "self"
+        if kind == "dict":
+            return dict_root(m, where, desc)
+        if kind == "type":
+            return type_root(m, f"type({where})", desc)
+        if kind == "attr":
+            namespace = object.__getattribute__(m, "__dict__")
+            return item_root(namespace, desc[2], f"{where}.{desc[2]}", desc)
+        if kind == "table":
+            slots = object.__getattribute__(m, "__dict__")[desc[2]]
+            return item_root(slots, desc[3], f"{where}.{desc[3]}", desc)
+        return typeattr_root(type(m), desc[2], f"{where}.{desc[2]}", desc)
+    if kind == "global":
+        mod = sys.modules.get(desc[1])
+        if mod is None:
+            raise LookupError(f"module {desc[1]} is not loaded")
+        root = item_root(vars(mod), desc[2], f"global {desc[1]}.{desc[2]}", desc)
+        root.shallow = is_pinned(desc[1])
+        return root
+    if kind == "builtin":
+        return item_root(vars(builtins), desc[1], f"builtin {desc[1]}", desc)
+    if kind == "func":
+        fn = find_function(desc[1], desc[2])
+        if fn is None:
+            raise LookupError(f"{desc[1]}.{desc[2]} is not loaded")
+        return func_root(fn, f"{desc[1]}.{desc[2]} (code, defaults)", desc)
+    if kind == "cell":
+        fn = find_function(desc[1], desc[2])
+        if fn is None or fn.__closure__ is None or len(fn.__closure__) <= desc[3]:
+            raise LookupError(f"{desc[1]}.{desc[2]} has not that closure")
+        name = fn.__code__.co_freevars[desc[3]]
+        root = cell_root(fn.__closure__[desc[3]], f"{desc[1]}.{desc[2]}: closure variable {name}")
+        root.desc = desc
+        return root
+    if kind == "attrpath":
+        base = resolve(desc[1], module).read()
+        if isinstance(base, types.ModuleType):
+            root = item_root(vars(base), desc[2], f"{base.__name__}.{desc[2]}", desc)
+            root.shallow = is_pinned(base.__name__)
+            return root
+        cls = base if isinstance(base, type) else type(base)
+        return typeattr_root(cls, desc[2], f"{cls.__qualname__}.{desc[2]}", desc)
+    if kind == "typeattr":
+        cls = find_class(desc[1], desc[2])
+        if not isinstance(cls, type):
+            raise LookupError(f"{desc[1]}.{desc[2]} is not loaded")
+        return typeattr_root(cls, desc[3], f"{desc[2]}.{desc[3]}", desc)
+    raise LookupError(f"unknown Python read {kind!r}")
+
+
+def _plain(key: Any) -> bool:
+    """A value key of a plain value: ``(type, value)`` or ``(type, "bits", ...)``."""
+    return (
+        isinstance(key, tuple)
+        and len(key) >= 2
+        and isinstance(key[0], type)
+        and (key[1] == "bits" or not isinstance(key[1], tuple))
+    )
+
+
+def _difference(a: Any, b: Any, where: str) -> tuple[str, Any, Any]:
+    """The first place two value keys differ (``self.config.n_embd``) and the two values."""
+    while (
+        isinstance(a, tuple)
+        and isinstance(b, tuple)
+        and len(a) == len(b)
+        and not _plain(a)
+        and not _plain(b)
+    ):
+        i = next(k for k, (x, y) in enumerate(zip(a, b)) if x != y)
+        x, y = a[i], b[i]
+        if (
+            isinstance(x, tuple)
+            and isinstance(y, tuple)
+            and len(x) == len(y) == 2
+            and x[0] == y[0]
+            and not _plain(x)
+        ):
+            name = x[0]
+            if isinstance(name, str):
+                where += f".{name}"
+            elif _plain(name):
+                where += f"[{name[1]!r}]"
+            a, b = x[1], y[1]
+            continue
+        a, b = x, y
+    return where, a, b
+
+
+def _short(key: Any) -> str:
+    if isinstance(key, tuple) and len(key) == 3 and key[1] == "bits":
+        return repr(struct.unpack("<d", struct.pack("<q", key[2]))[0])
+    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], type):
+        text = repr(key[1])
+    else:
+        text = repr(key)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def python_values_guard(roots: Sequence[Root]) -> Guard | None:
+    """One guard over ``roots``: holds while each root's value key is the one it has now."""
+    if not roots:
+        return None
+    walk = _Walk()
+    keys = []
+    heads = []
+    for r in roots:
+        value = r.read()
+        keys.append(walk.key(value, shallow=r.shallow))
+        heads.append(r.native(value))
+    expected = tuple(keys)
+    shallow = [r.shallow for r in roots]
+    readers = [r.read for r in roots]
+
+    def read(env: GuardEnv) -> Any:
+        w = _Walk()
+        return tuple(w.key(f(), shallow=s) for f, s in zip(readers, shallow))
+
+    def detail(env: GuardEnv) -> str:
+        now = read(env)
+        changed = []
+        for r, a, b in zip(roots, expected, now):
+            if a != b:
+                where, was, got = _difference(a, b, r.show)
+                changed.append(f"{where}: was {_short(was)}, now {_short(got)}")
+        return "; ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
+
+    descs = [r.desc for r in roots]
+    key = "python|" + repr(sorted(repr(d) for d in descs))
+    return Guard(
+        "python",
+        "Python values read",
+        f"the Python values the program read ({len(roots)}) are unchanged",
+        expected,
+        read,
+        detail,
+        fmt=lambda r: "as captured" if r is expected else "a change",
+        key=key,
+        native=ReadPyValues(_grouped(heads + walk.checks), ABSENT),
+    )
+
+
+def _grouped(checks: list[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
+    """One check per mapping (per class) for the items read of it: one version load covers
+    them all; duplicates (a container reached twice) once."""
+    out: list[Any] = []
+    merged: dict[tuple[int, int], tuple[list[Any], list[Any]]] = {}
+    seen: set[tuple[Any, ...]] = set()
+    for c in checks:
+        if c[0] in (ITEMS, TYPEATTRS):
+            slot = merged.get((c[0], id(c[1])))
+            if slot is None:
+                slot = merged[(c[0], id(c[1]))] = ([], [])
+                out.append((c[0], c[1], slot))
+            slot[0].extend(c[2])
+            slot[1].extend(c[3])
+            continue
+        ident = (c[0], *(id(x) for x in c[1:2]))
+        if c[0] != PYTHON and ident in seen:
+            continue
+        seen.add(ident)
+        out.append(c)
+    return tuple(
+        (c[0], c[1], tuple(c[2][0]), tuple(c[2][1])) if c[0] in (ITEMS, TYPEATTRS) else c
+        for c in out
+    )
+
+
+def saved_form(roots: Sequence[Root]) -> list[list[Any]]:
+    """The roots' descriptions; raises ``ValueError`` for one that has none."""
+    out = []
+    for r in roots:
+        if r.desc is None:
+            raise ValueError(f"the program reads {r.show}, which has no saved form")
+        out.append(r.desc)
+    return out
