@@ -5,7 +5,8 @@ literals) and returns one statement in the compute type of the node's output dty
 rounds 16-bit results. Semantics follow eager PyTorch on the CPU: type promotion from the IR's own
 rules, 16-bit floats computed in float32 ("opmath") with Python scalars kept at float32 precision,
 integer arithmetic that wraps, integer division by zero reported as an error, NaN-propagating
-maximum/minimum/clamp, and PyTorch's special cases for ``pow`` by a scalar.
+maximum/minimum, relu and clamp as PyTorch writes them (NaN and -0.0 pass through), and
+PyTorch's special cases for ``pow`` by a scalar.
 
 Example:
     >>> sorted(RULES)[:4]
@@ -151,10 +152,11 @@ def _gelu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]
 
 @rule("relu")
 def _relu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    # NOTE: PyTorch's relu is clamp_min(x, 0), ``0 > x ? 0 : x``: NaN and -0.0 pass through.
     t = out_type(node)
     x = to(b, args[0], t)
     zero = b.const(0, t)
-    return b.op("max", [x, zero], t)
+    return b.op("where", [b.op("lt", [x, zero], "b"), zero, x], t)
 
 
 @rule("neg")
@@ -274,10 +276,14 @@ def _clamp(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...
     t = out_type(node)
     x = to(b, args[0], t)
     lo, hi = node.attrs["min"], node.attrs["max"]
+    # NOTE: PyTorch's clamp by scalars: ``x < lo ? lo : x``, then ``x > hi ? hi : x``: a NaN x
+    # stays NaN, a bound that equals x as a zero of the other sign leaves x (-0.0 stays -0.0).
     if lo is not None:
-        x = b.op("max", [x, to(b, Arg(None, lo, scalar_type_of(lo)), t)], t)
+        bound = to(b, Arg(None, lo, scalar_type_of(lo)), t)
+        x = b.op("where", [b.op("lt", [x, bound], "b"), bound, x], t)
     if hi is not None:
-        x = b.op("min", [x, to(b, Arg(None, hi, scalar_type_of(hi)), t)], t)
+        bound = to(b, Arg(None, hi, scalar_type_of(hi)), t)
+        x = b.op("where", [b.op("gt", [x, bound], "b"), bound, x], t)
     return x
 
 
