@@ -147,7 +147,31 @@ def _gelu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]
         )
     alpha = b.const(math.sqrt(0.5), t)
     erf = b.op("erf", [b.op("mul", [x, alpha], t)], t)
-    return b.op("mul", [b.op("mul", [x, half], t), b.op("add", [one, erf], t)], t)
+    y = b.op("mul", [b.op("mul", [x, half], t), b.op("add", [one, erf], t)], t)
+    if _eager_gelu_is_onednn(node):
+        # NOTE: eager runs this gelu through oneDNN, whose gelu(+inf) is NaN (ATen's is +inf).
+        inf = b.const(math.inf, t)
+        return b.op("where", [b.op("eq", [x, inf], "b"), b.const(math.nan, t), y], t)
+    return y
+
+
+def _eager_gelu_is_onednn(node: Node) -> bool:
+    """Whether eager computes this exact gelu with oneDNN (PyTorch's ``use_mkldnn``: a dense
+    float32, or bfloat16 where oneDNN has it, of more than one element; we assume the dense
+    layout every pointwise result has in eager)."""
+    x = node.inputs[0]
+    if not isinstance(x, Value) or not isinstance(x.type, TensorType):
+        return False
+    # NOTE: the build's oneDNN, not the ambient ``torch.backends.mkldnn.enabled`` (no guard
+    # reads it; a program that turns oneDNN off gets ATen's gelu(+inf) = +inf from eager).
+    if not torch.backends.mkldnn.is_available():
+        return False
+    numel = 1
+    for d in x.type.shape:
+        numel *= int(d)
+    if x.type.dtype == torch.bfloat16:
+        return numel > 1 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return numel > 1 and x.type.dtype == torch.float32
 
 
 @rule("relu")
@@ -224,8 +248,17 @@ def _pow(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...])
     if not is_float(t):
         return b.op("ipow", [x, to(b, args[1], t)], t)
     e = args[1].literal if args[1].stmt is None else None
-    if isinstance(e, (int, float)) and not isinstance(e, bool) and args[0].stmt is not None:
-        # NOTE: PyTorch's pow_tensor_scalar special cases; the rest call pow.
+    # NOTE: PyTorch's pow_tensor_scalar special cases, for float32/64 and bfloat16 (float16
+    # calls pow for every exponent: pow(-inf, 0.5) is +inf there, sqrt(-inf) NaN); the rest
+    # call pow.
+    out = node.outputs[0].type
+    special = isinstance(out, TensorType) and out.dtype != torch.float16
+    if (
+        special
+        and isinstance(e, (int, float))
+        and not isinstance(e, bool)
+        and args[0].stmt is not None
+    ):
         one = b.const(1.0, t)
         if e == 2:
             return b.op("mul", [x, x], t)
@@ -239,6 +272,12 @@ def _pow(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...])
             return b.op("div", [one, x], t)
         if e == -2:
             return b.op("div", [one, b.op("mul", [x, x], t)], t)
+    if e == 0.5 and args[0].stmt is not None:
+        # NOTE: float16's pow(x, 0.5): GCC turns a vectorized pow by a constant 0.5 into sqrt,
+        # which differs at -0 (pow: +0) and -inf (pow: +inf); written out as pow's result.
+        root = b.op("add", [b.op("sqrt", [x], t), b.const(0.0, t)], t)
+        minus_inf = b.op("eq", [x, b.const(-math.inf, t)], "b")
+        return b.op("where", [minus_inf, b.const(math.inf, t), root], t)
     return b.op("pow", [x, to(b, args[1], t)], t)
 
 
