@@ -308,14 +308,17 @@ class ScaleClamp(nn.Module):
         return (x * 1.5).clamp(-1.0, 2.0) + torch.clamp(x, min=0.0) - torch.clamp(x, max=-0.0)
 
 
-def _chains() -> list[tuple[str, nn.Module, tuple[tuple[int, ...], ...], str]]:
-    out: list[tuple[str, nn.Module, tuple[tuple[int, ...], ...], str]] = []
+Chain = tuple[str, Callable[[], nn.Module], tuple[tuple[int, ...], ...], str]
+
+
+def _chains() -> list[Chain]:
+    out: list[Chain] = []
     for act in ACTIVATIONS:
-        out.append((f"linear-{act}", LinearAct(act), ((5, 8),), "matmul"))
-        out.append((f"conv-{act}", ConvAct(act), ((2, 3, 6, 5),), "conv"))
-    out.append(("conv-add-relu", Residual(), ((2, 4, 6, 5),), "conv"))
-    out.append(("add-relu", AddRelu(), ((4, 7), (4, 7)), "pointwise"))
-    out.append(("scale-clamp", ScaleClamp(), ((6, 9),), "pointwise"))
+        out.append((f"linear-{act}", lambda a=act: LinearAct(a), ((5, 8),), "matmul"))
+        out.append((f"conv-{act}", lambda a=act: ConvAct(a), ((2, 3, 6, 5),), "conv"))
+    out.append(("conv-add-relu", Residual, ((2, 4, 6, 5),), "conv"))
+    out.append(("add-relu", AddRelu, ((4, 7), (4, 7)), "pointwise"))
+    out.append(("scale-clamp", ScaleClamp, ((6, 9),), "pointwise"))
     return out
 
 
@@ -336,15 +339,19 @@ def _bf16_unavailable() -> bool:
 @pytest.mark.usefixtures("stax_cache")
 @pytest.mark.xdist_group("stax-special-values")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize(("name", "model", "shapes", "cls"), CHAINS, ids=[c[0] for c in CHAINS])
+@pytest.mark.parametrize(("name", "make", "shapes", "cls"), CHAINS, ids=[c[0] for c in CHAINS])
 def test_fused_chain_keeps_special_values(
-    name: str, model: nn.Module, shapes: tuple[tuple[int, ...], ...], cls: str, dtype: torch.dtype
+    name: str,
+    make: Callable[[], nn.Module],
+    shapes: tuple[tuple[int, ...], ...],
+    cls: str,
+    dtype: torch.dtype,
 ) -> None:
     """float32 and bfloat16 (oneDNN's post-ops run in both)."""
     if dtype == torch.bfloat16 and _bf16_unavailable():
         pytest.skip("no oneDNN bfloat16 here")
     torch.manual_seed(0)
-    model = copy.deepcopy(model).eval().to(dtype)
+    model = make().eval().to(dtype)
     compiled = plait.compile(model, backend="stax")
     gen = torch.Generator().manual_seed(11)
     for draw in range(3):
@@ -355,7 +362,11 @@ def test_fused_chain_keeps_special_values(
         with torch.no_grad():
             got = compiled(*xs)
             wants = [[model(*alts)] for alts in zip(*(_layouts(x) for x in xs))]
-        assert_matches_eager([got], wants, cls, f"{name} draw {draw}")
+            # NOTE: the float64 anchor for finite values (a bfloat16 residual add fused into
+            # the conv rounds once, eager twice: near-cancelling sums differ by more than the
+            # budget from eager, not from the truth).
+            anchor = [copy.deepcopy(model).double()(*(x.double() for x in xs))]
+        assert_matches_eager([got], wants, cls, f"{name} draw {draw}", anchor)
 
 
 @pytest.mark.usefixtures("stax_cache")

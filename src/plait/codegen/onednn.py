@@ -73,6 +73,24 @@ class Epilogue:
         return "+".join(parts)
 
 
+def eager_gelu_uses_onednn(x: object) -> bool:
+    """Whether eager computes gelu(erf) of ``x`` (an IR value) with oneDNN, PyTorch's
+    ``use_mkldnn``: a float32 tensor, or bfloat16 where oneDNN has it, of more than one
+    element (assumed dense, as every pointwise result is in eager). oneDNN's gelu(+inf) is NaN;
+    ATen's loop gives +inf. NOTE: the build's oneDNN (a cache key part), not the user's switch
+    for it: a program that turns oneDNN off gets ATen's +inf from eager."""
+    if not isinstance(x, Value) or not isinstance(x.type, TensorType):
+        return False
+    if not torch.backends.mkldnn.is_available():
+        return False
+    numel = 1
+    for d in x.type.shape:
+        numel *= int(d)
+    if x.type.dtype == torch.bfloat16:
+        return numel > 1 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return numel > 1 and x.type.dtype == torch.float32
+
+
 def supported(node: Node) -> bool:
     """Whether ``node`` (conv2d or linear) can run through oneDNN's fused primitives."""
     if node.op not in ("conv2d", "linear") or not torch.backends.mkldnn.is_available():

@@ -24,6 +24,7 @@ import torch
 
 from plait.codegen.index import Ix
 from plait.codegen.kir import KernelBuilder, Stmt, is_float, scalar_of
+from plait.codegen.onednn import eager_gelu_uses_onednn
 from plait.ir.graph import Node, Value
 from plait.ir.ops.rules import float_dtype, promote
 from plait.ir.types import ScalarType, TensorType, scalar_type_of
@@ -148,30 +149,11 @@ def _gelu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]
     alpha = b.const(math.sqrt(0.5), t)
     erf = b.op("erf", [b.op("mul", [x, alpha], t)], t)
     y = b.op("mul", [b.op("mul", [x, half], t), b.op("add", [one, erf], t)], t)
-    if _eager_gelu_is_onednn(node):
+    if eager_gelu_uses_onednn(node.inputs[0]):
         # NOTE: eager runs this gelu through oneDNN, whose gelu(+inf) is NaN (ATen's is +inf).
         inf = b.const(math.inf, t)
         return b.op("where", [b.op("eq", [x, inf], "b"), b.const(math.nan, t), y], t)
     return y
-
-
-def _eager_gelu_is_onednn(node: Node) -> bool:
-    """Whether eager computes this exact gelu with oneDNN (PyTorch's ``use_mkldnn``: a dense
-    float32, or bfloat16 where oneDNN has it, of more than one element; we assume the dense
-    layout every pointwise result has in eager)."""
-    x = node.inputs[0]
-    if not isinstance(x, Value) or not isinstance(x.type, TensorType):
-        return False
-    # NOTE: the build's oneDNN, not the ambient ``torch.backends.mkldnn.enabled`` (no guard
-    # reads it; a program that turns oneDNN off gets ATen's gelu(+inf) = +inf from eager).
-    if not torch.backends.mkldnn.is_available():
-        return False
-    numel = 1
-    for d in x.type.shape:
-        numel *= int(d)
-    if x.type.dtype == torch.bfloat16:
-        return numel > 1 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return numel > 1 and x.type.dtype == torch.float32
 
 
 @rule("relu")
