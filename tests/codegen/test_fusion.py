@@ -122,25 +122,62 @@ def test_kernel_text_is_readable() -> None:
 
 
 def test_onednn_post_ops_fuse_activation_and_residual() -> None:
-    """conv -> add(residual) -> relu and linear -> gelu run as one oneDNN call each."""
+    """conv -> add(residual), conv -> tanh and linear -> gelu(tanh) run as one oneDNN call
+    each."""
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((1, 8, 6, 6), torch.float32))
+    w = gb.input("w", TensorType((8, 8, 3, 3), torch.float32), kind="const")
+    y = gb.call("add", gb.call("conv2d", x, w, None, padding=(1, 1)), x)
+    y = gb.call("tanh", gb.call("conv2d", y, w, None, padding=(1, 1)))
+    h = gb.call("reshape", y, shape=(8, 36))
+    lw = gb.input("lw", TensorType((16, 36), torch.float32))
+    gb.output(gb.call("gelu", gb.call("linear", h, lw), approximate="tanh"))
+    graph = gb.build()
+    graph.constants["w"] = torch.randn(8, 8, 3, 3)
+    plan = plan_graph(graph)
+    steps = [s for s in plan.steps if isinstance(s, ExternStep)]
+    assert [(s.node.op, [n.op for n in s.fused]) for s in steps] == [
+        ("conv2d", ["add"]),
+        ("conv2d", ["tanh"]),
+        ("linear", ["gelu"]),
+    ]
+    assert "prepacked at compile time" in plan.tags[0].detail
+    fused = [t for t in plan.tags.values() if "oneDNN post-op" in t.detail]
+    assert len(fused) == 3 and {t.executor for t in fused} == {"extern"}
+    assert plan.exactness == {}
+
+
+def test_inexact_onednn_post_ops_stay_native_with_the_reason_recorded() -> None:
+    """relu (oneDNN's post-op maps NaN to 0) and linear's gelu(erf) are never post-ops: conv ->
+    add -> relu fuses the add only, linear -> relu and linear -> gelu fuse nothing; each
+    activation runs in a native kernel and the plan says why."""
     gb = GraphBuilder()
     x = gb.input("x", TensorType((1, 8, 6, 6), torch.float32))
     w = gb.input("w", TensorType((8, 8, 3, 3), torch.float32), kind="const")
     y = gb.call("relu", gb.call("add", gb.call("conv2d", x, w, None, padding=(1, 1)), x))
     h = gb.call("reshape", y, shape=(8, 36))
     lw = gb.input("lw", TensorType((16, 36), torch.float32))
-    gb.output(gb.call("gelu", gb.call("linear", h, lw)))
+    r = gb.call("relu", gb.call("linear", h, lw))
+    gb.output(
+        gb.call("gelu", gb.call("linear", r, gb.input("lw2", TensorType((4, 16), torch.float32))))
+    )
     graph = gb.build()
     graph.constants["w"] = torch.randn(8, 8, 3, 3)
     plan = plan_graph(graph)
     steps = [s for s in plan.steps if isinstance(s, ExternStep)]
     assert [(s.node.op, [n.op for n in s.fused]) for s in steps] == [
-        ("conv2d", ["add", "relu"]),
-        ("linear", ["gelu"]),
+        ("conv2d", ["add"]),
+        ("linear", []),
+        ("linear", []),
     ]
-    assert "prepacked at compile time" in plan.tags[0].detail
-    fused = [t for t in plan.tags.values() if "oneDNN post-op" in t.detail]
-    assert len(fused) == 3 and {t.executor for t in fused} == {"extern"}
+    acts = [n for n in graph.nodes if n.op in ("relu", "gelu")]
+    assert all(plan.tags[n.id].executor == "native" for n in acts)
+    reasons = sorted(plan.exactness.values())
+    assert len(reasons) == 3, reasons
+    assert sum("relu" in r and "NaN" in r for r in reasons) == 2
+    assert sum("gelu" in r for r in reasons) == 1
+    for s in steps:
+        assert plan.exactness[s.node.id] in plan.tags[s.node.id].detail
 
 
 def test_row_template_absorbs_its_pointwise_consumers() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import plait
@@ -53,8 +54,9 @@ def test_conv_relu_conv_layouts(inplace: bool, infer_layouts: bool, fuse: bool) 
 
 
 class _Net(nn.Module):
-    """A pointwise prologue (arena), conv + relu (oneDNN post-op), a pointwise epilogue with a
-    residual (in place, channels_last), a reduction, linear, softmax."""
+    """A pointwise prologue (arena), conv + relu (relu native: never a oneDNN post-op), conv +
+    silu (oneDNN post-op), a residual add (in place, channels_last), a reduction, linear,
+    softmax."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -64,8 +66,7 @@ class _Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.conv1(x * 0.5 + 0.25))
-        z = self.conv2(y)
-        z = z * torch.sigmoid(z) + y
+        z = F.silu(self.conv2(y)) + y
         return torch.softmax(self.fc(z.mean((2, 3))), -1)
 
 

@@ -50,6 +50,7 @@ from plait.codegen.onednn import (
     find_epilogue,
     onednn_call,
     supported,
+    unfused_activation,
 )
 from plait.codegen.reductions import OP_CLASS, TEMPLATES, lower_reduction
 from plait.codegen.scalar import RULES
@@ -164,6 +165,9 @@ class Plan:
     from_saved_plan: bool = False
     # NOTE: the constant weights prepacked for oneDNN (saved ones imported, the rest made).
     packs: PackedWeights = field(default_factory=PackedWeights)
+    # NOTE: extern nodes whose activation is not a oneDNN post-op because oneDNN computes it
+    # differently from eager on special values (NaN, inf, signed zero): it runs natively.
+    exactness: dict[int, str] = field(default_factory=dict)
 
     @property
     def kernels(self) -> list[Lowered]:
@@ -279,6 +283,7 @@ class _Planner:
         self._samples: dict[Value, torch.Tensor] = {}
         self.epilogues: dict[int, Epilogue] = {}
         self.unfused: dict[int, str] = {}
+        self.exactness: dict[int, str] = {}
         self.fused_into: dict[int, Node] = {}
         for node in graph.nodes if fuse else ():
             ep = find_epilogue(node, self.users, self.outputs, self.live)
@@ -292,6 +297,10 @@ class _Planner:
                 for n in ep.nodes:
                     self.fused_into[n.id] = node
                     self.kinds[n.id] = ("fused", "")
+            kept = unfused_activation(node, self.users, self.outputs, self.live)
+            if node.id in self.live and kept is not None:
+                act, why = kept
+                self.exactness[node.id] = f"{act.op} (node {act.id}) not fused: {why}"
 
     # --- decisions ----------------------------------------------------------------------------
     def kind(self, node: Node) -> str:
@@ -476,6 +485,7 @@ class _Planner:
         return Plan(
             self.graph, self.locs, self.steps, self.tags, fallbacks, dict(self.unfused),
             {k: dict(v) for k, v in self.refused.items()}, self._decided is not None, self.packs,
+            dict(self.exactness),
         )  # fmt: skip
 
     def _reduction_step(self, node: Node) -> None:
@@ -525,6 +535,10 @@ class _Planner:
                 contiguous_strides(shape_of(v.type)) if isinstance(v.type, TensorType) else ()
                 for v in node.outputs
             ]
+            # NOTE: a fallback's results are samples too: an extern dry-run later may read one
+            # (or a view of one); the runner conforms them to these contiguous strides.
+            for v, s in zip(node.outputs, strides):
+                self._sample(v, s)
         else:
             step: ExternStep | None = None
             accepted = ""
@@ -545,7 +559,8 @@ class _Planner:
             strides = step.out_strides
             call = step.call
             self.steps.append(step)
-            suffix = "".join(f"; {x}" for x in (note, accepted) if x)
+            exact = self.exactness.get(node.id, "")
+            suffix = "".join(f"; {x}" for x in (note, accepted, exact) if x)
             self.tags[node.id] = NodeTag(
                 "extern", f"{call.detail} ({OP_CLASS.get(node.op, call.op_class)}){suffix}"
             )
@@ -617,7 +632,7 @@ class _Planner:
         strides = step.out_strides
         self.steps.append(step)
         accepted = self._accepted_note()
-        suffix = f"; {accepted}" if accepted else ""
+        suffix = "".join(f"; {x}" for x in (accepted, self.exactness.get(host.id)) if x)
         self.tags[host.id] = NodeTag("extern", f"{call.detail} ({call.op_class}){suffix}")
         for n in ep.nodes:
             self.tags[n.id] = NodeTag(

@@ -3,8 +3,10 @@
 PyTorch exposes oneDNN's fused primitives (``mkldnn._convolution_pointwise`` and
 ``mkldnn._linear_pointwise``, the ones inductor uses when freezing): the weight is reordered once
 into oneDNN's blocked layout, and an epilogue runs as a post-op inside the kernel, on the
-accumulator, before the result is written: an activation (relu, gelu, silu, sigmoid, tanh) and,
+accumulator, before the result is written: an activation (gelu, silu, sigmoid, tanh) and,
 for a residual, an add of another tensor of the output's shape (conv: add then activation).
+An activation whose post-op differs from eager on special values (relu: oneDNN maps NaN to 0;
+see :data:`INEXACT`) is never fused: it runs as a native kernel, and the plan records why.
 
 A weight is prepacked at compile time when it is a constant the compiler owns (frozen; the
 frozen-parameter guards make a changed parameter a recompile); when a saved plan is rebuilt
@@ -20,12 +22,12 @@ Example:
     >>> gb = GraphBuilder()
     >>> x = gb.input("x", TensorType((4, 8), torch.float32))
     >>> w = gb.input("w", TensorType((16, 8), torch.float32))
-    >>> y = gb.call("relu", gb.call("linear", x, w))
+    >>> y = gb.call("tanh", gb.call("linear", x, w))
     >>> gb.output(y)
     >>> g = gb.build()
     >>> ep = find_epilogue(g.nodes[0], g.users(), set(), {0, 1})
     >>> ep.unary, [n.op for n in ep.nodes]
-    ('relu', ['relu'])
+    ('tanh', ['tanh'])
 """
 
 from __future__ import annotations
@@ -43,7 +45,17 @@ from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
 
 DTYPES = (torch.float32, torch.bfloat16)
-UNARY = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "silu": "swish", "gelu": "gelu"}
+# NOTE: the activations oneDNN runs as post-ops with PyTorch's special values (NaN, +-inf, signed
+# zeros) on every input; tests/codegen/test_special_values.py holds each one to eager.
+UNARY = {"sigmoid": "sigmoid", "tanh": "tanh", "silu": "swish", "gelu": "gelu"}
+# NOTE: activations never fused, with the reason (recorded as the node's kernel decision):
+# oneDNN's post-op differs from eager on special values, so the activation runs natively.
+INEXACT: dict[tuple[str, str], str] = {
+    ("*", "relu"): "oneDNN's relu post-op maps NaN to 0 (PyTorch's relu keeps NaN)",
+    ("linear", "gelu:none"): (
+        "oneDNN's matmul gelu(erf) post-op maps -100 to +0 and +inf to +inf (eager: -0, NaN)"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,24 @@ class Epilogue:
     def describe(self) -> str:
         parts = (["add"] if self.other is not None else []) + ([self.unary] if self.unary else [])
         return "+".join(parts)
+
+
+def eager_gelu_uses_onednn(x: object) -> bool:
+    """Whether eager computes gelu(erf) of ``x`` (an IR value) with oneDNN, PyTorch's
+    ``use_mkldnn``: a float32 tensor, or bfloat16 where oneDNN has it, of more than one
+    element (assumed dense, as every pointwise result is in eager). oneDNN's gelu(+inf) is NaN;
+    ATen's loop gives +inf. NOTE: the build's oneDNN (a cache key part), not the user's switch
+    for it: a program that turns oneDNN off gets ATen's +inf from eager."""
+    if not isinstance(x, Value) or not isinstance(x.type, TensorType):
+        return False
+    if not torch.backends.mkldnn.is_available():
+        return False
+    numel = 1
+    for d in x.type.shape:
+        numel *= int(d)
+    if x.type.dtype == torch.bfloat16:
+        return numel > 1 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return numel > 1 and x.type.dtype == torch.float32
 
 
 def supported(node: Node) -> bool:
@@ -87,10 +117,40 @@ def _single_user(
     return next(iter(found.values())) if len(found) == 1 else None
 
 
-def _unary(n: Node, v: Value) -> tuple[str, str] | None:
+def inexact_reason(host: str, n: Node) -> str | None:
+    """Why activation ``n`` after a ``host`` (conv2d or linear) is not a oneDNN post-op, if it
+    is one oneDNN would compute differently from eager on special values."""
+    key = f"{n.op}:{n.attrs.get('approximate', 'none')}" if n.op == "gelu" else n.op
+    return INEXACT.get((host, key)) or INEXACT.get(("*", key))
+
+
+def _unary(n: Node, v: Value, host: str) -> tuple[str, str] | None:
     if n.op not in UNARY or n.inputs[0] is not v or not _same(v, n.outputs[0]):
         return None
+    if inexact_reason(host, n) is not None:
+        return None
     return UNARY[n.op], str(n.attrs.get("approximate", "")) if n.op == "gelu" else ""
+
+
+def unfused_activation(
+    node: Node, users: Mapping[Value, list[Node]], outputs: set[int], live: set[int]
+) -> tuple[Node, str] | None:
+    """The activation after ``node`` (directly, or after its residual add) that is not fused
+    because oneDNN's post-op is inexact, with the reason: the decision the manifest records."""
+    if not supported(node):
+        return None
+    v = node.outputs[0]
+    for _ in range(2):
+        user = _single_user(v, users, outputs, live)
+        if user is None:
+            return None
+        reason = inexact_reason(node.op, user)
+        if reason is not None:
+            return user, reason
+        if user.op != "add":
+            return None
+        v = user.outputs[0]
+    return None
 
 
 def find_epilogue(
@@ -104,7 +164,7 @@ def find_epilogue(
     first = _single_user(v, users, outputs, live)
     if first is None:
         return None
-    unary = _unary(first, v)
+    unary = _unary(first, v, node.op)
     if unary is not None:
         return Epilogue((first,), unary[0], unary[1], None, first.outputs[0])
     if first.op != "add" or first.attrs.get("alpha", 1) != 1:
@@ -117,7 +177,7 @@ def find_epilogue(
         return None
     added = first.outputs[0]
     then = _single_user(added, users, outputs, live) if node.op == "conv2d" else None
-    after = _unary(then, added) if then is not None else None
+    after = _unary(then, added, node.op) if then is not None else None
     if then is not None and after is not None:
         return Epilogue((first, then), after[0], after[1], other, then.outputs[0])
     return Epilogue((first,), None, "", other, added)

@@ -10,7 +10,8 @@ var            two phases: sum -> mean; sum of squared deviations -> / max(0, n 
 softmax        three phases: max; sum of exp(x - max); store exp(x - max) / sum
 log_softmax    three phases: max; sum of exp(x - max); store x - max - log(sum)
 layer_norm     three phases: mean; biased variance; store (x - mean) * rstd * weight + bias
-group_norm     as layer_norm over (channels of the group, spatial), per-channel affine
+group_norm     as layer_norm over (channels of the group, spatial); store x * scale + shift
+               (PyTorch's per-channel scale = rstd * weight, shift = bias - scale * mean)
 =============  ==========================================================================
 
 ``batch_norm`` in inference is pointwise (see :mod:`plait.codegen.scalar`). The input of a
@@ -265,8 +266,20 @@ def _norm(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node, .
     rstd = b.op(
         "div", [b.const(1.0, acc_t), b.op("sqrt", [b.op("add", [var, eps], acc_t)], acc_t)], acc_t
     )
-    y = b.op("mul", [dev, rstd], acc_t)
     weight, bias = node.inputs[1], node.inputs[2]
+    if node.op == "group_norm":
+        # NOTE: PyTorch's CPU formula, per channel: scale = rstd * weight, shift = -scale * mean +
+        # bias, y = x * scale + shift (an infinite weight gives NaN where x and mean agree in
+        # sign, as in eager; (x - mean) * rstd * weight would give an infinity).
+        scale = rstd
+        if isinstance(weight, Value):
+            scale = b.op("mul", [rstd, _param(tp, weight, param_index, acc_t)], acc_t)
+        shift = b.op("mul", [b.op("neg", [scale], acc_t), mean], acc_t)
+        if isinstance(bias, Value):
+            shift = b.op("add", [shift, _param(tp, bias, param_index, acc_t)], acc_t)
+        tp.store_element(b.op("add", [b.op("mul", [tp.x_as(acc_t), scale], acc_t), shift], acc_t))
+        return tp.done(node.op)
+    y = b.op("mul", [dev, rstd], acc_t)
     if isinstance(weight, Value):
         y = b.op("mul", [y, _param(tp, weight, param_index, acc_t)], acc_t)
     if isinstance(bias, Value):

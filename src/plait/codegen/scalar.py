@@ -5,7 +5,8 @@ literals) and returns one statement in the compute type of the node's output dty
 rounds 16-bit results. Semantics follow eager PyTorch on the CPU: type promotion from the IR's own
 rules, 16-bit floats computed in float32 ("opmath") with Python scalars kept at float32 precision,
 integer arithmetic that wraps, integer division by zero reported as an error, NaN-propagating
-maximum/minimum/clamp, and PyTorch's special cases for ``pow`` by a scalar.
+maximum/minimum, relu and clamp as PyTorch writes them (NaN and -0.0 pass through), and
+PyTorch's special cases for ``pow`` by a scalar.
 
 Example:
     >>> sorted(RULES)[:4]
@@ -23,6 +24,7 @@ import torch
 
 from plait.codegen.index import Ix
 from plait.codegen.kir import KernelBuilder, Stmt, is_float, scalar_of
+from plait.codegen.onednn import eager_gelu_uses_onednn
 from plait.ir.graph import Node, Value
 from plait.ir.ops.rules import float_dtype, promote
 from plait.ir.types import ScalarType, TensorType, scalar_type_of
@@ -146,15 +148,21 @@ def _gelu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]
         )
     alpha = b.const(math.sqrt(0.5), t)
     erf = b.op("erf", [b.op("mul", [x, alpha], t)], t)
-    return b.op("mul", [b.op("mul", [x, half], t), b.op("add", [one, erf], t)], t)
+    y = b.op("mul", [b.op("mul", [x, half], t), b.op("add", [one, erf], t)], t)
+    if eager_gelu_uses_onednn(node.inputs[0]):
+        # NOTE: eager runs this gelu through oneDNN, whose gelu(+inf) is NaN (ATen's is +inf).
+        inf = b.const(math.inf, t)
+        return b.op("where", [b.op("eq", [x, inf], "b"), b.const(math.nan, t), y], t)
+    return y
 
 
 @rule("relu")
 def _relu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    # NOTE: PyTorch's relu is clamp_min(x, 0), ``0 > x ? 0 : x``: NaN and -0.0 pass through.
     t = out_type(node)
     x = to(b, args[0], t)
     zero = b.const(0, t)
-    return b.op("max", [x, zero], t)
+    return b.op("where", [b.op("lt", [x, zero], "b"), zero, x], t)
 
 
 @rule("neg")
@@ -222,8 +230,17 @@ def _pow(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...])
     if not is_float(t):
         return b.op("ipow", [x, to(b, args[1], t)], t)
     e = args[1].literal if args[1].stmt is None else None
-    if isinstance(e, (int, float)) and not isinstance(e, bool) and args[0].stmt is not None:
-        # NOTE: PyTorch's pow_tensor_scalar special cases; the rest call pow.
+    # NOTE: PyTorch's pow_tensor_scalar special cases, for float32/64 and bfloat16 (float16
+    # calls pow for every exponent: pow(-inf, 0.5) is +inf there, sqrt(-inf) NaN); the rest
+    # call pow.
+    out = node.outputs[0].type
+    special = isinstance(out, TensorType) and out.dtype != torch.float16
+    if (
+        special
+        and isinstance(e, (int, float))
+        and not isinstance(e, bool)
+        and args[0].stmt is not None
+    ):
         one = b.const(1.0, t)
         if e == 2:
             return b.op("mul", [x, x], t)
@@ -237,6 +254,12 @@ def _pow(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...])
             return b.op("div", [one, x], t)
         if e == -2:
             return b.op("div", [one, b.op("mul", [x, x], t)], t)
+    if e == 0.5 and args[0].stmt is not None:
+        # NOTE: float16's pow(x, 0.5): GCC turns a vectorized pow by a constant 0.5 into sqrt,
+        # which differs at -0 (pow: +0) and -inf (pow: +inf); written out as pow's result.
+        root = b.op("add", [b.op("sqrt", [x], t), b.const(0.0, t)], t)
+        minus_inf = b.op("eq", [x, b.const(-math.inf, t)], "b")
+        return b.op("where", [minus_inf, b.const(math.inf, t), root], t)
     return b.op("pow", [x, to(b, args[1], t)], t)
 
 
@@ -274,10 +297,14 @@ def _clamp(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...
     t = out_type(node)
     x = to(b, args[0], t)
     lo, hi = node.attrs["min"], node.attrs["max"]
+    # NOTE: PyTorch's clamp by scalars: ``x < lo ? lo : x``, then ``x > hi ? hi : x``: a NaN x
+    # stays NaN, a bound that equals x as a zero of the other sign leaves x (-0.0 stays -0.0).
     if lo is not None:
-        x = b.op("max", [x, to(b, Arg(None, lo, scalar_type_of(lo)), t)], t)
+        bound = to(b, Arg(None, lo, scalar_type_of(lo)), t)
+        x = b.op("where", [b.op("lt", [x, bound], "b"), bound, x], t)
     if hi is not None:
-        x = b.op("min", [x, to(b, Arg(None, hi, scalar_type_of(hi)), t)], t)
+        bound = to(b, Arg(None, hi, scalar_type_of(hi)), t)
+        x = b.op("where", [b.op("gt", [x, bound], "b"), bound, x], t)
     return x
 
 

@@ -53,6 +53,9 @@ class Evidence:
     ops: dict[int, str]
     # NOTE: extern nodes run unfused because oneDNN refused the fused call at compile time.
     unfused: dict[int, str] = field(default_factory=dict)
+    # NOTE: extern nodes whose activation runs natively: oneDNN's post-op differs from eager on
+    # special values (NaN, inf, signed zero).
+    exactness: dict[int, str] = field(default_factory=dict)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -73,6 +76,9 @@ class Evidence:
                 for n, t in sorted(self.nodes.items())
             ],
             "unfused": [{"id": n, "reason": r} for n, r in sorted(self.unfused.items())],
+            "not_fused_for_exactness": [
+                {"id": n, "reason": r} for n, r in sorted(self.exactness.items())
+            ],
         }
 
 
@@ -134,7 +140,10 @@ class StaxProgram:
         self._funcs = funcs
         self.source = runner.source
         self.evidence = Evidence(
-            dict(plan.tags), {n.id: n.op for n in graph.nodes}, dict(plan.unfused)
+            dict(plan.tags),
+            {n.id: n.op for n in graph.nodes},
+            dict(plan.unfused),
+            dict(plan.exactness),
         )
         self.__call__ = runner.fn  # type: ignore[method-assign]
 

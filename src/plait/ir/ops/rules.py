@@ -95,12 +95,14 @@ def wrap_dim(dim: int, rank: int, op: str) -> int:
 
 
 def wrap_dims(dims: Sequence[int] | None, rank: int, op: str) -> tuple[int, ...]:
+    """The dims normalized and checked. A rank-0 tensor accepts 0 and -1 (as PyTorch does) and
+    has no axis to name: its dims are always ``()`` (a reduction of it is the value itself)."""
     if dims is None or len(dims) == 0:
         return tuple(range(rank))
     out = tuple(wrap_dim(d, rank, op) for d in dims)
     if len(set(out)) != len(out):
         raise TypeRuleError(f"{op}: repeated dim in {tuple(dims)}")
-    return out
+    return out if rank else ()
 
 
 def reduce_shape(shape: Sequence[Dim], dims: Sequence[int], keepdim: bool) -> tuple[Dim, ...]:
