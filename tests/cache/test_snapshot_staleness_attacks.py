@@ -1,11 +1,11 @@
-"""An adversarial audit of warm starts from snapshots (plait.cache.snapshots): change what a
+"""Adversarial tests of warm starts from snapshots (plait.cache.snapshots): change what a
 captured program depends on, in ways the front key and the code digests could miss, and check
 that the next compile either takes the snapshot and answers like eager, or captures again and
 says why. Every answer is compared with eager on fresh random inputs.
 
 A new ``plait.compile`` of a model in this process has no specialization: it goes through the
 snapshot path as a new process would. Models live in module files of their own (rewritten and
-reloaded to change their code). The first group of tests are holes this audit found (each failed
+reloaded to change their code). The first group of tests are holes these tests found (each failed
 before its fix); the second, cases that already behaved and must stay so."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Adversarial audit of 7889e6f (session 5): the artifact's hash checked *during* the Stax rebuild.
+"""Adversarial tests of the artifact's hash checked *during* the Stax rebuild.
 
 Invariant attacked: nothing native reads an entry before its hash check passed; a corrupt entry
 is discarded, reported, rebuilt, never used. The strongest probe poisons the entry in memory (the

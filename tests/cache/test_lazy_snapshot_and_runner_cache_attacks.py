@@ -1,4 +1,4 @@
-"""Adversarial audit of b7e9e1d, e10ad72, 6fdcb9f (session 5): the lazy snapshot graph (only its
+"""Adversarial tests of the lazy snapshot graph (only its
 interface parsed on a warm start), written state never frozen, the Stax runner code cache, the
 cache option checked at compile. It found five defects, fixed since (a view of a written buffer
 read the value from before the write; dynamic=True kept a returned size as a constant; an
@@ -305,7 +305,7 @@ def test_an_unusable_runner_cache_costs_the_cache_not_the_answer(
 
 
 _CHILD = (
-    "import torch; from tests.cache.test_session5_audit2 import _check, _graph; "
+    "import torch; from tests.cache.test_lazy_snapshot_and_runner_cache_attacks import _check, _graph; "
     "from plait.runtime import compile_graph; _check(compile_graph(_graph(9)), 9)"
 )
 

@@ -1,4 +1,4 @@
-"""Adversarial audit of the warm-start changes (session 3): prepacked weights in entries, the
+"""Adversarial tests of the warm-start formats: prepacked weights in entries, the
 chunked XXH3 hash, store format 4 (reads mark mtimes instead of rewriting the index), the IR
 text fast path, the TensorType fast path and the remembered probes.
 
@@ -540,7 +540,7 @@ WARM_CHILD = """
 import json, sys
 import torch
 sys.path.insert(0, sys.argv[2])
-from tests.cache.test_session3_audit import _inputs, _model
+from tests.cache.test_warm_start_format_attacks import _inputs, _model
 import plait
 model = _model(seed=int(sys.argv[3]))
 compiled = plait.compile(model, options={"cache": sys.argv[1]})
