@@ -47,6 +47,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 import weakref
@@ -186,6 +187,14 @@ def _owner(root: nn.Module, path: str) -> tuple[nn.Module, str]:
     return module, attr
 
 
+def _realize(gm: fx.GraphModule) -> None:
+    """Generate a lazy graph module's code now. NOTE: its first call replaces its ``forward``;
+    inside capture that is a Python value the program changes while it runs (refused)."""
+    needs = getattr(gm, "_needs_recompile", None)
+    if needs is not None and needs():
+        gm.real_recompile()
+
+
 class GraphProgram(nn.Module):
     """An FX graph as a module: Dynamo's lifted parameters and buffers are its own (at their
     ``state_dict`` paths), its arguments are the graph's user inputs. The graph module itself is
@@ -195,6 +204,7 @@ class GraphProgram(nn.Module):
 
     def __init__(self, gm: fx.GraphModule, slots: Sequence[_Slot], example: Sequence[Any]) -> None:
         super().__init__()
+        _realize(gm)
         object.__setattr__(self, "graph_module", gm)
         self._slots = list(slots)
         self._tables: list[tuple[dict[str, Any], str]] = []
@@ -211,11 +221,11 @@ class GraphProgram(nn.Module):
         full: list[Any] = [None] * len(self._slots)
         for i, value in zip(self._user, args):
             full[i] = value
-        tables = iter(self._tables)
+        # NOTE: state is read through the module tree (as capture lifts it), never through
+        # self._tables: that list holds the tables capture swaps, a Python value it guards.
         for i, slot in enumerate(self._slots):
             if slot.kind in ("param", "buffer"):
-                table, attr = next(tables)
-                full[i] = table[attr]
+                full[i] = functools.reduce(getattr, slot.path.split("."), self)
         for i, slot in enumerate(self._slots):
             if slot.kind == "size":
                 full[i] = full[slot.tensor].shape[slot.dim]
