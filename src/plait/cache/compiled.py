@@ -181,7 +181,7 @@ def live_constants(graph: Graph) -> list[str]:
 
 
 def _constants(
-    graph: Graph, tensors: dict[str, torch.Tensor], live: frozenset[str]
+    graph: Graph, tensors: dict[str, torch.Tensor], live: frozenset[str] = frozenset()
 ) -> dict[str, torch.Tensor]:
     """The constants the graph holds, from the entry: every ``const`` input except the ones
     the entry records as bound at each call (``live``)."""

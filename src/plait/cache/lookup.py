@@ -3,7 +3,8 @@
 The key's parts (recorded in the manifest's ``cache_key``): ``source`` (the semantic hash capture
 minted), ``guards`` (every capture guard as process-independent text, and the frozen tensors by
 name), ``target`` (backend and devices), ``options`` (as requested and as resolved: pipeline,
-freeze), ``toolchain`` (Python, PyTorch, plait, and for Stax the C++ compiler's version and flags),
+freeze), ``toolchain`` (Python, PyTorch, plait's version and a digest of its code, and for
+Stax the C++ compiler's version and flags),
 ``ambient`` (the call settings and the process settings: CPU features, GPU capability, PyTorch's
 build) and ``weights`` (the hash of the frozen tensors' values; parameters that stay graph inputs
 never enter it). A program with a guard on an object of this process (an argument compared by
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 
+from plait.cache import code_identity
 from plait.cache.compiled import SavedCompile, StaleEntryError, load_compiled, save_compiled
 from plait.cache.key import CacheKey, explain_miss
 from plait.cache.store import CorruptEntryError
@@ -78,6 +80,8 @@ def toolchain_parts(backend: str) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "plait": sys.modules["plait"].__version__,  # NOTE: the package this module is in
+        # NOTE: the code itself, whose version string may stay while it changes
+        "plait_code": code_identity.plait_code_digest(),
     }
     if backend == "stax":
         from plait.codegen.build import toolchain

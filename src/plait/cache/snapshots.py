@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from plait.cache import code_identity
 from plait.cache.key import canonical_json, text_digest
 from plait.cache.lookup import CacheWarning
 from plait.cache.store import CorruptEntryError, Store
@@ -142,6 +143,7 @@ def _front_parts(
             "python": sys.version.split()[0],
             "torch": torch.__version__,
             "plait": sys.modules["plait"].__version__,
+            "plait_code": code_identity.plait_code_digest(),  # NOTE: capture's own code
             # NOTE: their code is not recorded either (plait.frontend.deps): their versions pin it
             **{
                 name: str(getattr(sys.modules.get(name), "__version__", None))
