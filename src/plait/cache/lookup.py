@@ -145,7 +145,22 @@ def kernel_cache_events(events: list[str]) -> Iterator[None]:
 
 def _report(events: list[str], message: str) -> None:
     events.append(message)
-    warnings.warn(f"plait cache: {message}", CacheWarning, stacklevel=8)
+    warn_at_caller(f"plait cache: {message}")
+
+
+def _internal(name: object) -> bool:
+    return isinstance(name, str) and name.split(".")[0] in ("plait", "torch")
+
+
+def warn_at_caller(message: str, category: type[Warning] = CacheWarning) -> None:
+    """Warn, attributed to the innermost frame outside plait and PyTorch: the user's call,
+    however many frames a hook or a wrapper puts between it and the cache. NOTE: never a frame
+    in ``torch.*`` (a fixed stack level landed in ``torch.nn.Module._call_impl`` when a forward
+    hook was set, where warning filters for PyTorch's own warnings then hid it)."""
+    frame, level = sys._getframe(0), 1
+    while frame.f_back is not None and _internal(frame.f_globals.get("__name__")):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 CompileFn = Callable[[Any, Any, str, bool, bool], Any]

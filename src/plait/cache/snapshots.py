@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,7 +51,7 @@ from torch import nn
 
 from plait.cache import code_identity
 from plait.cache.key import canonical_json, text_digest
-from plait.cache.lookup import CacheWarning
+from plait.cache.lookup import warn_at_caller
 from plait.cache.store import CorruptEntryError, Store
 from plait.frontend import CapturedProgram, ModuleState
 from plait.frontend.deps import CodeDep
@@ -201,7 +200,7 @@ def load_snapshot(
     try:
         payload = store.get(key)
     except CorruptEntryError as exc:  # NOTE: damaged, or stored under another key: warned
-        warnings.warn(f"plait cache: {exc}; captured again", CacheWarning, stacklevel=4)
+        warn_at_caller(f"plait cache: {exc}; captured again")
         return None, f"captured: {exc}"
     except OSError as exc:  # NOTE: warned once, by the artifact lookup of the same store
         return None, f"captured: cache unavailable ({exc})"
