@@ -13,7 +13,8 @@ cache: the artifact's key is made of what capture mints (the semantic hash and t
   requires_grad (and class, for a subclass), its other arguments' values, and the same for
   parameters and buffers with every path that holds each (tied weights);
 - ``mode``: grad mode, default dtype, autocast; ``request``: backend, fullgraph, dynamic and
-  options as requested; ``toolchain``: Python, PyTorch, plait, NumPy, SymPy, mpmath.
+  options as requested; ``toolchain``: Python, PyTorch, plait (version and code digest), NumPy,
+  SymPy, mpmath.
 
 A snapshot is used only when, in this process, every function the capture ran (recorded at
 capture, PyTorch's and the standard library's own excepted) is found again by name with the same
