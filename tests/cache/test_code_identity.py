@@ -13,8 +13,10 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 import plait
 
@@ -137,3 +139,57 @@ def test_the_remembered_digest_follows_the_contents(tmp_path: Path) -> None:
     assert len(set(digests[:4])) == 4, digests  # NOTE: every change of a source seen
     assert digests[4] == digests[3]  # NOTE: bytecode is not the code's identity
     assert digests[-1] == code_identity.content_digest(copy)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.lin(x)) * 2.0 + x[:, :4]
+
+
+def _compile_run(net: torch.nn.Module, cache: Path) -> Any:
+    """Compile, check bitwise against eager (the interpreter keeps its arithmetic order) on
+    fresh inputs; the specialization's manifest."""
+    compiled = plait.compile(net, backend="eager", options={"cache": str(cache)})
+    with torch.no_grad():
+        for seed in range(3):
+            x = torch.randn(3, 6, generator=torch.Generator().manual_seed(4300 + seed))
+            assert torch.equal(compiled(x), net(x))
+    return compiled.specializations[0].manifest
+
+
+def test_another_code_digest_is_another_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In one process: the same program under another code digest misses the artifact entry
+    (the miss names the part) and the snapshot."""
+    from plait.cache import code_identity
+
+    torch.manual_seed(3)
+    net = _Net().eval()
+    assert _compile_run(net, tmp_path).cache["status"] == "miss"
+    warm = _compile_run(net, tmp_path)
+    assert warm.cache["status"] == "hit" and str(warm.cache["capture"]).startswith("snapshot")
+    monkeypatch.setattr(code_identity, "plait_code_digest", lambda: "0" * 64)
+    other = _compile_run(net, tmp_path)
+    assert str(other.cache["capture"]).startswith("captured: no snapshot"), other.cache
+    assert other.cache["status"] == "miss" and "plait_code" in other.cache["miss"], other.cache
+    assert other.cache_key["parts"]["toolchain"]["plait_code"] == "0" * 64
+
+
+def test_code_that_cannot_be_identified_is_compiled_uncached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plait.cache import code_identity
+
+    def unreadable() -> str:
+        raise FileNotFoundError("a module removed while the package was walked")
+
+    monkeypatch.setattr(code_identity, "plait_code_digest", unreadable)
+    m = _compile_run(_Net().eval(), tmp_path)
+    assert m.cache["status"] == "not cached", m.cache
+    assert "plait's own code could not be identified" in m.cache["events"][0], m.cache
+    assert "front key could not be made" in str(m.cache["capture"]), m.cache

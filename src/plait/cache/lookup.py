@@ -81,7 +81,7 @@ def toolchain_parts(backend: str) -> dict[str, Any]:
         "torch": torch.__version__,
         "plait": sys.modules["plait"].__version__,  # NOTE: the package this module is in
         # NOTE: the code itself, whose version string may stay while it changes
-        "plait_code": code_identity.plait_code_digest(),
+        "plait_code": _plait_code(),
     }
     if backend == "stax":
         from plait.codegen.build import toolchain
@@ -93,6 +93,13 @@ def toolchain_parts(backend: str) -> dict[str, Any]:
         parts["cpu_flags_sha256"] = hashlib.sha256(cpu.encode()).hexdigest()
         out["cxx"] = parts
     return out
+
+
+def _plait_code() -> str:
+    try:
+        return code_identity.plait_code_digest()
+    except OSError as exc:  # NOTE: e.g. a file removed while the package is walked
+        raise NotCacheable(f"plait's own code could not be identified ({exc})") from None
 
 
 def key_parts(
