@@ -200,7 +200,8 @@ def _constants(
 def _place(graph: Graph) -> None:
     """Constants of a graph on another device are copied there (after the hash check)."""
     for v in graph.inputs:
-        if v.kind == "const" and isinstance(v.type, TensorType) and v.type.device != "cpu":
+        held = v.kind == "const" and v.name in graph.constants  # NOTE: live ones are bound
+        if held and isinstance(v.type, TensorType) and v.type.device != "cpu":
             graph.constants[v.name] = graph.constants[v.name].to(v.type.device)
 
 
