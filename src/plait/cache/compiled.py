@@ -98,6 +98,7 @@ def save_compiled(store: Store, key: str, parts: dict[str, Any], saved: SavedCom
         "executor": saved.executor,
         "frozen": saved.frozen,
         "manifest": saved.manifest.to_json(),
+        "live_constants": live_constants(saved.graph),
     }
     blobs: dict[str, torch.Tensor] = {}
     if saved.program is not None:
@@ -124,13 +125,16 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
         # NOTE: every part of the document read here, before the hash check: a damaged one
         # fails in this block (reported as corruption when the hash fails), never later.
         executor, frozen, manifest = str(doc["executor"]), list(doc["frozen"]), doc["manifest"]
+        live = doc.get("live_constants", [])
+        if not isinstance(live, list) or not all(isinstance(n, str) for n in live):
+            raise StaleEntryError("the entry's live constants are not a list of names")
         plan = doc["plan"] if executor == "stax" else None
         if not isinstance(manifest, dict) or (executor == "stax" and not isinstance(plan, dict)):
             raise StaleEntryError("the entry's manifest or plan is not a JSON object")
         # NOTE: no verifier run: to_text of a verified graph, in an entry checked against its
         # own hash and keyed by the plait version that wrote it.
         graph = from_text(doc["graph"], verify=False)
-        constants = _constants(graph, tensors)
+        constants = _constants(graph, tensors, frozenset(live))
     except Exception as exc:  # NOTE: parsers of unverified bytes may fail in any way
         pending.verified()  # NOTE: a corrupt entry is reported as corrupt, not as stale
         if isinstance(exc, StaleEntryError):
@@ -165,21 +169,39 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
     return SavedCompile(graph, manifest, executor, frozen, program, seconds)
 
 
-def _constants(graph: Graph, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def live_constants(graph: Graph) -> list[str]:
+    """The graph's ``const`` inputs that it does not hold: tensors capture found outside the
+    module state (a layer kept in a plain list, a tensor attribute, a closure's tensor), which
+    each call binds from the capture's own slot. NOTE: their values are never in an entry (nor
+    in its key): only the constants the graph holds (frozen parameters and buffers, which the
+    key's weights digest covers, and what was folded from them) are."""
+    return sorted(
+        v.name for v in graph.inputs if v.kind == "const" and v.name not in graph.constants
+    )
+
+
+def _constants(
+    graph: Graph, tensors: dict[str, torch.Tensor], live: frozenset[str] = frozenset()
+) -> dict[str, torch.Tensor]:
+    """The constants the graph holds, from the entry: every ``const`` input except the ones
+    the entry records as bound at each call (``live``)."""
     out = {}
     for v in graph.inputs:
-        if v.kind == "const":
+        if v.kind == "const" and v.name not in live:
             t = tensors.get(v.name)
             if t is None:
                 raise StaleEntryError(f"constant {v.name} is missing from the entry")
             out[v.name] = t
+        elif v.name in live and v.kind != "const":
+            raise StaleEntryError(f"{v.name} is recorded as a live constant but is a {v.kind}")
     return out
 
 
 def _place(graph: Graph) -> None:
     """Constants of a graph on another device are copied there (after the hash check)."""
     for v in graph.inputs:
-        if v.kind == "const" and isinstance(v.type, TensorType) and v.type.device != "cpu":
+        held = v.kind == "const" and v.name in graph.constants  # NOTE: live ones are bound
+        if held and isinstance(v.type, TensorType) and v.type.device != "cpu":
             graph.constants[v.name] = graph.constants[v.name].to(v.type.device)
 
 

@@ -3,7 +3,8 @@
 The key's parts (recorded in the manifest's ``cache_key``): ``source`` (the semantic hash capture
 minted), ``guards`` (every capture guard as process-independent text, and the frozen tensors by
 name), ``target`` (backend and devices), ``options`` (as requested and as resolved: pipeline,
-freeze), ``toolchain`` (Python, PyTorch, plait, and for Stax the C++ compiler's version and flags),
+freeze), ``toolchain`` (Python, PyTorch, plait's version and a digest of its code, and for
+Stax the C++ compiler's version and flags),
 ``ambient`` (the call settings and the process settings: CPU features, GPU capability, PyTorch's
 build) and ``weights`` (the hash of the frozen tensors' values; parameters that stay graph inputs
 never enter it). A program with a guard on an object of this process (an argument compared by
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 
+from plait.cache import code_identity
 from plait.cache.compiled import SavedCompile, StaleEntryError, load_compiled, save_compiled
 from plait.cache.key import CacheKey, explain_miss
 from plait.cache.store import CorruptEntryError
@@ -78,6 +80,8 @@ def toolchain_parts(backend: str) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "plait": sys.modules["plait"].__version__,  # NOTE: the package this module is in
+        # NOTE: the code itself, whose version string may stay while it changes
+        "plait_code": _plait_code(),
     }
     if backend == "stax":
         from plait.codegen.build import toolchain
@@ -89,6 +93,13 @@ def toolchain_parts(backend: str) -> dict[str, Any]:
         parts["cpu_flags_sha256"] = hashlib.sha256(cpu.encode()).hexdigest()
         out["cxx"] = parts
     return out
+
+
+def _plait_code() -> str:
+    try:
+        return code_identity.plait_code_digest()
+    except OSError as exc:  # NOTE: e.g. a file removed while the package is walked
+        raise NotCacheable(f"plait's own code could not be identified ({exc})") from None
 
 
 def key_parts(
@@ -141,7 +152,22 @@ def kernel_cache_events(events: list[str]) -> Iterator[None]:
 
 def _report(events: list[str], message: str) -> None:
     events.append(message)
-    warnings.warn(f"plait cache: {message}", CacheWarning, stacklevel=8)
+    warn_at_caller(f"plait cache: {message}")
+
+
+def _internal(name: object) -> bool:
+    return isinstance(name, str) and name.split(".")[0] in ("plait", "torch")
+
+
+def warn_at_caller(message: str, category: type[Warning] = CacheWarning) -> None:
+    """Warn, attributed to the innermost frame outside plait and PyTorch: the user's call,
+    however many frames a hook or a wrapper puts between it and the cache. NOTE: never a frame
+    in ``torch.*`` (a fixed stack level landed in ``torch.nn.Module._call_impl`` when a forward
+    hook was set, where warning filters for PyTorch's own warnings then hid it)."""
+    frame, level = sys._getframe(0), 1
+    while frame.f_back is not None and _internal(frame.f_globals.get("__name__")):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 CompileFn = Callable[[Any, Any, str, bool, bool], Any]

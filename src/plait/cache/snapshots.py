@@ -13,7 +13,8 @@ cache: the artifact's key is made of what capture mints (the semantic hash and t
   requires_grad (and class, for a subclass), its other arguments' values, and the same for
   parameters and buffers with every path that holds each (tied weights);
 - ``mode``: grad mode, default dtype, autocast; ``request``: backend, fullgraph, dynamic and
-  options as requested; ``toolchain``: Python, PyTorch, plait, NumPy, SymPy, mpmath.
+  options as requested; ``toolchain``: Python, PyTorch, plait (version and code digest), NumPy,
+  SymPy, mpmath.
 
 A snapshot is used only when, in this process, every function the capture ran (recorded at
 capture, PyTorch's and the standard library's own excepted) is found again by name with the same
@@ -43,15 +44,15 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from plait.cache import code_identity
 from plait.cache.key import canonical_json, text_digest
-from plait.cache.lookup import CacheWarning
+from plait.cache.lookup import warn_at_caller
 from plait.cache.store import CorruptEntryError, Store
 from plait.frontend import CapturedProgram, ModuleState
 from plait.frontend.deps import CodeDep
@@ -142,6 +143,7 @@ def _front_parts(
             "python": sys.version.split()[0],
             "torch": torch.__version__,
             "plait": sys.modules["plait"].__version__,
+            "plait_code": code_identity.plait_code_digest(),  # NOTE: capture's own code
             # NOTE: their code is not recorded either (plait.frontend.deps): their versions pin it
             **{
                 name: str(getattr(sys.modules.get(name), "__version__", None))
@@ -199,7 +201,7 @@ def load_snapshot(
     try:
         payload = store.get(key)
     except CorruptEntryError as exc:  # NOTE: damaged, or stored under another key: warned
-        warnings.warn(f"plait cache: {exc}; captured again", CacheWarning, stacklevel=4)
+        warn_at_caller(f"plait cache: {exc}; captured again")
         return None, f"captured: {exc}"
     except OSError as exc:  # NOTE: warned once, by the artifact lookup of the same store
         return None, f"captured: cache unavailable ({exc})"
