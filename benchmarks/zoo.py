@@ -337,8 +337,10 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 
 
 def _systems(text: str | None) -> tuple[str, ...] | None:
-    if text is None or text.strip() == "all":
+    if text is None:
         return None
+    if text.strip() == "all":
+        return zoo_systems.KINDS
     return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
