@@ -8,6 +8,8 @@ must fail the run, and a system that cannot run must leave its error in its cell
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import importlib.util
 import json
 from pathlib import Path
@@ -86,9 +88,9 @@ def test_a_wrong_plait_answer_fails_the_run(tmp_path: Path) -> None:
 
 
 def test_a_system_that_cannot_run_keeps_its_error_in_its_cell() -> None:
-    built = zoo_models.build(zoo_models.entry("hf-resnet50"), quick=True, seed=0)
+    module, example = torch.nn.Linear(4, 2).eval(), torch.randn(3, 4)
     broken = zoo_systems.OnnxFile(error="dynamo: RuntimeError: unsupported operator")
-    runner = zoo_systems.Runner("onnxruntime", built.module, built.example, broken)
+    runner = zoo_systems.Runner("onnxruntime", module, example, broken)
     runner.prepare(1)
     assert runner.error is not None and "unsupported operator" in runner.error
     record = zoo.ModelRun._system_record(runner)
@@ -128,3 +130,12 @@ def test_plait_bench_zoo_is_the_zoo_command() -> None:
     assert "Model zoo, CPU inference" in res.output and "--quick" in res.output
     bad = CliRunner().invoke(plait_main, ["bench", "zoo", "--models", "no-such-model"])
     assert bad.exit_code == 2 and "unknown zoo model" in bad.output
+
+
+@pytest.mark.parametrize(
+    "name", ["benchmarks.zoo_models", "benchmarks.zoo_systems", "benchmarks.zoo_report"]
+)
+def test_docstring_examples(name: str) -> None:
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted > 0
