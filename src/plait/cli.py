@@ -45,6 +45,7 @@ def explain(manifest: Path, as_json: bool) -> None:
 
 
 BENCH_MODULE = "benchmarks.resnet_classification"
+ZOO_MODULE = "benchmarks.zoo"
 
 
 def _checkout() -> Path | None:
@@ -58,7 +59,7 @@ def _checkout() -> Path | None:
     return None
 
 
-def _bench_command() -> Any:
+def _bench_command(module_name: str = BENCH_MODULE) -> Any:
     root = _checkout()
     if root is None:
         raise click.ClickException(
@@ -68,10 +69,10 @@ def _bench_command() -> Any:
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     try:
-        module = importlib.import_module(BENCH_MODULE)
+        module = importlib.import_module(module_name)
     except ImportError as exc:
         raise click.ClickException(
-            f"plait bench: cannot import {BENCH_MODULE} from {root}: {exc} "
+            f"plait bench: cannot import {module_name} from {root}: {exc} "
             "(install the benchmark's dependencies: pip install -e '.[bench]')"
         ) from exc
     return module.main
@@ -87,7 +88,11 @@ def bench(args: tuple[str, ...]) -> None:
 
     Options are the benchmark's own: see `plait bench --help`; `plait bench --quick --json
     out.json` is the under-a-minute configuration. Exit status 1 when parity fails.
+    `plait bench zoo ...` runs the model-zoo benchmark instead (`plait bench zoo --help`).
     """
+    if args and args[0] == "zoo":
+        _bench_command(ZOO_MODULE).main(args=list(args[1:]), prog_name="plait bench zoo")
+        return
     _bench_command().main(args=list(args), prog_name="plait bench")
 
 

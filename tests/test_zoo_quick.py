@@ -1,0 +1,141 @@
+"""The model-zoo benchmark (benchmarks/zoo.py, ``plait bench zoo``) in its quick mode.
+
+Tiny Hugging Face models built from configs run through eager and plait (and ONNX Runtime when it
+is installed): the report must have its structure, plait's coverage must come from its manifest,
+parity must be the conformance gate's verdict under the shipped contract, a forced parity failure
+must fail the run, and a system that cannot run must leave its error in its cell.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import plait.contract
+from benchmarks import zoo, zoo_models, zoo_report, zoo_systems
+from benchmarks.bench.progress import Progress
+from plait.cli import main as plait_main
+
+pytest.importorskip("transformers")
+
+MODELS = ("hf-resnet50", "hf-bert-base")
+COVERAGE = {"whole", "partial", "fallback"}
+
+
+def _systems() -> tuple[str, ...]:
+    extra = ("onnxruntime",) if zoo_systems.unavailable("onnxruntime") is None else ()
+    return ("eager", "plait", *extra)
+
+
+def _run(**kw: Any) -> dict[str, Any]:
+    cfg = zoo.ZooConfig.preset(True, threads=(1,), repeats=2, warmup=1, **kw)
+    return zoo.run(cfg, Progress("quiet"))
+
+
+@pytest.mark.slow
+def test_quick_run_reports_coverage_parity_compile_and_latency_per_model() -> None:
+    result = _run(models=MODELS, systems=_systems())
+    json.dumps(result, allow_nan=False)  # NOTE: the JSON file must be strict JSON.
+    assert result["benchmark"] == "zoo" and result["config"]["quick"] is True
+    assert [m["name"] for m in result["models"]] == list(MODELS)
+    contract = plait.contract.load().version
+    for m in result["models"]:
+        assert m["status"] == "ran" and m["parameters"] > 0, m
+        assert set(m["systems"]) == set(_systems())
+        cov = m["plait"]
+        assert cov["status"] in COVERAGE and cov["specializations"] >= 1
+        if cov["status"] == "fallback":
+            assert any(f.startswith("whole program: ") for f in cov["fallbacks"]), cov
+        else:
+            assert 0.0 < cov["compiled_share"] <= 1.0 and sum(cov["counts"].values()) > 0
+        for kind, s in m["systems"].items():
+            assert s["available"] and s["error"] is None, (m["name"], kind, s["error"])
+            lat = s["latency"]["1"]
+            assert lat["samples"] == 2 and lat["p50_ms"] > 0
+            if kind == "eager":
+                assert s["gate"] is None and lat["speedup_vs_eager_p50"] == 1.0
+                continue
+            gate = s["gate"]  # NOTE: parity is judged, by the gate, under the shipped contract.
+            assert gate["ok"] and gate["contract"] == contract and gate["checks"] > 0, gate
+            assert s["compile"]["cold_s"] > 0 and s["vs_eager"]["max_abs"] >= 0
+    assert result["verdict"]["exit_code"] == 0 and result["verdict"]["parity_ok"]
+    md = zoo_report.markdown(result)
+    assert "## Coverage and parity" in md and "## Steady state, 1 thread(s)" in md
+    assert all(f"| {name} |" in md for name in MODELS)
+
+
+@pytest.mark.slow
+def test_a_wrong_plait_answer_fails_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "zoo.json"
+    args = ["--quick", "--models", "hf-resnet50", "--systems", "eager,plait", "--threads", "1",
+            "--repeats", "1", "--progress", "quiet", "--json", str(out),
+            "--markdown", str(tmp_path / "zoo.md"), "--perturb-plait", "0.01"]  # fmt: skip
+    res = CliRunner().invoke(zoo.main, args)
+    assert res.exit_code == 1, res.output
+    result = json.loads(out.read_text())
+    gate = result["models"][0]["systems"]["plait"]["gate"]
+    assert not gate["ok"] and gate["errors"] > 0
+    assert result["verdict"]["plait_failures"][0].startswith("hf-resnet50: ")
+    assert "**plait parity: FAILED**" in (tmp_path / "zoo.md").read_text()
+
+
+def test_a_system_that_cannot_run_keeps_its_error_in_its_cell() -> None:
+    module, example = torch.nn.Linear(4, 2).eval(), torch.randn(3, 4)
+    broken = zoo_systems.OnnxFile(error="dynamo: RuntimeError: unsupported operator")
+    runner = zoo_systems.Runner("onnxruntime", module, example, broken)
+    runner.prepare(1)
+    assert runner.error is not None and "unsupported operator" in runner.error
+    record = zoo.ModelRun._system_record(runner)
+    assert record["available"] is False and record["gate"] is None
+    assert record["latency"] == {}
+
+
+def test_a_source_that_does_not_import_is_skipped_with_its_reason() -> None:
+    problem = zoo_models.source_problem("timm")
+    if importlib.util.find_spec("timm") is None:
+        assert problem == "timm is not installed"
+    record = zoo.ModelRun(
+        zoo.ZooConfig.preset(True, models=("timm-resnet50",)),
+        zoo_models.entry("timm-resnet50"),
+        Path("."),
+    )
+    if problem is not None:
+        rec = record.run(Progress("quiet"))
+        assert rec["status"] == "skipped" and rec["reason"] == problem and rec["systems"] == {}
+
+
+def test_quick_models_build_small_and_full_inputs_have_the_documented_shapes() -> None:
+    for name in zoo_models.QUICK_DEFAULT:
+        m = zoo_models.entry(name)
+        built = zoo_models.build(m, quick=True, seed=0)
+        assert built.parameters < 1_000_000
+        with torch.no_grad():
+            y = built.module(built.example)
+        assert isinstance(y, torch.Tensor) and torch.isfinite(y).all()
+        expected = (1, zoo_models.QUICK_TOKENS) if m.family == "text" else (1, 3, 32, 32)
+        assert tuple(built.example.shape) == expected
+
+
+def test_plait_bench_zoo_is_the_zoo_command() -> None:
+    res = CliRunner().invoke(plait_main, ["bench", "zoo", "--help"])
+    assert res.exit_code == 0, res.output
+    assert "Model zoo, CPU inference" in res.output and "--quick" in res.output
+    bad = CliRunner().invoke(plait_main, ["bench", "zoo", "--models", "no-such-model"])
+    assert bad.exit_code == 2 and "unknown zoo model" in bad.output
+
+
+@pytest.mark.parametrize(
+    "name", ["benchmarks.zoo_models", "benchmarks.zoo_systems", "benchmarks.zoo_report"]
+)
+def test_docstring_examples(name: str) -> None:
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted > 0
