@@ -305,7 +305,8 @@ def test_an_unusable_runner_cache_costs_the_cache_not_the_answer(
 
 
 _CHILD = (
-    "import torch; from tests.cache.test_lazy_snapshot_and_runner_cache_attacks import _check, _graph; "
+    "import torch; "
+    "from tests.cache.test_lazy_snapshot_and_runner_cache_attacks import _check, _graph; "
     "from plait.runtime import compile_graph; _check(compile_graph(_graph(9)), 9)"
 )
 
