@@ -192,7 +192,7 @@ def _realize(gm: fx.GraphModule) -> None:
     inside capture that is a Python value the program changes while it runs (refused)."""
     needs = getattr(gm, "_needs_recompile", None)
     if needs is not None and needs():
-        getattr(gm, "real_recompile")()  # NOTE: a _LazyGraphModule method, not typed on GraphModule
+        gm.real_recompile()  # type: ignore[operator]  # NOTE: _LazyGraphModule, untyped
 
 
 class GraphProgram(nn.Module):
