@@ -36,7 +36,7 @@ from plait.frontend import pytree
 from plait.frontend.frames import user_frame
 from plait.frontend.rng import RngTracker
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
-from plait.frontend.table import InPlace, Rule, Viewed, lookup
+from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
 from plait.frontend.views import ViewStep, replay, scatter
 from plait.frontend.writes import write_targets
 from plait.ir import GraphBuilder, TensorType, Value
@@ -509,7 +509,12 @@ class CaptureContext:
         if out is NotImplemented:  # e.g. `tensor == None`: Python falls back to identity
             return out
         assert rule.fn is not None
-        ir = rule.fn(self, out, *args, **kwargs)
+        try:
+            ir = rule.fn(self, out, *args, **kwargs)
+        except NoIROp as exc:
+            from plait.frontend.opaque import run_opaque
+
+            return run_opaque(self, func, args, kwargs, rule_said=str(exc), sampled=out)
         if rule.inplace:
             ir = InPlace(args[0], ir)
         grad = rule.grad and self.grad_enabled and any(t._rg for t in inputs)
