@@ -2,8 +2,7 @@
 with tensor keyword arguments and literals of every kind PyTorch ops accept (dtypes, devices,
 memory formats, layouts, slices, Ellipsis, tuples, complex numbers, floats by their bits),
 argument combinations a rule's IR op cannot express, in-place calls with no rule
-(functionalized through their out-of-place form), ``torch._assert`` on a guarded size, and a
-grad-mode switch to the mode the call already runs under. Each is compared bitwise with eager
+(functionalized through their out-of-place form), ``torch._assert`` on a guarded size. Each is compared bitwise with eager
 on fresh inputs, twice, through ``plait.compile``, and its specialization has no fallback."""
 
 from __future__ import annotations
@@ -233,34 +232,6 @@ def test_a_device_made_inside_the_program_is_a_constant() -> None:
     compiled = plait.compile(fn, backend="eager", fullgraph=True)
     for i in range(2):
         assert_same(compiled(_fresh(i)), fn(_fresh(i)))
-
-
-def _no_grad_region(x: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        y = x * 2
-    return y + x
-
-
-def test_grad_mode_set_to_the_ambient_mode_is_captured() -> None:
-    compiled = plait.compile(_no_grad_region, backend="eager", fullgraph=True)
-    x = _fresh(0).requires_grad_()
-    with torch.no_grad():
-        for i in range(2):
-            assert_same(compiled(_fresh(i)), _no_grad_region(_fresh(i)))
-    assert compiled.specializations[0].fallback_reason is None
-    del x
-
-
-def test_a_grad_mode_switch_is_a_clear_refusal() -> None:
-    x = _fresh(0).requires_grad_()
-    with pytest.raises(GraphCaptureError, match="switching grad mode to False") as info:
-        plait.capture(_no_grad_region, (x,))
-    assert info.value.kind == "limitation"
-    compiled = plait.compile(_no_grad_region, backend="eager")
-    with pytest.warns(CaptureFallbackWarning, match="switching grad mode"):
-        out = compiled(x)
-    out.sum().backward()
-    assert_same(x.grad, torch.ones_like(x))
 
 
 def test_an_inplace_call_without_an_out_of_place_form_keeps_the_fallback() -> None:

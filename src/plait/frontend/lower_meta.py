@@ -195,12 +195,14 @@ def _assert(cx: CaptureContext, condition: Any, message: Any = "") -> None:
 @meta(torch._C._set_grad_enabled)
 def _set_grad_enabled(cx: CaptureContext, mode: Any) -> None:
     # NOTE: `torch.no_grad()`, `enable_grad()`, `set_grad_enabled(m)` and `@torch.no_grad()`
-    # inside the program. Setting the mode the call runs under is a no-op (the mode itself is
-    # guarded); a change would need the graph to cut gradients where eager does: refused.
-    if bool(mode) != cx.grad_enabled:
+    # inside the program. Turning grad mode off in a call that runs with it on is captured (the
+    # tracer detaches what is computed inside); turning it on in a call that runs without it
+    # would need gradients the compiled call does not make: refused.
+    if bool(mode) and not cx.ambient_grad:
         cx.limitation(
-            f"switching grad mode to {bool(mode)} inside the program (torch.no_grad(), "
-            "enable_grad(), set_grad_enabled()) is not captured; call the compiled program "
-            "under the grad mode its body needs, or move the switch outside it"
+            "enabling grad mode inside a program called under torch.no_grad() is not "
+            "captured; call the compiled program with grad mode on, or move the switch "
+            "outside it"
         )
+    cx.grad_enabled = bool(mode)
     torch._C._set_grad_enabled(bool(mode))

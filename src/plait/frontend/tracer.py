@@ -136,7 +136,11 @@ class CaptureContext:
         self.opaque_counts: Counter[str] = Counter()
         self.error: BaseException | None = None
         self.current = "<capture>"
-        self.grad_enabled = torch.is_grad_enabled()
+        # NOTE: grad mode as the program runs it: `torch.no_grad()` inside the program turns
+        # it off (lower_meta); values computed then from tensors that require grad are
+        # detached in the graph, as eager's carry no gradient.
+        self.ambient_grad = torch.is_grad_enabled()
+        self.grad_enabled = self.ambient_grad
         # NOTE: a read of a tensor's layout (is_contiguous) specializes on the strides of the
         # inputs: the guards then pin them (the first such read, for the reason).
         self.layout_read: str | None = None
@@ -151,9 +155,15 @@ class CaptureContext:
         try:
             with _Mode(self):
                 yield
+            if self.grad_enabled != self.ambient_grad:
+                self.limitation(
+                    f"the program leaves grad mode {self.grad_enabled} (it was "
+                    f"{self.ambient_grad}); a compiled call would not change it"
+                )
         finally:
             pop_sink(self)
             CaptureContext.active = prev
+            torch._C._set_grad_enabled(self.ambient_grad)  # NOTE: even when capture failed
 
     # --- errors --------------------------------------------------------------------------------
     def fail(self, kind: str, reason: str, hint: str | None = None) -> NoReturn:
@@ -393,6 +403,8 @@ class CaptureContext:
 
     # --- in-place updates ----------------------------------------------------------------
     def assign(self, target: Any, new: Value) -> None:
+        if self.ambient_grad and not self.grad_enabled:
+            new = self.call("detach", new)  # NOTE: a write inside `torch.no_grad()`
         tr = self.tracer(target)
         old = self.type_of(tr)
         assert isinstance(new.type, TensorType)
@@ -541,6 +553,10 @@ class CaptureContext:
         self, ir: Value | Viewed, out: torch.Tensor, inputs: list[Tracer], grad: bool
     ) -> Tracer:
         value = ir.value if isinstance(ir, Viewed) else ir
+        if self.ambient_grad and not self.grad_enabled and any(t._rg for t in inputs):
+            value = self.call("detach", value)  # NOTE: computed inside `torch.no_grad()`
+            if isinstance(ir, Viewed):
+                ir = Viewed(value, ir.source, (*ir.steps, ViewStep("detach")))
         self.check(value, out)
         requires_grad = (grad and out.is_floating_point()) or out.requires_grad
         t = self.new_root(out, value, requires_grad)
