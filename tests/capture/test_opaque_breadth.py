@@ -2,8 +2,9 @@
 with tensor keyword arguments and literals of every kind PyTorch ops accept (dtypes, devices,
 memory formats, layouts, slices, Ellipsis, tuples, complex numbers, floats by their bits),
 argument combinations a rule's IR op cannot express, in-place calls with no rule
-(functionalized through their out-of-place form), ``torch._assert`` on a guarded size. Each is compared bitwise with eager
-on fresh inputs, twice, through ``plait.compile``, and its specialization has no fallback."""
+(functionalized through their out-of-place form), ``torch._assert`` on a guarded size. Each
+is compared bitwise with eager on fresh inputs, twice, through ``plait.compile``, and its
+specialization has no fallback."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import plait
 from plait.errors import CaptureFallbackWarning, GraphCaptureError
 from plait.frontend import capture_program
 from plait.ir import from_text, to_text
-from plait.ir.ops.extern import decode_literal
 from tests.capture.helpers import assert_same
 
 
@@ -61,7 +61,7 @@ CASES: dict[str, tuple[Any, list[str]]] = {
     ),
     "unfold_tuple": (lambda x: F.unfold(x[None, None], (2, 3)), ["torch.nn.functional.unfold"]),
     "negative_nan_literal": (
-        lambda x: torch.nan_to_num(x.log(), -_nan_with_payload(0) * 0 + _nan_with_payload(1)),
+        lambda x: torch.nan_to_num(x.log(), _nan_with_payload(sign=1)),
         ["torch.nan_to_num"],
     ),
     "nan_payload_literal": (
@@ -167,6 +167,7 @@ def test_stax_runs_the_opaque_literals() -> None:
 
 def test_literals_decode_to_the_values_they_encode() -> None:
     from plait.frontend.opaque import _encode
+    from plait.ir.ops.extern import decode_literal
 
     nan = _nan_with_payload(1)
     value = (
