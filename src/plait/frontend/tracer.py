@@ -40,7 +40,7 @@ from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
 from plait.frontend.views import ViewStep, replay, scatter
 from plait.frontend.writes import write_targets
 from plait.ir import GraphBuilder, TensorType, Value
-from plait.ir.ops import AttrError, TypeRuleError
+from plait.ir.ops import AttrError, TypeRuleError, get_op
 
 _HINT_FULLGRAPH = (
     "plait captures whole graphs; with fullgraph=False, plait.compile runs such a program "
@@ -479,6 +479,9 @@ class CaptureContext:
             assert rule.fn is not None
             return rule.fn(self, *args, **kwargs)
         if rule.kind == "data":
+            folded = self._constant_read(func, args, kwargs)
+            if folded is not _NOT_CONSTANT:
+                return folded
             self.fail(
                 "data-dependent",
                 f"{rule.what} reads tensor data; a graph cannot branch on or "
@@ -486,6 +489,20 @@ class CaptureContext:
                 _HINT_FULLGRAPH,
             )
         return self.run_op(rule, func, args, kwargs)
+
+    def _constant_read(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A read of tensor data whose tensors the graph computes from no input (only from
+        constant factories such as ``arange`` of static sizes, through deterministic ops): the
+        value is the same on every call of this specialization, so the read is that value (a
+        Python value; a tensor result is not folded). Else ``_NOT_CONSTANT``."""
+        found: list[Tracer] = []
+        self.unwrap((args, kwargs), found)
+        if not found or not all(_input_free(self.value(t)) for t in found):
+            return _NOT_CONSTANT
+        out, _ = self.sample(func, args, kwargs)
+        if any(isinstance(x, torch.Tensor) for x in pytree_leaves(out)):
+            return _NOT_CONSTANT
+        return out
 
     def unwrap(self, x: Any, found: list[Tracer]) -> Any:
         if isinstance(x, torch.Tensor):
@@ -605,6 +622,42 @@ def _aliased(out: torch.Tensor, inputs: list[Tracer]) -> Tracer | None:
         if storage_id(t._plain) == ptr:
             return t
     return None
+
+
+_NOT_CONSTANT = object()
+
+
+def _input_free(value: Value) -> bool:
+    """Whether ``value`` is computed from no graph input and no random op, with static types
+    throughout (so from constants of this specialization alone)."""
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        if v.kind is not None or not isinstance(v.type, TensorType) or not v.type.is_static:
+            return False
+        node = v.producer
+        if node is None or node.id in seen:
+            continue
+        seen.add(node.id)
+        if get_op(node.op).is_random(node.attrs):
+            return False
+        for operand in node.inputs:
+            if isinstance(operand, Value):
+                stack.append(operand)
+            elif isinstance(operand, sympy.Basic) and operand.free_symbols:
+                return False
+    return True
+
+
+def pytree_leaves(x: Any) -> Iterator[Any]:
+    if isinstance(x, (list, tuple)):
+        for v in x:
+            yield from pytree_leaves(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from pytree_leaves(v)
+    else:
+        yield x
 
 
 def _flat(xs: Any) -> Iterator[Any]:
