@@ -8,6 +8,7 @@ specialization has no fallback."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from typing import Any
 
@@ -245,3 +246,25 @@ def test_an_inplace_random_call_is_not_functionalized() -> None:
     prog = capture_program(lambda x: (x * 1).exponential_(), (_fresh(0),), fullgraph=False)
     assert prog.graph is None
     assert "in place" in str(prog.fallback_reason)
+
+
+_COUNTS = torch.zeros(4, 6)
+
+
+def _writes_a_captured_tensor(x: torch.Tensor) -> torch.Tensor:
+    _COUNTS.cumsum_(1)  # NOTE: no tracer among the arguments
+    return x + _COUNTS
+
+
+def test_an_inplace_call_on_a_captured_tensor_writes_it_back() -> None:
+    compiled = plait.compile(_writes_a_captured_tensor, backend="eager")
+    _COUNTS.copy_(torch.arange(24.0).reshape(4, 6))
+    reference = _COUNTS.clone()
+    for i in range(2):
+        x = _fresh(i)
+        with pytest.warns(CaptureFallbackWarning) if i == 0 else contextlib.nullcontext():
+            got = compiled(x)
+        reference.cumsum_(1)
+        assert_same(got, x + reference, f"call {i}")
+        assert_same(_COUNTS, reference, f"state {i}")
+    assert compiled.specializations[0].fallback_reason is None

@@ -264,6 +264,9 @@ def _run_functionalized(
         )
     cx.check_writable(targets)
     pure_func, pure_args, pure_kwargs = pure
+    # NOTE: the written tensor as a tracer (a captured constant is lifted), so the call below
+    # reaches capture even when no other argument is a tracer
+    pure_args = (cx.tracer(args[0]), *pure_args[1:])
     # NOTE: through dispatch: the out-of-place form's own rule if it has one, else opaque
     result = pure_func(*pure_args, **pure_kwargs)
     if not isinstance(result, torch.Tensor):
