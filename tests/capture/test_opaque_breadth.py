@@ -46,6 +46,10 @@ CASES: dict[str, tuple[Any, list[str]]] = {
         lambda x: torch.searchsorted(x, x[:, :2].contiguous(), sorter=_index(x)),
         ["torch.searchsorted"],
     ),
+    "tuple_of_tensors": (
+        lambda x: torch.column_stack((x, x * 2)) + torch.cdist(x, x * 3, p=1.0)[0, 0],
+        ["torch.column_stack", "torch.functional.cdist"],
+    ),
     "lerp_keyword_tensors": (lambda x: torch.lerp(x, end=x * 2, weight=0.5), ["torch.lerp"]),
     "dtype": (lambda x: x.cumsum(0, dtype=torch.float64), ["torch.Tensor.cumsum"]),
     "device": (

@@ -2,19 +2,18 @@
 
 Under ``fullgraph=True`` a call with no rule is a :class:`GraphCaptureError`. Otherwise it becomes
 an ``opaque`` node (counted; the compiled callable reports the counts) when the IR can express
-it: at least one tensor argument, tensor outputs, static shapes, no mutation of its inputs, a
-``torch.*`` name the IR can resolve, and every other argument a *literal* the node can carry.
-Anything else is a capture error (``plait.compile`` then runs the program eagerly, recorded and
-with a warning).
+it: at least one tensor argument, tensor outputs, static shapes, a ``torch.*`` name the IR can
+resolve, and every other argument a *literal* the node can carry. So does a call whose rule
+raises :class:`~plait.frontend.table.NoIROp` (an argument combination its IR op lacks). An
+in-place call is functionalized: its out-of-place form (``op_`` -> ``op``, ``inplace=True`` ->
+``inplace=False``) rebinds the written tensor. Anything else is a capture error
+(``plait.compile`` then runs the program eagerly, recorded and with a warning).
 
-Literals travel as JSON (the node's ``literals``/``kwliterals`` attributes): the call's
-positional arguments with ``{"t": i}`` for tensor operand ``i``, and its keyword arguments.
-
-NOTE: a literal is accepted only when JSON gives back exactly the same value: bool, int, str,
-None, floats whose bits survive (``inf`` and the default ``nan`` do, ``-nan`` does not), and
-lists of those; tuples too for builtin torch functions, whose argument parser takes a list
-wherever it takes a tuple. Dicts (``{"t": i}`` is the operand marker), ``torch.dtype``,
-devices and other objects have no encoding the IR decodes, so they are refused.
+Arguments travel as JSON (the node's ``literals``/``kwliterals`` attributes): tensors, by
+position or keyword, are ``{"t": i}`` for operand ``i``; every other value is JSON data or a
+one-key tagged object (``{"tuple": [...]}``, ``{"dtype": "float64"}``, ``{"slice": [...]}``,
+``{"float": "<bits>"}``, ...) that :func:`plait.ir.ops.extern.decode_literal` gives back
+exactly. Generators and other objects have no encoding and are refused.
 
 Example:
     >>> import torch
