@@ -119,3 +119,25 @@ def test_capture_failing_inside_a_region_restores_grad_mode() -> None:
     with pytest.raises(GraphCaptureError, match="bool"):
         plait.capture(_fails_inside_no_grad, (torch.randn(3),))
     assert torch.is_grad_enabled()
+
+
+def _writes_under_no_grad(x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        x.mul_(2)  # NOTE: eager's gradient still reaches x as if unwritten
+    return x * 3
+
+
+def test_a_write_inside_no_grad_to_a_tensor_that_requires_grad_is_refused() -> None:
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(GraphCaptureError, match="inside torch.no_grad") as info:
+        plait.capture(_writes_under_no_grad, (x,))
+    assert info.value.kind == "limitation"
+    compiled = plait.compile(_writes_under_no_grad, backend="eager")
+    a, b = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    with pytest.warns(CaptureFallbackWarning, match="inside torch.no_grad"):
+        got = compiled(a)
+    want = _writes_under_no_grad(b)
+    assert_same(got, want)
+    got.sum().backward()
+    want.sum().backward()
+    assert_same(a.grad, b.grad)

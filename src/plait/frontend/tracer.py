@@ -416,6 +416,10 @@ class CaptureContext:
         lift = root._lift
         if lift is not None and lift.kind == "param":
             self.limitation(f"in-place update of parameter {lift.name!r} inside the program")
+        if self.ambient_grad and not self.grad_enabled and root._rg:
+            # NOTE: eager's gradient still flows to the tensor as if the write never happened;
+            # the IR has no value that is "new data, old gradient"
+            self.limitation("in-place update inside torch.no_grad() of a tensor that requires grad")
         if self.grad_enabled and root._rg and any(s.op == "detach" for s in tr._steps or ()):
             # NOTE: eager autograd never sees such a write; the IR would cut the gradient.
             self.limitation("in-place update through detach()/.data of a tensor that requires grad")
