@@ -129,12 +129,12 @@ def _writes_under_no_grad(x: torch.Tensor) -> torch.Tensor:
 
 def test_a_write_inside_no_grad_to_a_tensor_that_requires_grad_is_refused() -> None:
     x = torch.randn(3, requires_grad=True)
-    with pytest.raises(GraphCaptureError, match="inside torch.no_grad") as info:
+    with pytest.raises(GraphCaptureError, match=r"inside torch\.no_grad") as info:
         plait.capture(_writes_under_no_grad, (x,))
     assert info.value.kind == "limitation"
     compiled = plait.compile(_writes_under_no_grad, backend="eager")
     a, b = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
-    with pytest.warns(CaptureFallbackWarning, match="inside torch.no_grad"):
+    with pytest.warns(CaptureFallbackWarning, match=r"inside torch\.no_grad"):
         got = compiled(a)
     want = _writes_under_no_grad(b)
     assert_same(got, want)
