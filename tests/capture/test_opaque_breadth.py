@@ -148,6 +148,9 @@ def test_call_becomes_a_node_not_a_fallback(name: str) -> None:
     spec = compiled.specializations[0]
     assert spec.fallback_reason is None, spec.fallback_reason
     assert set(targets) <= set(_opaque_targets(spec.graph)), _opaque_targets(spec.graph)
+    # NOTE: the manifest records the opaque nodes, and no whole-program fallback
+    records = spec.manifest.fallbacks
+    assert records and all(r["what"].startswith("opaque ") for r in records), records
     back = from_text(to_text(spec.graph))  # NOTE: the literals survive the IR's text form
     assert to_text(back) == to_text(spec.graph)
 
