@@ -377,22 +377,44 @@ def test_hf_gpt2_with_stax_within_contract() -> None:
     assert spec.graph is not None and spec.fallback_reason is None
 
 
-@pytest.mark.slow
-def test_hf_bert_falls_back_loudly_and_stays_correct() -> None:
-    """BertModel calls ``torch.gather(..., index=tensor)``: no IR op, and a tensor keyword
-    argument cannot be an opaque node, so that graph runs eagerly, recorded, never silently."""
+def _hf_bert() -> nn.Module:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
                                   num_attention_heads=2, intermediate_size=64,
                                   max_position_embeddings=32)  # fmt: skip
-    model = transformers.BertModel(cfg).eval()
-    backend = PlaitBackend()
+    return transformers.BertModel(cfg).eval()
+
+
+@pytest.mark.slow
+def test_hf_bert_compiles_with_its_gather_as_an_opaque_node() -> None:
+    """BertModel calls ``torch.gather(..., index=tensor)``: no IR op, and the tensor keyword
+    argument is an operand of the opaque node, so the graph is plait's (run here by plait's
+    interpreter), correct under the contract, with the gather counted (recorded, never
+    silent)."""
+    model = _hf_bert()
+    backend = PlaitBackend({"backend": "eager"})
     compiled = torch.compile(model, backend=backend)
     with torch.no_grad():
         _judge_fn(model, compiled)
     specs = _specializations(backend)
-    assert specs and all(s.fallback_reason and "gather" in s.fallback_reason for s in specs)
+    assert specs and all(s.graph is not None and s.fallback_reason is None for s in specs)
+    assert sum(s.opaque_counts.get("torch.gather", 0) for s in specs) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="Stax codegen: the opaque gather's result reaches an extern with a layout dry run; "
+    "the planner has no sample of the opaque node's output (KeyError in "
+    "fusion._operand_sample, as for GPT-2's addmm above), reported by the gate",
+)
+def test_hf_bert_with_stax() -> None:
+    model = _hf_bert()
+    compiled = torch.compile(model, backend=PlaitBackend())
+    with torch.no_grad():
+        _judge_fn(model, compiled)
 
 
 def test_fake_example_inputs_are_never_captured() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plait.frontend.table import InPlace, Viewed, op
+from plait.frontend.table import InPlace, NoIROp, Viewed, op
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.views import ViewStep
 from plait.ir import TensorType, Value
@@ -69,7 +69,7 @@ op(F.tanh)(lambda cx, out, x: cx.call("tanh", cx.value(x)))
 def _invert(cx: CaptureContext, out: Any, x: Any) -> Value:
     v = cx.value(x)
     if _dtype_of(v) != torch.bool:
-        cx.limitation("bitwise not of an integer tensor has no IR op")
+        raise NoIROp("bitwise not of an integer tensor has no IR op")
     out_v: Value = cx.call("logical_not", v)
     return out_v
 
@@ -187,7 +187,7 @@ def _rdiv(cx: CaptureContext, out: Any, x: Any, other: Any) -> Value:
 @op(T.__and__, T.__rand__, T.__or__, T.__ror__)
 def _bool_logic(cx: CaptureContext, out: Any, a: Any, b: Any) -> Value:
     if out.dtype != torch.bool or not (isinstance(a, T) and isinstance(b, T)):
-        cx.limitation("bitwise and/or of integer tensors has no IR op")
+        raise NoIROp("bitwise and/or of integer tensors, or with a Python scalar, has no IR op")
     name = cx.current.rsplit(".", 1)[-1]
     return _bin(cx, "logical_and" if "and" in name else "logical_or", a, b)
 
@@ -362,9 +362,8 @@ def _max(reduce: str, pointwise: str) -> Any:
         if isinstance(other, T):
             return _bin(cx, pointwise, x, other)
         if args or kwargs:
-            cx.limitation(
-                f"{reduce[1:]}(dim) also returns indices; there is no IR op for arg"
-                f"{reduce[1:]} (use torch.{reduce} for the values)"
+            raise NoIROp(
+                f"{reduce[1:]}(dim) also returns indices; there is no IR op for arg{reduce[1:]}"
             )
         v: Value = cx.call(reduce, cx.value(x), dims=None, keepdim=False)
         return v

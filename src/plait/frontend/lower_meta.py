@@ -178,3 +178,31 @@ data_read("bincount (its output shape depends on the values)", torch.bincount, T
 def _device_object(cx: CaptureContext, *args: Any, **kwargs: Any) -> torch.device:
     # NOTE: constructing a device object (torch.random.fork_rng does) reads no tensor
     return torch.device(*args, **kwargs)
+
+
+@meta(torch._assert)
+def _assert(cx: CaptureContext, condition: Any, message: Any = "") -> None:
+    # NOTE: a Python bool here is already guarded (a size comparison records its guard when
+    # it is made): the assert is that guard and nothing else. A tensor is a read of its data.
+    if isinstance(condition, torch.Tensor):
+        cx.fail(
+            "data-dependent",
+            "torch._assert on a tensor reads its data; a graph cannot check the values it computes",
+        )
+    assert condition, message
+
+
+@meta(torch._C._set_grad_enabled)
+def _set_grad_enabled(cx: CaptureContext, mode: Any) -> None:
+    # NOTE: `torch.no_grad()`, `enable_grad()`, `set_grad_enabled(m)` and `@torch.no_grad()`
+    # inside the program. Turning grad mode off in a call that runs with it on is captured (the
+    # tracer detaches what is computed inside); turning it on in a call that runs without it
+    # would need gradients the compiled call does not make: refused.
+    if bool(mode) and not cx.ambient_grad:
+        cx.limitation(
+            "enabling grad mode inside a program called under torch.no_grad() is not "
+            "captured; call the compiled program with grad mode on, or move the switch "
+            "outside it"
+        )
+    cx.grad_enabled = bool(mode)
+    torch._C._set_grad_enabled(bool(mode))

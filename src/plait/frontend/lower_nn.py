@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plait.frontend.table import InPlace, Viewed, op
+from plait.frontend.table import InPlace, NoIROp, Viewed, op
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.views import ViewStep
 from plait.ir import Value
@@ -89,7 +89,7 @@ def _max_pool2d(
     return_indices: bool = False,
 ) -> Value:
     if return_indices:
-        cx.limitation("max_pool2d(return_indices=True) has no IR op")
+        raise NoIROp("max_pool2d(return_indices=True) has no IR op")
     v: Value = cx.call(
         "max_pool2d",
         cx.value(x),
@@ -299,7 +299,7 @@ def _sdpa(
     enable_gqa: bool = False,
 ) -> Value:
     if enable_gqa:
-        cx.limitation("scaled_dot_product_attention(enable_gqa=True) has no IR op")
+        raise NoIROp("scaled_dot_product_attention(enable_gqa=True) has no IR op")
     r: Value = cx.call(
         "scaled_dot_product_attention",
         cx.value(q),

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from plait.frontend.symints import TracedInt, plain_int
-from plait.frontend.table import InPlace, Viewed, getter, op
+from plait.frontend.table import InPlace, NoIROp, Viewed, getter, op
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.views import ViewStep, scatter
 from plait.ir import TensorType, Value
@@ -300,7 +300,7 @@ def _basic_steps(cx: CaptureContext, x: Any, index: Any) -> tuple[list[ViewStep]
                     "indexing with a 0-dim tensor reads its value as a Python index",
                 )
             if advanced is not None:
-                cx.limitation("indexing with more than one index tensor has no IR op")
+                raise NoIROp("indexing with more than one index tensor has no IR op")
             advanced = (d, it)
             d += 1
         elif isinstance(it, slice):

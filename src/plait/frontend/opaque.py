@@ -2,19 +2,18 @@
 
 Under ``fullgraph=True`` a call with no rule is a :class:`GraphCaptureError`. Otherwise it becomes
 an ``opaque`` node (counted; the compiled callable reports the counts) when the IR can express
-it: at least one tensor argument, tensor outputs, static shapes, no mutation of its inputs, a
-``torch.*`` name the IR can resolve, and every other argument a *literal* the node can carry.
-Anything else is a capture error (``plait.compile`` then runs the program eagerly, recorded and
-with a warning).
+it: at least one tensor argument, tensor outputs, static shapes, a ``torch.*`` name the IR can
+resolve, and every other argument a *literal* the node can carry. So does a call whose rule
+raises :class:`~plait.frontend.table.NoIROp` (an argument combination its IR op lacks). An
+in-place call is functionalized: its out-of-place form (``op_`` -> ``op``, ``inplace=True`` ->
+``inplace=False``) rebinds the written tensor. Anything else is a capture error
+(``plait.compile`` then runs the program eagerly, recorded and with a warning).
 
-Literals travel as JSON (the node's ``literals``/``kwliterals`` attributes): the call's
-positional arguments with ``{"t": i}`` for tensor operand ``i``, and its keyword arguments.
-
-NOTE: a literal is accepted only when JSON gives back exactly the same value: bool, int, str,
-None, floats whose bits survive (``inf`` and the default ``nan`` do, ``-nan`` does not), and
-lists of those; tuples too for builtin torch functions, whose argument parser takes a list
-wherever it takes a tuple. Dicts (``{"t": i}`` is the operand marker), ``torch.dtype``,
-devices and other objects have no encoding the IR decodes, so they are refused.
+Arguments travel as JSON (the node's ``literals``/``kwliterals`` attributes): tensors, by
+position or keyword, are ``{"t": i}`` for operand ``i``; every other value is JSON data or a
+one-key tagged object (``{"tuple": [...]}``, ``{"dtype": "float64"}``, ``{"slice": [...]}``,
+``{"float": "<bits>"}``, ...) that :func:`plait.ir.ops.extern.decode_literal` gives back
+exactly. Generators and other objects have no encoding and are refused.
 
 Example:
     >>> import torch
@@ -28,15 +27,14 @@ from __future__ import annotations
 
 import json
 import struct
-import types
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.overrides import resolve_name
 
-from plait.frontend.pytree import is_named_sequence, same_type
+from plait.frontend.pytree import same_type
 from plait.frontend.symints import TracedInt, TracedSize
-from plait.frontend.writes import write_targets
+from plait.frontend.writes import inplace_index, write_targets
 from plait.ir.ops.extern import resolve_target
 
 if TYPE_CHECKING:
@@ -45,14 +43,6 @@ if TYPE_CHECKING:
 _HINT = (
     "plait.compile(fullgraph=False) runs a call with no capture rule as an 'opaque' node that "
     "PyTorch executes (counted and reported), when the IR can express it."
-)
-# NOTE: C functions: PyTorch's argument parser treats a list and a tuple alike.
-_BUILTIN = (
-    types.BuiltinFunctionType,
-    types.MethodDescriptorType,
-    types.WrapperDescriptorType,
-    types.MethodWrapperType,
-    types.ClassMethodDescriptorType,
 )
 
 
@@ -71,10 +61,25 @@ def _target(func: Any) -> str | None:
     return name
 
 
-def _encode(x: Any, tensors: list[Any], tuples_ok: bool, typed: list[str] | None = None) -> Any:
-    """``x`` as JSON data; tensors become ``{"t": i}`` (appended to ``tensors``). Dtypes and
-    devices are encoded too (``{"dtype": name}``), named in ``typed``: only a random call
-    (``random_call``/``random_factory``) decodes them."""
+# NOTE: torch objects named by an attribute of ``torch`` (``torch.float64``,
+# ``torch.channels_last``, ``torch.strided``): the tag and how the object prints its name.
+_NAMED = (
+    (torch.dtype, "dtype"),
+    (torch.memory_format, "memory_format"),
+    (torch.layout, "layout"),
+)
+
+
+def _float(x: float) -> Any:
+    back = json.loads(json.dumps(x))
+    if struct.pack("<d", back) == struct.pack("<d", x):
+        return x
+    return {"float": struct.pack("<d", x).hex()}  # NOTE: -nan, a nan payload: by their bits
+
+
+def _encode(x: Any, tensors: list[Any]) -> Any:
+    """``x`` as JSON data that :func:`plait.ir.ops.extern.decode_literal` gives back exactly;
+    tensors become ``{"t": i}`` (appended to ``tensors``)."""
     if isinstance(x, torch.Tensor):
         tensors.append(x)
         return {"t": len(tensors) - 1}
@@ -83,41 +88,44 @@ def _encode(x: Any, tensors: list[Any], tuples_ok: bool, typed: list[str] | None
             "a Generator argument has no JSON encoding the IR decodes (plait replays the "
             "global random number generator only)"
         )
-    if typed is not None and isinstance(x, torch.dtype):
-        typed.append("dtype")
-        return {"dtype": str(x).removeprefix("torch.")}
-    if typed is not None and isinstance(x, torch.device):
-        typed.append("device")
+    for kind, tag in _NAMED:
+        if isinstance(x, kind):
+            name = str(x).removeprefix("torch.")
+            if getattr(torch, name, None) is not x:
+                raise _NotLiteral(f"the {tag} {x!r} is not named by an attribute of torch")
+            return {tag: name}
+    if isinstance(x, torch.device):
         return {"device": str(x)}
     if isinstance(x, TracedInt):
         return int.__int__(x)  # NOTE: opaque nodes are static-only: the size is type-guarded
-    if x is None or isinstance(x, (bool, int, str)):
+    if x is None or type(x) in (bool, int, str):
         return x
-    if isinstance(x, float):
-        back = json.loads(json.dumps(x))
-        if struct.pack("<d", back) != struct.pack("<d", x):
-            raise _NotLiteral(f"the float {x!r} does not survive a JSON round trip")
-        return x
-    if (type(x) in (tuple, torch.Size, TracedSize) or is_named_sequence(x)) and not tuples_ok:
-        raise _NotLiteral("a tuple argument to a Python function would come back as a list")
-    if type(x) in (list, tuple, torch.Size, TracedSize) or is_named_sequence(x):
-        return [_encode(v, tensors, tuples_ok, typed) for v in x]
+    if type(x) is float:
+        return _float(x)
+    if type(x) is complex:
+        return {"complex": [_float(x.real), _float(x.imag)]}
+    if x is Ellipsis:
+        return {"ellipsis": 0}
+    if type(x) is slice:
+        return {"slice": [_encode(v, tensors) for v in (x.start, x.stop, x.step)]}
+    if type(x) in (torch.Size, TracedSize):
+        return {"size": [_encode(v, tensors) for v in x]}
+    if type(x) is list:
+        return [_encode(v, tensors) for v in x]
+    if type(x) is tuple:
+        return {"tuple": [_encode(v, tensors) for v in x]}
+    if type(x) is dict and all(type(k) is str for k in x):
+        return {"dict": [[k, _encode(v, tensors)] for k, v in x.items()]}
     raise _NotLiteral(f"a {type(x).__name__} argument has no JSON encoding the IR decodes")
 
 
-def _call_spec(
-    func: Any, args: tuple, kwargs: dict, typed: list[str] | None = None
-) -> tuple[list[Any], dict[str, str]]:
-    """The tensor operands and the node's ``literals``/``kwliterals`` attributes (left out when
-    the call is tensors only, in order). ``typed`` (a list): dtypes and devices are encoded and
-    named there."""
+def _call_spec(func: Any, args: tuple, kwargs: dict) -> tuple[list[Any], dict[str, str]]:
+    """The tensor operands (positional ones first, then those passed by keyword) and the
+    node's ``literals``/``kwliterals`` attributes (``literals`` left out when the call is its
+    tensors only, in order)."""
     tensors: list[Any] = []
-    tuples_ok = isinstance(func, _BUILTIN)
-    positional = [_encode(a, tensors, tuples_ok, typed) for a in args]
-    in_keywords: list[Any] = []
-    keywords = {k: _encode(v, in_keywords, tuples_ok, typed) for k, v in kwargs.items()}
-    if in_keywords:
-        raise _NotLiteral("a tensor keyword argument (the node passes literal keywords only)")
+    positional = [_encode(a, tensors) for a in args]
+    keywords = {k: _encode(v, tensors) for k, v in kwargs.items()}
     attrs: dict[str, str] = {}
     if positional != [{"t": i} for i in range(len(tensors))]:
         attrs["literals"] = json.dumps(positional)
@@ -134,37 +142,51 @@ def _why_not(cx: CaptureContext, func: Any) -> str | None:
     return None
 
 
-def run_opaque(cx: CaptureContext, func: Any, args: tuple, kwargs: dict) -> Any:
+_NOT_RUN = object()
+
+
+def run_opaque(
+    cx: CaptureContext,
+    func: Any,
+    args: tuple,
+    kwargs: dict,
+    *,
+    rule_said: str | None = None,
+    sampled: Any = _NOT_RUN,
+) -> Any:
+    """``func(*args, **kwargs)`` as an ``opaque`` node (or a random one). ``rule_said``: why
+    the call's capture rule could not lower this call (a combination of arguments with no IR
+    op); ``sampled``: PyTorch's result on the samples, when the rule already ran the call."""
     name = cx.current
+    no_rule = (
+        f"the capture rule of {name} cannot lower this call ({rule_said})"
+        if rule_said
+        else f"no capture rule maps {name} to plait's IR"
+    )
+    targets = write_targets(name, func, args, kwargs)
+    if targets and sampled is _NOT_RUN:
+        return _run_functionalized(cx, func, args, kwargs, targets, no_rule)
     if cx.fullgraph:
-        cx.fail("unsupported", f"no capture rule maps {name} to plait's IR", _HINT)
+        cx.fail("unsupported", no_rule, _HINT)
     why = _why_not(cx, func)
-    typed: list[str] = []
     try:
-        operands, literal_attrs = _call_spec(func, args, kwargs, typed)
+        operands, literal_attrs = _call_spec(func, args, kwargs)
     except _NotLiteral as exc:
         why = why or str(exc)
     if why is not None:
-        cx.fail(
-            "unsupported",
-            f"no capture rule maps {name} to plait's IR, and it cannot be an opaque node: {why}",
-        )
+        cx.fail("unsupported", f"{no_rule}, and it cannot be an opaque node: {why}")
     tracers = [cx.tracer(a) for a in operands]
-    cx.check_writable(write_targets(name, func, args, kwargs))
-    versions = [t._plain._version for t in tracers]
-    out, _ = cx.sample(func, args, kwargs)
-    if [t._plain._version for t in tracers] != versions:
-        cx.fail("unsupported", f"{name} updates its inputs in place; an opaque node cannot")
+    if sampled is _NOT_RUN:
+        versions = [t._plain._version for t in tracers]
+        out, _ = cx.sample(func, args, kwargs)
+        if [t._plain._version for t in tracers] != versions:
+            cx.fail("unsupported", f"{name} updates its inputs in place; an opaque node cannot")
+    else:
+        out = sampled
     # NOTE: a call that moved the generator is random: a random node, run in program order
     random = cx.rng.draws()
     if not random and not tracers:
         cx.fail("unsupported", f"{name} has no tensor argument; an opaque node needs one")
-    if not random and typed:
-        cx.fail(
-            "unsupported",
-            f"no capture rule maps {name} to plait's IR, and it cannot be an opaque node: "
-            f"a {typed[0]} argument has no JSON encoding the IR decodes",
-        )
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
         cx.fail(
@@ -187,3 +209,85 @@ def run_opaque(cx: CaptureContext, func: Any, args: tuple, kwargs: dict) -> Any:
     if isinstance(out, (tuple, list)):
         return same_type(out, wrapped)
     return wrapped[0]
+
+
+# NOTE: in-place ops whose ``op`` is not "the same values, out of place": they change a
+# tensor's geometry (views taken before would read other elements), or draw random numbers
+# (``Tensor.bernoulli(p)`` is not ``bernoulli_(p)``'s distribution, and a second draw moves
+# the generator).
+_NO_PURE_FORM = {
+    *("t_", "transpose_", "swapdims_", "swapaxes_", "squeeze_", "unsqueeze_", "resize_"),
+    *("resize_as_", "as_strided_", "set_", "share_memory_", "rename_", "refine_names_"),
+    *("bernoulli_", "cauchy_", "exponential_", "geometric_", "log_normal_", "normal_"),
+    *("random_", "uniform_"),
+}
+
+
+def _out_of_place(func: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict] | None:
+    """The out-of-place form of an in-place call that writes its first argument: ``op_`` is
+    ``op`` (``Tensor.hardsigmoid_``, ``torch.relu_``), ``inplace=True`` is ``inplace=False``
+    (``F.hardswish(x, inplace=True)``); None when there is none."""
+    index = inplace_index(func)
+    if index is not None:
+        if "inplace" in kwargs:
+            return func, args, {**kwargs, "inplace": False}
+        if len(args) > index:
+            return func, (*args[:index], False, *args[index + 1 :]), kwargs
+        return None
+    name = resolve_name(func)
+    if name is None:
+        return None
+    owner, _, last = name.rpartition(".")
+    if not last.endswith("_") or last.startswith("_") or last in _NO_PURE_FORM:
+        return None
+    try:
+        pure = resolve_target(f"{owner}.{last[:-1]}")
+    except Exception:
+        return None
+    return pure, args, kwargs
+
+
+def _run_functionalized(
+    cx: CaptureContext, func: Any, args: tuple, kwargs: dict, targets: list[Any], no_rule: str
+) -> Any:
+    """An in-place call with no rule: its out-of-place form (captured by its own rule, or an
+    opaque node), whose result
+    then rebinds the written tensor (the write-back machinery of in-place ops with a rule;
+    a result of another dtype is cast back, as PyTorch's in-place ops do)."""
+    pure = _out_of_place(func, args, kwargs) if len(targets) == 1 else None
+    if pure is None or not args or targets[0] is not args[0]:
+        cx.fail(
+            "unsupported",
+            f"{no_rule}, and it cannot be an opaque node: it writes its arguments in place and "
+            "has no out-of-place form (an `op_` method's `op`, an `inplace=False` flag)",
+        )
+    cx.check_writable(targets)
+    pure_func, pure_args, pure_kwargs = pure
+    # NOTE: the written tensor as a tracer (a captured constant is lifted), so the call below
+    # reaches capture even when no other argument is a tracer
+    pure_args = (cx.tracer(args[0]), *pure_args[1:])
+    # NOTE: through dispatch: the out-of-place form's own rule if it has one, else opaque
+    result = pure_func(*pure_args, **pure_kwargs)
+    if not isinstance(result, torch.Tensor):
+        cx.fail("unsupported", f"{no_rule}: its out-of-place form returns no single tensor")
+    cx.sample(func, args, kwargs)  # NOTE: the write itself, on the samples
+    target = cx.tracer(args[0])
+    if not _same_bits(cx.tracer(result)._plain, target._plain):
+        cx.fail(
+            "unsupported",
+            f"{no_rule}, and its out-of-place form computed other values than the in-place "
+            "call on the capture sample; plait cannot functionalize it",
+        )
+    cx.assign(args[0], cx.value(result))
+    cx.check(cx.value(target), target._plain)
+    return target
+
+
+def _same_bits(computed: torch.Tensor, written: torch.Tensor) -> bool:
+    """Whether ``computed``, cast to ``written``'s dtype as an in-place op casts, has its bits."""
+    with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
+        if computed.shape != written.shape:
+            return False
+        a = computed.to(written.dtype).reshape(-1).view(torch.uint8)
+        b = written.reshape(-1).view(torch.uint8)
+        return bool(torch.equal(a, b))

@@ -58,6 +58,12 @@ class InPlace:
     value: Value
 
 
+class NoIROp(Exception):
+    """Raised by an emitter, before it emits anything, for a combination of arguments its IR
+    op cannot express (``max_pool2d(return_indices=True)``): the call becomes an ``opaque``
+    node instead (or, where it cannot be one, the capture error naming this reason)."""
+
+
 _RULES: dict[Any, Rule] = {}
 
 

@@ -36,11 +36,11 @@ from plait.frontend import pytree
 from plait.frontend.frames import user_frame
 from plait.frontend.rng import RngTracker
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
-from plait.frontend.table import InPlace, Rule, Viewed, lookup
+from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
 from plait.frontend.views import ViewStep, replay, scatter
 from plait.frontend.writes import write_targets
 from plait.ir import GraphBuilder, TensorType, Value
-from plait.ir.ops import AttrError, TypeRuleError
+from plait.ir.ops import AttrError, TypeRuleError, get_op
 
 _HINT_FULLGRAPH = (
     "plait captures whole graphs; with fullgraph=False, plait.compile runs such a program "
@@ -136,7 +136,11 @@ class CaptureContext:
         self.opaque_counts: Counter[str] = Counter()
         self.error: BaseException | None = None
         self.current = "<capture>"
-        self.grad_enabled = torch.is_grad_enabled()
+        # NOTE: grad mode as the program runs it: `torch.no_grad()` inside the program turns
+        # it off (lower_meta); values computed then from tensors that require grad are
+        # detached in the graph, as eager's carry no gradient.
+        self.ambient_grad = torch.is_grad_enabled()
+        self.grad_enabled = self.ambient_grad
         # NOTE: a read of a tensor's layout (is_contiguous) specializes on the strides of the
         # inputs: the guards then pin them (the first such read, for the reason).
         self.layout_read: str | None = None
@@ -151,9 +155,15 @@ class CaptureContext:
         try:
             with _Mode(self):
                 yield
+            if self.grad_enabled != self.ambient_grad:
+                self.limitation(
+                    f"the program leaves grad mode {self.grad_enabled} (it was "
+                    f"{self.ambient_grad}); a compiled call would not change it"
+                )
         finally:
             pop_sink(self)
             CaptureContext.active = prev
+            torch._C._set_grad_enabled(self.ambient_grad)  # NOTE: even when capture failed
 
     # --- errors --------------------------------------------------------------------------------
     def fail(self, kind: str, reason: str, hint: str | None = None) -> NoReturn:
@@ -393,6 +403,8 @@ class CaptureContext:
 
     # --- in-place updates ----------------------------------------------------------------
     def assign(self, target: Any, new: Value) -> None:
+        if self.ambient_grad and not self.grad_enabled:
+            new = self.call("detach", new)  # NOTE: a write inside `torch.no_grad()`
         tr = self.tracer(target)
         old = self.type_of(tr)
         assert isinstance(new.type, TensorType)
@@ -404,6 +416,10 @@ class CaptureContext:
         lift = root._lift
         if lift is not None and lift.kind == "param":
             self.limitation(f"in-place update of parameter {lift.name!r} inside the program")
+        if self.ambient_grad and not self.grad_enabled and root._rg:
+            # NOTE: eager's gradient still flows to the tensor as if the write never happened;
+            # the IR has no value that is "new data, old gradient"
+            self.limitation("in-place update inside torch.no_grad() of a tensor that requires grad")
         if self.grad_enabled and root._rg and any(s.op == "detach" for s in tr._steps or ()):
             # NOTE: eager autograd never sees such a write; the IR would cut the gradient.
             self.limitation("in-place update through detach()/.data of a tensor that requires grad")
@@ -467,6 +483,9 @@ class CaptureContext:
             assert rule.fn is not None
             return rule.fn(self, *args, **kwargs)
         if rule.kind == "data":
+            folded = self._constant_read(func, args, kwargs)
+            if folded is not _NOT_CONSTANT:
+                return folded
             self.fail(
                 "data-dependent",
                 f"{rule.what} reads tensor data; a graph cannot branch on or "
@@ -474,6 +493,20 @@ class CaptureContext:
                 _HINT_FULLGRAPH,
             )
         return self.run_op(rule, func, args, kwargs)
+
+    def _constant_read(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A read of tensor data whose tensors the graph computes from no input (only from
+        constant factories such as ``arange`` of static sizes, through deterministic ops): the
+        value is the same on every call of this specialization, so the read is that value (a
+        Python value; a tensor result is not folded). Else ``_NOT_CONSTANT``."""
+        found: list[Tracer] = []
+        self.unwrap((args, kwargs), found)
+        if not found or not all(_input_free(self.value(t)) for t in found):
+            return _NOT_CONSTANT
+        out, _ = self.sample(func, args, kwargs)
+        if any(isinstance(x, torch.Tensor) for x in pytree_leaves(out)):
+            return _NOT_CONSTANT
+        return out
 
     def unwrap(self, x: Any, found: list[Tracer]) -> Any:
         if isinstance(x, torch.Tensor):
@@ -509,7 +542,12 @@ class CaptureContext:
         if out is NotImplemented:  # e.g. `tensor == None`: Python falls back to identity
             return out
         assert rule.fn is not None
-        ir = rule.fn(self, out, *args, **kwargs)
+        try:
+            ir = rule.fn(self, out, *args, **kwargs)
+        except NoIROp as exc:
+            from plait.frontend.opaque import run_opaque
+
+            return run_opaque(self, func, args, kwargs, rule_said=str(exc), sampled=out)
         if rule.inplace:
             ir = InPlace(args[0], ir)
         grad = rule.grad and self.grad_enabled and any(t._rg for t in inputs)
@@ -536,6 +574,10 @@ class CaptureContext:
         self, ir: Value | Viewed, out: torch.Tensor, inputs: list[Tracer], grad: bool
     ) -> Tracer:
         value = ir.value if isinstance(ir, Viewed) else ir
+        if self.ambient_grad and not self.grad_enabled and any(t._rg for t in inputs):
+            value = self.call("detach", value)  # NOTE: computed inside `torch.no_grad()`
+            if isinstance(ir, Viewed):
+                ir = Viewed(value, ir.source, (*ir.steps, ViewStep("detach")))
         self.check(value, out)
         requires_grad = (grad and out.is_floating_point()) or out.requires_grad
         t = self.new_root(out, value, requires_grad)
@@ -584,6 +626,42 @@ def _aliased(out: torch.Tensor, inputs: list[Tracer]) -> Tracer | None:
         if storage_id(t._plain) == ptr:
             return t
     return None
+
+
+_NOT_CONSTANT = object()
+
+
+def _input_free(value: Value) -> bool:
+    """Whether ``value`` is computed from no graph input and no random op, with static types
+    throughout (so from constants of this specialization alone)."""
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        if v.kind is not None or not isinstance(v.type, TensorType) or not v.type.is_static:
+            return False
+        node = v.producer
+        if node is None or node.id in seen:
+            continue
+        seen.add(node.id)
+        if get_op(node.op).is_random(node.attrs):
+            return False
+        for operand in node.inputs:
+            if isinstance(operand, Value):
+                stack.append(operand)
+            elif isinstance(operand, sympy.Basic) and operand.free_symbols:
+                return False
+    return True
+
+
+def pytree_leaves(x: Any) -> Iterator[Any]:
+    if isinstance(x, (list, tuple)):
+        for v in x:
+            yield from pytree_leaves(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from pytree_leaves(v)
+    else:
+        yield x
 
 
 def _flat(xs: Any) -> Iterator[Any]:

@@ -15,7 +15,7 @@ _NOT_INPLACE = {"__index__", "__int__", "__invert__", "__iter__", "__init__"}
 _INPLACE_ARG: dict[Any, int | None] = {}
 
 
-def _inplace_index(func: Any) -> int | None:
+def inplace_index(func: Any) -> int | None:
     """Position of an ``inplace`` parameter in ``func``'s signature (cached), else None."""
     try:
         return _INPLACE_ARG[func]
@@ -50,7 +50,7 @@ def write_targets(name: str, func: Any, args: tuple, kwargs: dict) -> list[Any]:
                 if a is not None
             ]
         return [a for a in args[3:5] if a is not None]
-    index = _inplace_index(func)
+    index = inplace_index(func)
     if index is not None:
         flag = kwargs.get("inplace", args[index] if len(args) > index else False)
         if flag:

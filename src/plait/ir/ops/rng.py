@@ -10,8 +10,8 @@ compiled program draws exactly the numbers eager does and leaves the generator i
 - ``rng_set_state(state)``: restores it; returns an ``i64[]`` token.
 - ``random_call(tensors...) {target, out_types, literals, kwliterals}`` and ``random_factory``
   (no tensor operand): a PyTorch random function (``torch.rand_like``, ``torch.bernoulli``,
-  ``torch.randn``, ``torch.randperm``...), its arguments as in ``opaque``; literals may also be
-  ``{"dtype": "float64"}`` and ``{"device": "cpu"}``.
+  ``torch.randn``, ``torch.randperm``...), its arguments encoded as in ``opaque``
+  (``{"dtype": "float64"}``, ``{"device": "cpu"}``, ``{"tuple": [2, 3]}``, ...).
 
 Example:
     >>> from plait.ir.ops import get_op
@@ -21,12 +21,11 @@ Example:
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
 
-from plait.ir.ops.extern import resolve_target
+from plait.ir.ops.extern import decode_call, resolve_target
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
 from plait.ir.types import FLOAT_DTYPES, TensorType, Type
 
@@ -89,42 +88,11 @@ register(
 )
 
 
-def _decode(spec: Any, tensors: list[Any]) -> Any:
-    if isinstance(spec, dict):
-        ((tag, body),) = spec.items()
-        if tag == "t":
-            return tensors[body]
-        if tag == "dtype":
-            dtype = getattr(torch, str(body), None)
-            if not isinstance(dtype, torch.dtype):
-                raise TypeRuleError(f"random call: unknown dtype {body!r}")
-            return dtype
-        if tag == "device":
-            return torch.device(body)
-        raise TypeRuleError(f"random call: unknown literal {spec!r}")
-    if isinstance(spec, list):
-        return [_decode(s, tensors) for s in spec]
-    return spec
-
-
-def _call_spec(literals: str, kwliterals: str) -> tuple[list[Any] | None, dict[str, Any]]:
-    try:
-        positional = json.loads(literals) if literals else None
-        keywords = json.loads(kwliterals) if kwliterals else {}
-    except json.JSONDecodeError as exc:
-        raise TypeRuleError(f"random call: malformed call spec: {exc}") from None
-    if positional is not None and not isinstance(positional, list):
-        raise TypeRuleError("random call: literals must be a JSON list")
-    if not isinstance(keywords, dict):
-        raise TypeRuleError("random call: kwliterals must be a JSON object")
-    return positional, keywords
-
-
 def _random_rule(*args: Any, target: str, out_types: str, literals: str, kwliterals: str) -> Any:
     from plait.ir.text import parse_type
 
     resolve_target(target)
-    _call_spec(literals, kwliterals)
+    decode_call([None] * len(args[0]) if args else [], literals, kwliterals)
     types = [parse_type(s.strip()) for s in out_types.split(";") if s.strip()]
     if not types:
         raise TypeRuleError("random call: out_types must name at least one output type")
@@ -132,9 +100,8 @@ def _random_rule(*args: Any, target: str, out_types: str, literals: str, kwliter
 
 
 def _run(tensors: list[Any], target: str, literals: str, kwliterals: str) -> Any:
-    positional, keywords = _call_spec(literals, kwliterals)
-    args = tensors if positional is None else _decode(positional, tensors)
-    return resolve_target(target)(*args, **{k: _decode(v, tensors) for k, v in keywords.items()})
+    args, keywords = decode_call(tensors, literals, kwliterals)
+    return resolve_target(target)(*args, **keywords)
 
 
 _CALL_ATTRS = (
