@@ -23,7 +23,9 @@ def params_for(g: Graph, seed: int = 0) -> dict[str, torch.Tensor]:
             t = torch.randn(
                 tuple(int(d) for d in v.type.shape), generator=gen, dtype=torch.float64
             ).to(v.type.dtype)
-            out[v.name] = t.abs() + 0.5 if v.name in ("v",) else t
+            # NOTE: a variance is positive (a negative one makes fold-bn refuse: its scale is NaN)
+            variance = v.name == "v" or v.name.endswith("running_var")
+            out[v.name] = t.abs() + 0.5 if variance else t
     return out
 
 

@@ -46,8 +46,16 @@ class PreparedWeight:
     """A weight in the layout an extern wants, rebuilt when the source tensor is replaced or
     written in place (identity and version counter, as freezing guards them)."""
 
-    def __init__(self, convert: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def __init__(
+        self, convert: Callable[[torch.Tensor], torch.Tensor], track_finite: bool = False
+    ) -> None:
         self.convert = convert
+        # NOTE: with ``track_finite``, ``finite`` says whether the source holds only finite
+        # values (read once per identity and version, with the conversion): a convolution whose
+        # weight is not all finite runs eager's algorithm (oneDNN skips zero padding; eager's
+        # default algorithm multiplies it, 0 * inf = NaN). None: not read (yet).
+        self.track_finite = track_finite
+        self.finite: bool | None = None
         self.source: torch.Tensor | None = None
         self.version = -1
         self.value: torch.Tensor | None = None
@@ -61,11 +69,17 @@ class PreparedWeight:
         """Take ``value`` (read from ``keep``'s memory) as ``w`` converted, unconverted."""
         self.value, self.keep = value, keep
         self.source, self.version = w, w._version
+        self._read_finite(w)
 
     def prepare(self, w: torch.Tensor) -> None:
         """Convert ``w`` now (what a pending prepacking runs)."""
         self.value, self.keep = self.convert(w), None
         self.source, self.version = w, w._version
+        self._read_finite(w)
+
+    def _read_finite(self, w: torch.Tensor) -> None:
+        if self.track_finite:
+            self.finite = bool(torch.isfinite(w).all())
 
     def __call__(self, w: torch.Tensor) -> torch.Tensor:
         if self.pending is not None:

@@ -115,6 +115,8 @@ class Ix:
 
     def div(self, k: int) -> Ix:
         """Floor division by a positive constant."""
+        if k <= 0:
+            raise ValueError(f"index division by {k}: a divisor is a positive extent")
         if k == 1:
             return self
         quotient, rest = self._split(k)
@@ -129,6 +131,8 @@ class Ix:
 
     def mod(self, k: int) -> Ix:
         """Modulo a positive constant (the operand is nonnegative)."""
+        if k <= 0:
+            raise ValueError(f"index modulo {k}: a modulus is a positive extent")
         if k == 1:
             return Ix.lit(0)
         _, rest = self._split(k)
@@ -284,8 +288,12 @@ def ravel(index: tuple[Ix, ...], shape: tuple[int, ...]) -> Ix:
 
 
 def unravel(lin: Ix, shape: tuple[int, ...]) -> tuple[Ix, ...]:
-    """The index in ``shape`` of row-major linear position ``lin``."""
+    """The index in ``shape`` of row-major linear position ``lin``.
+
+    NOTE: a shape with a zero dim has no positions: the index is never evaluated, and a zero
+    extent is taken as 1 (no modulo by zero), as :func:`contiguous_strides` takes it."""
     strides = contiguous_strides(shape)
     return tuple(
-        lin.div(s).mod(d) if i else lin.div(s) for i, (s, d) in enumerate(zip(strides, shape))
+        lin.div(s).mod(max(d, 1)) if i else lin.div(s)
+        for i, (s, d) in enumerate(zip(strides, shape))
     )

@@ -93,7 +93,9 @@ def _merge_pair(kernel: Kernel, which: str, j: int) -> Kernel:
     a, b = loops[j], loops[j + 1]
     f = Var(a.name, a.extent * b.extent)
     fi = Ix.var(f)
-    mapping = {a: fi.div(b.extent), b: fi.mod(b.extent)}
+    # NOTE: a zero extent makes the merged loop run zero times: its index is never evaluated.
+    inner = max(b.extent, 1)
+    mapping = {a: fi.div(inner), b: fi.mod(inner)}
     merged = (*loops[:j], f, *loops[j + 2 :])
     if which == "outer":
         return substitute(kernel, mapping, merged, kernel.inner)

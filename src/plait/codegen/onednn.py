@@ -408,32 +408,78 @@ def conv_call(
     size = [int(d) for d in x.type.shape]
     reorder = torch.ops.mkldnn._reorder_convolution_weight
     weight = PreparedWeight(
-        lambda w: reorder(w.contiguous(), padding, stride, dilation, groups, size)
+        lambda w: reorder(w.contiguous(), padding, stride, dilation, groups, size),
+        track_finite=True,
     )
     key = _pack_key(node, padding, stride, dilation, groups, size)
     when = _prepare(weight, consts.get(node.inputs[1]), prepack, packs, key, node.id)
     cl = torch.channels_last if channels_last else torch.contiguous_format
     layout = "channels_last" if channels_last else "contiguous"
-    detail = f"oneDNN conv2d {layout} (weight prepacked {when})"
+    detail = f"oneDNN conv2d {layout} (weight prepacked {when}; {NONFINITE_NOTE})"
+    if weight.finite is False:
+        detail += f"; the constant weight is not all finite: every call runs {EAGER_CONV}"
     op = torch.ops.mkldnn._convolution_pointwise
     attr, scalars, algorithm = _attr(ep)
+    eager = _eager_conv(stride, padding, dilation, groups, ep, cl)
     if ep is not None and ep.other is not None:
         unary = ep.unary
 
         def with_add(x: Any, w: Any, b: Any, other: Any) -> Any:
+            packed_w = weight(w)
+            if not weight.finite:
+                return eager(x, w, b, other)
             return conv_binary(x.contiguous(memory_format=cl), other.contiguous(memory_format=cl),
-                               weight(w), b, padding, stride, dilation, groups, unary, scalars,
+                               packed_w, b, padding, stride, dilation, groups, unary, scalars,
                                algorithm or None)  # fmt: skip
 
         return ExternCall(with_add, "conv", f"{detail} + fused {ep.describe()}")
     default = op.default
 
     def fn(x: Any, w: Any, b: Any) -> Any:
-        return default(x.contiguous(memory_format=cl), weight(w), b, padding, stride, dilation,
+        packed_w = weight(w)
+        if not weight.finite:
+            return eager(x, w, b, None)
+        return default(x.contiguous(memory_format=cl), packed_w, b, padding, stride, dilation,
                        groups, attr, scalars, algorithm)  # fmt: skip
 
     suffix = f" + fused {ep.describe()}" if ep is not None else ""
     return ExternCall(fn, "conv", detail + suffix)
+
+
+# NOTE: a weight with an inf or NaN: oneDNN skips the zero padding where eager's default algorithm
+# for a contiguous input multiplies it (0 * inf = NaN), so such a weight runs eager's dispatch.
+EAGER_CONV = "aten.conv2d on a contiguous input, as eager does"
+NONFINITE_NOTE = f"a weight with a non-finite value runs {EAGER_CONV}"
+_EAGER_UNARY: dict[str, Callable[[torch.Tensor, str], torch.Tensor]] = {
+    "sigmoid": lambda y, _: torch.sigmoid(y),
+    "tanh": lambda y, _: torch.tanh(y),
+    "swish": lambda y, _: torch.nn.functional.silu(y),
+    "gelu": lambda y, algorithm: torch.nn.functional.gelu(y, approximate=algorithm or "none"),
+}
+
+
+def _eager_conv(
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    ep: Epilogue | None,
+    layout: torch.memory_format,
+) -> Callable[[Any, Any, Any, Any], Any]:
+    """The conv (then the epilogue: add ``other``, then the activation) as eager computes it for
+    a contiguous input, the result in ``layout`` (the fused call's)."""
+    unary = None if ep is None or ep.unary is None else _EAGER_UNARY[ep.unary]
+    algorithm = "" if ep is None else ep.algorithm
+
+    def run(x: Any, w: Any, b: Any, other: Any) -> Any:
+        y = torch.conv2d(x.contiguous(), w, b, stride, padding, dilation, groups)
+        if other is not None:
+            y = y + other
+        if unary is not None:
+            y = unary(y, algorithm)
+        return y.contiguous(memory_format=layout)
+
+    return run
 
 
 def _prepare(

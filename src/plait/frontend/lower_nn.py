@@ -33,6 +33,13 @@ def _pair(cx: CaptureContext, v: Any) -> tuple[int, int]:
     return (cx.int(v), cx.int(v))
 
 
+def _pool_stride(cx: CaptureContext, stride: Any) -> tuple[int, int] | None:
+    """A pooling stride: None, or an empty sequence (PyTorch's default), means the kernel size."""
+    if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0):
+        return None
+    return _pair(cx, stride)
+
+
 @op(F.linear)
 def _linear(cx: CaptureContext, out: Any, x: Any, weight: Any, bias: Any = None) -> Value:
     v: Value = cx.call("linear", cx.value(x), cx.value(weight), _opt(cx, bias))
@@ -94,7 +101,7 @@ def _max_pool2d(
         "max_pool2d",
         cx.value(x),
         kernel_size=_pair(cx, kernel_size),
-        stride=None if stride is None or stride == [] else _pair(cx, stride),
+        stride=_pool_stride(cx, stride),
         padding=_pair(cx, padding),
         dilation=_pair(cx, dilation),
         ceil_mode=bool(ceil_mode),
@@ -118,7 +125,7 @@ def _avg_pool2d(
         "avg_pool2d",
         cx.value(x),
         kernel_size=_pair(cx, kernel_size),
-        stride=None if stride is None or stride == [] else _pair(cx, stride),
+        stride=_pool_stride(cx, stride),
         padding=_pair(cx, padding),
         ceil_mode=bool(ceil_mode),
         count_include_pad=bool(count_include_pad),

@@ -532,7 +532,20 @@ class CaptureContext:
         pkwargs = self.unwrap(kwargs, found)
         with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
             out = func(*pargs, **pkwargs)
+        self._refuse_unstrided(func, out)
         return out, found
+
+    def _refuse_unstrided(self, func: Any, out: Any) -> None:
+        """A sparse, mkldnn or other non-strided result has no IR type (a tensor type is dense
+        and strided): refused here, loudly, never run as if it were dense."""
+        leaves = out if isinstance(out, (list, tuple)) else (out,)
+        for t in leaves:
+            if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+                name = getattr(func, "__name__", repr(func))
+                self.limitation(
+                    f"{name} returns a {t.layout} tensor; plait's IR holds dense strided tensors "
+                    "only: call it outside the compiled function"
+                )
 
     def run_op(self, rule: Rule, func: Any, args: tuple, kwargs: dict) -> Any:
         if kwargs.get("out") is not None:

@@ -49,6 +49,8 @@ def _fold(graph: Graph) -> Any:
         shape = (-1,) + (1,) * (w.dim() - 1)
         new_w = (w.to(f64) * scale.reshape(shape)).to(w.dtype)
         new_b = ((b0 - stats["running_mean"].to(f64)) * scale + beta).to(w.dtype)
+        if not _exact_on_special_values(w, bias0, stats, scale, new_w, new_b):
+            return None
         consts = []
         for suffix, tensor in (("weight", new_w), ("bias", new_b)):
             name = f"_fold_bn.{bn.id}.{suffix}"
@@ -60,6 +62,25 @@ def _fold(graph: Graph) -> Any:
         return emit(producer.op, producer.inputs[0], consts[0], consts[1], **producer.attrs)
 
     return rewrite
+
+
+def _exact_on_special_values(
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    stats: dict[str, torch.Tensor | None],
+    scale: torch.Tensor,
+    new_w: torch.Tensor,
+    new_b: torch.Tensor,
+) -> bool:
+    """Whether folding keeps eager's NaN and inf positions: every parameter, the scale and the
+    folded parameters finite, the scale nonzero. NOTE: an inf or NaN parameter, a zero variance
+    with eps 0 (scale inf), a zero gamma (scale 0: eager's ``inf * 0`` at an overflowed or
+    non-finite conv output is NaN where the folded zero weight gives 0) or a folded weight that
+    overflows the dtype would move NaNs and infinities: such a pair is not folded."""
+    tensors = [w, scale, new_w, new_b] + [t for t in (b, *stats.values()) if t is not None]
+    if not all(bool(torch.isfinite(t).all()) for t in tensors):
+        return False
+    return bool((scale != 0).all())
 
 
 def _channels_match(m: Match) -> bool:

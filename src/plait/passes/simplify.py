@@ -1,11 +1,15 @@
 """Algebraic simplification: identities, cancelling pairs, collapsed view chains.
 
-Results are equal as IEEE values (``x + 0`` becomes ``x``, which keeps a ``-0.0`` that the
-addition would have turned into ``+0.0``); the driver refuses any rule that would change a type.
+Results are bitwise what the original computes for every input, NaN, +-0 and +-inf included: a
+rule fires only where its identity holds in IEEE arithmetic. ``x + (-0.0)`` and ``x - 0.0`` are
+``x``, but ``x + 0.0`` is not (``-0.0 + 0.0`` is ``+0.0``), nor ``x - (-0.0)``; ``x * 1``,
+``x / 1`` and ``x ** 1`` are ``x``; ``x * 0``, ``x - x`` and ``x == x`` have no rule (inf and NaN).
+The driver refuses any rule that would change a type.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -30,6 +34,24 @@ def _same_shape(m: Match) -> Any:
 
 def _is(value: float) -> Any:
     return lambda v: not isinstance(v, bool) and v == value
+
+
+def _float_operand(x: Any) -> bool:
+    return _type(x).dtype.is_floating_point or _type(x).dtype.is_complex
+
+
+def _zero_identity(m: Match, subtract: bool) -> Any:
+    """``x + alpha * z`` (``x - alpha * z`` when ``subtract``) with ``z`` a zero literal is ``x``
+    bitwise: always for integer ``x``; for floating ``x`` only with ``alpha == 1`` (``inf * 0`` is
+    NaN) and the zero of the sign that keeps ``x = -0.0``: ``-0.0 + (-0.0)`` and ``-0.0 - 0.0`` are
+    ``-0.0``, ``-0.0 + 0.0`` and ``-0.0 - (-0.0)`` are ``+0.0``."""
+    x, z, alpha = m["x"], m["z"], m.root.attrs.get("alpha", 1)
+    if not _float_operand(x):
+        return x
+    if isinstance(alpha, bool) or alpha != 1:
+        return None
+    negative_zero = isinstance(z, float) and math.copysign(1.0, z) < 0
+    return x if negative_zero != subtract else None
 
 
 def _compose_permute(m: Match, emit: Any) -> Any:
@@ -74,13 +96,21 @@ def _cast_round_trip(m: Match) -> Any:
 RULES = [
     Rule("simplify.mul-one", Op("mul", Var("x"), Lit(_is(1))), lambda m, e: m["x"]),
     Rule("simplify.one-mul", Op("mul", Lit(_is(1)), Var("x")), lambda m, e: m["x"]),
-    Rule("simplify.add-zero", Op("add", Var("x"), Lit(_is(0))), lambda m, e: m["x"]),
+    Rule(
+        "simplify.add-zero",
+        Op("add", Var("x"), Lit(_is(0), name="z")),
+        lambda m, e: _zero_identity(m, subtract=False),
+    ),
     Rule(
         "simplify.zero-add",
-        Op("add", Lit(_is(0)), Var("x"), attrs=lambda a: a["alpha"] == 1),
-        lambda m, e: m["x"],
+        Op("add", Lit(_is(0), name="z"), Var("x"), attrs=lambda a: a["alpha"] == 1),
+        lambda m, e: _zero_identity(m, subtract=False),
     ),
-    Rule("simplify.sub-zero", Op("sub", Var("x"), Lit(_is(0))), lambda m, e: m["x"]),
+    Rule(
+        "simplify.sub-zero",
+        Op("sub", Var("x"), Lit(_is(0), name="z")),
+        lambda m, e: _zero_identity(m, subtract=True),
+    ),
     Rule(
         "simplify.div-one",
         Op("div", Var("x"), Lit(_is(1)), attrs=lambda a: a["rounding_mode"] is None),
