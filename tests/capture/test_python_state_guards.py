@@ -361,3 +361,37 @@ def test_a_buffer_slot_that_was_none(evaluator: str) -> None:
     m = Optional()
     cm = plait.compile(m, backend="eager", options=NO_CACHE)
     _changed_once(cm, m, lambda: setattr(m, "shift", torch.randn(4)), "self.shift")
+
+
+_FLAGS = {"double"}
+
+
+class ReadsASet(nn.Module):
+    """Reads module attributes (checked natively) and a global set (checked by a Python read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.alpha = 0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.alpha * (2.0 if "double" in _FLAGS else 1.0)
+
+
+def test_a_value_read_in_python_is_guarded_apart_from_the_native_ones() -> None:
+    """A value the native evaluator cannot check (a set) costs its own Python read on each
+    call, not a read of every value the program read; a change to it still recompiles."""
+    m = ReadsASet()
+    cm = plait.compile(m, backend="eager", options=NO_CACHE)
+    python = [g for g in _guards_after_a_call(cm, m) if g.kind == "python"]
+    assert len(python) == 2, [g.text for g in python]
+    assert sorted("(1)" in g.text for g in python) == [False, True], [g.text for g in python]
+    try:
+        _changed_once(cm, m, lambda: _FLAGS.discard("double"), "_FLAGS")
+    finally:
+        _FLAGS.add("double")
+
+
+def _guards_after_a_call(compiled: Any, eager: Callable[..., Any]) -> Any:
+    _same_as_eager(compiled, eager, _x())
+    return compiled.specializations[0].guards

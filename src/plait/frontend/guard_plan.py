@@ -142,9 +142,7 @@ def build_guards(
     if roots is None:
         module = ms.module if ms is not None else None
         roots = [pyvalues.resolve(d, module) for d in plan.pyreads]
-    python = pyvalues.python_values_guard(roots)
-    if python is not None:
-        guards.append(python)
+    guards += pyvalues.python_values_guards(roots)
     return GuardSet(guards)
 
 

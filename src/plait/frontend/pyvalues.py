@@ -387,6 +387,20 @@ def _short(key: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def python_values_guards(roots: Sequence[Root]) -> list[Guard]:
+    """The guards over ``roots``: the roots the native evaluator checks alone in one guard, the
+    roots whose check needs a Python read (a set, a dict subclass, ...) in another. NOTE: a
+    guard with any Python-read check re-reads all its roots on every call; split, one such
+    value costs its own read, not a read of every value the program read."""
+    python: list[Root] = []
+    native: list[Root] = []
+    for r in roots:
+        walk = _Walk()
+        walk.key(r.read(), shallow=r.shallow)
+        (python if any(c[0] == PYTHON for c in walk.checks) else native).append(r)
+    return [g for g in (python_values_guard(native), python_values_guard(python)) if g]
+
+
 def python_values_guard(roots: Sequence[Root]) -> Guard | None:
     """One guard over ``roots``: holds while each root's value key is the one it has now."""
     if not roots:
