@@ -64,7 +64,8 @@ def test_quick_run_reports_coverage_parity_compile_and_latency_per_model() -> No
                 assert s["gate"] is None and lat["speedup_vs_eager_p50"] == 1.0
                 continue
             gate = s["gate"]  # NOTE: parity is judged, by the gate, under the shipped contract.
-            assert gate["ok"] and gate["contract"] == contract and gate["checks"] > 0, gate
+            ok = gate["ok"] and gate["contract"] == contract and gate["checks"] > 0
+            assert ok, (m["name"], kind, [f.get("message", f) for f in gate.get("failures", [])])
             assert s["compile"]["cold_s"] > 0 and s["vs_eager"]["max_abs"] >= 0
     assert result["verdict"]["exit_code"] == 0 and result["verdict"]["parity_ok"]
     md = zoo_report.markdown(result)

@@ -168,17 +168,21 @@ def seeded(seed: int, cuda: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def ieee_float32() -> Iterator[None]:
-    """float32 means float32: TF32 off for matmul and cuDNN while the gate runs (restored after)."""
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    """float32 means float32: TF32 off for matmul and cuDNN while the gate runs (restored after).
+
+    NOTE: cuDNN's flag through torch._C: ``torch.backends.cudnn.allow_tf32 = ...`` raises once
+    a program called ``torch.backends.disable_global_flags()`` (PyTorch's own test utilities do).
+    """
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch._C._get_cudnn_allow_tf32()
     precision = torch.get_float32_matmul_precision()
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch._C._set_cudnn_allow_tf32(False)
     torch.set_float32_matmul_precision("highest")
     try:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = matmul
-        torch.backends.cudnn.allow_tf32 = cudnn
+        torch._C._set_cudnn_allow_tf32(cudnn)
         torch.set_float32_matmul_precision(precision)
 
 
