@@ -27,8 +27,13 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
+# NOTE: the torch.compile(backend="plait") tests run in processes of their own: in a worker that
+# ran other tests first, Dynamo was once seen handing module parameters as plain inputs (an
+# order dependence not yet found; results stay within the contract).
+DYNAMO_TESTS := tests/test_dynamo_backend.py "tests/test_doctests.py::test_docstring_examples[plait.dynamo_backend]"
 pytest: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q --ignore tests/test_dynamo_backend.py --deselect "tests/test_doctests.py::test_docstring_examples[plait.dynamo_backend]"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q $(DYNAMO_TESTS)
 
 test: lint typecheck layers pytest
 
