@@ -34,13 +34,12 @@ import torch
 from benchmarks import zoo_models, zoo_report, zoo_systems
 from benchmarks.bench import parity, systems, timing
 from benchmarks.bench.progress import Progress
-from benchmarks.bench.run import interleave
+from benchmarks.bench.run import cache_env, interleave
 
 SCHEMA_VERSION = "1.0"
 STEM = "zoo"
 OUT_DEFAULT = Path("benchmarks/out")
 MAX_WARNINGS = 20
-CACHE_ENV = ("PLAIT_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
 
 
 @dataclass(frozen=True)
@@ -100,17 +99,12 @@ def all_threads() -> tuple[int, ...]:
 @contextlib.contextmanager
 def fresh_caches(root: Path) -> Iterator[None]:
     """plait's and inductor's caches pointed at empty directories inside; restored after."""
-    saved = {k: os.environ.get(k) for k in CACHE_ENV}
-    os.environ["PLAIT_CACHE_DIR"] = str(root / "plait")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
-    try:
+    values = {
+        "PLAIT_CACHE_DIR": str(root / "plait"),
+        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+    }
+    with cache_env(values):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 # --- one model -----------------------------------------------------------------------------------
