@@ -329,7 +329,8 @@ def test_repr_and_explain_name_each_graph() -> None:
 
 # --- Hugging Face models (random weights from a config; nothing downloaded) ----------------
 def _hf_gpt2() -> nn.Module:
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     cfg = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1, n_head=2)
     return transformers.GPT2Model(cfg).eval()
 
@@ -378,7 +379,8 @@ def test_hf_gpt2_with_stax_within_contract() -> None:
 
 
 def _hf_bert() -> nn.Module:
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     torch.manual_seed(0)
     cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
                                   num_attention_heads=2, intermediate_size=64,

@@ -17,14 +17,13 @@ from typing import Any
 
 import pytest
 import torch
+import transformers  # noqa: F401  (a dev dependency: installed wherever the tests run)
 from click.testing import CliRunner
 
 import plait.contract
 from benchmarks import zoo, zoo_models, zoo_report, zoo_systems
 from benchmarks.bench.progress import Progress
 from plait.cli import main as plait_main
-
-pytest.importorskip("transformers")
 
 MODELS = ("hf-resnet50", "hf-bert-base")
 COVERAGE = {"whole", "partial", "fallback"}

@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 
 import plait
 from plait.errors import CaptureFallbackWarning
 from tests.capture.helpers import assert_same
-
-transformers = pytest.importorskip("transformers")
 
 
 def _gpt2(attn: str) -> Any:

@@ -299,7 +299,8 @@ class _Pooler(nn.Module):
 
 @pytest.mark.parametrize("with_hidden", [False, True])
 def test_model_output_is_rebuilt(with_hidden: bool) -> None:
-    pytest.importorskip("transformers")
+    import transformers  # noqa: F401  (a dev dependency: installed wherever the tests run)
+
     torch.manual_seed(0)
     model = _Pooler()
     compiled = plait.compile(model, backend="eager", fullgraph=True)
@@ -317,7 +318,8 @@ def test_model_output_is_rebuilt(with_hidden: bool) -> None:
 def test_hugging_face_model_output_from_a_real_model() -> None:
     """A BertModel built from a config: its ModelOutput comes back with each call's tensors
     (today part of BERT runs eagerly: gather with a tensor keyword is the recorded fallback)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     torch.manual_seed(0)
     config = transformers.BertConfig(
         vocab_size=50,

@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 
 import plait
 import plait.conformance
 import plait.errors
-
-transformers = pytest.importorskip("transformers")
 
 pytestmark = [pytest.mark.usefixtures("stax_cache"), pytest.mark.xdist_group("stax-models")]
 
