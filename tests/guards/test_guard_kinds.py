@@ -236,10 +236,12 @@ def _flip_precision() -> Callable[[], None]:
     return lambda: torch.set_float32_matmul_precision(before)
 
 
-def _flip_flag(obj: Any, attr: str) -> Callable[[], None]:
+def _flip_flag(obj: Any, attr: str, setter: Callable[[bool], None]) -> Callable[[], None]:
+    # NOTE: through torch._C, as torch.backends' own flags() does: the module attribute raises
+    # once torch.backends.disable_global_flags() ran (torch.testing._internal calls it on import).
     before = getattr(obj, attr)
-    setattr(obj, attr, not before)
-    return lambda: setattr(obj, attr, before)
+    setter(not before)
+    return lambda: setter(before)
 
 
 def _flip_threads() -> Callable[[], None]:
@@ -286,9 +288,11 @@ AMBIENT_CASES: dict[str, Callable[[], Callable[[], None]]] = {
     "torch.get_num_threads()": _flip_threads,
     "torch.get_float32_matmul_precision()": _flip_precision,
     "torch.backends.cuda.matmul.allow_tf32": lambda: _flip_flag(
-        torch.backends.cuda.matmul, "allow_tf32"
+        torch.backends.cuda.matmul, "allow_tf32", torch._C._set_cublas_allow_tf32
     ),
-    "torch.backends.cudnn.allow_tf32": lambda: _flip_flag(torch.backends.cudnn, "allow_tf32"),
+    "torch.backends.cudnn.allow_tf32": lambda: _flip_flag(
+        torch.backends.cudnn, "allow_tf32", torch._C._set_cudnn_allow_tf32
+    ),
     "torch.backends.mkldnn.matmul.fp32_precision": lambda: _flip_fp32("mkldnn", "matmul"),
     "torch.backends.mkldnn.conv.fp32_precision": lambda: _flip_fp32("mkldnn", "conv"),
     "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": lambda: _flip_reduced(
@@ -299,8 +303,12 @@ AMBIENT_CASES: dict[str, Callable[[], Callable[[], None]]] = {
     ),
     "torch.are_deterministic_algorithms_enabled()": lambda: _flip_deterministic(False),
     "torch.is_deterministic_algorithms_warn_only_enabled()": lambda: _flip_deterministic(True),
-    "torch.backends.mkldnn.enabled": lambda: _flip_flag(torch.backends.mkldnn, "enabled"),
-    "torch.backends.cudnn.enabled": lambda: _flip_flag(torch.backends.cudnn, "enabled"),
+    "torch.backends.mkldnn.enabled": lambda: _flip_flag(
+        torch.backends.mkldnn, "enabled", torch._C._set_mkldnn_enabled
+    ),
+    "torch.backends.cudnn.enabled": lambda: _flip_flag(
+        torch.backends.cudnn, "enabled", torch._C._set_cudnn_enabled
+    ),
     "torch.get_default_dtype()": _flip_default_dtype,
 }
 
