@@ -2,7 +2,8 @@
 Face ``ModelOutput`` and dicts are containers: a compiled program returns the same Python type
 holding this call's tensors (never the capture's), bitwise equal to eager on fresh inputs, and
 they pass between torch calls inside the program. An object plait cannot rebuild that holds a
-traced tensor is refused loudly, never kept as a constant."""
+traced tensor is refused loudly, never kept as a constant; a plain object that ``copy.copy``
+rebuilds from its attributes is a container of them."""
 
 from __future__ import annotations
 
@@ -342,12 +343,87 @@ def test_hugging_face_model_output_from_a_real_model() -> None:
                 assert_same(got[k], want[k], k)
 
 
-# --- what plait cannot rebuild is refused -----------------------------------------------------
+# --- plain objects are rebuilt from their attributes -----------------------------------------
 
 
 class _Holder:
+    def __init__(self, t: Any, tag: str = "held") -> None:
+        self.t = t
+        self.tag = tag
+
+
+def _same_object(got: Any, want: Any, where: str = "output") -> None:
+    assert type(got) is type(want), where
+    if isinstance(want, _Holder):
+        assert list(vars(got)) == list(vars(want)), where
+        for k in vars(want):
+            _same_object(getattr(got, k), getattr(want, k), f"{where}.{k}")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            _same_object(g, w, f"{where}[{i}]")
+    elif isinstance(want, torch.Tensor):
+        assert_bitwise(got, want, where)
+    else:
+        assert got == want, where
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x: _Holder(x * 2),
+        lambda x: [_Holder(x * 2, tag="listed")],
+        lambda x: {1: {frozenset([1]): _Holder(x + 1)}},
+        lambda x: {"deep": [(_Holder(_Holder([x.exp(), 3])),)]},
+        lambda x: (_Holder(x * 2), _Holder(x * 2)),
+    ],
+    ids=["object", "object-in-list", "object-in-dict", "deep", "two-alike"],
+)
+def test_plain_object_result_is_rebuilt_with_each_calls_tensors(
+    make: Callable[[Any], Any],
+) -> None:
+    """An object ``copy.copy`` rebuilds from its ``__dict__`` (Hugging Face's DynamicCache is
+    one) comes back as a new object of its type each call, holding that call's tensors."""
+
+    def program(x: torch.Tensor) -> Any:
+        return make(x)
+
+    compiled = plait.compile(program, backend="stax", fullgraph=True)
+    kept = []
+    for seed in range(3):
+        x = torch.randn(3, generator=torch.Generator().manual_seed(seed))
+        got, want = compiled(x), program(x)
+        _same_object(plait_unwrap(got), plait_unwrap(want))
+        kept.append(got)
+    assert len(compiled.specializations) == 1
+    assert compiled.specializations[0].program.fallback_reason is None
+    first, second = (plait_unwrap(k) for k in kept[:2])
+    assert first is not second
+
+
+def plait_unwrap(out: Any) -> Any:
+    """The innermost result of the parametrized programs (a dict's single path unwrapped)."""
+    while isinstance(out, dict):
+        (out,) = out.values()
+    return out
+
+
+# --- what plait cannot rebuild is refused -----------------------------------------------------
+
+
+class _Slotted:
+    __slots__ = ("t",)
+
     def __init__(self, t: torch.Tensor) -> None:
         self.t = t
+
+
+class _Reduced:
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+    def __reduce__(self) -> Any:
+        return (_Reduced, (self.t,))
 
 
 class _Listish(list):
@@ -363,28 +439,37 @@ class _WithDerived:
         self.b = None
 
 
+def _twice(x: torch.Tensor) -> Any:
+    held = _Holder(x * 2)
+    return (held, held)
+
+
 @pytest.mark.parametrize(
     "make",
     [
-        lambda x: _Holder(x * 2),
-        lambda x: [_Holder(x * 2)],
-        lambda x: {1: {frozenset([1]): _Holder(x + 1)}},
+        lambda x: _Slotted(x * 2),
+        lambda x: [_Reduced(x * 2)],
+        lambda x: {1: {frozenset([1]): _Slotted(x + 1)}},
         lambda x: _Listish([x * 2]),
         lambda x: {x * 2},
-        lambda x: {"deep": [(_Holder(_Holder([x.exp()])),)]},
+        lambda x: {"deep": [(_Holder(_Slotted(x.exp())),)]},
         lambda x: setattr(w := _WithDerived(x), "b", x * 3) or w,
+        _twice,
     ],
-    ids=["object", "object-in-list", "object-in-dict", "list-subclass", "set", "deep", "nofield"],
-)
+    ids=[
+        "slots", "custom-reduce", "object-in-dict", "list-subclass", "set", "deep", "nofield",
+        "same-object-twice",
+    ],
+)  # fmt: skip
 def test_unrebuildable_result_holding_a_tensor_is_refused(make: Callable[[Any], Any]) -> None:
     def program(x: torch.Tensor) -> Any:
         return make(x)
 
     x = torch.randn(3)
-    with pytest.raises(GraphCaptureError, match="cannot rebuild"):
+    with pytest.raises(GraphCaptureError, match=r"cannot rebuild|cannot be rebuilt"):
         plait.compile(program, backend="eager", fullgraph=True)(x)
     compiled = plait.compile(program, backend="eager")
-    with pytest.warns(CaptureFallbackWarning, match="cannot rebuild"):
+    with pytest.warns(CaptureFallbackWarning, match=r"cannot rebuild|cannot be rebuilt"):
         compiled(x)
     assert compiled.specializations[0].program.fallback_reason is not None
     y = torch.randn(3)

@@ -205,19 +205,32 @@ def _capture_once(
         return _finish(cx, out, spec, leaves, paths, ms, state, reads.finish())
 
 
+def _is_tracer(x: Any) -> bool:
+    return isinstance(x, Tracer)
+
+
+def _holds_tracer(obj: Any) -> bool:
+    """An object in the output is rebuilt from its attributes when it holds a traced tensor
+    (one that holds none is returned as it is, as before)."""
+    return pytree.find_hidden(obj, _is_tracer, "") is not None
+
+
 def _output_leaves(
     cx: CaptureContext, out: Any, call_leaves: list[Any], state: list[Any]
 ) -> tuple[Any, list[Any], list[Value]]:
     cx.current = "returning the output"
-    hidden = pytree.find_hidden_in(out, lambda x: isinstance(x, Tracer), "output")
+    hidden = pytree.find_hidden_in(out, _is_tracer, "output", _holds_tracer)
     if hidden is not None:
         # NOTE: never kept as a constant: it would return this capture's tensors on every call
         cx.limitation(
             f"the output holds a tensor at {hidden}, inside an object plait cannot rebuild; "
-            "return tensors in tuples, lists, dicts, namedtuples, torch.return_types or "
-            "dataclasses (ModelOutput)"
+            "return tensors in tuples, lists, dicts, namedtuples, torch.return_types, "
+            "dataclasses (ModelOutput) or objects that copy.copy rebuilds from their attributes"
         )
-    out_spec, raw, _ = pytree.flatten(out, "output")
+    try:
+        out_spec, raw, _ = pytree.flatten(out, "output", _holds_tracer)
+    except ValueError as exc:
+        cx.limitation(f"the output cannot be rebuilt: {exc}")
     leaves: list[Any] = []
     values: list[Value] = []
     for leaf in raw:

@@ -3,7 +3,11 @@
 Containers: tuple, list, dict (and dict subclasses, ``defaultdict`` with its factory),
 namedtuples, structseqs (``torch.return_types.sort`` and the other C struct sequences) and
 dataclass instances (model output dataclasses, Hugging Face ``ModelOutput`` included). A rebuild
-gives back the same Python type. Everything else is a leaf. A spec is a hashable nested tuple,
+gives back the same Python type. Where the caller asks (``open_object``), a plain object is a
+container of its attributes too, when Python's own copy protocol rebuilds it from them (a class
+with no custom ``__reduce__``, ``__getstate__``, ``__setstate__``, ``__new__`` or ``__slots__``:
+``copy.copy`` would make it as ``cls.__new__(cls)`` plus its ``__dict__``); Hugging Face's
+``DynamicCache`` is one. Everything else is a leaf. A spec is a hashable nested tuple,
 so two calls with the same structure have equal specs (a cheap guard).
 
 NOTE: a leaf plait cannot look into must not hold a traced tensor: :func:`find_hidden` says
@@ -69,46 +73,106 @@ def same_type(like: tuple | list, items: list[Any]) -> Any:
     return tuple(items)
 
 
+def state_rebuildable(cls: type) -> bool:
+    """Whether ``cls.__new__(cls)`` plus an update of its ``__dict__`` rebuilds an instance, as
+    :func:`copy.copy` does for a class that leaves Python's copy protocol as ``object`` has it.
+
+    Example:
+        >>> class Box:
+        ...     def __init__(self, x):
+        ...         self.x = x
+        >>> state_rebuildable(Box), state_rebuildable(int)
+        (True, False)
+    """
+    if not isinstance(cls, type) or cls.__module__ == "builtins":
+        return False
+    try:
+        plain = (
+            cls.__reduce_ex__ is object.__reduce_ex__
+            and cls.__reduce__ is object.__reduce__
+            and cls.__getstate__ is object.__getstate__
+            and cls.__new__ is object.__new__
+            and not hasattr(cls, "__setstate__")
+            and "__dict__" in {k for c in cls.__mro__ for k in vars(c)}
+        )
+    except AttributeError:
+        return False
+    # NOTE: a slot holds state outside __dict__ (``abc.ABC``'s empty __slots__ holds none)
+    return plain and not any(_slot_names(c) for c in cls.__mro__)
+
+
+def _slot_names(cls: type) -> set[str]:
+    slots = vars(cls).get("__slots__", ())
+    names = {slots} if isinstance(slots, str) else set(slots)
+    return names - {"__dict__", "__weakref__"}
+
+
 def _dataclass_fields(obj: Any) -> list[str] | None:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return [f.name for f in dataclasses.fields(obj) if f.init]
     return None
 
 
-def flatten(obj: Any, path: str) -> tuple[Spec, list[Any], list[str]]:
-    """Return ``(spec, leaves, paths)`` for ``obj``; ``path`` names ``obj`` itself."""
+Opener = Callable[[Any], bool]
+
+
+def _never(obj: Any) -> bool:
+    return False
+
+
+def flatten(obj: Any, path: str, open_object: Opener = _never) -> tuple[Spec, list[Any], list[str]]:
+    """Return ``(spec, leaves, paths)`` for ``obj``; ``path`` names ``obj`` itself.
+    ``open_object(x)``: whether an object ``x`` whose class is :func:`state_rebuildable` is
+    a container of its attributes (else it is a leaf). Raises ValueError for such an object
+    met twice (a rebuild would make two objects of one)."""
     leaves: list[Any] = []
     paths: list[str] = []
-    spec = _flatten(obj, path, leaves, paths)
+    spec = _Flattener(leaves, paths, open_object).flatten(obj, path)
     return spec, leaves, paths
 
 
-def _flatten(obj: Any, path: str, leaves: list[Any], paths: list[str]) -> Spec:
-    if _is_namedtuple(obj):
-        kids = tuple(_flatten(v, f"{path}.{f}", leaves, paths) for f, v in zip(obj._fields, obj))
-        return ("namedtuple", type(obj), kids)
-    if type(obj) in (tuple, list):
-        kids = tuple(_flatten(v, f"{path}[{i}]", leaves, paths) for i, v in enumerate(obj))
-        return (type(obj).__name__, len(obj), kids)
-    if isinstance(obj, tuple) and is_structseq_type(type(obj)):
-        names = _structseq_fields(type(obj))
-        kids = tuple(_flatten(v, f"{path}.{f}", leaves, paths) for f, v in zip(names, obj))
-        return ("structseq", type(obj), kids)
-    fields = _dataclass_fields(obj)
-    if fields is not None:
-        kids = tuple(_flatten(getattr(obj, f), f"{path}.{f}", leaves, paths) for f in fields)
-        return ("dataclass", type(obj), tuple(fields), kids)
-    if isinstance(obj, defaultdict):
-        keys = tuple(obj)
-        kids = tuple(_flatten(obj[k], f"{path}[{k!r}]", leaves, paths) for k in keys)
-        return ("defaultdict", type(obj), obj.default_factory, keys, kids)
-    if isinstance(obj, dict):
-        keys = tuple(obj)
-        kids = tuple(_flatten(obj[k], f"{path}[{k!r}]", leaves, paths) for k in keys)
-        return ("dict", type(obj), keys, kids)
-    leaves.append(obj)
-    paths.append(path)
-    return LEAF
+class _Flattener:
+    def __init__(self, leaves: list[Any], paths: list[str], open_object: Opener) -> None:
+        self.leaves, self.paths, self.open_object = leaves, paths, open_object
+        self.opened: dict[int, str] = {}
+
+    def flatten(self, obj: Any, path: str) -> Spec:
+        go = self.flatten
+        if _is_namedtuple(obj):
+            kids = tuple(go(v, f"{path}.{f}") for f, v in zip(obj._fields, obj))
+            return ("namedtuple", type(obj), kids)
+        if type(obj) in (tuple, list):
+            kids = tuple(go(v, f"{path}[{i}]") for i, v in enumerate(obj))
+            return (type(obj).__name__, len(obj), kids)
+        if isinstance(obj, tuple) and is_structseq_type(type(obj)):
+            names = _structseq_fields(type(obj))
+            kids = tuple(go(v, f"{path}.{f}") for f, v in zip(names, obj))
+            return ("structseq", type(obj), kids)
+        fields = _dataclass_fields(obj)
+        if fields is not None:
+            kids = tuple(go(getattr(obj, f), f"{path}.{f}") for f in fields)
+            return ("dataclass", type(obj), tuple(fields), kids)
+        if isinstance(obj, defaultdict):
+            keys = tuple(obj)
+            kids = tuple(go(obj[k], f"{path}[{k!r}]") for k in keys)
+            return ("defaultdict", type(obj), obj.default_factory, keys, kids)
+        if isinstance(obj, dict):
+            keys = tuple(obj)
+            kids = tuple(go(obj[k], f"{path}[{k!r}]") for k in keys)
+            return ("dict", type(obj), keys, kids)
+        if state_rebuildable(type(obj)) and self.open_object(obj):
+            if id(obj) in self.opened:
+                raise ValueError(
+                    f"{path} is the object already at {self.opened[id(obj)]}: a rebuild would "
+                    "make two objects of one"
+                )
+            self.opened[id(obj)] = path
+            keys = tuple(vars(obj))
+            kids = tuple(go(getattr(obj, k), f"{path}.{k}") for k in keys)
+            return ("object", type(obj), keys, kids)
+        self.leaves.append(obj)
+        self.paths.append(path)
+        return LEAF
 
 
 def unflatten(spec: Spec, leaves: list[Any]) -> Any:
@@ -140,6 +204,13 @@ def _build(spec: Spec, it: Iterator[Any]) -> Any:
     if tag == "dataclass":
         values = {f: _build(s, it) for f, s in zip(spec[2], spec[3])}
         return spec[1](**values)
+    if tag == "object":
+        cls = spec[1]
+        if not state_rebuildable(cls):
+            raise ValueError(f"unflatten: {cls.__qualname__} is not rebuilt from its attributes")
+        obj = cls.__new__(cls)
+        obj.__dict__.update({k: _build(s, it) for k, s in zip(spec[2], spec[3])})
+        return obj
     if tag == "defaultdict":
         cls, factory, keys, kids = spec[1], spec[2], spec[3], spec[4]
         return cls(factory, [(k, _build(s, it)) for k, s in zip(keys, kids)])
@@ -156,24 +227,27 @@ def map_leaves(fn: Callable[[Any], Any], obj: Any) -> Any:
     return unflatten(spec, [fn(x) for x in leaves])
 
 
-def find_hidden_in(obj: Any, wanted: Callable[[Any], bool], path: str) -> str | None:
-    """The path of a ``wanted`` object that :func:`flatten` of ``obj`` would not give as a leaf
-    (see :func:`find_hidden`), looking into its leaves and into what its dataclasses hold
-    besides their ``__init__`` fields. None when there is none."""
+def find_hidden_in(
+    obj: Any, wanted: Callable[[Any], bool], path: str, open_object: Opener = _never
+) -> str | None:
+    """The path of a ``wanted`` object that :func:`flatten` of ``obj`` (with the same
+    ``open_object``) would not give as a leaf (see :func:`find_hidden`), looking into its
+    leaves and into what its dataclasses hold besides their ``__init__`` fields. None when there
+    is none."""
     if (
         _is_namedtuple(obj)
         or type(obj) in (tuple, list)
         or (isinstance(obj, tuple) and is_structseq_type(type(obj)))
     ):
         for i, v in enumerate(obj):
-            found = find_hidden_in(v, wanted, f"{path}[{i}]")
+            found = find_hidden_in(v, wanted, f"{path}[{i}]", open_object)
             if found is not None:
                 return found
         return None
     fields = _dataclass_fields(obj)
     if fields is not None:
         for f in fields:
-            found = find_hidden_in(getattr(obj, f), wanted, f"{path}.{f}")
+            found = find_hidden_in(getattr(obj, f), wanted, f"{path}.{f}", open_object)
             if found is not None:
                 return found
         # NOTE: a ModelOutput is also a dict of its non-None fields: those are the fields
@@ -190,12 +264,20 @@ def find_hidden_in(obj: Any, wanted: Callable[[Any], bool], path: str) -> str | 
     if isinstance(obj, dict):
         for k, v in obj.items():
             found = find_hidden(k, wanted, f"{path} (a key)") or find_hidden_in(
-                v, wanted, f"{path}[{k!r}]"
+                v, wanted, f"{path}[{k!r}]", open_object
             )
             if found is not None:
                 return found
         return None
-    return None if wanted(obj) else find_hidden(obj, wanted, path)
+    if wanted(obj):
+        return None
+    if state_rebuildable(type(obj)) and open_object(obj):
+        for k, v in vars(obj).items():
+            found = find_hidden_in(v, wanted, f"{path}.{k}", open_object)
+            if found is not None:
+                return found
+        return None
+    return find_hidden(obj, wanted, path)
 
 
 def find_hidden(obj: Any, wanted: Callable[[Any], bool], path: str, depth: int = 8) -> str | None:
