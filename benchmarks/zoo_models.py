@@ -3,9 +3,10 @@
 Every entry builds an ``nn.Module`` that takes one tensor (images or token ids) and returns one
 tensor (logits or the last hidden state), and the example input it is measured on. Nothing is
 downloaded: Hugging Face ``transformers`` models are built from their config classes, torchvision
-and timm models with ``weights=None`` / ``pretrained=False``. A source that does not import here
-(the CPU machines' PyPI torchvision is a CUDA build that fails beside torch+cpu, and timm needs
-torchvision) makes its entries *skipped*, with the import error as the stated reason.
+and timm models with ``weights=None`` / ``pretrained=False``. Where the installed torchvision does
+not import (the CPU machines' PyPI torchvision is a CUDA build that fails beside torch+cpu),
+torchvision's pure-Python model definitions are used (:mod:`benchmarks.model_sources`; timm needs
+them too). A source that is still missing makes its entries *skipped*, with the stated reason.
 
 Each entry has two sizes: the full one (base sizes: ResNet-50, ViT-B/16, BERT-base, GPT-2 small,
 ...; batch 1, 224x224 images, 64 tokens) and a tiny one for ``--quick`` (CI smoke tests).
@@ -31,6 +32,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from benchmarks import model_sources
 
 FULL_IMAGE, QUICK_IMAGE = 224, 32
 FULL_TOKENS, QUICK_TOKENS = 64, 8
@@ -152,16 +155,22 @@ HF_MODELS = [
 
 
 # --- torchvision and timm (used where they import; the GPU machine has them) ----------------------
-def _torchvision(name: str, tiny: str) -> Callable[[bool], tuple[nn.Module, int | None]]:
+def _torchvision(
+    name: str, tiny: str, **tiny_kwargs: Any
+) -> Callable[[bool], tuple[nn.Module, int | None]]:
     def make(quick: bool) -> tuple[nn.Module, int | None]:
+        model_sources.use_torchvision()
         models = importlib.import_module("torchvision.models")
-        return models.get_model(tiny if quick else name, weights=None), None
+        if quick:
+            return models.get_model(tiny, weights=None, **tiny_kwargs), None
+        return models.get_model(name, weights=None), None
 
     return make
 
 
 def _timm(name: str, tiny: str) -> Callable[[bool], tuple[nn.Module, int | None]]:
     def make(quick: bool) -> tuple[nn.Module, int | None]:
+        model_sources.use_torchvision()
         timm = importlib.import_module("timm")
         return timm.create_model(tiny if quick else name, pretrained=False), None
 
@@ -177,6 +186,8 @@ OTHER_MODELS = [
              _torchvision("efficientnet_b0", "efficientnet_b0")),
     ZooModel("tv-convnext-tiny", "vision", "torchvision", "ConvNeXt-T",
              _torchvision("convnext_tiny", "convnext_tiny")),
+    ZooModel("tv-vit-b-16", "vision", "torchvision", "ViT-B/16",
+             _torchvision("vit_b_16", "vit_b_16", image_size=QUICK_IMAGE)),
     ZooModel("timm-resnet50", "vision", "timm", "ResNet-50 (timm)", _timm("resnet50", "resnet18")),
     ZooModel("timm-vit-small", "vision", "timm", "ViT-S/16 (timm)",
              _timm("vit_small_patch16_224", "test_vit")),
@@ -203,17 +214,29 @@ def source_problem(source: str) -> str | None:
     leave half-registered operators in this one."""
     if source not in SOURCES:
         return f"unknown source {source!r}"
+    if source == "transformers":
+        return None if importlib.util.find_spec(source) else "transformers is not installed"
+    if model_sources.use_torchvision() is None:
+        return (
+            "torchvision does not import here and its model definitions were not fetched "
+            "(python -m benchmarks.model_sources fetch)"
+        )
     if importlib.util.find_spec(source) is None:
         return f"{source} is not installed"
-    if source == "transformers":
-        return None
     try:
+        # NOTE: the child imports the source as this process will (torchvision's Python files
+        # where the installed torchvision does not import)
+        check = (
+            "from benchmarks import model_sources; model_sources.use_torchvision(); "
+            f"import {source}.models"
+        )
         proc = subprocess.run(
-            [sys.executable, "-c", f"import {source}"],
+            [sys.executable, "-c", check],
             capture_output=True,
             text=True,
             timeout=IMPORT_CHECK_TIMEOUT_S,
             env=dict(os.environ),
+            cwd=model_sources.ROOT,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"import {source} could not be checked: {exc}"
