@@ -88,15 +88,6 @@ CASES: dict[str, tuple[Any, list[str]]] = {
         lambda x: F.max_unpool2d(*F.max_pool2d(x[None], (2, 2), return_indices=True), (2, 2)),
         ["torch.nn.functional.max_pool2d_with_indices", "torch.nn.functional.max_unpool2d"],
     ),
-    "gqa_attention": (
-        lambda x: F.scaled_dot_product_attention(
-            x.reshape(1, 4, 3, 2),
-            x[:2].reshape(1, 2, 3, 2),
-            x[2:].reshape(1, 2, 3, 2),
-            enable_gqa=True,
-        ),
-        ["torch.nn.functional.scaled_dot_product_attention"],
-    ),
     "inplace_hardswish_keyword": (
         lambda x: F.hardswish(x * 2, inplace=True) + 1,
         ["torch.nn.functional.hardswish"],

@@ -119,9 +119,10 @@ def _sdpa(n: Node, consts: Consts) -> ExternCall:
     a = n.attrs
     sdpa = torch._C._nn.scaled_dot_product_attention
     dropout_p, is_causal, scale = a["dropout_p"], a["is_causal"], a["scale"]
+    gqa = a["enable_gqa"]
 
     def fn(q: Any, k: Any, v: Any, mask: Any) -> Any:
-        return sdpa(q, k, v, mask, dropout_p, is_causal, scale=scale)
+        return sdpa(q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=gqa)
 
     return ExternCall(fn, "attention", "aten.scaled_dot_product_attention")
 

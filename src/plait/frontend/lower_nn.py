@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from plait.frontend.table import InPlace, NoIROp, Viewed, op
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.views import ViewStep
-from plait.ir import Value
+from plait.ir import TensorType, Value
 
 T = torch.Tensor
 
@@ -44,6 +44,35 @@ def _pool_stride(cx: CaptureContext, stride: Any) -> tuple[int, int] | None:
 def _linear(cx: CaptureContext, out: Any, x: Any, weight: Any, bias: Any = None) -> Value:
     v: Value = cx.call("linear", cx.value(x), cx.value(weight), _opt(cx, bias))
     return v
+
+
+@op(torch.addmm)
+@op(torch.Tensor.addmm)
+def _addmm(
+    cx: CaptureContext, out: Any, bias: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1
+) -> Value:
+    """``bias + mat1 @ mat2`` (Hugging Face's ``Conv1D``) as ``linear(mat1, mat2.T, bias)``: one
+    GEMM with the bias fused, as eager's. Scaled forms (beta, alpha other than 1) and a bias that
+    is not a row vector have no IR op."""
+    if not (_is_one(beta) and _is_one(alpha)):
+        raise NoIROp("addmm with beta or alpha other than 1 has no IR op")
+    b, w = _tensor_type(cx, bias), _tensor_type(cx, mat2)
+    if b.rank != 1 or w.rank != 2 or b.shape[0] != w.shape[1]:
+        raise NoIROp("addmm with a bias that is not a vector of the output width has no IR op")
+    weight = cx.call("transpose", cx.value(mat2), dim0=0, dim1=1)
+    v: Value = cx.call("linear", cx.value(mat1), weight, cx.value(bias))
+    return v
+
+
+def _tensor_type(cx: CaptureContext, t: Any) -> TensorType:
+    ty = cx.value(t).type
+    if not isinstance(ty, TensorType):
+        raise NoIROp(f"expected a tensor operand, got {ty}")
+    return ty
+
+
+def _is_one(x: Any) -> bool:
+    return type(x) in (int, float, bool) and x == 1
 
 
 @op(F.conv2d)
@@ -305,8 +334,6 @@ def _sdpa(
     scale: Any = None,
     enable_gqa: bool = False,
 ) -> Value:
-    if enable_gqa:
-        raise NoIROp("scaled_dot_product_attention(enable_gqa=True) has no IR op")
     r: Value = cx.call(
         "scaled_dot_product_attention",
         cx.value(q),
@@ -316,6 +343,7 @@ def _sdpa(
         dropout_p=float(dropout_p),
         is_causal=bool(is_causal),
         scale=None if scale is None else float(scale),
+        enable_gqa=bool(enable_gqa),
     )
     return r
 

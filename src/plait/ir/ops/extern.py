@@ -183,11 +183,23 @@ def _sdpa_rule(
     dropout_p: float,
     is_causal: bool,
     scale: float | None,
+    enable_gqa: bool = False,
 ) -> list[Type]:
     require_float(q, "scaled_dot_product_attention")
     dtype = _same_dtype("scaled_dot_product_attention", q, k, v)
     if q.rank < 2 or k.rank != q.rank or v.rank != q.rank:
         raise TypeRuleError(f"scaled_dot_product_attention: ranks differ: {q}, {k}, {v}")
+    if enable_gqa:
+        # NOTE: grouped query attention: each key/value head serves Hq / Hkv query heads
+        if q.rank < 3:
+            raise TypeRuleError("scaled_dot_product_attention: enable_gqa needs a head dim")
+        hq, hkv = q.shape[-3], k.shape[-3]
+        _check_dim("scaled_dot_product_attention", k.shape[-3], v.shape[-3], "k/v heads")
+        if not (isinstance(hq, int) and isinstance(hkv, int)) or hkv == 0 or hq % hkv:
+            raise TypeRuleError(
+                f"scaled_dot_product_attention: {hq} query heads over {hkv} key/value heads"
+            )
+        k = k.with_shape((*k.shape[:-3], hq, *k.shape[-2:]))
     _check_dim("scaled_dot_product_attention", q.shape[-1], k.shape[-1], "q/k head dim")
     _check_dim("scaled_dot_product_attention", k.shape[-2], v.shape[-2], "k/v length")
     if isinstance(mask, TensorType):
@@ -208,10 +220,18 @@ register(
             Attr("dropout_p", "float", 0.0),
             Attr("is_causal", "bool", False),
             Attr("scale", "float?", None),
+            Attr("enable_gqa", "bool", False),
         ),
         _sdpa_rule,
-        lambda q, k, v, m, dropout_p, is_causal, scale: F.scaled_dot_product_attention(
-            q, k, v, attn_mask=m, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        lambda q, k, v, m, dropout_p, is_causal, scale, enable_gqa: F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=m,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
         ),
         FLOATS,
         random_when=lambda a: a["dropout_p"] > 0,
