@@ -124,14 +124,7 @@ def test_a_source_that_does_not_import_is_skipped_with_its_reason(
     "name",
     [
         "tv-mobilenet-v3-large",
-        pytest.param(
-            "tv-vit-b-16",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="nn.MultiheadAttention's F.multi_head_attention_forward returns "
-                "(tensor, None): no capture rule, and an opaque node returns tensors only",
-            ),
-        ),
+        "tv-vit-b-16",
         "timm-vit-small",
     ],
 )
