@@ -246,11 +246,23 @@ def source_problem(source: str) -> str | None:
     return None
 
 
+def _draw_zero_weights(module: nn.Module, seed: int) -> None:
+    """Weight matrices a model initializes to zero (torchvision's ViT head) drawn from
+    N(0, 0.02): with a zero head every logit is the bias, whatever the network computes, and
+    parity on the logits would judge nothing."""
+    gen = torch.Generator().manual_seed(seed + 2)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() >= 2 and p.numel() and not p.any():
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.02)
+
+
 def build(model: ZooModel, *, quick: bool, seed: int, batch: int = 1) -> Built:
     """The module (eval mode, seeded random weights) and its seeded example input."""
     torch.manual_seed(seed)
     module, vocab = model.make(quick)
     module = module.eval()
+    _draw_zero_weights(module, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     if model.family == "text":
         tokens = QUICK_TOKENS if quick else FULL_TOKENS
