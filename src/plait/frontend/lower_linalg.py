@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -72,30 +73,28 @@ def _blas(cx: CaptureContext, what: str, input: Any, product: Value, beta: Any, 
     return cx.call("add", term, product, alpha=1)
 
 
-@op(torch.baddbmm, torch.Tensor.baddbmm)
-def _baddbmm(
-    cx: CaptureContext, out: Any, input: Any, b1: Any, b2: Any, *, beta: Any = 1, alpha: Any = 1
-) -> Any:
-    _floats(cx, "baddbmm", input, b1, b2)
-    return _blas(cx, "baddbmm", input, cx.call("bmm", cx.value(b1), cx.value(b2)), beta, alpha)
+def _blas_rule(name: str, product: Callable[[CaptureContext, Value, Value], Value]) -> Any:
+    """The rule of ``torch.<name>(input, a, b, *, beta, alpha)``."""
+
+    def rule(
+        cx: CaptureContext, out: Any, input: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1
+    ) -> Any:
+        _floats(cx, name, input, a, b)
+        return _blas(cx, name, input, product(cx, cx.value(a), cx.value(b)), beta, alpha)
+
+    return rule
 
 
-@op(torch.addbmm, torch.Tensor.addbmm)
-def _addbmm(
-    cx: CaptureContext, out: Any, input: Any, b1: Any, b2: Any, *, beta: Any = 1, alpha: Any = 1
-) -> Any:
-    _floats(cx, "addbmm", input, b1, b2)
-    products = cx.call("bmm", cx.value(b1), cx.value(b2))
-    summed = cx.call("sum", products, dims=(0,), keepdim=False, dtype=None)
-    return _blas(cx, "addbmm", input, summed, beta, alpha)
+def _summed_bmm(cx: CaptureContext, a: Value, b: Value) -> Value:
+    v: Value = cx.call("sum", cx.call("bmm", a, b), dims=(0,), keepdim=False, dtype=None)
+    return v
 
 
-@op(torch.addmv, torch.Tensor.addmv)
-def _addmv(
-    cx: CaptureContext, out: Any, input: Any, mat: Any, vec: Any, *, beta: Any = 1, alpha: Any = 1
-) -> Any:
-    _floats(cx, "addmv", input, mat, vec)
-    return _blas(cx, "addmv", input, cx.call("matmul", cx.value(mat), cx.value(vec)), beta, alpha)
+op(torch.baddbmm, torch.Tensor.baddbmm)(
+    _blas_rule("baddbmm", lambda cx, a, b: cx.call("bmm", a, b))
+)
+op(torch.addbmm, torch.Tensor.addbmm)(_blas_rule("addbmm", _summed_bmm))
+op(torch.addmv, torch.Tensor.addmv)(_blas_rule("addmv", lambda cx, a, b: cx.call("matmul", a, b)))
 
 
 @op(torch.mv, torch.Tensor.mv)
@@ -104,27 +103,22 @@ def _mv(cx: CaptureContext, out: Any, mat: Any, vec: Any) -> Any:
     return cx.call("matmul", cx.value(mat), cx.value(vec))
 
 
-def _outer_product(cx: CaptureContext, a: Any, b: Any) -> Value:
+def _outer_product(cx: CaptureContext, a: Value, b: Value) -> Value:
     """``a[:, None] * b[None, :]``: one product per element, as eager's."""
-    if _type(cx, a).rank != 1 or _type(cx, b).rank != 1:
+    if any(not isinstance(v.type, TensorType) or v.type.rank != 1 for v in (a, b)):
         raise NoIROp("outer of operands that are not vectors")
-    column = cx.call("unsqueeze", cx.value(a), dim=1)
-    row = cx.call("unsqueeze", cx.value(b), dim=0)
+    column = cx.call("unsqueeze", a, dim=1)
+    row = cx.call("unsqueeze", b, dim=0)
     v: Value = cx.call("mul", column, row)
     return v
 
 
 @op(torch.outer, torch.Tensor.outer, torch.ger, torch.Tensor.ger)
 def _outer(cx: CaptureContext, out: Any, a: Any, b: Any) -> Any:
-    return _outer_product(cx, a, b)
+    return _outer_product(cx, cx.value(a), cx.value(b))
 
 
-@op(torch.addr, torch.Tensor.addr)
-def _addr(
-    cx: CaptureContext, out: Any, input: Any, v1: Any, v2: Any, *, beta: Any = 1, alpha: Any = 1
-) -> Any:
-    _floats(cx, "addr", input, v1, v2)
-    return _blas(cx, "addr", input, _outer_product(cx, v1, v2), beta, alpha)
+op(torch.addr, torch.Tensor.addr)(_blas_rule("addr", lambda cx, a, b: _outer_product(cx, a, b)))
 
 
 # --- diff ------------------------------------------------------------------------------------
