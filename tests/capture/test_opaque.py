@@ -44,10 +44,11 @@ CASES: dict[str, tuple[Any, list[tuple[str, str, str]]]] = {
         ],
     ),
     "strings_and_nested_tensors": (
-        lambda x: torch.einsum("ij,jk->ik", [x, x.t()]) + torch.einsum("ij->ji", x),
+        # NOTE: diagonals (an index repeated in one operand): einsum's rule has no IR op for them
+        lambda x: torch.einsum("ii,ij->j", [x, x.t()]) + torch.einsum("ii->i", x),
         [
-            ("torch.functional.einsum", '["ij,jk->ik", [{"t": 0}, {"t": 1}]]', ""),
-            ("torch.functional.einsum", '["ij->ji", {"t": 0}]', ""),
+            ("torch.functional.einsum", '["ii,ij->j", [{"t": 0}, {"t": 1}]]', ""),
+            ("torch.functional.einsum", '["ii->i", {"t": 0}]', ""),
         ],
     ),
     "none_and_bool": (
@@ -89,7 +90,9 @@ def test_literal_arguments_become_opaque_nodes(name: str) -> None:
 
 def test_literal_calls_are_errors_under_fullgraph() -> None:
     for fn, _ in CASES.values():
-        with pytest.raises(GraphCaptureError, match="no capture rule maps") as info:
+        with pytest.raises(
+            GraphCaptureError, match="no capture rule maps|cannot lower this call"
+        ) as info:
             plait.capture(fn, (torch.randn(4, 4),))
         assert info.value.kind == "unsupported"
 
@@ -105,9 +108,10 @@ REFUSED: dict[str, tuple[Any, str]] = {
         lambda x: torch.bernoulli(x.sigmoid(), generator=torch.Generator()),
         "a Generator argument",
     ),
-    "object": (lambda x: torch.einsum("ij->ji", x, object()), "a object argument"),
+    # NOTE: refused before the call runs (so the invalid calls below never reach PyTorch)
+    "object": (lambda x: torch.tensordot(x, x, dims=object()), "a object argument"),
     "dict_with_tensor_keys": (
-        lambda x: torch.einsum("ij->ji", x, {x: 0}),
+        lambda x: torch.tensordot(x, x, dims={x: 0}),
         "a dict argument",
     ),
 }
