@@ -34,10 +34,6 @@ def _index(x: torch.Tensor) -> torch.Tensor:
 
 # name: (program on a 4x6 float tensor, targets of the opaque nodes its graph must hold)
 CASES: dict[str, tuple[Any, list[str]]] = {
-    "diff_prepend_keyword": (
-        lambda x: torch.diff(x, prepend=x[:, :1] * 2, dim=1),
-        ["torch.diff"],
-    ),
     "gather_index_keyword": (
         lambda x: torch.gather(x, 1, index=_index(x)),
         ["torch.gather"],
