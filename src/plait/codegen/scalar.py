@@ -23,9 +23,10 @@ from typing import Any
 import torch
 
 from plait.codegen.index import Ix
-from plait.codegen.kir import KernelBuilder, Stmt, is_float, scalar_of
+from plait.codegen.kir import STORAGE_OF, KernelBuilder, Stmt, is_float, scalar_of
 from plait.codegen.onednn import eager_gelu_uses_onednn
 from plait.ir.graph import Node, Value
+from plait.ir.ops.pointwise import FLOAT_MATH
 from plait.ir.ops.rules import float_dtype, promote
 from plait.ir.types import ScalarType, TensorType, scalar_type_of
 
@@ -101,6 +102,100 @@ def _unary_float(b: KernelBuilder, node: Node, args: Sequence[Arg]) -> tuple[Stm
 def _transcendental(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
     x, t = _unary_float(b, node, args)
     return b.op(node.op, [x], t)
+
+
+# NOTE: the largest arguments whose exp is finite. ATen's vectorized sinh and cosh (Sleef) go
+# through exp(|x|) and overflow past these, where std:: (and the true value) is finite up to
+# ln(2 * max): eager's contiguous loop gives the infinity, so does plait.
+_EXP_FINITE = {"f32": 88.72283172607422, "f64": 709.782712893384}
+
+
+@rule(*FLOAT_MATH)
+def _float_math(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    """libm's function in the compute type (PyTorch: Sleef or std::, within a few ulp)."""
+    x, t = _unary_float(b, node, args)
+    y = b.op(node.op, [x], t)
+    if node.op in ("sinh", "cosh"):
+        overflow = b.op("gt", [b.op("abs", [x], t), b.const(_EXP_FINITE[t], t)], "b")
+        inf = b.const(math.inf, t)
+        big = inf if node.op == "cosh" else b.op("copysign", [inf, x], t)
+        y = b.op("where", [overflow, big, y], t)
+    return y
+
+
+@rule("floor", "ceil", "trunc")
+def _rounding(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x = to(b, args[0], t)
+    return b.op(node.op, [x], t) if is_float(t) else x
+
+
+@rule("round")
+def _round(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x = to(b, args[0], t)
+    if not is_float(t):
+        return x
+    decimals = node.attrs["decimals"]
+    if decimals == 0:
+        return b.op("rint", [x], t)  # NOTE: half to even under the default rounding mode
+    # NOTE: ATen's round_decimals: a power of ten computed in double, cast to the compute type;
+    # rint(x * p) / p, or rint(x / p) * p for negative decimals.
+    p = b.const(float(10.0 ** abs(decimals)), t)
+    if decimals > 0:
+        return b.op("div", [b.op("rint", [b.op("mul", [x, p], t)], t), p], t)
+    return b.op("mul", [b.op("rint", [b.op("div", [x, p], t)], t), p], t)
+
+
+@rule("frac")
+def _frac(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    return b.op("sub", [x, b.op("trunc", [x], t)], t)
+
+
+@rule("sign")
+def _sign(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    # NOTE: ATen's ``(0 < x) - (x < 0)``: NaN gives 0, -0.0 gives +0.0.
+    t = out_type(node)
+    x = to(b, args[0], t)
+    if t == "b":
+        return x
+    zero = b.const(0, t)
+    pos, neg = b.op("lt", [zero, x], "b"), b.op("lt", [x, zero], "b")
+    return b.op("sub", [cast(b, pos, t), cast(b, neg, t)], t)
+
+
+@rule("bitwise_not")
+def _bitwise_not(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x = to(b, args[0], t)
+    return b.op("not", [x], "b") if t == "b" else b.op("bnot", [x], t)
+
+
+@rule("isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit")
+def _predicate(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    a = args[0]
+    assert isinstance(a.type, TensorType)
+    t = scalar_of(a.type.dtype)
+    x = to(b, a, t)
+    if not is_float(t):
+        if node.op == "isfinite":
+            return b.const(True, "b")
+        if node.op == "signbit" and t not in ("b", "u8"):
+            return b.op("lt", [x, b.const(0, t)], "b")
+        return b.const(False, "b")
+    inf = b.const(math.inf, t)
+    if node.op == "isnan":
+        return b.op("ne", [x, x], "b")
+    if node.op == "isinf":
+        return b.op("eq", [b.op("abs", [x], t), inf], "b")
+    if node.op == "isfinite":
+        return b.op("lt", [b.op("abs", [x], t), inf], "b")
+    if node.op == "isposinf":
+        return b.op("eq", [x, inf], "b")
+    if node.op == "isneginf":
+        return b.op("eq", [x, b.const(-math.inf, t)], "b")
+    return b.op("signbit", [x], "b")
 
 
 @rule("rsqrt")
@@ -270,6 +365,71 @@ def _maxmin(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ..
     if t == "b":
         return b.op("or" if node.op == "maximum" else "and", [x, y], "b")
     return b.op("max" if node.op == "maximum" else "min", [x, y], t)
+
+
+@rule("atan2", "hypot", "copysign")
+def _float_binary(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    return b.op(node.op, [to(b, args[0], t), to(b, args[1], t)], t)
+
+
+@rule("fmax", "fmin")
+def _fmaxmin(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x, y = to(b, args[0], t), to(b, args[1], t)
+    if not is_float(t):
+        return b.op("max" if node.op == "fmax" else "min", [x, y], t)
+    # NOTE: of two equal values (+0, -0) eager returns the first, but the second for bfloat16
+    # (its kernel's operand order, in the vector and the scalar loop alike).
+    return b.op(node.op, [y, x] if _storage(node) == "bf16" else [x, y], t)
+
+
+@rule("fmod", "remainder")
+def _mod(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x, y = to(b, args[0], t), to(b, args[1], t)
+    if not is_float(t):
+        return b.op("imod_trunc" if node.op == "fmod" else "imod_floor", [x, y], t)
+    mod = b.op("fmod", [x, y], t)
+    if node.op == "fmod":
+        return mod
+    # NOTE: ATen's remainder: fmod, then ``mod + b`` where mod is nonzero and its sign differs
+    # from b's (the result takes the divisor's sign, as Python's %).
+    zero = b.const(0.0, t)
+    differ = b.op("ne", [b.op("lt", [y, zero], "b"), b.op("lt", [mod, zero], "b")], "b")
+    fix = b.op("and", [b.op("ne", [mod, zero], "b"), differ], "b")
+    return b.op("where", [fix, b.op("add", [mod, y], t), mod], t)
+
+
+@rule("xlogy")
+def _xlogy(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    # NOTE: ATen: NaN where y is NaN, else 0 where x == 0, else x * log(y); 16-bit dtypes round
+    # log(y) to their precision first (ATen computes std::log on the 16-bit type).
+    t = out_type(node)
+    x, y = to(b, args[0], t), to(b, args[1], t)
+    log = b.round(b.op("log", [y], t), _storage(node))
+    product = b.op("mul", [x, log], t)
+    zero = b.const(0.0, t)
+    y_nan = b.op("ne", [y, y], "b")
+    x_zero = b.op("eq", [x, zero], "b")
+    return b.op(
+        "where", [y_nan, b.const(math.nan, t), b.op("where", [x_zero, zero, product], t)], t
+    )
+
+
+@rule("bitwise_and", "bitwise_or", "bitwise_xor", "logical_xor")
+def _bitwise(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = "b" if node.op == "logical_xor" else out_type(node)
+    x, y = to(b, args[0], t), to(b, args[1], t)
+    if t == "b":
+        return b.op({"bitwise_and": "and", "bitwise_or": "or"}.get(node.op, "ne"), [x, y], "b")
+    return b.op({"bitwise_and": "band", "bitwise_or": "bor"}.get(node.op, "bxor"), [x, y], t)
+
+
+def _storage(node: Node) -> str:
+    t = node.outputs[0].type
+    assert isinstance(t, TensorType)
+    return STORAGE_OF[t.dtype]
 
 
 @rule("eq", "ne", "lt", "le", "gt", "ge")
