@@ -1,4 +1,4 @@
-"""The pointwise math ops through ``plait.compile``: native C++ kernels, fused, equal to eager.
+"""Pointwise math and activations through ``plait.compile``: native kernels, equal to eager.
 
 Every op of the table runs in a chain (a post-op fuses into its kernel) on several shapes at once
 (broadcasting, 0-d, empty, non-contiguous) in every dtype family it accepts; each program is
@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 import plait
 import plait.contract
@@ -90,6 +92,18 @@ CASES: list[Case] = [
     Case("bitwise_and", torch.bitwise_and, (*INTS, BOOL), True, arity=2),
     Case("bitwise_or", torch.bitwise_or, (*INTS, BOOL), True, arity=2),
     Case("bitwise_xor", torch.bitwise_xor, (*INTS, BOOL), True, arity=2),
+    Case("leaky_relu", lambda x: F.leaky_relu(x, 0.2), FLOATS, True, (-6.0, 6.0)),
+    Case("hardsigmoid", F.hardsigmoid, FLOATS, True, (-6.0, 6.0)),
+    Case("hardswish", F.hardswish, FLOATS, True, (-6.0, 6.0)),
+    Case("elu", F.elu, FLOATS, False, (-6.0, 6.0)),
+    Case("elu", F.selu, FLOATS, False, (-6.0, 6.0)),
+    Case("elu", lambda x: F.celu(x, 0.7), FLOATS, False, (-6.0, 6.0)),
+    Case("softplus", lambda x: F.softplus(x, 2.0, 4.0), FLOATS, False, (-6.0, 6.0)),
+    Case("mish", F.mish, FLOATS, False, (-6.0, 6.0)),
+    Case("logsigmoid", F.logsigmoid, FLOATS, False, (-6.0, 6.0)),
+    Case("hardshrink", lambda x: F.hardshrink(x, 0.3), FLOATS, True, (-1.0, 1.0)),
+    Case("softshrink", lambda x: F.softshrink(x, 0.3), FLOATS, True, (-1.0, 1.0)),
+    Case("threshold", lambda x: F.threshold(x, 0.1, 20.0), FLOATS, True, (-1.0, 1.0)),
 ]
 # (shape of the first operand, of the second, non-contiguous)
 SHAPES: list[tuple[tuple[int, ...], tuple[int, ...], bool]] = [
@@ -173,6 +187,19 @@ def _inputs(case: Case, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
     return out
 
 
+def _layouts(xs: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The same values contiguous and spread out (eager's vector and scalar loops; which one an
+    element gets also depends on its position in a contiguous tensor)."""
+    spread = []
+    for x in xs:
+        if x.dim() == 0:
+            spread.append(x)
+            continue
+        wide = torch.empty((*x.shape[:-1], x.shape[-1] * 2), dtype=x.dtype)
+        spread.append(wide[..., ::2].copy_(x))
+    return [[x.contiguous() for x in xs], spread]
+
+
 def _elementwise_ok(got: torch.Tensor, want: torch.Tensor, exact: bool) -> torch.Tensor:
     """Per element: bitwise for exact ops (a NaN may have other payload bits: 16-bit stores
     write the canonical NaN); else NaN, infinities and zeros (with their sign) exactly and
@@ -236,7 +263,7 @@ def test_op_compiles_natively_and_matches_eager(case: Case, dtype: torch.dtype) 
             xs = [_with_specials(x, gen) for x in xs]
         with torch.no_grad():
             got = compiled(*xs)
-            wants = [program(*xs), program(*(x.contiguous() for x in xs))]
+            wants = [program(*xs), *(program(*alt) for alt in _layouts(xs))]
         for k, g in enumerate(got):
             what = f"{case.op} {dtype} output {k} draw {draw}"
             assert_like_eager(g, [w[k] for w in wants], case.exact, what)
@@ -256,7 +283,28 @@ def _spellings(x: torch.Tensor, y: torch.Tensor, n: torch.Tensor, m: torch.Tenso
     c &= m
     c |= 6
     c ^= n
+    d = x.clone()
+    F.elu(d, inplace=True)
+    F.leaky_relu(d, 0.05, inplace=True)
+    F.hardswish(d, inplace=True)
+    F.threshold(d, 0.2, -1.0, inplace=True)
+    e = x.clone()
+    F.relu6(e, inplace=True)
     return [
+        nn.SELU()(x),
+        nn.CELU(0.5)(x),
+        nn.Hardsigmoid()(x),
+        nn.Mish()(x),
+        nn.Softplus()(x),
+        nn.LogSigmoid()(x),
+        nn.Softsign()(x),
+        nn.Tanhshrink()(x),
+        nn.ReLU6()(x),
+        nn.Hardshrink()(x),
+        nn.Softshrink()(x),
+        nn.LeakyReLU()(x),
+        d,
+        e,
         torch.arcsin(x.clamp(-1, 1)),
         torch.arccosh(y + 1),
         torch.arctan2(x, y),
@@ -308,9 +356,10 @@ def test_every_spelling_compiles_natively_and_matches_eager() -> None:
         if draw == 2:
             x = _with_specials(x, gen)
         with torch.no_grad():
-            got, want = compiled(x, y, n, m), _spellings(x, y, n, m)
-        for k, (g, w) in enumerate(zip(got, want)):
-            assert_like_eager(g, [w], False, f"spelling {k} draw {draw}")
+            got = compiled(x, y, n, m)
+            wants = [_spellings(x, y, n, m), *(_spellings(*alt) for alt in _layouts([x, y, n, m]))]
+        for k, g in enumerate(got):
+            assert_like_eager(g, [w[k] for w in wants], False, f"spelling {k} draw {draw}")
     manifest = plait.explain(compiled).specializations[0].manifest
     assert not manifest.fallbacks, manifest.fallbacks
     assert manifest.executor["evidence"]["counts"]["fallback"] == 0

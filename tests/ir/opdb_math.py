@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from plait.ir.ops.pointwise import FLOAT_MATH
 from plait.ir.types import FLOAT_DTYPES
@@ -243,3 +244,55 @@ for _op in ("all", "any", "count_nonzero"):
 for _op in ("nansum", "prod"):
     GENERATORS[_op] = lambda d, m, op=_op: gen_nansum_prod(op, d, m)
 GENERATORS["logsumexp"] = gen_logsumexp
+
+
+# --- activations ----------------------------------------------------------------------------
+ACTIVATIONS: dict[str, list[tuple[dict[str, Any], Callable[..., Any]]]] = {
+    "leaky_relu": [
+        ({"negative_slope": 0.01}, lambda x: F.leaky_relu(x)),
+        ({"negative_slope": 0.3}, lambda x: F.leaky_relu(x, 0.3)),
+    ],
+    "hardsigmoid": [({}, F.hardsigmoid)],
+    "hardswish": [({}, F.hardswish)],
+    "elu": [
+        ({"alpha": 1.0, "scale": 1.0, "input_scale": 1.0}, F.elu),
+        ({"alpha": 0.7, "scale": 1.0, "input_scale": 1.0}, lambda x: F.elu(x, 0.7)),
+        (
+            {"alpha": 1.6732632423543772, "scale": 1.0507009873554805, "input_scale": 1.0},
+            F.selu,
+        ),
+        ({"alpha": 1.3, "scale": 1.0, "input_scale": 1.0 / 1.3}, lambda x: F.celu(x, 1.3)),
+    ],
+    "softplus": [
+        ({"beta": 1.0, "threshold": 20.0}, F.softplus),
+        ({"beta": 2.0, "threshold": 3.0}, lambda x: F.softplus(x, 2.0, 3.0)),
+    ],
+    "mish": [({}, F.mish)],
+    "logsigmoid": [({}, F.logsigmoid)],
+    "hardshrink": [({"lambd": 0.5}, F.hardshrink), ({"lambd": 0.3}, lambda x: x.hardshrink(0.3))],
+    "softshrink": [
+        ({"lambd": 0.5}, F.softshrink),
+        ({"lambd": 0.3}, lambda x: F.softshrink(x, 0.3)),
+    ],
+    "threshold": [({"threshold": 0.1, "value": 20.0}, lambda x: F.threshold(x, 0.1, 20.0))],
+}
+# NOTE: values at the bounds, where rounding a bound to a 16-bit dtype decides the result
+EDGES: dict[str, list[float]] = {
+    "hardshrink": [0.30078125, -0.30078125, 0.5, -0.5, 0.3, 0.2998046875],
+    "softshrink": [0.30078125, -0.30078125, 0.5, -0.5, 0.3, -0.3],
+    "threshold": [0.1, 0.10009765625, 0.0999755859375, 0.0999999940395355],
+}
+
+
+def gen_activation(op: str, dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
+    for attrs, fn in ACTIVATIONS[op]:
+        for shape, nc in UNARY_SHAPES:
+            x = make(shape, dtype, noncontig=nc, low=-6.0, high=6.0)
+            yield Sample(op, [x], dict(attrs), lambda x=x, fn=fn: fn(x), f"{shape} {attrs}")
+        if op in EDGES:
+            e = torch.tensor(EDGES[op], dtype=torch.float64).to(dtype)
+            yield Sample(op, [e], dict(attrs), lambda x=e, fn=fn: fn(x), f"bounds {attrs}")
+
+
+for _op in ACTIVATIONS:
+    GENERATORS[_op] = lambda d, m, op=_op: gen_activation(op, d, m)

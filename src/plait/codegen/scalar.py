@@ -515,3 +515,106 @@ def accum_scalar(t: Any) -> str:
 # NOTE: operand positions a rule reads per channel (batch_norm's parameters); the rest are
 # broadcast like any pointwise operand.
 CHANNEL_OPERANDS: dict[str, tuple[int, ...]] = {"batch_norm": (1, 2, 3, 4)}
+
+
+# --- activations ----------------------------------------------------------------------------
+def _attr_const(b: KernelBuilder, node: Node, name: str, t: str, storage: bool = False) -> Stmt:
+    """A float attribute in the compute type; ``storage``: rounded to a 16-bit output dtype
+    first (ATen converts it to the tensor's own scalar type)."""
+    c = b.const(float(node.attrs[name]), t)
+    return b.round(c, _storage(node)) if storage else c
+
+
+@rule("leaky_relu")
+def _leaky_relu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    slope = _attr_const(b, node, "negative_slope", t)
+    positive = b.op("gt", [x, b.const(0.0, t)], "b")
+    return b.op("where", [positive, x, b.op("mul", [x, slope], t)], t)
+
+
+def _relu6_of(b: KernelBuilder, x: Stmt, t: str) -> Stmt:
+    """min(max(x + 3, 0), 6), NaN propagating (ATen's vector loop; its scalar loop agrees)."""
+    shifted = b.op("add", [x, b.const(3.0, t)], t)
+    return b.op("min", [b.op("max", [shifted, b.const(0.0, t)], t), b.const(6.0, t)], t)
+
+
+@rule("hardsigmoid", "hardswish")
+def _hard(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    y = _relu6_of(b, x, t)
+    if node.op == "hardswish":
+        y = b.op("mul", [x, y], t)
+    return b.op("div", [y, b.const(6.0, t)], t)
+
+
+@rule("elu")
+def _elu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    # NOTE: ATen: negcoef = alpha * scale in the compute type; x <= 0 (or NaN) takes the
+    # expm1 branch as the vector loop does (NaN either way).
+    x, t = _unary_float(b, node, args)
+    alpha, scale = _attr_const(b, node, "alpha", t), _attr_const(b, node, "scale", t)
+    negcoef = b.op("mul", [alpha, scale], t)
+    neg = b.op(
+        "mul",
+        [b.op("expm1", [b.op("mul", [x, _attr_const(b, node, "input_scale", t)], t)], t), negcoef],
+        t,
+    )
+    positive = b.op("gt", [x, b.const(0.0, t)], "b")
+    return b.op("where", [positive, b.op("mul", [x, scale], t), neg], t)
+
+
+@rule("softplus")
+def _softplus(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    beta = _attr_const(b, node, "beta", t)
+    scaled = b.op("mul", [x, beta], t)
+    above = b.op("gt", [scaled, _attr_const(b, node, "threshold", t)], "b")
+    soft = b.op("div", [b.op("log1p", [b.op("exp", [scaled], t)], t), beta], t)
+    return b.op("where", [above, x, soft], t)
+
+
+@rule("mish")
+def _mish(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    softplus = b.op("log1p", [b.op("exp", [x], t)], t)
+    return b.op("mul", [x, b.op("tanh", [softplus], t)], t)
+
+
+@rule("logsigmoid")
+def _logsigmoid(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    # NOTE: ATen's forward: min(x, 0) - log1p(exp(-|x|)) (logsigmoid(+inf) is +0).
+    x, t = _unary_float(b, node, args)
+    tail = b.op("log1p", [b.op("exp", [b.op("neg", [b.op("abs", [x], t)], t)], t)], t)
+    return b.op("sub", [b.op("min", [x, b.const(0.0, t)], t), tail], t)
+
+
+@rule("hardshrink", "softshrink")
+def _shrink(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    # NOTE: hardshrink compares with lambd in the tensor's dtype, softshrink in float (eager).
+    lambd = _attr_const(b, node, "lambd", t, storage=node.op == "hardshrink")
+    neg_lambd = b.op("neg", [lambd], t)
+    if node.op == "hardshrink":
+        inside = b.op("and", [b.op("ge", [x, neg_lambd], "b"), b.op("le", [x, lambd], "b")], "b")
+        return b.op("where", [inside, b.const(0.0, t), x], t)
+    # NOTE: x * 0 keeps the sign of x inside the band (ATen's scalar loop; its vector loop
+    # writes +0 there, and eager's answer depends on an element's position).
+    low = b.op(
+        "where",
+        [
+            b.op("lt", [x, neg_lambd], "b"),
+            b.op("add", [x, lambd], t),
+            b.op("mul", [x, b.const(0.0, t)], t),
+        ],
+        t,
+    )
+    return b.op("where", [b.op("gt", [x, lambd], "b"), b.op("sub", [x, lambd], t), low], t)
+
+
+@rule("threshold")
+def _threshold(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    bound = _attr_const(b, node, "threshold", t)
+    value = _attr_const(b, node, "value", t)
+    return b.op("where", [b.op("le", [x, bound], "b"), value, x], t)

@@ -342,3 +342,54 @@ register(
         "zero above the diagonal (index-dependent pointwise)",
     )
 )
+
+
+# --- activations (torch.nn.functional), with ATen's CPU formulas -----------------------------
+def _activation(name: str, fn: Callable[..., torch.Tensor], *attrs: Attr, doc: str = "") -> None:
+    _unary(name, fn, FLOATS, float_only=True, attrs=attrs, doc=doc)
+
+
+_activation(
+    "leaky_relu",
+    lambda x, negative_slope: F.leaky_relu(x, negative_slope),
+    Attr("negative_slope", "float", 0.01),
+    doc="x > 0 ? x : x * negative_slope",
+)
+_activation("hardsigmoid", F.hardsigmoid, doc="min(max(x + 3, 0), 6) / 6, NaN propagating")
+_activation("hardswish", F.hardswish, doc="x * min(max(x + 3, 0), 6) / 6, NaN propagating")
+_activation(
+    "elu",
+    lambda x, alpha, scale, input_scale: torch.ops.aten.elu(x, alpha, scale, input_scale),
+    Attr("alpha", "float", 1.0),
+    Attr("scale", "float", 1.0),
+    Attr("input_scale", "float", 1.0),
+    doc="x > 0 ? x * scale : expm1(x * input_scale) * (alpha * scale) (selu and celu too)",
+)
+_activation(
+    "softplus",
+    lambda x, beta, threshold: F.softplus(x, beta, threshold),
+    Attr("beta", "float", 1.0),
+    Attr("threshold", "float", 20.0),
+    doc="x * beta > threshold ? x : log1p(exp(x * beta)) / beta",
+)
+_activation("mish", F.mish, doc="x * tanh(log1p(exp(x)))")
+_activation("logsigmoid", F.logsigmoid, doc="min(x, 0) - log1p(exp(-|x|))")
+_activation(
+    "hardshrink",
+    lambda x, lambd: F.hardshrink(x, lambd),
+    Attr("lambd", "float", 0.5),
+    doc="-lambd <= x <= lambd ? 0 : x",
+)
+_activation(
+    "softshrink",
+    lambda x, lambd: F.softshrink(x, lambd),
+    Attr("lambd", "float", 0.5),
+    doc="x > lambd ? x - lambd : (x < -lambd ? x + lambd : x * 0)",
+)
+_activation(
+    "threshold",
+    lambda x, threshold, value: F.threshold(x, threshold, value),
+    Attr("threshold", "float"),
+    Attr("value", "float"),
+    doc="x <= threshold ? value : x",
+)
