@@ -35,6 +35,14 @@ NATIVE_MATH: tuple[str, ...] = (
 )  # fmt: skip
 
 
+# NOTE: eager's answer for the sign of a zero depends on an element's position here (its vector
+# loop writes +0.0 in softshrink's dead band, its scalar loop, which takes a contiguous tensor's
+# last elements and every strided one, x * 0): plait gives the scalar loop's answer everywhere,
+# so a zero of the other sign is eager's own inconsistency (tests/codegen/test_native_math.py
+# holds the op to one of eager's answers per element).
+SIGN_OF_ZERO_BY_POSITION = frozenset({"nn.functional.softshrink"})
+
+
 @functools.cache
 def _ops() -> dict[str, Any]:
     return {opinfo_sweep.op_key(op): op for op in opinfo_sweep.float32_ops()}
@@ -53,7 +61,8 @@ def test_opinfo_samples_pass_natively(key: str) -> None:
     )
     judged = [o for o in outcomes if o.category != "not_judged"]
     assert judged, f"{key}: eager rejected every sample"
-    wrong = [o for o in judged if o.category != "pass"]
+    allowed = {"pass", "signed_zero"} if key in SIGN_OF_ZERO_BY_POSITION else {"pass"}
+    wrong = [o for o in judged if o.category not in allowed]
     assert not wrong, "\n".join(
         f"{o.op} sample {o.index} ({o.desc}), {o.grad_mode}, {o.draw}: {o.category}: {o.detail}"
         f" {o.fallbacks}"
