@@ -80,6 +80,8 @@ CASES: list[Case] = [
     Case("isposinf", torch.isposinf, (*FLOATS, I64), True),
     Case("isneginf", torch.isneginf, (*FLOATS, I64), True),
     Case("bitwise_not", torch.bitwise_not, (*INTS, BOOL), True),
+    Case("nan_to_num", torch.nan_to_num, (*FLOATS, I64, BOOL), True),
+    Case("nan_to_num", lambda x: x.nan_to_num(1.5, 100.3, -7.1), FLOATS, True),
     Case("atan2", torch.atan2, (*FLOATS, I64), False, arity=2),
     Case("hypot", torch.hypot, FLOATS, False, arity=2),
     Case("copysign", torch.copysign, (*FLOATS, I64), True, arity=2),
@@ -290,6 +292,7 @@ def _spellings(x: torch.Tensor, y: torch.Tensor, n: torch.Tensor, m: torch.Tenso
     F.threshold(d, 0.2, -1.0, inplace=True)
     e = x.clone()
     F.relu6(e, inplace=True)
+    e.nan_to_num_()
     return [
         nn.SELU()(x),
         nn.CELU(0.5)(x),
@@ -330,6 +333,7 @@ def _spellings(x: torch.Tensor, y: torch.Tensor, n: torch.Tensor, m: torch.Tenso
         torch.fmod(n, -3),
         torch.xlogy(2.0, y),
         torch.copysign(x, -1.0),
+        x.nan_to_num(posinf=3.0),
         ~n,
         ~(x > 0),
         n & m,

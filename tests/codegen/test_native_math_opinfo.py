@@ -25,7 +25,7 @@ NATIVE_MATH: tuple[str, ...] = (
     "sign", "sgn", "signbit", "isnan", "isinf", "isfinite", "isposinf", "isneginf",
     "square", "positive", "deg2rad", "rad2deg",
     "atan2", "hypot", "copysign", "fmod", "remainder", "__rmod__", "fmax", "fmin", "xlogy",
-    "logical_xor",
+    "logical_xor", "nan_to_num",
     "all", "any", "count_nonzero", "nansum", "prod", "logsumexp",
     "nn.functional.leaky_relu", "nn.functional.hardsigmoid", "nn.functional.hardswish",
     "nn.functional.elu", "nn.functional.selu", "nn.functional.celu", "nn.functional.softplus",

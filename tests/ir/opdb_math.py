@@ -149,7 +149,18 @@ def gen_binary_math(op: str, dtype: torch.dtype, make: Maker) -> Iterator[Sample
             yield Sample(op, [s, pos], {}, lambda x=pos, s=s: fn(s, x), f"{s!r} op tensor")
 
 
+def gen_nan_to_num(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
+    yield from gen_unary_misc("nan_to_num", dtype, make)
+    if dtype in FLOAT_DTYPES:
+        s = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 2.5]).to(dtype)
+        attrs = {"nan": 1.5, "posinf": 100.3, "neginf": -7.1}
+        yield Sample(
+            "nan_to_num", [s], attrs, lambda: torch.nan_to_num(s, 1.5, 100.3, -7.1), "values"
+        )
+
+
 GENERATORS: dict[str, Callable[[torch.dtype, Maker], Iterator[Sample]]] = {}
+GENERATORS["nan_to_num"] = gen_nan_to_num
 for _op in FLOAT_MATH:
     GENERATORS[_op] = lambda d, m, op=_op: gen_float_math(op, d, m)
 for _op in ("floor", "ceil", "trunc", "round", "frac"):

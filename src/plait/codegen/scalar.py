@@ -618,3 +618,28 @@ def _threshold(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix,
     bound = _attr_const(b, node, "threshold", t)
     value = _attr_const(b, node, "value", t)
     return b.op("where", [b.op("le", [x, bound], "b"), value, x], t)
+
+
+@rule("nan_to_num")
+def _nan_to_num(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x = to(b, args[0], t)
+    if not is_float(t):
+        return x
+    out = node.outputs[0].type
+    assert isinstance(out, TensorType)
+    info = torch.finfo(out.dtype)
+
+    def replacement(name: str, default: float) -> Stmt:
+        # NOTE: ATen casts the replacement to the tensor's dtype (double -> float -> 16 bits).
+        value = node.attrs[name]
+        return b.round(b.const(default if value is None else float(value), t), _storage(node))
+
+    inf = b.const(math.inf, t)
+    y = b.op(
+        "where",
+        [b.op("eq", [x, b.op("neg", [inf], t)], "b"), replacement("neginf", info.min), x],
+        t,
+    )
+    y = b.op("where", [b.op("eq", [x, inf], "b"), replacement("posinf", info.max), y], t)
+    return b.op("where", [b.op("ne", [x, x], "b"), replacement("nan", 0.0), y], t)

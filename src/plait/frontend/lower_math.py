@@ -92,6 +92,27 @@ for _name in _PREDICATES:
     op(*_both(_name))(lambda cx, out, x, _ir=_name: cx.call(_ir, cx.value(x)))
 
 
+def _nan_to_num(
+    cx: CaptureContext,
+    out: Any,
+    x: Any,
+    nan: float | None = 0.0,
+    posinf: float | None = None,
+    neginf: float | None = None,
+) -> Value:
+    def opt(v: Any) -> float | None:
+        return None if v is None else float(v)
+
+    v: Value = cx.call(
+        "nan_to_num", cx.value(x), nan=float(nan or 0.0), posinf=opt(posinf), neginf=opt(neginf)
+    )
+    return v
+
+
+op(*_both("nan_to_num"))(_nan_to_num)
+op(T.nan_to_num_, *_fns(torch, "nan_to_num_"), inplace=True)(_nan_to_num)
+
+
 def _round(cx: CaptureContext, out: Any, x: Any, *, decimals: Any = 0) -> Value:
     v: Value = cx.call("round", cx.value(x), decimals=cx.int(decimals))
     return v

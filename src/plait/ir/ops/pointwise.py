@@ -393,3 +393,23 @@ _activation(
     Attr("value", "float"),
     doc="x <= threshold ? value : x",
 )
+
+
+def _nan_to_num_rule(x: TensorType, **_: Any) -> list[Type]:
+    if x.dtype not in ALL:
+        raise TypeRuleError(f"nan_to_num: unsupported dtype {x.dtype}")
+    return [x]
+
+
+register(
+    OpDef(
+        "nan_to_num",
+        Category.POINTWISE,
+        (Param("x"),),
+        (Attr("nan", "float", 0.0), Attr("posinf", "float?", None), Attr("neginf", "float?", None)),
+        _nan_to_num_rule,
+        lambda x, nan, posinf, neginf: torch.nan_to_num(x, nan, posinf, neginf),
+        ALL,
+        "NaN, +inf, -inf replaced (by default with 0 and the dtype's largest finite values)",
+    )
+)
