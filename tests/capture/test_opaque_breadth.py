@@ -97,21 +97,21 @@ CASES: dict[str, tuple[Any, list[str]]] = {
         ),
         ["torch.nn.functional.scaled_dot_product_attention"],
     ),
-    "inplace_hardswish_keyword": (
-        lambda x: F.hardswish(x * 2, inplace=True) + 1,
-        ["torch.nn.functional.hardswish"],
+    "inplace_rrelu_keyword": (
+        lambda x: F.rrelu(x * 2, training=False, inplace=True) + 1,
+        ["torch.nn.functional.rrelu"],
     ),
-    "inplace_hardsigmoid_positional": (
-        lambda x: F.hardsigmoid(x * 2, True) + 1,
-        ["torch.nn.functional.hardsigmoid"],
+    "inplace_rrelu_positional": (
+        lambda x: F.rrelu(x * 2, 0.125, 0.25, False, True) + 1,
+        ["torch.nn.functional.rrelu"],
     ),
     "inplace_method_through_a_view": (
         lambda x: _write_view(x),
         ["torch.Tensor.cumsum"],
     ),
     "inplace_module": (
-        torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Hardswish(inplace=True)),
-        ["torch.nn.functional.hardswish"],
+        torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.RReLU(inplace=True)).eval(),
+        ["torch.nn.functional.rrelu"],
     ),
 }
 

@@ -6,6 +6,7 @@ ask ``torch.result_type``) and reference implementations compute exactly what ea
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -102,6 +103,10 @@ def _nan_to_num(
 ) -> Value:
     def opt(v: Any) -> float | None:
         return None if v is None else float(v)
+
+    if any(v is not None and math.isnan(float(v)) for v in (nan, posinf, neginf)):
+        # NOTE: kernels write the canonical NaN; eager keeps a NaN replacement's sign and payload
+        raise NoIROp("nan_to_num with a NaN replacement keeps its bits only in PyTorch's kernel")
 
     v: Value = cx.call(
         "nan_to_num", cx.value(x), nan=float(nan or 0.0), posinf=opt(posinf), neginf=opt(neginf)
