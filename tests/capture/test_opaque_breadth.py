@@ -84,21 +84,21 @@ CASES: dict[str, tuple[Any, list[str]]] = {
         lambda x: F.max_unpool2d(*F.max_pool2d(x[None], (2, 2), return_indices=True), (2, 2)),
         ["torch.nn.functional.max_pool2d_with_indices", "torch.nn.functional.max_unpool2d"],
     ),
-    "inplace_hardswish_keyword": (
-        lambda x: F.hardswish(x * 2, inplace=True) + 1,
-        ["torch.nn.functional.hardswish"],
+    "inplace_rrelu_keyword": (
+        lambda x: F.rrelu(x * 2, training=False, inplace=True) + 1,
+        ["torch.nn.functional.rrelu"],
     ),
-    "inplace_hardsigmoid_positional": (
-        lambda x: F.hardsigmoid(x * 2, True) + 1,
-        ["torch.nn.functional.hardsigmoid"],
+    "inplace_rrelu_positional": (
+        lambda x: F.rrelu(x * 2, 0.125, 0.25, False, True) + 1,
+        ["torch.nn.functional.rrelu"],
     ),
     "inplace_method_through_a_view": (
         lambda x: _write_view(x),
         ["torch.Tensor.cumsum"],
     ),
     "inplace_module": (
-        torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Hardswish(inplace=True)),
-        ["torch.nn.functional.hardswish"],
+        torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.RReLU(inplace=True)).eval(),
+        ["torch.nn.functional.rrelu"],
     ),
 }
 

@@ -40,6 +40,12 @@ SPELLING: dict[str, Callable[[torch.Tensor, Any, bool], torch.Tensor]] = {
     "var": lambda t, d, k: torch.var(t, d, keepdim=k),
     "softmax": lambda t, d, k: torch.softmax(t, d if isinstance(d, int) else d[0]),
     "log_softmax": lambda t, d, k: torch.log_softmax(t, d if isinstance(d, int) else d[0]),
+    "all": lambda t, d, k: torch.all(t, d, keepdim=k),
+    "any": lambda t, d, k: torch.any(t, d, keepdim=k),
+    "count_nonzero": lambda t, d, k: torch.count_nonzero(t, d),  # NOTE: it has no keepdim
+    "nansum": lambda t, d, k: torch.nansum(t, d, keepdim=k),
+    "prod": lambda t, d, k: torch.prod(t, d if isinstance(d, int) else d[0], keepdim=k),
+    "logsumexp": lambda t, d, k: torch.logsumexp(t, d, keepdim=k),
 }
 DIMS = [0, -1, (0,), (-1,)]
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var
-from plait.codegen.kir import Kernel, Reduce, Stmt, Store, is_float
+from plait.codegen.kir import CHECKED_INT_OPS, Kernel, Reduce, Stmt, Store, is_float
 from plait.codegen.loops import merge_loops
 
 CTYPE = {
@@ -45,8 +45,15 @@ CTYPE = {
 }
 STORAGE_CTYPE = {**CTYPE, "bf16": "uint16_t", "f16": "uint16_t", "b": "uint8_t"}
 BLOCK = 4096
-_MATH = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "pow": "pow"}
-_VECTOR_MATH = ("exp", "log", "tanh", "erf", "pow")
+# NOTE: libm functions by their C names (``f`` suffix for float); prelude.py declares them.
+LIBM = ("exp", "log", "tanh", "erf", "pow", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
+        "cosh", "asinh", "acosh", "atanh", "expm1", "log1p", "log2", "log10", "exp2", "erfc",
+        "atan2", "hypot")  # fmt: skip
+_VECTOR_MATH = ("exp", "log", "tanh", "erf", "pow", "sin", "cos")
+# Exact operations as the prelude's inline wrappers of compiler builtins.
+_BUILTINS = {
+    op: f"{op}_" for op in ("floor", "ceil", "trunc", "rint", "fmod", "copysign", "sqrt", "signbit")
+}
 
 
 @dataclass(frozen=True)
@@ -127,7 +134,7 @@ class _Printer:
             for a in s.args:
                 ao, ai, ap = self.level[a.id]
                 o, i, p = max(o, ao), max(i, ai), max(p, ap)
-            if s.op in ("idiv_trunc", "idiv_floor"):
+            if s.op in CHECKED_INT_OPS:
                 self.uses_err = True
             self.level[s.id] = (o, i, p)
         self.emitted: set[int] = set()
@@ -147,7 +154,7 @@ class _Printer:
         self.emitted.add(s.id)
         t = CTYPE[s.dtype]
         a = [self.expr(x) for x in s.args]
-        if s.op in ("idiv_trunc", "idiv_floor"):
+        if s.op in CHECKED_INT_OPS:
             self.line(f"err |= ({a[1]} == 0);")
         self.line(f"const {t} t{s.id} = {self.rhs(s, a)};")
 
@@ -195,15 +202,19 @@ class _Printer:
                 return f"{op}_nan<{CTYPE[t]}>({a[0]}, {a[1]})"
             cmp = ">" if op == "max" else "<"
             return f"({a[0]} {cmp} {a[1]} ? {a[0]} : {a[1]})"
-        if op in ("idiv_trunc", "idiv_floor", "ipow", "fdiv_floor"):
+        if op in ("ipow", "fdiv_floor", "fmax", "fmin") or op in CHECKED_INT_OPS:
             return f"{op}<{CTYPE[t]}>({a[0]}, {a[1]})"
         if op == "fdiv_trunc":
             return f"trunc_({a[0]} / {a[1]})"
-        if op in _MATH:
-            name = _MATH[op] + ("f" if t == "f32" else "")
-            if op == "sqrt":
-                name = "sqrt_"
-            return f"{name}({', '.join(a)})"
+        bitwise = {"band": "&", "bor": "|", "bxor": "^"}
+        if op in bitwise:
+            return f"({CTYPE[t]})({a[0]} {bitwise[op]} {a[1]})"
+        if op == "bnot":
+            return f"({CTYPE[t]})(~{a[0]})"
+        if op in _BUILTINS:
+            return f"{_BUILTINS[op]}({', '.join(a)})"
+        if op in LIBM:
+            return f"{op}{'f' if t == 'f32' else ''}({', '.join(a)})"
         raise AssertionError(f"no C++ for scalar op {op!r}")
 
     def _order(self, roots: list[Stmt]) -> list[Stmt]:
@@ -304,12 +315,14 @@ class _Printer:
 
     @staticmethod
     def _tracks_nan(r: Reduce) -> bool:
-        return r.kind != "sum" and is_float(r.dtype)
+        return r.kind in ("max", "min") and is_float(r.dtype)
 
     def _init(self, r: Reduce) -> str:
         t = CTYPE[r.dtype]
         if r.kind == "sum":
             return f"({t})0"
+        if r.kind == "prod":
+            return f"({t})1"
         if is_float(r.dtype):
             return "-INFINITY" if r.kind == "max" else "INFINITY"
         bits = {"i64": 64, "i32": 32, "i16": 16, "i8": 8}.get(r.dtype)
@@ -338,7 +351,8 @@ class _Printer:
             lo, hi = f"{v}_b", f"min_<int64_t>({v}_b + {BLOCK}, {n})"
         for r in reduces:
             self.line(f"{CTYPE[r.dtype]} p{r.acc} = {self._init(r)};")
-        clauses = [f"reduction({'+' if r.kind == 'sum' else r.kind}:p{r.acc})" for r in reduces]
+        sign = {"sum": "+", "prod": "*"}
+        clauses = [f"reduction({sign.get(r.kind, r.kind)}:p{r.acc})" for r in reduces]
         clauses += [f"reduction(|:nan{r.acc})" for r in reduces if self._tracks_nan(r)]
         if self.uses_err:
             clauses.append("reduction(|:err)")
@@ -354,6 +368,8 @@ class _Printer:
     def _combine(self, acc: str, value: str, r: Reduce) -> str:
         if r.kind == "sum":
             return f"{acc} += {value};"
+        if r.kind == "prod":
+            return f"{acc} = ({CTYPE[r.dtype]})({acc} * {value});"
         fn = "max_" if r.kind == "max" else "min_"
         return f"{acc} = {fn}({acc}, {value});"
 

@@ -64,9 +64,15 @@ SCALAR_OPS = frozenset(
         "idiv_trunc", "idiv_floor", "fdiv_trunc", "fdiv_floor", "pow", "ipow",
         "max", "min", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "where",
         "exp", "log", "sqrt", "tanh", "erf",
+        "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+        "expm1", "log1p", "log2", "log10", "exp2", "erfc", "atan2", "hypot",
+        "floor", "ceil", "trunc", "rint", "signbit", "fmod", "copysign", "fmax", "fmin",
+        "imod_trunc", "imod_floor", "band", "bor", "bxor", "bnot",
     }
 )  # fmt: skip
-REDUCE_KINDS = ("sum", "max", "min")
+# Integer ops that report a division by zero (the kernel returns nonzero; PyTorch raises).
+CHECKED_INT_OPS = frozenset({"idiv_trunc", "idiv_floor", "imod_trunc", "imod_floor"})
+REDUCE_KINDS = ("sum", "prod", "max", "min")
 
 
 def compute_type(storage: str) -> str:

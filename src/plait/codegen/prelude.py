@@ -10,17 +10,16 @@ Example:
     True
 """
 
-_MATH_DECLS = (
-    "float expf(float)",
-    "float logf(float)",
-    "float tanhf(float)",
-    "float erff(float)",
-    "float powf(float, float)",
-    "double exp(double)",
-    "double log(double)",
-    "double tanh(double)",
-    "double erf(double)",
-    "double pow(double, double)",
+# NOTE: glibc's libmvec has vector versions of all of these (since 2.35, like tanh and erf).
+_UNARY_LIBM = ("exp", "log", "tanh", "erf", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
+               "cosh", "asinh", "acosh", "atanh", "expm1", "log1p", "log2", "log10", "exp2",
+               "erfc")  # fmt: skip
+_BINARY_LIBM = ("pow", "atan2", "hypot")
+_MATH_DECLS = tuple(
+    f"{t} {name}{suffix}({', '.join([t] * arity)})"
+    for t, suffix in (("float", "f"), ("double", ""))
+    for names, arity in ((_UNARY_LIBM, 1), (_BINARY_LIBM, 2))
+    for name in names
 )
 _SIMD = "#if PLAIT_LIBMVEC\n#pragma omp declare simd notinbranch\n#endif\n"
 _DECLS = 'extern "C" {\n' + "".join(f"{_SIMD}{d};\n" for d in _MATH_DECLS) + "}\n"
@@ -38,6 +37,13 @@ inline float trunc_(float x) { return __builtin_truncf(x); }
 inline double trunc_(double x) { return __builtin_trunc(x); }
 inline float floor_(float x) { return __builtin_floorf(x); }
 inline double floor_(double x) { return __builtin_floor(x); }
+// NOTE: the sign bit read from the bits (GCC 12 fails to vectorize __builtin_signbit).
+inline bool signbit_(float x) { uint32_t u; __builtin_memcpy(&u, &x, 4); return (u >> 31) != 0; }
+inline bool signbit_(double x) { uint64_t u; __builtin_memcpy(&u, &x, 8); return (u >> 63) != 0; }
+inline float ceil_(float x) { return __builtin_ceilf(x); }
+inline double ceil_(double x) { return __builtin_ceil(x); }
+inline float rint_(float x) { return __builtin_rintf(x); }
+inline double rint_(double x) { return __builtin_rint(x); }
 inline float fmod_(float a, float b) { return __builtin_fmodf(a, b); }
 inline double fmod_(double a, double b) { return __builtin_fmod(a, b); }
 inline float copysign_(float a, float b) { return __builtin_copysignf(a, b); }
@@ -87,6 +93,13 @@ template <class T> inline T max_nan(T a, T b) {
 template <class T> inline T min_nan(T a, T b) {
   return a != a ? a : (b != b ? b : (a < b ? a : b));
 }
+// NOTE: fmax/fmin ignore a NaN operand; of two equal values (+0, -0) the first, as eager.
+template <class T> inline T fmax(T a, T b) {
+  return a != a ? b : (b != b ? a : (a < b ? b : a));
+}
+template <class T> inline T fmin(T a, T b) {
+  return a != a ? b : (b != b ? a : (b < a ? b : a));
+}
 template <class T> inline T fdiv_floor(T a, T b) {
   if (b == 0) return a / b;
   T mod = fmod_(a, b);
@@ -108,6 +121,14 @@ template <class T> inline T idiv_floor(T a, T b) {
   if (signed_<T>() && b == T(-1)) return (T)(0 - a);
   T q = (T)(a / b), r = (T)(a % b);
   return (r != 0 && ((r < 0) != (b < 0))) ? (T)(q - 1) : q;
+}
+template <class T> inline T imod_trunc(T a, T b) {
+  if (b == 0 || (signed_<T>() && b == T(-1))) return 0;
+  return (T)(a % b);
+}
+template <class T> inline T imod_floor(T a, T b) {
+  T r = imod_trunc<T>(a, b);
+  return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
 }
 template <class T> inline T ipow(T a, T b) {
   if (signed_<T>() && b < 0) {

@@ -7,6 +7,10 @@ ones) and writes its phases in the kernel IR:
 sum, mean      one phase: sum (accumulated in the contract's type); final store
 amax, amin     one phase: NaN-propagating max/min; final store
 var            two phases: sum -> mean; sum of squared deviations -> / max(0, n - correction)
+all, any,      one phase: int64 count of nonzero elements (NaN is nonzero); all: count == n,
+count_nonzero  any: count > 0
+nansum, prod   one phase: sum with NaN as zero, product; accumulated as sum
+logsumexp      two phases: max m (0 where infinite); sum of exp(x - m); final log(sum) + m
 softmax        three phases: max; sum of exp(x - max); store exp(x - max) / sum
 log_softmax    three phases: max; sum of exp(x - max); store x - max - log(sum)
 layer_norm     three phases: mean; biased variance; store (x - mean) * rstd * weight + bias
@@ -23,8 +27,8 @@ the values it sums (``accum_type``). Two-pass variance is used (not Welford): it
 vectorizes.
 
 Example:
-    >>> sorted(TEMPLATES)
-    ['amax', 'amin', 'group_norm', 'layer_norm', 'log_softmax', 'mean', 'softmax', 'sum', 'var']
+    >>> sorted(TEMPLATES)[:6]
+    ['all', 'amax', 'amin', 'any', 'count_nonzero', 'group_norm']
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ OP_CLASS = {
     "amax": "reduction",
     "amin": "reduction",
     "var": "reduction",
+    "all": "reduction",
+    "any": "reduction",
+    "count_nonzero": "reduction",
+    "nansum": "reduction",
+    "prod": "reduction",
+    "logsumexp": "normalization",
     "softmax": "normalization",
     "log_softmax": "normalization",
     "layer_norm": "normalization",
@@ -217,6 +227,68 @@ def _simple(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node,
     return tp.done("var")
 
 
+def _counting(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node, ...]) -> Lowered:
+    """all, any, count_nonzero: the number of nonzero elements (NaN is nonzero), in int64."""
+    x = node.inputs[0]
+    assert isinstance(x, Value) and isinstance(x.type, TensorType)
+    kept, reduced = _axes(node, x.type.rank)
+    tp = _Template(name, node, locs, kept, reduced)
+    b = tp.b
+    nonzero = b.cast(tp.x_as("b"), "i64")
+    count = b.reduce("sum", nonzero, "i64")
+    if node.op == "all":
+        count = b.op("eq", [count, b.const(tp.n, "i64")], "b")
+    elif node.op == "any":
+        count = b.op("gt", [count, b.const(0, "i64")], "b")
+    tp.store_reduced(count, node.attrs.get("keepdim", False))
+    return tp.done(node.op)
+
+
+def _nansum_prod(
+    name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node, ...]
+) -> Lowered:
+    """nansum (NaN elements add zero) and prod, accumulated as sum is."""
+    x = node.inputs[0]
+    assert isinstance(x, Value) and isinstance(x.type, TensorType)
+    kept, reduced = _axes(node, x.type.rank)
+    tp = _Template(name, node, locs, kept, reduced)
+    b = tp.b
+    out = tp.out_type()
+    source = node.attrs.get("dtype")
+    acc_t = accum_type("reduction", source or x.type.dtype)
+    if _WIDTH[scalar_of(out.dtype)] > _WIDTH[acc_t]:
+        acc_t = accum_type("reduction", out.dtype)
+    v = tp.x_as(acc_t, source)
+    if node.op == "prod":
+        total = b.reduce("prod", v, acc_t)
+    else:
+        if is_float(acc_t):
+            v = b.op("where", [b.op("ne", [v, v], "b"), b.const(0.0, acc_t), v], acc_t)
+        total = b.reduce("sum", v, acc_t)
+    tp.store_reduced(total, node.attrs["keepdim"])
+    return tp.done(node.op)
+
+
+def _logsumexp(
+    name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node, ...]
+) -> Lowered:
+    """ATen's formula: m = max, replaced by 0 where infinite; log(sum(exp(x - m))) + m."""
+    x = node.inputs[0]
+    assert isinstance(x, Value) and isinstance(x.type, TensorType)
+    kept, reduced = _axes(node, x.type.rank)
+    tp = _Template(name, node, locs, kept, reduced)
+    b = tp.b
+    acc_t = accum_type("normalization", tp.out_type().dtype)
+    m = b.reduce("max", tp.x_as(acc_t), acc_t)
+    infinite = b.op("eq", [b.op("abs", [m], acc_t), b.const(float("inf"), acc_t)], "b")
+    m = b.op("where", [infinite, b.const(0.0, acc_t), m], acc_t)
+    b.next_phase()
+    shifted = b.op("sub", [tp.x_as(acc_t), m], acc_t)
+    s = b.reduce("sum", b.op("exp", [shifted], acc_t), acc_t)
+    tp.store_reduced(b.op("add", [b.op("log", [s], acc_t), m], acc_t), node.attrs["keepdim"])
+    return tp.done(node.op)
+
+
 def _softmax(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node, ...]) -> Lowered:
     x = node.inputs[0]
     assert isinstance(x, Value) and isinstance(x.type, TensorType)
@@ -298,6 +370,12 @@ TEMPLATES: dict[str, Callable[[str, Node, dict[Value, Loc], tuple[Node, ...]], L
     "amax": _simple,
     "amin": _simple,
     "var": _simple,
+    "all": _counting,
+    "any": _counting,
+    "count_nonzero": _counting,
+    "nansum": _nansum_prod,
+    "prod": _nansum_prod,
+    "logsumexp": _logsumexp,
     "softmax": _softmax,
     "log_softmax": _softmax,
     "layer_norm": _norm,

@@ -10,7 +10,7 @@ PyTorch's special cases for ``pow`` by a scalar.
 
 Example:
     >>> sorted(RULES)[:4]
-    ['abs', 'add', 'batch_norm', 'clamp']
+    ['abs', 'acos', 'acosh', 'add']
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from typing import Any
 import torch
 
 from plait.codegen.index import Ix
-from plait.codegen.kir import KernelBuilder, Stmt, is_float, scalar_of
+from plait.codegen.kir import STORAGE_OF, KernelBuilder, Stmt, is_float, scalar_of
 from plait.codegen.onednn import eager_gelu_uses_onednn
 from plait.ir.graph import Node, Value
+from plait.ir.ops.pointwise import FLOAT_MATH
 from plait.ir.ops.rules import float_dtype, promote
 from plait.ir.types import ScalarType, TensorType, scalar_type_of
 
@@ -101,6 +102,100 @@ def _unary_float(b: KernelBuilder, node: Node, args: Sequence[Arg]) -> tuple[Stm
 def _transcendental(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
     x, t = _unary_float(b, node, args)
     return b.op(node.op, [x], t)
+
+
+# NOTE: the largest arguments whose exp is finite. ATen's vectorized sinh and cosh (Sleef) go
+# through exp(|x|) and overflow past these, where std:: (and the true value) is finite up to
+# ln(2 * max): eager's contiguous loop gives the infinity, so does plait.
+_EXP_FINITE = {"f32": 88.72283172607422, "f64": 709.782712893384}
+
+
+@rule(*FLOAT_MATH)
+def _float_math(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    """libm's function in the compute type (PyTorch: Sleef or std::, within a few ulp)."""
+    x, t = _unary_float(b, node, args)
+    y = b.op(node.op, [x], t)
+    if node.op in ("sinh", "cosh"):
+        overflow = b.op("gt", [b.op("abs", [x], t), b.const(_EXP_FINITE[t], t)], "b")
+        inf = b.const(math.inf, t)
+        big = inf if node.op == "cosh" else b.op("copysign", [inf, x], t)
+        y = b.op("where", [overflow, big, y], t)
+    return y
+
+
+@rule("floor", "ceil", "trunc")
+def _rounding(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x = to(b, args[0], t)
+    return b.op(node.op, [x], t) if is_float(t) else x
+
+
+@rule("round")
+def _round(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x = to(b, args[0], t)
+    if not is_float(t):
+        return x
+    decimals = node.attrs["decimals"]
+    if decimals == 0:
+        return b.op("rint", [x], t)  # NOTE: half to even under the default rounding mode
+    # NOTE: ATen's round_decimals: a power of ten computed in double, cast to the compute type;
+    # rint(x * p) / p, or rint(x / p) * p for negative decimals.
+    p = b.const(float(10.0 ** abs(decimals)), t)
+    if decimals > 0:
+        return b.op("div", [b.op("rint", [b.op("mul", [x, p], t)], t), p], t)
+    return b.op("mul", [b.op("rint", [b.op("div", [x, p], t)], t), p], t)
+
+
+@rule("frac")
+def _frac(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    return b.op("sub", [x, b.op("trunc", [x], t)], t)
+
+
+@rule("sign")
+def _sign(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    # NOTE: ATen's ``(0 < x) - (x < 0)``: NaN gives 0, -0.0 gives +0.0.
+    t = out_type(node)
+    x = to(b, args[0], t)
+    if t == "b":
+        return x
+    zero = b.const(0, t)
+    pos, neg = b.op("lt", [zero, x], "b"), b.op("lt", [x, zero], "b")
+    return b.op("sub", [cast(b, pos, t), cast(b, neg, t)], t)
+
+
+@rule("bitwise_not")
+def _bitwise_not(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x = to(b, args[0], t)
+    return b.op("not", [x], "b") if t == "b" else b.op("bnot", [x], t)
+
+
+@rule("isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit")
+def _predicate(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    a = args[0]
+    assert isinstance(a.type, TensorType)
+    t = scalar_of(a.type.dtype)
+    x = to(b, a, t)
+    if not is_float(t):
+        if node.op == "isfinite":
+            return b.const(True, "b")
+        if node.op == "signbit" and t not in ("b", "u8"):
+            return b.op("lt", [x, b.const(0, t)], "b")
+        return b.const(False, "b")
+    inf = b.const(math.inf, t)
+    if node.op == "isnan":
+        return b.op("ne", [x, x], "b")
+    if node.op == "isinf":
+        return b.op("eq", [b.op("abs", [x], t), inf], "b")
+    if node.op == "isfinite":
+        return b.op("lt", [b.op("abs", [x], t), inf], "b")
+    if node.op == "isposinf":
+        return b.op("eq", [x, inf], "b")
+    if node.op == "isneginf":
+        return b.op("eq", [x, b.const(-math.inf, t)], "b")
+    return b.op("signbit", [x], "b")
 
 
 @rule("rsqrt")
@@ -272,6 +367,71 @@ def _maxmin(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ..
     return b.op("max" if node.op == "maximum" else "min", [x, y], t)
 
 
+@rule("atan2", "hypot", "copysign")
+def _float_binary(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    return b.op(node.op, [to(b, args[0], t), to(b, args[1], t)], t)
+
+
+@rule("fmax", "fmin")
+def _fmaxmin(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x, y = to(b, args[0], t), to(b, args[1], t)
+    if not is_float(t):
+        return b.op("max" if node.op == "fmax" else "min", [x, y], t)
+    # NOTE: of two equal values (+0, -0) eager returns the first, but the second for bfloat16
+    # (its kernel's operand order, in the vector and the scalar loop alike).
+    return b.op(node.op, [y, x] if _storage(node) == "bf16" else [x, y], t)
+
+
+@rule("fmod", "remainder")
+def _mod(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x, y = to(b, args[0], t), to(b, args[1], t)
+    if not is_float(t):
+        return b.op("imod_trunc" if node.op == "fmod" else "imod_floor", [x, y], t)
+    mod = b.op("fmod", [x, y], t)
+    if node.op == "fmod":
+        return mod
+    # NOTE: ATen's remainder: fmod, then ``mod + b`` where mod is nonzero and its sign differs
+    # from b's (the result takes the divisor's sign, as Python's %).
+    zero = b.const(0.0, t)
+    differ = b.op("ne", [b.op("lt", [y, zero], "b"), b.op("lt", [mod, zero], "b")], "b")
+    fix = b.op("and", [b.op("ne", [mod, zero], "b"), differ], "b")
+    return b.op("where", [fix, b.op("add", [mod, y], t), mod], t)
+
+
+@rule("xlogy")
+def _xlogy(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    # NOTE: ATen: NaN where y is NaN, else 0 where x == 0, else x * log(y); 16-bit dtypes round
+    # log(y) to their precision first (ATen computes std::log on the 16-bit type).
+    t = out_type(node)
+    x, y = to(b, args[0], t), to(b, args[1], t)
+    log = b.round(b.op("log", [y], t), _storage(node))
+    product = b.op("mul", [x, log], t)
+    zero = b.const(0.0, t)
+    y_nan = b.op("ne", [y, y], "b")
+    x_zero = b.op("eq", [x, zero], "b")
+    return b.op(
+        "where", [y_nan, b.const(math.nan, t), b.op("where", [x_zero, zero, product], t)], t
+    )
+
+
+@rule("bitwise_and", "bitwise_or", "bitwise_xor", "logical_xor")
+def _bitwise(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = "b" if node.op == "logical_xor" else out_type(node)
+    x, y = to(b, args[0], t), to(b, args[1], t)
+    if t == "b":
+        return b.op({"bitwise_and": "and", "bitwise_or": "or"}.get(node.op, "ne"), [x, y], "b")
+    return b.op({"bitwise_and": "band", "bitwise_or": "bor"}.get(node.op, "bxor"), [x, y], t)
+
+
+def _storage(node: Node) -> str:
+    t = node.outputs[0].type
+    assert isinstance(t, TensorType)
+    return STORAGE_OF[t.dtype]
+
+
 @rule("eq", "ne", "lt", "le", "gt", "ge")
 def _compare(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
     t = scalar_of(_common(args))
@@ -355,3 +515,131 @@ def accum_scalar(t: Any) -> str:
 # NOTE: operand positions a rule reads per channel (batch_norm's parameters); the rest are
 # broadcast like any pointwise operand.
 CHANNEL_OPERANDS: dict[str, tuple[int, ...]] = {"batch_norm": (1, 2, 3, 4)}
+
+
+# --- activations ----------------------------------------------------------------------------
+def _attr_const(b: KernelBuilder, node: Node, name: str, t: str, storage: bool = False) -> Stmt:
+    """A float attribute in the compute type; ``storage``: rounded to a 16-bit output dtype
+    first (ATen converts it to the tensor's own scalar type)."""
+    c = b.const(float(node.attrs[name]), t)
+    return b.round(c, _storage(node)) if storage else c
+
+
+@rule("leaky_relu")
+def _leaky_relu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    slope = _attr_const(b, node, "negative_slope", t)
+    positive = b.op("gt", [x, b.const(0.0, t)], "b")
+    return b.op("where", [positive, x, b.op("mul", [x, slope], t)], t)
+
+
+def _relu6_of(b: KernelBuilder, x: Stmt, t: str) -> Stmt:
+    """min(max(x + 3, 0), 6), NaN propagating (ATen's vector loop; its scalar loop agrees)."""
+    shifted = b.op("add", [x, b.const(3.0, t)], t)
+    return b.op("min", [b.op("max", [shifted, b.const(0.0, t)], t), b.const(6.0, t)], t)
+
+
+@rule("hardsigmoid", "hardswish")
+def _hard(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    y = _relu6_of(b, x, t)
+    if node.op == "hardswish":
+        y = b.op("mul", [x, y], t)
+    return b.op("div", [y, b.const(6.0, t)], t)
+
+
+@rule("elu")
+def _elu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    # NOTE: ATen: negcoef = alpha * scale in the compute type; x <= 0 (or NaN) takes the
+    # expm1 branch as the vector loop does (NaN either way).
+    x, t = _unary_float(b, node, args)
+    alpha, scale = _attr_const(b, node, "alpha", t), _attr_const(b, node, "scale", t)
+    negcoef = b.op("mul", [alpha, scale], t)
+    neg = b.op(
+        "mul",
+        [b.op("expm1", [b.op("mul", [x, _attr_const(b, node, "input_scale", t)], t)], t), negcoef],
+        t,
+    )
+    positive = b.op("gt", [x, b.const(0.0, t)], "b")
+    return b.op("where", [positive, b.op("mul", [x, scale], t), neg], t)
+
+
+@rule("softplus")
+def _softplus(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    beta = _attr_const(b, node, "beta", t)
+    scaled = b.op("mul", [x, beta], t)
+    above = b.op("gt", [scaled, _attr_const(b, node, "threshold", t)], "b")
+    soft = b.op("div", [b.op("log1p", [b.op("exp", [scaled], t)], t), beta], t)
+    return b.op("where", [above, x, soft], t)
+
+
+@rule("mish")
+def _mish(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    softplus = b.op("log1p", [b.op("exp", [x], t)], t)
+    return b.op("mul", [x, b.op("tanh", [softplus], t)], t)
+
+
+@rule("logsigmoid")
+def _logsigmoid(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    # NOTE: ATen's forward: min(x, 0) - log1p(exp(-|x|)) (logsigmoid(+inf) is +0).
+    x, t = _unary_float(b, node, args)
+    tail = b.op("log1p", [b.op("exp", [b.op("neg", [b.op("abs", [x], t)], t)], t)], t)
+    return b.op("sub", [b.op("min", [x, b.const(0.0, t)], t), tail], t)
+
+
+@rule("hardshrink", "softshrink")
+def _shrink(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    # NOTE: hardshrink compares with lambd in the tensor's dtype, softshrink in float (eager).
+    lambd = _attr_const(b, node, "lambd", t, storage=node.op == "hardshrink")
+    neg_lambd = b.op("neg", [lambd], t)
+    if node.op == "hardshrink":
+        inside = b.op("and", [b.op("ge", [x, neg_lambd], "b"), b.op("le", [x, lambd], "b")], "b")
+        return b.op("where", [inside, b.const(0.0, t), x], t)
+    # NOTE: x * 0 keeps the sign of x inside the band (ATen's scalar loop; its vector loop
+    # writes +0 there, and eager's answer depends on an element's position).
+    low = b.op(
+        "where",
+        [
+            b.op("lt", [x, neg_lambd], "b"),
+            b.op("add", [x, lambd], t),
+            b.op("mul", [x, b.const(0.0, t)], t),
+        ],
+        t,
+    )
+    return b.op("where", [b.op("gt", [x, lambd], "b"), b.op("sub", [x, lambd], t), low], t)
+
+
+@rule("threshold")
+def _threshold(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    x, t = _unary_float(b, node, args)
+    bound = _attr_const(b, node, "threshold", t)
+    value = _attr_const(b, node, "value", t)
+    return b.op("where", [b.op("le", [x, bound], "b"), value, x], t)
+
+
+@rule("nan_to_num")
+def _nan_to_num(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
+    t = out_type(node)
+    x = to(b, args[0], t)
+    if not is_float(t):
+        return x
+    out = node.outputs[0].type
+    assert isinstance(out, TensorType)
+    info = torch.finfo(out.dtype)
+
+    def replacement(name: str, default: float) -> Stmt:
+        # NOTE: ATen casts the replacement to the tensor's dtype (double -> float -> 16 bits).
+        value = node.attrs[name]
+        return b.round(b.const(default if value is None else float(value), t), _storage(node))
+
+    inf = b.const(math.inf, t)
+    y = b.op(
+        "where",
+        [b.op("eq", [x, b.op("neg", [inf], t)], "b"), replacement("neginf", info.min), x],
+        t,
+    )
+    y = b.op("where", [b.op("eq", [x, inf], "b"), replacement("posinf", info.max), y], t)
+    return b.op("where", [b.op("ne", [x, x], "b"), replacement("nan", 0.0), y], t)

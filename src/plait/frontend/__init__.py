@@ -19,6 +19,7 @@ Example:
 """
 
 from plait.frontend import (  # noqa: F401  (rules)
+    lower_activation,
     lower_attention,
     lower_linalg,
     lower_math,

@@ -6,6 +6,7 @@ ask ``torch.result_type``) and reference implementations compute exactly what ea
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -46,7 +47,33 @@ _UNARY = {
     "neg": ("neg", "negative"),
     "abs": ("abs", "absolute"),
     "logical_not": ("logical_not",),
+    "sin": ("sin",),
+    "cos": ("cos",),
+    "tan": ("tan",),
+    "asin": ("asin", "arcsin"),
+    "acos": ("acos", "arccos"),
+    "atan": ("atan", "arctan"),
+    "sinh": ("sinh",),
+    "cosh": ("cosh",),
+    "asinh": ("asinh", "arcsinh"),
+    "acosh": ("acosh", "arccosh"),
+    "atanh": ("atanh", "arctanh"),
+    "expm1": ("expm1",),
+    "log1p": ("log1p",),
+    "log2": ("log2",),
+    "log10": ("log10",),
+    "exp2": ("exp2",),
+    "erfc": ("erfc",),
+    "floor": ("floor",),
+    "ceil": ("ceil",),
+    "trunc": ("trunc", "fix"),
+    "frac": ("frac",),
+    "sign": ("sign", "sgn"),
+    "bitwise_not": ("bitwise_not",),
 }
+# NOTE: torch.special's spellings of the same ops (separate callables, no in-place forms).
+_SPECIAL = {"expm1": "expm1", "log1p": "log1p", "exp2": "exp2", "erfc": "erfc", "erf": "erf"}
+_PREDICATES = ("isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit")
 
 
 def _unary(ir_op: str, names: tuple[str, ...]) -> None:
@@ -60,6 +87,80 @@ def _unary(ir_op: str, names: tuple[str, ...]) -> None:
 
 for _ir, _names in _UNARY.items():
     _unary(_ir, _names)
+for _ir, _name in _SPECIAL.items():
+    op(*_fns(torch.special, _name))(lambda cx, out, x, _ir=_ir: cx.call(_ir, cx.value(x)))
+for _name in _PREDICATES:
+    op(*_both(_name))(lambda cx, out, x, _ir=_name: cx.call(_ir, cx.value(x)))
+
+
+def _nan_to_num(
+    cx: CaptureContext,
+    out: Any,
+    x: Any,
+    nan: float | None = 0.0,
+    posinf: float | None = None,
+    neginf: float | None = None,
+) -> Value:
+    def opt(v: Any) -> float | None:
+        return None if v is None else float(v)
+
+    if any(v is not None and math.isnan(float(v)) for v in (nan, posinf, neginf)):
+        # NOTE: kernels write the canonical NaN; eager keeps a NaN replacement's sign and payload
+        raise NoIROp("nan_to_num with a NaN replacement keeps its bits only in PyTorch's kernel")
+
+    v: Value = cx.call(
+        "nan_to_num", cx.value(x), nan=float(nan or 0.0), posinf=opt(posinf), neginf=opt(neginf)
+    )
+    return v
+
+
+op(*_both("nan_to_num"))(_nan_to_num)
+op(T.nan_to_num_, *_fns(torch, "nan_to_num_"), inplace=True)(_nan_to_num)
+
+
+def _round(cx: CaptureContext, out: Any, x: Any, *, decimals: Any = 0) -> Value:
+    v: Value = cx.call("round", cx.value(x), decimals=cx.int(decimals))
+    return v
+
+
+op(*_both("round"), *_fns(torch.special, "round"))(_round)
+op(T.round_, *_fns(torch, "round_"), inplace=True)(_round)
+
+
+@op(*_both("square"))
+def _square(cx: CaptureContext, out: Any, x: Any) -> Value:
+    # NOTE: eager's square is pow(x, 2) (bool squares to int64, as pow does).
+    v: Value = cx.call("pow", cx.value(x), 2)
+    return v
+
+
+op(T.square_, inplace=True)(_square)
+
+
+@op(*_both("positive"))
+def _positive(cx: CaptureContext, out: Any, x: Any) -> Viewed:
+    """``positive`` returns its argument itself."""
+    return Viewed(cx.value(x), x, (ViewStep("identity"),))
+
+
+# NOTE: ATen multiplies by these constants as wrapped double scalars (integers give the default
+# float dtype, as ``int * float`` does); the literals are ATen's.
+_RADIANS_PER_DEGREE = float("0.017453292519943295769236907684886127134428718885417")
+_DEGREES_PER_RADIAN = float("57.295779513082320876798154814105170332405472466564")
+
+
+def _scale_by(factor: float) -> Any:
+    def emit(cx: CaptureContext, out: Any, x: Any) -> Value:
+        v: Value = cx.call("mul", cx.value(x), factor)
+        return v
+
+    return emit
+
+
+op(*_both("deg2rad"))(_scale_by(_RADIANS_PER_DEGREE))
+op(*_both("rad2deg"))(_scale_by(_DEGREES_PER_RADIAN))
+op(T.deg2rad_, *_fns(torch, "deg2rad_"), inplace=True)(_scale_by(_RADIANS_PER_DEGREE))
+op(T.rad2deg_, *_fns(torch, "rad2deg_"), inplace=True)(_scale_by(_DEGREES_PER_RADIAN))
 
 op(F.sigmoid)(lambda cx, out, x: cx.call("sigmoid", cx.value(x)))
 op(F.tanh)(lambda cx, out, x: cx.call("tanh", cx.value(x)))
@@ -68,9 +169,7 @@ op(F.tanh)(lambda cx, out, x: cx.call("tanh", cx.value(x)))
 @op(T.__invert__)
 def _invert(cx: CaptureContext, out: Any, x: Any) -> Value:
     v = cx.value(x)
-    if _dtype_of(v) != torch.bool:
-        raise NoIROp("bitwise not of an integer tensor has no IR op")
-    out_v: Value = cx.call("logical_not", v)
+    out_v: Value = cx.call("logical_not" if _dtype_of(v) == torch.bool else "bitwise_not", v)
     return out_v
 
 
@@ -154,6 +253,21 @@ for _ir, _names in {
     _binary(_ir, [*_both(*_names), getattr(T, f"__{_ir}__")], [])
 _binary("logical_and", _both("logical_and"), [])
 _binary("logical_or", _both("logical_or"), [])
+_binary("logical_xor", _both("logical_xor"), [T.logical_xor_])
+_binary("atan2", _both("atan2", "arctan2"), [T.atan2_, T.arctan2_])
+_binary("hypot", _both("hypot"), [T.hypot_])
+_binary("copysign", _both("copysign"), [T.copysign_])
+_binary("fmod", _both("fmod"), [T.fmod_])
+_binary("remainder", [*_both("remainder"), T.__mod__], [T.remainder_, T.__imod__], [T.__rmod__])
+_binary("fmax", _both("fmax"), [])
+_binary("fmin", _both("fmin"), [])
+_binary("xlogy", [*_both("xlogy"), *_fns(torch.special, "xlogy")], [T.xlogy_])
+for _kind in ("and", "or", "xor"):
+    _binary(
+        f"bitwise_{_kind}",
+        _both(f"bitwise_{_kind}"),
+        [getattr(T, f"bitwise_{_kind}_"), getattr(T, f"__i{_kind}__")],
+    )
 
 
 @op(torch.rsub)
@@ -184,12 +298,14 @@ def _rdiv(cx: CaptureContext, out: Any, x: Any, other: Any) -> Value:
     return v
 
 
-@op(T.__and__, T.__rand__, T.__or__, T.__ror__)
-def _bool_logic(cx: CaptureContext, out: Any, a: Any, b: Any) -> Value:
-    if out.dtype != torch.bool or not (isinstance(a, T) and isinstance(b, T)):
-        raise NoIROp("bitwise and/or of integer tensors, or with a Python scalar, has no IR op")
-    name = cx.current.rsplit(".", 1)[-1]
-    return _bin(cx, "logical_and" if "and" in name else "logical_or", a, b)
+@op(T.__and__, T.__rand__, T.__or__, T.__ror__, T.__xor__, T.__rxor__)
+def _bitwise_operator(cx: CaptureContext, out: Any, a: Any, b: Any) -> Value:
+    """``a & b``, ``a | b``, ``a ^ b`` and their reflections (these commute: ``a`` is the
+    tensor); on bools the logical ops."""
+    kind = cx.current.rsplit(".", 1)[-1].strip("_").removeprefix("r")
+    if out.dtype == torch.bool and kind != "xor" and isinstance(b, T):
+        return _bin(cx, f"logical_{kind}", a, b)
+    return _bin(cx, f"bitwise_{kind}", a, b)
 
 
 # --- select, clamp, casts ----------------------------------------------------------------
@@ -342,6 +458,62 @@ def _reduce(name: str) -> Any:
 
 op(*_both("sum"))(_reduce("sum"))
 op(*_both("mean"))(_reduce("mean"))
+
+
+@op(*_both("nansum"))
+def _nansum(cx: CaptureContext, out: Any, x: Any, *args: Any, **kwargs: Any) -> Value:
+    if out.dtype in (torch.bfloat16, torch.float16) or _dtype_of(cx.value(x)) in (
+        torch.bfloat16,
+        torch.float16,
+    ):
+        raise NoIROp("nansum of 16-bit floats accumulates in 16 bits in eager")
+    v: Value = _reduce("nansum")(cx, out, x, *args, **kwargs)
+    return v
+
+
+def _logical_reduce(name: str) -> Any:
+    def emit(cx: CaptureContext, out: Any, x: Any, dim: Any = None, keepdim: bool = False) -> Value:
+        if isinstance(dim, (list, tuple)) and len(dim) == 0:
+            raise NoIROp(f"{name}(dim=()) reduces no dim")
+        v: Value = cx.call(name, cx.value(x), dims=_dims(cx, dim), keepdim=bool(keepdim))
+        return v
+
+    return emit
+
+
+op(*_both("all"))(_logical_reduce("all"))
+op(*_both("any"))(_logical_reduce("any"))
+
+
+@op(*_both("count_nonzero"))
+def _count_nonzero(cx: CaptureContext, out: Any, x: Any, dim: Any = None) -> Value:
+    v: Value = cx.call("count_nonzero", cx.value(x), dims=_dims(cx, dim))
+    return v
+
+
+@op(*_both("prod"))
+def _prod(
+    cx: CaptureContext,
+    out: Any,
+    x: Any,
+    dim: Any = None,
+    keepdim: bool = False,
+    *,
+    dtype: torch.dtype | None = None,
+) -> Value:
+    if isinstance(dim, torch.dtype):  # prod(x, dtype) positionally
+        dim, dtype = None, dim
+    v: Value = cx.call("prod", cx.value(x), dims=_dims(cx, dim), keepdim=bool(keepdim), dtype=dtype)
+    return v
+
+
+@op(*_both("logsumexp"), *_fns(torch.special, "logsumexp"))
+def _logsumexp(cx: CaptureContext, out: Any, x: Any, dim: Any, keepdim: bool = False) -> Value:
+    dims = _dims(cx, dim)
+    if dims is None:
+        raise NoIROp("logsumexp(dim=()) has no IR op")
+    v: Value = cx.call("logsumexp", cx.value(x), dims=dims, keepdim=bool(keepdim))
+    return v
 
 
 def _amax(name: str) -> Any:

@@ -67,6 +67,58 @@ _unary("reciprocal", torch.reciprocal, NUMERIC, to_float=True)
 _unary("neg", torch.neg, SIGNED)
 _unary("abs", torch.abs, NUMERIC)
 
+# NOTE: float math on integers and bool computes in the default float dtype, as eager does.
+FLOAT_MATH = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+              "atanh", "expm1", "log1p", "log2", "log10", "exp2", "erfc")  # fmt: skip
+for _name in FLOAT_MATH:
+    _unary(_name, getattr(torch, _name), ALL, to_float=True)
+# Rounding keeps the dtype; on integers it is the identity (bool is refused, as eager does).
+for _name in ("floor", "ceil", "trunc"):
+    _unary(_name, getattr(torch, _name), NUMERIC)
+_unary("frac", torch.frac, FLOATS, float_only=True)
+_unary("sign", torch.sign, ALL, doc="(0 < x) - (x < 0): sign(NaN) is 0, sign(-0.0) is +0.0")
+_unary("bitwise_not", torch.bitwise_not, (*INT_DTYPES, torch.bool))
+
+
+def _round_rule(x: TensorType, decimals: int) -> list[Type]:
+    if x.dtype not in NUMERIC:
+        raise TypeRuleError(f"round: unsupported dtype {x.dtype}")
+    if decimals != 0:
+        require_float(x, "round(decimals=)")
+    return [x]
+
+
+register(
+    OpDef(
+        "round",
+        Category.POINTWISE,
+        (Param("x"),),
+        (Attr("decimals", "int", 0),),
+        _round_rule,
+        lambda x, decimals: torch.round(x) if decimals == 0 else torch.round(x, decimals=decimals),
+        NUMERIC,
+        "round half to even, at ``decimals`` decimal digits",
+    )
+)
+
+
+def _predicate_rule(x: TensorType) -> list[Type]:
+    return [x.with_dtype(torch.bool)]
+
+
+for _name in ("isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit"):
+    register(
+        OpDef(
+            _name,
+            Category.POINTWISE,
+            (Param("x"),),
+            (),
+            _predicate_rule,
+            getattr(torch, _name),
+            ALL,
+        )
+    )
+
 
 def _logical_not_rule(x: TensorType) -> list[Type]:
     return [x.with_dtype(torch.bool)]
@@ -118,7 +170,7 @@ def _binary_rule(name: str, result: str, dtypes: tuple[torch.dtype, ...]) -> Cal
             raise TypeRuleError(f"{name}: alpha must be 1 when the first operand is a scalar")
         if result == "bool":
             dtype = torch.bool
-        elif result == "true_div" and attrs.get("rounding_mode") is None:
+        elif result == "float" or (result == "true_div" and attrs.get("rounding_mode") is None):
             dtype = float_dtype(dtype)
         return [TensorType(_binary_shape(a, b), dtype, device_of(a, b))]
 
@@ -181,10 +233,24 @@ _BINARIES: list[tuple[str, Callable[..., Any], str, tuple, tuple[Attr, ...], str
     ("ge", torch.ge, "bool", NUMERIC, (), TENSOR),
     ("logical_and", torch.logical_and, "bool", ALL, (), TENSOR),
     ("logical_or", torch.logical_or, "bool", ALL, (), TENSOR),
+    ("logical_xor", torch.logical_xor, "bool", ALL, (), TENSOR),
+    ("atan2", torch.atan2, "float", ALL, (), TENSOR),
+    ("hypot", torch.hypot, "promote", FLOATS, (), TENSOR),
+    ("copysign", torch.copysign, "float", ALL, (), TENSOR),
+    ("fmod", torch.fmod, "promote", NUMERIC, (), TENSOR),
+    ("remainder", torch.remainder, "promote", NUMERIC, (), SCALAR_OR_TENSOR),
+    ("fmax", torch.fmax, "promote", NUMERIC, (), TENSOR),
+    ("fmin", torch.fmin, "promote", NUMERIC, (), TENSOR),
+    ("xlogy", torch.xlogy, "float", ALL, (), SCALAR_OR_TENSOR),
+    ("bitwise_and", torch.bitwise_and, "promote", (*INT_DTYPES, torch.bool), (), TENSOR),
+    ("bitwise_or", torch.bitwise_or, "promote", (*INT_DTYPES, torch.bool), (), TENSOR),
+    ("bitwise_xor", torch.bitwise_xor, "promote", (*INT_DTYPES, torch.bool), (), TENSOR),
 ]
+# NOTE: ops whose second operand must be a tensor (PyTorch has no Scalar overload for them).
+_TENSOR_SECOND = ("maximum", "minimum", "logical_xor", "atan2", "hypot", "fmax", "fmin")
 
 for _name, _fn, _result, _dtypes, _attrs, _first in _BINARIES:
-    _second = TENSOR if _name in ("maximum", "minimum") else SCALAR_OR_TENSOR
+    _second = TENSOR if _name in _TENSOR_SECOND else SCALAR_OR_TENSOR
     register(
         OpDef(
             _name,
@@ -274,5 +340,76 @@ register(
         lambda x, diagonal: torch.tril(x, diagonal),
         ALL,
         "zero above the diagonal (index-dependent pointwise)",
+    )
+)
+
+
+# --- activations (torch.nn.functional), with ATen's CPU formulas -----------------------------
+def _activation(name: str, fn: Callable[..., torch.Tensor], *attrs: Attr, doc: str = "") -> None:
+    _unary(name, fn, FLOATS, float_only=True, attrs=attrs, doc=doc)
+
+
+_activation(
+    "leaky_relu",
+    lambda x, negative_slope: F.leaky_relu(x, negative_slope),
+    Attr("negative_slope", "float", 0.01),
+    doc="x > 0 ? x : x * negative_slope",
+)
+_activation("hardsigmoid", F.hardsigmoid, doc="min(max(x + 3, 0), 6) / 6, NaN propagating")
+_activation("hardswish", F.hardswish, doc="x * min(max(x + 3, 0), 6) / 6, NaN propagating")
+_activation(
+    "elu",
+    lambda x, alpha, scale, input_scale: torch.ops.aten.elu(x, alpha, scale, input_scale),
+    Attr("alpha", "float", 1.0),
+    Attr("scale", "float", 1.0),
+    Attr("input_scale", "float", 1.0),
+    doc="x > 0 ? x * scale : expm1(x * input_scale) * (alpha * scale) (selu and celu too)",
+)
+_activation(
+    "softplus",
+    lambda x, beta, threshold: F.softplus(x, beta, threshold),
+    Attr("beta", "float", 1.0),
+    Attr("threshold", "float", 20.0),
+    doc="x * beta > threshold ? x : log1p(exp(x * beta)) / beta",
+)
+_activation("mish", F.mish, doc="x * tanh(log1p(exp(x)))")
+_activation("logsigmoid", F.logsigmoid, doc="min(x, 0) - log1p(exp(-|x|))")
+_activation(
+    "hardshrink",
+    lambda x, lambd: F.hardshrink(x, lambd),
+    Attr("lambd", "float", 0.5),
+    doc="-lambd <= x <= lambd ? 0 : x",
+)
+_activation(
+    "softshrink",
+    lambda x, lambd: F.softshrink(x, lambd),
+    Attr("lambd", "float", 0.5),
+    doc="x > lambd ? x - lambd : (x < -lambd ? x + lambd : x * 0)",
+)
+_activation(
+    "threshold",
+    lambda x, threshold, value: F.threshold(x, threshold, value),
+    Attr("threshold", "float"),
+    Attr("value", "float"),
+    doc="x <= threshold ? value : x",
+)
+
+
+def _nan_to_num_rule(x: TensorType, **_: Any) -> list[Type]:
+    if x.dtype not in ALL:
+        raise TypeRuleError(f"nan_to_num: unsupported dtype {x.dtype}")
+    return [x]
+
+
+register(
+    OpDef(
+        "nan_to_num",
+        Category.POINTWISE,
+        (Param("x"),),
+        (Attr("nan", "float", 0.0), Attr("posinf", "float?", None), Attr("neginf", "float?", None)),
+        _nan_to_num_rule,
+        lambda x, nan, posinf, neginf: torch.nan_to_num(x, nan, posinf, neginf),
+        ALL,
+        "NaN, +inf, -inf replaced (by default with 0 and the dtype's largest finite values)",
     )
 )

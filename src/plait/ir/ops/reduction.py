@@ -129,6 +129,121 @@ register(
 )
 
 
+# --- logical, counting and product reductions ------------------------------------------------
+def _logical_rule(name: str) -> Any:
+    def rule(x: TensorType, dims: Any, keepdim: bool) -> list[Type]:
+        axes = wrap_dims(dims, x.rank, name)
+        # NOTE: eager's all/any keep uint8 as uint8; every other dtype gives bool.
+        out = torch.uint8 if x.dtype == torch.uint8 else torch.bool
+        return [TensorType(reduce_shape(x.shape, axes, keepdim), out, x.device)]
+
+    return rule
+
+
+for _name, _fn in (("all", torch.all), ("any", torch.any)):
+    register(
+        OpDef(
+            _name,
+            Category.REDUCTION,
+            (Param("x"),),
+            _REDUCE_ATTRS,
+            _logical_rule(_name),
+            _reduce_ref(_fn),
+            ALL,
+            "NaN counts as true; over no elements all is true, any false",
+        )
+    )
+
+
+def _count_nonzero_rule(x: TensorType, dims: Any) -> list[Type]:
+    axes = wrap_dims(dims, x.rank, "count_nonzero")
+    return [TensorType(reduce_shape(x.shape, axes, False), torch.int64, x.device)]
+
+
+register(
+    OpDef(
+        "count_nonzero",
+        Category.REDUCTION,
+        (Param("x"),),
+        (Attr("dims", "ints?", None),),
+        _count_nonzero_rule,
+        lambda x, dims: torch.count_nonzero(x, dim=tuple(range(x.dim())) if dims is None else dims),
+        ALL,
+    )
+)
+# NOTE: eager's nansum accumulates 16-bit floats in their own precision (its sum in float32),
+# less accurately than the contract lets plait be compared: those stay PyTorch's.
+_NANSUM_DTYPES = tuple(d for d in ALL if d not in (torch.bfloat16, torch.float16))
+
+
+def _nansum_rule(x: TensorType, dims: Any, keepdim: bool, dtype: torch.dtype | None) -> list[Type]:
+    if x.dtype not in _NANSUM_DTYPES or (dtype is not None and dtype not in _NANSUM_DTYPES):
+        raise TypeRuleError(f"nansum: {x.dtype} accumulates in 16 bits in eager; not an IR op")
+    return _sum_rule(x, dims, keepdim, dtype)
+
+
+register(
+    OpDef(
+        "nansum",
+        Category.REDUCTION,
+        (Param("x"),),
+        _REDUCE_ATTRS + _DTYPE,
+        _nansum_rule,
+        _reduce_ref(torch.nansum),
+        _NANSUM_DTYPES,
+        "sum with NaN elements counted as zero",
+    )
+)
+
+
+def _prod_rule(x: TensorType, dims: Any, keepdim: bool, dtype: torch.dtype | None) -> list[Type]:
+    if dims is not None and len(dims) != 1:
+        raise TypeRuleError("prod: reduces one dim or all of them")
+    return _sum_rule(x, dims, keepdim, dtype)
+
+
+def _prod_ref(x: torch.Tensor, dims: Any, keepdim: bool, dtype: torch.dtype | None) -> Any:
+    if dims is None:
+        out = torch.prod(x, dtype=dtype)
+        return out.reshape([1] * x.dim()) if keepdim else out
+    return torch.prod(x, dims[0], keepdim=keepdim, dtype=dtype)
+
+
+register(
+    OpDef(
+        "prod",
+        Category.REDUCTION,
+        (Param("x"),),
+        _REDUCE_ATTRS + _DTYPE,
+        _prod_rule,
+        _prod_ref,
+        ALL,
+    )
+)
+
+
+def _logsumexp_rule(x: TensorType, dims: Any, keepdim: bool) -> list[Type]:
+    if not dims and x.rank:
+        raise TypeRuleError("logsumexp: needs the dims to reduce")
+    axes = wrap_dims(dims, x.rank, "logsumexp")
+    out = x.dtype if x.dtype in FLOAT_DTYPES else torch.float32
+    return [TensorType(reduce_shape(x.shape, axes, keepdim), out, x.device)]
+
+
+register(
+    OpDef(
+        "logsumexp",
+        Category.REDUCTION,
+        (Param("x"),),
+        (Attr("dims", "ints"), Attr("keepdim", "bool", False)),
+        _logsumexp_rule,
+        lambda x, dims, keepdim: torch.logsumexp(x, dims or (0,), keepdim=keepdim),
+        ALL,
+        "log(sum(exp(x - m))) + m, m the max where finite, else 0 (integers in float32)",
+    )
+)
+
+
 # --- softmax family ------------------------------------------------------------------------
 def _softmax_rule(name: str) -> Any:
     def rule(x: TensorType, dim: int, dtype: torch.dtype | None) -> list[Type]:
