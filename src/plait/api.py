@@ -56,6 +56,7 @@ from plait.frontend.snapshot import SnapshotUnreadable
 from plait.guards import StateFetcher
 from plait.ir import Graph, TensorType
 from plait.manifest import Explanation, Manifest, SpecializationReport
+from plait.regions import RegionPlan, RegionTree, can_split
 from plait.settings import applied_state, call_state
 
 __all__ = [
@@ -237,12 +238,17 @@ class _Engine:
         dynamic: bool | None,
         mode: str | None,
         options: dict[str, Any] | None,
+        *,
+        tree: RegionTree | None = None,
+        path: str = "",
+        share: bool = False,
     ) -> None:
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; available: {list(BACKENDS)}")
         if mode not in _MODES:
             raise ValueError(f"mode {mode!r} is not available; modes: {list(_MODES)}")
         options = dict(options or {})
+        self.requested = (backend, dynamic, mode, dict(options))  # NOTE: for region engines
         self.recompile_limit = int(options.pop("recompile_limit", DEFAULT_RECOMPILE_LIMIT))
         self.on_limit = options.pop("on_recompile_limit", "raise")
         if self.on_limit not in ("raise", "eager"):
@@ -266,11 +272,23 @@ class _Engine:
         self.recompile_reasons: list[str] = []
         self.limit_fallback: dict[str, Any] | None = None  # on_recompile_limit="eager", once hit
         self.lock = threading.RLock()
+        # NOTE: regional compilation (plait.regions). A region engine compiles one submodule's
+        # call (hooks included, through _call_impl: its dispatch slot is never read by its own
+        # capture); the root engine gets a tree when its module's capture first falls back.
+        self.tree = tree
+        self.region = tree is not None
+        self.path = path
+        self.share = share  # identical blocks in the tree share this engine's programs
+        self.call_target: Callable[..., Any] = fn._call_impl if self.region else fn
+        self.regions: RegionPlan | None = None  # the plan its fallback specializations run
+        self.refused: str | None = None  # a region whose call's arguments cannot be captured
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         try:
             spec, leaves, paths = self.adapter.flatten(args, kwargs)
         except TypeError as exc:
+            if self.region:
+                return self._refuse(args, kwargs, exc)
             raise CompiledInputError(str(exc)) from None
         state = self.fetch()
         env = GuardEnv(spec, leaves, self.fn, state)
@@ -279,13 +297,46 @@ class _Engine:
                 s.calls += 1
                 return self._run(s, env, state, args, kwargs)
         # NOTE: the miss path, inline: warnings count the frames up to the user's call
-        with _CAPTURE_LOCK, self.lock:
+        with self._tree_lock(), _CAPTURE_LOCK, self.lock:
             found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
         if found is None:
             return self._limit_call(args, kwargs)
         s, env, state = found
         s.calls += 1
         return self._run(s, env, state, args, kwargs)
+
+    region_call = __call__
+
+    def _tree_lock(self) -> Any:
+        """NOTE: taken before the capture lock, as a regional run takes them: a capture never
+        runs while another thread's regional run has dispatch slots set."""
+        return self.tree.lock if self.tree is not None else contextlib.nullcontext()
+
+    def _refuse(self, args: tuple, kwargs: dict, exc: TypeError) -> Any:
+        """A region called with arguments capture cannot take (an object it cannot flatten):
+        runs eagerly, split into its own regions, warned once and reported as a boundary."""
+        if self.refused is None:
+            self.refused = f"its call's arguments cannot be captured: {exc}"
+            warnings.warn(
+                f"plait runs {self.path} ({type(self.fn).__name__}) eagerly: {self.refused}",
+                CaptureFallbackWarning,
+                stacklevel=2,
+            )
+            if self.regions is None and any(True for _ in self.fn.children()):
+                assert self.tree is not None
+                self.regions = RegionPlan(self.tree, self.fn, self.path)
+        return self._eager(args, kwargs)
+
+    def _make_region(self, module: nn.Module, path: str, share: bool) -> _Engine:
+        """A region engine with this engine's backend and options; identical blocks keep
+        their parameters as inputs (one artifact for all), unless freeze was requested."""
+        backend, dynamic, mode, options = self.requested
+        options = dict(options)
+        if share:
+            options.setdefault("freeze", False)
+        return _Engine(
+            module, backend, False, dynamic, mode, options, tree=self.tree, path=path, share=share
+        )
 
     def _flatten(self, args: tuple, kwargs: dict) -> tuple[Any, list[Any], list[str]]:
         try:
@@ -312,7 +363,8 @@ class _Engine:
         settings = call_state()
         if self.specializations:
             last = self.specializations[-1]
-            _check_kinds(last.program, env, paths)
+            if not self.region:  # NOTE: a region's calls are its parent's, not the user's
+                _check_kinds(last.program, env, paths)
             failures = last.guards.explain(env) or ["no guard failed (internal)"]
             reason = "; ".join(failures)
             if len(self.specializations) >= self.recompile_limit:
@@ -323,42 +375,80 @@ class _Engine:
             self.fetch = StateFetcher(self.state)
         store = resolve_store(self.cache)
         start = time.perf_counter()
-        if store is not None and self.options.get("freeze", not torch.is_grad_enabled()):
-            prefetch(env.state)  # NOTE: the key's weights digest, hashed while the snapshot loads
-        prog, parts, note = self._from_snapshot(store, env, paths)
-        seconds = {"cache.snapshot": time.perf_counter() - start}
-        recorder = None
-        if prog is None:
-            prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
+        shared = self.tree.shared_program(self, env, paths) if self.share and self.tree else None
+        if shared is not None:
+            prog, parts, note, seconds, recorder = shared, None, "shared", {}, None
+        else:
+            if store is not None and self.options.get("freeze", not torch.is_grad_enabled()):
+                prefetch(env.state)  # NOTE: the key's weights digest, hashed while it loads
+            prog, parts, note = self._from_snapshot(store, env, paths)
+            seconds = {"cache.snapshot": time.perf_counter() - start}
+            recorder = None
+            if prog is None:
+                prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
         _report(prog, stacklevel=4)
         state = self.fetch()
-        try:
-            compiled = self._compile(prog, state, store)
-        except SnapshotUnreadable as exc:
-            # NOTE: a snapshot whose nodes do not parse (they are read only when the artifact
-            # misses): removed, and the call captured as if there had been none
-            forget_snapshot(store, exc.key)
-            note = f"captured: the snapshot did not load ({exc})"
-            prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
-            compiled = self._compile(prog, state, store)
-        compiled.manifest.timings.update(seconds)
-        if store is not None:
-            if recorder is not None and parts is not None:
-                note = _save_snapshot(store, parts, prog, recorder, compiled, note)
-            compiled.manifest.cache["capture"] = note
-        spec = Specialization(prog, compiled, reason, settings)
+        spec = self._shared_specialization(prog, env, state, reason, settings)
+        if spec is None:
+            try:
+                compiled = self._compile(prog, state, store)
+            except SnapshotUnreadable as exc:
+                # NOTE: a snapshot whose nodes do not parse (they are read only when the
+                # artifact misses): removed, and the call captured as if there had been none
+                forget_snapshot(store, exc.key)
+                note = f"captured: the snapshot did not load ({exc})"
+                prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
+                compiled = self._compile(prog, state, store)
+            compiled.manifest.timings.update(seconds)
+            if store is not None:
+                if recorder is not None and parts is not None:
+                    note = _save_snapshot(store, parts, prog, recorder, compiled, note)
+                compiled.manifest.cache["capture"] = note
+            spec = Specialization(prog, compiled, reason, settings)
+            if self.share and self.tree is not None:
+                self.tree.publish_artifact(self, prog, settings, compiled)
+        if self.share and self.tree is not None and shared is None:
+            self.tree.publish_program(self, prog)
         self.specializations.append(spec)
+        if self.tree is not None:
+            self.tree.version += 1
+        if self.regions is None and not self.fullgraph and can_split(self.fn, prog):
+            if self.tree is None:
+                self.tree = RegionTree(self.fn, self._make_region, self)
+            self.regions = RegionPlan(self.tree, self.fn, self.path)
         if reason is not None:
             self.recompile_reasons.append(reason)
         return spec, GuardEnv(env.spec, env.leaves, self.fn, state), state
+
+    def _shared_specialization(
+        self,
+        prog: CapturedProgram,
+        env: GuardEnv,
+        state: Sequence[torch.Tensor],
+        reason: str | None,
+        settings: dict[str, Any],
+    ) -> Specialization | None:
+        """A specialization of this block on the artifact an identical block compiled for the
+        same program, when there is one and the guards of both hold for this call."""
+        if not self.share or self.tree is None:
+            return None
+        compiled = self.tree.shared_artifact(self, prog, settings)
+        if compiled is None:
+            return None
+        spec = Specialization(prog, compiled, reason, settings)
+        if not spec.guards.holds(GuardEnv(env.spec, env.leaves, self.fn, state)):
+            return None
+        return spec
 
     def _capture(
         self, args: tuple, kwargs: dict, record: bool, seconds: dict[str, float]
     ) -> tuple[CapturedProgram, CodeRecorder | None]:
         start = time.perf_counter()
+        if self.tree is not None and self.region:
+            self.tree.counts["captures"] += 1
         with recording(record) as recorder:
             prog = capture_program(
-                self.fn,
+                self.call_target,
                 args,
                 kwargs,
                 fullgraph=self.fullgraph,
@@ -376,6 +466,8 @@ class _Engine:
         if backend is None:
             backend, why = _default_backend(prog, state)
         request = CompileRequest(prog, backend, self.fullgraph, self.options, state, store)
+        if self.tree is not None and self.region and prog.has_graph:
+            self.tree.counts["compiles"] += 1
         compiled = compile_program(request)
         compiled.manifest.options["backend_choice"] = why
         return compiled
@@ -393,6 +485,8 @@ class _Engine:
             "dynamic": self.dynamic,
             "options": self.options,
         }
+        if self.region:  # NOTE: captured through _call_impl, not the module's __call__
+            request["region"] = True
         try:
             parts = front_parts(self.fn, env.spec, env.leaves, request, self.state)
         except Unpinnable as exc:
@@ -424,7 +518,16 @@ class _Engine:
     def _limit_call(self, args: tuple, kwargs: dict) -> Any:
         assert self.limit_fallback is not None
         self.limit_fallback["calls"] += 1
-        return self.fn(*args, **kwargs)
+        return self._eager(args, kwargs)
+
+    def _eager(self, args: tuple, kwargs: dict) -> Any:
+        """The program as written; split into regions where its module's capture fell back."""
+        if self.regions is not None:
+            return self.regions.run(self.call_target, args, kwargs)
+        if self.tree is not None and self.region:
+            with self.tree.eager():
+                return self.call_target(*args, **kwargs)
+        return self.call_target(*args, **kwargs)
 
     # --- the artifact protocol (what plait.conformance drives) --------------------------------
     def uses(self) -> list[SpecializationUse]:
@@ -462,7 +565,7 @@ class _Engine:
     def specialize(self, args: tuple, kwargs: dict) -> SpecializationUse:
         spec, leaves, paths = self._flatten(args, kwargs)
         env = GuardEnv(spec, leaves, self.fn, self.fetch())
-        with _CAPTURE_LOCK, self.lock:
+        with self._tree_lock(), _CAPTURE_LOCK, self.lock:
             found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
         if found is None:
             raise RecompileLimitError(
@@ -480,7 +583,9 @@ class _Engine:
         kwargs: dict,
     ) -> Any:
         if s.executor is None:
-            return self.fn(*args, **kwargs)  # the recorded eager fallback
+            return self._eager(args, kwargs)  # the recorded eager fallback, or its regions
+        if self.tree is not None and self.region:
+            self.tree.note_compiled(self.path, s.program)
         return s.program.run(s.executor, env, state)
 
 
@@ -758,4 +863,5 @@ def explain(compiled: Any) -> Explanation:
         SpecializationReport(i, s.reason, s.guards.texts(), s.manifest, s.guards.evaluator)
         for i, s in enumerate(engine.specializations)
     ]
-    return Explanation(engine.adapter.name, reports, engine.limit_fallback)
+    regions = engine.tree.report() if engine.tree is not None else None
+    return Explanation(engine.adapter.name, reports, engine.limit_fallback, regions)
