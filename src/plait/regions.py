@@ -42,6 +42,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -51,8 +52,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from plait.frontend import CapturedProgram, GuardEnv
-from plait.frontend.fingerprint import Unpinnable
-from plait.frontend.snapshot import program_doc, program_from_doc
+from plait.frontend.guard_plan import build_guards
+from plait.frontend.pyvalues import Root, resolve
 
 _LOCAL = threading.local()  # .active: the plans this thread runs, innermost last
 _SLOT = "_compiled_call_impl"  # NOTE: nn.Module._wrapped_call_impl calls it when it is set
@@ -129,7 +130,7 @@ class RegionTree:
         self.group_size = Counter(self.signature.values())
         self.engines: dict[int, Any] = {}
         self.order: list[Any] = []  # region engines in the order they were made
-        self.programs: dict[tuple[Any, ...], list[tuple[dict[str, Any], CapturedProgram]]] = {}
+        self.programs: dict[tuple[Any, ...], list[CapturedProgram]] = {}
         self.artifacts: dict[tuple[Any, ...], Any] = {}
         self.counts: Counter[str] = Counter()
         self.unshared: dict[str, str] = {}  # module path -> why its program is its own
@@ -161,32 +162,20 @@ class RegionTree:
         """A program an identical block captured, rebuilt for this block's call and guarded
         for it; None when there is none whose guards hold here."""
         sig = self.signature.get(id(engine.fn))
-        for doc, first in self.programs.get(sig, []) if sig is not None else []:
+        for first in self.programs.get(sig, []) if sig is not None else []:
             try:
-                prog = program_from_doc(doc, env.spec, env.leaves, paths, engine.state, env.state)
-            except Unpinnable as exc:
+                prog = _rebound(first, engine, env, paths)
+            except LookupError as exc:
                 self.unshared[engine.path] = str(exc)
                 continue
-            if not _same_expectations(prog, first):
-                self.unshared[engine.path] = (
-                    "its call reads other values than an identical block's (Python attributes, "
-                    "hooks, training flags)"
-                )
-                continue
-            prog.graph = first.graph  # NOTE: one parsed graph, as one artifact
             self.counts["programs_shared"] += 1
             return prog
         return None
 
     def publish_program(self, engine: Any, prog: CapturedProgram) -> None:
-        if not self.shared(engine.fn) or prog.graph is None:
+        if not self.shared(engine.fn) or prog.graph is None or prog.guard_plan is None:
             return
-        try:
-            doc = program_doc(prog)
-        except Unpinnable as exc:
-            self.unshared[engine.path] = f"its program has no shareable form: {exc}"
-            return
-        self.programs.setdefault(self.signature[id(engine.fn)], []).append((doc, prog))
+        self.programs.setdefault(self.signature[id(engine.fn)], []).append(prog)
 
     @staticmethod
     def _artifact_key(prog: CapturedProgram, settings: Any) -> tuple[Any, ...] | None:
@@ -194,7 +183,8 @@ class RegionTree:
             guards = tuple(prog.guards.key_texts())
         except ValueError:
             return None
-        return (prog.semantic_hash, guards, repr(sorted(settings.items())))
+        names = tuple(v.name for v in prog.interface()[0])  # NOTE: the executor binds by name
+        return (prog.semantic_hash, names, guards, repr(sorted(settings.items())))
 
     def shared_artifact(self, engine: Any, prog: CapturedProgram, settings: Any) -> Any:
         """The compiled artifact an identical block made of the same program, if any."""
@@ -373,6 +363,45 @@ class RegionTree:
                     s.manifest.executor = section
 
 
+def _rebound(
+    first: CapturedProgram, engine: Any, env: GuardEnv, paths: list[str]
+) -> CapturedProgram:
+    """``first`` (a program an identical block captured) guarded for ``engine``'s block and
+    this call; raises ``LookupError`` saying why it does not apply. Each place the program read
+    relative to the block (its attributes, hooks, class, training flags) is read again on this
+    block; the others (globals, functions, objects outside the block) are the same places."""
+    plan = copy.copy(first.guard_plan)
+    descs = [r.desc for r in plan.pyroots] if plan.pyroots is not None else plan.pyreads
+    olds: list[Root | None] = (
+        list(plan.pyroots) if plan.pyroots is not None else [None] * len(descs)
+    )
+    roots = []
+    for old, desc in zip(olds, descs):
+        if desc is None:
+            assert old is not None
+            roots.append(old)
+            continue
+        root = resolve(desc, engine.fn)
+        if old is not None:
+            root.names = old.names  # NOTE: the attributes its code names of a user object
+        roots.append(root)
+    plan.pyroots = roots
+    try:
+        guards = build_guards(plan, env.spec, env.leaves, paths, engine.state, env.state)
+    except Exception as exc:  # NOTE: e.g. an input aliasing another: capture says it best
+        raise LookupError(f"the guards do not apply to this block ({exc})") from None
+    prog = copy.copy(first)
+    prog.guards, prog.guard_plan = guards, plan
+    if not _same_expectations(prog, first):
+        raise LookupError(
+            "its call reads other values than an identical block's (Python attributes, hooks, "
+            "training flags, argument types)"
+        )
+    if not guards.holds(GuardEnv(env.spec, env.leaves, engine.fn, env.state)):
+        raise LookupError("its call fails the guards of an identical block's program")
+    return prog
+
+
 def _same_expectations(prog: CapturedProgram, first: CapturedProgram) -> bool:
     """Whether the guards rebuilt for another block expect, one by one, what the first block's
     guards expected at its capture. NOTE: a rebuilt guard takes its expected value from the
@@ -383,7 +412,8 @@ def _same_expectations(prog: CapturedProgram, first: CapturedProgram) -> bool:
         return False
     try:
         return all(
-            a.kind == b.kind and bool(a.expected == b.expected) for a, b in zip(mine, theirs)
+            (a.kind, a.text) == (b.kind, b.text) and bool(a.expected == b.expected)
+            for a, b in zip(mine, theirs)
         )
     except Exception:  # NOTE: a value that does not compare: not shared
         return False
