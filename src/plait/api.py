@@ -279,7 +279,9 @@ class _Engine:
         self.region = tree is not None
         self.path = path
         self.share = share  # identical blocks in the tree share this engine's programs
-        self.call_target: Callable[..., Any] = fn._call_impl if self.region else fn
+        self.call_target: Callable[..., Any] = (
+            fn._call_impl if self.region and isinstance(fn, nn.Module) else fn
+        )
         self.regions: RegionPlan | None = None  # the plan its fallback specializations run
         self.refused: str | None = None  # a region whose call's arguments cannot be captured
 
@@ -322,9 +324,11 @@ class _Engine:
                 CaptureFallbackWarning,
                 stacklevel=2,
             )
-            if self.regions is None and any(True for _ in self.fn.children()):
+            module = self.fn
+            if self.regions is None and isinstance(module, nn.Module):
                 assert self.tree is not None
-                self.regions = RegionPlan(self.tree, self.fn, self.path)
+                if any(True for _ in module.children()):
+                    self.regions = RegionPlan(self.tree, module, self.path)
         return self._eager(args, kwargs)
 
     def _make_region(self, module: nn.Module, path: str, share: bool) -> _Engine:
@@ -334,6 +338,9 @@ class _Engine:
         options = dict(options)
         if share:
             options.setdefault("freeze", False)
+        # NOTE: a region's calls are its parent's (a new object each call recompiles it): past
+        # its limit it runs eagerly, split, warned and reported, unless "raise" was requested
+        options.setdefault("on_recompile_limit", "eager")
         return _Engine(
             module, backend, False, dynamic, mode, options, tree=self.tree, path=path, share=share
         )
@@ -376,8 +383,9 @@ class _Engine:
         store = resolve_store(self.cache)
         start = time.perf_counter()
         shared = self.tree.shared_program(self, env, paths) if self.share and self.tree else None
+        prog: CapturedProgram | None = shared
         if shared is not None:
-            prog, parts, note, seconds, recorder = shared, None, "shared", {}, None
+            parts, note, seconds, recorder = None, "shared", {}, None
         else:
             if store is not None and self.options.get("freeze", not torch.is_grad_enabled()):
                 prefetch(env.state)  # NOTE: the key's weights digest, hashed while it loads
@@ -386,6 +394,7 @@ class _Engine:
             recorder = None
             if prog is None:
                 prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
+        assert prog is not None
         _report(prog, stacklevel=4)
         state = self.fetch()
         spec = self._shared_specialization(prog, env, state, reason, settings)
@@ -412,10 +421,12 @@ class _Engine:
         self.specializations.append(spec)
         if self.tree is not None:
             self.tree.version += 1
-        if self.regions is None and not self.fullgraph and can_split(self.fn, prog):
+        module = self.fn
+        if self.regions is None and not self.fullgraph and can_split(module, prog):
+            assert isinstance(module, nn.Module)
             if self.tree is None:
-                self.tree = RegionTree(self.fn, self._make_region, self)
-            self.regions = RegionPlan(self.tree, self.fn, self.path)
+                self.tree = RegionTree(module, self._make_region, self)
+            self.regions = RegionPlan(self.tree, module, self.path)
         if reason is not None:
             self.recompile_reasons.append(reason)
         return spec, GuardEnv(env.spec, env.leaves, self.fn, state), state
@@ -497,8 +508,9 @@ class _Engine:
     def _limit_reached(self, reason: str) -> None:
         """NOTE: never silent: an error by default; the eager fallback warns once and is
         recorded (``plait.explain``) with every call it ran (:meth:`_limit_call`)."""
+        name = f"region {self.path} ({self.adapter.name})" if self.region else self.adapter.name
         message = (
-            f"{self.adapter.name}: reached the recompile limit "
+            f"{name}: reached the recompile limit "
             f"({self.recompile_limit} specializations); this call failed: {reason}"
         )
         if self.on_limit == "raise":
@@ -514,6 +526,11 @@ class _Engine:
                 stacklevel=5,
             )
             self.limit_fallback = {"reason": message, "calls": 0}
+            module = self.fn
+            if self.region and self.regions is None and isinstance(module, nn.Module):
+                assert self.tree is not None
+                if any(True for _ in module.children()):
+                    self.regions = RegionPlan(self.tree, module, self.path)
 
     def _limit_call(self, args: tuple, kwargs: dict) -> Any:
         assert self.limit_fallback is not None

@@ -289,10 +289,11 @@ class RegionTree:
                             **_location(s.program.fallback_error),
                         }
                     )
-            if e.refused is not None:
-                boundaries.append(
-                    {"module": e.path, "class": type(e.fn).__name__, "reason": e.refused}
-                )
+            for why in (e.refused, (e.limit_fallback or {}).get("reason")):
+                if why is not None:
+                    boundaries.append(
+                        {"module": e.path, "class": type(e.fn).__name__, "reason": why}
+                    )
             if e is root_engine:
                 continue
             compiled = [s for s in e.specializations if s.executor is not None]
