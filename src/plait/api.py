@@ -824,7 +824,10 @@ def compile(
     ``backend``: ``"stax"`` (native C++ kernels and PyTorch externs), ``"eager"`` (plait's
     reference interpreter), or ``None``: Stax for static CPU programs, the interpreter otherwise,
     with the choice recorded in each specialization's manifest. ``fullgraph=True`` makes any
-    capture fallback or Stax fallback an error. ``options``: ``recompile_limit`` (default 8),
+    capture fallback or Stax fallback an error. With ``fullgraph=False`` a module whose call
+    cannot be captured whole runs its own Python eagerly and its largest capturable submodules
+    compiled, identical blocks sharing one artifact (:mod:`plait.regions`; ``plait.explain``
+    lists the regions and boundaries). ``options``: ``recompile_limit`` (default 8),
     ``on_recompile_limit`` (``"raise"``, the default, or ``"eager"``: run calls past the limit
     eagerly, warned once and recorded), ``cache`` (the artifact cache: ``True``, the default,
     for ``$PLAIT_CACHE_DIR`` or the per-user cache directory; ``False``; a directory; a
@@ -861,7 +864,8 @@ def compile(
 
 
 def explain(compiled: Any) -> Explanation:
-    """The specializations of a compiled callable, with guards, recompile reasons and manifests.
+    """The specializations of a compiled callable, with guards, recompile reasons and manifests;
+    for a module compiled in regions, ``.regions``: its regions, boundaries and op shares.
 
     Example:
         >>> import torch, plait
