@@ -283,14 +283,17 @@ class _Engine:
             fn._call_impl if self.region and isinstance(fn, nn.Module) else fn
         )
         self.regions: RegionPlan | None = None  # the plan its fallback specializations run
-        self.refused: str | None = None  # a region whose call's arguments cannot be captured
+        self.refused: str | None = None  # why a region runs eagerly on every call, if it does
+        self._refusal_warned = False
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
+        if self.refused is not None:
+            return self._eager(args, kwargs)
         try:
             spec, leaves, paths = self.adapter.flatten(args, kwargs)
         except TypeError as exc:
             if self.region:
-                return self._refuse(args, kwargs, exc)
+                return self._refuse(args, kwargs, f"its call's arguments cannot be captured: {exc}")
             raise CompiledInputError(str(exc)) from None
         state = self.fetch()
         env = GuardEnv(spec, leaves, self.fn, state)
@@ -300,7 +303,19 @@ class _Engine:
                 return self._run(s, env, state, args, kwargs)
         # NOTE: the miss path, inline: warnings count the frames up to the user's call
         with self._tree_lock(), _CAPTURE_LOCK, self.lock:
-            found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
+            try:
+                found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
+            except RecompileLimitError:
+                raise
+            except Exception as exc:
+                if not self.region:
+                    raise
+                # NOTE: a region its parent's eager Python reached, that the whole program's
+                # capture never did: its failure must not fail a call that ran eagerly before
+                found, failure = None, f"its capture or compile failed: {type(exc).__name__}: {exc}"
+                self.refused = failure
+        if self.refused is not None and found is None:
+            return self._refuse(args, kwargs, self.refused)
         if found is None:
             return self._limit_call(args, kwargs)
         s, env, state = found
@@ -314,11 +329,13 @@ class _Engine:
         runs while another thread's regional run has dispatch slots set."""
         return self.tree.lock if self.tree is not None else contextlib.nullcontext()
 
-    def _refuse(self, args: tuple, kwargs: dict, exc: TypeError) -> Any:
-        """A region called with arguments capture cannot take (an object it cannot flatten):
-        runs eagerly, split into its own regions, warned once and reported as a boundary."""
-        if self.refused is None:
-            self.refused = f"its call's arguments cannot be captured: {exc}"
+    def _refuse(self, args: tuple, kwargs: dict, reason: str) -> Any:
+        """A region that cannot be compiled (a call that does not bind to its signature, a
+        capture or compile that raised): it runs eagerly from now on, split into its own
+        regions, warned once and reported as a boundary."""
+        if not self._refusal_warned:
+            self._refusal_warned = True
+            self.refused = reason
             warnings.warn(
                 f"plait runs {self.path} ({type(self.fn).__name__}) eagerly: {self.refused}",
                 CaptureFallbackWarning,

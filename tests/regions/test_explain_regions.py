@@ -199,3 +199,47 @@ def test_regions_go_through_the_artifact_cache(tmp_path: Any) -> None:
         # NOTE: blocks.1 takes blocks.0's artifact in memory (its manifest with it)
         first, second = (engines[f"blocks.{k}"].specializations[0] for k in range(2))
         assert second.compiled is first.compiled
+
+
+class _PlainTensorsOnly(nn.Module):
+    """Refuses tensor subclasses (capture's tracer tensors): its capture raises, eager runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if type(x) is not torch.Tensor:
+            raise ValueError("plain tensors only")
+        return self.inner(x)
+
+
+class _CallsPicky(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.child = _PlainTensorsOnly()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # NOTE: the root's capture stops here, before the child's capture would raise
+        x = x if x.sum() > 0 else -x
+        return self.child(x)
+
+
+def test_a_region_whose_capture_raises_runs_eagerly_and_splits() -> None:
+    torch.manual_seed(0)
+    model = _CallsPicky().eval()
+    cm = plait.compile(model, options={"cache": False})
+    with torch.no_grad():
+        with pytest.warns(CaptureFallbackWarning) as record:
+            cm(_x(3, 4, seed=0))
+        assert any("ValueError: plain tensors only" in str(w.message) for w in record)
+        for seed in range(1, 4):
+            x = _x(3, 4, seed=seed)
+            torch.testing.assert_close(cm(x), model(x), rtol=TOL.rtol, atol=TOL.atol)
+    report = plait.explain(cm).regions
+    assert {r["module"]: r["status"] for r in report["regions"]} == {
+        "child": "split",
+        "child.inner": "compiled",
+    }
+    (refused,) = [b for b in report["boundaries"] if b["module"] == "child"]
+    assert "its capture or compile failed: ValueError" in refused["reason"]
