@@ -559,7 +559,7 @@ class _Engine:
         if self.regions is not None:
             return self.regions.run(self.call_target, args, kwargs)
         if self.tree is not None and self.region:
-            with self.tree.eager():
+            with self.tree.counting(self.path):
                 return self.call_target(*args, **kwargs)
         return self.call_target(*args, **kwargs)
 

@@ -80,17 +80,17 @@ def block_signature(module: nn.Module) -> tuple[Any, ...]:
 
 
 class _OpCounter(TorchDispatchMode):
-    """Counts the ATen operators that run while ``paused`` is 0, by the innermost running plan."""
+    """Counts the ATen operators that run eagerly, by the module whose Python runs them: the top
+    of ``where`` (None: a region engine runs, nothing is counted)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.paused = 0
+        self.where: list[str | None] = []
         self.eager: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if not self.paused:
-            active = _active()
-            self.eager[active[-1].path if active else ""] += 1
+        if self.where and self.where[-1] is not None:
+            self.eager[self.where[-1]] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -125,9 +125,10 @@ class RegionTree:
         # NOTE: one thread at a time runs the module's Python with regions dispatched: the
         # dispatch slots are module attributes, and a capture must never see another call's.
         self.lock = threading.RLock()
-        self.names = {id(m): name for name, m in root.named_modules()}
-        self.signature = {id(m): block_signature(m) for m in root.modules()}
-        self.group_size = Counter(self.signature.values())
+        self.names: dict[int, str] = {}
+        self.signature: dict[int, tuple[Any, ...]] = {}
+        self.group_size: Counter[tuple[Any, ...]] = Counter()
+        self._index()
         self.engines: dict[int, Any] = {}
         self.order: list[Any] = []  # region engines in the order they were made
         self.programs: dict[tuple[Any, ...], list[CapturedProgram]] = {}
@@ -139,6 +140,13 @@ class RegionTree:
         self.compiled_ops: Counter[str] = Counter()
         self.opaque_ops: Counter[str] = Counter()
 
+    def _index(self) -> None:
+        """Paths and block signatures of the module tree (again after a submodule was
+        replaced: a recompile of the root says so)."""
+        self.names = {id(m): name for name, m in self.root.named_modules()}
+        self.signature = {id(m): block_signature(m) for m in self.root.modules()}
+        self.group_size = Counter(self.signature.values())
+
     def path_of(self, module: nn.Module) -> str:
         return self.names.get(id(module), f"<{type(module).__name__} outside the module>")
 
@@ -149,6 +157,8 @@ class RegionTree:
     def engine_for(self, module: nn.Module) -> Any:
         engine = self.engines.get(id(module))
         if engine is None:
+            if id(module) not in self.names:
+                self._index()
             engine = self.make_engine(module, self.path_of(module), self.shared(module))
             self.engines[id(module)] = engine
             self.order.append(engine)
@@ -219,28 +229,18 @@ class RegionTree:
         self.opaque_ops[path] += opaque
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        counter = self.counter
-        if counter is not None:
-            counter.paused += 1
-        try:
-            yield
-        finally:
-            if counter is not None:
-                counter.paused -= 1
-
-    @contextlib.contextmanager
-    def eager(self) -> Iterator[None]:
-        """Eager ops count again (inside a region engine that runs its module eagerly)."""
+    def counting(self, path: str | None) -> Iterator[None]:
+        """While a measurement runs, the ATen ops of the block count for module ``path``
+        (eagerly run Python), or not at all (None: a region engine runs)."""
         counter = self.counter
         if counter is None:
             yield
             return
-        saved, counter.paused = counter.paused, 0
+        counter.where.append(path)
         try:
             yield
         finally:
-            counter.paused = saved
+            counter.where.pop()
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[None]:
@@ -453,7 +453,7 @@ class RegionPlan:
                 active = _active()
                 active.append(self)
                 try:
-                    with tree.eager():
+                    with tree.counting(self.path):
                         out = call(*args, **kwargs)
                 finally:
                     active.pop()
@@ -479,7 +479,7 @@ class RegionPlan:
         # dispatch slots of this and enclosing plans are taken out below it while it runs.
         hidden = _hide_below(module)
         try:
-            with tree.paused():
+            with tree.counting(None):
                 return engine.region_call(args, kwargs)
         finally:
             _restore(hidden)
