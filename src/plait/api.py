@@ -312,8 +312,8 @@ class _Engine:
                     raise
                 # NOTE: a region its parent's eager Python reached, that the whole program's
                 # capture never did: its failure must not fail a call that ran eagerly before
-                found, failure = None, f"its capture or compile failed: {type(exc).__name__}: {exc}"
-                self.refused = failure
+                found = None
+                self.refused = f"its capture or compile failed: {type(exc).__name__}: {exc}"
         if self.refused is not None and found is None:
             return self._refuse(args, kwargs, self.refused)
         if found is None:
@@ -466,6 +466,7 @@ class _Engine:
         spec = Specialization(prog, compiled, reason, settings)
         if not spec.guards.holds(GuardEnv(env.spec, env.leaves, self.fn, state)):
             return None
+        self.tree.counts["artifacts_shared"] += 1
         return spec
 
     def _capture(

@@ -201,10 +201,7 @@ class RegionTree:
         if not self.shared(engine.fn) or prog.semantic_hash is None:
             return None
         key = self._artifact_key(prog, settings)
-        found = self.artifacts.get(key) if key is not None else None
-        if found is not None:
-            self.counts["artifacts_shared"] += 1
-        return found
+        return self.artifacts.get(key) if key is not None else None
 
     def publish_artifact(
         self, engine: Any, prog: CapturedProgram, settings: Any, compiled: Any
