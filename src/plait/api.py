@@ -33,6 +33,7 @@ from torch import nn
 
 from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
 from plait.cache import Store, check_store_option, resolve_store
+from plait.cache.lookup import warn_at_caller
 from plait.cache.snapshots import forget_snapshot, front_parts, load_snapshot, save_snapshot
 from plait.cache.weight_digests import prefetch
 from plait.errors import (
@@ -131,22 +132,23 @@ def capture(
     )
 
 
-def _report(prog: CapturedProgram, stacklevel: int) -> None:
+def _report(prog: CapturedProgram, stacklevel: int, region: str | None = None) -> None:
     """NOTE: never a silent fallback: each fallback and each opaque node is announced once,
-    when the specialization is captured."""
+    when the specialization is captured. A region's warnings name it and are attributed to the
+    user's line that called it (the innermost frame outside plait and PyTorch)."""
+    what = "this program" if region is None else f"region {region}"
+    messages = []
     if prog.fallback_reason is not None:
-        warnings.warn(
-            f"plait runs this program eagerly (fallback): {prog.fallback_reason}",
-            CaptureFallbackWarning,
-            stacklevel=stacklevel + 1,
-        )
+        messages.append(f"plait runs {what} eagerly (fallback): {prog.fallback_reason}")
     if prog.opaque_counts:
         calls = ", ".join(f"{k} x{v}" for k, v in sorted(prog.opaque_counts.items()))
-        warnings.warn(
-            f"plait runs calls with no IR op as opaque PyTorch nodes: {calls}",
-            CaptureFallbackWarning,
-            stacklevel=stacklevel + 1,
-        )
+        where = "" if region is None else f" in {what}"
+        messages.append(f"plait runs calls with no IR op as opaque PyTorch nodes{where}: {calls}")
+    for message in messages:
+        if region is None:
+            warnings.warn(message, CaptureFallbackWarning, stacklevel=stacklevel + 1)
+        else:
+            warn_at_caller(message, CaptureFallbackWarning)
 
 
 # --- compile ---------------------------------------------------------------------------------
@@ -305,8 +307,8 @@ class _Engine:
         with self._tree_lock(), _CAPTURE_LOCK, self.lock:
             try:
                 found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
-            except RecompileLimitError:
-                raise
+            except (RecompileLimitError, Warning):
+                raise  # NOTE: a warning raised as an error (a filter) is the user's to see
             except Exception as exc:
                 if not self.region:
                     raise
@@ -324,6 +326,9 @@ class _Engine:
 
     region_call = __call__
 
+    def _region_name(self) -> str | None:
+        return f"{self.path} ({type(self.fn).__name__})" if self.region else None
+
     def _tree_lock(self) -> Any:
         """NOTE: taken before the capture lock, as a regional run takes them: a capture never
         runs while another thread's regional run has dispatch slots set."""
@@ -336,10 +341,9 @@ class _Engine:
         if not self._refusal_warned:
             self._refusal_warned = True
             self.refused = reason
-            warnings.warn(
-                f"plait runs {self.path} ({type(self.fn).__name__}) eagerly: {self.refused}",
+            warn_at_caller(
+                f"plait runs region {self._region_name()} eagerly: {self.refused}",
                 CaptureFallbackWarning,
-                stacklevel=2,
             )
             module = self.fn
             if self.regions is None and isinstance(module, nn.Module):
@@ -412,7 +416,7 @@ class _Engine:
             if prog is None:
                 prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
         assert prog is not None
-        _report(prog, stacklevel=4)
+        _report(prog, stacklevel=4, region=self._region_name())
         state = self.fetch()
         spec = self._shared_specialization(prog, env, state, reason, settings)
         if spec is None:
@@ -538,11 +542,11 @@ class _Engine:
                 "eagerly."
             )
         if self.limit_fallback is None:
-            warnings.warn(
-                f"plait runs calls that miss every specialization eagerly: {message}",
-                CaptureFallbackWarning,
-                stacklevel=5,
-            )
+            text = f"plait runs calls that miss every specialization eagerly: {message}"
+            if self.region:
+                warn_at_caller(text, CaptureFallbackWarning)
+            else:
+                warnings.warn(text, CaptureFallbackWarning, stacklevel=5)
             self.limit_fallback = {"reason": message, "calls": 0}
             module = self.fn
             if self.region and self.regions is None and isinstance(module, nn.Module):
