@@ -57,7 +57,7 @@ from plait.frontend.snapshot import SnapshotUnreadable
 from plait.guards import StateFetcher
 from plait.ir import Graph, TensorType
 from plait.manifest import Explanation, Manifest, SpecializationReport
-from plait.regions import RegionPlan, RegionTree, can_split
+from plait.regions import RegionPlan, RegionTree, call_forward, can_split
 from plait.settings import applied_state, call_state
 
 __all__ = [
@@ -275,18 +275,24 @@ class _Engine:
         self.limit_fallback: dict[str, Any] | None = None  # on_recompile_limit="eager", once hit
         self.lock = threading.RLock()
         # NOTE: regional compilation (plait.regions). A region engine compiles one submodule's
-        # call (hooks included, through _call_impl: its dispatch slot is never read by its own
-        # capture); the root engine gets a tree when its module's capture first falls back.
+        # forward (its hooks run eagerly around it, in nn.Module.__call__, each call, side
+        # effects and all); the root engine gets a tree when its module's capture falls back.
         self.tree = tree
         self.region = tree is not None
         self.path = path
         self.share = share  # identical blocks in the tree share this engine's programs
         self.call_target: Callable[..., Any] = (
-            fn._call_impl if self.region and isinstance(fn, nn.Module) else fn
+            functools.partial(call_forward, fn) if self.region else fn
         )
+        if self.region:
+            # NOTE: a region's call is passed on exactly as its parent made it (positional and
+            # keyword arguments as they came): a decorated forward (Hugging Face's) fills in
+            # keywords itself, and a forward pre-hook may supply an argument
+            self.adapter.signature = None
         self.regions: RegionPlan | None = None  # the plan its fallback specializations run
         self.refused: str | None = None  # why a region runs eagerly on every call, if it does
         self._refusal_warned = False
+        self.hooked: str | None = None  # why its latest calls ran split (hooks below it)
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.refused is not None:
@@ -294,8 +300,6 @@ class _Engine:
         try:
             spec, leaves, paths = self.adapter.flatten(args, kwargs)
         except TypeError as exc:
-            if self.region:
-                return self._refuse(args, kwargs, f"its call's arguments cannot be captured: {exc}")
             raise CompiledInputError(str(exc)) from None
         state = self.fetch()
         env = GuardEnv(spec, leaves, self.fn, state)
@@ -335,9 +339,8 @@ class _Engine:
         return self.tree.lock if self.tree is not None else contextlib.nullcontext()
 
     def _refuse(self, args: tuple, kwargs: dict, reason: str) -> Any:
-        """A region that cannot be compiled (a call that does not bind to its signature, a
-        capture or compile that raised): it runs eagerly from now on, split into its own
-        regions, warned once and reported as a boundary."""
+        """A region whose capture or compile raised: it runs eagerly from now on, split into
+        its own regions, warned once and reported as a boundary."""
         if not self._refusal_warned:
             self._refusal_warned = True
             self.refused = reason
@@ -350,6 +353,21 @@ class _Engine:
                 assert self.tree is not None
                 if any(True for _ in module.children()):
                     self.regions = RegionPlan(self.tree, module, self.path)
+        return self._eager(args, kwargs)
+
+    def split_call(self, args: tuple, kwargs: dict, reason: str) -> Any:
+        """This call of a region runs its module's Python eagerly with its submodules as
+        regions (``reason``: a submodule has hooks); reported as a boundary, warned once."""
+        if self.hooked is None:
+            warn_at_caller(
+                f"plait runs region {self._region_name()} split: {reason}", CaptureFallbackWarning
+            )
+        self.hooked = reason
+        module = self.fn
+        if self.regions is None and isinstance(module, nn.Module):
+            assert self.tree is not None
+            self.regions = RegionPlan(self.tree, module, self.path)
+            self.tree.version += 1
         return self._eager(args, kwargs)
 
     def _make_region(self, module: nn.Module, path: str, share: bool) -> _Engine:
@@ -518,7 +536,7 @@ class _Engine:
             "dynamic": self.dynamic,
             "options": self.options,
         }
-        if self.region:  # NOTE: captured through _call_impl, not the module's __call__
+        if self.region:  # NOTE: its forward is captured, not the module's __call__ (hooks)
             request["region"] = True
         try:
             parts = front_parts(self.fn, env.spec, env.leaves, request, self.state)

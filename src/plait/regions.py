@@ -2,11 +2,13 @@
 its own Python eagerly, and the calls it makes to its submodules go to compiled *regions*.
 
 A :class:`RegionPlan` belongs to a module whose capture fell back. While that module runs
-eagerly, each of its submodules is dispatched through ``nn.Module.__call__``'s own hook for a
-compiled call (``_compiled_call_impl``, set only for the duration of the call, only in the
-calling thread's view: another thread calling the same submodule runs it as written). The first
-call of a submodule makes a *region engine* for it: a plait engine of its own (guards, the gate's
-protocol, the manifest, the artifact cache) that captures the submodule's call, hooks included.
+eagerly, each of its submodules has its ``forward`` replaced on the instance by a dispatch
+(only for the duration of the call; another thread calling the same submodule meanwhile runs it
+as written), so ``nn.Module.__call__`` runs the submodule's hooks eagerly, as written, and then
+the dispatch. The first call of a submodule makes a *region engine* for it: a plait engine of its
+own (guards, the gate's protocol, the manifest, the artifact cache) that captures the
+submodule's forward. Hooks stay outside the region: their Python (a hook that collects outputs
+in a list) runs on every call, never only at capture.
 A submodule that captures whole is a region: its own submodules are never regions besides (the
 largest region wins). One whose capture falls back gets a plan of its own and is split in turn,
 recursively, down to modules that run eagerly because they have no capturable submodule.
@@ -56,8 +58,8 @@ from plait.frontend.guard_plan import build_guards
 from plait.frontend.pyvalues import Root, resolve
 
 _LOCAL = threading.local()  # .active: the plans this thread runs, innermost last
-_SLOT = "_compiled_call_impl"  # NOTE: nn.Module._wrapped_call_impl calls it when it is set
-_ABSENT = object()  # NOTE: the slot was not in the instance dict (the class's None showed)
+_SLOT = "forward"  # NOTE: nn.Module._call_impl calls self.forward between its hooks
+_ABSENT = object()  # NOTE: the slot was not in the instance dict (the class's forward showed)
 
 
 def _active() -> list[RegionPlan]:
@@ -286,7 +288,7 @@ class RegionTree:
                             **_location(s.program.fallback_error),
                         }
                     )
-            for why in (e.refused, (e.limit_fallback or {}).get("reason")):
+            for why in (e.refused, e.hooked, (e.limit_fallback or {}).get("reason")):
                 if why is not None:
                     boundaries.append(
                         {"module": e.path, "class": type(e.fn).__name__, "reason": why}
@@ -425,20 +427,18 @@ class RegionPlan:
         self.tree = tree
         self.module = module
         self.path = path
-        self._dispatchers: dict[int, Callable[..., Any]] = {}
 
-    def _dispatcher(self, module: nn.Module) -> Callable[..., Any]:
-        found = self._dispatchers.get(id(module))
-        if found is None:
+    def _dispatcher(self, module: nn.Module, prev: Any) -> Callable[..., Any]:
+        original = _bound_forward(module, prev)
 
-            def dispatch(*args: Any, **kwargs: Any) -> Any:
-                if self not in _active():  # NOTE: another thread: the module as written
-                    return module._call_impl(*args, **kwargs)
-                return self._call_region(module, args, kwargs)
+        def dispatch(*args: Any, **kwargs: Any) -> Any:
+            if self not in _active():  # NOTE: another thread: the module as written
+                return original(*args, **kwargs)
+            return self._call_region(module, args, kwargs)
 
-            dispatch._plait_region = True  # type: ignore[attr-defined]
-            self._dispatchers[id(module)] = found = dispatch
-        return found
+        dispatch._plait_region = True  # type: ignore[attr-defined]
+        dispatch._plait_original = prev  # type: ignore[attr-defined]
+        return dispatch
 
     def run(self, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``call(*args, **kwargs)``: the module's Python, eagerly, with regions dispatched."""
@@ -460,13 +460,17 @@ class RegionPlan:
             return out
 
     def _install(self) -> list[tuple[nn.Module, Any]]:
-        """Every submodule (at any depth) dispatches to its region while the module runs."""
+        """Every submodule (at any depth) dispatches its forward to its region while the
+        module runs: ``nn.Module.__call__`` runs the hooks, eagerly, then ``self.forward``."""
         installed = []
         for m in self.module.modules():
-            if m is self.module or getattr(m, _SLOT, None) is not None:
+            if m is self.module or getattr(m, "_compiled_call_impl", None) is not None:
                 continue  # NOTE: one the user compiled (Module.compile) keeps its own
-            installed.append((m, m.__dict__.get(_SLOT, _ABSENT)))
-            m.__dict__[_SLOT] = self._dispatcher(m)
+            prev = m.__dict__.get(_SLOT, _ABSENT)
+            if getattr(prev, "_plait_region", False):
+                continue  # NOTE: another thread's plan cannot be running (the tree's lock)
+            installed.append((m, prev))
+            m.__dict__[_SLOT] = self._dispatcher(m, prev)
         return installed
 
     def _call_region(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -474,12 +478,48 @@ class RegionPlan:
         engine = tree.engine_for(module)
         # NOTE: the region's capture and guards must see its submodules as written: the
         # dispatch slots of this and enclosing plans are taken out below it while it runs.
+        hooked = _hooked_below(module)
+        if hooked is not None:
+            # NOTE: a hook's Python must run on each call: the module is split instead, so
+            # that the hooked submodule is a region of its own with its hooks run eagerly
+            return engine.split_call(args, kwargs, hooked)
         hidden = _hide_below(module)
         try:
             with tree.counting(None):
                 return engine.region_call(args, kwargs)
         finally:
             _restore(hidden)
+
+
+def _hooked_below(module: nn.Module) -> str | None:
+    """Why ``module`` cannot be one region now: a submodule with hooks (they would run only at
+    capture inside a region); None when there is none."""
+    for name, m in module.named_modules():
+        if m is module:
+            continue
+        for table in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks"):
+            if m.__dict__.get(table):
+                return f"its submodule {name} has hooks (they run eagerly, on each call)"
+        if m.__dict__.get("_backward_hooks"):
+            return f"its submodule {name} has hooks (they run eagerly, on each call)"
+    return None
+
+
+def _bound_forward(module: nn.Module, prev: Any) -> Callable[..., Any]:
+    """The forward ``module`` had before a dispatch slot replaced it: its own (an instance
+    attribute) or its class's."""
+    if prev is _ABSENT:
+        return type(module).forward.__get__(module)  # type: ignore[no-any-return]
+    return prev  # type: ignore[no-any-return]
+
+
+def call_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``module``'s own forward (never a dispatch slot): what a region engine captures and
+    runs eagerly. Its hooks ran already, eagerly, in ``nn.Module.__call__``."""
+    slot = module.__dict__.get(_SLOT, _ABSENT)
+    if getattr(slot, "_plait_region", False):
+        slot = slot._plait_original
+    return _bound_forward(module, slot)(*args, **kwargs)
 
 
 def _hide_below(module: nn.Module) -> list[tuple[nn.Module, Any]]:
@@ -490,7 +530,10 @@ def _hide_below(module: nn.Module) -> list[tuple[nn.Module, Any]]:
         slot = m.__dict__.get(_SLOT)
         if slot is not None and getattr(slot, "_plait_region", False):
             hidden.append((m, slot))
-            del m.__dict__[_SLOT]
+            if slot._plait_original is _ABSENT:
+                del m.__dict__[_SLOT]
+            else:
+                m.__dict__[_SLOT] = slot._plait_original
     return hidden
 
 
@@ -515,4 +558,4 @@ def can_split(module: Any, prog: CapturedProgram) -> bool:
     return any(True for _ in module.children())
 
 
-__all__ = ["RegionPlan", "RegionTree", "block_signature", "can_split"]
+__all__ = ["RegionPlan", "RegionTree", "block_signature", "call_forward", "can_split"]

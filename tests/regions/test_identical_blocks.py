@@ -87,10 +87,10 @@ def test_a_block_whose_guard_fails_recompiles_alone() -> None:
     assert len(cm.specializations) == 1  # NOTE: the root did not recompile
 
 
-def test_a_block_with_its_own_hook_does_not_share() -> None:
+def test_a_block_with_a_hook_on_a_submodule_does_not_share() -> None:
     torch.manual_seed(0)
     model = models.BranchyParent(n=3).eval()
-    model.blocks[2].register_forward_hook(lambda mod, args, out: out * 3)
+    model.blocks[2].fc2.register_forward_hook(lambda mod, args, out: out * 3)
     cm = plait.compile(model, options={"cache": False})
     with torch.no_grad():
         with pytest.warns(CaptureFallbackWarning):
@@ -102,6 +102,26 @@ def test_a_block_with_its_own_hook_does_not_share() -> None:
     regions = {r["module"]: r for r in plait.explain(cm).regions["regions"]}
     assert regions["blocks.2"]["not_shared"] is not None
     assert regions["blocks.1"]["shares_artifact_with"] == ["blocks.0"]
+
+
+def test_hooks_on_blocks_run_eagerly_on_every_call_and_blocks_still_share() -> None:
+    torch.manual_seed(0)
+    model = models.BranchyParent(n=3).eval()
+    seen: list[torch.Tensor] = []
+    model.blocks[1].register_forward_hook(lambda mod, args, out: seen.append(out) or out * 3)
+    cm = plait.compile(model, options={"cache": False})
+    with torch.no_grad():
+        with pytest.warns(CaptureFallbackWarning):
+            cm(_x(5, 8, seed=1))
+        for seed in range(2, 5):
+            _close(cm(_x(5, 8, seed=seed)), model(_x(5, 8, seed=seed)))
+    # NOTE: a Python side effect of a hook runs once per call, compiled or eager, on the
+    # call's own tensors; the first entry is the root's capture attempt (on capture's tensors,
+    # as any capture runs the Python it traces), before it fell back
+    assert len(seen) == 1 + 1 + 2 * 3
+    assert all(type(t) is torch.Tensor for t in seen[1:])
+    _close(seen[2], seen[3])  # NOTE: the same input, compiled (2) and eager (3)
+    assert plait.explain(cm).regions["sharing"]["programs_shared"] == 2
 
 
 def test_blocks_trained_with_gradients_share_and_match_eager() -> None:
