@@ -281,9 +281,9 @@ class _Engine:
         self.region = tree is not None
         self.path = path
         self.share = share  # identical blocks in the tree share this engine's programs
-        self.call_target: Callable[..., Any] = (
-            functools.partial(call_forward, fn) if self.region else fn
-        )
+        self.call_target: Callable[..., Any] = fn
+        if self.region and isinstance(fn, nn.Module):
+            self.call_target = functools.partial(call_forward, fn)
         if self.region:
             # NOTE: a region's call is passed on exactly as its parent made it (positional and
             # keyword arguments as they came): a decorated forward (Hugging Face's) fills in

@@ -509,8 +509,8 @@ def _bound_forward(module: nn.Module, prev: Any) -> Callable[..., Any]:
     """The forward ``module`` had before a dispatch slot replaced it: its own (an instance
     attribute) or its class's."""
     if prev is _ABSENT:
-        return type(module).forward.__get__(module)  # type: ignore[no-any-return]
-    return prev  # type: ignore[no-any-return]
+        return type(module).forward.__get__(module)
+    return prev
 
 
 def call_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -87,20 +87,25 @@ def test_a_block_whose_guard_fails_recompiles_alone() -> None:
     assert len(cm.specializations) == 1  # NOTE: the root did not recompile
 
 
-def test_a_block_with_a_hook_on_a_submodule_does_not_share() -> None:
+def test_a_block_with_a_hooked_submodule_is_split_and_the_others_share() -> None:
     torch.manual_seed(0)
     model = models.BranchyParent(n=3).eval()
-    model.blocks[2].fc2.register_forward_hook(lambda mod, args, out: out * 3)
+    seen: list[torch.Tensor] = []
+    model.blocks[2].fc2.register_forward_hook(lambda mod, args, out: seen.append(out) or out * 3)
     cm = plait.compile(model, options={"cache": False})
     with torch.no_grad():
         with pytest.warns(CaptureFallbackWarning):
             cm(_x(5, 8, seed=1))
         for seed in range(2, 5):
             _close(cm(_x(5, 8, seed=seed)), model(_x(5, 8, seed=seed)))
-    sharing = plait.explain(cm).regions["sharing"]
-    assert sharing["programs_shared"] == 1 and sharing["captures"] == 4
-    regions = {r["module"]: r for r in plait.explain(cm).regions["regions"]}
-    assert regions["blocks.2"]["not_shared"] is not None
+    report = plait.explain(cm).regions
+    regions = {r["module"]: r for r in report["regions"]}
+    # NOTE: the hook runs on each call: blocks.2 runs split, its fc2 a region of its own
+    assert regions["blocks.2"]["status"] == "split"
+    assert regions["blocks.2.fc2"]["status"] == "compiled"
+    assert len(seen) == 1 + 1 + 2 * 3 and all(type(t) is torch.Tensor for t in seen[1:])
+    (hooked,) = [b for b in report["boundaries"] if b["module"] == "blocks.2"]
+    assert "fc2 has hooks" in hooked["reason"]
     assert regions["blocks.1"]["shares_artifact_with"] == ["blocks.0"]
 
 
