@@ -57,7 +57,7 @@ from plait.frontend.snapshot import SnapshotUnreadable
 from plait.guards import StateFetcher
 from plait.ir import Graph, TensorType
 from plait.manifest import Explanation, Manifest, SpecializationReport
-from plait.regions import RegionPlan, RegionTree, call_forward, can_split
+from plait.regions import RegionPlan, RegionTree, call_forward, can_split, object_argument
 from plait.settings import applied_state, call_state
 
 __all__ = [
@@ -301,6 +301,10 @@ class _Engine:
             spec, leaves, paths = self.adapter.flatten(args, kwargs)
         except TypeError as exc:
             raise CompiledInputError(str(exc)) from None
+        if self.region:
+            why = object_argument(leaves, paths)
+            if why is not None:
+                return self.split_call(args, kwargs, why)
         state = self.fetch()
         env = GuardEnv(spec, leaves, self.fn, state)
         for s in self.specializations:
@@ -357,7 +361,8 @@ class _Engine:
 
     def split_call(self, args: tuple, kwargs: dict, reason: str) -> Any:
         """This call of a region runs its module's Python eagerly with its submodules as
-        regions (``reason``: a submodule has hooks); reported as a boundary, warned once."""
+        regions (``reason``: a submodule has hooks, an argument is an object); reported as a
+        boundary, warned once."""
         if self.hooked is None:
             warn_at_caller(
                 f"plait runs region {self._region_name()} split: {reason}", CaptureFallbackWarning
@@ -366,7 +371,8 @@ class _Engine:
         module = self.fn
         if self.regions is None and isinstance(module, nn.Module):
             assert self.tree is not None
-            self.regions = RegionPlan(self.tree, module, self.path)
+            if any(True for _ in module.children()):
+                self.regions = RegionPlan(self.tree, module, self.path)
             self.tree.version += 1
         return self._eager(args, kwargs)
 

@@ -50,6 +50,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -491,6 +492,23 @@ class RegionPlan:
             _restore(hidden)
 
 
+# NOTE: arguments a region's guards compare by value; any other object is compared by identity
+_VALUES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def object_argument(leaves: list[Any], paths: list[str]) -> str | None:
+    """Why a region call cannot be compiled: an argument that is an object (a key-value cache,
+    a config) its Python may change (``cache.update(...)``), which a compiled call would not;
+    None when every argument is a tensor or a plain value."""
+    for leaf, path in zip(leaves, paths):
+        if not isinstance(leaf, (torch.Tensor, *_VALUES)):
+            return (
+                f"its call passes {path}, a {type(leaf).__name__} object (its Python may change "
+                "it on each call), so it runs split"
+            )
+    return None
+
+
 def _hooked_below(module: nn.Module) -> str | None:
     """Why ``module`` cannot be one region now: a submodule with hooks (they would run only at
     capture inside a region); None when there is none."""
@@ -558,4 +576,11 @@ def can_split(module: Any, prog: CapturedProgram) -> bool:
     return any(True for _ in module.children())
 
 
-__all__ = ["RegionPlan", "RegionTree", "block_signature", "call_forward", "can_split"]
+__all__ = [
+    "RegionPlan",
+    "RegionTree",
+    "block_signature",
+    "call_forward",
+    "can_split",
+    "object_argument",
+]

@@ -96,7 +96,7 @@ def test_the_manifest_says_regional_and_lists_the_regions() -> None:
 
 
 class _Holder:
-    """An argument compared by identity (an arbitrary object holding a tensor)."""
+    """An argument compared by identity (an object holding a tensor, as a key-value cache)."""
 
     def __init__(self, t: torch.Tensor) -> None:
         self.t = t
@@ -108,7 +108,9 @@ class _TakesObject(nn.Module):
         self.inner = nn.Linear(4, 4)
 
     def forward(self, holder: _Holder) -> torch.Tensor:
-        return self.inner(holder.t) * 2
+        out = self.inner(holder.t) * 2
+        holder.t = out  # NOTE: a Python side effect on the argument, as cache.update makes
+        return out
 
 
 class _PassesObject(nn.Module):
@@ -117,13 +119,50 @@ class _PassesObject(nn.Module):
         self.child = _TakesObject()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.child(_Holder(x))  # NOTE: a new object each call: each recompiles the child
+        holder = _Holder(x)
+        y = self.child(holder)
+        y = y + holder.t  # NOTE: reads what the child wrote
         return y if y.sum() > 0 else -y
+
+
+def test_a_region_called_with_an_object_runs_split() -> None:
+    torch.manual_seed(0)
+    model = _PassesObject().eval()
+    cm = plait.compile(model, options={"cache": False})
+    with torch.no_grad():
+        with pytest.warns(CaptureFallbackWarning) as record:
+            cm(_x(3, 4, seed=0))
+        assert any("a _Holder object" in str(w.message) for w in record)
+        for seed in range(1, 4):
+            x = _x(3, 4, seed=seed)
+            torch.testing.assert_close(cm(x), model(x), rtol=TOL.rtol, atol=TOL.atol)
+    report = plait.explain(cm).regions
+    regions = {r["module"]: r for r in report["regions"]}
+    assert regions["child"]["status"] == "split" and regions["child"]["specializations"] == 0
+    assert regions["child.inner"]["status"] == "compiled"
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        return self.inner(x) * scale
+
+
+class _PassesNewValues(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.child = _Scaled()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.child(x, float(x.sum()))  # NOTE: a new Python value on each call
 
 
 def test_a_region_past_its_recompile_limit_runs_eagerly_and_splits() -> None:
     torch.manual_seed(0)
-    model = _PassesObject().eval()
+    model = _PassesNewValues().eval()
     cm = plait.compile(model, options={"cache": False, "recompile_limit": 2})
     with torch.no_grad():
         with pytest.warns(CaptureFallbackWarning):
