@@ -33,7 +33,6 @@ from torch import nn
 
 from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
 from plait.cache import Store, check_store_option, resolve_store
-from plait.cache.lookup import warn_at_caller
 from plait.cache.snapshots import forget_snapshot, front_parts, load_snapshot, save_snapshot
 from plait.cache.weight_digests import prefetch
 from plait.errors import (
@@ -132,10 +131,11 @@ def capture(
     )
 
 
-def _report(prog: CapturedProgram, stacklevel: int, region: str | None = None) -> None:
+def _report(
+    prog: CapturedProgram, stacklevel: int, region: str | None = None, tree: Any = None
+) -> None:
     """NOTE: never a silent fallback: each fallback and each opaque node is announced once,
-    when the specialization is captured. A region's warnings name it and are attributed to the
-    user's line that called it (the innermost frame outside plait and PyTorch)."""
+    when the specialization is captured. A region's warnings name it (``tree.warn``)."""
     what = "this program" if region is None else f"region {region}"
     messages = []
     if prog.fallback_reason is not None:
@@ -148,7 +148,7 @@ def _report(prog: CapturedProgram, stacklevel: int, region: str | None = None) -
         if region is None:
             warnings.warn(message, CaptureFallbackWarning, stacklevel=stacklevel + 1)
         else:
-            warn_at_caller(message, CaptureFallbackWarning)
+            tree.warn(message)
 
 
 # --- compile ---------------------------------------------------------------------------------
@@ -348,10 +348,8 @@ class _Engine:
         if not self._refusal_warned:
             self._refusal_warned = True
             self.refused = reason
-            warn_at_caller(
-                f"plait runs region {self._region_name()} eagerly: {self.refused}",
-                CaptureFallbackWarning,
-            )
+            assert self.tree is not None
+            self.tree.warn(f"plait runs region {self._region_name()} eagerly: {self.refused}")
             module = self.fn
             if self.regions is None and isinstance(module, nn.Module):
                 assert self.tree is not None
@@ -364,9 +362,8 @@ class _Engine:
         regions (``reason``: a submodule has hooks, an argument is an object); reported as a
         boundary, warned once."""
         if self.hooked is None:
-            warn_at_caller(
-                f"plait runs region {self._region_name()} split: {reason}", CaptureFallbackWarning
-            )
+            assert self.tree is not None
+            self.tree.warn(f"plait runs region {self._region_name()} split: {reason}")
         self.hooked = reason
         module = self.fn
         if self.regions is None and isinstance(module, nn.Module):
@@ -440,7 +437,7 @@ class _Engine:
             if prog is None:
                 prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
         assert prog is not None
-        _report(prog, stacklevel=4, region=self._region_name())
+        _report(prog, stacklevel=4, region=self._region_name(), tree=self.tree)
         state = self.fetch()
         spec = self._shared_specialization(prog, env, state, reason, settings)
         if spec is None:
@@ -567,8 +564,8 @@ class _Engine:
             )
         if self.limit_fallback is None:
             text = f"plait runs calls that miss every specialization eagerly: {message}"
-            if self.region:
-                warn_at_caller(text, CaptureFallbackWarning)
+            if self.tree is not None and self.region:
+                self.tree.warn(text)
             else:
                 warnings.warn(text, CaptureFallbackWarning, stacklevel=5)
             self.limit_fallback = {"reason": message, "calls": 0}

@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 import threading
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -54,6 +56,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from plait.cache.lookup import warn_at_caller
+from plait.errors import CaptureFallbackWarning
 from plait.frontend import CapturedProgram, GuardEnv
 from plait.frontend.guard_plan import build_guards
 from plait.frontend.pyvalues import Root, resolve
@@ -149,6 +153,20 @@ class RegionTree:
         self.names = {id(m): name for name, m in self.root.named_modules()}
         self.signature = {id(m): block_signature(m) for m in self.root.modules()}
         self.group_size = Counter(self.signature.values())
+
+    def warn(self, message: str) -> None:
+        """A region's warning, attributed where the compiled module's own warnings are: the
+        frame that called it (two above its engine's call); the innermost frame outside plait
+        and PyTorch when that call is not on the stack."""
+        frame, level = sys._getframe(1), 1
+        while frame is not None:
+            if frame.f_code.co_name == "__call__" and frame.f_locals.get("self") is (
+                self.root_engine
+            ):
+                warnings.warn(message, CaptureFallbackWarning, stacklevel=level + 3)
+                return
+            frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+        warn_at_caller(message, CaptureFallbackWarning)
 
     def path_of(self, module: nn.Module) -> str:
         return self.names.get(id(module), f"<{type(module).__name__} outside the module>")
