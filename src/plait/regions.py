@@ -204,7 +204,7 @@ class RegionTree:
         return None
 
     def publish_program(self, engine: Any, prog: CapturedProgram) -> None:
-        if not self.shared(engine.fn) or prog.graph is None or prog.guard_plan is None:
+        if not self.shared(engine.fn) or not prog.has_graph or prog.guard_plan is None:
             return
         self.programs.setdefault(self.signature[id(engine.fn)], []).append(prog)
 
@@ -240,7 +240,7 @@ class RegionTree:
     # --- op counts --------------------------------------------------------------------------
     def note_compiled(self, path: str, prog: CapturedProgram) -> None:
         """A region ran compiled: count its IR nodes while a measurement runs."""
-        if self.counter is None or prog.graph is None:
+        if self.counter is None or not prog.has_graph:
             return
         opaque = sum(1 for n in prog.graph.nodes if n.op == "opaque")
         self.compiled_ops[path] += len(prog.graph.nodes) - opaque
@@ -586,7 +586,7 @@ def _restore(saved: list[tuple[nn.Module, Any]]) -> None:
 def can_split(module: Any, prog: CapturedProgram) -> bool:
     """Whether a fallback of ``module``'s call is split into regions: a module with submodules
     whose capture fell back for a reason a submodule's capture may not share (not autocast)."""
-    if not isinstance(module, nn.Module) or prog.graph is not None:
+    if not isinstance(module, nn.Module) or prog.has_graph:
         return False
     err = prog.fallback_error
     if getattr(err, "operation", None) == "torch.autocast":
