@@ -240,10 +240,11 @@ class RegionTree:
     # --- op counts --------------------------------------------------------------------------
     def note_compiled(self, path: str, prog: CapturedProgram) -> None:
         """A region ran compiled: count its IR nodes while a measurement runs."""
-        if self.counter is None or not prog.has_graph:
+        graph = prog.graph if self.counter is not None else None
+        if graph is None:
             return
-        opaque = sum(1 for n in prog.graph.nodes if n.op == "opaque")
-        self.compiled_ops[path] += len(prog.graph.nodes) - opaque
+        opaque = sum(1 for n in graph.nodes if n.op == "opaque")
+        self.compiled_ops[path] += len(graph.nodes) - opaque
         self.opaque_ops[path] += opaque
 
     @contextlib.contextmanager
