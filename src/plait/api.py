@@ -56,6 +56,7 @@ from plait.frontend.snapshot import SnapshotUnreadable
 from plait.guards import StateFetcher
 from plait.ir import Graph, TensorType
 from plait.manifest import Explanation, Manifest, SpecializationReport
+from plait.regions import RegionPlan, RegionTree, call_forward, can_split, object_argument
 from plait.settings import applied_state, call_state
 
 __all__ = [
@@ -130,22 +131,24 @@ def capture(
     )
 
 
-def _report(prog: CapturedProgram, stacklevel: int) -> None:
+def _report(
+    prog: CapturedProgram, stacklevel: int, region: str | None = None, tree: Any = None
+) -> None:
     """NOTE: never a silent fallback: each fallback and each opaque node is announced once,
-    when the specialization is captured."""
+    when the specialization is captured. A region's warnings name it (``tree.warn``)."""
+    what = "this program" if region is None else f"region {region}"
+    messages = []
     if prog.fallback_reason is not None:
-        warnings.warn(
-            f"plait runs this program eagerly (fallback): {prog.fallback_reason}",
-            CaptureFallbackWarning,
-            stacklevel=stacklevel + 1,
-        )
+        messages.append(f"plait runs {what} eagerly (fallback): {prog.fallback_reason}")
     if prog.opaque_counts:
         calls = ", ".join(f"{k} x{v}" for k, v in sorted(prog.opaque_counts.items()))
-        warnings.warn(
-            f"plait runs calls with no IR op as opaque PyTorch nodes: {calls}",
-            CaptureFallbackWarning,
-            stacklevel=stacklevel + 1,
-        )
+        where = "" if region is None else f" in {what}"
+        messages.append(f"plait runs calls with no IR op as opaque PyTorch nodes{where}: {calls}")
+    for message in messages:
+        if region is None:
+            warnings.warn(message, CaptureFallbackWarning, stacklevel=stacklevel + 1)
+        else:
+            tree.warn(message)
 
 
 # --- compile ---------------------------------------------------------------------------------
@@ -237,12 +240,17 @@ class _Engine:
         dynamic: bool | None,
         mode: str | None,
         options: dict[str, Any] | None,
+        *,
+        tree: RegionTree | None = None,
+        path: str = "",
+        share: bool = False,
     ) -> None:
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; available: {list(BACKENDS)}")
         if mode not in _MODES:
             raise ValueError(f"mode {mode!r} is not available; modes: {list(_MODES)}")
         options = dict(options or {})
+        self.requested = (backend, dynamic, mode, dict(options))  # NOTE: for region engines
         self.recompile_limit = int(options.pop("recompile_limit", DEFAULT_RECOMPILE_LIMIT))
         self.on_limit = options.pop("on_recompile_limit", "raise")
         if self.on_limit not in ("raise", "eager"):
@@ -266,12 +274,37 @@ class _Engine:
         self.recompile_reasons: list[str] = []
         self.limit_fallback: dict[str, Any] | None = None  # on_recompile_limit="eager", once hit
         self.lock = threading.RLock()
+        # NOTE: regional compilation (plait.regions). A region engine compiles one submodule's
+        # forward (its hooks run eagerly around it, in nn.Module.__call__, each call, side
+        # effects and all); the root engine gets a tree when its module's capture falls back.
+        self.tree = tree
+        self.region = tree is not None
+        self.path = path
+        self.share = share  # identical blocks in the tree share this engine's programs
+        self.call_target: Callable[..., Any] = fn
+        if self.region and isinstance(fn, nn.Module):
+            self.call_target = functools.partial(call_forward, fn)
+        if self.region:
+            # NOTE: a region's call is passed on exactly as its parent made it (positional and
+            # keyword arguments as they came): a decorated forward (Hugging Face's) fills in
+            # keywords itself, and a forward pre-hook may supply an argument
+            self.adapter.signature = None
+        self.regions: RegionPlan | None = None  # the plan its fallback specializations run
+        self.refused: str | None = None  # why a region runs eagerly on every call, if it does
+        self._refusal_warned = False
+        self.hooked: str | None = None  # why its latest calls ran split (hooks below it)
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
+        if self.refused is not None:
+            return self._eager(args, kwargs)
         try:
             spec, leaves, paths = self.adapter.flatten(args, kwargs)
         except TypeError as exc:
             raise CompiledInputError(str(exc)) from None
+        if self.region:
+            why = object_argument(leaves, paths)
+            if why is not None:
+                return self.split_call(args, kwargs, why)
         state = self.fetch()
         env = GuardEnv(spec, leaves, self.fn, state)
         for s in self.specializations:
@@ -279,13 +312,80 @@ class _Engine:
                 s.calls += 1
                 return self._run(s, env, state, args, kwargs)
         # NOTE: the miss path, inline: warnings count the frames up to the user's call
-        with _CAPTURE_LOCK, self.lock:
-            found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
+        with self._tree_lock(), _CAPTURE_LOCK, self.lock:
+            try:
+                found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
+            except (RecompileLimitError, Warning):
+                raise  # NOTE: a warning raised as an error (a filter) is the user's to see
+            except Exception as exc:
+                if not self.region:
+                    raise
+                # NOTE: a region its parent's eager Python reached, that the whole program's
+                # capture never did: its failure must not fail a call that ran eagerly before
+                found = None
+                self.refused = f"its capture or compile failed: {type(exc).__name__}: {exc}"
+        if self.refused is not None and found is None:
+            return self._refuse(args, kwargs, self.refused)
         if found is None:
             return self._limit_call(args, kwargs)
         s, env, state = found
         s.calls += 1
         return self._run(s, env, state, args, kwargs)
+
+    region_call = __call__
+
+    def _region_name(self) -> str | None:
+        return f"{self.path} ({type(self.fn).__name__})" if self.region else None
+
+    def _tree_lock(self) -> Any:
+        """NOTE: taken before the capture lock, as a regional run takes them: a capture never
+        runs while another thread's regional run has dispatch slots set."""
+        return self.tree.lock if self.tree is not None else contextlib.nullcontext()
+
+    def _refuse(self, args: tuple, kwargs: dict, reason: str) -> Any:
+        """A region whose capture or compile raised: it runs eagerly from now on, split into
+        its own regions, warned once and reported as a boundary."""
+        if not self._refusal_warned:
+            self._refusal_warned = True
+            self.refused = reason
+            assert self.tree is not None
+            self.tree.warn(f"plait runs region {self._region_name()} eagerly: {self.refused}")
+            module = self.fn
+            if self.regions is None and isinstance(module, nn.Module):
+                assert self.tree is not None
+                if any(True for _ in module.children()):
+                    self.regions = RegionPlan(self.tree, module, self.path)
+        return self._eager(args, kwargs)
+
+    def split_call(self, args: tuple, kwargs: dict, reason: str) -> Any:
+        """This call of a region runs its module's Python eagerly with its submodules as
+        regions (``reason``: a submodule has hooks, an argument is an object); reported as a
+        boundary, warned once."""
+        if self.hooked is None:
+            assert self.tree is not None
+            self.tree.warn(f"plait runs region {self._region_name()} split: {reason}")
+        self.hooked = reason
+        module = self.fn
+        if self.regions is None and isinstance(module, nn.Module):
+            assert self.tree is not None
+            if any(True for _ in module.children()):
+                self.regions = RegionPlan(self.tree, module, self.path)
+            self.tree.version += 1
+        return self._eager(args, kwargs)
+
+    def _make_region(self, module: nn.Module, path: str, share: bool) -> _Engine:
+        """A region engine with this engine's backend and options; identical blocks keep
+        their parameters as inputs (one artifact for all), unless freeze was requested."""
+        backend, dynamic, mode, options = self.requested
+        options = dict(options)
+        if share:
+            options.setdefault("freeze", False)
+        # NOTE: a region's calls are its parent's (a new object each call recompiles it): past
+        # its limit it runs eagerly, split, warned and reported, unless "raise" was requested
+        options.setdefault("on_recompile_limit", "eager")
+        return _Engine(
+            module, backend, False, dynamic, mode, options, tree=self.tree, path=path, share=share
+        )
 
     def _flatten(self, args: tuple, kwargs: dict) -> tuple[Any, list[Any], list[str]]:
         try:
@@ -312,7 +412,8 @@ class _Engine:
         settings = call_state()
         if self.specializations:
             last = self.specializations[-1]
-            _check_kinds(last.program, env, paths)
+            if not self.region:  # NOTE: a region's calls are its parent's, not the user's
+                _check_kinds(last.program, env, paths)
             failures = last.guards.explain(env) or ["no guard failed (internal)"]
             reason = "; ".join(failures)
             if len(self.specializations) >= self.recompile_limit:
@@ -323,42 +424,85 @@ class _Engine:
             self.fetch = StateFetcher(self.state)
         store = resolve_store(self.cache)
         start = time.perf_counter()
-        if store is not None and self.options.get("freeze", not torch.is_grad_enabled()):
-            prefetch(env.state)  # NOTE: the key's weights digest, hashed while the snapshot loads
-        prog, parts, note = self._from_snapshot(store, env, paths)
-        seconds = {"cache.snapshot": time.perf_counter() - start}
-        recorder = None
-        if prog is None:
-            prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
-        _report(prog, stacklevel=4)
+        shared = self.tree.shared_program(self, env, paths) if self.share and self.tree else None
+        prog: CapturedProgram | None = shared
+        if shared is not None:
+            parts, note, seconds, recorder = None, "shared", {}, None
+        else:
+            if store is not None and self.options.get("freeze", not torch.is_grad_enabled()):
+                prefetch(env.state)  # NOTE: the key's weights digest, hashed while it loads
+            prog, parts, note = self._from_snapshot(store, env, paths)
+            seconds = {"cache.snapshot": time.perf_counter() - start}
+            recorder = None
+            if prog is None:
+                prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
+        assert prog is not None
+        _report(prog, stacklevel=4, region=self._region_name(), tree=self.tree)
         state = self.fetch()
-        try:
-            compiled = self._compile(prog, state, store)
-        except SnapshotUnreadable as exc:
-            # NOTE: a snapshot whose nodes do not parse (they are read only when the artifact
-            # misses): removed, and the call captured as if there had been none
-            forget_snapshot(store, exc.key)
-            note = f"captured: the snapshot did not load ({exc})"
-            prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
-            compiled = self._compile(prog, state, store)
-        compiled.manifest.timings.update(seconds)
-        if store is not None:
-            if recorder is not None and parts is not None:
-                note = _save_snapshot(store, parts, prog, recorder, compiled, note)
-            compiled.manifest.cache["capture"] = note
-        spec = Specialization(prog, compiled, reason, settings)
+        spec = self._shared_specialization(prog, env, state, reason, settings)
+        if spec is None:
+            try:
+                compiled = self._compile(prog, state, store)
+            except SnapshotUnreadable as exc:
+                # NOTE: a snapshot whose nodes do not parse (they are read only when the
+                # artifact misses): removed, and the call captured as if there had been none
+                forget_snapshot(store, exc.key)
+                note = f"captured: the snapshot did not load ({exc})"
+                prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
+                compiled = self._compile(prog, state, store)
+            compiled.manifest.timings.update(seconds)
+            if store is not None:
+                if recorder is not None and parts is not None:
+                    note = _save_snapshot(store, parts, prog, recorder, compiled, note)
+                compiled.manifest.cache["capture"] = note
+            spec = Specialization(prog, compiled, reason, settings)
+            if self.share and self.tree is not None:
+                self.tree.publish_artifact(self, prog, settings, compiled)
+        if self.share and self.tree is not None and shared is None:
+            self.tree.publish_program(self, prog)
         self.specializations.append(spec)
+        if self.tree is not None:
+            self.tree.version += 1
+        module = self.fn
+        if self.regions is None and not self.fullgraph and can_split(module, prog):
+            assert isinstance(module, nn.Module)
+            if self.tree is None:
+                self.tree = RegionTree(module, self._make_region, self)
+            self.regions = RegionPlan(self.tree, module, self.path)
         if reason is not None:
             self.recompile_reasons.append(reason)
         return spec, GuardEnv(env.spec, env.leaves, self.fn, state), state
+
+    def _shared_specialization(
+        self,
+        prog: CapturedProgram,
+        env: GuardEnv,
+        state: Sequence[torch.Tensor],
+        reason: str | None,
+        settings: dict[str, Any],
+    ) -> Specialization | None:
+        """A specialization of this block on the artifact an identical block compiled for the
+        same program, when there is one and the guards of both hold for this call."""
+        if not self.share or self.tree is None:
+            return None
+        compiled = self.tree.shared_artifact(self, prog, settings)
+        if compiled is None:
+            return None
+        spec = Specialization(prog, compiled, reason, settings)
+        if not spec.guards.holds(GuardEnv(env.spec, env.leaves, self.fn, state)):
+            return None
+        self.tree.counts["artifacts_shared"] += 1
+        return spec
 
     def _capture(
         self, args: tuple, kwargs: dict, record: bool, seconds: dict[str, float]
     ) -> tuple[CapturedProgram, CodeRecorder | None]:
         start = time.perf_counter()
+        if self.tree is not None and self.region:
+            self.tree.counts["captures"] += 1
         with recording(record) as recorder:
             prog = capture_program(
-                self.fn,
+                self.call_target,
                 args,
                 kwargs,
                 fullgraph=self.fullgraph,
@@ -376,6 +520,8 @@ class _Engine:
         if backend is None:
             backend, why = _default_backend(prog, state)
         request = CompileRequest(prog, backend, self.fullgraph, self.options, state, store)
+        if self.tree is not None and self.region and prog.has_graph:
+            self.tree.counts["compiles"] += 1
         compiled = compile_program(request)
         compiled.manifest.options["backend_choice"] = why
         return compiled
@@ -393,6 +539,8 @@ class _Engine:
             "dynamic": self.dynamic,
             "options": self.options,
         }
+        if self.region:  # NOTE: its forward is captured, not the module's __call__ (hooks)
+            request["region"] = True
         try:
             parts = front_parts(self.fn, env.spec, env.leaves, request, self.state)
         except Unpinnable as exc:
@@ -403,8 +551,9 @@ class _Engine:
     def _limit_reached(self, reason: str) -> None:
         """NOTE: never silent: an error by default; the eager fallback warns once and is
         recorded (``plait.explain``) with every call it ran (:meth:`_limit_call`)."""
+        name = f"region {self.path} ({self.adapter.name})" if self.region else self.adapter.name
         message = (
-            f"{self.adapter.name}: reached the recompile limit "
+            f"{name}: reached the recompile limit "
             f"({self.recompile_limit} specializations); this call failed: {reason}"
         )
         if self.on_limit == "raise":
@@ -414,17 +563,31 @@ class _Engine:
                 "eagerly."
             )
         if self.limit_fallback is None:
-            warnings.warn(
-                f"plait runs calls that miss every specialization eagerly: {message}",
-                CaptureFallbackWarning,
-                stacklevel=5,
-            )
+            text = f"plait runs calls that miss every specialization eagerly: {message}"
+            if self.tree is not None and self.region:
+                self.tree.warn(text)
+            else:
+                warnings.warn(text, CaptureFallbackWarning, stacklevel=5)
             self.limit_fallback = {"reason": message, "calls": 0}
+            module = self.fn
+            if self.region and self.regions is None and isinstance(module, nn.Module):
+                assert self.tree is not None
+                if any(True for _ in module.children()):
+                    self.regions = RegionPlan(self.tree, module, self.path)
 
     def _limit_call(self, args: tuple, kwargs: dict) -> Any:
         assert self.limit_fallback is not None
         self.limit_fallback["calls"] += 1
-        return self.fn(*args, **kwargs)
+        return self._eager(args, kwargs)
+
+    def _eager(self, args: tuple, kwargs: dict) -> Any:
+        """The program as written; split into regions where its module's capture fell back."""
+        if self.regions is not None:
+            return self.regions.run(self.call_target, args, kwargs)
+        if self.tree is not None and self.region:
+            with self.tree.counting(self.path):
+                return self.call_target(*args, **kwargs)
+        return self.call_target(*args, **kwargs)
 
     # --- the artifact protocol (what plait.conformance drives) --------------------------------
     def uses(self) -> list[SpecializationUse]:
@@ -462,7 +625,7 @@ class _Engine:
     def specialize(self, args: tuple, kwargs: dict) -> SpecializationUse:
         spec, leaves, paths = self._flatten(args, kwargs)
         env = GuardEnv(spec, leaves, self.fn, self.fetch())
-        with _CAPTURE_LOCK, self.lock:
+        with self._tree_lock(), _CAPTURE_LOCK, self.lock:
             found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
         if found is None:
             raise RecompileLimitError(
@@ -480,7 +643,9 @@ class _Engine:
         kwargs: dict,
     ) -> Any:
         if s.executor is None:
-            return self.fn(*args, **kwargs)  # the recorded eager fallback
+            return self._eager(args, kwargs)  # the recorded eager fallback, or its regions
+        if self.tree is not None and self.region:
+            self.tree.note_compiled(self.path, s.program)
         return s.program.run(s.executor, env, state)
 
 
@@ -702,7 +867,10 @@ def compile(
     ``backend``: ``"stax"`` (native C++ kernels and PyTorch externs), ``"eager"`` (plait's
     reference interpreter), or ``None``: Stax for static CPU programs, the interpreter otherwise,
     with the choice recorded in each specialization's manifest. ``fullgraph=True`` makes any
-    capture fallback or Stax fallback an error. ``options``: ``recompile_limit`` (default 8),
+    capture fallback or Stax fallback an error. With ``fullgraph=False`` a module whose call
+    cannot be captured whole runs its own Python eagerly and its largest capturable submodules
+    compiled, identical blocks sharing one artifact (:mod:`plait.regions`; ``plait.explain``
+    lists the regions and boundaries). ``options``: ``recompile_limit`` (default 8),
     ``on_recompile_limit`` (``"raise"``, the default, or ``"eager"``: run calls past the limit
     eagerly, warned once and recorded), ``cache`` (the artifact cache: ``True``, the default,
     for ``$PLAIT_CACHE_DIR`` or the per-user cache directory; ``False``; a directory; a
@@ -739,7 +907,8 @@ def compile(
 
 
 def explain(compiled: Any) -> Explanation:
-    """The specializations of a compiled callable, with guards, recompile reasons and manifests.
+    """The specializations of a compiled callable, with guards, recompile reasons and manifests;
+    for a module compiled in regions, ``.regions``: its regions, boundaries and op shares.
 
     Example:
         >>> import torch, plait
@@ -758,4 +927,5 @@ def explain(compiled: Any) -> Explanation:
         SpecializationReport(i, s.reason, s.guards.texts(), s.manifest, s.guards.evaluator)
         for i, s in enumerate(engine.specializations)
     ]
-    return Explanation(engine.adapter.name, reports, engine.limit_fallback)
+    regions = engine.tree.report() if engine.tree is not None else None
+    return Explanation(engine.adapter.name, reports, engine.limit_fallback, regions)

@@ -200,6 +200,12 @@ class Manifest:
             if "peak_live_bytes" in memory:
                 line += f"; peak live {memory['peak_live_bytes'] / 2**20:.1f} MiB"
             lines.append(line)
+        for r in self.executor.get("regions", []):
+            backends = f" ({', '.join(r['backends'])})" if r.get("backends") else ""
+            lines.append(f"    region {r['module']} [{r['class']}]: {r['status']}{backends}")
+        for b in self.executor.get("boundaries", []):
+            # NOTE: a capture error's reason starts with its file:line
+            lines.append(f"    boundary {b['module'] or '<root>'}: {b['reason']}")
         if self.kernels.get("kernels"):
             lines.append(f"  kernels: {len(self.kernels['kernels'])} native")
         if self.cache_key.get("digest"):
@@ -254,18 +260,29 @@ class SpecializationReport:
 @dataclass
 class Explanation:
     """What ``plait.explain(compiled)`` returns: each specialization with its guards, the
-    reason it was compiled, and its manifest. ``str()`` is a readable report."""
+    reason it was compiled, and its manifest. ``str()`` is a readable report.
+
+    ``regions`` (a module whose call could not be captured whole, ``fullgraph=False``): each
+    region (``module`` path, ``class``, ``status``: ``compiled``, ``split`` into its own
+    regions, or ``eager``; ``backends``, ``specializations``, the regions it shares its
+    artifact with, its ``compiled_ops``, ``opaque_ops`` and ``eager_ops``), each boundary (the
+    module, the capture error as ``reason``, its ``operation``, ``file`` and ``line``), the
+    ``ops`` (``compiled_share``: IR nodes run in compiled regions over those plus opaque nodes
+    plus ATen ops run eagerly, measured on the first call) and the ``sharing`` counts of
+    identical blocks; None for a program captured whole."""
 
     name: str
     specializations: list[SpecializationReport]
     # on_recompile_limit="eager": why calls past the limit ran eagerly, and how many did
     limit_fallback: dict[str, Any] | None = None
+    regions: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "specializations": [s.to_json() for s in self.specializations],
             "limit_fallback": self.limit_fallback,
+            "regions": self.regions,
         }
 
     def __str__(self) -> str:
@@ -283,4 +300,42 @@ class Explanation:
                 f"eager fallback past the recompile limit ({self.limit_fallback['calls']} "
                 f"call(s)): {self.limit_fallback['reason']}"
             )
+        if self.regions is not None:
+            lines += describe_regions(self.regions)
         return "\n".join(lines)
+
+
+def describe_regions(report: dict[str, Any]) -> list[str]:
+    """``report`` (``plait.regions.RegionTree.report``) as readable lines."""
+    ops = report["ops"]
+    lines = ["regional compilation (the module's call could not be captured whole):"]
+    if ops["measured"] and ops["compiled_share"] is not None:
+        lines.append(
+            f"  ops run compiled: {ops['compiled_share']:.1%} ({ops['compiled']} IR nodes in "
+            f"compiled regions; {ops['opaque']} opaque nodes; {ops['eager']} ATen ops eagerly), "
+            "measured on the first call"
+        )
+    else:
+        lines.append("  ops: not measured yet (the first call measures them)")
+    lines.append(f"  regions: {len(report['regions'])}")
+    for r in report["regions"]:
+        how = r["status"]
+        if r["backends"]:
+            how += f" ({', '.join(r['backends'])})"
+        line = f"    - {r['module'] or '<root>'} [{r['class']}]: {how}"
+        line += f", {r['specializations']} specialization(s)"
+        if r["compiled_ops"] or r["eager_ops"]:
+            line += f", {r['compiled_ops']} compiled / {r['eager_ops']} eager ops"
+        if r["shares_artifact_with"]:
+            line += f", shares its artifact with {', '.join(r['shares_artifact_with'])}"
+        if r["not_shared"]:
+            line += f", not shared: {r['not_shared'].splitlines()[0]}"
+        lines.append(line)
+    lines.append(f"  boundaries: {len(report['boundaries'])}")
+    for b in report["boundaries"]:
+        first = str(b["reason"]).splitlines()[0]  # NOTE: a capture error's starts with file:line
+        lines.append(f"    - {b['module'] or '<root>'} [{b['class']}]: {first}")
+    if report["sharing"]:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(report["sharing"].items()))
+        lines.append(f"  region engines: {counts}")
+    return lines

@@ -19,6 +19,7 @@ import transformers
 
 import plait
 import plait.conformance
+import plait.contract
 import plait.errors
 
 pytestmark = [pytest.mark.usefixtures("stax_cache"), pytest.mark.xdist_group("stax-models")]

@@ -410,4 +410,5 @@ def _fallback(
         opaque_counts=dict(cx.opaque_counts),
         fallback_reason=str(err),
         dynamic=cx.dynamic,
+        fallback_error=err,
     )

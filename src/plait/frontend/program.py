@@ -58,6 +58,8 @@ class CapturedProgram:
     dynamic: bool = False
     specialized: list[str] = field(default_factory=list)  # dynamic=True: sizes made static, why
     guard_plan: Any = None  # the GuardPlan the guards were built from (None: built otherwise)
+    # NOTE: a fallback's GraphCaptureError (operation, file and line), for regional compilation
+    fallback_error: Exception | None = field(default=None, repr=False, compare=False)
 
     @property
     def has_graph(self) -> bool:
