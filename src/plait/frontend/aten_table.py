@@ -70,6 +70,17 @@ def _reduce(op: str) -> Emit:
     return emit
 
 
+def _reduce_all(op: str) -> Emit:
+    """``aten.sum.default(x, *, dtype=None)``: every dim."""
+
+    def emit(b: GraphBuilder, args: tuple, kwargs: dict) -> Any:
+        if len(args) != 1 or set(kwargs) - {"dtype"}:
+            return None
+        return b.call(op, args[0], dims=None, **kwargs)
+
+    return emit
+
+
 def _to_dtype(b: GraphBuilder, args: tuple, kwargs: dict) -> Any:
     """``aten._to_copy.default(x, dtype=d)`` with no device, layout or memory format change."""
     if len(args) != 1 or set(kwargs) != {"dtype"}:
@@ -119,8 +130,11 @@ ATEN_TO_IR: dict[Any, Emit] = {
     **{getattr(aten, name).Scalar: _positional(name, 2) for name in _BINARY},
     **{getattr(aten, name).default: _positional(name, 2) for name in _BINARY_DEFAULT},
     aten.add.Tensor: _positional("add", 2, "alpha"),
+    aten.add.Scalar: _positional("add", 2, "alpha"),
     aten.sub.Tensor: _positional("sub", 2, "alpha"),
+    aten.sub.Scalar: _positional("sub", 2, "alpha"),
     aten.div.Tensor: _positional("div", 2),
+    aten.div.Scalar: _positional("div", 2),
     aten.pow.Tensor_Scalar: _positional("pow", 2),
     aten.pow.Tensor_Tensor: _positional("pow", 2),
     aten.where.self: _positional("where", 3),
@@ -130,16 +144,15 @@ ATEN_TO_IR: dict[Any, Emit] = {
     aten.triu.default: _positional("triu", 1, "diagonal"),
     aten._to_copy.default: _to_dtype,
     aten.sum.dim_IntList: _reduce("sum"),
-    aten.sum.default: _reduce("sum"),
+    aten.sum.default: _reduce_all("sum"),
     aten.mean.dim: _reduce("mean"),
+    aten.mean.default: _reduce_all("mean"),
     aten.amax.default: _reduce("amax"),
     aten.amin.default: _reduce("amin"),
     aten._softmax.default: _softmax("softmax"),
     aten._log_softmax.default: _softmax("log_softmax"),
     aten.view_copy.default: _reshape,
     aten._unsafe_view.default: _reshape,
-    aten.view.default: _reshape,
-    aten.reshape.default: _reshape,
     aten.permute_copy.default: _positional("permute", 1, "dims"),
     aten.expand_copy.default: _expand,
     aten.transpose_copy.int: _positional("transpose", 1, "dim0", "dim1"),

@@ -186,7 +186,11 @@ def run_opaque(
         versions = [t._plain._version for t in tracers]
         out, _ = cx.sample(func, args, kwargs)
         if [t._plain._version for t in tracers] != versions:
-            cx.fail("unsupported", f"{name} updates its inputs in place; an opaque node cannot")
+            cx.fail(
+                "unsupported",
+                f"{name} updates its inputs in place; an opaque node cannot, and it is no ATen "
+                f"program: {traced.reason}",
+            )
     else:
         out = sampled
     # NOTE: a call that moved the generator is random: a random node, run in program order
