@@ -342,8 +342,9 @@ def _last_hidden(model: Callable[..., Any]) -> Callable[[torch.Tensor], torch.Te
 @pytest.mark.slow
 def test_hf_gpt2_captured_within_contract() -> None:
     """GPT2Model's FX graph (its ``torch.arange(n, device=...)`` included) is one plait graph;
-    ``torch.addmm`` (HF's Conv1D) has no IR op and runs as an opaque node, counted in the
-    manifest. The reference interpreter runs it (Stax: the next test)."""
+    ``torch.addmm`` (HF's Conv1D) has no capture rule: it is traced to a typed ``aten.addmm``
+    extern node (no opaque node, no fallback), counted in the manifest. The reference
+    interpreter runs it (Stax: the next test)."""
     torch.manual_seed(0)
     model = _hf_gpt2()
     backend = PlaitBackend(options={"backend": "eager"})
@@ -352,8 +353,9 @@ def test_hf_gpt2_captured_within_contract() -> None:
         _judge_fn(model, compiled)
     (spec,) = _specializations(backend)
     assert spec.graph is not None and spec.fallback_reason is None
-    assert spec.opaque_counts.get("torch.addmm", 0) > 0
-    assert any("torch.addmm" in f["what"] for f in spec.manifest.fallbacks)
+    assert spec.opaque_counts == {}
+    assert spec.manifest.graph["aten_externs"].get("aten.addmm", 0) > 0
+    assert spec.manifest.fallbacks == []
 
 
 def _judge_fn(model: nn.Module, compiled: Callable[..., Any]) -> None:
@@ -366,8 +368,8 @@ def _judge_fn(model: nn.Module, compiled: Callable[..., Any]) -> None:
 
 @pytest.mark.slow
 def test_hf_gpt2_with_stax_within_contract() -> None:
-    """The same graph on Stax: the opaque ``torch.addmm`` results reach attention's layout dry
-    run (the planner samples fallback results)."""
+    """The same graph on Stax: the ``aten.addmm`` extern results reach attention's layout dry
+    run."""
     torch.manual_seed(0)
     model = _hf_gpt2()
     backend = PlaitBackend()
@@ -389,11 +391,11 @@ def _hf_bert() -> nn.Module:
 
 
 @pytest.mark.slow
-def test_hf_bert_compiles_with_its_gather_as_an_opaque_node() -> None:
-    """BertModel calls ``torch.gather(..., index=tensor)``: no IR op, and the tensor keyword
-    argument is an operand of the opaque node, so the graph is plait's (run here by plait's
-    interpreter), correct under the contract, with the gather counted (recorded, never
-    silent)."""
+def test_hf_bert_compiles_with_its_gather_as_an_aten_node() -> None:
+    """BertModel calls ``torch.gather(..., index=tensor)``: no capture rule, traced to a typed
+    ``aten.gather`` extern node (the tensor keyword argument an operand), so the graph is
+    plait's (run here by plait's interpreter), correct under the contract, with the gather
+    counted (recorded, never silent) and no opaque node."""
     model = _hf_bert()
     backend = PlaitBackend({"backend": "eager"})
     compiled = torch.compile(model, backend=backend)
@@ -401,13 +403,13 @@ def test_hf_bert_compiles_with_its_gather_as_an_opaque_node() -> None:
         _judge_fn(model, compiled)
     specs = _specializations(backend)
     assert specs and all(s.graph is not None and s.fallback_reason is None for s in specs)
-    assert sum(s.opaque_counts.get("torch.gather", 0) for s in specs) > 0
+    assert all(s.opaque_counts == {} for s in specs)
+    assert sum(s.manifest.graph["aten_externs"].get("aten.gather", 0) for s in specs) > 0
 
 
 @pytest.mark.slow
 def test_hf_bert_with_stax() -> None:
-    """On Stax, the opaque gather's result reaches attention's layout dry run (the planner samples
-    fallback results)."""
+    """On Stax, the ``aten.gather`` extern's result reaches attention's layout dry run."""
     model = _hf_bert()
     backend = PlaitBackend()
     compiled = torch.compile(model, backend=backend)
