@@ -12,7 +12,9 @@ opaque path, whose fallback is counted and reported):
 - a read of tensor data (``item()``, ``_local_scalar_dense``; a branch on a value: fake tensors
   raise), a data-dependent output shape (``nonzero``, ``masked_select``: unbacked sizes);
 - a random op (``torch.Tag.nondeterministic_seeded``: the RNG path captures those);
-- a write to an input (``copy_`` into a placeholder), an output that is an input;
+- a write to an input (``copy_`` into a placeholder), an output that is an input; an in-place
+  op left inside a composite is its out-of-place form only when it writes a fresh tensor that
+  no view shares;
 - a non-tensor result, or a result of a dtype the IR lacks;
 - anything else make_fx, fake tensors or a meta kernel cannot do.
 Then the ATen graph runs on the real samples: its results must equal eager's bit for bit (NaN
@@ -110,6 +112,46 @@ def _static_tensor(val: Any) -> bool:
     )
 
 
+def out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The out-of-place overload of an in-place op that writes its first argument alone
+    (``add_.Tensor`` -> ``add.Tensor``, ``copy_`` -> ``copy``), else None."""
+    schema = op._schema
+    writes = [
+        i
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    ]
+    name = schema.name.split("::", 1)[1]
+    if writes != [0] or not name.endswith("_") or name.startswith("_"):
+        return None
+    pure = getattr(getattr(aten, name[:-1], None), op._overloadname, None)
+    if not isinstance(pure, torch._ops.OpOverload) or pure._schema.is_mutable:
+        return None
+    return pure if not any(r.alias_info is not None for r in pure._schema.returns) else None
+
+
+def _aliasing(node: Any) -> bool:
+    target = getattr(node, "target", None)
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    return any(r.alias_info is not None for r in target._schema.returns)
+
+
+def _writes_fresh(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is an in-place op (inside a composite that functionalization does not
+    see into) writing a tensor that a non-aliasing op of the graph made and that no view
+    shares: then its out-of-place form, rebinding that tensor, computes the same values."""
+    if out_of_place(node.target) is None or not node.args:
+        return False
+    dst = node.args[0]
+    if not isinstance(dst, torch.fx.Node) or dst.op != "call_function":
+        return False
+    maker = dst.args[0] if dst.target.__module__ == "_operator" else dst  # NOTE: getitem
+    if not isinstance(maker, torch.fx.Node) or maker.op != "call_function" or _aliasing(maker):
+        return False
+    return not any(_aliasing(u) and u is not node for u in dst.users)
+
+
 def _check_graph(gm: torch.fx.GraphModule) -> str | None:
     """Why the ATen graph is not a faithful functional program, or None."""
     placeholders = {n for n in gm.graph.nodes if n.op == "placeholder"}
@@ -130,7 +172,7 @@ def _check_graph(gm: torch.fx.GraphModule) -> str | None:
         for tag, why in _REFUSED_TAGS.items():
             if tag in target.tags:
                 return f"aten.{target.__name__} {why}"
-        if target._schema.is_mutable:
+        if target._schema.is_mutable and not _writes_fresh(node):
             return f"aten.{target.__name__} writes its arguments"
         vals = node.meta.get("val")
         leaves = vals if isinstance(vals, (tuple, list)) else [vals]
@@ -222,17 +264,20 @@ class _Emitter:
         return "the traced graph has no output"
 
     def call(self, node: torch.fx.Node) -> Any:
-        op = functional_form(node.target)
+        pure = out_of_place(node.target) if node.target._schema.is_mutable else None
+        op = pure or functional_form(node.target)
         if op is None:
             return f"aten.{node.target.__name__} aliases its input and has no _copy form"
         args = _plain(torch.fx.node.map_arg(node.args, lambda n: self.env[n]))
         kwargs = _plain(torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n]))
         vals = node.meta["val"]
         expected = [TensorType.of(v) for v in (vals if isinstance(vals, (tuple, list)) else [vals])]
-        native = self._native(op, args, kwargs, expected)
-        if native is not None:
-            return native
-        return self._aten(node, op, expected)
+        value = self._native(op, args, kwargs, expected)
+        if value is None:
+            value = self._aten(node, op, expected)
+        if pure is not None and not isinstance(value, str):
+            self.env[node.args[0]] = value  # NOTE: the written tensor is the result from here on
+        return value
 
     def _native(self, op: Any, args: Any, kwargs: Any, expected: list[TensorType]) -> Any:
         if len(expected) != 1:
