@@ -106,6 +106,21 @@ def test_python_composite_decomposes_into_native_and_aten_nodes() -> None:
     assert {"exp", "mul", "sub", "mean"} <= set(ops)  # NOTE: native IR ops from the table
 
 
+def test_in_place_op_inside_a_composite_on_a_fresh_tensor() -> None:
+    """poisson_nll_loss(full=True) adds the Stirling term in place (``add_`` on a tensor the
+    composite made, left in the functionalized graph): its out-of-place form, no fallback."""
+
+    def fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.poisson_nll_loss(x, t, log_input=False, full=True, reduction="sum")
+
+    compiled = plait.compile(fn)
+    for seed in (0, 4, 8):
+        x, t = _draw((4, 6), seed, positive=True), 3 * _draw((4, 6), seed + 1, positive=True)
+        with torch.no_grad():
+            _close(compiled(x, t), fn(x, t), "reduction", f"draw {seed}")
+    _check_no_fallback(compiled, {"aten.masked_fill.Scalar"})
+
+
 def test_factory_inside_a_call_is_an_aten_factory_node() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         return torch.linspace(0, 1, 6, dtype=torch.float64) * x
