@@ -121,6 +121,23 @@ def test_in_place_op_inside_a_composite_on_a_fresh_tensor() -> None:
     _check_no_fallback(compiled, {"aten.masked_fill.Scalar"})
 
 
+def test_aten_extern_that_refuses_placeholder_values_compiles() -> None:
+    """lu_solve refuses zero pivots: the planner's layout dry run (taken because the LU factor
+    is column-major) cannot run it on placeholder values, and conforms its result instead of
+    failing the compile."""
+
+    def fn(b: torch.Tensor, lu: torch.Tensor, pivots: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.lu_solve(lu, pivots, b)
+
+    compiled = plait.compile(fn)
+    for seed in (0, 6):
+        lu, pivots = torch.linalg.lu_factor(_draw((4, 4), seed) + 4 * torch.eye(4))
+        b = _draw((4, 3), seed + 1)
+        with torch.no_grad():
+            _close(compiled(b, lu, pivots), fn(b, lu, pivots), "matmul", f"draw {seed}")
+    _check_no_fallback(compiled, {"aten.linalg_lu_solve"})
+
+
 def test_factory_inside_a_call_is_an_aten_factory_node() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         return torch.linspace(0, 1, 6, dtype=torch.float64) * x
