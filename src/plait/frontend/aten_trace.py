@@ -141,9 +141,10 @@ def _writes_fresh(node: torch.fx.Node) -> bool:
     """Whether ``node`` is an in-place op (inside a composite that functionalization does not
     see into) writing a tensor that a non-aliasing op of the graph made and that no view
     shares: then its out-of-place form, rebinding that tensor, computes the same values."""
-    if out_of_place(node.target) is None or not node.args:
+    target: Any = node.target
+    if out_of_place(target) is None or not node.args:
         return False
-    dst = node.args[0]
+    dst: Any = node.args[0]
     if not isinstance(dst, torch.fx.Node) or dst.op != "call_function":
         return False
     maker = dst.args[0] if dst.target.__module__ == "_operator" else dst  # NOTE: getitem
@@ -264,10 +265,11 @@ class _Emitter:
         return "the traced graph has no output"
 
     def call(self, node: torch.fx.Node) -> Any:
-        pure = out_of_place(node.target) if node.target._schema.is_mutable else None
-        op = pure or functional_form(node.target)
+        target: Any = node.target
+        pure = out_of_place(target) if target._schema.is_mutable else None
+        op = pure or functional_form(target)
         if op is None:
-            return f"aten.{node.target.__name__} aliases its input and has no _copy form"
+            return f"aten.{target.__name__} aliases its input and has no _copy form"
         args = _plain(torch.fx.node.map_arg(node.args, lambda n: self.env[n]))
         kwargs = _plain(torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n]))
         vals = node.meta["val"]
@@ -276,7 +278,8 @@ class _Emitter:
         if value is None:
             value = self._aten(node, op, expected)
         if pure is not None and not isinstance(value, str):
-            self.env[node.args[0]] = value  # NOTE: the written tensor is the result from here on
+            written: Any = node.args[0]
+            self.env[written] = value  # NOTE: the written tensor is the result from here on
         return value
 
     def _native(self, op: Any, args: Any, kwargs: Any, expected: list[TensorType]) -> Any:
