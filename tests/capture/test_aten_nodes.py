@@ -138,6 +138,26 @@ def test_aten_extern_that_refuses_placeholder_values_compiles() -> None:
     _check_no_fallback(compiled, {"aten.linalg_lu_solve"})
 
 
+def test_call_returning_its_argument_returns_the_same_tensor() -> None:
+    """atleast_2d of a 2-D tensor is the tensor itself (its ATen graph returns its input): the
+    program's write through the result writes the argument, as eager's does."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = torch.atleast_2d(x)
+        y.mul_(3)
+        return y + x
+
+    compiled = plait.compile(fn)
+    for seed in (0, 2):
+        x = _draw((3, 4), seed)
+        mine, theirs = x.clone(), x.clone()
+        with torch.no_grad():
+            got, want = compiled(mine), fn(theirs)
+        assert torch.equal(got, want) and torch.equal(mine, theirs)
+    (spec,) = compiled.specializations
+    assert spec.opaque_counts == {} and spec.manifest.fallbacks == []
+
+
 def test_factory_inside_a_call_is_an_aten_factory_node() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         return torch.linspace(0, 1, 6, dtype=torch.float64) * x

@@ -12,7 +12,7 @@ opaque path, whose fallback is counted and reported):
 - a read of tensor data (``item()``, ``_local_scalar_dense``; a branch on a value: fake tensors
   raise), a data-dependent output shape (``nonzero``, ``masked_select``: unbacked sizes);
 - a random op (``torch.Tag.nondeterministic_seeded``: the RNG path captures those);
-- a write to an input (``copy_`` into a placeholder), an output that is an input; an in-place
+- a write to an input (``copy_`` into a placeholder); an in-place
   op left inside a composite is its out-of-place form only when it writes a fresh tensor that
   no view shares;
 - a non-tensor result, or a result of a dtype the IR lacks;
@@ -184,8 +184,6 @@ def _check_graph(gm: torch.fx.GraphModule) -> str | None:
     leaves = list(results) if isinstance(results, (tuple, list)) else [results]
     if not all(isinstance(x, torch.fx.Node) for x in leaves):
         return "a result is not a tensor the graph computes"
-    if any(x in placeholders for x in leaves):
-        return "a result is one of its inputs (an alias the IR cannot describe)"
     return None
 
 
@@ -327,6 +325,19 @@ class _Emitter:
         return values[0] if not isinstance(node.meta["val"], (tuple, list)) else list(values)
 
 
+def _result(cx: CaptureContext, value: Value, out: Any, inputs: list[Tracer], grad: bool) -> Any:
+    """The tracer of one result: the argument itself when eager returns its argument
+    (``atleast_2d`` of a 2-D tensor, ``conj`` of a real one), else a new tracer; one that
+    aliases an argument (a view) is an alias the IR cannot describe, never written through."""
+    for t in inputs:
+        if out is t._plain:
+            return t
+    w = cx.new_output(value, out, inputs, grad)
+    if w._root is not None:
+        w._steps = None  # NOTE: never replayed or written through
+    return w
+
+
 def trace_to_aten(
     cx: CaptureContext, func: Any, args: tuple, kwargs: dict, sampled: Any = NOT_RUN
 ) -> Any:
@@ -367,10 +378,7 @@ def trace_to_aten(
     if len(values) != len(outs):
         return Refused("its ATen graph returns another number of results", sampled)
     grad = cx.grad_enabled and any(t._rg for t in inputs)
-    wrapped = [cx.new_output(v, o, inputs, grad) for v, o in zip(values, outs)]
-    for w in wrapped:
-        if w._root is not None:
-            w._steps = None  # NOTE: an alias of an input: never replayed or written through
+    wrapped = [_result(cx, v, o, inputs, grad) for v, o in zip(values, outs)]
     if isinstance(sampled, (tuple, list)):
         return pytree.same_type(sampled, wrapped)
     return wrapped[0]
