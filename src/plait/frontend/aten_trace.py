@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import types
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -348,6 +349,10 @@ def trace_to_aten(
     found: list[Tracer] = []
     pargs = cx.unwrap(args, found)
     pkwargs = cx.unwrap(kwargs, found)
+    if not found and not isinstance(func, types.BuiltinFunctionType):
+        # NOTE: a Python function with no tensor argument may set global state
+        # (torch.set_default_dtype): traced, it would run twice
+        return Refused("no tensor argument, and not a builtin torch factory", sampled)
     traced = _trace(func, pargs, pkwargs)
     if isinstance(traced, str):
         return Refused(traced, sampled)
