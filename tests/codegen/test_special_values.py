@@ -215,7 +215,8 @@ OPS = sorted({c.op for c in CASES})
 
 def test_every_codegen_op_is_covered() -> None:
     """Each op the codegen can execute has special-value cases (a new op must get samples)."""
-    missing = sorted(codegen_ops() - set(OPS))
+    # NOTE: an aten_factory node has no tensor operand to hold a special value
+    missing = sorted(codegen_ops() - set(OPS) - {"aten_factory"})
     assert not missing, (
         f"no special-value cases for {missing}: add float samples to tests/ir/opdb.py"
     )

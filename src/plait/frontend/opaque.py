@@ -1,6 +1,10 @@
-"""Calls with no table entry: an ``opaque`` node that PyTorch runs, or a capture error.
+"""Calls with no table entry: ATen nodes, else an ``opaque`` node that PyTorch runs, or a
+capture error.
 
-Under ``fullgraph=True`` a call with no rule is a :class:`GraphCaptureError`. Otherwise it becomes
+A call with no rule is first traced to functional ATen ops (:mod:`plait.frontend.aten_trace`):
+IR ops and typed ``aten`` nodes, no fallback. When its ATen graph is no faithful program (a read
+of tensor data, a random op, ...), under ``fullgraph=True`` it is a :class:`GraphCaptureError`
+naming both reasons. Otherwise it becomes
 an ``opaque`` node (counted; the compiled callable reports the counts) when the IR can express
 it: at least one tensor argument, tensor outputs, static shapes, a ``torch.*`` name the IR can
 resolve, and every other argument a *literal* the node can carry. So does a call whose rule
@@ -19,8 +23,13 @@ Example:
     >>> import torch
     >>> from plait.frontend import capture_program
     >>> prog = capture_program(lambda x: x.cumsum(0), (torch.ones(3),), fullgraph=False)
-    >>> [(n.op, n.attrs["literals"]) for n in prog.graph.nodes]
-    [('opaque', '[{"t": 0}, 0]')]
+    >>> [(n.op, n.attrs["name"], n.attrs["literals"]) for n in prog.graph.nodes]
+    [('aten', 'cumsum', '[{"t": 0}, 0]')]
+    >>> import torch.nn.functional as F  # NOTE: it checks ``torch.any(var < 0)``: data read
+    >>> fn = lambda x, v: F.gaussian_nll_loss(x, x, v, reduction="sum")
+    >>> prog = capture_program(fn, (torch.ones(3), torch.ones(3)), fullgraph=False)
+    >>> [n.op for n in prog.graph.nodes]
+    ['opaque']
 """
 
 from __future__ import annotations
