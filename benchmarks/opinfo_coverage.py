@@ -277,6 +277,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "with no fallback** (ops whose samples are all random or rejected by eager are "
         "not judged).",
         "",
+        *_extern_share(rows, verdicts),
     ]
     lines += _section_time(rows)
     lines += _section_mismatches(rows)
@@ -288,6 +289,27 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines += _section_reasons(rows, "random", "Random ops (not counted as mismatches)")
     lines += _section_failures_per_op(rows, verdicts)
     return "\n".join(lines) + "\n"
+
+
+def _extern_share(rows: list[dict[str, Any]], verdicts: dict[str, str]) -> list[str]:
+    """Of the passing ops, how many run through plait's own IR ops alone (generated kernels,
+    plus the built-in externs such as convolution and matmul) and how many run typed ATen
+    extern nodes, that is PyTorch's kernels for some of their work (honesty: not plait's)."""
+    externs: dict[str, Counter[str]] = defaultdict(Counter)
+    for row in rows:
+        if verdicts.get(row["op"]) == "pass":
+            externs[row["op"]].update(row.get("externs") or {})
+    passing = [op for op, v in verdicts.items() if v == "pass"]
+    with_aten = sorted(op for op in passing if externs[op])
+    top = Counter(name for op in with_aten for name in externs[op])
+    named = ", ".join(f"{name} ({n})" for name, n in top.most_common(12))
+    return [
+        f"Of the {len(passing)} passing ops, {len(passing) - len(with_aten)} run through "
+        f"plait's own IR ops alone and {len(with_aten)} with typed ATen extern nodes "
+        "(PyTorch's kernels called by Stax, not a fallback; docs/ir.md). Most used, by ops: "
+        f"{named or 'none'}.",
+        "",
+    ]
 
 
 def _section_time(rows: list[dict[str, Any]]) -> list[str]:

@@ -40,6 +40,7 @@ import time
 import types
 import unittest
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -158,6 +159,9 @@ class Outcome:
     detail: str = ""
     draw: str = ""  # which call decided the category
     fallbacks: list[str] = field(default_factory=list)
+    # NOTE: the typed ATen extern nodes the compiled program ran (PyTorch's kernels, not a
+    # fallback, but not plait's generated code either): ``aten.<name>`` -> count
+    externs: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -405,6 +409,13 @@ def _fallbacks(compiled: Any) -> list[str]:
     return sorted(set(out))
 
 
+def _aten_externs(compiled: Any) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for spec in plait.explain(compiled).specializations:
+        counts.update(spec.manifest.graph.get("aten_externs", {}))
+    return dict(sorted(counts.items()))
+
+
 def _grad_context(mode: str) -> Any:
     return torch.no_grad() if mode == "no_grad" else torch.enable_grad()
 
@@ -501,6 +512,7 @@ def _settle(
     """The category of a sample whose calls all matched: random, signed zero, fallback or pass."""
     try:
         outcome.fallbacks = _fallbacks(compiled)
+        outcome.externs = _aten_externs(compiled)
     except Exception as exc:  # NOTE: explain itself failing is a finding too
         outcome.category, outcome.detail = "crash", "plait.explain: " + _exception_text(exc)
         return

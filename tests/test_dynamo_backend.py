@@ -352,8 +352,9 @@ def test_hf_gpt2_captured_within_contract() -> None:
         _judge_fn(model, compiled)
     (spec,) = _specializations(backend)
     assert spec.graph is not None and spec.fallback_reason is None
-    assert "torch.addmm" not in spec.opaque_counts
+    assert spec.opaque_counts == {}
     assert sum(n.op == "linear" for n in spec.graph.nodes) >= 4
+    assert spec.manifest.fallbacks == []
 
 
 def _judge_fn(model: nn.Module, compiled: Callable[..., Any]) -> None:
@@ -388,11 +389,11 @@ def _hf_bert() -> nn.Module:
 
 
 @pytest.mark.slow
-def test_hf_bert_compiles_with_its_gather_as_an_opaque_node() -> None:
-    """BertModel calls ``torch.gather(..., index=tensor)``: no IR op, and the tensor keyword
-    argument is an operand of the opaque node, so the graph is plait's (run here by plait's
-    interpreter), correct under the contract, with the gather counted (recorded, never
-    silent)."""
+def test_hf_bert_compiles_with_its_gather_as_an_aten_node() -> None:
+    """BertModel calls ``torch.gather(..., index=tensor)``: no capture rule, traced to a typed
+    ``aten.gather`` extern node (the tensor keyword argument an operand), so the graph is
+    plait's (run here by plait's interpreter), correct under the contract, with the gather
+    counted (recorded, never silent) and no opaque node."""
     model = _hf_bert()
     backend = PlaitBackend({"backend": "eager"})
     compiled = torch.compile(model, backend=backend)
@@ -400,13 +401,13 @@ def test_hf_bert_compiles_with_its_gather_as_an_opaque_node() -> None:
         _judge_fn(model, compiled)
     specs = _specializations(backend)
     assert specs and all(s.graph is not None and s.fallback_reason is None for s in specs)
-    assert sum(s.opaque_counts.get("torch.gather", 0) for s in specs) > 0
+    assert all(s.opaque_counts == {} for s in specs)
+    assert sum(s.manifest.graph["aten_externs"].get("aten.gather", 0) for s in specs) > 0
 
 
 @pytest.mark.slow
 def test_hf_bert_with_stax() -> None:
-    """On Stax, the opaque gather's result reaches attention's layout dry run (the planner samples
-    fallback results)."""
+    """On Stax, the ``aten.gather`` extern's result reaches attention's layout dry run."""
     model = _hf_bert()
     backend = PlaitBackend()
     compiled = torch.compile(model, backend=backend)

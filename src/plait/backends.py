@@ -229,6 +229,7 @@ def _compile(
         "nodes_captured": len(graph.nodes),
         "nodes_optimized": len(optimized.nodes),
         "frozen": frozen,
+        "aten_externs": aten_extern_counts(optimized),
     }
     if req.backend == "stax" and needs_grad:
         warnings.warn(f"plait stax: {_GRAD_REASON}", CaptureFallbackWarning, stacklevel=7)
@@ -244,6 +245,18 @@ def _compile(
         return Compiled(executor, m, guards, optimized, program)
     m.executor = {"backend": "eager", "evidence": {"counts": {"interpreted": len(optimized.nodes)}}}
     return Compiled(_eager_executor(graph.inputs, optimized), m, guards, optimized)
+
+
+def aten_extern_counts(graph: Graph) -> dict[str, int]:
+    """How many typed ATen extern nodes the graph runs, by overload (``aten.<name>``): PyTorch's
+    kernels by design, counted apart from the fallbacks (opaque nodes stay fallbacks)."""
+    counts: dict[str, int] = {}
+    for n in graph.nodes:
+        if n.op in ("aten", "aten_factory"):
+            overload = n.attrs["overload"]
+            key = f"aten.{n.attrs['name']}" + ("" if overload == "default" else f".{overload}")
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _restore(req: CompileRequest, saved: SavedCompile) -> Compiled:

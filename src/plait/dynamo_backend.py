@@ -6,9 +6,10 @@ and guards them; this backend hands each FX graph to plait's own front door,
 manifest, the artifact cache, the numerical contract) is the one ``plait.compile`` uses.
 
 Why not an FX-to-IR importer: a Dynamo FX graph is itself a Python program of torch calls
-(``gm.forward``), which plait's tracer records through the same op table, the same opaque-node
-rule and the same loud fallbacks as any user program. A second importer would be a second
-table that could disagree with the first.
+(``gm.forward``), which plait's tracer records through the same op table, the same ATen
+tracing of calls with no rule (typed ``aten`` nodes, else opaque nodes) and the same loud
+fallbacks as any user program. A second importer would be a second table that could disagree
+with the first.
 
 What the backend adds, per FX graph (:class:`DynamoGraph`):
 

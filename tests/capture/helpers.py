@@ -6,6 +6,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -53,3 +54,17 @@ def compare_module(
         assert_same(got, want, f"call {i}")
         assert_state_equal(model, reference)
     return compiled
+
+
+@pytest.fixture
+def opaque_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls with no capture rule skip the ATen trace: they take the opaque path that a call
+    the trace refuses takes (what tests of opaque nodes themselves exercise)."""
+    from plait.frontend import aten_trace, opaque
+
+    def refuse(
+        cx: Any, func: Any, args: tuple, kwargs: dict, sampled: Any = aten_trace.NOT_RUN
+    ) -> Any:
+        return aten_trace.Refused("ATen tracing is off in this test", sampled)
+
+    monkeypatch.setattr(opaque, "trace_to_aten", refuse)

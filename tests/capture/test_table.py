@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import plait
 from plait.errors import CaptureFallbackWarning, GraphCaptureError
 from plait.frontend import table
-from tests.capture.helpers import assert_same
+from tests.capture.helpers import assert_same, opaque_path  # noqa: F401  (fixture)
 
 X = (3, 4)
 PROGRAMS: dict[str, tuple[Callable[..., Any], tuple[tuple[int, ...], ...], torch.dtype]] = {
@@ -286,11 +286,21 @@ def test_conv2d_variants() -> None:
 
 
 def test_unknown_call_is_an_error_under_fullgraph() -> None:
-    with pytest.raises(GraphCaptureError, match=r"no capture rule maps Tensor\.cumsum") as info:
-        plait.capture(lambda x: x.cumsum(0), (torch.randn(3),))
+    """A call with no rule and no faithful ATen program (gaussian_nll_loss reads its ``var``
+    to raise on negative entries) is an error under fullgraph, naming both."""
+    fn = lambda x: F.gaussian_nll_loss(x, x, x.abs())
+    with pytest.raises(GraphCaptureError, match=r"no capture rule maps .*gaussian_nll") as info:
+        plait.capture(fn, (torch.randn(3),))
     assert info.value.kind == "unsupported"
+    assert "no ATen program" in str(info.value)
 
 
+def test_unknown_call_with_an_aten_program_is_captured_under_fullgraph() -> None:
+    captured = plait.capture(lambda x: x.cumsum(0), (torch.randn(3),))
+    assert [(n.op, n.attrs["name"]) for n in captured.graph.nodes] == [("aten", "cumsum")]
+
+
+@pytest.mark.usefixtures("opaque_path")
 def test_unknown_call_becomes_a_counted_opaque_node() -> None:
     f = plait.compile(lambda x: torch.lgamma(x) + torch.digamma(x).lgamma(), backend="eager")
     x = torch.randn(5)

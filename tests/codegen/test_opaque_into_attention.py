@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import plait
+from tests.capture.helpers import opaque_path  # noqa: F401  (fixture)
 from tests.codegen.stax_helpers import stax_cache  # noqa: F401  (the fixture)
 from tests.util import assert_bitwise
 
@@ -25,7 +26,7 @@ class QKV(nn.Module):
         return F.scaled_dot_product_attention(q, q, q)
 
 
-@pytest.mark.usefixtures("stax_cache")
+@pytest.mark.usefixtures("stax_cache", "opaque_path")  # NOTE: addmm kept opaque (no ATen trace)
 @pytest.mark.filterwarnings("ignore::plait.errors.CaptureFallbackWarning")
 def test_opaque_result_viewed_into_attention() -> None:
     torch.manual_seed(0)

@@ -221,7 +221,10 @@ def _takes_floats(op: str) -> bool:
 
 def test_every_codegen_op_is_covered() -> None:
     """Each op the codegen can execute has special-value cases (a new op must get samples)."""
-    missing = sorted({op for op in codegen_ops() if _takes_floats(op)} - set(OPS))
+    # NOTE: an aten_factory node has no tensor operand to hold a special value
+    missing = sorted(
+        {op for op in codegen_ops() if _takes_floats(op)} - set(OPS) - {"aten_factory"}
+    )
     assert not missing, (
         f"no special-value cases for {missing}: add float samples to tests/ir/opdb.py"
     )

@@ -712,6 +712,35 @@ def gen_opaque(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
     )
 
 
+def gen_aten(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
+    """Typed ATen nodes (plait.ir.ops.aten): one result, literals, several results."""
+    aten = torch.ops.aten
+    x = make((4, 6), dtype, noncontig=True)
+    yield Sample("aten", [[x]], {"name": "flip", "literals": '[{"t": 0}, [0]]'},
+                 lambda: aten.flip.default(x, [0]), "flip with a literal")  # fmt: skip
+    yield Sample("aten", [[x]], {"name": "roll", "literals": '[{"t": 0}, [1, -2], [0, 1]]'},
+                 lambda: aten.roll.default(x, [1, -2], [0, 1]), "roll")  # fmt: skip
+    yield Sample(
+        "aten",
+        [[x]],
+        {"name": "split_with_sizes_copy", "literals": '[{"t": 0}, [1, 3]]'},
+        lambda: tuple(aten.split_with_sizes_copy.default(x, [1, 3])),
+        "a list of results",
+    )
+
+
+def gen_aten_factory(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
+    name = str(dtype).removeprefix("torch.")
+    yield Sample(
+        "aten_factory",
+        [],
+        {"name": "eye", "overload": "m", "literals": "[3, 4]",
+         "kwliterals": json.dumps({"dtype": {"dtype": name}})},
+        lambda: torch.ops.aten.eye.m(3, 4, dtype=dtype),
+        "eye with a dtype",
+    )  # fmt: skip
+
+
 def gen_rng(op: str, dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
     """The generator's ops (plait.ir.ops.rng); the test seeds the generator alike before both."""
     if op == "rng_seed":
@@ -812,6 +841,8 @@ GENERATORS.update(
         "batch_norm_train": gen_batch_norm_train,
         "dropout": gen_random,
         "opaque": gen_opaque,
+        "aten": gen_aten,
+        "aten_factory": gen_aten_factory,
     }
 )
 for _op in ("rng_seed", "rng_get_state", "rng_set_state", "random_call", "random_factory"):

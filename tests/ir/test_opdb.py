@@ -124,6 +124,8 @@ NEEDS_STATIC = {
     "rng_set_state": "a generator state has the generator's fixed size",
     # split sizes must sum to a symbolic dim: see test_symbolic.py::test_split_symbolic
     "split": "sizes are attributes; covered by a hand-written symbolic case",
+    "aten": "its meta kernel runs on static fake tensors (a clear TypeRuleError otherwise)",
+    "aten_factory": "no tensor operands",
 }
 
 

@@ -185,7 +185,33 @@ def _adaptive_avg_pool2d(n: Node, consts: Consts) -> ExternCall:
     return ExternCall(fn, "reduction", "aten.adaptive_avg_pool2d")
 
 
+def _aten_op_class(op: torch._ops.OpOverload) -> str:
+    """The contract row of an ATen extern: PyTorch's own kernel, judged as its kind of op."""
+    if torch.Tag.pointwise in op.tags:
+        return "pointwise"
+    if op._schema.name.endswith("_copy"):
+        return "data_movement"
+    return "reduction"
+
+
+def _aten(n: Node, consts: Consts) -> ExternCall:
+    """A typed ATen node: its ``OpOverload`` called directly (``aten.<name>`` in the evidence).
+    The operands arrive as the variadic param's list (none for ``aten_factory``)."""
+    from plait.ir.ops.aten import bind_call, resolve_overload
+
+    a = n.attrs
+    name, overload = a["name"], a["overload"]
+    call = bind_call(name, overload, a["literals"], a["kwliterals"], len(n.inputs))
+    op_class = _aten_op_class(resolve_overload(name, overload))
+    detail = f"aten.{name}" + ("" if overload == "default" else f".{overload}")
+    if n.op == "aten_factory":
+        return ExternCall(lambda: call([]), op_class, detail)
+    return ExternCall(call, op_class, detail)
+
+
 EXTERN_RULES: dict[str, Callable[[Node, Consts], ExternCall]] = {
+    "aten": _aten,
+    "aten_factory": _aten,
     "conv2d": _conv2d,
     "linear": _linear,
     "matmul": _matmul,

@@ -712,8 +712,17 @@ class _Planner:
             return contiguous
         args = get_op(node.op).structure([self._operand_sample(o) for o in node.inputs])
         args += [self._operand_sample(o) for o in step.extra]
-        with torch.no_grad():
-            result = step.call.fn(*args)
+        try:
+            with torch.no_grad():
+                result = step.call.fn(*args)
+        except (RuntimeError, ValueError):
+            if node.op not in ("aten", "aten_factory"):
+                raise
+            # NOTE: an ATen extern may refuse placeholder values (lu_solve's pivots, a
+            # Cholesky factor): its results are conformed to contiguous strides instead.
+            for v, c in zip(step.outputs, contiguous):
+                self._sample(v, c)
+            return contiguous
         results = result if isinstance(result, (tuple, list)) else (result,)
         out = []
         for v, r, c in zip(step.outputs, results, contiguous):

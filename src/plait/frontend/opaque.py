@@ -1,6 +1,10 @@
-"""Calls with no table entry: an ``opaque`` node that PyTorch runs, or a capture error.
+"""Calls with no table entry: ATen nodes, else an ``opaque`` node that PyTorch runs, or a
+capture error.
 
-Under ``fullgraph=True`` a call with no rule is a :class:`GraphCaptureError`. Otherwise it becomes
+A call with no rule is first traced to functional ATen ops (:mod:`plait.frontend.aten_trace`):
+IR ops and typed ``aten`` nodes, no fallback. When its ATen graph is no faithful program (a read
+of tensor data, a random op, ...), under ``fullgraph=True`` it is a :class:`GraphCaptureError`
+naming both reasons. Otherwise it becomes
 an ``opaque`` node (counted; the compiled callable reports the counts) when the IR can express
 it: at least one tensor argument, tensor outputs, static shapes, a ``torch.*`` name the IR can
 resolve, and every other argument a *literal* the node can carry. So does a call whose rule
@@ -19,8 +23,13 @@ Example:
     >>> import torch
     >>> from plait.frontend import capture_program
     >>> prog = capture_program(lambda x: x.cumsum(0), (torch.ones(3),), fullgraph=False)
-    >>> [(n.op, n.attrs["literals"]) for n in prog.graph.nodes]
-    [('opaque', '[{"t": 0}, 0]')]
+    >>> [(n.op, n.attrs["name"], n.attrs["literals"]) for n in prog.graph.nodes]
+    [('aten', 'cumsum', '[{"t": 0}, 0]')]
+    >>> import torch.nn.functional as F  # NOTE: it checks ``torch.any(var < 0)``: data read
+    >>> fn = lambda x, v: F.gaussian_nll_loss(x, x, v, reduction="sum")
+    >>> prog = capture_program(fn, (torch.ones(3), torch.ones(3)), fullgraph=False)
+    >>> [n.op for n in prog.graph.nodes]
+    ['opaque']
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.overrides import resolve_name
 
+from plait.frontend.aten_trace import NOT_RUN as _NOT_RUN
+from plait.frontend.aten_trace import Refused, trace_to_aten
 from plait.frontend.pytree import same_type
 from plait.frontend.symints import TracedInt, TracedSize
 from plait.frontend.writes import inplace_index, write_targets
@@ -46,7 +57,7 @@ _HINT = (
 )
 
 
-class _NotLiteral(Exception):
+class NotLiteral(Exception):
     """An argument the opaque node cannot carry; the message says which and why."""
 
 
@@ -84,7 +95,7 @@ def _encode(x: Any, tensors: list[Any]) -> Any:
         tensors.append(x)
         return {"t": len(tensors) - 1}
     if isinstance(x, torch.Generator):
-        raise _NotLiteral(
+        raise NotLiteral(
             "a Generator argument has no JSON encoding the IR decodes (plait replays the "
             "global random number generator only)"
         )
@@ -92,7 +103,7 @@ def _encode(x: Any, tensors: list[Any]) -> Any:
         if isinstance(x, kind):
             name = str(x).removeprefix("torch.")
             if getattr(torch, name, None) is not x:
-                raise _NotLiteral(f"the {tag} {x!r} is not named by an attribute of torch")
+                raise NotLiteral(f"the {tag} {x!r} is not named by an attribute of torch")
             return {tag: name}
     if isinstance(x, torch.device):
         return {"device": str(x)}
@@ -116,10 +127,10 @@ def _encode(x: Any, tensors: list[Any]) -> Any:
         return {"tuple": [_encode(v, tensors) for v in x]}
     if type(x) is dict and all(type(k) is str for k in x):
         return {"dict": [[k, _encode(v, tensors)] for k, v in x.items()]}
-    raise _NotLiteral(f"a {type(x).__name__} argument has no JSON encoding the IR decodes")
+    raise NotLiteral(f"a {type(x).__name__} argument has no JSON encoding the IR decodes")
 
 
-def _call_spec(func: Any, args: tuple, kwargs: dict) -> tuple[list[Any], dict[str, str]]:
+def call_spec(args: tuple, kwargs: dict) -> tuple[list[Any], dict[str, str]]:
     """The tensor operands (positional ones first, then those passed by keyword) and the
     node's ``literals``/``kwliterals`` attributes (``literals`` left out when the call is its
     tensors only, in order)."""
@@ -140,9 +151,6 @@ def _why_not(cx: CaptureContext, func: Any) -> str | None:
     if _target(func) is None:
         return "it has no torch.* name the IR can resolve"
     return None
-
-
-_NOT_RUN = object()
 
 
 def run_opaque(
@@ -166,21 +174,32 @@ def run_opaque(
     targets = write_targets(name, func, args, kwargs)
     if targets and sampled is _NOT_RUN:
         return _run_functionalized(cx, func, args, kwargs, targets, no_rule)
+    traced = trace_to_aten(cx, func, args, kwargs, sampled)
+    if not isinstance(traced, Refused):
+        return traced
+    sampled = traced.sampled
     if cx.fullgraph:
-        cx.fail("unsupported", no_rule, _HINT)
+        cx.fail("unsupported", f"{no_rule}, and no ATen program: {traced.reason}", _HINT)
     why = _why_not(cx, func)
     try:
-        operands, literal_attrs = _call_spec(func, args, kwargs)
-    except _NotLiteral as exc:
+        operands, literal_attrs = call_spec(args, kwargs)
+    except NotLiteral as exc:
         why = why or str(exc)
     if why is not None:
-        cx.fail("unsupported", f"{no_rule}, and it cannot be an opaque node: {why}")
+        cx.fail(
+            "unsupported",
+            f"{no_rule}; no ATen program ({traced.reason}), and it cannot be an opaque node: {why}",
+        )
     tracers = [cx.tracer(a) for a in operands]
     if sampled is _NOT_RUN:
         versions = [t._plain._version for t in tracers]
         out, _ = cx.sample(func, args, kwargs)
         if [t._plain._version for t in tracers] != versions:
-            cx.fail("unsupported", f"{name} updates its inputs in place; an opaque node cannot")
+            cx.fail(
+                "unsupported",
+                f"{name} updates its inputs in place; an opaque node cannot, and it is no ATen "
+                f"program: {traced.reason}",
+            )
     else:
         out = sampled
     # NOTE: a call that moved the generator is random: a random node, run in program order

@@ -301,14 +301,17 @@ class _Emitter:
         node = step.node
         args = [self.operand(o) for o in node.inputs]
         args = get_op(node.op).structure(args) + [self.operand(o) for o in step.extra]
+        # NOTE: a variadic param (an ``aten`` node's operands) is passed as one list
+        spelled = [f"[{', '.join(a)}]" if isinstance(a, list) else a for a in args]
         fn = self.const(step.call.fn, "X")
-        (out,) = step.outputs
-        var = self.var(out)
-        self.line(f"{var} = {fn}({', '.join(args)})")
-        (strides,) = step.out_strides
-        if isinstance(out.type, TensorType):
-            st = self.const(tuple(strides))
-            self.line(f"if {var}.stride() != {st}: {var} = _conform({var}, {st})")
+        outs = [self.var(out) for out in step.outputs]
+        # NOTE: a multi-output extern (an ``aten`` node) returns a tuple or list of tensors
+        target = outs[0] if len(outs) == 1 else f"({', '.join(outs)},)"
+        self.line(f"{target} = {fn}({', '.join(spelled)})")
+        for var, out, strides in zip(outs, step.outputs, step.out_strides):
+            if isinstance(out.type, TensorType):
+                st = self.const(tuple(strides))
+                self.line(f"if {var}.stride() != {st}: {var} = _conform({var}, {st})")
 
     def fallback_step(self, step: FallbackStep) -> None:
         node = step.node

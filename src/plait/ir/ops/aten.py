@@ -1,0 +1,213 @@
+"""Typed ATen extern ops: one functional ``torch.ops.aten`` overload as an IR node.
+
+A call that plait's own ops cannot express is traced to PyTorch's functional ATen ops
+(:mod:`plait.frontend.aten_trace`); each ATen op with no exactly equivalent IR op becomes an
+``aten`` node (``aten_factory`` when it has no tensor operand: ``linspace``, ``eye``). Unlike an
+``opaque`` node, whose output types are copied from one recorded sample, an ``aten`` node's type
+rule computes its output types from its input types through the overload's meta kernel (run on
+fake tensors), so a new shape gets the right types; and the node names an ATen overload, never a
+Python function: ``name``/``overload`` resolve within ``torch.ops.aten`` only, so an artifact's
+text can never make plait run arbitrary code.
+
+Non-tensor arguments travel as the JSON literals of opaque nodes (``literals``/``kwliterals``,
+:func:`plait.ir.ops.extern.decode_literal`; ``{"t": i}`` is tensor operand ``i``). Refused by
+the type rule: in-place or aliasing overloads (the IR is functional), random ones (the RNG path
+handles them), symbolic dims, non-tensor results, data-dependent output shapes.
+
+Example:
+    >>> import torch
+    >>> from plait.ir import GraphBuilder, TensorType
+    >>> gb = GraphBuilder()
+    >>> x = gb.input("x", TensorType((4, 3), torch.float32))
+    >>> u, s, vh = gb.call("aten", [x], name="_linalg_svd", overload="default",
+    ...                    literals='[{"t": 0}, false]')
+    >>> [str(v.type) for v in (u, s, vh)]
+    ['f32[4, 3]', 'f32[3]', 'f32[3, 3]']
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from plait.ir.ops.extern import ALL, _call_spec, count_operands, decode_call
+from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
+from plait.ir.types import TensorType, Type
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def resolve_overload(name: str, overload: str) -> torch._ops.OpOverload:
+    """``torch.ops.aten.<name>.<overload>``, a functional, deterministic overload; nothing
+    outside ``torch.ops.aten`` is ever resolved.
+
+    Example:
+        >>> resolve_overload("acos", "default")
+        <OpOverload(op='aten.acos', overload='default')>
+    """
+    what = f"aten.{name}.{overload}"
+    if not _IDENT.fullmatch(name) or not _IDENT.fullmatch(overload):
+        raise TypeRuleError(f"aten: {what!r} is not an ATen overload name")
+    try:
+        op = getattr(getattr(torch.ops.aten, name), overload)
+    except (AttributeError, RuntimeError):
+        raise TypeRuleError(f"aten: torch.ops has no overload {what}") from None
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+        raise TypeRuleError(f"aten: {what} is not an ATen operator overload")
+    schema = op._schema
+    if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+        raise TypeRuleError(f"aten: {what} writes or aliases its arguments; the IR is functional")
+    if torch.Tag.nondeterministic_seeded in op.tags:
+        raise TypeRuleError(f"aten: {what} draws random numbers; the RNG path captures those")
+    return op
+
+
+def overload_name(op: torch._ops.OpOverload) -> tuple[str, str]:
+    """``(name, overload)`` of an ATen overload, as the ``aten`` node's attributes spell it."""
+    return op._schema.name.split("::", 1)[1], op._overloadname
+
+
+def _results(out: Any, what: str) -> list[torch.Tensor]:
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
+        raise TypeRuleError(f"aten: {what} returns {type(out).__name__}; a node returns tensors")
+    return outs
+
+
+@functools.lru_cache(maxsize=4096)
+def _meta_types(
+    name: str, overload: str, literals: str, kwliterals: str, operands: tuple[TensorType, ...]
+) -> tuple[TensorType, ...]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = resolve_overload(name, overload)
+    what = f"aten.{name}.{overload}"
+    for t in operands:
+        if not t.is_static:
+            raise TypeRuleError(
+                f"aten: {what} has an operand of symbolic shape {t}; aten nodes take static "
+                "shapes (compile with dynamic=False)"
+            )
+    try:
+        with torch._C.DisableTorchFunction(), FakeTensorMode():
+            fakes = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in operands]
+            args, kwargs = decode_call(fakes, literals, kwliterals)
+            outs = _results(op(*args, **kwargs), what)
+            types = [(tuple(o.shape), o.dtype, str(o.device)) for o in outs]
+    except TypeRuleError:
+        raise
+    except Exception as exc:  # NOTE: the meta kernel's own error: bad shapes, dtypes, arguments
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TypeRuleError(
+            f"aten: the meta kernel of {what} rejects these operands: {first}"
+        ) from None
+    try:
+        if not all(isinstance(d, int) for shape, _, _ in types for d in shape):
+            raise TypeRuleError(f"aten: {what} has a data-dependent output shape")
+        return tuple(TensorType(shape, dtype, device) for shape, dtype, device in types)
+    except TypeError as exc:
+        raise TypeRuleError(f"aten: {what}: {exc}") from None
+
+
+def _check_spec(operands: list[Type], literals: str, kwliterals: str) -> None:
+    positional, keywords = _call_spec(literals, kwliterals)
+    used = len(operands) if positional is None else count_operands(positional)
+    used += count_operands(keywords)
+    if used != len(operands):
+        raise TypeRuleError(
+            f"aten: the call spec uses {used} tensor operand(s), the node has {len(operands)}"
+        )
+
+
+def _aten_rule(
+    args: list[Type], name: str, overload: str, literals: str, kwliterals: str
+) -> list[Type]:
+    _check_spec(args, literals, kwliterals)
+    operands = tuple(t for t in args if isinstance(t, TensorType))
+    return list(_meta_types(name, overload, literals, kwliterals, operands))
+
+
+def _factory_rule(name: str, overload: str, literals: str, kwliterals: str) -> list[Type]:
+    _check_spec([], literals, kwliterals)
+    return list(_meta_types(name, overload, literals, kwliterals, ()))
+
+
+def bind_call(
+    name: str, overload: str, literals: str, kwliterals: str, operands: int
+) -> Callable[[list[Any]], Any]:
+    """A callable over the node's ``operands`` tensors that calls the overload with the node's
+    arguments (the literals decoded once, here)."""
+    op = resolve_overload(name, overload)
+    if literals == "" and kwliterals == "":
+        return lambda tensors: op(*tensors)
+    slots: list[Any] = [_Slot(i) for i in range(operands)]
+    args, kwargs = decode_call(slots, literals, kwliterals)
+
+    def fill(x: Any, tensors: list[Any]) -> Any:
+        if isinstance(x, _Slot):
+            return tensors[x.index]
+        if type(x) is list:
+            return [fill(v, tensors) for v in x]
+        if type(x) is tuple:
+            return tuple(fill(v, tensors) for v in x)
+        return x
+
+    return lambda tensors: op(
+        *fill(args, tensors), **{k: fill(v, tensors) for k, v in kwargs.items()}
+    )
+
+
+class _Slot:
+    """Tensor operand ``index`` in a decoded call, filled in at each call."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _aten_ref(args: list[Any], name: str, overload: str, literals: str, kwliterals: str) -> Any:
+    call_args, keywords = decode_call(list(args), literals, kwliterals)
+    return resolve_overload(name, overload)(*call_args, **keywords)
+
+
+def _factory_ref(name: str, overload: str, literals: str, kwliterals: str) -> Any:
+    return _aten_ref([], name, overload, literals, kwliterals)
+
+
+_ATTRS = (
+    Attr("name", "str"),
+    Attr("overload", "str", "default"),
+    Attr("literals", "str", ""),
+    Attr("kwliterals", "str", ""),
+)
+register(
+    OpDef(
+        "aten",
+        Category.EXTERN,
+        (Param("args", VARIADIC),),
+        _ATTRS,
+        _aten_rule,
+        _aten_ref,
+        ALL,
+        "a functional ATen overload run by PyTorch (an extern kernel; types from its meta kernel)",
+        fixed_outputs=None,
+    )
+)
+register(
+    OpDef(
+        "aten_factory",
+        Category.EXTERN,
+        (),
+        _ATTRS,
+        _factory_rule,
+        _factory_ref,
+        ALL,
+        "a functional ATen overload with no tensor operand (linspace, eye), run by PyTorch",
+        fixed_outputs=None,
+    )
+)
