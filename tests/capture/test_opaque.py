@@ -94,7 +94,7 @@ def test_literal_arguments_become_opaque_nodes(name: str) -> None:
 def test_literal_calls_are_errors_under_fullgraph() -> None:
     for fn, _ in CASES.values():
         with pytest.raises(
-            GraphCaptureError, match="no capture rule maps|cannot lower this call"
+            GraphCaptureError, match=r"no capture rule maps|cannot lower this call"
         ) as info:
             plait.capture(fn, (torch.randn(4, 4),))
         assert info.value.kind == "unsupported"

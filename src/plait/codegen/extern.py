@@ -209,7 +209,22 @@ def _aten(n: Node, consts: Consts) -> ExternCall:
     return ExternCall(call, op_class, detail)
 
 
+def _binary_aten(name: str) -> Callable[[Node, Consts], ExternCall]:
+    fn = getattr(torch, name)
+
+    def rule(n: Node, consts: Consts) -> ExternCall:
+        return ExternCall(lambda a, b: fn(a, b), "pointwise", f"aten.{name}")
+
+    return rule
+
+
+# NOTE: pointwise ops Stax runs through ATen for floating results: glibc's exact fmod has no
+# vector form, so the generated loop ran 14-20x slower than ATen's (integer ones stay native).
+FLOAT_EXTERNS = frozenset({"fmod", "remainder"})
+
 EXTERN_RULES: dict[str, Callable[[Node, Consts], ExternCall]] = {
+    "fmod": _binary_aten("fmod"),
+    "remainder": _binary_aten("remainder"),
     "aten": _aten,
     "aten_factory": _aten,
     "conv2d": _conv2d,

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from plait.codegen.errors import CodegenError
-from plait.codegen.extern import EXTERN_RULES, ExternCall, make_call
+from plait.codegen.extern import EXTERN_RULES, FLOAT_EXTERNS, ExternCall, make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
 from plait.codegen.lower import Lowered, loop_vars, lower_pointwise
 from plait.codegen.onednn import (
@@ -177,7 +177,7 @@ class Plan:
 def classify(node: Node) -> tuple[str, str]:
     """``(kind, reason)``: kind is extern, pointwise, reduction, view, constant or fallback."""
     op = node.op
-    if op in EXTERN_RULES:
+    if op in EXTERN_RULES and (op not in FLOAT_EXTERNS or _float_result(node)):
         return "extern", ""
     if op == "dropout":
         if get_op(op).is_random(node.attrs):
@@ -197,6 +197,11 @@ def classify(node: Node) -> tuple[str, str]:
     if op == "opaque":
         return "fallback", f"opaque call to {node.attrs['target']}"
     return "fallback", f"no Stax lowering for {op}"
+
+
+def _float_result(node: Node) -> bool:
+    t = node.outputs[0].type
+    return isinstance(t, TensorType) and t.dtype.is_floating_point
 
 
 def check_graph(graph: Graph) -> None:
