@@ -18,7 +18,13 @@ Example:
     ['x.shape[0] > 2']
 """
 
-from plait.frontend import lower_math, lower_meta, lower_nn, lower_shape  # noqa: F401  (rules)
+from plait.frontend import (  # noqa: F401  (rules)
+    lower_math,
+    lower_meta,
+    lower_movement,
+    lower_nn,
+    lower_shape,
+)
 from plait.frontend.frontend import capture_program, preserved_rng
 from plait.frontend.guards import Guard, GuardEnv, GuardSet
 from plait.frontend.inputs import InputAdapter

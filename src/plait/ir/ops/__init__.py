@@ -8,7 +8,7 @@ Example:
     True
 """
 
-from plait.ir.ops import extern, pointwise, reduction, rng, view  # noqa: F401  (registers the ops)
+from plait.ir.ops import extern, movement, pointwise, reduction, rng, view  # noqa: F401  (registers)
 from plait.ir.ops.registry import (
     ATTR_KINDS,
     OPTIONAL_TENSOR,
