@@ -276,3 +276,64 @@ def _adaptive_avg_pool1d(cx: CaptureContext, out: Any, x: Any, output_size: Any)
     v = cx.call("adaptive_avg_pool2d", v, output_size=(1, int(out.shape[-1])))
     result: Value = cx.call("squeeze", v, dims=(-2,))
     return result
+
+
+# --- gather, take_along_dim --------------------------------------------------------------------
+def _gather_value(cx: CaptureContext, v: Value, dim: int, index: Value, wrap: bool) -> Value:
+    """``torch.gather(v, dim, index)`` as one ``index_select`` from the flattened ``v`` at
+    the row-major positions ``index * stride[dim] + sum(i_k * stride[k])``: it moves elements,
+    so it is bitwise eager's. An index out of range becomes position -1, which index_select
+    refuses as eager's gather refuses it (``wrap``: negative indices count from the end once).
+    """
+    xt, it = _type(v), _type(index)
+    shape = list(xt.shape) or [1]
+    ishape = list(it.shape) or [1]
+    if not all(isinstance(d, int) for d in (*shape, *ishape)):
+        cx.limitation("gather on symbolic dims; specialize them")
+    d = dim % len(shape)
+    n = shape[d]
+    strides = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * shape[k + 1]
+    idx = index if it.rank else cx.call("reshape", index, shape=(1,))
+    if idx.type.dtype != torch.int64:  # type: ignore[union-attr]
+        idx = cx.call("to_dtype", idx, dtype=torch.int64)
+    if wrap:
+        idx = cx.call("where", cx.call("lt", idx, 0), cx.call("add", idx, n), idx)
+    bad = cx.call("logical_or", cx.call("lt", idx, 0), cx.call("ge", idx, n))
+    pos = cx.call("mul", idx, strides[d])
+    for k, m in enumerate(ishape):
+        if k == d or m == 1:
+            continue
+        iota = cx.call("arange", start=0, end=m, step=1, dtype=torch.int64, device=xt.device)
+        view = tuple(m if j == k else 1 for j in range(len(ishape)))
+        pos = cx.call("add", pos, cx.call("mul", cx.call("reshape", iota, shape=view), strides[k]))
+    pos = cx.call("where", bad, -1, pos)
+    flat = cx.call("reshape", v, shape=(-1,))
+    picked = cx.call("index_select", flat, cx.call("reshape", pos, shape=(-1,)), dim=0)
+    result: Value = cx.call("reshape", picked, shape=it.shape)
+    return result
+
+
+@op(*_both("gather"))
+def _gather(
+    cx: CaptureContext, out: Any, x: Any, dim: Any, index: Any, *, sparse_grad: bool = False
+) -> Value:
+    return _gather_value(cx, cx.value(x), cx.int(dim), cx.value(index), wrap=False)
+
+
+@op(*_both("take_along_dim"))
+def _take_along_dim(cx: CaptureContext, out: Any, x: Any, indices: Any, dim: Any = None) -> Value:
+    v, idx = cx.value(x), cx.value(indices)
+    if dim is None:
+        flat = cx.call("reshape", v, shape=(-1,))
+        return _gather_value(cx, flat, 0, cx.call("reshape", idx, shape=(-1,)), wrap=False)
+    d = cx.int(dim) % max(_type(v).rank, 1)
+    # NOTE: eager broadcasts x and indices against each other in every dim but ``dim``.
+    target = list(out.shape)
+    if tuple(_type(idx).shape) != tuple(target):
+        idx = cx.call("expand", idx, shape=tuple(target))
+    target[d] = _type(v).shape[d] if _type(v).rank else 1
+    if tuple(_type(v).shape) != tuple(target):
+        v = cx.call("expand", v, shape=tuple(target))
+    return _gather_value(cx, v, d, idx, wrap=True)
