@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from plait.frontend.slices import emit_slice, splice, write_range
 from plait.ir import TensorType, Value
 from plait.symbolic import normalize
@@ -65,7 +67,9 @@ class ViewStep:
     def inverse_name(self) -> str | None:
         if self.op in _RESHAPES:
             return "reshape"
-        if self.op in ("transpose", "permute", "slice", "select") or self.op in _SAME_VALUE:
+        if self.op in ("transpose", "permute", "slice", "select", "diagonal"):
+            return self.op
+        if self.op in _SAME_VALUE:
             return self.op
         return None
 
@@ -92,6 +96,8 @@ class ViewStep:
             inverse = tuple(sorted(range(len(dims)), key=lambda i: dims[i]))
             out = cx.call("permute", new, dims=inverse)
             return out
+        if kind == "diagonal":
+            return _put_diagonal(cx, base, new, **attrs)
         if kind == "select":
             dim = attrs["dim"] % base.type.rank
             n = base.type.shape[dim]
@@ -106,6 +112,40 @@ class ViewStep:
         dim = attrs["dim"] % base.type.rank
         lo, hi = write_range(cx, base.type.shape[dim], attrs["start"], attrs["end"])
         return splice(cx, base, new, dim, lo, hi)
+
+
+def _put_diagonal(
+    cx: CaptureContext, base: Value, new: Value, offset: int, dim1: int, dim2: int
+) -> Value:
+    """``base`` with its diagonal (``offset``, ``dim1``, ``dim2``) replaced by ``new``: ``new``
+    padded along the diagonal to dim1's length, spread along dim2, and selected where
+    ``i2 - i1 == offset``."""
+    ty = base.type
+    assert isinstance(ty, TensorType)
+    rank = ty.rank
+    a, b = dim1 % rank, dim2 % rank
+    n_a, n_b = ty.shape[a], ty.shape[b]
+    if not (isinstance(n_a, int) and isinstance(n_b, int)):
+        cx.limitation("a write through a diagonal of symbolic dims; specialize them")
+    first = max(-offset, 0)
+    length = new.type.shape[-1]  # type: ignore[union-attr]
+    along = cx.call("constant_pad", new, pad=(first, n_a - first - length), value=0)
+    along = cx.call("unsqueeze", along, dim=-1)
+    rest = [d for d in range(rank) if d not in (a, b)]
+    along = cx.call("expand", along, shape=(*(ty.shape[d] for d in rest), n_a, n_b))
+    order = [*rest, a, b]
+    spread = cx.call("permute", along, dims=tuple(order.index(d) for d in range(rank)))
+
+    def position(dim: int, n: int) -> Value:
+        iota = cx.call("arange", start=0, end=n, step=1, dtype=torch.int64, device=ty.device)
+        out: Value = cx.call(
+            "reshape", iota, shape=tuple(n if d == dim else 1 for d in range(rank))
+        )
+        return out
+
+    on_diagonal = cx.call("eq", cx.call("sub", position(b, n_b), position(a, n_a)), offset)
+    out: Value = cx.call("where", on_diagonal, spread, base)
+    return out
 
 
 def replay(cx: CaptureContext, root_value: Value, steps: Sequence[ViewStep]) -> Value:
