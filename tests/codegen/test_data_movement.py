@@ -87,6 +87,9 @@ CASES = [
         "repeat_interleave", lambda x: (x.repeat_interleave(3, 1), x.repeat_interleave(2)), (2, 3)
     ),
     Case("diagonal", lambda x: (x.diagonal(), torch.diagonal(x, -1, 2, 0)), (3, 4, 5)),
+    Case("diag_embed", lambda x: (torch.diag_embed(x), x.diag_embed(-1, 0, 2)), (2, 3)),
+    Case("diag", lambda x: (torch.diag(x[0], 1), x.diag(-1)), (3, 4)),
+    Case("take", lambda x, i: torch.take(x, i), (3, 4), index=((2, 5), 12, -12)),
     Case("unfold", lambda x: x.unfold(2, 3, 2), (2, 3, 8)),
     Case("movedim", lambda x: (torch.movedim(x, (0, 1), (2, 0)), x.moveaxis(-1, 0)), (2, 3, 4)),
     Case("swapaxes", lambda x: torch.swapaxes(x, 0, 2), (2, 3, 4)),

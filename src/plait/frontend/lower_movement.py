@@ -1,6 +1,6 @@
 """Rules for data-movement calls: padding, roll, flip, rot90, repeat/tile, repeat_interleave,
-diagonal, unfold, movedim, broadcast_to, atleast_*d, the .H/.mH adjoints of real tensors and
-adaptive_avg_pool1d.
+diagonal, diag, diag_embed, unfold, movedim, broadcast_to, atleast_*d, the .H/.mH adjoints of
+real tensors, gather/take_along_dim/take and adaptive_avg_pool1d.
 
 NOTE: a call that returns a view in eager (diagonal, unfold, movedim, broadcast_to, atleast_*d,
 mH/H/adjoint) returns :class:`Viewed`, so writes through it and updates of its base are
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from plait.frontend.lower_shape import _both, _scalar_for, _type, _view
 from plait.frontend.table import NoIROp, Viewed, getter, op
 from plait.frontend.tracer import CaptureContext
-from plait.frontend.views import ViewStep
+from plait.frontend.views import ViewStep, put_diagonal
 from plait.ir import Value
 from plait.ir.ops.movement import PAD_MODES
 
@@ -337,3 +337,35 @@ def _take_along_dim(cx: CaptureContext, out: Any, x: Any, indices: Any, dim: Any
     if tuple(_type(v).shape) != tuple(target):
         v = cx.call("expand", v, shape=tuple(target))
     return _gather_value(cx, v, d, idx, wrap=True)
+
+
+@op(*_both("take"))
+def _take(cx: CaptureContext, out: Any, x: Any, index: Any) -> Value:
+    flat = cx.call("reshape", cx.value(x), shape=(-1,))
+    idx = cx.value(index)
+    picked = _gather_value(cx, flat, 0, cx.call("reshape", idx, shape=(-1,)), wrap=True)
+    result: Value = cx.call("reshape", picked, shape=_type(idx).shape)
+    return result
+
+
+# --- diagonal matrices -------------------------------------------------------------------------
+def _zeros(cx: CaptureContext, out: Any) -> Value:
+    v: Value = cx.call("zeros", shape=tuple(out.shape), dtype=out.dtype, device=str(out.device))
+    return v
+
+
+@op(*_both("diag_embed"))
+def _diag_embed(
+    cx: CaptureContext, out: Any, x: Any, offset: Any = 0, dim1: Any = -2, dim2: Any = -1
+) -> Value:
+    return put_diagonal(
+        cx, _zeros(cx, out), cx.value(x), cx.int(offset), cx.int(dim1), cx.int(dim2)
+    )
+
+
+@op(*_both("diag"))
+def _diag(cx: CaptureContext, out: Any, x: Any, diagonal: Any = 0) -> Value:
+    v, k = cx.value(x), cx.int(diagonal)
+    if _type(v).rank == 2:
+        return ViewStep.of("diagonal", offset=k, dim1=0, dim2=1).apply(cx, v)  # NOTE: a copy
+    return put_diagonal(cx, _zeros(cx, out), v, k, 0, 1)

@@ -8,7 +8,8 @@ for each tracer that is a view, the chain of :class:`ViewStep` from its root ten
   *replayed*: its steps applied to the root's new value;
 - a write through a view is *scattered* into the root: each step knows how to put a new value of
   its output back into its input (reshape back, transpose back, or concatenate the untouched
-  slices around the written one). Steps that cannot do that (``expand``) refuse.
+  slices around the written one, or select the new diagonal). Steps that cannot do that
+  (``expand``, ``unfold``: their elements may repeat) refuse.
 
 ``detach`` (and ``.data``) is a view step too: same value, no gradient; a write through it goes
 to the root unchanged. Slices of symbolic dims are in slices.py.
@@ -97,7 +98,7 @@ class ViewStep:
             out = cx.call("permute", new, dims=inverse)
             return out
         if kind == "diagonal":
-            return _put_diagonal(cx, base, new, **attrs)
+            return put_diagonal(cx, base, new, **attrs)
         if kind == "select":
             dim = attrs["dim"] % base.type.rank
             n = base.type.shape[dim]
@@ -114,7 +115,7 @@ class ViewStep:
         return splice(cx, base, new, dim, lo, hi)
 
 
-def _put_diagonal(
+def put_diagonal(
     cx: CaptureContext, base: Value, new: Value, offset: int, dim1: int, dim2: int
 ) -> Value:
     """``base`` with its diagonal (``offset``, ``dim1``, ``dim2``) replaced by ``new``: ``new``
