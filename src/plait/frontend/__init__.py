@@ -19,6 +19,7 @@ Example:
 """
 
 from plait.frontend import (  # noqa: F401  (rules)
+    lower_compose,
     lower_math,
     lower_meta,
     lower_movement,
