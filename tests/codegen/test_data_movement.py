@@ -104,6 +104,12 @@ CASES = [
     Case("atleast-2d", lambda x: torch.atleast_3d(x, x), (3, 4)),
     Case("adjoints", lambda x: (x.mT, x.mH, x.adjoint()), (2, 3, 4)),
     Case("H", lambda x: x.H, (3, 4)),
+    Case(
+        "conj-of-real",
+        lambda x: (x.conj(), torch.resolve_conj(x), x.resolve_neg(), x.conj_physical(), x.real),
+        (3, 4),
+        NUMBERS,  # NOTE: not(not(x)) of bool simplifies to x: no kernel left to check
+    ),
     Case("narrow", lambda x: (x.narrow(1, 1, 2), x.narrow_copy(1, -3, 2)), (3, 5)),
     Case("gather", lambda x, i: torch.gather(x, 1, i), (3, 4, 5), index=((2, 6, 5), 4, 0)),
     Case("gather-method", lambda x, i: x.gather(-1, i), (4, 5), index=((4, 2), 5, 0)),

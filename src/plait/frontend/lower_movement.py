@@ -1,6 +1,7 @@
 """Rules for data-movement calls: padding, roll, flip, rot90, repeat/tile, repeat_interleave,
 diagonal, diag, diag_embed, unfold, movedim, broadcast_to, atleast_*d, the .H/.mH adjoints of
-real tensors, gather/take_along_dim/take and adaptive_avg_pool1d.
+real tensors, conj/resolve_conj/resolve_neg/conj_physical/real of real tensors (the tensor
+itself), gather/take_along_dim/take and adaptive_avg_pool1d.
 
 NOTE: a call that returns a view in eager (diagonal, unfold, movedim, broadcast_to, atleast_*d,
 mH/H/adjoint) returns :class:`Viewed`, so writes through it and updates of its base are
@@ -369,3 +370,11 @@ def _diag(cx: CaptureContext, out: Any, x: Any, diagonal: Any = 0) -> Value:
     if _type(v).rank == 2:
         return ViewStep.of("diagonal", offset=k, dim1=0, dim2=1).apply(cx, v)  # NOTE: a copy
     return put_diagonal(cx, _zeros(cx, out), v, k, 0, 1)
+
+
+# --- conjugation of real tensors -----------------------------------------------------------------
+@op(*_both("conj", "resolve_conj", "resolve_neg", "conj_physical", "real"), getter("real"))
+def _real_identity(cx: CaptureContext, out: Any, x: Any) -> Viewed:
+    # NOTE: on a real tensor eager returns the tensor itself: an identity alias.
+    _real(cx, x, "conjugation")
+    return _view(cx, x, ViewStep("identity"))
