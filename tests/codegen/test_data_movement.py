@@ -78,6 +78,7 @@ CASES = [
     Case("roll-empty", lambda x: x.roll(1, 0), (0, 4)),
     Case("flip", lambda x: torch.flip(x, (0, 3)), (2, 3, 5, 6)),
     Case("flip-0d", lambda x: torch.flip(x, ()), ()),
+    Case("flip-keyword", lambda x: torch.flip(x, dims=(0, 1, 2)), (2, 3, 4)),
     Case("fliplr-flipud", lambda x: (torch.fliplr(x), x.flipud()), (3, 4)),
     Case("rot90", lambda x: (x.rot90(), torch.rot90(x, 2), torch.rot90(x, -1, (1, 0))), (3, 4)),
     Case("repeat", lambda x: x.repeat(2, 1, 1, 3), (3, 1, 4)),
@@ -113,6 +114,12 @@ CASES = [
     Case("narrow", lambda x: (x.narrow(1, 1, 2), x.narrow_copy(1, -3, 2)), (3, 5)),
     Case("gather", lambda x, i: torch.gather(x, 1, i), (3, 4, 5), index=((2, 6, 5), 4, 0)),
     Case("gather-method", lambda x, i: x.gather(-1, i), (4, 5), index=((4, 2), 5, 0)),
+    Case(
+        "gather-empty-index",
+        lambda x, i: (x * 2 + torch.gather(x, 0, i[:, :0]).sum(), torch.gather(x, 0, i[:0])),
+        (5,),
+        index=((2, 3), 5, 0),
+    ),
     Case(
         "take_along_dim",
         lambda x, i: torch.take_along_dim(x, i, 1),

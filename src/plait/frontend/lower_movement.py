@@ -84,7 +84,9 @@ def _flip_value(cx: CaptureContext, v: Value, dims: Sequence[int]) -> Value:
 
 
 @op(*_both("flip"))
-def _flip(cx: CaptureContext, out: Any, x: Any, *dims: Any) -> Value:
+def _flip(cx: CaptureContext, out: Any, x: Any, *dims: Any, **kwargs: Any) -> Value:
+    if "dims" in kwargs:
+        dims = (kwargs["dims"],)
     return _flip_value(cx, cx.value(x), _ints(cx, dims))
 
 
@@ -287,6 +289,10 @@ def _gather_value(cx: CaptureContext, v: Value, dim: int, index: Value, wrap: bo
     refuses as eager's gather refuses it (``wrap``: negative indices count from the end once).
     """
     xt, it = _type(v), _type(index)
+    if any(isinstance(d, int) and d == 0 for d in it.shape):
+        # NOTE: eager takes an empty index of any rank: nothing to gather.
+        empty: Value = cx.call("zeros", shape=it.shape, dtype=xt.dtype, device=xt.device)
+        return empty
     shape = list(xt.shape) or [1]
     ishape = list(it.shape) or [1]
     if not all(isinstance(d, int) for d in (*shape, *ishape)):
