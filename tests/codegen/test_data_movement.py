@@ -79,6 +79,7 @@ CASES = [
     Case("flip", lambda x: torch.flip(x, (0, 3)), (2, 3, 5, 6)),
     Case("flip-0d", lambda x: torch.flip(x, ()), ()),
     Case("flip-keyword", lambda x: torch.flip(x, dims=(0, 1, 2)), (2, 3, 4)),
+    Case("flip-no-dims", lambda x: (torch.flip(x, dims=()), x.flip([])), (2, 3, 4)),
     Case("fliplr-flipud", lambda x: (torch.fliplr(x), x.flipud()), (3, 4)),
     Case("rot90", lambda x: (x.rot90(), torch.rot90(x, 2), torch.rot90(x, -1, (1, 0))), (3, 4)),
     Case("repeat", lambda x: x.repeat(2, 1, 1, 3), (3, 1, 4)),

@@ -551,6 +551,7 @@ VIEW_CASES: dict[str, list[tuple[tuple[int, ...], dict[str, Any], Callable[..., 
         ((4, 5), {"dims": (-1,)}, lambda x: x.flip(-1), False),
         ((0, 3), {"dims": (0, 1)}, lambda x: x.flip(0, 1), False),
         ((), {"dims": ()}, lambda x: x.flip(()), False),
+        ((3, 4), {"dims": ()}, lambda x: x.flip(()), True),
     ],
     "diagonal": [
         ((4, 5), {}, lambda x: x.diagonal(), True),

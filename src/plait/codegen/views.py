@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from plait.codegen.index import Ix, ravel, unravel
 from plait.ir.graph import Node
 from plait.ir.ops.movement import padded_dims
-from plait.ir.ops.rules import wrap_dim, wrap_dims
+from plait.ir.ops.rules import wrap_dim
 from plait.ir.ops.view import chunk_sizes
 from plait.ir.types import TensorType
 
@@ -131,7 +131,8 @@ def moved_index(node: Node, idx: tuple[Ix, ...]) -> tuple[Ix, ...]:
     rank = len(in_shape)
     out = list(idx)
     if op == "flip":
-        for d in set(wrap_dims(a["dims"], rank, op)) if rank else ():
+        # NOTE: one dim at a time: an empty dims tuple flips nothing (wrap_dims reads it as all)
+        for d in {wrap_dim(dim, rank, op) for dim in a["dims"]} if rank else ():
             out[d] = idx[d] * -1 + (in_shape[d] - 1)
         return tuple(out)
     if op == "roll":
