@@ -1,6 +1,6 @@
-"""Writes through the views that diagonal, movedim, mH, atleast_*d and broadcast_to return, and
-updates of their base, are functionalized as eager aliases them: the compiled program's outputs
-and the mutated inputs equal eager's bitwise, on fresh inputs. A write through an ``unfold``
+"""Writes through the views that diagonal, movedim, mH, atleast_*d, broadcast_to and strided
+slices return, and updates of their base, are functionalized as eager aliases them: the compiled
+program's outputs and the mutated inputs equal eager's bitwise, on fresh inputs. A write through an ``unfold``
 window (which may overlap) is refused loudly."""
 
 from __future__ import annotations
@@ -50,6 +50,14 @@ def _broadcast_after_base_update(x: torch.Tensor) -> torch.Tensor:
     return b * 2
 
 
+def _strided_slice_writes(x: torch.Tensor) -> torch.Tensor:
+    x[::2] = 0.5
+    x[:, 1:7:3] += 1
+    x[..., -5::2].mul_(-1)
+    x[1:2:5] = 1
+    return x * 2
+
+
 PROGRAMS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[int, ...]]] = {
     "diagonal_add": (_diagonal_add, (4, 5)),
     "diagonal_fill_offset": (_diagonal_fill_offset, (3, 4, 5)),
@@ -57,6 +65,7 @@ PROGRAMS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[int, ...
     "diagonal_after_base_update": (_diagonal_after_base_update, (5, 3)),
     "movedim_adjoint_atleast": (_movedim_adjoint_atleast, (2, 3, 4)),
     "broadcast_after_base_update": (_broadcast_after_base_update, (3, 4, 2)),
+    "strided_slice_writes": (_strided_slice_writes, (5, 8)),
 }
 
 

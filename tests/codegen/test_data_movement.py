@@ -173,6 +173,7 @@ CASES = [
         lambda x: (
             torch.slice_scatter(x, x[:, 2:4].flip(1), 1, 1, 3),
             torch.slice_scatter(x, x[:2], 0, 1),
+            torch.slice_scatter(x, x[:, :, :2].flip(2), 2, 1, None, 3),
             torch.select_scatter(x, x[:, 0], 1, -1),
             torch.diagonal_scatter(x, x[0, :, :3], 0, 0, 2),
             torch.diagonal_scatter(x, x[:, 0, :4], -1, 2, 1),

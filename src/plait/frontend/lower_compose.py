@@ -158,11 +158,9 @@ def _slice_scatter(
     end: Any = None,
     step: Any = 1,
 ) -> Value:
-    if cx.int(step) != 1:
-        raise NoIROp("slice_scatter with a step has no IR op")
     base = cx.value(x)
     bound = [None if b is None else cx.int(b) for b in (start, end)]
-    piece = ViewStep.of("slice", dim=cx.int(dim), start=bound[0], end=bound[1], step=1)
+    piece = ViewStep.of("slice", dim=cx.int(dim), start=bound[0], end=bound[1], step=cx.int(step))
     return piece.unapply(cx, base, _same_dtype(cx, base, src))
 
 

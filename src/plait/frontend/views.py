@@ -108,11 +108,46 @@ class ViewStep:
             piece = cx.call("unsqueeze", new, dim=dim)
             return splice(cx, base, piece, dim, lo, hi)
         # slice
-        if attrs["step"] != 1:
-            cx.limitation("a write through a strided slice (step != 1) is not supported")
         dim = attrs["dim"] % base.type.rank
+        if attrs["step"] != 1:
+            return _put_strided(cx, base, new, dim, attrs["start"], attrs["end"], attrs["step"])
         lo, hi = write_range(cx, base.type.shape[dim], attrs["start"], attrs["end"])
         return splice(cx, base, new, dim, lo, hi)
+
+
+def _put_strided(
+    cx: CaptureContext, base: Value, new: Value, dim: int, start: Any, end: Any, step: int
+) -> Value:
+    """``base`` with ``base[start:end:step]`` (along ``dim``) replaced by ``new``: ``new`` spread
+    to every ``step``-th position (each element followed by ``step - 1`` pads) and selected by a
+    mask built the same way from ones."""
+    ty, nt = base.type, new.type
+    assert isinstance(ty, TensorType) and isinstance(nt, TensorType)
+    n, length = ty.shape[dim], nt.shape[dim]
+    if not (isinstance(n, int) and isinstance(length, int)):
+        cx.limitation("a write through a strided slice of a symbolic dim; specialize it")
+    lo = range(n)[slice(start, end, step)].start if length else 0
+
+    def spread(v: Value, fill: Any) -> Value:
+        rank = v.type.rank  # type: ignore[union-attr]
+        wide = cx.call("unsqueeze", v, dim=dim + 1)
+        after = [0, 0] * (rank - dim - 1) + [0, step - 1]  # NOTE: pads list the last dim first
+        wide = cx.call("constant_pad", wide, pad=tuple(after), value=fill)
+        shape = list(v.type.shape)  # type: ignore[union-attr]
+        shape[dim] = length * step
+        flat = cx.call("reshape", wide, shape=tuple(shape))
+        around = [0, 0] * (rank - dim - 1) + [lo, n - lo - length * step]
+        out: Value = cx.call("constant_pad", flat, pad=tuple(around), value=fill)
+        return out
+
+    # NOTE: the mask along dim: True at lo, lo + step, ... (the same spreading, of ones)
+    ones = cx.call("ones", shape=(length, 1), dtype=torch.bool, device=ty.device)
+    line = cx.call("constant_pad", ones, pad=(0, step - 1), value=False)
+    line = cx.call("reshape", line, shape=(length * step,))
+    line = cx.call("constant_pad", line, pad=(lo, n - lo - length * step), value=False)
+    mask = cx.call("reshape", line, shape=tuple(n if d == dim else 1 for d in range(ty.rank)))
+    out: Value = cx.call("where", mask, spread(new, 0), base)
+    return out
 
 
 def put_diagonal(
