@@ -37,17 +37,17 @@ def _index(x: torch.Tensor) -> torch.Tensor:
 
 # name: (program on a 4x6 float tensor, targets of the opaque nodes its graph must hold)
 CASES: dict[str, tuple[Any, list[str]]] = {
-    "gather_index_keyword": (
-        lambda x: torch.gather(x, 1, index=_index(x)),
-        ["torch.gather"],
+    "index_add_keywords": (
+        lambda x: torch.index_add(x, 1, index=_index(x)[0], source=x * 2),
+        ["torch.index_add"],
     ),
     "searchsorted_sorter_keyword": (
         lambda x: torch.searchsorted(x, x[:, :2].contiguous(), sorter=_index(x)),
         ["torch.searchsorted"],
     ),
     "tuple_of_tensors": (
-        lambda x: torch.column_stack((x, x * 2)) + torch.cdist(x, x * 3, p=1.0)[0, 0],
-        ["torch.column_stack", "torch.functional.cdist"],
+        lambda x: torch.linalg.multi_dot((x, (x * 2).t())) + torch.cdist(x, x * 3, p=1.0)[0, 0],
+        ["torch.linalg.multi_dot", "torch.functional.cdist"],
     ),
     "lerp_keyword_tensors": (lambda x: torch.lerp(x, end=x * 2, weight=0.5), ["torch.lerp"]),
     "dtype": (lambda x: x.cumsum(0, dtype=torch.float64), ["torch.Tensor.cumsum"]),
@@ -60,8 +60,8 @@ CASES: dict[str, tuple[Any, list[str]]] = {
         ["torch.asarray"],
     ),
     "tuple_to_python_function": (
-        lambda x: F.pad(x, (1, 1), value=-1.0),
-        ["torch.nn.functional.pad"],
+        lambda x: F.fold(x[None], (3, 4), (2, 2)),
+        ["torch.nn.functional.fold"],
     ),
     "unfold_tuple": (lambda x: F.unfold(x[None, None], (2, 3)), ["torch.nn.functional.unfold"]),
     "negative_nan_literal": (

@@ -479,6 +479,97 @@ VIEW_CASES: dict[str, list[tuple[tuple[int, ...], dict[str, Any], Callable[..., 
     ],
     "detach": [((4, 5), {}, lambda x: x.detach(), True)],
     "contiguous": [((4, 5), {}, lambda x: x.contiguous(), True)],
+    "constant_pad": [
+        ((2, 3, 5), {"pad": (1, 2, 0, 3), "value": 0}, lambda x: F.pad(x, (1, 2, 0, 3)), True),
+        ((4, 5), {"pad": (-1, 2), "value": 1}, lambda x: F.pad(x, (-1, 2), value=1), False),
+        ((3, 6), {"pad": (-2, -1, 2, -1), "value": 0}, lambda x: F.pad(x, (-2, -1, 2, -1)), True),
+        (
+            (0, 3),
+            {"pad": (1, 1, 2, 0), "value": 1},
+            lambda x: F.pad(x, (1, 1, 2, 0), value=1),
+            False,
+        ),
+        ((), {"pad": (), "value": 0}, lambda x: F.pad(x, ()), False),
+        ((4, 5), {"pad": (0, -5), "value": 0}, lambda x: F.pad(x, (0, -5)), False),
+    ],
+    "pad": [
+        (
+            (2, 3, 5),
+            {"pad": (2, 1), "mode": "reflect"},
+            lambda x: F.pad(x, (2, 1), mode="reflect"),
+            True,
+        ),
+        (
+            (2, 4, 5),
+            {"pad": (1, -2, 3, 2), "mode": "reflect"},
+            lambda x: F.pad(x, (1, -2, 3, 2), mode="reflect"),
+            False,
+        ),
+        (
+            (1, 2, 3, 4, 5),
+            {"pad": (1, 2, 2, 0, 1, 1), "mode": "replicate"},
+            lambda x: F.pad(x, (1, 2, 2, 0, 1, 1), mode="replicate"),
+            True,
+        ),
+        (
+            (3, 4),
+            {"pad": (-1, 3), "mode": "replicate"},
+            lambda x: F.pad(x, (-1, 3), mode="replicate"),
+            False,
+        ),
+        (
+            (2, 3, 5),
+            {"pad": (2, -1), "mode": "circular"},
+            lambda x: F.pad(x, (2, -1), mode="circular"),
+            True,
+        ),
+        (
+            (2, 3, 4, 5),
+            {"pad": (5, 5, 1, 2), "mode": "circular"},
+            lambda x: F.pad(x, (5, 5, 1, 2), mode="circular"),
+            False,
+        ),
+        (
+            (2, 3, 4),
+            {"pad": (-2, -2), "mode": "circular"},
+            lambda x: F.pad(x, (-2, -2), mode="circular"),
+            False,
+        ),
+    ],
+    "roll": [
+        (
+            (3, 4, 5),
+            {"shifts": (1, -7), "dims": (0, 2)},
+            lambda x: torch.roll(x, (1, -7), (0, 2)),
+            True,
+        ),
+        ((4, 5), {"shifts": (3,), "dims": (-1,)}, lambda x: x.roll(3, -1), False),
+        ((0, 5), {"shifts": (2,), "dims": (0,)}, lambda x: x.roll(2, 0), False),
+    ],
+    "flip": [
+        ((3, 4, 5), {"dims": (0, 2)}, lambda x: torch.flip(x, (0, 2)), True),
+        ((4, 5), {"dims": (-1,)}, lambda x: x.flip(-1), False),
+        ((0, 3), {"dims": (0, 1)}, lambda x: x.flip(0, 1), False),
+        ((), {"dims": ()}, lambda x: x.flip(()), False),
+        ((3, 4), {"dims": ()}, lambda x: x.flip(()), True),
+    ],
+    "diagonal": [
+        ((4, 5), {}, lambda x: x.diagonal(), True),
+        ((3, 4, 5), {"offset": 2, "dim1": 2, "dim2": 0}, lambda x: x.diagonal(2, 2, 0), False),
+        (
+            (3, 4, 5),
+            {"offset": -1, "dim1": -1, "dim2": 1},
+            lambda x: torch.diagonal(x, -1, -1, 1),
+            True,
+        ),
+        ((2, 3), {"offset": 5}, lambda x: x.diagonal(5), False),
+    ],
+    "unfold": [
+        ((3, 10), {"dim": 1, "size": 3, "step": 2}, lambda x: x.unfold(1, 3, 2), True),
+        ((7, 2), {"dim": 0, "size": 7, "step": 1}, lambda x: x.unfold(0, 7, 1), False),
+        ((), {"dim": 0, "size": 1, "step": 1}, lambda x: x.unfold(0, 1, 1), False),
+        ((4, 0), {"dim": 1, "size": 0, "step": 3}, lambda x: x.unfold(1, 0, 3), False),
+    ],
 }
 
 

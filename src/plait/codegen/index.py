@@ -8,6 +8,8 @@ contiguous dims folds back into plain strides.
 
 NOTE: loop variables and every index are nonnegative; an atom's operand may be negative only
 inside a :class:`Clamp` (``cat`` shifts an index by its piece's offset and clamps it in range).
+A sum may still have negative parts (``flip`` maps ``i`` to ``n-1-i``): division and modulo
+split off a multiple of the divisor only when the remainder part cannot be negative.
 
 Example:
     >>> i = Ix.var(Var("i0", 12))
@@ -125,6 +127,10 @@ class Ix:
             return quotient
         if rest.is_const:
             return quotient + rest.const // k
+        if lo < 0:
+            # NOTE: C++ division truncates: only a nonnegative operand floors. The whole index
+            # is nonnegative (an index), its remainder part need not be (flip, pad).
+            return Ix.of({Div(self, k): 1}, 0)
         for c, inner, _low in rest._factor(k):
             return quotient + inner.div(k // c)
         return quotient + Ix.of({Div(rest, k): 1}, 0)
@@ -141,6 +147,8 @@ class Ix:
             return rest
         if rest.is_const:
             return Ix.lit(rest.const % k)
+        if lo < 0:
+            return Ix.of({Mod(self, k): 1}, 0)  # NOTE: as in div: C++ % of a negative is negative
         for c, inner, low in rest._factor(k):
             return inner.mod(k // c) * c + low
         return Ix.of({Mod(rest, k): 1}, 0)
@@ -149,6 +157,8 @@ class Ix:
         a, b = self.range
         if a >= lo and b <= hi:
             return self
+        if b <= lo or a >= hi:
+            return Ix.lit(lo if b <= lo else hi)
         if self.is_const:
             return Ix.lit(min(max(self.const, lo), hi))
         return Ix.of({Clamp(self, lo, hi): 1}, 0)

@@ -29,7 +29,15 @@ import torch
 from plait.codegen.index import Ix, Var, contiguous_strides, linear
 from plait.codegen.kir import STORAGE_OF, Kernel, KernelBuilder, Stmt, scalar_of
 from plait.codegen.scalar import CHANNEL_OPERANDS, RULES, Arg, arg_of, to
-from plait.codegen.views import MAPPED_VIEWS, cat_pieces, input_index, shape_of
+from plait.codegen.views import (
+    INDEXED_VIEWS,
+    MAPPED_VIEWS,
+    cat_pieces,
+    input_index,
+    moved_index,
+    pad_window,
+    shape_of,
+)
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
 
@@ -118,6 +126,12 @@ class Lowerer:
             x = node.inputs[0]
             assert isinstance(x, Value)
             return self.value_at(x, input_index(node, v.index, idx))
+        if node.op in INDEXED_VIEWS:
+            x = node.inputs[0]
+            assert isinstance(x, Value)
+            return self.value_at(x, moved_index(node, idx))
+        if node.op == "constant_pad":
+            return self._constant_pad(node, idx)
         if node.op in ("cat", "stack"):
             return self._select(node, idx)
         if node.op in ("full", "zeros", "ones", "arange"):
@@ -166,6 +180,31 @@ class Lowerer:
             result = self.b.op("where", [take, value, result], t)
         assert result is not None
         return result
+
+    def _constant_pad(self, node: Node, idx: tuple[Ix, ...]) -> Stmt:
+        """The input where the index falls inside it, else the fill value (in x's dtype)."""
+        out = node.outputs[0].type
+        x = node.inputs[0]
+        assert isinstance(out, TensorType) and isinstance(x, Value)
+        t = scalar_of(out.dtype)
+        fill = self.b.round(
+            to(self.b, Arg(None, node.attrs["value"], None), t), STORAGE_OF[out.dtype]
+        )
+        if 0 in shape_of(x.type):
+            return fill  # NOTE: an empty input has no element to load: all fill
+        sub, conditions = pad_window(node, idx)
+        value = self.b.round(to(self.b, arg_of(x, self.value_at(x, sub)), t), STORAGE_OF[out.dtype])
+        take: Stmt | None = None
+        for i, lo, hi in conditions:
+            where = self.b.index(i)
+            inside = self.b.op("lt", [where, self.b.const(hi, "i64")], "b")
+            if lo > 0:
+                above = self.b.op("ge", [where, self.b.const(lo, "i64")], "b")
+                inside = self.b.op("and", [above, inside], "b")
+            take = inside if take is None else self.b.op("and", [take, inside], "b")
+        if take is None:
+            return value
+        return self.b.op("where", [take, value, fill], t)
 
     def _constant(self, node: Node, idx: tuple[Ix, ...]) -> Stmt:
         self.covered.add(node.id)

@@ -2,8 +2,10 @@
 
 Views never copy in plait's kernels: an access through a view is an access to its input at a
 mapped index, and a chain of views over a buffer folds into one strided (or div/mod) index.
-``cat`` and ``stack`` pick one of several inputs per element; they are lowered as selections
-(see :mod:`plait.codegen.lower`), not as maps.
+``cat`` and ``stack`` pick one of several inputs per element, and ``constant_pad`` picks its
+input or its fill value; they are lowered as selections (see :mod:`plait.codegen.lower`), not as
+maps. ``pad`` (reflect, replicate, circular), ``roll`` and ``flip`` are index maps that are no
+strided view of a buffer (clamps, modulo, negative strides): they are always computed inline.
 
 Example:
     >>> from plait.codegen.index import Ix, Var
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 
 from plait.codegen.index import Ix, ravel, unravel
 from plait.ir.graph import Node
+from plait.ir.ops.movement import padded_dims
 from plait.ir.ops.rules import wrap_dim
 from plait.ir.ops.view import chunk_sizes
 from plait.ir.types import TensorType
@@ -26,10 +29,12 @@ IDENTITY_VIEWS = frozenset({"contiguous", "dropout"})
 MAPPED_VIEWS = frozenset(
     {
         "view", "reshape", "flatten", "permute", "transpose", "expand", "unsqueeze", "squeeze",
-        "slice", "select", "split", "chunk", *IDENTITY_VIEWS,
+        "slice", "select", "split", "chunk", "diagonal", "unfold", *IDENTITY_VIEWS,
     }
 )  # fmt: skip
-SELECT_VIEWS = frozenset({"cat", "stack"})
+# NOTE: index maps that are not affine with nonnegative strides: never a strided view of a buffer.
+INDEXED_VIEWS = frozenset({"pad", "roll", "flip"})
+SELECT_VIEWS = frozenset({"cat", "stack", "constant_pad", *INDEXED_VIEWS})
 
 
 def shape_of(t: object) -> tuple[int, ...]:
@@ -96,7 +101,81 @@ def input_index(node: Node, output: int, idx: tuple[Ix, ...]) -> tuple[Ix, ...]:
         d = wrap_dim(a["dim"], rank, op)
         sizes = a["sizes"] if op == "split" else chunk_sizes(in_shape[d], a["chunks"])
         return _replace(idx, d, idx[d] + sum(int(s) for s in sizes[:output]))
+    if op == "diagonal":
+        d1, d2 = wrap_dim(a["dim1"], rank, op), wrap_dim(a["dim2"], rank, op)
+        offset = a["offset"]
+        along = idx[-1]
+        rest = iter(idx[:-1])
+        return tuple(
+            along + max(-offset, 0)
+            if j == d1
+            else along + max(offset, 0)
+            if j == d2
+            else next(rest)
+            for j in range(rank)
+        )
+    if op == "unfold":
+        if rank == 0:
+            return ()
+        d = wrap_dim(a["dim"], rank, op)
+        return _replace(idx[:-1], d, idx[d] * a["step"] + idx[-1])
     raise NotImplementedError(f"no index map for view op {op!r}")
+
+
+def moved_index(node: Node, idx: tuple[Ix, ...]) -> tuple[Ix, ...]:
+    """For ``pad``, ``roll`` and ``flip``: the index into the input shown at ``idx``.
+
+    NOTE: each result is in range for every output index (the type rules check the pads)."""
+    op, a = node.op, node.attrs
+    in_shape = shape_of(node.inputs[0].type)  # type: ignore[union-attr]
+    rank = len(in_shape)
+    out = list(idx)
+    if op == "flip":
+        # NOTE: one dim at a time: an empty dims tuple flips nothing (wrap_dims reads it as all)
+        for d in {wrap_dim(dim, rank, op) for dim in a["dims"]} if rank else ():
+            out[d] = idx[d] * -1 + (in_shape[d] - 1)
+        return tuple(out)
+    if op == "roll":
+        for shift, dim in zip(a["shifts"], a["dims"]):
+            d = wrap_dim(dim, rank, op)
+            n = in_shape[d]
+            if n:
+                out[d] = (out[d] + (n - shift % n)).mod(n)
+        return tuple(out)
+    assert op == "pad", op
+    for d, lo, hi in padded_dims(rank, a["pad"]):
+        out[d] = _pad_source(a["mode"], idx[d], in_shape[d], lo, hi)
+    return tuple(out)
+
+
+def _pad_source(mode: str, i: Ix, n: int, lo: int, hi: int) -> Ix:
+    """The input position that output position ``i`` of a dim of size ``n`` padded by
+    ``(lo, hi)`` shows; negative pads crop (circular crops first, then wraps)."""
+    if mode == "replicate":
+        return (i - lo).clamp(0, n - 1)
+    if mode == "reflect":
+        j = i - lo
+        # NOTE: |j| mirrors at 0 and 2(n-1) - j at n-1; pads < n, so one mirror at most.
+        return j + (j * -1).clamp(0, max(lo, 0)) * 2 - (j - (n - 1)).clamp(0, max(hi, 0)) * 2
+    first = max(-lo, 0)
+    m = n - first - max(-hi, 0)
+    if m <= 0:
+        return Ix.lit(0)  # NOTE: nothing left to wrap: the output dim is empty
+    return (i - max(lo, 0) + m).mod(m) + first
+
+
+def pad_window(node: Node, idx: tuple[Ix, ...]) -> tuple[tuple[Ix, ...], list[tuple[Ix, int, int]]]:
+    """For ``constant_pad``: the input index (clamped into range) and the ``(index, lo, hi)``
+    conditions ``lo <= index < hi`` under which the input element, not the fill, is shown."""
+    in_shape = shape_of(node.inputs[0].type)  # type: ignore[union-attr]
+    out = list(idx)
+    conditions: list[tuple[Ix, int, int]] = []
+    for d, lo, hi in padded_dims(len(in_shape), node.attrs["pad"]):
+        n = in_shape[d]
+        out[d] = (idx[d] - lo).clamp(0, max(n - 1, 0))
+        if lo > 0 or hi > 0 or n == 0:
+            conditions.append((idx[d], max(lo, 0), lo + n))
+    return tuple(out), conditions
 
 
 def _squeezes(dims: Sequence[int] | None, j: int, rank: int) -> bool:

@@ -21,9 +21,11 @@ Example:
 from plait.frontend import (  # noqa: F401  (rules)
     lower_activation,
     lower_attention,
+    lower_compose,
     lower_linalg,
     lower_math,
     lower_meta,
+    lower_movement,
     lower_nn,
     lower_shape,
 )

@@ -166,11 +166,6 @@ data_read(
 data_read(
     "masked_select (its output shape depends on the values)", torch.masked_select, T.masked_select
 )
-data_read(
-    "repeat_interleave (its output shape depends on the values)",
-    torch.repeat_interleave,
-    T.repeat_interleave,
-)
 data_read("bincount (its output shape depends on the values)", torch.bincount, T.bincount)
 
 

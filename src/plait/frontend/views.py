@@ -8,7 +8,8 @@ for each tracer that is a view, the chain of :class:`ViewStep` from its root ten
   *replayed*: its steps applied to the root's new value;
 - a write through a view is *scattered* into the root: each step knows how to put a new value of
   its output back into its input (reshape back, transpose back, or concatenate the untouched
-  slices around the written one). Steps that cannot do that (``expand``) refuse.
+  slices around the written one, or select the new diagonal). Steps that cannot do that
+  (``expand``, ``unfold``: their elements may repeat) refuse.
 
 ``detach`` (and ``.data``) is a view step too: same value, no gradient; a write through it goes
 to the root unchanged. Slices of symbolic dims are in slices.py.
@@ -25,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from plait.frontend.slices import emit_slice, splice, write_range
 from plait.ir import TensorType, Value
@@ -65,7 +68,9 @@ class ViewStep:
     def inverse_name(self) -> str | None:
         if self.op in _RESHAPES:
             return "reshape"
-        if self.op in ("transpose", "permute", "slice", "select") or self.op in _SAME_VALUE:
+        if self.op in ("transpose", "permute", "slice", "select", "diagonal"):
+            return self.op
+        if self.op in _SAME_VALUE:
             return self.op
         return None
 
@@ -92,6 +97,8 @@ class ViewStep:
             inverse = tuple(sorted(range(len(dims)), key=lambda i: dims[i]))
             out = cx.call("permute", new, dims=inverse)
             return out
+        if kind == "diagonal":
+            return put_diagonal(cx, base, new, **attrs)
         if kind == "select":
             dim = attrs["dim"] % base.type.rank
             n = base.type.shape[dim]
@@ -101,11 +108,80 @@ class ViewStep:
             piece = cx.call("unsqueeze", new, dim=dim)
             return splice(cx, base, piece, dim, lo, hi)
         # slice
-        if attrs["step"] != 1:
-            cx.limitation("a write through a strided slice (step != 1) is not supported")
         dim = attrs["dim"] % base.type.rank
+        if attrs["step"] != 1:
+            return _put_strided(cx, base, new, dim, attrs["start"], attrs["end"], attrs["step"])
         lo, hi = write_range(cx, base.type.shape[dim], attrs["start"], attrs["end"])
         return splice(cx, base, new, dim, lo, hi)
+
+
+def _put_strided(
+    cx: CaptureContext, base: Value, new: Value, dim: int, start: Any, end: Any, step: int
+) -> Value:
+    """``base`` with ``base[start:end:step]`` (along ``dim``) replaced by ``new``: ``new`` spread
+    to every ``step``-th position (each element followed by ``step - 1`` pads) and selected by a
+    mask built the same way from ones."""
+    ty, nt = base.type, new.type
+    assert isinstance(ty, TensorType) and isinstance(nt, TensorType)
+    n, length = ty.shape[dim], nt.shape[dim]
+    if not (isinstance(n, int) and isinstance(length, int)):
+        cx.limitation("a write through a strided slice of a symbolic dim; specialize it")
+    lo = range(n)[slice(start, end, step)].start if length else 0
+
+    def spread(v: Value, fill: Any) -> Value:
+        rank = v.type.rank  # type: ignore[union-attr]
+        wide = cx.call("unsqueeze", v, dim=dim + 1)
+        after = [0, 0] * (rank - dim - 1) + [0, step - 1]  # NOTE: pads list the last dim first
+        wide = cx.call("constant_pad", wide, pad=tuple(after), value=fill)
+        shape = list(v.type.shape)  # type: ignore[union-attr]
+        shape[dim] = length * step
+        flat = cx.call("reshape", wide, shape=tuple(shape))
+        around = [0, 0] * (rank - dim - 1) + [lo, n - lo - length * step]
+        out: Value = cx.call("constant_pad", flat, pad=tuple(around), value=fill)
+        return out
+
+    # NOTE: the mask along dim: True at lo, lo + step, ... (the same spreading, of ones)
+    ones = cx.call("ones", shape=(length, 1), dtype=torch.bool, device=ty.device)
+    line = cx.call("constant_pad", ones, pad=(0, step - 1), value=False)
+    line = cx.call("reshape", line, shape=(length * step,))
+    line = cx.call("constant_pad", line, pad=(lo, n - lo - length * step), value=False)
+    mask = cx.call("reshape", line, shape=tuple(n if d == dim else 1 for d in range(ty.rank)))
+    out: Value = cx.call("where", mask, spread(new, 0), base)
+    return out
+
+
+def put_diagonal(
+    cx: CaptureContext, base: Value, new: Value, offset: int, dim1: int, dim2: int
+) -> Value:
+    """``base`` with its diagonal (``offset``, ``dim1``, ``dim2``) replaced by ``new``: ``new``
+    padded along the diagonal to dim1's length, spread along dim2, and selected where
+    ``i2 - i1 == offset``."""
+    ty = base.type
+    assert isinstance(ty, TensorType)
+    rank = ty.rank
+    a, b = dim1 % rank, dim2 % rank
+    n_a, n_b = ty.shape[a], ty.shape[b]
+    if not (isinstance(n_a, int) and isinstance(n_b, int)):
+        cx.limitation("a write through a diagonal of symbolic dims; specialize them")
+    first = max(-offset, 0)
+    length = new.type.shape[-1]  # type: ignore[union-attr]
+    along = cx.call("constant_pad", new, pad=(first, n_a - first - length), value=0)
+    along = cx.call("unsqueeze", along, dim=-1)
+    rest = [d for d in range(rank) if d not in (a, b)]
+    along = cx.call("expand", along, shape=(*(ty.shape[d] for d in rest), n_a, n_b))
+    order = [*rest, a, b]
+    spread = cx.call("permute", along, dims=tuple(order.index(d) for d in range(rank)))
+
+    def position(dim: int, n: int) -> Value:
+        iota = cx.call("arange", start=0, end=n, step=1, dtype=torch.int64, device=ty.device)
+        out: Value = cx.call(
+            "reshape", iota, shape=tuple(n if d == dim else 1 for d in range(rank))
+        )
+        return out
+
+    on_diagonal = cx.call("eq", cx.call("sub", position(b, n_b), position(a, n_a)), offset)
+    out: Value = cx.call("where", on_diagonal, spread, base)
+    return out
 
 
 def replay(cx: CaptureContext, root_value: Value, steps: Sequence[ViewStep]) -> Value:

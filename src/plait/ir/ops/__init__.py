@@ -8,7 +8,15 @@ Example:
     True
 """
 
-from plait.ir.ops import aten, extern, pointwise, reduction, rng, view  # noqa: F401  (registers)
+from plait.ir.ops import (  # noqa: F401  (registers)
+    aten,
+    extern,
+    movement,
+    pointwise,
+    reduction,
+    rng,
+    view,
+)
 from plait.ir.ops.registry import (
     ATTR_KINDS,
     OPTIONAL_TENSOR,
