@@ -1,7 +1,7 @@
 """Writes through the views that diagonal, movedim, mH, atleast_*d, broadcast_to and strided
 slices return, and updates of their base, are functionalized as eager aliases them: the compiled
-program's outputs and the mutated inputs equal eager's bitwise, on fresh inputs. A write through an ``unfold``
-window (which may overlap) is refused loudly."""
+program's outputs and the mutated inputs equal eager's bitwise, on fresh inputs. A write through
+an ``unfold`` window (which may overlap) is refused loudly."""
 
 from __future__ import annotations
 
