@@ -16,27 +16,66 @@ aten = torch.ops.aten
 
 
 class T:
-    """A tensor argument of an example: shape, dtype, and positive values when ``pos``."""
+    """A tensor argument of an example: shape, dtype, values of at least ``low`` when ``pos``,
+    inside (-1, 1) when ``unit``."""
 
-    def __init__(self, *shape: int, dtype: torch.dtype = torch.float32, pos: bool = False):
-        self.shape, self.dtype, self.pos = shape, dtype, pos
+    def __init__(
+        self,
+        *shape: int,
+        dtype: torch.dtype = torch.float32,
+        pos: bool = False,
+        unit: bool = False,
+        low: float = 0.25,
+    ):
+        self.shape, self.dtype, self.pos, self.unit, self.low = shape, dtype, pos, unit, low
 
     def draw(self, gen: torch.Generator) -> torch.Tensor:
         if self.dtype == torch.bool:
             return torch.rand(self.shape, generator=gen) > 0.5
+        if not self.dtype.is_floating_point:
+            return torch.randint(-100, 100, self.shape, generator=gen, dtype=self.dtype)
         x = torch.randn(self.shape, generator=gen, dtype=self.dtype)
-        return x.abs() + 0.25 if self.pos else x
+        if self.unit:  # NOTE: inside (-1, 1), where asin, acos and atanh are defined
+            return x.tanh() * 0.99
+        return x.abs() + self.low if self.pos else x
 
 
-F34, P34 = T(3, 4), T(3, 4, pos=True)
-_UNARY = ("exp", "neg", "abs", "relu", "sigmoid", "tanh", "erf", "reciprocal", "silu")
-_POSITIVE = ("log", "sqrt", "rsqrt")
+F34, P34, U34 = T(3, 4), T(3, 4, pos=True), T(3, 4, unit=True)
+I34, B34 = T(3, 4, dtype=torch.int64), T(3, 4, dtype=torch.bool)
+_UNARY = (
+    *("exp", "neg", "abs", "relu", "sigmoid", "tanh", "erf", "reciprocal", "silu"),
+    *("sin", "cos", "tan", "atan", "sinh", "cosh", "asinh", "expm1", "exp2", "erfc"),
+    *("floor", "ceil", "trunc", "frac", "sign", "signbit", "isnan", "isinf", "isfinite"),
+    *("isposinf", "isneginf", "hardsigmoid", "hardswish", "mish", "round"),
+)
+_POSITIVE = ("log", "sqrt", "rsqrt", "log1p", "log2", "log10")
+_UNIT = ("asin", "acos", "atanh")
 _BINARY = ("mul", "eq", "ne", "lt", "le", "gt", "ge")
 
 EXAMPLES: dict[Any, tuple[tuple, dict]] = {
     **{getattr(aten, n).default: ((F34,), {}) for n in _UNARY},
     **{getattr(aten, n).default: ((P34,), {}) for n in _POSITIVE},
     aten.logical_not.default: ((T(3, 4, dtype=torch.bool),), {}),
+    **{getattr(aten, n).default: ((U34,), {}) for n in _UNIT},
+    aten.acosh.default: ((T(3, 4, pos=True, low=1.0),), {}),
+    aten.bitwise_not.default: ((I34,), {}),
+    aten.logical_xor.default: ((F34, B34), {}),
+    **{getattr(aten, n).default: ((F34, T(4)), {}) for n in ("atan2", "hypot", "fmax", "fmin")},
+    aten.copysign.Tensor: ((F34, T(4)), {}),
+    aten.xlogy.Tensor: ((F34, P34), {}),
+    aten.fmod.Tensor: ((F34, P34), {}),
+    aten.remainder.Tensor: ((F34, P34), {}),
+    **{getattr(aten, f"bitwise_{n}").Tensor: ((I34, I34), {}) for n in ("and", "or", "xor")},
+    aten.round.decimals: ((F34,), {"decimals": 2}),
+    aten.leaky_relu.default: ((F34, 0.2), {}),
+    aten.hardshrink.default: ((F34, 0.3), {}),
+    aten.softshrink.default: ((F34, 0.3), {}),
+    aten.threshold.default: ((F34, 0.1, 2.0), {}),
+    aten.elu.default: ((F34, 1.5, 1.0, 1.0), {}),
+    aten.softplus.default: ((F34, 2.0, 10.0), {}),
+    aten.prod.default: ((F34,), {}),
+    aten.all.default: ((B34,), {}),
+    aten.any.default: ((B34,), {}),
     **{getattr(aten, n).Tensor: ((F34, T(4)), {}) for n in _BINARY},
     **{getattr(aten, n).Scalar: ((F34, 0.5), {}) for n in _BINARY},
     aten.maximum.default: ((F34, F34), {}),
@@ -123,4 +162,4 @@ def test_arguments_an_ir_op_lacks_leave_the_node_unmapped() -> None:
     assert emit_native(gb, aten._to_copy.default, (x,), {"layout": torch.strided}) is None
     assert emit_native(gb, aten.expand_copy.default, (x, [3, 4]), {"implicit": True}) is None
     assert emit_native(gb, aten._softmax.default, (x, 1, True), {}) is None
-    assert emit_native(gb, aten.acos.default, (x,), {}) is None  # NOTE: no entry
+    assert emit_native(gb, aten.lgamma.default, (x,), {}) is None  # NOTE: no entry

@@ -118,9 +118,17 @@ def _cat(b: GraphBuilder, args: tuple, kwargs: dict) -> Any:
 _UNARY = (
     *("exp", "log", "sqrt", "rsqrt", "neg", "abs", "relu", "sigmoid", "tanh", "erf"),
     *("reciprocal", "logical_not", "silu"),
+    *("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh"),
+    *("expm1", "log1p", "log2", "log10", "exp2", "erfc", "floor", "ceil", "trunc", "frac"),
+    *("sign", "signbit", "isnan", "isinf", "isfinite", "isposinf", "isneginf", "bitwise_not"),
+    *("hardsigmoid", "hardswish", "mish", "round"),
 )
 _BINARY = ("mul", "eq", "ne", "lt", "le", "gt", "ge")  # NOTE: .Tensor and .Scalar overloads
-_BINARY_DEFAULT = ("maximum", "minimum", "logical_and", "logical_or")
+_BINARY_DEFAULT = (
+    *("maximum", "minimum", "logical_and", "logical_or", "logical_xor"),
+    *("atan2", "hypot", "fmax", "fmin"),
+)
+_BINARY_TENSOR = ("copysign", "xlogy", "fmod", "remainder", "bitwise_and", "bitwise_or")
 
 # NOTE: keyed by OpOverload; an IR op listed here must compute exactly what the overload does
 # for every argument the entry accepts (the entry returns None for the others).
@@ -129,6 +137,18 @@ ATEN_TO_IR: dict[Any, Emit] = {
     **{getattr(aten, name).Tensor: _positional(name, 2) for name in _BINARY},
     **{getattr(aten, name).Scalar: _positional(name, 2) for name in _BINARY},
     **{getattr(aten, name).default: _positional(name, 2) for name in _BINARY_DEFAULT},
+    **{getattr(aten, name).Tensor: _positional(name, 2) for name in _BINARY_TENSOR},
+    aten.bitwise_xor.Tensor: _positional("bitwise_xor", 2),
+    aten.round.decimals: _positional("round", 1, "decimals"),
+    aten.leaky_relu.default: _positional("leaky_relu", 1, "negative_slope"),
+    aten.hardshrink.default: _positional("hardshrink", 1, "lambd"),
+    aten.softshrink.default: _positional("softshrink", 1, "lambd"),
+    aten.threshold.default: _positional("threshold", 1, "threshold", "value"),
+    aten.elu.default: _positional("elu", 1, "alpha", "scale", "input_scale"),
+    aten.softplus.default: _positional("softplus", 1, "beta", "threshold"),
+    aten.prod.default: _reduce_all("prod"),
+    aten.all.default: _reduce_all("all"),
+    aten.any.default: _reduce_all("any"),
     aten.add.Tensor: _positional("add", 2, "alpha"),
     aten.add.Scalar: _positional("add", 2, "alpha"),
     aten.sub.Tensor: _positional("sub", 2, "alpha"),
