@@ -2,7 +2,7 @@
 the transposed weight, and ``scaled_dot_product_attention(enable_gqa=True)`` (Llama's grouped
 key/value heads) to the attention extern with ``enable_gqa`` (PyTorch's kernel, as eager): both
 compile with no opaque node and match eager on fresh inputs under the contract's row for their
-op class. The forms with no IR op (scaled addmm, a 2-D bias) stay opaque nodes, announced."""
+op class. The forms with no IR op (scaled addmm, a 2-D bias) are typed ATen extern nodes."""
 
 from __future__ import annotations
 
@@ -53,11 +53,13 @@ def test_addmm_with_a_bias_row_is_linear(shape: tuple[int, int, int]) -> None:
     ],
     ids=["beta", "alpha", "2-d-bias"],
 )
-def test_addmm_forms_with_no_ir_op_stay_announced_opaque_nodes(program: Any) -> None:
+def test_addmm_forms_with_no_ir_op_are_aten_extern_nodes(program: Any) -> None:
     args = (torch.randn(5), torch.randn(3, 4), torch.randn(4, 5))
-    compiled = plait.compile(program, backend="stax")
-    with pytest.warns(CaptureFallbackWarning, match="torch.addmm"):
-        compiled(*args)
+    compiled = plait.compile(program, backend="stax", fullgraph=True)
+    compiled(*args)
+    (spec,) = compiled.specializations
+    assert spec.manifest.graph["aten_externs"].get("aten.addmm", 0) == 1
+    assert not spec.manifest.fallbacks
     fresh = (torch.randn(5), torch.randn(3, 4), torch.randn(4, 5))
     report = plait.conformance.check(program, compiled, fresh, op_class="matmul", draws=2)
     assert report.ok, str(report)

@@ -1,7 +1,8 @@
 """``einsum``, ``baddbmm``, ``addbmm``, ``addmv``, ``addr``, ``outer``, ``mv``, ``diff`` and
 ``rms_norm`` are written with plait's own ops (``plait.frontend.lower_linalg``): each compiles in
 Stax with no opaque node and matches eager on fresh inputs under its op class's contract row; the
-forms the rules do not cover stay opaque nodes, announced, and still match eager."""
+forms the rules do not cover are traced to ATen ops (native IR ops or typed extern nodes, no
+opaque node), and still match eager."""
 
 from __future__ import annotations
 
@@ -158,14 +159,13 @@ def _integer_baddbmm(b: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch
     ],
     ids=["diagonal", "broadcast", "integer"],
 )  # fmt: skip
-def test_forms_with_no_rule_stay_announced_opaque_nodes(
+def test_forms_with_no_rule_are_traced_to_aten_ops(
     program: Callable[..., Any], args: list[tuple[int, ...]]
 ) -> None:
     draw = _shapes(*args)
-    compiled = plait.compile(program, backend="stax")
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        compiled(*draw(0))
-    assert any(w.category is CaptureFallbackWarning for w in seen), [str(w.message) for w in seen]
+    compiled = plait.compile(program, backend="stax", fullgraph=True)
+    compiled(*draw(0))
+    (spec,) = compiled.specializations
+    assert not spec.opaque_counts and not spec.manifest.fallbacks
     report = plait.conformance.check(program, compiled, draw, op_class="matmul", draws=2)
     assert report.ok, str(report)

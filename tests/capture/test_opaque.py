@@ -23,20 +23,23 @@ pytestmark = pytest.mark.usefixtures("opaque_path")
 # name: (program, expected (target, literals, kwliterals) of its opaque nodes)
 CASES: dict[str, tuple[Any, list[tuple[str, str, str]]]] = {
     "cumsum": (lambda x: x.cumsum(0), [("torch.Tensor.cumsum", '[{"t": 0}, 0]', "")]),
-    "diff": (lambda x: torch.diff(x, 1, 0), [("torch.diff", '[{"t": 0}, 1, 0]', "")]),
-    "count_list": (
-        lambda x: torch.count_nonzero(x, [0]),
-        [("torch.count_nonzero", '[{"t": 0}, [0]]', "")],
+    "logcumsumexp": (
+        lambda x: torch.logcumsumexp(x, 0),
+        [("torch.logcumsumexp", '[{"t": 0}, 0]', "")],
     ),
-    "count_tuple": (
-        lambda x: x.count_nonzero((0, 1)),
-        [("torch.Tensor.count_nonzero", '[{"t": 0}, {"tuple": [0, 1]}]', "")],
+    "list_literal": (
+        lambda x: torch.nanmean(x, [0]),
+        [("torch.nanmean", '[{"t": 0}, [0]]', "")],
+    ),
+    "tuple_literal": (
+        lambda x: x.nanmean((0, 1)),
+        [("torch.Tensor.nanmean", '[{"t": 0}, {"tuple": [0, 1]}]', "")],
     ),
     "keywords": (
-        lambda x: torch.cumsum(x, dim=1) * torch.count_nonzero(x, dim=(0, 1)),
+        lambda x: torch.cumsum(x, dim=1) * torch.nanmean(x, dim=(0, 1)),
         [
             ("torch.cumsum", "", '{"dim": 1}'),
-            ("torch.count_nonzero", "", '{"dim": {"tuple": [0, 1]}}'),
+            ("torch.nanmean", "", '{"dim": {"tuple": [0, 1]}}'),
         ],
     ),
     "float_literals": (

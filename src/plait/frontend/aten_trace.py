@@ -23,9 +23,9 @@ positions and zero signs included), or the call is refused.
 Example:
     >>> import torch
     >>> from plait.frontend import capture_program
-    >>> prog = capture_program(lambda x: torch.acos(x) * 2, (torch.rand(3),))
+    >>> prog = capture_program(lambda x: torch.lgamma(x) * 2, (torch.rand(3),))
     >>> [(n.op, n.attrs.get("name")) for n in prog.graph.nodes]
-    [('aten', 'acos'), ('mul', None)]
+    [('aten', 'lgamma'), ('mul', None)]
 """
 
 from __future__ import annotations
