@@ -270,5 +270,33 @@ def build(model: ZooModel, *, quick: bool, seed: int, batch: int = 1) -> Built:
     else:
         side = QUICK_IMAGE if quick else (model.image_size or FULL_IMAGE)
         example = torch.randn(batch, 3, side, side, generator=gen)
+    if model.family == "vision":
+        _calibrate_batch_norm(module, example, gen)
     params = sum(p.numel() for p in module.parameters())
     return Built(module, example, params)
+
+
+def _calibrate_batch_norm(module: nn.Module, example: torch.Tensor, gen: torch.Generator) -> None:
+    """BatchNorm with unit scale, zero shift and running statistics measured on random images:
+    with their initial values (mean 0, variance 1; Hugging Face's EfficientNet also draws the
+    scales near 0) the activations of deep random networks fade (EfficientNet's logits came out
+    constant, whatever the input), and parity on an output that does not depend on the input
+    would judge nothing."""
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        if m.affine:
+            with torch.no_grad():
+                m.weight.fill_(1.0)
+                m.bias.zero_()
+        m.momentum = None  # NOTE: a cumulative average over the calibration batches
+    module.train()
+    with torch.no_grad():
+        for _ in range(2):
+            module(torch.randn((4, *example.shape[1:]), generator=gen, dtype=example.dtype))
+    module.eval()
+    for m, momentum in zip(norms, momenta):
+        m.momentum = momentum
