@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import plait
 import plait.conformance
 from plait.errors import CaptureFallbackWarning
+from tests.util import assert_bitwise
 
 
 def _shapes(*shapes: tuple[int, ...], dtype: torch.dtype = torch.float32) -> Callable[[int], Any]:
@@ -80,7 +81,21 @@ def test_einsum_that_only_permutes_returns_a_view_of_its_operand_as_eager() -> N
     x = torch.randn(2, 3, 4)
     out = compiled(x)
     x.add_(1.0)  # NOTE: a view shows its base's later writes
-    torch.testing.assert_close(out, program(x), rtol=0, atol=0)
+    assert_bitwise(out, program(x), "the view after its base's write")
+
+
+def test_einsum_with_nothing_contracted_keeps_signed_zeros_as_eager() -> None:
+    """A batched outer product is one multiply per element (a GEMM would add it to +0.0 and
+    turn eager's -0.0 into +0.0)."""
+
+    def program(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("bi,bj->bij", a, b)
+
+    compiled = plait.compile(program, backend="stax", fullgraph=True)
+    for seed in (0, 1):
+        a, b = _shapes((3, 4), (3, 5))(seed)
+        b[:, ::2] = 0.0  # NOTE: negative x 0.0 is -0.0 in eager
+        assert_bitwise(compiled(a, b), program(a, b), f"draw {seed}")
 
 
 @pytest.mark.parametrize(

@@ -275,7 +275,9 @@ def _contract(cx: CaptureContext, a: _Operand, b: _Operand, keep: set[str]) -> _
                   shape=(numel(batch), numel(left), numel(shared)))  # fmt: skip
     rhs = cx.call("reshape", _arrange(cx, b, batch + shared + right),
                   shape=(numel(batch), numel(shared), numel(right)))  # fmt: skip
-    product = cx.call("bmm", lhs, rhs)
+    # NOTE: with nothing contracted, one product per element, as eager multiplies (a GEMM
+    # adds it to a zero accumulator: 0.0 + -0.0 is +0.0, eager's product keeps -0.0)
+    product = cx.call("mul", lhs, rhs) if not shared else cx.call("bmm", lhs, rhs)
     indices = batch + left + right
     v = cx.call("reshape", product, shape=tuple(sizes[c] for c in indices))
     return _Operand(v, indices, sizes)
