@@ -43,6 +43,7 @@ from plait.ir.ops import get_op
 from plait.runtime import StaxOptions, compile_graphs
 from tests.codegen.stax_helpers import evaluate64, graph_of, op_class
 from tests.ir import opdb
+from tests.util import needs_bf16
 
 SPECIALS = (float("nan"), 0.0, -0.0, float("inf"), float("-inf"))
 
@@ -349,12 +350,6 @@ def _layouts(x: torch.Tensor) -> list[torch.Tensor]:
     return [x, alt]
 
 
-def _bf16_unavailable() -> bool:
-    return not torch.backends.mkldnn.is_available() or not bool(
-        torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    )
-
-
 @pytest.mark.usefixtures("stax_cache")
 @pytest.mark.xdist_group("stax-special-values")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -367,8 +362,8 @@ def test_fused_chain_keeps_special_values(
     dtype: torch.dtype,
 ) -> None:
     """float32 and bfloat16 (oneDNN's post-ops run in both)."""
-    if dtype == torch.bfloat16 and _bf16_unavailable():
-        pytest.skip("no oneDNN bfloat16 here")
+    if dtype == torch.bfloat16 and needs_bf16.args[0]:
+        pytest.skip(needs_bf16.kwargs["reason"])
     torch.manual_seed(0)
     model = make().eval().to(dtype)
     compiled = plait.compile(model, backend="stax")
