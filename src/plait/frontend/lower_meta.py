@@ -81,8 +81,11 @@ def _requires_grad(cx: CaptureContext, x: Any) -> bool:
 # NOTE: facts fixed by dtype, device and layout, which the input types pin down.
 _STATIC = [
     (T.is_floating_point, lambda t: t.is_floating_point()),
+    (torch.is_floating_point, lambda t: t.is_floating_point()),
     (T.is_complex, lambda t: t.is_complex()),
+    (torch.is_complex, lambda t: t.is_complex()),
     (T.is_signed, lambda t: t.is_signed()),
+    (torch.is_signed, lambda t: t.is_signed()),
     (_getter("is_cuda"), lambda t: t.is_cuda),
     (_getter("is_cpu"), lambda t: t.is_cpu),
     (_getter("is_meta"), lambda t: t.is_meta),
