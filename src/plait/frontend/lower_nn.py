@@ -95,7 +95,7 @@ def _conv2d(
             kernel = tuple(int(k) for k in cx.tracer(weight)._plain.shape[2:])
             totals = [d * (k - 1) for d, k in zip(dil, kernel)]
             if any(t % 2 for t in totals):
-                cx.limitation("padding='same' with an even effective kernel pads asymmetrically")
+                raise NoIROp("padding='same' with an even effective kernel pads asymmetrically")
             pad = (totals[0] // 2, totals[1] // 2)
     else:
         pad = _pair(cx, padding)

@@ -124,6 +124,9 @@ class CaptureContext:
         self.builder = GraphBuilder()
         self.fullgraph = fullgraph
         self.dynamic = dynamic
+        # NOTE: > 0 while a capture rule runs: an IR op rejecting the rule's call then sends
+        # the call to the ATen path (eager accepted it), not the whole program to eager
+        self.rule_depth = 0
         self.static_sizes = static_sizes
         self.lifts: list[Lift] = []
         self.consts: dict[int, Tracer] = {}
@@ -362,6 +365,8 @@ class CaptureContext:
         except (TypeRuleError, AttrError, TypeError, ValueError) as exc:
             if self.dynamic:
                 self._restart_static(operands, f"plait's IR op {op!r}: {exc}")
+            if self.rule_depth:
+                raise NoIROp(f"plait's IR op {op!r} rejects this call: {exc}") from exc
             self.limitation(f"plait's IR op {op!r} rejects this call: {exc}")
 
     def _restart_static(self, operands: Any, why: str) -> None:
@@ -555,12 +560,17 @@ class CaptureContext:
         if out is NotImplemented:  # e.g. `tensor == None`: Python falls back to identity
             return out
         assert rule.fn is not None
+        self.rule_depth += 1
         try:
             ir = rule.fn(self, out, *args, **kwargs)
         except NoIROp as exc:
+            ir, rule_said = NoIROp, str(exc)
+        finally:
+            self.rule_depth -= 1
+        if ir is NoIROp:  # NOTE: the rule has no IR form for this call
             from plait.frontend.opaque import run_opaque
 
-            return run_opaque(self, func, args, kwargs, rule_said=str(exc), sampled=out)
+            return run_opaque(self, func, args, kwargs, rule_said=rule_said, sampled=out)
         if rule.inplace:
             ir = InPlace(args[0], ir)
         grad = rule.grad and self.grad_enabled and any(t._rg for t in inputs)
