@@ -28,6 +28,7 @@ from plait.frontend import (  # noqa: F401  (rules)
     lower_movement,
     lower_nn,
     lower_shape,
+    lower_statistics,
 )
 from plait.frontend.frontend import capture_program, preserved_rng
 from plait.frontend.guards import Guard, GuardEnv, GuardSet
