@@ -18,13 +18,11 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +41,6 @@ from plait.errors import (
 )
 from plait.frontend import (
     CapturedProgram,
-    Executor,
     GuardEnv,
     GuardSet,
     InputAdapter,
@@ -55,9 +52,11 @@ from plait.frontend.fingerprint import Unpinnable
 from plait.frontend.snapshot import SnapshotUnreadable
 from plait.guards import StateFetcher
 from plait.ir import Graph, TensorType
-from plait.manifest import Explanation, Manifest, SpecializationReport
+from plait.manifest import Explanation, SpecializationReport
+from plait.region_engine import RegionEngine
 from plait.regions import RegionPlan, RegionTree, call_forward, can_split, object_argument
-from plait.settings import applied_state, call_state
+from plait.settings import call_state
+from plait.specialization import Specialization, SpecializationMissError, SpecializationUse
 
 __all__ = [
     "Captured",
@@ -152,54 +151,6 @@ def _report(
 
 
 # --- compile ---------------------------------------------------------------------------------
-@dataclass
-class Specialization:
-    """A captured program behind its guards (capture's, plus those the compile added, such as
-    frozen parameters), the executor its backend made for it, and its manifest."""
-
-    program: CapturedProgram
-    compiled: Compiled
-    reason: str | None  # why it was captured: None for the first, else the failed guards
-    settings: dict[str, Any] = field(default_factory=dict)  # the call's, when it was created
-    # NOTE: user calls it ran (not the gate's pinned calls), counted without a lock: concurrent
-    # calls may undercount, never to 0 once one ran
-    calls: int = 0
-    guards: GuardSet = field(init=False)
-    key: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.guards = GuardSet([*self.program.guards, *self.compiled.guards])
-        # NOTE: the identity of a specialization: its program and its guard set
-        digest = hashlib.sha256((self.program.semantic_hash or "eager fallback").encode())
-        for text in self.guards.texts():
-            digest.update(b"\n" + text.encode())
-        self.key = digest.hexdigest()[:32]
-
-    @property
-    def executor(self) -> Executor | None:
-        return self.compiled.executor
-
-    @property
-    def manifest(self) -> Manifest:
-        return self.compiled.manifest
-
-    @property
-    def graph(self) -> Graph | None:
-        return self.program.graph
-
-    @property
-    def semantic_hash(self) -> str | None:
-        return self.program.semantic_hash
-
-    @property
-    def fallback_reason(self) -> str | None:
-        return self.program.fallback_reason
-
-    @property
-    def opaque_counts(self) -> dict[str, int]:
-        return self.program.opaque_counts
-
-
 def _default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tuple[str, str]:
     """``stax`` for static CPU programs. CUDA has no native codegen yet and Stax needs static
     shapes, so the reference interpreter runs the others; the choice and its reason are
@@ -218,7 +169,7 @@ def _default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tu
     return "stax", "default for CPU tensors"
 
 
-class _Engine:
+class _Engine(RegionEngine):
     """The specialization cache shared by CompiledFunction and CompiledModule.
 
     Each call flattens its inputs, fetches the module's live state and tries the
@@ -334,59 +285,6 @@ class _Engine:
 
     region_call = __call__
 
-    def _region_name(self) -> str | None:
-        return f"{self.path} ({type(self.fn).__name__})" if self.region else None
-
-    def _tree_lock(self) -> Any:
-        """NOTE: taken before the capture lock, as a regional run takes them: a capture never
-        runs while another thread's regional run has dispatch slots set."""
-        return self.tree.lock if self.tree is not None else contextlib.nullcontext()
-
-    def _refuse(self, args: tuple, kwargs: dict, reason: str) -> Any:
-        """A region whose capture or compile raised: it runs eagerly from now on, split into
-        its own regions, warned once and reported as a boundary."""
-        if not self._refusal_warned:
-            self._refusal_warned = True
-            self.refused = reason
-            assert self.tree is not None
-            self.tree.warn(f"plait runs region {self._region_name()} eagerly: {self.refused}")
-            module = self.fn
-            if self.regions is None and isinstance(module, nn.Module):
-                assert self.tree is not None
-                if any(True for _ in module.children()):
-                    self.regions = RegionPlan(self.tree, module, self.path)
-        return self._eager(args, kwargs)
-
-    def split_call(self, args: tuple, kwargs: dict, reason: str) -> Any:
-        """This call of a region runs its module's Python eagerly with its submodules as
-        regions (``reason``: a submodule has hooks, an argument is an object); reported as a
-        boundary, warned once."""
-        if self.hooked is None:
-            assert self.tree is not None
-            self.tree.warn(f"plait runs region {self._region_name()} split: {reason}")
-        self.hooked = reason
-        module = self.fn
-        if self.regions is None and isinstance(module, nn.Module):
-            assert self.tree is not None
-            if any(True for _ in module.children()):
-                self.regions = RegionPlan(self.tree, module, self.path)
-            self.tree.version += 1
-        return self._eager(args, kwargs)
-
-    def _make_region(self, module: nn.Module, path: str, share: bool) -> _Engine:
-        """A region engine with this engine's backend and options; identical blocks keep
-        their parameters as inputs (one artifact for all), unless freeze was requested."""
-        backend, dynamic, mode, options = self.requested
-        options = dict(options)
-        if share:
-            options.setdefault("freeze", False)
-        # NOTE: a region's calls are its parent's (a new object each call recompiles it): past
-        # its limit it runs eagerly, split, warned and reported, unless "raise" was requested
-        options.setdefault("on_recompile_limit", "eager")
-        return _Engine(
-            module, backend, False, dynamic, mode, options, tree=self.tree, path=path, share=share
-        )
-
     def _flatten(self, args: tuple, kwargs: dict) -> tuple[Any, list[Any], list[str]]:
         try:
             return self.adapter.flatten(args, kwargs)
@@ -472,27 +370,6 @@ class _Engine:
         if reason is not None:
             self.recompile_reasons.append(reason)
         return spec, GuardEnv(env.spec, env.leaves, self.fn, state), state
-
-    def _shared_specialization(
-        self,
-        prog: CapturedProgram,
-        env: GuardEnv,
-        state: Sequence[torch.Tensor],
-        reason: str | None,
-        settings: dict[str, Any],
-    ) -> Specialization | None:
-        """A specialization of this block on the artifact an identical block compiled for the
-        same program, when there is one and the guards of both hold for this call."""
-        if not self.share or self.tree is None:
-            return None
-        compiled = self.tree.shared_artifact(self, prog, settings)
-        if compiled is None:
-            return None
-        spec = Specialization(prog, compiled, reason, settings)
-        if not spec.guards.holds(GuardEnv(env.spec, env.leaves, self.fn, state)):
-            return None
-        self.tree.counts["artifacts_shared"] += 1
-        return spec
 
     def _capture(
         self, args: tuple, kwargs: dict, record: bool, seconds: dict[str, float]
@@ -647,52 +524,6 @@ class _Engine:
         if self.tree is not None and self.region:
             self.tree.note_compiled(self.path, s.program)
         return s.program.run(s.executor, env, state)
-
-
-class SpecializationMissError(LookupError):
-    """A call pinned to one specialization (``call_specialization``) that its guards refuse."""
-
-
-@dataclass(frozen=True)
-class SpecializationUse:
-    """One specialization of a compiled callable as its users ran it (the public artifact
-    protocol: what :func:`plait.conformance.check` reads).
-
-    ``key`` names it (its program's semantic hash and its guard set), ``index`` its place in
-    ``compiled.specializations``, ``calls`` the user calls it ran, ``settings`` the settings
-    of those calls (grad mode, default dtype, autocast, threads, precision and determinism
-    flags: its guards pin each, so every call it runs had them; see
-    :func:`plait.settings.call_state`), ``guards`` its guard texts and ``manifest`` its
-    manifest. ``applied()`` runs a block under ``settings``.
-
-    Example:
-        >>> import torch, plait
-        >>> f = plait.compile(lambda x: x * 2, backend="eager", options={"cache": False})
-        >>> with torch.no_grad():
-        ...     _ = f(torch.randn(3))
-        >>> use = f.specialization_uses()[0]
-        >>> use.calls, use.settings["torch.is_grad_enabled()"]
-        (1, False)
-        >>> with use.applied():
-        ...     torch.equal(f.call_specialization(use.key, torch.ones(3)), torch.full((3,), 2.0))
-        True
-    """
-
-    index: int
-    key: str
-    calls: int
-    settings: Mapping[str, Any]
-    guards: tuple[str, ...]
-    manifest: Manifest
-
-    @classmethod
-    def of(cls, index: int, s: Specialization) -> SpecializationUse:
-        return cls(index, s.key, s.calls, dict(s.settings), tuple(s.guards.texts()), s.manifest)
-
-    @contextlib.contextmanager
-    def applied(self) -> Iterator[None]:
-        with applied_state(self.settings):
-            yield
 
 
 def _save_snapshot(

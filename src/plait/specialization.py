@@ -1,0 +1,120 @@
+"""A compiled callable's specializations: a captured program behind its guards with the
+executor its backend made (:class:`Specialization`), and the public view of one as its users ran
+it (:class:`SpecializationUse`, what :func:`plait.conformance.check` reads).
+
+Example:
+    >>> import torch, plait
+    >>> f = plait.compile(lambda x: x + 1, backend="eager", options={"cache": False})
+    >>> _ = f(torch.randn(2))
+    >>> s = f.specializations[0]
+    >>> s.reason is None, len(s.key)
+    (True, 32)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from plait.backends import Compiled
+from plait.frontend import CapturedProgram, Executor, GuardSet
+from plait.ir import Graph
+from plait.manifest import Manifest
+from plait.settings import applied_state
+
+
+@dataclass
+class Specialization:
+    """A captured program behind its guards (capture's, plus those the compile added, such as
+    frozen parameters), the executor its backend made for it, and its manifest."""
+
+    program: CapturedProgram
+    compiled: Compiled
+    reason: str | None  # why it was captured: None for the first, else the failed guards
+    settings: dict[str, Any] = field(default_factory=dict)  # the call's, when it was created
+    # NOTE: user calls it ran (not the gate's pinned calls), counted without a lock: concurrent
+    # calls may undercount, never to 0 once one ran
+    calls: int = 0
+    guards: GuardSet = field(init=False)
+    key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.guards = GuardSet([*self.program.guards, *self.compiled.guards])
+        # NOTE: the identity of a specialization: its program and its guard set
+        digest = hashlib.sha256((self.program.semantic_hash or "eager fallback").encode())
+        for text in self.guards.texts():
+            digest.update(b"\n" + text.encode())
+        self.key = digest.hexdigest()[:32]
+
+    @property
+    def executor(self) -> Executor | None:
+        return self.compiled.executor
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.compiled.manifest
+
+    @property
+    def graph(self) -> Graph | None:
+        return self.program.graph
+
+    @property
+    def semantic_hash(self) -> str | None:
+        return self.program.semantic_hash
+
+    @property
+    def fallback_reason(self) -> str | None:
+        return self.program.fallback_reason
+
+    @property
+    def opaque_counts(self) -> dict[str, int]:
+        return self.program.opaque_counts
+
+
+class SpecializationMissError(LookupError):
+    """A call pinned to one specialization (``call_specialization``) that its guards refuse."""
+
+
+@dataclass(frozen=True)
+class SpecializationUse:
+    """One specialization of a compiled callable as its users ran it (the public artifact
+    protocol: what :func:`plait.conformance.check` reads).
+
+    ``key`` names it (its program's semantic hash and its guard set), ``index`` its place in
+    ``compiled.specializations``, ``calls`` the user calls it ran, ``settings`` the settings
+    of those calls (grad mode, default dtype, autocast, threads, precision and determinism
+    flags: its guards pin each, so every call it runs had them; see
+    :func:`plait.settings.call_state`), ``guards`` its guard texts and ``manifest`` its
+    manifest. ``applied()`` runs a block under ``settings``.
+
+    Example:
+        >>> import torch, plait
+        >>> f = plait.compile(lambda x: x * 2, backend="eager", options={"cache": False})
+        >>> with torch.no_grad():
+        ...     _ = f(torch.randn(3))
+        >>> use = f.specialization_uses()[0]
+        >>> use.calls, use.settings["torch.is_grad_enabled()"]
+        (1, False)
+        >>> with use.applied():
+        ...     torch.equal(f.call_specialization(use.key, torch.ones(3)), torch.full((3,), 2.0))
+        True
+    """
+
+    index: int
+    key: str
+    calls: int
+    settings: Mapping[str, Any]
+    guards: tuple[str, ...]
+    manifest: Manifest
+
+    @classmethod
+    def of(cls, index: int, s: Specialization) -> SpecializationUse:
+        return cls(index, s.key, s.calls, dict(s.settings), tuple(s.guards.texts()), s.manifest)
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        with applied_state(self.settings):
+            yield
