@@ -408,6 +408,14 @@ class _Planner:
                         return loc.strides
                 elif loc.kind == "inline" and node.op in RULES:
                     stack.append(u)
+        if len(shape) == 4 and any(
+            n.op == "conv2d" and n.inputs[0] is v for n in self.users.get(v, ())
+        ):
+            # NOTE: a conv's input made by a kernel of another shape (a zero pad before a
+            # strided or depthwise conv): written channels_last, as the conv reads it, instead
+            # of a copy into that layout at every call
+            _, c, h, w = shape
+            return (c * h * w, 1, w * c, c)
         return contiguous
 
     def materialize(self, v: Value) -> None:
