@@ -268,6 +268,10 @@ def _input_view(
     root = tr._root
     if root is None or root._lift is None or storage_id(tr._plain) != storage_id(root._plain):
         return None
+    if tr._plain.dtype != root._plain.dtype:
+        # NOTE: a view that reads the bits as another dtype (view_as_complex, view_as_real): its
+        # geometry counts elements of its own dtype, not the input's; the graph's copy is returned
+        return None
     lift = root._lift
     if tr._plain is root._plain:  # NOTE: eager returned the tensor itself (x.contiguous())
         cx.value(root)

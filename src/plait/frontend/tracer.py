@@ -335,6 +335,8 @@ class CaptureContext:
             return self.int(x)
         if isinstance(x, (bool, int, float)) or x is None:
             return x
+        if isinstance(x, complex):  # NOTE: no IR literal; the ATen graph carries it
+            raise NoIROp("a complex scalar operand is no IR literal")
         self.limitation(f"cannot pass {type(x).__name__} as an operand")
 
     def dim(self, x: Any) -> Any:
