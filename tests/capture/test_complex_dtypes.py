@@ -17,6 +17,7 @@ import torch
 
 import plait
 import plait.conformance
+from plait.cache.artifact import pack, unpack
 from plait.ir import GraphBuilder, TensorType, from_text, to_text
 from plait.ir.identity import semantic_hash
 from plait.ir.ops import TypeRuleError, all_ops, get_op
@@ -157,9 +158,7 @@ NATIVE_RULES: dict[str, Callable[..., Any]] = {
 
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=["c64", "c128"])
 @pytest.mark.parametrize("name", sorted(NATIVE_RULES))
-def test_native_rule_with_complex_operand_becomes_aten_node(
-    name: str, dtype: torch.dtype
-) -> None:
+def test_native_rule_with_complex_operand_becomes_aten_node(name: str, dtype: torch.dtype) -> None:
     fn = NATIVE_RULES[name]
 
     def make(seed: int) -> tuple[Any, ...]:
@@ -222,13 +221,23 @@ def test_complex_constant_survives_the_artifact_cache(tmp_path: Any) -> None:
     assert statuses[-1] == "hit", statuses
 
 
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=["c64", "c128"])
+def test_artifact_payload_keeps_complex_tensors(dtype: torch.dtype) -> None:
+    # NOTE: safetensors has no complex128: it is stored as float64 pairs and read back
+    tensors = {"w": _complex((3, 5), 7, dtype), "b": _real((4,), 8), "c": _complex((2,), 9)}
+    doc, back = unpack(pack({"graph": "g"}, tensors))
+    assert doc == {"graph": "g"} and sorted(back) == sorted(tensors)
+    for name, t in tensors.items():
+        assert_bitwise(back[name], t, name)
+
+
 def test_gate_judges_complex_results() -> None:
-    fn = lambda z: torch.fft.fft(z) * (1 + 1j)  # noqa: E731
+    fn = lambda z: torch.fft.fft(z) * (1 + 1j)
     compiled = plait.compile(fn)
     z = _complex((4, 6), 0)
     report = plait.conformance.check(fn, compiled, (z,), bitwise=True)
     assert report.ok, str(report)
-    wrong = lambda z: torch.fft.fft(z) * (1 - 1j)  # noqa: E731  (the imaginary part negated)
+    wrong = lambda z: torch.fft.fft(z) * (1 - 1j)  # NOTE: the imaginary part negated
     bad = plait.conformance.check(fn, wrong, (z,))
     assert not bad.ok
 
