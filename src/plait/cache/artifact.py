@@ -168,9 +168,11 @@ def _complex128(tensors: Mapping[str, torch.Tensor], names_json: Any) -> dict[st
         names = json.loads(names_json)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"artifact complex128 index unreadable: {exc!r}") from None
-    out = {}
-    for name in names if isinstance(names, list) else [None]:
-        t = tensors.get(name) if isinstance(name, str) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"artifact complex128 index is not a list of names: {names!r}")
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        t = tensors.get(name)
         if t is None or t.dtype != torch.float64 or t.dim() == 0 or t.shape[-1] != 2:
             raise ValueError(f"artifact complex128 tensor {name!r} is not stored as float64 pairs")
         out[name] = torch.view_as_complex(t if t.data_ptr() % 16 == 0 else t.clone())
