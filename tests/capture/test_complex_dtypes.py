@@ -17,6 +17,7 @@ import torch
 
 import plait
 import plait.conformance
+import plait.contract
 from plait.cache.artifact import pack, unpack
 from plait.ir import GraphBuilder, TensorType, from_text, to_text
 from plait.ir.identity import semantic_hash
@@ -240,6 +241,20 @@ def test_gate_judges_complex_results() -> None:
     wrong = lambda z: torch.fft.fft(z) * (1 - 1j)  # NOTE: the imaginary part negated
     bad = plait.conformance.check(fn, wrong, (z,))
     assert not bad.ok
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=["c64", "c128"])
+def test_gate_judges_complex_by_the_row_of_its_parts(dtype: torch.dtype) -> None:
+    """complex64 is float32 pairs: a result as accurate as float32 allows passes (computed in
+    complex128, rounded once), one off by a hundred times the float32 (or float64) row fails."""
+    rtol = plait.contract.load().tolerance("pointwise", dtype.to_real()).rtol
+    fn = lambda z: torch.fft.fft(z)
+    wider = lambda z: torch.fft.fft(z.to(torch.complex128)).to(z.dtype)
+    off = lambda z: torch.fft.fft(z) * (1 + 100 * rtol)
+    z = _complex((4, 64), 0, dtype)
+    good = plait.conformance.check(fn, wider, (z,), op_class="pointwise")
+    assert good.ok, str(good)
+    assert not plait.conformance.check(fn, off, (z,), op_class="pointwise").ok
 
 
 def test_ir_text_and_hash_carry_complex_dtypes() -> None:
