@@ -38,10 +38,12 @@ def _leaves(x: Any) -> list[Any]:
     return list(x) if isinstance(x, (tuple, list)) else [x]
 
 
-def _compile_and_compare(fn: Callable[..., Any], make: Callable[[int], tuple[Any, ...]]) -> Any:
-    """Compile ``fn`` (default backend), compare against eager on the capture draw and two fresh
+def _compile_and_compare(
+    fn: Callable[..., Any], make: Callable[[int], tuple[Any, ...]], **options: Any
+) -> Any:
+    """Compile ``fn`` (default backend unless ``options`` name one), compare against eager on the capture draw and two fresh
     ones, bit for bit; the program must run whole (no fallback, no opaque node)."""
-    compiled = plait.compile(fn)
+    compiled = plait.compile(fn, **options)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # NOTE: a fallback warns
         for seed in (0, 11, 23):
@@ -180,7 +182,8 @@ def test_complex_relu_and_softmax_raise_as_eager_does() -> None:
         assert str(compiled.value) == str(eager.value)
 
 
-def test_program_with_complex_inputs_outputs_and_constant() -> None:
+@pytest.mark.parametrize("backend", ["stax", "eager"])
+def test_program_with_complex_inputs_outputs_and_constant(backend: str) -> None:
     kernel = _complex((8,), 99, torch.complex128)
 
     def fn(z: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,7 +193,7 @@ def test_program_with_complex_inputs_outputs_and_constant() -> None:
     def make(seed: int) -> tuple[Any, ...]:
         return _complex((2, 8), seed, torch.complex128), _real((2, 8), seed + 1)
 
-    spec = _compile_and_compare(fn, make)
+    spec = _compile_and_compare(fn, make, backend=backend)
     assert [str(v.type) for v in spec.graph.inputs][:2] == ["c128[2, 8]", "f32[2, 8]"]
 
 
