@@ -41,8 +41,9 @@ def _leaves(x: Any) -> list[Any]:
 def _compile_and_compare(
     fn: Callable[..., Any], make: Callable[[int], tuple[Any, ...]], **options: Any
 ) -> Any:
-    """Compile ``fn`` (default backend unless ``options`` name one), compare against eager on the capture draw and two fresh
-    ones, bit for bit; the program must run whole (no fallback, no opaque node)."""
+    """Compile ``fn`` (default backend unless ``options`` name one), compare against eager on
+    the capture draw and two fresh ones, bit for bit; the program must run whole (no fallback,
+    no opaque node)."""
     compiled = plait.compile(fn, **options)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # NOTE: a fallback warns
