@@ -268,7 +268,8 @@ def _input_view(
     root = tr._root
     if root is None or root._lift is None or storage_id(tr._plain) != storage_id(root._plain):
         return None
-    base, reread = root._plain, ()
+    base = root._plain
+    reread: tuple[str, ...] = ()
     if tr._plain.dtype != root._plain.dtype:
         # NOTE: a view that reads the bits as another dtype (view_as_complex, view_as_real): its
         # geometry counts elements of its own dtype, so it is made of the input read as that dtype
