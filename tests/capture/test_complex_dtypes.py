@@ -19,6 +19,7 @@ import plait
 import plait.conformance
 import plait.contract
 from plait.cache.artifact import pack, unpack
+from plait.errors import CaptureFallbackWarning
 from plait.ir import GraphBuilder, TensorType, from_text, to_text
 from plait.ir.identity import semantic_hash
 from plait.ir.ops import TypeRuleError, all_ops, get_op
@@ -203,6 +204,34 @@ def test_native_rule_with_complex_operand_becomes_aten_node(name: str, dtype: to
     spec = _compile_and_compare(fn, make)
     assert _native_complex_nodes(spec) == []
     assert any(n.op == "aten" for n in spec.graph.nodes)
+
+
+def test_complex_result_computed_under_no_grad_is_detached() -> None:
+    """Inside ``torch.no_grad()`` with inputs that require grad, a result is a ``detach`` of
+    the computed value: that op takes complex values (it is the value itself)."""
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            z = torch.fft.fft(x)
+        return z, torch.view_as_real(z) * x.unsqueeze(-1)
+
+    compiled = plait.compile(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for seed in (0, 1, 2):
+            x = _real((8,), seed).requires_grad_()
+            got, want = compiled(x), fn(x)
+            for g, w in zip(got, want):
+                assert_bitwise(g, w, f"draw {seed}")
+                assert g.requires_grad == w.requires_grad
+    # NOTE: grad flows, so the interpreter runs the forward (L4): the one warning allowed
+    assert caught and all(
+        issubclass(w.category, CaptureFallbackWarning) and "no backward yet" in str(w.message)
+        for w in caught
+    ), [str(w.message) for w in caught]
+    (spec,) = compiled.specializations
+    assert spec.opaque_counts == {} and spec.fallback_reason is None
+    assert "detach" in [n.op for n in spec.graph.nodes]
 
 
 def test_complex_relu_and_softmax_raise_as_eager_does() -> None:

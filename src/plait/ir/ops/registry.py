@@ -119,11 +119,15 @@ TypeRule = Callable[..., Sequence[Type]]
 
 # NOTE: the only ops that may take or give complex tensors: those PyTorch's own kernels run
 # (``aten``/``aten_factory`` extern nodes, opaque nodes, PyTorch's random functions), so each
-# complex value is computed exactly as eager computes it. Every other op, native arithmetic or
-# not, refuses complex operands and results in :meth:`OpDef.output_types`, so an op added later
-# cannot forget to (its codegen, kernels and folding rules know real dtypes only); the capture
-# then emits an ``aten`` node (or an opaque one) instead.
-COMPLEX_OPS = frozenset({"aten", "aten_factory", "opaque", "random_call", "random_factory"})
+# complex value is computed exactly as eager computes it, and ``detach`` (the value itself, no
+# gradient: Stax has no lowering for it and runs its PyTorch reference, ``x.detach()``). Every
+# other op, native arithmetic or not, refuses complex operands and results in
+# :meth:`OpDef.output_types`, so an op added later cannot forget to (its codegen, kernels and
+# folding rules know real dtypes only); the capture then emits an ``aten`` node (or an opaque
+# one) instead.
+COMPLEX_OPS = frozenset(
+    {"aten", "aten_factory", "opaque", "random_call", "random_factory", "detach"}
+)
 
 
 def _complex_dtype(types: Sequence[Any]) -> torch.dtype | None:
