@@ -31,6 +31,11 @@ def assert_bitwise(a: Any, b: Any, what: str = "") -> None:
     if a.dtype == torch.bool:
         assert torch.equal(a, b), what
         return
+    if a.dtype.is_complex:  # NOTE: real and imaginary parts, each by its bits
+        assert_bitwise(
+            torch.view_as_real(a.resolve_conj()), torch.view_as_real(b.resolve_conj()), what
+        )
+        return
     as_int = _SAME_SIZE_INT[a.element_size()]
     ia = a.detach().contiguous().view(as_int)
     ib = b.detach().contiguous().view(as_int)

@@ -42,6 +42,7 @@ from safetensors.torch import load as _load
 FORMAT = "plait.artifact/1"
 ALIGN = 64
 ARENA = "plait.arena"
+_COMPLEX128 = "complex128"  # NOTE: metadata key: names of tensors stored as view_as_real pairs
 _MAX_HEADER = 100 << 20  # NOTE: safetensors' own bound on the JSON header
 # NOTE: safetensors' dtype names; those this PyTorch lacks are not read.
 _DTYPE_NAMES = {
@@ -104,8 +105,13 @@ def pack_pieces(
         meta["arena"] = json.dumps(index, sort_keys=True)
     # NOTE: widest elements first (as safetensors orders them): every tensor starts at a
     # multiple of its element size, so none is copied to be read.
+    widened = sorted(k for k, t in tensors.items() if t.dtype == torch.complex128)
+    if widened:
+        meta[_COMPLEX128] = json.dumps(widened)
     for name, t in sorted(tensors.items(), key=lambda kv: (-kv[1].element_size(), kv[0])):
         t = t.detach().cpu().contiguous()
+        if t.dtype == torch.complex128:
+            t = torch.view_as_real(t)  # NOTE: 16-byte elements lead, so it starts 16-aligned
         if t.dtype not in _NAMES:
             raise ValueError(f"tensor {name!r}: dtype {t.dtype} has no safetensors name")
         header[name] = {
@@ -142,6 +148,8 @@ def unpack(data: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         found = meta.get("format") if isinstance(meta, dict) else meta
         raise ValueError(f"artifact format {found!r}, expected {FORMAT!r}")
     tensors = {name: _tensor(buf, base, *spec) for name, spec in _specs(header, buf, base)}
+    if _COMPLEX128 in meta:
+        tensors.update(_complex128(tensors, meta[_COMPLEX128]))
     if "arena" in meta:
         tensors.update(_blobs(tensors.pop(ARENA, None), meta["arena"], tensors))
     try:
@@ -151,6 +159,24 @@ def unpack(data: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     if not isinstance(doc, dict):
         raise ValueError("artifact document is not a JSON object")
     return doc, tensors
+
+
+def _complex128(tensors: Mapping[str, torch.Tensor], names_json: Any) -> dict[str, torch.Tensor]:
+    """The complex128 tensors (safetensors has no such dtype: each is stored as float64 pairs,
+    ``view_as_real``) read back as complex128."""
+    try:
+        names = json.loads(names_json)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"artifact complex128 index unreadable: {exc!r}") from None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"artifact complex128 index is not a list of names: {names!r}")
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        t = tensors.get(name)
+        if t is None or t.dtype != torch.float64 or t.dim() == 0 or t.shape[-1] != 2:
+            raise ValueError(f"artifact complex128 tensor {name!r} is not stored as float64 pairs")
+        out[name] = torch.view_as_complex(t if t.data_ptr() % 16 == 0 else t.clone())
+    return out
 
 
 def _blobs(

@@ -30,10 +30,12 @@ class Judge:
 
     def budget(self, value: Any, anchored: bool) -> Budget:
         dtype = value.dtype if isinstance(value, torch.Tensor) else torch.float64
+        if dtype.is_complex:
+            dtype = dtype.to_real()  # NOTE: complex64 is float32 pairs: judged by float32's row
         try:
             key = dtype_key(dtype)
         except ValueError:
-            key = "float64"  # NOTE: complex and exotic dtypes: judged as their widest real row.
+            key = "float64"  # NOTE: exotic dtypes: judged as the widest real row.
         factor, floor, tail = None, 0.0, None
         if anchored and key in FACTOR_DTYPES:
             factor, floor = self.contract.model_factor(key), self.contract.model_floor(key)

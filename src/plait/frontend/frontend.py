@@ -258,8 +258,8 @@ def _output_leaves(
 def _input_view(
     cx: CaptureContext, tr: Tracer, call_leaves: list[Any], state: list[Any]
 ) -> tuple[str, Any] | None:
-    """``("input", lift)`` or ``("alias", (lift, size, stride, offset, requires_grad))`` for an
-    output that shares memory with an input, parameter, buffer or constant (in eager it is a
+    """``("input", lift)`` or ``("alias", (lift, size, stride, offset, requires_grad[, dtype]))``
+    for an output that shares memory with an input, parameter, buffer or constant (in eager it is a
     view of that tensor, so a write to either shows in the other); else None.
 
     NOTE: the view is made again on each call from the live tensor with ``as_strided`` (as
@@ -268,6 +268,16 @@ def _input_view(
     root = tr._root
     if root is None or root._lift is None or storage_id(tr._plain) != storage_id(root._plain):
         return None
+    base = root._plain
+    reread: tuple[str, ...] = ()
+    if tr._plain.dtype != root._plain.dtype:
+        # NOTE: a view that reads the bits as another dtype (view_as_complex, view_as_real): its
+        # geometry counts elements of its own dtype, so it is made of the input read as that dtype
+        try:
+            base = root._plain.view(tr._plain.dtype)
+        except RuntimeError:
+            return None  # NOTE: no such reading of the whole input: the graph's copy is returned
+        reread = (str(tr._plain.dtype).removeprefix("torch."),)
     lift = root._lift
     if tr._plain is root._plain:  # NOTE: eager returned the tensor itself (x.contiguous())
         cx.value(root)
@@ -291,8 +301,8 @@ def _input_view(
     if cx.layout_read is None:
         cx.layout_read = f"an output that views {lift.name}"
     cx.value(root)
-    offset = tr._plain.storage_offset() - root._plain.storage_offset()
-    geometry = (tuple(tr._plain.shape), tuple(tr._plain.stride()), offset, bool(tr._rg))
+    offset = tr._plain.storage_offset() - base.storage_offset()
+    geometry = (tuple(tr._plain.shape), tuple(tr._plain.stride()), offset, bool(tr._rg), *reread)
     return ("alias", (lift, *geometry))
 
 

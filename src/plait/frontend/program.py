@@ -37,8 +37,9 @@ class OutputLeaf:
     """One leaf of the output: ``("graph", (output index, tracer id, fresh))`` (a computed
     tensor; ``fresh`` when eager gives it memory of its own),
     ``("input", slot index)`` (an input tensor returned as such), ``("alias", (slot index,
-    size, stride, storage offset, requires_grad))`` (a view of an input: made from it on each
-    call, offset relative to its own) or ``("value", obj)``."""
+    size, stride, storage offset, requires_grad[, dtype]))`` (a view of an input: made from it
+    on each call, offset relative to its own; read as ``dtype`` first when one is named) or
+    ``("value", obj)``."""
 
     source: str
     ref: Any
@@ -134,8 +135,13 @@ class CapturedProgram:
 def _view_of(values: list[Any], ref: Sequence[Any]) -> torch.Tensor:
     """The view an output was of its input at capture, made again of this call's input: the
     same memory, as in eager (the input's strides are guarded)."""
-    slot, size, stride, offset, requires_grad = ref
+    slot, size, stride, offset, requires_grad, *reread = ref
     base = values[slot]
     if not requires_grad:
         base = base.detach()  # NOTE: shares memory and version counter; no gradient, as eager
+    if reread:  # NOTE: a view reading the input's bits as another dtype (view_as_complex)
+        dtype = getattr(torch, str(reread[0]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"an output view names no dtype: {reread[0]!r}")
+        base = base.view(dtype)
     return base.as_strided(tuple(size), tuple(stride), base.storage_offset() + offset)

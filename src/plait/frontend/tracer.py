@@ -41,6 +41,7 @@ from plait.frontend.views import ViewStep, replay, scatter
 from plait.frontend.writes import write_targets
 from plait.ir import GraphBuilder, TensorType, Value
 from plait.ir.ops import AttrError, TypeRuleError, get_op
+from plait.ir.ops.registry import ComplexDtypeError
 
 _HINT_FULLGRAPH = (
     "plait captures whole graphs; with fullgraph=False, plait.compile runs such a program "
@@ -337,6 +338,8 @@ class CaptureContext:
             return self.int(x)
         if isinstance(x, (bool, int, float)) or x is None:
             return x
+        if isinstance(x, complex):  # NOTE: no IR literal; the ATen graph carries it
+            raise NoIROp("a complex scalar operand is no IR literal")
         self.limitation(f"cannot pass {type(x).__name__} as an operand")
 
     def dim(self, x: Any) -> Any:
@@ -362,6 +365,9 @@ class CaptureContext:
     def call(self, op: str, *operands: Any, **attrs: Any) -> Any:
         try:
             return self.builder.call(op, *operands, **attrs)
+        except ComplexDtypeError as exc:
+            # NOTE: complex math is PyTorch's: the call goes the opaque path (its ATen graph)
+            raise NoIROp(str(exc)) from None
         except (TypeRuleError, AttrError, TypeError, ValueError) as exc:
             if self.dynamic:
                 self._restart_static(operands, f"plait's IR op {op!r}: {exc}")

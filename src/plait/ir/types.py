@@ -36,11 +36,17 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.int8: "i8",
     torch.uint8: "u8",
     torch.bool: "bool",
+    torch.complex64: "c64",
+    torch.complex128: "c128",
 }
 DTYPES_BY_NAME: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
 
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+# NOTE: complex values flow only through ops that compute them as eager does (PyTorch's own
+# kernels: ``aten`` extern nodes, opaque nodes) and through pure data movement; see
+# :data:`plait.ir.ops.registry.COMPLEX_OPS`.
+COMPLEX_DTYPES = (torch.complex64, torch.complex128)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -55,6 +61,10 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def is_float(dtype: torch.dtype) -> bool:
     return dtype in FLOAT_DTYPES
+
+
+def is_complex(dtype: torch.dtype) -> bool:
+    return dtype in COMPLEX_DTYPES
 
 
 def is_integral(dtype: torch.dtype, include_bool: bool = False) -> bool:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait.codegen.fusion import ExternStep, FallbackStep, KernelStep, Plan
-from plait.codegen.kir import ITEMSIZE, STORAGE_OF, Kernel
+from plait.codegen.kir import Kernel
 from plait.codegen.views import shape_of
 from plait.ir.graph import Value
 from plait.ir.types import TensorType
@@ -85,7 +85,7 @@ def nbytes(v: Value) -> int:
     n = 1
     for d in shape_of(t):
         n *= d
-    return n * ITEMSIZE[STORAGE_OF[t.dtype]]
+    return n * t.dtype.itemsize
 
 
 def _reads(plan: Plan, step: Any) -> list[Value]:

@@ -27,7 +27,6 @@ import torch
 from plait.codegen.build import cached_blob, store_blob
 from plait.codegen.fusion import ExternStep, FallbackStep, KernelStep, Plan
 from plait.codegen.index import contiguous_strides
-from plait.codegen.kir import ITEMSIZE, STORAGE_OF
 from plait.codegen.views import shape_of
 from plait.ir.graph import Value
 from plait.ir.ops import get_op
@@ -385,7 +384,7 @@ def tensor_bytes(t: TensorType) -> int:
     n = 1
     for d in shape_of(t):
         n *= d
-    return n * ITEMSIZE[STORAGE_OF[t.dtype]]
+    return n * t.dtype.itemsize
 
 
 __all__ = [

@@ -23,7 +23,7 @@ import sympy
 import torch
 
 from plait.ir.graph import Operand, Value
-from plait.ir.types import NoneType, Type, scalar_type_of
+from plait.ir.types import COMPLEX_DTYPES, NoneType, TensorType, Type, scalar_type_of
 
 
 class Category(enum.Enum):
@@ -38,6 +38,10 @@ class Category(enum.Enum):
 
 class TypeRuleError(ValueError):
     """An op's type rule rejects its operand types or attributes."""
+
+
+class ComplexDtypeError(TypeRuleError):
+    """An op outside :data:`COMPLEX_OPS` was given, or would give, a complex tensor."""
 
 
 class AttrError(ValueError):
@@ -112,6 +116,29 @@ def _coerce(kind: str, value: Any) -> Any:
 
 
 TypeRule = Callable[..., Sequence[Type]]
+
+# NOTE: the only ops that may take or give complex tensors: those PyTorch's own kernels run
+# (``aten``/``aten_factory`` extern nodes, opaque nodes, PyTorch's random functions), so each
+# complex value is computed exactly as eager computes it, and ``detach`` (the value itself, no
+# gradient: Stax has no lowering for it and runs its PyTorch reference, ``x.detach()``). Every
+# other op, native arithmetic or not, refuses complex operands and results in
+# :meth:`OpDef.output_types`, so an op added later cannot forget to (its codegen, kernels and
+# folding rules know real dtypes only); the capture then emits an ``aten`` node (or an opaque
+# one) instead.
+COMPLEX_OPS = frozenset(
+    {"aten", "aten_factory", "opaque", "random_call", "random_factory", "detach"}
+)
+
+
+def _complex_dtype(types: Sequence[Any]) -> torch.dtype | None:
+    for t in types:
+        if isinstance(t, list):
+            found = _complex_dtype(t)
+            if found is not None:
+                return found
+        elif isinstance(t, TensorType) and t.dtype in COMPLEX_DTYPES:
+            return t.dtype
+    return None
 
 
 @dataclass(frozen=True)
@@ -210,7 +237,7 @@ class OpDef:
             else:
                 types.append(scalar_type_of(operand))
         structured = self.structure(types)
-        from plait.ir.types import ScalarType, TensorType
+        from plait.ir.types import ScalarType
 
         for p, t in zip(self.params, structured):
             ok = {
@@ -233,12 +260,25 @@ class OpDef:
 
     def output_types(self, flat: Sequence[Operand], attrs: Mapping[str, Any]) -> tuple[Type, ...]:
         structured = self.operand_types(flat)
+        takes_complex = self.name in COMPLEX_OPS
+        dtype = None if takes_complex else _complex_dtype(structured)
+        if dtype is not None:
+            raise ComplexDtypeError(self._complex_refusal("takes", dtype))
         out = tuple(self.type_rule(*structured, **attrs))
+        dtype = None if takes_complex else _complex_dtype(out)
+        if dtype is not None:
+            raise ComplexDtypeError(self._complex_refusal("gives", dtype))
         if self.fixed_outputs is not None and len(out) != self.fixed_outputs:
             raise TypeRuleError(
                 f"{self.name}: type rule gave {len(out)} outputs, op declares {self.fixed_outputs}"
             )
         return out
+
+    def _complex_refusal(self, verb: str, dtype: torch.dtype) -> str:
+        return (
+            f"{self.name}: {verb} a {dtype} tensor; plait's native ops compute real dtypes "
+            f"only, complex values go through PyTorch's kernels ({', '.join(sorted(COMPLEX_OPS))})"
+        )
 
     def run(self, flat: Sequence[Any], attrs: Mapping[str, Any]) -> tuple[Any, ...]:
         """Run the reference implementation on concrete operands; always returns a tuple."""
