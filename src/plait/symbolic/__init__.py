@@ -18,13 +18,16 @@ from plait.symbolic.dims import (
     dims_equal,
     evaluate,
     free_symbols,
+    has_unbacked,
     is_static,
+    is_unbacked,
     known_equal,
     known_not_equal,
     normalize,
     parse_dim,
     product,
     symbol,
+    unbacked_symbol,
 )
 
 __all__ = [
@@ -34,11 +37,14 @@ __all__ = [
     "dims_equal",
     "evaluate",
     "free_symbols",
+    "has_unbacked",
     "is_static",
+    "is_unbacked",
     "known_equal",
     "known_not_equal",
     "normalize",
     "parse_dim",
     "product",
     "symbol",
+    "unbacked_symbol",
 ]
