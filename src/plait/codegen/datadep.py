@@ -29,8 +29,7 @@ from plait.codegen.extern import ExternCall
 from plait.ir.graph import Node
 from plait.ir.ops import get_op
 from plait.ir.types import TensorType
-from plait.symbolic import free_symbols, has_unbacked
-from plait.symbolic.dims import UNBACKED_RE
+from plait.symbolic import UNBACKED_RE, free_symbols, has_unbacked
 
 DATADEP_OP = "aten_datadep"
 

@@ -92,7 +92,8 @@ def consumer_refusal(node: Node) -> str | None:
 def refuse(cx: CaptureContext, why: str) -> Any:
     cx.fail(
         "data-dependent",
-        f"{why}: a size that depends on tensor values (an unbacked size) may only reach {SUPPORTED}",
+        f"{why}: a size that depends on tensor values (an unbacked size) may only reach "
+        f"{SUPPORTED}",
         "reduce the data-dependent result to a static shape (sum, mean, amax, ...) inside the "
         "program, return it, or call the rest outside the compiled function",
     )
@@ -209,9 +210,9 @@ def _unique(
     dim: Any = None,
 ) -> Any:
     flags = (bool(sorted), bool(return_inverse), bool(return_counts))
-    if dim is None:
-        call, args = aten._unique2.default, (x, *flags)
-    else:
+    args: tuple[Any, ...] = (x, *flags)
+    call = aten._unique2.default
+    if dim is not None:
         call, args = aten.unique_dim.default, (x, cx.int(dim), *flags)
     wanted = [True, flags[1], flags[2]]
     return _pick(emit(cx, _padded(out, wanted), call, args, {}), wanted)

@@ -12,6 +12,7 @@ Example:
 """
 
 from plait.symbolic.dims import (
+    UNBACKED_RE,
     Dim,
     DimParseError,
     dim_to_text,
@@ -31,6 +32,7 @@ from plait.symbolic.dims import (
 )
 
 __all__ = [
+    "UNBACKED_RE",
     "Dim",
     "DimParseError",
     "dim_to_text",

@@ -64,9 +64,7 @@ def unbacked_symbol(index: int) -> sympy.Symbol:
 
 def is_unbacked(d: Dim) -> bool:
     """Whether ``d`` depends on an unbacked size."""
-    return isinstance(d, sympy.Expr) and any(
-        UNBACKED_RE.match(str(s)) for s in d.free_symbols
-    )
+    return isinstance(d, sympy.Expr) and any(UNBACKED_RE.match(str(s)) for s in d.free_symbols)
 
 
 def has_unbacked(dims: Iterable[Dim]) -> bool:

@@ -35,7 +35,7 @@ from plait.ir.ops.aten import _check_spec, _results, resolve_overload
 from plait.ir.ops.extern import ALL, decode_call
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
 from plait.ir.types import TensorType, Type
-from plait.symbolic.dims import UNBACKED_RE, symbol
+from plait.symbolic import UNBACKED_RE, symbol
 
 
 def size_names(sizes: str) -> list[str]:
@@ -84,7 +84,9 @@ def _meta_types(
         raise
     except Exception as exc:  # NOTE: the meta kernel's own error: bad shapes, dtypes, arguments
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TypeRuleError(f"aten_datadep: the meta kernel of {what} rejects this: {first}") from None
+        raise TypeRuleError(
+            f"aten_datadep: the meta kernel of {what} rejects this: {first}"
+        ) from None
     found: list[sympy.Symbol] = []
     for shape, _, _ in raw:
         for d in shape:
