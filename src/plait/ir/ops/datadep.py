@@ -25,7 +25,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import sympy
@@ -47,6 +50,24 @@ def size_names(sizes: str) -> list[str]:
     if len(set(names)) != len(names):
         raise TypeRuleError(f"aten_datadep: sizes {sizes!r} names a size twice")
     return names
+
+
+# NOTE: the shape environment logs each unbacked size it makes (at DEBUG): a handler that runs
+# then, inside a capture, would be read as Python state of the user's program.
+_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch.__trace")
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    before = [lg.disabled for lg in loggers]
+    for lg in loggers:
+        lg.disabled = True
+    try:
+        yield
+    finally:
+        for lg, was in zip(loggers, before):
+            lg.disabled = was
 
 
 @functools.lru_cache(maxsize=1024)
@@ -71,7 +92,7 @@ def _meta_types(
                 "operands of static shape"
             )
     try:
-        with torch._C.DisableTorchFunction(), FakeTensorMode(shape_env=ShapeEnv()):
+        with _quiet(), torch._C.DisableTorchFunction(), FakeTensorMode(shape_env=ShapeEnv()):
             fakes = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in operands]
             args, kwargs = decode_call(fakes, literals, kwliterals)
             outs = _results(op(*args, **kwargs), what)
