@@ -205,3 +205,31 @@ def test_a_refused_reader_falls_back_loudly(marker: str) -> None:
             assert_bitwise(compiled(_draw((4, 3), seed)), fn(_draw((4, 3), seed)))
     (spec,) = compiled.specializations
     assert spec.fallback_reason is not None and "unbacked size" in spec.fallback_reason
+
+
+_FRESH_PROCESS = """
+import sys, torch, plait
+assert "torch._dynamo" not in sys.modules
+plait.capture(lambda x: torch.nonzero(x), (torch.randn(3),), fullgraph=True)
+assert "torch._dynamo" in sys.modules  # NOTE: imported inside the capture, by the type rule
+import torch._dynamo.utils as utils
+import torch._dynamo.variables.user_defined as defined
+real = torch.nn.Module.__getattr__
+print(utils.unpatched_nn_module_getattr is real, defined.unpatched_nn_module_getattr is real)
+"""
+
+
+@pytest.mark.slow
+def test_a_module_first_imported_inside_a_capture_keeps_the_real_module_getattr() -> None:
+    """Dynamo, first imported by the type rule inside a capture, copied capture's recording
+    nn.Module.__getattr__ and then took a module's parameters for inputs."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"], done.stdout
