@@ -233,3 +233,16 @@ def test_a_module_first_imported_inside_a_capture_keeps_the_real_module_getattr(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True"], done.stdout
+
+
+def test_dynamic_shapes_make_the_operands_of_a_data_dependent_op_static() -> None:
+    fn = PROGRAMS["mask_sum"]
+    compiled = plait.compile(fn, dynamic=True, fullgraph=True)
+    with torch.no_grad():
+        for seed, rows in enumerate((5, 7, 5)):
+            x = _draw((rows, 3), seed)
+            assert_bitwise(compiled(x), fn(x), f"{rows} rows")
+    assert len(compiled.specializations) == 2  # NOTE: one per input size, none per mask
+    for spec in compiled.specializations:
+        assert spec.fallback_reason is None and spec.graph is not None
+        assert all(isinstance(d, int) for d in spec.graph.inputs[0].type.shape)

@@ -147,6 +147,8 @@ def emit(cx: CaptureContext, out: Any, overload: Any, args: tuple, kwargs: dict)
         except (TypeRuleError, AttrError, TypeError, ValueError) as exc:
             error = exc
     if values is None:
+        if cx.dynamic:  # NOTE: its operands take static shapes: capture again with them static
+            cx._restart_static(operands, f"aten.{name} takes operands of static shape")
         cx.limitation(f"plait's aten_datadep node rejects aten.{name}: {error}")
     if len(values) != len(outs):
         cx.limitation(f"aten.{name} returned {len(outs)} results, its node {len(values)}")
