@@ -551,7 +551,9 @@ class _Planner:
         else:
             step: ExternStep | None = None
             accepted = ""
-            if supported(node):
+            if touches_unbacked(node):
+                step = self._datadep_step(node)
+            elif supported(node):
                 call = onednn_call(
                     node, self.consts, None, self.channels_last, self.prepack, self.packs
                 )
@@ -562,9 +564,7 @@ class _Planner:
                     step = None
                 else:
                     accepted = self._accepted_note()
-            if step is None and touches_unbacked(node):
-                step = self._datadep_step(node)
-            elif step is None:
+            if step is None:
                 step = ExternStep(node, make_call(node, self.consts), [])
                 step.out_strides = self._dry_run(step)
             strides = step.out_strides
