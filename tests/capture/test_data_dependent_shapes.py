@@ -74,6 +74,9 @@ def test_one_specialization_serves_every_size(name: str) -> None:
     assert any(n.op == "aten_datadep" for n in spec.graph.nodes)
     if name not in ("static_after", "mask_sum", "masked_select_mean", "unique_float_mean"):
         assert len(sizes) > 1, f"{name}: the draws should give different output sizes"
+    sizes = spec.manifest.graph["data_dependent_sizes"]
+    assert sizes and all(name.startswith("dd") for name in sizes), sizes
+    assert set(spec.manifest.graph["aten_externs"]) == {v.split(" ")[0] for v in sizes.values()}
     nodes = spec.manifest.executor["evidence"]["nodes"]
     datadep = [n for n in nodes if n["op"] == "aten_datadep"]
     assert datadep and all(n["executor"] == "extern" for n in datadep)
