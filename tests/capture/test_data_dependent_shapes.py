@@ -249,3 +249,27 @@ def test_dynamic_shapes_make_the_operands_of_a_data_dependent_op_static() -> Non
     for spec in compiled.specializations:
         assert spec.fallback_reason is None and spec.graph is not None
         assert all(isinstance(d, int) for d in spec.graph.inputs[0].type.shape)
+
+
+STATIC_SIZE = {
+    "nonzero_of_empty": (lambda x: torch.nonzero(x[:, :0]), (5, 4)),
+    "argwhere_of_empty": (lambda x: torch.argwhere(x[:0]), (5, 4)),
+    "repeat_interleave_output_size": (
+        lambda x: x.repeat_interleave(torch.tensor([1, 2, 0, 3, 1]), dim=0, output_size=7),
+        (5, 4),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(STATIC_SIZE))
+def test_a_size_the_meta_kernel_knows_is_static(name: str) -> None:
+    fn, shape = STATIC_SIZE[name]
+    compiled = plait.compile(fn, fullgraph=True)
+    with torch.no_grad():
+        for seed in range(3):
+            x = _draw(shape, seed)
+            assert_bitwise(compiled(x), fn(x), f"{name} draw {seed}")
+    (spec,) = compiled.specializations
+    (node,) = [n for n in spec.graph.nodes if n.op == "aten_datadep"]
+    assert node.attrs.get("sizes", "") == "" and node.outputs[0].type.is_static
+    assert spec.opaque_counts == {}

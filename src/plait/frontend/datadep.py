@@ -137,7 +137,7 @@ def emit(cx: CaptureContext, out: Any, overload: Any, args: tuple, kwargs: dict)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     first = len(cx.unbacked)
     values = None
-    for count in (1, 2):
+    for count in (1, 2, 0):  # NOTE: 0: the meta kernel knows the size (an empty operand)
         sizes = ",".join(str(unbacked_symbol(first + k)) for k in range(count))
         try:
             values = cx.builder.call(
@@ -192,13 +192,16 @@ def masked_index(cx: CaptureContext, out: Any, x: Any, mask: Any) -> Any:
     return emit(cx, out, aten.index.Tensor, (x, [mask]), {})[0]
 
 
-def repeat_interleave(cx: CaptureContext, out: Any, x: Any, repeats: Any, dim: Any) -> Any:
+def repeat_interleave(
+    cx: CaptureContext, out: Any, x: Any, repeats: Any, dim: Any, output_size: Any = None
+) -> Any:
     """``repeat_interleave`` with a tensor of repeats (``torch.repeat_interleave(r)`` when
-    ``repeats`` is None)."""
+    ``repeats`` is None). With ``output_size`` the size is static (PyTorch checks it)."""
+    size = {} if output_size is None else {"output_size": cx.int(output_size)}
     if repeats is None:
-        return emit(cx, out, aten.repeat_interleave.Tensor, (x,), {})[0]
+        return emit(cx, out, aten.repeat_interleave.Tensor, (x,), size)[0]
     d = None if dim is None else cx.int(dim)
-    return emit(cx, out, aten.repeat_interleave.self_Tensor, (x, repeats, d), {})[0]
+    return emit(cx, out, aten.repeat_interleave.self_Tensor, (x, repeats, d), size)[0]
 
 
 @op(torch.unique, T.unique)

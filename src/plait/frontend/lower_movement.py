@@ -155,8 +155,9 @@ def _repeat_interleave(
     *,
     output_size: Any = None,
 ) -> Value:
-    if isinstance(x, T) and output_size is None and (repeats is None or isinstance(repeats, T)):
-        return datadep.repeat_interleave(cx, out, x, repeats, dim)  # NOTE: a data-dependent size
+    if isinstance(x, T) and (repeats is None or isinstance(repeats, T)):
+        # NOTE: a size that depends on the repeats' values (or output_size, checked by PyTorch)
+        return datadep.repeat_interleave(cx, out, x, repeats, dim, output_size)
     if not isinstance(x, T) or repeats is None or isinstance(repeats, T):
         cx.fail(
             "data-dependent",

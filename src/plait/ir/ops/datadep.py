@@ -9,9 +9,11 @@ overload's meta kernel on fake tensors under a shape environment (which gives th
 know as unbacked symbols of its own) and renames them to the node's; so the rule is a function of
 the operand types and attributes, and the text round trip is exact.
 
-Its operands have static shapes (a data-dependent size fed into another such op is refused by
-the type rule). The node is run by PyTorch (Stax calls the overload; the interpreter runs the
-reference implementation) and binds its symbols to the sizes it returns.
+A call whose sizes the meta kernel knows (``nonzero`` of an empty tensor, ``repeat_interleave``
+given its ``output_size``) names none (``sizes=""``): its types are static, and it still runs as
+PyTorch's call. Its operands have static shapes (a data-dependent size fed into another such op
+is refused by the type rule). The node is run by PyTorch (Stax calls the overload; the
+interpreter runs the reference implementation) and binds its symbols to the sizes it returns.
 
 Example:
     >>> import torch
@@ -116,7 +118,7 @@ def _meta_types(
                     raise TypeRuleError(f"aten_datadep: {what} has an output dim {d}")
                 if d not in found:
                     found.append(d)
-    if len(found) != len(names) or not found:
+    if len(found) != len(names):
         raise TypeRuleError(
             f"aten_datadep: {what} makes {len(found)} data-dependent size(s); the node names "
             f"{len(names)} ({sizes!r})"
@@ -153,7 +155,7 @@ register(
             Attr("overload", "str", "default"),
             Attr("literals", "str", ""),
             Attr("kwliterals", "str", ""),
-            Attr("sizes", "str"),
+            Attr("sizes", "str", ""),
         ),
         _rule,
         _ref,
