@@ -47,6 +47,10 @@ PROGRAMS: dict[str, Callable[[torch.Tensor], Any]] = {
     "repeat_interleave": lambda x: torch.repeat_interleave(_counts(x)),
     "repeat_interleave_self": lambda x: x.flatten().repeat_interleave(_counts(x)),
     "static_after": lambda x: (x + x[x > 0].amax(0, keepdim=True).sum()).relu(),
+    # NOTE: passes make these reshapes to a size of dd0: run with the size the call made
+    "unsqueeze": lambda x: x[x > 0].unsqueeze(0).abs(),
+    "flatten_mean": lambda x: torch.nonzero(x > 0).flatten().float().mean(),
+    "column": lambda x: torch.nonzero(x > 0)[:, 0],
 }
 
 
@@ -72,7 +76,13 @@ def test_one_specialization_serves_every_size(name: str) -> None:
     assert spec.opaque_counts == {}
     assert spec.fallback_reason is None
     assert any(n.op == "aten_datadep" for n in spec.graph.nodes)
-    if name not in ("static_after", "mask_sum", "masked_select_mean", "unique_float_mean"):
+    if name not in (
+        "static_after",
+        "mask_sum",
+        "masked_select_mean",
+        "unique_float_mean",
+        "flatten_mean",
+    ):
         assert len(sizes) > 1, f"{name}: the draws should give different output sizes"
     sizes = spec.manifest.graph["data_dependent_sizes"]
     assert sizes and all(name.startswith("dd") for name in sizes), sizes

@@ -263,6 +263,8 @@ class _Planner:
         self.steps: list[Step] = []
         self.tags: dict[int, NodeTag] = {}
         self._cost: dict[int, int] = {}
+        # NOTE: the unbacked sizes of the call running (codegen.datadep), one table per program
+        self.unbacked_sizes: dict[str, int] = {}
         self._open: list[Value] = []
         self._open_key: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._open_lowered: Lowered | None = None
@@ -590,7 +592,7 @@ class _Planner:
         for v, st in zip(node.outputs, strides):
             if not unbacked(v.type):
                 self._sample(v, st)
-        return ExternStep(node, datadep_call(node), strides)
+        return ExternStep(node, datadep_call(node, self.unbacked_sizes), strides)
 
     def _try_dry_run(self, step: ExternStep, stage: str) -> str | None:
         """Dry-run ``step`` (and, when no dry run would run it, probe it once on fresh tensors):
