@@ -283,3 +283,26 @@ def test_a_size_the_meta_kernel_knows_is_static(name: str) -> None:
     (node,) = [n for n in spec.graph.nodes if n.op == "aten_datadep"]
     assert node.attrs.get("sizes", "") == "" and node.outputs[0].type.is_static
     assert spec.opaque_counts == {}
+
+
+def test_a_negative_dim_of_unique_consecutive_is_counted_from_the_front() -> None:
+    def fn(x: torch.Tensor) -> Any:
+        return torch.unique_consecutive((x * 2).round(), return_counts=True, dim=-1)
+
+    compiled = plait.compile(fn, fullgraph=True)
+    with torch.no_grad():
+        for seed in range(3):
+            x = _draw((4, 6), seed)
+            for k, (g, e) in enumerate(zip(compiled(x), fn(x))):
+                assert_bitwise(g, e, f"draw {seed} result {k}")
+
+
+def test_a_meta_kernel_that_mistypes_a_result_is_refused() -> None:
+    """unique_consecutive of a 1-D tensor along dim 0 returns an empty inverse its meta kernel
+    types as i64[5]: no node may declare that type, even for a result the program drops."""
+
+    def fn(x: torch.Tensor) -> Any:
+        return torch.unique_consecutive((x * 2).round(), dim=0)
+
+    with pytest.raises(GraphCaptureError, match=r"meta kernel of aten\.unique_consecutive"):
+        plait.capture(fn, (_draw((5,), 0),), fullgraph=True)

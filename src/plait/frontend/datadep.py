@@ -120,9 +120,13 @@ def unbacked_operand(cx: CaptureContext, args: Any) -> str | None:
     return None
 
 
-def emit(cx: CaptureContext, out: Any, overload: Any, args: tuple, kwargs: dict) -> Any:
-    """One ``aten_datadep`` node calling ``overload(*args, **kwargs)`` (tracers as operands);
-    ``out`` is eager's result on the samples: the node's values, shaped like ``out``."""
+def emit(cx: CaptureContext, overload: Any, args: tuple, kwargs: dict) -> Any:
+    """One ``aten_datadep`` node calling ``overload(*args, **kwargs)`` (tracers as operands):
+    its values, one per result of the overload.
+
+    NOTE: the overload also runs on the samples, and every result (those the program does not
+    ask for too) must have the node's type, its unbacked sizes aside (a meta kernel that
+    disagrees with the kernel is refused, never a node whose type lies)."""
     from plait.frontend.opaque import NotLiteral, call_spec
 
     name, ovl = overload_name(overload)
@@ -134,7 +138,6 @@ def emit(cx: CaptureContext, out: Any, overload: Any, args: tuple, kwargs: dict)
     except NotLiteral as exc:
         cx.limitation(f"an argument of aten.{name} has no literal form: {exc}")
     operands = [cx.value(t) for t in tensors]
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
     first = len(cx.unbacked)
     values = None
     for count in (1, 2, 0):  # NOTE: 0: the meta kernel knows the size (an empty operand)
@@ -150,16 +153,45 @@ def emit(cx: CaptureContext, out: Any, overload: Any, args: tuple, kwargs: dict)
         if cx.dynamic:  # NOTE: its operands take static shapes: capture again with them static
             cx._restart_static(operands, f"aten.{name} takes operands of static shape")
         cx.limitation(f"plait's aten_datadep node rejects aten.{name}: {error}")
-    if len(values) != len(outs):
-        cx.limitation(f"aten.{name} returned {len(outs)} results, its node {len(values)}")
-    for v, o in zip(values, outs):
-        if o is None:
-            continue  # NOTE: a result the call did not ask for
-        assert isinstance(v.type, TensorType)
-        for d, n in zip(v.type.shape, o.shape):
-            if is_unbacked(d):
-                cx.unbacked.setdefault(d, int(n))
+    found: list[Any] = []
+    plain_args, plain_kwargs = cx.unwrap(args, found), cx.unwrap(kwargs, found)
+    with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
+        sampled = overload(*plain_args, **plain_kwargs)
+    outs = list(sampled) if isinstance(sampled, (tuple, list)) else [sampled]
+    seen: dict[Any, int] = {}
+    if len(values) != len(outs) or not all(_fits(v, o, seen) for v, o in zip(values, outs)):
+        got = ", ".join(f"{o.dtype} {tuple(o.shape)}" for o in outs)
+        cx.limitation(
+            f"the meta kernel of aten.{name} types this call "
+            f"{[str(v.type) for v in values]}, its kernel returns {got}"
+        )
+    for d, n in seen.items():
+        cx.unbacked.setdefault(d, n)
     return values
+
+
+def _fits(v: Value, o: Any, seen: dict[Any, int]) -> bool:
+    """Whether result ``o`` has ``v``'s type, binding its unbacked sizes in ``seen``."""
+    t = v.type
+    if not isinstance(t, TensorType) or not isinstance(o, torch.Tensor):
+        return False
+    if o.dtype != t.dtype or o.dim() != t.rank or TensorType.of(o).device != t.device:
+        return False
+    for d, n in zip(t.shape, o.shape):
+        if is_unbacked(d):
+            if seen.setdefault(d, int(n)) != int(n):
+                return False
+        elif d != int(n):
+            return False
+    return True
+
+
+def _dim(cx: CaptureContext, x: Any, dim: Any) -> int:
+    """``dim`` counted from the front (the meta kernels of unique_consecutive and unique_dim
+    mistype a negative one)."""
+    rank = cx.tracer(x)._plain.dim()
+    d = cx.int(dim)
+    return d % rank if -rank <= d < rank else d  # NOTE: out of range: the kernel's own error
 
 
 def _pick(values: list[Value], wanted: list[bool]) -> Any:
@@ -169,27 +201,25 @@ def _pick(values: list[Value], wanted: list[bool]) -> Any:
 
 @op(torch.nonzero, T.nonzero)
 def _nonzero(cx: CaptureContext, out: Any, x: Any, *, as_tuple: bool = False) -> Any:
+    rows = emit(cx, aten.nonzero.default, (x,), {})[0]
     if not as_tuple:
-        return emit(cx, out, aten.nonzero.default, (x,), {})[0]
-    with torch._C.DisableTorchFunction():
-        sample = torch.nonzero(cx.tracer(x)._plain)
-    rows = emit(cx, sample, aten.nonzero.default, (x,), {})[0]
+        return rows
     return tuple(cx.call("select", rows, dim=1, index=i) for i in range(len(out)))
 
 
 @op(torch.argwhere, T.argwhere)
 def _argwhere(cx: CaptureContext, out: Any, x: Any) -> Any:
-    return emit(cx, out, aten.argwhere.default, (x,), {})[0]
+    return emit(cx, aten.argwhere.default, (x,), {})[0]
 
 
 @op(torch.masked_select, T.masked_select)
 def _masked_select(cx: CaptureContext, out: Any, x: Any, mask: Any) -> Any:
-    return emit(cx, out, aten.masked_select.default, (x, mask), {})[0]
+    return emit(cx, aten.masked_select.default, (x, mask), {})[0]
 
 
 def masked_index(cx: CaptureContext, out: Any, x: Any, mask: Any) -> Any:
     """``x[mask]`` for one boolean mask (``aten.index.Tensor``)."""
-    return emit(cx, out, aten.index.Tensor, (x, [mask]), {})[0]
+    return emit(cx, aten.index.Tensor, (x, [mask]), {})[0]
 
 
 def repeat_interleave(
@@ -199,9 +229,9 @@ def repeat_interleave(
     ``repeats`` is None). With ``output_size`` the size is static (PyTorch checks it)."""
     size = {} if output_size is None else {"output_size": cx.int(output_size)}
     if repeats is None:
-        return emit(cx, out, aten.repeat_interleave.Tensor, (x,), size)[0]
+        return emit(cx, aten.repeat_interleave.Tensor, (x,), size)[0]
     d = None if dim is None else cx.int(dim)
-    return emit(cx, out, aten.repeat_interleave.self_Tensor, (x, repeats, d), size)[0]
+    return emit(cx, aten.repeat_interleave.self_Tensor, (x, repeats, d), size)[0]
 
 
 @op(torch.unique, T.unique)
@@ -218,9 +248,9 @@ def _unique(
     args: tuple[Any, ...] = (x, *flags)
     call = aten._unique2.default
     if dim is not None:
-        call, args = aten.unique_dim.default, (x, cx.int(dim), *flags)
+        call, args = aten.unique_dim.default, (x, _dim(cx, x, dim), *flags)
     wanted = [True, flags[1], flags[2]]
-    return _pick(emit(cx, _padded(out, wanted), call, args, {}), wanted)
+    return _pick(emit(cx, call, args, {}), wanted)
 
 
 @op(torch.unique_consecutive, T.unique_consecutive)
@@ -232,21 +262,15 @@ def _unique_consecutive(
     return_counts: bool = False,
     dim: Any = None,
 ) -> Any:
-    d = None if dim is None else cx.int(dim)
+    d = None if dim is None else _dim(cx, x, dim)
     args = (x, bool(return_inverse), bool(return_counts), d)
     wanted = [True, bool(return_inverse), bool(return_counts)]
-    return _pick(emit(cx, _padded(out, wanted), aten.unique_consecutive.default, args, {}), wanted)
-
-
-def _padded(out: Any, wanted: list[bool]) -> list[Any]:
-    """Eager's results laid out as the overload's three (absent ones as None)."""
-    given = iter(out if isinstance(out, (tuple, list)) else [out])
-    return [next(given) if w else None for w in wanted]
+    return _pick(emit(cx, aten.unique_consecutive.default, args, {}), wanted)
 
 
 @op(torch.bincount, T.bincount)
 def _bincount(cx: CaptureContext, out: Any, x: Any, weights: Any = None, minlength: Any = 0) -> Any:
-    return emit(cx, out, aten.bincount.default, (x, weights, cx.int(minlength)), {})[0]
+    return emit(cx, aten.bincount.default, (x, weights, cx.int(minlength)), {})[0]
 
 
 def refuse_unruled(cx: CaptureContext, args: tuple, kwargs: dict) -> None:
