@@ -288,3 +288,12 @@ def refuse_operands(cx: CaptureContext, name: str, operands: Any) -> None:
     for o in _flat(operands):
         if isinstance(o, Value) and unbacked_type(o.type):
             refuse(cx, f"{name} cannot take {o.type}")
+
+
+@op(torch.combinations)
+def _combinations(
+    cx: CaptureContext, out: Any, x: Any, r: Any = 2, with_replacement: bool = False
+) -> Any:
+    # NOTE: its size is C(n, r), but ATen computes it with a masked_select, so the meta
+    # kernel's type (and the node's) has an unbacked size: sound, if narrower than needed
+    return emit(cx, aten.combinations.default, (x, cx.int(r), bool(with_replacement)), {})[0]
