@@ -299,12 +299,37 @@ def test_a_negative_dim_of_unique_consecutive_is_counted_from_the_front() -> Non
                 assert_bitwise(g, e, f"draw {seed} result {k}")
 
 
-def test_a_meta_kernel_that_mistypes_a_result_is_refused() -> None:
-    """unique_consecutive of a 1-D tensor along dim 0 returns an empty inverse its meta kernel
-    types as i64[5]: no node may declare that type, even for a result the program drops."""
+@pytest.mark.parametrize("dim", [0, -1])
+def test_unique_consecutive_of_a_vector_along_its_dim(dim: int) -> None:
+    """The kernel runs dim=None there; the node does too (the meta kernel of dim=0 types its
+    empty inverse as i64[5])."""
 
     def fn(x: torch.Tensor) -> Any:
-        return torch.unique_consecutive((x * 2).round(), dim=0)
+        return torch.unique_consecutive((x * 2).round(), dim=dim)
 
-    with pytest.raises(GraphCaptureError, match=r"meta kernel of aten\.unique_consecutive"):
-        plait.capture(fn, (_draw((5,), 0),), fullgraph=True)
+    compiled = plait.compile(fn, fullgraph=True)
+    with torch.no_grad():
+        for seed in range(3):
+            x = _draw((7,), seed)
+            assert_bitwise(compiled(x), fn(x), f"draw {seed}")
+
+
+def test_a_meta_kernel_that_mistypes_a_result_is_refused(monkeypatch: Any) -> None:
+    """A meta kernel whose type disagrees with what the kernel returns on the sample (the
+    dim=0 case above, before it ran as dim=None) is refused: no node may declare a type its
+    result does not have, even for a result the program drops."""
+    import plait.ir.ops.datadep as node
+
+    real = node._meta_types
+
+    def mistyped(*key: Any) -> Any:
+        first, *rest = real(*key)
+        return (first, *(t.with_shape((5,)) for t in rest))
+
+    monkeypatch.setattr(node, "_meta_types", mistyped)
+
+    def fn(x: torch.Tensor) -> Any:
+        return torch.unique((x * 2).round())
+
+    with pytest.raises(GraphCaptureError, match=r"meta kernel of aten\._unique2 types"):
+        plait.capture(fn, (_draw((6,), 0),), fullgraph=True)

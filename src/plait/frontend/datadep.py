@@ -263,6 +263,8 @@ def _unique_consecutive(
     dim: Any = None,
 ) -> Any:
     d = None if dim is None else _dim(cx, x, dim)
+    if d == 0 and cx.tracer(x)._plain.dim() == 1:
+        d = None  # NOTE: what the kernel runs then (its meta kernel mistypes dim=0 there)
     args = (x, bool(return_inverse), bool(return_counts), d)
     wanted = [True, bool(return_inverse), bool(return_counts)]
     return _pick(emit(cx, aten.unique_consecutive.default, args, {}), wanted)
