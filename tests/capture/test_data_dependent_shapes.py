@@ -264,6 +264,7 @@ def test_dynamic_shapes_make_the_operands_of_a_data_dependent_op_static() -> Non
 
 
 STATIC_SIZE = {
+    "nonzero_static": (lambda x: torch.nonzero_static(x > 0, size=6, fill_value=-2), (4, 3)),
     "nonzero_of_empty": (lambda x: torch.nonzero(x[:, :0]), (5, 4)),
     "argwhere_of_empty": (lambda x: torch.argwhere(x[:0]), (5, 4)),
     "repeat_interleave_output_size": (

@@ -299,3 +299,12 @@ def _combinations(
     # NOTE: its size is C(n, r), but ATen computes it with a masked_select, so the meta
     # kernel's type (and the node's) has an unbacked size: sound, if narrower than needed
     return emit(cx, aten.combinations.default, (x, cx.int(r), bool(with_replacement)), {})[0]
+
+
+@op(torch.nonzero_static, T.nonzero_static)
+def _nonzero_static(
+    cx: CaptureContext, out: Any, x: Any, *, size: Any, fill_value: Any = -1
+) -> Any:
+    # NOTE: a static size (padded with fill_value or cut): a node with no unbacked size
+    args = {"size": cx.int(size), "fill_value": cx.int(fill_value)}
+    return emit(cx, aten.nonzero_static.default, (x,), args)[0]
