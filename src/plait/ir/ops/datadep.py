@@ -90,8 +90,8 @@ def _meta_types(
     for t in operands:
         if not t.is_static:
             raise TypeRuleError(
-                f"aten_datadep: {what} has an operand of shape {t}; a data-dependent op takes "
-                "operands of static shape"
+                f"aten_datadep: {what} has an operand of symbolic shape {t}; a data-dependent op "
+                "takes operands of static shape"
             )
     try:
         with _quiet(), torch._C.DisableTorchFunction(), FakeTensorMode(shape_env=ShapeEnv()):
