@@ -230,6 +230,7 @@ def _compile(
         "nodes_optimized": len(optimized.nodes),
         "frozen": frozen,
         "aten_externs": aten_extern_counts(optimized),
+        "data_dependent_sizes": data_dependent_sizes(optimized),
     }
     if req.backend == "stax" and needs_grad:
         warnings.warn(f"plait stax: {_GRAD_REASON}", CaptureFallbackWarning, stacklevel=7)
@@ -248,15 +249,31 @@ def _compile(
 
 
 def aten_extern_counts(graph: Graph) -> dict[str, int]:
-    """How many typed ATen extern nodes the graph runs, by overload (``aten.<name>``): PyTorch's
-    kernels by design, counted apart from the fallbacks (opaque nodes stay fallbacks)."""
+    """How many typed ATen extern nodes the graph runs, by overload (``aten.<name>``; the
+    data-dependent ones too): PyTorch's kernels by design, counted apart from the fallbacks
+    (opaque nodes stay fallbacks)."""
     counts: dict[str, int] = {}
     for n in graph.nodes:
-        if n.op in ("aten", "aten_factory"):
-            overload = n.attrs["overload"]
-            key = f"aten.{n.attrs['name']}" + ("" if overload == "default" else f".{overload}")
+        if n.op in ("aten", "aten_factory", "aten_datadep"):
+            key = _overload_key(n)
             counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))
+
+
+def data_dependent_sizes(graph: Graph) -> dict[str, str]:
+    """Each unbacked size of the graph (``dd0``: known only when its node has run, never
+    guarded) and the node that makes it, e.g. ``{"dd0": "aten.nonzero (node 3)"}``."""
+    out: dict[str, str] = {}
+    for n in graph.nodes:
+        if n.op == "aten_datadep":
+            for name in n.attrs["sizes"].split(","):
+                out[name] = f"{_overload_key(n)} (node {n.id})"
+    return out
+
+
+def _overload_key(n: Any) -> str:
+    overload = n.attrs["overload"]
+    return f"aten.{n.attrs['name']}" + ("" if overload == "default" else f".{overload}")
 
 
 def _restore(req: CompileRequest, saved: SavedCompile) -> Compiled:

@@ -1,5 +1,6 @@
 """Reads of tensor data: GraphCaptureError under fullgraph=True naming the user's file, line and
-operation; without fullgraph, the recorded eager fallback with one warning."""
+operation; without fullgraph, the recorded eager fallback with one warning. (A data-dependent
+shape is no data read until something reads its size: tests/capture/test_data_dependent_shapes.)"""
 
 from __future__ import annotations
 
@@ -54,19 +55,19 @@ def _python_index(x: torch.Tensor) -> Any:
 
 
 def _nonzero(x: torch.Tensor) -> Any:
-    return torch.nonzero(x)  # READ: nonzero
+    return torch.nonzero(x).reshape(-1)  # READ: nonzero
 
 
 def _mask(x: torch.Tensor) -> Any:
-    return x[x > 0]  # READ: mask
+    return x[x > 0].view(-1, 1)  # READ: mask
 
 
 def _masked_select(x: torch.Tensor) -> Any:
-    return x.masked_select(x > 0)  # READ: masked_select
+    return x * len(x.masked_select(x > 0))  # READ: masked_select
 
 
 def _unique(x: torch.Tensor) -> Any:
-    return torch.unique(x)  # READ: unique
+    return x[: torch.unique(x).shape[0]]  # READ: unique
 
 
 def _where1(x: torch.Tensor) -> Any:
@@ -86,10 +87,10 @@ CASES: list[tuple[str, Callable[..., Any], str]] = [
     ("float", _float, "Tensor.__float__"),
     ("index_scalar", _index_scalar, "Tensor.__getitem__"),
     ("python_index", _python_index, "Tensor.__index__"),
-    ("nonzero", _nonzero, "nonzero"),
-    ("mask", _mask, "Tensor.__getitem__"),
-    ("masked_select", _masked_select, "Tensor.masked_select"),
-    ("unique", _unique, "unique"),
+    ("nonzero", _nonzero, "Tensor.reshape"),
+    ("mask", _mask, "Tensor.view"),
+    ("masked_select", _masked_select, "Tensor.__len__"),
+    ("unique", _unique, "Tensor.shape"),
     ("where1", _where1, "where"),
     ("print", _print, "Tensor.__repr__"),
 ]

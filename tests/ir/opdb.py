@@ -820,6 +820,24 @@ def gen_aten(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
     )
 
 
+def gen_aten_datadep(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
+    """Data-dependent ATen nodes whose size is static (no unbacked size: the generic checks
+    compare static types); unbacked sizes: tests/ir/test_datadep_node.py."""
+    aten = torch.ops.aten
+    x = make((4, 6), dtype, noncontig=True)
+    yield Sample("aten_datadep", [[x]],
+                 {"name": "nonzero_static", "literals": '[{"t": 0}]',
+                  "kwliterals": '{"size": 9, "fill_value": -1}'},
+                 lambda: aten.nonzero_static.default(x, size=9, fill_value=-1),
+                 "nonzero_static (a static size)")  # fmt: skip
+    repeats = torch.tensor([2, 0, 1, 3])
+    yield Sample("aten_datadep", [[x, repeats]],
+                 {"name": "repeat_interleave", "overload": "self_Tensor",
+                  "literals": '[{"t": 0}, {"t": 1}, 0]', "kwliterals": '{"output_size": 6}'},
+                 lambda: aten.repeat_interleave.self_Tensor(x, repeats, 0, output_size=6),
+                 "repeat_interleave given output_size")  # fmt: skip
+
+
 def gen_aten_factory(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
     name = str(dtype).removeprefix("torch.")
     yield Sample(
@@ -934,6 +952,7 @@ GENERATORS.update(
         "opaque": gen_opaque,
         "aten": gen_aten,
         "aten_factory": gen_aten_factory,
+        "aten_datadep": gen_aten_datadep,
     }
 )
 for _op in ("rng_seed", "rng_get_state", "rng_set_state", "random_call", "random_factory"):

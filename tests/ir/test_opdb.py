@@ -126,6 +126,8 @@ NEEDS_STATIC = {
     "split": "sizes are attributes; covered by a hand-written symbolic case",
     "aten": "its meta kernel runs on static fake tensors (a clear TypeRuleError otherwise)",
     "aten_factory": "no tensor operands",
+    "aten_datadep": "a data-dependent op takes operands of static shape (its result's sizes are "
+    "unbacked, never symbolic sizes of an input)",
 }
 
 

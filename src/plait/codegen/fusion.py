@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from plait.codegen.datadep import datadep_call, only_unbacked, touches_unbacked, unbacked
 from plait.codegen.errors import CodegenError
 from plait.codegen.extern import EXTERN_RULES, FLOAT_EXTERNS, ExternCall, make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
@@ -177,6 +178,8 @@ class Plan:
 def classify(node: Node) -> tuple[str, str]:
     """``(kind, reason)``: kind is extern, pointwise, reduction, view, constant or fallback."""
     op = node.op
+    if touches_unbacked(node):
+        return "extern", ""  # NOTE: a PyTorch call, its results PyTorch's (codegen.datadep)
     if op in EXTERN_RULES and (op not in FLOAT_EXTERNS or _float_result(node)):
         return "extern", ""
     if op == "dropout":
@@ -205,12 +208,13 @@ def _float_result(node: Node) -> bool:
 
 
 def check_graph(graph: Graph) -> None:
-    """Stax compiles static shapes on the CPU; anything else is a clear error."""
+    """Stax compiles static shapes on the CPU; anything else is a clear error. Unbacked dims
+    (data-dependent sizes) are the exception: only PyTorch calls make or read them."""
     for v in _all_values(graph):
         t = v.type
         if not isinstance(t, TensorType):
             continue
-        if not t.is_static:
+        if not t.is_static and not only_unbacked(t):
             where = f"%{v.name}" + (f" of node {v.producer.id}" if v.producer else "")
             raise CodegenError(
                 f"symbolic dims are not yet supported by the Stax backend ({where}: {t})",
@@ -259,6 +263,8 @@ class _Planner:
         self.steps: list[Step] = []
         self.tags: dict[int, NodeTag] = {}
         self._cost: dict[int, int] = {}
+        # NOTE: the unbacked sizes of the call running (codegen.datadep), one table per program
+        self.unbacked_sizes: dict[str, int] = {}
         self._open: list[Value] = []
         self._open_key: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._open_lowered: Lowered | None = None
@@ -555,7 +561,9 @@ class _Planner:
         else:
             step: ExternStep | None = None
             accepted = ""
-            if supported(node):
+            if touches_unbacked(node):
+                step = self._datadep_step(node)
+            elif supported(node):
                 call = onednn_call(
                     node, self.consts, None, self.channels_last, self.prepack, self.packs
                 )
@@ -581,6 +589,18 @@ class _Planner:
                 self.unfused[node.id] = note
         for v, s in zip(node.outputs, strides):
             self.locs[v] = Loc("buffer" if isinstance(v.type, TensorType) else "object", v, 0, s)
+
+    def _datadep_step(self, node: Node) -> ExternStep:
+        """A call that makes or reads a data-dependent size: never dry-run (no sample has its
+        size); static results are conformed to contiguous strides, the others are PyTorch's
+        (``()``: whatever strides the call returns)."""
+        strides = [
+            () if unbacked(v.type) else contiguous_strides(shape_of(v.type)) for v in node.outputs
+        ]
+        for v, st in zip(node.outputs, strides):
+            if not unbacked(v.type):
+                self._sample(v, st)
+        return ExternStep(node, datadep_call(node, self.unbacked_sizes), strides)
 
     def _try_dry_run(self, step: ExternStep, stage: str) -> str | None:
         """Dry-run ``step`` (and, when no dry run would run it, probe it once on fresh tensors):

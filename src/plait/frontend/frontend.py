@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from plait.errors import GraphCaptureError
-from plait.frontend import guard_build, pytree
+from plait.frontend import datadep, guard_build, pytree
 from plait.frontend.guard_plan import GuardPlan, build_guards
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
@@ -346,6 +346,8 @@ def _finish(
     slots = [_slot(lift_of[id(v)]) for v in graph.inputs]
     cx.builder.output(*values)
     built = cx.builder.build()
+    if cx.unbacked:  # NOTE: nodes emitted outside a torch call (outputs, write-backs) too
+        datadep.check_new_nodes(cx, 0)
     plan = _plan(cx, ms, slots, mutations)
     plan.pyroots = pyroots
     return CapturedProgram(

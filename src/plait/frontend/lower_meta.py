@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from plait.frontend import datadep  # noqa: F401  (rules: nonzero, unique, masked_select, ...)
 from plait.frontend.symints import TracedSize
 from plait.frontend.table import data_read, getter, meta
 from plait.frontend.tracer import CaptureContext
@@ -152,24 +153,6 @@ data_read("converting a tensor to NumPy", T.numpy, T.__array__)
 data_read("`in` on a tensor", T.__contains__)
 data_read("torch.equal (a Python bool from tensor values)", torch.equal, T.equal)
 data_read("allclose (a Python bool from tensor values)", torch.allclose, T.allclose)
-data_read(
-    "nonzero (its output shape depends on the values)",
-    torch.nonzero,
-    T.nonzero,
-    torch.argwhere,
-    T.argwhere,
-)
-data_read(
-    "unique (its output shape depends on the values)",
-    torch.unique,
-    T.unique,
-    torch.unique_consecutive,
-    T.unique_consecutive,
-)
-data_read(
-    "masked_select (its output shape depends on the values)", torch.masked_select, T.masked_select
-)
-data_read("bincount (its output shape depends on the values)", torch.bincount, T.bincount)
 
 
 @meta(torch.device)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from plait.frontend import datadep
 from plait.frontend.lower_shape import _both, _scalar_for, _type, _view
 from plait.frontend.table import NoIROp, Viewed, getter, op
 from plait.frontend.tracer import CaptureContext
@@ -154,8 +155,10 @@ def _repeat_interleave(
     *,
     output_size: Any = None,
 ) -> Value:
+    if isinstance(x, T) and (repeats is None or isinstance(repeats, T)):
+        # NOTE: a size that depends on the repeats' values (or output_size, checked by PyTorch)
+        return datadep.repeat_interleave(cx, out, x, repeats, dim, output_size)
     if not isinstance(x, T) or repeats is None or isinstance(repeats, T):
-        # NOTE: with a tensor of repeats the output shape depends on the values.
         cx.fail(
             "data-dependent",
             "repeat_interleave with a tensor of repeats: its output shape depends on the values",

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from plait.frontend import datadep
 from plait.frontend.symints import TracedInt, plain_int
 from plait.frontend.table import InPlace, NoIROp, Viewed, getter, op
 from plait.frontend.tracer import CaptureContext
@@ -344,6 +345,8 @@ def _gather(cx: CaptureContext, v: Value, dim: int, index: Any) -> Value:
 
 @op(T.__getitem__)
 def _getitem(cx: CaptureContext, out: Any, x: Any, index: Any) -> Any:
+    if isinstance(index, T) and cx.tracer(index)._plain.dtype == torch.bool:
+        return datadep.masked_index(cx, out, x, index)  # NOTE: its size depends on the mask
     steps, advanced = _basic_steps(cx, x, index)
     if advanced is None:
         return _view(cx, x, *steps)

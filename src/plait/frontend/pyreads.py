@@ -119,12 +119,34 @@ def _instrument(on: bool) -> None:
     with _PATCH_LOCK:
         _PATCH_USERS[0] += 1 if on else -1
         if on and _PATCH_USERS[0] == 1:
+            _MODULES_BEFORE[0] = frozenset(sys.modules)
             _MODULE_GETATTR[0] = nn.Module.__getattr__
             nn.Module.__getattribute__ = _recording_getattribute  # type: ignore[method-assign]
             nn.Module.__getattr__ = _recording_getattr  # type: ignore[method-assign]
         elif not on and _PATCH_USERS[0] == 0:
             del nn.Module.__getattribute__
             nn.Module.__getattr__ = _MODULE_GETATTR[0]  # type: ignore[method-assign]
+            _repair_copies()
+
+
+# NOTE: modules imported while the instrument is in (a type rule's fake tensors import Dynamo,
+# which keeps nn.Module.__getattr__ in module globals as imported: with the recording one for
+# good, Dynamo takes parameters for inputs) get the original back when it comes out.
+_MODULES_BEFORE: list[frozenset[str]] = [frozenset()]
+
+
+def _repair_copies() -> None:
+    if len(sys.modules) == len(_MODULES_BEFORE[0]):
+        return
+    for name in set(sys.modules) - _MODULES_BEFORE[0]:
+        found = getattr(sys.modules.get(name), "__dict__", None)
+        if not isinstance(found, dict):
+            continue
+        for key, value in list(found.items()):
+            if value is _recording_getattr:
+                found[key] = _MODULE_GETATTR[0]
+            elif value is _recording_getattribute:
+                found[key] = object.__getattribute__
 
 
 @functools.lru_cache(maxsize=4096)

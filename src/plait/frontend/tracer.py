@@ -32,7 +32,7 @@ import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
 from plait.errors import GraphCaptureError
-from plait.frontend import pytree
+from plait.frontend import datadep, pytree
 from plait.frontend.frames import user_frame
 from plait.frontend.rng import RngTracker
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
@@ -136,6 +136,9 @@ class CaptureContext:
         self.symbols: dict[sympy.Symbol, tuple[int, int, str]] = {}
         self.duck: list[tuple[int, int, str, sympy.Symbol]] = []
         self.bindings: dict[sympy.Symbol, int] = {}
+        # NOTE: unbacked sizes (dd0, ...: nonzero's row count) as the samples have them: only
+        # to check capture rules against eager; never guarded (plait.frontend.datadep)
+        self.unbacked: dict[sympy.Symbol, int] = {}
         self._size_symbols: dict[int, sympy.Symbol] = {}
         self.opaque_counts: Counter[str] = Counter()
         self.error: BaseException | None = None
@@ -369,6 +372,8 @@ class CaptureContext:
             # NOTE: complex math is PyTorch's: the call goes the opaque path (its ATen graph)
             raise NoIROp(str(exc)) from None
         except (TypeRuleError, AttrError, TypeError, ValueError) as exc:
+            if self.unbacked:
+                datadep.refuse_operands(self, op, operands)
             if self.dynamic:
                 self._restart_static(operands, f"plait's IR op {op!r}: {exc}")
             if self.rule_depth:
@@ -400,6 +405,8 @@ class CaptureContext:
     # --- shapes for metadata reads --------------------------------------------------------
     def sizes(self, t: Tracer) -> tuple[Any, ...]:
         ty = self.type_of(t)
+        if self.unbacked and datadep.unbacked_type(ty):
+            datadep.refuse(self, f"reading the shape of {ty}")
         plain = t._plain.shape
         if t._dim_exprs is not None:
             return TracedSize(
@@ -478,7 +485,11 @@ class CaptureContext:
             self.current = op_name(func)
             first = len(self.builder.graph.nodes)
             rule = lookup(func)
+            if self.unbacked and rule is None:
+                datadep.refuse_unruled(self, args, kwargs)
             result = self._dispatch(rule, func, args, kwargs)
+            if self.unbacked:
+                datadep.check_new_nodes(self, first)
             if rule is None or rule.kind != "meta":  # NOTE: a metadata read computes nothing
                 self.rng.after(self, first)
             return result
@@ -629,7 +640,8 @@ class CaptureContext:
         assert isinstance(expected, TensorType)
         if not expected.is_static:
             shape = tuple(
-                d if isinstance(d, int) else int(d.xreplace(self.bindings)) for d in expected.shape
+                d if isinstance(d, int) else int(d.xreplace({**self.bindings, **self.unbacked}))
+                for d in expected.shape
             )
             expected = expected.with_shape(shape)
         if expected != actual:

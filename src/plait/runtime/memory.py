@@ -4,7 +4,8 @@ Every materialized value gets one of these homes:
 
 - ``input``: a graph input (the caller's tensor, never written);
 - ``output``: a graph output a kernel writes: a fresh tensor each call (the caller owns it);
-- ``torch``: allocated by PyTorch inside an extern or fallback call, fresh each call;
+- ``torch``: allocated by PyTorch inside an extern or fallback call, fresh each call (the only
+  home of a value of data-dependent size: ``nonzero``'s result, counted in no byte total);
 - ``arena``: an intermediate a kernel writes: a fixed offset in one arena reused across calls;
 - ``inplace``: written by a kernel over the buffer of a value it reads for the last time, at the
   very index it writes (all its reads of that buffer are at the store's index). This is how an
@@ -46,10 +47,12 @@ class BufferPlan:
     epilogue_of: int | None = None
 
     def record(self) -> dict[str, Any]:
+        t = self.value.type
+        sized = not isinstance(t, TensorType) or t.is_static
         out: dict[str, Any] = {
             "value": self.value.name,
             "home": self.home,
-            "bytes": self.nbytes,
+            "bytes": self.nbytes if sized else "data-dependent",
             "live": [self.first, self.last],
         }
         if self.home == "arena":
@@ -80,8 +83,12 @@ class MemoryPlan:
 
 
 def nbytes(v: Value) -> int:
+    """Bytes of ``v``; 0 for a data-dependent size (PyTorch allocates it, the plan counts it
+    nowhere: such a buffer's record says ``"bytes": "data-dependent"``)."""
     t = v.type
     assert isinstance(t, TensorType)
+    if not t.is_static:
+        return 0
     n = 1
     for d in shape_of(t):
         n *= d

@@ -308,6 +308,8 @@ class _Emitter:
         target = outs[0] if len(outs) == 1 else f"({', '.join(outs)},)"
         self.line(f"{target} = {fn}({', '.join(spelled)})")
         for var, out, strides in zip(outs, step.outputs, step.out_strides):
+            if isinstance(out.type, TensorType) and not out.type.is_static:
+                continue  # NOTE: a data-dependent size: PyTorch's tensor, read only by PyTorch
             if isinstance(out.type, TensorType):
                 st = self.const(tuple(strides))
                 self.line(f"if {var}.stride() != {st}: {var} = _conform({var}, {st})")

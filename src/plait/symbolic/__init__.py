@@ -12,33 +12,41 @@ Example:
 """
 
 from plait.symbolic.dims import (
+    UNBACKED_RE,
     Dim,
     DimParseError,
     dim_to_text,
     dims_equal,
     evaluate,
     free_symbols,
+    has_unbacked,
     is_static,
+    is_unbacked,
     known_equal,
     known_not_equal,
     normalize,
     parse_dim,
     product,
     symbol,
+    unbacked_symbol,
 )
 
 __all__ = [
+    "UNBACKED_RE",
     "Dim",
     "DimParseError",
     "dim_to_text",
     "dims_equal",
     "evaluate",
     "free_symbols",
+    "has_unbacked",
     "is_static",
+    "is_unbacked",
     "known_equal",
     "known_not_equal",
     "normalize",
     "parse_dim",
     "product",
     "symbol",
+    "unbacked_symbol",
 ]

@@ -16,6 +16,10 @@ import sympy
 Dim: TypeAlias = int | sympy.Expr
 
 _SYMBOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# NOTE: ``dd0``, ``dd1``, ...: unbacked sizes, the data-dependent dims of a node's result
+# (``nonzero``'s row count). Known only when the node has run; never bound by an input, never
+# guarded, and possibly 0 or 1 (so nonnegative, not positive).
+UNBACKED_RE = re.compile(r"dd\d+\Z")
 _FUNCTIONS = {
     "floor": sympy.floor,
     "ceiling": sympy.ceiling,
@@ -37,10 +41,35 @@ class DimParseError(ValueError):
 
 
 def symbol(name: str) -> sympy.Symbol:
-    """A positive integer symbol (sizes are never negative; size 0 and 1 are specialized)."""
+    """A positive integer symbol (sizes are never negative; size 0 and 1 are specialized);
+    an unbacked name (``dd0``) is a nonnegative one (see :func:`unbacked_symbol`)."""
     if not _SYMBOL_RE.match(name) or name in _FUNCTIONS:
         raise ValueError(f"invalid symbol name {name!r}: use an identifier such as 's0'")
+    if UNBACKED_RE.match(name):
+        return sympy.Symbol(name, integer=True, nonnegative=True)
     return sympy.Symbol(name, integer=True, positive=True)
+
+
+def unbacked_symbol(index: int) -> sympy.Symbol:
+    """The ``index``-th unbacked size of a graph: a dim only known once the node that makes it
+    has run (``nonzero``'s row count), which may be 0 or 1.
+
+    Example:
+        >>> s = unbacked_symbol(0)
+        >>> str(s), is_unbacked(s + 1), is_unbacked(symbol("s0"))
+        ('dd0', True, False)
+    """
+    return symbol(f"dd{int(index)}")
+
+
+def is_unbacked(d: Dim) -> bool:
+    """Whether ``d`` depends on an unbacked size."""
+    return isinstance(d, sympy.Expr) and any(UNBACKED_RE.match(str(s)) for s in d.free_symbols)
+
+
+def has_unbacked(dims: Iterable[Dim]) -> bool:
+    """Whether any of ``dims`` depends on an unbacked size."""
+    return any(is_unbacked(d) for d in dims)
 
 
 def normalize(d: Dim) -> Dim:

@@ -10,6 +10,7 @@ Example:
 
 from plait.ir.ops import (  # noqa: F401  (registers)
     aten,
+    datadep,
     extern,
     movement,
     pointwise,
