@@ -51,14 +51,13 @@ PROGRAMS: dict[str, Callable[[torch.Tensor], Any]] = {
     "unsqueeze": lambda x: x[x > 0].unsqueeze(0).abs(),
     "flatten_mean": lambda x: torch.nonzero(x > 0).flatten().float().mean(),
     "column": lambda x: torch.nonzero(x > 0)[:, 0],
-    "combinations": lambda x: torch.combinations(x[0], 3).sum(1),
 }
 
 
-# NOTE: reduced to a static shape, or (combinations) a size the values do not change
+# NOTE: reduced to a static shape (torch.combinations has a capture rule of static size:
+# tests/capture/test_statistics_rules.py)
 SAME_SIZE_EVERY_DRAW = {
     "static_after", "mask_sum", "masked_select_mean", "unique_float_mean", "flatten_mean",
-    "combinations",
 }  # fmt: skip
 
 

@@ -292,15 +292,6 @@ def refuse_operands(cx: CaptureContext, name: str, operands: Any) -> None:
             refuse(cx, f"{name} cannot take {o.type}")
 
 
-@op(torch.combinations)
-def _combinations(
-    cx: CaptureContext, out: Any, x: Any, r: Any = 2, with_replacement: bool = False
-) -> Any:
-    # NOTE: its size is C(n, r), but ATen computes it with a masked_select, so the meta
-    # kernel's type (and the node's) has an unbacked size: sound, if narrower than needed
-    return emit(cx, aten.combinations.default, (x, cx.int(r), bool(with_replacement)), {})[0]
-
-
 @op(torch.nonzero_static, T.nonzero_static)
 def _nonzero_static(
     cx: CaptureContext, out: Any, x: Any, *, size: Any, fill_value: Any = -1
