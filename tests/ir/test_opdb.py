@@ -126,6 +126,7 @@ NEEDS_STATIC = {
     "split": "sizes are attributes; covered by a hand-written symbolic case",
     "aten": "its meta kernel runs on static fake tensors (a clear TypeRuleError otherwise)",
     "aten_factory": "no tensor operands",
+    "aten_check": "its operands are static (a clear TypeRuleError otherwise)",
 }
 
 
