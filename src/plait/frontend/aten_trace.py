@@ -7,18 +7,25 @@ functional ATen ops. Each ATen node becomes the IR op the ATen -> IR table
 come from the overload's meta kernel. Tensors the call creates from no input (``torch.tensor``
 literals) become constants of the graph.
 
+A random op (``torch.Tag.nondeterministic_seeded``) becomes a random ``aten`` node, a runtime
+check (``_linalg_check_errors``, ``_assert_async``) an ``aten_check`` node; an in-place op left
+inside a composite is its functional form (:func:`rebinding`) when it writes only fresh tensors
+(:func:`writes_fresh`: made in the call by an op that views nothing, no view of them taken),
+rebinding every node that is that tensor. When the call itself is in place (``writes``), the
+graph's write-backs of its inputs (``copy_`` into a placeholder) rebind those inputs. When the
+decomposition is refused or unfaithful, a builtin's own overload is tried
+(:mod:`plait.frontend.aten_single`).
+
 NOTE: the graph must be a faithful program, else the call is refused (the caller keeps the
 opaque path, whose fallback is counted and reported):
 - a read of tensor data (``item()``, ``_local_scalar_dense``; a branch on a value: fake tensors
   raise), a data-dependent output shape (``nonzero``, ``masked_select``: unbacked sizes);
-- a random op (``torch.Tag.nondeterministic_seeded``: the RNG path captures those);
-- a write to an input (``copy_`` into a placeholder); an in-place
-  op left inside a composite is its out-of-place form only when it writes a fresh tensor that
-  no view shares;
+- any other write to an input, or an in-place op with no functional form or on a shared tensor;
 - a non-tensor result, or a result of a dtype the IR lacks;
 - anything else make_fx, fake tensors or a meta kernel cannot do.
-Then the ATen graph runs on the real samples: its results must equal eager's bit for bit (NaN
-positions and zero signs included), or the call is refused.
+Then the ATen graph runs on the real samples, from the generator state the call started in: its
+results (and the inputs it writes) must equal eager's bit for bit (NaN positions and zero signs
+included) and it must leave the generator where eager's call left it, or the call is refused.
 
 Example:
     >>> import torch
