@@ -5,6 +5,7 @@ the generator ends where eager leaves it (the next draws are eager's next draws)
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import plait
+from plait.errors import CaptureFallbackWarning
 from plait.ir import get_op
 from tests.capture.helpers import assert_same
 
@@ -133,3 +135,25 @@ def test_bernoulli_with_tensor_probability_on_fresh_probabilities() -> None:
         got = compiled(p)
         torch.manual_seed(seed)
         assert_same(got, fn(p), f"seed {seed}")
+
+
+def test_rrelu_with_a_gradient_gets_eagers_gradient() -> None:
+    """``rrelu_with_noise_functional``'s backward reads the noise argument, not the noise it
+    drew: with a gradient flowing, rrelu keeps eager's call (an opaque random node)."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return F.rrelu(x, 0.1, 0.4, training=True) * x
+
+    compiled = plait.compile(fn)
+    for seed in (0, 1):
+        mine = _fresh(seed).requires_grad_()
+        theirs = _fresh(seed).requires_grad_()
+        torch.manual_seed(seed)
+        with pytest.warns(CaptureFallbackWarning) if seed == 0 else contextlib.nullcontext():
+            got = compiled(mine)
+        got.sum().backward()
+        torch.manual_seed(seed)
+        want = fn(theirs)
+        want.sum().backward()
+        assert_same(got, want, f"seed {seed}")
+        assert_same(mine.grad, theirs.grad, f"the gradient, seed {seed}")

@@ -365,6 +365,9 @@ class _Emitter:
 
     def __init__(self, cx: CaptureContext, gm: torch.fx.GraphModule, inputs: list[Tracer]):
         self.cx = cx
+        # NOTE: whether a gradient flows through the call (eager autograd differentiates the
+        # nodes' reference calls then)
+        self.grad = cx.grad_enabled and any(t._rg for t in inputs)
         self.gm = gm
         self.inputs = inputs
         self.env: dict[torch.fx.Node, Any] = {}
@@ -413,6 +416,10 @@ class _Emitter:
         vals = node.meta["val"]
         expected = [TensorType.of(v) for v in (vals if isinstance(vals, (tuple, list)) else [vals])]
         variant = bool(written) and op is not out_of_place(target)  # NOTE: a _functional op
+        if variant and self.grad:
+            # NOTE: rrelu_with_noise_functional's backward reads the noise argument, not the
+            # noise it drew: its gradient is not eager's
+            return f"aten.{op.__name__} has no gradient of aten.{target.__name__}'s"
         if variant:
             expected += [TensorType.of(_arg(node, target, i).meta["val"]) for i in written]
         value = self._native(op, node, expected)
