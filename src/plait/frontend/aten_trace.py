@@ -127,14 +127,13 @@ def out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
 
     NOTE: ``as_strided_`` has none: its result depends on the storage layout of the tensor it
     restrides, which the IR (values, not storage) does not describe."""
-    schema = op._schema
-    writes = [
-        i
-        for i, a in enumerate(schema.arguments)
-        if a.alias_info is not None and a.alias_info.is_write
-    ]
-    name = schema.name.split("::", 1)[1]
-    if writes != [0] or not name.endswith("_") or name.startswith("_") or name == "as_strided_":
+    name = op._schema.name.split("::", 1)[1]
+    if (
+        _written(op) != [0]
+        or not name.endswith("_")
+        or name.startswith("_")
+        or name == "as_strided_"
+    ):
         return None
     pure = getattr(getattr(aten, name[:-1], None), op._overloadname, None)
     if not isinstance(pure, torch._ops.OpOverload) or pure._schema.is_mutable:
@@ -207,9 +206,7 @@ def same_tensor_nodes(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, list[torc
     in-place ops that wrote it and returned it."""
     members: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     for node in gm.graph.nodes:
-        members.setdefault(tensor_root(node), [])
-        root = tensor_root(node)
-        members[root].append(node)
+        members.setdefault(tensor_root(node), []).append(node)
     return members
 
 
