@@ -5,8 +5,9 @@ Capture runs the program for real, so it sees the CPU generator's state move. Th
 compares the state at each torch call (and at the end) with the state the graph accounts for:
 
 - a torch call that draws (the state moved during it) must have become a random node (dropout,
-  attention with dropout, ``random_call``/``random_factory`` for PyTorch's random functions),
-  which the executors run in program order: the same draws as eager;
+  attention with dropout, random ``aten``/``aten_factory`` nodes for the random ATen ops of a
+  call with no capture rule, else ``random_call``/``random_factory``), which the executors run
+  in program order: the same draws as eager;
 - between torch calls, Python code may move it: ``torch.manual_seed(s)`` (the state equals a
   fresh generator seeded with ``torch.initial_seed()``) becomes ``rng_seed {seed=s}``; a state
   restored to one the program had earlier (``torch.random.fork_rng``, ``get_rng_state`` then
