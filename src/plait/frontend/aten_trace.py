@@ -260,6 +260,9 @@ def _check_graph(gm: torch.fx.GraphModule, writes_inputs: bool = False) -> str |
     for node in gm.graph.nodes:
         if node.op in ("call_module", "call_method"):
             return f"the traced graph has a {node.op} node"
+        if node.op == "get_attr" and not isinstance(getattr(gm, node.target), torch.Tensor):
+            kind = type(getattr(gm, node.target)).__name__
+            return f"the traced graph holds a {kind}, not a tensor (a torch.Generator argument?)"
         if node.op != "call_function":
             continue
         target = node.target
