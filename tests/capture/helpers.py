@@ -63,7 +63,12 @@ def opaque_path(monkeypatch: pytest.MonkeyPatch) -> None:
     from plait.frontend import aten_trace, opaque
 
     def refuse(
-        cx: Any, func: Any, args: tuple, kwargs: dict, sampled: Any = aten_trace.NOT_RUN
+        cx: Any,
+        func: Any,
+        args: tuple,
+        kwargs: dict,
+        sampled: Any = aten_trace.NOT_RUN,
+        writes: bool = False,
     ) -> Any:
         return aten_trace.Refused("ATen tracing is off in this test", sampled)
 

@@ -197,17 +197,23 @@ def test_data_dependent_check_inside_stays_opaque() -> None:
         compiled(*fresh)
 
 
-def test_random_call_stays_on_the_rng_path() -> None:
+def test_random_aten_op_is_a_random_aten_node() -> None:
+    """poisson draws from torch's generator: a random ``aten`` node (no opaque node), run in
+    program order, drawing eager's numbers and leaving the generator where eager leaves it."""
     fn = torch.poisson
-    x = _draw((3, 4), 0, positive=True)
-    compiled = _opaque(fn, [x])
+    compiled = plait.compile(fn, fullgraph=True)
+    for seed in (3, 4):
+        fresh = _draw((3, 4), seed, positive=True) * 2
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            got = compiled(fresh)
+        after = torch.rand(4)
+        torch.manual_seed(seed)
+        assert torch.equal(got, fn(fresh))
+        assert torch.equal(after, torch.rand(4))
     (spec,) = compiled.specializations
-    assert [n.op for n in spec.graph.nodes] == ["random_call"]
-    torch.manual_seed(3)
-    with torch.no_grad():
-        got = compiled(x * 2)
-    torch.manual_seed(3)
-    assert torch.equal(got, fn(x * 2))
+    assert [(n.op, n.attrs["name"]) for n in spec.graph.nodes] == [("aten", "poisson")]
+    assert spec.opaque_counts == {}
 
 
 def test_in_place_write_of_an_input_is_refused() -> None:
@@ -288,8 +294,10 @@ def test_aten_type_rule_rejects_symbolic_and_bad_operands() -> None:
         gb.call("aten", [x], name="os.system", overload="default")
     with pytest.raises(TypeRuleError, match="writes or aliases"):
         gb.call("aten", [x], name="add_", overload="Scalar", literals='[{"t": 0}, 1]')
-    with pytest.raises(TypeRuleError, match="random"):
-        gb.call("aten", [x], name="bernoulli", overload="default")
+    with pytest.raises(TypeRuleError, match="returns nothing"):
+        gb.call("aten", [x], name="_assert_async", overload="default")
+    with pytest.raises(TypeRuleError, match="no runtime check"):
+        gb.call("aten_check", [x], name="mm", overload="default")
 
 
 def test_aten_nodes_warm_start_from_the_cache(tmp_path: Any) -> None:

@@ -17,6 +17,7 @@ from torch import nn
 
 import plait
 from plait.errors import CaptureFallbackWarning, GraphCaptureError
+from plait.ir import get_op
 from tests.capture.helpers import assert_same
 from tests.util import assert_bitwise
 
@@ -77,7 +78,7 @@ REPLAYED: dict[str, Callable[[torch.Tensor], Any]] = {
     "attention": _attention,
 }
 
-# PyTorch's random functions have no IR op: random nodes run by PyTorch (fullgraph=False)
+# PyTorch's random functions have no IR op: random ATen nodes run by PyTorch in program order
 RANDOM_CALLS: dict[str, Callable[[torch.Tensor], Any]] = {
     "rand_like_twice": lambda x: torch.rand_like(x) + torch.rand_like(x),
     "bernoulli": lambda x: torch.bernoulli(torch.sigmoid(x)),
@@ -130,8 +131,10 @@ def test_random_functions_are_random_nodes(name: str, backend: str) -> None:
         _check_calls(fn, compiled)
     program = compiled.specializations[0].program
     assert program.has_graph, program.fallback_reason
-    ops = [n.op for n in program.graph.nodes]
-    assert {"random_call", "random_factory"} & set(ops), ops
+    draws = [n for n in program.graph.nodes if get_op(n.op).is_random(n.attrs)]
+    typed = [n for n in draws if n.op in ("aten", "aten_factory")]
+    assert typed and all(n.op in ("aten", "aten_factory", "rng_seed", "dropout") for n in draws)
+    assert program.opaque_counts == {}
 
 
 def test_train_mode_module_with_a_seed_inside() -> None:
@@ -203,6 +206,15 @@ def test_what_cannot_be_replayed_is_refused(
     _check_calls(fn, compiled)
 
 
-def test_random_functions_under_fullgraph_are_refused() -> None:
-    with pytest.raises(GraphCaptureError, match="rand_like"):
-        plait.compile(lambda x: torch.rand_like(x), backend="eager", fullgraph=True)(torch.randn(3))
+@pytest.mark.parametrize("backend", ["eager", "stax"])
+def test_random_functions_compile_under_fullgraph(backend: str) -> None:
+    fn = RANDOM_CALLS["rand_like_twice"]
+    _check_calls(fn, plait.compile(fn, backend=backend, fullgraph=True))
+
+
+def test_a_random_call_with_its_own_generator_is_refused_under_fullgraph() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.rand_like(x) + torch.bernoulli(x.sigmoid(), generator=torch.Generator())
+
+    with pytest.raises(GraphCaptureError, match="Generator"):
+        plait.compile(fn, backend="eager", fullgraph=True)(torch.randn(3))

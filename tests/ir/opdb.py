@@ -850,6 +850,19 @@ def gen_aten_factory(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
     )  # fmt: skip
 
 
+def gen_aten_check(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
+    """A runtime check (plait.ir.ops.aten): passes on a zero LAPACK info, returns the token."""
+    info = torch.zeros(2, dtype=torch.int32)
+    yield Sample(
+        "aten_check",
+        [[info]],
+        {"name": "_linalg_check_errors", "literals": '[{"t": 0}, "linalg.inv"]',
+         "kwliterals": '{"is_matrix": false}'},
+        lambda: torch.zeros((), dtype=torch.int64),
+        "a passing linalg check",
+    )  # fmt: skip
+
+
 def gen_rng(op: str, dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
     """The generator's ops (plait.ir.ops.rng); the test seeds the generator alike before both."""
     if op == "rng_seed":
@@ -953,6 +966,7 @@ GENERATORS.update(
         "aten": gen_aten,
         "aten_factory": gen_aten_factory,
         "aten_datadep": gen_aten_datadep,
+        "aten_check": gen_aten_check,
     }
 )
 for _op in ("rng_seed", "rng_get_state", "rng_set_state", "random_call", "random_factory"):

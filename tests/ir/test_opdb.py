@@ -128,6 +128,7 @@ NEEDS_STATIC = {
     "aten_factory": "no tensor operands",
     "aten_datadep": "a data-dependent op takes operands of static shape (its result's sizes are "
     "unbacked, never symbolic sizes of an input)",
+    "aten_check": "its operands are static (a clear TypeRuleError otherwise)",
 }
 
 

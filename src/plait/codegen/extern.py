@@ -209,6 +209,18 @@ def _aten(n: Node, consts: Consts) -> ExternCall:
     return ExternCall(call, op_class, detail)
 
 
+def _aten_check(n: Node, consts: Consts) -> ExternCall:
+    """A runtime check (``_linalg_check_errors``): PyTorch's kernel raises eager's error on bad
+    values; the node's result is a token."""
+    from plait.ir.ops.aten import bind_check
+
+    a = n.attrs
+    name, overload = a["name"], a["overload"]
+    call = bind_check(name, overload, a["literals"], a["kwliterals"], len(n.inputs))
+    detail = f"aten.{name}" + ("" if overload == "default" else f".{overload}")
+    return ExternCall(call, "data_movement", detail)
+
+
 def _binary_aten(name: str) -> Callable[[Node, Consts], ExternCall]:
     fn = getattr(torch, name)
 
@@ -227,6 +239,7 @@ EXTERN_RULES: dict[str, Callable[[Node, Consts], ExternCall]] = {
     "remainder": _binary_aten("remainder"),
     "aten": _aten,
     "aten_factory": _aten,
+    "aten_check": _aten_check,
     "conv2d": _conv2d,
     "linear": _linear,
     "matmul": _matmul,

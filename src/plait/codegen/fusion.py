@@ -738,8 +738,10 @@ class _Planner:
         contiguous = [contiguous_strides(shape_of(v.type)) for v in step.outputs]
         if not self._infer:
             return contiguous
-        if not self.channels_last:
+        effect = node.op == "aten_check" or get_op(node.op).is_random(node.attrs)
+        if not self.channels_last or effect:
             # NOTE: no channels_last anywhere: a result PyTorch lays out otherwise is conformed.
+            # A check never runs on zeros (it raises), nor a random node (it would draw).
             for v, c in zip(step.outputs, contiguous):
                 self._sample(v, c)
             return contiguous

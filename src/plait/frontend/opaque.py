@@ -275,10 +275,16 @@ def _run_functionalized(
     a result of another dtype is cast back, as PyTorch's in-place ops do)."""
     pure = _out_of_place(func, args, kwargs) if len(targets) == 1 else None
     if pure is None or not args or targets[0] is not args[0]:
+        # NOTE: its ATen graph, whose write-backs of the arguments rebind them (x.uniform_())
+        cx.check_writable(targets)
+        traced = trace_to_aten(cx, func, args, kwargs, writes=True)
+        if not isinstance(traced, Refused):
+            return traced
         cx.fail(
             "unsupported",
             f"{no_rule}, and it cannot be an opaque node: it writes its arguments in place and "
-            "has no out-of-place form (an `op_` method's `op`, an `inplace=False` flag)",
+            "has no out-of-place form (an `op_` method's `op`, an `inplace=False` flag), and no "
+            f"ATen program: {traced.reason}",
         )
     cx.check_writable(targets)
     pure_func, pure_args, pure_kwargs = pure

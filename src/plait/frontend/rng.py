@@ -5,8 +5,9 @@ Capture runs the program for real, so it sees the CPU generator's state move. Th
 compares the state at each torch call (and at the end) with the state the graph accounts for:
 
 - a torch call that draws (the state moved during it) must have become a random node (dropout,
-  attention with dropout, ``random_call``/``random_factory`` for PyTorch's random functions),
-  which the executors run in program order: the same draws as eager;
+  attention with dropout, random ``aten``/``aten_factory`` nodes for the random ATen ops of a
+  call with no capture rule, else ``random_call``/``random_factory``), which the executors run
+  in program order: the same draws as eager;
 - between torch calls, Python code may move it: ``torch.manual_seed(s)`` (the state equals a
   fresh generator seeded with ``torch.initial_seed()``) becomes ``rng_seed {seed=s}``; a state
   restored to one the program had earlier (``torch.random.fork_rng``, ``get_rng_state`` then
@@ -167,14 +168,19 @@ class RngTracker:
 def keep_last_draw(cx: CaptureContext, outputs: list[Any]) -> None:
     """NOTE: the graph's last random node must run even when nothing reads it (a trailing
     ``manual_seed``, an unused dropout): it becomes an extra graph output, so dead-code
-    elimination keeps it and the generator ends where eager leaves it."""
+    elimination keeps it and the generator ends where eager leaves it. So does every runtime
+    check (``aten_check``: it raises eager's error on bad values, and computes nothing)."""
     tracker: RngTracker = cx.rng
+    kept = [n for n in cx.builder.graph.nodes if n.op == "aten_check"]
     node = tracker.last_random
-    if node is None or not node.outputs:
+    if node is not None and node.outputs:
+        kept.append(node)
+    if not kept:
         return
     live = {id(o) for o in outputs if isinstance(o, Value)}
     for n in reversed(cx.builder.graph.nodes):
         if any(id(v) in live for v in n.outputs):
             live.update(id(v) for v in n.input_values())
-    if not any(id(v) in live for v in node.outputs):
-        outputs.append(node.outputs[0])
+    for n in kept:
+        if not any(id(v) in live for v in n.outputs):
+            outputs.append(n.outputs[0])

@@ -11,8 +11,19 @@ text can never make plait run arbitrary code.
 
 Non-tensor arguments travel as the JSON literals of opaque nodes (``literals``/``kwliterals``,
 :func:`plait.ir.ops.extern.decode_literal`; ``{"t": i}`` is tensor operand ``i``). Refused by
-the type rule: in-place or aliasing overloads (the IR is functional), random ones (the RNG path
-handles them), symbolic dims, non-tensor results, data-dependent output shapes.
+the type rule: in-place or aliasing overloads (the IR is functional), symbolic dims, non-tensor
+results, data-dependent output shapes.
+
+An overload tagged ``torch.Tag.nondeterministic_seeded`` (``bernoulli.p``, ``uniform``,
+``normal.Tensor_float``, ``randint_like``...) makes its node random (``is_random``): passes never
+merge, fold or reorder it among the random nodes, and the executors run it in program order, so
+it draws from torch's global generator exactly the numbers eager draws there.
+
+``aten_check(tensors...)`` is a runtime check (:data:`RUNTIME_CHECKS`: ``_linalg_check_errors``,
+``_assert_async``...): PyTorch's own kernel, run in program order, that returns nothing and raises
+eager's error on bad values (a singular matrix). Its node returns an ``i64[]`` token that capture
+makes a graph output, so it is never dead code. (Constant folding may run it once on frozen
+constants: capture ran it on the same values already, and a weight changed in place recompiles.)
 
 Example:
     >>> import torch
@@ -41,14 +52,7 @@ from plait.ir.types import TensorType, Type
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def resolve_overload(name: str, overload: str) -> torch._ops.OpOverload:
-    """``torch.ops.aten.<name>.<overload>``, a functional, deterministic overload; nothing
-    outside ``torch.ops.aten`` is ever resolved.
-
-    Example:
-        >>> resolve_overload("acos", "default")
-        <OpOverload(op='aten.acos', overload='default')>
-    """
+def _lookup(name: str, overload: str) -> torch._ops.OpOverload:
     what = f"aten.{name}.{overload}"
     if not _IDENT.fullmatch(name) or not _IDENT.fullmatch(overload):
         raise TypeRuleError(f"aten: {what!r} is not an ATen overload name")
@@ -58,11 +62,69 @@ def resolve_overload(name: str, overload: str) -> torch._ops.OpOverload:
         raise TypeRuleError(f"aten: torch.ops has no overload {what}") from None
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
         raise TypeRuleError(f"aten: {what} is not an ATen operator overload")
+    return op
+
+
+def resolve_overload(name: str, overload: str) -> torch._ops.OpOverload:
+    """``torch.ops.aten.<name>.<overload>``, a functional overload (random ones included:
+    :func:`is_seeded`); nothing outside ``torch.ops.aten`` is ever resolved.
+
+    Example:
+        >>> resolve_overload("acos", "default")
+        <OpOverload(op='aten.acos', overload='default')>
+    """
+    op = _lookup(name, overload)
     schema = op._schema
     if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
-        raise TypeRuleError(f"aten: {what} writes or aliases its arguments; the IR is functional")
-    if torch.Tag.nondeterministic_seeded in op.tags:
-        raise TypeRuleError(f"aten: {what} draws random numbers; the RNG path captures those")
+        raise TypeRuleError(
+            f"aten: aten.{name}.{overload} writes or aliases its arguments; the IR is functional"
+        )
+    if not schema.returns:
+        raise TypeRuleError(
+            f"aten: aten.{name}.{overload} returns nothing; a runtime check is an aten_check node"
+        )
+    return op
+
+
+def is_seeded(op: torch._ops.OpOverload) -> bool:
+    """Whether ``op`` draws from torch's random number generator."""
+    return torch.Tag.nondeterministic_seeded in op.tags
+
+
+@functools.lru_cache(maxsize=1024)
+def _seeded_name(name: str, overload: str) -> bool:
+    try:
+        return is_seeded(_lookup(name, overload))
+    except TypeRuleError:
+        return False
+
+
+def _random_when(attrs: Any) -> bool:
+    return _seeded_name(str(attrs.get("name", "")), str(attrs.get("overload", "default")))
+
+
+aten = torch.ops.aten
+# NOTE: ATen overloads that compute nothing and raise on bad values (eager's error, by its own
+# kernel): they run as ``aten_check`` nodes, in program order, never dropped.
+RUNTIME_CHECKS = frozenset(
+    {
+        aten._linalg_check_errors.default,
+        aten._assert_async.default,
+        aten._assert_async.msg,
+    }
+)
+
+
+def resolve_check(name: str, overload: str) -> torch._ops.OpOverload:
+    """``torch.ops.aten.<name>.<overload>``, one of :data:`RUNTIME_CHECKS`.
+
+    Example:
+        >>> resolve_check("_linalg_check_errors", "default")
+        <OpOverload(op='aten._linalg_check_errors', overload='default')>
+    """
+    op = _lookup(name, overload)
+    if op not in RUNTIME_CHECKS:
+        raise TypeRuleError(f"aten_check: aten.{name}.{overload} is no runtime check plait knows")
     return op
 
 
@@ -141,7 +203,12 @@ def bind_call(
 ) -> Callable[[list[Any]], Any]:
     """A callable over the node's ``operands`` tensors that calls the overload with the node's
     arguments (the literals decoded once, here)."""
-    op = resolve_overload(name, overload)
+    return _bind(resolve_overload(name, overload), literals, kwliterals, operands)
+
+
+def _bind(
+    op: torch._ops.OpOverload, literals: str, kwliterals: str, operands: int
+) -> Callable[[list[Any]], Any]:
     if literals == "" and kwliterals == "":
         return lambda tensors: op(*tensors)
     slots: list[Any] = [_Slot(i) for i in range(operands)]
@@ -170,6 +237,38 @@ class _Slot:
         self.index = index
 
 
+CHECK_TOKEN = TensorType((), torch.int64, "cpu")
+
+
+def _check_rule(
+    args: list[Type], name: str, overload: str, literals: str, kwliterals: str
+) -> list[Type]:
+    resolve_check(name, overload)
+    _check_spec(args, literals, kwliterals)
+    for t in args:
+        if isinstance(t, TensorType) and not t.is_static:
+            raise TypeRuleError(f"aten_check: aten.{name} has an operand of symbolic shape {t}")
+    return [CHECK_TOKEN]
+
+
+def bind_check(
+    name: str, overload: str, literals: str, kwliterals: str, operands: int
+) -> Callable[[list[Any]], torch.Tensor]:
+    """A callable over the node's ``operands`` tensors that runs the check (raising eager's
+    error on bad values) and returns the node's token."""
+    call = _bind(resolve_check(name, overload), literals, kwliterals, operands)
+
+    def run(tensors: list[Any]) -> torch.Tensor:
+        call(tensors)
+        return torch.zeros((), dtype=torch.int64)
+
+    return run
+
+
+def _check_ref(args: list[Any], name: str, overload: str, literals: str, kwliterals: str) -> Any:
+    return bind_check(name, overload, literals, kwliterals, len(args))(list(args))
+
+
 def _aten_ref(args: list[Any], name: str, overload: str, literals: str, kwliterals: str) -> Any:
     call_args, keywords = decode_call(list(args), literals, kwliterals)
     return resolve_overload(name, overload)(*call_args, **keywords)
@@ -196,6 +295,7 @@ register(
         ALL,
         "a functional ATen overload run by PyTorch (an extern kernel; types from its meta kernel)",
         fixed_outputs=None,
+        random_when=_random_when,
     )
 )
 register(
@@ -208,6 +308,21 @@ register(
         _factory_ref,
         ALL,
         "a functional ATen overload with no tensor operand (linspace, eye), run by PyTorch",
+        fixed_outputs=None,
+        random_when=_random_when,
+    )
+)
+register(
+    OpDef(
+        "aten_check",
+        Category.EXTERN,
+        (Param("args", VARIADIC),),
+        _ATTRS,
+        _check_rule,
+        _check_ref,
+        (torch.int64,),
+        "an ATen runtime check (_linalg_check_errors...) run by PyTorch in program order: raises "
+        "eager's error on bad values; returns an i64[] token",
         fixed_outputs=None,
     )
 )
