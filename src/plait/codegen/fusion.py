@@ -420,8 +420,8 @@ class _Planner:
             # NOTE: a conv's input made by a kernel of another shape (a zero pad before a
             # strided or depthwise conv): written channels_last, as the conv reads it, instead
             # of a copy into that layout at every call
-            _, c, h, w = shape
-            return (c * h * w, 1, w * c, c)
+            _, chans, height, width = shape
+            return (chans * height * width, 1, width * chans, chans)
         return contiguous
 
     def materialize(self, v: Value) -> None:
