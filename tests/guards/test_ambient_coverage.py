@@ -66,6 +66,7 @@ COVERED = {
     ("api.py", "is_grad_enabled"): "whether to prefetch the weights digest (freezing is "
     "decided, and guarded, in backends.py)",
     ("settings.py", "is_grad_enabled"): _PROTOCOL,
+    ("specialization.py", "is_grad_enabled"): "a docstring example: the settings key it prints",
     ("settings.py", "get_default_dtype"): _PROTOCOL,
     ("settings.py", "is_autocast_enabled"): _PROTOCOL,
     ("settings.py", "get_num_threads"): _PROTOCOL,
