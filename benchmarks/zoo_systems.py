@@ -141,6 +141,12 @@ class Runner:
     def _torch_compiler(self, threads: int) -> Fn:
         if self.compiled is not None:
             return self.compiled  # type: ignore[no-any-return]
+        if self.kind == "inductor":
+            # NOTE: Dynamo keeps compiled entries per code object across models (the zoo's
+            # wrapper forward is one code object): past its recompile limit it would run the
+            # next models eagerly, unannounced. Each model starts from a reset Dynamo, and a
+            # first call that compiled no graph is an error, not an inductor timing.
+            torch._dynamo.reset()
         start = time.perf_counter()
         if self.kind == "plait":
             import plait
@@ -152,6 +158,13 @@ class Runner:
         first_s = _first_call(self.compiled, self.example)
         self.compile = {"wrapper_s": wrapper_s, "first_call_s": first_s,
                         "cold_s": wrapper_s + first_s}  # fmt: skip
+        if self.kind == "inductor":
+            from torch._dynamo.utils import counters
+
+            graphs = int(counters["stats"]["unique_graphs"])
+            self.compile["graphs"] = graphs
+            if graphs == 0:
+                raise RuntimeError("torch.compile compiled no graph: the model ran eagerly")
         return self.compiled  # type: ignore[no-any-return]
 
 
