@@ -166,7 +166,10 @@ def compile_program(req: CompileRequest) -> Compiled:
     m = Manifest(source_hash=prog.semantic_hash or "", options=_options_record(req))
     m.guards = prog.guards.texts()
     m.fallbacks = [
-        {"what": f"opaque {k} ×{v}", "reason": "no IR op; PyTorch runs the call"}
+        {
+            "what": f"opaque {k} ×{v}",
+            "reason": f"PyTorch runs the call: {prog.opaque_reasons.get(k, 'no IR op')}",
+        }
         for k, v in sorted(prog.opaque_counts.items())
     ]
     if not prog.has_graph:

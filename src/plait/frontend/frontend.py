@@ -360,6 +360,7 @@ def _finish(
         out_leaves=[_out_leaf(kind, ref, position) for kind, ref in out_leaves],
         mutations=[(position[id(lift.value)], o) for lift, o in mutations],
         opaque_counts=dict(cx.opaque_counts),
+        opaque_reasons=dict(cx.opaque_reasons),
         dynamic=cx.dynamic,
     )
 
@@ -420,6 +421,7 @@ def _fallback(
         guard_plan=plan,
         semantic_hash=None,
         opaque_counts=dict(cx.opaque_counts),
+        opaque_reasons=dict(cx.opaque_reasons),
         fallback_reason=str(err),
         dynamic=cx.dynamic,
         fallback_error=err,

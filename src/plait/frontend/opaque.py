@@ -220,6 +220,7 @@ def run_opaque(
         op = "random_call" if random else "opaque"
         values = cx.call(op, [cx.value(t) for t in tracers], **spelled, **literal_attrs)
     cx.opaque_counts[str(target)] += 1
+    cx.opaque_reasons.setdefault(str(target), f"{no_rule}; no ATen program: {traced.reason}")
     grad = cx.grad_enabled and any(t._rg for t in tracers)
     wrapped = [cx.new_output(v, o, tracers, grad) for v, o in zip(values, outs)]
     for w in wrapped:

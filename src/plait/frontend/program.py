@@ -55,6 +55,8 @@ class CapturedProgram:
     out_leaves: list[OutputLeaf] = field(default_factory=list)
     mutations: list[tuple[int, int]] = field(default_factory=list)
     opaque_counts: dict[str, int] = field(default_factory=dict)
+    # NOTE: per opaque target, why its call became no ATen program (the first call's reason)
+    opaque_reasons: dict[str, str] = field(default_factory=dict)
     fallback_reason: str | None = None
     dynamic: bool = False
     specialized: list[str] = field(default_factory=list)  # dynamic=True: sizes made static, why

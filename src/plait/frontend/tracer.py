@@ -141,6 +141,7 @@ class CaptureContext:
         self.unbacked: dict[sympy.Symbol, int] = {}
         self._size_symbols: dict[int, sympy.Symbol] = {}
         self.opaque_counts: Counter[str] = Counter()
+        self.opaque_reasons: dict[str, str] = {}
         self.error: BaseException | None = None
         self.current = "<capture>"
         # NOTE: grad mode as the program runs it: `torch.no_grad()` inside the program turns
