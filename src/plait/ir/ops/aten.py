@@ -163,16 +163,19 @@ def _meta_types(
     except TypeRuleError:
         raise
     except Exception as exc:  # NOTE: the meta kernel's own error: bad shapes, dtypes, arguments
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TypeRuleError(
-            f"aten: the meta kernel of {what} rejects these operands: {first}"
-        ) from None
+        raise meta_rejects("aten", what, exc) from None
     try:
         if not all(isinstance(d, int) for shape, _, _ in types for d in shape):
             raise TypeRuleError(f"aten: {what} has a data-dependent output shape")
         return tuple(TensorType(shape, dtype, device) for shape, dtype, device in types)
     except TypeError as exc:
         raise TypeRuleError(f"aten: {what}: {exc}") from None
+
+
+def meta_rejects(node: str, what: str, exc: Exception) -> TypeRuleError:
+    """A meta kernel's own error (bad shapes, dtypes, arguments) as ``node``'s type rule's."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return TypeRuleError(f"{node}: the meta kernel of {what} rejects this call: {first}")
 
 
 def _check_spec(operands: list[Type], literals: str, kwliterals: str) -> None:

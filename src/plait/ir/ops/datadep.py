@@ -36,7 +36,7 @@ from typing import Any
 import sympy
 import torch
 
-from plait.ir.ops.aten import _check_spec, _results, resolve_overload
+from plait.ir.ops.aten import _check_spec, _results, meta_rejects, resolve_overload
 from plait.ir.ops.extern import ALL, decode_call
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
 from plait.ir.types import TensorType, Type
@@ -106,10 +106,7 @@ def _meta_types(
     except TypeRuleError:
         raise
     except Exception as exc:  # NOTE: the meta kernel's own error: bad shapes, dtypes, arguments
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TypeRuleError(
-            f"aten_datadep: the meta kernel of {what} rejects this: {first}"
-        ) from None
+        raise meta_rejects("aten_datadep", what, exc) from None
     found: list[sympy.Symbol] = []
     for shape, _, _ in raw:
         for d in shape:
