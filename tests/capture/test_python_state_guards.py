@@ -217,6 +217,32 @@ def test_closure_cell(evaluator: str) -> None:
     _changed_once(cf, f, change, "closure variable factor")
 
 
+def _scaler(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    def scale(x: torch.Tensor) -> torch.Tensor:
+        return x * k
+
+    return scale
+
+
+@pytest.mark.parametrize("changed", [0, 1])
+def test_closure_cells_of_functions_sharing_one_code(evaluator: str, changed: int) -> None:
+    """Two functions made by one factory share a code object, each with its own cells: a
+    change to either one's cell is seen (the second one to run was once not guarded)."""
+    scalers = [_scaler(3.0), _scaler(5.0)]
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return scalers[0](x) + scalers[1](x)
+
+    cf = plait.compile(f, backend="eager", options=NO_CACHE)
+    closure = scalers[changed].__closure__
+    assert closure is not None
+
+    def change() -> None:
+        closure[0].cell_contents = -2.5
+
+    _changed_once(cf, f, change, "closure variable k")
+
+
 def test_default_argument(evaluator: str) -> None:
     def g(x: torch.Tensor, k: float = 2.0) -> torch.Tensor:
         return x * k

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from plait.codegen.call_signature import Layout, call_signature
 from plait.codegen.datadep import datadep_call, only_unbacked, touches_unbacked, unbacked
 from plait.codegen.errors import CodegenError
 from plait.codegen.extern import EXTERN_RULES, FLOAT_EXTERNS, ExternCall, make_call
@@ -58,7 +59,7 @@ from plait.codegen.scalar import RULES
 from plait.codegen.views import MAPPED_VIEWS, SELECT_VIEWS, input_index, shape_of
 from plait.ir.graph import Graph, Node, Operand, Value
 from plait.ir.ops import get_op
-from plait.ir.types import TensorType
+from plait.ir.types import COMPLEX_DTYPES, TensorType
 
 CONSTANTS = frozenset({"full", "zeros", "ones", "arange"})
 SAVED = "(from the saved plan, not probed)"
@@ -263,6 +264,11 @@ class _Planner:
         self.steps: list[Step] = []
         self.tags: dict[int, NodeTag] = {}
         self._cost: dict[int, int] = {}
+        # NOTE: dry-run outcomes by call signature (codegen.call_signature): result strides,
+        # oneDNN refusals, and the signatures already probed on fresh tensors
+        self._layout_memo: dict[tuple[object, ...], tuple[tuple[int, ...], ...]] = {}
+        self._refusals: dict[tuple[object, ...], str] = {}
+        self._probed: set[tuple[object, ...]] = set()
         # NOTE: the unbacked sizes of the call running (codegen.datadep), one table per program
         self.unbacked_sizes: dict[str, int] = {}
         self._open: list[Value] = []
@@ -485,6 +491,11 @@ class _Planner:
             else:
                 for k, v in enumerate(node.outputs):
                     self.locs[v] = self.view_loc(node, k) if kind == "view" else Loc("inline")
+                    if self.needs_buffer(v) and _complex(v):
+                        # NOTE: no kernel computes complex values: PyTorch's view op, copied
+                        self.close()
+                        self._call_step(node, "fallback", COMPLEX_VIEW_COPY)
+                        break
                     if self.needs_buffer(v):
                         self.materialize(v)
                     elif self.locs[v].kind == "view":
@@ -615,16 +626,38 @@ class _Planner:
                 return None
             self.refused.setdefault(position, {})[stage] = reason
             return f"{reason} {SAVED}"
+        key = self._signature(step)
+        if key is not None and key in self._refusals:
+            reason = self._refusals[key]
+            self.refused.setdefault(position, {})[stage] = reason
+            return reason
         try:
             ran = self._infer and self.channels_last and self._layouts is None
             step.out_strides = self._dry_run(step)
-            if not ran:
+            if not ran and (key is None or key not in self._probed):
                 self._probe(step)
+                if key is not None:
+                    self._probed.add(key)
         except RuntimeError as e:
             reason = f"oneDNN refused the call at compile time ({str(e).splitlines()[0]})"
             self.refused.setdefault(position, {})[stage] = reason
+            if key is not None:
+                self._refusals[key] = reason
             return reason
         return None
+
+    def _signature(self, step: ExternStep) -> tuple[object, ...] | None:
+        return call_signature(step.node, step.call.detail, self._call_layout, step.extra)
+
+    def _call_layout(self, v: Value) -> Layout | None:
+        const = self.consts.get(v)
+        if const is not None:
+            return tuple(const.shape), tuple(const.stride()), const.storage_offset()
+        loc = self.locs.get(v)
+        if loc is None or loc.kind == "inline":
+            return None
+        shape = shape_of(v.type) if isinstance(v.type, TensorType) else ()
+        return shape, loc.strides, loc.offset
 
     def _accepted_note(self) -> str:
         return f"accepted by oneDNN at compile time {SAVED}" if self._decided is not None else ""
@@ -745,6 +778,13 @@ class _Planner:
             for v, c in zip(step.outputs, contiguous):
                 self._sample(v, c)
             return contiguous
+        key = self._signature(step)
+        remembered = self._layout_memo.get(key) if key is not None else None
+        if remembered is not None:
+            # NOTE: a call of this signature ran already: its result layout is this one's
+            for v, s in zip(step.outputs, remembered):
+                self._sample(v, s)
+            return list(remembered)
         args = get_op(node.op).structure([self._operand_sample(o) for o in node.inputs])
         args += [self._operand_sample(o) for o in step.extra]
         try:
@@ -765,7 +805,19 @@ class _Planner:
             usable = r.storage_offset() == 0 and _dense(shape_of(v.type), s)
             out.append(s if usable else c)
             self._samples[v] = r if usable else r.contiguous()
+        if key is not None:
+            self._layout_memo[key] = tuple(out)
         return out
+
+
+COMPLEX_VIEW_COPY = (
+    "a view of a complex tensor the program returns: PyTorch's view, copied (Stax kernels "
+    "compute real dtypes only)"
+)
+
+
+def _complex(v: Value) -> bool:
+    return isinstance(v.type, TensorType) and v.type.dtype in COMPLEX_DTYPES
 
 
 def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

@@ -292,7 +292,9 @@ def _check_graph(gm: torch.fx.GraphModule, writes_inputs: bool = False) -> str |
     if results is None:
         return None  # NOTE: a call run for its checks alone
     leaves = list(results) if isinstance(results, (tuple, list)) else [results]
-    if not all(isinstance(x, torch.fx.Node) for x in leaves):
+    # NOTE: a None among the results (``need_weights=False``'s weights) stays None: which
+    # results are None is the traced program's structure, fixed by the call's literals
+    if not all(x is None or isinstance(x, torch.fx.Node) for x in leaves):
         return "a result is not a tensor the graph computes"
     return None
 
@@ -317,7 +319,9 @@ def _run_graph(gm: torch.fx.GraphModule, tensors: list[Any]) -> list[Any]:
 
 def _same_results(got: list[Any], outs: list[Any]) -> bool:
     return len(got) == len(outs) and all(
-        isinstance(o, torch.Tensor) and _same_values(g, o) for g, o in zip(got, outs)
+        (g is None and o is None)
+        or (isinstance(o, torch.Tensor) and isinstance(g, torch.Tensor) and _same_values(g, o))
+        for g, o in zip(got, outs)
     )
 
 
@@ -376,7 +380,7 @@ class _Emitter:
         # NOTE: (input position, its new value): functionalization's write-backs of inputs
         self.writes: list[tuple[int, Value]] = []
 
-    def run(self) -> list[Value] | str:
+    def run(self) -> list[Value | None] | str:
         placeholders = iter(self.inputs)
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
@@ -402,7 +406,7 @@ class _Emitter:
                 if results is None:
                     return []  # NOTE: a call run for its checks alone (_assert_async)
                 leaves = list(results) if isinstance(results, (tuple, list)) else [results]
-                return [self.env[x] for x in leaves]
+                return [None if x is None else self.env[x] for x in leaves]
         return "the traced graph has no output"
 
     def call(self, node: torch.fx.Node) -> Any:
@@ -568,7 +572,9 @@ def trace_to_aten(
     outs = list(sampled) if isinstance(sampled, (tuple, list)) else [sampled]
     if sampled is None:
         outs = []  # NOTE: a check alone; its graph must return nothing too
-    elif not outs or not all(isinstance(o, torch.Tensor) for o in outs):
+    elif not any(isinstance(o, torch.Tensor) for o in outs) or not all(
+        o is None or isinstance(o, torch.Tensor) for o in outs
+    ):
         return Refused(f"it returns {type(sampled).__name__}, not tensors", sampled)
     moved = cx.rng.draws()
     for gm, _ in candidates:
@@ -592,7 +598,7 @@ def trace_to_aten(
     if sampled is None:
         return None
     grad = cx.grad_enabled and any(t._rg for t in inputs)
-    wrapped = [_result(cx, v, o, inputs, grad) for v, o in zip(values, outs)]
+    wrapped = [None if v is None else _result(cx, v, o, inputs, grad) for v, o in zip(values, outs)]
     if isinstance(sampled, (tuple, list)):
         return pytree.same_type(sampled, wrapped)
     return wrapped[0]

@@ -162,6 +162,22 @@ def _global_loads(code: types.CodeType) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def _matching(
+    fns: list[types.FunctionType], code: types.CodeType, here: dict[str, Any]
+) -> list[types.FunctionType]:
+    """Those of ``fns`` whose closure cells hold what a frame of ``code`` sees (``here``: its
+    locals, free variables included)."""
+    return [
+        f
+        for f in fns
+        if f.__code__ is code
+        and all(
+            here.get(var, ABSENT) is _cell_value(c)
+            for var, c in zip(code.co_freevars, f.__closure__ or ())
+        )
+    ]
+
+
 @functools.lru_cache(maxsize=4096)
 def _attr_names(code: types.CodeType) -> frozenset[str]:
     """The attribute names ``code`` uses and its identifier-like string constants."""
@@ -193,6 +209,10 @@ class PyReads:
         self.refusal: str | None = None
         self._reads: set[tuple[int, str]] = set()
         self._codes: set[int] = set()
+        # NOTE: codes with free variables: each frame of one is matched to its function object
+        # (several functions share a code, each with its own closure cells, all guarded)
+        self._with_cells: set[int] = set()
+        self._by_code: dict[int, list[types.FunctionType]] | None = None
         self._alive: list[Any] = []
         self._previous: Any = None
         self._active = False
@@ -213,14 +233,20 @@ class PyReads:
         self._previous = sys.getprofile()
         previous = self._previous
 
+        codes, with_cells = self._codes, self._with_cells
+
         def trace(frame: types.FrameType, event: str, arg: Any) -> None:
-            if event == "call" and id(frame.f_code) not in self._codes:
+            if event == "call" and (
+                id(frame.f_code) not in codes or id(frame.f_code) in with_cells
+            ):
                 self._safely(self._frame, frame)
 
         def hook(frame: types.FrameType, event: str, arg: Any) -> None:
             if previous is not None:
                 previous(frame, event, arg)
-            if event == "call" and id(frame.f_code) not in self._codes:
+            if event == "call" and (
+                id(frame.f_code) not in codes or id(frame.f_code) in with_cells
+            ):
                 self._safely(self._frame, frame)
 
         # NOTE: no cyclic collection while recording: what it runs (gc callbacks, __del__ of
@@ -315,26 +341,29 @@ class PyReads:
 
     def _frame(self, frame: types.FrameType) -> None:
         code = frame.f_code
-        self._codes.add(id(code))
-        self._alive.append(code)
         g = frame.f_globals
         module = str(g.get("__name__", ""))
-        if is_pinned(module) or code.co_name == "<module>" or "__name__" not in g:
-            return
-        if generated_for(frame, module, code.co_qualname) is not None:
-            return  # NOTE: a namedtuple's or dataclass's generated method: its class's
-        if code.co_qualname.rsplit(".", 1)[-1] in _INLINE:
-            return  # NOTE: a comprehension: its enclosing function's loads cover it
-        if _under_import(frame):
-            return  # NOTE: the import system's business (a finder), not the program's
-        names = _attr_names(code)
-        self.names |= names
-        loads = _global_loads(code)
-        for name in loads:
-            self._global(g, module, name, frame.f_builtins)
-        if _WHOLE_NAMESPACE & set(loads):
-            for name in list(g):
+        if id(code) not in self._codes:
+            self._codes.add(id(code))
+            self._alive.append(code)
+            if is_pinned(module) or code.co_name == "<module>" or "__name__" not in g:
+                return
+            if generated_for(frame, module, code.co_qualname) is not None:
+                return  # NOTE: a namedtuple's or dataclass's generated method: its class's
+            if code.co_qualname.rsplit(".", 1)[-1] in _INLINE:
+                return  # NOTE: a comprehension: its enclosing function's loads cover it
+            if _under_import(frame):
+                return  # NOTE: the import system's business (a finder), not the program's
+            names = _attr_names(code)
+            self.names |= names
+            loads = _global_loads(code)
+            for name in loads:
                 self._global(g, module, name, frame.f_builtins)
+            if _WHOLE_NAMESPACE & set(loads):
+                for name in list(g):
+                    self._global(g, module, name, frame.f_builtins)
+            if code.co_freevars:
+                self._with_cells.add(id(code))
         fns = self._functions(frame)
         if fns is None:
             self.refusal = self.refusal or (
@@ -372,22 +401,32 @@ class PyReads:
         fn = find_function(module, code.co_qualname)
         if fn is not None and fn.__code__ is code:
             return [fn]
-        found = [
-            f
-            for f in gc.get_referrers(code)
-            if isinstance(f, types.FunctionType) and f.__code__ is code
-        ]
-        if code.co_freevars:
-            here = frame.f_locals
-            found = [
+        here = frame.f_locals if code.co_freevars else {}
+        found = _matching(self._functions_of(code), code, here)
+        if not found:
+            # NOTE: a function made after the index was built: found by reference (exact)
+            made = [
                 f
-                for f in found
-                if all(
-                    here.get(var, ABSENT) is _cell_value(c)
-                    for var, c in zip(code.co_freevars, f.__closure__ or ())
-                )
+                for f in gc.get_referrers(code)
+                if isinstance(f, types.FunctionType) and f.__code__ is code
             ]
+            assert self._by_code is not None
+            self._by_code[id(code)] = made
+            found = _matching(made, code, here)
         return found or None
+
+    def _functions_of(self, code: types.CodeType) -> list[types.FunctionType]:
+        """The functions whose code is ``code``, from an index of every function object, built
+        once (on the first frame not found by name; one walk of the collector's objects costs
+        less than one ``gc.get_referrers``)."""
+        if self._by_code is None:
+            index: dict[int, list[types.FunctionType]] = {}
+            function = types.FunctionType
+            for f in gc.get_objects():
+                if type(f) is function:  # NOTE: never isinstance: it may run a __class__ property
+                    index.setdefault(id(f.__code__), []).append(f)
+            self._by_code = index
+        return self._by_code.get(id(code), [])
 
     # -- after the capture
     def finish(self) -> list[Root]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait.ir import Graph, Node, Operand, Value, get_op
+from plait.ir.ops.registry import ComplexDtypeError
 from plait.passes.manager import PassRecord
 
 
@@ -186,11 +187,15 @@ def apply_rules(
     next_id = graph.next_node_id()
     for _ in range(max_rounds):
         fired = False
+        # NOTE: the use counts and the set of present nodes are kept up to date by _try as
+        # rules fire (a rule that declines changes nothing), never recounted per try.
+        users = _users(graph)
+        present = {id(n) for n in graph.nodes}
         for node in list(graph.nodes):
-            if node not in graph.nodes:
+            if id(node) not in present:
                 continue
             for rule in by_op.get(node.op, ()):
-                if _try(graph, node, rule, record, next_id):
+                if _try(graph, node, rule, record, next_id, users, present):
                     next_id = graph.next_node_id()
                     fired = True
                     break
@@ -202,13 +207,25 @@ def apply_rules(
     )
 
 
-def _try(graph: Graph, node: Node, rule: Rule, record: PassRecord, next_id: int) -> bool:
-    users = _users(graph)
+def _try(
+    graph: Graph,
+    node: Node,
+    rule: Rule,
+    record: PassRecord,
+    next_id: int,
+    users: dict[int, int],
+    present: set[int],
+) -> bool:
+    """Fire ``rule`` at ``node`` if it matches; ``users`` (use counts by value id) and
+    ``present`` (ids of the graph's nodes) are updated to the rewritten graph."""
     m = Match()
     if not match(rule.pattern, node, m, users, True):
         return False
     emit = Emitter(graph, next_id)
-    result = rule.replace(m, emit)
+    try:
+        result = rule.replace(m, emit)
+    except ComplexDtypeError:
+        return False  # NOTE: a rewrite into ops that refuse complex tensors declines
     if result is None:
         return False
     repl = _as_tuple(result)
@@ -218,34 +235,51 @@ def _try(graph: Graph, node: Node, rule: Rule, record: PassRecord, next_id: int)
         return False  # NOTE: a rule may never change a program's types; it declines instead.
     at = graph.nodes.index(node)
     graph.nodes[at:at] = emit.nodes
-    replace_uses(graph, dict(zip((id(v) for v in node.outputs), repl)))
-    removed = erase_dead(graph, m.nodes)
+    for n in emit.nodes:
+        present.add(id(n))
+        for v in n.input_values():
+            users[id(v)] = users.get(id(v), 0) + 1
+    mapping = dict(zip((id(v) for v in node.outputs), repl))
+    for old_id, new in mapping.items():
+        if isinstance(new, Value) and id(new) != old_id:
+            users[id(new)] = users.get(id(new), 0) + users.pop(old_id, 0)
+    replace_uses(graph, mapping, start=at + len(emit.nodes))
+    removed = erase_dead(graph, m.nodes, users, present)
     record.fired(rule.name, [n.id for n in removed] or [node.id], [n.id for n in emit.nodes])
     return True
 
 
-def replace_uses(graph: Graph, mapping: dict[int, Any]) -> None:
-    """Point every use of the mapped values (by id) at their replacements."""
-    for n in graph.nodes:
+def replace_uses(graph: Graph, mapping: dict[int, Any], start: int = 0) -> None:
+    """Point every use of the mapped values (by id) at their replacements; ``start``: the
+    position of the first node that may use them (the graph is in topological order)."""
+    for n in graph.nodes[start:]:
         if any(isinstance(o, Value) and id(o) in mapping for o in n.inputs):
             n.inputs = tuple(mapping.get(id(o), o) if isinstance(o, Value) else o for o in n.inputs)
     graph.outputs = [mapping.get(id(o), o) if isinstance(o, Value) else o for o in graph.outputs]
 
 
-def erase_dead(graph: Graph, candidates: Sequence[Node]) -> list[Node]:
-    """Erase the candidates whose outputs have no users left (iterating, root first)."""
+def erase_dead(
+    graph: Graph,
+    candidates: Sequence[Node],
+    users: dict[int, int] | None = None,
+    present: set[int] | None = None,
+) -> list[Node]:
+    """Erase the candidates whose outputs have no users left (iterating, root first);
+    ``users`` and ``present`` (counted here when not given) are updated."""
+    users = _users(graph) if users is None else users
+    present = {id(n) for n in graph.nodes} if present is None else present
     removed: list[Node] = []
     progress = True
     while progress:
         progress = False
-        users = _users(graph)
         for n in candidates:
-            if (
-                n in graph.nodes
-                and n not in removed
-                and all(users.get(id(v), 0) == 0 for v in n.outputs)
-            ):
-                graph.nodes.remove(n)
+            if id(n) in present and all(users.get(id(v), 0) == 0 for v in n.outputs):
+                present.discard(id(n))
                 removed.append(n)
+                for v in n.input_values():
+                    users[id(v)] -= 1
                 progress = True
+    if removed:
+        gone = {id(n) for n in removed}
+        graph.nodes[:] = [n for n in graph.nodes if id(n) not in gone]
     return removed

@@ -125,8 +125,12 @@ TypeRule = Callable[..., Sequence[Type]]
 # :meth:`OpDef.output_types`, so an op added later cannot forget to (its codegen, kernels and
 # folding rules know real dtypes only); the capture then emits an ``aten`` node (or an opaque
 # one) instead.
+# The views among them (always affine: a strided view of a buffer, never a kernel) compute
+# nothing: an aten node reading one sees eager's strides (a copy in its place would hand
+# PyTorch's kernel another layout, and its rounding may differ with it: MKL's complex mm).
+COMPLEX_VIEWS = frozenset({"permute", "transpose", "unsqueeze", "squeeze", "select", "expand"})
 COMPLEX_OPS = frozenset(
-    {"aten", "aten_factory", "opaque", "random_call", "random_factory", "detach"}
+    {"aten", "aten_factory", "opaque", "random_call", "random_factory", "detach", *COMPLEX_VIEWS}
 )
 
 
