@@ -212,7 +212,7 @@ class PyReads:
         # NOTE: codes with free variables: each frame of one is matched to its function object
         # (several functions share a code, each with its own closure cells, all guarded)
         self._with_cells: set[int] = set()
-        self._by_code: dict[int, list[types.FunctionType]] | None = None
+        self._by_code: dict[int, list[types.FunctionType]] = {}
         self._alive: list[Any] = []
         self._previous: Any = None
         self._active = False
@@ -402,31 +402,18 @@ class PyReads:
         if fn is not None and fn.__code__ is code:
             return [fn]
         here = frame.f_locals if code.co_freevars else {}
-        found = _matching(self._functions_of(code), code, here)
+        known = self._by_code.get(id(code))
+        found = _matching(known, code, here) if known is not None else []
         if not found:
-            # NOTE: a function made after the index was built: found by reference (exact)
-            made = [
+            # NOTE: by reference, once per code (and again for a function made since)
+            known = [
                 f
                 for f in gc.get_referrers(code)
                 if isinstance(f, types.FunctionType) and f.__code__ is code
             ]
-            assert self._by_code is not None
-            self._by_code[id(code)] = made
-            found = _matching(made, code, here)
+            self._by_code[id(code)] = known
+            found = _matching(known, code, here)
         return found or None
-
-    def _functions_of(self, code: types.CodeType) -> list[types.FunctionType]:
-        """The functions whose code is ``code``, from an index of every function object, built
-        once (on the first frame not found by name; one walk of the collector's objects costs
-        less than one ``gc.get_referrers``)."""
-        if self._by_code is None:
-            index: dict[int, list[types.FunctionType]] = {}
-            function = types.FunctionType
-            for f in gc.get_objects():
-                if type(f) is function:  # NOTE: never isinstance: it may run a __class__ property
-                    index.setdefault(id(f.__code__), []).append(f)
-            self._by_code = index
-        return self._by_code.get(id(code), [])
 
     # -- after the capture
     def finish(self) -> list[Root]:
