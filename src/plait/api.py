@@ -52,6 +52,7 @@ from plait.frontend.fingerprint import Unpinnable
 from plait.frontend.snapshot import SnapshotUnreadable
 from plait.guards import StateFetcher
 from plait.ir import Graph, TensorType
+from plait.collector import collector_paused
 from plait.manifest import Explanation, SpecializationReport
 from plait.region_engine import RegionEngine
 from plait.regions import RegionPlan, RegionTree, call_forward, can_split, object_argument
@@ -263,7 +264,7 @@ class _Engine(RegionEngine):
                 s.calls += 1
                 return self._run(s, env, state, args, kwargs)
         # NOTE: the miss path, inline: warnings count the frames up to the user's call
-        with self._tree_lock(), _CAPTURE_LOCK, self.lock:
+        with self._tree_lock(), _CAPTURE_LOCK, self.lock, collector_paused():
             try:
                 found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
             except (RecompileLimitError, Warning):

@@ -49,7 +49,7 @@ def _fold(graph: Graph) -> Any:
         shape = (-1,) + (1,) * (w.dim() - 1)
         new_w = (w.to(f64) * scale.reshape(shape)).to(w.dtype)
         new_b = ((b0 - stats["running_mean"].to(f64)) * scale + beta).to(w.dtype)
-        if not _exact_on_special_values(w, bias0, stats, scale, new_w, new_b):
+        if not _exact_on_special_values(bias0, stats, scale, new_w, new_b):
             return None
         consts = []
         for suffix, tensor in (("weight", new_w), ("bias", new_b)):
@@ -65,7 +65,6 @@ def _fold(graph: Graph) -> Any:
 
 
 def _exact_on_special_values(
-    w: torch.Tensor,
     b: torch.Tensor | None,
     stats: dict[str, torch.Tensor | None],
     scale: torch.Tensor,
@@ -77,7 +76,9 @@ def _exact_on_special_values(
     with eps 0 (scale inf), a zero gamma (scale 0: eager's ``inf * 0`` at an overflowed or
     non-finite conv output is NaN where the folded zero weight gives 0) or a folded weight that
     overflows the dtype would move NaNs and infinities: such a pair is not folded."""
-    tensors = [w, scale, new_w, new_b] + [t for t in (b, *stats.values()) if t is not None]
+    # NOTE: w itself is not read again: with the scale finite and nonzero, an inf or NaN in w
+    # is one in new_w (w * scale keeps it), so new_w's check covers w's
+    tensors = [scale, new_w, new_b] + [t for t in (b, *stats.values()) if t is not None]
     if not all(bool(torch.isfinite(t).all()) for t in tensors):
         return False
     return bool((scale != 0).all())
