@@ -33,6 +33,7 @@ from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, co
 from plait.cache import Store, check_store_option, resolve_store
 from plait.cache.snapshots import forget_snapshot, front_parts, load_snapshot, save_snapshot
 from plait.cache.weight_digests import prefetch
+from plait.collector import collector_paused
 from plait.errors import (
     CaptureFallbackWarning,
     CompiledInputError,
@@ -52,7 +53,6 @@ from plait.frontend.fingerprint import Unpinnable
 from plait.frontend.snapshot import SnapshotUnreadable
 from plait.guards import StateFetcher
 from plait.ir import Graph, TensorType
-from plait.collector import collector_paused
 from plait.manifest import Explanation, SpecializationReport
 from plait.region_engine import RegionEngine
 from plait.regions import RegionPlan, RegionTree, call_forward, can_split, object_argument
