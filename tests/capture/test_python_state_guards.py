@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -241,6 +241,49 @@ def test_closure_cells_of_functions_sharing_one_code(evaluator: str, changed: in
         closure[0].cell_contents = -2.5
 
     _changed_once(cf, f, change, "closure variable k")
+
+
+def _scales(k: float) -> Callable[[], Iterator[float]]:
+    def scales() -> Iterator[float]:
+        while True:
+            yield k
+
+    return scales
+
+
+def test_closure_cells_of_generators_left_suspended(evaluator: str) -> None:
+    """Generators the program resumes are still suspended when the capture ends: their
+    functions are found by reference, and a change to either one's cell is seen."""
+    makers = [_scales(3.0), _scales(5.0)]
+    running = [m() for m in makers]
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * next(running[0]) + x * next(running[1])
+
+    cf = plait.compile(f, backend="eager", options=NO_CACHE)
+    closure = makers[1].__closure__
+    assert closure is not None
+
+    def change() -> None:
+        closure[0].cell_contents = -2.5
+
+    _changed_once(cf, f, change, "closure variable k")
+
+
+def test_a_closure_value_changed_while_the_program_runs_is_refused() -> None:
+    def counter() -> Callable[[torch.Tensor], torch.Tensor]:
+        n = 1.0
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            nonlocal n
+            y = x * n
+            n = n + 1.0
+            return y
+
+        return step
+
+    with pytest.raises(plait.GraphCaptureError, match="closure variable n"):
+        plait.compile(counter(), backend="eager", fullgraph=True, options=NO_CACHE)(_x())
 
 
 def test_default_argument(evaluator: str) -> None:

@@ -162,22 +162,6 @@ def _global_loads(code: types.CodeType) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _matching(
-    fns: list[types.FunctionType], code: types.CodeType, here: dict[str, Any]
-) -> list[types.FunctionType]:
-    """Those of ``fns`` whose closure cells hold what a frame of ``code`` sees (``here``: its
-    locals, free variables included)."""
-    return [
-        f
-        for f in fns
-        if f.__code__ is code
-        and all(
-            here.get(var, ABSENT) is _cell_value(c)
-            for var, c in zip(code.co_freevars, f.__closure__ or ())
-        )
-    ]
-
-
 @functools.lru_cache(maxsize=4096)
 def _attr_names(code: types.CodeType) -> frozenset[str]:
     """The attribute names ``code`` uses and its identifier-like string constants."""
@@ -212,7 +196,9 @@ class PyReads:
         # NOTE: codes with free variables: each frame of one is matched to its function object
         # (several functions share a code, each with its own closure cells, all guarded)
         self._with_cells: set[int] = set()
-        self._by_code: dict[int, list[types.FunctionType]] = {}
+        # NOTE: (frame, module, its closure values' keys) of frames whose function is found
+        # after they finish (_frame); the frames are kept alive until then
+        self._pending: list[tuple[types.FrameType, str, list[Any]]] = []
         self._alive: list[Any] = []
         self._previous: Any = None
         self._active = False
@@ -364,23 +350,70 @@ class PyReads:
                     self._global(g, module, name, frame.f_builtins)
             if code.co_freevars:
                 self._with_cells.add(id(code))
-        fns = self._functions(frame)
-        if fns is None:
-            self.refusal = self.refusal or (
-                f"the program runs {module}.{code.co_qualname}, whose function object plait "
-                "cannot find to guard its closure and defaults"
-            )
+        fn = find_function(module, code.co_qualname)
+        if fn is not None and fn.__code__ is code:
+            self._record(fn, code, module, None)
             return
-        for fn in fns:
-            where = f"{module}.{code.co_qualname}"
-            found = find_function(module, code.co_qualname) is fn
-            desc = ["func", module, code.co_qualname] if found else None
-            if fn is not self.program:
-                self._add(("func", id(fn)), func_root(fn, f"{where} (code, defaults)", desc))
-            for k, (var, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ())):
-                root = cell_root(cell, f"{where}: closure variable {var}")
-                root.desc = ["cell", module, code.co_qualname, k] if found else None
+        # NOTE: a nested function or lambda (several may share this code, each with its own
+        # cells): which one runs this frame is known exactly once the frame has finished (a
+        # finished frame references its function); its closure values are keyed now, when read
+        here = frame.f_locals if code.co_freevars else {}
+        try:
+            keys = [_Walk().key(here.get(var, ABSENT)) for var in code.co_freevars]
+        except GraphCaptureError as exc:
+            self.refusal = self.refusal or exc.reason
+            return
+        self._pending.append((frame, module, keys))
+
+    def _record(
+        self, fn: types.FunctionType, code: types.CodeType, module: str, keys: list[Any] | None
+    ) -> None:
+        """Roots for ``fn``'s code, defaults and closure cells; ``keys``: the cells' value
+        keys when the frame read them (None: read now)."""
+        where = f"{module}.{code.co_qualname}"
+        found = find_function(module, code.co_qualname) is fn
+        desc = ["func", module, code.co_qualname] if found else None
+        if fn is not self.program:
+            self._add(("func", id(fn)), func_root(fn, f"{where} (code, defaults)", desc))
+        for k, (var, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ())):
+            root = cell_root(cell, f"{where}: closure variable {var}")
+            root.desc = ["cell", module, code.co_qualname, k] if found else None
+            if keys is None or ("cell", id(cell)) in self.roots:
                 self._add(("cell", id(cell)), root)
+            else:
+                root.first = keys[k]
+                self.roots[("cell", id(cell))] = root
+
+    def _resolve_pending(self) -> None:
+        """The function objects of the frames recorded while they ran (see ``_frame``)."""
+        pending, self._pending = self._pending, []
+        for frame, module, keys in pending:
+            code = frame.f_code
+            fns = [
+                r
+                for r in gc.get_referents(frame)
+                if type(r) is types.FunctionType and r.__code__ is code
+            ]
+            if not fns:  # NOTE: a frame still suspended (a generator's): by reference
+                here = dict(zip(code.co_freevars, keys))
+                fns = [
+                    f
+                    for f in gc.get_referrers(code)
+                    if isinstance(f, types.FunctionType)
+                    and f.__code__ is code
+                    and all(
+                        _Walk().key(_cell_value(c)) == here[var]
+                        for var, c in zip(code.co_freevars, f.__closure__ or ())
+                    )
+                ]
+            if not fns:
+                self.refusal = self.refusal or (
+                    f"the program runs {module}.{code.co_qualname}, whose function object "
+                    "plait cannot find to guard its closure and defaults"
+                )
+                continue
+            for fn in fns:
+                self._record(fn, code, module, keys)
 
     def _global(self, g: dict, module: str, name: str, builtins_: dict) -> None:
         resolvable = sys.modules.get(module) is not None and vars(sys.modules[module]) is g
@@ -393,32 +426,11 @@ class PyReads:
                 ("item", id(builtins_), name), item_root(builtins_, name, show, ["builtin", name])
             )
 
-    def _functions(self, frame: types.FrameType) -> list[types.FunctionType] | None:
-        """The function objects running ``frame``'s code: by name, else by reference (a
-        nested function or lambda: those whose cells hold what the frame sees)."""
-        code = frame.f_code
-        module = str(frame.f_globals.get("__name__", ""))
-        fn = find_function(module, code.co_qualname)
-        if fn is not None and fn.__code__ is code:
-            return [fn]
-        here = frame.f_locals if code.co_freevars else {}
-        known = self._by_code.get(id(code))
-        found = _matching(known, code, here) if known is not None else []
-        if not found:
-            # NOTE: by reference, once per code (and again for a function made since)
-            known = [
-                f
-                for f in gc.get_referrers(code)
-                if isinstance(f, types.FunctionType) and f.__code__ is code
-            ]
-            self._by_code[id(code)] = known
-            found = _matching(known, code, here)
-        return found or None
-
     # -- after the capture
     def finish(self) -> list[Root]:
         """The roots, with those the recorded names reach in user objects and modules; raises
         :class:`GraphCaptureError` for a read that cannot be guarded."""
+        self._resolve_pending()
         if self.refusal is None:
             self._named_attributes()
         if self.refusal is not None:
