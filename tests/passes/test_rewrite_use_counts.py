@@ -7,12 +7,11 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 
 import plait
 import plait.passes.rewrite as rewrite
 from plait.passes import TRAINING_PIPELINE, run_pipeline
-
-transformers = pytest.importorskip("transformers")
 
 
 def _nonzero(counts: dict[int, int]) -> dict[int, int]:

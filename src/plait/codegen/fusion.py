@@ -62,6 +62,7 @@ from plait.ir.ops import get_op
 from plait.ir.types import COMPLEX_DTYPES, TensorType
 
 CONSTANTS = frozenset({"full", "zeros", "ones", "arange"})
+_UNSET = object()  # NOTE: a call signature not computed yet (None: the call has none)
 SAVED = "(from the saved plan, not probed)"
 _COSTLY = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "silu", "gelu", "pow", "div"})
 CHEAP = 2
@@ -633,7 +634,7 @@ class _Planner:
             return reason
         try:
             ran = self._infer and self.channels_last and self._layouts is None
-            step.out_strides = self._dry_run(step)
+            step.out_strides = self._dry_run(step, key)
             if not ran and (key is None or key not in self._probed):
                 self._probe(step)
                 if key is not None:
@@ -761,8 +762,9 @@ class _Planner:
             )
         return base
 
-    def _dry_run(self, step: ExternStep) -> list[tuple[int, ...]]:
-        """Run the extern once on zeros to learn the layout PyTorch gives its result."""
+    def _dry_run(self, step: ExternStep, key: object = _UNSET) -> list[tuple[int, ...]]:
+        """Run the extern once on zeros to learn the layout PyTorch gives its result (``key``:
+        its call signature, when the caller has it)."""
         node = step.node
         if self._layouts is not None:
             return [tuple(int(x) for x in s) for s in self._layouts[self.position[node.id]]]
@@ -776,8 +778,9 @@ class _Planner:
             for v, c in zip(step.outputs, contiguous):
                 self._sample(v, c)
             return contiguous
-        key = self._signature(step)
-        remembered = self._layout_memo.get(key) if key is not None else None
+        if key is _UNSET:
+            key = self._signature(step)
+        remembered = self._layout_memo.get(key) if isinstance(key, tuple) else None
         if remembered is not None:
             # NOTE: a call of this signature ran already: its result layout is this one's
             for v, s in zip(step.outputs, remembered):
@@ -803,7 +806,7 @@ class _Planner:
             usable = r.storage_offset() == 0 and _dense(shape_of(v.type), s)
             out.append(s if usable else c)
             self._samples[v] = r if usable else r.contiguous()
-        if key is not None:
+        if isinstance(key, tuple):
             self._layout_memo[key] = tuple(out)
         return out
 

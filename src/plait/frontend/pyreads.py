@@ -352,7 +352,10 @@ class PyReads:
                 self._with_cells.add(id(code))
         fn = find_function(module, code.co_qualname)
         if fn is not None and fn.__code__ is code:
-            self._record(fn, code, module, None)
+            # NOTE: found by name (a method with a __class__ cell): one function, its frames
+            # need no second look
+            self._with_cells.discard(id(code))
+            self._record(fn, code, module, None, by_name=True)
             return
         # NOTE: a nested function or lambda (several may share this code, each with its own
         # cells): which one runs this frame is known exactly once the frame has finished (a
@@ -366,12 +369,18 @@ class PyReads:
         self._pending.append((frame, module, keys))
 
     def _record(
-        self, fn: types.FunctionType, code: types.CodeType, module: str, keys: list[Any] | None
+        self,
+        fn: types.FunctionType,
+        code: types.CodeType,
+        module: str,
+        keys: list[Any] | None,
+        by_name: bool = False,
     ) -> None:
         """Roots for ``fn``'s code, defaults and closure cells; ``keys``: the cells' value
-        keys when the frame read them (None: read now)."""
+        keys when the frame read them (None: read now); ``by_name``: ``fn`` is found again by
+        its module and qualified name (another process can find its roots)."""
         where = f"{module}.{code.co_qualname}"
-        found = find_function(module, code.co_qualname) is fn
+        found = by_name
         desc = ["func", module, code.co_qualname] if found else None
         if fn is not self.program:
             self._add(("func", id(fn)), func_root(fn, f"{where} (code, defaults)", desc))

@@ -259,15 +259,10 @@ def replace_uses(graph: Graph, mapping: dict[int, Any], start: int = 0) -> None:
 
 
 def erase_dead(
-    graph: Graph,
-    candidates: Sequence[Node],
-    users: dict[int, int] | None = None,
-    present: set[int] | None = None,
+    graph: Graph, candidates: Sequence[Node], users: dict[int, int], present: set[int]
 ) -> list[Node]:
     """Erase the candidates whose outputs have no users left (iterating, root first);
-    ``users`` and ``present`` (counted here when not given) are updated."""
-    users = _users(graph) if users is None else users
-    present = {id(n) for n in graph.nodes} if present is None else present
+    ``users`` (use counts by value id) and ``present`` (node ids) are updated."""
     removed: list[Node] = []
     progress = True
     while progress:
