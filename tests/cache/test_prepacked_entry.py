@@ -44,7 +44,8 @@ DTYPES = [pytest.param(torch.float32, id="fp32"), BF16]
 
 class Net(nn.Module):
     """Every kind of prepacked weight: a 7x7 stride-2 stem (BN folded into it), a 1x1 conv with
-    a fused residual add, a grouped 3x3 with a fused relu, a depthwise 3x3, two linears."""
+    a fused residual add, a grouped 3x3 with a fused relu, a depthwise 3x3, two linears (sigmoid and tanh
+    fused)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -61,7 +62,9 @@ class Net(nn.Module):
         y = self.pw(y) + y
         y = self.grouped(y).relu()
         y = self.dw(y).mean(dim=(2, 3))
-        return self.fc2(self.fc1(y).relu())
+        # NOTE: each linear with a fused post-op, so both run oneDNN (a linear without one runs
+        # MKL's packed GEMM, whose bytes an entry never carries: test_mkl_packed_linear.py)
+        return self.fc2(torch.sigmoid(self.fc1(y))).tanh()
 
 
 class Shared(nn.Module):

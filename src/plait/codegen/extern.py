@@ -47,9 +47,15 @@ class PreparedWeight:
     written in place (identity and version counter, as freezing guards them)."""
 
     def __init__(
-        self, convert: Callable[[torch.Tensor], torch.Tensor], track_finite: bool = False
+        self,
+        convert: Callable[[torch.Tensor], torch.Tensor],
+        track_finite: bool = False,
+        portable: bool = True,
     ) -> None:
         self.convert = convert
+        # NOTE: whether the converted bytes read the same on another CPU (oneDNN's carry their
+        # descriptor); a cache entry saves only portable ones.
+        self.portable = portable
         # NOTE: with ``track_finite``, ``finite`` says whether the source holds only finite
         # values (read once per identity and version, with the conversion): a convolution whose
         # weight is not all finite runs eager's algorithm (oneDNN skips zero padding; eager's

@@ -335,7 +335,7 @@ class PackedWeights:
             w, fixed = self.made[key]
             # NOTE: only a weight prepared from its constant (a call given another tensor for it
             # prepared that one instead).
-            if w.source is fixed and w.value is not None and w.value.is_mkldnn:
+            if w.source is fixed and w.portable and w.value is not None and w.value.is_mkldnn:
                 try:
                     data, md = packed.export_packed(w.value)
                 except packed.PackedUnavailable:
@@ -367,6 +367,8 @@ def linear_call(
     rows = 1
     for d in x.type.shape[:-1]:
         rows *= int(d)
+    if ep is None and mkl_packed_available(node):
+        return mkl_linear_call(node, consts, rows, prepack, packs)
     reorder = torch.ops.mkldnn._reorder_linear_weight
     weight = PreparedWeight(lambda w: reorder(w.contiguous(), rows))
     key = _pack_key(node, rows)
@@ -386,6 +388,42 @@ def linear_call(
 
     suffix = f" + fused {ep.describe()}" if ep is not None else ""
     return ExternCall(fn, "matmul", detail + suffix)
+
+
+def mkl_packed_available(node: Node) -> bool:
+    """Whether a float32 linear ``node`` without post-ops can run MKL's packed GEMM (the build
+    has MKL and its packed-linear ops)."""
+    out = node.outputs[0].type
+    return (
+        isinstance(out, TensorType)
+        and out.dtype == torch.float32
+        and torch.backends.mkl.is_available()
+        and hasattr(torch.ops.mkl, "_mkl_linear")
+    )
+
+
+def mkl_linear_call(
+    node: Node,
+    consts: Mapping[Any, torch.Tensor],
+    rows: int,
+    prepack: Prepacker | None = None,
+    packs: PackedWeights | None = None,
+) -> ExternCall:
+    """A linear without post-ops through MKL's packed GEMM: the weight packed once for the
+    call's ``rows`` (the input's rows are fixed by the plan), then each call runs MKL's compute
+    on the packed panels, the same sgemm kernel eager's linear runs (tests hold it to eager). The
+    packed bytes are MKL's own format for this CPU, so a cache entry never carries them
+    (``portable=False``): a rebuilt plan packs again."""
+    reorder = torch.ops.mkl._mkl_reorder_linear_weight
+    weight = PreparedWeight(lambda w: reorder(w.contiguous(), rows), portable=False)
+    key = _pack_key(node, "mkl", rows)
+    when = _prepare(weight, consts.get(node.inputs[1]), prepack, packs, key, node.id)
+    compute = torch.ops.mkl._mkl_linear.default
+
+    def fn(x: Any, w: Any, b: Any) -> Any:
+        return compute(x, weight(w), w, b, rows)
+
+    return ExternCall(fn, "matmul", f"MKL packed linear (weight prepacked {when})")
 
 
 def conv_call(
