@@ -91,6 +91,12 @@ ABLATIONS = (
         ("latency",),
         stax={"channels_last": False},
     ),
+    Ablation(
+        "mkl-linear",
+        "float32 linears through MKL's packed GEMM (activations and adds as native kernels)",
+        ("latency",),
+        stax={"mkl_linear": False},
+    ),
 )
 
 

@@ -33,7 +33,15 @@ from plait.codegen.extern import PreparedWeight
 from plait.frontend.guards import Guard, canonical
 from plait.ir import from_text
 from tests.cache.helpers import call_program, status, stax_entry
-from tests.cache.test_prepacked_entry import BF16, LOADED, Shared, _rewrite, inputs, net
+from tests.cache.test_prepacked_entry import (
+    BF16,
+    LOADED,
+    ONEDNN_LINEARS,
+    Shared,
+    _rewrite,
+    inputs,
+    net,
+)
 from tests.util import needs_packs
 
 pytestmark = needs_packs
@@ -70,7 +78,7 @@ def _eager(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _compile(model: nn.Module, cache: Path, xs: list[torch.Tensor], **opts: Any) -> Any:
-    compiled = plait.compile(model, options={"cache": str(cache), **opts})
+    compiled = plait.compile(model, options={"cache": str(cache), **ONEDNN_LINEARS, **opts})
     with torch.no_grad():
         outs = [compiled(x) for x in xs]
     return outs, compiled.specializations[-1]

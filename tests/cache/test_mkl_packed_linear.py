@@ -13,11 +13,12 @@ import torch
 from torch import nn
 
 import plait
+from plait.codegen.onednn import mkl_linear_available
 from plait.contract import load
 from tests.cache.helpers import status
 
 pytestmark = pytest.mark.skipif(
-    not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")),
+    not mkl_linear_available(),
     reason="this PyTorch build has no MKL packed linear",
 )
 
@@ -25,8 +26,8 @@ MKL = "MKL packed linear"
 
 
 class Mlp(nn.Module):
-    """Linears on a 3-d activation: one followed by relu (never a oneDNN post-op: it runs as a
-    native kernel), one with no bias, one last with nothing after it."""
+    """Linears on a 3-d activation: one followed by relu, one with no bias followed by silu (a
+    oneDNN post-op when linears run oneDNN), one last with nothing after it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -35,7 +36,7 @@ class Mlp(nn.Module):
         self.down = nn.Linear(48, 16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.mid(self.up(x).relu()) * 0.5)
+        return self.down(nn.functional.silu(self.mid(self.up(x).relu())))
 
 
 def _model(seed: int = 0) -> Mlp:
@@ -69,6 +70,7 @@ def test_each_linear_runs_mkl_packed_and_answers_as_eager() -> None:
     outs, spec = _run(model, xs, cache=False)
     mkl = [d for d in _details(spec) if d.startswith(MKL)]
     assert len(mkl) == 3 and all("prepacked at compile time" in d for d in mkl), mkl
+    assert not any("fused" in d for d in mkl), mkl  # NOTE: silu is a native kernel
     with torch.no_grad():
         for x, y in zip(xs, outs):
             _close(y, model(x))
@@ -99,3 +101,15 @@ def test_a_weight_updated_in_place_is_packed_again() -> None:
         model.up.weight = nn.Parameter(torch.randn_like(model.up.weight))  # NOTE: a new tensor
         _close(compiled(xs[0]), model(xs[0]))
     assert [d for d in _details(compiled.specializations[-1]) if d.startswith(MKL)]
+
+
+def test_with_mkl_linear_off_linears_run_onednn_with_the_activation_fused() -> None:
+    model, xs = _model(), _inputs(range(400, 402))
+    outs, spec = _run(model, xs, cache=False, stax={"mkl_linear": False})
+    details = _details(spec)
+    assert not [d for d in details if d.startswith(MKL)], details
+    linears = [d for d in details if d.startswith("oneDNN linear")]
+    assert len(linears) == 3 and sum("fused swish" in d for d in linears) == 1, linears
+    with torch.no_grad():
+        for x, y in zip(xs, outs):
+            _close(y, model(x))

@@ -42,10 +42,15 @@ BF16 = pytest.param(torch.bfloat16, marks=needs_bf16, id="bf16")
 DTYPES = [pytest.param(torch.float32, id="fp32"), BF16]
 
 
+# NOTE: the compile options of every test here: float32 linears run oneDNN (with prepacked
+# weights an entry carries), as bfloat16 ones and builds without MKL always do; MKL's packed
+# linears, never in an entry, are tests/cache/test_mkl_packed_linear.py's.
+ONEDNN_LINEARS = {"stax": {"mkl_linear": False}}
+
+
 class Net(nn.Module):
     """Every kind of prepacked weight: a 7x7 stride-2 stem (BN folded into it), a 1x1 conv with
-    a fused residual add, a grouped 3x3 with a fused relu, a depthwise 3x3, two linears (sigmoid and tanh
-    fused)."""
+    a fused residual add, a grouped 3x3 with a fused relu, a depthwise 3x3, two linears."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -62,9 +67,7 @@ class Net(nn.Module):
         y = self.pw(y) + y
         y = self.grouped(y).relu()
         y = self.dw(y).mean(dim=(2, 3))
-        # NOTE: each linear with a fused post-op, so both run oneDNN (a linear without one runs
-        # MKL's packed GEMM, whose bytes an entry never carries: test_mkl_packed_linear.py)
-        return self.fc2(torch.sigmoid(self.fc1(y))).tanh()
+        return self.fc2(self.fc1(y).relu())
 
 
 class Shared(nn.Module):
@@ -95,7 +98,7 @@ def inputs(seeds: range, dtype: torch.dtype = torch.float32) -> list[torch.Tenso
 
 
 def _cold(model: nn.Module, cache: Path, xs: list[torch.Tensor]) -> tuple[list[torch.Tensor], Any]:
-    compiled = plait.compile(model, options={"cache": str(cache)})
+    compiled = plait.compile(model, options={"cache": str(cache), **ONEDNN_LINEARS})
     with torch.no_grad():
         outs = [compiled(x) for x in xs]
     spec = compiled.specializations[-1]
@@ -448,7 +451,7 @@ def test_a_warm_compile_in_process_reorders_nothing(
     expected, _ = _cold(net(), cache, xs)
     with monkeypatch.context() as m:
         _refuse_prepare(m)
-        compiled = plait.compile(net(), options={"cache": str(cache)})
+        compiled = plait.compile(net(), options={"cache": str(cache), **ONEDNN_LINEARS})
         with torch.no_grad():
             outs = [compiled(x) for x in xs]
     spec = compiled.specializations[-1]
@@ -491,7 +494,7 @@ def test_a_cold_compile_prepacks_each_constant_weight_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = _count_prepare(monkeypatch)
-    compiled = plait.compile(net(), options={"cache": str(tmp_path / "cache")})
+    compiled = plait.compile(net(), options={"cache": str(tmp_path / "cache"), **ONEDNN_LINEARS})
     x1, x2 = inputs(range(40, 42))
     with torch.no_grad():
         compiled(x1)
@@ -527,7 +530,7 @@ def test_a_refused_fused_call_does_not_reorder_its_weight_again(
 
     monkeypatch.setattr(onednn, "conv_binary", refuse)
     calls = _count_prepare(monkeypatch)
-    compiled = plait.compile(net(), options={"cache": False})
+    compiled = plait.compile(net(), options={"cache": False, **ONEDNN_LINEARS})
     x1, x2 = inputs(range(50, 52))
     with torch.no_grad():
         got = [compiled(x) for x in (x1, x2)]
@@ -677,7 +680,7 @@ def test_an_entry_missing_a_pack_is_discarded_and_rebuilt(tmp_path: Path, part: 
     with pytest.raises(StaleEntryError, match="missing from the entry"):
         load_compiled(store, key)
     with pytest.warns(CacheWarning, match="discarded"):
-        compiled = plait.compile(net(), options={"cache": str(cache)})
+        compiled = plait.compile(net(), options={"cache": str(cache), **ONEDNN_LINEARS})
         with torch.no_grad():
             outs = [compiled(x) for x in xs]
     spec = compiled.specializations[-1]
@@ -686,7 +689,7 @@ def test_an_entry_missing_a_pack_is_discarded_and_rebuilt(tmp_path: Path, part: 
     assert "missing from the entry" in event and "rebuilt" in event
     assert all(torch.equal(a, b) for a, b in zip(outs, expected))
     assert LocalStore(cache).verify().ok
-    again = plait.compile(net(), options={"cache": str(cache)})
+    again = plait.compile(net(), options={"cache": str(cache), **ONEDNN_LINEARS})
     with torch.no_grad():
         assert torch.equal(again(xs[0]), expected[0])
     assert status(again.specializations[-1]) == "hit"
@@ -715,14 +718,14 @@ warnings.simplefilter("error")
 import torch
 import plait
 from plait.codegen.extern import PreparedWeight
-from tests.cache.test_prepacked_entry import inputs, net
+from tests.cache.test_prepacked_entry import ONEDNN_LINEARS, inputs, net
 mode, cache = sys.argv[1], sys.argv[2]
 if mode == "warm":
     def prepare(self, w):
         raise AssertionError("a prepacked weight was reordered on a warm start")
 
     PreparedWeight.prepare = prepare
-compiled = plait.compile(net(), options={"cache": cache})
+compiled = plait.compile(net(), options={"cache": cache, **ONEDNN_LINEARS})
 with torch.no_grad():
     outs = [compiled(x) for x in inputs(range(90, 93))]
 spec = compiled.specializations[0]

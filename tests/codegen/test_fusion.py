@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import plait.contract
@@ -9,6 +10,7 @@ from plait.codegen import plan_graph
 from plait.codegen.cpp import print_kernel
 from plait.codegen.fusion import ExternStep, KernelStep
 from plait.codegen.kir import STORAGE_OF
+from plait.codegen.onednn import mkl_linear_available
 from plait.codegen.loops import merge_loops
 from plait.ir import GraphBuilder, TensorType
 
@@ -123,7 +125,7 @@ def test_kernel_text_is_readable() -> None:
 
 def test_onednn_post_ops_fuse_activation_and_residual() -> None:
     """conv -> add(residual), conv -> tanh and linear -> gelu(tanh) run as one oneDNN call
-    each."""
+    each (linears through oneDNN: ``mkl_linear=False``)."""
     gb = GraphBuilder()
     x = gb.input("x", TensorType((1, 8, 6, 6), torch.float32))
     w = gb.input("w", TensorType((8, 8, 3, 3), torch.float32), kind="const")
@@ -134,7 +136,7 @@ def test_onednn_post_ops_fuse_activation_and_residual() -> None:
     gb.output(gb.call("gelu", gb.call("linear", h, lw), approximate="tanh"))
     graph = gb.build()
     graph.constants["w"] = torch.randn(8, 8, 3, 3)
-    plan = plan_graph(graph)
+    plan = plan_graph(graph, mkl_linear=False)
     steps = [s for s in plan.steps if isinstance(s, ExternStep)]
     assert [(s.node.op, [n.op for n in s.fused]) for s in steps] == [
         ("conv2d", ["add"]),
@@ -150,7 +152,7 @@ def test_onednn_post_ops_fuse_activation_and_residual() -> None:
 def test_inexact_onednn_post_ops_stay_native_with_the_reason_recorded() -> None:
     """relu (oneDNN's post-op maps NaN to 0) and linear's gelu(erf) are never post-ops: conv ->
     add -> relu fuses the add only, linear -> relu and linear -> gelu fuse nothing; each
-    activation runs in a native kernel and the plan says why."""
+    activation runs in a native kernel and the plan says why (linears through oneDNN)."""
     gb = GraphBuilder()
     x = gb.input("x", TensorType((1, 8, 6, 6), torch.float32))
     w = gb.input("w", TensorType((8, 8, 3, 3), torch.float32), kind="const")
@@ -163,7 +165,7 @@ def test_inexact_onednn_post_ops_stay_native_with_the_reason_recorded() -> None:
     )
     graph = gb.build()
     graph.constants["w"] = torch.randn(8, 8, 3, 3)
-    plan = plan_graph(graph)
+    plan = plan_graph(graph, mkl_linear=False)
     steps = [s for s in plan.steps if isinstance(s, ExternStep)]
     assert [(s.node.op, [n.op for n in s.fused]) for s in steps] == [
         ("conv2d", ["add"]),
@@ -178,6 +180,28 @@ def test_inexact_onednn_post_ops_stay_native_with_the_reason_recorded() -> None:
     assert sum("gelu" in r for r in reasons) == 1
     for s in steps:
         assert plan.exactness[s.node.id] in plan.tags[s.node.id].detail
+
+
+def test_an_mkl_linear_takes_no_post_op_and_its_activation_runs_native() -> None:
+    """With MKL's packed GEMM (the default where the build has it), linear -> tanh is two steps:
+    the linear, then tanh in a native kernel; and no exactness note (nothing was declined)."""
+    if not mkl_linear_available():
+        pytest.skip("this PyTorch build has no MKL packed linear")
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((8, 36), torch.float32))
+    lw = gb.input("lw", TensorType((16, 36), torch.float32), kind="const")
+    lw2 = gb.input("lw2", TensorType((4, 16), torch.float32))
+    t = gb.call("tanh", gb.call("linear", x, lw))
+    gb.output(gb.call("relu", gb.call("linear", t, lw2)))
+    graph = gb.build()
+    graph.constants["lw"] = torch.randn(16, 36)
+    plan = plan_graph(graph)
+    steps = [s for s in plan.steps if isinstance(s, ExternStep)]
+    assert [(s.node.op, [n.op for n in s.fused]) for s in steps] == [("linear", []), ("linear", [])]
+    assert all(plan.tags[s.node.id].detail.startswith("MKL packed linear") for s in steps)
+    acts = [n for n in graph.nodes if n.op in ("tanh", "relu")]
+    assert all(plan.tags[n.id].executor == "native" for n in acts)
+    assert plan.exactness == {}
 
 
 def test_row_template_absorbs_its_pointwise_consumers() -> None:

@@ -253,10 +253,12 @@ class _Planner:
         layouts: Mapping[int, Sequence[Sequence[int]]] | None = None,
         fuse: bool = True,
         channels_last: bool = True,
+        mkl_linear: bool = True,
     ) -> None:
         self.graph = graph
         self.fuse = fuse
         self.channels_last = channels_last
+        self.mkl_linear = mkl_linear
         self.users = graph.users()
         self.outputs = {id(o) for o in graph.outputs if isinstance(o, Value)}
         self.live = live_nodes(graph)
@@ -304,7 +306,7 @@ class _Planner:
         self.exactness: dict[int, str] = {}
         self.fused_into: dict[int, Node] = {}
         for node in graph.nodes if fuse else ():
-            ep = find_epilogue(node, self.users, self.outputs, self.live)
+            ep = find_epilogue(node, self.users, self.outputs, self.live, mkl_linear)
             # NOTE: first come, first served: two convs feeding one residual add both find it.
             if (
                 node.id in self.live
@@ -315,7 +317,7 @@ class _Planner:
                 for n in ep.nodes:
                     self.fused_into[n.id] = node
                     self.kinds[n.id] = ("fused", "")
-            kept = unfused_activation(node, self.users, self.outputs, self.live)
+            kept = unfused_activation(node, self.users, self.outputs, self.live, mkl_linear)
             if node.id in self.live and kept is not None:
                 act, why = kept
                 self.exactness[node.id] = f"{act.op} (node {act.id}) not fused: {why}"
@@ -577,7 +579,13 @@ class _Planner:
                 step = self._datadep_step(node)
             elif supported(node):
                 call = onednn_call(
-                    node, self.consts, None, self.channels_last, self.prepack, self.packs
+                    node,
+                    self.consts,
+                    None,
+                    self.channels_last,
+                    self.prepack,
+                    self.packs,
+                    self.mkl_linear,
                 )
                 step = ExternStep(node, call, [])
                 failure = self._try_dry_run(step, "onednn")
@@ -840,6 +848,7 @@ def plan_graph(
     layouts: Mapping[int, Sequence[Sequence[int]]] | None = None,
     fuse: bool = True,
     channels_last: bool = True,
+    mkl_linear: bool = True,
 ) -> Plan:
     """Decide locations, kernels and calls for ``graph`` (static shapes, CPU). ``layouts``
     (an extern node's position in ``graph.nodes`` -> its result strides, as
@@ -847,9 +856,10 @@ def plan_graph(
     each extern once on zeros. ``fuse=False``: every pointwise, constant and reduction node is
     its own kernel (no chains, no reduction or extern epilogues, no oneDNN post-ops).
     ``channels_last=False``: every stored value and extern result is contiguous, convolutions
-    run on contiguous (NCHW) activations."""
+    run on contiguous (NCHW) activations. ``mkl_linear``: float32 linears run MKL's packed GEMM,
+    with no post-ops (see :class:`~plait.codegen.options.StaxOptions`)."""
     check_graph(graph)
-    planner = _Planner(graph, infer_layouts, layouts, fuse, channels_last)
+    planner = _Planner(graph, infer_layouts, layouts, fuse, channels_last, mkl_linear)
     try:
         plan = planner.run()
     except BaseException:

@@ -28,7 +28,10 @@ class StaxOptions:
     calls, epilogues in place (off: each is allocated fresh per call, nothing in place).
     ``channels_last``: convolutions run on channels_last activations and stored values keep
     the layout of what they are computed from (off: every stored value and extern result is
-    contiguous, convolutions read NCHW)."""
+    contiguous, convolutions read NCHW). ``mkl_linear``: float32 linears run MKL's packed GEMM
+    (weight packed once for the call's rows) and the activation or residual add after one runs
+    in a native kernel, fused with its neighbours (off: oneDNN linears with the activation or add
+    as a post-op, as bfloat16 linears and builds without MKL always run)."""
 
     strict: bool = False
     parallel_threshold: int = 1 << 17
@@ -40,6 +43,7 @@ class StaxOptions:
     fuse: bool = True
     memory_plan: bool = True
     channels_last: bool = True
+    mkl_linear: bool = True
 
     def record(self) -> dict[str, Any]:
         return asdict(self)

@@ -265,6 +265,7 @@ def compile_graphs(
             layouts=saved,
             fuse=opts.fuse,
             channels_last=opts.channels_last,
+            mkl_linear=opts.mkl_linear,
         )
         if opts.strict and plan.fallbacks:
             nid, reason = next(iter(plan.fallbacks.items()))
