@@ -40,6 +40,9 @@ class ExternCall:
     fn: Callable[..., Any]
     op_class: str
     detail: str
+    # NOTE: the library whose compile-time refusal or acceptance the plan reports ("oneDNN",
+    # "MKL"); empty for PyTorch's own ops.
+    library: str = ""
 
 
 class PreparedWeight:

@@ -590,10 +590,11 @@ class _Planner:
                 step = ExternStep(node, call, [])
                 failure = self._try_dry_run(step, "onednn")
                 if failure is not None:
-                    note = "; ".join(x for x in (note, f"oneDNN {node.op}: {failure}") if x)
+                    where = f"{call.library} {node.op}: {failure}"
+                    note = "; ".join(x for x in (note, where) if x)
                     step = None
                 else:
-                    accepted = self._accepted_note()
+                    accepted = self._accepted_note(call)
             if step is None:
                 step = ExternStep(node, make_call(node, self.consts), [])
                 step.out_strides = self._dry_run(step)
@@ -648,7 +649,8 @@ class _Planner:
                 if key is not None:
                     self._probed.add(key)
         except RuntimeError as e:
-            reason = f"oneDNN refused the call at compile time ({str(e).splitlines()[0]})"
+            why = str(e).splitlines()[0]
+            reason = f"{step.call.library} refused the call at compile time ({why})"
             self.refused.setdefault(position, {})[stage] = reason
             if key is not None:
                 self._refusals[key] = reason
@@ -668,8 +670,10 @@ class _Planner:
         shape = shape_of(v.type) if isinstance(v.type, TensorType) else ()
         return shape, loc.strides, loc.offset
 
-    def _accepted_note(self) -> str:
-        return f"accepted by oneDNN at compile time {SAVED}" if self._decided is not None else ""
+    def _accepted_note(self, call: ExternCall) -> str:
+        if self._decided is None:
+            return ""
+        return f"accepted by {call.library} at compile time {SAVED}"
 
     def _probe(self, step: ExternStep) -> None:
         def fresh(o: object) -> object:
@@ -704,7 +708,7 @@ class _Planner:
             return failure
         strides = step.out_strides
         self.steps.append(step)
-        accepted = self._accepted_note()
+        accepted = self._accepted_note(call)
         suffix = "".join(f"; {x}" for x in (accepted, self.exactness.get(host.id)) if x)
         self.tags[host.id] = NodeTag("extern", f"{call.detail} ({call.op_class}){suffix}")
         for n in ep.nodes:

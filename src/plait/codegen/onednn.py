@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import torch
@@ -398,7 +399,7 @@ def linear_call(
         def with_add(x: Any, w: Any, b: Any, other: Any) -> Any:
             return linear_binary(x, other, weight(w), b)
 
-        return ExternCall(with_add, "matmul", f"{detail} + fused {ep.describe()}")
+        return ExternCall(with_add, "matmul", f"{detail} + fused {ep.describe()}", "oneDNN")
     attr, scalars, algorithm = _attr(ep)
     default = op.default
 
@@ -406,9 +407,10 @@ def linear_call(
         return default(x, weight(w), b, attr, scalars, algorithm)
 
     suffix = f" + fused {ep.describe()}" if ep is not None else ""
-    return ExternCall(fn, "matmul", detail + suffix)
+    return ExternCall(fn, "matmul", detail + suffix, "oneDNN")
 
 
+@cache
 def mkl_linear_available() -> bool:
     """Whether this PyTorch build has MKL and its packed-linear ops."""
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
@@ -441,7 +443,7 @@ def mkl_linear_call(
     def fn(x: Any, w: Any, b: Any) -> Any:
         return compute(x, weight(w), w, b, rows)
 
-    return ExternCall(fn, "matmul", f"MKL packed linear (weight prepacked {when})")
+    return ExternCall(fn, "matmul", f"MKL packed linear (weight prepacked {when})", "MKL")
 
 
 def conv_call(
@@ -488,7 +490,7 @@ def conv_call(
                                packed_w, b, padding, stride, dilation, groups, unary, scalars,
                                algorithm or None)  # fmt: skip
 
-        return ExternCall(with_add, "conv", f"{detail} + fused {ep.describe()}")
+        return ExternCall(with_add, "conv", f"{detail} + fused {ep.describe()}", "oneDNN")
     default = op.default
 
     def fn(x: Any, w: Any, b: Any) -> Any:
@@ -499,7 +501,7 @@ def conv_call(
                        groups, attr, scalars, algorithm)  # fmt: skip
 
     suffix = f" + fused {ep.describe()}" if ep is not None else ""
-    return ExternCall(fn, "conv", detail + suffix)
+    return ExternCall(fn, "conv", detail + suffix, "oneDNN")
 
 
 # NOTE: a weight with an inf or NaN: oneDNN skips the zero padding where eager's default algorithm
