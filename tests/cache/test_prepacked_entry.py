@@ -29,7 +29,7 @@ from plait.cache.compiled import PACKED, StaleEntryError, load_compiled
 from plait.cache.lookup import CacheWarning
 from plait.codegen import packed
 from plait.codegen.extern import PreparedWeight
-from plait.codegen.fusion import ExternStep
+from plait.codegen.plan import ExternStep
 from tests.cache.helpers import call_program, status, stax_entry
 from tests.util import needs_bf16, needs_packs
 

@@ -8,10 +8,10 @@ import torch
 import plait.contract
 from plait.codegen import plan_graph
 from plait.codegen.cpp import print_kernel
-from plait.codegen.fusion import ExternStep, KernelStep
 from plait.codegen.kir import STORAGE_OF
 from plait.codegen.loops import merge_loops
 from plait.codegen.onednn import mkl_linear_available
+from plait.codegen.plan import ExternStep, KernelStep
 from plait.ir import GraphBuilder, TensorType
 
 

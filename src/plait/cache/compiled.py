@@ -221,7 +221,7 @@ def _saved_packs(plan: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict
 
 
 def _saved_layouts(plan: dict[str, Any], tensors: dict[str, torch.Tensor], gate: Any) -> Any:
-    from plait.codegen.fusion import STAGES, SavedLayouts
+    from plait.codegen.plan import STAGES, SavedLayouts
 
     layouts = {int(k): [tuple(int(x) for x in s) for s in v] for k, v in plan["layouts"].items()}
     if "refused" not in plan:  # NOTE: no decisions recorded: the planner probes them

@@ -17,9 +17,10 @@ Example:
 """
 
 from plait.codegen.errors import BuildError, CodegenError
-from plait.codegen.fusion import Loc, NodeTag, Plan, classify, plan_graph
+from plait.codegen.fusion import classify, plan_graph
 from plait.codegen.kir import Kernel, KernelBuilder
 from plait.codegen.options import StaxOptions
+from plait.codegen.plan import Loc, NodeTag, Plan
 
 __all__ = [
     "BuildError",

@@ -42,7 +42,7 @@ from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
 
 if TYPE_CHECKING:
-    from plait.codegen.fusion import Loc
+    from plait.codegen.plan import Loc
 
 
 class Unfusable(Exception):

@@ -50,7 +50,7 @@ from plait.ir.ops.rules import wrap_dim, wrap_dims
 from plait.ir.types import TensorType
 
 if TYPE_CHECKING:
-    from plait.codegen.fusion import Loc
+    from plait.codegen.plan import Loc
 
 OP_CLASS = {
     "sum": "reduction",

@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from plait.codegen.fusion import ExternStep, FallbackStep, KernelStep, Plan
 from plait.codegen.kir import Kernel
+from plait.codegen.plan import ExternStep, FallbackStep, KernelStep, Plan
 from plait.codegen.views import shape_of
 from plait.ir.graph import Value
 from plait.ir.types import TensorType

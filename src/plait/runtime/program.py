@@ -26,16 +26,10 @@ from typing import Any
 from plait.codegen.build import Unit, build_units, toolchain
 from plait.codegen.cpp import PrintOptions, print_kernel
 from plait.codegen.errors import CodegenError
-from plait.codegen.fusion import (
-    KernelStep,
-    NodeTag,
-    Plan,
-    SavedLayouts,
-    extern_layouts,
-    plan_graph,
-)
+from plait.codegen.fusion import extern_layouts, plan_graph
 from plait.codegen.onednn import LOADED
 from plait.codegen.options import StaxOptions
+from plait.codegen.plan import KernelStep, NodeTag, Plan, SavedLayouts
 from plait.ir.graph import Graph
 from plait.runtime.memory import MemoryPlan, plan_memory
 from plait.runtime.runner import Runner, build_runner

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from plait.codegen.build import cached_blob, store_blob
-from plait.codegen.fusion import ExternStep, FallbackStep, KernelStep, Plan
 from plait.codegen.index import contiguous_strides
+from plait.codegen.plan import ExternStep, FallbackStep, KernelStep, Plan
 from plait.codegen.views import shape_of
 from plait.ir.graph import Value
 from plait.ir.ops import get_op
