@@ -1,0 +1,804 @@
+"""The Triton printer: kernel IR to one ``@triton.jit`` kernel, as the text of a Python module.
+
+The kernel takes one pointer per kernel buffer, in buffer order (element 0 of the buffer); sizes,
+strides and block sizes are literals of the source, so a launch passes the buffers and nothing
+else. The semantics are the C++ printer's (:mod:`plait.codegen.cpp`), statement for statement:
+
+- Pointwise kernels (no ``inner``) flatten the outer domain into one index, ``XBLOCK`` elements
+  per program, masked at the end; each loop variable is recovered with ``//`` and ``%`` of the
+  extents (loop variables and indices are nonnegative, :mod:`plait.codegen.index`).
+- Kernels with ``inner`` are 2-D: ``XBLOCK`` rows (outer points) by ``RBLOCK`` reduced elements,
+  looping over the flattened inner domain in chunks of ``RBLOCK`` (one chunk, no loop, when the
+  row fits). Each reduction accumulates ``[XBLOCK, RBLOCK]`` partials, masked lanes holding the
+  reduction's identity, and reduces them across the row after its phase; a later phase reads the
+  ``[XBLOCK, 1]`` result. Float max/min ignore NaN while accumulating and return NaN where one was
+  seen, as the C++ printer does. (Of a row holding both +0.0 and -0.0 as its max or min, which
+  zero comes back is the reduction tree's choice; the C++ printer returns the first in row
+  order.)
+- Every statement has exactly its IR dtype: constants are typed (``tl.full([], v, dtype)``), so
+  Triton's promotion of Python scalars never applies; ``-0.0`` is built from its bits (Triton
+  folds a zero constant to +0.0).
+- Transcendentals and exact helpers are libdevice's functions, called through the module global
+  ``M`` that the loader binds (:mod:`plait.codegen.triton_load`): libdevice on a GPU, a numpy
+  shim under Triton's interpreter (:mod:`plait.codegen.triton_interp`).
+- Index arithmetic is int32 when every index, extent and buffer fits in 2**30 elements (masked
+  lanes run a block past the end), else int64.
+
+Printing needs no Triton; loading and launching do.
+
+Example:
+    >>> from plait.codegen.index import Ix, Var
+    >>> from plait.codegen.kir import KernelBuilder
+    >>> b = KernelBuilder("k", outer=(Var("i0", 8),))
+    >>> x, y = b.buffer("x", "f32", 8), b.buffer("y", "f32", 8, output=True)
+    >>> i = Ix.var(b.outer[0])
+    >>> b.store(y, i, b.op("exp", [b.load(x, i)], "f32"))
+    >>> ts = print_triton(b.build(nodes=()), "k_exp")
+    >>> "@triton.jit" in ts.source, "M.exp(" in ts.source, ts.grid, ts.num_warps
+    (True, True, (1,), 1)
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var, atom_range
+from plait.codegen.kir import Kernel, Reduce, Stmt, Store, is_float
+from plait.codegen.loops import merge_loops
+
+TL = {
+    "f64": "tl.float64",
+    "f32": "tl.float32",
+    "i64": "tl.int64",
+    "i32": "tl.int32",
+    "i16": "tl.int16",
+    "i8": "tl.int8",
+    "u8": "tl.uint8",
+    "b": "tl.int1",
+}
+# libdevice's name for each IR op computed by one libdevice call.
+LIBDEVICE = {op: op for op in ("exp", "log", "tanh", "erf", "sin", "cos", "tan", "asin", "acos",
+                               "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "expm1",
+                               "log1p", "log2", "log10", "exp2", "erfc", "atan2", "hypot", "pow",
+                               "floor", "ceil", "trunc", "rint", "fmod", "copysign")}  # fmt: skip
+LIBDEVICE["sqrt"] = "sqrt_rn"  # NOTE: tl.sqrt is approximate on the GPU; sqrt_rn is IEEE
+# Every libdevice function a printed kernel may call (the interpreter's shim provides each).
+LIBDEVICE_NAMES = frozenset({*LIBDEVICE.values(), "div_rn", "signbit"})
+
+# NOTE: a program's tile: pointwise kernels take up to POINTWISE_BLOCK elements per program;
+# reductions up to MAX_RBLOCK elements of a row per chunk and enough rows to fill REDUCE_TILE.
+POINTWISE_BLOCK = 1024
+MAX_RBLOCK = 1024
+REDUCE_TILE = 2048
+# Indices stay int32 below this bound (a masked lane runs at most a block past the end).
+INT32_BOUND = 1 << 30
+
+_HEADER = '''"""Triton kernel {symbol} (plait kernel {name}), printed by plait.codegen.triton.
+
+M is bound by the loader before this module runs: libdevice on a GPU, a numpy shim when Triton
+interprets the kernel.
+"""
+
+import triton
+import triton.language as tl
+
+INF = tl.constexpr(float("inf"))
+NEG_INF = tl.constexpr(float("-inf"))
+'''
+
+# NOTE: jit helpers, included where used. Integer ``//`` and ``%`` of Triton tensors truncate
+# (C's sdiv/srem) compiled and interpreted alike; divisors 0 and -1 are replaced before dividing
+# (division by zero and INT_MIN / -1 are undefined on the GPU) and their results written as the
+# C++ prelude's: 0 for a zero divisor, -a (wrapping) for -1.
+_HELPERS: dict[str, str] = {
+    "_bf16_bits": """
+@triton.jit
+def _bf16_bits(x):
+    # the nearest bfloat16's bits (ties to even; NaN: 0x7FC0) in the low half of a uint32
+    u = x.to(tl.uint32, bitcast=True)
+    sixteen = tl.full([], 16, tl.uint32)
+    odd = (u >> sixteen) & tl.full([], 1, tl.uint32)
+    rounded = (u + tl.full([], 0x7FFF, tl.uint32) + odd) >> sixteen
+    return tl.where(x != x, tl.full([], 0x7FC0, tl.uint32), rounded)
+""",
+    "_bf16_round": """
+@triton.jit
+def _bf16_round(x):
+    return (_bf16_bits(x) << tl.full([], 16, tl.uint32)).to(tl.float32, bitcast=True)
+""",
+    "_bf16_store": """
+@triton.jit
+def _bf16_store(x):
+    return _bf16_bits(x).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+""",
+    "_bf16_load": """
+@triton.jit
+def _bf16_load(h):
+    u = h.to(tl.uint16, bitcast=True).to(tl.uint32) << tl.full([], 16, tl.uint32)
+    return u.to(tl.float32, bitcast=True)
+""",
+    "_max_nan": """
+@triton.jit
+def _max_nan(a, b):
+    return tl.where(a != a, a, tl.where(b != b, b, tl.where(a > b, a, b)))
+""",
+    "_min_nan": """
+@triton.jit
+def _min_nan(a, b):
+    return tl.where(a != a, a, tl.where(b != b, b, tl.where(a < b, a, b)))
+""",
+    "_fmax": """
+@triton.jit
+def _fmax(a, b):
+    # NaN ignored; of two equal values (+0, -0) the first, as eager
+    return tl.where(a != a, b, tl.where(b != b, a, tl.where(a < b, b, a)))
+""",
+    "_fmin": """
+@triton.jit
+def _fmin(a, b):
+    return tl.where(a != a, b, tl.where(b != b, a, tl.where(b < a, b, a)))
+""",
+    "_fdiv_floor": """
+@triton.jit
+def _fdiv_floor(a, b):
+    # ATen's div_floor_floating
+    zero = tl.full([], 0.0, a.dtype)
+    one = tl.full([], 1.0, a.dtype)
+    quotient = M.div_rn(a, b)
+    mod = M.fmod(a, b)
+    div = M.div_rn(a - mod, b)
+    div = tl.where((mod != zero) & ((b < zero) != (mod < zero)), div - one, div)
+    floor = M.floor(div)
+    floor = tl.where(div - floor > tl.full([], 0.5, a.dtype), floor + one, floor)
+    floor = tl.where(div != zero, floor, M.copysign(zero, quotient))
+    return tl.where(b == zero, quotient, floor)
+""",
+    "_safe_divisor": """
+@triton.jit
+def _safe_divisor(b, SIGNED: tl.constexpr):
+    bad = b == tl.full([], 0, b.dtype)
+    if SIGNED:
+        bad = bad | (b == tl.full([], -1, b.dtype))
+    return tl.where(bad, tl.full([], 1, b.dtype), b)
+""",
+    "_idiv_trunc": """
+@triton.jit
+def _idiv_trunc(a, b, SIGNED: tl.constexpr):
+    zero = tl.full([], 0, a.dtype)
+    q = a // _safe_divisor(b, SIGNED)
+    if SIGNED:
+        q = tl.where(b == tl.full([], -1, a.dtype), zero - a, q)
+    return tl.where(b == zero, zero, q)
+""",
+    "_idiv_floor": """
+@triton.jit
+def _idiv_floor(a, b, SIGNED: tl.constexpr):
+    zero = tl.full([], 0, a.dtype)
+    d = _safe_divisor(b, SIGNED)
+    q = a // d
+    r = a % d
+    q = tl.where((r != zero) & ((r < zero) != (b < zero)), q - tl.full([], 1, a.dtype), q)
+    if SIGNED:
+        q = tl.where(b == tl.full([], -1, a.dtype), zero - a, q)
+    return tl.where(b == zero, zero, q)
+""",
+    "_imod_trunc": """
+@triton.jit
+def _imod_trunc(a, b, SIGNED: tl.constexpr):
+    # the safe divisor 1 leaves 0 where b is 0 or -1
+    return a % _safe_divisor(b, SIGNED)
+""",
+    "_imod_floor": """
+@triton.jit
+def _imod_floor(a, b, SIGNED: tl.constexpr):
+    zero = tl.full([], 0, a.dtype)
+    r = _imod_trunc(a, b, SIGNED)
+    return tl.where((r != zero) & ((r < zero) != (b < zero)), r + b, r)
+""",
+    "_ipow": """
+@triton.jit
+def _ipow(a, b, BITS: tl.constexpr, SIGNED: tl.constexpr):
+    # square and multiply over the exponent's bits; negative exponents as the C++ prelude
+    zero = tl.full([], 0, a.dtype)
+    one = tl.full([], 1, a.dtype)
+    base = a + b * zero
+    e = b + a * zero
+    result = base * zero + one
+    for _ in tl.static_range(BITS):
+        result = tl.where((e & one) != zero, result * base, result)
+        e = e >> one
+        base = base * base
+    if SIGNED:
+        minus_one = tl.full([], -1, a.dtype)
+        odd = (b & one) != zero
+        inverse = tl.where(a == minus_one, tl.where(odd, minus_one, one), zero)
+        result = tl.where(b < zero, tl.where(a == one, one, inverse), result)
+    return result
+""",
+    "_prod": """
+@triton.jit
+def _prod(a, b):
+    return a * b
+""",
+}
+_HELPER_NEEDS = {
+    "_bf16_round": ("_bf16_bits",),
+    "_bf16_store": ("_bf16_bits",),
+    "_idiv_trunc": ("_safe_divisor",),
+    "_idiv_floor": ("_safe_divisor",),
+    "_imod_trunc": ("_safe_divisor",),
+    "_imod_floor": ("_imod_trunc", "_safe_divisor"),
+}
+_INT_DIVISION = ("idiv_trunc", "idiv_floor", "imod_trunc", "imod_floor")
+_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_ARITH = {"add": "+", "sub": "-", "mul": "*"}
+_BOOL_ARITH = {"add": "|", "sub": "^", "mul": "&"}  # C++ bool arithmetic, converted back to bool
+_BITWISE = {"band": "&", "bor": "|", "bxor": "^", "and": "&", "or": "|"}
+_INT_BITS = {"i64": 63, "i32": 31, "i16": 15, "i8": 7, "u8": 8}
+
+
+@dataclass(frozen=True)
+class TritonSource:
+    """A printed kernel: ``source`` is a module defining the ``@triton.jit`` function ``symbol``
+    (one pointer argument per kernel buffer), launched on ``grid`` with ``num_warps``. A grid
+    with a zero has nothing to run (an empty domain)."""
+
+    symbol: str
+    source: str
+    grid: tuple[int, ...]
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A launch shape: ``xblock`` outer points per program; ``rblock`` reduced elements per
+    chunk (0: a pointwise kernel)."""
+
+    xblock: int
+    rblock: int
+    num_warps: int
+    programs: int
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _warps(elements: int) -> int:
+    """One warp per 256 elements of a program's tile, 1 to 8."""
+    return max(1, min(8, elements // 256))
+
+
+def pointwise_blocks(n: int) -> Blocks:
+    xblock = min(_pow2_at_least(n), POINTWISE_BLOCK)
+    return Blocks(xblock, 0, _warps(xblock), -(-n // xblock))
+
+
+def reduction_blocks(rows: int, row: int) -> Blocks:
+    """Long rows: one or two rows per program, chunks of up to MAX_RBLOCK; many short rows:
+    several rows per program, the whole row in one chunk."""
+    rblock = min(_pow2_at_least(row), MAX_RBLOCK)
+    xblock = min(_pow2_at_least(rows), max(1, REDUCE_TILE // rblock))
+    return Blocks(xblock, rblock, _warps(xblock * rblock), -(-rows // xblock))
+
+
+# --- constants and indices --------------------------------------------------------------------
+def f32_of(value: float) -> float:
+    """``value`` rounded to float32 as C's ``(float)`` does (overflow gives an infinity)."""
+    try:
+        return float(struct.unpack("<f", struct.pack("<f", value))[0])
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def const_text(value: object, t: str, shape: str = "[]") -> str:
+    """A constant of scalar type ``t`` (exact: NaN, infinities, -0.0, f32 rounding)."""
+    dtype = TL[t]
+    if t == "b":
+        return f"tl.full({shape}, {bool(value)}, {dtype})"
+    if not is_float(t):
+        assert isinstance(value, int)
+        return f"tl.full({shape}, {int(value)}, {dtype})"
+    assert isinstance(value, float)
+    v = f32_of(value) if t == "f32" else value
+    if math.isnan(v) or (v == 0 and math.copysign(1.0, v) < 0):
+        # NOTE: NaN and -0.0 from their bits: Triton folds any zero constant to +0.0, and a
+        # NaN global would fail its check that globals are unchanged (NaN != NaN).
+        float_fmt, int_fmt, bits = "<f", "<i", "tl.int32"
+        if t == "f64":
+            float_fmt, int_fmt, bits = "<d", "<q", "tl.int64"
+        (word,) = struct.unpack(int_fmt, struct.pack(float_fmt, v))
+        return f"tl.full({shape}, {word}, {bits}).to({dtype}, bitcast=True)"
+    if math.isinf(v):
+        text = "INF" if v > 0 else "NEG_INF"
+    else:
+        text = repr(v)
+    return f"tl.full({shape}, {text}, {dtype})"
+
+
+def _identity(kind: str, t: str) -> object:
+    """The reduction's initial value (the C++ printer's ``_init``)."""
+    if kind == "sum":
+        return 0.0 if is_float(t) else 0
+    if kind == "prod":
+        return 1.0 if is_float(t) else 1
+    if is_float(t):
+        return -math.inf if kind == "max" else math.inf
+    if t == "u8":
+        return 0 if kind == "max" else 255
+    bits = {"i64": 64, "i32": 32, "i16": 16, "i8": 8}[t]
+    return -(1 << (bits - 1)) if kind == "max" else (1 << (bits - 1)) - 1
+
+
+def _index_bound(ix: Ix) -> int:
+    """An upper bound of |value| of ``ix`` and of every partial sum computed on the way."""
+    total = abs(ix.const)
+    inner = 0
+    for atom, coef in ix.terms:
+        lo, hi = atom_range(atom)
+        total += abs(coef) * max(abs(lo), abs(hi), 1)
+        if not isinstance(atom, Var):
+            inner = max(inner, _index_bound(atom.e))
+    return max(total, inner)
+
+
+class _Printer:
+    def __init__(self, kernel: Kernel, symbol: str) -> None:
+        self.k = merge_loops(kernel)
+        self.symbol = symbol
+        self.reducing = bool(self.k.inner)
+        self.rows = math.prod(v.extent for v in self.k.outer)
+        self.row = math.prod(v.extent for v in self.k.inner)
+        self.blocks = (
+            reduction_blocks(self.rows, self.row) if self.reducing else pointwise_blocks(self.rows)
+        )
+        self.wide = not self._fits_int32()
+        self.itype = "tl.int64" if self.wide else "tl.int32"
+        self.names = {v: f"x{j}" for j, v in enumerate(self.k.outer)}
+        self.names.update({v: f"r{j}" for j, v in enumerate(self.k.inner)})
+        self.outer_vars = set(self.k.outer)
+        self.helpers: set[str] = set()
+        self.lines: list[str] = []
+        self.indent = 1
+        self.emitted: set[int] = set()
+        self.single_chunk_ready = False  # the one chunk's rindex, masks and variables emitted
+        self.acc_phase = {r.acc: p for p, ph in enumerate(self.k.phases) for r in ph.reduces}
+        self.reduce_of = {r.acc: r for ph in self.k.phases for r in ph.reduces}
+        self.dims: dict[int, frozenset[str]] = {}
+        self.phase: dict[int, int] = {}
+        for s in self.k.stmts():
+            self._classify(s)
+
+    def _fits_int32(self) -> bool:
+        k = self.k
+        sizes = [b.numel for b in k.buffers] + [v.extent for v in (*k.outer, *k.inner)]
+        sizes += [self.rows + self.blocks.xblock, self.row + self.blocks.rblock]
+        for s in k.stmts():
+            if s.op == "load":
+                sizes.append(_index_bound(s.attr[1]))
+            elif s.op == "index":
+                sizes.append(_index_bound(s.attr))
+        for st in [*(st for ph in k.phases for st in ph.stores), *k.final]:
+            sizes.append(_index_bound(st.index))
+        return max(sizes) < INT32_BOUND
+
+    # --- statement classification -------------------------------------------------------------
+    def _index_dims(self, ix: Ix) -> frozenset[str]:
+        return frozenset("x" if v in self.outer_vars else "r" for v in ix.vars())
+
+    def _classify(self, s: Stmt) -> None:
+        """A statement's block dims (``x``: outer, ``r``: inner) and the last phase whose
+        result it reads (-1: none)."""
+        dims: frozenset[str] = frozenset()
+        phase = -1
+        if s.op == "load":
+            dims = self._index_dims(s.attr[1])
+        elif s.op == "index":
+            dims = self._index_dims(s.attr)
+        elif s.op == "acc":
+            phase = self.acc_phase[s.attr]
+            # NOTE: a reduction's result is [XBLOCK, 1]; without inner loops (reduced dims of
+            # size 1) it is its one value, of that value's shape.
+            dims = frozenset("x") if self.reducing else self.dims[self.reduce_of[s.attr].value.id]
+        for a in s.args:
+            dims |= self.dims[a.id]
+            phase = max(phase, self.phase[a.id])
+        self.dims[s.id] = dims
+        self.phase[s.id] = phase
+
+    # --- output helpers -----------------------------------------------------------------------
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.indent + text)
+
+    def helper(self, name: str) -> str:
+        self.helpers.add(name)
+        self.helpers.update(_HELPER_NEEDS.get(name, ()))
+        return name
+
+    def expr(self, s: Stmt) -> str:
+        return f"acc{s.attr}" if s.op == "acc" else f"t{s.id}"
+
+    def index(self, ix: Ix) -> str:
+        parts: list[str] = []
+        for atom, coef in ix.terms:
+            a = self._atom(atom)
+            term = a if abs(coef) == 1 else f"{a} * {abs(coef)}"
+            parts.append(("- " if coef < 0 else "+ ") + term)
+        if ix.const or not parts:
+            parts.append(("- " if ix.const < 0 else "+ ") + str(abs(ix.const)))
+        text = " ".join(parts)
+        return text[2:] if text.startswith("+ ") else "-" + text[2:]
+
+    def _atom(self, a: Atom) -> str:
+        if isinstance(a, Var):
+            return self.names[a]
+        if isinstance(a, Div):
+            return f"(({self.index(a.e)}) // {a.k})"
+        if isinstance(a, Mod):
+            return f"(({self.index(a.e)}) % {a.k})"
+        assert isinstance(a, Clamp)
+        return f"tl.minimum(tl.maximum({self.index(a.e)}, {a.lo}), {a.hi})"
+
+    def mask(self, dims: frozenset[str]) -> str | None:
+        if dims == {"x", "r"}:
+            return "rxmask"
+        if dims == {"x"}:
+            return "xmask"
+        if dims == {"r"}:
+            return "rmask"
+        return None
+
+    def pointer(self, buffer: int, ix: Ix, dims: frozenset[str]) -> str:
+        """``b<buffer> + ix``, broadcast to ``dims`` where the index lacks some of them."""
+        offset = self.index(ix)
+        text = f"b{buffer} + " + (offset if offset.isidentifier() else f"({offset})")
+        missing = dims - self._index_dims(ix)
+        if missing:
+            text += f" + tl.zeros({self._shape(missing)}, {self.itype})"
+        return text
+
+    def _shape(self, dims: frozenset[str]) -> str:
+        """The block shape of ``dims`` (1 along the others)."""
+        xblock = self.blocks.xblock if "x" in dims else 1
+        if not self.reducing:
+            return f"[{xblock}]"
+        return f"[{xblock}, {self.blocks.rblock if 'r' in dims else 1}]"
+
+    # --- statements ---------------------------------------------------------------------------
+    def emit(self, s: Stmt) -> None:
+        if s.id in self.emitted or s.op == "acc":
+            return
+        self.emitted.add(s.id)
+        rhs = self.rhs(s, [self.expr(a) for a in s.args])
+        if s.dtype == "b" and not self.dims[s.id] and s.op != "const":
+            # NOTE: Triton's interpreter gives a comparison's result the operands' dtype, which
+            # a scalar keeps when it is broadcast (``scalar_bool & block`` then fails); a
+            # selection between typed constants is a proper bool (and costs nothing compiled).
+            rhs = f"tl.where({rhs}, {const_text(True, 'b')}, {const_text(False, 'b')})"
+        self.line(f"t{s.id} = {rhs}")
+
+    def rhs(self, s: Stmt, a: list[str]) -> str:
+        op, t = s.op, s.dtype
+        if op == "const":
+            return const_text(s.attr, t)
+        if op == "load":
+            return self.load(s)
+        if op == "index":
+            ix = s.attr
+            if ix.is_const:
+                return const_text(ix.const, "i64")
+            return f"({self.index(ix)}).to(tl.int64)"
+        if op == "cast":
+            return self.cast(a[0], s.args[0].dtype, t)
+        if op == "round":
+            if s.attr == "bf16":
+                return f"{self.helper('_bf16_round')}({a[0]})"
+            return f"{a[0]}.to(tl.float16).to(tl.float32)"
+        for table in (self._arith, self._compare, self._logic, self._math):
+            text = table(s, a)
+            if text is not None:
+                return text
+        raise AssertionError(f"no Triton for scalar op {op!r}")
+
+    def _arith(self, s: Stmt, a: list[str]) -> str | None:
+        op, t = s.op, s.dtype
+        if op in _ARITH:
+            return f"{a[0]} {(_BOOL_ARITH if t == 'b' else _ARITH)[op]} {a[1]}"
+        if op == "div" and is_float(t):
+            # NOTE: Triton's float32 ``/`` is approximate on the GPU; div_rn is IEEE.
+            return f"M.div_rn({a[0]}, {a[1]})"
+        if op == "neg":
+            if is_float(t):
+                # NOTE: Triton's unary minus is ``0 - x``, which makes -(+0.0) +0.0.
+                return f"{a[0]} * {const_text(-1.0, t)}"
+            return a[0] if t == "b" else f"{const_text(0, t)} - {a[0]}"
+        if op == "abs":
+            return a[0] if t in ("u8", "b") else f"tl.abs({a[0]})"
+        if op in _INT_DIVISION or op == "div":
+            name = "idiv_trunc" if op == "div" else op
+            return f"{self.helper('_' + name)}({a[0]}, {a[1]}, {t != 'u8'})"
+        if op == "fdiv_trunc":
+            return f"M.trunc(M.div_rn({a[0]}, {a[1]}))"
+        if op == "fdiv_floor":
+            return f"{self.helper('_fdiv_floor')}({a[0]}, {a[1]})"
+        if op == "ipow":
+            return f"{self.helper('_ipow')}({a[0]}, {a[1]}, {_INT_BITS[t]}, {t != 'u8'})"
+        if op in ("max", "min", "fmax", "fmin"):
+            return self._extremum(op, t, a)
+        return None
+
+    def _extremum(self, op: str, t: str, a: list[str]) -> str:
+        if is_float(t):
+            name = {"max": "_max_nan", "min": "_min_nan", "fmax": "_fmax", "fmin": "_fmin"}[op]
+            return f"{self.helper(name)}({a[0]}, {a[1]})"
+        larger = op in ("max", "fmax")
+        if t == "b":
+            return f"{a[0]} {'|' if larger else '&'} {a[1]}"
+        return f"tl.where({a[0]} {'>' if larger else '<'} {a[1]}, {a[0]}, {a[1]})"
+
+    def _compare(self, s: Stmt, a: list[str]) -> str | None:
+        if s.op not in _COMPARE:
+            return None
+        if s.args[0].dtype == "b":
+            # NOTE: Triton's int1 is signed (true < false); C++ compares bools as 0 and 1.
+            a = [f"{x}.to(tl.int32)" for x in a]
+        return f"{a[0]} {_COMPARE[s.op]} {a[1]}"
+
+    def _logic(self, s: Stmt, a: list[str]) -> str | None:
+        op = s.op
+        if op in _BITWISE:
+            return f"{a[0]} {_BITWISE[op]} {a[1]}"
+        if op in ("not", "bnot"):
+            # NOTE: xor with all ones, typed (the interpreter's ``~`` of a uint8 overflows).
+            ones = True if s.dtype == "b" else (255 if s.dtype == "u8" else -1)
+            return f"{a[0]} ^ {const_text(ones, s.dtype)}"
+        if op == "where":
+            return f"tl.where({a[0]}, {a[1]}, {a[2]})"
+        return None
+
+    def _math(self, s: Stmt, a: list[str]) -> str | None:
+        if s.op == "signbit":
+            return f"M.signbit({a[0]}) != {const_text(0, 'i32')}"
+        if s.op in LIBDEVICE:
+            return f"M.{LIBDEVICE[s.op]}({', '.join(a)})"
+        return None
+
+    def cast(self, x: str, src: str, t: str) -> str:
+        if t == "b":
+            return f"{x} != {const_text(0.0 if is_float(src) else 0, src)}"
+        if is_float(src) and t in ("u8", "i8", "i16"):
+            # NOTE: as the C++ printer: through int64, so the narrow type wraps.
+            return f"{x}.to(tl.int64).to({TL[t]})"
+        return f"{x}.to({TL[t]})"
+
+    def load(self, s: Stmt) -> str:
+        buf, ix = s.attr
+        dims = self._index_dims(ix)
+        mask = self.mask(dims)
+        args = self.pointer(buf, ix, dims)
+        if mask is not None:
+            args += f", mask={mask}, other=0"
+        value = f"tl.load({args})"
+        storage = self.k.buffers[buf].dtype
+        if storage == "bf16":
+            return f"{self.helper('_bf16_load')}({value})"
+        if storage == "f16":
+            return f"{value}.to(tl.float32)"
+        return value
+
+    def store(self, st: Store) -> None:
+        v = self.expr(st.value)
+        storage = self.k.buffers[st.buffer].dtype
+        if storage == "bf16":
+            v = f"{self.helper('_bf16_store')}({v})"
+        elif storage == "f16":
+            v = f"{v}.to(tl.float16)"
+        elif storage != st.value.dtype:
+            v = self.cast(v, st.value.dtype, storage)
+        dims = self.dims[st.value.id] | self._index_dims(st.index)
+        mask = self.mask(dims)
+        tail = "" if mask is None else f", mask={mask}"
+        self.line(f"tl.store({self.pointer(st.buffer, st.index, dims)}, {v}{tail})")
+
+    # --- placement ----------------------------------------------------------------------------
+    def emit_where(self, roots: list[Stmt], fits: Callable[[Stmt], bool]) -> None:
+        """Statements under ``roots`` that ``fits`` accepts, in dependency order."""
+        seen: set[int] = set()
+
+        def visit(s: Stmt) -> None:
+            if s.id in seen:
+                return
+            seen.add(s.id)
+            for x in s.args:
+                visit(x)
+            if fits(s):
+                self.emit(s)
+
+        for r in roots:
+            visit(r)
+
+    # --- structure ----------------------------------------------------------------------------
+    def source(self) -> TritonSource:
+        k, blocks = self.k, self.blocks
+        args = ", ".join(f"b{j}" for j in range(len(k.buffers)))
+        if self.rows > 0:
+            (self.reduction_body if self.reducing else self.pointwise_body)()
+        body = "\n".join(self.lines) if self.lines else "    pass"
+        helpers = "".join(_HELPERS[name] for name in _HELPERS if name in self.helpers)
+        text = (
+            _HEADER.format(symbol=self.symbol, name=k.name)
+            + helpers
+            + f"\n\n@triton.jit\ndef {self.symbol}({args}):\n{body}\n"
+        )
+        programs = blocks.programs if self.rows > 0 else 0
+        return TritonSource(self.symbol, text, (programs,), blocks.num_warps)
+
+    def _program_start(self) -> str:
+        pid = "tl.program_id(0)" + (".to(tl.int64)" if self.wide else "")
+        return f"{pid} * {self.blocks.xblock}"
+
+    def _recover(self, flat: str, loops: tuple[Var, ...]) -> None:
+        """Each loop variable of ``loops`` (row-major) from the flat index ``flat``."""
+        stride = 1
+        for j in range(len(loops) - 1, -1, -1):
+            v = loops[j]
+            div = flat if stride == 1 else f"({flat} // {stride})"
+            self.line(f"{self.names[v]} = {div}" + (f" % {v.extent}" if j else ""))
+            stride *= v.extent
+
+    def pointwise_body(self) -> None:
+        k = self.k
+        if k.outer:
+            xblock = self.blocks.xblock
+            self.line(f"xindex = {self._program_start()} + tl.arange(0, {xblock})")
+            self.line(f"xmask = xindex < {self.rows}")
+            self._recover("xindex", k.outer)
+        for ph in k.phases:
+            roots = [r.value for r in ph.reduces] + [st.value for st in ph.stores]
+            self.emit_where(roots, lambda s: True)
+            for r in ph.reduces:
+                self.reduce_directly(r)
+            for st in ph.stores:
+                self.store(st)
+        self.emit_where([st.value for st in k.final], lambda s: True)
+        for st in k.final:
+            self.store(st)
+
+    def reduction_body(self) -> None:
+        k, b = self.k, self.blocks
+        self.line(f"xindex = {self._program_start()} + tl.arange(0, {b.xblock})[:, None]")
+        self.line(f"xmask = xindex < {self.rows}")
+        self._recover("xindex", k.outer)
+        rbase = f"tl.arange(0, {b.rblock})[None, :]"
+        self.line(f"rbase = {rbase}" + (".to(tl.int64)" if self.wide else ""))
+        for p, ph in enumerate(k.phases):
+            roots = [r.value for r in ph.reduces] + [st.value for st in ph.stores]
+            self.emit_where(roots, self._outer_before(p))
+            for r in ph.reduces:
+                self.init_partial(r)
+            if self.row > 0:
+                self.chunks(ph.reduces, ph.stores, roots)
+            for r in ph.reduces:
+                self.finish_partial(r)
+        self.emit_where([st.value for st in k.final], lambda s: True)
+        for st in k.final:
+            self.store(st)
+
+    def _outer_before(self, phase: int) -> Callable[[Stmt], bool]:
+        """Statements outside the inner loop that read only results of phases before
+        ``phase``."""
+
+        def fits(s: Stmt) -> bool:
+            return "r" not in self.dims[s.id] and self.phase[s.id] < phase
+
+        return fits
+
+    def chunks(self, reduces: list[Reduce], stores: list[Store], roots: list[Stmt]) -> None:
+        """The phase's loop over the row in chunks of RBLOCK (no loop for a single chunk)."""
+        rblock = self.blocks.rblock
+        looping = self.row > rblock
+        saved = set(self.emitted)
+        if looping:
+            self.line(f"for roffset in range(0, {self.row}, {rblock}):")
+            self.indent += 1
+            self.line("rindex = roffset + rbase")
+        if looping or not self.single_chunk_ready:
+            if not looping:
+                self.line("rindex = rbase")
+            self.line(f"rmask = rindex < {self.row}")
+            self.line("rxmask = xmask & rmask")
+            self._recover("rindex", self.k.inner)
+            self.single_chunk_ready = not looping
+        self.emit_where(roots, lambda s: True)
+        for r in reduces:
+            self.accumulate(r)
+        for st in stores:
+            self.store(st)
+        if looping:
+            self.indent -= 1
+            # NOTE: statements of the loop body are out of scope after it; a single chunk's
+            # stay valid (the next phase reads the same elements).
+            self.emitted = saved
+
+    # --- reductions ---------------------------------------------------------------------------
+    @staticmethod
+    def _tracks_nan(r: Reduce) -> bool:
+        return r.kind in ("max", "min") and is_float(r.dtype)
+
+    @staticmethod
+    def _acc_type(r: Reduce) -> str:
+        # NOTE: bool accumulators as int32 (C++ bool arithmetic is on ints), nonzero at the end.
+        return "i32" if r.dtype == "b" else r.dtype
+
+    def _value(self, r: Reduce) -> str:
+        v = self.expr(r.value)
+        t = self._acc_type(r)
+        return v if r.value.dtype == t else self.cast(v, r.value.dtype, t)
+
+    @staticmethod
+    def _combine(kind: str, acc: str, v: str) -> str:
+        if kind == "sum":
+            return f"{acc} + {v}"
+        if kind == "prod":
+            return f"{acc} * {v}"
+        # NOTE: the C++ max_/min_: a NaN value leaves the accumulator (tracked apart).
+        cmp = f"{acc} < {v}" if kind == "max" else f"{v} < {acc}"
+        return f"tl.where({cmp}, {v}, {acc})"
+
+    def _result(self, r: Reduce, value: str) -> str:
+        return f"{value} != {const_text(0, 'i32')}" if r.dtype == "b" else value
+
+    def reduce_directly(self, r: Reduce) -> None:
+        """A reduction over no inner loop (reduced dims of size 1): its identity combined with
+        the one value, as the C++ printer's single step."""
+        t = self._acc_type(r)
+        v = self._value(r)
+        value = self._combine(r.kind, const_text(_identity(r.kind, t), t), v)
+        if self._tracks_nan(r):
+            value = f"tl.where({v} != {v}, {const_text(math.nan, t)}, {value})"
+        self.line(f"acc{r.acc} = {self._result(r, value)}")
+
+    def init_partial(self, r: Reduce) -> None:
+        t = self._acc_type(r)
+        shape = f"[{self.blocks.xblock}, {self.blocks.rblock}]"
+        self.line(f"part{r.acc} = {const_text(_identity(r.kind, t), t, shape)}")
+        if self._tracks_nan(r):
+            self.line(f"nan{r.acc} = tl.full({shape}, False, tl.int1)")
+
+    def accumulate(self, r: Reduce) -> None:
+        t = self._acc_type(r)
+        v = f"v{r.acc}"
+        identity = const_text(_identity(r.kind, t), t)
+        self.line(f"{v} = tl.where(rxmask, {self._value(r)}, {identity})")
+        self.line(f"part{r.acc} = {self._combine(r.kind, f'part{r.acc}', v)}")
+        if self._tracks_nan(r):
+            self.line(f"nan{r.acc} = nan{r.acc} | ({v} != {v})")
+
+    def finish_partial(self, r: Reduce) -> None:
+        t = self._acc_type(r)
+        part, n = f"part{r.acc}", r.acc
+        if self.row == 0:
+            shape = f"[{self.blocks.xblock}, 1]"
+            self.line(f"acc{n} = {self._result(r, const_text(_identity(r.kind, t), t, shape))}")
+            return
+        if r.kind == "prod":
+            total = f"tl.reduce({part}, 1, {self.helper('_prod')}, keep_dims=True)"
+        else:
+            fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[r.kind]
+            total = f"{fn}({part}, axis=1, keep_dims=True)"
+        # NOTE: tl.sum widens small integers to int32; the wrapped sum converts back exactly.
+        self.line(f"acc{n} = {total}.to({TL[t]})")
+        if self._tracks_nan(r):
+            seen = f"tl.max(nan{n}.to(tl.int8), axis=1, keep_dims=True)"
+            self.line(f"nan{n}_seen = {seen} != {const_text(0, 'i8')}")
+            self.line(f"acc{n} = tl.where(nan{n}_seen, {const_text(math.nan, t)}, acc{n})")
+        if r.dtype == "b":
+            self.line(f"acc{n} = {self._result(r, f'acc{n}')}")
+
+
+def print_triton(kernel: Kernel, symbol: str) -> TritonSource:
+    """``kernel`` as a Triton module defining ``@triton.jit def symbol(b0, b1, ...)``."""
+    return _Printer(kernel, symbol).source()
