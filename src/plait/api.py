@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import importlib.util
 import threading
 import time
 import warnings
@@ -153,9 +154,9 @@ def _report(
 
 # --- compile ---------------------------------------------------------------------------------
 def _default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tuple[str, str]:
-    """``stax`` for static CPU programs. CUDA has no native codegen yet and Stax needs static
-    shapes, so the reference interpreter runs the others; the choice and its reason are
-    recorded in the manifest (``options.backend_choice``)."""
+    """``stax`` for static programs: C++ kernels on the CPU, Triton kernels on CUDA (where
+    Triton is installed). Stax needs static shapes, so the reference interpreter runs the
+    others; the choice and its reason are recorded in the manifest (``options.backend_choice``)."""
     devices = {str(t.device) for t in state if isinstance(t, torch.Tensor)}
     static = True
     for v in prog.interface()[0]:
@@ -163,11 +164,18 @@ def _default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tu
         if isinstance(t, TensorType):
             devices.add(t.device)
             static = static and t.is_static
-    if not devices <= {"cpu"}:
-        return "eager", f"default for {sorted(devices)}: no native CUDA backend yet"
     if not static:
         return "eager", "default for symbolic shapes: Stax compiles static shapes only"
-    return "stax", "default for CPU tensors"
+    if devices <= {"cpu"}:
+        return "stax", "default for CPU tensors"
+    if len(devices) > 1 or not all(d.startswith("cuda") for d in devices):
+        return "eager", f"default for {sorted(devices)}: Stax compiles one CPU or CUDA device"
+    if importlib.util.find_spec("triton") is None:
+        return (
+            "eager",
+            f"default for {sorted(devices)}: Triton is not installed (pip install triton)",
+        )
+    return "stax", f"default for {sorted(devices)}: Triton kernels"
 
 
 class _Engine(RegionEngine):

@@ -30,7 +30,7 @@ from plait.ir import Graph, TensorType, Value, interpret
 from plait.manifest import Manifest
 from plait.passes import INFERENCE_PIPELINE, TRAINING_PIPELINE, run_pipeline
 
-KNOWN_OPTIONS = ("passes", "freeze", "stax")
+KNOWN_OPTIONS = ("passes", "freeze", "stax", "cuda_graphs")
 _GRAD_FALLBACK = "backend stax → eager interpreter"
 _GRAD_REASON = (
     "gradients can flow through this call and Stax kernels have no backward yet "
@@ -114,6 +114,8 @@ def _stax_options(req: CompileRequest) -> Any:
 
     settings = dict(req.options.get("stax") or {})
     settings.setdefault("strict", req.fullgraph)
+    if "cuda_graphs" in req.options:
+        settings.setdefault("cuda_graphs", bool(req.options["cuda_graphs"]))
     return StaxOptions(**settings)
 
 
@@ -139,7 +141,8 @@ def _stax_records(program: Any, m: Manifest) -> None:
     records = program.records()
     _stax_timings(m, records)
     m.kernels = {"kernels": records.pop("kernels", []), "schedule": records.pop("schedule", [])}
-    m.toolchain["cxx"] = records.pop("toolchain", {})
+    kind = "cxx" if records.get("target", "cpu") == "cpu" else "triton"
+    m.toolchain[kind] = records.pop("toolchain", {})
     m.executor = records
     for n in records.get("evidence", {}).get("nodes", []):
         if n["executor"] == "fallback":

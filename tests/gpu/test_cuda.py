@@ -53,12 +53,11 @@ def test_cuda_device_change_recompiles_once() -> None:
     assert torch.equal(f(x), x.relu() + 1)
 
 
-def test_default_backend_on_cuda_is_the_recorded_interpreter() -> None:
+def test_default_backend_on_cuda_is_stax_with_triton_kernels() -> None:
     f = plait.compile(lambda x: x.relu() * 2)
     x = torch.randn(64, device="cuda")
     assert torch.equal(f(x), x.relu() * 2)
     m = f.specializations[0].manifest
-    assert (
-        m.options["backend"] == "eager" and "no native CUDA backend" in m.options["backend_choice"]
-    )
+    assert m.options["backend"] == "stax" and "Triton kernels" in m.options["backend_choice"]
+    assert m.executor["target"] == "triton"
     assert m.toolchain["gpu_capability"] == list(torch.cuda.get_device_capability())

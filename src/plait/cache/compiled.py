@@ -143,6 +143,11 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
     graph.constants.update(constants)
     t_parse = time.perf_counter()
     program = None
+    if _off_cpu(graph):
+        # NOTE: a CUDA program binds its constants on the device when it is rebuilt (its CUDA
+        # graph reads them): they are checked and copied there first
+        pending.verified()
+        _place(graph)
     if plan is not None:
         # NOTE: the rebuild reads the entry's constants as metadata only (shapes, strides): its
         # imports of prepacked weights wait for the check (import_deferred_packs), its reorders
@@ -197,12 +202,22 @@ def _constants(
     return out
 
 
+def _off_cpu(graph: Graph) -> bool:
+    return any(
+        isinstance(v.type, TensorType) and v.type.device != "cpu"
+        for v in graph.inputs
+        if v.kind == "const" and v.name in graph.constants
+    )
+
+
 def _place(graph: Graph) -> None:
     """Constants of a graph on another device are copied there (after the hash check)."""
     for v in graph.inputs:
         held = v.kind == "const" and v.name in graph.constants  # NOTE: live ones are bound
         if held and isinstance(v.type, TensorType) and v.type.device != "cpu":
-            graph.constants[v.name] = graph.constants[v.name].to(v.type.device)
+            t = graph.constants[v.name]
+            if str(t.device) != v.type.device:
+                graph.constants[v.name] = t.to(v.type.device)
 
 
 def _saved_packs(plan: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:

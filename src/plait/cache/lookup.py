@@ -92,6 +92,10 @@ def toolchain_parts(backend: str) -> dict[str, Any]:
         cpu = str(parts.pop("cpu_flags", ""))
         parts["cpu_flags_sha256"] = hashlib.sha256(cpu.encode()).hexdigest()
         out["cxx"] = parts
+        from plait.runtime.program import triton_toolchain
+
+        # NOTE: Triton kernels: the Triton and CUDA versions that compile them
+        out["triton"] = triton_toolchain()
     return out
 
 

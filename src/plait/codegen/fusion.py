@@ -33,11 +33,13 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
 from plait.codegen.call_signature import Layout, call_signature
+from plait.codegen.cuda_extern import cuda_call
 from plait.codegen.datadep import datadep_call, only_unbacked, touches_unbacked, unbacked
 from plait.codegen.errors import CodegenError
 from plait.codegen.extern import EXTERN_RULES, FLOAT_EXTERNS, ExternCall, make_call
@@ -108,9 +110,38 @@ def _float_result(node: Node) -> bool:
     return isinstance(t, TensorType) and t.dtype.is_floating_point
 
 
-def check_graph(graph: Graph) -> None:
-    """Stax compiles static shapes on the CPU; anything else is a clear error. Unbacked dims
-    (data-dependent sizes) are the exception: only PyTorch calls make or read them."""
+TARGETS = ("cpu", "triton")
+
+
+def graph_device(graph: Graph) -> str:
+    """The one device of ``graph``'s tensors (``cpu`` when it has none); a graph whose tensors
+    span devices is a clear error."""
+    devices = {v.type.device for v in _all_values(graph) if isinstance(v.type, TensorType)}
+    if len(devices) > 1:
+        raise CodegenError(f"the Stax backend compiles one device per graph, got {sorted(devices)}")
+    return devices.pop() if devices else "cpu"
+
+
+def check_graph(graph: Graph, target: str = "cpu") -> None:
+    """Stax compiles static shapes, C++ kernels on the CPU (``target="cpu"``) and Triton kernels
+    on CUDA (``"triton"``; on CPU tensors too, where Triton interprets them); anything else is
+    a clear error. Unbacked dims (data-dependent sizes) are the exception: only PyTorch calls
+    make or read them."""
+    if target not in TARGETS:
+        raise CodegenError(f"unknown Stax target {target!r}; known: {list(TARGETS)}")
+    device = graph_device(graph)
+    if target == "cpu" and device != "cpu":
+        raise CodegenError(
+            f"the Stax CPU target got tensors on {device}: Triton kernels run them "
+            "(StaxOptions(target='triton'))"
+        )
+    if target == "triton" and not (device == "cpu" or device.startswith("cuda")):
+        raise CodegenError(f"the Stax Triton target runs CUDA tensors, got {device}")
+    if target == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise CodegenError(
+            "Triton kernels on CPU tensors run only in Triton's interpreter: set "
+            "TRITON_INTERPRET=1 before triton is imported (or use the cpu target)"
+        )
     for v in _all_values(graph):
         t = v.type
         if not isinstance(t, TensorType):
@@ -122,8 +153,6 @@ def check_graph(graph: Graph) -> None:
                 node_id=v.producer.id if v.producer else None,
                 op=v.producer.op if v.producer else None,
             )
-        if t.device != "cpu":
-            raise CodegenError(f"the Stax CPU backend got a tensor on {t.device} (%{v.name})")
 
 
 def _all_values(graph: Graph) -> Iterator[Value]:
@@ -153,8 +182,13 @@ class _Planner:
         fuse: bool = True,
         channels_last: bool = True,
         mkl_linear: bool = True,
+        target: str = "cpu",
     ) -> None:
         self.graph = graph
+        # NOTE: oneDNN and MKL run CPU tensors of the C++ target only; Triton's externs are
+        # PyTorch's own kernels on the graph's device (cuDNN, cuBLAS, flash attention).
+        self.onednn = target == "cpu"
+        self.device = torch.device(graph_device(graph))
         self.fuse = fuse
         self.channels_last = channels_last
         self.mkl_linear = mkl_linear
@@ -204,7 +238,7 @@ class _Planner:
         self.unfused: dict[int, str] = {}
         self.exactness: dict[int, str] = {}
         self.fused_into: dict[int, Node] = {}
-        for node in graph.nodes if fuse else ():
+        for node in graph.nodes if fuse and self.onednn else ():
             ep = find_epilogue(node, self.users, self.outputs, self.live, mkl_linear)
             # NOTE: first come, first served: two convs feeding one residual add both find it.
             if (
@@ -476,7 +510,7 @@ class _Planner:
             accepted = ""
             if touches_unbacked(node):
                 step = self._datadep_step(node)
-            elif supported(node):
+            elif self.onednn and supported(node):
                 call = onednn_call(
                     node,
                     self.consts,
@@ -495,7 +529,10 @@ class _Planner:
                 else:
                     accepted = self._accepted_note(call)
             if step is None:
-                step = ExternStep(node, make_call(node, self.consts), [])
+                special = None
+                if self.device.type == "cuda":
+                    special = cuda_call(node, self.consts, self.channels_last)
+                step = ExternStep(node, special or make_call(node, self.consts), [])
                 step.out_strides = self._dry_run(step)
             strides = step.out_strides
             call = step.call
@@ -581,7 +618,8 @@ class _Planner:
             const = self.consts.get(o)
             if const is not None:
                 return const
-            return torch.zeros(shape_of(o.type), dtype=o.type.dtype)  # NOTE: see _sample
+            # NOTE: see _sample
+            return torch.zeros(shape_of(o.type), dtype=o.type.dtype, device=self.device)
 
         args = get_op(step.node.op).structure([fresh(o) for o in step.node.inputs])
         args += [fresh(o) for o in step.extra]
@@ -631,7 +669,7 @@ class _Planner:
         # NOTE: zeros, never torch.empty: recycled memory holds old values, denormal floats
         # among them, and a dry run on denormals ran 3-4x slower (ResNet-50's plan: 0.9 s
         # against 0.26 s); integers may be indices and must be in range.
-        t = torch.zeros(shape, dtype=dtype)
+        t = torch.zeros(shape, dtype=dtype, device=self.device)
         self._samples[v] = t.as_strided(shape, strides) if _dense(shape, strides) else t
 
     def _sample_lifetimes(self) -> dict[int, int]:
@@ -752,6 +790,7 @@ def plan_graph(
     fuse: bool = True,
     channels_last: bool = True,
     mkl_linear: bool = True,
+    target: str = "cpu",
 ) -> Plan:
     """Decide locations, kernels and calls for ``graph`` (static shapes, CPU). ``layouts``
     (an extern node's position in ``graph.nodes`` -> its result strides, as
@@ -760,9 +799,11 @@ def plan_graph(
     its own kernel (no chains, no reduction or extern epilogues, no oneDNN post-ops).
     ``channels_last=False``: every stored value and extern result is contiguous, convolutions
     run on contiguous (NCHW) activations. ``mkl_linear``: float32 linears run MKL's packed GEMM,
-    with no post-ops (see :class:`~plait.codegen.options.StaxOptions`)."""
-    check_graph(graph)
-    planner = _Planner(graph, infer_layouts, layouts, fuse, channels_last, mkl_linear)
+    with no post-ops (see :class:`~plait.codegen.options.StaxOptions`). ``target``: ``cpu``
+    (C++ kernels, oneDNN and MKL externs) or ``triton`` (Triton kernels; externs are PyTorch's
+    kernels on the graph's device)."""
+    check_graph(graph, target)
+    planner = _Planner(graph, infer_layouts, layouts, fuse, channels_last, mkl_linear, target)
     try:
         plan = planner.run()
     except BaseException:

@@ -31,7 +31,13 @@ class StaxOptions:
     contiguous, convolutions read NCHW). ``mkl_linear``: float32 linears run MKL's packed GEMM
     (weight packed once for the call's rows) and the activation or residual add after one runs
     in a native kernel, fused with its neighbours (off: oneDNN linears with the activation or add
-    as a post-op, as bfloat16 linears and builds without MKL always run)."""
+    as a post-op, as bfloat16 linears and builds without MKL always run).
+
+    ``target``: ``auto`` (C++ kernels for CPU tensors, Triton kernels for CUDA tensors),
+    ``cpu`` or ``triton`` (Triton on CPU tensors runs through Triton's interpreter: what CI tests
+    the Triton printer with). ``cuda_graphs``: on CUDA, capture the whole program as one CUDA
+    graph when nothing in it syncs with the host, and replay it on each call (off: launch each
+    kernel and extern from Python)."""
 
     strict: bool = False
     parallel_threshold: int = 1 << 17
@@ -44,6 +50,8 @@ class StaxOptions:
     memory_plan: bool = True
     channels_last: bool = True
     mkl_linear: bool = True
+    target: str = "auto"
+    cuda_graphs: bool = True
 
     def record(self) -> dict[str, Any]:
         return asdict(self)

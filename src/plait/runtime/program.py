@@ -17,6 +17,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
@@ -26,7 +28,8 @@ from typing import Any
 from plait.codegen.build import Unit, build_units, toolchain
 from plait.codegen.cpp import PrintOptions, print_kernel
 from plait.codegen.errors import CodegenError
-from plait.codegen.fusion import extern_layouts, plan_graph
+from plait.codegen.fusion import extern_layouts, graph_device, plan_graph
+from plait.codegen.kir import Kernel
 from plait.codegen.onednn import LOADED
 from plait.codegen.options import StaxOptions
 from plait.codegen.plan import KernelStep, NodeTag, Plan, SavedLayouts
@@ -88,6 +91,7 @@ class KernelInfo:
     cache_hit: bool = False
     epilogue_of: list[int] = field(default_factory=list)
     source: str = field(default="", repr=False)
+    triton: Any = field(default=None, repr=False)  # NOTE: the TritonSource of a Triton kernel
 
     def record(self) -> dict[str, Any]:
         return {
@@ -123,8 +127,10 @@ class StaxProgram:
         options: StaxOptions,
         timings: dict[str, float],
         funcs: dict[int, Any],
+        target: str = "cpu",
     ) -> None:
         self.graph = graph
+        self.target = target
         self.plan = plan
         self.memory_plan = memory
         self.kernels = kernels
@@ -139,7 +145,21 @@ class StaxProgram:
             dict(plan.unfused),
             dict(plan.exactness),
         )
-        self.__call__ = runner.fn  # type: ignore[method-assign]
+        # NOTE: CUDA programs replay one CUDA graph of the runner where nothing in them syncs
+        # with the host (runtime.cuda_graph); ``cuda_graph`` says whether it does, and why not
+        self.cuda_graph: dict[str, Any] = {"used": False, "reason": "not a CUDA program"}
+        call = runner.fn
+        if target == "triton" and self.device.type == "cuda":
+            from plait.runtime.cuda_graph import graphed
+
+            call, self.cuda_graph = graphed(self, runner.fn, options.cuda_graphs)
+        self.__call__ = call  # type: ignore[method-assign]
+
+    @property
+    def device(self) -> Any:
+        import torch
+
+        return torch.device(graph_device(self.graph))
 
     def __call__(self, *inputs: Any) -> list[Any]:  # pragma: no cover - replaced per instance
         return self._runner.fn(*inputs)
@@ -169,7 +189,10 @@ class StaxProgram:
             >>> [(s["kind"], s["seconds"] > 0) for s in steps]
             [('kernel', True)]
         """
-        runner = build_runner(self.plan, self.memory_plan, self._funcs, True, profile=True)
+        runner = build_runner(
+            self.plan, self.memory_plan, self._funcs, True, profile=True,
+            launch=self.target == "triton",
+        )  # fmt: skip
         runner.fn(*inputs)
         totals = runner.globals["_P"]
         for i in range(len(totals)):
@@ -207,8 +230,10 @@ class StaxProgram:
         """Everything the manifest needs, JSON-serializable."""
         return {
             "backend": "stax",
-            "target": "cpu",
-            "toolchain": toolchain().record(),
+            "target": self.target,
+            "device": str(self.device),
+            "cuda_graph": dict(self.cuda_graph),
+            "toolchain": toolchain().record() if self.target == "cpu" else triton_toolchain(),
             "options": self.options.record(),
             "evidence": self.evidence.records(),
             "schedule": self.schedule(),
@@ -241,6 +266,14 @@ def compile_graph(
     return program
 
 
+def resolve_target(graph: Graph, options: StaxOptions) -> str:
+    """The kernels ``graph`` gets: ``options.target``, where ``auto`` means C++ for CPU tensors
+    and Triton for CUDA tensors."""
+    if options.target != "auto":
+        return options.target
+    return "cpu" if graph_device(graph) == "cpu" else "triton"
+
+
 def compile_graphs(
     graphs: Sequence[Graph],
     *,
@@ -252,7 +285,8 @@ def compile_graphs(
     opts = options or StaxOptions()
     start = time.perf_counter()
     plans = []
-    for g, saved in zip(graphs, layouts or [None] * len(graphs)):
+    targets = [resolve_target(g, opts) for g in graphs]
+    for g, saved, target in zip(graphs, layouts or [None] * len(graphs), targets):
         plan = plan_graph(
             g,
             infer_layouts=opts.infer_layouts,
@@ -260,6 +294,7 @@ def compile_graphs(
             fuse=opts.fuse,
             channels_last=opts.channels_last,
             mkl_linear=opts.mkl_linear,
+            target=target,
         )
         if opts.strict and plan.fallbacks:
             nid, reason = next(iter(plan.fallbacks.items()))
@@ -270,9 +305,12 @@ def compile_graphs(
     popts = PrintOptions(parallel_threshold=opts.parallel_threshold)
     infos: list[list[KernelInfo]] = []
     sources: dict[str, str] = {}
-    for plan in plans:
+    for plan, target in zip(plans, targets):
         row = []
         for low in plan.kernels:
+            if target == "triton":
+                row.append(_triton_info(low.kernel))
+                continue
             text = print_kernel(low.kernel, "STAX_SYMBOL", popts)
             digest = hashlib.sha256(text.encode()).hexdigest()
             symbol = f"stax_{digest[:24]}"
@@ -282,7 +320,7 @@ def compile_graphs(
         infos.append(row)
     t_print = time.perf_counter()
     units = _units(sorted(sources), sources, opts)
-    if units:
+    if units or any(t == "triton" for t in targets):
         # NOTE: kernels printed from a cache entry's graph: the compiler (or the kernel cache)
         # sees them only once that entry has passed its hash check
         for saved in layouts or ():
@@ -292,18 +330,13 @@ def compile_graphs(
     t_build = time.perf_counter()
     unit_of = {sym: u for u in units for sym in u.symbols}
     programs = []
-    for g, plan, row in zip(graphs, plans, infos):
+    for g, plan, row, target in zip(graphs, plans, infos, targets):
         t0 = time.perf_counter()
-        funcs: dict[int, Any] = {}
         kernel_steps = [i for i, s in enumerate(plan.steps) if isinstance(s, KernelStep)]
-        for step_index, info in zip(kernel_steps, row):
-            u = unit_of[info.symbol]
-            info.unit, info.build_seconds, info.cache_hit = u.key[:16], u.seconds, u.cache_hit
-            assert u.lib is not None
-            fn = getattr(u.lib, info.symbol)
-            fn.restype = __import__("ctypes").c_int
-            fn.argtypes = [__import__("ctypes").c_void_p]
-            funcs[step_index] = fn
+        if target == "triton":
+            funcs = _load_triton(row, kernel_steps)
+        else:
+            funcs = _load_cpp(row, kernel_steps, unit_of)
         memory = plan_memory(plan, allow_inplace=opts.inplace, reuse=opts.memory_plan)
         for info, step_index in zip(row, kernel_steps):
             step = plan.steps[step_index]
@@ -312,15 +345,71 @@ def compile_graphs(
                 {bp.epilogue_of for v in step.outputs
                  for bp in [memory.by_value[v]] if bp.epilogue_of is not None}
             )  # fmt: skip
-        runner = build_runner(plan, memory, funcs, opts.check_inputs)
+        runner = build_runner(plan, memory, funcs, opts.check_inputs, launch=target == "triton")
         timings = {
             "plan_s": (t_plan - start) / len(graphs),
             "print_s": (t_print - t_plan) / len(graphs),
             "build_s": t_build - t_print,
             "runner_s": time.perf_counter() - t0,
         }
-        programs.append(StaxProgram(g, plan, memory, row, runner, opts, timings, funcs))
+        programs.append(StaxProgram(g, plan, memory, row, runner, opts, timings, funcs, target))
     return programs
+
+
+def _load_cpp(
+    row: list[KernelInfo], kernel_steps: list[int], unit_of: Mapping[str, Unit]
+) -> dict[int, Any]:
+    import ctypes
+
+    funcs: dict[int, Any] = {}
+    for step_index, info in zip(kernel_steps, row):
+        u = unit_of[info.symbol]
+        info.unit, info.build_seconds, info.cache_hit = u.key[:16], u.seconds, u.cache_hit
+        assert u.lib is not None
+        fn = getattr(u.lib, info.symbol)
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p]
+        funcs[step_index] = fn
+    return funcs
+
+
+def _triton_info(kernel: Kernel) -> KernelInfo:
+    from plait.codegen.triton import print_triton
+
+    ts = print_triton(kernel, "STAX_SYMBOL")
+    digest = hashlib.sha256(ts.source.encode()).hexdigest()
+    symbol = f"triton_{digest[:24]}"
+    ts = dataclasses.replace(ts, symbol=symbol, source=ts.source.replace("STAX_SYMBOL", symbol))
+    info = KernelInfo(kernel.name, symbol, kernel.template, kernel.nodes, digest, source=ts.source)
+    info.triton = ts
+    return info
+
+
+def _load_triton(row: list[KernelInfo], kernel_steps: list[int]) -> dict[int, Any]:
+    """Each kernel's launcher (Triton compiles a kernel at its first launch, from its own
+    on-disk cache when it compiled that source before)."""
+    from plait.codegen.triton_load import load_triton
+
+    funcs: dict[int, Any] = {}
+    for step_index, info in zip(kernel_steps, row):
+        t0 = time.perf_counter()
+        funcs[step_index] = load_triton(info.triton)
+        info.unit, info.build_seconds = "triton", time.perf_counter() - t0
+    return funcs
+
+
+@functools.lru_cache(maxsize=1)
+def triton_toolchain() -> dict[str, Any]:
+    """The Triton and CUDA versions a Triton program was built with (the manifest's record)."""
+    import importlib.metadata
+
+    import torch
+
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = None
+    return {"triton": triton, "cuda": torch.version.cuda}
 
 
 def _units(symbols: list[str], sources: dict[str, str], opts: StaxOptions) -> list[Unit]:

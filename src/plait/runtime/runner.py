@@ -12,8 +12,10 @@ The generated source is kept on the program (``StaxProgram.source``) for debuggi
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import marshal
+import re
 import sys
 import threading
 import time
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 
 from plait.codegen.build import cached_blob, store_blob
+from plait.codegen.fusion import graph_device
 from plait.codegen.index import contiguous_strides
 from plait.codegen.plan import ExternStep, FallbackStep, KernelStep, Plan
 from plait.codegen.views import shape_of
@@ -32,6 +35,9 @@ from plait.ir.graph import Value
 from plait.ir.ops import get_op
 from plait.ir.types import TensorType
 from plait.runtime.memory import BufferPlan, MemoryPlan
+
+
+_LOCAL = re.compile(r"\bv\d+\b")  # NOTE: the runner's locals holding tensors (Emitter.var)
 
 
 class StaxInputError(TypeError):
@@ -59,7 +65,7 @@ def _zero_division() -> None:
 
 def _conform(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
     """``t`` copied into the layout the plan expects (PyTorch chose another one)."""
-    out = torch.empty_strided(t.shape, strides, dtype=t.dtype)
+    out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out
 
@@ -87,17 +93,24 @@ class _Emitter:
         symbols: dict[int, Any],
         check: bool,
         profile: bool = False,
+        launch: bool = False,
     ) -> None:
         self.plan, self.memory, self.check, self.profile = plan, memory, check, profile
-        self.funcs = symbols  # step index -> ctypes function
+        # NOTE: step index -> a ctypes function reading the pointer table, or (``launch``) a
+        # Triton launcher taking one tensor per kernel buffer
+        self.funcs = symbols
+        self.launch = launch
+        self.device = torch.device(graph_device(plan.graph))
+        on: dict[str, Any] = {} if self.device.type == "cpu" else {"device": self.device}
         self.g: dict[str, Any] = {
             "_bad_input": _bad_input,
             "_not_tensor": _not_tensor,
             "_zero_division": _zero_division,
             "_conform": _conform,
             "_check_result": _check_result,
-            "_empty": torch.empty,
-            "_empty_strided": torch.empty_strided,
+            "_empty": functools.partial(torch.empty, **on),
+            "_empty_strided": functools.partial(torch.empty_strided, **on),
+            "DEV": self.device,
             "_as_strided": torch.as_strided,
             "_grad_enabled": torch.is_grad_enabled,
             "_set_grad": torch._C._set_grad_enabled,
@@ -181,7 +194,7 @@ class _Emitter:
     def emit(self) -> None:
         plan = self.plan
         if self.memory.arena_bytes:
-            self.arena = torch.empty(self.memory.arena_bytes, dtype=torch.uint8)
+            self.arena = torch.empty(self.memory.arena_bytes, dtype=torch.uint8, device=self.device)
         native_inputs = self._native_inputs()
         tensors = [
             (i, v) for i, v in enumerate(plan.graph.inputs) if isinstance(v.type, TensorType)
@@ -195,7 +208,9 @@ class _Emitter:
                 assert isinstance(t, TensorType)
                 d, s = self.const(t.dtype, "D"), self.const(torch.Size(shape_of(t)), "S")
                 a = f"a{i}"
-                self.line(f"if {a}.dtype is not {d} or {a}.shape != {s} or not {a}.is_cpu:", 3)
+                where = "not {a}.is_cpu" if self.device.type == "cpu" else "{a}.device != DEV"
+                cond = f"{a}.dtype is not {d} or {a}.shape != {s} or " + where.format(a=a)
+                self.line(f"if {cond}:", 3)
                 self.line(f"_bad_input({i}, {v.name!r}, {str(t)!r}, {a})", 4)
             self.line("except AttributeError:", 2)
             names = self.const([(i, v.name, str(v.type)) for i, v in checked])
@@ -207,9 +222,10 @@ class _Emitter:
                 self.line(f"if not a{i}.is_contiguous(): a{i} = a{i}.contiguous()", 2)
         calls = any(not isinstance(s, KernelStep) for s in plan.steps)
         if self.profile:
-            self.g["_clock"] = time.perf_counter
+            self.g["_clock"] = _device_clock(self.device)
             self.g["_P"] = [0.0] * (len(plan.steps) + 1)
             self.line("_t = _clock()")
+        ends: list[int] = []
         for k, step in enumerate(plan.steps):
             if isinstance(step, KernelStep):
                 self.kernel_step(k, step)
@@ -219,8 +235,10 @@ class _Emitter:
                 self.fallback_step(step)
             if self.profile:
                 self.line(f"_n = _clock(); _P[{k}] += _n - _t; _t = _n")
+            ends.append(len(self.lines))
         outs = ", ".join(self.output(o) for o in plan.graph.outputs)
         self.line(f"return [{outs}]", 2)
+        self._free_dead(ends)
         if calls:
             self.lines = [
                 "    " * 2 + "g = _grad_enabled()",
@@ -230,6 +248,26 @@ class _Emitter:
                 "    " * 2 + "finally:",
                 "    " * 3 + "if g: _set_grad(True)",
             ]
+
+    def _free_dead(self, ends: list[int]) -> None:
+        """``del`` each local after the step that reads it last (a step's lines stay together:
+        a C++ kernel reads the pointers its earlier lines stored), so PyTorch's allocator (on
+        CUDA, the graph's private pool) reuses an extern's result once nothing reads it."""
+        last: dict[str, int] = {}
+        step = 0
+        for i, text in enumerate(self.lines[: ends[-1]] if ends else ()):
+            while i >= ends[step]:
+                step += 1
+            for name in _LOCAL.findall(text):
+                last[name] = step
+        kept = set(_LOCAL.findall(self.lines[-1]))  # NOTE: the return line's outputs
+        dead: dict[int, list[str]] = {}
+        for name, k in last.items():
+            if name not in kept:
+                dead.setdefault(k, []).append(name)
+        for k in sorted(dead, reverse=True):
+            names = ", ".join(sorted(dead[k], key=lambda n: int(n[1:])))
+            self.lines.insert(ends[k], "    " * 2 + f"del {names}")
 
     def output(self, o: Any) -> str:
         if isinstance(o, Value):
@@ -243,7 +281,7 @@ class _Emitter:
         if not isinstance(t, torch.Tensor) or v.kind != "const":
             return False
         assert isinstance(v.type, TensorType)
-        if t.dtype != v.type.dtype or tuple(t.shape) != shape_of(v.type) or not t.is_cpu:
+        if t.dtype != v.type.dtype or tuple(t.shape) != shape_of(v.type) or t.device != self.device:
             got = f"{t.dtype} {tuple(t.shape)} on {t.device}"
             raise StaxInputError(f"constant %{v.name}: {got}, the graph says {v.type}")
         return True
@@ -259,6 +297,9 @@ class _Emitter:
         return out
 
     def kernel_step(self, k: int, step: KernelStep) -> None:
+        if self.launch:
+            self.launch_step(k, step)
+            return
         kernel = step.lowered.kernel
         base = self.slots
         self.slots += len(kernel.buffers)
@@ -272,6 +313,18 @@ class _Emitter:
                 self.line(f"T[{slot}] = {self.tensor(v)}.data_ptr()")
         fn = self.const(self.funcs[k], "K")
         self.line(f"if {fn}({self.const(base, 'A')}): _zero_division()")
+
+    def launch_step(self, k: int, step: KernelStep) -> None:
+        """A Triton kernel: launched with one tensor per buffer (its data pointer is what the
+        kernel indexes from)."""
+        kernel = step.lowered.kernel
+        args = []
+        for v, buf in zip(step.lowered.bindings, kernel.buffers):
+            if buf.output:
+                self._prepare_output(v)
+            args.append(self.tensor(v))
+        fn = self.const(self.funcs[k], "K")
+        self.line(f"{fn}({', '.join(args)})")
 
     def _prepare_output(self, v: Value) -> None:
         bp = self.memory.by_value[v]
@@ -331,12 +384,30 @@ class _Emitter:
                 self.line(f"{var} = r[{k}]")
 
 
+def _device_clock(device: torch.device) -> Callable[[], float]:
+    """A wall clock that first waits for the device's queued work (CUDA runs asynchronously)."""
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def clock() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return clock
+
+
 def build_runner(
-    plan: Plan, memory: MemoryPlan, funcs: dict[int, Any], check_inputs: bool, profile: bool = False
+    plan: Plan,
+    memory: MemoryPlan,
+    funcs: dict[int, Any],
+    check_inputs: bool,
+    profile: bool = False,
+    launch: bool = False,
 ) -> Runner:
     """Generate and compile the program's Python runner (``profile``: accumulate each step's
-    wall time into the global list ``_P``)."""
-    em = _Emitter(plan, memory, funcs, check_inputs, profile)
+    wall time into the global list ``_P``; ``launch``: ``funcs`` are Triton launchers, not
+    C++ functions)."""
+    em = _Emitter(plan, memory, funcs, check_inputs, profile, launch)
     em.emit()
     table = (ctypes.c_void_p * max(em.slots, 1))()
     base_addr = ctypes.addressof(table)

@@ -1,0 +1,59 @@
+"""Extern calls specific to CUDA: PyTorch's cuDNN convolution on channels_last activations.
+
+cuDNN's tensor-core convolutions read NHWC: a convolution given an NCHW activation transposes it
+internally, every call. With ``channels_last`` (the default) a CUDA convolution's input is made
+channels_last once, where it is not already (the graph's input image, the first convolution),
+its constant weight is converted once (rebuilt if the tensor is replaced or written in place),
+and cuDNN returns a channels_last result that the next layers keep (the planner stores the
+epilogues in the layout of the value they are computed from).
+
+Example:
+    >>> import torch
+    >>> from plait.ir import GraphBuilder, TensorType
+    >>> gb = GraphBuilder()
+    >>> x = gb.input("x", TensorType((1, 3, 8, 8), torch.float32))
+    >>> w = gb.input("w", TensorType((4, 3, 3, 3), torch.float32))
+    >>> gb.output(gb.call("conv2d", x, w, None))
+    >>> node = gb.build().nodes[0]
+    >>> cuda_call(node, {}, channels_last=True).detail
+    'aten.conv2d (cuDNN, channels_last)'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from plait.codegen.extern import Consts, ExternCall, PreparedWeight
+from plait.ir.graph import Node, Value
+from plait.ir.types import TensorType
+
+CL = torch.channels_last
+
+
+def cuda_call(node: Node, consts: Consts, channels_last: bool) -> ExternCall | None:
+    """The CUDA-specific call for ``node``, or None where PyTorch's generic call is the one."""
+    x = node.inputs[0]
+    rank4 = isinstance(x, Value) and isinstance(x.type, TensorType) and x.type.rank == 4
+    if node.op == "conv2d" and channels_last and rank4:
+        return _conv2d_channels_last(node, consts)
+    return None
+
+
+def _conv2d_channels_last(node: Node, consts: Consts) -> ExternCall:
+    a = node.attrs
+    stride, padding, dilation, groups = a["stride"], a["padding"], a["dilation"], a["groups"]
+    conv = torch.conv2d
+    w_value = node.inputs[1]
+    constant = isinstance(w_value, Value) and w_value in consts
+    prepared = PreparedWeight(lambda w: w.contiguous(memory_format=CL))
+
+    def fn(x: Any, w: Any, b: Any) -> Any:
+        if not x.is_contiguous(memory_format=CL):
+            x = x.contiguous(memory_format=CL)
+        if constant:
+            w = prepared(w)
+        return conv(x, w, b, stride, padding, dilation, groups)
+
+    return ExternCall(fn, "conv", "aten.conv2d (cuDNN, channels_last)")

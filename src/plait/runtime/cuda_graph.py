@@ -1,0 +1,168 @@
+"""Whole-program CUDA graphs: a Stax program on CUDA captured once, replayed on every call.
+
+At compile time the runner runs once on zero-filled static inputs (Triton compiles its kernels,
+PyTorch creates its cuBLAS and cuDNN handles), then once more under capture. A call then checks
+its inputs (dtype, shape, device: the graph reads raw memory), copies each into its static
+buffer, replays the graph and returns fresh copies of the outputs: the next replay writes the
+same buffers, so no output the caller holds is ever overwritten. An output that is the caller's
+own input (or a bound constant) is returned as is, as the uncaptured runner returns it.
+
+Not captured (the program runs its runner, kernel by kernel, and ``cuda_graph["reason"]`` says
+why): ``StaxOptions(cuda_graphs=False)``; a fallback node (PyTorch's reference implementation may
+sync with the host); a node that makes or reads a data-dependent size, or a runtime check (both
+read values on the host); a non-tensor input (its value would be baked into the graph); an
+output that is a view of an input; anything the capture itself refuses (its error is the reason).
+
+Example (on a machine with CUDA)::
+
+    program = compile_graph(graph)       # CUDA tensors: Triton kernels, one CUDA graph
+    program.cuda_graph                   # {"used": True, "capture_s": ...}
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from plait.codegen.plan import ExternStep, FallbackStep
+from plait.codegen.views import shape_of
+from plait.ir.types import TensorType
+from plait.runtime.runner import _bad_input
+
+Call = Callable[..., list[Any]]
+
+
+def why_not_captured(program: Any, enabled: bool) -> str | None:
+    """Why ``program`` cannot be one CUDA graph, or None when it can be tried."""
+    if not enabled:
+        return "off (StaxOptions(cuda_graphs=False))"
+    for step in program.plan.steps:
+        if isinstance(step, FallbackStep):
+            n = step.node
+            return f"node {n.id} ({n.op}) falls back to PyTorch, which may sync with the host"
+        if isinstance(step, ExternStep):
+            n = step.node
+            if n.op in ("aten_datadep", "aten_check") or any(
+                isinstance(v.type, TensorType) and not v.type.is_static
+                for v in (*n.outputs, *n.input_values())
+            ):
+                return f"node {n.id} ({n.op}) reads values on the host"
+    graph = program.graph
+    for v in graph.inputs:
+        if not isinstance(v.type, TensorType) and not _bound(graph, v):
+            return f"input %{v.name} is not a tensor (its value would be baked into the graph)"
+    return None
+
+
+def _bound(graph: Any, v: Any) -> bool:
+    return v.kind == "const" and isinstance(graph.constants.get(v.name), torch.Tensor)
+
+
+class GraphedCall:
+    """The program's call through one captured CUDA graph (see the module docstring)."""
+
+    def __init__(self, program: Any, fn: Call) -> None:
+        graph = program.graph
+        self.fn = fn
+        self.device = program.device
+        self._lock = threading.Lock()
+        # NOTE: per input position: a static buffer the call copies into, or the bound constant
+        self.statics: list[torch.Tensor] = []
+        self.copies: list[tuple[int, torch.Tensor, TensorType]] = []
+        for i, v in enumerate(graph.inputs):
+            if _bound(graph, v):
+                self.statics.append(graph.constants[v.name])
+                continue
+            t = v.type
+            assert isinstance(t, TensorType)
+            static = torch.zeros(shape_of(t), dtype=t.dtype, device=self.device)
+            self.statics.append(static)
+            self.copies.append((i, static, t))
+        self.names = [v.name for v in graph.inputs]
+        self.graph = torch.cuda.CUDAGraph()
+        self.outputs: list[tuple[str, Any]] = []
+
+    def capture(self) -> None:
+        """Warm up on a side stream, then capture; raises what the capture raises."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self.fn(*self.statics)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        with torch.cuda.graph(self.graph):
+            outs = self.fn(*self.statics)
+        self.outputs = [self._classify(o) for o in outs]
+
+    def _classify(self, o: Any) -> tuple[str, Any]:
+        if not isinstance(o, torch.Tensor):
+            return "same", o
+        for i, s in enumerate(self.statics):
+            if o is s:
+                return ("input", i) if any(i == j for j, _, _ in self.copies) else ("same", o)
+        ptr = o.untyped_storage().data_ptr()
+        if any(ptr == s.untyped_storage().data_ptr() for _, s, _ in self.copies):
+            raise RuntimeError("an output is a view of an input")
+        return "copy", o
+
+    def __call__(self, *args: Any) -> list[Any]:
+        with self._lock:
+            for i, static, t in self.copies:
+                a = args[i]
+                if (
+                    not isinstance(a, torch.Tensor)
+                    or a.dtype != t.dtype
+                    or a.shape != static.shape
+                    or a.device != self.device
+                ):
+                    _bad_input(i, self.names[i], str(t), a)
+                static.copy_(a)
+            self.graph.replay()
+            out = []
+            for kind, o in self.outputs:
+                if kind == "copy":
+                    out.append(o.clone())
+                elif kind == "input":
+                    out.append(args[o])
+                else:
+                    out.append(o)
+            return out
+
+
+def graphed(program: Any, fn: Call, enabled: bool) -> tuple[Call, dict[str, Any]]:
+    """``program``'s call on CUDA: through one CUDA graph where it can be captured, else ``fn``
+    (after a warm-up run that compiles its kernels); with the record of what happened."""
+    reason = why_not_captured(program, enabled)
+    start = time.perf_counter()
+    if reason is None:
+        call = GraphedCall(program, fn)
+        try:
+            call.capture()
+        except RuntimeError as exc:
+            reason = f"the capture failed: {str(exc).splitlines()[0]}"
+        else:
+            return call, {"used": True, "capture_s": round(time.perf_counter() - start, 6)}
+    warm_up(program, fn)
+    return fn, {"used": False, "reason": reason}
+
+
+def warm_up(program: Any, fn: Call) -> None:
+    """Run ``fn`` once on zero-filled inputs, so that its kernels compile now, not at the
+    first call. Skipped when an input is not a tensor."""
+    graph = program.graph
+    args = []
+    for v in graph.inputs:
+        if _bound(graph, v):
+            args.append(graph.constants[v.name])
+        elif isinstance(v.type, TensorType) and v.type.is_static:
+            args.append(torch.zeros(shape_of(v.type), dtype=v.type.dtype, device=program.device))
+        else:
+            return
+    try:
+        fn(*args)
+        torch.cuda.synchronize(program.device)
+    except RuntimeError:
+        return  # NOTE: a runtime check may refuse zeros; the kernels then compile at first call
