@@ -73,6 +73,11 @@ def _pipeline(req: CompileRequest, freeze: bool) -> str:
     if chosen is None:
         if req.backend == "eager":
             return ""
+        if freeze and _on_cuda(req):
+            # NOTE: on CUDA a batch norm runs in the Triton epilogue after its convolution (the
+            # convolution keeps no bias: cuDNN adds one in a kernel of its own), and in 16-bit
+            # floats a folded weight rounds to another function than eager's conv-then-norm
+            return ",".join(p for p in INFERENCE_PIPELINE.split(",") if p != "fold-bn")
         return INFERENCE_PIPELINE if freeze else TRAINING_PIPELINE
     return {"inference": INFERENCE_PIPELINE, "training": TRAINING_PIPELINE, "none": ""}.get(
         chosen, chosen

@@ -356,8 +356,10 @@ class _Planner:
                         return loc.strides
                 elif loc.kind == "inline" and node.op in RULES:
                     stack.append(u)
-        if len(shape) == 4 and any(
-            n.op == "conv2d" and n.inputs[0] is v for n in self.users.get(v, ())
+        if (
+            len(shape) == 4
+            and self._conv_reads_nhwc(v)
+            and any(n.op == "conv2d" and n.inputs[0] is v for n in self.users.get(v, ()))
         ):
             # NOTE: a conv's input made by a kernel of another shape (a zero pad before a
             # strided or depthwise conv): written channels_last, as the conv reads it, instead
@@ -365,6 +367,13 @@ class _Planner:
             _, chans, height, width = shape
             return (chans * height * width, 1, width * chans, chans)
         return contiguous
+
+    def _conv_reads_nhwc(self, v: Value) -> bool:
+        """Whether a convolution reading ``v`` wants it channels_last: oneDNN's always, cuDNN's
+        for 16-bit floats (its float32 kernels read NCHW: codegen.cuda_extern)."""
+        if self.device.type != "cuda":
+            return True
+        return isinstance(v.type, TensorType) and v.type.dtype in (torch.bfloat16, torch.float16)
 
     def materialize(self, v: Value) -> None:
         shape = shape_of(v.type)
