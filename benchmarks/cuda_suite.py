@@ -76,7 +76,7 @@ import torch
 from torch import nn
 
 from benchmarks import model_sources, zoo_models, zoo_report, zoo_systems
-from benchmarks.bench import parity, timing
+from benchmarks.bench import parity, run, timing
 from benchmarks.zoo_systems import short
 
 SCHEMA_VERSION = "1.0"
@@ -357,19 +357,9 @@ def cache_env(base: Path) -> dict[str, str]:
     }
 
 
-@contextlib.contextmanager
-def cache_env_set(values: dict[str, str]) -> Iterator[None]:
+def cache_env_set(values: dict[str, str]) -> contextlib.AbstractContextManager[None]:
     """The cache variables set to ``values`` inside; restored after."""
-    saved = {k: os.environ.get(k) for k in CACHE_VARS}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return run.cache_env(values)
 
 
 def clear_inductor_caches() -> None:

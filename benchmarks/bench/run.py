@@ -41,8 +41,9 @@ def devices_for(device: str) -> list[str]:
 
 @contextlib.contextmanager
 def cache_env(values: dict[str, str]) -> Iterator[None]:
-    """Point plait's and inductor's caches at ``values`` inside; restore the environment after."""
-    saved = {k: os.environ.get(k) for k in CACHE_ENV}
+    """Point plait's and inductor's caches (and any other variable of ``values``) at ``values``
+    inside; restore the environment after."""
+    saved = {k: os.environ.get(k) for k in {*CACHE_ENV, *values}}
     os.environ.update(values)
     try:
         yield
