@@ -36,7 +36,6 @@ from plait.ir.ops import get_op
 from plait.ir.types import TensorType
 from plait.runtime.memory import BufferPlan, MemoryPlan
 
-
 _LOCAL = re.compile(r"\bv\d+\b")  # NOTE: the runner's locals holding tensors (Emitter.var)
 
 
