@@ -134,6 +134,14 @@ class GraphBuilder:
         self._names: set[str] = set()
         self._counter = 0
 
+    @classmethod
+    def extend(cls, graph: Graph) -> GraphBuilder:
+        """A builder appending to ``graph`` in place (its names stay taken)."""
+        b = cls()
+        b.graph = graph
+        b._names = set(value_map(graph))
+        return b
+
     def _fresh(self, name: str | None) -> str:
         if name is None:
             while str(self._counter) in self._names:

@@ -17,6 +17,7 @@ from plait.ir.ops import (  # noqa: F401  (registers)
     reduction,
     rng,
     view,
+    vjp,
 )
 from plait.ir.ops.registry import (
     ATTR_KINDS,

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from plait.ir.graph import Operand
 from plait.ir.ops.registry import (
     SCALAR_OR_TENSOR,
     TENSOR,
@@ -19,6 +20,7 @@ from plait.ir.ops.registry import (
     register,
 )
 from plait.ir.ops.rules import broadcast_shapes, device_of, float_dtype, promote, require_float
+from plait.ir.ops.vjp import VjpContext, nondifferentiable, vjp
 from plait.ir.types import FLOAT_DTYPES, INT_DTYPES, ScalarType, TensorType, Type
 
 FLOATS = FLOAT_DTYPES
@@ -413,3 +415,59 @@ register(
         "NaN, +inf, -inf replaced (by default with 0 and the dtype's largest finite values)",
     )
 )
+
+
+# --- derivatives (plait.ir.ops.vjp) -----------------------------------------------------------
+# NOTE: a rule computes in the cotangent's dtype and returns each gradient in its operand's type
+# (ctx.sum_to reduces what broadcasting added and casts).
+
+
+@vjp("add", "sub")
+def _add_vjp(ctx: VjpContext) -> list[Operand | None]:
+    a, b = ctx.inputs
+    g = ctx.grad()
+    alpha = ctx.attrs.get("alpha", 1)
+    ga = ctx.sum_to(g, a.type) if ctx.wants(0) else None
+    gb = None
+    if ctx.wants(1):
+        scaled = g if alpha == 1 else ctx.call("mul", g, alpha)
+        if ctx.node.op == "sub":
+            scaled = ctx.call("neg", scaled)
+        gb = ctx.sum_to(scaled, b.type)
+    return [ga, gb]
+
+
+@vjp("mul")
+def _mul_vjp(ctx: VjpContext) -> list[Operand | None]:
+    a, b = ctx.inputs
+    g = ctx.grad()
+    ga = ctx.sum_to(ctx.call("mul", g, b), a.type) if ctx.wants(0) else None
+    gb = ctx.sum_to(ctx.call("mul", g, a), b.type) if ctx.wants(1) else None
+    return [ga, gb]
+
+
+@vjp("exp")
+def _exp_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return [ctx.sum_to(ctx.call("mul", ctx.grad(), ctx.outputs[0]), ctx.inputs[0].type)]
+
+
+@vjp("sin")
+def _sin_vjp(ctx: VjpContext) -> list[Operand | None]:
+    (x,) = ctx.inputs
+    return [ctx.sum_to(ctx.call("mul", ctx.grad(), ctx.call("cos", x)), x.type)]
+
+
+@vjp("relu")
+def _relu_vjp(ctx: VjpContext) -> list[Operand | None]:
+    (x,) = ctx.inputs
+    g = ctx.grad()
+    # NOTE: eager's threshold_backward: the gradient where the result is > 0, else 0 (a NaN
+    # input gives a NaN result, and NaN > 0 is false: gradient 0, as eager)
+    return [ctx.call("where", ctx.call("gt", ctx.outputs[0], 0), g, 0.0)]
+
+
+nondifferentiable(
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+    "logical_not", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
+    "isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit",
+)  # fmt: skip

@@ -1,0 +1,118 @@
+"""Tie a compiled forward and backward into PyTorch's autograd.
+
+:class:`CompiledAutograd` holds two executors (any callables over a list of values: the Stax
+programs, or the reference interpreter in tests) and the partition's calling convention. Calling
+it runs the forward inside a ``torch.autograd.Function``: the saved values are kept with
+``save_for_backward`` (so an in-place write to one before the backward raises PyTorch's error),
+and PyTorch's engine calls the backward with the cotangents, so ``loss.backward()``, ``.grad``
+accumulation, hooks on inputs, optimizers and frozen parameters work as in eager.
+
+Example:
+    >>> import torch
+    >>> from plait.ir import GraphBuilder, TensorType, interpret
+    >>> from plait.autograd import build_joint, partition
+    >>> b = GraphBuilder()
+    >>> x = b.input("x", TensorType((3,), torch.float64))
+    >>> b.output(b.call("mul", x, x))
+    >>> p = partition(build_joint(b.build(), wrt=["x"]))
+    >>> run = CompiledAutograd.interpreted(p, n_inputs=1, n_outputs=1, cotangents=[0], grads=[0])
+    >>> t = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    >>> run([t])[0].sum().backward()
+    >>> t.grad.tolist()
+    [2.0, 4.0, 6.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from plait.autograd.partition import Partition
+
+Executor = Callable[[list[Any]], Sequence[Any]]
+
+
+class DoubleBackwardError(RuntimeError):
+    """A gradient of a gradient through a compiled backward (``create_graph=True``)."""
+
+
+class CompiledAutograd:
+    """Runs a partitioned program under PyTorch's autograd; see the module doc."""
+
+    def __init__(
+        self,
+        forward: Executor,
+        backward: Executor,
+        *,
+        n_inputs: int,
+        n_outputs: int,
+        cotangents: Sequence[int],
+        grads: Sequence[int],
+        name: str = "a plait-compiled program",
+    ) -> None:
+        self.forward = forward
+        self.backward = backward
+        self.n_inputs = n_inputs
+        self.n_outputs = n_outputs
+        self.cotangents = list(cotangents)  # forward outputs that take a cotangent
+        self.grads = list(grads)  # forward inputs whose gradient the backward returns
+        self.name = name
+
+    @classmethod
+    def interpreted(cls, p: Partition, **conv: Any) -> CompiledAutograd:
+        """Both graphs run by the reference interpreter (tests, and the eager backend)."""
+        from plait.ir.interpret import interpret
+
+        return cls(
+            lambda vs: interpret(p.forward, vs, check_types=False),
+            lambda vs: interpret(p.backward, vs, check_types=False),
+            **conv,
+        )
+
+    def __call__(self, values: list[Any]) -> list[Any]:
+        if len(values) != self.n_inputs:
+            raise ValueError(f"{self.name} takes {self.n_inputs} inputs, got {len(values)}")
+        return list(_Apply.apply(self, *values))
+
+
+def _zeros_for(meta: tuple[Any, ...]) -> torch.Tensor:
+    shape, dtype, device = meta
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+class _Apply(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, run: CompiledAutograd, *values: Any) -> Any:  # type: ignore[override]
+        results = list(run.forward(list(values)))
+        outs, saved = results[: run.n_outputs], results[run.n_outputs :]
+        ctx.run = run
+        # NOTE: what a missing cotangent's zeros look like (not the outputs: they may be freed)
+        ctx.outs = [
+            (o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outs
+        ]
+        ctx.save_for_backward(*saved)
+        taking = set(run.cotangents)
+        dead = [o for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and i not in taking]
+        ctx.mark_non_differentiable(*dead)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx: Any, *cotangents: Any) -> Any:
+        run: CompiledAutograd = ctx.run
+        if torch.is_grad_enabled():
+            raise DoubleBackwardError(
+                f"{run.name}: its backward is compiled and has no derivative of its own; "
+                "a second-order gradient (create_graph=True, torch.autograd.grad of a gradient) "
+                "needs the call run eagerly (plait.compile(..., backend='eager'))"
+            )
+        cots = []
+        for i in run.cotangents:
+            c = cotangents[i]
+            cots.append(_zeros_for(ctx.outs[i]) if c is None else c.contiguous())
+        grads = list(run.backward([*ctx.saved_tensors, *cots]))
+        out: list[Any] = [None] * (1 + run.n_inputs)
+        for i, g in zip(run.grads, grads):
+            out[1 + i] = g
+        return tuple(out)

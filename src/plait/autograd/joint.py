@@ -1,0 +1,133 @@
+"""The joint forward+backward graph: a captured graph extended with its reverse-mode derivative.
+
+:func:`build_joint` copies the forward graph, adds one cotangent input per differentiable output
+that depends on a differentiated input, and walks the forward nodes in reverse, calling each op's
+derivative rule (:mod:`plait.ir.ops.vjp`) and summing the gradients of values read more than once.
+The joint graph returns the forward's outputs, then one gradient per differentiated input that a
+gradient reaches (``Joint.grads`` says which).
+
+Example:
+    >>> import torch
+    >>> from plait.ir import GraphBuilder, TensorType
+    >>> b = GraphBuilder()
+    >>> x = b.input("x", TensorType((3,), torch.float64))
+    >>> b.output(b.call("mul", x, x))
+    >>> j = build_joint(b.build(), wrt=["x"])
+    >>> j.cotangents, j.grads, len(j.graph.outputs)
+    ([0], [0], 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from plait.ir.graph import Graph, GraphBuilder, Node, Value
+from plait.ir.ops.vjp import VjpContext, is_differentiable, vjp_rule
+from plait.ir.types import FLOAT_DTYPES, TensorType
+from plait.ir.verify import verify
+
+
+class JointGraphError(ValueError):
+    """The forward graph cannot be differentiated as asked."""
+
+
+@dataclass
+class Joint:
+    """``graph``: the forward inputs then one cotangent input per entry of ``cotangents``; the
+    forward outputs (``n_outputs`` of them) then one gradient per entry of ``grads``.
+    ``cotangents``: the forward output indices that take a cotangent. ``grads``: the forward
+    input indices whose gradient the graph returns. ``n_forward_nodes``: the joint graph's first
+    nodes are the forward's, in its order."""
+
+    graph: Graph
+    n_inputs: int
+    n_outputs: int
+    n_forward_nodes: int
+    cotangents: list[int]
+    grads: list[int]
+
+
+def _floating(v: Value) -> bool:
+    return isinstance(v.type, TensorType) and v.type.dtype in FLOAT_DTYPES
+
+
+def active_values(graph: Graph, wrt: set[str]) -> set[int]:
+    """ids of the values a gradient can flow into from the inputs named in ``wrt``."""
+    active = {id(v) for v in graph.inputs if v.name in wrt and _floating(v)}
+    for node in graph.nodes:
+        if not is_differentiable(node.op):
+            continue
+        if any(id(v) in active for v in node.input_values()):
+            active.update(id(v) for v in node.outputs if _floating(v))
+    return active
+
+
+def build_joint(
+    forward: Graph, wrt: Sequence[str], differentiable_outputs: Sequence[int] | None = None
+) -> Joint:
+    """The joint graph of ``forward`` differentiated with respect to the inputs named in ``wrt``.
+
+    ``differentiable_outputs`` (default: all) lists the forward outputs that may take a cotangent;
+    a buffer update written back after the call is not one.
+    """
+    names = {v.name for v in forward.inputs}
+    unknown = sorted(set(wrt) - names)
+    if unknown:
+        raise JointGraphError(f"no graph input named {unknown}")
+    g = forward.copy()
+    b = GraphBuilder.extend(g)
+    n_nodes, n_inputs = len(g.nodes), len(g.inputs)
+    outputs = list(g.outputs)
+    active = active_values(g, set(wrt))
+    allowed = range(len(outputs)) if differentiable_outputs is None else differentiable_outputs
+    grads: dict[int, Value] = {}
+    cotangents: list[int] = []
+    for i in allowed:
+        o = outputs[i]
+        if isinstance(o, Value) and id(o) in active:
+            cot = b.input(f"cotangent_{i}", o.type)
+            cotangents.append(i)
+            _accumulate(b, grads, o, cot)
+    for node in reversed(g.nodes[:n_nodes]):
+        _backward_of(b, node, grads, active)
+    returned: list[int] = []
+    for i, v in enumerate(g.inputs[:n_inputs]):
+        if v.name in wrt and id(v) in grads:
+            returned.append(i)
+            outputs.append(grads[id(v)])
+    g.outputs = outputs
+    verify(g)
+    return Joint(g, n_inputs, len(forward.outputs), n_nodes, cotangents, returned)
+
+
+def _backward_of(b: GraphBuilder, node: Node, grads: dict[int, Value], active: set[int]) -> None:
+    outs = [grads.get(id(v)) for v in node.outputs]
+    if all(o is None for o in outs):
+        return
+    needs = [isinstance(o, Value) and id(o) in active for o in node.inputs]
+    if not any(needs):
+        return
+    rule = vjp_rule(node.op)
+    if rule is None:
+        return
+    found = rule(VjpContext(b, node, outs, needs))
+    if len(found) != len(node.inputs):
+        raise JointGraphError(
+            f"the derivative rule of {node.op} gave {len(found)} gradients for "
+            f"{len(node.inputs)} operands"
+        )
+    for operand, need, grad in zip(node.inputs, needs, found):
+        if need and grad is not None:
+            assert isinstance(operand, Value) and isinstance(grad, Value)
+            if grad.type != operand.type:
+                raise JointGraphError(
+                    f"the derivative rule of {node.op} gave {grad.type} for operand "
+                    f"%{operand.name} of type {operand.type}"
+                )
+            _accumulate(b, grads, operand, grad)
+
+
+def _accumulate(b: GraphBuilder, grads: dict[int, Value], v: Value, g: Value) -> None:
+    prev = grads.get(id(v))
+    grads[id(v)] = g if prev is None else b.call("add", prev, g)

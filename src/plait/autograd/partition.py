@@ -1,0 +1,252 @@
+"""Partition a joint graph into a forward graph and a backward graph.
+
+The forward graph returns the user's outputs, then the values it saves for the backward; the
+backward graph takes those saved values, then the cotangents, and returns the gradients. Two
+partitioners choose what to save:
+
+- ``save-all``: the forward computes every node its outputs need; the backward computes the rest
+  and reads every forward value it uses as a saved value.
+- ``min-cut``: cheap pointwise and view nodes may be recomputed in the backward from other saved
+  values; the saved set is a minimum cut (in bytes) of the forward's dataflow between what must
+  run in the forward and what the backward reads. It never saves more bytes than ``save-all``
+  (the ``save-all`` set is one of the cuts it minimizes over).
+
+Invariant (checked): the backward reads only saved values and cotangents.
+
+Example:
+    >>> import torch
+    >>> from plait.ir import GraphBuilder, TensorType
+    >>> from plait.autograd import build_joint
+    >>> b = GraphBuilder()
+    >>> x = b.input("x", TensorType((8,), torch.float32))
+    >>> b.output(b.call("sin", b.call("exp", x)))
+    >>> p = partition(build_joint(b.build(), wrt=["x"]), "min-cut")
+    >>> [v.name for v in p.saved]
+    ['x']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import networkx as nx
+
+from plait.autograd.joint import Joint
+from plait.ir.graph import Graph, Node, Operand, Value
+from plait.ir.ops import Category, get_op
+from plait.ir.types import TensorType
+from plait.ir.verify import verify
+
+PARTITIONERS = ("save-all", "min-cut")
+
+
+class PartitionError(ValueError):
+    """A partition would make the backward read something the forward did not save."""
+
+
+@dataclass
+class Partition:
+    """``forward``: the joint's forward inputs; its outputs, then ``saved``. ``backward``:
+    ``saved`` then the cotangents; the gradients. ``recomputed``: node ids the backward computes
+    again instead of reading them saved."""
+
+    forward: Graph
+    backward: Graph
+    saved: list[Value]
+    recomputed: list[int]
+    partitioner: str
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(value_bytes(v) for v in self.saved)
+
+
+def value_bytes(v: Value) -> int:
+    t = v.type
+    if not isinstance(t, TensorType):
+        return 0
+    n = 1
+    for d in t.shape:
+        n *= int(d)
+    return n * t.dtype.itemsize
+
+
+def partition(joint: Joint, partitioner: str = "min-cut") -> Partition:
+    """Split ``joint`` into a forward and a backward graph (see the module doc)."""
+    if partitioner not in PARTITIONERS:
+        raise ValueError(f"unknown partitioner {partitioner!r}; known: {list(PARTITIONERS)}")
+    g = joint.graph
+    fwd_outputs = [o for o in g.outputs[: joint.n_outputs] if isinstance(o, Value)]
+    forward_nodes = _needed(g, fwd_outputs, stop=set())
+    if partitioner == "save-all":
+        saved = _read_by_others(g, joint, forward_nodes)
+    else:
+        saved = _min_cut(g, joint, forward_nodes)
+    return _split(joint, saved, partitioner)
+
+
+def _producers(g: Graph) -> dict[int, Node]:
+    return {id(v): n for n in g.nodes for v in n.outputs}
+
+
+def _needed(g: Graph, roots: Iterable[Value], stop: set[int]) -> set[int]:
+    """Ids of the nodes computing ``roots``, not looking past values in ``stop``."""
+    made = _producers(g)
+    seen: set[int] = set()
+    work = [v for v in roots if id(v) not in stop]
+    while work:
+        v = work.pop()
+        node = made.get(id(v))
+        if node is None or node.id in seen:
+            continue
+        seen.add(node.id)
+        work.extend(u for u in node.input_values() if id(u) not in stop)
+    return seen
+
+
+def _backward_roots(g: Graph, joint: Joint) -> list[Value]:
+    return [o for o in g.outputs[joint.n_outputs :] if isinstance(o, Value)]
+
+
+def _cotangent_ids(g: Graph, joint: Joint) -> set[int]:
+    return {id(v) for v in g.inputs[joint.n_inputs :]}
+
+
+def _read_by_others(g: Graph, joint: Joint, forward_nodes: set[int]) -> list[Value]:
+    """save-all: every forward value (or forward input) a node outside the forward reads."""
+    cots = _cotangent_ids(g, joint)
+    backward = _needed(g, _backward_roots(g, joint), stop=cots) - forward_nodes
+    in_forward = {id(v) for v in g.inputs[: joint.n_inputs]}
+    in_forward |= {id(v) for n in g.nodes if n.id in forward_nodes for v in n.outputs}
+    saved: dict[int, Value] = {}
+    for n in g.nodes:
+        if n.id in backward:
+            for v in n.input_values():
+                if id(v) in in_forward:
+                    saved.setdefault(id(v), v)
+    for o in _backward_roots(g, joint):  # NOTE: a gradient that is a forward value as it is
+        if id(o) in in_forward:
+            saved.setdefault(id(o), o)
+    return _in_graph_order(g, saved)
+
+
+def _in_graph_order(g: Graph, chosen: dict[int, Value]) -> list[Value]:
+    order = [*g.inputs, *(v for n in g.nodes for v in n.outputs)]
+    return [v for v in order if id(v) in chosen]
+
+
+def recomputable(node: Node) -> bool:
+    """Cheap to compute again in the backward: pointwise (not random) and view nodes."""
+    op = get_op(node.op)
+    if op.is_random(node.attrs):
+        return False
+    return op.category in (Category.POINTWISE, Category.VIEW)
+
+
+def _min_cut(g: Graph, joint: Joint, forward_nodes: set[int]) -> list[Value]:
+    """The cheapest set of values (in bytes) separating what the forward must compute from what
+    the backward reads; recomputable nodes may fall on the backward's side."""
+    cots = _cotangent_ids(g, joint)
+    roots = _backward_roots(g, joint)
+    backward = _needed(g, roots, stop=cots) - forward_nodes
+    made = _producers(g)
+    tainted = set(cots)  # NOTE: values computed from a cotangent: never in the forward
+    for n in g.nodes:
+        if any(id(v) in tainted for v in n.input_values()):
+            tainted.update(id(v) for v in n.outputs)
+    # NOTE: the region either side may hold: the forward's inputs and values, and the values of
+    # recomputable backward nodes that read no cotangent. A saved value is an in->out edge cut.
+    region: dict[int, Value] = {id(v): v for v in g.inputs[: joint.n_inputs]}
+    for n in g.nodes:
+        helper = n.id in backward and recomputable(n) and not set(map(id, n.outputs)) & tainted
+        if n.id in forward_nodes or helper:
+            region.update((id(v), v) for v in n.outputs)
+    flow = nx.DiGraph()
+    for key, v in region.items():
+        flow.add_edge(("in", key), ("out", key), capacity=value_bytes(v))
+        node = made.get(key)
+        if node is None or not recomputable(node):
+            flow.add_edge("source", ("in", key), capacity=math.inf)
+        else:
+            for u in node.input_values():
+                flow.add_edge(("out", id(u)), ("in", key), capacity=math.inf)
+    for n in g.nodes:
+        if n.id in backward and id(n.outputs[0]) not in region:
+            for u in n.input_values():
+                if id(u) in region:
+                    flow.add_edge(("out", id(u)), "sink", capacity=math.inf)
+    for o in roots:
+        if id(o) in region:
+            flow.add_edge(("out", id(o)), "sink", capacity=math.inf)
+    if "sink" not in flow:
+        return []
+    _, (reachable, _) = nx.minimum_cut(flow, "source", "sink")
+    saved = {
+        key: v
+        for key, v in region.items()
+        if ("in", key) in reachable and ("out", key) not in reachable
+    }
+    return _in_graph_order(g, saved)
+
+
+def _split(joint: Joint, saved: list[Value], partitioner: str) -> Partition:
+    g = joint.graph
+    saved_ids = {id(v) for v in saved}
+    cots = list(g.inputs[joint.n_inputs :])
+    roots = _backward_roots(g, joint)
+    fwd_outputs = [o for o in g.outputs[: joint.n_outputs] if isinstance(o, Value)]
+    fwd_ids = _needed(g, [*fwd_outputs, *saved], stop=set())
+    bwd_ids = _needed(g, roots, stop=saved_ids | {id(v) for v in cots})
+    reachable = {id(v) for v in cots} | saved_ids
+    for n in g.nodes:
+        if n.id in bwd_ids:
+            for u in n.input_values():
+                if id(u) not in reachable:
+                    raise PartitionError(
+                        f"the backward reads %{u.name} (from node {n.id}, {n.op}), which the "
+                        "forward does not save"
+                    )
+            reachable.update(id(v) for v in n.outputs)
+    for o in roots:
+        if id(o) not in reachable:
+            raise PartitionError(f"the gradient %{o.name} is neither saved nor computed")
+    forward = _subgraph(
+        g, list(g.inputs[: joint.n_inputs]), fwd_ids, [*g.outputs[: joint.n_outputs], *saved]
+    )
+    backward = _subgraph(g, [*saved, *cots], bwd_ids, list(roots))
+    forward_ids = {n.id for n in g.nodes[: joint.n_forward_nodes]}
+    recomputed = sorted(bwd_ids & forward_ids)
+    return Partition(forward, backward, list(saved), recomputed, partitioner)
+
+
+def _subgraph(g: Graph, inputs: list[Value], node_ids: set[int], outputs: list[Operand]) -> Graph:
+    """A graph of ``g``'s nodes in ``node_ids`` (in order), reading ``inputs``; values are copied,
+    so the two partitions share nothing. An input that was a computed value is a ``user``
+    input."""
+    mapping: dict[int, Value] = {}
+    out = Graph(constants={k: v for k, v in g.constants.items()})
+    for v in inputs:
+        new = Value(v.name, v.type, None, 0, v.kind or "user")
+        mapping[id(v)] = new
+        out.inputs.append(new)
+    for n in g.nodes:
+        if n.id not in node_ids:
+            continue
+        node = Node(n.id, n.op, tuple(_remap(mapping, o) for o in n.inputs), dict(n.attrs))
+        node.outputs = tuple(Value(v.name, v.type, node, v.index) for v in n.outputs)
+        for old, new in zip(n.outputs, node.outputs):
+            mapping[id(old)] = new
+        out.nodes.append(node)
+    out.outputs = [_remap(mapping, o) for o in outputs]
+    names = {v.name for v in out.inputs}
+    out.constants = {k: v for k, v in out.constants.items() if k in names}
+    verify(out)
+    return out
+
+
+def _remap(mapping: dict[int, Value], o: Operand) -> Operand:
+    if isinstance(o, Value):
+        return mapping[id(o)]
+    return o
