@@ -123,9 +123,10 @@ def check_op(op: str, seeds: tuple[int, ...] = (0,)) -> int:
                 for k, (a, e) in enumerate(zip(got, want)):
                     a = torch.zeros_like(wrt[k]) if a is None else a
                     e = torch.zeros_like(wrt[k]) if e is None else e
+                    what = f"{where}: gradient {k} differs from autograd"
                     torch.testing.assert_close(
                         a, e, rtol=tol.rtol, atol=tol.atol, equal_nan=True,
-                        msg=lambda m, k=k: f"{where}: gradient {k} differs from autograd: {m}",
+                        msg=lambda m, what=what: f"{what}: {m}",
                     )  # fmt: skip
                 gradcheck_fd(one, tuple(one.inputs())).raise_if_failed()
                 checked += 1

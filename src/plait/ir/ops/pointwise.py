@@ -459,7 +459,6 @@ def _sin_vjp(ctx: VjpContext) -> list[Operand | None]:
 
 @vjp("relu")
 def _relu_vjp(ctx: VjpContext) -> list[Operand | None]:
-    (x,) = ctx.inputs
     g = ctx.grad()
     # NOTE: eager's threshold_backward: the gradient where the result is > 0, else 0 (a NaN
     # input gives a NaN result, and NaN > 0 is false: gradient 0, as eager)
