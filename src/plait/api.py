@@ -349,14 +349,14 @@ class _Engine(RegionEngine):
         spec = self._shared_specialization(prog, env, state, reason, settings)
         if spec is None:
             try:
-                compiled = self._compile(prog, state, store)
+                compiled = self._compile(prog, state, store, env)
             except SnapshotUnreadable as exc:
                 # NOTE: a snapshot whose nodes do not parse (they are read only when the
                 # artifact misses): removed, and the call captured as if there had been none
                 forget_snapshot(store, exc.key)
                 note = f"captured: the snapshot did not load ({exc})"
                 prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
-                compiled = self._compile(prog, state, store)
+                compiled = self._compile(prog, state, store, env)
             compiled.manifest.timings.update(seconds)
             if store is not None:
                 if recorder is not None and parts is not None:
@@ -400,12 +400,17 @@ class _Engine(RegionEngine):
         return prog, recorder
 
     def _compile(
-        self, prog: CapturedProgram, state: Sequence[torch.Tensor], store: Store | None
+        self,
+        prog: CapturedProgram,
+        state: Sequence[torch.Tensor],
+        store: Store | None,
+        env: GuardEnv,
     ) -> Compiled:
         backend, why = self.backend, "requested"
         if backend is None:
             backend, why = _default_backend(prog, state)
-        request = CompileRequest(prog, backend, self.fullgraph, self.options, state, store)
+        grads = tuple(isinstance(x, torch.Tensor) and x.requires_grad for x in env.leaves)
+        request = CompileRequest(prog, backend, self.fullgraph, self.options, state, store, grads)
         if self.tree is not None and self.region and prog.has_graph:
             self.tree.counts["compiles"] += 1
         compiled = compile_program(request)

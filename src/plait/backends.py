@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from plait.autograd import JointGraphError, PartitionError
 from plait.cache import SavedCompile, Store
 from plait.cache.lookup import cached_compile, freeze_candidates
 from plait.errors import CaptureFallbackWarning, PlaitCompileError
@@ -30,11 +31,15 @@ from plait.ir import Graph, TensorType, Value, interpret
 from plait.manifest import Manifest
 from plait.passes import INFERENCE_PIPELINE, TRAINING_PIPELINE, run_pipeline
 
-KNOWN_OPTIONS = ("passes", "freeze", "stax", "cuda_graphs")
+KNOWN_OPTIONS = ("passes", "freeze", "stax", "cuda_graphs", "partitioner")
 _GRAD_FALLBACK = "backend stax → eager interpreter"
 _GRAD_REASON = (
-    "gradients can flow through this call and Stax kernels have no backward yet "
-    "(L4): the reference interpreter runs the forward, eager autograd the backward"
+    "gradients flow through this call and its backward could not be compiled: the reference "
+    "interpreter runs the forward, eager autograd the backward"
+)
+_TRAINING_NOT_CACHED = (
+    "a training program (compiled forward and backward) is not saved in the artifact cache: "
+    "each process compiles it"
 )
 
 
@@ -55,6 +60,7 @@ class CompileRequest:
     options: dict[str, Any]
     state: Sequence[torch.Tensor]  # the module's parameters and buffers, in slot order
     store: Store | None = None  # the artifact cache (None: compile, never save)
+    leaf_grads: tuple[bool, ...] | None = None  # per user input leaf: does it require grad
 
 
 def _needs_grad(req: CompileRequest) -> bool:
@@ -143,7 +149,10 @@ def _stax_timings(m: Manifest, records: dict[str, Any]) -> None:
 
 
 def _stax_records(program: Any, m: Manifest) -> None:
-    records = program.records()
+    _stax_records_from(program.records(), m)
+
+
+def _stax_records_from(records: dict[str, Any], m: Manifest) -> None:
     _stax_timings(m, records)
     m.kernels = {"kernels": records.pop("kernels", []), "schedule": records.pop("schedule", [])}
     kind = "cxx" if records.get("target", "cpu") == "cpu" else "triton"
@@ -152,6 +161,66 @@ def _stax_records(program: Any, m: Manifest) -> None:
     for n in records.get("evidence", {}).get("nodes", []):
         if n["executor"] == "fallback":
             m.fallbacks.append({"what": f"node {n['id']} ({n['op']})", "reason": n["detail"]})
+
+
+def _grad_inputs(req: CompileRequest, optimized: Graph) -> list[str]:
+    """The optimized graph's inputs a gradient is asked for: tensors that require grad."""
+    prog = req.program
+    by_name = {}
+    for v, slot in zip(prog.interface()[0], prog.inputs):
+        if slot.source == "state":
+            t = req.state[slot.ref]
+        elif slot.source == "const":
+            t = slot.ref
+        else:
+            t = None
+            wants = req.leaf_grads
+            if wants is not None and slot.ref < len(wants):
+                by_name[v.name] = wants[slot.ref]
+            continue
+        by_name[v.name] = isinstance(t, torch.Tensor) and t.requires_grad
+    return [v.name for v in optimized.inputs if by_name.get(v.name, False)]
+
+
+def _training_program(req: CompileRequest, optimized: Graph) -> Any:
+    from plait.runtime import CodegenError
+    from plait.runtime.training import compile_training
+
+    written = {o for _, o in req.program.mutations}
+    outputs = [i for i in range(len(optimized.outputs)) if i not in written]
+    try:
+        return compile_training(
+            optimized,
+            _grad_inputs(req, optimized),
+            differentiable_outputs=outputs,
+            partitioner=str(req.options.get("partitioner", "min-cut")),
+            options=_stax_options(req),
+            source_hash=req.program.semantic_hash,
+        )
+    except CodegenError as exc:
+        raise PlaitCompileError(f"stax could not compile the training graphs: {exc}") from exc
+
+
+def _training_records(training: Any, m: Manifest) -> None:
+    records = training.records()
+    fwd, bwd = records.pop("forward"), records.pop("backward")
+    m.timings.update({f"training.{k}": v for k, v in records.pop("timings").items()})
+    _stax_records_from(fwd, m)
+    kernels = {"kernels": m.kernels.get("kernels", []), "schedule": m.kernels.get("schedule", [])}
+    _stax_timings(m, bwd)
+    m.kernels = {
+        **kernels,
+        "backward_kernels": bwd.pop("kernels", []),
+        "backward_schedule": bwd.pop("schedule", []),
+    }
+    bwd.pop("toolchain", None)
+    m.executor["backward"] = bwd
+    for n in bwd.get("evidence", {}).get("nodes", []):
+        if n["executor"] == "fallback":
+            m.fallbacks.append(
+                {"what": f"backward node {n['id']} ({n['op']})", "reason": n["detail"]}
+            )
+    m.autograd = records
 
 
 def _stax_executor(inputs: Sequence[Value], optimized: Graph, program: Any) -> Executor:
@@ -193,8 +262,10 @@ def compile_program(req: CompileRequest) -> Compiled:
         )
     pipeline = _pipeline(req, freeze)
     ambient = ambient_guards()
-    if req.store is None:
+    if req.store is None or (needs_grad and req.backend == "stax"):
         compiled = _compile(req, m, pipeline, freeze, needs_grad)
+        if req.store is not None:
+            compiled.manifest.cache = {"status": "not cached", "events": [_TRAINING_NOT_CACHED]}
     else:
         settings = {**call_settings(), **process_settings(_on_cuda(req))}
         compiled = cached_compile(
@@ -244,10 +315,21 @@ def _compile(
         "data_dependent_sizes": data_dependent_sizes(optimized),
     }
     if req.backend == "stax" and needs_grad:
-        warnings.warn(f"plait stax: {_GRAD_REASON}", CaptureFallbackWarning, stacklevel=7)
-        m.fallbacks.append({"what": _GRAD_FALLBACK, "reason": _GRAD_REASON})
-        m.executor = {"backend": "eager", "requested": "stax"}
-        return Compiled(_eager_executor(graph.inputs, optimized), m, guards, optimized)
+        start = time.perf_counter()
+        try:
+            training = _training_program(req, optimized)
+        except (JointGraphError, PartitionError) as exc:
+            if req.fullgraph:
+                raise PlaitCompileError(f"plait could not compile the backward: {exc}") from exc
+            reason = f"{_GRAD_REASON}: {exc}"
+            warnings.warn(f"plait stax: {reason}", CaptureFallbackWarning, stacklevel=7)
+            m.fallbacks.append({"what": _GRAD_FALLBACK, "reason": reason})
+            m.executor = {"backend": "eager", "requested": "stax"}
+            return Compiled(_eager_executor(graph.inputs, optimized), m, guards, optimized)
+        _training_records(training, m)
+        m.timings["backend"] = time.perf_counter() - start
+        bind = _bind(graph.inputs, optimized)
+        return Compiled(lambda values: training(bind(values)), m, guards, optimized, training)
     if req.backend == "stax":
         start = time.perf_counter()
         program = _stax_program(req, optimized)

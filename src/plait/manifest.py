@@ -96,6 +96,9 @@ class Manifest:
     executor: dict[str, Any] = field(default_factory=dict)
     cache_key: dict[str, Any] = field(default_factory=dict)
     graph: dict[str, Any] = field(default_factory=dict)
+    # NOTE: a compiled backward: the partition (partitioner, saved tensors and their bytes,
+    # recomputed nodes) and what a gradient is computed for; empty for inference
+    autograd: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     # NOTE: how this process got the artifact (hit, miss and why, corrupt entries replaced):
     # a fact about the cache's state, not the compile, so outside deterministic() like timings.
@@ -114,6 +117,7 @@ class Manifest:
             "executor": self.executor,
             "cache_key": self.cache_key,
             "graph": self.graph,
+            "autograd": self.autograd,
             "timings": self.timings,
             "cache": self.cache,
         }
@@ -224,6 +228,7 @@ class Manifest:
 # NOTE: each field's JSON type: a loaded manifest is checked against it, field by field
 _FIELD_TYPES: dict[str, type] = {
     "source_hash": str,
+    "autograd": dict,
     "options": dict,
     "toolchain": dict,
     "passes": list,

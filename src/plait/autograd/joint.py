@@ -19,11 +19,12 @@ Example:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plait.ir.graph import Graph, GraphBuilder, Node, Value
-from plait.ir.ops.vjp import VjpContext, is_differentiable, vjp_rule
+from plait.ir.ops.vjp import VjpContext, has_rule, is_differentiable, vjp_rule
 from plait.ir.types import FLOAT_DTYPES, TensorType
 from plait.ir.verify import verify
 
@@ -56,11 +57,61 @@ def active_values(graph: Graph, wrt: set[str]) -> set[int]:
     """ids of the values a gradient can flow into from the inputs named in ``wrt``."""
     active = {id(v) for v in graph.inputs if v.name in wrt and _floating(v)}
     for node in graph.nodes:
-        if not is_differentiable(node.op):
+        if not any(id(v) in active for v in node.input_values()):
             continue
-        if any(id(v) in active for v in node.input_values()):
+        if not has_rule(node.op):
+            raise JointGraphError(
+                f"a gradient flows into node {node.id} ({node.op}), and {node.op} has no "
+                "derivative rule (plait.ir.ops.vjp)"
+            )
+        if is_differentiable(node.op):
             active.update(id(v) for v in node.outputs if _floating(v))
     return active
+
+
+def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
+    """``graph`` with the nodes whose derivative needs more than their result made explicit:
+    a train-mode dropout a gradient flows through becomes ATen's ``native_dropout`` (its mask
+    is an output the backward reads; it draws the same numbers, see the dropout rule)."""
+    active = active_values(graph, wrt)
+    targets = [
+        n
+        for n in graph.nodes
+        if n.op == "dropout"
+        and n.attrs["train"]
+        and n.attrs["p"] > 0
+        and isinstance(n.inputs[0], Value)
+        and id(n.inputs[0]) in active
+    ]
+    if not targets:
+        return graph
+    g = graph.copy()
+    b = GraphBuilder.extend(g)
+    by_id = {n.id: n for n in g.nodes}
+    for old in targets:
+        node = by_id[old.id]
+        x = node.inputs[0]
+        y, _mask = b.call(
+            "aten",
+            [x],
+            name="native_dropout",
+            overload="default",
+            literals=json.dumps([{"t": 0}, node.attrs["p"], True]),
+        )
+        new = g.nodes.pop()  # NOTE: appended last; it takes the dropout's place and id
+        new.id = node.id
+        g.nodes[g.nodes.index(node)] = new
+        replace_uses(g, node.outputs[0], y)
+    verify(g)
+    return g
+
+
+def replace_uses(g: Graph, old: Value, new: Value) -> None:
+    """Every read of ``old`` (operands and outputs) reads ``new`` instead."""
+    for n in g.nodes:
+        if any(o is old for o in n.inputs):
+            n.inputs = tuple(new if o is old else o for o in n.inputs)
+    g.outputs = [new if o is old else o for o in g.outputs]
 
 
 def build_joint(

@@ -1,0 +1,136 @@
+"""Training through Stax: a captured graph's forward and backward, compiled and tied into
+PyTorch's autograd.
+
+:func:`compile_training` builds the joint graph of a (pass-optimized) forward graph with respect
+to the inputs that require grad (:mod:`plait.autograd`), partitions it, runs the pass pipeline on
+each half, and compiles both with Stax (kernels built together). The result is called with the
+forward graph's inputs and returns its outputs, attached to PyTorch's autograd graph: the
+compiled backward runs when PyTorch's engine reaches the call.
+
+Example:
+    >>> import torch
+    >>> from plait.ir import GraphBuilder, TensorType
+    >>> b = GraphBuilder()
+    >>> x = b.input("x", TensorType((4,), torch.float32))
+    >>> w = b.param("w", TensorType((4,), torch.float32))
+    >>> b.output(b.call("relu", b.call("mul", x, w)))
+    >>> prog = compile_training(b.build(), wrt=["w"])
+    >>> w_ = torch.ones(4, requires_grad=True)
+    >>> prog([torch.arange(4.0), w_])[0].sum().backward()
+    >>> w_.grad.tolist()
+    [0.0, 1.0, 2.0, 3.0]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from plait.autograd import CompiledAutograd, Partition, build_joint, partition
+from plait.autograd.joint import prepare_for_autograd
+from plait.autograd.partition import value_bytes
+from plait.codegen.options import StaxOptions
+from plait.ir.graph import Graph, Value
+from plait.passes import TRAINING_PIPELINE, run_pipeline
+from plait.runtime.program import StaxProgram, compile_graphs
+
+
+class TrainingProgram:
+    """A forward and a backward Stax program behind one ``torch.autograd.Function``."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        part: Partition,
+        programs: tuple[StaxProgram, StaxProgram],
+        graphs: tuple[Graph, Graph],
+        run: CompiledAutograd,
+        seconds: dict[str, float],
+    ) -> None:
+        self.graph = graph  # the forward graph as given (its inputs are the call's)
+        self.partition = part
+        self.forward, self.backward = programs
+        self.forward_graph, self.backward_graph = graphs  # after passes
+        self.run = run
+        self.seconds = seconds
+
+    def __call__(self, values: list[Any]) -> list[Any]:
+        return self.run(values)
+
+    def records(self) -> dict[str, Any]:
+        """The partition and both programs' records, for the manifest."""
+        p = self.partition
+        return {
+            "partitioner": p.partitioner,
+            "saved": [
+                {"name": v.name, "type": str(v.type), "bytes": value_bytes(v)} for v in p.saved
+            ],
+            "saved_bytes": p.saved_bytes,
+            "recomputed_nodes": p.recomputed,
+            "forward_nodes": len(self.forward_graph.nodes),
+            "backward_nodes": len(self.backward_graph.nodes),
+            "wrt": [self.graph.inputs[i].name for i in self.run.grads],
+            "forward": self.forward.records(),
+            "backward": self.backward.records(),
+            "timings": dict(self.seconds),
+        }
+
+
+def _bound(before: Graph, after: Graph) -> Any:
+    """Call ``after``'s program with ``before``'s input list (passes may drop inputs)."""
+    index = {v.name: i for i, v in enumerate(before.inputs)}
+    plan = [
+        (False, after.constants[v.name]) if v.name in after.constants else (True, index[v.name])
+        for v in after.inputs
+    ]
+    return lambda values: [values[ref] if live else ref for live, ref in plan]
+
+
+def compile_training(
+    graph: Graph,
+    wrt: Sequence[str],
+    *,
+    differentiable_outputs: Sequence[int] | None = None,
+    partitioner: str = "min-cut",
+    pipeline: str = TRAINING_PIPELINE,
+    options: StaxOptions | None = None,
+    source_hash: str | None = None,
+    name: str = "a plait-compiled program",
+) -> TrainingProgram:
+    """Compile ``graph``'s forward and backward with respect to the inputs named in ``wrt``.
+
+    ``differentiable_outputs``: the outputs that may take a cotangent (default: all; a buffer
+    update written back after the call is not one).
+    """
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    prepared = prepare_for_autograd(graph, set(wrt))
+    joint = build_joint(prepared, wrt, differentiable_outputs)
+    seconds["joint"] = time.perf_counter() - start
+    start = time.perf_counter()
+    part = partition(joint, partitioner)
+    seconds["partition"] = time.perf_counter() - start
+    start = time.perf_counter()
+    halves = []
+    for g in (part.forward, part.backward):
+        halves.append(run_pipeline(g, pipeline, source_hash=source_hash).graph)
+    seconds["passes"] = time.perf_counter() - start
+    start = time.perf_counter()
+    fwd, bwd = compile_graphs(halves, options=options)
+    seconds["stax"] = time.perf_counter() - start
+    bind_fwd, bind_bwd = _bound(part.forward, halves[0]), _bound(part.backward, halves[1])
+    run = CompiledAutograd(
+        lambda values: fwd(*bind_fwd(values)),
+        lambda values: bwd(*bind_bwd(values)),
+        n_inputs=len(graph.inputs),
+        n_outputs=len(graph.outputs),
+        cotangents=joint.cotangents,
+        grads=joint.grads,
+        name=name,
+    )
+    return TrainingProgram(graph, part, (fwd, bwd), (halves[0], halves[1]), run, seconds)
+
+
+def saved_values(program: TrainingProgram) -> list[Value]:
+    return list(program.partition.saved)
