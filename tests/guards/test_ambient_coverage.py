@@ -50,6 +50,11 @@ COVERED = {
     ("runtime/runner.py", "is_grad_enabled"): "read per call, at run time (nothing compiled)",
     ("manifest.py", "get_device_capability"): "recorded in the manifest; key gpu_capability",
     ("cache/__init__.py", "os.environ"): "the cache's location, never its key",
+    ("codegen/fusion.py", "os.environ"): "TRITON_INTERPRET: refuses the Triton target on CPU "
+    "tensors outside Triton's interpreter; what compiles does not depend on it",
+    ("codegen/triton_load.py", "os.environ"): "TRITON_INTERPRET: which math module a loaded "
+    "kernel binds (libdevice, or the interpreter's numpy shim): how one kernel source runs, "
+    "read each time a kernel loads, never part of what is cached",
     ("cache/store.py", "os.environ"): "the cache's size limit, never its key",
     ("guards/__init__.py", "get_num_threads"): "docstring example of the ambient guards",
     ("guards/native.py", "os.environ"): "where the guard evaluator is cached, whether it is "
