@@ -48,6 +48,8 @@ COVERED = {
     ("codegen/build.py", "cpu_count"): "build parallelism only: the same libraries",
     ("runtime/program.py", "cpu_count"): "build parallelism only: the same libraries",
     ("runtime/runner.py", "is_grad_enabled"): "read per call, at run time (nothing compiled)",
+    ("autograd/function.py", "is_grad_enabled"): "read in the compiled backward, at run time: "
+    "refuses a second-order gradient (nothing compiled)",
     ("manifest.py", "get_device_capability"): "recorded in the manifest; key gpu_capability",
     ("cache/__init__.py", "os.environ"): "the cache's location, never its key",
     ("codegen/fusion.py", "os.environ"): "TRITON_INTERPRET: refuses the Triton target on CPU "
