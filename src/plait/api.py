@@ -153,6 +153,14 @@ def _report(
 
 
 # --- compile ---------------------------------------------------------------------------------
+def _call_name(fn: Any) -> str:
+    """How errors name a compiled callable: ``plait-compiled ResNet`` (a module's class) or
+    ``plait-compiled f`` (a function's qualified name)."""
+    if isinstance(fn, nn.Module):
+        return f"plait-compiled {type(fn).__name__}"
+    return f"plait-compiled {getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
 def _default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tuple[str, str]:
     """``stax`` for static programs: C++ kernels on the CPU, Triton kernels on CUDA (where
     Triton is installed). Stax needs static shapes, so the reference interpreter runs the
@@ -410,7 +418,9 @@ class _Engine(RegionEngine):
         if backend is None:
             backend, why = _default_backend(prog, state)
         grads = tuple(isinstance(x, torch.Tensor) and x.requires_grad for x in env.leaves)
-        request = CompileRequest(prog, backend, self.fullgraph, self.options, state, store, grads)
+        request = CompileRequest(
+            prog, backend, self.fullgraph, self.options, state, store, grads, _call_name(self.fn)
+        )
         if self.tree is not None and self.region and prog.has_graph:
             self.tree.counts["compiles"] += 1
         compiled = compile_program(request)

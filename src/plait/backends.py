@@ -61,6 +61,7 @@ class CompileRequest:
     state: Sequence[torch.Tensor]  # the module's parameters and buffers, in slot order
     store: Store | None = None  # the artifact cache (None: compile, never save)
     leaf_grads: tuple[bool, ...] | None = None  # per user input leaf: does it require grad
+    name: str = "a plait-compiled program"  # what errors call the compiled callable
 
 
 def _needs_grad(req: CompileRequest) -> bool:
@@ -196,6 +197,7 @@ def _training_program(req: CompileRequest, optimized: Graph) -> Any:
             partitioner=str(req.options.get("partitioner", "min-cut")),
             options=_stax_options(req),
             source_hash=req.program.semantic_hash,
+            name=req.name,
         )
     except CodegenError as exc:
         raise PlaitCompileError(f"stax could not compile the training graphs: {exc}") from exc

@@ -1,0 +1,111 @@
+"""Training through Stax: compiled forward and backward judged against eager by the gate."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import plait
+import plait.conformance
+from plait.autograd import DoubleBackwardError
+from tests.conformance.models import MLP, randn, seeded
+
+
+class Pointwise(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 16))
+        self.b = nn.Parameter(torch.randn(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.sin(x * self.w) + self.b) * torch.exp(self.b)
+
+
+def _compiled(model: nn.Module, **options: object) -> nn.Module:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NOTE: a backward that fell back to eager warns
+        return plait.compile(copy.deepcopy(model), backend="stax", **options)
+
+
+def _manifest(compiled: nn.Module) -> plait.Manifest:
+    return compiled.specializations[-1].compiled.manifest
+
+
+def _assert_backward_compiled(compiled: nn.Module) -> None:
+    m = _manifest(compiled)
+    assert m.autograd, "no compiled backward recorded"
+    assert not m.fallbacks, m.fallbacks
+    assert m.executor["backward"]["evidence"]["counts"]["fallback"] == 0
+
+
+MODELS = {
+    "pointwise": (lambda: seeded(3, Pointwise), lambda s: randn(4, 8, 16, seed=s)),
+    "mlp": (lambda: seeded(1, MLP), lambda s: randn(8, 16, seed=s)),
+}
+
+
+@pytest.mark.parametrize("partitioner", ["min-cut", "save-all"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_gradients_pass_the_gate(name: str, partitioner: str) -> None:
+    make, draw = MODELS[name]
+    model = make()
+    compiled = _compiled(model, options={"partitioner": partitioner})
+    report = plait.conformance.check(model, compiled, draw, grads=True, draws=3)
+    report.raise_if_failed()
+    _assert_backward_compiled(compiled)
+    assert _manifest(compiled).autograd["partitioner"] == partitioner
+
+
+def test_min_cut_saves_no_more_than_save_all() -> None:
+    make, draw = MODELS["pointwise"]
+    model = make()
+    saved = {}
+    for p in ("min-cut", "save-all"):
+        c = _compiled(model, options={"partitioner": p})
+        c(draw(5)).sum().backward()
+        saved[p] = _manifest(c).autograd["saved_bytes"]
+    assert saved["min-cut"] <= saved["save-all"]
+
+
+def test_grad_accumulates_over_calls_and_frozen_parameters_get_none() -> None:
+    make, draw = MODELS["pointwise"]
+    model = make()
+    model.b.requires_grad_(False)
+    compiled = _compiled(model)
+    x1, x2 = draw(1), draw(2)
+    # NOTE: two forwards, then both backwards: each call's saved values are its own
+    y1, y2 = compiled(x1), compiled(x2)
+    g1, g2 = torch.randn_like(y1), torch.randn_like(y2)
+    y2.backward(g2)
+    y1.backward(g1)
+    model(x1).backward(g1)
+    model(x2).backward(g2)
+    torch.testing.assert_close(compiled.w.grad, model.w.grad)
+    assert compiled.b.grad is None and model.b.grad is None
+    _assert_backward_compiled(compiled)
+
+
+def test_hooks_on_inputs_see_the_gradient() -> None:
+    make, draw = MODELS["pointwise"]
+    model = make()
+    compiled = _compiled(model)
+    seen: list[torch.Tensor] = []
+    x = draw(3).requires_grad_(True)
+    x.register_hook(lambda g: seen.append(g.clone()))
+    compiled(x).sum().backward()
+    ref = x.detach().clone().requires_grad_(True)
+    model(ref).sum().backward()
+    assert len(seen) == 1
+    torch.testing.assert_close(seen[0], ref.grad)
+
+
+def test_double_backward_names_the_problem() -> None:
+    make, draw = MODELS["pointwise"]
+    compiled = _compiled(make())
+    x = draw(4).requires_grad_(True)
+    with pytest.raises(DoubleBackwardError, match="Pointwise.*second-order gradient"):
+        torch.autograd.grad(compiled(x).sum(), x, create_graph=True)
