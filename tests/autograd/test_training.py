@@ -107,5 +107,5 @@ def test_double_backward_names_the_problem() -> None:
     make, draw = MODELS["pointwise"]
     compiled = _compiled(make())
     x = draw(4).requires_grad_(True)
-    with pytest.raises(DoubleBackwardError, match="Pointwise.*second-order gradient"):
+    with pytest.raises(DoubleBackwardError, match=r"Pointwise.*second-order gradient"):
         torch.autograd.grad(compiled(x).sum(), x, create_graph=True)
