@@ -8,9 +8,10 @@ outputs, BatchNorm running-statistic updates, parameter gradients). After the st
 curve and the parameters are compared with eager's (displayed, not judged: SGD trajectories
 amplify rounding).
 
-Where the forward and the backward actually ran is read from plait's manifest, never assumed:
-until plait compiles backward passes (L4), a plait training step runs its forward in plait's
-reference interpreter and its backward in eager autograd, and the phase says so.
+Where the forward and the backward actually ran is read from plait's manifest, never assumed: a
+compiled backward is recorded there (``executor["backward"]``, ``autograd``: the partition and
+the bytes saved); a backward that could not be compiled runs in eager autograd with a recorded
+fallback, and the phase says so.
 """
 
 from __future__ import annotations
@@ -43,10 +44,13 @@ def _executors(system: systems.System) -> dict[str, Any]:
     forward = "stax native kernels"
     if summary.get("backend") != "stax":
         forward = "plait reference interpreter (PyTorch ops, no native kernels)"
-    # NOTE: plait has no backward compiler yet (L4); a manifest that records one would carry a
-    # "backward" executor entry. Until then the backward is eager autograd, said as such.
-    compiled_bwd = (system.compiled.specializations[-1].manifest.executor or {}).get("backward")
-    backward = str(compiled_bwd) if compiled_bwd else "eager autograd"
+    manifest = system.compiled.specializations[-1].manifest
+    compiled_bwd = (manifest.executor or {}).get("backward")
+    backward = "eager autograd"
+    if compiled_bwd:
+        counts = compiled_bwd.get("evidence", {}).get("counts", {})
+        saved = manifest.autograd.get("saved_bytes")
+        backward = f"stax backward program ({counts}; {saved} bytes saved for it)"
     return {
         "forward": forward,
         "backward": backward,
