@@ -24,11 +24,13 @@ import sympy
 import torch
 import torch.nn.functional as F
 
+from plait.ir.graph import Operand, Value
 from plait.ir.ops.registry import Attr, Category, OpDef, Param, TypeRuleError, register
 from plait.ir.ops.rules import wrap_dim, wrap_dims
-from plait.ir.ops.view import ALL
+from plait.ir.ops.view import ALL, pad_along, spread_along, zeros_of
+from plait.ir.ops.vjp import VjpContext, torch_vjp_rule, vjp
 from plait.ir.types import FLOAT_DTYPES, INT_DTYPES, TensorType, Type
-from plait.symbolic import Dim, normalize
+from plait.symbolic import Dim, dims_equal, normalize
 
 PAD_MODES = ("reflect", "replicate", "circular")
 
@@ -204,3 +206,170 @@ register(
         "Tensor.unfold: sliding windows of `size` every `step` along dim, as a new last dim",
     )
 )
+
+
+# --- derivatives (plait.ir.ops.vjp) -----------------------------------------------------------
+# NOTE: each rule moves the cotangent's elements back to the input elements they were read from
+# (slices, flips, rolls, zero padding, reshapes); an input element read several times (padding's
+# mirrored, clamped or wrapped borders, unfold's overlapping windows) gets the sum of its
+# cotangents, added in the order of the outputs that read it, as eager's backward kernels do.
+# A padding of several dims sums dim by dim: a corner element's block of cotangents is added in
+# another order than eager's single row-major pass (last-bit differences).
+
+
+def _tensor(v: Operand) -> TensorType:
+    assert isinstance(v, Value) and isinstance(v.type, TensorType)
+    return v.type
+
+
+@vjp("constant_pad")
+def _constant_pad_vjp(ctx: VjpContext) -> list[Operand | None]:
+    # NOTE: padding crops back what it added and pads zeros where it cropped
+    pad = tuple(-p for p in ctx.attrs["pad"])
+    g = ctx.grad()
+    return [ctx.call("constant_pad", g, pad=pad, value=0) if any(pad) else g]
+
+
+def pad_sources(mode: str, n: int, before: int, after: int) -> list[int]:
+    """For each output index of a 1-D ``mode`` padding of ``n`` elements by ``(before, after)``,
+    the input index it reads (eager's index maps, negative pads included)."""
+    out = range(n + before + after)
+    if mode == "reflect":
+        return [abs(j - before) if j < before else (n - 1) - abs(n - 1 - (j - before)) for j in out]
+    if mode == "replicate":
+        return [min(max(j - before, 0), n - 1) for j in out]
+    if mode == "circular":
+        # NOTE: negative pads crop first; the cropped m elements wrap
+        m = n - max(-before, 0) - max(-after, 0)
+        return [(j - max(before, 0)) % m + max(-before, 0) for j in out]
+    raise ValueError(f"pad: unknown mode {mode!r}")
+
+
+def _runs(src: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``src`` cut into runs ``(first, end, slope)`` of outputs reading consecutive inputs
+    (slope 1 or -1) or one input (slope 0); a run of equal sources is kept whole."""
+    runs = []
+    j = 0
+    while j < len(src):
+        k = j + 1
+        slope = src[k] - src[j] if k < len(src) else 1
+        if slope not in (-1, 0, 1):
+            slope = 1
+        else:
+            while k < len(src) and src[k] - src[k - 1] == slope:
+                if slope and k + 1 < len(src) and src[k + 1] == src[k]:
+                    break  # NOTE: the next run repeats src[k]: it reads it from its first element
+                k += 1
+        runs.append((j, k, slope))
+        j = k
+    return runs
+
+
+def _unpad_dim(ctx: VjpContext, g: Value, d: int, src: Sequence[int], n: int) -> Value:
+    """The gradient of a padding along dim ``d`` whose outputs read ``src`` of ``n`` inputs."""
+    total: Value | None = None
+    for first, end, slope in _runs(src):
+        piece = g
+        if (first, end) != (0, len(src)):
+            piece = ctx.call("slice", g, dim=d, start=first, end=end, step=1)
+        if slope == 0 and end - first > 1:
+            piece = ctx.call("sum", piece, dims=(d,), keepdim=True)
+        lo = min(src[first], src[end - 1])
+        if slope == -1:
+            piece = ctx.call("flip", piece, dims=(d,))
+        width = 1 if slope == 0 else end - first
+        piece = pad_along(ctx, piece, d, lo, n - lo - width)
+        total = piece if total is None else ctx.call("add", total, piece)
+    assert total is not None
+    return total
+
+
+@vjp("pad")
+def _pad_vjp(ctx: VjpContext) -> list[Operand | None]:
+    x = _tensor(ctx.inputs[0])
+    pads = padded_dims(x.rank, ctx.attrs["pad"])
+    if not all(isinstance(x.shape[d], int) for d, _, _ in pads):
+        return torch_vjp_rule(ctx)  # NOTE: the index maps of symbolic dims are not written out
+    g = ctx.grad()
+    if any(dims_equal(n, 0) for n in _tensor(g).shape):
+        return [zeros_of(ctx, x)]
+    for d, before, after in pads:
+        n = x.shape[d]
+        assert isinstance(n, int)
+        g = _unpad_dim(ctx, g, d, pad_sources(ctx.attrs["mode"], n, before, after), n)
+    return [g]
+
+
+@vjp("roll")
+def _roll_vjp(ctx: VjpContext) -> list[Operand | None]:
+    shifts = tuple(-s for s in ctx.attrs["shifts"])
+    return [ctx.call("roll", ctx.grad(), shifts=shifts, dims=ctx.attrs["dims"])]
+
+
+@vjp("flip")
+def _flip_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return [ctx.call("flip", ctx.grad(), dims=ctx.attrs["dims"])]
+
+
+@vjp("diagonal")
+def _diagonal_vjp(ctx: VjpContext) -> list[Operand | None]:
+    x = _tensor(ctx.inputs[0])
+    a = wrap_dim(ctx.attrs["dim1"], x.rank, "diagonal")
+    b = wrap_dim(ctx.attrs["dim2"], x.rank, "diagonal")
+    offset = ctx.attrs["offset"]
+    n1, n2 = x.shape[a], x.shape[b]
+    length = _tensor(ctx.outputs[0]).shape[-1]
+    if not (isinstance(n1, int) and isinstance(n2, int) and isinstance(length, int)):
+        return torch_vjp_rule(ctx)  # NOTE: the plane's flat offsets need integer sizes
+    if length == 0:
+        return [zeros_of(ctx, x)]
+    # NOTE: in the (dim1, dim2) plane flattened row-major, the diagonal is a strided slice: it
+    # starts at `offset` (above) or -offset rows down (below) and steps n2 + 1
+    rest = [i for i in range(x.rank) if i not in (a, b)]
+    rest_shape = tuple(x.shape[i] for i in rest)
+    first = offset if offset >= 0 else -offset * n2
+    g = spread_along(ctx, ctx.grad(), len(rest), n2 + 1)
+    g = pad_along(ctx, g, len(rest), first, n1 * n2 - first - length * (n2 + 1))
+    g = ctx.call("reshape", g, shape=(*rest_shape, n1, n2))
+    order = [*rest, a, b]
+    inverse = [0] * x.rank
+    for i, axis in enumerate(order):
+        inverse[axis] = i
+    if inverse != list(range(x.rank)):
+        g = ctx.call("permute", g, dims=tuple(inverse))
+    return [g]
+
+
+@vjp("unfold")
+def _unfold_vjp(ctx: VjpContext) -> list[Operand | None]:
+    x = _tensor(ctx.inputs[0])
+    size, step = ctx.attrs["size"], ctx.attrs["step"]
+    g = ctx.grad()
+    if size == 0 or any(dims_equal(n, 0) for n in _tensor(g).shape):
+        return [zeros_of(ctx, x)]
+    if x.rank == 0:
+        return [ctx.call("reshape", g, shape=())]
+    d = wrap_dim(ctx.attrs["dim"], x.rank, "unfold")
+    n = x.shape[d]
+    assert isinstance(n, int)
+    windows = (n - size) // step + 1
+    # NOTE: windows next to their positions: (*before, windows, size, *after)
+    if d != x.rank - 1:
+        dims = (*range(d + 1), x.rank, *range(d + 1, x.rank))
+        g = ctx.call("permute", g, dims=dims)
+    flat_shape = (*x.shape[:d], windows * step, *x.shape[d + 1 :])
+    total: Value | None = None
+    # NOTE: positions [c*step, (c+1)*step) of every window do not overlap: each block lands by a
+    # reshape; an element gets its windows' cotangents from the last block down, i.e. in
+    # increasing window order, as eager's unfold_backward adds them
+    for c in reversed(range(-(-size // step))):
+        lo, hi = c * step, min((c + 1) * step, size)
+        block = g
+        if (lo, hi) != (0, size):
+            block = ctx.call("slice", g, dim=d + 1, start=lo, end=hi, step=1)
+        block = pad_along(ctx, block, d + 1, 0, step - (hi - lo))
+        block = ctx.call("reshape", block, shape=flat_shape)
+        block = pad_along(ctx, block, d, lo, n - lo - windows * step)
+        total = block if total is None else ctx.call("add", total, block)
+    assert total is not None
+    return [total]
