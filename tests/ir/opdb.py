@@ -846,6 +846,33 @@ def gen_aten_factory(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
     )  # fmt: skip
 
 
+def gen_torch_vjp(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
+    """PyTorch's autograd of an op's reference: gradients of mul and of softmax."""
+    x, y, g = make((3, 4), dtype), make((4,), dtype), make((3, 4), dtype)
+
+    def grads(fn: Callable[..., torch.Tensor], *ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        leaves = [t.detach().requires_grad_(True) for t in ts]
+        return torch.autograd.grad(fn(*leaves), leaves, g)
+
+    layout2 = json.dumps([{"t": 0}, {"t": 1}])
+    yield Sample(
+        "torch_vjp",
+        [[x, y, g]],
+        {"of": "mul", "attrs": "{}", "operands": layout2, "seeded": (0,), "wrt": (0, 1)},
+        lambda: grads(torch.mul, x, y),
+        "mul, broadcast operand",
+    )
+    attrs = json.dumps({"dim": 1, "dtype": None})
+    yield Sample(
+        "torch_vjp",
+        [[x, g]],
+        {"of": "softmax", "attrs": attrs, "operands": json.dumps([{"t": 0}]), "seeded": (0,),
+         "wrt": (0,)},
+        lambda: grads(lambda t: torch.softmax(t, 1), x),
+        "softmax",
+    )  # fmt: skip
+
+
 def gen_aten_check(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
     """A runtime check (plait.ir.ops.aten): passes on a zero LAPACK info, returns the token."""
     info = torch.zeros(2, dtype=torch.int32)
@@ -963,6 +990,7 @@ GENERATORS.update(
         "aten_factory": gen_aten_factory,
         "aten_datadep": gen_aten_datadep,
         "aten_check": gen_aten_check,
+        "torch_vjp": gen_torch_vjp,
     }
 )
 for _op in ("rng_seed", "rng_get_state", "rng_set_state", "random_call", "random_factory"):

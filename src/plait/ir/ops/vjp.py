@@ -37,10 +37,9 @@ import torch
 
 from plait.ir.graph import GraphBuilder, Node, Operand, Value
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
-from plait.ir.types import FLOAT_DTYPES, INT_DTYPES, TensorType, Type
+from plait.ir.types import FLOAT_DTYPES, TensorType, Type
 
 # NOTE: extern.py registers rules from this module: its helpers are imported where they run.
-_ALL = (*FLOAT_DTYPES, *INT_DTYPES, torch.bool)
 
 
 class VjpContext:
@@ -274,7 +273,7 @@ register(
         ),
         _torch_vjp_rule,
         _torch_vjp_ref,
-        _ALL,
+        FLOAT_DTYPES,
         "the gradients PyTorch's autograd gives op ``of`` (its reference implementation) for "
         "the cotangents of outputs ``seeded``, with respect to operands ``wrt``",
         fixed_outputs=None,
