@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from plait.ir.graph import Operand
+from plait.ir.graph import Operand, Value
 from plait.ir.ops.registry import (
     SCALAR_OR_TENSOR,
     TENSOR,
@@ -419,50 +420,105 @@ register(
 
 # --- derivatives (plait.ir.ops.vjp) -----------------------------------------------------------
 # NOTE: a rule computes in the cotangent's dtype and returns each gradient in its operand's type
-# (ctx.sum_to reduces what broadcasting added and casts).
+# (ctx.sum_to reduces what broadcasting added and casts). The rules follow eager's formulas
+# (PyTorch's derivatives.yaml and its backward kernels) term for term, including how each masks:
+# a NaN cotangent times a zero mask stays NaN where eager multiplies, and is 0 where it selects.
+_LN2 = math.log(2.0)
+_LN10 = math.log(10.0)
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def _unary_grad(ctx: VjpContext, grad: Callable[[Value, Value], Value]) -> list[Operand | None]:
+    """``[grad(x, g)]`` for a one-operand op, where its operand wants a gradient."""
+    (x,) = ctx.inputs
+    if not ctx.wants(0):
+        return [None]
+    assert isinstance(x, Value)
+    return [ctx.sum_to(grad(x, ctx.grad()), x.type)]
+
+
+def _scaled(ctx: VjpContext, factor: Callable[[Value, Value], Value]) -> list[Operand | None]:
+    """``[g * factor(x, y)]`` with ``y`` the forward result."""
+    y = ctx.outputs[0]
+    return _unary_grad(ctx, lambda x, g: ctx.call("mul", g, factor(x, y)))
+
+
+def _zero_grads(ctx: VjpContext) -> list[Operand | None]:
+    """Zeros for every wanted operand: eager's gradient of a piecewise-constant op."""
+    return [
+        ctx.zeros_like(o) if ctx.wants(i) and isinstance(o, Value) else None
+        for i, o in enumerate(ctx.inputs)
+    ]
+
+
+def _binary_grads(
+    ctx: VjpContext,
+    grad_a: Callable[[Value], Value] | None,
+    grad_b: Callable[[Value], Value] | None,
+) -> list[Operand | None]:
+    """``grad_a(g)`` and ``grad_b(g)`` (at the result's shape) summed to each wanted operand."""
+    g = ctx.grad()
+    out: list[Operand | None] = []
+    for i, fn in enumerate((grad_a, grad_b)):
+        o = ctx.inputs[i]
+        if fn is None or not ctx.wants(i):
+            out.append(None)
+        else:
+            assert isinstance(o, Value)
+            out.append(ctx.sum_to(fn(g), o.type))
+    return out
+
+
+def _as_tensor(ctx: VjpContext, s: Operand, like: Value) -> Value:
+    """The scalar operand ``s`` as a 0-d tensor of ``like``'s dtype and device."""
+    t = like.type
+    assert isinstance(t, TensorType)
+    if isinstance(s, Value):
+        zero = ctx.call("zeros", shape=(), dtype=t.dtype, device=t.device)
+        return ctx.call("add", zero, s)
+    return ctx.call("full", shape=(), dtype=t.dtype, device=t.device, value=s)
+
+
+def _tensor_operand(ctx: VjpContext, o: Operand, like: Value) -> Value:
+    """``o`` itself where it is a tensor, else as a 0-d tensor of ``like``'s dtype."""
+    if isinstance(o, Value) and isinstance(o.type, TensorType):
+        return o
+    return _as_tensor(ctx, o, like)
 
 
 @vjp("add", "sub")
 def _add_vjp(ctx: VjpContext) -> list[Operand | None]:
-    a, b = ctx.inputs
-    g = ctx.grad()
     alpha = ctx.attrs.get("alpha", 1)
-    ga = ctx.sum_to(g, a.type) if ctx.wants(0) else None
-    gb = None
-    if ctx.wants(1):
+
+    def grad_b(g: Value) -> Value:
         scaled = g if alpha == 1 else ctx.call("mul", g, alpha)
-        if ctx.node.op == "sub":
-            scaled = ctx.call("neg", scaled)
-        gb = ctx.sum_to(scaled, b.type)
-    return [ga, gb]
+        return ctx.call("neg", scaled) if ctx.node.op == "sub" else scaled
+
+    return _binary_grads(ctx, lambda g: g, grad_b)
 
 
 @vjp("mul")
 def _mul_vjp(ctx: VjpContext) -> list[Operand | None]:
     a, b = ctx.inputs
-    g = ctx.grad()
-    ga = ctx.sum_to(ctx.call("mul", g, b), a.type) if ctx.wants(0) else None
-    gb = ctx.sum_to(ctx.call("mul", g, a), b.type) if ctx.wants(1) else None
-    return [ga, gb]
+    return _binary_grads(ctx, lambda g: ctx.call("mul", g, b), lambda g: ctx.call("mul", g, a))
 
 
 @vjp("exp")
 def _exp_vjp(ctx: VjpContext) -> list[Operand | None]:
-    return [ctx.sum_to(ctx.call("mul", ctx.grad(), ctx.outputs[0]), ctx.inputs[0].type)]
+    return _scaled(ctx, lambda x, y: y)
 
 
 @vjp("sin")
 def _sin_vjp(ctx: VjpContext) -> list[Operand | None]:
-    (x,) = ctx.inputs
-    return [ctx.sum_to(ctx.call("mul", ctx.grad(), ctx.call("cos", x)), x.type)]
+    return _scaled(ctx, lambda x, y: ctx.call("cos", x))
 
 
 @vjp("relu")
 def _relu_vjp(ctx: VjpContext) -> list[Operand | None]:
-    g = ctx.grad()
-    # NOTE: eager's threshold_backward: the gradient where the result is > 0, else 0 (a NaN
-    # input gives a NaN result, and NaN > 0 is false: gradient 0, as eager)
-    return [ctx.call("where", ctx.call("gt", ctx.outputs[0], 0), g, 0.0)]
+    y = ctx.outputs[0]
+    # NOTE: eager's threshold_backward on the result: y <= 0 ? 0 : g (a NaN input gives a NaN
+    # result, and NaN <= 0 is false: the cotangent passes, as in eager)
+    return _unary_grad(ctx, lambda x, g: ctx.call("where", ctx.call("le", y, 0), 0.0, g))
 
 
 nondifferentiable(
@@ -470,3 +526,529 @@ nondifferentiable(
     "logical_not", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
     "isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit",
 )  # fmt: skip
+
+
+vjp("floor", "ceil", "round", "trunc", "sign")(_zero_grads)
+
+
+@vjp("frac")
+def _frac_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _unary_grad(ctx, lambda x, g: g)
+
+
+@vjp("neg")
+def _neg_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _unary_grad(ctx, lambda x, g: ctx.call("neg", g))
+
+
+@vjp("abs")
+def _abs_vjp(ctx: VjpContext) -> list[Operand | None]:
+    # NOTE: sign(0) = sign(NaN) = 0: abs has gradient 0 there, as eager (grad * self.sgn())
+    return _scaled(ctx, lambda x, y: ctx.call("sign", x))
+
+
+@vjp("sqrt")
+def _sqrt_vjp(ctx: VjpContext) -> list[Operand | None]:
+    y = ctx.outputs[0]
+    return _unary_grad(ctx, lambda x, g: ctx.call("div", g, ctx.call("mul", y, 2.0)))
+
+
+@vjp("rsqrt")
+def _rsqrt_vjp(ctx: VjpContext) -> list[Operand | None]:
+    y = ctx.outputs[0]
+    return _unary_grad(
+        ctx, lambda x, g: ctx.call("mul", ctx.call("mul", g, -0.5), ctx.call("pow", y, 3))
+    )
+
+
+@vjp("reciprocal")
+def _reciprocal_vjp(ctx: VjpContext) -> list[Operand | None]:
+    y = ctx.outputs[0]
+    return _unary_grad(ctx, lambda x, g: ctx.call("mul", ctx.call("neg", g), ctx.call("mul", y, y)))
+
+
+@vjp("log")
+def _log_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _unary_grad(ctx, lambda x, g: ctx.call("div", g, x))
+
+
+@vjp("log2", "log10")
+def _log_base_vjp(ctx: VjpContext) -> list[Operand | None]:
+    ln_base = _LN2 if ctx.node.op == "log2" else _LN10
+    return _unary_grad(ctx, lambda x, g: ctx.call("div", g, ctx.call("mul", x, ln_base)))
+
+
+@vjp("log1p")
+def _log1p_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _unary_grad(ctx, lambda x, g: ctx.call("div", g, ctx.call("add", x, 1.0)))
+
+
+@vjp("exp2")
+def _exp2_vjp(ctx: VjpContext) -> list[Operand | None]:
+    y = ctx.outputs[0]
+    return _unary_grad(ctx, lambda x, g: ctx.call("mul", ctx.call("mul", g, y), _LN2))
+
+
+@vjp("expm1")
+def _expm1_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _scaled(ctx, lambda x, y: ctx.call("add", y, 1.0))
+
+
+@vjp("sigmoid")
+def _sigmoid_vjp(ctx: VjpContext) -> list[Operand | None]:
+    y = ctx.outputs[0]
+    # NOTE: eager's sigmoid_backward: g * (1 - y) * y
+    return _unary_grad(
+        ctx, lambda x, g: ctx.call("mul", ctx.call("mul", g, ctx.call("sub", 1.0, y)), y)
+    )
+
+
+@vjp("tanh")
+def _tanh_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _scaled(ctx, lambda x, y: ctx.call("sub", 1.0, ctx.call("mul", y, y)))
+
+
+@vjp("tan")
+def _tan_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _scaled(ctx, lambda x, y: ctx.call("add", ctx.call("mul", y, y), 1.0))
+
+
+@vjp("cos")
+def _cos_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _scaled(ctx, lambda x, y: ctx.call("neg", ctx.call("sin", x)))
+
+
+@vjp("sinh")
+def _sinh_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _scaled(ctx, lambda x, y: ctx.call("cosh", x))
+
+
+@vjp("cosh")
+def _cosh_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _scaled(ctx, lambda x, y: ctx.call("sinh", x))
+
+
+def _square(ctx: VjpContext, x: Value) -> Value:
+    return ctx.call("mul", x, x)
+
+
+@vjp("asin", "acos")
+def _asin_acos_vjp(ctx: VjpContext) -> list[Operand | None]:
+    def factor(x: Value, y: Value) -> Value:
+        d = ctx.call("rsqrt", ctx.call("sub", 1.0, _square(ctx, x)))
+        return ctx.call("neg", d) if ctx.node.op == "acos" else d
+
+    return _scaled(ctx, factor)
+
+
+@vjp("atan")
+def _atan_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _unary_grad(ctx, lambda x, g: ctx.call("div", g, ctx.call("add", _square(ctx, x), 1.0)))
+
+
+@vjp("asinh")
+def _asinh_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _scaled(ctx, lambda x, y: ctx.call("rsqrt", ctx.call("add", _square(ctx, x), 1.0)))
+
+
+@vjp("acosh")
+def _acosh_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _scaled(ctx, lambda x, y: ctx.call("rsqrt", ctx.call("sub", _square(ctx, x), 1.0)))
+
+
+@vjp("atanh")
+def _atanh_vjp(ctx: VjpContext) -> list[Operand | None]:
+    return _unary_grad(ctx, lambda x, g: ctx.call("div", g, ctx.call("sub", 1.0, _square(ctx, x))))
+
+
+@vjp("erf", "erfc")
+def _erf_vjp(ctx: VjpContext) -> list[Operand | None]:
+    scale = _TWO_OVER_SQRT_PI if ctx.node.op == "erf" else -_TWO_OVER_SQRT_PI
+
+    def factor(x: Value, y: Value) -> Value:
+        gauss = ctx.call("exp", ctx.call("neg", _square(ctx, x)))
+        return ctx.call("mul", gauss, scale)
+
+    return _scaled(ctx, factor)
+
+
+# --- activations' derivatives (eager's *_backward kernels) --------------------------------------
+@vjp("silu")
+def _silu_vjp(ctx: VjpContext) -> list[Operand | None]:
+    # NOTE: silu_backward: g * s * (1 + x * (1 - s)), s = sigmoid(x)
+    def factor(x: Value, y: Value) -> Value:
+        s = ctx.call("sigmoid", x)
+        inner = ctx.call("add", ctx.call("mul", x, ctx.call("sub", 1.0, s)), 1.0)
+        return ctx.call("mul", s, inner)
+
+    return _scaled(ctx, factor)
+
+
+@vjp("mish")
+def _mish_vjp(ctx: VjpContext) -> list[Operand | None]:
+    # NOTE: mish_backward: g * (t + x * sigmoid(x) * (1 - t^2)), t = tanh(softplus(x))
+    def factor(x: Value, y: Value) -> Value:
+        t = ctx.call("tanh", ctx.call("softplus", x))
+        slope = ctx.call("sub", 1.0, _square(ctx, t))
+        rest = ctx.call("mul", ctx.call("mul", x, ctx.call("sigmoid", x)), slope)
+        return ctx.call("add", t, rest)
+
+    return _scaled(ctx, factor)
+
+
+_GELU_SQRT1_2 = math.sqrt(0.5)
+_GELU_PDF = 1.0 / math.sqrt(2.0 * math.pi)  # M_2_SQRTPI * M_SQRT1_2 * 0.5
+_GELU_TANH_BETA = math.sqrt(2.0 / math.pi)  # M_SQRT2 * M_2_SQRTPI * 0.5
+_GELU_TANH_KAPPA = 0.044715
+
+
+@vjp("gelu")
+def _gelu_vjp(ctx: VjpContext) -> list[Operand | None]:
+    c = ctx.call
+
+    def exact(x: Value, y: Value) -> Value:
+        # NOTE: Phi(x) + x * phi(x)
+        cdf = c("mul", c("add", c("erf", c("mul", x, _GELU_SQRT1_2)), 1.0), 0.5)
+        pdf = c("mul", c("exp", c("mul", _square(ctx, x), -0.5)), _GELU_PDF)
+        return c("add", cdf, c("mul", x, pdf))
+
+    def tanh_form(x: Value, y: Value) -> Value:
+        # NOTE: d/dx 0.5 x (1 + tanh(u)), u = beta (x + kappa x^3)
+        x_sq = _square(ctx, x)
+        u = c("mul", c("add", x, c("mul", c("mul", x_sq, x), _GELU_TANH_KAPPA)), _GELU_TANH_BETA)
+        t = c("tanh", u)
+        left = c("mul", c("add", t, 1.0), 0.5)
+        du = c("mul", c("add", c("mul", x_sq, 3.0 * _GELU_TANH_KAPPA), 1.0), _GELU_TANH_BETA)
+        right = c("mul", c("mul", c("mul", x, 0.5), c("sub", 1.0, _square(ctx, t))), du)
+        return c("add", left, right)
+
+    return _scaled(ctx, exact if ctx.attrs["approximate"] == "none" else tanh_form)
+
+
+@vjp("leaky_relu")
+def _leaky_relu_vjp(ctx: VjpContext) -> list[Operand | None]:
+    slope = ctx.attrs["negative_slope"]
+    # NOTE: x > 0 ? g : g * slope (NaN takes the slope)
+    return _unary_grad(
+        ctx, lambda x, g: ctx.call("where", ctx.call("gt", x, 0), g, ctx.call("mul", g, slope))
+    )
+
+
+@vjp("elu")
+def _elu_vjp(ctx: VjpContext) -> list[Operand | None]:
+    alpha, scale, input_scale = (ctx.attrs[k] for k in ("alpha", "scale", "input_scale"))
+
+    # NOTE: elu_backward on the input: x <= 0 ? g * input_scale * alpha * scale *
+    # exp(x * input_scale) : g * scale (NaN takes the positive branch)
+    def grad(x: Value, g: Value) -> Value:
+        neg = ctx.call(
+            "mul",
+            ctx.call("mul", g, input_scale * alpha * scale),
+            ctx.call("exp", ctx.call("mul", x, input_scale)),
+        )
+        pos = g if scale == 1.0 else ctx.call("mul", g, scale)
+        return ctx.call("where", ctx.call("le", x, 0), neg, pos)
+
+    return _unary_grad(ctx, grad)
+
+
+@vjp("softplus")
+def _softplus_vjp(ctx: VjpContext) -> list[Operand | None]:
+    beta, threshold = ctx.attrs["beta"], ctx.attrs["threshold"]
+
+    # NOTE: x * beta > threshold ? g : g * z / (z + 1), z = exp(x * beta): sigmoid(x * beta)
+    def grad(x: Value, g: Value) -> Value:
+        bx = x if beta == 1.0 else ctx.call("mul", x, beta)
+        smooth = ctx.call("mul", g, ctx.call("sigmoid", bx))
+        return ctx.call("where", ctx.call("gt", bx, threshold), g, smooth)
+
+    return _unary_grad(ctx, grad)
+
+
+@vjp("logsigmoid")
+def _logsigmoid_vjp(ctx: VjpContext) -> list[Operand | None]:
+    # NOTE: eager's log_sigmoid_backward, x < 0 ? 1 - z / (1 + z) : z / (1 + z) with
+    # z = exp(-|x|), is sigmoid(-x) on both branches (NaN stays NaN)
+    return _scaled(ctx, lambda x, y: ctx.call("sigmoid", ctx.call("neg", x)))
+
+
+@vjp("hardsigmoid")
+def _hardsigmoid_vjp(ctx: VjpContext) -> list[Operand | None]:
+    # NOTE: -3 < x < 3 ? g / 6 : 0 (NaN gets 0)
+    def grad(x: Value, g: Value) -> Value:
+        inside = ctx.call("lt", ctx.call("abs", x), 3.0)
+        return ctx.call("where", inside, ctx.call("mul", g, 1.0 / 6.0), 0.0)
+
+    return _unary_grad(ctx, grad)
+
+
+@vjp("hardswish")
+def _hardswish_vjp(ctx: VjpContext) -> list[Operand | None]:
+    # NOTE: x <= -3 ? 0 : (x < 3 ? g * (x / 3 + 0.5) : g) (NaN takes the last branch: g)
+    def grad(x: Value, g: Value) -> Value:
+        ramp = ctx.call("mul", g, ctx.call("add", ctx.call("div", x, 3.0), 0.5))
+        upper = ctx.call("where", ctx.call("lt", x, 3.0), ramp, g)
+        return ctx.call("where", ctx.call("le", x, -3.0), 0.0, upper)
+
+    return _unary_grad(ctx, grad)
+
+
+@vjp("hardshrink", "softshrink")
+def _shrink_vjp(ctx: VjpContext) -> list[Operand | None]:
+    lambd = ctx.attrs["lambd"]
+    # NOTE: -lambd <= x <= lambd ? 0 : g (NaN keeps g)
+    return _unary_grad(
+        ctx,
+        lambda x, g: ctx.call("where", ctx.call("le", ctx.call("abs", x), lambd), 0.0, g),
+    )
+
+
+@vjp("threshold")
+def _threshold_vjp(ctx: VjpContext) -> list[Operand | None]:
+    # NOTE: x <= threshold ? 0 : g (NaN keeps g)
+    t = ctx.attrs["threshold"]
+    return _unary_grad(ctx, lambda x, g: ctx.call("where", ctx.call("le", x, t), 0.0, g))
+
+
+@vjp("nan_to_num")
+def _nan_to_num_vjp(ctx: VjpContext) -> list[Operand | None]:
+    # NOTE: eager multiplies by the mask (a NaN cotangent stays NaN where x is not finite)
+    return _scaled(ctx, lambda x, y: ctx.call("isfinite", x))
+
+
+@vjp("clamp")
+def _clamp_vjp(ctx: VjpContext) -> list[Operand | None]:
+    lo, hi = ctx.attrs["min"], ctx.attrs["max"]
+
+    # NOTE: eager's clamp_backward: g where min <= x <= max (both bounds inclusive), else 0;
+    # NaN gets 0
+    def grad(x: Value, g: Value) -> Value:
+        keep = None
+        if lo is not None:
+            keep = ctx.call("ge", x, lo)
+        if hi is not None:
+            below = ctx.call("le", x, hi)
+            keep = below if keep is None else ctx.call("logical_and", keep, below)
+        return ctx.call("where", keep, g, 0.0)
+
+    return _unary_grad(ctx, grad)
+
+
+@vjp("to_dtype")
+def _to_dtype_vjp(ctx: VjpContext) -> list[Operand | None]:
+    (x,) = ctx.inputs
+    y = ctx.outputs[0]
+    if not (_is_float_tensor(x) and _is_float_tensor(y)):
+        return [None]  # NOTE: a cast from or to an integer or bool carries no gradient
+    # NOTE: the gradient cast back to the input's dtype (sum_to casts)
+    return _unary_grad(ctx, lambda x, g: g)
+
+
+def _is_float_tensor(o: Operand) -> bool:
+    return isinstance(o, Value) and isinstance(o.type, TensorType) and o.type.dtype in FLOATS
+
+
+@vjp("tril", "triu")
+def _tri_vjp(ctx: VjpContext) -> list[Operand | None]:
+    op, diagonal = ctx.node.op, ctx.attrs["diagonal"]
+    return _unary_grad(ctx, lambda x, g: ctx.call(op, g, diagonal=diagonal))
+
+
+# --- binary derivatives ------------------------------------------------------------------------
+@vjp("div")
+def _div_vjp(ctx: VjpContext) -> list[Operand | None]:
+    if ctx.attrs["rounding_mode"] is not None:
+        return _zero_grads(ctx)  # NOTE: a rounded quotient is piecewise constant, as in eager
+    b = ctx.inputs[1]
+    y = ctx.outputs[0]
+    # NOTE: eager: g / b and -g * ((a / b) / b), where a / b is the result
+    return _binary_grads(
+        ctx,
+        lambda g: ctx.call("div", g, b),
+        lambda g: ctx.call("mul", ctx.call("neg", g), ctx.call("div", y, b)),
+    )
+
+
+@vjp("pow")
+def _pow_vjp(ctx: VjpContext) -> list[Operand | None]:
+    a, b = ctx.inputs
+    y = ctx.outputs[0]
+    # NOTE: a number (bool is an int) is a constant of the rule
+    if isinstance(a, Value) and isinstance(b, (int, float)):
+        e = b
+        return _binary_grads(ctx, lambda g: _pow_base_grad_scalar(ctx, g, a, e), None)
+    if isinstance(b, Value) and isinstance(a, (int, float)):
+        s = a
+        return _binary_grads(ctx, None, lambda g: _pow_exponent_grad_scalar(ctx, g, s, b, y))
+    # NOTE: a symbolic or scalar-valued operand becomes a 0-d tensor: eager's tensor formulas
+    base, expo = _tensor_operand(ctx, a, y), _tensor_operand(ctx, b, y)
+    return _binary_grads(
+        ctx,
+        lambda g: _pow_base_grad(ctx, g, base, expo),
+        lambda g: _pow_exponent_grad(ctx, g, base, expo, y),
+    )
+
+
+def _pow_base_grad_scalar(ctx: VjpContext, g: Value, x: Value, e: float) -> Value:
+    """d(x^e)/dx for a number ``e``: eager's pow_backward, g * (e * x^(e - 1)), 0 where e = 0."""
+    c = ctx.call
+    if e == 0:
+        return ctx.zeros_like(x)
+    if e == 1:
+        return g  # NOTE: x^0 is 1 for every x, NaN included
+    slope = c("mul", x, 2.0) if e == 2 else c("mul", c("pow", x, e - 1), e)
+    return c("mul", g, slope)
+
+
+def _pow_exponent_grad_scalar(ctx: VjpContext, g: Value, s: float, x: Value, y: Value) -> Value:
+    """d(s^x)/dx for a number ``s``: g * s^x * log(s); where s = 0, 0 for x >= 0 (eager)."""
+    c = ctx.call
+    if s == 0:
+        return c("mul", g, c("where", c("ge", x, 0), 0.0, c("mul", y, -math.inf)))
+    return c("mul", g, c("mul", y, math.log(s) if s > 0 else math.nan))
+
+
+def _pow_base_grad(ctx: VjpContext, g: Value, a: Value, b: Value) -> Value:
+    """Eager's pow_backward_self: where(b == 0, 0, g * (b * a^(b - 1)))."""
+    c = ctx.call
+    slope = c("mul", b, c("pow", a, c("sub", b, 1)))
+    return c("where", c("eq", b, 0), 0.0, c("mul", g, slope))
+
+
+def _pow_exponent_grad(ctx: VjpContext, g: Value, a: Value, b: Value, y: Value) -> Value:
+    """Eager's pow_backward_exponent: g * where(a == 0 & b >= 0, 0, y * log(a)), the log taken
+    in the result's dtype."""
+    c = ctx.call
+    dtype = _dtype(y)
+    base = a if _dtype(a) == dtype else c("to_dtype", a, dtype=dtype)
+    zero_base = c("logical_and", c("eq", a, 0), c("ge", b, 0))
+    return c("mul", g, c("where", zero_base, 0.0, c("mul", y, c("log", base))))
+
+
+def _dtype(v: Value) -> torch.dtype:
+    assert isinstance(v.type, TensorType)
+    return v.type.dtype
+
+
+@vjp("maximum", "minimum")
+def _max_min_vjp(ctx: VjpContext) -> list[Operand | None]:
+    a, b = ctx.inputs
+    c = ctx.call
+    # NOTE: eager: ties split the cotangent in halves; the smaller (maximum) or larger
+    # (minimum) operand gets 0; a NaN on either side gives both operands the cotangent
+    lose_a, lose_b = ("lt", "gt") if ctx.node.op == "maximum" else ("gt", "lt")
+    shared: list[Value] = []
+
+    def split(g: Value) -> Value:
+        if not shared:
+            shared.append(c("where", c("eq", a, b), c("div", g, 2.0), g))
+        return shared[0]
+
+    return _binary_grads(
+        ctx,
+        lambda g: c("where", c(lose_a, a, b), 0.0, split(g)),
+        lambda g: c("where", c(lose_b, a, b), 0.0, split(g)),
+    )
+
+
+@vjp("fmax", "fmin")
+def _fmax_fmin_vjp(ctx: VjpContext) -> list[Operand | None]:
+    a, b = ctx.inputs
+    c = ctx.call
+    # NOTE: eager: a takes the cotangent where a >= b (fmax) or a <= b (fmin), or where b is NaN;
+    # b takes it everywhere else (ties go to a)
+    to_a = c("logical_or", c("ge" if ctx.node.op == "fmax" else "le", a, b), c("isnan", b))
+    return _binary_grads(
+        ctx, lambda g: c("where", to_a, g, 0.0), lambda g: c("where", to_a, 0.0, g)
+    )
+
+
+@vjp("atan2")
+def _atan2_vjp(ctx: VjpContext) -> list[Operand | None]:
+    a, b = ctx.inputs
+    c = ctx.call
+    shared: list[Value] = []
+
+    def recip() -> Value:
+        if not shared:
+            r = c("reciprocal", c("add", c("mul", a, a), c("mul", b, b)))
+            shared.append(c("where", c("isinf", r), 0.0, r))
+        return shared[0]
+
+    # NOTE: eager's atan2_backward: g * b * r and g * -a * r, r = 1 / (a^2 + b^2) with 0 for
+    # an infinite r (at the origin, and where a^2 + b^2 underflows)
+    return _binary_grads(
+        ctx,
+        lambda g: c("mul", c("mul", g, b), recip()),
+        lambda g: c("mul", c("mul", g, c("neg", a)), recip()),
+    )
+
+
+@vjp("hypot")
+def _hypot_vjp(ctx: VjpContext) -> list[Operand | None]:
+    a, b = ctx.inputs
+    y = ctx.outputs[0]
+    c = ctx.call
+    return _binary_grads(
+        ctx, lambda g: c("div", c("mul", g, a), y), lambda g: c("div", c("mul", g, b), y)
+    )
+
+
+@vjp("copysign")
+def _copysign_vjp(ctx: VjpContext) -> list[Operand | None]:
+    a, b = ctx.inputs
+    y = ctx.outputs[0]
+    c = ctx.call
+    # NOTE: eager: g * (y / a), 0 where a == 0; the sign operand gets zeros
+    ga, _ = _binary_grads(
+        ctx, lambda g: c("mul", g, c("where", c("eq", a, 0), 0.0, c("div", y, a))), None
+    )
+    gb = ctx.zeros_like(b) if ctx.wants(1) and isinstance(b, Value) else None
+    return [ga, gb]
+
+
+@vjp("fmod", "remainder")
+def _fmod_remainder_vjp(ctx: VjpContext) -> list[Operand | None]:
+    a, b = ctx.inputs
+    y = ctx.outputs[0]
+    c = ctx.call
+    mode = "trunc" if ctx.node.op == "fmod" else "floor"
+
+    # NOTE: a - q * b with q = div(a, b, rounding_mode) piecewise constant: g and -g * q
+    def grad_b(g: Value) -> Value:
+        # NOTE: eager has no derivative of number % tensor; it gets the tensor % tensor one
+        dividend = _tensor_operand(ctx, a, y)
+        return c("mul", c("neg", g), c("div", dividend, b, rounding_mode=mode))
+
+    return _binary_grads(ctx, lambda g: g, grad_b)
+
+
+@vjp("xlogy")
+def _xlogy_vjp(ctx: VjpContext) -> list[Operand | None]:
+    a, b = ctx.inputs
+    y = ctx.outputs[0]
+    c = ctx.call
+
+    # NOTE: eager: xlogy(g, b), 0 where a == 0 and b <= 0; and g * a / b
+    def grad_a(g: Value) -> Value:
+        d = c("xlogy", g, b)
+        if isinstance(b, (int, float)):
+            return d if not b <= 0 else c("where", c("eq", a, 0), 0.0, d)
+        zero_a = c("logical_and", c("eq", a, 0), c("le", _tensor_operand(ctx, b, y), 0))
+        return c("where", zero_a, 0.0, d)
+
+    return _binary_grads(ctx, grad_a, lambda g: c("div", c("mul", g, a), b))
+
+
+@vjp("where")
+def _where_vjp(ctx: VjpContext) -> list[Operand | None]:
+    cond = ctx.inputs[0]
+    g = ctx.grad()
+    out: list[Operand | None] = [None]  # NOTE: the condition is boolean: no gradient
+    for i, (on_true, on_false) in ((1, (g, 0.0)), (2, (0.0, g))):
+        o = ctx.inputs[i]
+        if ctx.wants(i) and isinstance(o, Value):
+            out.append(ctx.sum_to(ctx.call("where", cond, on_true, on_false), o.type))
+        else:
+            out.append(None)
+    return out
