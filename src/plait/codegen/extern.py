@@ -230,6 +230,21 @@ def _aten_check(n: Node, consts: Consts) -> ExternCall:
     return ExternCall(call, "data_movement", detail)
 
 
+def _torch_vjp(n: Node, consts: Consts) -> ExternCall:
+    """Gradients from PyTorch's autograd over an op's reference (``plait.ir.ops.vjp``): the
+    operands arrive as the variadic param's list."""
+    from plait.ir.ops import get_op
+
+    ref, attrs = get_op("torch_vjp").reference, dict(n.attrs)
+    single = len(n.outputs) == 1  # NOTE: the runner takes a one-output node's tensor as such
+
+    def call(args: list[Any]) -> Any:
+        out = ref(args, **attrs)
+        return out[0] if single else out
+
+    return ExternCall(call, "reduction", f"torch autograd of {attrs['of']}")
+
+
 def _binary_aten(name: str) -> Callable[[Node, Consts], ExternCall]:
     fn = getattr(torch, name)
 
@@ -249,6 +264,7 @@ EXTERN_RULES: dict[str, Callable[[Node, Consts], ExternCall]] = {
     "aten": _aten,
     "aten_factory": _aten,
     "aten_check": _aten_check,
+    "torch_vjp": _torch_vjp,
     "conv2d": _conv2d,
     "linear": _linear,
     "matmul": _matmul,
