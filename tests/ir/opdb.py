@@ -139,7 +139,7 @@ def gen_gelu(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
 
 
 def gen_to_dtype(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
-    for target in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
+    for target in (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool):
         for shape, nc in UNARY_SHAPES[:4]:
             x = make(shape, dtype, noncontig=nc)
             yield Sample(

@@ -92,7 +92,10 @@ class _Apply(torch.autograd.Function):
         ctx.outs = [
             (o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outs
         ]
-        ctx.save_for_backward(*saved)
+        # NOTE: save_for_backward takes tensors only; a saved Python number (a scalar graph
+        # input the backward reads) is kept as it is
+        ctx.save_for_backward(*(t for t in saved if isinstance(t, torch.Tensor)))
+        ctx.others = [None if isinstance(t, torch.Tensor) else t for t in saved]
         taking = set(run.cotangents)
         dead = [o for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and i not in taking]
         ctx.mark_non_differentiable(*dead)
@@ -111,7 +114,9 @@ class _Apply(torch.autograd.Function):
         for i in run.cotangents:
             c = cotangents[i]
             cots.append(_zeros_for(ctx.outs[i]) if c is None else c.contiguous())
-        grads = list(run.backward([*ctx.saved_tensors, *cots]))
+        tensors = iter(ctx.saved_tensors)
+        saved = [next(tensors) if o is None else o for o in ctx.others]
+        grads = list(run.backward([*saved, *cots]))
         out: list[Any] = [None] * (1 + run.n_inputs)
         for i, g in zip(run.grads, grads):
             out[1 + i] = g
