@@ -9,6 +9,11 @@ fake tensors), so a new shape gets the right types; and the node names an ATen o
 Python function: ``name``/``overload`` resolve within ``torch.ops.aten`` only, so an artifact's
 text can never make plait run arbitrary code.
 
+An overload's undefined results (``None``: the gradients ``convolution_backward`` leaves out by
+its ``output_mask``) are no outputs of the node: its outputs are the defined results, in order
+(:func:`defined_results`; a single one is the tensor itself). Which results are undefined depends
+on the arguments alone, so the meta kernel and the kernel agree.
+
 Non-tensor arguments travel as the JSON literals of opaque nodes (``literals``/``kwliterals``,
 :func:`plait.ir.ops.extern.decode_literal`; ``{"t": i}`` is tensor operand ``i``). Refused by
 the type rule: in-place or aliasing overloads (the IR is functional), symbolic dims, non-tensor
@@ -39,14 +44,26 @@ Example:
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from plait.ir.ops.extern import ALL, _call_spec, count_operands, decode_call
+from plait.ir.graph import Operand
+from plait.ir.ops.extern import (
+    ALL,
+    ZERO_GRADIENT_DRAWS,
+    NoDerivativeError,
+    _call_spec,
+    call_probe,
+    count_operands,
+    decode_call,
+    differentiated_call,
+)
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
+from plait.ir.ops.vjp import VjpContext, nondifferentiable, vjp
 from plait.ir.types import TensorType, Type
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -133,8 +150,22 @@ def overload_name(op: torch._ops.OpOverload) -> tuple[str, str]:
     return op._schema.name.split("::", 1)[1], op._overloadname
 
 
+def defined_results(out: Any) -> Any:
+    """``out`` less its undefined (``None``) results; a single result left is that tensor.
+
+    Example:
+        >>> t = torch.zeros(2)
+        >>> defined_results((None, t, None)) is t
+        True
+    """
+    if isinstance(out, (tuple, list)) and any(o is None for o in out):
+        kept = [o for o in out if o is not None]
+        return kept[0] if len(kept) == 1 else tuple(kept)
+    return out
+
+
 def _results(out: Any, what: str) -> list[torch.Tensor]:
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    outs = [o for o in out if o is not None] if isinstance(out, (tuple, list)) else [out]
     if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
         raise TypeRuleError(f"aten: {what} returns {type(out).__name__}; a node returns tensors")
     return outs
@@ -213,7 +244,7 @@ def _bind(
     op: torch._ops.OpOverload, literals: str, kwliterals: str, operands: int
 ) -> Callable[[list[Any]], Any]:
     if literals == "" and kwliterals == "":
-        return lambda tensors: op(*tensors)
+        return lambda tensors: defined_results(op(*tensors))
     slots: list[Any] = [_Slot(i) for i in range(operands)]
     args, kwargs = decode_call(slots, literals, kwliterals)
 
@@ -226,8 +257,8 @@ def _bind(
             return tuple(fill(v, tensors) for v in x)
         return x
 
-    return lambda tensors: op(
-        *fill(args, tensors), **{k: fill(v, tensors) for k, v in kwargs.items()}
+    return lambda tensors: defined_results(
+        op(*fill(args, tensors), **{k: fill(v, tensors) for k, v in kwargs.items()})
     )
 
 
@@ -274,7 +305,7 @@ def _check_ref(args: list[Any], name: str, overload: str, literals: str, kwliter
 
 def _aten_ref(args: list[Any], name: str, overload: str, literals: str, kwliterals: str) -> Any:
     call_args, keywords = decode_call(list(args), literals, kwliterals)
-    return resolve_overload(name, overload)(*call_args, **keywords)
+    return defined_results(resolve_overload(name, overload)(*call_args, **keywords))
 
 
 def _factory_ref(name: str, overload: str, literals: str, kwliterals: str) -> Any:
@@ -329,3 +360,58 @@ register(
         fixed_outputs=None,
     )
 )
+
+
+# --- derivatives (plait.ir.ops.vjp) -----------------------------------------------------------
+
+
+@vjp("aten")
+def _aten_vjp(ctx: VjpContext) -> list[Operand | None]:
+    """PyTorch's autograd over the overload (``torch_vjp``: it runs the overload again in the
+    backward), except where running it again would draw other random numbers: ``native_dropout``
+    reads the mask it returned; a draw whose eager derivative is zero has no gradient; any other
+    random call is refused."""
+    name, overload = ctx.attrs["name"], ctx.attrs["overload"]
+    op = resolve_overload(name, overload)
+    if op is aten.native_dropout.default:
+        return _native_dropout_vjp(ctx)
+    if str(op) in ZERO_GRADIENT_DRAWS:
+        return [None] * len(ctx.inputs)
+    probe = call_probe(ctx, f"aten.{name}.{overload}")
+    if (probe is None and is_seeded(op)) or (probe is not None and probe.draws):
+        raise NoDerivativeError(
+            f"aten.{name}.{overload} draws random numbers: its gradient would run it again and "
+            "draw others (plait differentiates native_dropout through its mask, and the draws "
+            "whose eager gradient is zero)"
+        )
+    return differentiated_call(ctx, probe)
+
+
+def _native_dropout_vjp(ctx: VjpContext) -> list[Operand | None]:
+    """``native_dropout_backward(grad, mask, scale)`` on the node's mask output. NOTE: eager's
+    derivative (derivatives.yaml): scale ``1 / (1 - p)`` in train mode (0 when p = 1), and 1 when
+    ``train`` is false or None. With ``train=None`` the kernel drops and scales as in train mode
+    but eager's gradient is not scaled: plait matches eager."""
+    if not ctx.wants(0):
+        return [None] * len(ctx.inputs)
+    attrs = ctx.attrs
+    slots = [object() for _ in ctx.inputs]
+    args, keywords = decode_call(slots, attrs["literals"], attrs["kwliterals"])
+    bound = {
+        arg.name: value for arg, value in zip(aten.native_dropout.default._schema.arguments, args)
+    }
+    bound.update(keywords)
+    p, train = float(bound["p"]), bound.get("train")
+    scale = (0.0 if p == 1 else 1.0 / (1.0 - p)) if train else 1.0
+    mask = ctx.outputs[1]
+    grad = ctx.call(
+        "aten",
+        [ctx.grad(0), mask],
+        name="native_dropout_backward",
+        overload="default",
+        literals=json.dumps([{"t": 0}, {"t": 1}, scale]),
+    )
+    return [grad[0], *([None] * (len(ctx.inputs) - 1))]
+
+
+nondifferentiable("aten_factory", "aten_check")

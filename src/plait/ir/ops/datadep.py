@@ -36,9 +36,16 @@ from typing import Any
 import sympy
 import torch
 
-from plait.ir.ops.aten import _check_spec, _results, meta_rejects, resolve_overload
+from plait.ir.ops.aten import (
+    _check_spec,
+    _results,
+    defined_results,
+    meta_rejects,
+    resolve_overload,
+)
 from plait.ir.ops.extern import ALL, decode_call
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
+from plait.ir.ops.vjp import torch_vjp_rule, vjp
 from plait.ir.types import TensorType, Type
 from plait.symbolic import UNBACKED_RE, symbol
 
@@ -139,7 +146,7 @@ def _ref(
     args: list[Any], name: str, overload: str, literals: str, kwliterals: str, sizes: str
 ) -> Any:
     call_args, keywords = decode_call(list(args), literals, kwliterals)
-    return resolve_overload(name, overload)(*call_args, **keywords)
+    return defined_results(resolve_overload(name, overload)(*call_args, **keywords))
 
 
 register(
@@ -162,3 +169,11 @@ register(
         fixed_outputs=None,
     )
 )
+
+
+# --- derivatives (plait.ir.ops.vjp) -----------------------------------------------------------
+# NOTE: a data-dependent result can carry a gradient (``masked_select`` and ``index.Tensor``
+# with a boolean mask select float values): PyTorch's autograd over the overload, which runs it
+# again in the backward (no such overload draws random numbers). Integer results (``nonzero``)
+# carry none; an overload eager cannot differentiate (``_unique2``) fails as eager's backward.
+vjp("aten_datadep")(torch_vjp_rule)

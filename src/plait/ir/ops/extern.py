@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
+import math
 import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sympy
 import torch
 import torch.nn.functional as F
 
+from plait.ir.graph import Operand, Value
 from plait.ir.ops.registry import (
     OPTIONAL_TENSOR,
     VARIADIC,
@@ -22,6 +27,7 @@ from plait.ir.ops.registry import (
     register,
 )
 from plait.ir.ops.rules import broadcast_shapes, device_of, require_float, wrap_dim
+from plait.ir.ops.vjp import VjpContext, nondifferentiable, torch_vjp_rule, vjp
 from plait.ir.types import FLOAT_DTYPES, INT_DTYPES, TensorType, Type
 from plait.symbolic import Dim, dims_equal, normalize
 
@@ -648,3 +654,444 @@ register(
         fixed_outputs=None,
     )
 )
+
+
+# --- derivatives (plait.ir.ops.vjp) -----------------------------------------------------------
+# NOTE: the heavy backward kernels are typed ATen nodes (PyTorch's own backward kernels, eager's
+# derivative); an ``aten`` node takes static shapes, so a node of symbolic shape falls back to
+# ``torch_vjp`` (PyTorch's autograd over the reference, which runs the forward op again).
+
+
+def _tensor(o: Operand | None) -> TensorType:
+    assert isinstance(o, Value) and isinstance(o.type, TensorType), f"{o!r} is not a tensor"
+    return o.type
+
+
+def _static(*values: Operand | None) -> bool:
+    return all(_tensor(v).is_static for v in values if isinstance(v, Value))
+
+
+def _aten(ctx: VjpContext, name: str, tensors: list[Value], literals: list[Any]) -> tuple:
+    """An ``aten`` node ``aten.<name>.default`` over ``tensors`` (``{"t": i}`` in ``literals``);
+    its defined results."""
+    return ctx.call("aten", tensors, name=name, overload="default", literals=json.dumps(literals))
+
+
+class NoDerivativeError(ValueError):
+    """A derivative rule cannot differentiate its node as asked (a random op whose gradient
+    needs the numbers it drew); raised while the joint graph is built."""
+
+
+@vjp("conv2d")
+def _conv2d_vjp(ctx: VjpContext) -> list[Operand | None]:
+    x, w, b = ctx.inputs
+    output_mask = [ctx.wants(0), ctx.wants(1), ctx.wants(2)]
+    g = ctx.grad()
+    if not _static(g, x, w):
+        return torch_vjp_rule(ctx)
+    assert isinstance(x, Value) and isinstance(w, Value)
+    a = ctx.attrs
+    # NOTE: eager's convolution_backward: one kernel for every wanted gradient; the forward
+    # convolution never runs again (output_mask leaves the unwanted ones undefined: no outputs)
+    bias_sizes = [_tensor(w).shape[0]] if isinstance(b, Value) else None
+    literals = [
+        *({"t": i} for i in range(3)),
+        bias_sizes,
+        list(a["stride"]),
+        list(a["padding"]),
+        list(a["dilation"]),
+        False,
+        [0, 0],
+        a["groups"],
+        output_mask,
+    ]
+    found = iter(_aten(ctx, "convolution_backward", [g, x, w], literals))
+    return [next(found) if wanted else None for wanted in output_mask]
+
+
+@vjp("linear")
+def _linear_vjp(ctx: VjpContext) -> list[Operand | None]:
+    x, w, b = ctx.inputs
+    g = ctx.grad()
+    tx, tw = _tensor(x), _tensor(w)
+    gx = ctx.call("matmul", g, w) if ctx.wants(0) else None
+    gw = None
+    if ctx.wants(1):
+        if tx.rank == 1:
+            gw = ctx.call("mul", ctx.call("unsqueeze", g, dim=1), ctx.call("unsqueeze", x, dim=0))
+        else:
+            # NOTE: the batch dims fold into the contraction: g^T x over (N, out) and (N, in)
+            rows = normalize(sympy.Mul(*tx.shape[:-1]))
+            g2 = g if tx.rank == 2 else ctx.call("reshape", g, shape=(rows, tw.shape[0]))
+            x2 = x if tx.rank == 2 else ctx.call("reshape", x, shape=(rows, tw.shape[1]))
+            gw = ctx.call("matmul", ctx.call("transpose", g2, dim0=0, dim1=1), x2)
+    gb = ctx.sum_to(g, b.type) if ctx.wants(2) and isinstance(b, Value) else None
+    return [gx, gw, gb]
+
+
+@vjp("matmul")
+def _matmul_vjp(ctx: VjpContext) -> list[Operand | None]:
+    a, b = ctx.inputs
+    g = ctx.grad()
+    ta, tb = _tensor(a), _tensor(b)
+    ga = gb = None
+    if ta.rank == 1 and tb.rank == 1:  # NOTE: a dot product: g is 0-d
+        ga = ctx.call("mul", g, b) if ctx.wants(0) else None
+        gb = ctx.call("mul", g, a) if ctx.wants(1) else None
+    elif tb.rank == 1:  # NOTE: (..., m, k) @ (k,) -> (..., m)
+        if ctx.wants(0):
+            ga = ctx.call("mul", ctx.call("unsqueeze", g, dim=-1), b)
+        if ctx.wants(1):
+            gb = ctx.sum_to(ctx.call("mul", ctx.call("unsqueeze", g, dim=-1), a), tb)
+    elif ta.rank == 1:  # NOTE: (k,) @ (..., k, n) -> (..., n)
+        if ctx.wants(0):
+            ga = ctx.call("matmul", b, ctx.call("unsqueeze", g, dim=-1))
+            ga = ctx.sum_to(ctx.call("squeeze", ga, dims=(-1,)), ta)
+        if ctx.wants(1):
+            a_col = ctx.call("unsqueeze", a, dim=-1)
+            gb = ctx.call("mul", a_col, ctx.call("unsqueeze", g, dim=-2))
+    else:  # NOTE: batched: the batch dims broadcast, so each gradient sums over what was added
+        if ctx.wants(0):
+            ga = ctx.sum_to(ctx.call("matmul", g, ctx.call("transpose", b, dim0=-2, dim1=-1)), ta)
+        if ctx.wants(1):
+            gb = ctx.sum_to(ctx.call("matmul", ctx.call("transpose", a, dim0=-2, dim1=-1), g), tb)
+    return [ga, gb]
+
+
+@vjp("bmm")
+def _bmm_vjp(ctx: VjpContext) -> list[Operand | None]:
+    a, b = ctx.inputs
+    g = ctx.grad()
+    ga = ctx.call("bmm", g, ctx.call("transpose", b, dim0=1, dim1=2)) if ctx.wants(0) else None
+    gb = ctx.call("bmm", ctx.call("transpose", a, dim0=1, dim1=2), g) if ctx.wants(1) else None
+    return [ga, gb]
+
+
+def _repeat_heads(ctx: VjpContext, x: Value, groups: int) -> Value:
+    """``x.repeat_interleave(groups, dim=-3)``: each key/value head serves ``groups`` query
+    heads (grouped query attention)."""
+    t = _tensor(x)
+    *lead, h, s, e = t.shape
+    wide = ctx.call("expand", ctx.call("unsqueeze", x, dim=-3), shape=(*lead, h, groups, s, e))
+    return ctx.call("reshape", wide, shape=(*lead, normalize(h * groups), s, e))
+
+
+def _fold_heads(ctx: VjpContext, g: Value, groups: int) -> Value:
+    """The gradient of :func:`_repeat_heads`: each key/value head sums its query heads'."""
+    *lead, h, s, e = _tensor(g).shape
+    split = ctx.call("reshape", g, shape=(*lead, normalize(h // groups), groups, s, e))
+    return ctx.call("sum", split, dims=(len(lead) + 1,), keepdim=False)
+
+
+@vjp("scaled_dot_product_attention")
+def _sdpa_vjp(ctx: VjpContext) -> list[Operand | None]:
+    """Attention's gradient from its math: the scores and their softmax are computed again
+    (the node does not keep them), then the four products of the softmax's backward.
+
+    NOTE: eager's math: ``S = q k^T * scale`` (keys/values heads repeated under enable_gqa),
+    masked (is_causal: keep key j <= query i, top-left aligned; a bool mask keeps where true; a
+    float mask is added), ``P = softmax(S)`` with a fully masked row giving zeros (eager's
+    ``_safe_softmax``, and its CPU flash kernel), ``O = P v``."""
+    q, k, v, mask = ctx.inputs
+    a = ctx.attrs
+    if a["dropout_p"] > 0:
+        raise NoDerivativeError(
+            f"scaled_dot_product_attention with dropout_p={a['dropout_p']}: its gradient needs "
+            "the dropout mask it drew, which the node does not return; plait differentiates "
+            "attention without dropout only"
+        )
+    tq, tk = _tensor(q), _tensor(k)
+    head_dim = tq.shape[-1]
+    if a["scale"] is None and not isinstance(head_dim, int):
+        return torch_vjp_rule(ctx)
+    assert isinstance(q, Value) and isinstance(k, Value) and isinstance(v, Value)
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(int(head_dim))
+    # NOTE: half precision computes in float32 (eager's kernels accumulate in float32)
+    work = torch.float32 if tq.dtype in (torch.float16, torch.bfloat16) else tq.dtype
+
+    def up(x: Value) -> Value:
+        return x if _tensor(x).dtype == work else ctx.call("to_dtype", x, dtype=work)
+
+    qc, kc, vc, g = up(q), up(k), up(v), up(ctx.grad())
+    groups = 1
+    if a["enable_gqa"]:
+        groups = int(tq.shape[-3]) // int(tk.shape[-3])
+    if groups > 1:
+        kc, vc = _repeat_heads(ctx, kc, groups), _repeat_heads(ctx, vc, groups)
+    scores = ctx.call(
+        "mul", ctx.call("matmul", qc, ctx.call("transpose", kc, dim0=-2, dim1=-1)), scale
+    )
+    if a["is_causal"]:
+        rows = ctx.call("arange", end=tq.shape[-2], dtype=torch.int64, device=tq.device)
+        cols = ctx.call("arange", end=tk.shape[-2], dtype=torch.int64, device=tq.device)
+        keep = ctx.call("ge", ctx.call("unsqueeze", rows, dim=-1), cols)
+        scores = ctx.call("where", keep, scores, -math.inf)
+    elif isinstance(mask, Value) and _tensor(mask).dtype == torch.bool:
+        scores = ctx.call("where", mask, scores, -math.inf)
+    elif isinstance(mask, Value):
+        scores = ctx.call("add", scores, up(mask))
+    p = ctx.call("softmax", scores, dim=-1)
+    if isinstance(mask, Value):
+        row_max = ctx.call("amax", scores, dims=(-1,), keepdim=True)
+        p = ctx.call("where", ctx.call("isneginf", row_max), 0.0, p)
+    out: list[Operand | None] = [None, None, None, None]
+    if ctx.wants(2):
+        gv = ctx.call("matmul", ctx.call("transpose", p, dim0=-2, dim1=-1), g)
+        out[2] = ctx.sum_to(_fold_heads(ctx, gv, groups) if groups > 1 else gv, v.type)
+    if not (ctx.wants(0) or ctx.wants(1) or ctx.wants(3)):
+        return out
+    dp = ctx.call("matmul", g, ctx.call("transpose", vc, dim0=-2, dim1=-1))
+    inner = ctx.call("sum", ctx.call("mul", dp, p), dims=(-1,), keepdim=True)
+    ds = ctx.call("mul", p, ctx.call("sub", dp, inner))  # NOTE: the gradient of the scores
+    if ctx.wants(0):
+        out[0] = ctx.sum_to(ctx.call("mul", ctx.call("matmul", ds, kc), scale), q.type)
+    if ctx.wants(1):
+        gk = ctx.call("matmul", ctx.call("transpose", ds, dim0=-2, dim1=-1), qc)
+        gk = ctx.call("mul", gk, scale)
+        out[1] = ctx.sum_to(_fold_heads(ctx, gk, groups) if groups > 1 else gk, k.type)
+    if ctx.wants(3) and isinstance(mask, Value):
+        out[3] = ctx.sum_to(ds, mask.type)  # NOTE: a float mask is added to the scores
+    return out
+
+
+@vjp("embedding")
+def _embedding_vjp(ctx: VjpContext) -> list[Operand | None]:
+    indices, w = ctx.inputs
+    if not ctx.wants(1):
+        return [None, None]
+    g = ctx.grad()
+    if not _static(g, indices, w):
+        return torch_vjp_rule(ctx)
+    assert isinstance(indices, Value)
+    n = int(_tensor(w).shape[0])
+    pad = ctx.attrs["padding_idx"]
+    # NOTE: F.embedding counts a negative padding_idx from the end; -1 here means none
+    pad = -1 if pad is None else (pad + n if pad < 0 else pad)
+    (gw,) = _aten(
+        ctx, "embedding_dense_backward", [g, indices], [{"t": 0}, {"t": 1}, n, pad, False]
+    )
+    return [None, gw]
+
+
+@vjp("index_select")
+def _index_select_vjp(ctx: VjpContext) -> list[Operand | None]:
+    x, index = ctx.inputs
+    if not ctx.wants(0):
+        return [None, None]
+    assert isinstance(x, Value) and isinstance(index, Value)
+    g = ctx.grad()
+    if not _static(g, x, index):
+        return torch_vjp_rule(ctx)
+    # NOTE: eager's index_select_backward: zeros of x's shape, index_add of the cotangent
+    zeros = ctx.zeros_like(x)
+    dim = ctx.attrs["dim"]
+    (gx,) = _aten(ctx, "index_add", [zeros, index, g], [{"t": 0}, dim, {"t": 1}, {"t": 2}])
+    return [gx, None]
+
+
+def _pool_stride(attrs: Any) -> list[int]:
+    return list(attrs["stride"] or attrs["kernel_size"])
+
+
+@vjp("max_pool2d")
+def _max_pool2d_vjp(ctx: VjpContext) -> list[Operand | None]:
+    (x,) = ctx.inputs
+    assert isinstance(x, Value)
+    g = ctx.grad()
+    if not _static(g, x):
+        return torch_vjp_rule(ctx)
+    a = ctx.attrs
+    window = [list(a["kernel_size"]), _pool_stride(a), list(a["padding"]), list(a["dilation"])]
+    # NOTE: the node returns no indices: the rule finds them again (eager's kernel, its ties)
+    _, indices = _aten(ctx, "max_pool2d_with_indices", [x], [{"t": 0}, *window, a["ceil_mode"]])
+    literals = [{"t": 0}, {"t": 1}, *window, a["ceil_mode"], {"t": 2}]
+    (gx,) = _aten(ctx, "max_pool2d_with_indices_backward", [g, x, indices], literals)
+    return [gx]
+
+
+@vjp("avg_pool2d")
+def _avg_pool2d_vjp(ctx: VjpContext) -> list[Operand | None]:
+    (x,) = ctx.inputs
+    assert isinstance(x, Value)
+    g = ctx.grad()
+    if not _static(g, x):
+        return torch_vjp_rule(ctx)
+    a = ctx.attrs
+    literals = [
+        {"t": 0},
+        {"t": 1},
+        list(a["kernel_size"]),
+        _pool_stride(a),
+        list(a["padding"]),
+        a["ceil_mode"],
+        a["count_include_pad"],
+        a["divisor_override"],
+    ]
+    (gx,) = _aten(ctx, "avg_pool2d_backward", [g, x], literals)
+    return [gx]
+
+
+@vjp("adaptive_avg_pool2d")
+def _adaptive_avg_pool2d_vjp(ctx: VjpContext) -> list[Operand | None]:
+    (x,) = ctx.inputs
+    assert isinstance(x, Value)
+    g = ctx.grad()
+    if not _static(g, x):
+        return torch_vjp_rule(ctx)
+    (gx,) = _aten(ctx, "_adaptive_avg_pool2d_backward", [g, x], [{"t": 0}, {"t": 1}])
+    return [gx]
+
+
+@vjp("dropout")
+def _dropout_vjp(ctx: VjpContext) -> list[Operand | None]:
+    """Eval mode and p=0 are the identity, and p=1 multiplies by zero (eager draws nothing for
+    either). Train mode's gradient for 0 < p < 1 is the mask it drew, which the node does not
+    return: the joint graph first rewrites it into ``aten native_dropout`` (its mask an output;
+    the same draws as F.dropout), whose rule reads the mask."""
+    p, train = ctx.attrs["p"], ctx.attrs["train"]
+    if not ctx.wants(0):
+        return [None]
+    if not train or p == 0:
+        return [ctx.grad()]
+    if p == 1:
+        return [ctx.call("mul", ctx.grad(), 0.0)]  # NOTE: eager's x * zeros: NaN stays NaN
+    raise NoDerivativeError(
+        f"dropout in train mode (p={p}): its gradient needs the mask it drew; the joint graph "
+        "must first rewrite it into aten native_dropout "
+        "(plait.autograd.joint.prepare_for_autograd)"
+    )
+
+
+nondifferentiable("full", "zeros", "ones", "arange")
+
+
+# --- PyTorch's autograd on a call it runs (opaque, aten, random nodes) ---------------------------
+# NOTE: random ATen overloads whose eager derivative is zero for every operand (derivatives.yaml:
+# zeros_like; the draw does not depend on the operand's value differentiably). A call made of
+# these draws alone has no gradient; tests/autograd/test_vjp_extern.py checks each against eager.
+ZERO_GRADIENT_DRAWS = frozenset(
+    {
+        "aten.bernoulli.default",
+        "aten.bernoulli.Tensor",
+        "aten.uniform.default",
+        "aten.normal.Tensor_float",
+        "aten.normal.float_Tensor",
+        "aten.normal.Tensor_Tensor",
+        "aten.exponential.default",
+        "aten.geometric.default",
+        "aten.log_normal.default",
+        "aten.cauchy.default",
+        "aten.poisson.default",
+    }
+)
+
+
+@dataclass(frozen=True)
+class CallProbe:
+    """What PyTorch makes of one call, run once on fake tensors with the wanted operands
+    requiring grad: whether autograd differentiates each result, the ATen overloads it
+    dispatched (``aten.flip.default``) and those of them that draw random numbers."""
+
+    differentiable: tuple[bool, ...]
+    calls: tuple[str, ...]
+    draws: tuple[str, ...]
+
+
+def draws_random(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether ATen overload ``func`` called so draws from the generator: it is tagged
+    ``nondeterministic_seeded`` and no argument turns its randomness off (``train=False``,
+    ``dropout=0``, ``dropout_p=0``: the RNN and attention overloads)."""
+    if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+        return False
+    bound = {arg.name: value for arg, value in zip(func._schema.arguments, args)}
+    bound.update(kwargs)
+    if bound.get("train") is False:
+        return False
+    return not any(bound.get(name) in (0, 0.0) for name in ("dropout", "dropout_p"))
+
+
+@functools.lru_cache(maxsize=1024)
+def probe_call(
+    target: str, literals: str, kwliterals: str, operands: tuple[Type, ...], wanted: tuple[int, ...]
+) -> CallProbe | None:
+    """Run ``target`` (``aten.<name>.<overload>`` or a ``torch.*`` callable) with the node's
+    arguments on fake CPU tensors, ``operands[i]`` requiring grad for ``i`` in ``wanted``; None
+    when it cannot run so (no fake kernel, a symbolic shape)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if target.startswith("aten."):
+        from plait.ir.ops.aten import resolve_overload
+
+        fn: Any = resolve_overload(*target.removeprefix("aten.").rsplit(".", 1))
+    else:
+        fn = resolve_target(target)
+    calls: list[str] = []
+    draws: list[str] = []
+
+    class Dispatched(TorchDispatchMode):
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            if func.namespace == "aten":
+                calls.append(str(func))
+                if draws_random(func, args, kwargs):
+                    draws.append(str(func))
+            return func(*args, **kwargs)
+
+    if not all(isinstance(t, TensorType) and t.is_static for t in operands):
+        return None
+    try:
+        # NOTE: fake CPU tensors whatever the node's device: autograd on fake CUDA tensors needs
+        # a CUDA build, and differentiability and draws do not depend on the device
+        with torch._C.DisableTorchFunction(), FakeTensorMode():
+            fakes = [torch.empty(t.shape, dtype=t.dtype) for t in operands]  # type: ignore[union-attr]
+            for i in wanted:
+                fakes[i].requires_grad_(True)
+            args, keywords = decode_call(fakes, literals, kwliterals)
+            with torch.enable_grad(), Dispatched():
+                out = fn(*args, **keywords)
+    except Exception:  # NOTE: no fake kernel for this call: the caller assumes the worst
+        return None
+    outs = [o for o in out if o is not None] if isinstance(out, (tuple, list)) else [out]
+    differentiable = tuple(isinstance(o, torch.Tensor) and o.requires_grad for o in outs)
+    return CallProbe(differentiable, tuple(calls), tuple(draws))
+
+
+def call_probe(ctx: VjpContext, target: str) -> CallProbe | None:
+    """:func:`probe_call` for the node of ``ctx`` (an opaque, aten or random call node)."""
+    if not all(isinstance(o, Value) for o in ctx.inputs):
+        return None
+    types = tuple(o.type for o in ctx.inputs if isinstance(o, Value))
+    wanted = tuple(
+        i
+        for i, t in enumerate(types)
+        if ctx.wants(i) and isinstance(t, TensorType) and t.dtype in FLOAT_DTYPES
+    )
+    return probe_call(target, ctx.attrs["literals"], ctx.attrs["kwliterals"], types, wanted)
+
+
+def differentiated_call(ctx: VjpContext, probe: CallProbe | None) -> list[Operand | None]:
+    """``torch_vjp`` over the node's reference, seeded with the cotangents of the results
+    PyTorch's autograd differentiates (all of them when ``probe`` is None): a result it does not
+    (``empty_like``, ``rand_like``) has no gradient, and ``torch.autograd.grad`` refuses it."""
+    grads = list(ctx.grads)
+    if probe is not None and len(probe.differentiable) == len(grads):
+        grads = [g if d else None for g, d in zip(grads, probe.differentiable)]
+    return torch_vjp_rule(VjpContext(ctx.builder, ctx.node, grads, ctx.needs))
+
+
+@vjp("opaque")
+def _opaque_vjp(ctx: VjpContext) -> list[Operand | None]:
+    """PyTorch's autograd over the call (it runs the call again in the backward). NOTE: capture
+    makes a call that moved the generator a ``random_call``; an opaque node whose call draws
+    (a hand-written one) is refused: running it again would draw other numbers."""
+    target = ctx.attrs["target"]
+    probe = call_probe(ctx, target)
+    if probe is not None and probe.draws:
+        raise NoDerivativeError(
+            f"opaque {target} draws random numbers ({', '.join(probe.draws)}): its gradient "
+            "would run it again and draw others"
+        )
+    return differentiated_call(ctx, probe)

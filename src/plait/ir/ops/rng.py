@@ -25,8 +25,16 @@ from typing import Any
 
 import torch
 
-from plait.ir.ops.extern import decode_call, resolve_target
+from plait.ir.graph import Operand
+from plait.ir.ops.extern import (
+    ZERO_GRADIENT_DRAWS,
+    NoDerivativeError,
+    call_probe,
+    decode_call,
+    resolve_target,
+)
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
+from plait.ir.ops.vjp import VjpContext, nondifferentiable, vjp
 from plait.ir.types import FLOAT_DTYPES, TensorType, Type
 
 _TOKEN = TensorType((), torch.int64, "cpu")
@@ -138,3 +146,32 @@ register(
         fixed_outputs=None,
     )
 )
+
+
+# --- derivatives (plait.ir.ops.vjp) -----------------------------------------------------------
+# NOTE: the generator's ops compute no float of the program's values; a random factory has no
+# operand to differentiate.
+nondifferentiable("rng_seed", "rng_get_state", "rng_set_state", "random_factory")
+
+
+@vjp("random_call")
+def _random_call_vjp(ctx: VjpContext) -> list[Operand | None]:
+    """No gradient where eager has none (``rand_like``: its result is not differentiable) or a
+    zero one (the call is one draw of :data:`ZERO_GRADIENT_DRAWS`: ``torch.bernoulli(p)``,
+    ``torch.normal(mean, std)``); any other call is refused: its gradient depends on the numbers
+    it drew (``F.rrelu``'s slopes), which running it again in the backward would not give back."""
+    target = ctx.attrs["target"]
+    probe = call_probe(ctx, target)
+    if probe is not None:
+        seeded = [i for i, g in enumerate(ctx.grads) if g is not None]
+        if len(probe.differentiable) == len(ctx.outputs) and not any(
+            probe.differentiable[i] for i in seeded
+        ):
+            return [None] * len(ctx.inputs)
+        if probe.calls and all(c in ZERO_GRADIENT_DRAWS for c in probe.calls):
+            return [None] * len(ctx.inputs)
+    raise NoDerivativeError(
+        f"random_call {target}: its gradient depends on the random numbers it drew, which "
+        "plait cannot replay in the backward"
+        + ("" if probe is not None else " (its call cannot be probed on fake tensors)")
+    )
