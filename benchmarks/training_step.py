@@ -37,7 +37,10 @@ LR, MOMENTUM = 0.01, 0.9
 
 
 def _resnet18() -> tuple[nn.Module, Callable[[int], tuple[torch.Tensor, torch.Tensor]]]:
-    import torchvision
+    from benchmarks import model_sources
+
+    model_sources.use_torchvision()  # NOTE: torchvision's Python model definitions on the CPU
+    import torchvision.models
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plait.ir.graph import Graph, GraphBuilder, Node, Value
+from plait.ir.ops.extern import NoDerivativeError
 from plait.ir.ops.vjp import VjpContext, has_rule, is_differentiable, vjp_rule
 from plait.ir.types import FLOAT_DTYPES, TensorType
 from plait.ir.verify import verify
@@ -79,7 +80,7 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
         for n in graph.nodes
         if n.op == "dropout"
         and n.attrs["train"]
-        and n.attrs["p"] > 0
+        and 0 < n.attrs["p"] < 1  # NOTE: p=1 draws nothing in eager (the rule zeroes it)
         and isinstance(n.inputs[0], Value)
         and id(n.inputs[0]) in active
     ]
@@ -162,7 +163,10 @@ def _backward_of(b: GraphBuilder, node: Node, grads: dict[int, Value], active: s
     rule = vjp_rule(node.op)
     if rule is None:
         return
-    found = rule(VjpContext(b, node, outs, needs))
+    try:
+        found = rule(VjpContext(b, node, outs, needs))
+    except NoDerivativeError as exc:
+        raise JointGraphError(f"node {node.id} ({node.op}): {exc}") from exc
     if len(found) != len(node.inputs):
         raise JointGraphError(
             f"the derivative rule of {node.op} gave {len(found)} gradients for "
