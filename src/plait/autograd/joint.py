@@ -75,15 +75,19 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
     a train-mode dropout a gradient flows through becomes ATen's ``native_dropout`` (its mask
     is an output the backward reads; it draws the same numbers, see the dropout rule)."""
     active = active_values(graph, wrt)
+
+    def reached(n: Node) -> bool:
+        return any(id(v) in active for v in n.input_values())
+
     targets = [
         n
         for n in graph.nodes
-        if n.op == "dropout"
-        and n.attrs["train"]
-        and 0 < n.attrs["p"] < 1  # NOTE: p=1 draws nothing in eager (the rule zeroes it)
-        and isinstance(n.inputs[0], Value)
-        and id(n.inputs[0]) in active
-    ]
+        if reached(n)
+        and (
+            (n.op == "dropout" and n.attrs["train"] and 0 < n.attrs["p"] < 1)
+            or n.op == "batch_norm_train"
+        )
+    ]  # NOTE: a p=1 dropout draws nothing in eager (its rule zeroes the gradient)
     if not targets:
         return graph
     g = graph.copy()
@@ -91,20 +95,54 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
     by_id = {n.id: n for n in g.nodes}
     for old in targets:
         node = by_id[old.id]
-        x = node.inputs[0]
-        y, _mask = b.call(
-            "aten",
-            [x],
-            name="native_dropout",
-            overload="default",
-            literals=json.dumps([{"t": 0}, node.attrs["p"], True]),
-        )
-        new = g.nodes.pop()  # NOTE: appended last; it takes the dropout's place and id
+        results = _dropout_call(b, node) if node.op == "dropout" else _batch_norm_call(b, node)
+        new = g.nodes.pop()  # NOTE: appended last; it takes the node's place and id
         new.id = node.id
         g.nodes[g.nodes.index(node)] = new
-        replace_uses(g, node.outputs[0], y)
+        for was, now in zip(node.outputs, results):
+            replace_uses(g, was, now)
     verify(g)
     return g
+
+
+def _dropout_call(b: GraphBuilder, node: Node) -> list[Value]:
+    """``native_dropout(x, p, True)``: the same draws as eager's dropout, and its mask."""
+    y, _mask = b.call(
+        "aten",
+        [node.inputs[0]],
+        name="native_dropout",
+        overload="default",
+        literals=json.dumps([{"t": 0}, node.attrs["p"], True]),
+    )
+    return [y]
+
+
+def _batch_norm_call(b: GraphBuilder, node: Node) -> list[Value]:
+    """ATen's functional training batch norm: eager's kernel (bitwise), and the batch mean and
+    inverse standard deviation its backward reads; the running statistics as results."""
+    tensors = [o for o in node.inputs if isinstance(o, Value)]
+    refs: list[object] = []
+    for o in node.inputs:
+        refs.append({"t": tensors.index(o)} if isinstance(o, Value) else None)
+    x, w, bias, rm, rv = refs
+    momentum, eps = node.attrs["momentum"], node.attrs["eps"]
+    if rm is None:
+        out = b.call(
+            "aten",
+            tensors,
+            name="_native_batch_norm_legit",
+            overload="no_stats",
+            literals=json.dumps([x, w, bias, True, momentum, eps]),
+        )
+        return [out[0]]
+    out = b.call(
+        "aten",
+        tensors,
+        name="_native_batch_norm_legit_functional",
+        overload="default",
+        literals=json.dumps([x, w, bias, rm, rv, True, momentum, eps]),
+    )
+    return [out[0], out[3], out[4]]
 
 
 def replace_uses(g: Graph, old: Value, new: Value) -> None:

@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from plait.ir.graph import Operand
+from plait.ir.graph import Operand, Value
 from plait.ir.ops.extern import (
     ALL,
     ZERO_GRADIENT_DRAWS,
@@ -375,6 +375,11 @@ def _aten_vjp(ctx: VjpContext) -> list[Operand | None]:
     op = resolve_overload(name, overload)
     if op is aten.native_dropout.default:
         return _native_dropout_vjp(ctx)
+    if op in (
+        aten._native_batch_norm_legit_functional.default,
+        aten._native_batch_norm_legit.no_stats,
+    ):
+        return _batch_norm_train_vjp(ctx, op)
     if str(op) in ZERO_GRADIENT_DRAWS:
         return [None] * len(ctx.inputs)
     probe = call_probe(ctx, f"aten.{name}.{overload}")
@@ -385,6 +390,54 @@ def _aten_vjp(ctx: VjpContext) -> list[Operand | None]:
             "whose eager gradient is zero)"
         )
     return differentiated_call(ctx, probe)
+
+
+def _batch_norm_train_vjp(ctx: VjpContext, op: Any) -> list[Operand | None]:
+    """``native_batch_norm_backward`` reading the batch mean and inverse standard deviation the
+    forward returned (outputs 1 and 2): eager's backward kernel, bitwise. Running statistics get
+    no gradient, and the backward never reads them (in training mode the kernel reads the saved
+    batch statistics; the buffers are written after the call)."""
+    slots = list(range(len(ctx.inputs)))
+    args, keywords = decode_call(slots, ctx.attrs["literals"], ctx.attrs["kwliterals"])
+    bound = {a.name: v for a, v in zip(op._schema.arguments, args)}
+    bound.update(keywords)
+    x, w, b = bound["input"], bound.get("weight"), bound.get("bias")
+    mask = [ctx.wants(x), w is not None and ctx.wants(w), b is not None and ctx.wants(b)]
+    out: list[Operand | None] = [None] * len(ctx.inputs)
+    if not any(mask):
+        return out
+    tensors: list[Value] = []
+
+    def ref(i: int | None) -> Any:
+        if i is None:
+            return None
+        v = ctx.inputs[i]
+        assert isinstance(v, Value)
+        tensors.append(v)
+        return {"t": len(tensors) - 1}
+
+    g, mean, rstd = ctx.grad(0), ctx.outputs[1], ctx.outputs[2]
+    literals = [
+        _tensor_ref(tensors, g), ref(x), ref(w), None, None,
+        _tensor_ref(tensors, mean), _tensor_ref(tensors, rstd), True, float(bound["eps"]), mask,
+    ]  # fmt: skip
+    found = ctx.call(
+        "aten",
+        tensors,
+        name="native_batch_norm_backward",
+        overload="default",
+        literals=json.dumps(literals),
+    )
+    found = iter(found if isinstance(found, tuple) else (found,))
+    for wanted, i in zip(mask, (x, w, b)):
+        if wanted:
+            out[i] = next(found)
+    return out
+
+
+def _tensor_ref(tensors: list[Value], v: Value) -> dict[str, int]:
+    tensors.append(v)
+    return {"t": len(tensors) - 1}
 
 
 def _native_dropout_vjp(ctx: VjpContext) -> list[Operand | None]:
