@@ -139,3 +139,25 @@ def test_optimizer_steps_match_eager_without_recompiling(optimizer: str) -> None
         )
     # NOTE: parameters written in place by the optimizer are not frozen: one specialization
     assert len(compiled.specializations) == 1
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_trains_through_aten_flash_kernels_with_eagers_gradients(causal: bool) -> None:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    compiled = plait.compile(attend, backend="stax")
+    gen = torch.Generator().manual_seed(5)
+    qkv = [torch.randn(2, 4, 16, 8, generator=gen) for _ in range(3)]
+    ours = [t.clone().requires_grad_(True) for t in qkv]
+    theirs = [t.clone().requires_grad_(True) for t in qkv]
+    g = torch.randn(2, 4, 16, 8, generator=gen)
+    compiled(*ours).backward(g)
+    attend(*theirs).backward(g)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a.grad, b.grad)  # NOTE: eager's own flash kernels: bitwise
+    m = compiled.specializations[-1].compiled.manifest
+    details = [n["detail"] for n in m.executor["backward"]["evidence"]["nodes"]]
+    assert any(
+        d.startswith("aten._scaled_dot_product_flash_attention_for_cpu_backward") for d in details
+    )

@@ -23,6 +23,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from plait.ir.graph import Graph, GraphBuilder, Node, Value
 from plait.ir.ops.extern import NoDerivativeError
 from plait.ir.ops.vjp import VjpContext, has_rule, is_differentiable, vjp_rule
@@ -86,6 +88,7 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
         and (
             (n.op == "dropout" and n.attrs["train"] and 0 < n.attrs["p"] < 1)
             or n.op == "batch_norm_train"
+            or (n.op == "scaled_dot_product_attention" and _cpu_flash_attention(n, active))
         )
     ]  # NOTE: a p=1 dropout draws nothing in eager (its rule zeroes the gradient)
     if not targets:
@@ -95,7 +98,7 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
     by_id = {n.id: n for n in g.nodes}
     for old in targets:
         node = by_id[old.id]
-        results = _dropout_call(b, node) if node.op == "dropout" else _batch_norm_call(b, node)
+        results = _REWRITES[node.op](b, node)
         new = g.nodes.pop()  # NOTE: appended last; it takes the node's place and id
         new.id = node.id
         g.nodes[g.nodes.index(node)] = new
@@ -103,6 +106,46 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
             replace_uses(g, was, now)
     verify(g)
     return g
+
+
+_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def _cpu_flash_attention(n: Node, active: set[int]) -> bool:
+    """Attention eager runs as ATen's CPU flash kernel, whose backward reads the forward's
+    log-sum-exp: CPU tensors of rank 4, no dropout, no grouped heads, and a mask (if any) of the
+    query's dtype that no gradient flows into."""
+    q, mask = n.inputs[0], n.inputs[3] if len(n.inputs) > 3 else None
+    assert isinstance(q, Value) and isinstance(q.type, TensorType)
+    if q.type.device != "cpu" or q.type.rank != 4 or q.type.dtype not in _FLASH_DTYPES:
+        return False
+    if n.attrs["dropout_p"] != 0.0 or n.attrs["enable_gqa"]:
+        return False
+    if isinstance(mask, Value):
+        if id(mask) in active or not isinstance(mask.type, TensorType):
+            return False
+        if mask.type.dtype != q.type.dtype or mask.type.rank != 4:
+            return False
+    return True
+
+
+def _attention_call(b: GraphBuilder, node: Node) -> list[Value]:
+    """ATen's CPU flash attention: eager's kernel (bitwise), and the log-sum-exp its backward
+    kernel reads."""
+    q, k, v, *rest = node.inputs
+    mask = rest[0] if rest else None
+    tensors = [q, k, v] + ([mask] if isinstance(mask, Value) else [])
+    keywords = {"attn_mask": {"t": 3} if isinstance(mask, Value) else None}
+    keywords["scale"] = node.attrs["scale"]
+    out = b.call(
+        "aten",
+        tensors,
+        name="_scaled_dot_product_flash_attention_for_cpu",
+        overload="default",
+        literals=json.dumps([{"t": 0}, {"t": 1}, {"t": 2}, 0.0, node.attrs["is_causal"]]),
+        kwliterals=json.dumps(keywords),
+    )
+    return [out[0]]
 
 
 def _dropout_call(b: GraphBuilder, node: Node) -> list[Value]:
@@ -143,6 +186,13 @@ def _batch_norm_call(b: GraphBuilder, node: Node) -> list[Value]:
         literals=json.dumps([x, w, bias, rm, rv, True, momentum, eps]),
     )
     return [out[0], out[3], out[4]]
+
+
+_REWRITES = {
+    "dropout": _dropout_call,
+    "batch_norm_train": _batch_norm_call,
+    "scaled_dot_product_attention": _attention_call,
+}
 
 
 def replace_uses(g: Graph, old: Value, new: Value) -> None:

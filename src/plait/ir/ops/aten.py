@@ -375,6 +375,8 @@ def _aten_vjp(ctx: VjpContext) -> list[Operand | None]:
     op = resolve_overload(name, overload)
     if op is aten.native_dropout.default:
         return _native_dropout_vjp(ctx)
+    if op is aten._scaled_dot_product_flash_attention_for_cpu.default:
+        return _cpu_flash_attention_vjp(ctx)
     if op in (
         aten._native_batch_norm_legit_functional.default,
         aten._native_batch_norm_legit.no_stats,
@@ -433,6 +435,52 @@ def _batch_norm_train_vjp(ctx: VjpContext, op: Any) -> list[Operand | None]:
         if wanted:
             out[i] = next(found)
     return out
+
+
+def _cpu_flash_attention_vjp(ctx: VjpContext) -> list[Operand | None]:
+    """``_scaled_dot_product_flash_attention_for_cpu_backward`` reading the forward's output
+    and log-sum-exp: eager's backward kernel, bitwise. The mask (operand 3) gets no gradient: the
+    autograd layer makes this node only where none flows into it."""
+    slots = list(range(len(ctx.inputs)))
+    op = aten._scaled_dot_product_flash_attention_for_cpu.default
+    args, keywords = decode_call(slots, ctx.attrs["literals"], ctx.attrs["kwliterals"])
+    bound = {a.name: v for a, v in zip(op._schema.arguments, args)}
+    bound.update(keywords)
+    if not any(ctx.wants(i) for i in range(3)):
+        return [None] * len(ctx.inputs)
+    tensors: list[Value] = []
+    mask = bound.get("attn_mask")
+    literals = [
+        _tensor_ref(tensors, ctx.grad(0)),
+        *(_input_ref(ctx, tensors, bound[name]) for name in ("query", "key", "value")),
+        _tensor_ref(tensors, ctx.outputs[0]),
+        _tensor_ref(tensors, ctx.outputs[1]),
+        float(bound.get("dropout_p", 0.0)),
+        bool(bound.get("is_causal", False)),
+    ]
+    kw = {
+        "attn_mask": None if mask is None else _input_ref(ctx, tensors, mask),
+        "scale": bound.get("scale"),
+    }
+    gq, gk, gv = ctx.call(
+        "aten",
+        tensors,
+        name="_scaled_dot_product_flash_attention_for_cpu_backward",
+        overload="default",
+        literals=json.dumps(literals),
+        kwliterals=json.dumps(kw),
+    )
+    out: list[Operand | None] = [None] * len(ctx.inputs)
+    for i, g in zip((bound["query"], bound["key"], bound["value"]), (gq, gk, gv)):
+        if ctx.wants(i):
+            out[i] = g
+    return out
+
+
+def _input_ref(ctx: VjpContext, tensors: list[Value], i: int) -> dict[str, int]:
+    v = ctx.inputs[i]
+    assert isinstance(v, Value)
+    return _tensor_ref(tensors, v)
 
 
 def _tensor_ref(tensors: list[Value], v: Value) -> dict[str, int]:
