@@ -2,7 +2,8 @@
 
 ``eager`` is the model itself; ``plait`` is ``plait.compile(model, backend="stax")`` on the CPU
 (on CUDA, ``backend=None``: plait's default there, Stax with Triton kernels where Triton is
-installed, the reference interpreter otherwise; the manifest says which); ``inductor`` is ``torch.compile(model, backend="inductor", dynamic=False)``.
+installed, the reference interpreter otherwise; the manifest says which); ``inductor`` is
+``torch.compile(model, backend="inductor", dynamic=False)``.
 An ablation is plait with one optimisation turned off (see :data:`config.ABLATIONS`).
 
 Example:
