@@ -84,7 +84,7 @@ def _zeros_for(meta: tuple[Any, ...]) -> torch.Tensor:
 
 class _Apply(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, run: CompiledAutograd, *values: Any) -> Any:  # type: ignore[override]
+    def forward(ctx: Any, run: CompiledAutograd, *values: Any) -> Any:
         results = list(run.forward(list(values)))
         outs, saved = results[: run.n_outputs], results[run.n_outputs :]
         ctx.run = run
