@@ -3,6 +3,7 @@ are deterministic and complete, plait.explain, and recorded (never silent) fallb
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from torch import nn
 
 import plait
 import plait.conformance
+import plait.contract
 from plait.errors import CaptureFallbackWarning
 
 pytestmark = pytest.mark.filterwarnings("ignore::plait.errors.CaptureFallbackWarning")
@@ -124,22 +126,44 @@ def test_explain_reports_specializations() -> None:
         plait.explain(lambda x: x)
 
 
-def test_stax_with_gradients_is_a_recorded_fallback() -> None:
+def test_stax_with_gradients_compiles_the_backward() -> None:
     model = convbn().train()
+    reference = copy.deepcopy(model)
     compiled = plait.compile(model, backend="stax")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureFallbackWarning)  # NOTE: nothing falls back
+        out = compiled(*factory(0))
+    out.sum().backward()
+    reference(*factory(0)).sum().backward()
+    tol = plait.contract.load().tolerance("model", "float32")
+    torch.testing.assert_close(
+        model.conv.weight.grad, reference.conv.weight.grad, rtol=tol.rtol, atol=tol.atol
+    )
+    m = compiled.specializations[0].manifest
+    assert m.executor["backend"] == "stax" and m.executor["backward"]["evidence"]
+    assert m.autograd["wrt"] and not m.fallbacks
+    assert m.graph["frozen"] == []
+
+
+def test_a_backward_that_cannot_compile_is_a_recorded_fallback() -> None:
+    def noisy(x: torch.Tensor) -> torch.Tensor:
+        # NOTE: rrelu draws its slopes: a derivative would need the numbers drawn
+        return torch.nn.functional.rrelu(x, training=True).sum()
+
+    compiled = plait.compile(noisy, backend="stax")
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = compiled(*factory(0))
+        out = compiled(x)
     assert any(
         issubclass(w.category, CaptureFallbackWarning) and "backward" in str(w.message)
         for w in caught
     )
-    out.sum().backward()
-    assert model.conv.weight.grad is not None
+    out.backward()
+    assert x.grad is not None
     m = compiled.specializations[0].manifest
     assert m.executor["backend"] == "eager" and m.executor["requested"] == "stax"
-    assert any("gradients can flow" in f["reason"] for f in m.fallbacks)
-    assert m.graph["frozen"] == []
+    assert any("could not be compiled" in f["reason"] for f in m.fallbacks)
 
 
 def test_unknown_options_are_refused() -> None:
