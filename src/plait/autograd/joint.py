@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from plait.ir.graph import Graph, GraphBuilder, Node, Value
-from plait.ir.ops.extern import NoDerivativeError
+from plait.ir.ops.extern import NoDerivativeError, max_pool_window
 from plait.ir.ops.vjp import VjpContext, has_rule, is_differentiable, vjp_rule
 from plait.ir.types import FLOAT_DTYPES, TensorType
 from plait.ir.verify import verify
@@ -87,7 +87,7 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
         if reached(n)
         and (
             (n.op == "dropout" and n.attrs["train"] and 0 < n.attrs["p"] < 1)
-            or n.op == "batch_norm_train"
+            or n.op in ("batch_norm_train", "max_pool2d")
             or (n.op == "scaled_dot_product_attention" and _cpu_flash_attention(n, active))
         )
     ]  # NOTE: a p=1 dropout draws nothing in eager (its rule zeroes the gradient)
@@ -148,6 +148,18 @@ def _attention_call(b: GraphBuilder, node: Node) -> list[Value]:
     return [out[0]]
 
 
+def _max_pool_call(b: GraphBuilder, node: Node) -> list[Value]:
+    """ATen's max_pool2d_with_indices: eager's kernel, and the indices its backward reads."""
+    out, _indices = b.call(
+        "aten",
+        [node.inputs[0]],
+        name="max_pool2d_with_indices",
+        overload="default",
+        literals=json.dumps([{"t": 0}, *max_pool_window(node.attrs)]),
+    )
+    return [out]
+
+
 def _dropout_call(b: GraphBuilder, node: Node) -> list[Value]:
     """``native_dropout(x, p, True)``: the same draws as eager's dropout, and its mask."""
     y, _mask = b.call(
@@ -192,6 +204,7 @@ _REWRITES = {
     "dropout": _dropout_call,
     "batch_norm_train": _batch_norm_call,
     "scaled_dot_product_attention": _attention_call,
+    "max_pool2d": _max_pool_call,
 }
 
 

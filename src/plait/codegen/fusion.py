@@ -183,11 +183,12 @@ class _Planner:
         channels_last: bool = True,
         mkl_linear: bool = True,
         target: str = "cpu",
+        onednn: bool = True,
     ) -> None:
         self.graph = graph
         # NOTE: oneDNN and MKL run CPU tensors of the C++ target only; Triton's externs are
         # PyTorch's own kernels on the graph's device (cuDNN, cuBLAS, flash attention).
-        self.onednn = target == "cpu"
+        self.onednn = target == "cpu" and onednn
         self.device = torch.device(graph_device(graph))
         self.fuse = fuse
         self.channels_last = channels_last
@@ -800,6 +801,7 @@ def plan_graph(
     channels_last: bool = True,
     mkl_linear: bool = True,
     target: str = "cpu",
+    onednn: bool = True,
 ) -> Plan:
     """Decide locations, kernels and calls for ``graph`` (static shapes, CPU). ``layouts``
     (an extern node's position in ``graph.nodes`` -> its result strides, as
@@ -810,9 +812,12 @@ def plan_graph(
     run on contiguous (NCHW) activations. ``mkl_linear``: float32 linears run MKL's packed GEMM,
     with no post-ops (see :class:`~plait.codegen.options.StaxOptions`). ``target``: ``cpu``
     (C++ kernels, oneDNN and MKL externs) or ``triton`` (Triton kernels; externs are PyTorch's
-    kernels on the graph's device)."""
+    kernels on the graph's device). ``onednn=False``: convolutions and linears are PyTorch's own
+    kernels on the CPU too."""
     check_graph(graph, target)
-    planner = _Planner(graph, infer_layouts, layouts, fuse, channels_last, mkl_linear, target)
+    planner = _Planner(
+        graph, infer_layouts, layouts, fuse, channels_last, mkl_linear, target, onednn
+    )
     try:
         plan = planner.run()
     except BaseException:

@@ -31,7 +31,10 @@ class StaxOptions:
     contiguous, convolutions read NCHW). ``mkl_linear``: float32 linears run MKL's packed GEMM
     (weight packed once for the call's rows) and the activation or residual add after one runs
     in a native kernel, fused with its neighbours (off: oneDNN linears with the activation or add
-    as a post-op, as bfloat16 linears and builds without MKL always run).
+    as a post-op, as bfloat16 linears and builds without MKL always run). ``onednn``:
+    convolutions and linears of the C++ target run oneDNN (and MKL) with prepacked weights and
+    fused post-ops (off: PyTorch's own kernels, called as eager calls them; training programs
+    turn it off, their weights change every step and a prepack per step cost more than it saved).
 
     ``target``: ``auto`` (C++ kernels for CPU tensors, Triton kernels for CUDA tensors),
     ``cpu`` or ``triton`` (Triton on CPU tensors runs through Triton's interpreter: what CI tests
@@ -50,6 +53,7 @@ class StaxOptions:
     memory_plan: bool = True
     channels_last: bool = True
     mkl_linear: bool = True
+    onednn: bool = True
     target: str = "auto"
     cuda_graphs: bool = True
 

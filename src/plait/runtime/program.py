@@ -296,6 +296,7 @@ def compile_graphs(
             channels_last=opts.channels_last,
             mkl_linear=opts.mkl_linear,
             target=target,
+            onednn=opts.onednn,
         )
         if opts.strict and plan.fallbacks:
             nid, reason = next(iter(plan.fallbacks.items()))

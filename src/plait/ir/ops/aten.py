@@ -377,6 +377,8 @@ def _aten_vjp(ctx: VjpContext) -> list[Operand | None]:
         return _native_dropout_vjp(ctx)
     if op is aten._scaled_dot_product_flash_attention_for_cpu.default:
         return _cpu_flash_attention_vjp(ctx)
+    if op is aten.max_pool2d_with_indices.default:
+        return _max_pool_with_indices_vjp(ctx, op)
     if op in (
         aten._native_batch_norm_legit_functional.default,
         aten._native_batch_norm_legit.no_stats,
@@ -435,6 +437,29 @@ def _batch_norm_train_vjp(ctx: VjpContext, op: Any) -> list[Operand | None]:
         if wanted:
             out[i] = next(found)
     return out
+
+
+def _max_pool_with_indices_vjp(ctx: VjpContext, op: Any) -> list[Operand | None]:
+    """The cotangent routed to the maxima the forward found (its indices output): eager's
+    backward kernel, and the forward never runs again."""
+    from plait.ir.ops.extern import max_pool_backward
+
+    if not ctx.wants(0):
+        return [None] * len(ctx.inputs)
+    args, keywords = decode_call([0], ctx.attrs["literals"], ctx.attrs["kwliterals"])
+    bound = {a.name: v for a, v in zip(op._schema.arguments, args)}
+    bound.update(keywords)
+    attrs = {
+        "kernel_size": tuple(bound["kernel_size"]),
+        "stride": tuple(bound.get("stride") or ()),
+        "padding": tuple(bound.get("padding", (0, 0))),
+        "dilation": tuple(bound.get("dilation", (1, 1))),
+        "ceil_mode": bool(bound.get("ceil_mode", False)),
+    }
+    x = ctx.inputs[0]
+    assert isinstance(x, Value)
+    (gx,) = max_pool_backward(ctx, ctx.grad(0), x, ctx.outputs[1], attrs)
+    return [gx]
 
 
 def _cpu_flash_attention_vjp(ctx: VjpContext) -> list[Operand | None]:

@@ -901,12 +901,34 @@ def _max_pool2d_vjp(ctx: VjpContext) -> list[Operand | None]:
     if not _static(g, x):
         return torch_vjp_rule(ctx)
     a = ctx.attrs
-    window = [list(a["kernel_size"]), _pool_stride(a), list(a["padding"]), list(a["dilation"])]
-    # NOTE: the node returns no indices: the rule finds them again (eager's kernel, its ties)
-    _, indices = _aten(ctx, "max_pool2d_with_indices", [x], [{"t": 0}, *window, a["ceil_mode"]])
-    literals = [{"t": 0}, {"t": 1}, *window, a["ceil_mode"], {"t": 2}]
-    (gx,) = _aten(ctx, "max_pool2d_with_indices_backward", [g, x, indices], literals)
+    window = max_pool_window(a)
+    # NOTE: the node returns no indices: the rule finds them again (eager's kernel, its ties);
+    # the autograd layer makes the node ATen's max_pool2d_with_indices where it can, which keeps
+    # them (then this rule is not used)
+    _, indices = _aten(ctx, "max_pool2d_with_indices", [x], [{"t": 0}, *window])
+    (gx,) = max_pool_backward(ctx, g, x, indices, a)
     return [gx]
+
+
+def max_pool_window(attrs: Any) -> list[Any]:
+    """The window arguments of ATen's max_pool2d_with_indices for a max_pool2d node's attrs:
+    kernel size, stride, padding, dilation, ceil mode."""
+    return [
+        list(attrs["kernel_size"]),
+        _pool_stride(attrs),
+        list(attrs["padding"]),
+        list(attrs["dilation"]),
+        attrs["ceil_mode"],
+    ]
+
+
+def max_pool_backward(
+    ctx: VjpContext, g: Value, x: Value, indices: Value, attrs: Any
+) -> tuple[Any, ...]:
+    """``max_pool2d_with_indices_backward``: the cotangent routed to the maxima the forward
+    found (its indices)."""
+    literals = [{"t": 0}, {"t": 1}, *max_pool_window(attrs), {"t": 2}]
+    return tuple(_aten(ctx, "max_pool2d_with_indices_backward", [g, x, indices], literals))
 
 
 @vjp("avg_pool2d")
