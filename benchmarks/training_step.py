@@ -13,7 +13,7 @@ judged by the numerical contract's model rule against a float64 run of the same 
 system's error may exceed eager float32's by the contract's factor). For plait, the manifest
 says what ran the backward.
 
-    python -m benchmarks.training_step --out benchmarks/results/training_step.json
+    python -m benchmarks.training_step --out benchmarks/out/training_step.json
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from plait.ir.graph import Node
+from plait.ir.types import TensorType
 
 Consts = Mapping[Any, torch.Tensor]
 
@@ -257,6 +258,39 @@ def _binary_aten(name: str) -> Callable[[Node, Consts], ExternCall]:
 # NOTE: pointwise ops Stax runs through ATen for floating results: glibc's exact fmod has no
 # vector form, so the generated loop ran 14-20x slower than ATen's (integer ones stay native).
 FLOAT_EXTERNS = frozenset({"fmod", "remainder"})
+# NOTE: the smallest kept inner block an outer sum runs through ATen for (see outer_sum)
+OUTER_SUM_MIN_INNER = 64
+
+
+def outer_sum(n: Node) -> bool:
+    """A float ``sum`` over leading dims only, keeping an inner block of at least
+    OUTER_SUM_MIN_INNER elements (a bias gradient): Stax's reduction templates walk each output's
+    column with a stride, 17x slower than ATen's vectorized column sum at 512 x 1024, so ATen
+    runs it."""
+    if n.op != "sum" or n.attrs.get("dtype") is not None:
+        return False
+    x = n.inputs[0]
+    t = getattr(x, "type", None)
+    if not isinstance(t, TensorType) or not t.dtype.is_floating_point or not t.is_static:
+        return False
+    dims = n.attrs.get("dims")
+    if not dims or not t.rank:
+        return False
+    axes = sorted({int(d) % t.rank for d in dims})
+    if axes != list(range(len(axes))) or len(axes) == t.rank:
+        return False
+    inner = 1
+    for d in t.shape[len(axes) :]:
+        inner *= int(d)
+    return inner >= OUTER_SUM_MIN_INNER
+
+
+def _sum(n: Node, consts: Consts) -> ExternCall:
+    dims, keepdim = tuple(n.attrs["dims"]), bool(n.attrs["keepdim"])
+    return ExternCall(
+        lambda x: torch.sum(x, dims, keepdim=keepdim), "reduction", "aten.sum (outer dims)"
+    )
+
 
 EXTERN_RULES: dict[str, Callable[[Node, Consts], ExternCall]] = {
     "fmod": _binary_aten("fmod"),
@@ -265,6 +299,7 @@ EXTERN_RULES: dict[str, Callable[[Node, Consts], ExternCall]] = {
     "aten_factory": _aten,
     "aten_check": _aten_check,
     "torch_vjp": _torch_vjp,
+    "sum": _sum,  # NOTE: outer sums only (outer_sum); the others are native reductions
     "conv2d": _conv2d,
     "linear": _linear,
     "matmul": _matmul,

@@ -42,7 +42,7 @@ from plait.codegen.call_signature import Layout, call_signature
 from plait.codegen.cuda_extern import cuda_call
 from plait.codegen.datadep import datadep_call, only_unbacked, touches_unbacked, unbacked
 from plait.codegen.errors import CodegenError
-from plait.codegen.extern import EXTERN_RULES, FLOAT_EXTERNS, ExternCall, make_call
+from plait.codegen.extern import EXTERN_RULES, FLOAT_EXTERNS, ExternCall, make_call, outer_sum
 from plait.codegen.index import Ix, contiguous_strides, linear
 from plait.codegen.lower import Lowered, loop_vars, lower_pointwise
 from plait.codegen.onednn import (
@@ -83,7 +83,7 @@ def classify(node: Node) -> tuple[str, str]:
     op = node.op
     if touches_unbacked(node):
         return "extern", ""  # NOTE: a PyTorch call, its results PyTorch's (codegen.datadep)
-    if op in EXTERN_RULES and (op not in FLOAT_EXTERNS or _float_result(node)):
+    if op in EXTERN_RULES and _extern_applies(node):
         return "extern", ""
     if op == "dropout":
         if get_op(op).is_random(node.attrs):
@@ -103,6 +103,16 @@ def classify(node: Node) -> tuple[str, str]:
     if op == "opaque":
         return "fallback", f"opaque call to {node.attrs['target']}"
     return "fallback", f"no Stax lowering for {op}"
+
+
+def _extern_applies(node: Node) -> bool:
+    """Ops with an extern rule for some of their nodes only: floating fmod/remainder, outer
+    sums."""
+    if node.op in FLOAT_EXTERNS:
+        return _float_result(node)
+    if node.op == "sum":
+        return outer_sum(node)
+    return True
 
 
 def _float_result(node: Node) -> bool:
