@@ -161,3 +161,29 @@ def test_attention_trains_through_aten_flash_kernels_with_eagers_gradients(causa
     assert any(
         d.startswith("aten._scaled_dot_product_flash_attention_for_cpu_backward") for d in details
     )
+
+
+def test_attention_dropout_draws_eagers_masks_and_trains() -> None:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, dropout_p=0.25, is_causal=True
+        )
+
+    compiled = plait.compile(attend, backend="stax")
+    gen = torch.Generator().manual_seed(6)
+    qkv = [torch.randn(2, 4, 16, 8, generator=gen) for _ in range(3)]
+    g = torch.randn(2, 4, 16, 8, generator=gen)
+    tol = plait.contract.load().tolerance("attention", "float32")
+    for seed in (1, 2):
+        ours = [t.clone().requires_grad_(True) for t in qkv]
+        theirs = [t.clone().requires_grad_(True) for t in qkv]
+        torch.manual_seed(seed)
+        got = compiled(*ours)
+        torch.manual_seed(seed)
+        want = attend(*theirs)
+        torch.testing.assert_close(got, want, rtol=tol.rtol, atol=tol.atol)
+        got.backward(g)
+        want.backward(g)
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a.grad, b.grad, rtol=tol.rtol, atol=tol.atol)
+    assert not compiled.specializations[-1].compiled.manifest.fallbacks

@@ -39,6 +39,18 @@ def _gpt2() -> nn.Module:
     return _Logits(transformers.GPT2Model(cfg))
 
 
+def _gpt2_dropout() -> nn.Module:
+    import transformers
+
+    # NOTE: GPT-2's default dropouts (0.1 on embeddings, attention weights and residuals): the
+    # gate seeds both programs alike, so the masks must be eager's own draws
+    cfg = transformers.GPT2Config(
+        vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0,
+        eos_token_id=0, attn_implementation="sdpa",
+    )  # fmt: skip
+    return _Logits(transformers.GPT2Model(cfg))
+
+
 def _bert() -> nn.Module:
     import transformers
 
@@ -78,6 +90,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Any]]] = {
     # (2 values, 1x1) its gradients are rounding noise: torch.compile fails the gate there too.
     "resnet18": (_resnet18, lambda s: randn(4, 3, 64, 64, seed=s)),
     "hf-gpt2": (_gpt2, _ids),
+    "hf-gpt2-dropout": (_gpt2_dropout, _ids),
     "hf-bert": (_bert, _ids),
 }
 

@@ -20,8 +20,10 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -88,7 +90,7 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
         and (
             (n.op == "dropout" and n.attrs["train"] and 0 < n.attrs["p"] < 1)
             or n.op in ("batch_norm_train", "max_pool2d")
-            or (n.op == "scaled_dot_product_attention" and _cpu_flash_attention(n, active))
+            or (n.op == "scaled_dot_product_attention" and _cpu_attention(n, active))
         )
     ]  # NOTE: a p=1 dropout draws nothing in eager (its rule zeroes the gradient)
     if not targets:
@@ -98,10 +100,14 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
     by_id = {n.id: n for n in g.nodes}
     for old in targets:
         node = by_id[old.id]
-        results = _REWRITES[node.op](b, node)
-        new = g.nodes.pop()  # NOTE: appended last; it takes the node's place and id
-        new.id = node.id
-        g.nodes[g.nodes.index(node)] = new
+        start = len(g.nodes)
+        results = _rewrite(node, active)(b, node)
+        # NOTE: the nodes appended last take the node's place; the first takes its id
+        made = g.nodes[start:]
+        del g.nodes[start:]
+        made[0].id = node.id
+        at = g.nodes.index(node)
+        g.nodes[at : at + 1] = made
         for was, now in zip(node.outputs, results):
             replace_uses(g, was, now)
     verify(g)
@@ -109,6 +115,16 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
 
 
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def _cpu_attention(n: Node, active: set[int]) -> bool:
+    """CPU attention without grouped heads: with dropout, eager's math path (its dropout mask
+    drawn as eager draws it, see _attention_math_call); without, ATen's CPU flash kernel."""
+    if n.attrs["dropout_p"] > 0:
+        q = n.inputs[0]
+        assert isinstance(q, Value) and isinstance(q.type, TensorType)
+        return q.type.device == "cpu" and not n.attrs["enable_gqa"] and q.type.is_static
+    return _cpu_flash_attention(n, active)
 
 
 def _cpu_flash_attention(n: Node, active: set[int]) -> bool:
@@ -146,6 +162,39 @@ def _attention_call(b: GraphBuilder, node: Node) -> list[Value]:
         kwliterals=json.dumps(keywords),
     )
     return [out[0]]
+
+
+def _attention_math_call(b: GraphBuilder, node: Node) -> list[Value]:
+    """Attention with dropout as eager computes it on the CPU (its math path): scores, mask,
+    softmax, ATen's native_dropout on the weights (the numbers eager's dropout draws), then the
+    product with the values; every step has a derivative rule."""
+    q, k, v, *rest = node.inputs
+    mask = rest[0] if rest else None
+    assert isinstance(q, Value) and isinstance(q.type, TensorType)
+    assert isinstance(k, Value) and isinstance(k.type, TensorType)
+    a = node.attrs
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(int(q.type.shape[-1]))
+    scores = b.call("mul", b.call("matmul", q, b.call("transpose", k, dim0=-2, dim1=-1)), scale)
+    big = float("-inf")
+    if a["is_causal"]:
+        length, span = int(q.type.shape[-2]), int(k.type.shape[-2])
+        ones = b.call("ones", shape=(length, span), dtype=q.type.dtype, device=q.type.device)
+        keep = b.call("gt", b.call("tril", ones), 0.0)
+        scores = b.call("where", keep, scores, big)
+    if isinstance(mask, Value) and isinstance(mask.type, TensorType):
+        if mask.type.dtype == torch.bool:
+            scores = b.call("where", mask, scores, big)
+        else:
+            scores = b.call("add", scores, mask)
+    weights = b.call("softmax", scores, dim=-1)
+    dropped, _mask = b.call(
+        "aten",
+        [weights],
+        name="native_dropout",
+        overload="default",
+        literals=json.dumps([{"t": 0}, a["dropout_p"], True]),
+    )
+    return [b.call("matmul", dropped, v)]
 
 
 def _max_pool_call(b: GraphBuilder, node: Node) -> list[Value]:
@@ -206,6 +255,12 @@ _REWRITES = {
     "scaled_dot_product_attention": _attention_call,
     "max_pool2d": _max_pool_call,
 }
+
+
+def _rewrite(node: Node, active: set[int]) -> Any:
+    if node.op == "scaled_dot_product_attention" and node.attrs["dropout_p"] > 0:
+        return _attention_math_call
+    return _REWRITES[node.op]
 
 
 def replace_uses(g: Graph, old: Value, new: Value) -> None:
