@@ -85,7 +85,10 @@ def _paths(
               help="Measure cold/warm compile cost and memory in fresh processes.")  # fmt: skip
 @click.option("--train-steps", type=int, help="SGD steps in the training phase (0: skip).")
 @click.option("--train-batch", type=int, help="Training batch size (default 8).")
-@click.option("--train-systems", help="Comma-separated systems to train (default eager,plait).")
+@click.option(
+    "--train-systems",
+    help="Comma-separated systems to train (default eager,plait,inductor; --quick: eager,plait).",
+)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help=f"Directory for {STEM}.json/.md/.png (default {OUT_DEFAULT}).")  # fmt: skip
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 import plait
-import plait.contract
+from benchmarks.bench.parity import state_after_steps
 
 LR, MOMENTUM = 0.01, 0.9
 
@@ -120,32 +120,6 @@ def _step(fn: Any, opt: Any, x: torch.Tensor, y: torch.Tensor, count: _SavedByte
     return float(loss.detach())
 
 
-def _flat_state(m: nn.Module) -> torch.Tensor:
-    """Every float parameter and buffer, as one float64 vector."""
-    ts = [*m.parameters(), *(b for b in m.buffers() if b.is_floating_point())]
-    return torch.cat([t.detach().reshape(-1).double() for t in ts])
-
-
-def _step_parity(eager: nn.Module, anchor: nn.Module, m: nn.Module) -> dict[str, Any]:
-    """The contract's model rule on the state after the steps: against the float64 run, the
-    system's RMS error may exceed eager float32's by ``factor``, its worst error by
-    ``tail_factor`` (a trajectory amplifies rounding alike for every correct program)."""
-    c = plait.contract.load()
-    ref = _flat_state(anchor)
-    own, base = _flat_state(m) - ref, _flat_state(eager) - ref
-    rms, base_rms = float(own.square().mean().sqrt()), float(base.square().mean().sqrt())
-    worst, base_worst = float(own.abs().max()), float(base.abs().max())
-    tiny = float(torch.finfo(torch.float32).tiny)
-    return {
-        "rms_error_vs_float64": rms,
-        "eager_rms_error_vs_float64": base_rms,
-        "max_error_vs_float64": worst,
-        "eager_max_error_vs_float64": base_worst,
-        "within_contract": rms <= c.model_factor("float32") * base_rms + tiny
-        and worst <= c.model_tail_factor("float32") * base_worst + tiny,
-    }
-
-
 def run_case(name: str, steps: int, systems: tuple[str, ...]) -> dict[str, Any]:
     model, batch = CASES[name]()
     model.train()
@@ -178,7 +152,7 @@ def run_case(name: str, steps: int, systems: tuple[str, ...]) -> dict[str, Any]:
     eager = runs[0]
     out: dict[str, Any] = {"case": name, "steps": steps, "systems": {}}
     x, y = batch(steps)
-    parities = [_step_parity(eager["model"], anchor, r["model"]) for r in runs]
+    parities = [state_after_steps(eager["model"], anchor, r["model"]) for r in runs]
     for r, parity in zip(runs, parities):
         count = _SavedBytes()
         _step(r["fn"], r["opt"], x, y, count)  # NOTE: after the parity: it moves the state

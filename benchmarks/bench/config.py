@@ -131,7 +131,7 @@ class BenchConfig:
     compile_workers: bool = True
     train_steps: int = 5
     train_batch: int = 8
-    train_systems: tuple[str, ...] = ("eager", "plait")
+    train_systems: tuple[str, ...] = ("eager", "plait", "inductor")
     perturb_plait: float = 0.0
     quick: bool = False
 
@@ -153,6 +153,7 @@ class BenchConfig:
                 ablations=("fold-bn", "freeze", "inplace", "fusion"),
                 ablation_workers=False,
                 train_steps=3,
+                train_systems=("eager", "plait"),
                 # NOTE: 8, not 4: at 32x32 the last stage's batch norms see batch x 1 x 1 values;
                 # over 4 values their gradients are rounding noise (torch.compile failed the
                 # training gate there with 15 errors).

@@ -35,6 +35,35 @@ def errors(y: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     return {"max_abs": max_abs, "max_rel": max_abs / scale if scale > 0 else max_abs}
 
 
+def _flat_state(m: nn.Module) -> torch.Tensor:
+    """Every float parameter and buffer, as one float64 vector."""
+    ts = [*m.parameters(), *(b for b in m.buffers() if b.is_floating_point())]
+    return torch.cat([t.detach().reshape(-1).double().cpu() for t in ts])
+
+
+def state_after_steps(eager: nn.Module, anchor: nn.Module, m: nn.Module) -> dict[str, Any]:
+    """The contract's model rule on a model's state after the same optimizer steps: against
+    the float64 run (``anchor``), ``m``'s RMS error may exceed eager float32's by ``factor`` and
+    its worst error by ``tail_factor`` (a trajectory amplifies rounding alike for every correct
+    program, so the bound is eager's own error, never a fixed tolerance)."""
+    import plait.contract
+
+    c = plait.contract.load()
+    ref = _flat_state(anchor)
+    own, base = _flat_state(m) - ref, _flat_state(eager) - ref
+    rms, base_rms = float(own.square().mean().sqrt()), float(base.square().mean().sqrt())
+    worst, base_worst = float(own.abs().max()), float(base.abs().max())
+    tiny = float(torch.finfo(torch.float32).tiny)
+    return {
+        "rms_error_vs_float64": rms,
+        "eager_rms_error_vs_float64": base_rms,
+        "max_error_vs_float64": worst,
+        "eager_max_error_vs_float64": base_worst,
+        "within_contract": rms <= c.model_factor("float32") * base_rms + tiny
+        and worst <= c.model_tail_factor("float32") * base_worst + tiny,
+    }
+
+
 def top1(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.argmax(-1).cpu() == ref.argmax(-1).cpu()).double().mean())
 

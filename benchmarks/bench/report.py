@@ -214,18 +214,29 @@ def _training(t: dict[str, Any] | None) -> list[str]:
                 _s(s["images_per_s"], 1),
                 _e(s["loss_max_abs_diff_vs_eager"]),
                 _e(s["params_vs_eager"]["max_abs"]),
+                _state(s.get("state_after_steps")),
                 s["executors"]["forward"],
                 s["executors"]["backward"],
                 _gate(s["gate"]),
             ]
         )
     head = ["system", "first step s", "step p50 ms", "images/s", "loss diff", "param diff",
-            "forward ran in", "backward ran in", "gate (grads)"]  # fmt: skip
+            "state vs float64", "forward ran in", "backward ran in", "gate (grads)"]  # fmt: skip
     lines += _table(head, rows)
     for s in t["systems"]:
         if s["executors"].get("statement"):
             lines += ["", f"{s['system']}: {s['executors']['statement']}."]
     return lines
+
+
+def _state(state: dict[str, Any] | None) -> str:
+    """The model rule's verdict on the state after the steps: RMS error against eager's."""
+    if not state:
+        return "-"
+    base = state["eager_rms_error_vs_float64"]
+    ratio = state["rms_error_vs_float64"] / base if base > 0 else 1.0
+    verdict = "pass" if state["within_contract"] else "**FAILED**"
+    return f"{verdict} ({ratio:.2f}x eager's RMS error)"
 
 
 # --- chart -------------------------------------------------------------------------------------

@@ -297,6 +297,13 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
     for t in (result["training"] or {}).get("systems", []):
         if t["kind"] == "plait" and t["gate"] is not None and not t["gate"]["ok"]:
             failures.append(f"training {t['system']}: {_worst(t['gate'])}")
+        state = t.get("state_after_steps") or {}
+        if t["kind"] == "plait" and state and not state["within_contract"]:
+            failures.append(
+                f"training {t['system']}: state after the steps beyond the contract's model rule "
+                f"(RMS error {state['rms_error_vs_float64']:.3g} against eager's "
+                f"{state['eager_rms_error_vs_float64']:.3g})"
+            )
     others = [
         f"{row['system']} batch {row['batch_size']}"
         for row in result["results"]

@@ -4,9 +4,11 @@ Each system trains its own copy of the benchmark model (same weights, same batch
 order, SGD with momentum, cross-entropy); steps are interleaved across systems. Step 0 includes
 capture and compile and is reported apart; step throughput is from the remaining steps. Before
 the first step the gate judges each compiled training step against eager (``grads=True``:
-outputs, BatchNorm running-statistic updates, parameter gradients). After the steps the loss
-curve and the parameters are compared with eager's (displayed, not judged: SGD trajectories
-amplify rounding).
+outputs, BatchNorm running-statistic updates, parameter gradients). After the steps the state
+(parameters and buffers) is judged by the contract's model rule against a float64 run of the
+same steps (:func:`benchmarks.bench.parity.state_after_steps`: a trajectory amplifies rounding,
+so the bound is eager float32's own error); the loss curve and the largest difference from
+eager's parameters are displayed beside it.
 
 Where the forward and the backward actually ran is read from plait's manifest, never assumed: a
 compiled backward is recorded there (``executor["backward"]``, ``autograd``: the partition and
@@ -86,6 +88,8 @@ def run(cfg: BenchConfig, model: nn.Module, data: ImageSet, progress: Progress) 
         opt = torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM)
         runs.append({"system": system, "opt": opt, "losses": [], "seconds": []})
     eager = runs[0]["system"].model
+    anchor = copy.deepcopy(model).train().double()  # NOTE: the float64 run the state is judged by
+    anchor_opt = torch.optim.SGD(anchor.parameters(), lr=LR, momentum=MOMENTUM)
     gates: dict[str, Any] = {}
     with progress.task("training: gate (grads)", total=len(runs) - 1) as advance:
         for r in runs[1:]:
@@ -105,6 +109,9 @@ def run(cfg: BenchConfig, model: nn.Module, data: ImageSet, progress: Progress) 
     loss_fn = nn.CrossEntropyLoss()
     with progress.task("training: SGD steps", total=cfg.train_steps) as advance:
         for k, (x, y) in enumerate(batches):
+            anchor_opt.zero_grad(set_to_none=True)
+            loss_fn(anchor(x.double()), y).backward()
+            anchor_opt.step()
             order = runs[k % len(runs) :] + runs[: k % len(runs)]
             for r in order:
                 s, opt = r["system"], r["opt"]
@@ -142,6 +149,7 @@ def run(cfg: BenchConfig, model: nn.Module, data: ImageSet, progress: Progress) 
                     abs(a - b) for a, b in zip(r["losses"], eager_losses)
                 ),
                 "params_vs_eager": _diff(eager, s.model),
+                "state_after_steps": parity.state_after_steps(eager, anchor, s.model),
                 "executors": _executors(s),
                 "gate": gates.get(s.name),
                 "warnings": s.warnings,
