@@ -83,6 +83,7 @@ def test_quick_run_matches_the_schema_and_parity_comes_from_the_gate(tmp_path: P
     (trained,) = [t for t in result["training"]["systems"] if t["kind"] == "plait"]
     assert trained["executors"]["statement"] is None  # NOTE: the backward was compiled
     assert trained["executors"]["backward"].startswith("stax backward program")
+    assert trained["state_after_steps"]["within_contract"]
     assert trained["gate"]["ok"] and trained["gate"]["contract"] == contract
     assert "| plait | 2 |" in md.read_text() and png.stat().st_size > 0
 
