@@ -50,6 +50,10 @@ COVERED = {
     ("runtime/runner.py", "is_grad_enabled"): "read per call, at run time (nothing compiled)",
     ("autograd/function.py", "is_grad_enabled"): "read in the compiled backward, at run time: "
     "refuses a second-order gradient (nothing compiled)",
+    ("autograd/function.py", "is_autocast_enabled"): "read per call, at run time: turns autocast "
+    "off while a compiled program runs (nothing compiled)",
+    ("frontend/tracer.py", "is_autocast_enabled"): "guard torch.autocast (its dtype too: capture "
+    "writes its casts)",
     ("manifest.py", "get_device_capability"): "recorded in the manifest; key gpu_capability",
     ("cache/__init__.py", "os.environ"): "the cache's location, never its key",
     ("codegen/fusion.py", "os.environ"): "TRITON_INTERPRET: refuses the Triton target on CPU "

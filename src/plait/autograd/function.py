@@ -24,7 +24,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -32,6 +33,23 @@ import torch
 from plait.autograd.partition import Partition
 
 Executor = Callable[[list[Any]], Sequence[Any]]
+
+
+_DEVICES = ("cpu", "cuda")
+
+
+@contextlib.contextmanager
+def autocast_off() -> Iterator[None]:
+    """Autocast disabled while a compiled program runs: capture wrote autocast's casts into the
+    graph, so the program's PyTorch calls must not cast again."""
+    on = [d for d in _DEVICES if torch.is_autocast_enabled(d)]
+    if not on:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        for d in on:
+            stack.enter_context(torch.autocast(d, enabled=False))
+        yield
 
 
 class DoubleBackwardError(RuntimeError):
@@ -85,7 +103,8 @@ def _zeros_for(meta: tuple[Any, ...]) -> torch.Tensor:
 class _Apply(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, run: CompiledAutograd, *values: Any) -> Any:
-        results = list(run.forward(list(values)))
+        with autocast_off():
+            results = list(run.forward(list(values)))
         outs, saved = results[: run.n_outputs], results[run.n_outputs :]
         ctx.run = run
         # NOTE: what a missing cotangent's zeros look like (not the outputs: they may be freed)
@@ -116,7 +135,8 @@ class _Apply(torch.autograd.Function):
             cots.append(_zeros_for(ctx.outs[i]) if c is None else c.contiguous())
         tensors = iter(ctx.saved_tensors)
         saved = [next(tensors) if o is None else o for o in ctx.others]
-        grads = list(run.backward([*saved, *cots]))
+        with autocast_off():
+            grads = list(run.backward([*saved, *cots]))
         out: list[Any] = [None] * (1 + run.n_inputs)
         for i, g in zip(run.grads, grads):
             out[1 + i] = g

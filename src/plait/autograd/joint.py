@@ -89,7 +89,8 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
         if reached(n)
         and (
             (n.op == "dropout" and n.attrs["train"] and 0 < n.attrs["p"] < 1)
-            or n.op in ("batch_norm_train", "max_pool2d")
+            or n.op == "max_pool2d"
+            or (n.op == "batch_norm_train" and _full_precision(n.inputs[0]))
             or (n.op == "scaled_dot_product_attention" and _cpu_attention(n, active))
         )
     ]  # NOTE: a p=1 dropout draws nothing in eager (its rule zeroes the gradient)
@@ -115,6 +116,16 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
 
 
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def _full_precision(x: object) -> bool:
+    """float32 or float64: for 16-bit inputs ATen's batch-norm kernels keep float32 statistics
+    where their meta kernels say 16-bit ones (the IR rule runs there)."""
+    return (
+        isinstance(x, Value)
+        and isinstance(x.type, TensorType)
+        and x.type.dtype in (torch.float32, torch.float64)
+    )
 
 
 def _cpu_attention(n: Node, active: set[int]) -> bool:

@@ -57,7 +57,7 @@ from plait.cache.store import CorruptEntryError, Store
 from plait.frontend import CapturedProgram, ModuleState
 from plait.frontend.deps import CodeDep
 from plait.frontend.fingerprint import Unpinnable, dep_digest, fingerprint, module_fingerprint
-from plait.frontend.guard_build import autocast_on
+from plait.frontend.guard_build import autocast_state
 from plait.frontend.snapshot import encode, program_doc, program_from_doc
 
 # NOTE: /2: the front key's parts are kept as their canonical JSON text (compared as text)
@@ -136,7 +136,7 @@ def _front_parts(
         "mode": {
             "grad": torch.is_grad_enabled(),
             "default_dtype": str(torch.get_default_dtype()),
-            "autocast": autocast_on(),
+            "autocast": list(autocast_state()),
         },
         "request": json.loads(json.dumps(dict(request), sort_keys=True, default=_refuse)),
         "toolchain": {

@@ -70,6 +70,7 @@ def check(
     bitwise: bool = False,
     stress: float | None = 100.0,
     seed: int = 0,
+    precision: torch.dtype | None = None,
 ) -> Report:
     """Judge ``candidate`` against ``reference`` under the numerical contract; return a Report.
 
@@ -80,7 +81,10 @@ def check(
     module with ``reference_module``/``candidate_module`` (the same object when the candidate
     wraps the reference's module). ``reference64`` overrides the float64 anchor, which is otherwise
     a float64 deep copy of a module reference, or the reference function called on float64 inputs.
-    ``bitwise=True`` declares that the candidate keeps the order of arithmetic. ``devices``
+    ``bitwise=True`` declares that the candidate keeps the order of arithmetic. ``precision``
+    names the floating dtype the reference computes in when its results are wider (under
+    ``torch.autocast(dtype=torch.bfloat16)``: ``precision=torch.bfloat16``): wider values are
+    judged by that dtype's rows. ``devices``
     defaults to where the inputs live; ``"cuda"`` is skipped, with a note, where there is none.
 
     Example:
@@ -96,7 +100,7 @@ def check(
     contract.tolerance(op_class, "float32")  # NOTE: raises on an unknown op class.
     report = Report(contract_version=contract.version)
     _audit(contract, report)
-    judge = Judge(contract, op_class, bitwise)
+    judge = Judge(contract, op_class, bitwise, precision=precision)
     ref, cand = Program.of(reference, reference_module), Program.of(candidate, candidate_module)
     if ref.initial and cand.module is None:
         msg = "the reference has buffers; the candidate's module is unknown: pass candidate_module="

@@ -27,9 +27,15 @@ class Judge:
     op_class: str
     bitwise: bool
     pool: AnchorPool = field(default_factory=AnchorPool)
+    # NOTE: the floating dtype the reference computes in where its values are wider (a
+    # torch.autocast region): those values are judged by that dtype's rows
+    precision: torch.dtype | None = None
 
     def budget(self, value: Any, anchored: bool) -> Budget:
         dtype = value.dtype if isinstance(value, torch.Tensor) else torch.float64
+        p = self.precision
+        if p is not None and dtype.is_floating_point and dtype.itemsize > p.itemsize:
+            dtype = p
         if dtype.is_complex:
             dtype = dtype.to_real()  # NOTE: complex64 is float32 pairs: judged by float32's row
         try:

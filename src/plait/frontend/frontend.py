@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from plait.errors import GraphCaptureError
-from plait.frontend import datadep, guard_build, pytree
+from plait.frontend import datadep, pytree
 from plait.frontend.guard_plan import GuardPlan, build_guards
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
@@ -76,15 +76,6 @@ def capture_program(
     spec, leaves, paths = adapter.flatten(tuple(args), kwargs)
     if module_state is None and isinstance(fn, nn.Module):
         module_state = ModuleState(fn)
-    if guard_build.autocast_on():
-        err = GraphCaptureError(
-            "torch.autocast", "capture under autocast is not supported yet", kind="limitation"
-        )
-        if fullgraph:
-            raise err
-        # NOTE: the documented fallback, guarded on autocast being on.
-        cx = CaptureContext(fullgraph=False, dynamic=bool(dynamic), static_sizes=set())
-        return _fallback(cx, err, spec, leaves, paths, module_state)
     static_sizes: set[int] = set()
     specialized: list[str] = []
     while True:

@@ -230,22 +230,38 @@ def autocast_on() -> bool:
     return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
 
 
-# NOTE: autocast on no device at all implies autocast_on() is False: one cheap call decides the
-# common case (autocast off); any other answer is decided by autocast_on itself.
+def autocast_state() -> tuple[str, ...]:
+    """The autocast a capture sees: ``()`` when off, else each enabled device with its dtype
+    (``("cpu:bfloat16",)``): a program captured under one autocast dtype casts to it, so the
+    dtype is guarded as well as the switch."""
+    return tuple(
+        f"{d}:{str(torch.get_autocast_dtype(d)).removeprefix('torch.')}"
+        for d in ("cpu", "cuda")
+        if torch.is_autocast_enabled(d)
+    )
+
+
+# NOTE: autocast on no device at all implies the state (): one cheap call decides the common
+# case (autocast off); any other answer is decided by autocast_state itself.
 _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
 
 
-def _autocast_read(expected: bool) -> ReadCall:
-    if not expected and _ANY_AUTOCAST is not None:
-        return ReadCall(_ANY_AUTOCAST, exact=False)
-    return ReadCall(autocast_on)
+def _autocast_state_fast() -> tuple[str, ...]:
+    """:func:`autocast_state`, with one cheap call deciding the common case (off)."""
+    if _ANY_AUTOCAST is not None and not _ANY_AUTOCAST():
+        return ()
+    return autocast_state()
+
+
+def _autocast_read(expected: tuple[str, ...]) -> ReadCall:
+    return ReadCall(_autocast_state_fast)
 
 
 def ambient_guards() -> list[Guard]:
     """What capture itself read of the ambient state: grad mode, default dtype, autocast."""
     grad = torch.is_grad_enabled()
     dtype = torch.get_default_dtype()
-    autocast = autocast_on()
+    autocast = autocast_state()
     return [
         Guard(
             "grad_mode",
@@ -266,9 +282,9 @@ def ambient_guards() -> list[Guard]:
         Guard(
             "ambient",
             "torch.autocast",
-            f"autocast is {'on' if autocast else 'off'}",
+            f"autocast is {', '.join(autocast) if autocast else 'off'}",
             autocast,
-            lambda env: autocast_on(),
+            lambda env: autocast_state(),
             native=_autocast_read(autocast),
         ),
     ]

@@ -1,0 +1,98 @@
+"""Training under ``torch.autocast(bfloat16)``: capture writes autocast's casts into the graph,
+the compiled program runs with autocast off, and the gate judges outputs and gradients."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import plait
+import plait.conformance
+from tests.autograd.test_training_models import MODELS
+from tests.conformance.models import MLP, randn, seeded
+
+
+def _bf16(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fn(*args)
+
+    return call
+
+
+CASES = {
+    "mlp": (lambda: seeded(1, MLP), lambda s: randn(8, 16, seed=s)),
+    "convbn": MODELS["convbn"],
+    "hf-gpt2": MODELS["hf-gpt2"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bfloat16_autocast_training_passes_the_gate(name: str) -> None:
+    make, draw = CASES[name]
+    model = seeded(0, make).train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NOTE: no fallback: capture takes autocast
+        compiled = plait.compile(copy.deepcopy(model), backend="stax")
+    report = plait.conformance.check(
+        _bf16(model),
+        _bf16(compiled),
+        draw,
+        grads=True,
+        draws=2,
+        reference_module=model,
+        candidate_module=compiled,
+        # NOTE: the anchor is the exact computation: float64, without autocast's casts
+        reference64=copy.deepcopy(model).double(),
+        precision=torch.bfloat16,
+    )
+    report.raise_if_failed()
+    (spec,) = compiled.specializations
+    m = spec.compiled.manifest
+    assert m.autograd["wrt"]
+    # NOTE: a 16-bit training batch norm has no Stax lowering: PyTorch runs its forward, a
+    # recorded fallback (its backward is the IR rule's, compiled)
+    assert all("batch_norm_train" in f["what"] for f in m.fallbacks), m.fallbacks
+    assert any(n.op == "to_dtype" for n in spec.graph.nodes)  # NOTE: autocast's casts
+    assert any("cpu:bfloat16" in g for g in m.guards)
+
+
+def test_autocast_dtype_is_guarded() -> None:
+    model = seeded(1, MLP)
+    compiled = plait.compile(model, backend="stax")
+    x = randn(8, 16, seed=3)
+    for dtype in (torch.bfloat16, torch.float16, torch.bfloat16):
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+            got, want = compiled(x), model(x)
+        assert got.dtype == want.dtype == dtype
+        torch.testing.assert_close(got, want)
+    with torch.no_grad():
+        assert compiled(x).dtype == torch.float32
+    assert len(compiled.specializations) == 3
+    assert any("autocast" in r for r in compiled.recompile_reasons)
+
+
+def test_a_compiled_program_never_casts_again_under_autocast() -> None:
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            # NOTE: a float32 softmax over bfloat16 logits (autocast's linear)
+            return torch.softmax(self.fc(x).float(), -1)
+
+    model = seeded(2, Head)
+    compiled = plait.compile(model, backend="stax")
+    x = randn(4, 16, seed=4)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = compiled(x), model(x)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want)
