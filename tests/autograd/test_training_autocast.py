@@ -96,3 +96,25 @@ def test_a_compiled_program_never_casts_again_under_autocast() -> None:
         got, want = compiled(x), model(x)
     assert got.dtype == want.dtype == torch.float32
     torch.testing.assert_close(got, want)
+
+
+def test_autocast_capture_keeps_the_random_stream() -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        # NOTE: autocast's linear (bfloat16), then a dropout that draws
+        h = torch.nn.functional.linear(x, w)
+        return torch.nn.functional.dropout(h, 0.5, training=True) + torch.rand_like(h)
+
+    compiled = plait.compile(fn, backend="stax")
+    x, w = randn(4, 16, seed=7), randn(8, 16, seed=8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        compiled(x, w)  # NOTE: captured here, the generator not freshly seeded
+    for seed in (1, 2):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.manual_seed(seed)
+            got = compiled(x, w)
+            torch.manual_seed(seed)
+            want = fn(x, w)
+        assert got.dtype == want.dtype == torch.bfloat16
+        torch.testing.assert_close(got, want)
+    assert len(compiled.specializations) == 1
+    assert compiled.specializations[0].fallback_reason is None

@@ -620,7 +620,8 @@ class CaptureContext:
             written.add(id(self.tracer(args[0])))
         operands: list[Tracer] = []
         self.unwrap((args, kwargs), operands)
-        if all(t.dtype == target for t in operands if t._plain.is_floating_point()):
+        # NOTE: only the plain samples are read here: a Tracer's attributes are torch calls
+        if all(t._plain.dtype == target for t in operands if t._plain.is_floating_point()):
             return args, kwargs
         if self._result_dtype_without_autocast(func, args, kwargs) == target:
             return args, kwargs
@@ -630,7 +631,7 @@ class CaptureContext:
                 isinstance(x, Tracer)
                 and id(x) not in written
                 and x._plain.is_floating_point()
-                and x.dtype != target
+                and x._plain.dtype != target
             ):
                 value = self.call("to_dtype", self.value(x), dtype=target)
                 return self.new_root(x._plain.to(target), value, x._rg)
@@ -648,16 +649,24 @@ class CaptureContext:
         pargs, pkwargs = self.unwrap((args, kwargs), found)
         copies = pytree_map_tensors(lambda t: t.detach().clone(), (pargs, pkwargs))
         devices = [d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
-        with contextlib.ExitStack() as stack:
-            for d in devices:
-                stack.enter_context(torch.autocast(d, enabled=False))
-            stack.enter_context(torch.random.fork_rng(devices=[]))
-            stack.enter_context(torch._C.DisableTorchFunctionSubclass())
-            stack.enter_context(torch.no_grad())
-            try:
+        # NOTE: every generator it could draw from is restored (CUDA's where initialized),
+        # through the generators themselves: torch-level calls here would be the program's
+        generators = [torch.default_generator]
+        if torch.cuda.is_initialized():
+            generators += list(torch.cuda.default_generators)
+        states = [g.get_state() for g in generators]
+        try:
+            with contextlib.ExitStack() as stack:
+                for d in devices:
+                    stack.enter_context(torch.autocast(d, enabled=False))
+                stack.enter_context(torch._C.DisableTorchFunctionSubclass())
+                stack.enter_context(torch.no_grad())
                 out = func(*copies[0], **copies[1])
-            except (RuntimeError, TypeError, ValueError):
-                return None  # NOTE: eager refuses these operands without autocast's casts
+        except (RuntimeError, TypeError, ValueError):
+            return None  # NOTE: eager refuses these operands without autocast's casts
+        finally:
+            for g, state in zip(generators, states):
+                g.set_state(state)
         for o in pytree_leaves(out):
             if isinstance(o, torch.Tensor) and o.is_floating_point():
                 return o.dtype
