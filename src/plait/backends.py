@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from plait.autograd import JointGraphError, PartitionError
-from plait.autograd.function import autocast_off
+from plait.autograd.function import without_autocast
 from plait.cache import SavedCompile, Store
 from plait.cache.lookup import cached_compile, freeze_candidates
 from plait.errors import CaptureFallbackWarning, PlaitCompileError
@@ -117,8 +117,8 @@ def _eager_executor(inputs: Sequence[Value], optimized: Graph) -> Executor:
     bind = _bind(inputs, optimized)
 
     def run(values: list[Any]) -> list[Any]:
-        with autocast_off():  # NOTE: capture wrote autocast's casts into the graph
-            return interpret(optimized, bind(values), check_types=False)
+        # NOTE: capture wrote autocast's casts into the graph
+        return without_autocast(interpret, optimized, bind(values), False)
 
     return run
 
@@ -239,8 +239,8 @@ def _stax_executor(inputs: Sequence[Value], optimized: Graph, program: Any) -> E
     bind = _bind(inputs, optimized)
 
     def run(values: list[Any]) -> list[Any]:
-        with autocast_off():  # NOTE: capture wrote autocast's casts into the graph
-            return program(*bind(values))
+        # NOTE: capture wrote autocast's casts into the graph
+        return without_autocast(program, *bind(values))
 
     return run
 

@@ -52,7 +52,9 @@ COVERED = {
     "refuses a second-order gradient (nothing compiled)",
     ("autograd/function.py", "is_autocast_enabled"): "read per call, at run time: turns autocast "
     "off while a compiled program runs (nothing compiled)",
-    ("frontend/tracer.py", "is_autocast_enabled"): "guard torch.autocast (its dtype too: capture "
+    ("frontend/tracer.py", "is_autocast_enabled"): "guard torch.autocast (whether capture "
+    "writes autocast's casts, frontend.autocast)",
+    ("frontend/autocast.py", "is_autocast_enabled"): "guard torch.autocast (its dtype too: capture "
     "writes its casts)",
     ("manifest.py", "get_device_capability"): "recorded in the manifest; key gpu_capability",
     ("cache/__init__.py", "os.environ"): "the cache's location, never its key",

@@ -36,6 +36,24 @@ Executor = Callable[[list[Any]], Sequence[Any]]
 
 
 _DEVICES = ("cpu", "cuda")
+# NOTE: one cheap call answers the common case (autocast off everywhere) on every program call
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
+
+
+def any_autocast() -> bool:
+    """Is autocast on for any device (one cheap call where PyTorch has it)?"""
+    if _ANY_AUTOCAST is not None:
+        return bool(_ANY_AUTOCAST())
+    return any(torch.is_autocast_enabled(d) for d in _DEVICES)
+
+
+def without_autocast(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with autocast off (see :func:`autocast_off`); no context entered in the
+    common case, autocast off already: this runs on every compiled call."""
+    if not any_autocast():
+        return fn(*args)
+    with autocast_off():
+        return fn(*args)
 
 
 @contextlib.contextmanager
@@ -103,8 +121,7 @@ def _zeros_for(meta: tuple[Any, ...]) -> torch.Tensor:
 class _Apply(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, run: CompiledAutograd, *values: Any) -> Any:
-        with autocast_off():
-            results = list(run.forward(list(values)))
+        results = list(without_autocast(run.forward, list(values)))
         outs, saved = results[: run.n_outputs], results[run.n_outputs :]
         ctx.run = run
         # NOTE: what a missing cotangent's zeros look like (not the outputs: they may be freed)
@@ -135,8 +152,7 @@ class _Apply(torch.autograd.Function):
             cots.append(_zeros_for(ctx.outs[i]) if c is None else c.contiguous())
         tensors = iter(ctx.saved_tensors)
         saved = [next(tensors) if o is None else o for o in ctx.others]
-        with autocast_off():
-            grads = list(run.backward([*saved, *cots]))
+        grads = list(without_autocast(run.backward, [*saved, *cots]))
         out: list[Any] = [None] * (1 + run.n_inputs)
         for i, g in zip(run.grads, grads):
             out[1 + i] = g

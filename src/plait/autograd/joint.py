@@ -198,14 +198,7 @@ def _attention_math_call(b: GraphBuilder, node: Node) -> list[Value]:
         else:
             scores = b.call("add", scores, mask)
     weights = b.call("softmax", scores, dim=-1)
-    dropped, _mask = b.call(
-        "aten",
-        [weights],
-        name="native_dropout",
-        overload="default",
-        literals=json.dumps([{"t": 0}, a["dropout_p"], True]),
-    )
-    return [b.call("matmul", dropped, v)]
+    return [b.call("matmul", _native_dropout(b, weights, a["dropout_p"]), v)]
 
 
 def _max_pool_call(b: GraphBuilder, node: Node) -> list[Value]:
@@ -221,15 +214,22 @@ def _max_pool_call(b: GraphBuilder, node: Node) -> list[Value]:
 
 
 def _dropout_call(b: GraphBuilder, node: Node) -> list[Value]:
-    """``native_dropout(x, p, True)``: the same draws as eager's dropout, and its mask."""
+    x = node.inputs[0]
+    assert isinstance(x, Value)
+    return [_native_dropout(b, x, node.attrs["p"])]
+
+
+def _native_dropout(b: GraphBuilder, x: Value, p: float) -> Value:
+    """``native_dropout(x, p, True)``'s result: the same draws as eager's dropout; its mask
+    (the node's second result) is what the backward reads."""
     y, _mask = b.call(
         "aten",
-        [node.inputs[0]],
+        [x],
         name="native_dropout",
         overload="default",
-        literals=json.dumps([{"t": 0}, node.attrs["p"], True]),
+        literals=json.dumps([{"t": 0}, p, True]),
     )
-    return [y]
+    return y
 
 
 def _batch_norm_call(b: GraphBuilder, node: Node) -> list[Value]:

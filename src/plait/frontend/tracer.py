@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -583,7 +582,9 @@ class CaptureContext:
             return out
         assert rule.fn is not None
         if self.autocast:
-            args, kwargs = self.autocast_inputs(func, out, args, kwargs, rule.inplace)
+            from plait.frontend.autocast import autocast_inputs
+
+            args, kwargs = autocast_inputs(self, func, out, args, kwargs, rule.inplace)
         self.rule_depth += 1
         try:
             ir = rule.fn(self, out, *args, **kwargs)
@@ -599,78 +600,6 @@ class CaptureContext:
             ir = InPlace(args[0], ir)
         grad = rule.grad and self.grad_enabled and any(t._rg for t in inputs)
         return self.wrap(ir, out, inputs, grad)
-
-    def autocast_inputs(
-        self, func: Any, out: Any, args: tuple, kwargs: dict, inplace: bool
-    ) -> tuple[tuple, dict]:
-        """The call's operands as autocast gave them to the op. Where autocast changed the
-        call's floating result dtype (its lower-precision ops cast their inputs down, its
-        float32 ops up), each floating operand of another dtype is cast to the result's, as an
-        IR ``to_dtype`` node (its derivative flows). A call autocast left alone (the same result
-        run without autocast: mixed-dtype batch norm, promoting arithmetic) keeps its operands.
-        Never replaced: what the call writes (an in-place op's first operand, batch norm's
-        running statistics)."""
-        found = [o for o in pytree_leaves(out) if isinstance(o, torch.Tensor)]
-        floats = [o.dtype for o in found if o.is_floating_point()]
-        if not floats:
-            return args, kwargs
-        target = floats[0]
-        written = {id(self.tracer(t)) for t in write_targets(self.current, func, args, kwargs)}
-        if inplace and args and isinstance(args[0], torch.Tensor):
-            written.add(id(self.tracer(args[0])))
-        operands: list[Tracer] = []
-        self.unwrap((args, kwargs), operands)
-        # NOTE: only the plain samples are read here: a Tracer's attributes are torch calls
-        if all(t._plain.dtype == target for t in operands if t._plain.is_floating_point()):
-            return args, kwargs
-        if self._result_dtype_without_autocast(func, args, kwargs) == target:
-            return args, kwargs
-
-        def cast(x: Any) -> Any:
-            if (
-                isinstance(x, Tracer)
-                and id(x) not in written
-                and x._plain.is_floating_point()
-                and x._plain.dtype != target
-            ):
-                value = self.call("to_dtype", self.value(x), dtype=target)
-                return self.new_root(x._plain.to(target), value, x._rg)
-            if type(x) in (list, tuple):
-                return type(x)(cast(v) for v in x)
-            return x
-
-        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
-
-    def _result_dtype_without_autocast(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """The call's first floating result dtype with autocast off, run on copies of the
-        samples (nothing written twice, the generator's state kept); None where it has none or
-        PyTorch refuses the operands without autocast."""
-        found: list[Tracer] = []
-        pargs, pkwargs = self.unwrap((args, kwargs), found)
-        copies = pytree_map_tensors(lambda t: t.detach().clone(), (pargs, pkwargs))
-        devices = [d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
-        # NOTE: every generator it could draw from is restored (CUDA's where initialized),
-        # through the generators themselves: torch-level calls here would be the program's
-        generators = [torch.default_generator]
-        if torch.cuda.is_initialized():
-            generators += list(torch.cuda.default_generators)
-        states = [g.get_state() for g in generators]
-        try:
-            with contextlib.ExitStack() as stack:
-                for d in devices:
-                    stack.enter_context(torch.autocast(d, enabled=False))
-                stack.enter_context(torch._C.DisableTorchFunctionSubclass())
-                stack.enter_context(torch.no_grad())
-                out = func(*copies[0], **copies[1])
-        except (RuntimeError, TypeError, ValueError):
-            return None  # NOTE: eager refuses these operands without autocast's casts
-        finally:
-            for g, state in zip(generators, states):
-                g.set_state(state)
-        for o in pytree_leaves(out):
-            if isinstance(o, torch.Tensor) and o.is_floating_point():
-                return o.dtype
-        return None
 
     def wrap(self, ir: Any, out: Any, inputs: list[Tracer], grad: bool) -> Any:
         if isinstance(ir, InPlace):
@@ -771,17 +700,6 @@ def _input_free(value: Value) -> bool:
             elif isinstance(operand, sympy.Basic) and operand.free_symbols:
                 return False
     return True
-
-
-def pytree_map_tensors(fn: Any, x: Any) -> Any:
-    """``x`` with every tensor in its lists, tuples and dicts replaced by ``fn(tensor)``."""
-    if isinstance(x, torch.Tensor):
-        return fn(x)
-    if type(x) in (list, tuple):
-        return type(x)(pytree_map_tensors(fn, v) for v in x)
-    if isinstance(x, dict):
-        return {k: pytree_map_tensors(fn, v) for k, v in x.items()}
-    return x
 
 
 def pytree_leaves(x: Any) -> Iterator[Any]:
