@@ -19,6 +19,7 @@ from plait.ir import Category, all_ops, get_op
 from plait.ir.ops.vjp import is_differentiable
 from tests.autograd.vjp_check import F64, OneOp, check_op
 from tests.ir.opdb import Sample
+from tests.util import assert_bitwise
 
 OPS = sorted(
     n for n, o in all_ops().items() if o.category is Category.POINTWISE and is_differentiable(n)
@@ -163,7 +164,7 @@ def test_number_remainder_tensor_vjp() -> None:
     a = torch.full_like(x, 5.0, requires_grad=True)
     b = x.clone().requires_grad_(True)
     (want,) = torch.autograd.grad(torch.remainder(a, b), [b], _cotangent(x))
-    torch.testing.assert_close(got[0], want, rtol=0, atol=0)
+    assert_bitwise(got[0], want, "5 % x: the tensor % tensor gradient")
 
 
 def test_where_vjp_is_eager() -> None:
@@ -197,5 +198,5 @@ def test_rounding_vjp_is_eager(op: str) -> None:
     assert got[0] is not None
     expected = torch.zeros_like(x) if op != "frac" else None
     identity = _cotangent(x)
-    torch.testing.assert_close(got[0], identity if expected is None else expected, rtol=0, atol=0)
-    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    assert_bitwise(got[0], identity if expected is None else expected, f"{op}'s gradient")
+    assert_bitwise(got[0], want[0], f"{op}'s gradient against eager's")
