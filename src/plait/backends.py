@@ -152,6 +152,13 @@ def _stax_program(req: CompileRequest, optimized: Graph) -> Any:
 
 def _stax_timings(m: Manifest, records: dict[str, Any]) -> None:
     m.timings.update({f"stax.{k}": v for k, v in records.pop("timings", {}).items()})
+    # NOTE: Triton kernels compiled ahead of their first launch: how many, how many at once
+    pre = records.pop("triton_precompile", None)
+    if pre is not None:
+        for key in ("kernels", "jobs", "seconds"):
+            m.timings[f"stax.triton_precompile.{key}"] = pre[key]
+        if "error" in pre:
+            m.fallbacks.append({"what": "Triton precompile", "reason": pre["error"]})
     for k in records.get("kernels", []):
         name = k.get("name", "?")
         for key in ("build_seconds", "cache_hit"):

@@ -147,3 +147,63 @@ def test_kernel_templates_on_cuda(name: str, op_class: str, fn: Check, dtype: to
     report = plait.conformance.check(fn, f, (x,), draws=3, op_class=op_class, seed=1)
     assert report.ok, str(report)
     assert _executor(f)["target"] == "triton"
+
+
+WARM_CHILD = """
+import copy, json, torch, plait, plait.conformance
+from triton import knobs
+from benchmarks.models.resnet import resnet18
+compiled_now = []
+knobs.compilation.listener = lambda **e: compiled_now.append(bool(e.get("cache_hit")))
+torch.manual_seed(0)
+model = resnet18(num_classes=10).cuda().eval()
+reference = copy.deepcopy(model)
+x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1)).cuda()
+compiled = plait.compile(model)
+with torch.no_grad():
+    compiled(x)
+    report = plait.conformance.check(
+        reference, compiled, (x,), draws=2, candidate_module=model, seed=0
+    )
+(spec,) = compiled.specializations
+t = spec.manifest.timings
+print(json.dumps({
+    "compiled": compiled_now.count(False), "loaded": compiled_now.count(True),
+    "precompiled": t.get("stax.triton_precompile.kernels"),
+    "jobs": t.get("stax.triton_precompile.jobs"),
+    "kernels": len(spec.manifest.kernels["kernels"]),
+    "fallbacks": spec.manifest.fallbacks, "gate": report.ok, "report": str(report)[:2000],
+}))
+"""
+
+
+def _warm_child(tmp: Any) -> dict[str, Any]:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "PLAIT_CACHE_DIR": str(tmp / "plait"),
+        "TRITON_CACHE_DIR": str(tmp / "triton"),
+        "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", WARM_CHILD], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_kernels_compile_ahead_in_parallel_and_a_warm_start_compiles_none(tmp_path: Any) -> None:
+    cold = _warm_child(tmp_path)
+    assert cold["fallbacks"] == [], cold["fallbacks"]
+    # NOTE: every kernel compiled before the first launch (no launch compiled its own)
+    assert cold["precompiled"] and cold["compiled"] >= 1 and cold["jobs"] > 1, cold
+    assert cold["gate"], cold["report"]
+    warm = _warm_child(tmp_path)
+    assert warm["compiled"] == 0 and warm["loaded"] >= 1, warm
+    assert warm["gate"], warm["report"]

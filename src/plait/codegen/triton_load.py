@@ -13,6 +13,13 @@ one's ``data_ptr`` element 0 of its buffer. A launch binds nothing but the tenso
 ``num_warps`` and compile options are fixed when the kernel is loaded. Kernels run without
 floating-point contraction (``enable_fp_fusion=False``): each statement rounds as its IR op does.
 
+``precompile`` compiles a program's kernels before their first launch, several at once: Triton's
+own ``warmup`` with the launch's pointer dtypes and options, under Triton's ``AsyncCompileMode``
+(Triton >= 3.5) on a thread pool (the compiler's passes and ``ptxas`` release the GIL). The
+binaries land in Triton's on-disk cache (``TRITON_CACHE_DIR``), keyed by the source, the
+signature and the options: the first launch then finds them in memory, and a later process on
+the same cache loads them from disk and compiles nothing.
+
 Example:
     >>> interpreting() in (True, False)
     True
@@ -25,7 +32,10 @@ import importlib.util
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -102,6 +112,67 @@ def _module(source: str) -> ModuleType:
     return module
 
 
+def _options(ts: TritonSource) -> dict[str, Any]:
+    """The compile options of every launch of ``ts`` (part of Triton's cache key)."""
+    return {"num_warps": ts.num_warps, "enable_fp_fusion": False}
+
+
+def precompile(
+    kernels: Sequence[tuple[TritonSource, Sequence[Any]]], device: Any, jobs: int
+) -> dict[str, Any]:
+    """Compile ``kernels`` (each printed kernel with its launch's tensor dtypes, in buffer
+    order) for CUDA ``device``, up to ``jobs`` at once; returns what happened, for the manifest:
+    ``{"kernels": n, "jobs": j, "parallel": bool, "seconds": s}``. Kernels over empty domains
+    and interpreted kernels compile nothing. A launch whose tensors are not 16-byte aligned (a
+    view at an odd offset) specializes differently and compiles at that launch."""
+    todo = [(ts, dtypes) for ts, dtypes in kernels if 0 not in ts.grid]
+    record: dict[str, Any] = {"kernels": len(todo), "jobs": 1, "parallel": False, "seconds": 0.0}
+    if not todo or interpreting():
+        return record
+    import torch
+
+    t0 = time.perf_counter()
+    unique = {ts.source: (ts, dtypes) for ts, dtypes in todo}.values()
+    with torch.cuda.device(device):
+        warm = [(getattr(_module(ts.source), ts.symbol), ts, dtypes) for ts, dtypes in unique]
+
+        def compile_one(item: tuple[Any, TritonSource, Sequence[Any]]) -> Any:
+            fn, ts, dtypes = item
+            return fn.warmup(*dtypes, grid=ts.grid, **_options(ts))
+
+        mode = _async_mode()
+        workers = max(1, min(jobs, len(warm)))
+        try:
+            if mode is None or workers == 1:
+                for item in warm:
+                    compile_one(item)
+            else:
+                with ThreadPoolExecutor(workers) as pool, mode(pool):
+                    for item in warm:
+                        compile_one(item)  # NOTE: submits it; the mode's exit waits for all
+                record.update(jobs=workers, parallel=True)
+        except Exception as exc:  # NOTE: a Triton without this warmup API, say
+            # NOTE: never silent: the kernels then compile one by one at their first launch
+            record["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            warnings.warn(
+                f"plait: Triton kernels could not be compiled ahead of their first launch "
+                f"({record['error']}); each compiles at its first launch instead",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    record["seconds"] = time.perf_counter() - t0
+    return record
+
+
+def _async_mode() -> Any:
+    """Triton's ``AsyncCompileMode`` (compiles submitted to an executor), where it exists."""
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return None
+    return AsyncCompileMode
+
+
 def _nothing(*tensors: Any) -> None:
     """The launch of a kernel over an empty domain."""
 
@@ -123,9 +194,9 @@ def load_triton(ts: TritonSource) -> Callable[..., None]:
                 run(*tensors, grid=grid, warmup=False)
 
         return interpret
-    num_warps = ts.num_warps
+    options = _options(ts)
 
     def launch(*tensors: Any) -> None:
-        run(*tensors, grid=grid, warmup=False, num_warps=num_warps, enable_fp_fusion=False)
+        run(*tensors, grid=grid, warmup=False, **options)
 
     return launch

@@ -34,6 +34,7 @@ from plait.codegen.onednn import LOADED
 from plait.codegen.options import StaxOptions
 from plait.codegen.plan import KernelStep, NodeTag, Plan, SavedLayouts
 from plait.ir.graph import Graph
+from plait.ir.types import TensorType
 from plait.runtime.memory import MemoryPlan, plan_memory
 from plait.runtime.runner import Runner, build_runner
 
@@ -136,6 +137,8 @@ class StaxProgram:
         self.kernels = kernels
         self.options = options
         self.timings = timings
+        # NOTE: how the Triton kernels were compiled before their first launch (triton_load)
+        self.triton_precompile: dict[str, Any] | None = None
         self._runner = runner
         self._funcs = funcs
         self.source = runner.source
@@ -245,10 +248,13 @@ class StaxProgram:
     def timing_records(self) -> dict[str, Any]:
         """The part of :meth:`records` that differs between two builds of one program (the
         phase timings, and each kernel's build time and cache hit)."""
-        return {
+        out = {
             "timings": {k: round(v, 6) for k, v in self.timings.items()},
             "kernels": [k.record() for k in self.kernels],
         }
+        if self.triton_precompile is not None:
+            out["triton_precompile"] = dict(self.triton_precompile)
+        return out
 
 
 def compile_graph(
@@ -329,6 +335,7 @@ def compile_graphs(
             if isinstance(saved, SavedLayouts) and saved.gate is not None:
                 saved.gate()
     build_units(units, opts.jobs)
+    precompiled = _precompile_triton(graphs, plans, infos, targets, opts)
     t_build = time.perf_counter()
     unit_of = {sym: u for u in units for sym in u.symbols}
     programs = []
@@ -354,7 +361,10 @@ def compile_graphs(
             "build_s": t_build - t_print,
             "runner_s": time.perf_counter() - t0,
         }
-        programs.append(StaxProgram(g, plan, memory, row, runner, opts, timings, funcs, target))
+        program = StaxProgram(g, plan, memory, row, runner, opts, timings, funcs, target)
+        if target == "triton":
+            program.triton_precompile = precompiled
+        programs.append(program)
     return programs
 
 
@@ -385,6 +395,46 @@ def _triton_info(kernel: Kernel) -> KernelInfo:
     info = KernelInfo(kernel.name, symbol, kernel.template, kernel.nodes, digest, source=ts.source)
     info.triton = ts
     return info
+
+
+def _precompile_triton(
+    graphs: Sequence[Graph],
+    plans: Sequence[Plan],
+    infos: Sequence[list[KernelInfo]],
+    targets: Sequence[str],
+    opts: StaxOptions,
+) -> dict[str, Any]:
+    """Every Triton kernel of ``graphs`` compiled before its first launch, ``opts.jobs`` (default:
+    every CPU) at a time (:func:`plait.codegen.triton_load.precompile`)."""
+    import os
+
+    from plait.codegen.triton_load import precompile
+
+    by_device: dict[str, list[tuple[Any, list[Any]]]] = {}
+    for g, plan, row, target in zip(graphs, plans, infos, targets):
+        if target != "triton" or graph_device(g) == "cpu":
+            continue
+        steps = [s for s in plan.steps if isinstance(s, KernelStep)]
+        kernels = by_device.setdefault(graph_device(g), [])
+        for info, step in zip(row, steps):
+            types = [v.type for v in step.lowered.bindings]
+            assert all(isinstance(t, TensorType) for t in types)  # NOTE: launched with tensors
+            dtypes = [t.dtype for t in types if isinstance(t, TensorType)]
+            kernels.append((info.triton, dtypes))
+    jobs = opts.jobs or os.cpu_count() or 1
+    records = [precompile(kernels, device, jobs) for device, kernels in by_device.items()]
+    if not records:
+        return {"kernels": 0, "jobs": 1, "parallel": False, "seconds": 0.0}
+    out = {
+        "kernels": sum(r["kernels"] for r in records),
+        "jobs": max(r["jobs"] for r in records),
+        "parallel": any(r["parallel"] for r in records),
+        "seconds": sum(r["seconds"] for r in records),
+    }
+    errors = [r["error"] for r in records if "error" in r]
+    if errors:
+        out["error"] = "; ".join(errors)
+    return out
 
 
 def _load_triton(row: list[KernelInfo], kernel_steps: list[int]) -> dict[int, Any]:
