@@ -3,12 +3,18 @@
 Rules, in order, for a floating-point tensor (integers and bools must be equal):
 1. NaN and Inf must match in position and kind, whatever the tolerances.
 2. ``bitwise``: every element identical (order-preserving transforms, determinism).
-3. elementwise: ``|a - e| <= atol * max(1, S) + rtol * |e|``, ``S`` the largest finite ``|e|``.
+3. elementwise: ``|a - e| <= atol * max(1, S) + rtol * |e|``, ``S`` the largest finite ``|e|``;
+   except where rule 4 applies and eager is itself outside this budget around ``z`` (the value is
+   ill-conditioned: the program amplifies rounding beyond the budget, so two correct programs
+   need not agree within it): then rule 4 alone judges the value in that case, counted as
+   ``tolerance (ill-conditioned: anchored)`` with a note of eager's own error against ``z``.
 4. anchored, when a float64 reference ``z`` exists, pooled over draws by
    :class:`~plait.conformance.anchor.AnchorPool` (``u`` the unit roundoff, ``e`` the least
    accurate of eager's runs over the contract's baseline layouts):
    ``rms(a - z) <= factor * rms(e - z) + floor * u * rms(z)`` and
-   ``max|a - z| <= tail_factor * max|e - z| + floor * u * max|z|``.
+   ``max|a - z| <= tail_factor * max|e - z| + floor * u * max|z|``; skipped as rounding noise
+   where eager's worst error is above ``2^-noise_bits * max|z|``, unless the value was
+   ill-conditioned in some case of its group.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import torch
 
-from plait.conformance.anchor import AnchorPool, ModelRule
+from plait.conformance.anchor import AnchorPool, Conditioning, ModelRule
 from plait.conformance.anchor import index_of as _index
 from plait.conformance.anchor import value_at as _at
 from plait.conformance.report import Failure, Report
@@ -153,19 +159,25 @@ def _compare_tensors(
     if not _nonfinite_match(report, where, case, e, a):
         return
     finite = torch.isfinite(e) & torch.isfinite(a)
-    _elementwise(report, where, case, e, a, finite, budget)
     anchor = anchoring.anchor
-    if budget.factor is None or not isinstance(anchor, torch.Tensor):
+    z = _as_real64(anchor) if isinstance(anchor, torch.Tensor) else None
+    if budget.factor is None or z is None or z.shape != e.shape:
+        _elementwise(report, where, case, e, a, finite, budget)
         return
-    z = _as_real64(anchor)
-    if z.shape != e.shape:
-        return
+    mask = finite & torch.isfinite(z)
+    # NOTE: the elementwise budget against eager is a test only where eager meets it against
+    # float64; where eager does not (the program amplifies rounding beyond it), two correct
+    # programs need not agree within it, and the anchored rule judges the value alone.
+    conditioning = _conditioning(e, z, mask, budget)
+    if conditioning is None:
+        _elementwise(report, where, case, e, a, finite, budget)
+    else:
+        report.count("tolerance (ill-conditioned: anchored)")
     dtype = e_raw.dtype if e_raw.dtype.is_floating_point else torch.float32
     tail = budget.tail_factor if budget.tail_factor is not None else budget.factor
     floor = budget.floor * unit_roundoff(dtype)
     rule = ModelRule(budget.factor, tail, floor, budget.noise_bits)
     target = anchoring.pool if anchoring.pool is not None else AnchorPool()
-    mask = finite & torch.isfinite(z)
     # NOTE: eager in another layout sets the baseline only where it is what a candidate may be:
     # the same value within the elementwise budget (not other random numbers, say).
     others = {}
@@ -176,11 +188,12 @@ def _compare_tensors(
             if same and not bool(_outside(e, o, finite, budget).any()):
                 others[layout] = o
                 continue
+        why = "ill-conditioned here" if conditioning else "random numbers drawn in memory order?"
         report.note(
             f"{where} ({anchoring.group}): eager in layout {layout} is not a baseline: it differs "
-            "from eager beyond the elementwise budget (random numbers drawn in memory order?)"
+            f"from eager beyond the elementwise budget ({why})"
         )
-    target.add(where, anchoring.group, case, e, a, z, mask, rule, others)
+    target.add(where, anchoring.group, case, e, a, z, mask, rule, others, conditioning)
     if anchoring.pool is None:
         target.finalize(report)
 
@@ -272,6 +285,24 @@ def _elementwise(
             "error", "tolerance", where, case, msg, idx, _at(e, idx), _at(a, idx),
             _at(err, idx), _at(allowed, idx),
         )
+    )  # fmt: skip
+
+
+def _conditioning(
+    e: torch.Tensor, z: torch.Tensor, mask: torch.Tensor, budget: Budget
+) -> Conditioning | None:
+    """Eager's own elementwise error against the float64 value ``z``, where it is outside the
+    budget there (the value is ill-conditioned); None where eager meets it."""
+    over = _outside(z, e, mask, budget)
+    if not bool(over.any()):
+        return None
+    scale = max(1.0, float(z[mask].abs().max()))
+    allowed = budget.tol.atol * scale + budget.tol.rtol * z.abs()
+    share = ((e - z).abs() / allowed).where(over, torch.zeros((), dtype=e.dtype))
+    idx = _index(int(share.reshape(-1).argmax()), e.shape)
+    return Conditioning(
+        int(over.sum()), int(mask.sum()), _at((e - z).abs(), idx), _at(allowed, idx),
+        budget.tol.rtol, budget.tol.atol,
     )  # fmt: skip
 
 
