@@ -12,8 +12,12 @@ compares the state at each torch call (and at the end) with the state the graph 
   fresh generator seeded with ``torch.initial_seed()``) becomes ``rng_seed {seed=s}``; a state
   restored to one the program had earlier (``torch.random.fork_rng``, ``get_rng_state`` then
   ``set_rng_state``) becomes ``rng_get_state`` at that earlier point and ``rng_set_state`` here;
+- a CUDA generator that moved during a torch call must be accounted for by a random node on
+  CUDA tensors (executors run PyTorch's random kernels in program order on the same default
+  CUDA generators; a CUDA graph advances the generator's offset at each replay as eager's calls
+  do); ``manual_seed`` seeds the CUDA generators too, and so does its ``rng_seed`` replay;
 - anything else (a state from outside the program, draws by a call plait captured as a
-  deterministic op, the CUDA generators moving) is a :class:`GraphCaptureError`, under
+  deterministic op, a CUDA generator moved otherwise) is a :class:`GraphCaptureError`, under
   ``fullgraph=False`` the recorded eager fallback.
 
 NOTE: ``torch.seed()`` (a nondeterministic seed) looks like ``manual_seed`` of the seed it drew
@@ -49,6 +53,10 @@ def _cuda_states() -> list[torch.Tensor] | None:
     return torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
 
 
+def _on_cuda(node: Node) -> bool:
+    return any(getattr(v.type, "device", "cpu") != "cpu" for v in node.outputs)
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.equal(a, b))
 
@@ -77,14 +85,19 @@ class RngTracker:
     # --- around each torch call --------------------------------------------------------------
     def before(self, cx: CaptureContext) -> None:
         """Account for what Python code did to the generator since the last torch call."""
-        self._check_cuda(cx)
         now = cpu_state()
         if _same(now, self.expected):
+            self._check_cuda(cx)
             return
         seed = torch.initial_seed()
         if _same(now, torch.Generator().manual_seed(seed).get_state()):
+            # NOTE: manual_seed seeds the CUDA generators too, and so does its replay
+            if self._cuda_seeded(seed):
+                self.cuda = _cuda_states()
+            self._check_cuda(cx)
             node_value = cx.call("rng_seed", seed=int(seed))
         else:
+            self._check_cuda(cx)
             k = self._find(now)
             if k is None:
                 cx.fail(
@@ -98,6 +111,7 @@ class RngTracker:
 
     def after(self, cx: CaptureContext, first_node: int) -> None:
         """The torch call just run moved the generator: a random node must account for it."""
+        self._after_cuda(cx, first_node)
         now = cpu_state()
         if _same(now, self.expected):
             return
@@ -148,6 +162,35 @@ class RngTracker:
         self.saved[k] = value
         return value
 
+    def _after_cuda(self, cx: CaptureContext, first_node: int) -> None:
+        """A CUDA generator that moved during a torch call is accounted for by a random node
+        on CUDA tensors among the call's nodes: executors run PyTorch's own random kernels in
+        program order, on the same default CUDA generators (the same draws as eager)."""
+        now = _cuda_states()
+        if now is None or self.cuda is None or len(now) != len(self.cuda):
+            return  # NOTE: CUDA started during the call: _check_cuda judges it next
+        if all(_same(a, b) for a, b in zip(now, self.cuda)):
+            return
+        nodes = cx.builder.graph.nodes[first_node:]
+        if any(get_op(n.op).is_random(n.attrs) and _on_cuda(n) for n in nodes):
+            self.cuda = now
+            last = [n for n in nodes if get_op(n.op).is_random(n.attrs)][-1]
+            self.last_random = last
+
+    def _cuda_seeded(self, seed: int) -> bool:
+        """Whether every CUDA generator is in the state ``manual_seed(seed)`` gives it."""
+        now = _cuda_states()
+        if now is None:
+            return False
+        for i, state in enumerate(now):
+            g = torch.cuda.default_generators[i]
+            g.manual_seed(seed)
+            fresh = g.get_state()
+            g.set_state(state)
+            if not _same(fresh, state):
+                return False
+        return True
+
     def _check_cuda(self, cx: CaptureContext) -> None:
         now = _cuda_states()
         if self.cuda is None and now is None:
@@ -160,8 +203,9 @@ class RngTracker:
         ):
             cx.fail(
                 "limitation",
-                "the program moved a CUDA random number generator; plait replays the CPU "
-                "generator only",
+                "the program moved a CUDA random number generator outside a random op plait "
+                "captures (a state set from outside the program, or a draw by a call captured "
+                "as deterministic); plait replays CUDA draws by its random ops and manual_seed",
             )
 
 

@@ -21,9 +21,10 @@ Example (on a machine with CUDA)::
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -87,14 +88,18 @@ class GraphedCall:
         self.outputs: list[tuple[str, Any]] = []
 
     def capture(self) -> None:
-        """Warm up on a side stream, then capture; raises what the capture raises."""
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            self.fn(*self.statics)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        with torch.cuda.graph(self.graph):
-            outs = self.fn(*self.statics)
+        """Warm up on a side stream, then capture; raises what the capture raises. The
+        generators end where they started: the program's random ops draw at its calls (each
+        replay advances the CUDA generator's offset by what the captured draws consume, as
+        eager's calls do), never at compile time."""
+        with keep_generators(self.device):
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self.fn(*self.statics)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            with torch.cuda.graph(self.graph):
+                outs = self.fn(*self.statics)
         self.outputs = [self._classify(o) for o in outs]
 
     def _classify(self, o: Any) -> tuple[str, Any]:
@@ -132,6 +137,19 @@ class GraphedCall:
             return out
 
 
+@contextlib.contextmanager
+def keep_generators(device: torch.device) -> Iterator[None]:
+    """The CPU generator and ``device``'s CUDA generator restored on exit: compile-time runs
+    (a warm-up, a capture) draw nothing from the user's random stream."""
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state(device)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        torch.cuda.set_rng_state(cuda, device)
+
+
 def graphed(program: Any, fn: Call, enabled: bool) -> tuple[Call, dict[str, Any]]:
     """``program``'s call on CUDA: through one CUDA graph where it can be captured, else ``fn``
     (after a warm-up run that compiles its kernels); with the record of what happened."""
@@ -162,7 +180,8 @@ def warm_up(program: Any, fn: Call) -> None:
         else:
             return
     try:
-        fn(*args)
-        torch.cuda.synchronize(program.device)
+        with keep_generators(program.device):
+            fn(*args)
+            torch.cuda.synchronize(program.device)
     except RuntimeError:
         return  # NOTE: a runtime check may refuse zeros; the kernels then compile at first call
