@@ -64,6 +64,8 @@ COVERED = {
     "kernel binds (libdevice, or the interpreter's numpy shim): how one kernel source runs, "
     "read each time a kernel loads, never part of what is cached",
     ("cache/store.py", "os.environ"): "the cache's size limit, never its key",
+    ("cache/remote.py", "os.environ"): "the remote tier's URL, TTL and entry size limit: where "
+    "entries are kept and for how long, never their key",
     ("guards/__init__.py", "get_num_threads"): "docstring example of the ambient guards",
     ("guards/native.py", "os.environ"): "where the guard evaluator is cached, whether it is "
     "used: how guards run, never what they check",

@@ -7,7 +7,9 @@ the passes, the planner's dry runs and the C++ compiler.
 
 The default store is a directory: ``$PLAIT_CACHE_DIR/artifacts`` when that variable is set, else
 ``$XDG_CACHE_HOME/plait/artifacts`` (``~/.cache/plait/artifacts``); ``plait.compile(...,
-options={"cache": ...})`` takes ``False`` (off), a directory, or a :class:`Store`.
+options={"cache": ...})`` takes ``False`` (off), a directory, a ``redis://`` URL, or a
+:class:`Store`. ``$PLAIT_CACHE_URL`` (or a ``redis://`` URL as the option) puts a shared remote
+tier behind the local directory (:mod:`plait.cache.remote`).
 
 Example:
     >>> import tempfile
@@ -50,31 +52,52 @@ def default_store() -> LocalStore:
     return LocalStore(cache_root() / "artifacts")
 
 
+def _remote_url(option: Any) -> str | None:
+    """The remote tier an option (or else ``$PLAIT_CACHE_URL``) names for a local store."""
+    from plait.cache import remote
+
+    return option if remote.is_remote_url(option) else remote.url_setting()
+
+
 def check_store_option(option: Any) -> None:
     """Raise ``ValueError`` for an ``options['cache']`` value :func:`resolve_store` refuses
-    (without opening any store)."""
+    (without opening any store or contacting any server; ``ImportError`` when a remote tier is
+    named and the ``redis`` client library is missing)."""
     if option is False or isinstance(option, Store):
         return
     if option is None or isinstance(option, (bool, str, os.PathLike)):
         max_bytes_setting()  # NOTE: a local store reads it: a bad value fails here, too
+        url = _remote_url(option)
+        if url is not None:
+            from plait.cache import remote
+
+            remote.check_url(url)
         return
     raise ValueError(
-        f"options['cache'] must be True, False, a directory or a plait.cache.Store, "
-        f"got {type(option).__name__}"
+        f"options['cache'] must be True, False, a directory, a redis:// URL or a "
+        f"plait.cache.Store, got {type(option).__name__}"
     )
 
 
 def resolve_store(option: Any = True) -> Store | None:
     """The store an option names: ``True``/``None`` the default, ``False`` none, a path a
-    :class:`LocalStore` there, a :class:`Store` itself."""
+    :class:`LocalStore` there, a :class:`Store` itself; a ``redis://`` URL (or, for the first
+    three, ``$PLAIT_CACHE_URL``) adds a remote tier behind the local one."""
     check_store_option(option)
-    if option is None or option is True:
-        return default_store()
     if option is False:
         return None
     if isinstance(option, Store):
         return option
-    return LocalStore(option)
+    url = _remote_url(option)
+    if option is None or option is True or url == option:
+        local = default_store()
+    else:
+        local = LocalStore(option)
+    if url is None:
+        return local
+    from plait.cache import remote
+
+    return remote.TieredStore(local, remote.remote_store(url))
 
 
 __all__ = [

@@ -2,6 +2,7 @@
 
 ``--dir`` names the cache directory (what ``$PLAIT_CACHE_DIR`` names; artifacts live in its
 ``artifacts/`` folder, kernels beside them); the default is the one ``plait.compile`` uses.
+``--url`` (``stats``, ``verify``) names the remote tier (default ``$PLAIT_CACHE_URL``).
 
 Example:
     >>> import tempfile
@@ -19,9 +20,10 @@ from pathlib import Path
 
 import click
 
-from plait.cache import LocalStore, cache_root
+from plait.cache import LocalStore, cache_root, remote
 from plait.cache.key import explain_miss
 from plait.cache.lookup import entry_parts
+from plait.cache.remote import RedisStore, RemoteUnavailableError
 from plait.manifest import Manifest, printable
 
 _DIR = click.option(
@@ -33,8 +35,38 @@ _DIR = click.option(
 )
 
 
+_URL = click.option(
+    "--url",
+    default=None,
+    help="The remote tier (redis://host:port/db; default: $PLAIT_CACHE_URL, else none).",
+)
+
+
 def _store(root: Path | None) -> LocalStore:
     return LocalStore((root or cache_root()) / "artifacts")
+
+
+def _remote(url: str | None) -> RedisStore | None:
+    """The remote tier ``--url`` (else ``$PLAIT_CACHE_URL``) names; None when neither does."""
+    url = url or remote.url_setting()
+    if url is None:
+        return None
+    try:
+        return RedisStore(url)
+    except (ValueError, ImportError) as exc:
+        raise click.ClickException(printable(str(exc))) from None
+
+
+def _remote_stats(store: RedisStore) -> tuple[str, dict[str, object]]:
+    """The remote tier's line and numbers; an unreachable server is a line, not a failure."""
+    try:
+        st = store.stats()
+    except RemoteUnavailableError as exc:
+        return f"{store.location}: unavailable ({exc})", {
+            "location": store.location,
+            "error": str(exc),
+        }
+    return str(st), dict(st.__dict__)
 
 
 class _Group(click.Group):
@@ -85,18 +117,28 @@ def cache_group() -> None:
 
 @cache_group.command()
 @_DIR
+@_URL
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
-def stats(root: Path | None, as_json: bool) -> None:
-    """Entries, size and size limit of the cache (and the kernel files beside it)."""
+def stats(root: Path | None, url: str | None, as_json: bool) -> None:
+    """Entries, size and size limit of the cache (and the kernel files beside it), and of its
+    remote tier when there is one (a server that does not answer is reported, exit status 0)."""
     store = _store(root)
     st = store.stat()
     kernels = _kernel_files(root)
     kernel_bytes = sum(p.stat().st_size for p in kernels)
+    tier = _remote(url)
+    line, numbers = _remote_stats(tier) if tier is not None else ("", {})
     if as_json:
         data = {**st.__dict__, "kernel_files": len(kernels), "kernel_bytes": kernel_bytes}
+        if tier is not None:
+            data["remote"] = numbers
         click.echo(json.dumps(data, indent=2))
         return
-    click.echo(str(st))
+    if tier is None:
+        click.echo(str(st))
+    else:
+        click.echo(f"local: {st}")
+        click.echo(f"remote: {line}")
     click.echo(f"kernels: {len(kernels)} files, {kernel_bytes / 2**20:.1f} MiB")
     entries = store.list()
     snapshots = sum(e.meta.get("kind") == "snapshot" for e in entries)
@@ -109,12 +151,22 @@ def stats(root: Path | None, as_json: bool) -> None:
 
 @cache_group.command()
 @_DIR
-def verify(root: Path | None) -> None:
-    """Check every entry against its own hash; remove and report those that fail. Exit status
-    1 when anything was wrong."""
+@_URL
+def verify(root: Path | None, url: str | None) -> None:
+    """Check every entry against its own hash; remove and report those that fail (in the
+    remote tier too, when there is one). Exit status 1 when anything was wrong."""
     report = _store(root).verify()
-    click.echo(str(report))
-    if not report.ok:
+    tier = _remote(url)
+    click.echo(str(report) if tier is None else f"local: {report}")
+    ok = report.ok
+    if tier is not None:
+        try:
+            there = tier.verify()
+        except RemoteUnavailableError as exc:
+            raise click.ClickException(f"remote: {tier.location}: unavailable ({exc})") from None
+        click.echo(f"remote: {there}")
+        ok = ok and there.ok
+    if not ok:
         sys.exit(1)
 
 

@@ -10,9 +10,11 @@ build) and ``weights`` (the hash of the frozen tensors' values; parameters that 
 never enter it). A program with a guard on an object of this process (an argument compared by
 identity) is compiled and never cached, and the manifest says why.
 
-What happened goes to the manifest's ``cache`` section: ``hit``, or ``miss`` with the key part
-that differs from the nearest entry, and every corrupt or stale entry that was discarded and
-rebuilt (also warned as :class:`CacheWarning`).
+What happened goes to the manifest's ``cache`` section: ``hit`` (with the ``tier`` that served
+it, ``local`` or ``remote``, where the store has tiers), or ``miss`` with the key part that
+differs from the nearest entry, and every corrupt or stale entry that was discarded and rebuilt
+(also warned as :class:`CacheWarning`), and what a remote tier did (an entry read or published,
+an outage).
 
 Example:
     >>> freeze_candidates.__doc__.split(":")[0]
@@ -211,6 +213,7 @@ def cached_compile(
         _report(events, f"cache entry {digest[:16]}… discarded: {exc}; rebuilt")
     except OSError as exc:  # NOTE: an unusable cache directory costs the cache, not the compile
         _report(events, f"cache unavailable ({exc}); compiled without it")
+        events += store.take_notes()
         with kernel_cache_events(events):
             compiled = compile_fn(req, m, pipeline, freeze, needs_grad)
         m.cache = {"status": "not cached", "key": digest, "events": events}
@@ -218,12 +221,16 @@ def cached_compile(
     for problem in getattr(store, "problems", [])[:]:  # NOTE: e.g. an index rebuilt
         store.problems.remove(problem)
         _report(events, problem)
+    events += store.take_notes()  # NOTE: a remote tier's reads, outages (warned once)
     if saved is not None:
         with kernel_cache_events(events):
             compiled = restore_fn(req, saved)
         compiled.manifest.cache_key = m.cache_key
         compiled.manifest.timings["cache.key"] = t_key
         compiled.manifest.cache = {"status": "hit", "key": digest, "events": events}
+        tier = store.served_by(digest)
+        if tier is not None:
+            compiled.manifest.cache["tier"] = tier
         return compiled
     miss = explain_miss(parts, entry_parts(store))
     with kernel_cache_events(events):
@@ -241,6 +248,7 @@ def cached_compile(
         except (OSError, ValueError, RuntimeError) as exc:
             _report(events, f"could not save entry {digest[:16]}…: {exc}")
         m.timings["cache.save"] = time.perf_counter() - start
+        events += store.take_notes()  # NOTE: a remote tier's publish, or why it did not
     m.cache = {
         "status": "miss",
         "key": digest,

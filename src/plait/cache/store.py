@@ -200,6 +200,17 @@ class Store(abc.ABC):
         keys = [e.key for e in self.list()]
         return sum(self.delete(k) for k in keys)
 
+    def take_notes(self) -> Sequence[str]:
+        """What the store did since the last call that the caller's manifest should say (a
+        remote tier's reads, publishes and outages: :class:`plait.cache.remote.TieredStore`);
+        each note is handed out once. This default has none."""
+        return []
+
+    def served_by(self, key: str) -> str | None:
+        """Which tier served ``key``'s last read (``"local"``, ``"remote"``), for a store with
+        tiers; None for a store of one."""
+        return None
+
 
 def _payload_offset(n_meta: int) -> int:
     return -(-(_HEADER.size + n_meta) // ALIGN) * ALIGN
