@@ -93,8 +93,10 @@ class _Emitter:
         check: bool,
         profile: bool = False,
         launch: bool = False,
+        trace: Callable[[int, tuple[Any, ...]], None] | None = None,
     ) -> None:
         self.plan, self.memory, self.check, self.profile = plan, memory, check, profile
+        self.trace = trace
         # NOTE: step index -> a ctypes function reading the pointer table, or (``launch``) a
         # Triton launcher taking one tensor per kernel buffer
         self.funcs = symbols
@@ -234,6 +236,10 @@ class _Emitter:
                 self.fallback_step(step)
             if self.profile:
                 self.line(f"_n = _clock(); _P[{k}] += _n - _t; _t = _n")
+            if self.trace is not None:
+                self.g["_trace"] = self.trace
+                outs = "".join(f"{self.tensor(v)}, " for v in step_outputs(step))
+                self.line(f"_trace({k}, ({outs}))")
             ends.append(len(self.lines))
         outs = ", ".join(self.output(o) for o in plan.graph.outputs)
         self.line(f"return [{outs}]", 2)
@@ -383,6 +389,12 @@ class _Emitter:
                 self.line(f"{var} = r[{k}]")
 
 
+def step_outputs(step: KernelStep | ExternStep | FallbackStep) -> list[Value]:
+    """The tensor values a step materializes, in the order a traced runner hands them over."""
+    outs = step.node.outputs if isinstance(step, FallbackStep) else step.outputs
+    return [v for v in outs if isinstance(v.type, TensorType)]
+
+
 def _device_clock(device: torch.device) -> Callable[[], float]:
     """A wall clock that first waits for the device's queued work (CUDA runs asynchronously)."""
     if device.type != "cuda":
@@ -402,11 +414,13 @@ def build_runner(
     check_inputs: bool,
     profile: bool = False,
     launch: bool = False,
+    trace: Callable[[int, tuple[Any, ...]], None] | None = None,
 ) -> Runner:
     """Generate and compile the program's Python runner (``profile``: accumulate each step's
     wall time into the global list ``_P``; ``launch``: ``funcs`` are Triton launchers, not
-    C++ functions)."""
-    em = _Emitter(plan, memory, funcs, check_inputs, profile, launch)
+    C++ functions; ``trace``: a debug mode that calls ``trace(step index, tensors)`` after each
+    step with the values it materialized (:func:`step_outputs`), which it may overwrite)."""
+    em = _Emitter(plan, memory, funcs, check_inputs, profile, launch, trace)
     em.emit()
     table = (ctypes.c_void_p * max(em.slots, 1))()
     base_addr = ctypes.addressof(table)
@@ -465,5 +479,6 @@ __all__ = [
     "build_runner",
     "contiguous_strides",
     "runner_code",
+    "step_outputs",
     "tensor_bytes",
 ]

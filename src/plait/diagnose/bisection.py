@@ -1,0 +1,409 @@
+"""``bisect``: from "the compiled program is wrong" to the first pass and node that made it so.
+
+It compiles as :func:`plait.compile` would (the same options), judges the result with the
+conformance gate and, when the gate fails:
+
+1. judges the captured graph run by the reference interpreter (a failure there is capture's);
+2. replays the pass pipeline one pass at a time and judges each pass's output graph, run by the
+   reference interpreter, with the gate: the first pass that fails is the culprit (passes that
+   changed nothing are skipped: their output is their input);
+3. inside that pass's output, finds the first value that diverges from the pass's input graph
+   (:func:`plait.diagnose.replay.localize_pass`), and the rewrite rule the pass's record names
+   for it; or, when every pass is clean, the first node the Stax program computes wrong
+   (:func:`plait.diagnose.backend.localize_backend`);
+4. shrinks the graph around that value (:func:`plait.diagnose.shrink.shrink`) and writes a
+   standalone repro (:func:`plait.diagnose.reproducer.write_repro`).
+
+The diagnosis runs under ``torch.no_grad()`` (the forward program); a pass registered by the
+user is named exactly as a built-in one.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import plait.conformance
+from plait.api import compile as plait_compile
+from plait.conformance.report import Report
+from plait.diagnose.backend import localize_backend
+from plait.diagnose.judging import Executor, Measure, first_measure, graph_executor
+from plait.diagnose.replay import Divergence, PassStep, localize_pass, replay
+from plait.diagnose.reproducer import backend_divergence, pass_divergence, write_repro
+from plait.diagnose.shrink import shrink
+from plait.diagnose.values import evaluate
+from plait.errors import GraphCaptureError, PlaitCompileError, SemanticDriftError
+from plait.frontend.guards import GuardEnv
+from plait.ir import Graph
+from plait.runtime import StaxOptions
+
+
+@dataclass
+class NodeReport:
+    """The node a diagnosis blames: its ``id``, its IR ``text``, the ``graph`` it is in
+    (``after <pass>``, ``before <pass>`` for a node a rewrite replaced, ``program`` for the
+    backend), the fused ``kernel`` it ran in and what was ``replaced`` (IR text)."""
+
+    id: int
+    text: str
+    graph: str
+    kernel: str | None = None
+    replaced: str | None = None
+    note: str = ""
+
+    def __str__(self) -> str:
+        parts = [f"node {self.id} ({self.graph}): {self.text}"]
+        if self.replaced and self.replaced != self.text:
+            parts.append(f"replacing: {self.replaced}")
+        if self.kernel:
+            parts.append(f"ran in: {self.kernel}")
+        if self.note:
+            parts.append(self.note)
+        return "\n    ".join(parts)
+
+
+@dataclass
+class Bisection:
+    """A diagnosis. ``ok``: the gate passed (nothing to find). Otherwise ``stage`` is
+    ``"capture"``, ``"pass"`` or ``"backend"``; ``pass_name`` the first divergent pass;
+    ``node`` the first divergent node; ``rule`` the rewrite rule the pass's record names for it;
+    ``error`` the gate's measure against its budget (for the node when one was found, else for
+    the stage); ``repro`` the repro directory (None when no standalone repro could be made:
+    ``notes`` say why)."""
+
+    ok: bool
+    stage: str | None = None
+    pass_name: str | None = None
+    node: NodeReport | None = None
+    rule: str | None = None
+    error: Measure | None = None
+    repro: Path | None = None
+    stage_error: Measure | None = None
+    pipeline: list[str] = field(default_factory=list)
+    report: str = ""
+    notes: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        if self.ok:
+            return "plait diagnose: the compiled program passes the conformance gate"
+        where = {"pass": f"pass {self.pass_name!r}", "backend": "the Stax backend"}
+        lines = [f"plait diagnose: first divergence in {where.get(self.stage or '', self.stage)}"]
+        if self.rule:
+            lines.append(f"  rule: {self.rule}")
+        if self.node is not None:
+            lines.append(f"  {self.node}")
+        if self.error is not None:
+            lines.append(f"  error: {self.error}")
+        if self.stage_error is not None and self.stage_error != self.error:
+            lines.append(f"  gate: {self.stage_error}")
+        if self.repro is not None:
+            lines.append(f"  repro: {self.repro} (python {self.repro / 'repro.py'})")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+@dataclass
+class Subject:
+    """What is diagnosed: the captured graph, the pipeline and its frozen parameters, the Stax
+    options, and how a candidate graph is judged (``judge``) and fed (``sample``)."""
+
+    graph: Graph
+    pipeline: list[str]
+    params: dict[str, Any]
+    stax: StaxOptions | None
+    judge: Callable[[Executor], Report]
+    sample: Callable[[int], dict[str, Any]]
+
+
+def diagnose_subject(
+    subject: Subject, *, repro_dir: str | Path | None = None, seed: int = 0,
+    shrink_seconds: float = 60.0, stage_report: Report | None = None,
+) -> Bisection:  # fmt: skip
+    """Steps 1-4 of the module docstring on a subject whose compiled program failed the gate."""
+    clock: dict[str, float] = {}
+    out = Bisection(False, pipeline=list(subject.pipeline))
+    t0 = time.perf_counter()
+    g0 = subject.graph
+    try:
+        steps = replay(g0, subject.pipeline, subject.params)
+    except SemanticDriftError as exc:
+        out.stage, out.pass_name = "pass", exc.pass_name
+        out.error = Measure("verify", f"node {exc.node_id}", "after the pass", str(exc))
+        out.notes.append("the IR verifier rejects the pass's output (semantic drift)")
+        return out
+    clock["replay"] = time.perf_counter() - t0
+    failing, verdict = _first_failing_pass(subject, steps)
+    clock["passes"] = time.perf_counter() - t0 - clock["replay"]
+    if verdict is not None and failing is None:
+        out.stage, out.stage_error, out.report = "capture", first_measure(verdict), str(verdict)
+        out.error = out.stage_error
+        out.notes.append("the captured graph, run by the reference interpreter, already fails")
+        return out
+    if verdict is not None:
+        out.stage_error, out.report = first_measure(verdict), str(verdict)
+    inputs = subject.sample(seed)
+    if failing is not None:
+        out.stage, out.pass_name = "pass", failing.name
+        found = localize_pass(failing, inputs)
+        _blame(out, found, f"after {failing.name}", f"before {failing.name}")
+        clock["localize"] = time.perf_counter() - t0 - sum(clock.values())
+        if found is not None and found.exceeded:
+            out.repro = _pass_repro(failing, inputs, found, repro_dir, shrink_seconds)
+        clock["repro"] = time.perf_counter() - t0 - sum(clock.values())
+        out.seconds = clock
+        return out
+    out.stage = "backend"
+    if stage_report is not None:
+        out.stage_error, out.report = first_measure(stage_report), str(stage_report)
+    if subject.stax is None:
+        out.notes.append("every pass is clean and the program did not run on Stax")
+        return out
+    final = steps[-1].after if steps else g0
+    found = localize_backend(final, subject.stax, _for(final, inputs))
+    _blame(out, found, "program", "program")
+    clock["localize"] = time.perf_counter() - t0 - sum(clock.values())
+    if found is not None and found.exceeded:
+        out.repro = _backend_repro(final, _for(final, inputs), found, subject.stax, repro_dir,
+                                   shrink_seconds)  # fmt: skip
+    clock["repro"] = time.perf_counter() - t0 - sum(clock.values())
+    out.seconds = clock
+    return out
+
+
+def _first_failing_pass(
+    subject: Subject, steps: list[PassStep]
+) -> tuple[PassStep | None, Report | None]:
+    """The first pass whose output, run by the interpreter, fails the gate, with the gate's
+    report; ``(None, report)`` when the captured graph itself fails; ``(None, None)`` when the
+    pipeline's output passes (the backend is to blame). The pipeline's output is judged first:
+    when it passes, no pass is judged on its own."""
+    g0 = subject.graph
+    changed = [s for s in steps if s.record.changed]
+    if not changed:
+        report = subject.judge(graph_executor(g0.inputs, g0))
+        return None, None if report.ok else report
+    last = subject.judge(graph_executor(g0.inputs, changed[-1].after))
+    if last.ok:
+        return None, None
+    for i, step in enumerate(changed):
+        report = (
+            last if step is changed[-1] else subject.judge(graph_executor(g0.inputs, step.after))
+        )
+        if report.ok:
+            continue
+        if i == 0:
+            captured = subject.judge(graph_executor(g0.inputs, g0))
+            if not captured.ok:
+                return None, captured
+        return step, report
+    raise AssertionError("unreachable: the last changed pass failed")
+
+
+def _for(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Values for ``graph``'s inputs: the sample's, else the graph's constants."""
+    return {
+        v.name: inputs[v.name] if v.name in inputs else graph.constants[v.name]
+        for v in graph.inputs
+    }
+
+
+def _blame(out: Bisection, found: Divergence | None, after: str, before: str) -> None:
+    if found is None:
+        out.notes.append("no value differs on the diagnosis inputs (the gate's draws differ)")
+        out.error = out.stage_error
+        return
+    out.error, out.rule = found.measure, found.rule
+    if found.node is not None:
+        replaced = found.replaced
+        out.node = NodeReport(
+            found.node.id, found.node_line(), after if found.graph in ("after", "program")
+            else before, found.kernel,
+            None if replaced is None else _line(replaced), found.note,
+        )  # fmt: skip
+    if not found.exceeded:
+        out.notes.append(
+            "no single value breaks its op-class row on the diagnosis inputs; the node shown "
+            "came closest (the gate judged the whole program by the float64-anchored model rule)"
+        )
+
+
+def _line(node: Any) -> str:
+    from plait.ir.text import node_text
+
+    return node_text(node, lambda v: v.name)
+
+
+def _repro_dir(repro_dir: str | Path | None) -> Path:
+    if repro_dir is not None:
+        return Path(repro_dir)
+    return Path(tempfile.mkdtemp(prefix="plait-repro-"))
+
+
+def _found_record(found: Divergence) -> dict[str, Any]:
+    return {
+        "value": found.value, "node": found.node_line(), "rule": found.rule,
+        "kernel": found.kernel, "measure": found.measure.to_json(),
+    }  # fmt: skip
+
+
+def _pass_repro(
+    step: PassStep, inputs: Mapping[str, Any], found: Divergence,
+    repro_dir: str | Path | None, seconds: float,
+) -> Path:  # fmt: skip
+    values = evaluate(step.before, _for(step.before, inputs))
+
+    def still(g: Graph, i: dict[str, Any]) -> bool:
+        d = pass_divergence(g, i, step.name)
+        return d is not None and d.exceeded
+
+    small = shrink(step.before, values, found.value, still, seconds=seconds)
+    return write_repro(_repro_dir(repro_dir), small.graph, small.inputs, stage="pass",
+                       pass_name=step.name, found=_found_record(found))  # fmt: skip
+
+
+def _backend_repro(
+    graph: Graph, inputs: Mapping[str, Any], found: Divergence, stax: StaxOptions,
+    repro_dir: str | Path | None, seconds: float,
+) -> Path:  # fmt: skip
+    values = evaluate(graph, inputs)
+    options = stax.record()
+
+    def still(g: Graph, i: dict[str, Any]) -> bool:
+        d = backend_divergence(g, i, options)
+        return d is not None and d.exceeded
+
+    small = shrink(graph, values, found.value, still, seconds=seconds)
+    return write_repro(_repro_dir(repro_dir), small.graph, small.inputs, stage="backend",
+                       stax=options, found=_found_record(found))  # fmt: skip
+
+
+# --- a user's model or function --------------------------------------------------------------
+def bisect(
+    model_or_fn: Any,
+    args: Any,
+    kwargs: dict[str, Any] | None = None,
+    *,
+    options: dict[str, Any] | None = None,
+    repro_dir: str | Path | None = None,
+    draws: int = 2,
+    seed: int = 0,
+    shrink_seconds: float = 60.0,
+) -> Bisection:
+    """Compile ``model_or_fn`` as ``plait.compile(model_or_fn, options=options)`` would, judge
+    it with the conformance gate on ``args`` (and ``draws`` fresh draws like them), and when it
+    fails find the first divergent pass and node and write a repro (to ``repro_dir``, else a
+    fresh temporary directory). ``options`` defaults ``cache`` to False (the compile itself is
+    diagnosed, not a cache entry).
+
+    Example:
+        >>> import torch, plait.diagnose
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+        >>> result = plait.diagnose.bisect(model, (torch.randn(2, 8),))
+        >>> result.ok, result.stage
+        (True, None)
+    """
+    opts = {"cache": False, **(options or {})}
+    call_args = (
+        args if isinstance(args, tuple) else tuple(args) if isinstance(args, list) else (args,)
+    )
+    kw = dict(kwargs or {})
+    module = model_or_fn if isinstance(model_or_fn, nn.Module) else None
+    start = time.perf_counter()
+    compiled = plait_compile(model_or_fn, options=opts)
+    with torch.no_grad():
+        try:
+            compiled(*call_args, **kw)
+        except SemanticDriftError as exc:
+            measure = Measure("verify", f"node {exc.node_id}", "compile", str(exc))
+            return Bisection(
+                False,
+                "pass",
+                exc.pass_name,
+                error=measure,
+                stage_error=measure,
+                notes=["the IR verifier rejects the pass's output (semantic drift)"],
+            )
+        except (PlaitCompileError, GraphCaptureError) as exc:
+            stage = "capture" if isinstance(exc, GraphCaptureError) else "backend"
+            measure = Measure("exception", type(exc).__name__, "compile", str(exc))
+            return Bisection(
+                False,
+                stage,
+                error=measure,
+                stage_error=measure,
+                notes=["the compile raised; there is no program to judge"],
+            )
+        compile_s = time.perf_counter() - start
+
+        def reference(*a: Any) -> Any:
+            return model_or_fn(*a, **kw)
+
+        def run_compiled(*a: Any) -> Any:
+            return compiled(*a, **kw)
+
+        report = plait.conformance.check(
+            reference, run_compiled, call_args, reference_module=module,
+            candidate_module=module, draws=draws, seed=seed,
+        )  # fmt: skip
+        gate_s = time.perf_counter() - start - compile_s
+        if report.ok:
+            return Bisection(
+                True, report=str(report), seconds={"compile": compile_s, "gate": gate_s}
+            )
+        subject = _user_subject(compiled, reference, module, call_args, kw, seed)
+        result = diagnose_subject(subject, repro_dir=repro_dir, seed=seed,
+                                  shrink_seconds=shrink_seconds, stage_report=report)  # fmt: skip
+    result.seconds = {"compile": compile_s, "gate": gate_s, **result.seconds,
+                      "total": time.perf_counter() - start}  # fmt: skip
+    return result
+
+
+def _user_subject(
+    compiled: Any, reference: Callable[..., Any], module: nn.Module | None,
+    args: tuple[Any, ...], kwargs: dict[str, Any], seed: int,
+) -> Subject:  # fmt: skip
+    engine = compiled._plait
+    spec = engine.specializations[-1]
+    prog = spec.program
+    graph = prog.graph
+    assert graph is not None
+    pipeline = [p["name"] for p in spec.manifest.passes]
+    state = list(engine.fetch())
+    slots = {v.name: s.ref for v, s in zip(graph.inputs, prog.inputs) if s.source == "state"}
+    frozen = spec.manifest.graph.get("frozen", [])
+    params = {n: state[slots[n]] for n in frozen}
+    program = spec.compiled.program
+    stax = program.options if isinstance(getattr(program, "options", None), StaxOptions) else None
+
+    def env_of(a: Sequence[Any]) -> tuple[GuardEnv, list[Any]]:
+        tree, leaves, _ = engine.adapter.flatten(tuple(a), kwargs)
+        st = list(engine.fetch())
+        return GuardEnv(tree, leaves, engine.fn, st), st
+
+    def judge(execute: Executor) -> Report:
+        def candidate(*a: Any) -> Any:
+            env, st = env_of(a)
+            return prog.run(execute, env, st)
+
+        # NOTE: a pass's output is judged on the example and one fresh draw (no stress draw):
+        # the compiled program already failed the full gate; this only says which stage
+        return plait.conformance.check(
+            reference, candidate, args, reference_module=module, candidate_module=module,
+            draws=1, stress=None, seed=seed,
+        )  # fmt: skip
+
+    def sample(s: int) -> dict[str, Any]:
+        drawn = plait.conformance.draw_like(args, s + 104729)
+        env, st = env_of(drawn)
+        values = prog.graph_inputs(env, st)
+        return {v.name: x for v, x in zip(graph.inputs, values)}
+
+    return Subject(graph, pipeline, params, stax, judge, sample)
