@@ -24,6 +24,9 @@ _EXPORTS = {
     "capture": "plait.api",
     "compile": "plait.api",
     "explain": "plait.api",
+    "export": "plait.export",
+    "load": "plait.export",
+    "verify": "plait.export",
     "GraphCaptureError": "plait.errors",
 }
 
@@ -47,4 +50,14 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
-__all__ = ["Captured", "GraphCaptureError", "__version__", "capture", "compile", "explain"]
+__all__ = [
+    "Captured",
+    "GraphCaptureError",
+    "__version__",
+    "capture",
+    "compile",
+    "explain",
+    "export",
+    "load",
+    "verify",
+]

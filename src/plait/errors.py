@@ -62,6 +62,39 @@ class PlaitWarning(UserWarning):
     """Base class of plait's warnings."""
 
 
+# --- export artifacts (plait.export) ----------------------------------------------------------
+class ExportError(RuntimeError):
+    """``plait.export`` refused a program: it cannot become a portable artifact (an opaque call,
+    a write to its inputs or state, an argument or result that is not a tensor or plain scalar).
+    Says what and why."""
+
+
+class ArtifactError(ValueError):
+    """An export artifact that ``plait.load`` or ``plait.verify`` refused, naming the member
+    and what is wrong with it. Nothing from the file was executed."""
+
+
+class ArtifactFormatError(ArtifactError):
+    """A malformed or malicious artifact: not a zip archive, a truncated file, a member name
+    that is absolute, climbs out (``..``) or is a symlink, a member that fails its recorded
+    hash, a tensor whose dtype, shape or byte length disagrees with its declaration, a size past
+    the load's limits, a program that names code (an opaque call)."""
+
+
+class ArtifactVersionError(ArtifactError):
+    """An artifact of a format version this plait does not read."""
+
+
+class ArtifactTrustError(ArtifactError):
+    """The artifact's digest is not the one the load was told to trust (``trust=``): its native
+    kernels are never loaded."""
+
+
+class ExportWarning(PlaitWarning):
+    """An export or load ran degraded (the reference interpreter instead of native kernels,
+    native kernels rebuilt instead of loaded); the artifact records why."""
+
+
 class CaptureFallbackWarning(PlaitWarning):
     """Capture fell back: the program (or one call in it) runs eagerly in PyTorch."""
 

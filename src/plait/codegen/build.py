@@ -365,6 +365,21 @@ def unit_key(source: str, tc: Toolchain) -> str:
 _LOADED: dict[str, ctypes.CDLL] = {}
 
 
+def adopt_library(key: str, path: Path, symbols: Sequence[str]) -> bool:
+    """Load a kernel library built elsewhere as the unit ``key`` (its source and this machine's
+    toolchain): later builds of that unit in this process use it, without the compiler and
+    without the kernel cache (nothing is written). The caller vouches for the bytes (an export
+    artifact the user trusts, :mod:`plait.export.native`). False when the unit is loaded
+    already (the library is not loaded then)."""
+    with _LOCK:
+        if key in _LOADED:
+            return False
+    lib = _load_library(path, symbols)
+    with _LOCK:
+        _LOADED.setdefault(key, lib)
+    return True
+
+
 def build_units(units: Sequence[Unit], jobs: int | None = None) -> None:
     """Build (or fetch from the cache) and load every unit, independent ones in parallel."""
     tc = toolchain()

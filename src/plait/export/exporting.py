@@ -1,0 +1,393 @@
+"""``plait.export``: a program compiled by ``plait.compile``'s own pipeline, made into an
+:class:`Artifact`.
+
+The export compiles the callable as ``plait.compile`` does (the same capture, passes, backend
+and manifest: one pipeline, never a second), under ``torch.no_grad()`` (an exported program is
+an inference program: parameters are frozen into it), and takes from the specialization its
+captured graph, its optimized graph, the weights the optimized graph reads, its guard plan and
+its manifest. It then draws reference cases (fresh inputs, never the example), runs eager
+PyTorch, its float64 copy and the compiled program on them, assembles the members, loads the
+artifact it made in this process and judges it through the conformance gate against the
+references under the contract it stores: an artifact whose program fails the gate, or does not
+reproduce the compiled program's outputs bit for bit, is never returned.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import plait
+import plait.contract
+from plait.conformance import ConformanceError, Report
+from plait.errors import ExportError, ExportWarning
+from plait.export import native as native_kernels
+from plait.export import references as refs
+from plait.export.archive import FORMAT, VERSION, Limits, Members, index_bytes, write_archive
+from plait.export.archive import digest as digest_of
+from plait.export.calling import (
+    Binder,
+    call_spec_to_json,
+    count_leaves,
+    encode_value,
+    leaves_to_json,
+    signature_to_json,
+    spec_to_json,
+)
+from plait.export.guards import guard_records, guards_from_plan, portable_plan
+from plait.export.loaded import LoadedProgram
+from plait.export.loading import load_members, parse_program
+from plait.export.tensors import write_tensors
+from plait.frontend import pytree
+from plait.frontend.inputs import InputAdapter
+from plait.ir import Graph, TensorType, to_text, weights_hash
+
+
+@dataclass
+class Artifact:
+    """An exported program, in memory: its members (name -> bytes) and its index. ``save``
+    writes the archive; ``digest`` names it (what ``plait.load(..., trust=)`` takes);
+    ``verdict`` is the conformance gate's report on it at export; ``seconds`` what each step
+    of the export took."""
+
+    members: dict[str, bytes]
+    header: dict[str, Any]
+    verdict: Report
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def index(self) -> dict[str, Any]:
+        return _index(self.header, self.members)
+
+    @property
+    def digest(self) -> str:
+        return digest_of(index_bytes(self.index))
+
+    @property
+    def semantic_hash(self) -> str:
+        return str(self.header["semantic_hash"])
+
+    @property
+    def native(self) -> bool:
+        """Whether it carries native kernel libraries."""
+        return "native/index.json" in self.members
+
+    def save(self, path: str | Path) -> Path:
+        """Write the artifact to ``path`` (atomically); returns the path."""
+        write_archive(path, self.members, self.header)
+        return Path(path)
+
+    def load(self, *, trust: Any = None) -> LoadedProgram:
+        """The artifact loaded in this process, as :func:`plait.load` loads its file."""
+        members = Members(self.index, self.digest, dict(self.members))
+        trusted = native_kernels.trusted_digests(trust)
+        return load_members(members, self.header["name"], trusted, Limits())
+
+
+def _index(header: dict[str, Any], members: dict[str, bytes]) -> dict[str, Any]:
+    from plait.export.archive import sha256
+
+    index = {"format": FORMAT, "version": VERSION, **header}
+    index["members"] = {
+        n: {"sha256": sha256(d), "bytes": len(d)} for n, d in sorted(members.items())
+    }
+    return index
+
+
+def export(
+    model_or_fn: Any,
+    args: Any,
+    kwargs: dict[str, Any] | None = None,
+    *,
+    dynamic: bool | None = None,
+    native: bool = True,
+    references: int = 2,
+) -> Artifact:
+    """See :func:`plait.export.export` (the public entry point)."""
+    args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+    kwargs = dict(kwargs or {})
+    if references < 1:
+        raise ValueError("references must be >= 1: verify judges the program on them")
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    options = {"cache": False, "stax": {"strict": False}}
+    compiled = plait.compile(model_or_fn, fullgraph=True, dynamic=dynamic, options=options)
+    with torch.no_grad():
+        use = compiled.specialize(*args, **kwargs)
+    spec = compiled.specializations[use.index]
+    seconds["compile"] = time.perf_counter() - start
+    prog, comp = spec.program, spec.compiled
+    if prog.graph is None or comp.graph is None or comp.executor is None:
+        raise ExportError(f"the program was not compiled: {prog.fallback_reason or 'no graph'}")
+    if prog.mutations:
+        raise ExportError(
+            "the program writes its inputs, parameters or buffers in place: an exported program "
+            "is a function of its inputs (call model.eval(); write no argument in place)"
+        )
+    limits = Limits()
+    parse_program("the optimized program", to_text(comp.graph), limits)
+    stax = comp.program is not None and comp.manifest.executor.get("backend") == "stax"
+    note = "" if stax else str(comp.manifest.options.get("backend_choice", "not Stax"))
+    if not stax:
+        warnings.warn(
+            f"plait.export: the exported program runs on plait's reference interpreter, not "
+            f"native kernels: {note}",
+            ExportWarning,
+            stacklevel=3,
+        )
+    adapter = InputAdapter(model_or_fn)
+    call_spec, leaves, paths = adapter.flatten(args, kwargs)
+    binding, weights, constant = _inputs(prog, comp.graph)
+    out_leaves = _outputs(prog)
+    name = adapter.name
+    binder = Binder.from_json(signature_to_json(adapter.signature, adapter.defaults), name)
+
+    start = time.perf_counter()
+    cases, out_doc, layouts, anchor = _reference_cases(
+        model_or_fn, compiled, use.key, args, kwargs, references, binder, (call_spec, leaves)
+    )
+    seconds["references"] = time.perf_counter() - start
+    case_paths = binder.flatten(*cases.call(0))[2]
+    carried = guards_from_plan(
+        portable_plan(prog.guard_plan), call_spec, cases.inputs[0], case_paths
+    )
+
+    calling = {
+        "signature": signature_to_json(adapter.signature, adapter.defaults),
+        "call": call_spec_to_json(call_spec),
+        "leaves": leaves_to_json(leaves, paths),
+        "inputs": [
+            {"name": v.name, "leaf": leaf, "constant": v.name in constant}
+            for v, leaf in zip(comp.graph.inputs, binding)
+        ],
+        "outputs": {"spec": spec_to_json(prog.out_spec, "the result"), "leaves": out_leaves},
+    }
+    guards = {
+        "plan": portable_plan(prog.guard_plan),
+        "carried": [g.text for g in carried if not g.batch],
+        "all": guard_records(list(spec.guards)),
+    }
+    ref_bytes, ref_doc = refs.pack(cases, out_doc, layouts)
+    ref_doc["anchor"] = anchor
+    members = {
+        "program.ir": to_text(comp.graph).encode(),
+        "captured.ir": to_text(prog.graph).encode(),
+        "weights.safetensors": write_tensors(weights),
+        "calling.json": _json(calling),
+        "guards.json": _json(guards),
+        # NOTE: the manifest without its timings and cache events: one export, one set of bytes
+        "manifest.json": _json(comp.manifest.deterministic()),
+        "contract.toml": plait.contract.default_text().encode(),
+        "reference.safetensors": ref_bytes,
+    }
+    why_native = "not asked for (native=False)"
+    if native and stax:
+        libs, native_index, why_native = native_kernels.collect(comp.program)
+        if native_index is not None:
+            members.update(libs)
+            members["native/index.json"] = _json(native_index)
+    header = {
+        "name": name,
+        "semantic_hash": prog.semantic_hash,
+        "weights_hash": weights_hash(weights),
+        "executor": "stax" if stax else "interpreter",
+        "executor_note": note,
+        "device": _device(comp.graph),
+        "stax_options": comp.program.options.record() if stax else {},
+        "native_note": why_native,
+        "plait_version": plait.__version__,
+        "torch_version": torch.__version__,
+    }
+    start = time.perf_counter()
+    members["reference.json"] = _json({**ref_doc, "verdict": {}})
+    artifact = Artifact(members, header, Report())
+    verdict = _judge(artifact, cases)
+    members["reference.json"] = _json({**ref_doc, "verdict": _verdict_record(verdict)})
+    artifact.verdict = verdict
+    seconds["judge"] = time.perf_counter() - start
+    artifact.seconds = seconds
+    return artifact
+
+
+def _json(doc: Any) -> bytes:
+    import json
+
+    return (json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n").encode()
+
+
+def _device(graph: Graph) -> str:
+    devices = {v.type.device for v in graph.inputs if isinstance(v.type, TensorType)}
+    if len(devices) > 1:
+        raise ExportError(f"the program's inputs span devices {sorted(devices)}")
+    return devices.pop() if devices else "cpu"
+
+
+def _inputs(
+    prog: Any, optimized: Graph
+) -> tuple[list[int | None], dict[str, torch.Tensor], set[str]]:
+    """Where each optimized-graph input comes from (a user leaf, or a weight) and the weights,
+    by input name; which of them the compile held as constants."""
+    assert prog.graph is not None
+    slots = {v.name: slot for v, slot in zip(prog.graph.inputs, prog.inputs)}
+    binding: list[int | None] = []
+    weights: dict[str, torch.Tensor] = {}
+    constant: set[str] = set()
+    for v in optimized.inputs:
+        if v.name in optimized.constants:
+            value = optimized.constants[v.name]
+            constant.add(v.name)
+        else:
+            slot = slots.get(v.name)
+            if slot is None:
+                raise ExportError(f"program input %{v.name} has no source (internal)")
+            if slot.source == "user":
+                binding.append(slot.ref)
+                continue
+            if slot.source == "state":
+                raise ExportError(
+                    f"%{v.name} is module state the compile did not freeze: export a program "
+                    "whose parameters and buffers it only reads"
+                )
+            value = slot.ref
+        if not isinstance(value, torch.Tensor):
+            raise ExportError(f"program input %{v.name} is a {type(value).__name__}, not a tensor")
+        binding.append(None)
+        weights[v.name] = value.detach()
+    return binding, weights, constant
+
+
+def _outputs(prog: Any) -> list[dict[str, Any]]:
+    """The output leaves as ``calling.json`` records them (inputs by user leaf)."""
+    user = {i: slot.ref for i, slot in enumerate(prog.inputs) if slot.source == "user"}
+    out = []
+    for leaf in prog.out_leaves:
+        if leaf.source == "value":
+            out.append({"from": "value", "value": encode_value(leaf.ref, "a result")})
+        elif leaf.source == "graph":
+            index, tracer, fresh = leaf.ref
+            out.append({"from": "output", "index": index, "tracer": tracer, "fresh": bool(fresh)})
+        else:
+            slot = leaf.ref if leaf.source == "input" else leaf.ref[0]
+            if slot not in user:
+                raise ExportError("the program returns a parameter or buffer itself")
+            if leaf.source == "input":
+                out.append({"from": "leaf", "leaf": user[slot]})
+                continue
+            _, size, stride, offset, _, *reread = leaf.ref
+            dtype = encode_value(getattr(torch, str(reread[0])), "dtype") if reread else None
+            out.append({"from": "alias", "leaf": user[slot], "size": list(size),
+                        "stride": list(stride), "offset": offset, "dtype": dtype})  # fmt: skip
+    return out
+
+
+def _reference_cases(
+    fn: Any,
+    compiled: Any,
+    key: str,
+    args: tuple,
+    kwargs: dict,
+    count: int,
+    binder: Binder,
+    example: tuple[Any, Sequence[Any]],
+) -> tuple[refs.ReferenceCases, list[dict[str, Any]], list[str | None], str]:
+    """The reference cases (inputs laid out as the example's), the output leaves' record,
+    the inputs' layouts and what anchors the float64 outputs (or why nothing does)."""
+    call_spec, example_leaves = example
+    layouts = [
+        refs.memory_format(x) if isinstance(x, torch.Tensor) else None for x in example_leaves
+    ]
+    wide, anchor = refs.float64_copy(fn)
+    inputs: list[list[Any]] = []
+    outputs: dict[str, list[list[Any]]] = {"eager": [], "float64": [], "compiled": []}
+    out_doc: list[dict[str, Any]] = []
+    out_spec: Any = None
+    for drawn_args, drawn_kwargs in refs.draw_cases(args, kwargs, count):
+        spec, leaves, _ = binder.flatten(drawn_args, drawn_kwargs)
+        if spec != call_spec:
+            raise ExportError("the drawn reference call has another structure (internal)")
+        leaves = refs.laid_out(leaves, layouts)
+        a, kw = _rebuilt(binder, call_spec, leaves)
+        with torch.no_grad():
+            eager = fn(*a, **kw)
+            result = compiled.call_specialization(key, *a, **kw)
+        out_spec, eager_leaves, eager_paths = pytree.flatten(eager, "output")
+        compiled_spec, compiled_leaves, _ = pytree.flatten(result, "output")
+        if spec_to_json(out_spec, "the result") != spec_to_json(compiled_spec, "the result"):
+            raise ExportError("eager and the compiled program return different structures")
+        out_doc = leaves_to_json(eager_leaves, eager_paths)
+        inputs.append(leaves)
+        outputs["eager"].append([_own(x) for x in eager_leaves])
+        outputs["compiled"].append([_own(x) for x in compiled_leaves])
+        if wide is not None:
+            try:
+                wide_leaves = _float64_run(wide, binder, call_spec, leaves)
+                problem = refs.float64_outputs(wide_leaves, eager_leaves)
+            except Exception as exc:  # NOTE: a function may close over float32 tensors
+                wide_leaves, problem = [], f"the float64 run raised {type(exc).__name__}: {exc}"
+            if problem is not None:
+                wide, anchor = None, f"none: {problem}"
+            outputs["float64"].append(wide_leaves)
+    if wide is None:
+        del outputs["float64"]
+        anchor = anchor if anchor.startswith("none") else f"none: {anchor}"
+    cases = refs.ReferenceCases(inputs, outputs, binder, call_spec, out_spec, wide is not None)
+    return cases, out_doc, layouts, anchor
+
+
+def _rebuilt(binder: Binder, call_spec: Any, leaves: list[Any]) -> tuple[tuple, dict]:
+    """The call ``(args, kwargs)`` whose flattened leaves are ``leaves``."""
+    named = {}
+    i = 0
+    for name, sub in call_spec:
+        n = count_leaves(sub)
+        named[name] = pytree.unflatten(sub, leaves[i : i + n])
+        i += n
+    return binder.arguments(named)
+
+
+def _own(x: Any) -> Any:
+    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+
+def _float64_run(wide: Any, binder: Binder, call_spec: Any, leaves: list[Any]) -> list[Any]:
+    a, kw = _rebuilt(binder, call_spec, [refs.widen(x) for x in leaves])
+    with torch.no_grad():
+        result = wide(*a, **kw)
+    return [_own(x) for x in pytree.flatten(result, "output")[1]]
+
+
+def _judge(artifact: Artifact, cases: refs.ReferenceCases) -> Report:
+    """The gate's report on the artifact, loaded here; raises when it fails, or when its
+    program does not reproduce the compiled program's outputs bit for bit."""
+    loaded = artifact.load(trust=artifact.digest)
+    for k in range(cases.count):
+        a, kw = cases.call(k)
+        got = pytree.flatten(loaded(*a, **kw), "output")[1]
+        want = cases.outputs["compiled"][k]
+        same = len(got) == len(want) and all(
+            torch.equal(g, w) if isinstance(w, torch.Tensor) else g == w for g, w in zip(got, want)
+        )
+        if not same:
+            raise ExportError(
+                f"the loaded artifact does not reproduce the compiled program's outputs bit for "
+                f"bit on reference case {k} (a plait bug: please report it)"
+            )
+    report = refs.judge(loaded, cases, loaded.contract)
+    if not report.ok:
+        raise ConformanceError(report)
+    return report
+
+
+def _verdict_record(report: Report) -> dict[str, Any]:
+    return {
+        "ok": report.ok,
+        "contract_version": report.contract_version,
+        "failures": [str(f) for f in report.failures],
+        "notes": list(report.notes),
+    }

@@ -1,0 +1,217 @@
+"""Ahead-of-time native kernels: the C++ kernel libraries an artifact may carry, and the trust
+model that decides whether a load uses them.
+
+A library is code. An artifact's libraries are loaded only when the load names the artifact's
+digest as trusted (``plait.load(path, trust="sha256:...")``; the digest covers every member,
+libraries included), and only when this machine's toolchain is the one they were built with
+(compiler, version, flags and CPU features: what the kernel cache keys a library by). Each is
+then written to a private temporary directory of the load, loaded with ctypes as the kernel
+unit it was built for, and the directory removed: the Stax build finds every unit loaded and
+runs no compiler. Otherwise nothing of them is written or loaded; the kernels are printed from
+the program's IR and built here (the kernel cache's usual path), and the load says why.
+
+Example:
+    >>> decide_native(None, None, "sha256:" + "0" * 64).status
+    'none'
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plait.errors import ArtifactFormatError, ArtifactTrustError
+from plait.export.archive import Members, sha256
+
+INDEX = "native/index.json"
+_SYMBOL = re.compile(r"stax_[0-9a-f]{24}")
+_KEY = re.compile(r"[0-9a-f]{64}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+@dataclass
+class NativeDecision:
+    """What a load does with an artifact's native kernels: ``status`` is ``"none"`` (it carries
+    none), ``"loaded"`` (trusted and built for this toolchain) or ``"rebuilt"`` (built here
+    from the IR), with the ``reason``; ``jobs``: the unit grouping to rebuild the program with
+    (the exporter's, so that each unit's key is the one its library was built for)."""
+
+    status: str
+    reason: str
+    units: list[dict[str, Any]] = field(default_factory=list)
+    jobs: int | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {"status": self.status, "reason": self.reason, "units": len(self.units)}
+
+
+def collect(program: Any) -> tuple[dict[str, bytes], dict[str, Any] | None, str]:
+    """The members carrying ``program``'s kernel libraries (a StaxProgram, from the kernel
+    cache) and their index; or none, and why."""
+    from plait.codegen import build
+    from plait.manifest import cpu_features
+
+    if program is None or getattr(program, "target", None) != "cpu":
+        return {}, None, "no native kernels: the program is not a Stax C++ program"
+    by_unit: dict[str, list[str]] = {}
+    for k in program.kernels:
+        by_unit.setdefault(k.unit, []).append(k.symbol)
+    if not by_unit:
+        return {}, None, "no native kernels: the program has no kernel"
+    root = build.cache_dir()
+    members: dict[str, bytes] = {}
+    units = []
+    for prefix, symbols in sorted(by_unit.items()):
+        found = [
+            p
+            for p in sorted((root / prefix[:2]).glob(f"{prefix}*.so"))
+            if _KEY.fullmatch(p.stem) and build.usable_entry(p, p.stem)
+        ]
+        if len(found) != 1:
+            return {}, None, f"no native kernels: the kernel cache does not hold unit {prefix}"
+        data = found[0].read_bytes()
+        key = found[0].stem
+        members[f"native/{key}.so"] = data
+        units.append({"key": key, "symbols": sorted(symbols), "sha256": sha256(data)})
+    tc = build.toolchain()
+    index = {
+        "toolchain": tc.key_parts(),
+        "libmvec": tc.libmvec,
+        "cpu": dict(cpu_features()),
+        "units": units,
+    }
+    return members, index, f"{len(units)} native kernel libraries for this toolchain"
+
+
+def trusted_digests(trust: str | Iterable[str] | None) -> frozenset[str] | None:
+    """The digests a load trusts (``sha256:<hex>``), checked; None: none."""
+    if trust is None:
+        return None
+    items = [trust] if isinstance(trust, str) else list(trust)
+    out = set()
+    for item in items:
+        text = str(item).strip().lower()
+        if _KEY.fullmatch(text):
+            text = f"sha256:{text}"
+        if not _DIGEST.fullmatch(text):
+            raise ValueError(
+                f"trust= takes artifact digests 'sha256:<64 hex digits>', got {item!r}"
+            )
+        out.add(text)
+    return frozenset(out)
+
+
+def read_index(members: Members) -> dict[str, Any] | None:
+    """The native index, checked against the library members (each declared once, each with
+    its bytes' SHA-256, symbols that are kernel symbols); None when there is none."""
+    libraries = {n for n in members.data if n.endswith(".so")}
+    if not members.has(INDEX):
+        if libraries:
+            raise ArtifactFormatError(f"native libraries {sorted(libraries)} with no {INDEX}")
+        return None
+    doc = members.json(INDEX)
+    units = doc.get("units") if isinstance(doc, dict) else None
+    if not isinstance(units, list) or not isinstance(doc.get("toolchain"), dict):
+        raise ArtifactFormatError(f"{INDEX}: no 'units' list or 'toolchain' object")
+    declared = set()
+    for u in units:
+        ok = (
+            isinstance(u, dict)
+            and isinstance(u.get("key"), str)
+            and _KEY.fullmatch(u["key"]) is not None
+            and isinstance(u.get("symbols"), list)
+            and len(u["symbols"]) > 0
+            and all(isinstance(s, str) and _SYMBOL.fullmatch(s) for s in u["symbols"])
+            and isinstance(u.get("sha256"), str)
+        )
+        if not ok:
+            raise ArtifactFormatError(f"{INDEX}: unit {str(u)[:80]!r} is malformed")
+        name = f"native/{u['key']}.so"
+        if name in declared or not members.has(name):
+            raise ArtifactFormatError(f"{INDEX}: unit {u['key'][:16]} has no library, or two")
+        if sha256(members.read(name)) != u["sha256"]:
+            raise ArtifactFormatError(f"{name} does not match its SHA-256 in {INDEX}")
+        declared.add(name)
+    planted = sorted(libraries - declared)
+    if planted:
+        raise ArtifactFormatError(f"native libraries {planted} are not declared in {INDEX}")
+    return doc
+
+
+def decide_native(
+    index: Mapping[str, Any] | None, trusted: frozenset[str] | None, digest: str
+) -> NativeDecision:
+    """Whether the artifact's kernels are loaded (see the module doc). Raises
+    :class:`ArtifactTrustError` when ``trusted`` names digests and this artifact's is not one."""
+    if trusted is not None and digest not in trusted:
+        raise ArtifactTrustError(
+            f"the artifact's digest is {digest}; the load trusts {sorted(trusted)}: it was "
+            "changed, or is another artifact"
+        )
+    if index is None:
+        return NativeDecision("none", "the artifact carries no native kernels")
+    units = list(index["units"])
+    if trusted is None:
+        return NativeDecision(
+            "rebuilt",
+            "kernels built here from the IR: the artifact's native kernels are code, loaded only "
+            f"when its digest is trusted (plait.load(path, trust={digest!r}))",
+            units,
+        )
+    from plait.codegen import build
+    from plait.codegen.errors import BuildError
+
+    try:
+        here = build.toolchain().key_parts()
+    except BuildError as exc:
+        return NativeDecision("rebuilt", f"kernels built here: no toolchain to match ({exc})")
+    recorded = index["toolchain"]
+    differ = sorted(k for k in set(here) | set(recorded) if here.get(k) != recorded.get(k))
+    if differ:
+        what = ", ".join(differ)
+        return NativeDecision(
+            "rebuilt",
+            f"kernels built here from the IR: the artifact's were built with another toolchain "
+            f"or CPU ({what} differ)",
+            units,
+        )
+    return NativeDecision(
+        "loaded", f"{len(units)} native kernel libraries trusted by digest {digest}", units,
+        len(units),
+    )  # fmt: skip
+
+
+def adopt(decision: NativeDecision, members: Members, workdir: Path) -> None:
+    """Load the trusted libraries (``decision.status == "loaded"``) as their kernel units,
+    each written to ``workdir`` (the load's private temporary directory), removed after."""
+    from plait.codegen import build
+
+    try:
+        for u in decision.units:
+            path = workdir / f"{u['key']}.so"
+            path.write_bytes(members.read(f"native/{u['key']}.so"))
+            path.chmod(0o700)
+            build.adopt_library(u["key"], path, u["symbols"])
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def check_adopted(decision: NativeDecision, program: Any) -> NativeDecision:
+    """After the build: every kernel came from a trusted library, or the decision says which
+    were built here."""
+    if decision.status != "loaded":
+        return decision
+    carried = {u["key"][:16] for u in decision.units}
+    built = sorted({k.unit for k in program.kernels if k.unit not in carried})
+    if built:
+        return NativeDecision(
+            "rebuilt",
+            f"{decision.reason}; but units {built} of this build were not among them and were "
+            "built here",
+            decision.units,
+        )
+    return decision
