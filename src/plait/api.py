@@ -35,6 +35,7 @@ from plait.cache import Store, check_store_option, resolve_store
 from plait.cache.snapshots import forget_snapshot, front_parts, load_snapshot, save_snapshot
 from plait.cache.weight_digests import prefetch
 from plait.collector import collector_paused
+from plait.distributed.ddp import release_by_bucket
 from plait.errors import (
     CaptureFallbackWarning,
     CompiledInputError,
@@ -425,6 +426,7 @@ class _Engine(RegionEngine):
             self.tree.counts["compiles"] += 1
         compiled = compile_program(request)
         compiled.manifest.options["backend_choice"] = why
+        release_by_bucket(compiled, prog, state)  # NOTE: under DDP's forward only
         return compiled
 
     def _from_snapshot(
