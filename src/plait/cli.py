@@ -3,7 +3,7 @@
 Example:
     >>> from click.testing import CliRunner
     >>> result = CliRunner().invoke(main, ["--help"])
-    >>> "explain" in result.output and "bench" in result.output
+    >>> "explain" in result.output and "bench" in result.output and "verify" in result.output
     True
 """
 
@@ -94,6 +94,40 @@ def bench(args: tuple[str, ...]) -> None:
         _bench_command(ZOO_MODULE).main(args=list(args[1:]), prog_name="plait bench zoo")
         return
     _bench_command().main(args=list(args), prog_name="plait bench")
+
+
+# NOTE: exit statuses of `plait verify`: the verdict, or a refused artifact
+VERIFY_CONFORMS, VERIFY_FAILS, VERIFY_REFUSED = 0, 1, 3
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--trust",
+    multiple=True,
+    metavar="DIGEST",
+    help="Load the artifact's native kernels when its digest is this one (sha256:...).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def verify(artifact: Path, trust: tuple[str, ...], as_json: bool) -> None:
+    """Run an export artifact on this machine on its stored reference inputs and judge it
+    against its stored references under its stored contract (the conformance gate). Exit
+    status 0 when it conforms, 1 when it does not, 3 when the artifact is refused (malformed,
+    another format version, not the trusted digest) or cannot run here (a CUDA program on a
+    machine without CUDA); nothing from a refused file runs."""
+    import json
+
+    from plait.errors import ArtifactError, PlaitCompileError
+    from plait.export import verify as verify_artifact
+
+    try:
+        result = verify_artifact(artifact, trust=list(trust) or None)
+    except (ArtifactError, PlaitCompileError, ValueError) as exc:
+        click.echo(printable(f"{artifact}: refused: {exc}"), err=True)
+        sys.exit(VERIFY_REFUSED)
+    text = json.dumps(result.to_json(), indent=2, default=str) if as_json else str(result)
+    click.echo(printable(text))
+    sys.exit(VERIFY_CONFORMS if result.ok else VERIFY_FAILS)
 
 
 main.add_command(cache_group)

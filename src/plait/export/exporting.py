@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 import plait
 import plait.contract
@@ -46,6 +47,7 @@ from plait.export.loading import load_members, parse_program
 from plait.export.tensors import write_tensors
 from plait.frontend import pytree
 from plait.frontend.inputs import InputAdapter
+from plait.frontend.state import ModuleState
 from plait.ir import Graph, TensorType, to_text, weights_hash
 
 
@@ -143,7 +145,8 @@ def export(
         )
     adapter = InputAdapter(model_or_fn)
     call_spec, leaves, paths = adapter.flatten(args, kwargs)
-    binding, weights, constant = _inputs(prog, comp.graph)
+    state = ModuleState(model_or_fn).fetch() if isinstance(model_or_fn, nn.Module) else []
+    binding, weights, constant = _inputs(prog, comp.graph, state)
     out_leaves = _outputs(prog)
     name = adapter.name
     binder = Binder.from_json(signature_to_json(adapter.signature, adapter.defaults), name)
@@ -229,7 +232,7 @@ def _device(graph: Graph) -> str:
 
 
 def _inputs(
-    prog: Any, optimized: Graph
+    prog: Any, optimized: Graph, state: Sequence[torch.Tensor]
 ) -> tuple[list[int | None], dict[str, torch.Tensor], set[str]]:
     """Where each optimized-graph input comes from (a user leaf, or a weight) and the weights,
     by input name; which of them the compile held as constants."""
@@ -249,12 +252,9 @@ def _inputs(
             if slot.source == "user":
                 binding.append(slot.ref)
                 continue
-            if slot.source == "state":
-                raise ExportError(
-                    f"%{v.name} is module state the compile did not freeze: export a program "
-                    "whose parameters and buffers it only reads"
-                )
-            value = slot.ref
+            # NOTE: module state the compile did not freeze (the interpreter's programs): read
+            # only (a written one was refused), carried as a weight bound at each call
+            value = state[slot.ref] if slot.source == "state" else slot.ref
         if not isinstance(value, torch.Tensor):
             raise ExportError(f"program input %{v.name} is a {type(value).__name__}, not a tensor")
         binding.append(None)
@@ -265,13 +265,16 @@ def _inputs(
 def _outputs(prog: Any) -> list[dict[str, Any]]:
     """The output leaves as ``calling.json`` records them (inputs by user leaf)."""
     user = {i: slot.ref for i, slot in enumerate(prog.inputs) if slot.source == "user"}
+    tracers: dict[int, int] = {}
     out = []
     for leaf in prog.out_leaves:
         if leaf.source == "value":
             out.append({"from": "value", "value": encode_value(leaf.ref, "a result")})
         elif leaf.source == "graph":
             index, tracer, fresh = leaf.ref
-            out.append({"from": "output", "index": index, "tracer": tracer, "fresh": bool(fresh)})
+            # NOTE: which leaves are one tensor, numbered in order (not the tracers' ids)
+            same = tracers.setdefault(tracer, len(tracers))
+            out.append({"from": "output", "index": index, "tracer": same, "fresh": bool(fresh)})
         else:
             slot = leaf.ref if leaf.source == "input" else leaf.ref[0]
             if slot not in user:
@@ -365,7 +368,10 @@ def _float64_run(wide: Any, binder: Binder, call_spec: Any, leaves: list[Any]) -
 def _judge(artifact: Artifact, cases: refs.ReferenceCases) -> Report:
     """The gate's report on the artifact, loaded here; raises when it fails, or when its
     program does not reproduce the compiled program's outputs bit for bit."""
-    loaded = artifact.load(trust=artifact.digest)
+    with warnings.catch_warnings():
+        # NOTE: the export warned already of what the load would warn of again
+        warnings.simplefilter("ignore", ExportWarning)
+        loaded = artifact.load(trust=artifact.digest)
     for k in range(cases.count):
         a, kw = cases.call(k)
         got = pytree.flatten(loaded(*a, **kw), "output")[1]

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,9 +54,7 @@ def discharged_reason(kind: str, source: str) -> str | None:
 
 def portable_plan(plan: GuardPlan) -> dict[str, Any]:
     """The plan as the artifact stores it: JSON, without the Python values read."""
-    doc = plan.to_json()
-    doc["pyreads"] = []
-    return doc
+    return dataclasses.replace(plan, pyroots=None, pyreads=[]).to_json()
 
 
 def guards_from_plan(

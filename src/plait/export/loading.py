@@ -67,6 +67,7 @@ def load_members(
 ) -> LoadedProgram:
     start = time.perf_counter()
     header = _header(members.index)
+    name = f"{header['name']} ({name})" if header["name"] != name else name
     graph = parse_program("program.ir", members.text("program.ir"), limits)
     captured = parse_program("captured.ir", members.text("captured.ir"), limits)
     if semantic_hash(captured) != header["semantic_hash"]:
@@ -268,6 +269,7 @@ _HEADER_FIELDS: dict[str, type] = {
     "device": str,
     "stax_options": dict,
     "version": int,
+    "name": str,
 }
 
 
