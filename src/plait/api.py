@@ -682,6 +682,9 @@ class CompiledModule(_ArtifactProtocol, nn.Module):
             return getattr(self.__dict__["_orig_mod"], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name == "__class__":  # NOTE: a class swap (FSDP2's fully_shard) is the wrapper's own
+            object.__setattr__(self, name, value)
+            return
         setattr(self._orig_mod, name, value)
 
     def __delattr__(self, name: str) -> None:

@@ -1,4 +1,5 @@
-"""What each of the 2 processes of the DDP tests runs (gloo, CPU), in one spawn for all checks.
+"""What each of the 2 processes of the DDP and FSDP2 tests runs (gloo, CPU), in one spawn for
+all checks.
 
 Every scenario trains three copies of one model from the same initial weights on the same
 fresh random batches: eager DDP in float32 (the baseline), DDP over plait in float32 (the
@@ -136,6 +137,61 @@ def compiled_ddp(module: nn.Module) -> Any:
     )
 
 
+def blocks() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Sequential(nn.Linear(32, 64), nn.ReLU()),
+        nn.Sequential(nn.Linear(64, 64), nn.Tanh()),
+        nn.Linear(64, 10),
+    )
+
+
+def sharded(compiled: bool, dtype: torch.dtype) -> nn.Module:
+    """FSDP2: each block sharded (``fully_shard``), then the root; the blocks compiled by
+    plait first when ``compiled``."""
+    from torch.distributed.fsdp import fully_shard
+
+    import plait
+
+    model = blocks().to(dtype)
+    if compiled:
+        options = {"cache": False}
+        model = nn.Sequential(*(plait.compile(b, backend="stax", options=options) for b in model))
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor gathered whole (a collective: every rank calls it, in one order)."""
+    from torch.distributed.tensor import DTensor
+
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def train_sharded(rank: int, steps: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, compiled, dtype in (
+        ("eager", False, torch.float32),
+        ("plait", True, torch.float32),
+        ("anchor", False, torch.float64),
+    ):
+        model = sharded(compiled, dtype)
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        record: dict[str, Any] = {"grads": []}
+        for x, y in batches(rank, steps, dtype):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            record["grads"].append({n: full(p.grad) for n, p in model.named_parameters()})
+            opt.step()
+        record["params"] = {n: full(p) for n, p in model.named_parameters()}
+        if compiled:
+            record["specializations"] = [len(b.specializations) for b in model]
+        out[name] = record
+    return out
+
+
 def run_all(rank: int) -> dict[str, Any]:
     import plait
     from plait.errors import CaptureFallbackWarning
@@ -157,6 +213,7 @@ def run_all(rank: int) -> dict[str, Any]:
     results["compiled_ddp_warnings"] = [
         str(w.message) for w in caught if issubclass(w.category, CaptureFallbackWarning)
     ]
+    results["fsdp2"] = train_sharded(rank, STEPS)
     regions = plait.explain(compiled["plait"]).regions or {}
     results["compiled_ddp_regions"] = [
         (r["module"], r["status"]) for r in regions.get("regions", [])

@@ -23,10 +23,15 @@ from plait.conformance import Failure, Report, unit_roundoff
 from plait.conformance.anchor import AnchorPool, ModelRule
 from tests.distributed.ddp_worker import STEPS, worker
 
-pytestmark = pytest.mark.skipif(
-    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-    reason="no torch.distributed with gloo here",
-)
+# NOTE: one spawn (a module fixture) for every test here: one xdist worker runs them all
+pytestmark = [
+    pytest.mark.skipif(
+        not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+        reason="no torch.distributed with gloo here",
+    ),
+    pytest.mark.slow,
+    pytest.mark.xdist_group("ddp-spawn"),
+]
 WORLD = 2
 
 
@@ -164,3 +169,12 @@ def test_the_judge_catches_gradients_summed_instead_of_averaged(
     checks = judge(ranks, "wrapped").checks_run
     every = 2 * len(ranks[0]["wrapped"]["plait"]["params"])  # NOTE: pooled over steps
     assert checks["anchored"] + checks["elementwise (noise)"] == every, checks
+
+
+def test_fsdp2_shards_compiled_blocks(ranks: list[dict[str, Any]]) -> None:
+    """``fully_shard`` on plait-compiled blocks (then on the root): FSDP2 gathers each block's
+    parameters before its compiled forward and reduce-scatters the gradients its compiled
+    backward releases; the gathered gradients and parameters are eager FSDP2's within the
+    contract, and no step recompiles (one specialization per block)."""
+    _assert_conforms(ranks, "fsdp2")
+    assert ranks[0]["fsdp2"]["plait"]["specializations"] == [1, 1, 1]
