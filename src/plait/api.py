@@ -780,6 +780,9 @@ def explain(compiled: Any) -> Explanation:
     """
     engine = getattr(compiled, "_plait", None)
     if not isinstance(engine, _Engine):
+        own = getattr(type(compiled), "__plait_explanation__", None)
+        if own is not None:  # NOTE: a loaded export artifact (plait.load) explains its builds
+            return own(compiled)
         raise TypeError(
             f"plait.explain expects what plait.compile returned, got {type(compiled).__name__}"
         )

@@ -93,6 +93,8 @@ def check_member_name(name: str) -> None:
         raise ArtifactFormatError(f"member name {name!r}: empty or longer than 255 characters")
     if name.startswith("/") or re.match(r"[A-Za-z]:", name):
         raise ArtifactFormatError(f"member name {name!r} is an absolute path")
+    if name.endswith("/"):
+        raise ArtifactFormatError(f"member {name!r} is a directory")
     if "\\" in name:
         raise ArtifactFormatError(f"member name {name!r} has a backslash")
     if any(part in ("..", ".", "") for part in name.split("/")):

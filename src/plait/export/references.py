@@ -29,7 +29,7 @@ import plait.conformance
 from plait.contract import Contract
 from plait.errors import ArtifactFormatError
 from plait.export.calling import Binder, count_leaves, leaves_from_json
-from plait.export.tensors import read_tensors, write_tensors
+from plait.export.tensors import dtype_text, read_tensors, write_tensors
 from plait.frontend import pytree
 
 KINDS = ("eager", "float64", "compiled")
@@ -219,9 +219,11 @@ def unpack(
             t = get(f"case{k}/input/{i}", f"input {leaf['path']} of case {k}")
             dtype, shape = in_types.get(i, (t.dtype, None))
             if t.dtype != dtype or (shape is not None and tuple(t.shape) != shape):
+                declared = "*" if shape is None else list(shape)
                 raise ArtifactFormatError(
-                    f"reference.safetensors: input {leaf['path']} of case {k} is not the "
-                    "program's declared input type"
+                    f"reference.safetensors: input {leaf['path']} of case {k} is "
+                    f"{dtype_text(t.dtype)}{list(t.shape)}, the program declares "
+                    f"{dtype_text(dtype)}{declared}"
                 )
             row.append(t)
         inputs.append(laid_out(row, layouts))
