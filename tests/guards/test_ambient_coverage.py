@@ -78,6 +78,10 @@ COVERED = {
     ("codegen/native_hash.py", "os.environ"): "PLAIT_NATIVE_HASH: how chunks are hashed, never "
     "the digest (tests/codegen/test_native_hash.py)",
     ("cache/weight_digests.py", "cpu_count"): "hashing threads only: the same digests",
+    ("export/guards.py", "is_grad_enabled"): "names the grad-mode guard a loaded artifact "
+    "discharges (it runs under no_grad); reads nothing",
+    ("export/guards.py", "get_default_dtype"): "names the default-dtype guard a loaded artifact "
+    "discharges (its IR spells out every dtype); reads nothing",
     ("api.py", "is_grad_enabled"): "whether to prefetch the weights digest (freezing is "
     "decided, and guarded, in backends.py)",
     ("settings.py", "is_grad_enabled"): _PROTOCOL,
