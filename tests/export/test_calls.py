@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import plait
-from plait.errors import CompiledInputError, ExportError, ExportWarning
+from plait.errors import CompiledInputError, ExportError, ExportWarning, PlaitCompileError
+from tests.export import crafting
 from tests.export.models import MLP, scaled, seeded
 
 
@@ -147,3 +148,14 @@ def test_what_cannot_be_exported_is_refused(fn: Any, args: tuple, message: str) 
     with pytest.raises(ExportError, match=message), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plait.export(fn, args)
+
+
+def test_a_cuda_artifact_is_refused_where_there_is_no_cuda(
+    function_artifact: Any, tmp_path: Path
+) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    members = crafting.reindexed(crafting.members_of(function_artifact[0]), device="cuda:0")
+    path = crafting.write(tmp_path / "cuda.plait", members)
+    with pytest.raises(PlaitCompileError, match="runs on cuda:0, and this machine has no CUDA"):
+        plait.load(path)

@@ -89,11 +89,12 @@ def load_members(
         bindings.out_spec,
         in_types,
     )
+    device = _device(header["device"])
+    references.place(device)
     guards = _guards(members.json("guards.json"), call_spec, references)
     contract = _contract(members.text("contract.toml"))
     exported = _manifest(members.json("manifest.json"), header["semantic_hash"])
     decision = native.decide_native(native.read_index(members), trusted, members.digest)
-    device = _device(header["device"])
     for v in graph.inputs:
         if v.name in weights:
             weights[v.name] = weights[v.name].to(device)

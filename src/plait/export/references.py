@@ -134,6 +134,18 @@ class ReferenceCases:
         leaves = [x.clone() if isinstance(x, torch.Tensor) else x for x in self.outputs[kind][k]]
         return pytree.unflatten(self.out_spec, leaves)
 
+    def place(self, device: torch.device) -> None:
+        """Inputs, eager and compiled outputs on the program's device (safetensors holds them on
+        the CPU); the float64 outputs stay on the CPU, where the gate's anchor runs."""
+
+        def on(rows: list[list[Any]]) -> list[list[Any]]:
+            return [[x.to(device) if isinstance(x, torch.Tensor) else x for x in r] for r in rows]
+
+        self.inputs = on(self.inputs)
+        for kind in ("eager", "compiled"):
+            if kind in self.outputs:
+                self.outputs[kind] = on(self.outputs[kind])
+
     def find(self, leaves: Sequence[Any]) -> int | None:
         """The case whose inputs these leaves are (float values compared in float64)."""
         for k, stored in enumerate(self.inputs):
