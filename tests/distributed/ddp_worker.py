@@ -59,15 +59,19 @@ def params(ddp: DDP) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in ddp.module.named_parameters()}
 
 
-def watch_buckets(ddp: DDP, seen: list[tuple[int, int]]) -> None:
-    """A comm hook that records, as each bucket's all-reduce starts, how many of the module's
-    gradients do not exist yet (then all-reduces as DDP does by default)."""
+def watch_buckets(ddp: DDP, seen: list[tuple[int, int, list[str]]]) -> None:
+    """A comm hook that records, as each bucket's all-reduce starts, its index, how many of
+    the module's gradients do not exist yet and the names of its parameters (then all-reduces
+    as DDP does by default)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    names = {id(p): n for n, p in ddp.module.named_parameters()}
 
     # NOTE: no annotations: DDP checks a hook's (and a postponed one is a string)
     def hook(state, bucket):  # type: ignore[no-untyped-def]
         missing = sum(p.grad is None for p in ddp.module.parameters())
-        seen.append((bucket.index(), missing))
+        held = sorted(names[id(p)] for p in bucket.parameters())
+        seen.append((bucket.index(), missing, held))
         return allreduce_hook(state, bucket)
 
     ddp.register_comm_hook(None, hook)
@@ -104,7 +108,7 @@ def train(
     for name, ddp in runs.items():
         dtype = torch.float64 if name == "anchor" else torch.float32
         opt = torch.optim.SGD(ddp.parameters(), lr=LR)
-        seen: list[tuple[int, int]] = []
+        seen: list[tuple[int, int, list[str]]] = []
         if watch:
             watch_buckets(ddp, seen)
         record: dict[str, Any] = {"grads": [], "buckets": []}

@@ -15,16 +15,19 @@ Example:
 
 from plait.distributed.buckets import Bucket, BucketPlan, active_ddp, bucket_plan
 from plait.distributed.ddp import GradientReleaseWarning, release_by_bucket
-from plait.distributed.release import ReleasedBackward, Segment, split_backward
+from plait.distributed.release import Release, ReleasedBackward, releases
+from plait.distributed.segments import Segment, split_backward
 
 __all__ = [
     "Bucket",
     "BucketPlan",
     "GradientReleaseWarning",
+    "Release",
     "ReleasedBackward",
     "Segment",
     "active_ddp",
     "bucket_plan",
     "release_by_bucket",
+    "releases",
     "split_backward",
 ]

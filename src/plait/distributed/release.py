@@ -2,14 +2,17 @@
 
 A compiled training program runs its backward as one ``torch.autograd.Function``: every
 parameter gradient appears when the whole backward has finished, so DDP's buckets all fire at
-the end and no all-reduce overlaps the backward. :func:`split_backward` cuts the compiled
-backward graph into one segment per bucket (:mod:`plait.distributed.buckets`), in release
-order: segment ``k`` computes what bucket ``k``'s gradients need that earlier segments did not,
-and hands the values later segments read on to them. :class:`ReleasedBackward` runs the
-segments as a chain of autograd nodes (the forward program still runs once, whole): PyTorch's
-engine calls node ``k``'s backward, accumulates bucket ``k``'s gradients (DDP's hooks fire and
-its all-reduce starts), then calls node ``k + 1``, which computes the next bucket while the
-first one is on the wire.
+the end and no all-reduce overlaps the backward. :class:`ReleasedBackward` runs the backward's
+segments (:func:`~plait.distributed.segments.split_backward`, one per bucket) as a chain of
+autograd nodes; the forward program still runs once, whole. PyTorch's engine calls the first
+node's backward, accumulates bucket 0's gradients (DDP's hooks fire and its all-reduce starts),
+then calls the next node, which computes the next bucket while the first one is on the wire.
+
+DDP rebuilds its buckets after the first iteration from the order gradients arrived, closing
+each one as soon as its size reaches the cap. Gradients released by one node arrive in an
+order of the engine's choosing, so a bucket's last gradient (the one whose bytes close it) has
+a node of its own after the rest of its bucket (:func:`releases`): any other order could close
+a bucket early, and DDP would then rebuild other buckets than the ones the backward is cut at.
 
 Example:
     >>> import torch
@@ -25,8 +28,8 @@ Example:
     >>> ws = {n: torch.randn(4, 4, requires_grad=True) for n in ("w1", "w2")}
     >>> plan = bucket_plan(g, ["w1", "w2"], ws, caps=(64, 64))
     >>> released = ReleasedBackward.of(training, plan)
-    >>> [s.grads for s in released.segments]
-    [['w2'], ['w1']]
+    >>> [(r.segment, r.names) for r in released.releases]
+    [(0, ['w2']), (1, ['w1'])]
     >>> released([torch.randn(2, 4), ws["w1"], ws["w2"]])[0].sum().backward()
     >>> ws["w1"].grad.shape
     torch.Size([4, 4])
@@ -35,128 +38,44 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from plait.autograd.function import CompiledAutograd, DoubleBackwardError, without_autocast
 from plait.distributed.buckets import BucketPlan
-from plait.ir.graph import Graph, Node, Operand, Value
-from plait.ir.verify import verify
-from plait.runtime.program import StaxProgram, compile_graphs
+from plait.distributed.segments import Segment, split_backward
+from plait.ir.graph import Value
+from plait.runtime.program import compile_graphs
 
 
 @dataclass
-class Segment:
-    """One bucket's part of the backward: the graph it runs (inputs by name: backward inputs,
-    or values an earlier segment computed), the forward inputs whose gradients it releases
-    (by name), and what it hands on (``produces``: its graph's outputs, by name)."""
+class Release:
+    """One autograd node of the chain: the segment whose gradients it releases, whether it
+    runs that segment first (``starts``), and the forward input names it releases."""
 
-    graph: Graph
-    grads: list[str]  # forward input names, in the order the node returns them
-    grad_values: list[Operand]  # the backward values (or literals) that are those gradients
-    produces: list[str]
-    node_ids: list[int]
-    program: StaxProgram | None = None
-    drop: list[str] = field(default_factory=list)  # values no later segment reads
+    segment: int
+    starts: bool
+    names: list[str]
 
 
-def _producers(g: Graph) -> dict[str, Node]:
-    return {v.name: n for n in g.nodes for v in n.outputs}
-
-
-def _ancestors(g: Graph, roots: Sequence[Value], made: dict[str, Node]) -> set[int]:
-    seen: set[int] = set()
-    work = list(roots)
-    while work:
-        node = made.get(work.pop().name)
-        if node is None or node.id in seen:
-            continue
-        seen.add(node.id)
-        work.extend(node.input_values())
-    return seen
-
-
-def split_backward(backward: Graph, grad_names: Sequence[str], plan: BucketPlan) -> list[Segment]:
-    """``backward`` (outputs: the gradients of the forward inputs ``grad_names``, in order) cut
-    into one segment per bucket of ``plan`` (the inputs of no bucket go with the last)."""
-    names = [v.name for v in [*backward.inputs, *(o for n in backward.nodes for o in n.outputs)]]
-    if len(set(names)) != len(names):
-        raise ValueError("the backward graph names a value twice; it cannot be split by name")
-    bucket_of = {n: k for k, b in enumerate(plan.buckets) for n in b.names}
-    last = len(plan.buckets) - 1
-    made = _producers(backward)
-    order = {n.id: i for i, n in enumerate(backward.nodes)}
-    assigned: set[int] = set()
-    parts: list[tuple[list[str], list[Operand], list[int]]] = []
-    for k in range(len(plan.buckets)):
-        grads = [
-            (n, o) for n, o in zip(grad_names, backward.outputs) if bucket_of.get(n, last) == k
-        ]
-        roots = [o for _, o in grads if isinstance(o, Value)]
-        ids = sorted(_ancestors(backward, roots, made) - assigned, key=order.__getitem__)
-        assigned.update(ids)
-        parts.append(([n for n, _ in grads], [o for _, o in grads], ids))
-    return _segments(backward, parts)
-
-
-def _segments(
-    backward: Graph, parts: list[tuple[list[str], list[Operand], list[int]]]
-) -> list[Segment]:
-    by_id = {n.id: n for n in backward.nodes}
-    home = {v.name: k for k, (_, _, ids) in enumerate(parts) for i in ids for v in by_id[i].outputs}
-    # NOTE: per value, the last segment that needs it from outside its own (or as a gradient)
-    last_use: dict[str, int] = {}
-    for k, (_, grad_values, ids) in enumerate(parts):
-        for i in ids:
-            for v in by_id[i].input_values():
-                if home.get(v.name) != k:
-                    last_use[v.name] = k
-        for o in grad_values:
-            if isinstance(o, Value):
-                last_use[o.name] = k
-    segments = []
-    for k, (grads, grad_values, ids) in enumerate(parts):
-        nodes = [by_id[i] for i in ids]
-        produced = [v for n in nodes for v in n.outputs]
-        handed = [v for v in produced if last_use.get(v.name, -1) >= k]
-        graph = _subgraph(backward, nodes, handed)
-        drop = [n for n, last in last_use.items() if last == k]
-        segments.append(
-            Segment(graph, grads, grad_values, [v.name for v in handed], ids, drop=drop)
-        )
-    return segments
-
-
-def _subgraph(backward: Graph, nodes: list[Node], outputs: list[Value]) -> Graph:
-    """A graph of ``nodes`` (copied) whose inputs are the values they read from outside."""
-    mapping: dict[str, Value] = {}
-    out = Graph()
-    inside = {v.name for n in nodes for v in n.outputs}
-    for n in nodes:
-        for v in n.input_values():
-            if v.name not in inside and v.name not in mapping:
-                mapping[v.name] = Value(v.name, v.type, None, 0, v.kind or "user")
-                out.inputs.append(mapping[v.name])
-    for n in nodes:
-        ins = tuple(mapping[o.name] if isinstance(o, Value) else o for o in n.inputs)
-        node = Node(n.id, n.op, ins, dict(n.attrs))
-        node.outputs = tuple(Value(v.name, v.type, node, v.index) for v in n.outputs)
-        mapping.update((v.name, nv) for v, nv in zip(n.outputs, node.outputs))
-        out.nodes.append(node)
-    out.outputs = [mapping[v.name] for v in outputs]
-    out.constants = {
-        k: v for k, v in backward.constants.items() if k in {i.name for i in out.inputs}
-    }
-    verify(out)
+def releases(segments: list[Segment]) -> list[Release]:
+    """The chain's nodes in backward order: per segment, one node for all its gradients but
+    the last and one for the last (see the module doc); the last segment (the last bucket,
+    and the inputs DDP does not reduce) is one node."""
+    out = []
+    for k, s in enumerate(segments):
+        if len(s.grads) > 1 and k < len(segments) - 1:
+            out += [Release(k, True, s.grads[:-1]), Release(k, False, s.grads[-1:])]
+        else:
+            out.append(Release(k, True, list(s.grads)))
     return out
 
 
 class ReleasedBackward(CompiledAutograd):
     """A training program's :class:`~plait.autograd.CompiledAutograd` (same forward, same
-    calling convention) whose gradients are released segment by segment (see the module
-    doc)."""
+    calling convention) whose gradients are released bucket by bucket (see the module doc)."""
 
     def __init__(
         self,
@@ -176,9 +95,10 @@ class ReleasedBackward(CompiledAutograd):
         )
         self.backward_inputs = list(backward_inputs)
         self.segments = segments
+        self.releases = releases(segments)
         index = {n: i for i, n in enumerate(inputs)}
-        # NOTE: per segment, the positions (in the call's values) of the inputs it releases
-        self.positions = [[index[n] for n in s.grads] for s in segments]
+        # NOTE: per node, the positions (in the call's values) of the inputs it releases
+        self.positions = [[index[n] for n in r.names] for r in self.releases]
 
     @classmethod
     def of(cls, training: Any, plan: BucketPlan, options: Any = None) -> ReleasedBackward:
@@ -199,29 +119,36 @@ class ReleasedBackward(CompiledAutograd):
             raise ValueError(f"{self.name} takes {self.n_inputs} inputs, got {len(values)}")
         call = _Call(self, values)
         token: Any = None
-        for k in reversed(range(len(self.segments))):
-            tensors = [values[i] for i in self.positions[k]]
-            if k == 0:
+        for i in reversed(range(len(self.releases))):
+            tensors = [values[p] for p in self.positions[i]]
+            if i == 0:
                 return list(_ReleaseOutputs.apply(call, token, *tensors))
-            token = _ReleaseBucket.apply(call, k, token, *tensors)
-        raise AssertionError("a released backward has at least one segment")
+            token = _ReleaseBucket.apply(call, i, token, *tensors)
+        raise AssertionError("a released backward has at least one node")
 
-    def run_segment(self, k: int, env: dict[str, Any]) -> list[Any]:
-        """Run segment ``k`` on ``env`` (values by name); returns its gradients."""
-        s = self.segments[k]
-        if s.graph.nodes:
-            assert s.program is not None
-            consts = s.graph.constants
-            args = [consts[v.name] if v.name in consts else env[v.name] for v in s.graph.inputs]
-            env.update(zip(s.produces, without_autocast(s.program, *args)))
-        grads = [env[o.name] if isinstance(o, Value) else o for o in s.grad_values]
-        for name in s.drop:
-            env.pop(name, None)
-        return grads
+    def release(self, i: int, env: dict[str, Any]) -> list[Any]:
+        """Node ``i``'s backward: its segment (if it starts one) on ``env`` (the backward's
+        values by name), then the gradients it releases."""
+        r = self.releases[i]
+        s = self.segments[r.segment]
+        if r.starts:
+            if s.program is not None:
+                consts = s.graph.constants
+                args = [consts[v.name] if v.name in consts else env[v.name] for v in s.graph.inputs]
+                env.update(zip(s.produces, without_autocast(s.program, *args)))
+            for name in s.drop:
+                env.pop(name, None)
+        out = []
+        for name in r.names:
+            o = s.gradient(name)
+            out.append(env[o.name] if isinstance(o, Value) else o)
+            for dead in s.dies_with.get(name, ()):
+                env.pop(dead, None)
+        return out
 
 
 class _Call:
-    """One call's state: its values, the forward's results, each backward's values by name."""
+    """One call's state: its values, the forward's results, the backward's values by name."""
 
     def __init__(self, released: ReleasedBackward, values: list[Any]) -> None:
         self.released = released
@@ -230,38 +157,40 @@ class _Call:
         self.saved: list[Any] = []
         self.env: dict[str, Any] = {}
 
+    def run_forward(self) -> None:
+        run = self.released
+        results = list(without_autocast(run.forward, list(self.values)))
+        self.outs, self.saved = results[: run.n_outputs], results[run.n_outputs :]
+
 
 class _ReleaseBucket(torch.autograd.Function):
-    """Node ``k > 0``: the last one applied runs the forward (k = K-1, no token); its backward
-    runs segment ``k``."""
+    """Node ``i > 0``. The first one applied (the last in the backward: no token) runs the
+    forward; the backward releases node ``i``'s gradients."""
 
     @staticmethod
-    def forward(ctx: Any, call: _Call, k: int, token: Any, *tensors: Any) -> Any:
-        if token is None:  # NOTE: the first node applied: the forward runs here, once
-            run = call.released
-            results = list(without_autocast(run.forward, list(call.values)))
-            call.outs, call.saved = results[: run.n_outputs], results[run.n_outputs :]
-        ctx.call, ctx.k, ctx.chained = call, k, token is not None
+    def forward(ctx: Any, call: _Call, i: int, token: Any, *tensors: Any) -> Any:
+        if token is None:
+            call.run_forward()
+        ctx.call, ctx.i, ctx.chained = call, i, token is not None
         return torch.empty(0)
 
     @staticmethod
     def backward(ctx: Any, _token: Any) -> Any:
         call: _Call = ctx.call
-        grads = call.released.run_segment(ctx.k, call.env)
-        passed = torch.empty(0) if ctx.chained else None
-        return (None, None, passed, *grads)
+        grads = call.released.release(ctx.i, call.env)
+        if not ctx.chained:
+            call.env = {}  # NOTE: the backward's last node
+        return (None, None, torch.empty(0) if ctx.chained else None, *grads)
 
 
 class _ReleaseOutputs(torch.autograd.Function):
-    """Node 0, applied last: returns the forward's outputs; its backward takes their
-    cotangents, sets up the backward's values and runs segment 0 (the first bucket)."""
+    """Node 0, applied last: returns the forward's outputs. Its backward takes their
+    cotangents, sets up the backward's values and releases the first bucket."""
 
     @staticmethod
     def forward(ctx: Any, call: _Call, token: Any, *tensors: Any) -> Any:
-        if token is None:  # NOTE: one bucket only: the forward runs here
-            run = call.released
-            results = list(without_autocast(run.forward, list(call.values)))
-            call.outs, call.saved = results[: run.n_outputs], results[run.n_outputs :]
+        if token is None:  # NOTE: a chain of one node: the forward runs here
+            call.run_forward()
         run = call.released
         outs, saved = call.outs, call.saved
         call.outs, call.saved = [], []
@@ -296,7 +225,8 @@ class _ReleaseOutputs(torch.autograd.Function):
             cots.append(c.contiguous())
         tensors = iter(ctx.saved_tensors)
         saved = [next(tensors) if o is None else o for o in ctx.others]
-        call.env = dict(zip(call.released.backward_inputs, [*saved, *cots]))
-        grads = call.released.run_segment(0, call.env)
-        passed = torch.empty(0) if ctx.chained else None
-        return (None, passed, *grads)
+        call.env = dict(zip(run.backward_inputs, [*saved, *cots]))
+        grads = run.release(0, call.env)
+        if not ctx.chained:
+            call.env = {}
+        return (None, torch.empty(0) if ctx.chained else None, *grads)
