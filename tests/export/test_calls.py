@@ -135,14 +135,19 @@ def _takes_an_object(x: torch.Tensor, cfg: _Config) -> torch.Tensor:
     return x * cfg.scale
 
 
+def _draws(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(x, 0.5, training=True)
+
+
 @pytest.mark.parametrize(
     ("fn", "args", "message"),
     [
         (_writes_its_input, (torch.randn(3),), "writes its inputs"),
         (_returns_its_own_type, (torch.randn(3),), "the result is a Pair"),
         (_takes_an_object, (torch.randn(3), _Config()), "cfg is a _Config"),
+        (_draws, (torch.randn(3),), "the program draws random numbers"),
     ],
-    ids=["in-place", "result-type", "argument-type"],
+    ids=["in-place", "result-type", "argument-type", "random"],
 )
 def test_what_cannot_be_exported_is_refused(fn: Any, args: tuple, message: str) -> None:
     with pytest.raises(ExportError, match=message), warnings.catch_warnings():

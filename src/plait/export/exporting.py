@@ -48,7 +48,7 @@ from plait.export.tensors import write_tensors
 from plait.frontend import pytree
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.state import ModuleState
-from plait.ir import Graph, TensorType, to_text, weights_hash
+from plait.ir import Graph, TensorType, get_op, to_text, weights_hash
 
 
 @dataclass
@@ -132,6 +132,12 @@ def export(
             "the program writes its inputs, parameters or buffers in place: an exported program "
             "is a function of its inputs (call model.eval(); write no argument in place)"
         )
+    for node in comp.graph.nodes:
+        if get_op(node.op).is_random(node.attrs):
+            raise ExportError(
+                f"the program draws random numbers (node {node.id}: {node.op}): an exported "
+                "program is a function of its inputs (call model.eval() to turn dropout off)"
+            )
     limits = Limits()
     parse_program("the optimized program", to_text(comp.graph), limits)
     stax = comp.program is not None and comp.manifest.executor.get("backend") == "stax"

@@ -81,6 +81,7 @@ class LoadedProgram:
     contract: Any
     notes: list[str] = field(default_factory=list)
     builds: list[Build] = field(default_factory=list)
+    current: Build | None = None  # NOTE: the build the latest call's settings chose
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -96,7 +97,7 @@ class LoadedProgram:
             env = GuardEnv(spec, leaves)
             if not self.guards.holds(env):
                 raise CompiledInputError(self._mismatch(env))
-            build = self.builds[-1]
+            build = self.current or self.builds[-1]
             if not build.settings.holds(env):
                 build = self._for_settings(env)
             build.calls += 1
@@ -116,6 +117,7 @@ class LoadedProgram:
         with self._lock:
             for build in reversed(self.builds):
                 if build.settings.holds(env):
+                    self.current = build
                     return build
             reason = "; ".join(self.builds[-1].settings.explain(env)) or "settings changed"
             if len(self.builds) >= BUILD_LIMIT:
@@ -125,6 +127,7 @@ class LoadedProgram:
                 )
             build = self.make_build(reason)
             self.builds.append(build)
+            self.current = build
             return build
 
     def _run(self, executor: Executor, leaves: Sequence[Any]) -> Any:
