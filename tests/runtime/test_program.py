@@ -62,14 +62,26 @@ def test_fallback_is_recorded_and_runs() -> None:
     assert_bitwise(program(x)[0], interpret(graph, [x])[0])
 
 
-def test_symbolic_dims_are_not_yet_supported() -> None:
+def test_symbolic_dims_compile_on_the_cpu_and_triton_refuses_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     gb = GraphBuilder()
     x = gb.input(
         "x", TensorType((sympy.Symbol("s0", integer=True, positive=True), 4), torch.float32)
     )
     gb.output(gb.call("relu", x))
-    with pytest.raises(CodegenError, match="symbolic dims are not yet supported"):
-        compile_graph(gb.build())
+    graph = gb.build()
+    program = compile_graph(graph)
+    for n in (2, 7):
+        a = torch.randn(n, 4)
+        assert_bitwise(program(a)[0], a.relu())
+    from plait.codegen.fusion import check_graph
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(
+        CodegenError, match=r"static shapes only: %x has symbolic dims \(f32\[s0, 4\]"
+    ):
+        check_graph(graph, "triton")
 
 
 def test_integer_division_by_zero_raises_like_pytorch() -> None:

@@ -2,7 +2,13 @@
 
 Each kernel is ``int NAME(void* const* args)``: ``args`` holds one pointer per kernel buffer, in
 buffer order; the return value is nonzero when an integer division by zero happened (the
-executor raises PyTorch's error). Sizes and strides are compile-time constants.
+executor raises PyTorch's error). Sizes and strides are compile-time constants; with symbolic
+shapes, each size atom the kernel uses (:meth:`~plait.codegen.kir.Kernel.size_atoms`, in that
+order) arrives as one more pointer, to its ``int64_t`` value, after the buffers, and loop bounds,
+strides and masks are expressions of those values (``sz_s0``). Decisions that depend on a
+symbolic size are taken at run time: the outer loop is parallel ``if`` its work passes the
+threshold, sums always run in blocks (one block when the extent is small), and a kernel whose
+extents may be 0 runs nothing then.
 
 Loops: the outermost loop is OpenMP-parallel when the kernel's work passes a threshold; the
 innermost loop of each loop nest carries ``#pragma omp simd`` (reductions as simd reductions on a
@@ -32,6 +38,7 @@ from dataclasses import dataclass
 from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var
 from plait.codegen.kir import CHECKED_INT_OPS, Kernel, Reduce, Stmt, Store, is_float
 from plait.codegen.loops import merge_loops
+from plait.symbolic.poly import Poly, Size, is_zero, lower_bound, to_text
 
 CTYPE = {
     "f64": "double",
@@ -67,13 +74,33 @@ def c_int(c: int) -> str:
     return f"{c}LL" if abs(c) >= (1 << 31) else str(c)
 
 
+def size_name(atom: str) -> str:
+    """The C++ local holding a size atom's value."""
+    return f"sz_{atom}"
+
+
+def c_size(x: Size) -> str:
+    """A size: an integer literal, or the expression of a symbolic one over its atoms."""
+    if isinstance(x, int):
+        return c_int(x)
+    return f"({to_text(x, size_name)})"
+
+
+def _c_divisor(k: Size) -> str:
+    """A divisor; a symbolic one that may be 0 at run time divides by 1 instead (it is 0 only
+    where the loop it belongs to runs zero times: the quotient is never used)."""
+    if isinstance(k, Poly) and (lower_bound(k) or 0) < 1:
+        return f"max_<int64_t>({c_size(k)}, 1)"
+    return c_size(k)
+
+
 def c_index(ix: Ix) -> str:
     parts = []
     for atom, coef in ix.terms:
         a = _c_atom(atom)
-        parts.append(a if coef == 1 else f"{a} * {c_int(coef)}")
-    if ix.const or not parts:
-        parts.append(c_int(ix.const))
+        parts.append(a if coef == 1 else f"{a} * {c_size(coef)}")
+    if not is_zero(ix.const) or not parts:
+        parts.append(c_size(ix.const))
     return " + ".join(parts)
 
 
@@ -81,11 +108,11 @@ def _c_atom(a: Atom) -> str:
     if isinstance(a, Var):
         return a.name
     if isinstance(a, Div):
-        return f"(({c_index(a.e)}) / {c_int(a.k)})"
+        return f"(({c_index(a.e)}) / {_c_divisor(a.k)})"
     if isinstance(a, Mod):
-        return f"(({c_index(a.e)}) % {c_int(a.k)})"
+        return f"(({c_index(a.e)}) % {_c_divisor(a.k)})"
     assert isinstance(a, Clamp)
-    return f"clamp_i64({c_index(a.e)}, {c_int(a.lo)}, {c_int(a.hi)})"
+    return f"clamp_i64({c_index(a.e)}, {c_size(a.lo)}, {c_size(a.hi)})"
 
 
 def c_const(value: object, t: str) -> str:
@@ -106,6 +133,7 @@ def c_const(value: object, t: str) -> str:
 
 class _Printer:
     def __init__(self, kernel: Kernel, symbol: str, options: PrintOptions) -> None:
+        self.atoms = kernel.size_atoms()
         self.k = merge_loops(kernel)
         self.symbol = symbol
         self.opts = options
@@ -256,11 +284,24 @@ class _Printer:
             const = "" if b.output else "const "
             ctype = STORAGE_CTYPE[b.dtype]
             self.line(f"{const}{ctype}* b{j} = ({const}{ctype}*)args[{j}];")
+        for j, name in enumerate(self.atoms):
+            slot = len(k.buffers) + j
+            self.line(f"const int64_t {size_name(name)} = *(const int64_t*)args[{slot}];")
         self.line("int err = 0;")
-        if all(v.extent > 0 for v in k.outer):
+        static = [v.extent for v in k.outer if isinstance(v.extent, int)]
+        symbolic = [v.extent for v in k.outer if isinstance(v.extent, Poly)]
+        if all(e > 0 for e in static):
+            # NOTE: a symbolic extent may be 0: then nothing runs, not even a load hoisted out of
+            # the loops (its buffer may be empty)
+            saved = None
+            if symbolic:
+                cond = " && ".join(f"{c_size(e)} > 0" for e in symbolic if _may_be_empty(e))
+                saved = self.open(f"if ({cond})") if cond else None
             roots = self._all_roots()
             self.emit_where(roots, lambda o, i, p: o < 0 and i < 0 and p < 0)
             self.outer_loop(0, roots)
+            if saved is not None:
+                self.close(saved)
         self.line("return err;")
         head = f'extern "C" int {self.symbol}(void* const* args) {{'
         return "\n".join([head, *self.lines, "}"])
@@ -279,15 +320,22 @@ class _Printer:
         v = k.outer[level]
         innermost = level == len(k.outer) - 1 and not k.inner
         work = k.numel * max(1, len(k.phases))
-        parallel = level == 0 and v.extent > 1 and work >= self.opts.parallel_threshold
+        threshold = self.opts.parallel_threshold
+        when = ""
+        if isinstance(work, int) and isinstance(v.extent, int):
+            parallel = level == 0 and v.extent > 1 and work >= threshold
+        else:
+            # NOTE: decided per call, on the sizes the call binds
+            parallel = level == 0
+            when = f" if(parallel: {c_size(v.extent)} > 1 && {c_size(work)} >= {threshold})"
         red = " reduction(|:err)" if self.uses_err else ""
         if parallel and innermost:
-            self.line(f"#pragma omp parallel for simd schedule(static){red}")
+            self.line(f"#pragma omp parallel for simd schedule(static){red}{when}")
         elif parallel:
-            self.line(f"#pragma omp parallel for schedule(static){red}")
+            self.line(f"#pragma omp parallel for schedule(static){red}{when}")
         elif innermost:
             self.line(f"#pragma omp simd{red}")
-        saved = self.open(f"for (int64_t {v} = 0; {v} < {c_int(v.extent)}; ++{v})")
+        saved = self.open(f"for (int64_t {v} = 0; {v} < {c_size(v.extent)}; ++{v})")
         self.emit_where(roots, lambda o, i, p: o == level and i < 0 and p < 0)
         self.outer_loop(level + 1, roots)
         self.close(saved)
@@ -301,7 +349,7 @@ class _Printer:
                 self.line(f"{CTYPE[r.dtype]} acc{r.acc} = {self._init(r)};")
                 if self._tracks_nan(r):
                     self.line(f"int nan{r.acc} = 0;")
-            if k.inner and all(v.extent > 0 for v in k.inner):
+            if k.inner and all(isinstance(v.extent, Poly) or v.extent > 0 for v in k.inner):
                 self.inner_loop(0, ph.reduces, ph.stores, roots)
             elif not k.inner:
                 self._innermost(ph.reduces, ph.stores, partial=False)
@@ -337,16 +385,19 @@ class _Printer:
         k = self.k
         v = k.inner[level]
         if level < len(k.inner) - 1:
-            saved = self.open(f"for (int64_t {v} = 0; {v} < {c_int(v.extent)}; ++{v})")
+            saved = self.open(f"for (int64_t {v} = 0; {v} < {c_size(v.extent)}; ++{v})")
             self.emit_where(roots, lambda o, i, p: i == level)
             self.inner_loop(level + 1, reduces, stores, roots)
             self.close(saved)
             return
-        blocked = v.extent > BLOCK and any(r.kind == "sum" for r in reduces)
+        # NOTE: a symbolic extent always runs in blocks: one block when it is small, which sums
+        # exactly as the unblocked loop does
+        large = isinstance(v.extent, Poly) or v.extent > BLOCK
+        blocked = large and any(r.kind == "sum" for r in reduces)
         outer_saved: set[int] | None = None
-        lo, hi = "0", c_int(v.extent)
+        lo, hi = "0", c_size(v.extent)
         if blocked:
-            n = c_int(v.extent)
+            n = c_size(v.extent)
             outer_saved = self.open(f"for (int64_t {v}_b = 0; {v}_b < {n}; {v}_b += {BLOCK})")
             lo, hi = f"{v}_b", f"min_<int64_t>({v}_b + {BLOCK}, {n})"
         for r in reduces:
@@ -395,6 +446,10 @@ class _Printer:
         else:
             v = f"({STORAGE_CTYPE[storage]}){v}"
         self.line(f"b{st.buffer}[{c_index(st.index)}] = {v};")
+
+
+def _may_be_empty(extent: Poly) -> bool:
+    return (lower_bound(extent) or 0) < 1
 
 
 def _before_phase(phase: int) -> Callable[[int, int, int], bool]:

@@ -33,16 +33,22 @@ Example:
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
+from plait.codegen.admission import (
+    CONSTANTS,
+    TARGETS,
+    check_graph,
+    classify,
+    graph_device,
+    live_nodes,
+)
 from plait.codegen.call_signature import Layout, call_signature
 from plait.codegen.cuda_extern import cuda_call
-from plait.codegen.datadep import datadep_call, only_unbacked, touches_unbacked, unbacked
-from plait.codegen.errors import CodegenError
-from plait.codegen.extern import EXTERN_RULES, FLOAT_EXTERNS, ExternCall, make_call, outer_sum
+from plait.codegen.datadep import datadep_call, touches_unbacked, unbacked
+from plait.codegen.extern import ExternCall, make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
 from plait.codegen.lower import Lowered, loop_vars, lower_pointwise
 from plait.codegen.onednn import (
@@ -64,123 +70,30 @@ from plait.codegen.plan import (
     SavedLayouts,
     Step,
 )
-from plait.codegen.reductions import OP_CLASS, TEMPLATES, lower_reduction
+from plait.codegen.reductions import OP_CLASS, lower_reduction
+from plait.codegen.saved_layouts import dense, extern_layouts, restored_strides
 from plait.codegen.scalar import RULES
-from plait.codegen.views import MAPPED_VIEWS, SELECT_VIEWS, input_index, shape_of
+from plait.codegen.symbolic_shapes import concrete, hints_for, is_symbolic, learned_strides
+from plait.codegen.views import MAPPED_VIEWS, input_index, sizes_of
 from plait.ir.graph import Graph, Node, Value
 from plait.ir.ops import get_op
 from plait.ir.types import COMPLEX_DTYPES, TensorType
+from plait.symbolic.poly import Size, evaluate
 
-CONSTANTS = frozenset({"full", "zeros", "ones", "arange"})
+__all__ = [
+    "CONSTANTS",
+    "TARGETS",
+    "check_graph",
+    "classify",
+    "extern_layouts",
+    "graph_device",
+    "live_nodes",
+    "plan_graph",
+]
 _UNSET = object()  # NOTE: a call signature not computed yet (None: the call has none)
 SAVED = "(from the saved plan, not probed)"
 _COSTLY = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "silu", "gelu", "pow", "div"})
 CHEAP = 2
-
-
-def classify(node: Node) -> tuple[str, str]:
-    """``(kind, reason)``: kind is extern, pointwise, reduction, view, constant or fallback."""
-    op = node.op
-    if touches_unbacked(node):
-        return "extern", ""  # NOTE: a PyTorch call, its results PyTorch's (codegen.datadep)
-    if op in EXTERN_RULES and _extern_applies(node):
-        return "extern", ""
-    if op == "dropout":
-        if get_op(op).is_random(node.attrs):
-            return "fallback", "dropout in training draws from PyTorch's RNG stream"
-        return "view", ""
-    for v in node.input_values():
-        if not isinstance(v.type, TensorType):
-            return "fallback", f"reads the runtime scalar %{v.name}"
-    if op in RULES:
-        return "pointwise", ""
-    if op in TEMPLATES:
-        return "reduction", ""
-    if op in MAPPED_VIEWS or op in SELECT_VIEWS:
-        return "view", ""
-    if op in CONSTANTS:
-        return "constant", ""
-    if op == "opaque":
-        return "fallback", f"opaque call to {node.attrs['target']}"
-    return "fallback", f"no Stax lowering for {op}"
-
-
-def _extern_applies(node: Node) -> bool:
-    """Ops with an extern rule for some of their nodes only: floating fmod/remainder, outer
-    sums."""
-    if node.op in FLOAT_EXTERNS:
-        return _float_result(node)
-    if node.op == "sum":
-        return outer_sum(node)
-    return True
-
-
-def _float_result(node: Node) -> bool:
-    t = node.outputs[0].type
-    return isinstance(t, TensorType) and t.dtype.is_floating_point
-
-
-TARGETS = ("cpu", "triton")
-
-
-def graph_device(graph: Graph) -> str:
-    """The one device of ``graph``'s tensors (``cpu`` when it has none); a graph whose tensors
-    span devices is a clear error."""
-    devices = {v.type.device for v in _all_values(graph) if isinstance(v.type, TensorType)}
-    if len(devices) > 1:
-        raise CodegenError(f"the Stax backend compiles one device per graph, got {sorted(devices)}")
-    return devices.pop() if devices else "cpu"
-
-
-def check_graph(graph: Graph, target: str = "cpu") -> None:
-    """Stax compiles static shapes, C++ kernels on the CPU (``target="cpu"``) and Triton kernels
-    on CUDA (``"triton"``; on CPU tensors too, where Triton interprets them); anything else is
-    a clear error. Unbacked dims (data-dependent sizes) are the exception: only PyTorch calls
-    make or read them."""
-    if target not in TARGETS:
-        raise CodegenError(f"unknown Stax target {target!r}; known: {list(TARGETS)}")
-    device = graph_device(graph)
-    if target == "cpu" and device != "cpu":
-        raise CodegenError(
-            f"the Stax CPU target got tensors on {device}: Triton kernels run them "
-            "(StaxOptions(target='triton'))"
-        )
-    if target == "triton" and not (device == "cpu" or device.startswith("cuda")):
-        raise CodegenError(f"the Stax Triton target runs CUDA tensors, got {device}")
-    if target == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise CodegenError(
-            "Triton kernels on CPU tensors run only in Triton's interpreter: set "
-            "TRITON_INTERPRET=1 before triton is imported (or use the cpu target)"
-        )
-    for v in _all_values(graph):
-        t = v.type
-        if not isinstance(t, TensorType):
-            continue
-        if not t.is_static and not only_unbacked(t):
-            where = f"%{v.name}" + (f" of node {v.producer.id}" if v.producer else "")
-            raise CodegenError(
-                f"symbolic dims are not yet supported by the Stax backend ({where}: {t})",
-                node_id=v.producer.id if v.producer else None,
-                op=v.producer.op if v.producer else None,
-            )
-
-
-def _all_values(graph: Graph) -> Iterator[Value]:
-    yield from graph.inputs
-    for n in graph.nodes:
-        yield from n.outputs
-
-
-def live_nodes(graph: Graph) -> set[int]:
-    """Nodes whose results reach an output (random nodes always run: they advance the RNG)."""
-    live: set[int] = set()
-    needed = {id(o) for o in graph.outputs if isinstance(o, Value)}
-    for node in reversed(graph.nodes):
-        random = get_op(node.op).is_random(node.attrs)
-        if random or any(id(v) in needed for v in node.outputs):
-            live.add(node.id)
-            needed.update(id(v) for v in node.input_values())
-    return live
 
 
 class _Planner:
@@ -200,6 +113,9 @@ class _Planner:
         # PyTorch's own kernels on the graph's device (cuDNN, cuBLAS, flash attention).
         self.onednn = target == "cpu" and onednn
         self.device = torch.device(graph_device(graph))
+        # NOTE: symbolic shapes: the dry runs run at representative sizes (codegen.symbolic_shapes)
+        self.symbolic = is_symbolic(graph)
+        self.hints: dict[str, int] = hints_for(graph) if self.symbolic else {}
         self.fuse = fuse
         self.channels_last = channels_last
         self.mkl_linear = mkl_linear
@@ -213,13 +129,13 @@ class _Planner:
         self._cost: dict[int, int] = {}
         # NOTE: dry-run outcomes by call signature (codegen.call_signature): result strides,
         # oneDNN refusals, and the signatures already probed on fresh tensors
-        self._layout_memo: dict[tuple[object, ...], tuple[tuple[int, ...], ...]] = {}
+        self._layout_memo: dict[tuple[object, ...], tuple[tuple[Size, ...], ...]] = {}
         self._refusals: dict[tuple[object, ...], str] = {}
         self._probed: set[tuple[object, ...]] = set()
         # NOTE: the unbacked sizes of the call running (codegen.datadep), one table per program
         self.unbacked_sizes: dict[str, int] = {}
         self._open: list[Value] = []
-        self._open_key: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+        self._open_key: tuple[tuple[Size, ...], tuple[Size, ...]] | None = None
         self._open_lowered: Lowered | None = None
         self._count = 0
         # NOTE: recorded layouts (from a saved plan) replace the dry runs: same decisions, no
@@ -306,7 +222,7 @@ class _Planner:
         if base.kind == "inline":
             return Loc("inline")
         out = node.outputs[k]
-        shape = shape_of(out.type)
+        shape = sizes_of(out.type)
         idx = tuple(Ix.var(v) for v in loop_vars(shape))
         lin = linear(input_index(node, k, idx), base.strides, base.offset)
         if lin.has_divmod():
@@ -341,12 +257,12 @@ class _Planner:
         for v in outputs:
             self._sample(v, self.locs[v].strides)
 
-    def layout(self, v: Value) -> tuple[int, ...]:
+    def layout(self, v: Value) -> tuple[Size, ...]:
         """A materialized value's strides: contiguous for graph outputs; otherwise the dense
         layout of a same-shaped buffer it is computed from (a channels_last conv result keeps
         its epilogue channels_last, so the epilogue can run in place and the next conv gets
         the layout it wants)."""
-        shape = shape_of(v.type)
+        shape = sizes_of(v.type)
         contiguous = contiguous_strides(shape)
         if id(v) in self.outputs or not self.channels_last:
             return contiguous
@@ -360,10 +276,10 @@ class _Planner:
             seen.add(id(w))
             for u in node.input_values():
                 loc = self.locs.get(u)
-                if loc is None or shape_of(u.type) != shape:
+                if loc is None or sizes_of(u.type) != shape:
                     continue
                 if loc.kind in ("buffer", "input") and loc.strides != contiguous:
-                    if loc.offset == 0 and _dense(shape, loc.strides):
+                    if loc.offset == 0 and dense(shape, loc.strides):
                         return loc.strides
                 elif loc.kind == "inline" and node.op in RULES:
                     stack.append(u)
@@ -387,7 +303,7 @@ class _Planner:
         return isinstance(v.type, TensorType) and v.type.dtype in (torch.bfloat16, torch.float16)
 
     def materialize(self, v: Value) -> None:
-        shape = shape_of(v.type)
+        shape = sizes_of(v.type)
         strides = self.layout(v)
         self.locs[v] = Loc("buffer", v, 0, strides)
         if self.fuse and self._open and self._open_key == (shape, strides):
@@ -409,7 +325,7 @@ class _Planner:
     def run(self) -> Plan:
         for v in self.graph.inputs:
             if isinstance(v.type, TensorType):
-                strides = contiguous_strides(shape_of(v.type))
+                strides = contiguous_strides(sizes_of(v.type))
                 self.locs[v] = Loc("input", v, 0, strides)
                 self._sample(v, strides)
         self._sample_last = self._sample_lifetimes()
@@ -477,13 +393,13 @@ class _Planner:
     def _reduction_step(self, node: Node) -> None:
         chain = self._reduction_epilogue(node) if self.fuse else []
         for v in node.outputs:
-            self.locs[v] = Loc("buffer", v, 0, contiguous_strides(shape_of(v.type)))
+            self.locs[v] = Loc("buffer", v, 0, contiguous_strides(sizes_of(v.type)))
         if chain:
             self.locs[node.outputs[0]] = Loc("inline")
             for n in chain[:-1]:
                 self.locs[n.outputs[0]] = Loc("inline")
             last = chain[-1].outputs[0]
-            self.locs[last] = Loc("buffer", last, 0, contiguous_strides(shape_of(last.type)))
+            self.locs[last] = Loc("buffer", last, 0, contiguous_strides(sizes_of(last.type)))
             for n in chain:
                 self.kinds[n.id] = ("absorbed", "")
         outputs = [chain[-1].outputs[0]] if chain else list(node.outputs)
@@ -503,7 +419,7 @@ class _Planner:
             if len(users) != 1:
                 break
             (u,) = users.values()
-            if self.kinds[u.id][0] != "pointwise" or shape_of(u.outputs[0].type) != shape_of(
+            if self.kinds[u.id][0] != "pointwise" or sizes_of(u.outputs[0].type) != sizes_of(
                 v.type
             ):
                 break
@@ -518,7 +434,7 @@ class _Planner:
             self.steps.append(FallbackStep(node, reason))
             self.tags[node.id] = NodeTag("fallback", reason)
             strides = [
-                contiguous_strides(shape_of(v.type)) if isinstance(v.type, TensorType) else ()
+                contiguous_strides(sizes_of(v.type)) if isinstance(v.type, TensorType) else ()
                 for v in node.outputs
             ]
             # NOTE: a fallback's results are samples too: an extern dry-run later may read one
@@ -539,6 +455,7 @@ class _Planner:
                     self.prepack,
                     self.packs,
                     self.mkl_linear,
+                    self.hints,
                 )
                 step = ExternStep(node, call, [])
                 failure = self._try_dry_run(step, "onednn")
@@ -572,7 +489,7 @@ class _Planner:
         size); static results are conformed to contiguous strides, the others are PyTorch's
         (``()``: whatever strides the call returns)."""
         strides = [
-            () if unbacked(v.type) else contiguous_strides(shape_of(v.type)) for v in node.outputs
+            () if unbacked(v.type) else contiguous_strides(sizes_of(v.type)) for v in node.outputs
         ]
         for v, st in zip(node.outputs, strides):
             if not unbacked(v.type):
@@ -623,8 +540,8 @@ class _Planner:
         loc = self.locs.get(v)
         if loc is None or loc.kind == "inline":
             return None
-        shape = shape_of(v.type) if isinstance(v.type, TensorType) else ()
-        return shape, loc.strides, loc.offset
+        shape = sizes_of(v.type) if isinstance(v.type, TensorType) else ()
+        return shape, loc.strides, loc.offset  # type: ignore[return-value]
 
     def _accepted_note(self, call: ExternCall) -> str:
         if self._decided is None:
@@ -639,7 +556,9 @@ class _Planner:
             if const is not None:
                 return const
             # NOTE: see _sample
-            return torch.zeros(shape_of(o.type), dtype=o.type.dtype, device=self.device)
+            return torch.zeros(
+                self._hinted(sizes_of(o.type)), dtype=o.type.dtype, device=self.device
+            )
 
         args = get_op(step.node.op).structure([fresh(o) for o in step.node.inputs])
         args += [fresh(o) for o in step.extra]
@@ -657,7 +576,9 @@ class _Planner:
     def _fused_step(self, host: Node, ep: Epilogue) -> str | None:
         """Emit ``host`` with ``ep`` as oneDNN post-ops; the reason, emitting nothing, when
         oneDNN cannot create or run the fused call."""
-        call = onednn_call(host, self.consts, ep, self.channels_last, self.prepack, self.packs)
+        call = onednn_call(
+            host, self.consts, ep, self.channels_last, self.prepack, self.packs, hints=self.hints
+        )
         extra = (ep.other,) if ep.other is not None else ()
         step = ExternStep(host, call, [], ep.nodes, extra)
         failure = self._try_dry_run(step, "fused")
@@ -681,16 +602,20 @@ class _Planner:
         return None
 
     # --- layout inference ---------------------------------------------------------------------
-    def _sample(self, v: Value, strides: tuple[int, ...]) -> None:
+    def _hinted(self, sizes: Sequence[Size]) -> tuple[int, ...]:
+        """Sizes at the representative values of the symbols (the dry runs' samples)."""
+        return concrete(sizes, self.hints) if self.symbolic else tuple(sizes)  # type: ignore[arg-type]
+
+    def _sample(self, v: Value, strides: tuple[Size, ...]) -> None:
         if not self._infer or not isinstance(v.type, TensorType):
             return
-        shape = shape_of(v.type)
+        shape, strides = self._hinted(sizes_of(v.type)), self._hinted(strides)
         dtype = v.type.dtype
         # NOTE: zeros, never torch.empty: recycled memory holds old values, denormal floats
         # among them, and a dry run on denormals ran 3-4x slower (ResNet-50's plan: 0.9 s
         # against 0.26 s); integers may be indices and must be in range.
         t = torch.zeros(shape, dtype=dtype, device=self.device)
-        self._samples[v] = t.as_strided(shape, strides) if _dense(shape, strides) else t
+        self._samples[v] = t.as_strided(shape, strides) if dense(shape, strides) else t
 
     def _sample_lifetimes(self) -> dict[int, int]:
         """Per value, the last node position that reads it, directly or through views (a
@@ -726,18 +651,22 @@ class _Planner:
         assert loc.base is not None, f"%{operand.name} should have been materialized"
         base = self._samples[loc.base]
         if loc.kind == "view":
+            offset = evaluate(loc.offset, self.hints)
             return base.as_strided(
-                shape_of(operand.type), loc.strides, base.storage_offset() + loc.offset
+                self._hinted(sizes_of(operand.type)),
+                self._hinted(loc.strides),
+                base.storage_offset() + offset,
             )
         return base
 
-    def _dry_run(self, step: ExternStep, key: object = _UNSET) -> list[tuple[int, ...]]:
+    def _dry_run(self, step: ExternStep, key: object = _UNSET) -> list[tuple[Size, ...]]:
         """Run the extern once on zeros to learn the layout PyTorch gives its result (``key``:
         its call signature, when the caller has it)."""
         node = step.node
         if self._layouts is not None:
-            return [tuple(int(x) for x in s) for s in self._layouts[self.position[node.id]]]
-        contiguous = [contiguous_strides(shape_of(v.type)) for v in step.outputs]
+            saved = self._layouts[self.position[node.id]]
+            return [restored_strides(v, s) for v, s in zip(step.outputs, saved)]
+        contiguous = [contiguous_strides(sizes_of(v.type)) for v in step.outputs]
         if not self._infer:
             return contiguous
         effect = node.op == "aten_check" or get_op(node.op).is_random(node.attrs)
@@ -769,11 +698,18 @@ class _Planner:
                 self._sample(v, c)
             return contiguous
         results = result if isinstance(result, (tuple, list)) else (result,)
-        out = []
+        out: list[tuple[Size, ...]] = []
         for v, r, c in zip(step.outputs, results, contiguous):
-            s = tuple(int(x) for x in r.stride())
-            usable = r.storage_offset() == 0 and _dense(shape_of(v.type), s)
-            out.append(s if usable else c)
+            got = tuple(int(x) for x in r.stride())
+            shape = sizes_of(v.type)
+            usable = r.storage_offset() == 0 and dense(self._hinted(shape), got)
+            if usable and self.symbolic:
+                # NOTE: the dim order the dry run shows, as strides of the symbolic shape
+                learned = learned_strides(shape, got, self.hints)
+                usable = learned is not None
+                out.append(learned if learned is not None else c)
+            else:
+                out.append(got if usable else c)
             self._samples[v] = r if usable else r.contiguous()
         if isinstance(key, tuple):
             self._layout_memo[key] = tuple(out)
@@ -788,18 +724,6 @@ COMPLEX_VIEW_COPY = (
 
 def _complex(v: Value) -> bool:
     return isinstance(v.type, TensorType) and v.type.dtype in COMPLEX_DTYPES
-
-
-def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """Whether ``strides`` lay ``shape`` out without gaps or overlaps (a permutation of
-    contiguous strides)."""
-    dims = sorted((s, n) for s, n in zip(strides, shape) if n != 1)
-    expected = 1
-    for s, n in dims:
-        if s != expected:
-            return False
-        expected *= n
-    return True
 
 
 def plan_graph(
@@ -837,16 +761,3 @@ def plan_graph(
     if planner.prepack is not None:
         planner.prepack.close(finish=True)
     return plan
-
-
-def extern_layouts(plan: Plan) -> SavedLayouts:
-    """The result strides each extern step of ``plan`` settled on, keyed by the node's position
-    in ``plan.graph.nodes`` (positions survive the IR's text round trip; ids need not), with
-    the oneDNN calls refused at compile time (``.refused``): the plan to save."""
-    position = {n.id: i for i, n in enumerate(plan.graph.nodes)}
-    layouts = {
-        position[s.node.id]: [tuple(x) for x in s.out_strides]
-        for s in plan.steps
-        if isinstance(s, ExternStep)
-    }
-    return SavedLayouts(layouts, plan.refused)

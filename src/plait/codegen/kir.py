@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from plait.codegen.index import Ix, Var
+from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var
+from plait.symbolic.poly import Size, atoms_of
 
 SCALAR_TYPES = ("f64", "f32", "i64", "i32", "i16", "i8", "u8", "b")
 STORAGE_TYPES = (*SCALAR_TYPES, "bf16", "f16")
@@ -94,7 +95,7 @@ class Buffer:
 
     name: str
     dtype: str
-    numel: int
+    numel: Size
     output: bool = False
 
 
@@ -149,11 +150,19 @@ class Kernel:
     template: str = "pointwise"
 
     @property
-    def numel(self) -> int:
-        n = 1
+    def numel(self) -> Size:
+        n: Size = 1
         for v in (*self.outer, *self.inner):
-            n *= v.extent
+            n = n * v.extent
         return n
+
+    def size_atoms(self) -> list[str]:
+        """The size atoms (symbols of the program's shapes) the kernel's loops and indices use,
+        sorted by name: the sizes a call passes it (none for a static kernel)."""
+        sizes: list[Size] = [v.extent for v in (*self.outer, *self.inner)]
+        for ix in kernel_indices(self):
+            sizes.extend(_index_sizes(ix))
+        return sorted(atoms_of(sizes))
 
     def stmts(self) -> list[Stmt]:
         """Every statement reachable from the kernel's stores and reductions, in dependency
@@ -198,6 +207,37 @@ class Kernel:
         return "\n".join(lines)
 
 
+def kernel_indices(kernel: Kernel) -> list[Ix]:
+    """Every index expression of ``kernel``: loads, index statements and stores."""
+    out = []
+    for s in kernel.stmts():
+        if s.op == "load":
+            out.append(s.attr[1])
+        elif s.op == "index":
+            out.append(s.attr)
+    for ph in kernel.phases:
+        out.extend(st.index for st in ph.stores)
+    out.extend(st.index for st in kernel.final)
+    return out
+
+
+def _index_sizes(ix: Ix) -> list[Size]:
+    out: list[Size] = [ix.const]
+    for a, c in ix.terms:
+        out.append(c)
+        out.extend(_atom_sizes(a))
+    return out
+
+
+def _atom_sizes(a: Atom) -> list[Size]:
+    if isinstance(a, Var):
+        return [a.extent]
+    if isinstance(a, (Div, Mod)):
+        return [a.k, *_index_sizes(a.e)]
+    assert isinstance(a, Clamp)
+    return [a.lo, a.hi, *_index_sizes(a.e)]
+
+
 def _stmt_text(s: Stmt, buffers: list[Buffer]) -> str:
     if s.op == "const":
         return f"{s.dtype}({s.attr!r})"
@@ -226,7 +266,7 @@ class KernelBuilder:
         self._next_acc = 0
 
     # --- buffers ------------------------------------------------------------------------------
-    def buffer(self, name: str, dtype: str, numel: int, output: bool = False) -> int:
+    def buffer(self, name: str, dtype: str, numel: Size, output: bool = False) -> int:
         self.buffers.append(Buffer(name, dtype, numel, output))
         return len(self.buffers) - 1
 

@@ -21,28 +21,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from plait.codegen.index import Ix, Var
-from plait.codegen.kir import Kernel, Phase, Reduce, Stmt, Store
+from plait.codegen.index import Ix, Var, nonzero
+from plait.codegen.kir import Kernel, Phase, Reduce, Stmt, Store, kernel_indices
 
 
 def _count_divmod(kernel: Kernel) -> int:
     n = 0
-    for ix in _indices(kernel):
+    for ix in kernel_indices(kernel):
         n += sum(1 for a, _ in ix.terms if not isinstance(a, Var))
     return n
-
-
-def _indices(kernel: Kernel) -> list[Ix]:
-    out = []
-    for s in kernel.stmts():
-        if s.op == "load":
-            out.append(s.attr[1])
-        elif s.op == "index":
-            out.append(s.attr)
-    for ph in kernel.phases:
-        out.extend(st.index for st in ph.stores)
-    out.extend(st.index for st in kernel.final)
-    return out
 
 
 def substitute(
@@ -94,7 +81,7 @@ def _merge_pair(kernel: Kernel, which: str, j: int) -> Kernel:
     f = Var(a.name, a.extent * b.extent)
     fi = Ix.var(f)
     # NOTE: a zero extent makes the merged loop run zero times: its index is never evaluated.
-    inner = max(b.extent, 1)
+    inner = nonzero(b.extent)
     mapping = {a: fi.div(inner), b: fi.mod(inner)}
     merged = (*loops[:j], f, *loops[j + 2 :])
     if which == "outer":

@@ -36,10 +36,11 @@ from plait.codegen.views import (
     input_index,
     moved_index,
     pad_window,
-    shape_of,
+    sizes_of,
 )
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
+from plait.symbolic.poly import Poly, Size, hint
 
 if TYPE_CHECKING:
     from plait.codegen.plan import Loc
@@ -58,8 +59,20 @@ class Lowered:
     covered: set[int] = field(default_factory=set)
 
 
-def loop_vars(shape: Sequence[int], prefix: str = "i", start: int = 0) -> tuple[Var, ...]:
-    return tuple(Var(f"{prefix}{start + k}", int(n)) for k, n in enumerate(shape))
+def loop_vars(shape: Sequence[Size], prefix: str = "i", start: int = 0) -> tuple[Var, ...]:
+    return tuple(Var(f"{prefix}{start + k}", _extent(n)) for k, n in enumerate(shape))
+
+
+def _extent(n: Size) -> Size:
+    return n if isinstance(n, Poly) else int(n)
+
+
+def size_stmt(b: KernelBuilder, n: Size, dtype: str = "i64") -> Stmt:
+    """A size as a value of scalar type ``dtype``: a constant, or a symbolic size read at run
+    time (an index statement of the size, converted)."""
+    if isinstance(n, int):
+        return b.const(n, dtype)
+    return b.cast(b.index(Ix.lit(n)), dtype)
 
 
 class Lowerer:
@@ -83,9 +96,9 @@ class Lowerer:
             return self._buf_of[v]
         t = v.type
         assert isinstance(t, TensorType)
-        numel = 1
-        for d in shape_of(t):
-            numel *= d
+        numel: Size = 1
+        for d in sizes_of(t):
+            numel = numel * d
         kind = "out" if output else "in"
         index = self.b.buffer(f"{kind}{len(self.bindings)}", STORAGE_OF[t.dtype], numel, output)
         self.bindings.append(v)
@@ -143,7 +156,7 @@ class Lowerer:
         self.covered.add(node.id)
         out = node.outputs[0].type
         assert isinstance(out, TensorType)
-        out_shape = shape_of(out)
+        out_shape = sizes_of(out)
         channel = CHANNEL_OPERANDS.get(node.op, ())
         args: list[Arg] = []
         for pos, operand in enumerate(node.inputs):
@@ -151,7 +164,7 @@ class Lowerer:
                 if pos in channel:
                     sub: tuple[Ix, ...] = (idx[1] if len(idx) > 1 else Ix.lit(0),)
                 else:
-                    sub = broadcast_index(idx, out_shape, shape_of(operand.type))
+                    sub = broadcast_index(idx, out_shape, sizes_of(operand.type))
                 args.append(arg_of(operand, self.value_at(operand, sub)))
             else:
                 args.append(arg_of(operand, None))
@@ -175,7 +188,7 @@ class Lowerer:
             if result is None:
                 result = value
                 continue
-            bound = self.b.const(start + _piece_len(node, pos, d), "i64")
+            bound = size_stmt(self.b, start + _piece_len(node, pos, d))
             take = self.b.op("lt", [self.b.index(idx[d]), bound], "b")
             result = self.b.op("where", [take, value, result], t)
         assert result is not None
@@ -190,14 +203,14 @@ class Lowerer:
         fill = self.b.round(
             to(self.b, Arg(None, node.attrs["value"], None), t), STORAGE_OF[out.dtype]
         )
-        if 0 in shape_of(x.type):
+        if 0 in sizes_of(x.type):
             return fill  # NOTE: an empty input has no element to load: all fill
         sub, conditions = pad_window(node, idx)
         value = self.b.round(to(self.b, arg_of(x, self.value_at(x, sub)), t), STORAGE_OF[out.dtype])
         take: Stmt | None = None
         for i, lo, hi in conditions:
             where = self.b.index(i)
-            inside = self.b.op("lt", [where, self.b.const(hi, "i64")], "b")
+            inside = self.b.op("lt", [where, size_stmt(self.b, hi)], "b")
             if lo > 0:
                 above = self.b.op("ge", [where, self.b.const(lo, "i64")], "b")
                 inside = self.b.op("and", [above, inside], "b")
@@ -224,16 +237,16 @@ class Lowerer:
         return self.b.round(value, STORAGE_OF[out.dtype])
 
 
-def _piece_len(node: Node, pos: int, d: int) -> int:
+def _piece_len(node: Node, pos: int, d: int) -> Size:
     if node.op == "stack":
         return 1
     x = node.inputs[pos]
     assert isinstance(x, Value)
-    return shape_of(x.type)[d]
+    return sizes_of(x.type)[d]
 
 
 def broadcast_index(
-    idx: tuple[Ix, ...], out_shape: tuple[int, ...], shape: tuple[int, ...]
+    idx: tuple[Ix, ...], out_shape: tuple[Size, ...], shape: tuple[Size, ...]
 ) -> tuple[Ix, ...]:
     """The index into an operand of ``shape`` broadcast to ``out_shape``."""
     lead = len(out_shape) - len(shape)
@@ -243,23 +256,24 @@ def broadcast_index(
     )
 
 
-def memory_order(shape: Sequence[int], strides: Sequence[int]) -> list[int]:
-    """Dims from the largest stride to the smallest (the loop order that walks memory)."""
-    return sorted(range(len(shape)), key=lambda d: (-strides[d], d))
+def memory_order(shape: Sequence[Size], strides: Sequence[Size]) -> list[int]:
+    """Dims from the largest stride to the smallest (the loop order that walks memory; a
+    symbolic stride is ordered by a representative value: the order decides speed only)."""
+    return sorted(range(len(shape)), key=lambda d: (-hint(strides[d]), d))
 
 
 def lower_pointwise(
     name: str,
     values: Sequence[Value],
-    shape: tuple[int, ...],
+    shape: tuple[Size, ...],
     locs: dict[Value, Loc],
-    strides: tuple[int, ...] | None = None,
+    strides: tuple[Size, ...] | None = None,
 ) -> Lowered:
     """One kernel storing each of ``values`` (all of ``shape``) into a fresh buffer laid out
     with ``strides`` (contiguous by default); loops walk that layout's memory order."""
     strides = strides or contiguous_strides(shape)
     order = memory_order(shape, strides)
-    outer = tuple(Var(f"i{k}", int(shape[d])) for k, d in enumerate(order))
+    outer = tuple(Var(f"i{k}", _extent(shape[d])) for k, d in enumerate(order))
     by_dim = {d: outer[k] for k, d in enumerate(order)}
     b = KernelBuilder(name, outer)
     low = Lowerer(b, locs)

@@ -44,6 +44,7 @@ from plait.codegen import packed
 from plait.codegen.extern import ExternCall, PreparedWeight
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
+from plait.symbolic.poly import evaluate, from_dim
 
 DTYPES = (torch.float32, torch.bfloat16)
 # NOTE: the activations oneDNN runs as post-ops with PyTorch's special values (NaN, +-inf, signed
@@ -84,6 +85,11 @@ def eager_gelu_uses_onednn(x: object) -> bool:
         return False
     if not torch.backends.mkldnn.is_available():
         return False
+    if not x.type.is_static:
+        # NOTE: a symbolic size is at least 2 where plait captured it (sizes 0 and 1 specialize)
+        return x.type.dtype == torch.float32 or (
+            x.type.dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        )
     numel = 1
     for d in x.type.shape:
         numel *= int(d)
@@ -139,7 +145,13 @@ def runs_mkl(node: Node, mkl_linear: bool) -> bool:
     native kernel for the activation or add (fused with its neighbours: silu with Llama's gate
     product, the residual add into the layer norm) beat oneDNN's linear with the post-op by
     3-8% per model."""
-    return mkl_linear and node.op == "linear" and supported(node) and mkl_packed_available(node)
+    if not (mkl_linear and node.op == "linear" and supported(node)):
+        return False
+    x = node.inputs[0]
+    # NOTE: MKL packs the weight for the call's row count: with symbolic rows, oneDNN's linear
+    # (a weight prepacked for a representative count serves every count), as inductor does
+    static = isinstance(x, Value) and isinstance(x.type, TensorType) and x.type.is_static
+    return static and mkl_packed_available(node)
 
 
 def unfused_activation(
@@ -380,18 +392,17 @@ def linear_call(
     prepack: Prepacker | None = None,
     packs: PackedWeights | None = None,
     mkl_linear: bool = False,
+    hints: Mapping[str, int] | None = None,
 ) -> ExternCall:
     op = torch.ops.mkldnn._linear_pointwise
     x = node.inputs[0]
     assert isinstance(x, Value) and isinstance(x.type, TensorType)
-    rows = 1
-    for d in x.type.shape[:-1]:
-        rows *= int(d)
+    rows, spelled = _rows(x.type, hints)
     if ep is None and runs_mkl(node, mkl_linear):
         return mkl_linear_call(node, consts, rows, prepack, packs)
     reorder = torch.ops.mkldnn._reorder_linear_weight
     weight = PreparedWeight(lambda w: reorder(w.contiguous(), rows))
-    key = _pack_key(node, rows)
+    key = _pack_key(node, spelled)
     when = _prepare(weight, consts.get(node.inputs[1]), prepack, packs, key, node.id)
     detail = f"oneDNN linear (weight prepacked {when})"
     if ep is not None and ep.other is not None:
@@ -408,6 +419,19 @@ def linear_call(
 
     suffix = f" + fused {ep.describe()}" if ep is not None else ""
     return ExternCall(fn, "matmul", detail + suffix, "oneDNN")
+
+
+def _rows(t: TensorType, hints: Mapping[str, int] | None) -> tuple[int, str]:
+    """The rows of a linear's input (a representative count for symbolic ones, at ``hints``),
+    and how a pack key spells them (symbolic rows by their expression: the key must not depend
+    on the hint)."""
+    rows = 1
+    for d in t.shape[:-1]:
+        rows *= int(d) if isinstance(d, int) else evaluate(from_dim(d), hints or {})
+    if t.is_static:
+        return rows, str(rows)
+    spelled = "*".join(str(d) for d in t.shape[:-1])
+    return rows, f"rows={spelled}"
 
 
 @cache
@@ -453,6 +477,7 @@ def conv_call(
     channels_last: bool = True,
     prepack: Prepacker | None = None,
     packs: PackedWeights | None = None,
+    hints: Mapping[str, int] | None = None,
 ) -> ExternCall:
     a = node.attrs
     stride, padding, dilation, groups = (
@@ -463,13 +488,17 @@ def conv_call(
     )
     x = node.inputs[0]
     assert isinstance(x, Value) and isinstance(x.type, TensorType)
-    size = [int(d) for d in x.type.shape]
+    # NOTE: with symbolic sizes, the weight is prepacked for a representative input size: oneDNN
+    # runs it for any size (reordering it again only where its chosen format differs)
+    size = [int(d) if isinstance(d, int) else evaluate(from_dim(d), hints or {})
+            for d in x.type.shape]  # fmt: skip
     reorder = torch.ops.mkldnn._reorder_convolution_weight
     weight = PreparedWeight(
         lambda w: reorder(w.contiguous(), padding, stride, dilation, groups, size),
         track_finite=True,
     )
-    key = _pack_key(node, padding, stride, dilation, groups, size)
+    spelled = size if x.type.is_static else [str(d) for d in x.type.shape]
+    key = _pack_key(node, padding, stride, dilation, groups, spelled)
     when = _prepare(weight, consts.get(node.inputs[1]), prepack, packs, key, node.id)
     cl = torch.channels_last if channels_last else torch.contiguous_format
     layout = "channels_last" if channels_last else "contiguous"
@@ -578,12 +607,15 @@ def onednn_call(
     prepack: Prepacker | None = None,
     packs: PackedWeights | None = None,
     mkl_linear: bool = False,
+    hints: Mapping[str, int] | None = None,
 ) -> ExternCall:
     """The oneDNN call of a conv2d or linear ``node`` with epilogue ``ep``; ``channels_last``:
     convolutions convert their activations to channels_last (else to contiguous NCHW);
     ``prepack``: where the constant weight's prepacking runs (None: here, now); ``packs``: the
     plan's prepacked weights (saved ones are loaded, not reordered; new ones are recorded);
-    ``mkl_linear``: a float32 linear without ``ep`` runs MKL's packed GEMM (:func:`runs_mkl`)."""
+    ``mkl_linear``: a float32 linear without ``ep`` runs MKL's packed GEMM (:func:`runs_mkl`);
+    ``hints``: representative values of the symbols of symbolic shapes (weights are prepacked
+    for those sizes)."""
     if node.op == "linear":
-        return linear_call(node, consts, ep, channels_last, prepack, packs, mkl_linear)
-    return conv_call(node, consts, ep, channels_last, prepack, packs)
+        return linear_call(node, consts, ep, channels_last, prepack, packs, mkl_linear, hints)
+    return conv_call(node, consts, ep, channels_last, prepack, packs, hints)

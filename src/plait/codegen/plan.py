@@ -23,6 +23,7 @@ from plait.codegen.extern import ExternCall
 from plait.codegen.lower import Lowered
 from plait.codegen.onednn import PackedWeights, SavedPack
 from plait.ir.graph import Graph, Node, Operand, Value
+from plait.symbolic.poly import Size
 
 
 @dataclass
@@ -33,8 +34,8 @@ class Loc:
 
     kind: str
     base: Value | None = None
-    offset: int = 0
-    strides: tuple[int, ...] = ()
+    offset: Size = 0
+    strides: tuple[Size, ...] = ()
 
 
 @dataclass
@@ -59,7 +60,7 @@ class ExternStep:
 
     node: Node
     call: ExternCall
-    out_strides: list[tuple[int, ...]]
+    out_strides: list[tuple[Size, ...]]
     fused: tuple[Node, ...] = ()
     extra: tuple[Value, ...] = ()
 

@@ -42,12 +42,13 @@ import torch
 import plait.contract
 from plait.codegen.index import Ix, contiguous_strides, linear
 from plait.codegen.kir import STORAGE_OF, KernelBuilder, Stmt, is_float, scalar_of
-from plait.codegen.lower import Lowered, Lowerer, loop_vars
+from plait.codegen.lower import Lowered, Lowerer, loop_vars, size_stmt
 from plait.codegen.scalar import Arg, to
-from plait.codegen.views import shape_of
+from plait.codegen.views import sizes_of
 from plait.ir.graph import Node, Value
 from plait.ir.ops.rules import wrap_dim, wrap_dims
 from plait.ir.types import TensorType
+from plait.symbolic.poly import Size
 
 if TYPE_CHECKING:
     from plait.codegen.plan import Loc
@@ -105,7 +106,7 @@ class _Template:
         assert isinstance(x, Value)
         self.node, self.x = node, x
         self.epilogue = tuple(epilogue)
-        self.shape = shape_of(x.type)
+        self.shape = sizes_of(x.type)
         self.kept, self.reduced = kept, reduced
         if groups:
             n, c = self.shape[0], self.shape[1]
@@ -125,9 +126,15 @@ class _Template:
         self.b = KernelBuilder(name, outer, inner)
         self.low = Lowerer(self.b, locs)
         self.low.covered.add(node.id)
-        self.n = 1
+        self.n: Size = 1
         for v in inner:
-            self.n *= v.extent
+            self.n = self.n * v.extent
+
+    def count(self, t: str) -> Stmt:
+        """The number of reduced elements as a ``t`` value (read at run time when symbolic)."""
+        if isinstance(self.n, int):
+            return self.b.const(float(self.n) if is_float(t) else self.n, t)
+        return size_stmt(self.b, self.n, t)
 
     def out_type(self, k: int = 0) -> TensorType:
         t = self.node.outputs[k].type
@@ -145,7 +152,7 @@ class _Template:
     def store_reduced(self, value: Stmt, keepdim: bool) -> None:
         t = self.out_type()
         out = self.low.buffer_for(self.node.outputs[0], output=True)
-        shape = shape_of(t)
+        shape = sizes_of(t)
         outer = [Ix.var(v) for v in self.b.outer]
         if keepdim:
             idx: list[Ix] = [Ix.lit(0)] * len(self.shape)
@@ -205,7 +212,7 @@ def _simple(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node,
         )
         total = b.reduce("sum", tp.x_as(acc_t, source), acc_t)
         if op == "mean":
-            total = b.op("div", [total, b.const(float(tp.n), acc_t)], acc_t)
+            total = b.op("div", [total, tp.count(acc_t)], acc_t)
         tp.store_reduced(total, node.attrs["keepdim"])
         return tp.done(op)
     if op in ("amax", "amin"):
@@ -217,12 +224,17 @@ def _simple(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node,
         return tp.done(op)
     # var: two passes
     acc_t = accum_type("reduction", x.type.dtype)
-    mean = b.op("div", [b.reduce("sum", tp.x_as(acc_t), acc_t), b.const(float(tp.n), acc_t)], acc_t)
+    mean = b.op("div", [b.reduce("sum", tp.x_as(acc_t), acc_t), tp.count(acc_t)], acc_t)
     b.next_phase()
     dev = b.op("sub", [tp.x_as(acc_t), mean], acc_t)
     m2 = b.reduce("sum", b.op("mul", [dev, dev], acc_t), acc_t)
-    dof = max(0.0, float(tp.n) - float(node.attrs["correction"]))
-    var = b.op("div", [m2, b.const(dof, acc_t)], acc_t)
+    correction = float(node.attrs["correction"])
+    if isinstance(tp.n, int):
+        dof = b.const(max(0.0, float(tp.n) - correction), acc_t)
+    else:
+        dof = b.op("sub", [tp.count(acc_t), b.const(correction, acc_t)], acc_t)
+        dof = b.op("max", [dof, b.const(0.0, acc_t)], acc_t)
+    var = b.op("div", [m2, dof], acc_t)
     tp.store_reduced(var, node.attrs["keepdim"])
     return tp.done("var")
 
@@ -237,7 +249,7 @@ def _counting(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Nod
     nonzero = b.cast(tp.x_as("b"), "i64")
     count = b.reduce("sum", nonzero, "i64")
     if node.op == "all":
-        count = b.op("eq", [count, b.const(tp.n, "i64")], "b")
+        count = b.op("eq", [count, tp.count("i64")], "b")
     elif node.op == "any":
         count = b.op("gt", [count, b.const(0, "i64")], "b")
     tp.store_reduced(count, node.attrs.get("keepdim", False))
@@ -315,7 +327,7 @@ def _softmax(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node
 def _norm(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node, ...]) -> Lowered:
     x = node.inputs[0]
     assert isinstance(x, Value) and isinstance(x.type, TensorType)
-    shape = shape_of(x.type)
+    shape = sizes_of(x.type)
     rank = len(shape)
     if node.op == "layer_norm":
         k = len(node.attrs["normalized_shape"])
@@ -328,7 +340,7 @@ def _norm(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node, .
         param_index = (tp.index[1],)
     b = tp.b
     acc_t = accum_type("normalization", x.type.dtype)
-    n = b.const(float(tp.n), acc_t)
+    n = tp.count(acc_t)
     mean = b.op("div", [b.reduce("sum", tp.x_as(acc_t), acc_t), n], acc_t)
     b.next_phase()
     dev = b.op("sub", [tp.x_as(acc_t), mean], acc_t)

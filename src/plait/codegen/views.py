@@ -6,6 +6,8 @@ mapped index, and a chain of views over a buffer folds into one strided (or div/
 input or its fill value; they are lowered as selections (see :mod:`plait.codegen.lower`), not as
 maps. ``pad`` (reflect, replicate, circular), ``roll`` and ``flip`` are index maps that are no
 strided view of a buffer (clamps, modulo, negative strides): they are always computed inline.
+Shapes are :data:`~plait.symbolic.poly.Size` tuples: with symbolic dims, index maps are
+expressions of the size atoms.
 
 Example:
     >>> from plait.codegen.index import Ix, Var
@@ -18,12 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from plait.codegen.errors import CodegenError
 from plait.codegen.index import Ix, ravel, unravel
 from plait.ir.graph import Node
 from plait.ir.ops.movement import padded_dims
 from plait.ir.ops.rules import wrap_dim
 from plait.ir.ops.view import chunk_sizes
 from plait.ir.types import TensorType
+from plait.symbolic.poly import Poly, Size, from_dim, lower_bound
 
 IDENTITY_VIEWS = frozenset({"contiguous", "dropout"})
 MAPPED_VIEWS = frozenset(
@@ -38,8 +42,20 @@ SELECT_VIEWS = frozenset({"cat", "stack", "constant_pad", *INDEXED_VIEWS})
 
 
 def shape_of(t: object) -> tuple[int, ...]:
+    """A static tensor type's shape (a symbolic dim raises: see :func:`sizes_of`)."""
     assert isinstance(t, TensorType)
     return tuple(int(d) for d in t.shape)
+
+
+def sizes_of(t: object) -> tuple[Size, ...]:
+    """A tensor type's shape as sizes: ints, and Polys for symbolic dims."""
+    assert isinstance(t, TensorType)
+    return tuple(d if type(d) is int else from_dim(d) for d in t.shape)
+
+
+def _bound(v: object) -> Size:
+    """A slice or select bound of the IR (an int, or a size expression) as a size."""
+    return v if isinstance(v, (int, Poly)) else from_dim(v)
 
 
 def permute_map(dims: Sequence[int], idx: tuple[Ix, ...]) -> tuple[Ix, ...]:
@@ -53,8 +69,8 @@ def input_index(node: Node, output: int, idx: tuple[Ix, ...]) -> tuple[Ix, ...]:
     """The index into ``node``'s (single tensor) input shown at ``idx`` of output ``output``."""
     op, a = node.op, node.attrs
     x = node.inputs[0]
-    in_shape = shape_of(x.type)  # type: ignore[union-attr]
-    out_shape = shape_of(node.outputs[output].type)
+    in_shape = sizes_of(x.type)  # type: ignore[union-attr]
+    out_shape = sizes_of(node.outputs[output].type)
     rank = len(in_shape)
     if op in IDENTITY_VIEWS:
         return idx
@@ -91,16 +107,30 @@ def input_index(node: Node, output: int, idx: tuple[Ix, ...]) -> tuple[Ix, ...]:
         return tuple(out)
     if op == "slice":
         d = wrap_dim(a["dim"], rank, op)
-        start = slice(a["start"], a["end"], a["step"]).indices(in_shape[d])[0]
+        n, first, end = in_shape[d], a["start"], a["end"]
+        if isinstance(n, int) and all(v is None or isinstance(v, int) for v in (first, end)):
+            start: Size = slice(first, end, a["step"]).indices(n)[0]
+        else:
+            # NOTE: the type rule admits nonnegative bounds only on symbolic dims; a start past
+            # the end leaves no element to index
+            start = 0 if first is None else _bound(first)
         return _replace(idx, d, idx[d] * a["step"] + start)
     if op == "select":
         d = wrap_dim(a["dim"], rank, op)
-        index = a["index"] % in_shape[d] if in_shape[d] else 0
+        n, at = in_shape[d], _bound(a["index"])
+        if isinstance(n, int) and isinstance(at, int):
+            index: Size = at % n if n else 0
+        else:
+            index = n + at if isinstance(at, int) and at < 0 else at
         return (*idx[:d], Ix.lit(index), *idx[d:])
     if op in ("split", "chunk"):
         d = wrap_dim(a["dim"], rank, op)
-        sizes = a["sizes"] if op == "split" else chunk_sizes(in_shape[d], a["chunks"])
-        return _replace(idx, d, idx[d] + sum(int(s) for s in sizes[:output]))
+        # NOTE: chunk's type rule refuses a symbolic dim
+        sizes = a["sizes"] if op == "split" else chunk_sizes(int(in_shape[d]), a["chunks"])
+        offset: Size = 0
+        for s in sizes[:output]:
+            offset = offset + (int(s) if isinstance(s, int) else _bound(s))
+        return _replace(idx, d, idx[d] + offset)
     if op == "diagonal":
         d1, d2 = wrap_dim(a["dim1"], rank, op), wrap_dim(a["dim2"], rank, op)
         offset = a["offset"]
@@ -127,7 +157,7 @@ def moved_index(node: Node, idx: tuple[Ix, ...]) -> tuple[Ix, ...]:
 
     NOTE: each result is in range for every output index (the type rules check the pads)."""
     op, a = node.op, node.attrs
-    in_shape = shape_of(node.inputs[0].type)  # type: ignore[union-attr]
+    in_shape = sizes_of(node.inputs[0].type)  # type: ignore[union-attr]
     rank = len(in_shape)
     out = list(idx)
     if op == "flip":
@@ -139,7 +169,10 @@ def moved_index(node: Node, idx: tuple[Ix, ...]) -> tuple[Ix, ...]:
         for shift, dim in zip(a["shifts"], a["dims"]):
             d = wrap_dim(dim, rank, op)
             n = in_shape[d]
-            if n:
+            if isinstance(n, Poly):
+                # NOTE: (i - shift) mod n, kept nonnegative: n >= 1 makes n * |shift| >= |shift|
+                out[d] = (out[d] - shift + (n * shift if shift > 0 else 0)).mod(n)
+            elif n:
                 out[d] = (out[d] + (n - shift % n)).mod(n)
         return tuple(out)
     assert op == "pad", op
@@ -148,7 +181,7 @@ def moved_index(node: Node, idx: tuple[Ix, ...]) -> tuple[Ix, ...]:
     return tuple(out)
 
 
-def _pad_source(mode: str, i: Ix, n: int, lo: int, hi: int) -> Ix:
+def _pad_source(mode: str, i: Ix, n: Size, lo: int, hi: int) -> Ix:
     """The input position that output position ``i`` of a dim of size ``n`` padded by
     ``(lo, hi)`` shows; negative pads crop (circular crops first, then wraps)."""
     if mode == "replicate":
@@ -159,20 +192,23 @@ def _pad_source(mode: str, i: Ix, n: int, lo: int, hi: int) -> Ix:
         return j + (j * -1).clamp(0, max(lo, 0)) * 2 - (j - (n - 1)).clamp(0, max(hi, 0)) * 2
     first = max(-lo, 0)
     m = n - first - max(-hi, 0)
-    if m <= 0:
+    if isinstance(m, int) and m <= 0:
         return Ix.lit(0)  # NOTE: nothing left to wrap: the output dim is empty
     return (i - max(lo, 0) + m).mod(m) + first
 
 
-def pad_window(node: Node, idx: tuple[Ix, ...]) -> tuple[tuple[Ix, ...], list[tuple[Ix, int, int]]]:
+def pad_window(
+    node: Node, idx: tuple[Ix, ...]
+) -> tuple[tuple[Ix, ...], list[tuple[Ix, int, Size]]]:
     """For ``constant_pad``: the input index (clamped into range) and the ``(index, lo, hi)``
     conditions ``lo <= index < hi`` under which the input element, not the fill, is shown."""
-    in_shape = shape_of(node.inputs[0].type)  # type: ignore[union-attr]
+    in_shape = sizes_of(node.inputs[0].type)  # type: ignore[union-attr]
     out = list(idx)
-    conditions: list[tuple[Ix, int, int]] = []
+    conditions: list[tuple[Ix, int, Size]] = []
     for d, lo, hi in padded_dims(len(in_shape), node.attrs["pad"]):
         n = in_shape[d]
-        out[d] = (idx[d] - lo).clamp(0, max(n - 1, 0))
+        _nonempty(node, n)
+        out[d] = (idx[d] - lo).clamp(0, max(n - 1, 0) if isinstance(n, int) else n - 1)
         if lo > 0 or hi > 0 or n == 0:
             conditions.append((idx[d], max(lo, 0), lo + n))
     return tuple(out), conditions
@@ -186,27 +222,40 @@ def _replace(idx: tuple[Ix, ...], d: int, value: Ix) -> tuple[Ix, ...]:
     return (*idx[:d], value, *idx[d + 1 :])
 
 
+def _nonempty(node: Node, n: Size) -> None:
+    """NOTE: a selection loads its input at a clamped index whether or not it takes it: an input
+    whose symbolic size may be 0 at run time would be read out of bounds. Refused, loudly."""
+    if isinstance(n, Poly) and (lower_bound(n) or 0) < 1:
+        raise CodegenError(
+            f"{node.op} of an input of symbolic size {n}, which may be 0 at run time: the "
+            "Stax kernel would read it out of bounds (specialize the size)",
+            node_id=node.id,
+            op=node.op,
+        )
+
+
 def cat_pieces(
     node: Node, idx: tuple[Ix, ...]
-) -> tuple[int, list[tuple[int, int, tuple[Ix, ...]]]]:
+) -> tuple[int, list[tuple[int, Size, tuple[Ix, ...]]]]:
     """For ``cat``/``stack``: the dim that selects, and per input (operand position, first output
     position along that dim, its index clamped into range)."""
-    out_shape = shape_of(node.outputs[0].type)
-    pieces: list[tuple[int, int, tuple[Ix, ...]]] = []
+    out_shape = sizes_of(node.outputs[0].type)
+    pieces: list[tuple[int, Size, tuple[Ix, ...]]] = []
     if node.op == "stack":
         d = wrap_dim(node.attrs["dim"], len(out_shape), "stack")
         for j in range(len(node.inputs)):
             pieces.append((j, j, idx[:d] + idx[d + 1 :]))
         return d, pieces
     d = wrap_dim(node.attrs["dim"], len(out_shape), "cat")
-    start = 0
+    start: Size = 0
     for j, x in enumerate(node.inputs):
-        shape = shape_of(x.type)  # type: ignore[union-attr]
+        shape = sizes_of(x.type)  # type: ignore[union-attr]
         if len(shape) == 1 and shape[0] == 0 and len(out_shape) != 1:
             continue
         n = shape[d]
         if n == 0:
             continue
+        _nonempty(node, n)
         local = (idx[d] - start).clamp(0, n - 1)
         pieces.append((j, start, _replace(idx, d, local)))
         start += n

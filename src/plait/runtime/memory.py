@@ -16,6 +16,11 @@ Every materialized value gets one of these homes:
 Arena offsets come from a greedy best-fit over lifetimes (largest first); the arena's size is the
 plan's peak. ``peak_live_bytes`` also counts buffers PyTorch and the caller own.
 
+With symbolic shapes, byte counts are size expressions (:mod:`plait.symbolic.poly`): homes and
+in-place decisions are made once (they compare layouts, never sizes), and the arena's offsets are
+the same best fit, computed per call from the sizes the call binds (:meth:`MemoryPlan.arena_at`,
+remembered per set of sizes); the runner grows the arena to the largest seen.
+
 Example:
     >>> MemoryPlan([], 0, 0).records()["arena_bytes"]
     0
@@ -23,14 +28,17 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from plait.codegen.kir import Kernel
 from plait.codegen.plan import ExternStep, FallbackStep, KernelStep, Plan
-from plait.codegen.views import shape_of
+from plait.codegen.views import sizes_of
 from plait.ir.graph import Value
 from plait.ir.types import TensorType
+from plait.symbolic import has_unbacked
+from plait.symbolic.poly import Poly, Size, evaluate
 
 ALIGN = 64
 
@@ -39,7 +47,7 @@ ALIGN = 64
 class BufferPlan:
     value: Value
     home: str
-    nbytes: int
+    nbytes: Size
     first: int
     last: int
     offset: int = 0
@@ -48,14 +56,15 @@ class BufferPlan:
 
     def record(self) -> dict[str, Any]:
         t = self.value.type
-        sized = not isinstance(t, TensorType) or t.is_static
+        sized = not isinstance(t, TensorType) or not has_unbacked(t.shape)
+        nbytes = self.nbytes if isinstance(self.nbytes, int) else str(self.nbytes)
         out: dict[str, Any] = {
             "value": self.value.name,
             "home": self.home,
-            "bytes": self.nbytes if sized else "data-dependent",
+            "bytes": nbytes if sized else "data-dependent",
             "live": [self.first, self.last],
         }
-        if self.home == "arena":
+        if self.home == "arena" and isinstance(self.nbytes, int):
             out["offset"] = self.offset
         if self.alias_of is not None:
             out["alias_of"] = self.alias_of.name
@@ -66,32 +75,65 @@ class BufferPlan:
 
 @dataclass
 class MemoryPlan:
+    """``arena_bytes`` and ``peak_live_bytes`` are 0 and None for a symbolic plan: they depend
+    on the call's sizes (:meth:`arena_at`, :meth:`peak_at`)."""
+
     buffers: list[BufferPlan]
     arena_bytes: int
-    peak_live_bytes: int
+    peak_live_bytes: int | None
     by_value: dict[Value, BufferPlan] = field(default_factory=dict)
 
     reuse: bool = True
+    symbolic: bool = False
+    _fits: dict[tuple[tuple[str, int], ...], tuple[dict[int, int], int]] = field(
+        default_factory=dict, repr=False
+    )
 
     def records(self) -> dict[str, Any]:
+        per_call = "per call: the best fit at the call's sizes (the arena grows to the largest)"
         return {
             "reuse": self.reuse,
-            "arena_bytes": self.arena_bytes,
-            "peak_live_bytes": self.peak_live_bytes,
+            "arena_bytes": per_call if self.symbolic else self.arena_bytes,
+            "peak_live_bytes": "per call" if self.symbolic else self.peak_live_bytes,
             "buffers": [b.record() for b in self.buffers],
         }
 
+    def arena_at(self, sizes: Mapping[str, int]) -> tuple[dict[int, int], int]:
+        """The arena at the size atoms' values ``sizes``: each arena buffer's offset (by
+        ``id`` of its value) and the arena's bytes. Static plans give their planned offsets."""
+        key = tuple(sorted(sizes.items()))
+        hit = self._fits.get(key)
+        if hit is not None:
+            return hit
+        arena = [b for b in self.buffers if b.home == "arena"]
+        if not self.symbolic:
+            hit = {id(b.value): b.offset for b in arena}, self.arena_bytes
+        else:
+            items = [(evaluate(b.nbytes, sizes), b.first, b.last) for b in arena]
+            offsets, total = best_fit(items)
+            hit = {id(b.value): o for b, o in zip(arena, offsets)}, total
+        self._fits[key] = hit
+        return hit
 
-def nbytes(v: Value) -> int:
-    """Bytes of ``v``; 0 for a data-dependent size (PyTorch allocates it, the plan counts it
-    nowhere: such a buffer's record says ``"bytes": "data-dependent"``)."""
+    def peak_at(self, sizes: Mapping[str, int]) -> int:
+        """Peak live bytes at the size atoms' values ``sizes``."""
+        if not self.symbolic:
+            return self.peak_live_bytes or 0
+        end = max((b.last for b in self.buffers), default=0)
+        return _peak(self.buffers, end, sizes)
+
+
+def nbytes(v: Value) -> Size:
+    """Bytes of ``v`` (a size expression for symbolic dims); 0 for a data-dependent size
+    (PyTorch allocates it, the plan counts it nowhere: such a buffer's record says
+    ``"bytes": "data-dependent"``)."""
     t = v.type
     assert isinstance(t, TensorType)
-    if not t.is_static:
+    if has_unbacked(t.shape):
         return 0
-    n = 1
-    for d in shape_of(t):
-        n *= d
+    n: Size = 1
+    for d in sizes_of(t):
+        n = n * d
     return n * t.dtype.itemsize
 
 
@@ -171,8 +213,11 @@ def plan_memory(plan: Plan, allow_inplace: bool = True, reuse: bool = True) -> M
                     bp.epilogue_of = producer.node.id
             buffers[v] = bp
     ordered = list(buffers.values())
+    if any(isinstance(b.nbytes, Poly) for b in ordered):
+        # NOTE: offsets per call (MemoryPlan.arena_at): a best fit depends on the sizes
+        return MemoryPlan(ordered, 0, None, buffers, reuse, symbolic=True)
     arena = _assign_arena([b for b in ordered if b.home == "arena"])
-    peak = _peak(ordered, buffers, end)
+    peak = _peak(ordered, end, {})
     return MemoryPlan(ordered, arena, peak, buffers, reuse)
 
 
@@ -237,37 +282,50 @@ def _same_layout(plan: Plan, u: Value, v: Value) -> bool:
     """``v`` may take over ``u``'s buffer: same shape and strides (the index check does the
     rest)."""
     lu, lv = plan.locs[u], plan.locs[v]
-    return lu.offset == 0 and shape_of(u.type) == shape_of(v.type) and lu.strides == lv.strides
+    return lu.offset == 0 and sizes_of(u.type) == sizes_of(v.type) and lu.strides == lv.strides
 
 
 def _assign_arena(items: list[BufferPlan]) -> int:
-    placed: list[BufferPlan] = []
+    offsets, size = best_fit([(int(b.nbytes), b.first, b.last) for b in items])
+    for b, offset in zip(items, offsets):
+        b.offset = offset
+    return size
+
+
+def best_fit(items: list[tuple[int, int, int]]) -> tuple[list[int], int]:
+    """Offsets for buffers ``(bytes, first step, last step)`` in one arena, greedy best fit
+    over lifetimes (largest first), and the arena's size."""
+    offsets = [0] * len(items)
+    placed: list[tuple[int, int, int, int]] = []  # (offset, bytes, first, last)
     size = 0
-    for b in sorted(items, key=lambda b: (-b.nbytes, b.first)):
-        need = _round(b.nbytes)
+    for j in sorted(range(len(items)), key=lambda j: (-items[j][0], items[j][1])):
+        nbytes, first, last = items[j]
+        need = _round(nbytes)
         clashes = sorted(
-            (p.offset, p.offset + _round(p.nbytes))
-            for p in placed
-            if not (p.last < b.first or b.last < p.first)
+            (o, o + _round(n)) for o, n, f, la in placed if not (la < first or last < f)
         )
         offset = 0
         for lo, hi in clashes:
             if offset + need <= lo:
                 break
             offset = max(offset, hi)
-        b.offset = offset
-        placed.append(b)
+        offsets[j] = offset
+        placed.append((offset, nbytes, first, last))
         size = max(size, offset + need)
-    return size
+    return offsets, size
 
 
 def _round(n: int) -> int:
     return max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
 
 
-def _peak(ordered: list[BufferPlan], buffers: dict[Value, BufferPlan], end: int) -> int:
+def _peak(ordered: list[BufferPlan], end: int, sizes: Mapping[str, int]) -> int:
     peak = 0
     for t in range(end + 1):
-        live = sum(b.nbytes for b in ordered if b.alias_of is None and b.first <= t <= b.last)
+        live = sum(
+            evaluate(b.nbytes, sizes)
+            for b in ordered
+            if b.alias_of is None and b.first <= t <= b.last
+        )
         peak = max(peak, live)
     return peak

@@ -7,6 +7,14 @@ are refreshed), extern and fallback callables are bound with their attributes, a
 globals of the generated function. A call then costs a few hundred nanoseconds per step.
 
 The generated source is kept on the program (``StaxProgram.source``) for debugging.
+
+With symbolic shapes the runner first binds the call's sizes (``z_s0 = a0.shape[0]``: each size
+atom, :func:`plait.codegen.symbolic_shapes.binding_code`), checks each input against its shape at
+those sizes, and, when they differ from the previous call's, rebinds: the sizes the kernels read
+(one ``int64`` per atom, their pointers fixed in the table), the arena's offsets at those sizes
+(:meth:`~plait.runtime.memory.MemoryPlan.arena_at`, the arena grown to the largest seen) and the
+arena views externs receive. Shapes and strides of outputs, views and conformed results are
+Python expressions of the bound sizes.
 """
 
 from __future__ import annotations
@@ -24,17 +32,21 @@ from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any
 
+import sympy
 import torch
 
 from plait.codegen.build import cached_blob, store_blob
 from plait.codegen.fusion import graph_device
 from plait.codegen.index import contiguous_strides
 from plait.codegen.plan import ExternStep, FallbackStep, KernelStep, Plan
-from plait.codegen.views import shape_of
+from plait.codegen.symbolic_shapes import binding_code, is_symbolic, python_size, size_local
+from plait.codegen.views import shape_of, sizes_of
 from plait.ir.graph import Value
 from plait.ir.ops import get_op
 from plait.ir.types import TensorType
 from plait.runtime.memory import BufferPlan, MemoryPlan
+from plait.symbolic import has_unbacked
+from plait.symbolic.poly import Poly, Size, evaluate, from_dim
 
 _LOCAL = re.compile(r"\bv\d+\b")  # NOTE: the runner's locals holding tensors (Emitter.var)
 
@@ -60,6 +72,37 @@ def _not_tensor(args: tuple[Any, ...], specs: list[tuple[int, str, str]]) -> Non
 
 def _zero_division() -> None:
     raise RuntimeError("ZeroDivisionError")
+
+
+def _unbound(args: tuple[Any, ...], specs: list[tuple[int, str, str, int]]) -> None:
+    """A call whose sizes could not be read: an input that is no tensor or has another rank."""
+    for a, (i, name, expected, rank) in zip(args, specs):
+        if not isinstance(a, torch.Tensor) or a.dim() != rank:
+            _bad_input(i, name, expected, a)
+    raise StaxInputError("an input's sizes could not be read")
+
+
+def _bad_sizes(names: list[str], values: tuple[int, ...]) -> None:
+    bad = ", ".join(f"{n} = {v}" for n, v in zip(names, values) if v < 1)
+    raise StaxInputError(f"symbolic sizes must be positive: {bad}")
+
+
+def _rank(v: Value) -> int:
+    assert isinstance(v.type, TensorType)
+    return v.type.rank
+
+
+def _has_size(value: Any) -> bool:
+    """Whether a runner constant holds a symbolic size (then it is computed per call)."""
+    if isinstance(value, Poly):
+        return True
+    if isinstance(value, sympy.Expr):
+        return bool(value.free_symbols)
+    if isinstance(value, (tuple, list)):
+        return any(_has_size(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_size(v) for v in value.values())
+    return False
 
 
 def _conform(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
@@ -124,12 +167,42 @@ class _Emitter:
         self.fixed: list[tuple[int, int]] = []  # (slot, arena offset)
         self.arena: torch.Tensor | None = None
         self.arena_views: dict[int, str] = {}
+        # NOTE: symbolic shapes: the size atoms a call binds (in order), the table slots that
+        # point at their values, the arena slots and views rebuilt when the sizes change
+        self.symbolic = is_symbolic(plan.graph)
+        self.binding = binding_code(plan.graph) if self.symbolic else []
+        self.atom_index = {a: i for i, (a, _) in enumerate(self.binding)}
+        self.size_slots: list[tuple[int, int]] = []
+        self.arena_slots: list[tuple[int, Value]] = []
+        self.view_specs: list[tuple[Value, tuple[Any, ...] | None]] = []
+        self.symbolic_views: dict[tuple[int, str], str] = {}
 
     def const(self, value: Any, prefix: str = "C") -> str:
+        """A global of the generated function holding ``value``; a value holding symbolic sizes
+        is the Python expression that computes it from the call's bound sizes instead."""
+        if self.symbolic and _has_size(value):
+            return self.expression(value)
         name = f"{prefix}{self._const}"
         self._const += 1
         self.g[name] = value
         return name
+
+    def expression(self, value: Any) -> str:
+        """Python code for a value holding symbolic sizes (tuples, lists, dicts of them)."""
+        if isinstance(value, Poly):
+            return f"({python_size(value)})"
+        if isinstance(value, sympy.Expr):
+            return f"({python_size(from_dim(value))})"
+        if isinstance(value, tuple):
+            return "(" + "".join(f"{self.expression(v)}, " for v in value) + ")"
+        if isinstance(value, list):
+            return "[" + ", ".join(self.expression(v) for v in value) + "]"
+        if isinstance(value, dict):
+            items = ", ".join(f"{k!r}: {self.expression(v)}" for k, v in value.items())
+            return "{" + items + "}"
+        if value is None or type(value) in (int, bool, str):
+            return repr(value)
+        return self.const(value)
 
     def line(self, text: str, depth: int = 2) -> None:
         self.lines.append("    " * depth + text)
@@ -158,21 +231,24 @@ class _Emitter:
         return self.var(v)
 
     def arena_view(self, v: Value) -> str:
+        if self.symbolic:
+            return self._symbolic_view(v, None)
         if id(v) not in self.arena_views:
             assert self.arena is not None and isinstance(v.type, TensorType)
             root = self.root(v)
-            t = self.arena[root.offset : root.offset + root.nbytes].view(v.type.dtype)
+            t = self.arena[root.offset : root.offset + int(root.nbytes)].view(v.type.dtype)
             # NOTE: in the layout the plan gave the value (a channels_last activation read by
             # a conv), not a contiguous view of the same bytes.
             shape = shape_of(v.type)
-            self.arena_views[id(v)] = self.const(t.as_strided(shape, self._strides(v)), "V")
+            strides = [int(s) for s in self._strides(v)]
+            self.arena_views[id(v)] = self.const(t.as_strided(shape, strides), "V")
         return self.arena_views[id(v)]
 
-    def _strides(self, v: Value) -> tuple[int, ...]:
+    def _strides(self, v: Value) -> tuple[Size, ...]:
         loc = self.plan.locs.get(v)
         if loc is not None and loc.kind == "buffer" and loc.strides:
             return loc.strides
-        return contiguous_strides(shape_of(v.type))
+        return contiguous_strides(sizes_of(v.type))
 
     def operand(self, o: Any) -> str:
         if not isinstance(o, Value):
@@ -182,14 +258,49 @@ class _Emitter:
             return self.tensor(o)
         assert loc.base is not None
         base = self.tensor(loc.base)
-        shape = shape_of(o.type)
+        shape = sizes_of(o.type)
+        if self.symbolic and base.startswith("_V["):
+            return self._symbolic_view(loc.base, (shape, loc.strides, loc.offset))
         if base.startswith("V"):
             t = self.g[base]
             return self.const(
                 t.as_strided(shape, loc.strides, t.storage_offset() + loc.offset), "V"
             )
         s, st = self.const(shape), self.const(loc.strides)
-        return f"_as_strided({base}, {s}, {st}, {base}.storage_offset() + {loc.offset})"
+        offset = python_size(loc.offset) if isinstance(loc.offset, Poly) else loc.offset
+        return f"_as_strided({base}, {s}, {st}, {base}.storage_offset() + {offset})"
+
+    def _symbolic_view(self, v: Value, view: tuple[Any, ...] | None) -> str:
+        """An arena value (or a strided ``view`` of one: shape, strides, offset) with symbolic
+        sizes: a tensor the rebind makes for the call's sizes, ``_V[j]``."""
+        key = (id(v), repr(view))
+        if key not in self.symbolic_views:
+            self.view_specs.append((v, view))
+            self.symbolic_views[key] = f"_V[{len(self.view_specs) - 1}]"
+        return self.symbolic_views[key]
+
+    def _bind_sizes(self, checked: list[tuple[int, Value]]) -> None:
+        """Read the call's size atoms into locals, check them, rebind on a change."""
+        lines = [f"{size_local(a)} = {code}" for a, code in self.binding]
+        if self.check:
+            self.line("try:", 2)
+            for text in lines:
+                self.line(text, 3)
+            self.line("except (AttributeError, IndexError):", 2)
+            specs = self.const([(i, v.name, str(v.type), _rank(v)) for i, v in checked])
+            args = ", ".join(f"a{i}" for i, _ in checked)
+            self.line(f"_unbound(({args},), {specs})", 3)
+        else:
+            for text in lines:
+                self.line(text, 2)
+        key = "(" + "".join(f"{size_local(a)}, " for a, _ in self.binding) + ")"
+        self.line(f"_k = {key}")
+        symbols = [a for a, code in self.binding if code.startswith("a")]
+        if self.check and symbols:
+            low = " or ".join(f"{size_local(a)} < 1" for a in symbols)
+            values = "(" + "".join(f"{size_local(a)}, " for a in symbols) + ")"
+            self.line(f"if {low}: _bad_sizes({symbols!r}, {values})")
+        self.line("if _k != _B[0]: _rebind(_k)")
 
     # --- program ------------------------------------------------------------------------------
     def emit(self) -> None:
@@ -202,12 +313,16 @@ class _Emitter:
         ]
         bound = {v for _, v in tensors if self._bound_constant(v)}
         checked = [(i, v) for i, v in tensors if v not in bound]
+        if self.symbolic:
+            self._bind_sizes(checked)
         if self.check and checked:
             self.line("try:", 2)
             for i, v in checked:
                 t = v.type
                 assert isinstance(t, TensorType)
-                d, s = self.const(t.dtype, "D"), self.const(torch.Size(shape_of(t)), "S")
+                shape = sizes_of(t)
+                spelled = shape if _has_size(shape) else torch.Size(shape)  # type: ignore[arg-type]
+                d, s = self.const(t.dtype, "D"), self.const(spelled, "S")
                 a = f"a{i}"
                 where = "not {a}.is_cpu" if self.device.type == "cpu" else "{a}.device != DEV"
                 cond = f"{a}.dtype is not {d} or {a}.shape != {s} or " + where.format(a=a)
@@ -286,7 +401,7 @@ class _Emitter:
         if not isinstance(t, torch.Tensor) or v.kind != "const":
             return False
         assert isinstance(v.type, TensorType)
-        if t.dtype != v.type.dtype or tuple(t.shape) != shape_of(v.type) or t.device != self.device:
+        if t.dtype != v.type.dtype or tuple(t.shape) != sizes_of(v.type) or t.device != self.device:
             got = f"{t.dtype} {tuple(t.shape)} on {t.device}"
             raise StaxInputError(f"constant %{v.name}: {got}, the graph says {v.type}")
         return True
@@ -313,9 +428,16 @@ class _Emitter:
             if buf.output:
                 self._prepare_output(v)
             if id(v) not in self.inputs and self.root(v).home == "arena":
-                self.fixed.append((slot, self.root(v).offset))
+                if self.symbolic:
+                    self.arena_slots.append((slot, self.root(v).value))
+                else:
+                    self.fixed.append((slot, self.root(v).offset))
             else:
                 self.line(f"T[{slot}] = {self.tensor(v)}.data_ptr()")
+        for atom in kernel.size_atoms():
+            # NOTE: a symbolic kernel reads each size it uses through one more pointer
+            self.size_slots.append((self.slots, self.atom_index[atom]))
+            self.slots += 1
         fn = self.const(self.funcs[k], "K")
         self.line(f"if {fn}({self.const(base, 'A')}): _zero_division()")
 
@@ -336,10 +458,10 @@ class _Emitter:
         t = v.type
         assert isinstance(t, TensorType)
         if bp.home == "output":
-            s, d = self.const(shape_of(t)), self.const(t.dtype, "D")
+            s, d = self.const(sizes_of(t)), self.const(t.dtype, "D")
             self.line(f"{self.var(v)} = _empty({s}, dtype={d})")
         elif bp.home == "fresh":
-            s, d = self.const(shape_of(t)), self.const(t.dtype, "D")
+            s, d = self.const(sizes_of(t)), self.const(t.dtype, "D")
             st = self.const(self._strides(v))
             self.line(f"{self.var(v)} = _empty_strided({s}, {st}, dtype={d})")
         elif bp.home == "inplace":
@@ -349,10 +471,10 @@ class _Emitter:
             src = self.tensor(bp.alias_of)
             a = bp.alias_of.type
             assert isinstance(a, TensorType)
-            if shape_of(a) == shape_of(t):
+            if sizes_of(a) == sizes_of(t):
                 self.line(f"{self.var(v)} = {src}")
             else:
-                self.line(f"{self.var(v)} = {src}.view({self.const(shape_of(t))})")
+                self.line(f"{self.var(v)} = {src}.view({self.const(sizes_of(t))})")
 
     def extern_step(self, step: ExternStep) -> None:
         node = step.node
@@ -366,7 +488,7 @@ class _Emitter:
         target = outs[0] if len(outs) == 1 else f"({', '.join(outs)},)"
         self.line(f"{target} = {fn}({', '.join(spelled)})")
         for var, out, strides in zip(outs, step.outputs, step.out_strides):
-            if isinstance(out.type, TensorType) and not out.type.is_static:
+            if isinstance(out.type, TensorType) and has_unbacked(out.type.shape):
                 continue  # NOTE: a data-dependent size: PyTorch's tensor, read only by PyTorch
             if isinstance(out.type, TensorType):
                 st = self.const(tuple(strides))
@@ -382,7 +504,7 @@ class _Emitter:
         for k, v in enumerate(node.outputs):
             var = self.var(v)
             if isinstance(v.type, TensorType):
-                s, d = self.const(shape_of(v.type)), self.const(v.type.dtype, "D")
+                s, d = self.const(sizes_of(v.type)), self.const(v.type.dtype, "D")
                 what = self.const(f"fallback node {node.id} ({node.op}) output {k}")
                 self.line(f"{var} = _check_result(r[{k}], {s}, {d}, {what})")
             else:
@@ -431,6 +553,8 @@ def build_runner(
     for name, value in list(em.g.items()):
         if name.startswith("A") and isinstance(value, int):
             em.g[name] = base_addr + value * ctypes.sizeof(ctypes.c_void_p)
+    if em.symbolic:
+        _symbolic_globals(em, memory, table)
     em.g["T"] = table
     em.g["_lock"] = threading.Lock()
     params = ", ".join(f"a{i}" for i in range(len(plan.graph.inputs)))
@@ -440,6 +564,55 @@ def build_runner(
     namespace = em.g
     exec(code, namespace)
     return Runner(namespace["run"], source, table, em.arena, namespace)
+
+
+def _symbolic_globals(em: _Emitter, memory: MemoryPlan, table: Any) -> None:
+    """The sizes array, the bound-sizes key and the rebind of a symbolic runner."""
+    sizes = (ctypes.c_int64 * max(len(em.binding), 1))()
+    base = ctypes.addressof(sizes)
+    for slot, index in em.size_slots:
+        table[slot] = base + index * ctypes.sizeof(ctypes.c_int64)
+    names = [a for a, _ in em.binding]
+    arena: list[torch.Tensor | None] = [None]
+    views: list[torch.Tensor] = []
+    device = em.device
+
+    def layout(v: Value, values: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        shape = tuple(evaluate(d, values) for d in sizes_of(v.type))
+        return shape, tuple(evaluate(s, values) for s in em._strides(v))
+
+    def rebind(key: tuple[int, ...]) -> None:
+        values = dict(zip(names, key))
+        for i, value in enumerate(key):
+            sizes[i] = value
+        offsets, total = memory.arena_at(values)
+        current = arena[0]
+        if current is None or current.numel() < total:
+            current = arena[0] = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+        ptr = current.data_ptr()
+        for slot, root in em.arena_slots:
+            table[slot] = ptr + offsets[id(root)]
+        made = []
+        for v, view in em.view_specs:
+            home = em.root(v)
+            start = offsets[id(home.value)]
+            nbytes = evaluate(home.nbytes, values)
+            assert isinstance(v.type, TensorType)
+            t = current[start : start + nbytes].view(v.type.dtype)
+            t = t.as_strided(*layout(v, values))
+            if view is not None:
+                shape, strides, offset = view
+                t = t.as_strided(
+                    tuple(evaluate(d, values) for d in shape),
+                    tuple(evaluate(s, values) for s in strides),
+                    t.storage_offset() + evaluate(offset, values),
+                )
+            made.append(t)
+        views[:] = made
+        em.g["_B"][0] = key
+
+    em.g.update({"_B": [None], "_V": views, "_rebind": rebind, "_Z": sizes})
+    em.g["_bad_sizes"], em.g["_unbound"] = _bad_sizes, _unbound
 
 
 RUNNER_FILENAME = "<plait.stax runner>"
