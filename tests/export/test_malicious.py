@@ -263,6 +263,10 @@ CORPUS: dict[str, tuple[Callable[[dict[str, bytes]], Any], type[Exception], str]
         lambda m: crafting.reindexed({**m, "captured.ir": _changed(m["captured.ir"])}),
         ArtifactFormatError, "does not hash to the artifact's semantic hash",
     ),
+    "stax-options": (
+        lambda m: crafting.reindexed(m, stax_options={"kernels_per_unit": 0}),
+        ArtifactFormatError, "stax_options kernels_per_unit=0",
+    ),
     "json-nan": (
         lambda m: crafting.reindexed({**m, "calling.json": b'{"signature": NaN}'}),
         ArtifactFormatError, "calling.json: not JSON",

@@ -12,6 +12,7 @@ native kernels loaded when trusted (:mod:`plait.export.native`), else built from
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
@@ -67,6 +68,9 @@ def load_members(
 ) -> LoadedProgram:
     start = time.perf_counter()
     header = _header(members.index)
+    from plait.runtime import StaxOptions
+
+    _stax_options(header["stax_options"], StaxOptions())
     name = f"{header['name']} ({name})" if header["name"] != name else name
     graph = parse_program("program.ir", members.text("program.ir"), limits)
     captured = parse_program("captured.ir", members.text("captured.ir"), limits)
@@ -232,19 +236,32 @@ class _Builder:
     def _stax(self) -> Any:
         from plait.runtime import CodegenError, StaxOptions, compile_graph
 
-        opts = dict(self.header["stax_options"])
+        opts = _stax_options(self.header["stax_options"], StaxOptions())
         opts["strict"] = False
         opts["jobs"] = self.decision.jobs if self.decision.status == "loaded" else None
-        try:
-            options = StaxOptions(**opts)
-        except TypeError as exc:
-            raise ArtifactFormatError(
-                f"artifact.json: stax_options are malformed ({exc})"
-            ) from None
+        options = StaxOptions(**opts)
         try:
             return compile_graph(self.graph, options=options)
         except CodegenError as exc:
             raise PlaitCompileError(f"the artifact's program does not build here: {exc}") from exc
+
+
+def _stax_options(doc: dict[str, Any], defaults: Any) -> dict[str, Any]:
+    """The recorded Stax options, each of its field's type (``jobs``: an int or null), counts
+    positive, a known target."""
+    known = dataclasses.asdict(defaults)
+    for key, value in doc.items():
+        if key not in known:
+            raise ArtifactFormatError(f"artifact.json: stax_options has no field {key!r}")
+        want = known[key]
+        ok = type(value) is type(want) or (key == "jobs" and (value is None or type(value) is int))
+        if type(value) is int and value < (1 if key in ("kernels_per_unit", "jobs") else 0):
+            ok = False
+        if key == "target" and value not in ("auto", "cpu", "triton"):
+            ok = False
+        if not ok:
+            raise ArtifactFormatError(f"artifact.json: stax_options {key}={value!r}")
+    return dict(doc)
 
 
 def _records(program: Any, m: Manifest) -> None:
