@@ -115,10 +115,25 @@ def _bind(inputs: Sequence[Value], optimized: Graph) -> Callable[[list[Any]], li
 
 def _eager_executor(inputs: Sequence[Value], optimized: Graph) -> Executor:
     bind = _bind(inputs, optimized)
+    # NOTE: the interpreter returns a constant (or a view of one) as it is: the caller gets a
+    # copy instead, or a write to a result would change what later calls compute
+    owned = {
+        t.untyped_storage().data_ptr()
+        for t in optimized.constants.values()
+        if isinstance(t, torch.Tensor)
+    }
 
     def run(values: list[Any]) -> list[Any]:
         # NOTE: capture wrote autocast's casts into the graph
-        return without_autocast(interpret, optimized, bind(values), False)
+        out = without_autocast(interpret, optimized, bind(values), False)
+        if not owned:
+            return out
+        return [
+            t.clone()
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in owned
+            else t
+            for t in out
+        ]
 
     return run
 

@@ -16,7 +16,8 @@ Example:
     >>> gb = GraphBuilder()
     >>> x = gb.input("x", TensorType((8,), torch.float32))
     >>> gb.output(gb.call("exp", gb.call("mul", x, 3.0)))
-    >>> localize_backend(gb.build(), StaxOptions(), {"x": torch.randn(8)}) is None
+    >>> found = localize_backend(gb.build(), StaxOptions(), {"x": torch.randn(8)})
+    >>> found is None or not found.exceeded  # nothing beyond its contract row
     True
 """
 
@@ -29,8 +30,8 @@ from typing import Any
 import torch
 
 from plait.codegen.plan import ExternStep, FallbackStep, KernelStep
-from plait.diagnose.judging import judge_value, op_class_of, share_of_budget
-from plait.diagnose.replay import Divergence, closest_measure
+from plait.diagnose.judging import Measure, judge_value, op_class_of, share_of_budget
+from plait.diagnose.replay import Divergence, closest_measure, raised
 from plait.diagnose.values import evaluate, producers
 from plait.ir import Graph, Node
 from plait.runtime import StaxOptions, compile_graph
@@ -72,8 +73,10 @@ def traced_run(
     made = producers(graph)
     found: list[Divergence] = []
     closest: list[Divergence] = []
+    done = [-1]
 
     def trace(k: int, tensors: tuple[Any, ...]) -> None:
+        done[0] = k
         step = program.plan.steps[k]
         nodes = [by_id[i] for i in step_nodes(program, k) if i in by_id]
         classes = [op_class_of(n) for n in nodes]
@@ -99,10 +102,50 @@ def traced_run(
         program.plan, program.memory_plan, program._funcs, True,
         launch=program.target == "triton", trace=trace,
     )  # fmt: skip
-    runner.fn(*program_inputs(graph, inputs))
+    try:
+        runner.fn(*program_inputs(graph, inputs))
+    except Exception as exc:
+        if found:
+            return found[0]
+        k = done[0] + 1
+        ids = step_nodes(program, k) if k < len(program.plan.steps) else []
+        node = by_id.get(ids[0]) if ids else None
+        d = raised(exc, node)
+        d.kernel = step_name(program, k) if k < len(program.plan.steps) else None
+        return d
     if found:
         return found[0]
     return closest[0] if closest else None
+
+
+def alias_divergence(program: StaxProgram, inputs: Mapping[str, Any]) -> Divergence | None:
+    """An output that a second call returns in the first call's storage (the caller's own
+    inputs excepted): the program hands out memory it keeps (a constant, an arena buffer)."""
+    graph = program.graph
+    args = program_inputs(graph, inputs)
+    own = {
+        x.untyped_storage().data_ptr()
+        for v, x in zip(graph.inputs, args)
+        if isinstance(x, torch.Tensor) and v.name not in graph.constants
+    }
+    first = program(*args)
+    second = program(*args)
+    made = producers(graph)
+    for i, (a, b) in enumerate(zip(first, second)):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or not a.numel():
+            continue
+        ptr = b.untyped_storage().data_ptr()
+        if ptr == a.untyped_storage().data_ptr() and ptr not in own:
+            o = graph.outputs[i]
+            name = getattr(o, "name", "")
+            node = made.get(name)
+            message = (
+                f"output {i} (%{name}) is returned in the same storage on every call: a write "
+                "to it changes what the program computes next"
+            )
+            return Divergence(node, "program", name, Measure("alias", f"output[{i}]",
+                                                             "two calls", message))  # fmt: skip
+    return None
 
 
 def localize_backend(
@@ -111,13 +154,22 @@ def localize_backend(
     """The first node of ``graph`` whose value the Stax program (built with ``options``)
     computes beyond its contract row, narrowed to one node where a fused step diverged."""
     reference = evaluate(graph, inputs)
-    program = compile_graph(graph, options=options)
+    try:
+        program = compile_graph(graph, options=options)
+    except Exception as exc:
+        return raised(exc)
     found = traced_run(program, inputs, reference)
-    if found is None or not found.exceeded or found.kernel is None or not options.fuse:
+    if found is None or not found.exceeded:
+        return alias_divergence(program, inputs) or found
+    if found.kernel is None or not options.fuse:
         return found
-    unfused = compile_graph(graph, options=dataclasses.replace(options, fuse=False))
+    try:
+        unfused = compile_graph(graph, options=dataclasses.replace(options, fuse=False))
+    except Exception as exc:
+        found.note = f"an unfused build, to narrow it down, raised {type(exc).__name__}: {exc}"
+        return found
     narrowed = traced_run(unfused, inputs, reference)
-    if narrowed is not None and narrowed.exceeded:
+    if narrowed is not None and narrowed.exceeded and narrowed.node is not None:
         narrowed.kernel = found.kernel
         narrowed.note = f"found in {found.kernel}; narrowed to one node by an unfused build"
         return narrowed

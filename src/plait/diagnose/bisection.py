@@ -35,13 +35,21 @@ from plait.api import compile as plait_compile
 from plait.conformance.report import Report
 from plait.diagnose.backend import localize_backend
 from plait.diagnose.judging import Executor, Measure, first_measure, graph_executor
-from plait.diagnose.replay import Divergence, PassStep, localize_pass, replay
+from plait.diagnose.replay import (
+    Divergence,
+    PassFailure,
+    PassStep,
+    localize_pass,
+    raised,
+    replay,
+    same_failure,
+)
 from plait.diagnose.reproducer import backend_divergence, pass_divergence, write_repro
 from plait.diagnose.shrink import shrink
 from plait.diagnose.values import evaluate
 from plait.errors import GraphCaptureError, PlaitCompileError, SemanticDriftError
 from plait.frontend.guards import GuardEnv
-from plait.ir import Graph
+from plait.ir import Graph, Value
 from plait.runtime import StaxOptions
 
 
@@ -124,7 +132,7 @@ class Subject:
 
 
 def diagnose_subject(
-    subject: Subject, *, repro_dir: str | Path | None = None, seed: int = 0,
+    subject: Subject, *, repro_dir: str | Path | None = None,
     shrink_seconds: float = 60.0, stage_report: Report | None = None,
 ) -> Bisection:  # fmt: skip
     """Steps 1-4 of the module docstring on a subject whose compiled program failed the gate."""
@@ -134,10 +142,9 @@ def diagnose_subject(
     g0 = subject.graph
     try:
         steps = replay(g0, subject.pipeline, subject.params)
-    except SemanticDriftError as exc:
-        out.stage, out.pass_name = "pass", exc.pass_name
-        out.error = Measure("verify", f"node {exc.node_id}", "after the pass", str(exc))
-        out.notes.append("the IR verifier rejects the pass's output (semantic drift)")
+    except PassFailure as failure:
+        _pass_raised(out, failure, subject, repro_dir, shrink_seconds)
+        out.seconds = {"replay": time.perf_counter() - t0}
         return out
     clock["replay"] = time.perf_counter() - t0
     failing, verdict = _first_failing_pass(subject, steps)
@@ -149,10 +156,10 @@ def diagnose_subject(
         return out
     if verdict is not None:
         out.stage_error, out.report = first_measure(verdict), str(verdict)
-    inputs = subject.sample(seed)
     if failing is not None:
         out.stage, out.pass_name = "pass", failing.name
-        found = localize_pass(failing, inputs)
+        step = failing
+        found, inputs = _on_samples(subject, lambda i: localize_pass(step, i))
         _blame(out, found, f"after {failing.name}", f"before {failing.name}")
         clock["localize"] = time.perf_counter() - t0 - sum(clock.values())
         if found is not None and found.exceeded:
@@ -166,8 +173,8 @@ def diagnose_subject(
     if subject.stax is None:
         out.notes.append("every pass is clean and the program did not run on Stax")
         return out
-    final = steps[-1].after if steps else g0
-    found = localize_backend(final, subject.stax, _for(final, inputs))
+    final, stax = steps[-1].after if steps else g0, subject.stax
+    found, inputs = _on_samples(subject, lambda i: localize_backend(final, stax, _for(final, i)))
     _blame(out, found, "program", "program")
     clock["localize"] = time.perf_counter() - t0 - sum(clock.values())
     if found is not None and found.exceeded:
@@ -176,6 +183,59 @@ def diagnose_subject(
     clock["repro"] = time.perf_counter() - t0 - sum(clock.values())
     out.seconds = clock
     return out
+
+
+# NOTE: how many input sets localization tries (the first is the call's own; the gate's
+# failing case is one of the next ones when the subject replays the gate's draws)
+SAMPLES = 4
+
+
+def _on_samples(
+    subject: Subject, localize: Callable[[dict[str, Any]], Divergence | None]
+) -> tuple[Divergence | None, dict[str, Any]]:
+    """Localize on each of the subject's input sets in turn until a value breaks its budget;
+    else the closest found, with the inputs it was found on."""
+    best: tuple[Divergence | None, dict[str, Any]] | None = None
+    for k in range(SAMPLES):
+        inputs = subject.sample(k)
+        found = localize(inputs)
+        if found is not None and found.exceeded:
+            return found, inputs
+        if best is None or (found is not None and (best[0] is None or found.share > best[0].share)):
+            best = (found, inputs)
+    assert best is not None
+    return best
+
+
+def _pass_raised(
+    out: Bisection, failure: PassFailure, subject: Subject, repro_dir: str | Path | None,
+    seconds: float,
+) -> None:  # fmt: skip
+    """A pass raised (or the verifier rejected its output): the pass is the stage, the
+    exception the measure; the repro shrinks its input graph while the pass still raises so."""
+    exc = failure.error
+    out.stage, out.pass_name = "pass", failure.name
+    if isinstance(exc, SemanticDriftError):
+        out.error = Measure("verify", f"node {exc.node_id}", "after the pass", str(exc))
+        out.notes.append("the IR verifier rejects the pass's output (semantic drift)")
+        nodes = [n for n in failure.graph.nodes if n.id == exc.node_id]
+        if nodes:
+            out.node = NodeReport(nodes[0].id, _line(nodes[0]), f"before {failure.name}")
+    else:
+        out.error = raised(exc, graph="before").measure
+        out.notes.append(f"pass {failure.name!r} raised instead of returning a graph")
+    out.stage_error = out.error
+    inputs = _for(failure.graph, subject.sample(0))
+    values = evaluate(failure.graph, inputs)
+    first = raised(exc, graph="before")
+
+    def still(g: Graph, i: dict[str, Any]) -> bool:
+        return same_failure(first, pass_divergence(g, i, failure.name))
+
+    outputs = [o.name for o in failure.graph.outputs if isinstance(o, Value)]
+    small = shrink(failure.graph, values, outputs[0] if outputs else "", still, seconds=seconds)
+    out.repro = write_repro(_repro_dir(repro_dir), small.graph, small.inputs, stage="pass",
+                            pass_name=failure.name, found=_found_record(first))  # fmt: skip
 
 
 def _first_failing_pass(
@@ -261,8 +321,7 @@ def _pass_repro(
     values = evaluate(step.before, _for(step.before, inputs))
 
     def still(g: Graph, i: dict[str, Any]) -> bool:
-        d = pass_divergence(g, i, step.name)
-        return d is not None and d.exceeded
+        return same_failure(found, pass_divergence(g, i, step.name))
 
     small = shrink(step.before, values, found.value, still, seconds=seconds)
     return write_repro(_repro_dir(repro_dir), small.graph, small.inputs, stage="pass",
@@ -277,8 +336,7 @@ def _backend_repro(
     options = stax.record()
 
     def still(g: Graph, i: dict[str, Any]) -> bool:
-        d = backend_divergence(g, i, options)
-        return d is not None and d.exceeded
+        return same_failure(found, backend_divergence(g, i, options))
 
     small = shrink(graph, values, found.value, still, seconds=seconds)
     return write_repro(_repro_dir(repro_dir), small.graph, small.inputs, stage="backend",
@@ -359,7 +417,7 @@ def bisect(
                 True, report=str(report), seconds={"compile": compile_s, "gate": gate_s}
             )
         subject = _user_subject(compiled, reference, module, call_args, kw, seed)
-        result = diagnose_subject(subject, repro_dir=repro_dir, seed=seed,
+        result = diagnose_subject(subject, repro_dir=repro_dir,
                                   shrink_seconds=shrink_seconds, stage_report=report)  # fmt: skip
     result.seconds = {"compile": compile_s, "gate": gate_s, **result.seconds,
                       "total": time.perf_counter() - start}  # fmt: skip
@@ -400,8 +458,9 @@ def _user_subject(
             draws=1, stress=None, seed=seed,
         )  # fmt: skip
 
-    def sample(s: int) -> dict[str, Any]:
-        drawn = plait.conformance.draw_like(args, s + 104729)
+    def sample(k: int) -> dict[str, Any]:
+        # NOTE: the example, then draws as the gate makes them (its seed * 7919 + i)
+        drawn = args if k == 0 else plait.conformance.draw_like(args, seed * 7919 + k)
         env, st = env_of(drawn)
         values = prog.graph_inputs(env, st)
         return {v.name: x for v, x in zip(graph.inputs, values)}

@@ -168,15 +168,29 @@ def graph_executor(inputs: Sequence[Value], graph: Graph) -> Executor:
     """Run ``graph`` with the reference interpreter on values given in ``inputs``' order (the
     captured graph's), bound by name; ``graph``'s own constants fill its ``const`` inputs."""
     index = {v.name: i for i, v in enumerate(inputs)}
+    owned = {
+        t.untyped_storage().data_ptr()
+        for t in graph.constants.values()
+        if isinstance(t, torch.Tensor)
+    }
 
     def run(values: list[Any]) -> list[Any]:
         named = {**graph.constants}
         for v in graph.inputs:
             if v.name not in named:
                 named[v.name] = values[index[v.name]]
-        return interpret(graph, named, check_types=False)
+        out = interpret(graph, named, check_types=False)
+        # NOTE: a pass's output is judged for what it computes: a constant it returns is copied
+        # (the gate poisons what a candidate returns; the graph's constants must survive it)
+        return [_copied_if_owned(t, owned) for t in out]
 
     return run
+
+
+def _copied_if_owned(t: Any, owned: set[int]) -> Any:
+    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in owned:
+        return t.clone()
+    return t
 
 
 def float64_executor(inputs: Sequence[Value], graph: Graph) -> Executor:

@@ -49,15 +49,28 @@ class PassStep:
         return get_pass(self.name).semantics
 
 
+class PassFailure(Exception):
+    """Pass ``name`` (the ``index``-th of the pipeline) raised on ``graph``: ``error`` is what
+    it raised (a :class:`~plait.errors.SemanticDriftError` when the verifier rejected its
+    output)."""
+
+    def __init__(self, index: int, name: str, graph: Graph, error: Exception) -> None:
+        super().__init__(f"pass {name!r} raised {type(error).__name__}: {error}")
+        self.index, self.name, self.graph, self.error = index, name, graph, error
+
+
 def replay(
     graph: Graph, pipeline: Sequence[str], params: Mapping[str, Any], checks: bool = True
 ) -> list[PassStep]:
     """Run ``pipeline`` on ``graph`` one pass at a time, keeping every intermediate graph. With
-    ``checks`` the verifier runs after each pass (a broken invariant raises
-    :class:`~plait.errors.SemanticDriftError` naming the pass)."""
+    ``checks`` the verifier runs after each pass. A pass that raises (or whose output the
+    verifier rejects) raises :class:`PassFailure` naming it."""
     steps = []
     for i, name in enumerate(pipeline):
-        result = run_pipeline(graph, [name], params=params, checks=checks)
+        try:
+            result = run_pipeline(graph, [name], params=params, checks=checks)
+        except Exception as exc:
+            raise PassFailure(i, name, graph, exc) from exc
         steps.append(PassStep(i, name, graph, result.graph, result.records[0]))
         graph = result.graph
     return steps
@@ -85,6 +98,24 @@ class Divergence:
         if self.node is None:
             return ""
         return node_text(self.node, lambda v: v.name)
+
+
+def raised(error: BaseException, node: Node | None = None, graph: str = "program") -> Divergence:
+    """A divergence that is an exception (the stage raised instead of computing)."""
+    measure = Measure("exception", type(error).__name__, "diagnosis", str(error)[:2000])
+    return Divergence(node, graph, "", measure)
+
+
+def same_failure(a: Divergence, b: Divergence | None) -> bool:
+    """Is ``b`` the same kind of failure as ``a`` (both beyond budget; both values out of
+    their rows, both outputs in kept storage, or both exceptions of one type)?"""
+    if b is None or not b.exceeded or not a.exceeded:
+        return False
+    special = ("exception", "alias")
+    if a.measure.check in special or b.measure.check in special:
+        same_check = a.measure.check == b.measure.check
+        return same_check and (a.measure.check == "alias" or a.measure.where == b.measure.where)
+    return True
 
 
 class _Found(Exception):

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from plait.diagnose.replay import Divergence, PassStep, localize_pass
+from plait.diagnose.replay import Divergence, PassStep, localize_pass, raised
 from plait.ir import Graph, from_text, to_text
 from plait.passes import all_passes, get_pass, run_pipeline
 
@@ -195,7 +195,10 @@ def rerun(directory: str | Path) -> Rerun:
 def pass_divergence(graph: Graph, inputs: Mapping[str, Any], pass_name: str) -> Divergence | None:
     """Run pass ``pass_name`` on ``graph`` and judge its output against it on ``inputs``."""
     params = {v.name: inputs[v.name] for v in graph.inputs if v.kind in ("param", "buffer")}
-    result = run_pipeline(graph, [pass_name], params=params)
+    try:
+        result = run_pipeline(graph, [pass_name], params=params)
+    except Exception as exc:
+        return raised(exc, graph="before")
     step = PassStep(0, pass_name, graph, result.graph, result.records[0])
     return localize_pass(step, inputs)
 
@@ -204,12 +207,18 @@ def backend_divergence(
     graph: Graph, inputs: Mapping[str, Any], stax: Mapping[str, Any]
 ) -> Divergence | None:
     """Compile ``graph`` with Stax (options ``stax``) and judge every step on ``inputs``."""
-    from plait.diagnose.backend import traced_run
+    from plait.diagnose.backend import alias_divergence, traced_run
     from plait.diagnose.values import evaluate
     from plait.runtime import StaxOptions, compile_graph
 
-    program = compile_graph(graph, options=StaxOptions(**stax))
-    return traced_run(program, inputs, evaluate(graph, inputs))
+    try:
+        program = compile_graph(graph, options=StaxOptions(**stax))
+    except Exception as exc:
+        return raised(exc)
+    found = traced_run(program, inputs, evaluate(graph, inputs))
+    if found is None or not found.exceeded:
+        return alias_divergence(program, inputs) or found
+    return found
 
 
 def _versions() -> dict[str, str]:

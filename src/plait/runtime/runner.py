@@ -112,9 +112,17 @@ def _conform(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
     return out
 
 
-def _check_result(t: Any, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
+def _check_result(
+    t: Any, shape: tuple[int, ...], dtype: torch.dtype, what: str, operands: list[Any]
+) -> torch.Tensor:
     if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape:
         raise RuntimeError(f"{what}: expected {dtype} {shape}, got {t!r:.80}")
+    # NOTE: the plan owns a fallback's result: one that is a view of an operand (``detach``)
+    # is copied, or a buffer reused later (the arena, an input written in place) would change it
+    storage = t.untyped_storage().data_ptr()
+    for o in operands:
+        if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() == storage:
+            return t.clone(memory_format=torch.contiguous_format)
     return t if t.is_contiguous() else t.contiguous()
 
 
@@ -391,6 +399,10 @@ class _Emitter:
 
     def output(self, o: Any) -> str:
         if isinstance(o, Value):
+            if id(o) in self.inputs and self._bound_constant(o):
+                # NOTE: a constant the executor binds is the program's, not the caller's: the
+                # caller gets a copy (handing it out would let a write change later calls)
+                return f"{self.tensor(o)}.clone()"
             return self.tensor(o)
         return self.const(o)
 
@@ -500,13 +512,14 @@ class _Emitter:
         attrs = self.const(dict(node.attrs))
         runner = self.const(opdef.run, "F")
         args = ", ".join(self.operand(o) for o in node.inputs)
-        self.line(f"r = {runner}([{args}], {attrs})")
+        self.line(f"a = [{args}]")
+        self.line(f"r = {runner}(a, {attrs})")
         for k, v in enumerate(node.outputs):
             var = self.var(v)
             if isinstance(v.type, TensorType):
                 s, d = self.const(sizes_of(v.type)), self.const(v.type.dtype, "D")
                 what = self.const(f"fallback node {node.id} ({node.op}) output {k}")
-                self.line(f"{var} = _check_result(r[{k}], {s}, {d}, {what})")
+                self.line(f"{var} = _check_result(r[{k}], {s}, {d}, {what}, a)")
             else:
                 self.line(f"{var} = r[{k}]")
 
