@@ -89,6 +89,7 @@ def test_a_compile_publishes_to_both_tiers_and_a_fresh_local_cache_reads_remote(
     assert torch.equal(out2, out)
     _close(out2, _expected(0, x))
     # NOTE: the entries were copied into the local tier: the next read is local
+    remote.settle()
     local = LocalStore(tmp_path / "b")
     assert local.verify().ok and len(local.list()) == 2
     _, spec3, _ = _compile(str(tmp_path / "b"))
@@ -132,6 +133,23 @@ def test_a_staging_key_is_invisible_until_it_is_renamed(server: RedisServer) -> 
     whole = client.get(ENTRY_PREFIX + "cd" * 32)
     client.set(STAGING_PREFIX + "dead", whole[:100], ex=60)  # NOTE: a half-written entry
     assert store.get("ef" * 32) is None and store.get("cd" * 32) == data
+
+
+def test_a_remote_entry_is_the_callers_to_write_and_its_local_copy_stays_intact(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """The caller gets a private writable buffer at once; the local copy, written meanwhile
+    from the bytes Redis sent, is the remote entry's, whatever the caller writes."""
+    data = os.urandom(1 << 20)
+    RedisStore(server.url).put("ab" * 32, data, {"parts": {}})
+    store = TieredStore(LocalStore(tmp_path), remote.remote_store(server.url))
+    pending = store.get_pending("ab" * 32)
+    assert pending is not None and store.served_by("ab" * 32) == "remote"
+    buffer = pending.verified()
+    buffer[:4] = b"\x00\x01\x02\x03"
+    remote.settle()
+    assert LocalStore(tmp_path).get("ab" * 32) == data
+    assert store.get("ab" * 32) == data and store.served_by("ab" * 32) == "local"
 
 
 def test_an_entry_over_the_limit_stays_local(

@@ -3,8 +3,9 @@
 ``PLAIT_CACHE_URL=redis://host:port/db`` (or ``plait.compile(..., options={"cache":
 "redis://host:port/db"})``) puts a :class:`RedisStore` behind the local cache: a
 :class:`TieredStore` looks in the local store first, then in Redis, then lets the caller
-compile; an entry found in Redis is checked and copied into the local store (the next read maps
-it from disk), and a compile publishes to both tiers.
+compile; an entry found in Redis is checked, handed to the caller and copied into the local
+store on a thread meanwhile (the next read maps it from disk; :func:`settle` waits for the
+copies), and a compile publishes to both tiers.
 
 What the remote tier keeps of the local store's guarantees:
 
@@ -42,6 +43,7 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -385,6 +387,32 @@ class RedisStore(Store):
 
 _REMOTES: dict[str, RedisStore] = {}
 _REMOTES_LOCK = threading.Lock()
+# NOTE: the local copies of remote entries being written, by (local root, key): a read of the
+# same entry waits for its copy; the threads are not daemons (an exit waits for them)
+_COPIES: dict[tuple[str, str], threading.Thread] = {}
+_COPIES_LOCK = threading.Lock()
+
+
+def _keep_locally(local: LocalStore, key: str, payload: memoryview, meta: dict[str, Any]) -> None:
+    try:
+        local.put(key, payload, meta)
+    except (OSError, ValueError) as exc:  # NOTE: the call has its entry; only the copy is lost
+        warnings.warn(
+            f"plait cache: the local copy of remote entry {key[:16]}… was not kept: {exc}",
+            CacheWarning,
+            stacklevel=1,
+        )
+    finally:
+        with _COPIES_LOCK:
+            _COPIES.pop((str(local.root), key), None)
+
+
+def settle() -> None:
+    """Wait until the local copies of remote entries this process is writing are written."""
+    with _COPIES_LOCK:
+        copies = list(_COPIES.values())
+    for thread in copies:
+        thread.join()
 
 
 def remote_store(url: str) -> RedisStore:
@@ -447,39 +475,60 @@ class TieredStore(Store):
             self.notes.append(f"remote tier {self.remote.location}: answering again")
         return result
 
-    def _promote(self, key: str) -> bool:
-        """Copy the remote entry under ``key`` into the local store; False when it has none.
-        Raises :class:`CorruptEntryError` for a damaged or foreign remote entry (deleted)."""
+    def _wait_for_copy(self, key: str) -> None:
+        with _COPIES_LOCK:
+            thread = _COPIES.get((str(self.local.root), key))
+        if thread is not None:
+            thread.join()
+
+    def _fetch(self, key: str) -> memoryview | None:
+        """The remote entry's payload under ``key``, verified, as a private writable buffer;
+        None when there is none. The local copy is written on a thread meanwhile (from the
+        bytes Redis sent, never from the buffer the caller builds on). Raises
+        :class:`CorruptEntryError` for a damaged or foreign remote entry (deleted)."""
         start = time.perf_counter()
         try:
             entry = self._remote("read", lambda: self.remote.fetch(key))
         except ValueError as exc:
             self.notes.append(f"entry {key[:16]}… not read from {self.remote.location}: {exc}")
-            return False
+            return None
         if entry is None:
-            return False
+            return None
         meta, payload = entry
-        self.local.put(key, payload, {k: v for k, v in meta.items() if k != "key"})
+        private = memoryview(bytearray(payload))  # NOTE: writable: tensors are built on it
+        copy = threading.Thread(
+            target=_keep_locally,
+            args=(self.local, key, payload, {k: v for k, v in meta.items() if k != "key"}),
+            name=f"plait-cache-copy-{key[:8]}",
+        )
+        with _COPIES_LOCK:
+            _COPIES[(str(self.local.root), key)] = copy
+        copy.start()
         self.tiers[key] = "remote"
         self.notes.append(
             f"entry {key[:16]}… from the remote tier {self.remote.location} "
-            f"({payload.nbytes / 2**20:.2f} MiB in {1e3 * (time.perf_counter() - start):.1f} ms)"
+            f"({payload.nbytes / 2**20:.2f} MiB in {1e3 * (time.perf_counter() - start):.1f} ms, "
+            "verified; its local copy written in the background)"
         )
-        return True
+        return private
 
     def get(self, key: str) -> bytes | None:
+        self._wait_for_copy(key)
         data = self.local.get(key)
         if data is not None:
             self.tiers[key] = "local"
             return data
-        return self.local.get(key) if self._promote(key) else None
+        payload = self._fetch(key)
+        return None if payload is None else bytes(payload)
 
     def get_pending(self, key: str) -> Pending | None:
+        self._wait_for_copy(key)
         pending = self.local.get_pending(key)
         if pending is not None:
             self.tiers[key] = "local"
             return pending
-        return self.local.get_pending(key) if self._promote(key) else None
+        payload = self._fetch(key)
+        return None if payload is None else Pending(payload)  # NOTE: verified already
 
     def get_buffer(self, key: str) -> memoryview | None:
         pending = self.get_pending(key)
