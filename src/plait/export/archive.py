@@ -117,17 +117,22 @@ def index_bytes(index: Mapping[str, Any]) -> bytes:
     return (json.dumps(index, indent=1, sort_keys=True) + "\n").encode()
 
 
-def write_archive(
-    path: str | Path, members: Mapping[str, bytes], header: Mapping[str, Any]
-) -> dict[str, Any]:
-    """Write ``members`` and their index (``header`` plus ``version`` and ``members``) as a zip
-    archive at ``path``, atomically; returns the index."""
-    index = dict(header)
-    index.setdefault("format", FORMAT)
-    index.setdefault("version", VERSION)
+def build_index(header: Mapping[str, Any], members: Mapping[str, bytes]) -> dict[str, Any]:
+    """The index of ``members``: ``header`` with the format, its version and each member's
+    SHA-256 and size."""
+    index = {"format": FORMAT, "version": VERSION, **header}
     index["members"] = {
         name: {"sha256": sha256(data), "bytes": len(data)} for name, data in sorted(members.items())
     }
+    return index
+
+
+def write_archive(
+    path: str | Path, members: Mapping[str, bytes], header: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Write ``members`` and their index (:func:`build_index`) as a zip archive at ``path``,
+    atomically; returns the index."""
+    index = build_index(header, members)
     data = pack_archive({INDEX: index_bytes(index), **members})
     publish_bytes(Path(path), data, 0o644)
     return index

@@ -30,7 +30,7 @@ from plait.conformance import ConformanceError, Report
 from plait.errors import ExportError, ExportWarning
 from plait.export import native as native_kernels
 from plait.export import references as refs
-from plait.export.archive import FORMAT, VERSION, Limits, Members, index_bytes, write_archive
+from plait.export.archive import Limits, Members, build_index, index_bytes, write_archive
 from plait.export.archive import digest as digest_of
 from plait.export.calling import (
     Binder,
@@ -65,7 +65,7 @@ class Artifact:
 
     @property
     def index(self) -> dict[str, Any]:
-        return _index(self.header, self.members)
+        return build_index(self.header, self.members)
 
     @property
     def digest(self) -> str:
@@ -90,16 +90,6 @@ class Artifact:
         members = Members(self.index, self.digest, dict(self.members))
         trusted = native_kernels.trusted_digests(trust)
         return load_members(members, self.header["name"], trusted, Limits())
-
-
-def _index(header: dict[str, Any], members: dict[str, bytes]) -> dict[str, Any]:
-    from plait.export.archive import sha256
-
-    index = {"format": FORMAT, "version": VERSION, **header}
-    index["members"] = {
-        n: {"sha256": sha256(d), "bytes": len(d)} for n, d in sorted(members.items())
-    }
-    return index
 
 
 def export(
