@@ -108,28 +108,10 @@ def export(
         raise ValueError("references must be >= 1: verify judges the program on them")
     seconds: dict[str, float] = {}
     start = time.perf_counter()
-    options = {"cache": False, "stax": {"strict": False}}
-    compiled = plait.compile(model_or_fn, fullgraph=True, dynamic=dynamic, options=options)
-    with torch.no_grad():
-        use = compiled.specialize(*args, **kwargs)
-    spec = compiled.specializations[use.index]
+    compiled, key, spec = _compile(model_or_fn, args, kwargs, dynamic)
     seconds["compile"] = time.perf_counter() - start
     prog, comp = spec.program, spec.compiled
-    if prog.graph is None or comp.graph is None or comp.executor is None:
-        raise ExportError(f"the program was not compiled: {prog.fallback_reason or 'no graph'}")
-    if prog.mutations:
-        raise ExportError(
-            "the program writes its inputs, parameters or buffers in place: an exported program "
-            "is a function of its inputs (call model.eval(); write no argument in place)"
-        )
-    for node in comp.graph.nodes:
-        if get_op(node.op).is_random(node.attrs):
-            raise ExportError(
-                f"the program draws random numbers (node {node.id}: {node.op}): an exported "
-                "program is a function of its inputs (call model.eval() to turn dropout off)"
-            )
-    limits = Limits()
-    parse_program("the optimized program", to_text(comp.graph), limits)
+    _check_exportable(prog, comp)
     stax = comp.program is not None and comp.manifest.executor.get("backend") == "stax"
     note = "" if stax else str(comp.manifest.options.get("backend_choice", "not Stax"))
     if not stax:
@@ -149,7 +131,7 @@ def export(
 
     start = time.perf_counter()
     cases, out_doc, layouts, anchor = _reference_cases(
-        model_or_fn, compiled, use.key, args, kwargs, references, binder, (call_spec, leaves)
+        model_or_fn, compiled, key, args, kwargs, references, binder, (call_spec, leaves)
     )
     seconds["references"] = time.perf_counter() - start
     case_paths = binder.flatten(*cases.call(0))[2]
@@ -212,6 +194,36 @@ def export(
     seconds["judge"] = time.perf_counter() - start
     artifact.seconds = seconds
     return artifact
+
+
+def _compile(fn: Any, args: tuple, kwargs: dict, dynamic: bool | None) -> tuple[Any, str, Any]:
+    """``plait.compile``'s pipeline on this call, with gradients off: the compiled callable,
+    the key of the specialization the call makes, and that specialization."""
+    options = {"cache": False, "stax": {"strict": False}}
+    compiled = plait.compile(fn, fullgraph=True, dynamic=dynamic, options=options)
+    with torch.no_grad():
+        use = compiled.specialize(*args, **kwargs)
+    return compiled, use.key, compiled.specializations[use.index]
+
+
+def _check_exportable(prog: Any, comp: Any) -> None:
+    """Refuse what an artifact cannot hold (see :func:`plait.export.export`)."""
+    if prog.graph is None or comp.graph is None or comp.executor is None:
+        raise ExportError(f"the program was not compiled: {prog.fallback_reason or 'no graph'}")
+    if prog.mutations:
+        raise ExportError(
+            "the program writes its inputs, parameters or buffers in place: an exported program "
+            "is a function of its inputs (call model.eval(); write no argument in place)"
+        )
+    if prog.guard_plan is None:
+        raise ExportError("the program's guards have no saved form (a region of a module?)")
+    for node in comp.graph.nodes:
+        if get_op(node.op).is_random(node.attrs):
+            raise ExportError(
+                f"the program draws random numbers (node {node.id}: {node.op}): an exported "
+                "program is a function of its inputs (call model.eval() to turn dropout off)"
+            )
+    parse_program("the optimized program", to_text(comp.graph), Limits())
 
 
 def _json(doc: Any) -> bytes:
