@@ -536,6 +536,9 @@ class Runner:
     compiled: Any = None
     error: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # NOTE: the whole environment its cold compile ran in (what a warm start must run in too:
+    # a compiler that ran later may have set variables that change Triton's cache keys)
+    environ: dict[str, str] = field(default_factory=dict)
     output: torch.Tensor | None = None  # NOTE: its first output, on the CPU
     record: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -582,7 +585,8 @@ class CaseRun:
 
     def __init__(self, cfg: Config, case: Case, workdir: Path) -> None:
         self.cfg, self.case, self.workdir = cfg, case, workdir
-        self.warm_env: dict[str, str] | None = None  # NOTE: plait's caches, once it compiled
+        # NOTE: plait's cold-compile environment (its caches included), once it compiled
+        self.warm_env: dict[str, str] | None = None
         self.record: dict[str, Any] = {
             "name": case.name,
             "what": case.what,
@@ -633,7 +637,7 @@ class CaseRun:
                     self.cold(r, model, x)
                     if r.name == "plait" and r.error is None:
                         self.record["plait"]["evidence"] = plait_evidence(r.compiled)
-                        self.warm_env = r.env
+                        self.warm_env = r.environ
                 self.steady(runners, x)
                 self.memory(runners, x)
             self.parity(runners, model, x)
@@ -647,6 +651,7 @@ class CaseRun:
         its graph there), all synchronized; Triton compiles and allocator growth."""
         r.env = cache_env(self.workdir / r.name)
         os.environ.update(r.env)  # NOTE: read by plait, Triton and inductor at each use
+        r.environ = dict(os.environ)
         if r.name.startswith("inductor"):
             clear_inductor_caches()
         skips = _cudagraph_skips()
@@ -845,12 +850,13 @@ def plait_evidence(compiled: Any) -> dict[str, Any]:
 
 # --- plait's warm start, in a fresh process ------------------------------------------------------
 def run_worker(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """Run ``--worker`` on ``spec`` in a new interpreter with the cold run's cache ``env``; its
-    measurements, or ``{"error": ...}``."""
+    """Run ``--worker`` on ``spec`` in a new interpreter with the cold run's environment ``env``
+    (its caches included: nothing set since, by inductor say, leaks in); its measurements, or
+    ``{"error": ...}``."""
     spec_path = Path(spec["out"]).with_suffix(".spec.json")
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(json.dumps(spec))
-    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    full_env = {**env, "PYTHONUNBUFFERED": "1"}
     full_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(timing.ROOT), os.environ.get("PYTHONPATH", "")) if p
     )
