@@ -76,7 +76,10 @@ REDUCE_TILE = 2048
 # Indices stay int32 below this bound (a masked lane runs at most a block past the end).
 INT32_BOUND = 1 << 30
 
-_HEADER = '''"""Triton kernel {symbol} (plait kernel {name}), printed by plait.codegen.triton.
+# NOTE: nothing of the program (not the kernel's name in it) goes into the text: a kernel's
+# symbol is the hash of its text, so identical kernels (the layers of a transformer) are one
+# Triton function, compiled once.
+_HEADER = '''"""Triton kernel {symbol}, printed by plait.codegen.triton.
 
 M is bound by the loader before this module runs: libdevice on a GPU, a numpy shim when Triton
 interprets the kernel.
@@ -629,7 +632,7 @@ class _Printer:
         body = "\n".join(self.lines) if self.lines else "    pass"
         helpers = "".join(_HELPERS[name] for name in _HELPERS if name in self.helpers)
         text = (
-            _HEADER.format(symbol=self.symbol, name=k.name)
+            _HEADER.format(symbol=self.symbol)
             + helpers
             + f"\n\n@triton.jit\ndef {self.symbol}({args}):\n{body}\n"
         )
