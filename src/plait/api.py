@@ -36,10 +36,12 @@ from plait.cache.snapshots import forget_snapshot, front_parts, load_snapshot, s
 from plait.cache.weight_digests import prefetch
 from plait.collector import collector_paused
 from plait.distributed.ddp import release_by_bucket
+from plait.dynamic_shapes import DynamicShapes, SymbolicRefused, symbol_sizes
 from plait.errors import (
     CaptureFallbackWarning,
     CompiledInputError,
     GraphCaptureError,
+    PlaitCompileError,
     RecompileLimitError,
 )
 from plait.frontend import (
@@ -51,6 +53,7 @@ from plait.frontend import (
     capture_program,
 )
 from plait.frontend.deps import CodeRecorder, recording
+from plait.frontend.dynamic_dims import AutomaticDims, DimPolicy
 from plait.frontend.fingerprint import Unpinnable
 from plait.frontend.snapshot import SnapshotUnreadable
 from plait.guards import StateFetcher
@@ -163,9 +166,9 @@ def _call_name(fn: Any) -> str:
 
 
 def _default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tuple[str, str]:
-    """``stax`` for static programs: C++ kernels on the CPU, Triton kernels on CUDA (where
-    Triton is installed). Stax needs static shapes, so the reference interpreter runs the
-    others; the choice and its reason are recorded in the manifest (``options.backend_choice``)."""
+    """``stax``: C++ kernels on the CPU (static and symbolic shapes), Triton kernels on CUDA
+    (where Triton is installed; static shapes). The reference interpreter runs the others; the
+    choice and its reason are recorded in the manifest (``options.backend_choice``)."""
     devices = {str(t.device) for t in state if isinstance(t, torch.Tensor)}
     static = True
     for v in prog.interface()[0]:
@@ -173,10 +176,10 @@ def _default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tu
         if isinstance(t, TensorType):
             devices.add(t.device)
             static = static and t.is_static
-    if not static:
-        return "eager", "default for symbolic shapes: Stax compiles static shapes only"
     if devices <= {"cpu"}:
-        return "stax", "default for CPU tensors"
+        return "stax", "default for CPU tensors" + ("" if static else " (symbolic shapes)")
+    if not static:
+        return "eager", "default for symbolic shapes on CUDA: Triton kernels are static"
     if len(devices) > 1 or not all(d.startswith("cuda") for d in devices):
         return "eager", f"default for {sorted(devices)}: Stax compiles one CPU or CUDA device"
     if importlib.util.find_spec("triton") is None:
@@ -187,7 +190,7 @@ def _default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tu
     return "stax", f"default for {sorted(devices)}: Triton kernels"
 
 
-class _Engine(RegionEngine):
+class _Engine(RegionEngine, DynamicShapes):
     """The specialization cache shared by CompiledFunction and CompiledModule.
 
     Each call flattens its inputs, fetches the module's live state and tries the
@@ -233,7 +236,10 @@ class _Engine(RegionEngine):
             known = [*_ENGINE_OPTIONS, *KNOWN_OPTIONS]
             raise ValueError(f"unknown options {unknown}; known: {known}")
         self.options = options
+        DimPolicy.of(dynamic)  # NOTE: a malformed dynamic= fails here, not at the first call
         self.fn, self.backend, self.fullgraph, self.dynamic = fn, backend, fullgraph, dynamic
+        # NOTE: dynamic=None: static first, then the dims seen changing (frontend.dynamic_dims)
+        self.automatic = AutomaticDims() if dynamic is None else None
         self.adapter = InputAdapter(fn)
         self.state = ModuleState(fn) if isinstance(fn, nn.Module) else None
         self.fetch: Callable[[], Sequence[torch.Tensor]] = (
@@ -326,6 +332,7 @@ class _Engine(RegionEngine):
     ) -> tuple[Specialization, GuardEnv, Sequence[torch.Tensor]] | None:
         reason = None
         settings = call_state()
+        store = resolve_store(self.cache)
         if self.specializations:
             last = self.specializations[-1]
             if not self.region:  # NOTE: a region's calls are its parent's, not the user's
@@ -335,10 +342,14 @@ class _Engine(RegionEngine):
             if len(self.specializations) >= self.recompile_limit:
                 self._limit_reached(reason)
                 return None
+            if self.automatic is not None:
+                programs = [s.program for s in self.specializations]
+                self.automatic.observe(programs, env.leaves, paths)
+        elif self.automatic is not None and store is not None:
+            self._load_automatic(store, env)
         if self.state is not None and not self.state.structure_intact():
             self.state = ModuleState(self.state.module)
             self.fetch = StateFetcher(self.state)
-        store = resolve_store(self.cache)
         start = time.perf_counter()
         shared = self.tree.shared_program(self, env, paths) if self.share and self.tree else None
         prog: CapturedProgram | None = shared
@@ -358,7 +369,11 @@ class _Engine(RegionEngine):
         spec = self._shared_specialization(prog, env, state, reason, settings)
         if spec is None:
             try:
-                compiled = self._compile(prog, state, store, env)
+                try:
+                    compiled = self._compile(prog, state, store, env)
+                except SymbolicRefused as refused:
+                    prog, compiled = self._without_symbols(prog, refused, args, kwargs, state, env)
+                    recorder = None
             except SnapshotUnreadable as exc:
                 # NOTE: a snapshot whose nodes do not parse (they are read only when the
                 # artifact misses): removed, and the call captured as if there had been none
@@ -371,6 +386,7 @@ class _Engine(RegionEngine):
                 if recorder is not None and parts is not None:
                     note = _save_snapshot(store, parts, prog, recorder, compiled, note)
                 compiled.manifest.cache["capture"] = note
+            reason = self._report_dynamic(prog, compiled, reason, store, env)
             spec = Specialization(prog, compiled, reason, settings)
             if self.share and self.tree is not None:
                 self.tree.publish_artifact(self, prog, settings, compiled)
@@ -401,7 +417,7 @@ class _Engine(RegionEngine):
                 args,
                 kwargs,
                 fullgraph=self.fullgraph,
-                dynamic=self.dynamic,
+                dynamic=self._capture_dynamic(),
                 adapter=self.adapter,
                 module_state=self.state,
             )
@@ -414,8 +430,13 @@ class _Engine(RegionEngine):
         state: Sequence[torch.Tensor],
         store: Store | None,
         env: GuardEnv,
+        backend: str | None = None,
+        why: str = "requested",
     ) -> Compiled:
-        backend, why = self.backend, "requested"
+        from plait.codegen.symbolic_shapes import size_hints
+
+        backend = backend or self.backend
+        chosen = backend is None
         if backend is None:
             backend, why = _default_backend(prog, state)
         grads = tuple(isinstance(x, torch.Tensor) and x.requires_grad for x in env.leaves)
@@ -424,7 +445,14 @@ class _Engine(RegionEngine):
         )
         if self.tree is not None and self.region and prog.has_graph:
             self.tree.counts["compiles"] += 1
-        compiled = compile_program(request)
+        try:
+            # NOTE: a symbolic program's dry runs run at this call's sizes
+            with size_hints(symbol_sizes(prog, env)):
+                compiled = compile_program(request)
+        except PlaitCompileError as exc:
+            if chosen and backend == "stax" and prog.symbolic_dims():
+                raise SymbolicRefused(str(exc)) from exc
+            raise
         compiled.manifest.options["backend_choice"] = why
         release_by_bucket(compiled, prog, state)  # NOTE: under DDP's forward only
         return compiled
@@ -439,7 +467,7 @@ class _Engine(RegionEngine):
         request = {
             "backend": self.backend,
             "fullgraph": self.fullgraph,
-            "dynamic": self.dynamic,
+            "dynamic": self._dynamic_record(),
             "options": self.options,
         }
         if self.region:  # NOTE: its forward is captured, not the module's __call__ (hooks)
@@ -725,8 +753,13 @@ def compile(
     ``@plait.compile(backend="eager", ...)``.
 
     ``backend``: ``"stax"`` (native C++ kernels and PyTorch externs), ``"eager"`` (plait's
-    reference interpreter), or ``None``: Stax for static CPU programs, the interpreter otherwise,
-    with the choice recorded in each specialization's manifest. ``fullgraph=True`` makes any
+    reference interpreter), or ``None``: Stax for CPU programs and static CUDA ones, the
+    interpreter otherwise, with the choice recorded in each specialization's manifest.
+    ``dynamic``: which input dims are symbolic (one specialization serves their sizes):
+    ``None``, the default, is automatic (static first; a dim seen changing becomes symbolic at
+    the recompile: :mod:`plait.dynamic_shapes`), ``False`` specializes every size, ``True``
+    makes every dim symbolic, ``{"x": {0: "batch"}}`` the named ones
+    (:mod:`plait.frontend.dynamic_dims`). ``fullgraph=True`` makes any
     capture fallback or Stax fallback an error. With ``fullgraph=False`` a module whose call
     cannot be captured whole runs its own Python eagerly and its largest capturable submodules
     compiled, identical blocks sharing one artifact (:mod:`plait.regions`; ``plait.explain``

@@ -58,7 +58,7 @@ COVERED = {
     "writes its casts)",
     ("manifest.py", "get_device_capability"): "recorded in the manifest; key gpu_capability",
     ("cache/__init__.py", "os.environ"): "the cache's location, never its key",
-    ("codegen/fusion.py", "os.environ"): "TRITON_INTERPRET: refuses the Triton target on CPU "
+    ("codegen/admission.py", "os.environ"): "TRITON_INTERPRET: refuses the Triton target on CPU "
     "tensors outside Triton's interpreter; what compiles does not depend on it",
     ("codegen/triton_load.py", "os.environ"): "TRITON_INTERPRET: which math module a loaded "
     "kernel binds (libdevice, or the interpreter's numpy shim): how one kernel source runs, "

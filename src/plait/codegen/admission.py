@@ -22,7 +22,7 @@ from plait.codegen.errors import CodegenError
 from plait.codegen.extern import EXTERN_RULES, FLOAT_EXTERNS, outer_sum
 from plait.codegen.reductions import TEMPLATES
 from plait.codegen.scalar import RULES
-from plait.codegen.symbolic_shapes import check_symbolic
+from plait.codegen.symbolic_shapes import attr_sizes, check_symbolic
 from plait.codegen.views import MAPPED_VIEWS, SELECT_VIEWS
 from plait.ir.graph import Graph, Node, Value
 from plait.ir.ops import get_op
@@ -106,6 +106,15 @@ def check_graph(graph: Graph, target: str = "cpu") -> None:
             "TRITON_INTERPRET=1 before triton is imported (or use the cpu target)"
         )
     check_symbolic(graph, target)
+    for node in graph.nodes:
+        if not touches_unbacked(node) and attr_sizes(node) and classify(node)[0] == "extern":
+            # NOTE: an extern's attributes are bound once, when its call is made
+            raise CodegenError(
+                f"an extern call with symbolic attributes ({node.attrs}) is not compiled "
+                "symbolically (specialize the sizes)",
+                node_id=node.id,
+                op=node.op,
+            )
 
 
 def _all_values(graph: Graph) -> Iterator[Value]:

@@ -150,11 +150,12 @@ def graph_atoms(graph: Graph) -> list[str]:
             assert isinstance(v.type, TensorType)
             sizes.extend(from_dim(d) for d in v.type.shape)
     for node in graph.nodes:
-        sizes.extend(_attr_sizes(node))
+        sizes.extend(attr_sizes(node))
     return sorted(a for a in atoms_of(sizes) if not UNBACKED_RE.match(a))
 
 
-def _attr_sizes(node: Node) -> list[Size]:
+def attr_sizes(node: Node) -> list[Size]:
+    """The symbolic sizes among ``node``'s attributes (a slice bound, a view's shape)."""
     out: list[Size] = []
 
     def visit(v: Any) -> None:

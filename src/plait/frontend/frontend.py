@@ -28,6 +28,7 @@ from torch import nn
 
 from plait.errors import GraphCaptureError
 from plait.frontend import datadep, pytree
+from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
 from plait.frontend.guard_plan import GuardPlan, build_guards
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
@@ -64,13 +65,15 @@ def capture_program(
     kwargs: dict | None = None,
     *,
     fullgraph: bool = True,
-    dynamic: bool | None = None,
+    dynamic: DynamicSpec = None,
     adapter: InputAdapter | None = None,
     module_state: ModuleState | None = None,
 ) -> CapturedProgram:
     """Capture ``fn(*args, **kwargs)``. With ``fullgraph=False`` a program that cannot be one
     graph comes back as a fallback (``graph is None``, ``fallback_reason`` set) instead of
-    raising :class:`GraphCaptureError`."""
+    raising :class:`GraphCaptureError`. ``dynamic``: which input dims are symbolic
+    (:mod:`plait.frontend.dynamic_dims`)."""
+    policy = DimPolicy.of(dynamic)
     kwargs = kwargs or {}
     adapter = adapter or InputAdapter(fn)
     spec, leaves, paths = adapter.flatten(tuple(args), kwargs)
@@ -79,7 +82,9 @@ def capture_program(
     static_sizes: set[int] = set()
     specialized: list[str] = []
     while True:
-        cx = CaptureContext(fullgraph=fullgraph, dynamic=bool(dynamic), static_sizes=static_sizes)
+        cx = CaptureContext(
+            fullgraph=fullgraph, dynamic=policy.every, static_sizes=static_sizes, dims=policy
+        )
         try:
             prog = _capture_once(cx, fn, adapter, spec, leaves, paths, module_state)
         except Restart as restart:

@@ -64,6 +64,15 @@ class CapturedProgram:
     # NOTE: a fallback's GraphCaptureError (operation, file and line), for regional compilation
     fallback_error: Exception | None = field(default=None, repr=False, compare=False)
 
+    def symbolic_dims(self) -> dict[str, str]:
+        """Each input dim captured as a symbol (``"x.shape[0]"``) -> the symbol's name."""
+        plan = self.guard_plan
+        if plan is None or not plan.dynamic:
+            return {}
+        out = {plan.symbols[s][2]: str(s) for s in plan.bindings}
+        out.update({src: str(s) for _, _, src, s in plan.duck})
+        return out
+
     @property
     def has_graph(self) -> bool:
         """False for a fallback program (no graph; eager PyTorch runs it)."""

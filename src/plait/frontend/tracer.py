@@ -33,6 +33,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from plait.errors import GraphCaptureError
 from plait.frontend import datadep, pytree
+from plait.frontend.dynamic_dims import DimPolicy
 from plait.frontend.frames import user_frame
 from plait.frontend.rng import RngTracker
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
@@ -121,10 +122,19 @@ class CaptureContext:
 
     active: CaptureContext | None = None
 
-    def __init__(self, *, fullgraph: bool, dynamic: bool, static_sizes: set[int]) -> None:
+    def __init__(
+        self,
+        *,
+        fullgraph: bool,
+        dynamic: bool,
+        static_sizes: set[int],
+        dims: DimPolicy | None = None,
+    ) -> None:
         self.builder = GraphBuilder()
         self.fullgraph = fullgraph
-        self.dynamic = dynamic
+        # NOTE: which input dims are symbolic (frontend.dynamic_dims); ``dynamic`` says some are
+        self.dims = dims if dims is not None else DimPolicy(every=dynamic)
+        self.dynamic = dynamic or self.dims.active
         # NOTE: > 0 while a capture rule runs: an IR op rejecting the rule's call then sends
         # the call to the ATen path (eager accepted it), not the whole program to eager
         self.rule_depth = 0
@@ -140,6 +150,7 @@ class CaptureContext:
         # to check capture rules against eager; never guarded (plait.frontend.datadep)
         self.unbacked: dict[sympy.Symbol, int] = {}
         self._size_symbols: dict[int, sympy.Symbol] = {}
+        self._named_symbols: dict[str, sympy.Symbol] = {}
         self.opaque_counts: Counter[str] = Counter()
         self.opaque_reasons: dict[str, str] = {}
         self.error: BaseException | None = None
@@ -224,15 +235,26 @@ class CaptureContext:
         exprs: list[Any] = []
         for d, n in enumerate(shape):
             source = f"{label}.shape[{d}]"
-            symbolic = self.dynamic and n >= 2 and n not in self.static_sizes
-            if symbolic and n in self._size_symbols:
-                sym = self._size_symbols[n]
+            # NOTE: sizes 0 and 1 are never symbolic (frontend.dynamic_dims says why)
+            symbolic = self.dims.wants(label, d) and n >= 2 and n not in self.static_sizes
+            name = self.dims.name(label, d) if symbolic else None
+            shared = self._named_symbols.get(name) if name else self._size_symbols.get(n)
+            if symbolic and shared is not None and self.bindings.get(shared) == n:
+                sym = shared
                 self.duck.append((leaf, d, source, sym))
             else:
-                sym = sympy.Symbol(f"s{len(self.symbols)}", integer=True, positive=True)
+                if symbolic and shared is not None:
+                    raise ValueError(
+                        f"dynamic: dims named {name!r} differ in size ({source} is {n}, "
+                        f"{self.symbols[shared][2]} is {self.bindings[shared]})"
+                    )
+                sym = sympy.Symbol(name or f"s{len(self.symbols)}", integer=True, positive=True)
                 self.symbols[sym] = (leaf, d, source)
                 if symbolic:
-                    self._size_symbols[n] = sym
+                    if name:
+                        self._named_symbols[name] = sym
+                    else:
+                        self._size_symbols[n] = sym
                     self.bindings[sym] = n
             ir.append(sym if symbolic else int(n))
             exprs.append(sym)
