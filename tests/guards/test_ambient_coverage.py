@@ -52,6 +52,8 @@ COVERED = {
     "refuses a second-order gradient (nothing compiled)",
     ("autograd/function.py", "is_autocast_enabled"): "read per call, at run time: turns autocast "
     "off while a compiled program runs (nothing compiled)",
+    ("distributed/release.py", "is_grad_enabled"): "read in the compiled backward released by "
+    "bucket, at run time: refuses a second-order gradient (nothing compiled)",
     ("frontend/tracer.py", "is_autocast_enabled"): "guard torch.autocast (whether capture "
     "writes autocast's casts, frontend.autocast)",
     ("frontend/autocast.py", "is_autocast_enabled"): "guard torch.autocast (its dtype too: capture "
