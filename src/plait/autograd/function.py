@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from plait.autograd.partition import Partition
+from plait.errors import PlaitCompileError
 
 Executor = Callable[[list[Any]], Sequence[Any]]
 
@@ -70,8 +71,10 @@ def autocast_off() -> Iterator[None]:
         yield
 
 
-class DoubleBackwardError(RuntimeError):
+class DoubleBackwardError(PlaitCompileError):
     """A gradient of a gradient through a compiled backward (``create_graph=True``)."""
+
+    error_code = "PLAIT-C122"
 
 
 class CompiledAutograd:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from plait.errors import PlaitCompileError
 from plait.ir.graph import Graph, GraphBuilder, Node, Value
 from plait.ir.ops.extern import NoDerivativeError, max_pool_window
 from plait.ir.ops.vjp import VjpContext, has_rule, is_differentiable, vjp_rule
@@ -34,8 +35,10 @@ from plait.ir.types import FLOAT_DTYPES, TensorType
 from plait.ir.verify import verify
 
 
-class JointGraphError(ValueError):
+class JointGraphError(PlaitCompileError, ValueError):
     """The forward graph cannot be differentiated as asked."""
+
+    error_code = "PLAIT-C120"
 
 
 @dataclass

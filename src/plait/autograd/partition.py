@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from plait.autograd.joint import Joint
+from plait.errors import PlaitCompileError
 from plait.ir.graph import Graph, Node, Operand, Value
 from plait.ir.ops import Category, get_op
 from plait.ir.types import TensorType
@@ -44,8 +45,10 @@ from plait.ir.verify import verify
 PARTITIONERS = ("save-all", "min-cut")
 
 
-class PartitionError(ValueError):
+class PartitionError(PlaitCompileError, ValueError):
     """A partition would make the backward read something the forward did not save."""
+
+    error_code = "PLAIT-C121"
 
 
 @dataclass

@@ -8,12 +8,16 @@ Example:
 
 from __future__ import annotations
 
+from plait.errors import PlaitCompileError
 
-class CodegenError(RuntimeError):
+
+class CodegenError(PlaitCompileError):
     """Compilation to native code failed, or (strict mode) a node would fall back to PyTorch.
 
     ``node_id`` and ``op`` name the node when one is to blame.
     """
+
+    error_code = "PLAIT-C110"
 
     def __init__(self, reason: str, *, node_id: int | None = None, op: str | None = None) -> None:
         self.reason = reason
@@ -25,3 +29,5 @@ class CodegenError(RuntimeError):
 
 class BuildError(CodegenError):
     """The C++ compiler rejected generated code (a bug in plait: the log is attached)."""
+
+    error_code = "PLAIT-C111"

@@ -47,7 +47,12 @@ from plait.diagnose.replay import (
 from plait.diagnose.reproducer import backend_divergence, pass_divergence, write_repro
 from plait.diagnose.shrink import shrink
 from plait.diagnose.values import evaluate
-from plait.errors import GraphCaptureError, PlaitCompileError, SemanticDriftError
+from plait.errors import (
+    GraphCaptureError,
+    NumericsError,
+    PlaitCompileError,
+    SemanticDriftError,
+)
 from plait.frontend.guards import GuardEnv
 from plait.ir import Graph, Value
 from plait.runtime import StaxOptions
@@ -99,11 +104,40 @@ class Bisection:
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def error_code(self) -> str | None:
+        """The failure taxonomy's code (docs/errors.md) for what was found: ``PLAIT-D200`` for
+        a pass the verifier rejects, ``PLAIT-C100`` for a stage that raised, ``PLAIT-N300`` for
+        values outside the contract; None when the gate passed."""
+        if self.ok:
+            return None
+        check = self.error.check if self.error is not None else ""
+        if check == "verify":
+            return SemanticDriftError.error_code
+        if check == "exception":
+            return PlaitCompileError.error_code
+        return NumericsError.error_code
+
+    def raise_if_failed(self) -> None:
+        """Raise this diagnosis as its taxonomy type (:class:`~plait.errors.NumericsError`,
+        :class:`~plait.errors.SemanticDriftError` or :class:`~plait.errors.PlaitCompileError`);
+        nothing when the gate passed."""
+        code = self.error_code
+        if code is None:
+            return
+        if code == SemanticDriftError.error_code:
+            node = self.node.id if self.node is not None else None
+            raise SemanticDriftError(self.pass_name or "?", str(self), node)
+        if code == PlaitCompileError.error_code:
+            raise PlaitCompileError(str(self))
+        raise NumericsError(str(self), self)
+
     def __str__(self) -> str:
         if self.ok:
             return "plait diagnose: the compiled program passes the conformance gate"
         where = {"pass": f"pass {self.pass_name!r}", "backend": "the Stax backend"}
-        lines = [f"plait diagnose: first divergence in {where.get(self.stage or '', self.stage)}"]
+        stage = where.get(self.stage or "", self.stage)
+        lines = [f"plait diagnose [{self.error_code}]: first divergence in {stage}"]
         if self.rule:
             lines.append(f"  rule: {self.rule}")
         if self.node is not None:

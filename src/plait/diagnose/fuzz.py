@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torch import Tensor
+
 from plait.conformance.report import Report
 from plait.diagnose.backend import program_inputs
 from plait.diagnose.bisection import Bisection, Subject, diagnose_subject
@@ -186,8 +188,25 @@ def _subject(case: FuzzCase, pipeline: list[str], options: StaxOptions) -> Subje
     def on_user(execute: Executor) -> Executor:
         return lambda values: execute(case.inputs(values))
 
+    def owned(execute: Executor) -> Executor:
+        """NOTE: as plait.compile's calling convention does (CapturedProgram.run), an output
+        that is a caller's input (a pass simplified ``contiguous(x)`` to ``x``) is handed out
+        as a copy where the captured program made a fresh tensor."""
+
+        def run(values: list[Any]) -> list[Any]:
+            inputs = {x.untyped_storage().data_ptr() for x in values if isinstance(x, Tensor)}
+            out = execute(values)
+            return [
+                t.clone() if isinstance(t, Tensor) and t.untyped_storage().data_ptr() in inputs
+                else t
+                for t in out
+            ]  # fmt: skip
+
+        return run
+
     def judge(execute: Executor) -> Report:
-        return gate_graph(on_user(reference), on_user(reference64), on_user(execute), case.draw)
+        candidate = owned(on_user(execute))
+        return gate_graph(on_user(reference), on_user(reference64), candidate, case.draw)
 
     def sample(k: int) -> dict[str, Any]:
         # NOTE: the gate's draws: factory(seed * 7919 + i) for i = 1, 2, ...; the gate's seed 0

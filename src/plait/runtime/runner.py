@@ -41,6 +41,7 @@ from plait.codegen.index import contiguous_strides
 from plait.codegen.plan import ExternStep, FallbackStep, KernelStep, Plan
 from plait.codegen.symbolic_shapes import binding_code, is_symbolic, python_size, size_local
 from plait.codegen.views import shape_of, sizes_of
+from plait.errors import CompiledInputError
 from plait.ir.graph import Value
 from plait.ir.ops import get_op
 from plait.ir.types import TensorType
@@ -51,8 +52,10 @@ from plait.symbolic.poly import Poly, Size, evaluate, from_dim
 _LOCAL = re.compile(r"\bv\d+\b")  # NOTE: the runner's locals holding tensors (Emitter.var)
 
 
-class StaxInputError(TypeError):
+class StaxInputError(CompiledInputError):
     """A call's input does not match the graph's input type."""
+
+    error_code = "PLAIT-C104"
 
 
 def _bad_input(position: int, name: str, expected: str, got: Any) -> None:
