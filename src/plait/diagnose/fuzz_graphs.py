@@ -61,6 +61,9 @@ DISCONTINUOUS = frozenset(
 )  # fmt: skip
 _EXACT_OPS = frozenset({"neg", "abs", "relu", "maximum", "minimum", "fmax", "fmin", "where",
                         "clamp", "isfinite", "isinf", "isnan", "isneginf", "isposinf"})  # fmt: skip
+# NOTE: integer ops whose second operand must be nonzero (or nonnegative): a fresh draw could
+# make a computed one zero, and the reference then raises (integer division by zero)
+_INT_DIVISORS = frozenset({"remainder", "fmod", "div", "pow"})
 _FLOATS = (torch.float32, torch.float32, torch.float32, torch.float64, torch.bfloat16,
            torch.float16)  # fmt: skip
 _INTS = (torch.int64, torch.int32)
@@ -305,6 +308,8 @@ def _pointwise(bd: _Builder, op: str) -> None:
         cond = bd.pick(lambda v: _t(v).dtype == torch.bool)
         a = bd.pick(lambda v: _broadcasts(cond, v) and _t(v).dtype != torch.bool)
         operands = [cond, a, bd.literal(_t(a).dtype)]
+    if op in _INT_DIVISORS and _integral(first):
+        operands[1] = bd.rng.choice((1, 2, 3))  # NOTE: a nonzero, nonnegative literal
     if op in NAN_SIGN:
         i = NAN_SIGN[op]
         if not isinstance(operands[i], Value) or operands[i].producer is not None:
