@@ -40,7 +40,9 @@ class StaxOptions:
     ``cpu`` or ``triton`` (Triton on CPU tensors runs through Triton's interpreter: what CI tests
     the Triton printer with). ``cuda_graphs``: on CUDA, capture the whole program as one CUDA
     graph when nothing in it syncs with the host, and replay it on each call (off: launch each
-    kernel and extern from Python)."""
+    kernel and extern from Python). ``triton_autotune``: time a few block shapes of each Triton
+    kernel on the device at compile time and keep the fastest (the choice is cached with the
+    kernel, by its source and the GPU: a later compile times nothing); off: the heuristic's."""
 
     strict: bool = False
     parallel_threshold: int = 1 << 17
@@ -56,6 +58,7 @@ class StaxOptions:
     onednn: bool = True
     target: str = "auto"
     cuda_graphs: bool = True
+    triton_autotune: bool = False
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
