@@ -88,14 +88,12 @@ def test_changed_settings_build_the_program_again_and_say_why(function_artifact:
     assert "native kernels rebuilt" in str(report) and "trusted" in str(report)
 
 
-def test_a_dynamic_export_runs_on_the_interpreter_loudly(tmp_path: Path) -> None:
+def test_a_dynamic_export_keeps_its_symbolic_sizes(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = MLP(16, 32, 8).eval()
-    with pytest.warns(ExportWarning, match="reference interpreter"):
-        artifact = plait.export(model, (torch.randn(4, 16, generator=seeded(7)),), dynamic=True)
-    path = artifact.save(tmp_path / "dynamic.plait")
-    with pytest.warns(ExportWarning, match="Stax compiles static shapes only"):
-        loaded = plait.load(path)
+    artifact = plait.export(model, (torch.randn(4, 16, generator=seeded(7)),), dynamic=True)
+    assert "f32[s0, 16]" in artifact.members["program.ir"].decode()
+    loaded = plait.load(artifact.save(tmp_path / "dynamic.plait"))
     compiled = plait.compile(model, dynamic=True)
     for rows in (3, 9):
         x = torch.randn(rows, 16, generator=seeded(rows))
@@ -103,7 +101,32 @@ def test_a_dynamic_export_runs_on_the_interpreter_loudly(tmp_path: Path) -> None
             assert torch.equal(loaded(x), compiled(x))
     with pytest.raises(CompiledInputError, match=r"x.shape\[0\] >= 2"):
         loaded(torch.randn(1, 16))
-    assert "interpreter" in str(loaded.explain())
+
+
+def test_a_program_stax_does_not_compile_runs_on_the_interpreter_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where ``plait.compile`` runs a program on the reference interpreter (symbolic shapes on
+    CUDA, say; here its backend choice is made so), the export does too, warns, records why,
+    and every load warns again."""
+    import plait.api
+
+    reason = "default for symbolic shapes on CUDA: Triton kernels are static"
+    monkeypatch.setattr(plait.api, "_default_backend", lambda prog, state: ("eager", reason))
+    torch.manual_seed(0)
+    model = MLP(16, 32, 8).eval()
+    with pytest.warns(ExportWarning, match="reference interpreter, not native kernels"):
+        artifact = plait.export(model, (torch.randn(4, 16, generator=seeded(7)),), dynamic=True)
+    assert artifact.header["executor"] == "interpreter" and not artifact.native
+    assert artifact.header["executor_note"] == reason
+    path = artifact.save(tmp_path / "interpreted.plait")
+    with pytest.warns(ExportWarning, match="Triton kernels are static"):
+        loaded = plait.load(path)
+    compiled = plait.compile(model, dynamic=True)
+    x = torch.randn(6, 16, generator=seeded(6))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), compiled(x))
+    assert "interpreter" in str(plait.explain(loaded))
 
 
 def test_an_export_is_reproducible(tmp_path: Path) -> None:

@@ -49,8 +49,9 @@ def export(
     """Compile ``model_or_fn(*args, **kwargs)`` as ``plait.compile`` does (``fullgraph``,
     gradients off: an inference program) and make it an :class:`Artifact`.
 
-    ``dynamic``: as ``plait.compile``'s. Stax compiles static shapes only: a program with
-    symbolic sizes is exported to run on plait's reference interpreter, with an
+    ``dynamic``: as ``plait.compile``'s; the artifact runs on the backend ``plait.compile``
+    chooses (Stax compiles symbolic shapes on the CPU). A program ``plait.compile`` would run on
+    plait's reference interpreter (symbolic shapes on CUDA) is exported so, with an
     :class:`~plait.errors.ExportWarning`, recorded in the artifact (and warned again at each
     load). ``native``: carry the C++ kernel libraries (loaded only where the load trusts the
     artifact's digest; otherwise rebuilt from the IR). ``references``: how many reference
