@@ -45,6 +45,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from plait.codegen.errors import CodegenError
 from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var, atom_range
 from plait.codegen.kir import Kernel, Reduce, Stmt, Store, is_float
 from plait.codegen.loops import merge_loops
@@ -288,6 +289,42 @@ def reduction_blocks(rows: int, row: int) -> Blocks:
     return Blocks(xblock, rblock, _warps(xblock * rblock), -(-rows // xblock))
 
 
+def _extents(kernel: Kernel) -> tuple[int, int]:
+    k = merge_loops(kernel)
+    return (
+        math.prod(static(v.extent) for v in k.outer),
+        math.prod(static(v.extent) for v in k.inner),
+    )
+
+
+def default_blocks(kernel: Kernel) -> Blocks:
+    """The heuristic's launch shape for ``kernel``."""
+    rows, row = _extents(kernel)
+    return reduction_blocks(rows, row) if merge_loops(kernel).inner else pointwise_blocks(rows)
+
+
+def candidate_blocks(kernel: Kernel) -> list[Blocks]:
+    """Launch shapes worth timing for ``kernel`` (the default first): rows per program halved
+    and doubled, and half the warps. NOTE: every candidate keeps the default's reduction chunk
+    (``rblock``), so each row sums in the same order: all candidates compute the same bits."""
+    rows, _ = _extents(kernel)
+    base = default_blocks(kernel)
+    most = _pow2_at_least(rows)
+    xs = {base.xblock}
+    if base.rblock == 0:
+        xs |= {x for x in (256, 512, 1024, 2048) if x <= max(most, base.xblock)}
+    else:
+        xs |= {x for x in (base.xblock // 2, base.xblock * 2) if 1 <= x <= most}
+    out = [base]
+    for x in sorted(xs):
+        warps = _warps(x * max(1, base.rblock))
+        for w in sorted({warps, max(1, warps // 2)}):
+            b = Blocks(x, base.rblock, w, -(-rows // x))
+            if b not in out:
+                out.append(b)
+    return out
+
+
 # --- constants and indices --------------------------------------------------------------------
 def f32_of(value: float) -> float:
     """``value`` rounded to float32 as C's ``(float)`` does (overflow gives an infinity)."""
@@ -336,28 +373,34 @@ def _identity(kind: str, t: str) -> object:
     return -(1 << (bits - 1)) if kind == "max" else (1 << (bits - 1)) - 1
 
 
+def static(n: object) -> int:
+    """``n`` as an int: Triton kernels have static sizes (``check_graph`` refuses symbolic dims
+    on the Triton target before anything is printed)."""
+    if not isinstance(n, int):
+        raise CodegenError(f"the Triton printer got a symbolic size {n}: static shapes only")
+    return n
+
+
 def _index_bound(ix: Ix) -> int:
     """An upper bound of |value| of ``ix`` and of every partial sum computed on the way."""
-    total = abs(ix.const)
+    total = abs(static(ix.const))
     inner = 0
     for atom, coef in ix.terms:
         lo, hi = atom_range(atom)
-        total += abs(coef) * max(abs(lo), abs(hi), 1)
+        total += abs(static(coef)) * max(abs(static(lo)), abs(static(hi)), 1)
         if not isinstance(atom, Var):
             inner = max(inner, _index_bound(atom.e))
     return max(total, inner)
 
 
 class _Printer:
-    def __init__(self, kernel: Kernel, symbol: str) -> None:
+    def __init__(self, kernel: Kernel, symbol: str, blocks: Blocks | None = None) -> None:
         self.k = merge_loops(kernel)
         self.symbol = symbol
         self.reducing = bool(self.k.inner)
         self.rows = math.prod(v.extent for v in self.k.outer)
         self.row = math.prod(v.extent for v in self.k.inner)
-        self.blocks = (
-            reduction_blocks(self.rows, self.row) if self.reducing else pointwise_blocks(self.rows)
-        )
+        self.blocks = blocks or default_blocks(self.k)
         self.wide = not self._fits_int32()
         self.itype = "tl.int64" if self.wide else "tl.int32"
         self.names = {v: f"x{j}" for j, v in enumerate(self.k.outer)}
@@ -426,12 +469,13 @@ class _Printer:
 
     def index(self, ix: Ix) -> str:
         parts: list[str] = []
-        for atom, coef in ix.terms:
-            a = self._atom(atom)
+        for atom, c in ix.terms:
+            a, coef = self._atom(atom), static(c)
             term = a if abs(coef) == 1 else f"{a} * {abs(coef)}"
             parts.append(("- " if coef < 0 else "+ ") + term)
-        if ix.const or not parts:
-            parts.append(("- " if ix.const < 0 else "+ ") + str(abs(ix.const)))
+        const = static(ix.const)
+        if const or not parts:
+            parts.append(("- " if const < 0 else "+ ") + str(abs(const)))
         text = " ".join(parts)
         return text[2:] if text.startswith("+ ") else "-" + text[2:]
 
@@ -650,7 +694,7 @@ class _Printer:
             v = loops[j]
             div = flat if stride == 1 else f"({flat} // {stride})"
             self.line(f"{self.names[v]} = {div}" + (f" % {v.extent}" if j else ""))
-            stride *= v.extent
+            stride *= static(v.extent)
 
     def pointwise_body(self) -> None:
         k = self.k
@@ -802,6 +846,7 @@ class _Printer:
             self.line(f"acc{n} = {self._result(r, f'acc{n}')}")
 
 
-def print_triton(kernel: Kernel, symbol: str) -> TritonSource:
-    """``kernel`` as a Triton module defining ``@triton.jit def symbol(b0, b1, ...)``."""
-    return _Printer(kernel, symbol).source()
+def print_triton(kernel: Kernel, symbol: str, blocks: Blocks | None = None) -> TritonSource:
+    """``kernel`` as a Triton module defining ``@triton.jit def symbol(b0, b1, ...)``, launched
+    with ``blocks`` (default: :func:`default_blocks`; one of :func:`candidate_blocks`)."""
+    return _Printer(kernel, symbol, blocks).source()

@@ -29,7 +29,6 @@ from plait.codegen.build import Unit, build_units, toolchain
 from plait.codegen.cpp import PrintOptions, print_kernel
 from plait.codegen.errors import CodegenError
 from plait.codegen.fusion import extern_layouts, graph_device, plan_graph
-from plait.codegen.kir import Kernel
 from plait.codegen.onednn import LOADED
 from plait.codegen.options import StaxOptions
 from plait.codegen.plan import KernelStep, NodeTag, Plan, SavedLayouts
@@ -93,6 +92,7 @@ class KernelInfo:
     epilogue_of: list[int] = field(default_factory=list)
     source: str = field(default="", repr=False)
     triton: Any = field(default=None, repr=False)  # NOTE: the TritonSource of a Triton kernel
+    tuning: dict[str, Any] | None = None  # NOTE: how its launch shape was chosen (autotuned)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -105,6 +105,7 @@ class KernelInfo:
             "build_seconds": round(self.build_seconds, 6),
             "cache_hit": self.cache_hit,
             "epilogue_of": self.epilogue_of,
+            **({"tuning": self.tuning} if self.tuning is not None else {}),
         }
 
 
@@ -313,11 +314,12 @@ def compile_graphs(
     popts = PrintOptions(parallel_threshold=opts.parallel_threshold)
     infos: list[list[KernelInfo]] = []
     sources: dict[str, str] = {}
-    for plan, target in zip(plans, targets):
+    for g, plan, target in zip(graphs, plans, targets):
         row = []
         for low in plan.kernels:
             if target == "triton":
-                row.append(_triton_info(low.kernel))
+                tune_on = graph_device(g) if opts.triton_autotune else None
+                row.append(_triton_info(low, tune_on))
                 continue
             text = print_kernel(low.kernel, "STAX_SYMBOL", popts)
             digest = hashlib.sha256(text.encode()).hexdigest()
@@ -385,15 +387,38 @@ def _load_cpp(
     return funcs
 
 
-def _triton_info(kernel: Kernel) -> KernelInfo:
-    from plait.codegen.triton import print_triton
-
-    ts = print_triton(kernel, "STAX_SYMBOL")
+def _named(ts: Any) -> Any:
+    """A printed Triton kernel named by the hash of its text (identical kernels: one name)."""
     digest = hashlib.sha256(ts.source.encode()).hexdigest()
     symbol = f"triton_{digest[:24]}"
-    ts = dataclasses.replace(ts, symbol=symbol, source=ts.source.replace("STAX_SYMBOL", symbol))
-    info = KernelInfo(kernel.name, symbol, kernel.template, kernel.nodes, digest, source=ts.source)
-    info.triton = ts
+    return dataclasses.replace(ts, symbol=symbol, source=ts.source.replace("STAX_SYMBOL", symbol))
+
+
+def _launch_dtypes(low: Any) -> list[Any]:
+    """The dtypes of the tensors a Triton kernel is launched with, in buffer order."""
+    types = [v.type for v in low.bindings]
+    assert all(isinstance(t, TensorType) for t in types)  # NOTE: launched with tensors
+    return [t.dtype for t in types if isinstance(t, TensorType)]
+
+
+def _triton_info(low: Any, tune_on: str | None) -> KernelInfo:
+    """``low``'s kernel printed for Triton; with ``tune_on`` (a device), its launch shape timed
+    there and the fastest kept (:mod:`plait.codegen.triton_tune`)."""
+    from plait.codegen.triton import print_triton
+
+    kernel = low.kernel
+    blocks, tuning = None, None
+    if tune_on is not None:
+        from plait.codegen.triton_load import load_triton
+        from plait.codegen.triton_tune import tune
+
+        blocks, tuning = tune(kernel, _named, _launch_dtypes(low), tune_on, load_triton)
+    ts = print_triton(kernel, "STAX_SYMBOL", blocks)
+    digest = hashlib.sha256(ts.source.encode()).hexdigest()
+    ts = _named(ts)
+    info = KernelInfo(kernel.name, ts.symbol, kernel.template, kernel.nodes, digest,
+                      source=ts.source)  # fmt: skip
+    info.triton, info.tuning = ts, tuning
     return info
 
 
@@ -417,10 +442,7 @@ def _precompile_triton(
         steps = [s for s in plan.steps if isinstance(s, KernelStep)]
         kernels = by_device.setdefault(graph_device(g), [])
         for info, step in zip(row, steps):
-            types = [v.type for v in step.lowered.bindings]
-            assert all(isinstance(t, TensorType) for t in types)  # NOTE: launched with tensors
-            dtypes = [t.dtype for t in types if isinstance(t, TensorType)]
-            kernels.append((info.triton, dtypes))
+            kernels.append((info.triton, _launch_dtypes(step.lowered)))
     jobs = opts.jobs or os.cpu_count() or 1
     records = [precompile(kernels, device, jobs) for device, kernels in by_device.items()]
     if not records:
