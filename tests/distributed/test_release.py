@@ -32,7 +32,7 @@ def _compiled() -> tuple[Any, TrainingProgram]:
     return compiled, training
 
 
-def _split(compiled: Any, training: TrainingProgram, cap: int = 4096) -> ReleasedBackward:
+def _split(compiled: Any, training: TrainingProgram, cap: int = 1024) -> ReleasedBackward:
     """Buckets of ``cap`` bytes over the program's parameters; the released backward."""
     names = [training.graph.inputs[i].name for i in training.run.grads]
     tensors = dict(compiled.named_parameters())
@@ -97,5 +97,5 @@ def test_release_order_is_latest_first_use_first() -> None:
     _, training = _compiled()
     names = [training.graph.inputs[i].name for i in training.run.grads]
     order = release_order(training.graph, names)
-    assert order[:2] == ["5.weight", "5.bias"] or order[:2] == ["5.bias", "5.weight"]
-    assert set(order[-2:]) == {"0.weight", "0.bias"}
+    assert order[:2] == ["5.bias", "5.weight"]  # NOTE: one node reads both: smaller first
+    assert order[-2:] == ["0.bias", "0.weight"]

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from plait.autograd.partition import value_bytes
 from plait.ir.graph import Graph
 
 
@@ -95,14 +96,17 @@ def ddp_parameters(ddp: Any) -> set[int]:
 def release_order(graph: Graph, names: Sequence[str]) -> list[str]:
     """``names`` (inputs of ``graph``) by their first use in the forward, latest first: the
     order the backward completes their gradients in (an input's gradient is complete once the
-    backward has passed its earliest use). Ties keep ``names``' order; unused inputs last."""
+    backward has passed its earliest use). Inputs first used by the same node go smallest
+    first (a linear layer's bias, then its weight: a bucket then closes on the large one, as
+    eager's do), then in ``names``' order; unused inputs last."""
     first: dict[str, int] = {}
     wanted = set(names)
     for position, node in enumerate(graph.nodes):
         for v in node.input_values():
             if v.name in wanted and v.name not in first:
                 first[v.name] = position
-    return sorted(names, key=lambda n: -first.get(n, -1))
+    size = {v.name: value_bytes(v) for v in graph.inputs}
+    return sorted(names, key=lambda n: (-first.get(n, -1), size.get(n, 0)))
 
 
 def bucket_plan(
