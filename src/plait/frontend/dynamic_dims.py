@@ -141,9 +141,9 @@ class AutomaticDims:
                 if leaf is None or not hasattr(leaf, "shape") or len(leaf.shape) != t.rank:
                     continue
                 for d, (was, now) in enumerate(zip(t.shape, leaf.shape)):
-                    if isinstance(was, int) and was != int(now):
-                        if self.note(paths[i], d, [was, int(now)]):
-                            fresh.append(f"{paths[i]}.shape[{d}]")
+                    changed = isinstance(was, int) and was != int(now)
+                    if changed and self.note(paths[i], d, [was, int(now)]):
+                        fresh.append(f"{paths[i]}.shape[{d}]")
         return fresh
 
     def policy(self) -> dict[str, dict[int, None]] | None:

@@ -401,15 +401,16 @@ class CaptureContext:
             if self.unbacked:
                 datadep.refuse_operands(self, op, operands)
             if self.dynamic:
-                self._restart_static(operands, f"plait's IR op {op!r}: {exc}")
+                self._restart_static(operands, f"plait's IR op {op!r}: {exc}", attrs)
             if self.rule_depth:
                 raise NoIROp(f"plait's IR op {op!r} rejects this call: {exc}") from exc
             self.limitation(f"plait's IR op {op!r} rejects this call: {exc}")
 
-    def _restart_static(self, operands: Any, why: str) -> None:
+    def _restart_static(self, operands: Any, why: str, attrs: Any = None) -> None:
         """A type rule could not relate symbolic sizes (``s1`` against a weight's ``8``): make
         the sizes involved static and capture again. Sizes equal to a static dim of another
-        operand go first; failing that, every symbolic size of the operands."""
+        operand or to an int of the attributes (``normalized_shape``, split sizes) go first;
+        failing that, every symbolic size of the operands."""
         types = [
             o.type
             for o in _flat(operands)
@@ -424,6 +425,8 @@ class CaptureContext:
             if s in self.bindings
         }
         statics = {d for t in types for d in t.shape if isinstance(d, int)}
+        sizes = [v for k, v in (attrs or {}).items() if k in _SIZE_ATTRS]
+        statics |= {v for v in _flat(sizes) if type(v) is int}
         matching = {s for s in syms if self.bindings[s] in statics}
         if syms:
             self.restart(matching or syms, why)
@@ -733,6 +736,10 @@ def pytree_leaves(x: Any) -> Iterator[Any]:
             yield from pytree_leaves(v)
     else:
         yield x
+
+
+# NOTE: attributes that are sizes a type rule compares with an operand's dims
+_SIZE_ATTRS = frozenset({"normalized_shape", "sizes", "shape", "size", "output_size"})
 
 
 def _flat(xs: Any) -> Iterator[Any]:
