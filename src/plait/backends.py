@@ -24,6 +24,8 @@ from plait.autograd import JointGraphError, PartitionError
 from plait.autograd.function import without_autocast
 from plait.cache import SavedCompile, Store
 from plait.cache.lookup import cached_compile, freeze_candidates
+from plait.cost import enforce as enforce_budgets
+from plait.cost import estimate as estimate_cost
 from plait.errors import CaptureFallbackWarning, PlaitCompileError
 from plait.frontend.guards import Guard
 from plait.frontend.program import CapturedProgram, Executor
@@ -32,7 +34,7 @@ from plait.ir import Graph, TensorType, Value, interpret
 from plait.manifest import Manifest
 from plait.passes import INFERENCE_PIPELINE, TRAINING_PIPELINE, run_pipeline
 
-KNOWN_OPTIONS = ("passes", "freeze", "stax", "cuda_graphs", "partitioner")
+KNOWN_OPTIONS = ("passes", "freeze", "stax", "cuda_graphs", "partitioner", "budgets")
 _GRAD_FALLBACK = "backend stax → eager interpreter"
 _GRAD_REASON = (
     "gradients flow through this call and its backward could not be compiled: the reference "
@@ -308,6 +310,7 @@ def compile_program(req: CompileRequest) -> Compiled:
         )
     compiled.guards += ambient
     compiled.manifest.guards += [g.text for g in ambient if not g.batch]
+    enforce_budgets(req.options.get("budgets"), compiled.manifest, req.name)
     return compiled
 
 
@@ -348,6 +351,7 @@ def _compile(
         "frozen": frozen,
         "aten_externs": aten_extern_counts(optimized),
         "data_dependent_sizes": data_dependent_sizes(optimized),
+        "cost": estimate_cost(optimized).records(),
     }
     if req.backend == "stax" and needs_grad:
         start = time.perf_counter()

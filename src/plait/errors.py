@@ -85,7 +85,8 @@ class NumericsError(PlaitError, AssertionError):
 
 
 class PerformanceRegressionError(PlaitError, RuntimeError):
-    """A compile or run missed a declared budget (compile time, latency, memory)."""
+    """A compile or run missed a declared budget (compile time, latency, memory):
+    ``options={"budgets": {...}}`` with ``on_miss="raise"`` (:mod:`plait.cost.budgets`)."""
 
     error_code, category = "PLAIT-P400", "performance"
 
@@ -186,6 +187,13 @@ class ArtifactTrustError(ArtifactError):
 class ExportWarning(PlaitWarning):
     """An export or load ran degraded (the reference interpreter instead of native kernels,
     native kernels rebuilt instead of loaded); the artifact records why."""
+
+
+class PerformanceWarning(PlaitWarning):
+    """A compile missed a declared budget (``options={"budgets": {...}}``, the default
+    ``on_miss="warn"``): code ``PLAIT-P400``, a warning instead of an error."""
+
+    error_code = "PLAIT-P400"
 
 
 class CaptureFallbackWarning(PlaitWarning):

@@ -3,7 +3,8 @@
 A tool beside the pipeline (it may import anything of plait): :func:`bisect` finds the first
 pass and node whose output diverges beyond the numerical contract and writes a repro directory;
 :func:`rerun` re-runs one; :func:`fuzz` runs random well-typed graphs through every pass and the
-Stax backend against the reference interpreter. See docs/diagnose.md.
+Stax backend against the reference interpreter; :func:`break_even` weighs a compile against what
+it saves per call. See docs/diagnose.md.
 
 Example:
     >>> import torch, plait.diagnose
@@ -13,15 +14,21 @@ Example:
 """
 
 from plait.diagnose.bisection import Bisection, NodeReport, bisect
+from plait.diagnose.break_even import BreakEven, break_even
+from plait.diagnose.fuzz import FuzzReport, fuzz
 from plait.diagnose.judging import Measure
 from plait.diagnose.reproducer import Rerun, load_repro, rerun, write_repro
 
 __all__ = [
     "Bisection",
+    "BreakEven",
+    "FuzzReport",
     "Measure",
     "NodeReport",
     "Rerun",
     "bisect",
+    "break_even",
+    "fuzz",
     "load_repro",
     "rerun",
     "write_repro",
