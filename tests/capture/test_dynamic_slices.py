@@ -122,17 +122,17 @@ def test_gpt2_attention_and_blocks_serve_every_sequence_length(attention: str) -
 
 @pytest.mark.parametrize("attention", ["explicit", "sdpa"])
 def test_gpt2_dynamic_sequence_length(attention: str) -> None:
-    """The whole model: bitwise at several lengths. NOTE: ``torch.arange(0, t)`` specializes
-    the sequence length (the IR's ``arange`` takes numbers only, see .ir_requests.md), so each
-    length is a specialization; the batch stays symbolic. Without the arange, one graph serves
-    every length (the positions given as an input below)."""
+    """The whole model: bitwise at several lengths, one graph (``torch.arange(0, t)`` keeps the
+    sequence length symbolic: the IR's ``arange`` takes a size expression), under the model's
+    own range check as a guard; and with the positions given as an input."""
     torch.manual_seed(0)
     model = GPT2(GPT2Config(**CFG, attention=attention)).eval()  # type: ignore[arg-type]
     prog = capture_program(model, (torch.randint(0, 64, (3, 10)),), dynamic=True)
-    assert prog.specialized == ["idx.shape[1]: arange needs a plain int"]
+    assert prog.specialized == []
     compiled = _serves(model, lambda t: (torch.randint(0, 64, (2, t)),), (10, 12, 10))
-    assert len(compiled.specializations) == 2
-    assert compiled.recompile_reasons[0].startswith("idx: i64[s0, 10]")
+    spec = _one_graph(compiled)
+    assert str(spec.graph.inputs[0].type) == "i64[s0, s1]"
+    assert f"idx.shape[1] <= {CFG['block_size']}" in spec.guards.texts()
 
     def body(idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         x = model.drop(model.wte(idx) + model.wpe(pos))

@@ -29,7 +29,7 @@ import sympy
 import torch
 
 from plait.errors import GraphCaptureError
-from plait.frontend import guard_build, pyvalues
+from plait.frontend import guard_build, pyvalues, size_guards
 from plait.frontend.guards import Guard, GuardSet
 from plait.frontend.state import ModuleState
 from plait.ir import TensorType
@@ -121,7 +121,7 @@ def build_guards(
             guards += guard_build.tensor_guards(i, path, leaf, ty)
         else:
             guards.append(guard_build.scalar_guard(i, path, leaf))
-    for pred in plan.predicates:
+    for pred in size_guards.simplified(plan.predicates, set(plan.bindings)):
         redundant = not any(s in plan.bindings for s in pred[0].free_symbols)
         guards += guard_build.predicate_guards([pred], plan.symbols, redundant)
     if plan.dynamic:

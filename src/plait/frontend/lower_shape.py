@@ -481,7 +481,9 @@ def _arange(cx: CaptureContext, out: Any, *args: Any, **kwargs: Any) -> Value:
     for key in ("start", "end", "step"):
         if key in kwargs:
             nums.append(kwargs[key])
-    vals = [cx.operand(a) for a in nums]
+    # NOTE: a size the program read stays symbolic (``arange(0, t)`` of a sequence length): the
+    # IR's arange takes a size expression for its bounds (the type rule decides which)
+    vals = [cx.dim(a) if isinstance(a, TracedInt) else cx.operand(a) for a in nums]
     start, end, step = (
         (0, vals[0], 1)
         if len(vals) == 1

@@ -59,6 +59,8 @@ def _foldable(node: Node, graph: Graph) -> bool:
     values = list(node.input_values())
     if not values or not all(_is_constant(o, graph) for o in node.inputs):
         return False
+    if any(not isinstance(v.type, TensorType) or not v.type.is_static for v in values):
+        return False  # NOTE: a symbolic size (arange(0, t)) is known per call: nothing to fold
     budget = max(MAX_FOLDED_ELEMENTS, sum(_numel(v) for v in values))
     return all(_numel(v) <= budget for v in node.outputs)
 
