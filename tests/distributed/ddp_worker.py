@@ -218,6 +218,12 @@ def run_all(rank: int) -> dict[str, Any]:
         str(w.message) for w in caught if issubclass(w.category, CaptureFallbackWarning)
     ]
     results["fsdp2"] = train_sharded(rank, STEPS)
+    tree = compiled["plait"]._plait.tree  # NOTE: the region engines, for their manifests
+    results["compiled_ddp_split"] = [
+        s.manifest.autograd.get("gradient_release", {}).get("split")
+        for engine in tree.engines.values()
+        for s in engine.specializations
+    ]
     regions = plait.explain(compiled["plait"]).regions or {}
     results["compiled_ddp_regions"] = [
         (r["module"], r["status"]) for r in regions.get("regions", [])

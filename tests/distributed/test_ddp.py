@@ -126,6 +126,8 @@ def test_a_ddp_module_compiled_by_plait(ranks: list[dict[str, Any]]) -> None:
     (warning,) = ranks[0]["compiled_ddp_warnings"]
     assert "record_function" in warning
     assert ranks[0]["compiled_ddp_regions"] == [("module", "compiled")]
+    (split,) = ranks[0]["compiled_ddp_split"]
+    assert split.endswith(" segments") and int(split.split()[0]) >= 2, split
 
 
 def test_the_backward_releases_gradients_by_bucket(ranks: list[dict[str, Any]]) -> None:
