@@ -237,6 +237,8 @@ class _Engine(RegionEngine, DynamicShapes):
             raise ValueError(f"unknown options {unknown}; known: {known}")
         self.options = options
         DimPolicy.of(dynamic)  # NOTE: a malformed dynamic= fails here, not at the first call
+        if tree is not None and isinstance(dynamic, dict):
+            dynamic = None  # NOTE: a mapping names the root call's arguments, not a region's
         self.fn, self.backend, self.fullgraph, self.dynamic = fn, backend, fullgraph, dynamic
         # NOTE: dynamic=None: static first, then the dims seen changing (frontend.dynamic_dims)
         self.automatic = AutomaticDims() if dynamic is None else None

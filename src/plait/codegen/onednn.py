@@ -42,6 +42,7 @@ import torch
 
 from plait.codegen import packed
 from plait.codegen.extern import ExternCall, PreparedWeight
+from plait.codegen.mkl_rows import mkl_rows_call
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
 from plait.symbolic.poly import evaluate, from_dim
@@ -145,13 +146,8 @@ def runs_mkl(node: Node, mkl_linear: bool) -> bool:
     native kernel for the activation or add (fused with its neighbours: silu with Llama's gate
     product, the residual add into the layer norm) beat oneDNN's linear with the post-op by
     3-8% per model."""
-    if not (mkl_linear and node.op == "linear" and supported(node)):
-        return False
-    x = node.inputs[0]
-    # NOTE: MKL packs the weight for the call's row count: with symbolic rows, oneDNN's linear
-    # (a weight prepacked for a representative count serves every count), as inductor does
-    static = isinstance(x, Value) and isinstance(x.type, TensorType) and x.type.is_static
-    return static and mkl_packed_available(node)
+    # NOTE: with symbolic rows, one pack per row count (codegen.mkl_rows)
+    return mkl_linear and node.op == "linear" and supported(node) and mkl_packed_available(node)
 
 
 def unfused_activation(
@@ -399,6 +395,8 @@ def linear_call(
     assert isinstance(x, Value) and isinstance(x.type, TensorType)
     rows, spelled = _rows(x.type, hints)
     if ep is None and runs_mkl(node, mkl_linear):
+        if not x.type.is_static:
+            return mkl_rows_call(node, consts, rows)
         return mkl_linear_call(node, consts, rows, prepack, packs)
     reorder = torch.ops.mkldnn._reorder_linear_weight
     weight = PreparedWeight(lambda w: reorder(w.contiguous(), rows))

@@ -87,6 +87,15 @@ class DimPolicy:
     def name(self, path: str, dim: int) -> str | None:
         return None if self.every else self.dims.get(path, {}).get(dim)
 
+    def check_paths(self, tensors: list[str]) -> None:
+        """NOTE: never silent: a path that names no tensor argument of the call is an error."""
+        unknown = sorted(set(self.dims) - set(tensors))
+        if unknown:
+            raise ValueError(
+                f"dynamic names {unknown}, which are not tensor arguments of this call; its "
+                f"tensor arguments are {tensors}"
+            )
+
     def record(self) -> Any:
         """The JSON form of the ``dynamic=`` argument this policy is."""
         if self.every:

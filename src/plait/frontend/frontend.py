@@ -77,6 +77,7 @@ def capture_program(
     kwargs = kwargs or {}
     adapter = adapter or InputAdapter(fn)
     spec, leaves, paths = adapter.flatten(tuple(args), kwargs)
+    policy.check_paths([p for p, x in zip(paths, leaves) if isinstance(x, torch.Tensor)])
     if module_state is None and isinstance(fn, nn.Module):
         module_state = ModuleState(fn)
     static_sizes: set[int] = set()
