@@ -25,7 +25,8 @@ def test_a_result_does_not_depend_on_the_sizes_before_it() -> None:
             assert_bitwise(compiled(xs[n]), first[n])
     assert len(compiled.specializations) == 1
     nodes = compiled.specializations[0].manifest.executor["evidence"]["nodes"]
-    assert any(n["detail"].startswith("MKL packed linear (weight packed per row count") for n in nodes)
+    per_rows = "MKL packed linear (weight packed per row count"
+    assert any(n["detail"].startswith(per_rows) for n in nodes)
 
 
 def test_packs_follow_the_weight_and_keep_the_latest_counts() -> None:

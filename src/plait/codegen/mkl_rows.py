@@ -60,9 +60,7 @@ class RowPacks:
         return hit
 
 
-def mkl_rows_call(
-    node: Any, consts: Mapping[Any, torch.Tensor], hint_rows: int
-) -> ExternCall:
+def mkl_rows_call(node: Any, consts: Mapping[Any, torch.Tensor], hint_rows: int) -> ExternCall:
     """A float32 linear of symbolic row count, without post-ops, through MKL's packed GEMM:
     packed per row count (:class:`RowPacks`); a constant weight is packed for ``hint_rows`` (the
     compiling call's) at compile time."""

@@ -66,9 +66,7 @@ def simplified(predicates: Sequence[tuple[Any, bool]], symbols: Set[Any]) -> lis
     return [
         pred
         for at, pred in enumerate(kept)
-        if not pred[0].free_symbols & symbols
-        or _bound(pred[0], symbols) is None
-        or at in chosen
+        if not pred[0].free_symbols & symbols or _bound(pred[0], symbols) is None or at in chosen
     ]
 
 
