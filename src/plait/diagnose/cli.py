@@ -100,16 +100,22 @@ def diagnose_command(
     help="Where repros of divergences go (graph-<i> each).",
 )  # fmt: skip
 @click.option("--seconds", type=float, default=None, help="Stop after this many seconds.")
+@click.option(
+    "--chunk", type=int, default=1000, show_default=True,
+    help="Graphs per fresh process (a process keeps every kernel library it loads mapped).",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 def fuzz_command(
-    count: int, seed: int, repro_dir: Path | None, seconds: float | None, as_json: bool
-) -> None:
+    count: int, seed: int, repro_dir: Path | None, seconds: float | None, chunk: int,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Run random well-typed graphs through every pass and the Stax backend against the
     reference interpreter under the numerical contract; each divergence is bisected and saved
     as a repro. Exit status 1 when any graph diverged."""
     from plait.diagnose.fuzz import fuzz
 
-    report = fuzz(count, seed, repro_dir=repro_dir, seconds=seconds)
+    in_chunks = chunk if count > chunk else None
+    report = fuzz(count, seed, repro_dir=repro_dir, seconds=seconds, chunk=in_chunks)
     if as_json:
         click.echo(json.dumps(report.summary(), indent=2))
     else:

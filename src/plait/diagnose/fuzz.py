@@ -115,16 +115,25 @@ def fuzz(
     shrink_seconds: float = 20.0,
     stop_after: int | None = None,
     progress: Callable[[int, FuzzReport], None] | None = None,
+    start: int = 0,
+    chunk: int | None = None,
 ) -> FuzzReport:
-    """Fuzz ``n`` graphs (generator seeds ``graph_seed(seed, i)``); stop early after
-    ``seconds``, or once ``stop_after`` graphs diverged. Repros go to ``repro_dir/graph-<i>``
-    (else temporary directories)."""
+    """Fuzz graphs ``start`` to ``start + n - 1`` (generator seeds ``graph_seed(seed, i)``);
+    stop early after ``seconds``, or once ``stop_after`` graphs diverged. Repros go to
+    ``repro_dir/graph-<i>`` (else temporary directories).
+
+    ``chunk``: run every ``chunk`` graphs in a fresh process, one after another (a process that
+    compiles thousands of programs keeps each one's kernel library mapped: at about 7500 graphs
+    Linux's map count limit refuses the next); ``progress`` then sees each chunk's last graph."""
+    if chunk is not None:
+        return _in_chunks(n, seed, start, chunk, repro_dir, pipeline, stax, seconds,
+                          shrink_seconds, stop_after, progress)  # fmt: skip
     report = FuzzReport(seed)
     names = parse_pipeline(pipeline)
     options = stax or StaxOptions()
-    start = time.perf_counter()
-    for i in range(n):
-        if seconds is not None and time.perf_counter() - start > seconds:
+    began = time.perf_counter()
+    for i in range(start, start + n):
+        if seconds is not None and time.perf_counter() - began > seconds:
             break
         case = generate(graph_seed(seed, i))
         report.ops.update(case.ops)
@@ -139,7 +148,40 @@ def fuzz(
             progress(i, report)
         if stop_after is not None and len(report.findings) >= stop_after:
             break
-    report.seconds = time.perf_counter() - start
+    report.seconds = time.perf_counter() - began
+    return report
+
+
+def _in_chunks(
+    n: int, seed: int, start: int, chunk: int, repro_dir: str | Path | None, pipeline: str,
+    stax: StaxOptions | None, seconds: float | None, shrink_seconds: float,
+    stop_after: int | None, progress: Callable[[int, FuzzReport], None] | None,
+) -> FuzzReport:  # fmt: skip
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    report = FuzzReport(seed)
+    began = time.perf_counter()
+    context = multiprocessing.get_context("spawn")
+    for first in range(start, start + n, chunk):
+        left = None if seconds is None else seconds - (time.perf_counter() - began)
+        if left is not None and left <= 0:
+            break
+        wanted = None if stop_after is None else stop_after - len(report.findings)
+        size = min(chunk, start + n - first)
+        with ProcessPoolExecutor(1, mp_context=context) as pool:
+            part = pool.submit(
+                fuzz, size, seed, repro_dir=repro_dir, pipeline=pipeline, stax=stax,
+                seconds=left, shrink_seconds=shrink_seconds, stop_after=wanted, start=first,
+            ).result()  # fmt: skip
+        report.graphs += part.graphs
+        report.findings += part.findings
+        report.ops.update(part.ops)
+        if progress is not None:
+            progress(first + part.graphs - 1, report)
+        if stop_after is not None and len(report.findings) >= stop_after:
+            break
+    report.seconds = time.perf_counter() - began
     return report
 
 
