@@ -2,7 +2,9 @@
 
 A pass is a function ``(graph, ctx) -> graph`` registered under a name; it reports what it did
 through ``ctx.record`` (a :class:`PassRecord`). The manager copies the graph before each pass, so
-a pass may mutate what it is given. With ``checks=True`` (always in tests) the verifier runs after
+a pass may mutate what it is given, and each record keeps the graph its pass returned
+(``record.graph``: the next pass works on a copy, so keeping it costs no copy; the compile report
+shows it). With ``checks=True`` (always in tests) the verifier runs after
 every pass, and a broken invariant raises :class:`plait.errors.SemanticDriftError` naming the pass
 and the node.
 
@@ -54,6 +56,8 @@ class PassRecord:
     rewrites: list[RewriteRecord] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    # NOTE: the graph the pass returned; outside to_json (the manifest has no graphs)
+    graph: Graph | None = field(default=None, repr=False, compare=False)
 
     def fired(self, rule: str, replaced: Sequence[int], produced: Sequence[int]) -> None:
         self.changed = True
@@ -167,6 +171,7 @@ def run_pipeline(
         start = time.perf_counter()
         graph = info.fn(graph.copy(), ctx)
         record.seconds = time.perf_counter() - start
+        record.graph = graph
         records.append(record)
         if checks:
             try:
