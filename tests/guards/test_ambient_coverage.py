@@ -97,6 +97,7 @@ COVERED = {
     ("settings.py", "deterministic_algorithms"): _PROTOCOL,
     ("settings.py", "mkldnn.enabled"): _PROTOCOL,
     ("settings.py", "cudnn."): _PROTOCOL,
+    ("logs.py", "os.environ"): "PLAIT_LOGS: which log records are shown, never what compiles",
     ("codegen/packed.py", "_get_mkldnn"): "not a setting: mkldnn._get_mkldnn_serialized_md, a "
     "prepacked weight's descriptor (entries are keyed by PyTorch's build and the CPU)",
 }

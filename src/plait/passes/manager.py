@@ -28,8 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from plait import logs
 from plait.errors import SemanticDriftError
-from plait.ir import Graph, VerificationError, verify
+from plait.ir import Graph, VerificationError, to_text, verify
 
 # How a pass relates the meaning of its output to its input (what the tests hold it to):
 EXACT = "exact"  # bitwise-equal results: the order of arithmetic is kept
@@ -173,6 +174,7 @@ def run_pipeline(
         record.seconds = time.perf_counter() - start
         record.graph = graph
         records.append(record)
+        _log(record, graph)
         if checks:
             try:
                 verify(graph)
@@ -180,3 +182,23 @@ def run_pipeline(
                 node_id = exc.node.id if exc.node is not None else None
                 raise SemanticDriftError(name, str(exc), node_id) from exc
     return PipelineResult(graph, records, source_hash)
+
+
+def _log(record: PassRecord, graph: Graph) -> None:
+    """The ``passes`` channel: each pass, the rules that fired; debug: the graph it changed."""
+    counts: dict[str, int] = {}
+    for r in record.rewrites:
+        counts[r.rule] = counts.get(r.rule, 0) + 1
+    rules = ", ".join(f"{k}×{v}" for k, v in sorted(counts.items()))
+    what = f"changed ({rules})" if record.changed else "unchanged"
+    logs.emit(
+        "passes",
+        "pass",
+        lambda: f"{record.name}: {what}, {record.seconds * 1e3:.2f} ms",
+        name=record.name,
+        changed=record.changed,
+        rules=counts,
+        seconds=record.seconds,
+    )
+    if record.changed:
+        logs.debug("passes", "graph", lambda: f"after {record.name}:\n{to_text(graph)}")
