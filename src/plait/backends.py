@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from plait import logs
 from plait.autograd import JointGraphError, PartitionError
 from plait.autograd.function import without_autocast
 from plait.cache import SavedCompile, Store
@@ -53,6 +54,9 @@ class Compiled:
     guards: list[Guard] = field(default_factory=list)
     graph: Graph | None = None  # the graph the executor runs (after passes)
     program: Any = None  # the backend's own program (a StaxProgram), for profiling and explain
+    # NOTE: the graph after each pass, in the manifest's pass order (this process's compile;
+    # empty when the artifact came from the cache), for the compile report
+    pass_graphs: list[Graph] = field(default_factory=list)
 
 
 @dataclass
@@ -196,6 +200,31 @@ def _stax_records_from(records: dict[str, Any], m: Manifest) -> None:
     for n in records.get("evidence", {}).get("nodes", []):
         if n["executor"] == "fallback":
             m.fallbacks.append({"what": f"node {n['id']} ({n['op']})", "reason": n["detail"]})
+    _log_codegen(m.executor, m.kernels.get("kernels", []))
+
+
+def _log_codegen(executor: dict[str, Any], kernels: list[dict[str, Any]], half: str = "") -> None:
+    """The ``codegen`` channel: what ran where, each fallback node with its reason."""
+    counts = executor.get("evidence", {}).get("counts", {})
+    what = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if v)
+    logs.emit(
+        "codegen",
+        "program",
+        f"stax {executor.get('target', '?')}{half}: {len(kernels)} kernels; nodes: {what}",
+        target=executor.get("target"),
+        kernels=len(kernels),
+        counts=dict(counts),
+    )
+    for n in executor.get("evidence", {}).get("nodes", []):
+        if n["executor"] == "fallback":
+            logs.emit(
+                "codegen",
+                "fallback",
+                f"node {n['id']} ({n['op']}){half} runs in PyTorch: {n['detail']}",
+                node=n["id"],
+                op=n["op"],
+                reason=n["detail"],
+            )
 
 
 def _grad_inputs(req: CompileRequest, optimized: Graph) -> list[str]:
@@ -251,6 +280,7 @@ def _training_records(training: Any, m: Manifest) -> None:
     }
     bwd.pop("toolchain", None)
     m.executor["backward"] = bwd
+    _log_codegen(bwd, m.kernels["backward_kernels"], " backward")
     for n in bwd.get("evidence", {}).get("nodes", []):
         if n["executor"] == "fallback":
             m.fallbacks.append(
@@ -340,6 +370,7 @@ def _compile(
     m.passes = result.to_json()
     m.timings.update({f"pass.{k}": v for k, v in result.timings().items()})
     optimized = result.graph
+    kept = [r.graph for r in result.records if r.graph is not None]
     frozen = [
         n for rec in result.records if rec.name == "freeze" for n in rec.details.get("frozen", [])
     ]
@@ -364,20 +395,23 @@ def _compile(
             warnings.warn(f"plait stax: {reason}", CaptureFallbackWarning, stacklevel=7)
             m.fallbacks.append({"what": _GRAD_FALLBACK, "reason": reason})
             m.executor = {"backend": "eager", "requested": "stax"}
-            return Compiled(_eager_executor(graph.inputs, optimized), m, guards, optimized)
+            executor = _eager_executor(graph.inputs, optimized)
+            return Compiled(executor, m, guards, optimized, pass_graphs=kept)
         _training_records(training, m)
         m.timings["backend"] = time.perf_counter() - start
         bind = _bind(graph.inputs, optimized)
-        return Compiled(lambda values: training(bind(values)), m, guards, optimized, training)
+        run = lambda values: training(bind(values))
+        return Compiled(run, m, guards, optimized, training, kept)
     if req.backend == "stax":
         start = time.perf_counter()
         program = _stax_program(req, optimized)
         _stax_records(program, m)
         m.timings["backend"] = time.perf_counter() - start
         executor = _stax_executor(graph.inputs, optimized, program)
-        return Compiled(executor, m, guards, optimized, program)
+        return Compiled(executor, m, guards, optimized, program, kept)
     m.executor = {"backend": "eager", "evidence": {"counts": {"interpreted": len(optimized.nodes)}}}
-    return Compiled(_eager_executor(graph.inputs, optimized), m, guards, optimized)
+    executor = _eager_executor(graph.inputs, optimized)
+    return Compiled(executor, m, guards, optimized, pass_graphs=kept)
 
 
 def aten_extern_counts(graph: Graph) -> dict[str, int]:
