@@ -124,18 +124,16 @@ def enabled(name: str, level: int = logging.INFO) -> bool:
 
 def emit(name: str, event: str, message: str | Callable[[], str], /, **fields: Any) -> None:
     """An ``INFO`` record on channel ``name``: ``message`` (or a function that makes it, called
-    only when the channel is on), ``event`` and ``fields`` as the record's attributes."""
+    only when the channel is on), ``event`` and ``fields`` as the record's attributes.
+    NOTE: no warning level here: what must reach a user unasked is a Python warning or an
+    error, and a log record at ``WARNING`` would print a second time through logging's
+    last-resort handler, with the channels off."""
     _log(name, logging.INFO, event, message, fields)
 
 
 def debug(name: str, event: str, message: str | Callable[[], str], /, **fields: Any) -> None:
     """A ``DEBUG`` record on channel ``name`` (see :func:`emit`)."""
     _log(name, logging.DEBUG, event, message, fields)
-
-
-def warning(name: str, event: str, message: str | Callable[[], str], /, **fields: Any) -> None:
-    """A ``WARNING`` record on channel ``name`` (see :func:`emit`)."""
-    _log(name, logging.WARNING, event, message, fields)
 
 
 def _log(
@@ -145,7 +143,7 @@ def _log(
     if not logger.isEnabledFor(level):
         return
     text = message() if callable(message) else message
-    # NOTE: stacklevel 3: the record names the caller of emit/debug/warning, not this module
+    # NOTE: stacklevel 3: the record names the caller of emit or debug, not this module
     logger.log(level, text, extra={"event": event, "fields": fields}, stacklevel=3)
 
 

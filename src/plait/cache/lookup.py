@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from plait import logs
 from plait.cache import code_identity
 from plait.cache.compiled import SavedCompile, StaleEntryError, load_compiled, save_compiled
 from plait.cache.key import CacheKey, explain_miss
@@ -158,7 +159,22 @@ def kernel_cache_events(events: list[str]) -> Iterator[None]:
 
 def _report(events: list[str], message: str) -> None:
     events.append(message)
+    logs.emit("cache", "discarded", message)
     warn_at_caller(f"plait cache: {message}")
+
+
+def _log(record: Mapping[str, Any]) -> None:
+    """The ``cache`` channel: what one lookup found (the manifest's ``cache`` section)."""
+    status = record.get("status", "?")
+    key = str(record.get("key", ""))[:16]
+    text = f"{status} {key}…" if key else str(status)
+    if record.get("tier"):
+        text += f" ({record['tier']} tier)"
+    if record.get("miss"):
+        text += f": {record['miss']}"
+    elif status == "not cached":
+        text += f": {'; '.join(record.get('events', []))}"
+    logs.emit("cache", status.replace(" ", "_"), text, **dict(record))
 
 
 def _internal(name: object) -> bool:
@@ -198,6 +214,7 @@ def cached_compile(
     except NotCacheable as exc:
         compiled = compile_fn(req, m, pipeline, freeze, needs_grad)
         compiled.manifest.cache = {"status": "not cached", "events": [str(exc)]}
+        _log(compiled.manifest.cache)
         return compiled
     digest = CacheKey(parts).digest
     m.cache_key = {"digest": digest, "parts": parts}
@@ -217,6 +234,7 @@ def cached_compile(
         with kernel_cache_events(events):
             compiled = compile_fn(req, m, pipeline, freeze, needs_grad)
         m.cache = {"status": "not cached", "key": digest, "events": events}
+        _log(m.cache)
         return compiled
     for problem in getattr(store, "problems", [])[:]:  # NOTE: e.g. an index rebuilt
         store.problems.remove(problem)
@@ -231,6 +249,7 @@ def cached_compile(
         tier = store.served_by(digest)
         if tier is not None:
             compiled.manifest.cache["tier"] = tier
+        _log(compiled.manifest.cache)
         return compiled
     miss = explain_miss(parts, entry_parts(store))
     with kernel_cache_events(events):
@@ -256,6 +275,7 @@ def cached_compile(
         "differs": miss.differs,
         "events": events,
     }
+    _log(m.cache)
     return compiled
 
 
