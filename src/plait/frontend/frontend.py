@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from plait import logs
 from plait.errors import GraphCaptureError
 from plait.frontend import datadep, pytree
 from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
@@ -38,7 +39,7 @@ from plait.frontend.rng import keep_last_draw
 from plait.frontend.state import ModuleState
 from plait.frontend.symints import TracedInt, TracedSize
 from plait.frontend.tracer import CaptureContext, Lift, Restart, Tracer, storage_id
-from plait.ir import Value, semantic_hash
+from plait.ir import Value, semantic_hash, to_text
 
 _KIND_RANK = {"user": 0, "param": 1, "buffer": 2, "const": 3}
 
@@ -97,7 +98,33 @@ def capture_program(
                 raise
             prog = _fallback(cx, err, spec, leaves, paths, module_state)
         prog.specialized = specialized
+        _log(prog, adapter.name)
         return prog
+
+
+def _log(prog: CapturedProgram, name: str) -> None:
+    """The ``capture`` channel: the program captured, or its fallback with the user's line
+    (a capture error's text starts with its file:line), and each opaque call."""
+    if prog.graph is None:
+        reason = prog.fallback_reason
+        logs.emit("capture", "fallback", f"{name}: runs eagerly: {reason}", reason=reason)
+    else:
+        graph, digest = prog.graph, prog.semantic_hash or ""
+        logs.emit(
+            "capture",
+            "graph",
+            lambda: (
+                f"{name}: {len(graph.nodes)} nodes, {len(prog.guards.guards)} guards, "
+                f"program {digest[:16]}…"
+            ),
+            nodes=len(graph.nodes),
+            semantic_hash=digest,
+            static_sizes=list(prog.specialized),
+        )
+        logs.debug("capture", "graph_text", lambda: f"{name}:\n{to_text(graph)}")
+    for op, n in sorted(prog.opaque_counts.items()):
+        why = prog.opaque_reasons.get(op, "no IR op")
+        logs.emit("capture", "opaque", f"{name}: {op} x{n} runs in PyTorch: {why}", op=op, count=n)
 
 
 def _input_name(path: str, taken: set[str]) -> str:
