@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from plait import logs
 from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
 from plait.cache import Store, check_store_option, resolve_store
 from plait.cache.snapshots import forget_snapshot, front_parts, load_snapshot, save_snapshot
@@ -341,6 +342,8 @@ class _Engine(RegionEngine, DynamicShapes):
                 _check_kinds(last.program, env, paths)
             failures = last.guards.explain(env) or ["no guard failed (internal)"]
             reason = "; ".join(failures)
+            message = f"{self._name()}: recompiling: {reason}"
+            logs.emit("guards", "recompile", message, failed=failures)
             if len(self.specializations) >= self.recompile_limit:
                 self._limit_reached(reason)
                 return None
@@ -395,6 +398,7 @@ class _Engine(RegionEngine, DynamicShapes):
         if self.share and self.tree is not None and shared is None:
             self.tree.publish_program(self, prog)
         self.specializations.append(spec)
+        _log_specialization(self._name(), len(self.specializations) - 1, spec)
         if self.tree is not None:
             self.tree.version += 1
         module = self.fn
@@ -481,10 +485,14 @@ class _Engine(RegionEngine, DynamicShapes):
         prog, note = load_snapshot(store, parts, env.spec, env.leaves, paths, self.state, env.state)
         return prog, parts, note
 
+    def _name(self) -> str:
+        return f"region {self.path} ({self.adapter.name})" if self.region else self.adapter.name
+
     def _limit_reached(self, reason: str) -> None:
         """NOTE: never silent: an error by default; the eager fallback warns once and is
         recorded (``plait.explain``) with every call it ran (:meth:`_limit_call`)."""
-        name = f"region {self.path} ({self.adapter.name})" if self.region else self.adapter.name
+        name = self._name()
+        logs.emit("guards", "recompile_limit", f"{name}: the recompile limit refused a call")
         message = (
             f"{name}: reached the recompile limit "
             f"({self.recompile_limit} specializations); this call failed: {reason}"
@@ -580,6 +588,17 @@ class _Engine(RegionEngine, DynamicShapes):
         if self.tree is not None and self.region:
             self.tree.note_compiled(self.path, s.program)
         return s.program.run(s.executor, env, state)
+
+
+def _log_specialization(name: str, index: int, spec: Specialization) -> None:
+    """The ``guards`` channel: each new specialization, why, and (debug) its guards."""
+    if not logs.enabled("guards"):
+        return
+    why = "first call" if spec.reason is None else f"recompiled: {spec.reason}"
+    texts = spec.guards.texts()
+    logs.emit("guards", "specialization", f"{name}: specialization {index} ({why}), "
+              f"{len(texts)} guards", index=index, reason=spec.reason)  # fmt: skip
+    logs.debug("guards", "guard_set", lambda: "\n".join([f"{name} [{index}]:", *texts]))
 
 
 def _save_snapshot(
