@@ -5,8 +5,8 @@ Workloads: ResNet-18 inference (112x112 images) over batch sizes; two GPT-2 bloc
 heads) over (batch, sequence length). For each workload:
 
 - compiles: how many specializations each system made over the sweep (plait static: one per
-  size; plait ``dynamic=True``; plait's automatic dynamic, the default; ``torch.compile``'s
-  graphs);
+  size; plait dynamic in the swept dims, ``dynamic={"x": [0]}``; plait's automatic dynamic, the
+  default; ``torch.compile(dynamic=True)``'s graphs);
 - latency at each size: eager, the static artifact of that size, the dynamic artifact and
   ``torch.compile(dynamic=True)``, timed in interleaved rounds (each system once per round, the
   order rotated), the median over rounds; the max abs difference to eager;
@@ -54,14 +54,16 @@ def _gpt2_blocks() -> nn.Module:
     return nn.Sequential(Block(cfg), Block(cfg))
 
 
-# NOTE: name -> (model, input of a size, the sweep's sizes, the quick sweep's sizes, calls/sample)
+# NOTE: name -> (model, input of a size, the dims swept (dynamic=), the sweep's sizes, the quick
+# sweep's sizes, calls per sample)
 Workload = tuple[
-    Callable[[], nn.Module], Callable[[tuple[int, ...]], torch.Tensor], list, list, int
+    Callable[[], nn.Module], Callable[[tuple[int, ...]], torch.Tensor], Any, list, list, int
 ]
 WORKLOADS: dict[str, Workload] = {
     "resnet18_112": (
         resnet18,
         lambda s: torch.randn(s[0], 3, 112, 112),
+        {"x": [0]},
         [(2,), (4,), (8,), (16,), (32,), (1,)],
         [(2,), (8,)],
         1,
@@ -69,6 +71,7 @@ WORKLOADS: dict[str, Workload] = {
     "gpt2_block2": (
         _gpt2_blocks,
         lambda s: torch.randn(s[0], s[1], 768),
+        {"input": [0, 1]},
         [(1, 16), (1, 64), (1, 128), (1, 256), (4, 32), (4, 128), (8, 64), (2, 512)],
         [(1, 32), (4, 64)],
         2,
@@ -108,9 +111,9 @@ def _sample(fn: Callable[..., Any], x: torch.Tensor, calls: int) -> float:
 
 
 def run_workload(name: str, sizes: list, rounds: int, inductor: bool) -> dict[str, Any]:
-    _, make, _, _, calls = WORKLOADS[name]
+    _, make, dims, _, _, calls = WORKLOADS[name]
     model = _model(name)
-    dynamic, automatic = _plait(model, True), _plait(model, None)
+    dynamic, automatic = _plait(model, dims), _plait(model, None)
     compiled = torch.compile(model, dynamic=True) if inductor else None
     if inductor:
         torch._dynamo.utils.counters.clear()
@@ -166,8 +169,9 @@ def _spec_of(compiled: Any, x: torch.Tensor) -> str:
     """Which of the dynamic artifact's specializations runs ``x``: its input type."""
     for s in compiled.specializations:
         t = s.graph.inputs[0].type
+        # NOTE: a symbolic dim admits sizes >= 2 (0 and 1 specialize)
         if len(t.shape) == x.dim() and all(
-            not isinstance(d, int) or d == n for d, n in zip(t.shape, x.shape)
+            n >= 2 if not isinstance(d, int) else d == n for d, n in zip(t.shape, x.shape)
         ):
             return str(t)
     return "?"
@@ -204,7 +208,7 @@ def cold_child(name: str, system: str, size: str) -> None:
     if system == "inductor":
         fn: Any = torch.compile(model, dynamic=True)
     else:
-        fn = _plait(model, system == "dynamic")
+        fn = _plait(model, WORKLOADS[name][2] if system == "dynamic" else False)
     with torch.no_grad():
         first = _first_call(fn, x)
         second = _first_call(fn, x)
@@ -341,7 +345,7 @@ def main() -> None:
             "rounds": rounds, "load": [_load(), ""]}  # fmt: skip
     results = []
     for name in names:
-        sizes = WORKLOADS[name][3] if args.quick else WORKLOADS[name][2]
+        sizes = WORKLOADS[name][4] if args.quick else WORKLOADS[name][3]
         results.append(run_workload(name, sizes, rounds, inductor))
     cold: dict[str, dict[str, Any]] = {}
     if not (args.no_cold or args.quick):
