@@ -455,9 +455,11 @@ class _Engine(RegionEngine, DynamicShapes):
             # NOTE: a symbolic program's dry runs run at this call's sizes
             with size_hints(symbol_sizes(prog, env)):
                 compiled = compile_program(request)
-        except PlaitCompileError as exc:
+        except Exception as exc:
+            # NOTE: any stage (codegen, the training graphs' ATen nodes) may refuse a symbolic
+            # size: the caller specializes or interprets, loudly (dynamic_shapes)
             if chosen and backend == "stax" and prog.symbolic_dims():
-                raise SymbolicRefused(str(exc)) from exc
+                raise SymbolicRefused(_refusal(exc)) from exc
             raise
         compiled.manifest.options["backend_choice"] = why
         release_by_bucket(compiled, prog, state)  # NOTE: under DDP's forward only
@@ -599,6 +601,10 @@ def _log_specialization(name: str, index: int, spec: Specialization) -> None:
     logs.emit("guards", "specialization", f"{name}: specialization {index} ({why}), "
               f"{len(texts)} guards", index=index, reason=spec.reason)  # fmt: skip
     logs.debug("guards", "guard_set", lambda: "\n".join([f"{name} [{index}]:", *texts]))
+
+
+def _refusal(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, PlaitCompileError) else f"{type(exc).__name__}: {exc}"
 
 
 def _save_snapshot(

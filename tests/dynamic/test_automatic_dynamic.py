@@ -181,3 +181,16 @@ def test_a_new_process_at_a_new_size_starts_warm(tmp_path: Path) -> None:
     assert first == [[1, "miss", "f32[4, 8]"], [2, "miss", "f32[s0, 8]"]]
     second = run(13, 40, PLAIT_STAX_NO_COMPILE="1")
     assert second == [[1, "hit", "f32[s0, 8]"], [1, "hit", "f32[s0, 8]"]]
+
+
+def test_a_training_program_whose_backward_refuses_symbols_specializes() -> None:
+    """Training batch norm runs ATen's kernels, typed by their meta kernels for static shapes:
+    the symbolic compile is refused, loudly, and sizes specialize; gradients stay eager's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).train()
+    compiled = plait.compile(model, options={"cache": False})
+    compiled(torch.randn(3, 3, 6, 6)).sum().backward()
+    with pytest.warns(CaptureFallbackWarning, match="TypeRuleError: aten"):
+        compiled(torch.randn(5, 3, 6, 6)).sum().backward()
+    assert all(s.graph.inputs[0].type.is_static for s in compiled.specializations)
+    assert "TypeRuleError" in compiled.specializations[1].manifest.options["dynamic_refused"]
