@@ -54,7 +54,7 @@ from plait.frontend import (
     capture_program,
 )
 from plait.frontend.deps import CodeRecorder, recording
-from plait.frontend.dynamic_dims import AutomaticDims, DimPolicy
+from plait.frontend.dynamic_dims import AutomaticDims, DimPolicy, DynamicSpec
 from plait.frontend.fingerprint import Unpinnable
 from plait.frontend.snapshot import SnapshotUnreadable
 from plait.guards import StateFetcher
@@ -112,9 +112,11 @@ def capture(
     kwargs: dict | None = None,
     *,
     fullgraph: bool = True,
-    dynamic: bool | None = None,
+    dynamic: DynamicSpec = None,
 ) -> Captured:
     """Capture ``fn(*args, **kwargs)`` (``fn`` an ``nn.Module`` or a function) into plait IR.
+    ``dynamic``: which input dims are symbolic (:mod:`plait.frontend.dynamic_dims`; ``None``
+    and ``False``: none, ``True``: all, or a mapping such as ``{"x": {0: "batch"}}``).
 
     Example:
         >>> import torch, plait
@@ -210,7 +212,7 @@ class _Engine(RegionEngine, DynamicShapes):
         fn: Callable[..., Any],
         backend: str | None,
         fullgraph: bool,
-        dynamic: bool | None,
+        dynamic: DynamicSpec,
         mode: str | None,
         options: dict[str, Any] | None,
         *,
@@ -772,7 +774,7 @@ def compile(
     *,
     backend: str | None = None,
     fullgraph: bool = False,
-    dynamic: bool | None = None,
+    dynamic: DynamicSpec = None,
     mode: str | None = None,
     options: dict[str, Any] | None = None,
 ) -> Any:
