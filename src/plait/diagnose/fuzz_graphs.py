@@ -275,9 +275,11 @@ def _width(v: Value) -> int:
 
 
 def _widens(node: Any) -> bool:
-    """A node that converts its operand to a wider float (``to_dtype``, a reduction's dtype)."""
+    """A node that converts a float operand to another float (``to_dtype``, a reduction's
+    dtype: judged by the wider row), or to an integer or bool (a truncation, discontinuous; and
+    a NaN or an infinity converted to an integer is undefined, in C++ as in PyTorch)."""
     dtype = node.attrs.get("dtype")
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+    if not isinstance(dtype, torch.dtype):
         return False
     ins = [v for v in node.input_values() if _is_float(v)]
     return any(_t(v).dtype != dtype for v in ins)
