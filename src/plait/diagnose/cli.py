@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 
-def _load_target(target: str) -> tuple[Any, Any, dict[str, Any]]:
+def load_target(target: str) -> tuple[Any, Any, dict[str, Any]]:
     """``MODULE:FUNCTION`` or ``FILE.py:FUNCTION``: call the function, which returns
     ``(model_or_fn, args)`` or ``(model_or_fn, args, kwargs)``."""
     where, sep, name = target.rpartition(":")
@@ -86,7 +86,7 @@ def diagnose_command(
         raise click.BadParameter("--options must be a JSON object")
     if passes is not None:
         options["passes"] = _expanded(passes)
-    model, args, kwargs = _load_target(target)
+    model, args, kwargs = load_target(target)
     found = bisect(model, args, kwargs, options=options, repro_dir=repro_dir, seed=seed)
     click.echo(str(found))
     sys.exit(0 if found.ok else 1)
