@@ -25,6 +25,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from plait.progress import MODES, Progress
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "out" / "opinfo" / "results.jsonl"
 DEFAULT_DOC = ROOT / "docs" / "coverage.md"
@@ -89,16 +91,18 @@ def sweep(
     workers: int = 2,
     timeout: float = 120.0,
     grad_modes: tuple[str, ...] = ("no_grad",),
+    progress: Progress | None = None,
 ) -> float:
-    """Run every sample of the ops ``keys``; append one JSON line per outcome to ``out``.
-    Returns the wall time in seconds."""
+    """Run every sample of the ops ``keys``; append one JSON line per outcome to ``out``, one
+    unit of ``progress`` per op done. Returns the wall time in seconds."""
+    progress = progress or Progress("quiet")
     ctx = mp.get_context("spawn")
     out.parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     queue: list[tuple[str, int]] = [(k, 0) for k in keys]
     slots = [_Slot(ctx, grad_modes) for _ in range(max(1, workers))]
     startup_limit = 300.0
-    with out.open("a") as sink:
+    with out.open("a") as sink, progress.task("OpInfo sweep", total=len(keys)) as advance:
 
         def record(row: dict[str, Any]) -> None:
             sink.write(json.dumps(row) + "\n")
@@ -114,7 +118,6 @@ def sweep(
             slot.stop()
             return _Slot(ctx, grad_modes)
 
-        done_ops = 0
         while queue or any(s.key is not None for s in slots):
             for slot in slots:
                 if slot.ready and slot.key is None and queue:
@@ -140,10 +143,8 @@ def sweep(
                     elif kind == "result":
                         record(payload)
                     elif kind == "done":
+                        advance(note=str(slot.key))
                         slot.key = None
-                        done_ops += 1
-                        elapsed = now - began
-                        print(f"[{elapsed:7.0f}s] {done_ops}/{len(keys)} ops", flush=True)
                 elif slot.key is not None and now - slot.since > timeout:
                     why = f"no result within {timeout:.0f} s"
                     slots[i] = replace(slot, "timeout", why)
@@ -427,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         help="keep --out; without --ops, skip the ops it has in these grad modes",
     )
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--progress", choices=MODES, default="auto",
+                        help="progress on stderr (default: a bar on a terminal)")  # fmt: skip
     args = parser.parse_args(argv)
     grad_modes = tuple(m for m in args.grad_modes.split(",") if m)
     meta_path = args.out.with_suffix(".meta.json")
@@ -445,8 +448,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.resume and args.out.exists() and not args.ops:
             seen = {r["op"] for r in read_results(args.out) if r["grad_mode"] in grad_modes}
             keys = [k for k in keys if k not in seen]
-        wall = sweep(keys, args.out, workers=args.workers, timeout=args.timeout,
-                     grad_modes=grad_modes)  # fmt: skip
+        with Progress(args.progress) as progress:
+            wall = sweep(keys, args.out, workers=args.workers, timeout=args.timeout,
+                         grad_modes=grad_modes, progress=progress)  # fmt: skip
         import torch
 
         old = json.loads(meta_path.read_text()) if args.resume and meta_path.exists() else {}

@@ -25,7 +25,7 @@ import click
 
 from benchmarks.bench import report
 from benchmarks.bench.config import ABLATIONS, DEVICES, MODELS, BenchConfig
-from benchmarks.bench.progress import Progress
+from plait.progress import Progress
 
 OUT_DEFAULT = Path("benchmarks/out")
 STEM = "resnet_classification"

@@ -33,8 +33,8 @@ import torch
 
 from benchmarks import zoo_models, zoo_report, zoo_systems
 from benchmarks.bench import parity, systems, timing
-from benchmarks.bench.progress import Progress
 from benchmarks.bench.run import cache_env, interleave
+from plait.progress import Progress
 
 SCHEMA_VERSION = "1.0"
 STEM = "zoo"

@@ -28,7 +28,6 @@ BENCH_MODULES = [
     "benchmarks.bench.config",
     "benchmarks.bench.data",
     "benchmarks.bench.parity",
-    "benchmarks.bench.progress",
     "benchmarks.bench.report",
     "benchmarks.bench.systems",
     "benchmarks.bench.timing",

@@ -24,8 +24,8 @@ from click.testing import CliRunner
 import plait.contract
 import plait.errors
 from benchmarks import zoo, zoo_models, zoo_report, zoo_systems
-from benchmarks.bench.progress import Progress
 from plait.cli import main as plait_main
+from plait.progress import Progress
 
 MODELS = ("hf-resnet50", "hf-bert-base")
 COVERAGE = {"whole", "partial", "fallback"}

@@ -3,5 +3,6 @@
 ``config`` (options and presets), ``data`` (the image set and the fixed weights), ``systems``
 (eager, plait, torch.compile and the ablation variants), ``timing`` (clocks, percentiles, memory,
 machine facts), ``worker`` (fresh-process compile measurements), ``parity`` (the conformance gate
-and the displayed errors), ``training``, ``report`` (JSON, Markdown, chart) and ``progress``.
+and the displayed errors), ``training`` and ``report`` (JSON, Markdown, chart); progress on
+stderr is :mod:`plait.progress`.
 """

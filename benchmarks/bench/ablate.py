@@ -22,8 +22,8 @@ from torch import nn
 from benchmarks.bench import parity, systems, timing
 from benchmarks.bench.config import BenchConfig, ablation
 from benchmarks.bench.data import ImageSet
-from benchmarks.bench.progress import Progress
 from benchmarks.bench.worker import run_worker
+from plait.progress import Progress
 
 NOISE = 0.03  # NOTE: ratios within 3% of 1 are called noise, not an effect.
 

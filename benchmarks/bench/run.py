@@ -23,8 +23,8 @@ from torch import nn
 from benchmarks.bench import ablate, parity, systems, timing, training
 from benchmarks.bench.config import SCHEMA_VERSION, BenchConfig
 from benchmarks.bench.data import ImageSet, build_model, load_images, weights_record
-from benchmarks.bench.progress import Progress
 from benchmarks.bench.worker import run_worker
+from plait.progress import Progress
 
 WORKER_TIMEOUT_S = 1800.0
 CACHE_ENV = ("PLAIT_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")

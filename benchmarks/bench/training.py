@@ -27,7 +27,7 @@ from torch import nn
 from benchmarks.bench import parity, systems, timing
 from benchmarks.bench.config import BenchConfig
 from benchmarks.bench.data import ImageSet
-from benchmarks.bench.progress import Progress
+from plait.progress import Progress
 
 LR = 0.01
 MOMENTUM = 0.9

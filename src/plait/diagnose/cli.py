@@ -20,6 +20,8 @@ from typing import Any
 
 import click
 
+from plait.progress import MODES, Progress
+
 
 def load_target(target: str) -> tuple[Any, Any, dict[str, Any]]:
     """``MODULE:FUNCTION`` or ``FILE.py:FUNCTION``: call the function, which returns
@@ -105,9 +107,13 @@ def diagnose_command(
     help="Graphs per fresh process (a process keeps every kernel library it loads mapped).",
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@click.option(
+    "--progress", "progress_mode", type=click.Choice(MODES), default="auto", show_default=True,
+    help="Progress on stderr: a bar on a terminal (auto), plain lines, or none (quiet).",
+)  # fmt: skip
 def fuzz_command(
     count: int, seed: int, repro_dir: Path | None, seconds: float | None, chunk: int,
-    as_json: bool,
+    as_json: bool, progress_mode: str,
 ) -> None:  # fmt: skip
     """Run random well-typed graphs through every pass and the Stax backend against the
     reference interpreter under the numerical contract; each divergence is bisected and saved
@@ -115,7 +121,16 @@ def fuzz_command(
     from plait.diagnose.fuzz import fuzz
 
     in_chunks = chunk if count > chunk else None
-    report = fuzz(count, seed, repro_dir=repro_dir, seconds=seconds, chunk=in_chunks)
+    with Progress(progress_mode) as progress, progress.task("fuzzing", total=count) as advance:
+        done = [0]
+
+        def step(index: int, so_far: Any) -> None:
+            advance(index + 1 - done[0], note=f"{len(so_far.findings)} diverged")
+            done[0] = index + 1
+
+        report = fuzz(
+            count, seed, repro_dir=repro_dir, seconds=seconds, chunk=in_chunks, progress=step
+        )
     if as_json:
         click.echo(json.dumps(report.summary(), indent=2))
     else:
