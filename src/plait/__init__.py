@@ -24,6 +24,7 @@ _EXPORTS = {
     "capture": "plait.api",
     "compile": "plait.api",
     "explain": "plait.api",
+    "report": "plait.compile_report",
     "export": "plait.export",
     "load": "plait.export",
     "verify": "plait.export",
@@ -59,5 +60,6 @@ __all__ = [
     "explain",
     "export",
     "load",
+    "report",
     "verify",
 ]

@@ -3,7 +3,7 @@
 Example:
     >>> from click.testing import CliRunner
     >>> result = CliRunner().invoke(main, ["--help"])
-    >>> "explain" in result.output and "bench" in result.output and "verify" in result.output
+    >>> all(c in result.output for c in ("explain", "report", "bench", "verify", "fuzz"))
     True
 """
 
@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from plait.cache.cli import cache_group, load_manifest
+from plait.diagnose.cli import register as register_diagnosis
 from plait.manifest import printable
 
 
@@ -24,6 +25,10 @@ from plait.manifest import printable
 @click.version_option(package_name="plait")
 def main() -> None:
     """plait: a tensor compiler for PyTorch programs that proves it did not change them."""
+
+
+# NOTE: what reading a manifest's content as plait wrote it raises when it was not
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError)
 
 
 @main.command()
@@ -36,12 +41,75 @@ def explain(manifest: Path, as_json: bool) -> None:
     m = load_manifest(manifest)
     try:
         text = m.dumps() if as_json else m.report()
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
+    except _MALFORMED as exc:
         what = printable(f"{type(exc).__name__}: {exc}")
         raise click.ClickException(
             f"{printable(str(manifest))}: not a plait manifest: malformed content ({what})"
         ) from None
     click.echo(printable(text))
+
+
+@main.command()
+@click.argument("target")
+@click.option(
+    "-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="The HTML file to write (default: plait-report.html, or MANIFEST.html).",
+)  # fmt: skip
+@click.option("--backend", default=None, help="plait.compile's backend (default: its own).")
+@click.option("--options", "options_json", default=None, help="plait.compile options (JSON).")
+@click.option("--grad", is_flag=True, help="Call with gradients on (default: torch.no_grad()).")
+@click.option("--gate", is_flag=True, help="Judge the program with the conformance gate too.")
+def report(
+    target: str, out: Path | None, backend: str | None, options_json: str | None, grad: bool,
+    gate: bool,
+) -> None:  # fmt: skip
+    """Write the compile report of one compiled callable: one self-contained HTML file
+    (specializations, guards, the graph after capture and after each pass with its diff, a
+    picture of the final program, kernel sources, timings, memory plan, the gate's verdict).
+
+    TARGET is a saved manifest (a .json file: the report shows what it recorded, with no graph,
+    picture or kernel source) or MODULE:FUNCTION / FILE.py:FUNCTION naming a function that
+    returns (model_or_fn, args[, kwargs]): compiled with plait.compile, called once, reported.
+    Prints the path of the file written."""
+    import json
+
+    import torch
+
+    from plait.compile_report import report as write_report
+
+    if target.endswith(".json") and Path(target).is_file():
+        manifest = load_manifest(Path(target))
+        try:
+            written = write_report(manifest, out or Path(Path(target).stem + ".html"))
+        except _MALFORMED as exc:
+            what = printable(f"{type(exc).__name__}: {exc}")
+            raise click.ClickException(
+                f"{printable(target)}: not a plait manifest: malformed content ({what})"
+            ) from None
+        click.echo(printable(str(written)))
+        return
+    from plait.api import compile as plait_compile
+    from plait.diagnose.cli import load_target
+
+    options = json.loads(options_json) if options_json else None
+    if options is not None and not isinstance(options, dict):
+        raise click.BadParameter("--options must be a JSON object")
+    model, args, kwargs = load_target(target)
+    args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+    compiled = plait_compile(model, backend=backend, options=options)
+    with torch.set_grad_enabled(grad):
+        compiled(*args, **kwargs)
+    verdicts = []
+    if gate:
+        if kwargs:
+            raise click.ClickException("--gate judges positional arguments only; this target "
+                                       "passes keywords")  # fmt: skip
+        from plait.conformance import check
+
+        module = model if isinstance(model, torch.nn.Module) else None
+        verdicts.append(check(model, compiled, args, grads=grad, candidate_module=module))
+    written = write_report(compiled, out or Path("plait-report.html"), verdicts=verdicts)
+    click.echo(printable(str(written)))
 
 
 BENCH_MODULE = "benchmarks.resnet_classification"
@@ -131,6 +199,7 @@ def verify(artifact: Path, trust: tuple[str, ...], as_json: bool) -> None:
 
 
 main.add_command(cache_group)
+register_diagnosis(main)
 
 
 if __name__ == "__main__":  # pragma: no cover

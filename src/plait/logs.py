@@ -51,7 +51,7 @@ _FORMAT = "%(levelname).1s %(asctime)s.%(msecs)03d [%(name)s] %(message)s"
 _DATE = "%H:%M:%S"
 
 
-class _PlaitHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _PlaitHandler(logging.StreamHandler):
     """The handler :func:`configure` installs (and removes): stderr, one line per record."""
 
 

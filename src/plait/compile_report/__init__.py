@@ -1,0 +1,51 @@
+"""The compile report: what plait did to one compiled callable, as one self-contained HTML file.
+
+:func:`report` writes it (``plait report`` on the command line): each specialization with its
+guards and why it was compiled; the captured graph, the graph after each pass with the diff it
+made and the rules that fired, and the final program; a picture of each program's graph (nodes
+coloured by what runs them, fused kernels outlined); each generated kernel's source; timings per
+stage; the memory plan; and the conformance gate's verdicts when they are passed in. The file
+needs no network to view: its CSS, script and pictures are inline.
+
+Example:
+    >>> import tempfile, torch, plait
+    >>> f = plait.compile(lambda x: (x.relu() * 2).sum(1), options={"cache": False})
+    >>> _ = f(torch.randn(4, 8))
+    >>> path = plait.report(f, tempfile.mkdtemp() + "/f.html")
+    >>> text = path.read_text()
+    >>> "pass 0: canonicalize" in text and "kernel k0" in text
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from plait.compile_report.page import render
+from plait.compile_report.views import CallableView, from_compiled, from_manifest
+from plait.manifest import Manifest
+
+__all__ = ["CallableView", "from_compiled", "from_manifest", "render", "render_html", "report"]
+
+
+def render_html(compiled: Any, verdicts: Sequence[Any] = ()) -> str:
+    """The report of ``compiled`` (what :func:`plait.compile` returned, or a
+    :class:`~plait.manifest.Manifest`) as HTML text; ``verdicts``: the gate's reports
+    (``plait.conformance.check``), each shown with the specializations it judged."""
+    if isinstance(compiled, Manifest):
+        return render(from_manifest(compiled, "in memory"), verdicts)
+    if not hasattr(compiled, "_plait"):
+        raise TypeError(
+            f"plait.report expects what plait.compile returned, got {type(compiled).__name__}"
+        )
+    return render(from_compiled(compiled), verdicts)
+
+
+def report(compiled: Any, path: str | Path, *, verdicts: Sequence[Any] = ()) -> Path:
+    """Write the compile report of ``compiled`` to ``path`` (an HTML file) and return the path.
+    See :func:`render_html`."""
+    out = Path(path)
+    out.write_text(render_html(compiled, verdicts), encoding="utf-8")
+    return out
