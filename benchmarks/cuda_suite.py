@@ -785,6 +785,7 @@ class CaseRun:
             "seed": self.cfg.seed,
             "env": env,
             "primer": str(self.workdir / "warm-primer"),
+            "systems": list(self.cfg.systems),
             "out": str(self.workdir / "warm.json"),
         }
         rec = run_worker(spec, env)
@@ -883,7 +884,9 @@ def worker_main(spec_path: Path) -> int:
     cache directories the spec names, count the Triton kernels it compiled; write JSON."""
     spec = json.loads(spec_path.read_text())
     numerics_off()
-    primer = prime(("plait",), Path(spec["primer"]))
+    # NOTE: the same compilers primed as in the cold run's process: a compiler's import may set
+    # what Triton's cache keys read (the parent primed inductor too)
+    primer = prime(tuple(spec.get("systems", ("plait",))), Path(spec["primer"]))
     case = case_named(spec["case"])
     model, x = to_gpu(*case.build(spec["size"], int(spec["seed"])), case.dtype)
     env = {k: spec["env"][k] for k in CACHE_VARS}

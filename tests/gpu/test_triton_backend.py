@@ -153,6 +153,8 @@ WARM_CHILD = """
 import copy, json, torch, plait, plait.conformance
 from triton import knobs
 from benchmarks.models.resnet import resnet18
+torch.backends.cuda.matmul.allow_tf32 = False  # NOTE: the contract judges IEEE float32
+torch.backends.cudnn.allow_tf32 = False
 compiled_now = []
 knobs.compilation.listener = lambda **e: compiled_now.append(bool(e.get("cache_hit")))
 torch.manual_seed(0)
