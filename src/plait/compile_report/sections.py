@@ -194,6 +194,13 @@ def _listing(spec: str, p: int, prog: ProgramView) -> str:
     return '<pre class="ir">' + "".join(lines) + "</pre>"
 
 
+def _node_link(spec: str, p: int, prog: ProgramView, nid: Any) -> str:
+    """``#id``, linked to the node's line of the listing where there is one."""
+    if prog.graph is None:
+        return f"#{esc(nid)}"
+    return f'<a href="#{anchor_of(spec, p, "node", str(nid))}">#{esc(nid)}</a>'
+
+
 def _kernel_link(spec: str, p: int, name: str) -> str:
     return f'<a href="#{anchor_of(spec, p, "kernel", name)}">{esc(name)}</a>'
 
@@ -207,7 +214,7 @@ def _evidence(spec: str, p: int, prog: ProgramView, kernel_of: dict[int, str]) -
         name = kernel_of.get(nid)
         if name is not None:
             detail += " → " + _kernel_link(spec, p, name)
-        node = f'<a href="#{anchor_of(spec, p, "node", str(nid))}">#{nid}</a>'
+        node = _node_link(spec, p, prog, nid)
         runs = f'<span class="ev-{esc(n["executor"])}">{esc(n["executor"])}</span>'
         rows.append([node, esc(n["op"]), runs, detail])
     return table(["node", "op", "runs as", "detail"], rows, "evidence")
@@ -219,9 +226,7 @@ def _schedule(spec: str, p: int, prog: ProgramView) -> str:
         if step.get("kind") == "kernel":
             what = _kernel_link(spec, p, str(step.get("name")))
         else:
-            node = step.get("node")
-            what = f'<a href="#{anchor_of(spec, p, "node", str(node))}">#{esc(node)}</a> '
-            what += esc(step.get("op", ""))
+            what = _node_link(spec, p, prog, step.get("node")) + " " + esc(step.get("op", ""))
         rows.append([str(i), esc(step.get("kind", "?")), what])
     return table(["step", "kind", "what"], rows, "schedule")
 
@@ -234,9 +239,7 @@ def _kernels(spec: str, p: int, prog: ProgramView) -> str:
     for k in prog.kernels:
         r = k.record
         symbol = str(r.get("symbol", k.name))
-        nodes = ", ".join(
-            f'<a href="#{anchor_of(spec, p, "node", str(n))}">#{n}</a>' for n in r.get("nodes", [])
-        )
+        nodes = ", ".join(_node_link(spec, p, prog, n) for n in r.get("nodes", []))
         epilogue = ", ".join(f"#{n}" for n in r.get("epilogue_of", [])) or "-"
         link, template = _kernel_link(spec, p, k.name), esc(r.get("template", "?"))
         rows.append([link, template, nodes, esc(epilogue), f"<code>{esc(symbol)}</code>"])
