@@ -42,7 +42,8 @@ def test_diagnose_refuses_what_it_cannot_read(tmp_path: Path) -> None:
 
 
 def test_fuzz_prints_a_json_summary() -> None:
-    result = CliRunner().invoke(fuzz_command, ["-n", "3", "--seed", "1", "--json"])
+    args = ["-n", "3", "--seed", "1", "--json", "--progress", "quiet"]
+    result = CliRunner().invoke(fuzz_command, args)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert summary["graphs"] == 3 and summary["divergences"] == []

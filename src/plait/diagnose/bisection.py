@@ -277,28 +277,60 @@ def _first_failing_pass(
 ) -> tuple[PassStep | None, Report | None]:
     """The first pass whose output, run by the interpreter, fails the gate, with the gate's
     report; ``(None, report)`` when the captured graph itself fails; ``(None, None)`` when the
-    pipeline's output passes (the backend is to blame). The pipeline's output is judged first:
-    when it passes, no pass is judged on its own."""
+    pipeline's output passes (the backend is to blame).
+
+    The pipeline's output is judged first: when it passes, no pass is judged on its own. Then a
+    cheap screen (each changed pass's values against its input's, node by node, on the call's
+    own inputs) proposes the first pass with a value beyond its contract row; the gate confirms
+    it (its output fails, the output before it passes). Without a confirmed proposal, every
+    changed pass is judged by the gate in order."""
     g0 = subject.graph
     changed = [s for s in steps if s.record.changed]
+
+    def judge(graph: Graph) -> Report:
+        return subject.judge(graph_executor(g0.inputs, graph))
+
     if not changed:
-        report = subject.judge(graph_executor(g0.inputs, g0))
+        report = judge(g0)
         return None, None if report.ok else report
-    last = subject.judge(graph_executor(g0.inputs, changed[-1].after))
+    last = judge(changed[-1].after)
     if last.ok:
         return None, None
+    verdicts = {id(changed[-1]): last}
+
+    def verdict(i: int) -> Report:
+        step = changed[i]
+        if id(step) not in verdicts:
+            verdicts[id(step)] = judge(step.after)
+        return verdicts[id(step)]
+
+    proposed = _screen(changed, subject.sample(0))
+    if proposed is not None and not verdict(proposed).ok:
+        before = judge(g0) if proposed == 0 else verdict(proposed - 1)
+        if before.ok:
+            return changed[proposed], verdict(proposed)
     for i, step in enumerate(changed):
-        report = (
-            last if step is changed[-1] else subject.judge(graph_executor(g0.inputs, step.after))
-        )
+        report = verdict(i)
         if report.ok:
             continue
         if i == 0:
-            captured = subject.judge(graph_executor(g0.inputs, g0))
+            captured = judge(g0)
             if not captured.ok:
                 return None, captured
         return step, report
     raise AssertionError("unreachable: the last changed pass failed")
+
+
+def _screen(changed: list[PassStep], inputs: dict[str, Any]) -> int | None:
+    """The first changed pass with a value beyond its contract row on ``inputs`` (None: none)."""
+    for i, step in enumerate(changed):
+        try:
+            found = localize_pass(step, inputs)
+        except Exception:  # NOTE: a screen only proposes; the gate decides
+            continue
+        if found is not None and found.exceeded:
+            return i
+    return None
 
 
 def _for(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, Any]:
