@@ -201,8 +201,11 @@ class Manifest:
             line = f"  executor: {self.executor.get('backend', '?')}"
             if counts:
                 line += " — " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if v)
-            if "peak_live_bytes" in memory:
-                line += f"; peak live {memory['peak_live_bytes'] / 2**20:.1f} MiB"
+            peak = memory.get("peak_live_bytes")
+            if isinstance(peak, (int, float)):
+                line += f"; peak live {peak / 2**20:.1f} MiB"
+            elif peak is not None:  # NOTE: a symbolic program's plan: "per call"
+                line += f"; peak live {peak}"
             lines.append(line)
         for r in self.executor.get("regions", []):
             backends = f" ({', '.join(r['backends'])})" if r.get("backends") else ""
