@@ -2,12 +2,13 @@
 #   make test   set up .venv (once) and run the whole check suite: ruff, mypy, import-linter, pytest
 #   make bench  set up .venv (once) and run the ResNet benchmark (eager, plait, torch.compile)
 #   make coverage  sweep PyTorch's OpInfo samples through plait.compile; writes docs/coverage.md
+#   make docs   the documentation site with its API reference (build/docs), --strict: a warning fails
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test bench coverage lint typecheck layers pytest setup clean
+.PHONY: test bench coverage docs lint typecheck layers pytest setup clean
 
 setup: $(STAMP)
 
@@ -39,7 +40,12 @@ pytest: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q --ignore tests/test_dynamo_backend.py --deselect "tests/test_doctests.py::test_docstring_examples[plait.dynamo_backend]"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q $(DYNAMO_TESTS)
 
-test: lint typecheck layers pytest
+# NOTE: the guides in docs/ and the API reference from the docstrings (mkdocs.yml); a broken link
+# or a docstring the reference cannot read is a warning, and --strict makes it an error
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet
+
+test: lint typecheck layers docs pytest
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.resnet_classification --out benchmarks/out
