@@ -14,7 +14,7 @@ heads) over (batch, sequence length). For each workload:
   in a fresh process with empty caches (capture, passes, planning, the C++ build, the call),
   and of ``torch.compile(dynamic=True)``.
 
-Targets (issue 19): the dynamic artifact within 10% of the static one at each size and at least
+Targets: the dynamic artifact within 10% of the static one at each size and at least
 1.2x eager; its compile at most 1.5x the static compile.
 
 Usage::
@@ -239,7 +239,7 @@ def report(
     from benchmarks.stax_cpu import machine
 
     out = [
-        "# Dynamic shapes (issue 19): one symbolic artifact for many sizes",
+        "# Dynamic shapes: one symbolic artifact for many sizes",
         "",
         f"Date: {meta['date']}. Commit {meta['commit']}. Produced by `python -m "
         f"benchmarks.dynamic_shapes{' --quick' if meta['quick'] else ''}` ({meta['rounds']} "

@@ -1,7 +1,7 @@
 """The Stax CPU benchmark: eager PyTorch, ``torch.compile`` (default inductor) and plait's Stax
 backend, side by side in one run.
 
-Workloads (issue 6): ResNet-18 inference at batch 1 and 8 (224x224); a 2-layer GPT-2 style block
+Workloads: ResNet-18 inference at batch 1 and 8 (224x224); a 2-layer GPT-2 style block
 (d=768, 12 heads, 128 tokens, batch 1); an MLP (512 -> 2048 -> GELU -> 512 -> LayerNorm, batch
 64); a chain of 10 pointwise ops on 1M elements. Plus: cold first-compile times (each in a fresh
 process with empty caches, for both compilers) and the per-call overhead of a 10-op graph on
@@ -285,7 +285,7 @@ def report(results: list[dict], cold: dict[str, dict[str, float]], over: dict[st
            loads: tuple[str, str], rounds: int) -> str:  # fmt: skip
     today = datetime.date.today().isoformat()
     out = [
-        "# Stax CPU benchmark (issue 6): eager vs torch.compile vs stax",
+        "# Stax CPU benchmark: eager vs torch.compile vs stax",
         "",
         f"Date: {today}. Produced by `python -m benchmarks.stax_cpu` ({rounds} interleaved rounds, "
         "medians; inference under `torch.no_grad()`).",

@@ -1,8 +1,8 @@
 """plait's user-facing error and warning types, and the failure taxonomy.
 
-DESIGN.md asks for distinct error types, never one for everything. Every plait error belongs to
-one of four categories, and carries a stable code (``error.error_code``; docs/errors.md lists each
-with its cause and what to do):
+The design (docs/architecture.md) asks for distinct error types, never one for everything.
+Every plait error belongs to one of four categories, and carries a stable code
+(``error.error_code``; docs/errors.md lists each with its cause and what to do):
 
 - ``compile`` (``PLAIT-C...``): capture or compilation failed; :class:`PlaitCompileError` and its
   subclasses (:class:`GraphCaptureError`, :class:`RecompileLimitError`, :class:`CompiledInputError`,
@@ -51,7 +51,7 @@ class PlaitError(Exception):
     category = ""
 
 
-# --- the four taxonomy types (DESIGN.md): never one for everything ---------------------------
+# --- the four taxonomy types: never one for everything -------------------------------------
 class PlaitCompileError(PlaitError, RuntimeError):
     """Compilation failed: a stage could not produce a program (codegen, build, an unsupported
     construct). Says which stage and why."""

@@ -43,7 +43,7 @@ def _x(*shape: int) -> torch.Tensor:
 def module(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """``module(source, name="m")``: the module ``source`` defines, written to a file of its own
     and imported (reloaded when it was imported before)."""
-    prefix = f"plait_audit_{tmp_path.name.replace('-', '_')}"
+    prefix = f"plait_staleness_{tmp_path.name.replace('-', '_')}"
     folder = tmp_path / "src"
     folder.mkdir()
     names: list[str] = []
@@ -330,11 +330,11 @@ def test_reading_the_environment_is_refused(
 
     class Net(nn.Module):
         def forward(self, x):
-            return x * float(os.environ.get("PLAIT_AUDIT_SCALE", "1"))
+            return x * float(os.environ.get("PLAIT_STALENESS_SCALE", "1"))
     """)
-    monkeypatch.setenv("PLAIT_AUDIT_SCALE", "2")
+    monkeypatch.setenv("PLAIT_STALENESS_SCALE", "2")
     _not_snapshot(_check(m.Net(), (_x(3),), tmp_path), "reads environ")
-    monkeypatch.setenv("PLAIT_AUDIT_SCALE", "5")
+    monkeypatch.setenv("PLAIT_STALENESS_SCALE", "5")
     _not_snapshot(_check(m.Net(), (_x(3),), tmp_path), "reads environ")
     assert not _snapshots(tmp_path)
 
@@ -720,7 +720,7 @@ def test_an_import_during_capture(tmp_path: Path, module: Any) -> None:
     """A module imported by the program on its first call: the import system and the module's
     body are not the program; the helper it then calls is, even though the body called it
     first."""
-    lazy = f"plait_audit_lazy_{tmp_path.name.replace('-', '_')}"
+    lazy = f"plait_staleness_lazy_{tmp_path.name.replace('-', '_')}"
     m = module(f"""
     from torch import nn
 

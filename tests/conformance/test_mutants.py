@@ -27,7 +27,7 @@ def test_mutant_is_killed(mutant: Mutant, record_property: Callable[[str, object
     )
 
 
-def test_catalogue_covers_every_miscompile_the_issue_names() -> None:
+def test_catalogue_covers_every_required_miscompile() -> None:
     covered = {m.covers for m in MUTANTS}
     missing = [item for item in REQUIRED if item not in covered]
     assert not missing, f"no mutant for: {missing}"
