@@ -147,3 +147,17 @@ def test_the_html_check_finds_defects(text: str) -> None:
     page = f"<!DOCTYPE html><html><head><title>t</title></head><body>{text}</body></html>"
     with pytest.raises(AssertionError):
         Document(page).check()
+
+
+def test_a_symbolic_program_is_explained_and_reported() -> None:
+    """Automatic dynamic: the second size makes the batch dim symbolic; its memory plan is
+    sized per call (explain printed it as bytes and raised TypeError)."""
+    f = plait.compile(lambda x: (x.exp() * 2).sum(1), options={"cache": False})
+    f(torch.randn(2, 8))
+    f(torch.randn(5, 8))
+    (_, symbolic) = f.specializations
+    assert symbolic.manifest.executor["memory_plan"]["peak_live_bytes"] == "per call"
+    assert "peak live per call" in str(plait.explain(f))
+    text = render_html(f)
+    _valid(text)
+    assert "automatic dynamic" in text and "per call" in text
