@@ -161,3 +161,18 @@ def test_a_symbolic_program_is_explained_and_reported() -> None:
     text = render_html(f)
     _valid(text)
     assert "automatic dynamic" in text and "per call" in text
+
+
+def test_a_loaded_artifact_is_reported_from_its_manifests(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    path = tmp_path / "mlp.plait"
+    plait.export(model, (torch.randn(2, 4),), native=False, references=1).save(path)
+    loaded = plait.load(path)
+    with torch.no_grad():
+        loaded(torch.randn(2, 4))
+    text = render_html(loaded)
+    _valid(text)
+    assert "loaded artifact" in text and "specialization 0" in text
+    with pytest.raises(TypeError, match=r"plait\.report expects"):
+        render_html(object())

@@ -24,28 +24,64 @@ from pathlib import Path
 from typing import Any
 
 from plait.compile_report.page import render
-from plait.compile_report.views import CallableView, from_compiled, from_manifest
+from plait.compile_report.views import (
+    CallableView,
+    from_compiled,
+    from_explanation,
+    from_manifest,
+)
 from plait.manifest import Manifest
 
-__all__ = ["CallableView", "from_compiled", "from_manifest", "render", "render_html", "report"]
+__all__ = [
+    "CallableView",
+    "from_compiled",
+    "from_explanation",
+    "from_manifest",
+    "render",
+    "render_html",
+    "report",
+]
 
 
 def render_html(compiled: Any, verdicts: Sequence[Any] = ()) -> str:
-    """The report of ``compiled`` (what :func:`plait.compile` returned, or a
-    :class:`~plait.manifest.Manifest`) as HTML text; ``verdicts``: the gate's reports
-    (``plait.conformance.check``), each shown with the specializations it judged."""
+    """The report of ``compiled`` as HTML text: what :func:`plait.compile` returned, a loaded
+    export artifact (``plait.load``: its manifests only), or a :class:`~plait.manifest.Manifest`.
+    ``verdicts``: the gate's reports (``plait.conformance.check``), each shown with the
+    specializations it judged.
+
+    Example:
+        >>> from plait.manifest import Manifest
+        >>> page = render_html(Manifest(source_hash="ab" * 32))
+        >>> page.startswith("<!DOCTYPE html>"), "specialization 0" in page
+        (True, True)
+    """
     if isinstance(compiled, Manifest):
         return render(from_manifest(compiled, "in memory"), verdicts)
-    if not hasattr(compiled, "_plait"):
+    if hasattr(compiled, "_plait"):
+        return render(from_compiled(compiled), verdicts)
+    from plait.api import explain
+
+    try:
+        explanation = explain(compiled)
+    except TypeError:
         raise TypeError(
             f"plait.report expects what plait.compile returned, got {type(compiled).__name__}"
-        )
-    return render(from_compiled(compiled), verdicts)
+        ) from None
+    source = "a loaded artifact: its manifests (this process ran no pass)"
+    return render(from_explanation(explanation, source), verdicts)
 
 
 def report(compiled: Any, path: str | Path, *, verdicts: Sequence[Any] = ()) -> Path:
     """Write the compile report of ``compiled`` to ``path`` (an HTML file) and return the path.
-    See :func:`render_html`."""
+    See :func:`render_html`.
+
+    Example:
+        >>> import tempfile
+        >>> from plait.manifest import Manifest
+        >>> path = report(Manifest(source_hash="ab" * 32), tempfile.mkdtemp() + "/m.html")
+        >>> path.suffix, path.stat().st_size > 1000
+        ('.html', True)
+    """
     out = Path(path)
     out.write_text(render_html(compiled, verdicts), encoding="utf-8")
     return out

@@ -272,6 +272,27 @@ def from_compiled(compiled: Any) -> CallableView:
     return CallableView(explanation.name, specs, explanation)
 
 
+def from_explanation(explanation: Explanation, source: str) -> CallableView:
+    """The view of what ``plait.explain`` says of a callable whose graphs this process does not
+    hold (a loaded export artifact): each specialization's guards, reason and manifest."""
+    views = []
+    for s in explanation.specializations:
+        view = SpecializationView(
+            f"specialization {s.index}",
+            f"s{s.index}",
+            s.index,
+            s.reason,
+            list(s.guards),
+            s.guard_evaluator,
+            s.manifest,
+        )
+        view.passes = pass_steps(s.manifest, None, [])
+        if s.manifest.executor:
+            view.programs = programs(None, s.manifest)
+        views.append(view)
+    return CallableView(explanation.name, views, explanation, source)
+
+
 def from_manifest(manifest: Manifest, source: str) -> CallableView:
     """The view of one saved manifest (``source`` names its file): passes, kernels, evidence
     and plans as recorded; no graph text, picture or kernel source (a manifest keeps none)."""
