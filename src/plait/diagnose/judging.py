@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,12 @@ _BY_CATEGORY = {
 }
 
 
+@functools.cache
+def _contract() -> plait.contract.Contract:
+    """The packaged contract, parsed once per process (every value judged reads it)."""
+    return plait.contract.load()
+
+
 def op_class_of(node: Node | None) -> str:
     """The contract's op class for ``node``'s results (``data_movement`` for a graph input,
     ``model`` for ops the contract has no narrower row for: ATen externs, opaque, random)."""
@@ -68,7 +75,7 @@ def op_class_of(node: Node | None) -> str:
 
 def loosest(op_classes: Iterable[str], dtype: torch.dtype) -> str:
     """Of ``op_classes``, the one whose contract row for ``dtype`` allows the most."""
-    contract = plait.contract.load()
+    contract = _contract()
     classes = sorted(set(op_classes)) or ["data_movement"]
 
     def width(c: str) -> tuple[float, float]:
@@ -127,13 +134,15 @@ def judge_value(
 ) -> Measure | None:
     """The gate's elementwise verdict on one value (the loosest of ``op_classes``' rows for its
     dtype): None when it conforms, else the measure that broke its budget."""
+    if _same_bits(expected, actual):
+        return None
     op_class = "data_movement"
     if isinstance(expected, torch.Tensor):
         op_class = loosest(op_classes, expected.dtype)
-        tol = plait.contract.load().tolerance(op_class, _row_dtype(expected.dtype))
+        tol = _contract().tolerance(op_class, _row_dtype(expected.dtype))
         budget = Budget(tol, None, 0.0)
     else:
-        budget = Budget(plait.contract.load().tolerance("data_movement", torch.int64), None, 0.0)
+        budget = Budget(_contract().tolerance("data_movement", torch.int64), None, 0.0)
     report = Report()
     compare(report, where, case, expected, actual, budget)
     if report.ok:
@@ -148,16 +157,29 @@ def share_of_budget(expected: Any, actual: Any, op_classes: Sequence[str]) -> fl
         return 0.0
     if not expected.dtype.is_floating_point or expected.shape != actual.shape:
         return 0.0
+    if _same_bits(expected, actual):
+        return 0.0
     e, a = expected.detach().double(), actual.detach().double()
     finite = torch.isfinite(e) & torch.isfinite(a)
     if not bool(finite.any()):
         return 0.0
-    tol = plait.contract.load().tolerance(loosest(op_classes, expected.dtype), expected.dtype)
+    tol = _contract().tolerance(loosest(op_classes, expected.dtype), expected.dtype)
     scale = max(1.0, float(e[finite].abs().max()))
     allowed = tol.atol * scale + tol.rtol * e.abs()
     err = (a - e).abs()
     over = torch.where(allowed > 0, err / allowed, (err > 0).double() * float("inf"))
     return float(over[finite].max())
+
+
+def _same_bits(expected: Any, actual: Any) -> bool:
+    """The fast path: the same tensor, or equal values of one dtype and shape (NaN never
+    compares equal: such values take the gate's comparison)."""
+    if not (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)):
+        return False
+    if expected is actual:
+        return True
+    same_meta = expected.dtype == actual.dtype and expected.shape == actual.shape
+    return same_meta and expected.device == actual.device and bool(torch.equal(expected, actual))
 
 
 # --- graphs through the gate ---------------------------------------------------------------
