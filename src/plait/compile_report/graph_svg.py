@@ -238,28 +238,48 @@ def _groups(
     centre: Callable[[str], tuple[float, float]],
     anchor: Anchor,
 ) -> list[str]:
-    """Each kernel's nodes outlined (their bounding box), linked to the kernel's source."""
+    """Each kernel's nodes outlined together, linked to the kernel's source: one box around
+    them where it holds no other node, else one box around each (a kernel whose nodes lie far
+    apart in the graph, such as copies of saved values, is not drawn over the rest)."""
     members: dict[str, list[tuple[float, float]]] = {}
+    others: list[tuple[str | None, tuple[float, float]]] = []
     for n in graph.nodes:
         name = kernel_of.get(n.id)
+        at = centre(f"n{n.id}")
+        others.append((name, at))
         if name is not None:
-            members.setdefault(name, []).append(centre(f"n{n.id}"))
+            members.setdefault(name, []).append(at)
     parts = ['<g class="kernels">']
-    pad = 6.0
     for name, points in members.items():
-        x0 = min(x for x, _ in points) - NODE_W / 2 - pad
-        x1 = max(x for x, _ in points) + NODE_W / 2 + pad
-        y0 = min(y for _, y in points) - NODE_H / 2 - pad
-        y1 = max(y for _, y in points) + NODE_H / 2 + pad
-        href = html.escape(anchor("kernel", name))
-        parts.append(
-            f'<a href="{href}"><rect class="kernel" x="{x0:.1f}" y="{y0:.1f}" '
-            f'width="{x1 - x0:.1f}" height="{y1 - y0:.1f}" rx="6"/>'
-            f'<text class="kernel-label" x="{x1 + 3:.1f}" y="{y0 + 10:.1f}">'
-            f"{html.escape(name)}</text><title>kernel {html.escape(name)}</title></a>"
-        )
+        box = _box(points)
+        inside = [
+            at for owner, at in others if owner != name and box[0] < at[0] < box[2]
+            and box[1] < at[1] < box[3]
+        ]  # fmt: skip
+        for b in [box] if not inside else [_box([at]) for at in points]:
+            parts.append(_outline(name, b, anchor))
     parts.append("</g>")
     return parts
+
+
+def _box(points: list[tuple[float, float]], pad: float = 6.0) -> tuple[float, ...]:
+    return (
+        min(x for x, _ in points) - NODE_W / 2 - pad,
+        min(y for _, y in points) - NODE_H / 2 - pad,
+        max(x for x, _ in points) + NODE_W / 2 + pad,
+        max(y for _, y in points) + NODE_H / 2 + pad,
+    )
+
+
+def _outline(name: str, box: tuple[float, ...], anchor: Anchor) -> str:
+    x0, y0, x1, y1 = box
+    href = html.escape(anchor("kernel", name))
+    return (
+        f'<a href="{href}"><rect class="kernel" x="{x0:.1f}" y="{y0:.1f}" '
+        f'width="{x1 - x0:.1f}" height="{y1 - y0:.1f}" rx="6"/>'
+        f'<text class="kernel-label" x="{x1 + 3:.1f}" y="{y0 + 10:.1f}">'
+        f"{html.escape(name)}</text><title>kernel {html.escape(name)}</title></a>"
+    )
 
 
 def _node(
