@@ -279,11 +279,11 @@ def _first_failing_pass(
     report; ``(None, report)`` when the captured graph itself fails; ``(None, None)`` when the
     pipeline's output passes (the backend is to blame).
 
-    The pipeline's output is judged first: when it passes, no pass is judged on its own. Then a
-    cheap screen (each changed pass's values against its input's, node by node, on the call's
-    own inputs) proposes the first pass with a value beyond its contract row; the gate confirms
-    it (its output fails, the output before it passes). Without a confirmed proposal, every
-    changed pass is judged by the gate in order."""
+    The pipeline's output is judged first: when it passes, no pass is judged on its own.
+    Otherwise the passes that changed the graph are bisected: the output of the middle one is
+    judged, and the search goes on in the half where the verdict turns from pass to fail (a
+    divergence, once made, is assumed to persist: a later pass that cancelled an earlier one's
+    divergence would hide it). ``log2`` of the changed passes' count gate calls, not one each."""
     g0 = subject.graph
     changed = [s for s in steps if s.record.changed]
 
@@ -293,44 +293,22 @@ def _first_failing_pass(
     if not changed:
         report = judge(g0)
         return None, None if report.ok else report
-    last = judge(changed[-1].after)
-    if last.ok:
+    verdicts = {len(changed) - 1: judge(changed[-1].after)}
+    if verdicts[len(changed) - 1].ok:
         return None, None
-    verdicts = {id(changed[-1]): last}
-
-    def verdict(i: int) -> Report:
-        step = changed[i]
-        if id(step) not in verdicts:
-            verdicts[id(step)] = judge(step.after)
-        return verdicts[id(step)]
-
-    proposed = _screen(changed, subject.sample(0))
-    if proposed is not None and not verdict(proposed).ok:
-        before = judge(g0) if proposed == 0 else verdict(proposed - 1)
-        if before.ok:
-            return changed[proposed], verdict(proposed)
-    for i, step in enumerate(changed):
-        report = verdict(i)
-        if report.ok:
-            continue
-        if i == 0:
-            captured = judge(g0)
-            if not captured.ok:
-                return None, captured
-        return step, report
-    raise AssertionError("unreachable: the last changed pass failed")
-
-
-def _screen(changed: list[PassStep], inputs: dict[str, Any]) -> int | None:
-    """The first changed pass with a value beyond its contract row on ``inputs`` (None: none)."""
-    for i, step in enumerate(changed):
-        try:
-            found = localize_pass(step, inputs)
-        except Exception:  # NOTE: a screen only proposes; the gate decides
-            continue
-        if found is not None and found.exceeded:
-            return i
-    return None
+    passing, failing = -1, len(changed) - 1  # NOTE: -1 stands for the captured graph
+    while failing - passing > 1:
+        middle = (passing + failing) // 2
+        verdicts[middle] = judge(changed[middle].after)
+        if verdicts[middle].ok:
+            passing = middle
+        else:
+            failing = middle
+    if passing == -1:
+        captured = judge(g0)
+        if not captured.ok:
+            return None, captured
+    return changed[failing], verdicts[failing]
 
 
 def _for(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, Any]:
