@@ -175,7 +175,10 @@ class DynamicShapes:
     def _load_automatic(self, store: Store, env: GuardEnv) -> None:
         key = self._automatic_key(env)
         try:
-            payload = store.get(key) if key is not None else None
+            # NOTE: the header first: most callables have no record, and a read of a missing
+            # entry would drop the store's read ahead
+            known = key is not None and store.read_meta(key) is not None
+            payload = store.get(key) if known and key is not None else None
         except Exception:  # NOTE: a damaged record: the program starts static, as with none
             payload = None
         if payload is not None and self.automatic is not None:
