@@ -32,7 +32,7 @@ from plait.autograd.joint import prepare_for_autograd
 from plait.autograd.partition import value_bytes
 from plait.codegen.options import StaxOptions
 from plait.ir.graph import Graph, Value
-from plait.passes import TRAINING_PIPELINE, run_pipeline
+from plait.passes import TRAINING_PIPELINE, PipelineResult, run_pipeline
 from plait.runtime.program import StaxProgram, compile_graphs
 
 
@@ -47,6 +47,7 @@ class TrainingProgram:
         graphs: tuple[Graph, Graph],
         run: CompiledAutograd,
         seconds: dict[str, float],
+        passes: tuple[PipelineResult, PipelineResult] | None = None,
     ) -> None:
         self.graph = graph  # the forward graph as given (its inputs are the call's)
         self.partition = part
@@ -54,6 +55,8 @@ class TrainingProgram:
         self.forward_graph, self.backward_graph = graphs  # after passes
         self.run = run
         self.seconds = seconds
+        # NOTE: the pipeline each half ran after the partition (records and graphs)
+        self.passes = passes
 
     def __call__(self, values: list[Any]) -> list[Any]:
         return self.run(values)
@@ -61,7 +64,7 @@ class TrainingProgram:
     def records(self) -> dict[str, Any]:
         """The partition and both programs' records, for the manifest."""
         p = self.partition
-        return {
+        out = {
             "partitioner": p.partitioner,
             "saved": [
                 {"name": v.name, "type": str(v.type), "bytes": value_bytes(v)} for v in p.saved
@@ -75,6 +78,12 @@ class TrainingProgram:
             "backward": self.backward.records(),
             "timings": dict(self.seconds),
         }
+        if self.passes is not None:  # NOTE: each half's passes, as the manifest has every pass
+            out["passes"] = {
+                "forward": self.passes[0].to_json(),
+                "backward": self.passes[1].to_json(),
+            }
+        return out
 
 
 def _bound(before: Graph, after: Graph) -> Any:
@@ -112,9 +121,10 @@ def compile_training(
     part = partition(joint, partitioner)
     seconds["partition"] = time.perf_counter() - start
     start = time.perf_counter()
-    halves = []
-    for g in (part.forward, part.backward):
-        halves.append(run_pipeline(g, pipeline, source_hash=source_hash).graph)
+    results = [
+        run_pipeline(g, pipeline, source_hash=source_hash) for g in (part.forward, part.backward)
+    ]
+    halves = [r.graph for r in results]
     seconds["passes"] = time.perf_counter() - start
     start = time.perf_counter()
     fwd, bwd = compile_graphs(halves, options=options)
@@ -129,7 +139,8 @@ def compile_training(
         grads=joint.grads,
         name=name,
     )
-    return TrainingProgram(graph, part, (fwd, bwd), (halves[0], halves[1]), run, seconds)
+    passes = (results[0], results[1])
+    return TrainingProgram(graph, part, (fwd, bwd), (halves[0], halves[1]), run, seconds, passes)
 
 
 def saved_values(program: TrainingProgram) -> list[Value]:
