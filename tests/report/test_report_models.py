@@ -100,6 +100,13 @@ def test_gpt2_report_training_and_inference(gpt2: tuple[Any, Any]) -> None:
     view = from_compiled(compiled)
     training, inference = view.specializations
     assert [p.title for p in training.programs] == ["forward", "backward"]
+    # NOTE: each half's own passes after the partition: in the manifest and the report
+    halves = training.manifest.autograd["passes"]
+    for p, half in enumerate(training.programs):
+        assert [step.name for step in half.passes] == [r["name"] for r in halves[half.title]]
+        assert half.passes and all(step.text is not None for step in half.passes)
+        for step in half.passes:
+            assert f"{training.anchor}-p{p}-pass-{step.index}" in doc.ids
     assert [p.title for p in inference.programs] == ["program"]
     assert inference.reason is not None and "torch.is_grad_enabled()" in inference.reason
     assert "recompiled: torch.is_grad_enabled()" in text

@@ -207,7 +207,7 @@ def _specialization(s: SpecializationView, verdicts: list[Any]) -> str:
         else:
             out.append("<p class=note>no captured graph here</p>")
         out.append(f"<h3 id={s.anchor}-passes>passes</h3>")
-        out.append(passes_html(s))
+        out.append(passes_html(s.anchor, s.passes, m.options.get("passes")))
         out += [program_html(s, i, p) for i, p in enumerate(s.programs)]
     out.append("</section>")
     return "\n".join(out)

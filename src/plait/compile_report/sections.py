@@ -70,25 +70,26 @@ def diff_html(lines: list[str]) -> str:
     return '<pre class="diff">' + "".join(out) + "</pre>"
 
 
-def passes_html(spec: SpecializationView) -> str:
-    if not spec.passes:
-        why = "no pass ran" if spec.manifest.passes == [] else "no graph recorded"
-        return f"<p>{esc(why)} (pipeline {esc(spec.manifest.options.get('passes', '-'))}).</p>"
+def passes_html(prefix: str, steps: list[PassStep], pipeline: Any) -> str:
+    """A table of ``steps`` (one row per pass, linked) and a section per pass; ``prefix``
+    makes their anchors (``<prefix>-pass-<i>``)."""
+    if not steps:
+        return f"<p>No pass ran (pipeline {esc(pipeline or '-')}).</p>"
     rows = []
-    for step in spec.passes:
+    for step in steps:
         rules = ", ".join(f"{esc(k)}×{v}" for k, v in step.rule_counts().items()) or "-"
         ms = "" if step.seconds is None else f"{step.seconds * 1e3:.2f}"
-        link = f'<a href="#{spec.anchor}-pass-{step.index}">{esc(step.name)}</a>'
+        link = f'<a href="#{prefix}-pass-{step.index}">{esc(step.name)}</a>'
         rows.append([str(step.index), link, "yes" if step.changed else "no", rules, ms])
     head = ["#", "pass", "changed", "rules that fired", "ms"]
     out = [table(head, rows, "passes")]
-    if spec.passes and spec.passes[0].text is None:
+    if steps[0].text is None:
         out.append(
             "<p class=note>The graphs after each pass are not known here: this specialization "
             "came from the artifact cache (the passes ran in the process that compiled it) "
             "or from a saved manifest.</p>"
         )
-    out += [_pass_html(spec.anchor, step) for step in spec.passes]
+    out += [_pass_html(prefix, step) for step in steps]
     return "\n".join(out)
 
 
@@ -165,6 +166,10 @@ def program_html(spec: SpecializationView, p: int, prog: ProgramView) -> str:
     table_of_nodes = _evidence(spec.anchor, p, prog, kernel_of)
     out.append(details(f"what runs each node ({len(evidence)} nodes)", table_of_nodes))
     out.append(details(f"schedule ({len(prog.schedule)} steps)", _schedule(spec.anchor, p, prog)))
+    if prog.passes:
+        title = f"passes of the {prog.title} after the forward/backward partition"
+        out.append(f"<h4 id={spec.anchor}-p{p}-passes>{esc(title)}</h4>")
+        out.append(passes_html(f"{spec.anchor}-p{p}", prog.passes, "training"))
     out.append(f"<h4>kernels of the {esc(prog.title)}</h4>")
     out.append(_kernels(spec.anchor, p, prog))
     out.append(f"<h4>memory plan of the {esc(prog.title)}</h4>")

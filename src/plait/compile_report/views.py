@@ -70,6 +70,8 @@ class ProgramView:
     executor: dict[str, Any]
     kernels: list[KernelView]
     schedule: list[dict[str, Any]]
+    # NOTE: a training half: the passes it ran after the partition
+    passes: list[PassStep] = field(default_factory=list)
 
     def evidence(self) -> dict[int, tuple[str, str]]:
         """Node id -> (executor, detail)."""
@@ -148,14 +150,19 @@ def _diff(before: str | None, after: str) -> list[str]:
     return list(lines)[2:]  # NOTE: without the ---/+++ header lines
 
 
-def pass_steps(manifest: Manifest, captured: str | None, graphs: list[Graph]) -> list[PassStep]:
-    """The manifest's passes, each with the graph it returned where ``graphs`` has it (one per
-    pass, in order, as :class:`plait.backends.Compiled` keeps them)."""
+def pass_steps(
+    records: list[dict[str, Any]],
+    before: str | None,
+    graphs: list[Graph],
+    timings: dict[str, Any] | None = None,
+) -> list[PassStep]:
+    """Pass records (a manifest's ``passes``), each with the graph it returned where ``graphs``
+    has it (one per pass, in order, as :class:`plait.backends.Compiled` keeps them) and its
+    diff against the graph before it (``before``: the first pass's input, as listed)."""
     steps = []
-    before = captured
-    kept = len(graphs) == len(manifest.passes)
-    for i, record in enumerate(manifest.passes):
-        seconds = manifest.timings.get(f"pass.{i}:{record.get('name')}")
+    kept = len(graphs) == len(records)
+    for i, record in enumerate(records):
+        seconds = (timings or {}).get(f"pass.{i}:{record.get('name')}")
         step = PassStep(
             i,
             str(record.get("name", "?")),
@@ -197,7 +204,7 @@ def programs(compiled: Any, manifest: Manifest) -> list[ProgramView]:
         return [main]
     forward = getattr(program, "forward", None)
     back = getattr(program, "backward", None)
-    return [
+    halves = [
         ProgramView(
             "forward",
             getattr(program, "forward_graph", None),
@@ -213,6 +220,24 @@ def programs(compiled: Any, manifest: Manifest) -> list[ProgramView]:
             list(kernels.get("backward_schedule", [])),
         ),
     ]
+    _half_passes(halves, program, manifest)
+    return halves
+
+
+def _half_passes(halves: list[ProgramView], program: Any, manifest: Manifest) -> None:
+    """Each training half's passes after the partition, with their graphs where this process
+    ran them."""
+    recorded = manifest.autograd.get("passes", {})
+    results = getattr(program, "passes", None)
+    part = getattr(program, "partition", None)
+    for i, half in enumerate(halves):
+        records = list(recorded.get(half.title, []))
+        graphs: list[Graph] = []
+        before = None
+        if results is not None and part is not None:
+            graphs = [r.graph for r in results[i].records if r.graph is not None]
+            before = graph_listing(part.forward if i == 0 else part.backward)
+        half.passes = pass_steps(records, before, graphs)
 
 
 def _specialization(
@@ -238,7 +263,8 @@ def _specialization(
     )
     if shared_with is not None:
         return view
-    view.passes = pass_steps(manifest, captured, list(compiled.pass_graphs))
+    kept = list(compiled.pass_graphs)
+    view.passes = pass_steps(manifest.passes, captured, kept, manifest.timings)
     if s.executor is not None and graph is not None:
         view.programs = programs(compiled, manifest)
     return view
@@ -286,7 +312,7 @@ def from_explanation(explanation: Explanation, source: str) -> CallableView:
             s.guard_evaluator,
             s.manifest,
         )
-        view.passes = pass_steps(s.manifest, None, [])
+        view.passes = pass_steps(s.manifest.passes, None, [], s.manifest.timings)
         if s.manifest.executor:
             view.programs = programs(None, s.manifest)
         views.append(view)
@@ -305,7 +331,7 @@ def from_manifest(manifest: Manifest, source: str) -> CallableView:
         "unknown (a saved manifest)",
         manifest,
     )
-    view.passes = pass_steps(manifest, None, [])
+    view.passes = pass_steps(manifest.passes, None, [], manifest.timings)
     if manifest.executor:
         view.programs = programs(None, manifest)
     return CallableView(f"manifest {source}", [view], None, f"the saved manifest {source}")
