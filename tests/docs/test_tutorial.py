@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 from pathlib import Path
 
 import pytest
+
+from plait import logs
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = ROOT / "docs" / "tutorial.md"
@@ -26,10 +29,13 @@ def test_the_tutorial_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "tutorial"}
     printed = io.StringIO()
-    for i, block in enumerate(blocks):
-        code = compile(block, f"docs/tutorial.md, python block {i + 1}", "exec")
-        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
-            exec(code, namespace)
+    try:
+        for i, block in enumerate(blocks):
+            code = compile(block, f"docs/tutorial.md, python block {i + 1}", "exec")
+            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+                exec(code, namespace)
+    finally:  # NOTE: the tutorial turns log channels on and off; leave them as they were
+        logs.configure(os.environ.get(logs.ENVIRONMENT, ""))
     out = printed.getvalue()
     assert out.splitlines()[0] == "True"  # the compiled model agrees with eager
     assert "conformance PASSED" in out
