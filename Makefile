@@ -15,7 +15,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench,tvm]'
 	# NOTE: the zoo's torchvision and timm models: timm without its dependencies (it would pull
 	# the CUDA torchvision), torchvision's Python files only (benchmarks/model_sources.py)
 	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt timm

@@ -3,15 +3,18 @@
 A backend turns a :class:`~plait.frontend.program.CapturedProgram` into a :class:`Compiled`: an
 executor with the captured graph's calling convention, the guards the compile added (frozen
 parameters), and the specialization's manifest. ``eager`` runs the graph with the reference
-interpreter; ``stax`` runs the pass pipeline and the Stax native executor.
+interpreter; ``stax`` runs the pass pipeline and the Stax native executor; ``tvm`` is Stax
+with its CPU kernels printed and built by Apache TVM (``options={"stax": {"kernels": "tvm"}}``;
+``pip install plait[tvm]``).
 
 Example:
     >>> sorted(BACKENDS)
-    ['eager', 'stax']
+    ['eager', 'stax', 'tvm']
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -35,7 +38,7 @@ from plait.ir import Graph, TensorType, Value, interpret
 from plait.manifest import Manifest
 from plait.passes import INFERENCE_PIPELINE, TRAINING_PIPELINE, run_pipeline
 
-KNOWN_OPTIONS = ("passes", "freeze", "stax", "cuda_graphs", "partitioner", "budgets")
+KNOWN_OPTIONS = ("passes", "freeze", "stax", "cuda_graphs", "partitioner", "budgets", "tvm_tune")
 _GRAD_FALLBACK = "backend stax → eager interpreter"
 _GRAD_REASON = (
     "gradients flow through this call and its backward could not be compiled: the reference "
@@ -159,7 +162,19 @@ def _stax_options(req: CompileRequest, training: bool = False) -> Any:
         settings.setdefault("onednn", False)
     if "cuda_graphs" in req.options:
         settings.setdefault("cuda_graphs", bool(req.options["cuda_graphs"]))
+    if "tvm_tune" in req.options:
+        settings.setdefault("tvm_tune", req.options["tvm_tune"])
     return StaxOptions(**settings)
+
+
+def _tvm_request(req: CompileRequest) -> CompileRequest:
+    """``backend="tvm"``: the Stax backend with TVM kernels (refused with how to install TVM
+    where it is not installed)."""
+    from plait.codegen.tvm_build import require_tvm
+
+    require_tvm()
+    stax = {**dict(req.options.get("stax") or {}), "kernels": "tvm"}
+    return dataclasses.replace(req, backend="stax", options={**req.options, "stax": stax})
 
 
 def _stax_program(req: CompileRequest, optimized: Graph) -> Any:
@@ -200,7 +215,16 @@ def _stax_records_from(records: dict[str, Any], m: Manifest) -> None:
     for n in records.get("evidence", {}).get("nodes", []):
         if n["executor"] == "fallback":
             m.fallbacks.append({"what": f"node {n['id']} ({n['op']})", "reason": n["detail"]})
+    _printer_fallbacks(m.kernels["kernels"], m, "")
     _log_codegen(m.executor, m.kernels.get("kernels", []))
+
+
+def _printer_fallbacks(kernels: list[dict[str, Any]], m: Manifest, where: str) -> None:
+    """Kernels the printer asked for (TVM) did not print: the C++ printer did, and why."""
+    for k in kernels:
+        if k.get("fallback"):
+            what = f"{where}kernel {k.get('name', '?')} (TVM → C++ printer)"
+            m.fallbacks.append({"what": what, "reason": k["fallback"]})
 
 
 def _log_codegen(executor: dict[str, Any], kernels: list[dict[str, Any]], half: str = "") -> None:
@@ -280,6 +304,7 @@ def _training_records(training: Any, m: Manifest) -> None:
     }
     bwd.pop("toolchain", None)
     m.executor["backward"] = bwd
+    _printer_fallbacks(m.kernels["backward_kernels"], m, "backward ")
     _log_codegen(bwd, m.kernels["backward_kernels"], " backward")
     for n in bwd.get("evidence", {}).get("nodes", []):
         if n["executor"] == "fallback":
@@ -308,6 +333,8 @@ def compile_program(req: CompileRequest) -> Compiled:
     if unknown:
         raise ValueError(f"unknown compile options {unknown}; known: {list(KNOWN_OPTIONS)}")
     m = Manifest(source_hash=prog.semantic_hash or "", options=_options_record(req))
+    if req.backend == "tvm":
+        req = _tvm_request(req)
     m.guards = prog.guards.texts()
     m.fallbacks = [
         {
@@ -472,4 +499,4 @@ def _options_record(req: CompileRequest) -> dict[str, Any]:
     }
 
 
-BACKENDS = ("eager", "stax")
+BACKENDS = ("eager", "stax", "tvm")

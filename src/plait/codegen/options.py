@@ -1,14 +1,16 @@
 """Options of the Stax backend (codegen and executor), with defaults that suit the CPU.
 
 Example:
-    >>> StaxOptions(strict=True).strict
-    True
+    >>> StaxOptions(strict=True).strict, StaxOptions(kernels="tvm").kernels
+    (True, 'tvm')
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
+
+KERNEL_PRINTERS = ("cpp", "tvm")
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,13 @@ class StaxOptions:
     graph when nothing in it syncs with the host, and replay it on each call (off: launch each
     kernel and extern from Python). ``triton_autotune``: time a few block shapes of each Triton
     kernel on the device at compile time and keep the fastest (the choice is cached with the
-    kernel, by its source and the GPU: a later compile times nothing); off: the heuristic's."""
+    kernel, by its source and the GPU: a later compile times nothing); off: the heuristic's.
+
+    ``kernels``: which printer prints the CPU kernels: ``cpp`` (the C++ printer) or ``tvm``
+    (Apache TVM, ``pip install plait[tvm]``: each kernel lowered to TensorIR and built by TVM's
+    LLVM backend, run by the same executor; a kernel the TVM printer refuses is printed by the
+    C++ printer, recorded per kernel). ``tvm_tune``: MetaSchedule trials per TVM kernel (0: the
+    default schedule; the tuning log is kept beside the kernel in the kernel cache and reused)."""
 
     strict: bool = False
     parallel_threshold: int = 1 << 17
@@ -59,6 +67,14 @@ class StaxOptions:
     target: str = "auto"
     cuda_graphs: bool = True
     triton_autotune: bool = False
+    kernels: str = "cpp"
+    tvm_tune: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kernels not in KERNEL_PRINTERS:
+            raise ValueError(f"kernels={self.kernels!r}: one of {list(KERNEL_PRINTERS)}")
+        if type(self.tvm_tune) is not int or self.tvm_tune < 0:
+            raise ValueError(f"tvm_tune={self.tvm_tune!r}: a count of trials (0: no tuning)")
 
     def record(self) -> dict[str, Any]:
         return asdict(self)

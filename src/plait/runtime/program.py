@@ -29,6 +29,7 @@ from plait.codegen.build import Unit, build_units, toolchain
 from plait.codegen.cpp import PrintOptions, print_kernel
 from plait.codegen.errors import CodegenError
 from plait.codegen.fusion import extern_layouts, graph_device, plan_graph
+from plait.codegen.kir import Kernel
 from plait.codegen.onednn import LOADED
 from plait.codegen.options import StaxOptions
 from plait.codegen.plan import KernelStep, NodeTag, Plan, SavedLayouts
@@ -93,6 +94,9 @@ class KernelInfo:
     source: str = field(default="", repr=False)
     triton: Any = field(default=None, repr=False)  # NOTE: the TritonSource of a Triton kernel
     tuning: dict[str, Any] | None = None  # NOTE: how its launch shape was chosen (autotuned)
+    printer: str = "cpp"  # NOTE: "cpp", "triton" or "tvm"
+    fallback: str = ""  # NOTE: why the printer asked for (TVM) did not print it
+    tvm: Any = field(default=None, repr=False)  # NOTE: the TvmKernel of a TVM kernel
 
     def record(self) -> dict[str, Any]:
         return {
@@ -105,6 +109,8 @@ class KernelInfo:
             "build_seconds": round(self.build_seconds, 6),
             "cache_hit": self.cache_hit,
             "epilogue_of": self.epilogue_of,
+            "printer": self.printer,
+            **({"fallback": self.fallback} if self.fallback else {}),
             **({"tuning": self.tuning} if self.tuning is not None else {}),
         }
 
@@ -238,13 +244,22 @@ class StaxProgram:
             "target": self.target,
             "device": str(self.device),
             "cuda_graph": dict(self.cuda_graph),
-            "toolchain": toolchain().record() if self.target == "cpu" else triton_toolchain(),
+            "toolchain": self._toolchain(),
             "options": self.options.record(),
             "evidence": self.evidence.records(),
             "schedule": self.schedule(),
             "memory_plan": self.memory_plan.records(),
             **self.timing_records(),
         }
+
+    def _toolchain(self) -> dict[str, Any]:
+        if self.target != "cpu":
+            return triton_toolchain()
+        if self.options.kernels == "tvm":
+            from plait.codegen.tvm_build import toolchain_record
+
+            return {**toolchain().record(), "tvm": toolchain_record()}
+        return toolchain().record()
 
     def timing_records(self) -> dict[str, Any]:
         """The part of :meth:`records` that differs between two builds of one program (the
@@ -314,12 +329,17 @@ def compile_graphs(
     popts = PrintOptions(parallel_threshold=opts.parallel_threshold)
     infos: list[list[KernelInfo]] = []
     sources: dict[str, str] = {}
-    for g, plan, target in zip(graphs, plans, targets):
+    tvm_rows = _tvm_choices(plans, targets, opts, layouts)
+    for g, plan, target, tvm_row in zip(graphs, plans, targets, tvm_rows):
         row = []
-        for low in plan.kernels:
+        for j, low in enumerate(plan.kernels):
             if target == "triton":
                 tune_on = graph_device(g) if opts.triton_autotune else None
                 row.append(_triton_info(low, tune_on))
+                row[-1].printer = "triton"
+                continue
+            if tvm_row and tvm_row[j].kernel is not None:
+                row.append(_tvm_info(low.kernel, tvm_row[j].kernel, plan))
                 continue
             text = print_kernel(low.kernel, "STAX_SYMBOL", popts)
             digest = hashlib.sha256(text.encode()).hexdigest()
@@ -327,6 +347,9 @@ def compile_graphs(
             sources[symbol] = text.replace("STAX_SYMBOL", symbol, 1)
             row.append(KernelInfo(low.kernel.name, symbol, low.kernel.template,
                                   low.kernel.nodes, digest, source=sources[symbol]))  # fmt: skip
+            if tvm_row:
+                row[-1].fallback = tvm_row[j].fallback
+                _tag(plan, low.kernel, f"C++: {tvm_row[j].fallback}")
         infos.append(row)
     t_print = time.perf_counter()
     units = _units(sorted(sources), sources, opts)
@@ -377,14 +400,64 @@ def _load_cpp(
 
     funcs: dict[int, Any] = {}
     for step_index, info in zip(kernel_steps, row):
-        u = unit_of[info.symbol]
-        info.unit, info.build_seconds, info.cache_hit = u.key[:16], u.seconds, u.cache_hit
-        assert u.lib is not None
-        fn = getattr(u.lib, info.symbol)
+        if info.tvm is not None:
+            lib = info.tvm.lib  # NOTE: a TVM kernel: its own library, the same calling convention
+            info.unit, info.build_seconds = f"tvm:{info.tvm.key[:16]}", info.tvm.seconds
+            info.cache_hit, info.tuning = info.tvm.cache_hit, info.tvm.tuning or None
+        else:
+            u = unit_of[info.symbol]
+            info.unit, info.build_seconds, info.cache_hit = u.key[:16], u.seconds, u.cache_hit
+            lib = u.lib
+        assert lib is not None
+        fn = getattr(lib, info.symbol)
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p]
         funcs[step_index] = fn
     return funcs
+
+
+def _tvm_choices(
+    plans: Sequence[Plan], targets: Sequence[str], opts: StaxOptions, layouts: Any
+) -> list[list[Any] | None]:
+    """For each CPU plan with ``kernels="tvm"``: each kernel's TVM kernel (built) or why the C++
+    printer prints it (:mod:`plait.codegen.tvm_kernels`); None for the others. As for C++
+    kernels, nothing printed from a cache entry's graph is built before the entry's check."""
+    if opts.kernels != "tvm" or "cpu" not in targets:
+        return [None] * len(plans)
+    from plait.codegen.tvm_kernels import build_choices, choose_tvm
+
+    rows: list[list[Any] | None] = []
+    for plan, target in zip(plans, targets):
+        kernels = [low.kernel for low in plan.kernels]
+        rows.append(
+            choose_tvm(kernels, opts.parallel_threshold, opts.tvm_tune) if target == "cpu" else None
+        )
+    chosen = [c for row in rows for c in row or ()]
+    if any(c.kernel is not None for c in chosen):
+        for saved in layouts or ():
+            if isinstance(saved, SavedLayouts) and saved.gate is not None:
+                saved.gate()
+    build_choices(chosen, opts.jobs)
+    return rows
+
+
+def _tvm_info(kernel: Kernel, tvm: Any, plan: Plan) -> KernelInfo:
+    digest = hashlib.sha256(tvm.source.source.encode()).hexdigest()
+    info = KernelInfo(kernel.name, tvm.symbol, kernel.template, kernel.nodes, digest,
+                      source=tvm.source.source, printer="tvm", tvm=tvm)  # fmt: skip
+    _tag(plan, kernel, "TVM")
+    return info
+
+
+def _tag(plan: Plan, kernel: Kernel, how: str) -> None:
+    """Say in each node's evidence which printer printed the kernel that ran it."""
+    import re
+
+    for nid in kernel.nodes:
+        tag = plan.tags.get(nid)
+        if tag is not None:
+            detail = re.sub(rf"\b{re.escape(kernel.name)}\b", f"{kernel.name} [{how}]", tag.detail)
+            plan.tags[nid] = NodeTag(tag.executor, detail)
 
 
 def _named(ts: Any) -> Any:

@@ -1,0 +1,648 @@
+"""The TVM printer: kernel IR to the TVMScript text of one TensorIR function.
+
+The third printer of the kernel IR (after :mod:`plait.codegen.cpp` and
+:mod:`plait.codegen.triton`), with the C++ printer's semantics statement for statement. The
+function takes one flat buffer per kernel buffer, in buffer order (16-bit floats as their
+``uint16`` bits, bools as ``uint8``), aligned to its element only (arena offsets and views are
+not vector-aligned); a kernel with integer division takes one more ``int32[1]`` buffer, ``err``,
+set to 1 where a divisor is 0 (the executor raises PyTorch's error).
+
+Loops (after :func:`~plait.codegen.loops.merge_loops`, as the other printers) are printed
+serial and unscheduled, one loop nest per block, in order: for each phase, one reduction block
+per reduction (spatial over the outer variables, reducing over the inner ones, its result in an
+``acc`` buffer shaped like the outer domain) and one block for the phase's stores (over outer and
+inner variables), then one block for the final stores (over the outer ones).
+:mod:`plait.codegen.tvm_schedule` schedules them (or tuning does, :mod:`plait.codegen.tvm_tune`).
+
+Statements are inlined into the expressions that read them (TVM's common subexpression pass
+shares them again), so that a reduction's update is one store TensorIR recognizes; integer and
+floor division and integer powers are ``T.let`` lines of their own. Semantics that TVM would
+otherwise change are spelled out: float operands pass through :func:`opaque` (TVM's simplifier
+applies integer algebra to floats), NaN tests are ``T.isnan`` (it folds ``x != x`` to false), a
+float max or min reduction is TVM's max (or min) plus a flag of NaNs and infinities, so that it
+stays a reduction TVM can split into vector lanes and still returns what the C++ kernel does.
+Transcendentals call the C library's functions (``expf``, ...), as the C++ kernels' scalar
+paths do.
+
+Refused (the caller falls back to the C++ printer, recorded): symbolic sizes (TVM kernels are
+static), an empty loop, an index or buffer past int32, a reduction of bools.
+
+Printing needs no TVM; building does.
+
+Example:
+    >>> from plait.codegen.index import Ix, Var
+    >>> from plait.codegen.kir import KernelBuilder
+    >>> b = KernelBuilder("k", outer=(Var("i0", 8),))
+    >>> x, y = b.buffer("x", "f32", 8), b.buffer("y", "f32", 8, output=True)
+    >>> i = Ix.var(b.outer[0])
+    >>> b.store(y, i, b.op("exp", [b.load(x, i)], "f32"))
+    >>> src = print_tvm(b.build(nodes=()), "k_exp")
+    >>> 'T.call_pure_extern("float32", "expf"' in src.source, src.buffers
+    (True, (('float32', 8), ('float32', 8)))
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+from plait.codegen.errors import CodegenError
+from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var, atom_range
+from plait.codegen.kir import CHECKED_INT_OPS, Kernel, Reduce, Stmt, Store, is_float
+from plait.codegen.loops import merge_loops
+
+DTYPE = {
+    "f64": "float64",
+    "f32": "float32",
+    "i64": "int64",
+    "i32": "int32",
+    "i16": "int16",
+    "i8": "int8",
+    "u8": "uint8",
+    "b": "bool",
+}
+STORAGE = {**DTYPE, "bf16": "uint16", "f16": "uint16", "b": "uint8"}
+ITEM = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "int16": 2, "uint16": 2}
+ITEM.update({"int8": 1, "uint8": 1})
+# The C library's math functions (float variants with an ``f`` suffix): what C++ kernels call.
+LIBM = ("exp", "log", "tanh", "erf", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
+        "asinh", "acosh", "atanh", "expm1", "log1p", "log2", "log10", "exp2", "erfc", "pow",
+        "atan2", "hypot", "fmod")  # fmt: skip
+# Exact operations LLVM has instructions or intrinsics for.
+_EXACT = {"sqrt": "T.sqrt", "floor": "T.floor", "ceil": "T.ceil", "trunc": "T.trunc"}
+_EXACT.update({"rint": "T.nearbyint", "copysign": "T.copysign"})
+_ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_BITWISE = {"band": "T.bitwise_and", "bor": "T.bitwise_or", "bxor": "T.bitwise_xor"}
+_BITS = {"i64": 64, "i32": 32, "i16": 16, "i8": 8, "u8": 8}
+INT32_BOUND = 1 << 31
+# Statements printed as statements of their own (``T.let`` lines), never inlined.
+_BOUND_OPS = (*CHECKED_INT_OPS, "fdiv_floor", "ipow")
+# NOTE: the inlined text of a block's values, in characters, past which a block binds them all
+INLINE_LIMIT = 1 << 15
+PRINTER_VERSION = "plait-tvm-script-1"
+
+
+class Unsupported(CodegenError):
+    """The TVM printer does not print this kernel (the C++ printer does); ``str()`` says why."""
+
+
+@dataclass(frozen=True)
+class TvmSource:
+    """A printed kernel: ``source`` defines ``def symbol(...)``; ``buffers`` are its arguments'
+    storage dtypes and element counts, in buffer order; ``checks_division``: one more argument,
+    ``err`` (``int32[1]``). ``outer`` and ``inner``: the loop extents after merging (what the
+    default schedule reads)."""
+
+    symbol: str
+    source: str
+    buffers: tuple[tuple[str, int], ...]
+    checks_division: bool
+    outer: tuple[int, ...]
+    inner: tuple[int, ...]
+    phases: int
+
+
+def f32_of(value: float) -> float:
+    """``value`` rounded to float32 as C's ``(float)`` does (overflow gives an infinity)."""
+    try:
+        return float(struct.unpack("<f", struct.pack("<f", value))[0])
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def const_text(value: object, t: str) -> str:
+    """A constant of scalar type ``t``, exact (NaN, infinities, -0.0, float32 rounding)."""
+    name = DTYPE[t]
+    if t == "b":
+        return f"T.bool({bool(value)})"
+    if not is_float(t):
+        assert isinstance(value, int)
+        return f"T.{name}({int(value)})"
+    assert isinstance(value, float)
+    v = f32_of(value) if t == "f32" else value
+    if math.isnan(v) or math.isinf(v):
+        return f'T.{name}("{"nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")}")'
+    return f"T.{name}({v!r})"
+
+
+def identity(kind: str, t: str) -> object:
+    """A reduction's initial value (the C++ printer's)."""
+    if kind == "sum":
+        return 0.0 if is_float(t) else 0
+    if kind == "prod":
+        return 1.0 if is_float(t) else 1
+    if is_float(t):
+        return -math.inf if kind == "max" else math.inf
+    if t == "u8":
+        return 0 if kind == "max" else 255
+    bits = _BITS[t]
+    return -(1 << (bits - 1)) if kind == "max" else (1 << (bits - 1)) - 1
+
+
+def _static(n: object, what: str) -> int:
+    if not isinstance(n, int):
+        raise Unsupported(f"symbolic size {n} ({what}): TVM kernels are static")
+    return n
+
+
+def _index_bound(ix: Ix) -> int:
+    """An upper bound of |value| of ``ix`` and of every partial sum computed on the way."""
+    total = abs(_static(ix.const, "index"))
+    inner = 0
+    for atom, coef in ix.terms:
+        lo, hi = atom_range(atom)
+        bounds = [abs(_static(x, "index")) for x in (lo, hi) if x is not None]
+        total += abs(_static(coef, "index")) * max([*bounds, 1])
+        if not isinstance(atom, Var):
+            inner = max(inner, _index_bound(atom.e))
+    return max(total, inner)
+
+
+class _Printer:
+    def __init__(self, kernel: Kernel, symbol: str) -> None:
+        atoms = kernel.size_atoms()
+        if atoms:
+            raise Unsupported(f"symbolic sizes ({', '.join(atoms)}): TVM kernels are static")
+        self.k = merge_loops(kernel)
+        self.symbol = symbol
+        self.outer = [_static(v.extent, "loop") for v in self.k.outer]
+        self.inner = [_static(v.extent, "loop") for v in self.k.inner]
+        if 0 in self.outer or 0 in self.inner:
+            raise Unsupported("an empty loop (a zero extent)")
+        self._check_int32()
+        self.reduce_of = {r.acc: r for ph in self.k.phases for r in ph.reduces}
+        for r in self.reduce_of.values():
+            if r.dtype == "b":
+                raise Unsupported("a reduction of bools")
+        self.checks = any(s.op in CHECKED_INT_OPS for s in self.k.stmts())
+        self.lines: list[str] = []
+        self.names: dict[int, str] = {}  # NOTE: statements bound by name in the current block
+        self.inline = True
+
+    def _check_int32(self) -> None:
+        k = self.k
+        sizes = [_static(b.numel, "buffer") for b in k.buffers]
+        sizes.append(math.prod(self.outer) * max(1, math.prod(self.inner)))
+        for s in k.stmts():
+            if s.op == "load":
+                sizes.append(_index_bound(s.attr[1]))
+            elif s.op == "index":
+                sizes.append(_index_bound(s.attr))
+        for st in [*(st for ph in k.phases for st in ph.stores), *k.final]:
+            sizes.append(_index_bound(st.index))
+        if max(sizes) >= INT32_BOUND:
+            raise Unsupported("an index or buffer past int32 (TVM kernels index in int32)")
+
+    # --- text helpers -------------------------------------------------------------------------
+    def line(self, depth: int, text: str) -> None:
+        self.lines.append("    " * depth + text)
+
+    def index(self, ix: Ix) -> str:
+        parts = []
+        for atom, coef in ix.terms:
+            a = self._atom(atom)
+            parts.append(a if coef == 1 else f"{a} * {coef}")
+        if ix.const != 0 or not parts:
+            parts.append(str(ix.const))
+        return " + ".join(parts)
+
+    def _atom(self, a: Atom) -> str:
+        if isinstance(a, Var):
+            return a.name
+        if isinstance(a, Div):
+            return f"T.floordiv({self.index(a.e)}, {a.k})"
+        if isinstance(a, Mod):
+            return f"T.floormod({self.index(a.e)}, {a.k})"
+        assert isinstance(a, Clamp)
+        return f"T.max(T.min({self.index(a.e)}, {a.hi}), {a.lo})"
+
+    def acc_ref(self, n: int, suffix: str = "") -> str:
+        outer = ", ".join(v.name for v in self.k.outer) or "0"
+        return f"acc{n}{suffix}[{outer}]"
+
+    def acc_value(self, n: int) -> str:
+        """A reduction's result. A float max or min reduces with TVM's own max (or min) and a
+        flag of what it saw (2: a NaN, 1: a value above the identity's side, else only
+        infinities toward it), so that both are reductions TensorIR can split."""
+        r = self.reduce_of[n]
+        if not (is_float(r.dtype) and r.kind in ("max", "min")):
+            return self.acc_ref(n)
+        flag = self.acc_ref(n, "_flag")
+        inf = -math.inf if r.kind == "max" else math.inf
+        nan, edge = const_text(math.nan, r.dtype), const_text(inf, r.dtype)
+        return f"T.Select({flag} == 2, {nan}, T.Select({flag} == 1, {self.acc_ref(n)}, {edge}))"
+
+    # --- statements ---------------------------------------------------------------------------
+    def operand(self, s: Stmt, memo: dict[int, str] | None = None) -> str:
+        """A statement's value where it is read: a constant, a bound name, or (inlined) its
+        expression."""
+        if s.op == "const":
+            return const_text(s.attr, s.dtype)
+        name = self.names.get(s.id)
+        if name is not None:
+            return name
+        if memo is None:
+            memo = {}
+        return self.text_of(s, memo)
+
+    def rhs(self, s: Stmt, memo: dict[int, str] | None = None) -> str:
+        op, t = s.op, s.dtype
+        if op == "const":
+            return const_text(s.attr, t)
+        if s.id in self.names and memo is not None:
+            return self.names[s.id]
+        a = [self.operand(x, memo) for x in s.args]
+        if op == "load":
+            return self.load(s)
+        if op == "index":
+            return f'T.Cast("int64", {self.index(s.attr)})'
+        if op == "acc":
+            return self.acc_value(s.attr)
+        if op == "cast":
+            return self.cast(a[0], s.args[0].dtype, t)
+        if op == "round":
+            return _round16(a[0], s.attr)
+        if t == "b" and op in ("add", "sub", "mul"):
+            # NOTE: C++ bool arithmetic, converted back to bool
+            return {"add": f"T.Or({a[0]}, {a[1]})", "sub": f"({a[0]} != {a[1]})"}.get(
+                op, f"T.And({a[0]}, {a[1]})"
+            )
+        if op in _ARITH or op in _COMPARE:
+            x, y = a
+            if is_float(s.args[0].dtype):
+                x, y = opaque(x, s.args[0].dtype, 0), opaque(y, s.args[0].dtype, 1)
+            return f"({x} {_ARITH.get(op) or _COMPARE[op]} {y})"
+        if op == "and":
+            return f"T.And({a[0]}, {a[1]})"
+        if op == "or":
+            return f"T.Or({a[0]}, {a[1]})"
+        if op == "not":
+            return f"T.Not({a[0]})"
+        if op == "neg":
+            return f"(-{opaque(a[0], t, 0)})" if is_float(t) else f"({const_text(0, t)} - {a[0]})"
+        if op == "abs":
+            if is_float(t):
+                return f"T.fabs({a[0]})"
+            return _select(f"{a[0]} < {const_text(0, t)}", f"({const_text(0, t)} - {a[0]})", a[0])
+        if op == "where":
+            return f"T.Select({a[0]}, {a[1]}, {a[2]})"
+        return self.rhs_more(s, a)
+
+    def rhs_more(self, s: Stmt, a: list[str]) -> str:
+        op, t = s.op, s.dtype
+        if op in ("max", "min", "fmax", "fmin"):
+            return _extremum(op, t, a[0], a[1])
+        if op in _EXACT:
+            return f"{_EXACT[op]}({', '.join(a)})"
+        if op in LIBM:
+            name = f"{op}f" if t == "f32" else op
+            return f'T.call_pure_extern("{DTYPE[t]}", "{name}", {", ".join(a)})'
+        if op == "fdiv_trunc":
+            return f"T.trunc({a[0]} / {a[1]})"
+        if op == "signbit":
+            return _signbit(a[0], s.args[0].dtype)
+        if op in _BITWISE:
+            if t == "b":
+                return {"band": "T.And", "bor": "T.Or"}.get(
+                    op, "T.bitwise_xor"
+                ) + f"({a[0]}, {a[1]})"
+            return f"{_BITWISE[op]}({a[0]}, {a[1]})"
+        if op == "bnot":
+            return f"T.Not({a[0]})" if t == "b" else f"T.bitwise_not({a[0]})"
+        raise AssertionError(f"statement {op} is printed by emit")
+
+    def cast(self, x: str, src: str, t: str) -> str:
+        if is_float(src):
+            x = opaque(x, src, 0)
+        if t == "b":
+            return f"({x} != {const_text(0.0 if is_float(src) else 0, src)})"
+        if is_float(src) and t in ("u8", "i8", "i16"):
+            # NOTE: as the C++ printer: through int64, so the narrow type wraps
+            return f'T.Cast("{DTYPE[t]}", T.Cast("int64", {x}))'
+        return f'T.Cast("{DTYPE[t]}", {x})'
+
+    def load(self, s: Stmt) -> str:
+        buf, ix = s.attr
+        ref = f"b{buf}[{self.index(ix)}]"
+        storage = self.k.buffers[buf].dtype
+        if storage == "bf16":
+            return f'T.reinterpret("float32", T.shift_left(T.Cast("uint32", {ref}), T.uint32(16)))'
+        if storage == "f16":
+            return f'T.Cast("float32", T.reinterpret("float16", {ref}))'
+        if storage == "b":
+            return f"({ref} != T.uint8(0))"
+        return ref
+
+    def emit(self, depth: int, roots: list[Stmt]) -> None:
+        """Open a block's statements: the ones that need statements of their own (integer
+        division, floor division, integer power) as ``T.let`` lines, every other one inlined
+        into the expressions that read it (TVM's common subexpression pass shares them again),
+        so that a reduction's update is one store TensorIR recognizes. A block whose inlined
+        text would grow past :data:`INLINE_LIMIT` binds every statement instead."""
+        sizes: dict[int, int] = {}
+        self.inline = sum(self._inline_size(r, sizes) for r in roots) <= INLINE_LIMIT
+        self.names = {}
+        done: set[int] = set()
+        for r in roots:
+            self._bind(depth, r, done)
+
+    def _bind(self, depth: int, s: Stmt, done: set[int]) -> None:
+        if s.id in done or s.op == "const":
+            return
+        for x in s.args:
+            self._bind(depth, x, done)
+        done.add(s.id)
+        if s.op in CHECKED_INT_OPS:
+            self.integer_division(depth, s)
+        elif s.op == "fdiv_floor":
+            self.floor_division(depth, s)
+        elif s.op == "ipow":
+            self.integer_power(depth, s)
+        elif not self.inline and s.op != "acc":
+            self.let(depth, f"t{s.id}", s.dtype, self.rhs(s))
+        else:
+            return
+        self.names[s.id] = f"t{s.id}"
+
+    def _inline_size(self, s: Stmt, sizes: dict[int, int]) -> int:
+        """About how long ``s`` is inlined (bound statements count as their name)."""
+        hit = sizes.get(s.id)
+        if hit is None:
+            if s.op in _BOUND_OPS:
+                hit = 8
+            else:
+                hit = 40 + sum(self._inline_size(x, sizes) for x in s.args)
+            sizes[s.id] = hit = min(hit, INLINE_LIMIT + 1)
+        return hit
+
+    def text_of(self, s: Stmt, memo: dict[int, str]) -> str:
+        """``s`` as an expression (lets by name, the rest inlined)."""
+        hit = memo.get(s.id)
+        if hit is None:
+            for x in s.args:
+                self.text_of(x, memo)
+            hit = memo[s.id] = self.rhs(s, memo)
+        return hit
+
+    def let(self, depth: int, name: str, t: str, value: str) -> None:
+        self.line(depth, f"{name}: T.let[T.{DTYPE[t]}] = {value}")
+
+    def integer_division(self, depth: int, s: Stmt) -> None:
+        """The C++ prelude's ``idiv_trunc`` (and friends): 0 for a zero divisor (reported in
+        ``err``), ``-a`` (wrapping) for -1; a safe divisor is divided by (both sides of a
+        select are computed)."""
+        a, b = (self.operand(x) for x in s.args)
+        t, n = s.dtype, f"t{s.id}"
+        zero, one = const_text(0, t), const_text(1, t)
+        signed = t != "u8"
+        self.line(depth, f"if {b} == {zero}:")
+        self.line(depth + 1, "err[0] = T.int32(1)")
+        bad = f"T.Or({b} == {zero}, {b} == {const_text(-1, t)})" if signed else f"{b} == {zero}"
+        self.let(depth, f"{n}_d", t, f"T.Select({bad}, {one}, {b})")
+        q = f"T.truncdiv({a}, {n}_d)"
+        r = f"T.truncmod({a}, {n}_d)"
+        if s.op in ("imod_trunc", "imod_floor"):
+            self.let(depth, f"{n}_r", t, r)
+            value = f"{n}_r"
+            if s.op == "imod_floor":
+                value = _select(_opposite(f"{n}_r", b, zero), f"{n}_r + {b}", f"{n}_r")
+            self.let(depth, n, t, value)
+            return
+        self.let(depth, f"{n}_q", t, q)
+        value = f"{n}_q"
+        if s.op == "idiv_floor":
+            self.let(depth, f"{n}_r", t, r)
+            value = _select(_opposite(f"{n}_r", b, zero), f"{n}_q - {one}", f"{n}_q")
+        if signed:
+            value = f"T.Select({b} == {const_text(-1, t)}, {zero} - {a}, {value})"
+        self.let(depth, n, t, f"T.Select({b} == {zero}, {zero}, {value})")
+
+    def floor_division(self, depth: int, s: Stmt) -> None:
+        """ATen's ``div_floor_floating`` (the C++ prelude's ``fdiv_floor``)."""
+        a, b = (self.operand(x) for x in s.args)
+        t, n = s.dtype, f"t{s.id}"
+        zero, one, half = (const_text(v, t) for v in (0.0, 1.0, 0.5))
+        fmod = "fmodf" if t == "f32" else "fmod"
+        self.let(depth, f"{n}_m", t, f'T.call_pure_extern("{DTYPE[t]}", "{fmod}", {a}, {b})')
+        self.let(depth, f"{n}_q0", t, f"({a} - {n}_m) / {b}")
+        adjust = f"T.And({n}_m != {zero}, ({b} < {zero}) != ({n}_m < {zero}))"
+        self.let(depth, f"{n}_q", t, f"T.Select({adjust}, {n}_q0 - {one}, {n}_q0)")
+        self.let(depth, f"{n}_f0", t, f"T.floor({n}_q)")
+        self.let(depth, f"{n}_f", t, f"T.Select({n}_q - {n}_f0 > {half}, {n}_f0 + {one}, {n}_f0)")
+        value = f"T.Select({n}_q != {zero}, {n}_f, T.copysign({zero}, {a} / {b}))"
+        self.let(depth, n, t, f"T.Select({b} == {zero}, {a} / {b}, {value})")
+
+    def integer_power(self, depth: int, s: Stmt) -> None:
+        """The C++ prelude's ``ipow``: square and multiply over the exponent's bits (wrapping);
+        a negative exponent gives 1, -1 or 0 as the prelude does."""
+        a, b = (self.operand(x) for x in s.args)
+        t, n = s.dtype, f"t{s.id}"
+        zero, one = const_text(0, t), const_text(1, t)
+        self.let(depth, f"{n}_r0", t, one)
+        self.let(depth, f"{n}_a0", t, a)
+        self.let(depth, f"{n}_e0", t, b)
+        for j in range(_BITS[t]):
+            odd = f"T.bitwise_and({n}_e{j}, {one}) != {zero}"
+            self.let(depth, f"{n}_r{j + 1}", t, f"T.Select({odd}, {n}_r{j} * {n}_a{j}, {n}_r{j})")
+            self.let(depth, f"{n}_a{j + 1}", t, f"{n}_a{j} * {n}_a{j}")
+            shifted = f"T.shift_right({n}_e{j}, {one})"
+            if t != "u8":  # NOTE: a logical shift: the loop ends after the exponent's bits
+                shifted = f"T.bitwise_and({shifted}, {const_text((1 << (_BITS[t] - 1)) - 1, t)})"
+            self.let(depth, f"{n}_e{j + 1}", t, shifted)
+        value = f"{n}_r{_BITS[t]}"
+        if t != "u8":
+            minus = const_text(-1, t)
+            odd = f"T.bitwise_and({b}, {one}) != {zero}"
+            inverse = _select(f"{a} == {minus}", _select(odd, minus, one), zero)
+            value = f"T.Select({b} < {zero}, T.Select({a} == {one}, {one}, {inverse}), {value})"
+        self.let(depth, n, t, value)
+
+    # --- blocks -------------------------------------------------------------------------------
+    def axes(self, depth: int, inner: str | None) -> None:
+        for v, e in zip(self.k.outer, self.outer):
+            self.line(depth, f"{v.name} = T.axis.spatial({e}, l_{v.name})")
+        if inner is not None:
+            for v, e in zip(self.k.inner, self.inner):
+                self.line(depth, f"{v.name} = T.axis.{inner}({e}, l_{v.name})")
+
+    def loops(self, depth: int, inner: bool) -> int:
+        """A block's own loop nest: the outer loops, and the inner ones if ``inner``."""
+        loops = list(zip(self.k.outer, self.outer))
+        if inner:
+            loops += list(zip(self.k.inner, self.inner))
+        for v, e in loops:
+            self.line(depth, f"for l_{v.name} in range({e}):")
+            depth += 1
+        return depth
+
+    def reduce_block(self, depth: int, p: int, r: Reduce) -> None:
+        """One reduction block (two for a float max or min: the value, and its flag), its
+        initial value the identity TensorIR knows the reduction by (``T.min_value`` for a
+        max), so that the schedule can split it into vector lanes."""
+        self._reduction(depth, f"p{p}_{r.kind}_{r.dtype}_acc{r.acc}", r, "")
+        if is_float(r.dtype) and r.kind in ("max", "min"):
+            self._reduction(depth, f"p{p}_flag_i32_acc{r.acc}", r, "_flag")
+
+    def _reduction(self, depth: int, name: str, r: Reduce, suffix: str) -> None:
+        d = self.loops(depth, inner=True)
+        self.line(d, f'with T.sblock("{name}"):')
+        self.axes(d + 1, "reduce")
+        ref = self.acc_ref(r.acc, suffix)
+        self.line(d + 1, "with T.init():")
+        self.line(d + 2, f"{ref} = {_identity_text(r.kind if not suffix else 'flag', r.dtype)}")
+        self.emit(d + 1, [r.value])
+        v = self.operand(r.value)
+        if suffix:
+            edge = const_text(-math.inf if r.kind == "max" else math.inf, r.dtype)
+            beyond = f"{opaque(v, r.dtype, 0)} {'>' if r.kind == 'max' else '<'} {edge}"
+            code = f"T.Select(T.isnan({v}), 2, T.Select({beyond}, 1, 0))"
+            self.line(d + 1, f"{ref} = T.max({ref}, {code})")
+            return
+        self.line(d + 1, f"{ref} = {_combine(r, ref, v)}")
+
+    def store_block(self, depth: int, name: str, stores: list[Store], inner: bool) -> None:
+        d = self.loops(depth, inner)
+        self.line(d, f'with T.sblock("{name}"):')
+        self.axes(d + 1, "spatial" if inner else None)
+        self.emit(d + 1, [st.value for st in stores])
+        for st in stores:
+            self.line(d + 1, f"b{st.buffer}[{self.index(st.index)}] = {self.stored(st)}")
+
+    def stored(self, st: Store) -> str:
+        v = self.operand(st.value)
+        storage = self.k.buffers[st.buffer].dtype
+        if storage == "bf16":
+            return _bf16_bits(v)
+        if storage == "f16":
+            return f'T.reinterpret("uint16", T.Cast("float16", {v}))'
+        if storage == "b":
+            return f'T.Cast("uint8", {v})'
+        if storage != st.value.dtype:
+            return self.cast(v, st.value.dtype, storage)
+        return v
+
+    def source(self) -> TvmSource:
+        k = self.k
+        args = [
+            f'b{j}: T.Buffer(({b.numel},), "{STORAGE[b.dtype]}", align={ITEM[STORAGE[b.dtype]]})'
+            for j, b in enumerate(k.buffers)
+        ]
+        if self.checks:
+            args.append('err: T.Buffer((1,), "int32", align=4)')
+        self.line(0, "@T.prim_func(s_tir=True)")
+        self.line(0, f"def {self.symbol}({', '.join(args)}):")
+        shape = ", ".join(map(str, self.outer)) or "1"
+        for r in self.reduce_of.values():
+            self.line(1, f'acc{r.acc} = T.sblock_alloc_buffer(({shape},), "{DTYPE[r.dtype]}")')
+            if is_float(r.dtype) and r.kind in ("max", "min"):
+                self.line(1, f'acc{r.acc}_flag = T.sblock_alloc_buffer(({shape},), "int32")')
+        depth = 1
+        for p, ph in enumerate(k.phases):
+            for r in ph.reduces:
+                self.reduce_block(depth, p, r)
+            if ph.stores:
+                self.store_block(depth, f"p{p}_store", ph.stores, inner=True)
+        if k.final:
+            self.store_block(depth, "final", k.final, inner=False)
+        if not k.phases and not k.final:
+            self.line(depth, "T.evaluate(0)")
+        buffers = tuple((STORAGE[b.dtype], int(b.numel)) for b in k.buffers)
+        return TvmSource(
+            self.symbol,
+            "\n".join(self.lines) + "\n",
+            buffers,
+            self.checks,
+            tuple(self.outer),
+            tuple(self.inner),
+            len(k.phases),
+        )
+
+
+def _identity_text(kind: str, t: str) -> str:
+    if kind == "flag":
+        return 'T.min_value("int32")'
+    if kind in ("sum", "prod"):
+        return const_text(identity(kind, t), t)
+    # NOTE: TensorIR's identities (what it recognizes max and min reductions by); a float's
+    # infinities come from the flag
+    return f'T.{"min" if kind == "max" else "max"}_value("{DTYPE[t]}")'
+
+
+def _combine(r: Reduce, acc: str, v: str) -> str:
+    if is_float(r.dtype):
+        v = opaque(v, r.dtype, 1)
+    if r.kind == "sum":
+        return f"{acc} + {v}"
+    if r.kind == "prod":
+        return f"{acc} * {v}"
+    return f"T.{r.kind}({acc}, {v})"
+
+
+def _extremum(op: str, t: str, a: str, b: str) -> str:
+    if not is_float(t):
+        return f"T.Select({a} > {b}, {a}, {b})" if op == "max" else f"T.Select({a} < {b}, {a}, {b})"
+    x, y = opaque(a, t, 0), opaque(b, t, 1)
+    nan_a, nan_b = f"T.isnan({a})", f"T.isnan({b})"
+    if op == "max":
+        return _select(nan_a, a, _select(nan_b, b, _select(f"{x} > {y}", a, b)))
+    if op == "min":
+        return _select(nan_a, a, _select(nan_b, b, _select(f"{x} < {y}", a, b)))
+    # NOTE: fmax/fmin ignore a NaN operand; of two equal values (+0, -0) the first, as eager
+    if op == "fmax":
+        return _select(nan_a, b, _select(nan_b, a, _select(f"{x} < {y}", b, a)))
+    return _select(nan_a, b, _select(nan_b, a, _select(f"{y} < {x}", b, a)))
+
+
+def _select(cond: str, a: str, b: str) -> str:
+    return f"T.Select({cond}, {a}, {b})"
+
+
+def _opposite(r: str, b: str, zero: str) -> str:
+    """A nonzero remainder whose sign differs from the divisor's (floor division adjusts)."""
+    return f"T.And({r} != {zero}, ({r} < {zero}) != ({b} < {zero}))"
+
+
+def opaque(x: str, t: str, side: int) -> str:
+    """A float operand TVM's simplifier cannot see into: it applies integer algebra to floats
+    (``x - x`` to 0, ``x * 0`` to 0, ``(x + y) - y`` to ``x``), which changes what IEEE
+    arithmetic computes. A round trip through the bits (free: LLVM folds it), through an unsigned
+    integer for a left operand and a signed one for a right, so that two operands are never
+    structurally equal.
+
+    Example:
+        >>> opaque("a", "f32", 0)
+        'T.reinterpret("float32", T.reinterpret("uint32", a))'
+    """
+    bits = "64" if t == "f64" else "32"
+    word = f"{'u' if side == 0 else ''}int{bits}"
+    return f'T.reinterpret("{DTYPE[t]}", T.reinterpret("{word}", {x}))'
+
+
+def _signbit(x: str, t: str) -> str:
+    if t == "f64":
+        return f'(T.shift_right(T.reinterpret("uint64", {x}), T.uint64(63)) != T.uint64(0))'
+    return f'(T.shift_right(T.reinterpret("uint32", {x}), T.uint32(31)) != T.uint32(0))'
+
+
+def _bf16_bits(v: str) -> str:
+    """The nearest bfloat16's bits (ties to even; NaN: 0x7FC0), as ``uint16``."""
+    u = f'T.reinterpret("uint32", {v})'
+    odd = f"T.bitwise_and(T.shift_right({u}, T.uint32(16)), T.uint32(1))"
+    rounded = f'T.Cast("uint16", T.shift_right({u} + T.uint32(32767) + {odd}, T.uint32(16)))'
+    return f"T.Select(T.isnan({v}), T.uint16(32704), {rounded})"
+
+
+def _round16(v: str, storage: str) -> str:
+    """An f32 value rounded to a 16-bit float's precision (exactly, as it would be stored)."""
+    if storage == "bf16":
+        bits = _bf16_bits(v)
+        return f'T.reinterpret("float32", T.shift_left(T.Cast("uint32", {bits}), T.uint32(16)))'
+    return f'T.Cast("float32", T.Cast("float16", {v}))'
+
+
+def print_tvm(kernel: Kernel, symbol: str) -> TvmSource:
+    """``kernel`` as the TVMScript of ``def symbol(b0, b1, ...)``; raises :class:`Unsupported`
+    for what the TVM printer does not print (the caller's C++ fallback records why)."""
+    return _Printer(kernel, symbol).source()
