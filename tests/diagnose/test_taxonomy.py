@@ -50,14 +50,18 @@ def test_four_distinct_types_one_per_category() -> None:
             assert a is b or not issubclass(a, b)
 
 
-def test_every_plait_error_has_its_own_code_in_the_table() -> None:
+def test_every_plait_error_has_a_code_in_the_table() -> None:
+    """A subclass may share its parent's code (a refinement of the same cause); a code of its
+    own is never another type's."""
     seen: dict[str, type] = {}
     for cls in _plait_errors():
-        code = cls.__dict__.get("error_code")
-        assert code, f"{cls.__module__}.{cls.__qualname__} has no error_code of its own"
-        assert code in CODES and CODES[code].category == cls.category, cls
-        assert code not in seen, f"{code}: {cls} and {seen[code]}"
-        seen[code] = cls
+        code = cls.error_code
+        assert code in CODES, f"{cls.__module__}.{cls.__qualname__}: no code in the table"
+        assert CODES[code].category == cls.category, cls
+        own = cls.__dict__.get("error_code")
+        if own:
+            assert own not in seen, f"{own}: {cls} and {seen[own]}"
+            seen[own] = cls
     assert len(seen) >= 18
 
 
