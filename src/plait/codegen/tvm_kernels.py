@@ -68,6 +68,7 @@ def build_choices(choices: Sequence[TvmChoice], jobs: int | None = None) -> None
         try:
             build_tvm_kernels([c.kernel], jobs)
         except Exception as exc:  # NOTE: recorded as this kernel's fallback
-            first = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ""
+            lines = [x.strip() for x in str(exc).splitlines() if x.strip(" |")]
+            first = next((x for x in lines if "rror" in x), lines[0] if lines else "")[:300]
             c.fallback = f"TVM could not build it: {type(exc).__name__}: {first}"
             c.kernel = None

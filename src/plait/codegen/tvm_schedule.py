@@ -86,7 +86,7 @@ class _Scheduler:
         self.src = src
         self.choose = choose
         self.m = len(src.outer)
-        self.blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+        self.blocks = [sch.get_sblock(name) for name in src.blocks]
         self.names = {id(b): sch.get(b).name_hint for b in self.blocks}
         self.itemsize = max(_itemsize(s) for s, _ in src.buffers)
 

@@ -77,6 +77,7 @@ _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="
 _BITWISE = {"band": "T.bitwise_and", "bor": "T.bitwise_or", "bxor": "T.bitwise_xor"}
 _BITS = {"i64": 64, "i32": 32, "i16": 16, "i8": 8, "u8": 8}
 INT32_BOUND = 1 << 31
+_F32_MAX = 3.4028234663852886e38
 # Statements printed as statements of their own (``T.let`` lines), never inlined.
 _BOUND_OPS = (*CHECKED_INT_OPS, "fdiv_floor", "ipow")
 # NOTE: the inlined text of a block's values, in characters, past which a block binds them all
@@ -93,7 +94,7 @@ class TvmSource:
     """A printed kernel: ``source`` defines ``def symbol(...)``; ``buffers`` are its arguments'
     storage dtypes and element counts, in buffer order; ``checks_division``: one more argument,
     ``err`` (``int32[1]``). ``outer`` and ``inner``: the loop extents after merging (what the
-    default schedule reads)."""
+    default schedule reads), and ``blocks`` the names of its blocks, in order."""
 
     symbol: str
     source: str
@@ -102,6 +103,7 @@ class TvmSource:
     outer: tuple[int, ...]
     inner: tuple[int, ...]
     phases: int
+    blocks: tuple[str, ...] = ()
 
 
 def f32_of(value: float) -> float:
@@ -124,6 +126,11 @@ def const_text(value: object, t: str) -> str:
     v = f32_of(value) if t == "f32" else value
     if math.isnan(v) or math.isinf(v):
         return f'T.{name}("{"nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")}")'
+    if abs(v) > _F32_MAX:
+        # NOTE: TVMScript's parser refuses a float literal past float32's range, whatever its
+        # dtype: the double from its bits
+        (word,) = struct.unpack("<q", struct.pack("<d", v))
+        return f'T.reinterpret("float64", T.int64({word}))'
     return f"T.{name}({v!r})"
 
 
@@ -177,9 +184,12 @@ class _Printer:
             if r.dtype == "b":
                 raise Unsupported("a reduction of bools")
         self.checks = any(s.op in CHECKED_INT_OPS for s in self.k.stmts())
+        if any(s.op == "ipow" and s.args[1].op != "const" for s in self.k.stmts()):
+            raise Unsupported("an integer power whose exponent is not a constant")
         self.lines: list[str] = []
         self.names: dict[int, str] = {}  # NOTE: statements bound by name in the current block
         self.inline = True
+        self.block_names: list[str] = []
 
     def _check_int32(self) -> None:
         k = self.k
@@ -266,12 +276,17 @@ class _Printer:
             return _round16(a[0], s.attr)
         if t == "b" and op in ("add", "sub", "mul"):
             # NOTE: C++ bool arithmetic, converted back to bool
-            return {"add": f"T.Or({a[0]}, {a[1]})", "sub": f"({a[0]} != {a[1]})"}.get(
+            return {"add": f"T.Or({a[0]}, {a[1]})", "sub": f"({_byte(a[0])} != {_byte(a[1])})"}.get(
                 op, f"T.And({a[0]}, {a[1]})"
             )
         if op in _ARITH or op in _COMPARE:
             x, y = a
+            if s.args[0].dtype == "b":
+                # NOTE: TVM's LLVM backend compares bools with float comparisons: as bytes
+                x, y = _byte(x), _byte(y)
             if is_float(s.args[0].dtype):
+                if op == "ne":
+                    return float_ne(x, y, s.args[0].dtype)
                 x, y = opaque(x, s.args[0].dtype, 0), opaque(y, s.args[0].dtype, 1)
             return f"({x} {_ARITH.get(op) or _COMPARE[op]} {y})"
         if op == "and":
@@ -314,10 +329,12 @@ class _Printer:
         raise AssertionError(f"statement {op} is printed by emit")
 
     def cast(self, x: str, src: str, t: str) -> str:
+        if t == "b":
+            if is_float(src):
+                return float_ne(x, const_text(0.0, src), src)
+            return f"({x} != {const_text(0, src)})"
         if is_float(src):
             x = opaque(x, src, 0)
-        if t == "b":
-            return f"({x} != {const_text(0.0 if is_float(src) else 0, src)})"
         if is_float(src) and t in ("u8", "i8", "i16"):
             # NOTE: as the C++ printer: through int64, so the narrow type wraps
             return f'T.Cast("{DTYPE[t]}", T.Cast("int64", {x}))'
@@ -426,37 +443,45 @@ class _Printer:
         zero, one, half = (const_text(v, t) for v in (0.0, 1.0, 0.5))
         fmod = "fmodf" if t == "f32" else "fmod"
         self.let(depth, f"{n}_m", t, f'T.call_pure_extern("{DTYPE[t]}", "{fmod}", {a}, {b})')
-        self.let(depth, f"{n}_q0", t, f"({a} - {n}_m) / {b}")
-        adjust = f"T.And({n}_m != {zero}, ({b} < {zero}) != ({n}_m < {zero}))"
-        self.let(depth, f"{n}_q", t, f"T.Select({adjust}, {n}_q0 - {one}, {n}_q0)")
+
+        def op(x: str, sign: str, y: str) -> str:
+            return f"({opaque(x, t, 0)} {sign} {opaque(y, t, 1)})"
+
+        quotient = op(a, "/", b)
+        self.let(depth, f"{n}_q0", t, f"{op(op(a, '-', f'{n}_m'), '/', b)}")
+        signs = f"{_byte(op(b, '<', zero))} != {_byte(op(f'{n}_m', '<', zero))}"
+        adjust = f"T.And({float_ne(f'{n}_m', zero, t)}, {signs})"
+        self.let(depth, f"{n}_q", t, _select(adjust, op(f"{n}_q0", "-", one), f"{n}_q0"))
         self.let(depth, f"{n}_f0", t, f"T.floor({n}_q)")
-        self.let(depth, f"{n}_f", t, f"T.Select({n}_q - {n}_f0 > {half}, {n}_f0 + {one}, {n}_f0)")
-        value = f"T.Select({n}_q != {zero}, {n}_f, T.copysign({zero}, {a} / {b}))"
-        self.let(depth, n, t, f"T.Select({b} == {zero}, {a} / {b}, {value})")
+        up = op(op(f"{n}_q", "-", f"{n}_f0"), ">", half)
+        self.let(depth, f"{n}_f", t, _select(up, op(f"{n}_f0", "+", one), f"{n}_f0"))
+        value = _select(float_ne(f"{n}_q", zero, t), f"{n}_f", f"T.copysign({zero}, {quotient})")
+        self.let(depth, n, t, _select(op(b, "==", zero), quotient, value))
 
     def integer_power(self, depth: int, s: Stmt) -> None:
-        """The C++ prelude's ``ipow``: square and multiply over the exponent's bits (wrapping);
-        a negative exponent gives 1, -1 or 0 as the prelude does."""
-        a, b = (self.operand(x) for x in s.args)
+        """The C++ prelude's ``ipow`` of a constant exponent (the printer refuses others):
+        square and multiply over the exponent's bits (wrapping); a negative exponent gives 1,
+        -1 or 0 as the prelude does."""
+        a = self.operand(s.args[0])
+        e = int(s.args[1].attr)
         t, n = s.dtype, f"t{s.id}"
-        zero, one = const_text(0, t), const_text(1, t)
-        self.let(depth, f"{n}_r0", t, one)
-        self.let(depth, f"{n}_a0", t, a)
-        self.let(depth, f"{n}_e0", t, b)
-        for j in range(_BITS[t]):
-            odd = f"T.bitwise_and({n}_e{j}, {one}) != {zero}"
-            self.let(depth, f"{n}_r{j + 1}", t, f"T.Select({odd}, {n}_r{j} * {n}_a{j}, {n}_r{j})")
-            self.let(depth, f"{n}_a{j + 1}", t, f"{n}_a{j} * {n}_a{j}")
-            shifted = f"T.shift_right({n}_e{j}, {one})"
-            if t != "u8":  # NOTE: a logical shift: the loop ends after the exponent's bits
-                shifted = f"T.bitwise_and({shifted}, {const_text((1 << (_BITS[t] - 1)) - 1, t)})"
-            self.let(depth, f"{n}_e{j + 1}", t, shifted)
-        value = f"{n}_r{_BITS[t]}"
-        if t != "u8":
-            minus = const_text(-1, t)
-            odd = f"T.bitwise_and({b}, {one}) != {zero}"
-            inverse = _select(f"{a} == {minus}", _select(odd, minus, one), zero)
-            value = f"T.Select({b} < {zero}, T.Select({a} == {one}, {one}, {inverse}), {value})"
+        zero, one, minus = const_text(0, t), const_text(1, t), const_text(-1, t)
+        if e < 0:
+            value = _select(
+                f"{a} == {one}", one, _select(f"{a} == {minus}", minus if e % 2 else one, zero)
+            )
+            self.let(depth, n, t, value)
+            return
+        factors, square = [], a
+        for j in range(e.bit_length()):
+            if j:
+                self.let(depth, f"{n}_a{j}", t, f"({square} * {square})")
+                square = f"{n}_a{j}"
+            if e >> j & 1:
+                factors.append(square)
+        value = one
+        for f in factors:
+            value = f if value == one else f"({value} * {f})"
         self.let(depth, n, t, value)
 
     # --- blocks -------------------------------------------------------------------------------
@@ -488,6 +513,7 @@ class _Printer:
     def _reduction(self, depth: int, name: str, r: Reduce, suffix: str) -> None:
         d = self.loops(depth, inner=True)
         self.line(d, f'with T.sblock("{name}"):')
+        self.block_names.append(name)
         self.axes(d + 1, "reduce")
         ref = self.acc_ref(r.acc, suffix)
         self.line(d + 1, "with T.init():")
@@ -505,6 +531,7 @@ class _Printer:
     def store_block(self, depth: int, name: str, stores: list[Store], inner: bool) -> None:
         d = self.loops(depth, inner)
         self.line(d, f'with T.sblock("{name}"):')
+        self.block_names.append(name)
         self.axes(d + 1, "spatial" if inner else None)
         self.emit(d + 1, [st.value for st in stores])
         for st in stores:
@@ -557,6 +584,7 @@ class _Printer:
             tuple(self.outer),
             tuple(self.inner),
             len(k.phases),
+            tuple(self.block_names),
         )
 
 
@@ -581,8 +609,11 @@ def _combine(r: Reduce, acc: str, v: str) -> str:
 
 
 def _extremum(op: str, t: str, a: str, b: str) -> str:
+    if t == "b":
+        x, y = _byte(a), _byte(b)
+        return _select(f"{x} > {y}" if op in ("max", "fmax") else f"{x} < {y}", a, b)
     if not is_float(t):
-        return f"T.Select({a} > {b}, {a}, {b})" if op == "max" else f"T.Select({a} < {b}, {a}, {b})"
+        return _select(f"{a} > {b}" if op in ("max", "fmax") else f"{a} < {b}", a, b)
     x, y = opaque(a, t, 0), opaque(b, t, 1)
     nan_a, nan_b = f"T.isnan({a})", f"T.isnan({b})"
     if op == "max":
@@ -595,13 +626,17 @@ def _extremum(op: str, t: str, a: str, b: str) -> str:
     return _select(nan_a, b, _select(nan_b, a, _select(f"{y} < {x}", b, a)))
 
 
+def _byte(x: str) -> str:
+    return f'T.Cast("int8", {x})'
+
+
 def _select(cond: str, a: str, b: str) -> str:
     return f"T.Select({cond}, {a}, {b})"
 
 
 def _opposite(r: str, b: str, zero: str) -> str:
     """A nonzero remainder whose sign differs from the divisor's (floor division adjusts)."""
-    return f"T.And({r} != {zero}, ({r} < {zero}) != ({b} < {zero}))"
+    return f"T.And({r} != {zero}, {_byte(f'{r} < {zero}')} != {_byte(f'{b} < {zero}')})"
 
 
 def opaque(x: str, t: str, side: int) -> str:
@@ -618,6 +653,13 @@ def opaque(x: str, t: str, side: int) -> str:
     bits = "64" if t == "f64" else "32"
     word = f"{'u' if side == 0 else ''}int{bits}"
     return f'T.reinterpret("{DTYPE[t]}", T.reinterpret("{word}", {x}))'
+
+
+def float_ne(a: str, b: str, t: str) -> str:
+    """C's ``a != b`` of floats (true where either is NaN): TVM's ``!=`` is LLVM's ordered
+    comparison (false for NaN)."""
+    x, y = opaque(a, t, 0), opaque(b, t, 1)
+    return f"T.Or({x} != {y}, T.Or(T.isnan({a}), T.isnan({b})))"
 
 
 def _signbit(x: str, t: str) -> str:
