@@ -211,6 +211,8 @@ def _stax_records_from(records: dict[str, Any], m: Manifest) -> None:
     m.kernels = {"kernels": records.pop("kernels", []), "schedule": records.pop("schedule", [])}
     kind = "cxx" if records.get("target", "cpu") == "cpu" else "triton"
     m.toolchain[kind] = records.pop("toolchain", {})
+    if "tvm" in m.toolchain[kind]:  # NOTE: TVM kernels: TVM's version, target, printer
+        m.toolchain["tvm"] = m.toolchain[kind].pop("tvm")
     m.executor = records
     for n in records.get("evidence", {}).get("nodes", []):
         if n["executor"] == "fallback":

@@ -67,7 +67,10 @@ class TvmMissingError(CodegenError):
 
 def tvm_available() -> bool:
     """Whether Apache TVM can be imported (without importing it)."""
-    return importlib.util.find_spec("tvm") is not None
+    try:
+        return importlib.util.find_spec("tvm") is not None
+    except (ImportError, ValueError):  # NOTE: a module set to None, a broken parent
+        return False
 
 
 def require_tvm() -> Any:

@@ -44,24 +44,30 @@ Example:
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 
 from plait.codegen.errors import CodegenError
 from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var, atom_range
 from plait.codegen.kir import CHECKED_INT_OPS, Kernel, Reduce, Stmt, Store, is_float
 from plait.codegen.loops import merge_loops
+from plait.codegen.tvm_scalar import (
+    DTYPE,
+    as_byte,
+    bf16_bits,
+    combine,
+    const_text,
+    extremum,
+    float_ne,
+    floor_division,
+    identity_text,
+    integer_division,
+    integer_power,
+    opaque,
+    round16,
+    select,
+    signbit,
+)
 
-DTYPE = {
-    "f64": "float64",
-    "f32": "float32",
-    "i64": "int64",
-    "i32": "int32",
-    "i16": "int16",
-    "i8": "int8",
-    "u8": "uint8",
-    "b": "bool",
-}
 STORAGE = {**DTYPE, "bf16": "uint16", "f16": "uint16", "b": "uint8"}
 ITEM = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "int16": 2, "uint16": 2}
 ITEM.update({"int8": 1, "uint8": 1})
@@ -75,9 +81,7 @@ _EXACT.update({"rint": "T.nearbyint", "copysign": "T.copysign"})
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _BITWISE = {"band": "T.bitwise_and", "bor": "T.bitwise_or", "bxor": "T.bitwise_xor"}
-_BITS = {"i64": 64, "i32": 32, "i16": 16, "i8": 8, "u8": 8}
 INT32_BOUND = 1 << 31
-_F32_MAX = 3.4028234663852886e38
 # Statements printed as statements of their own (``T.let`` lines), never inlined.
 _BOUND_OPS = (*CHECKED_INT_OPS, "fdiv_floor", "ipow")
 # NOTE: the inlined text of a block's values, in characters, past which a block binds them all
@@ -104,48 +108,6 @@ class TvmSource:
     inner: tuple[int, ...]
     phases: int
     blocks: tuple[str, ...] = ()
-
-
-def f32_of(value: float) -> float:
-    """``value`` rounded to float32 as C's ``(float)`` does (overflow gives an infinity)."""
-    try:
-        return float(struct.unpack("<f", struct.pack("<f", value))[0])
-    except OverflowError:
-        return math.copysign(math.inf, value)
-
-
-def const_text(value: object, t: str) -> str:
-    """A constant of scalar type ``t``, exact (NaN, infinities, -0.0, float32 rounding)."""
-    name = DTYPE[t]
-    if t == "b":
-        return f"T.bool({bool(value)})"
-    if not is_float(t):
-        assert isinstance(value, int)
-        return f"T.{name}({int(value)})"
-    assert isinstance(value, float)
-    v = f32_of(value) if t == "f32" else value
-    if math.isnan(v) or math.isinf(v):
-        return f'T.{name}("{"nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")}")'
-    if abs(v) > _F32_MAX:
-        # NOTE: TVMScript's parser refuses a float literal past float32's range, whatever its
-        # dtype: the double from its bits
-        (word,) = struct.unpack("<q", struct.pack("<d", v))
-        return f'T.reinterpret("float64", T.int64({word}))'
-    return f"T.{name}({v!r})"
-
-
-def identity(kind: str, t: str) -> object:
-    """A reduction's initial value (the C++ printer's)."""
-    if kind == "sum":
-        return 0.0 if is_float(t) else 0
-    if kind == "prod":
-        return 1.0 if is_float(t) else 1
-    if is_float(t):
-        return -math.inf if kind == "max" else math.inf
-    if t == "u8":
-        return 0 if kind == "max" else 255
-    bits = _BITS[t]
-    return -(1 << (bits - 1)) if kind == "max" else (1 << (bits - 1)) - 1
 
 
 def _static(n: object, what: str) -> int:
@@ -273,17 +235,18 @@ class _Printer:
         if op == "cast":
             return self.cast(a[0], s.args[0].dtype, t)
         if op == "round":
-            return _round16(a[0], s.attr)
+            return round16(a[0], s.attr)
         if t == "b" and op in ("add", "sub", "mul"):
             # NOTE: C++ bool arithmetic, converted back to bool
-            return {"add": f"T.Or({a[0]}, {a[1]})", "sub": f"({_byte(a[0])} != {_byte(a[1])})"}.get(
-                op, f"T.And({a[0]}, {a[1]})"
-            )
+            return {
+                "add": f"T.Or({a[0]}, {a[1]})",
+                "sub": f"({as_byte(a[0])} != {as_byte(a[1])})",
+            }.get(op, f"T.And({a[0]}, {a[1]})")
         if op in _ARITH or op in _COMPARE:
             x, y = a
             if s.args[0].dtype == "b":
                 # NOTE: TVM's LLVM backend compares bools with float comparisons: as bytes
-                x, y = _byte(x), _byte(y)
+                x, y = as_byte(x), as_byte(y)
             if is_float(s.args[0].dtype):
                 if op == "ne":
                     return float_ne(x, y, s.args[0].dtype)
@@ -300,7 +263,7 @@ class _Printer:
         if op == "abs":
             if is_float(t):
                 return f"T.fabs({a[0]})"
-            return _select(f"{a[0]} < {const_text(0, t)}", f"({const_text(0, t)} - {a[0]})", a[0])
+            return select(f"{a[0]} < {const_text(0, t)}", f"({const_text(0, t)} - {a[0]})", a[0])
         if op == "where":
             return f"T.Select({a[0]}, {a[1]}, {a[2]})"
         return self.rhs_more(s, a)
@@ -308,7 +271,7 @@ class _Printer:
     def rhs_more(self, s: Stmt, a: list[str]) -> str:
         op, t = s.op, s.dtype
         if op in ("max", "min", "fmax", "fmin"):
-            return _extremum(op, t, a[0], a[1])
+            return extremum(op, t, a[0], a[1])
         if op in _EXACT:
             return f"{_EXACT[op]}({', '.join(a)})"
         if op in LIBM:
@@ -317,7 +280,7 @@ class _Printer:
         if op == "fdiv_trunc":
             return f"T.trunc({a[0]} / {a[1]})"
         if op == "signbit":
-            return _signbit(a[0], s.args[0].dtype)
+            return signbit(a[0], s.args[0].dtype)
         if op in _BITWISE:
             if t == "b":
                 return {"band": "T.And", "bor": "T.Or"}.get(
@@ -371,12 +334,19 @@ class _Printer:
         for x in s.args:
             self._bind(depth, x, done)
         done.add(s.id)
+
+        def emit(text: str) -> None:
+            self.line(depth, text)
+
+        n = f"t{s.id}"
         if s.op in CHECKED_INT_OPS:
-            self.integer_division(depth, s)
+            a, b = (self.operand(x) for x in s.args)
+            integer_division(s.op, s.dtype, a, b, n, emit)
         elif s.op == "fdiv_floor":
-            self.floor_division(depth, s)
+            a, b = (self.operand(x) for x in s.args)
+            floor_division(s.dtype, a, b, n, emit)
         elif s.op == "ipow":
-            self.integer_power(depth, s)
+            integer_power(s.dtype, self.operand(s.args[0]), int(s.args[1].attr), n, emit)
         elif not self.inline and s.op != "acc":
             self.let(depth, f"t{s.id}", s.dtype, self.rhs(s))
         else:
@@ -405,84 +375,6 @@ class _Printer:
 
     def let(self, depth: int, name: str, t: str, value: str) -> None:
         self.line(depth, f"{name}: T.let[T.{DTYPE[t]}] = {value}")
-
-    def integer_division(self, depth: int, s: Stmt) -> None:
-        """The C++ prelude's ``idiv_trunc`` (and friends): 0 for a zero divisor (reported in
-        ``err``), ``-a`` (wrapping) for -1; a safe divisor is divided by (both sides of a
-        select are computed)."""
-        a, b = (self.operand(x) for x in s.args)
-        t, n = s.dtype, f"t{s.id}"
-        zero, one = const_text(0, t), const_text(1, t)
-        signed = t != "u8"
-        self.line(depth, f"if {b} == {zero}:")
-        self.line(depth + 1, "err[0] = T.int32(1)")
-        bad = f"T.Or({b} == {zero}, {b} == {const_text(-1, t)})" if signed else f"{b} == {zero}"
-        self.let(depth, f"{n}_d", t, f"T.Select({bad}, {one}, {b})")
-        q = f"T.truncdiv({a}, {n}_d)"
-        r = f"T.truncmod({a}, {n}_d)"
-        if s.op in ("imod_trunc", "imod_floor"):
-            self.let(depth, f"{n}_r", t, r)
-            value = f"{n}_r"
-            if s.op == "imod_floor":
-                value = _select(_opposite(f"{n}_r", b, zero), f"{n}_r + {b}", f"{n}_r")
-            self.let(depth, n, t, value)
-            return
-        self.let(depth, f"{n}_q", t, q)
-        value = f"{n}_q"
-        if s.op == "idiv_floor":
-            self.let(depth, f"{n}_r", t, r)
-            value = _select(_opposite(f"{n}_r", b, zero), f"{n}_q - {one}", f"{n}_q")
-        if signed:
-            value = f"T.Select({b} == {const_text(-1, t)}, {zero} - {a}, {value})"
-        self.let(depth, n, t, f"T.Select({b} == {zero}, {zero}, {value})")
-
-    def floor_division(self, depth: int, s: Stmt) -> None:
-        """ATen's ``div_floor_floating`` (the C++ prelude's ``fdiv_floor``)."""
-        a, b = (self.operand(x) for x in s.args)
-        t, n = s.dtype, f"t{s.id}"
-        zero, one, half = (const_text(v, t) for v in (0.0, 1.0, 0.5))
-        fmod = "fmodf" if t == "f32" else "fmod"
-        self.let(depth, f"{n}_m", t, f'T.call_pure_extern("{DTYPE[t]}", "{fmod}", {a}, {b})')
-
-        def op(x: str, sign: str, y: str) -> str:
-            return f"({opaque(x, t, 0)} {sign} {opaque(y, t, 1)})"
-
-        quotient = op(a, "/", b)
-        self.let(depth, f"{n}_q0", t, f"{op(op(a, '-', f'{n}_m'), '/', b)}")
-        signs = f"{_byte(op(b, '<', zero))} != {_byte(op(f'{n}_m', '<', zero))}"
-        adjust = f"T.And({float_ne(f'{n}_m', zero, t)}, {signs})"
-        self.let(depth, f"{n}_q", t, _select(adjust, op(f"{n}_q0", "-", one), f"{n}_q0"))
-        self.let(depth, f"{n}_f0", t, f"T.floor({n}_q)")
-        up = op(op(f"{n}_q", "-", f"{n}_f0"), ">", half)
-        self.let(depth, f"{n}_f", t, _select(up, op(f"{n}_f0", "+", one), f"{n}_f0"))
-        value = _select(float_ne(f"{n}_q", zero, t), f"{n}_f", f"T.copysign({zero}, {quotient})")
-        self.let(depth, n, t, _select(op(b, "==", zero), quotient, value))
-
-    def integer_power(self, depth: int, s: Stmt) -> None:
-        """The C++ prelude's ``ipow`` of a constant exponent (the printer refuses others):
-        square and multiply over the exponent's bits (wrapping); a negative exponent gives 1,
-        -1 or 0 as the prelude does."""
-        a = self.operand(s.args[0])
-        e = int(s.args[1].attr)
-        t, n = s.dtype, f"t{s.id}"
-        zero, one, minus = const_text(0, t), const_text(1, t), const_text(-1, t)
-        if e < 0:
-            value = _select(
-                f"{a} == {one}", one, _select(f"{a} == {minus}", minus if e % 2 else one, zero)
-            )
-            self.let(depth, n, t, value)
-            return
-        factors, square = [], a
-        for j in range(e.bit_length()):
-            if j:
-                self.let(depth, f"{n}_a{j}", t, f"({square} * {square})")
-                square = f"{n}_a{j}"
-            if e >> j & 1:
-                factors.append(square)
-        value = one
-        for f in factors:
-            value = f if value == one else f"({value} * {f})"
-        self.let(depth, n, t, value)
 
     # --- blocks -------------------------------------------------------------------------------
     def axes(self, depth: int, inner: str | None) -> None:
@@ -517,7 +409,7 @@ class _Printer:
         self.axes(d + 1, "reduce")
         ref = self.acc_ref(r.acc, suffix)
         self.line(d + 1, "with T.init():")
-        self.line(d + 2, f"{ref} = {_identity_text(r.kind if not suffix else 'flag', r.dtype)}")
+        self.line(d + 2, f"{ref} = {identity_text(r.kind if not suffix else 'flag', r.dtype)}")
         self.emit(d + 1, [r.value])
         v = self.operand(r.value)
         if suffix:
@@ -526,7 +418,7 @@ class _Printer:
             code = f"T.Select(T.isnan({v}), 2, T.Select({beyond}, 1, 0))"
             self.line(d + 1, f"{ref} = T.max({ref}, {code})")
             return
-        self.line(d + 1, f"{ref} = {_combine(r, ref, v)}")
+        self.line(d + 1, f"{ref} = {combine(r, ref, v)}")
 
     def store_block(self, depth: int, name: str, stores: list[Store], inner: bool) -> None:
         d = self.loops(depth, inner)
@@ -541,7 +433,7 @@ class _Printer:
         v = self.operand(st.value)
         storage = self.k.buffers[st.buffer].dtype
         if storage == "bf16":
-            return _bf16_bits(v)
+            return bf16_bits(v)
         if storage == "f16":
             return f'T.reinterpret("uint16", T.Cast("float16", {v}))'
         if storage == "b":
@@ -586,102 +478,6 @@ class _Printer:
             len(k.phases),
             tuple(self.block_names),
         )
-
-
-def _identity_text(kind: str, t: str) -> str:
-    if kind == "flag":
-        return 'T.min_value("int32")'
-    if kind in ("sum", "prod"):
-        return const_text(identity(kind, t), t)
-    # NOTE: TensorIR's identities (what it recognizes max and min reductions by); a float's
-    # infinities come from the flag
-    return f'T.{"min" if kind == "max" else "max"}_value("{DTYPE[t]}")'
-
-
-def _combine(r: Reduce, acc: str, v: str) -> str:
-    if is_float(r.dtype):
-        v = opaque(v, r.dtype, 1)
-    if r.kind == "sum":
-        return f"{acc} + {v}"
-    if r.kind == "prod":
-        return f"{acc} * {v}"
-    return f"T.{r.kind}({acc}, {v})"
-
-
-def _extremum(op: str, t: str, a: str, b: str) -> str:
-    if t == "b":
-        x, y = _byte(a), _byte(b)
-        return _select(f"{x} > {y}" if op in ("max", "fmax") else f"{x} < {y}", a, b)
-    if not is_float(t):
-        return _select(f"{a} > {b}" if op in ("max", "fmax") else f"{a} < {b}", a, b)
-    x, y = opaque(a, t, 0), opaque(b, t, 1)
-    nan_a, nan_b = f"T.isnan({a})", f"T.isnan({b})"
-    if op == "max":
-        return _select(nan_a, a, _select(nan_b, b, _select(f"{x} > {y}", a, b)))
-    if op == "min":
-        return _select(nan_a, a, _select(nan_b, b, _select(f"{x} < {y}", a, b)))
-    # NOTE: fmax/fmin ignore a NaN operand; of two equal values (+0, -0) the first, as eager
-    if op == "fmax":
-        return _select(nan_a, b, _select(nan_b, a, _select(f"{x} < {y}", b, a)))
-    return _select(nan_a, b, _select(nan_b, a, _select(f"{y} < {x}", b, a)))
-
-
-def _byte(x: str) -> str:
-    return f'T.Cast("int8", {x})'
-
-
-def _select(cond: str, a: str, b: str) -> str:
-    return f"T.Select({cond}, {a}, {b})"
-
-
-def _opposite(r: str, b: str, zero: str) -> str:
-    """A nonzero remainder whose sign differs from the divisor's (floor division adjusts)."""
-    return f"T.And({r} != {zero}, {_byte(f'{r} < {zero}')} != {_byte(f'{b} < {zero}')})"
-
-
-def opaque(x: str, t: str, side: int) -> str:
-    """A float operand TVM's simplifier cannot see into: it applies integer algebra to floats
-    (``x - x`` to 0, ``x * 0`` to 0, ``(x + y) - y`` to ``x``), which changes what IEEE
-    arithmetic computes. A round trip through the bits (free: LLVM folds it), through an unsigned
-    integer for a left operand and a signed one for a right, so that two operands are never
-    structurally equal.
-
-    Example:
-        >>> opaque("a", "f32", 0)
-        'T.reinterpret("float32", T.reinterpret("uint32", a))'
-    """
-    bits = "64" if t == "f64" else "32"
-    word = f"{'u' if side == 0 else ''}int{bits}"
-    return f'T.reinterpret("{DTYPE[t]}", T.reinterpret("{word}", {x}))'
-
-
-def float_ne(a: str, b: str, t: str) -> str:
-    """C's ``a != b`` of floats (true where either is NaN): TVM's ``!=`` is LLVM's ordered
-    comparison (false for NaN)."""
-    x, y = opaque(a, t, 0), opaque(b, t, 1)
-    return f"T.Or({x} != {y}, T.Or(T.isnan({a}), T.isnan({b})))"
-
-
-def _signbit(x: str, t: str) -> str:
-    if t == "f64":
-        return f'(T.shift_right(T.reinterpret("uint64", {x}), T.uint64(63)) != T.uint64(0))'
-    return f'(T.shift_right(T.reinterpret("uint32", {x}), T.uint32(31)) != T.uint32(0))'
-
-
-def _bf16_bits(v: str) -> str:
-    """The nearest bfloat16's bits (ties to even; NaN: 0x7FC0), as ``uint16``."""
-    u = f'T.reinterpret("uint32", {v})'
-    odd = f"T.bitwise_and(T.shift_right({u}, T.uint32(16)), T.uint32(1))"
-    rounded = f'T.Cast("uint16", T.shift_right({u} + T.uint32(32767) + {odd}, T.uint32(16)))'
-    return f"T.Select(T.isnan({v}), T.uint16(32704), {rounded})"
-
-
-def _round16(v: str, storage: str) -> str:
-    """An f32 value rounded to a 16-bit float's precision (exactly, as it would be stored)."""
-    if storage == "bf16":
-        bits = _bf16_bits(v)
-        return f'T.reinterpret("float32", T.shift_left(T.Cast("uint32", {bits}), T.uint32(16)))'
-    return f'T.Cast("float32", T.Cast("float16", {v}))'
 
 
 def print_tvm(kernel: Kernel, symbol: str) -> TvmSource:

@@ -102,7 +102,7 @@ def tuned_module(
     record["seconds"] = round(searched, 3)
     made = None
     if saved is None:
-        made_doc = {name: (work_dir / name).read_text() for name in _FILES}
+        made_doc: dict[str, Any] = {name: (work_dir / name).read_text() for name in _FILES}
         made_doc.update({k: record.get(k) for k in ("chosen", "tuned_us", "default_us")})
         made = json.dumps(made_doc, sort_keys=True).encode()
     return best, made, record
@@ -132,7 +132,7 @@ def _builder() -> Any:
     from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 
     @derived_object
-    class InProcessBuilder(PyBuilder):  # type: ignore[misc]
+    class InProcessBuilder(PyBuilder):
         def build(self, build_inputs: list[Any]) -> list[Any]:
             import tvm
 
@@ -160,7 +160,7 @@ def _runner() -> Any:
     from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerResult
 
     @derived_object
-    class Measured(PyRunnerFuture):  # type: ignore[misc]
+    class Measured(PyRunnerFuture):
         def __init__(self, seconds: list[float] | None, error: str | None) -> None:
             super().__init__()
             self.seconds, self.error = seconds, error
@@ -172,7 +172,7 @@ def _runner() -> Any:
             return RunnerResult(self.seconds, self.error)
 
     @derived_object
-    class InProcessRunner(PyRunner):  # type: ignore[misc]
+    class InProcessRunner(PyRunner):
         def run(self, runner_inputs: list[Any]) -> list[Any]:
             out = []
             for r in runner_inputs:

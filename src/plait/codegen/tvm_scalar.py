@@ -1,0 +1,255 @@
+"""Scalar expressions of the TVM printer (:mod:`plait.codegen.tvm_script`): constants,
+reductions' identities and combiners, and the C++ prelude's semantics spelled in TVMScript
+(NaN-propagating max and min, C's unordered ``!=``, 16-bit rounding, integer and floor division,
+integer powers), with float operands kept opaque to TVM's simplifier.
+
+Example:
+    >>> const_text(float("nan"), "f32"), const_text(-0.0, "f64")
+    ('T.float32("nan")', 'T.float64(-0.0)')
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable
+
+from plait.codegen.kir import Reduce, is_float
+
+DTYPE = {
+    "f64": "float64",
+    "f32": "float32",
+    "i64": "int64",
+    "i32": "int32",
+    "i16": "int16",
+    "i8": "int8",
+    "u8": "uint8",
+    "b": "bool",
+}
+BITS = {"i64": 64, "i32": 32, "i16": 16, "i8": 8, "u8": 8}
+_F32_MAX = 3.4028234663852886e38
+# NOTE: emits one statement of the current block
+Emit = Callable[[str], None]
+
+
+def _let(emit: Emit) -> Callable[[str, str, str], None]:
+    def let(name: str, t: str, value: str) -> None:
+        emit(f"{name}: T.let[T.{DTYPE[t]}] = {value}")
+
+    return let
+
+
+def f32_of(value: float) -> float:
+    """``value`` rounded to float32 as C's ``(float)`` does (overflow gives an infinity)."""
+    try:
+        return float(struct.unpack("<f", struct.pack("<f", value))[0])
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def const_text(value: object, t: str) -> str:
+    """A constant of scalar type ``t``, exact (NaN, infinities, -0.0, float32 rounding)."""
+    name = DTYPE[t]
+    if t == "b":
+        return f"T.bool({bool(value)})"
+    if not is_float(t):
+        assert isinstance(value, int)
+        return f"T.{name}({int(value)})"
+    assert isinstance(value, float)
+    v = f32_of(value) if t == "f32" else value
+    if math.isnan(v) or math.isinf(v):
+        return f'T.{name}("{"nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")}")'
+    if abs(v) > _F32_MAX:
+        # NOTE: TVMScript's parser refuses a float literal past float32's range, whatever its
+        # dtype: the double from its bits
+        (word,) = struct.unpack("<q", struct.pack("<d", v))
+        return f'T.reinterpret("float64", T.int64({word}))'
+    return f"T.{name}({v!r})"
+
+
+def identity(kind: str, t: str) -> object:
+    """A reduction's initial value (the C++ printer's)."""
+    if kind == "sum":
+        return 0.0 if is_float(t) else 0
+    if kind == "prod":
+        return 1.0 if is_float(t) else 1
+    if is_float(t):
+        return -math.inf if kind == "max" else math.inf
+    if t == "u8":
+        return 0 if kind == "max" else 255
+    bits = BITS[t]
+    return -(1 << (bits - 1)) if kind == "max" else (1 << (bits - 1)) - 1
+
+
+def identity_text(kind: str, t: str) -> str:
+    if kind == "flag":
+        return 'T.min_value("int32")'
+    if kind in ("sum", "prod"):
+        return const_text(identity(kind, t), t)
+    # NOTE: TensorIR's identities (what it recognizes max and min reductions by); a float's
+    # infinities come from the flag
+    return f'T.{"min" if kind == "max" else "max"}_value("{DTYPE[t]}")'
+
+
+def combine(r: Reduce, acc: str, v: str) -> str:
+    if is_float(r.dtype):
+        v = opaque(v, r.dtype, 1)
+    if r.kind == "sum":
+        return f"{acc} + {v}"
+    if r.kind == "prod":
+        return f"{acc} * {v}"
+    return f"T.{r.kind}({acc}, {v})"
+
+
+def extremum(op: str, t: str, a: str, b: str) -> str:
+    if t == "b":
+        x, y = as_byte(a), as_byte(b)
+        return select(f"{x} > {y}" if op in ("max", "fmax") else f"{x} < {y}", a, b)
+    if not is_float(t):
+        return select(f"{a} > {b}" if op in ("max", "fmax") else f"{a} < {b}", a, b)
+    x, y = opaque(a, t, 0), opaque(b, t, 1)
+    nan_a, nan_b = f"T.isnan({a})", f"T.isnan({b})"
+    if op == "max":
+        return select(nan_a, a, select(nan_b, b, select(f"{x} > {y}", a, b)))
+    if op == "min":
+        return select(nan_a, a, select(nan_b, b, select(f"{x} < {y}", a, b)))
+    # NOTE: fmax/fmin ignore a NaN operand; of two equal values (+0, -0) the first, as eager
+    if op == "fmax":
+        return select(nan_a, b, select(nan_b, a, select(f"{x} < {y}", b, a)))
+    return select(nan_a, b, select(nan_b, a, select(f"{y} < {x}", b, a)))
+
+
+def as_byte(x: str) -> str:
+    return f'T.Cast("int8", {x})'
+
+
+def select(cond: str, a: str, b: str) -> str:
+    return f"T.Select({cond}, {a}, {b})"
+
+
+def _opposite(r: str, b: str, zero: str) -> str:
+    """A nonzero remainder whose sign differs from the divisor's (floor division adjusts)."""
+    return f"T.And({r} != {zero}, {as_byte(f'{r} < {zero}')} != {as_byte(f'{b} < {zero}')})"
+
+
+def opaque(x: str, t: str, side: int) -> str:
+    """A float operand TVM's simplifier cannot see into: it applies integer algebra to floats
+    (``x - x`` to 0, ``x * 0`` to 0, ``(x + y) - y`` to ``x``), which changes what IEEE
+    arithmetic computes. A round trip through the bits (free: LLVM folds it), through an unsigned
+    integer for a left operand and a signed one for a right, so that two operands are never
+    structurally equal.
+
+    Example:
+        >>> opaque("a", "f32", 0)
+        'T.reinterpret("float32", T.reinterpret("uint32", a))'
+    """
+    bits = "64" if t == "f64" else "32"
+    word = f"{'u' if side == 0 else ''}int{bits}"
+    return f'T.reinterpret("{DTYPE[t]}", T.reinterpret("{word}", {x}))'
+
+
+def float_ne(a: str, b: str, t: str) -> str:
+    """C's ``a != b`` of floats (true where either is NaN): TVM's ``!=`` is LLVM's ordered
+    comparison (false for NaN)."""
+    x, y = opaque(a, t, 0), opaque(b, t, 1)
+    return f"T.Or({x} != {y}, T.Or(T.isnan({a}), T.isnan({b})))"
+
+
+def signbit(x: str, t: str) -> str:
+    if t == "f64":
+        return f'(T.shift_right(T.reinterpret("uint64", {x}), T.uint64(63)) != T.uint64(0))'
+    return f'(T.shift_right(T.reinterpret("uint32", {x}), T.uint32(31)) != T.uint32(0))'
+
+
+def bf16_bits(v: str) -> str:
+    """The nearest bfloat16's bits (ties to even; NaN: 0x7FC0), as ``uint16``."""
+    u = f'T.reinterpret("uint32", {v})'
+    odd = f"T.bitwise_and(T.shift_right({u}, T.uint32(16)), T.uint32(1))"
+    rounded = f'T.Cast("uint16", T.shift_right({u} + T.uint32(32767) + {odd}, T.uint32(16)))'
+    return f"T.Select(T.isnan({v}), T.uint16(32704), {rounded})"
+
+
+def round16(v: str, storage: str) -> str:
+    """An f32 value rounded to a 16-bit float's precision (exactly, as it would be stored)."""
+    if storage == "bf16":
+        bits = bf16_bits(v)
+        return f'T.reinterpret("float32", T.shift_left(T.Cast("uint32", {bits}), T.uint32(16)))'
+    return f'T.Cast("float32", T.Cast("float16", {v}))'
+
+
+def integer_division(op: str, t: str, a: str, b: str, n: str, emit: Emit) -> None:
+    """``n = op(a, b)`` as the C++ prelude's ``idiv_trunc`` (and friends): 0 for a zero
+    divisor (reported in ``err``), ``-a`` (wrapping) for -1; a safe divisor is divided by
+    (both sides of a select are computed)."""
+    let = _let(emit)
+    zero, one = const_text(0, t), const_text(1, t)
+    signed = t != "u8"
+    emit(f"if {b} == {zero}:")
+    emit("    err[0] = T.int32(1)")
+    bad = f"T.Or({b} == {zero}, {b} == {const_text(-1, t)})" if signed else f"{b} == {zero}"
+    let(f"{n}_d", t, f"T.Select({bad}, {one}, {b})")
+    q = f"T.truncdiv({a}, {n}_d)"
+    r = f"T.truncmod({a}, {n}_d)"
+    if op in ("imod_trunc", "imod_floor"):
+        let(f"{n}_r", t, r)
+        value = f"{n}_r"
+        if op == "imod_floor":
+            value = select(_opposite(f"{n}_r", b, zero), f"{n}_r + {b}", f"{n}_r")
+        let(n, t, value)
+        return
+    let(f"{n}_q", t, q)
+    value = f"{n}_q"
+    if op == "idiv_floor":
+        let(f"{n}_r", t, r)
+        value = select(_opposite(f"{n}_r", b, zero), f"{n}_q - {one}", f"{n}_q")
+    if signed:
+        value = f"T.Select({b} == {const_text(-1, t)}, {zero} - {a}, {value})"
+    let(n, t, f"T.Select({b} == {zero}, {zero}, {value})")
+
+
+def floor_division(t: str, a: str, b: str, n: str, emit: Emit) -> None:
+    """``n`` as ATen's ``div_floor_floating`` of ``a`` and ``b`` (the C++ prelude's
+    ``fdiv_floor``)."""
+    let = _let(emit)
+    zero, one, half = (const_text(v, t) for v in (0.0, 1.0, 0.5))
+    fmod = "fmodf" if t == "f32" else "fmod"
+    let(f"{n}_m", t, f'T.call_pure_extern("{DTYPE[t]}", "{fmod}", {a}, {b})')
+
+    def op(x: str, sign: str, y: str) -> str:
+        return f"({opaque(x, t, 0)} {sign} {opaque(y, t, 1)})"
+
+    quotient = op(a, "/", b)
+    let(f"{n}_q0", t, f"{op(op(a, '-', f'{n}_m'), '/', b)}")
+    signs = f"{as_byte(op(b, '<', zero))} != {as_byte(op(f'{n}_m', '<', zero))}"
+    adjust = f"T.And({float_ne(f'{n}_m', zero, t)}, {signs})"
+    let(f"{n}_q", t, select(adjust, op(f"{n}_q0", "-", one), f"{n}_q0"))
+    let(f"{n}_f0", t, f"T.floor({n}_q)")
+    up = op(op(f"{n}_q", "-", f"{n}_f0"), ">", half)
+    let(f"{n}_f", t, select(up, op(f"{n}_f0", "+", one), f"{n}_f0"))
+    value = select(float_ne(f"{n}_q", zero, t), f"{n}_f", f"T.copysign({zero}, {quotient})")
+    let(n, t, select(op(b, "==", zero), quotient, value))
+
+
+def integer_power(t: str, a: str, e: int, n: str, emit: Emit) -> None:
+    """``n`` as the C++ prelude's ``ipow`` of ``a`` and a constant exponent ``e``: square
+    and multiply over the exponent's bits (wrapping); a negative exponent gives 1, -1 or 0
+    as the prelude does."""
+    let = _let(emit)
+    zero, one, minus = const_text(0, t), const_text(1, t), const_text(-1, t)
+    if e < 0:
+        value = select(
+            f"{a} == {one}", one, select(f"{a} == {minus}", minus if e % 2 else one, zero)
+        )
+        let(n, t, value)
+        return
+    factors, square = [], a
+    for j in range(e.bit_length()):
+        if j:
+            let(f"{n}_a{j}", t, f"({square} * {square})")
+            square = f"{n}_a{j}"
+        if e >> j & 1:
+            factors.append(square)
+    value = one
+    for f in factors:
+        value = f if value == one else f"({value} * {f})"
+    let(n, t, value)
