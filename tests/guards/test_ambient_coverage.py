@@ -46,6 +46,8 @@ COVERED = {
     "one reader of it: manifest.cpu_features and the toolchain take build.cpu_info)",
     ("codegen/build.py", "os.environ"): "CXX: key toolchain.cxx.version; cache dir; test hook",
     ("codegen/build.py", "cpu_count"): "build parallelism only: the same libraries",
+    ("codegen/tvm_build.py", "os.environ"): "PLAIT_STAX_NO_COMPILE: the test hook that forbids "
+    "building a kernel (as build.py's), never what is built",
     ("runtime/program.py", "cpu_count"): "build parallelism only: the same libraries",
     ("runtime/runner.py", "is_grad_enabled"): "read per call, at run time (nothing compiled)",
     ("autograd/function.py", "is_grad_enabled"): "read in the compiled backward, at run time: "
