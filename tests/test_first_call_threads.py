@@ -76,7 +76,8 @@ def test_concurrent_first_calls_capture_once(backend: str) -> None:
 
 def test_concurrent_recompiles_capture_each_shape_once() -> None:
     model = _model()
-    compiled = plait.compile(model, fullgraph=True, options={"cache": False})
+    # NOTE: static shapes pinned: automatic dynamic would make the second size symbolic
+    compiled = plait.compile(model, fullgraph=True, dynamic=False, options={"cache": False})
     batches = [1 + i % 4 for i in range(THREADS)]  # four shapes, two threads each
     inputs = [torch.randn(b, 8, generator=torch.Generator().manual_seed(10 + i)) for i, b in
               enumerate(batches)]  # fmt: skip
