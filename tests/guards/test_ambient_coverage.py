@@ -47,7 +47,10 @@ COVERED = {
     ("codegen/build.py", "os.environ"): "CXX: key toolchain.cxx.version; cache dir; test hook",
     ("codegen/build.py", "cpu_count"): "build parallelism only: the same libraries",
     ("codegen/tvm_build.py", "os.environ"): "PLAIT_STAX_NO_COMPILE: the test hook that forbids "
-    "building a kernel (as build.py's), never what is built",
+    "building a kernel (as build.py's), never what is built; TVM_NUM_THREADS set (where unset) "
+    "for TVM's thread pool: how fast kernels run, never what they compute",
+    ("codegen/tvm_build.py", "get_num_threads"): "guard torch.get_num_threads() (TVM's thread "
+    "pool sized as the C++ kernels' OpenMP; speed only)",
     ("runtime/program.py", "cpu_count"): "build parallelism only: the same libraries",
     ("runtime/runner.py", "is_grad_enabled"): "read per call, at run time (nothing compiled)",
     ("autograd/function.py", "is_grad_enabled"): "read in the compiled backward, at run time: "

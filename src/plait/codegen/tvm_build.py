@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -55,10 +56,14 @@ from plait.codegen.tvm_schedule import SCHEDULE_VERSION, default_schedule
 from plait.codegen.tvm_script import PRINTER_VERSION, TvmSource
 from plait.ir.private_files import private_subdir, publish_bytes
 
+# NOTE: bump when the C function around a TVM kernel changes (its calling convention, the
+# parallel launch): part of every kernel's key
+CALL_VERSION = "plait-tvm-call-2"
 INSTALL_HINT = "pip install plait[tvm] (Apache TVM: pip install apache-tvm)"
 _LOCK = threading.Lock()
 # NOTE: key -> (TVM's module, the ctypes library): both stay loaded for the process
 _LOADED: dict[str, tuple[Any, ctypes.CDLL]] = {}
+_TUNING: dict[str, dict[str, Any]] = {}  # NOTE: key -> the tuning record of a loaded kernel
 
 
 class TvmMissingError(CodegenError):
@@ -79,9 +84,21 @@ def require_tvm() -> Any:
         raise TvmMissingError(
             f"TVM kernels need Apache TVM, which is not installed: {INSTALL_HINT}"
         )
+    _size_thread_pool()
     import tvm
 
     return tvm
+
+
+def _size_thread_pool() -> None:
+    """TVM's thread pool (what tuning measures candidates with, in this process) runs as many
+    threads as the C++ kernels' OpenMP (PyTorch's thread count, a guard of every compiled
+    program), not TVM's guess (half the logical CPUs: one on a 2-CPU machine). TVM reads
+    ``TVM_NUM_THREADS`` once, when its pool starts; a value the user set is kept. Threads decide
+    speed only: each parallel iteration computes the same."""
+    import torch
+
+    os.environ.setdefault("TVM_NUM_THREADS", str(max(1, torch.get_num_threads())))
 
 
 @functools.cache
@@ -117,6 +134,7 @@ def toolchain_record() -> dict[str, Any]:
         "target": host_target(),
         "printer": PRINTER_VERSION,
         "schedule": SCHEDULE_VERSION,
+        "call": CALL_VERSION,
     }
 
 
@@ -169,16 +187,15 @@ def build_tvm_kernels(kernels: Sequence[TvmKernel], jobs: int | None = None) -> 
         with _LOCK:
             hit = _LOADED.get(k.key)
         if hit is not None:
-            k.lib, k.cache_hit = hit[1], True
+            k.lib, k.cache_hit, k.tuning = hit[1], True, dict(_TUNING.get(k.key, {}))
             STATS["memory_hits"] += 1
             continue
         todo.setdefault(k.key, k)
     for k in todo.values():
         _build_one(k)
     for k in kernels:
-        if k.lib is None:
-            k.lib = _LOADED[k.key][1]
-            k.cache_hit = True
+        if k.lib is None:  # NOTE: a duplicate of a kernel built above
+            k.lib, k.cache_hit, k.tuning = _LOADED[k.key][1], True, dict(_TUNING.get(k.key, {}))
 
 
 def _build_one(k: TvmKernel) -> None:
@@ -191,6 +208,8 @@ def _build_one(k: TvmKernel) -> None:
         _load(k, lib_path)
         k.cache_hit = True
         STATS["hits"] += 1
+        if k.tune and usable_entry(log_path, f"{k.key}.tuning"):
+            k.tuning = cached_tuning(log_path.read_bytes(), k.tune)
         return
     if os.environ.get("PLAIT_STAX_NO_COMPILE") == "1":
         raise BuildError("TVM build refused: PLAIT_STAX_NO_COMPILE=1 (cache miss)")
@@ -219,6 +238,16 @@ def _build_one(k: TvmKernel) -> None:
             _load(k, out)  # NOTE: loaded before tmp goes; the mapping outlives the file
             return
     _load(k, lib_path)
+
+
+def cached_tuning(log: bytes, trials: int) -> dict[str, Any]:
+    """The tuning record of a kernel found in the cache (its search ran in an earlier build)."""
+    try:
+        doc = json.loads(log)
+    except ValueError:
+        return {"trials": trials, "cache_hit": True}
+    keep = ("chosen", "tuned_us", "default_us")
+    return {"trials": trials, "cache_hit": True, **{k: doc.get(k) for k in keep}}
 
 
 def _sidecar(data: bytes, key: str) -> bytes:
@@ -260,7 +289,7 @@ def _link(out: Path, files: Sequence[Path]) -> None:
     tc = toolchain()
     include = tvm_ffi.libinfo.find_include_path()
     dlpack = tvm_ffi.libinfo.find_dlpack_include_path()
-    cmd = [tc.cxx, "-x", "c", "-O2", "-fPIC", "-shared", f"-I{include}", f"-I{dlpack}"]
+    cmd = [tc.cxx, "-x", "c", "-O2", "-fPIC", "-shared", "-fopenmp", f"-I{include}", f"-I{dlpack}"]
     cmd += [str(files[0]), "-x", "none", *map(str, files[1:]), "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -268,6 +297,27 @@ def _link(out: Path, files: Sequence[Path]) -> None:
 
 
 _DL = {"float": "kDLFloat", "int": "kDLInt", "uint": "kDLUInt"}
+# NOTE: TVM's parallel loops run on OpenMP, the C++ kernels' (and PyTorch's) thread pool: the
+# library's parallel-launch hook is pointed at this function once TVM has loaded it (_load).
+# TVM's own pool would spin beside OpenMP's on the same cores (measured: kernels up to 10x
+# slower when the two alternate) and guesses its size (half the logical CPUs).
+PARALLEL_LAUNCH = "plait_parallel_launch"
+_PARALLEL_LAUNCH = (
+    "typedef struct { void* sync_handle; int32_t num_task; } PlaitParallelEnv;",
+    "typedef int (*PlaitParallelTask)(int, PlaitParallelEnv*, void*);",
+    f"int {PARALLEL_LAUNCH}(PlaitParallelTask task, void* data, int num_task) {{",
+    "  int err = 0;",
+    "  int want = num_task > 0 ? num_task : omp_get_max_threads();",
+    "  #pragma omp parallel num_threads(want) reduction(|: err)",
+    "  {",
+    "    PlaitParallelEnv env;",
+    "    env.sync_handle = 0;",
+    "    env.num_task = omp_get_num_threads();",
+    "    err |= task(omp_get_thread_num(), &env, data);",
+    "  }",
+    "  return err;",
+    "}",
+)
 
 
 def _dl_dtype(storage: str) -> tuple[str, int]:
@@ -282,8 +332,10 @@ def shim_source(src: TvmSource, symbol: str) -> str:
     buffers = list(src.buffers)
     lines = [
         "#include <stdint.h>",
+        "#include <omp.h>",
         "#include <tvm/ffi/c_api.h>",
         f"int __tvm_ffi_{src.symbol}(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);",
+        *_PARALLEL_LAUNCH,
     ]
     count = len(buffers) + (1 if src.checks_division else 0)
     for j, (_, numel) in enumerate(buffers):
@@ -325,8 +377,13 @@ def _load(k: TvmKernel, path: Path) -> None:
     module = tvm.runtime.load_module(str(path))
     lib = ctypes.CDLL(str(path))
     fn = getattr(lib, k.symbol)  # NOTE: fail now, not at the first call
+    launch = ctypes.cast(getattr(lib, PARALLEL_LAUNCH), ctypes.c_void_p).value
+    with contextlib.suppress(ValueError):  # NOTE: a kernel with no parallel loop has no hook
+        ctypes.c_void_p.in_dll(lib, "__TVMBackendParallelLaunch").value = launch
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p]
     with _LOCK:
         _LOADED.setdefault(k.key, (module, lib))
+        if k.tuning:
+            _TUNING.setdefault(k.key, {**k.tuning, "cache_hit": True})
     k.lib = lib

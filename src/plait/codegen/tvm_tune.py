@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -67,6 +68,12 @@ def tuned_module(
             return schedule(sch, src, parallel_threshold, sampled_choice)
 
         space = ms.space_generator.ScheduleFn(sample, sch_rules=[], postprocs=[], mutator_probs={})
+        quiet = logging.getLogger("tvm.s_tir.meta_schedule")
+        if quiet.level == logging.NOTSET:
+            # NOTE: MetaSchedule prints each round's table to stdout at its logger's level (its
+            # file logs go to the temporary work directory): only warnings, unless the user set
+            # a level of their own
+            quiet.setLevel(logging.WARNING)
         with _without_tensor_intrinsics():
             ms.tune_tir(
                 mod,
