@@ -12,10 +12,17 @@ Method: each system is warmed up, then timed in interleaved rounds (eager, induc
 inference runs under ``torch.no_grad()``. Where Stax misses a target, the per-step profile of
 its schedule shows what dominates.
 
+Where Apache TVM is installed, two more columns: ``tvm`` (``backend="tvm"``: Stax with its
+kernels printed and built by TVM, default schedule) and ``tvm tuned`` (``tvm_tune`` trials of
+MetaSchedule per kernel, ``--tvm-trials``). ``--tvm-ablation`` writes a section of its own
+(:mod:`benchmarks.tvm_kernels`): each workload's kernels timed one by one, C++ printer against
+TVM, and pointwise and reduction micro-benchmarks, with the tuning time.
+
 Usage::
 
     python -m benchmarks.stax_cpu                 # everything, updates its section of RESULTS.md
     python -m benchmarks.stax_cpu --only mlp --rounds 5 --no-cold --output /tmp/r.md
+    python -m benchmarks.stax_cpu --tvm-ablation --rounds 5   # the TVM kernels' own section
 """
 
 from __future__ import annotations
@@ -91,6 +98,22 @@ def _load() -> str:
         return "n/a"
 
 
+# NOTE: MetaSchedule trials per kernel of the tuned TVM column (main() sets it from --tvm-trials)
+TVM_TRIALS = [8]
+
+
+def tvm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tvm") is not None
+
+
+def systems() -> tuple[str, ...]:
+    """The compared systems: eager, inductor, stax, and where TVM is installed its columns."""
+    base = ("eager", "inductor", "stax")
+    return (*base, "tvm", "tvm_tuned") if tvm_installed() else base
+
+
 def _build(name: str, system: str) -> Callable[..., Any]:
     import plait
 
@@ -101,6 +124,10 @@ def _build(name: str, system: str) -> Callable[..., Any]:
         return model
     if system == "inductor":
         return torch.compile(model)
+    if system == "tvm":
+        return plait.compile(model, backend="tvm")
+    if system == "tvm_tuned":
+        return plait.compile(model, backend="tvm", options={"tvm_tune": TVM_TRIALS[0]})
     return plait.compile(model, backend="stax")
 
 
@@ -111,35 +138,40 @@ def _time(fn: Callable[..., Any], args: tuple[Any, ...], calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def run_workload(name: str, rounds: int) -> dict[str, Any]:
+def run_workload(
+    name: str, rounds: int, compared: tuple[str, ...] | None = None, profile: bool = True
+) -> dict[str, Any]:
+    """``compared``: the systems (default :func:`systems`; eager always, the reference)."""
     _, make_inputs, calls = WORKLOADS[name]
     torch.manual_seed(1)
     args = make_inputs()
-    systems = {s: _build(name, s) for s in ("eager", "inductor", "stax")}
-    samples: dict[str, list[float]] = {s: [] for s in systems}
+    chosen = compared or systems()
+    built = {s: _build(name, s) for s in ("eager", *[s for s in chosen if s != "eager"])}
+    samples: dict[str, list[float]] = {s: [] for s in built}
     with torch.no_grad():
-        reference = systems["eager"](*args)
-        for s, fn in systems.items():
+        reference = built["eager"](*args)
+        for s, fn in built.items():
             for _ in range(3):
                 out = fn(*args)
             err = float((out.double() - reference.double()).abs().max())
             samples.setdefault(f"{s}_maxdiff", []).append(err)
-        order = list(systems)
+        order = list(built)
         for r in range(rounds):
             # NOTE: rotate who goes first each round, so no system always runs after another.
-            for s in order[r % 3 :] + order[: r % 3]:
-                samples[s].append(_time(systems[s], args, calls))
-    med = {s: statistics.median(samples[s]) for s in systems}
-    spread = {s: _iqr(samples[s]) / med[s] for s in systems}
+            k = r % len(order)
+            for s in order[k:] + order[:k]:
+                samples[s].append(_time(built[s], args, calls))
+    med = {s: statistics.median(samples[s]) for s in built}
+    spread = {s: _iqr(samples[s]) / med[s] for s in built}
     return {
         "name": name,
-        "ms": {s: med[s] * 1e3 for s in systems},
-        "vs_eager": med["eager"] / med["stax"],
-        "vs_inductor": med["inductor"] / med["stax"],
-        "inductor_vs_eager": med["eager"] / med["inductor"],
-        "maxdiff": {s: samples[f"{s}_maxdiff"][0] for s in systems},
+        "ms": {s: med[s] * 1e3 for s in built},
+        "vs_eager": med["eager"] / med["stax"] if "stax" in med else None,
+        "vs_inductor": med["inductor"] / med["stax"] if "inductor" in med else None,
+        "inductor_vs_eager": med["eager"] / med["inductor"] if "inductor" in med else None,
+        "maxdiff": {s: samples[f"{s}_maxdiff"][0] for s in built},
         "relative_iqr": spread,
-        "profile": profile_stax(name, args),
+        "profile": profile_stax(name, args) if profile else None,
     }
 
 
@@ -300,22 +332,28 @@ def report(results: list[dict], cold: dict[str, dict[str, float]], over: dict[st
         "",
         "## Steady-state time per call (ms, median)",
         "",
-        "| workload | eager | torch.compile | stax | stax/eager >=1.2 | stax/inductor >=1.1 |",
-        "|---|---:|---:|---:|---:|---:|",
+    ]
+    tvm = bool(results) and "tvm" in results[0]["ms"]
+    tvm_head = f" tvm | tvm tuned ({TVM_TRIALS[0]} trials/kernel) |" if tvm else ""
+    out += [
+        f"| workload | eager | torch.compile | stax |{tvm_head} stax/eager >=1.2 | "
+        "stax/inductor >=1.1 |",
+        "|---|---:|---:|---:|" + ("---:|---:|" if tvm else "") + "---:|---:|",
     ]
     for r in results:
         ms = r["ms"]
+        tvm_cells = f" {ms['tvm']:.3f} | {ms['tvm_tuned']:.3f} |" if tvm else ""
         out.append(
-            f"| {r['name']} | {ms['eager']:.3f} | {ms['inductor']:.3f} | {ms['stax']:.3f} | "
-            f"{r['vs_eager']:.2f}x {ok(r['vs_eager'] >= TARGETS['vs_eager'])} | "
+            f"| {r['name']} | {ms['eager']:.3f} | {ms['inductor']:.3f} | {ms['stax']:.3f} |"
+            f"{tvm_cells} {r['vs_eager']:.2f}x {ok(r['vs_eager'] >= TARGETS['vs_eager'])} | "
             f"{r['vs_inductor']:.2f}x {ok(r['vs_inductor'] >= TARGETS['vs_inductor'])} |"
         )
-    systems = ("eager", "inductor", "stax")
-    out += ["", "Spread (interquartile range / median, eager / inductor / stax): " + ", ".join(
-        f"{r['name']} " + "/".join(f"{r['relative_iqr'][s]:.0%}" for s in systems)
+    shown = list(results[0]["ms"]) if results else []
+    out += ["", f"Spread (interquartile range / median, {' / '.join(shown)}): " + ", ".join(
+        f"{r['name']} " + "/".join(f"{r['relative_iqr'][s]:.0%}" for s in shown)
         for r in results)]  # fmt: skip
     out += ["", "Max abs difference to eager (float32): " + ", ".join(
-        f"{r['name']} inductor {r['maxdiff']['inductor']:.1e} stax {r['maxdiff']['stax']:.1e}"
+        f"{r['name']} " + " ".join(f"{s} {r['maxdiff'][s]:.1e}" for s in shown if s != "eager")
         for r in results)]  # fmt: skip
     if cold:
         out += ["", "## Cold first compile (s; fresh process, empty caches)", "",
@@ -367,9 +405,17 @@ def main() -> None:
     parser.add_argument("--output", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     parser.add_argument("--json", default=None)
     parser.add_argument("--cold-child", nargs=2, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--tvm-trials", type=int, default=TVM_TRIALS[0])
+    parser.add_argument("--tvm-ablation", action="store_true")
     args = parser.parse_args()
+    TVM_TRIALS[0] = args.tvm_trials
     if args.cold_child:
         cold_compile_child(*args.cold_child)
+        return
+    if args.tvm_ablation:
+        from benchmarks.tvm_kernels import run_ablation
+
+        run_ablation(args.only, args.rounds, args.tvm_trials, Path(args.output))
         return
     names = args.only or list(WORKLOADS)
     start_load = _load()

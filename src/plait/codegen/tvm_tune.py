@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import sys
@@ -68,13 +69,7 @@ def tuned_module(
             return schedule(sch, src, parallel_threshold, sampled_choice)
 
         space = ms.space_generator.ScheduleFn(sample, sch_rules=[], postprocs=[], mutator_probs={})
-        quiet = logging.getLogger("tvm.s_tir.meta_schedule")
-        if quiet.level == logging.NOTSET:
-            # NOTE: MetaSchedule prints each round's table to stdout at its logger's level (its
-            # file logs go to the temporary work directory): only warnings, unless the user set
-            # a level of their own
-            quiet.setLevel(logging.WARNING)
-        with _without_tensor_intrinsics():
+        with _without_tensor_intrinsics(), _quiet():
             ms.tune_tir(
                 mod,
                 tuned_target,
@@ -113,6 +108,21 @@ def tuned_module(
         made_doc.update({k: record.get(k) for k in ("chosen", "tuned_us", "default_us")})
         made = json.dumps(made_doc, sort_keys=True).encode()
     return best, made, record
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """MetaSchedule configures its loggers on each search, with a console handler on stdout
+    that prints every round's table (its file logs go to the work directory, removed after):
+    the console gets what is printed during the search, and the logger's level is put back."""
+    logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager
