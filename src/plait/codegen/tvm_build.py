@@ -208,7 +208,7 @@ def _build_one(k: TvmKernel) -> None:
         _load(k, lib_path)
         k.cache_hit = True
         STATS["hits"] += 1
-        if k.tune and usable_entry(log_path, f"{k.key}.tuning"):
+        if k.tune and log_path is not None and usable_entry(log_path, f"{k.key}.tuning"):
             k.tuning = cached_tuning(log_path.read_bytes(), k.tune)
         return
     if os.environ.get("PLAIT_STAX_NO_COMPILE") == "1":
