@@ -179,7 +179,8 @@ def _verdict(ratio: float) -> str:
 
 
 def report(micros: list[dict[str, Any]], abl: list[dict[str, Any]], rounds: int, trials: int,
-           tuning_s: float, workloads: list[dict[str, Any]]) -> str:  # fmt: skip
+           tuning_s: float, workloads: list[dict[str, Any]],
+           loads: tuple[str, str]) -> str:  # fmt: skip
     from benchmarks.stax_cpu import machine
     from plait.codegen.tvm_build import toolchain_record
 
@@ -192,7 +193,8 @@ def report(micros: list[dict[str, Any]], abl: list[dict[str, Any]], rounds: int,
         f"({rounds} interleaved rounds, medians). Apache TVM {tc['tvm']}, target "
         f"`{tc['target']}`; tuned = {trials} MetaSchedule trials per kernel (the faster of the "
         "best trial and the default schedule). Total tuning (search) time: "
-        f"{tuning_s:.1f} s.",
+        f"{tuning_s:.1f} s. Load average at start / end: {loads[0]} / {loads[1]} (a shared "
+        "machine: kernels of tens of microseconds vary by 10-20% between runs).",
         "",
         "```",
         machine(),
@@ -258,8 +260,9 @@ def run_ablation(only: list[str] | None, rounds: int, trials: int, output: Path)
     # NOTE: a fresh kernel cache: every kernel is built, every tuned one searched (timed)
     os.environ["PLAIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="plait-tvm-bench-")
     start = time.perf_counter()
-    from benchmarks.stax_cpu import run_workload
+    from benchmarks.stax_cpu import _load, run_workload
 
+    start_load = _load()
     micros = micro(rounds, trials)
     names = only or [n for n in WORKLOADS if n != "resnet18_b8"]
     abl = [ablation(n, max(3, rounds // 2), trials) for n in names]
@@ -267,7 +270,7 @@ def run_ablation(only: list[str] | None, rounds: int, trials: int, output: Path)
     workloads = [run_workload(n, rounds, compared, profile=False) for n in names]
     tuning_s = sum(m["tuning"].get("seconds", 0.0) for m in micros)
     tuning_s += sum(k["tuning"].get("seconds", 0.0) for a in abl for k in a["kernels"])
-    text = report(micros, abl, rounds, trials, tuning_s, workloads)
+    text = report(micros, abl, rounds, trials, tuning_s, workloads, (start_load, _load()))
     section = f"{BEGIN}\n{text}{END}\n"
     old = output.read_text() if output.exists() else ""
     if BEGIN in old and END in old:

@@ -198,6 +198,40 @@ def test_pointwise_float_ops(dtype: torch.dtype) -> None:
         check(graph, inputs, op_class, ops)
 
 
+def test_vector_blocks_call_the_vector_math_library() -> None:
+    """Pointwise float32 kernels calling transcendentals are printed over vector lanes, calling
+    libmvec's vector functions (where this machine has it): within the pointwise budget, NaN,
+    infinities and signed zeros exact, broadcast operands and where/compare chains included."""
+    from plait.codegen.build import cpu_info, toolchain
+    from plait.codegen.tvm_vector import vector_isa
+
+    if not toolchain().libmvec or vector_isa(cpu_info()[1]) is None:
+        pytest.skip("no libmvec or no AVX2 here: vector blocks are not printed")
+    gen = torch.Generator().manual_seed(31)
+    # NOTE: without copysign (TVM's LLVM backend has no vector copysign): asinh, atanh, erfc
+    # and the like stay scalar blocks
+    vectored = [(op, d) for op, d in TRANSCENDENTAL if op in (
+        "exp", "log", "tanh", "erf", "sin", "cos", "tan", "expm1", "log1p", "log2", "log10",
+        "exp2", "sigmoid", "silu", "logsigmoid", "softplus", "elu", "rsqrt")]  # fmt: skip
+    ops = [(op, {}) for op, _ in vectored]
+    program = compile_graph(one_op_each(ops, F32, (4, 48)), options=TVM)
+    assert all(k.printer == "tvm" and "_ZGV" in k.source
+               for k in program.kernels), [k.fallback for k in program.kernels]  # fmt: skip
+    inputs = [draw((4, 48), F32, gen, domain) for _, domain in vectored]
+    got, want = program(*inputs), interpret(one_op_each(ops, F32, (4, 48)), inputs)
+    for (op, _), g, w in zip(vectored, got, want):
+        assert_like(g, w, "pointwise", op)
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((8, 64), F32))
+    w = gb.input("w", TensorType((64,), F32))
+    s = gb.input("s", TensorType((8, 1), F32))
+    y = gb.call("mul", gb.call("add", x, w), s)
+    gb.output(gb.call("gelu", y), gb.call("where", gb.call("gt", y, 0.5), gb.call("exp", y), -0.0))
+    inputs = [draw((8, 64), F32, gen, specials=False), draw((64,), F32, gen),
+              draw((8, 1), F32, gen, specials=False)]  # fmt: skip
+    check(gb.build(), inputs, "pointwise")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", (F64, F16), ids=_ids((F64, F16)))
 def test_pointwise_float_ops_wide_and_half(dtype: torch.dtype) -> None:

@@ -290,7 +290,7 @@ def _link(out: Path, files: Sequence[Path]) -> None:
     include = tvm_ffi.libinfo.find_include_path()
     dlpack = tvm_ffi.libinfo.find_dlpack_include_path()
     cmd = [tc.cxx, "-x", "c", "-O2", "-fPIC", "-shared", "-fopenmp", f"-I{include}", f"-I{dlpack}"]
-    cmd += [str(files[0]), "-x", "none", *map(str, files[1:]), "-o", str(out)]
+    cmd += [str(files[0]), "-x", "none", *map(str, files[1:]), "-o", str(out), *tc.libs]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise BuildError(f"linking a TVM kernel failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")

@@ -19,9 +19,11 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from plait.codegen.build import cpu_info, toolchain
 from plait.codegen.kir import Kernel
 from plait.codegen.tvm_build import TvmKernel, build_tvm_kernels, require_tvm, tvm_available
 from plait.codegen.tvm_script import Unsupported, print_tvm
+from plait.codegen.tvm_vector import vector_isa
 
 __all__ = ["TvmChoice", "build_choices", "choose_tvm", "tvm_available"]
 
@@ -41,9 +43,10 @@ def choose_tvm(kernels: Sequence[Kernel], parallel_threshold: int, tune: int) ->
     TVM is not installed."""
     require_tvm()
     out = []
+    vector_math = vector_isa(cpu_info()[1]) if toolchain().libmvec else None
     for k in kernels:
         try:
-            src = print_tvm(k, "TVM_SYMBOL")
+            src = print_tvm(k, "TVM_SYMBOL", vector_math)
         except Unsupported as exc:
             out.append(TvmChoice(None, f"the TVM printer refused it: {exc.reason}"))
             continue

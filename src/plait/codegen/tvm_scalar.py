@@ -10,9 +10,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from plait.codegen.kir import Reduce, is_float
 
@@ -30,6 +32,24 @@ BITS = {"i64": 64, "i32": 32, "i16": 16, "i8": 8, "u8": 8}
 _F32_MAX = 3.4028234663852886e38
 # NOTE: emits one statement of the current block
 Emit = Callable[[str], None]
+# NOTE: the lanes of the values being printed (1: scalars; more: a vector block's values)
+_LANES: contextvars.ContextVar[int] = contextvars.ContextVar("tvm_lanes", default=1)
+
+
+@contextlib.contextmanager
+def vector_lanes(lanes: int) -> Iterator[None]:
+    """Print values of ``lanes`` lanes (constants broadcast, types ``float32x16``)."""
+    token = _LANES.set(lanes)
+    try:
+        yield
+    finally:
+        _LANES.reset(token)
+
+
+def vector_type(name: str) -> str:
+    """A TVM dtype name with the lanes being printed: ``float32`` or ``float32x16``."""
+    lanes = _LANES.get()
+    return name if lanes == 1 else f"{name}x{lanes}"
 
 
 def _let(emit: Emit) -> Callable[[str, str, str], None]:
@@ -48,7 +68,14 @@ def f32_of(value: float) -> float:
 
 
 def const_text(value: object, t: str) -> str:
-    """A constant of scalar type ``t``, exact (NaN, infinities, -0.0, float32 rounding)."""
+    """A constant of scalar type ``t``, exact (NaN, infinities, -0.0, float32 rounding);
+    broadcast where vectors are printed."""
+    text = _scalar_const(value, t)
+    lanes = _LANES.get()
+    return text if lanes == 1 else f"T.Broadcast({text}, {lanes})"
+
+
+def _scalar_const(value: object, t: str) -> str:
     name = DTYPE[t]
     if t == "b":
         return f"T.bool({bool(value)})"
@@ -144,8 +171,8 @@ def opaque(x: str, t: str, side: int) -> str:
         'T.reinterpret("float32", T.reinterpret("uint32", a))'
     """
     bits = "64" if t == "f64" else "32"
-    word = f"{'u' if side == 0 else ''}int{bits}"
-    return f'T.reinterpret("{DTYPE[t]}", T.reinterpret("{word}", {x}))'
+    word = vector_type(f"{'u' if side == 0 else ''}int{bits}")
+    return f'T.reinterpret("{vector_type(DTYPE[t])}", T.reinterpret("{word}", {x}))'
 
 
 def float_ne(a: str, b: str, t: str) -> str:

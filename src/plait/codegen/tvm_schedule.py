@@ -167,6 +167,8 @@ class _Scheduler:
         loops = self.sch.get_loops(block)
         if not loops or self.calls_libm(block) or (len(loops) <= self.m and not alone):
             return
+        if "_vector" in self.name(block):  # NOTE: printed over vector lanes already
+            return
         lanes = self.lanes(f"vector:{self.name(block)}", loops[-1], self.itemsize)
         if lanes == 1:
             return

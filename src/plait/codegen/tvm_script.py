@@ -66,7 +66,10 @@ from plait.codegen.tvm_scalar import (
     round16,
     select,
     signbit,
+    vector_lanes,
+    vector_type,
 )
+from plait.codegen.tvm_vector import lane_coefficient, vector_lanes_for, vector_name, without
 
 STORAGE = {**DTYPE, "bf16": "uint16", "f16": "uint16", "b": "uint8"}
 ITEM = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "int16": 2, "uint16": 2}
@@ -130,7 +133,9 @@ def _index_bound(ix: Ix) -> int:
 
 
 class _Printer:
-    def __init__(self, kernel: Kernel, symbol: str) -> None:
+    def __init__(
+        self, kernel: Kernel, symbol: str, vector_math: tuple[str, int] | None = None
+    ) -> None:
         atoms = kernel.size_atoms()
         if atoms:
             raise Unsupported(f"symbolic sizes ({', '.join(atoms)}): TVM kernels are static")
@@ -152,6 +157,10 @@ class _Printer:
         self.names: dict[int, str] = {}  # NOTE: statements bound by name in the current block
         self.inline = True
         self.block_names: list[str] = []
+        # NOTE: a vector block (plait.codegen.tvm_vector): its lanes, its innermost variable
+        self.isa = vector_math
+        self.lanes = vector_lanes_for(self.k, self.outer, vector_math)
+        self.lane_var = self.k.outer[-1] if self.lanes > 1 else None
 
     def _check_int32(self) -> None:
         k = self.k
@@ -276,7 +285,10 @@ class _Printer:
             return f"{_EXACT[op]}({', '.join(a)})"
         if op in LIBM:
             name = f"{op}f" if t == "f32" else op
-            return f'T.call_pure_extern("{DTYPE[t]}", "{name}", {", ".join(a)})'
+            if self.lanes > 1:
+                assert self.isa is not None
+                name = vector_name(op, self.isa)
+            return f'T.call_pure_extern("{vector_type(DTYPE[t])}", "{name}", {", ".join(a)})'
         if op == "fdiv_trunc":
             return f"T.trunc({a[0]} / {a[1]})"
         if op == "signbit":
@@ -303,9 +315,20 @@ class _Printer:
             return f'T.Cast("{DTYPE[t]}", T.Cast("int64", {x}))'
         return f'T.Cast("{DTYPE[t]}", {x})'
 
+    def ref(self, buf: int, ix: Ix) -> str:
+        """An element of buffer ``buf``; in a vector block, the lanes' consecutive elements (or
+        one element, broadcast)."""
+        v = self.lane_var
+        if v is None:
+            return f"b{buf}[{self.index(ix)}]"
+        if lane_coefficient(ix, v) == 0:
+            return f"T.Broadcast(b{buf}[{self.index(ix)}], {self.lanes})"
+        base = f"{self.index(without(ix, v))} + {v.name} * {self.lanes}"
+        return f"b{buf}[T.Ramp({base}, 1, {self.lanes})]"
+
     def load(self, s: Stmt) -> str:
         buf, ix = s.attr
-        ref = f"b{buf}[{self.index(ix)}]"
+        ref = self.ref(buf, ix)
         storage = self.k.buffers[buf].dtype
         if storage == "bf16":
             return f'T.reinterpret("float32", T.shift_left(T.Cast("uint32", {ref}), T.uint32(16)))'
@@ -377,8 +400,14 @@ class _Printer:
         self.line(depth, f"{name}: T.let[T.{DTYPE[t]}] = {value}")
 
     # --- blocks -------------------------------------------------------------------------------
+    def outer_extents(self) -> list[int]:
+        """The outer loops' extents; in a vector block, the innermost one counts chunks."""
+        if self.lanes == 1:
+            return self.outer
+        return [*self.outer[:-1], self.outer[-1] // self.lanes]
+
     def axes(self, depth: int, inner: str | None) -> None:
-        for v, e in zip(self.k.outer, self.outer):
+        for v, e in zip(self.k.outer, self.outer_extents()):
             self.line(depth, f"{v.name} = T.axis.spatial({e}, l_{v.name})")
         if inner is not None:
             for v, e in zip(self.k.inner, self.inner):
@@ -386,7 +415,7 @@ class _Printer:
 
     def loops(self, depth: int, inner: bool) -> int:
         """A block's own loop nest: the outer loops, and the inner ones if ``inner``."""
-        loops = list(zip(self.k.outer, self.outer))
+        loops = list(zip(self.k.outer, self.outer_extents()))
         if inner:
             loops += list(zip(self.k.inner, self.inner))
         for v, e in loops:
@@ -425,9 +454,10 @@ class _Printer:
         self.line(d, f'with T.sblock("{name}"):')
         self.block_names.append(name)
         self.axes(d + 1, "spatial" if inner else None)
-        self.emit(d + 1, [st.value for st in stores])
-        for st in stores:
-            self.line(d + 1, f"b{st.buffer}[{self.index(st.index)}] = {self.stored(st)}")
+        with vector_lanes(self.lanes):
+            self.emit(d + 1, [st.value for st in stores])
+            for st in stores:
+                self.line(d + 1, f"{self.ref(st.buffer, st.index)} = {self.stored(st)}")
 
     def stored(self, st: Store) -> str:
         v = self.operand(st.value)
@@ -462,7 +492,8 @@ class _Printer:
             for r in ph.reduces:
                 self.reduce_block(depth, p, r)
             if ph.stores:
-                self.store_block(depth, f"p{p}_store", ph.stores, inner=True)
+                name = f"p{p}_store" if self.lanes == 1 else f"p{p}_vector{self.lanes}"
+                self.store_block(depth, name, ph.stores, inner=True)
         if k.final:
             self.store_block(depth, "final", k.final, inner=False)
         if not k.phases and not k.final:
@@ -480,7 +511,9 @@ class _Printer:
         )
 
 
-def print_tvm(kernel: Kernel, symbol: str) -> TvmSource:
+def print_tvm(kernel: Kernel, symbol: str, vector_math: tuple[str, int] | None = None) -> TvmSource:
     """``kernel`` as the TVMScript of ``def symbol(b0, b1, ...)``; raises :class:`Unsupported`
-    for what the TVM printer does not print (the caller's C++ fallback records why)."""
-    return _Printer(kernel, symbol).source()
+    for what the TVM printer does not print (the caller's C++ fallback records why).
+    ``vector_math``: libmvec's vector ABI and lanes (:func:`~plait.codegen.tvm_vector.vector_isa`)
+    where it may be called (vector blocks, :mod:`plait.codegen.tvm_vector`); None: never."""
+    return _Printer(kernel, symbol, vector_math).source()
