@@ -97,6 +97,7 @@ def test_cache_key_names_source_tvm_version_target_and_tuning(
     assert kernel_key(kernel) != base
 
 
+@pytest.mark.slow
 def test_a_warm_process_loads_kernels_without_compiling(stax_cache: Path) -> None:
     """The second process finds every TVM kernel in the kernel cache: with the compiler
     forbidden (``PLAIT_STAX_NO_COMPILE=1``), it builds nothing and computes the same."""
