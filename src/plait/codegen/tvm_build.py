@@ -210,6 +210,8 @@ def _build_one(k: TvmKernel) -> None:
         STATS["hits"] += 1
         if k.tune and log_path is not None and usable_entry(log_path, f"{k.key}.tuning"):
             k.tuning = cached_tuning(log_path.read_bytes(), k.tune)
+        elif k.tune:  # NOTE: built with its default schedule (not tuned: no log was kept)
+            k.tuning = {"trials": k.tune, "cache_hit": True, "chosen": "default"}
         return
     if os.environ.get("PLAIT_STAX_NO_COMPILE") == "1":
         raise BuildError("TVM build refused: PLAIT_STAX_NO_COMPILE=1 (cache miss)")
@@ -263,12 +265,24 @@ def _compile(k: TvmKernel, out: Path, tmp: Path, log: bytes | None) -> bytes | N
     mod = tvm.script.from_source(k.source.source, extra_vars={"T": T})
     target = tvm.target.Target(host_target())
     made = None
-    if k.tune:
+    if k.tune and any("_vector" in name for name in k.source.blocks):
+        # NOTE: MetaSchedule cannot serialize a vector block's broadcasts (its database)
+        reason = "not tuned: a vector block (MetaSchedule cannot record its broadcasts)"
+        k.tuning = {"trials": k.tune, "chosen": "default", "reason": reason}
+        mod = default_schedule(mod, k.source, k.parallel_threshold)
+    elif k.tune:
         from plait.codegen.tvm_tune import tuned_module
 
-        mod, made, k.tuning = tuned_module(
-            mod, target, k.source, k.parallel_threshold, k.tune, log, tmp / "tuning"
-        )
+        try:
+            mod, made, k.tuning = tuned_module(
+                mod, target, k.source, k.parallel_threshold, k.tune, log, tmp / "tuning"
+            )
+        except Exception as exc:  # NOTE: recorded: the kernel runs its default schedule
+            lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+            reason = f"MetaSchedule could not tune it: {type(exc).__name__}: "
+            reason += next((x for x in lines if "rror" in x), lines[0] if lines else "")[:200]
+            k.tuning = {"trials": k.tune, "chosen": "default", "reason": reason}
+            mod = default_schedule(mod, k.source, k.parallel_threshold)
     else:
         mod = default_schedule(mod, k.source, k.parallel_threshold)
     with tvm.transform.PassContext(opt_level=3, config={"tirx.disable_assert": True}):
