@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import torch
 from click.testing import CliRunner
 
@@ -29,7 +30,6 @@ from plait.cache.lookup import CacheWarning
 from plait.cache.remote import ENTRY_PREFIX, STAGING_PREFIX, RedisStore, TieredStore
 from tests.cache.helpers import convnet, sample
 
-pytest.importorskip("redis")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -44,8 +44,6 @@ def server() -> Iterator[RedisServer]:
 
 
 def _client(srv: RedisServer) -> Any:
-    import redis
-
     return redis.Redis.from_url(srv.url)
 
 
