@@ -26,7 +26,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -398,3 +398,18 @@ def unravel(lin: Ix, shape: tuple[Size, ...]) -> tuple[Ix, ...]:
         lin.div(s).mod(nonzero(d)) if i else lin.div(s)
         for i, (s, d) in enumerate(zip(strides, shape))
     )
+
+
+def index_bound(ix: Ix, static: Callable[[Size], int]) -> int:
+    """An upper bound of |value| of ``ix`` and of every partial sum computed on the way, for a
+    printer of static kernels: ``static`` turns each size into an int (or refuses a symbolic
+    one with the printer's own error)."""
+    total = abs(static(ix.const))
+    inner = 0
+    for atom, coef in ix.terms:
+        lo, hi = atom_range(atom)
+        bounds = [abs(static(x)) for x in (lo, hi) if x is not None]
+        total += abs(static(coef)) * max([*bounds, 1])
+        if not isinstance(atom, Var):
+            inner = max(inner, index_bound(atom.e, static))
+    return max(total, inner)

@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -374,3 +375,17 @@ def _exact_const(value: Any, dtype: str) -> bool:
         lo = 0 if dtype == "u8" else -(1 << (bits - 1))
         return lo <= value < lo + (1 << bits)
     return False
+
+
+def reduce_identity(kind: str, t: str) -> object:
+    """A reduction's initial value over scalar type ``t`` (every printer's)."""
+    if kind == "sum":
+        return 0.0 if is_float(t) else 0
+    if kind == "prod":
+        return 1.0 if is_float(t) else 1
+    if is_float(t):
+        return -math.inf if kind == "max" else math.inf
+    if t == "u8":
+        return 0 if kind == "max" else 255
+    bits = {"i64": 64, "i32": 32, "i16": 16, "i8": 8}[t]
+    return -(1 << (bits - 1)) if kind == "max" else (1 << (bits - 1)) - 1

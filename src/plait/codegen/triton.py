@@ -46,8 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plait.codegen.errors import CodegenError
-from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var, atom_range
-from plait.codegen.kir import Kernel, Reduce, Stmt, Store, is_float
+from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var, index_bound
+from plait.codegen.kir import Kernel, Reduce, Stmt, Store, is_float, reduce_identity
 from plait.codegen.loops import merge_loops
 
 TL = {
@@ -359,20 +359,6 @@ def const_text(value: object, t: str, shape: str = "[]") -> str:
     return f"tl.full({shape}, {text}, {dtype})"
 
 
-def _identity(kind: str, t: str) -> object:
-    """The reduction's initial value (the C++ printer's ``_init``)."""
-    if kind == "sum":
-        return 0.0 if is_float(t) else 0
-    if kind == "prod":
-        return 1.0 if is_float(t) else 1
-    if is_float(t):
-        return -math.inf if kind == "max" else math.inf
-    if t == "u8":
-        return 0 if kind == "max" else 255
-    bits = {"i64": 64, "i32": 32, "i16": 16, "i8": 8}[t]
-    return -(1 << (bits - 1)) if kind == "max" else (1 << (bits - 1)) - 1
-
-
 def static(n: object) -> int:
     """``n`` as an int: Triton kernels have static sizes (``check_graph`` refuses symbolic dims
     on the Triton target before anything is printed)."""
@@ -382,15 +368,7 @@ def static(n: object) -> int:
 
 
 def _index_bound(ix: Ix) -> int:
-    """An upper bound of |value| of ``ix`` and of every partial sum computed on the way."""
-    total = abs(static(ix.const))
-    inner = 0
-    for atom, coef in ix.terms:
-        lo, hi = atom_range(atom)
-        total += abs(static(coef)) * max(abs(static(lo)), abs(static(hi)), 1)
-        if not isinstance(atom, Var):
-            inner = max(inner, _index_bound(atom.e))
-    return max(total, inner)
+    return index_bound(ix, static)
 
 
 class _Printer:
@@ -803,7 +781,7 @@ class _Printer:
         the one value, as the C++ printer's single step."""
         t = self._acc_type(r)
         v = self._value(r)
-        value = self._combine(r.kind, const_text(_identity(r.kind, t), t), v)
+        value = self._combine(r.kind, const_text(reduce_identity(r.kind, t), t), v)
         if self._tracks_nan(r):
             value = f"tl.where({v} != {v}, {const_text(math.nan, t)}, {value})"
         self.line(f"acc{r.acc} = {self._result(r, value)}")
@@ -811,14 +789,14 @@ class _Printer:
     def init_partial(self, r: Reduce) -> None:
         t = self._acc_type(r)
         shape = f"[{self.blocks.xblock}, {self.blocks.rblock}]"
-        self.line(f"part{r.acc} = {const_text(_identity(r.kind, t), t, shape)}")
+        self.line(f"part{r.acc} = {const_text(reduce_identity(r.kind, t), t, shape)}")
         if self._tracks_nan(r):
             self.line(f"nan{r.acc} = tl.full({shape}, False, tl.int1)")
 
     def accumulate(self, r: Reduce) -> None:
         t = self._acc_type(r)
         v = f"v{r.acc}"
-        identity = const_text(_identity(r.kind, t), t)
+        identity = const_text(reduce_identity(r.kind, t), t)
         self.line(f"{v} = tl.where(rxmask, {self._value(r)}, {identity})")
         self.line(f"part{r.acc} = {self._combine(r.kind, f'part{r.acc}', v)}")
         if self._tracks_nan(r):
@@ -829,7 +807,8 @@ class _Printer:
         part, n = f"part{r.acc}", r.acc
         if self.row == 0:
             shape = f"[{self.blocks.xblock}, 1]"
-            self.line(f"acc{n} = {self._result(r, const_text(_identity(r.kind, t), t, shape))}")
+            empty = const_text(reduce_identity(r.kind, t), t, shape)
+            self.line(f"acc{n} = {self._result(r, empty)}")
             return
         if r.kind == "prod":
             total = f"tl.reduce({part}, 1, {self.helper('_prod')}, keep_dims=True)"

@@ -16,7 +16,7 @@ import math
 import struct
 from collections.abc import Callable, Iterator
 
-from plait.codegen.kir import Reduce, is_float
+from plait.codegen.kir import Reduce, is_float, reduce_identity
 
 DTYPE = {
     "f64": "float64",
@@ -95,17 +95,8 @@ def _scalar_const(value: object, t: str) -> str:
 
 
 def identity(kind: str, t: str) -> object:
-    """A reduction's initial value (the C++ printer's)."""
-    if kind == "sum":
-        return 0.0 if is_float(t) else 0
-    if kind == "prod":
-        return 1.0 if is_float(t) else 1
-    if is_float(t):
-        return -math.inf if kind == "max" else math.inf
-    if t == "u8":
-        return 0 if kind == "max" else 255
-    bits = BITS[t]
-    return -(1 << (bits - 1)) if kind == "max" else (1 << (bits - 1)) - 1
+    """A reduction's initial value (every printer's: :func:`plait.codegen.kir.reduce_identity`)."""
+    return reduce_identity(kind, t)
 
 
 def identity_text(kind: str, t: str) -> str:

@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass
 
 from plait.codegen.errors import CodegenError
-from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var, atom_range
+from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var, index_bound
 from plait.codegen.kir import CHECKED_INT_OPS, Kernel, Reduce, Stmt, Store, is_float
 from plait.codegen.loops import merge_loops
 from plait.codegen.tvm_scalar import (
@@ -120,16 +120,7 @@ def _static(n: object, what: str) -> int:
 
 
 def _index_bound(ix: Ix) -> int:
-    """An upper bound of |value| of ``ix`` and of every partial sum computed on the way."""
-    total = abs(_static(ix.const, "index"))
-    inner = 0
-    for atom, coef in ix.terms:
-        lo, hi = atom_range(atom)
-        bounds = [abs(_static(x, "index")) for x in (lo, hi) if x is not None]
-        total += abs(_static(coef, "index")) * max([*bounds, 1])
-        if not isinstance(atom, Var):
-            inner = max(inner, _index_bound(atom.e))
-    return max(total, inner)
+    return index_bound(ix, lambda n: _static(n, "index"))
 
 
 class _Printer:
