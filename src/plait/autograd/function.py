@@ -121,23 +121,38 @@ def _zeros_for(meta: tuple[Any, ...]) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
+def keep_for_backward(ctx: Any, outs: list[Any], saved: list[Any], taking: Any) -> None:
+    """What a compiled backward reads, kept on an autograd ``ctx``: the outputs' metadata (a
+    missing cotangent's zeros; not the outputs, which may be freed), the saved values (tensors
+    through ``save_for_backward``, a saved Python number as it is), and the outputs no
+    cotangent index in ``taking`` reads marked non-differentiable."""
+    ctx.outs = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outs]
+    ctx.save_for_backward(*(t for t in saved if isinstance(t, torch.Tensor)))
+    ctx.others = [None if isinstance(t, torch.Tensor) else t for t in saved]
+    taking = set(taking)
+    dead = [o for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and i not in taking]
+    ctx.mark_non_differentiable(*dead)
+
+
+def backward_inputs(ctx: Any, cotangents: tuple[Any, ...], taking: Any) -> list[Any]:
+    """The compiled backward's inputs from what :func:`keep_for_backward` kept: the saved
+    values, then the cotangents of ``taking`` (zeros where autograd passed None)."""
+    cots = []
+    for i in taking:
+        c = cotangents[i]
+        cots.append(_zeros_for(ctx.outs[i]) if c is None else c.contiguous())
+    tensors = iter(ctx.saved_tensors)
+    saved = [next(tensors) if o is None else o for o in ctx.others]
+    return [*saved, *cots]
+
+
 class _Apply(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, run: CompiledAutograd, *values: Any) -> Any:
         results = list(without_autocast(run.forward, list(values)))
         outs, saved = results[: run.n_outputs], results[run.n_outputs :]
         ctx.run = run
-        # NOTE: what a missing cotangent's zeros look like (not the outputs: they may be freed)
-        ctx.outs = [
-            (o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outs
-        ]
-        # NOTE: save_for_backward takes tensors only; a saved Python number (a scalar graph
-        # input the backward reads) is kept as it is
-        ctx.save_for_backward(*(t for t in saved if isinstance(t, torch.Tensor)))
-        ctx.others = [None if isinstance(t, torch.Tensor) else t for t in saved]
-        taking = set(run.cotangents)
-        dead = [o for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and i not in taking]
-        ctx.mark_non_differentiable(*dead)
+        keep_for_backward(ctx, outs, saved, run.cotangents)
         return tuple(outs)
 
     @staticmethod
@@ -149,13 +164,8 @@ class _Apply(torch.autograd.Function):
                 "a second-order gradient (create_graph=True, torch.autograd.grad of a gradient) "
                 "needs the call run eagerly (plait.compile(..., backend='eager'))"
             )
-        cots = []
-        for i in run.cotangents:
-            c = cotangents[i]
-            cots.append(_zeros_for(ctx.outs[i]) if c is None else c.contiguous())
-        tensors = iter(ctx.saved_tensors)
-        saved = [next(tensors) if o is None else o for o in ctx.others]
-        grads = list(without_autocast(run.backward, [*saved, *cots]))
+        inputs = backward_inputs(ctx, cotangents, run.cotangents)
+        grads = list(without_autocast(run.backward, inputs))
         out: list[Any] = [None] * (1 + run.n_inputs)
         for i, g in zip(run.grads, grads):
             out[1 + i] = g

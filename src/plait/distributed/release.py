@@ -43,7 +43,13 @@ from typing import Any
 
 import torch
 
-from plait.autograd.function import CompiledAutograd, DoubleBackwardError, without_autocast
+from plait.autograd.function import (
+    CompiledAutograd,
+    DoubleBackwardError,
+    backward_inputs,
+    keep_for_backward,
+    without_autocast,
+)
 from plait.distributed.buckets import BucketPlan
 from plait.distributed.segments import Segment, split_backward
 from plait.ir.graph import Value
@@ -195,16 +201,9 @@ class _ReleaseOutputs(torch.autograd.Function):
         outs, saved = call.outs, call.saved
         call.outs, call.saved = [], []
         ctx.call, ctx.chained = call, token is not None
-        ctx.outs = [
-            (o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outs
-        ]
         # NOTE: saved here, where the backward starts: an in-place write to one before the
         # backward raises PyTorch's error, as for a program that is not split
-        ctx.save_for_backward(*(t for t in saved if isinstance(t, torch.Tensor)))
-        ctx.others = [None if isinstance(t, torch.Tensor) else t for t in saved]
-        taking = set(run.cotangents)
-        dead = [o for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and i not in taking]
-        ctx.mark_non_differentiable(*dead)
+        keep_for_backward(ctx, outs, saved, run.cotangents)
         return tuple(outs)
 
     @staticmethod
@@ -216,16 +215,8 @@ class _ReleaseOutputs(torch.autograd.Function):
                 f"{run.name}: its backward is compiled and has no derivative of its own; "
                 "a second-order gradient needs the call run eagerly (backend='eager')"
             )
-        cots = []
-        for i in run.cotangents:
-            c = cotangents[i]
-            if c is None:
-                shape, dtype, device = ctx.outs[i]
-                c = torch.zeros(shape, dtype=dtype, device=device)
-            cots.append(c.contiguous())
-        tensors = iter(ctx.saved_tensors)
-        saved = [next(tensors) if o is None else o for o in ctx.others]
-        call.env = dict(zip(run.backward_inputs, [*saved, *cots]))
+        inputs = backward_inputs(ctx, cotangents, run.cotangents)
+        call.env = dict(zip(run.backward_inputs, inputs))
         grads = run.release(0, call.env)
         if not ctx.chained:
             call.env = {}
