@@ -29,7 +29,8 @@ from plait.codegen.fusion import plan_graph
 from plait.codegen.index import Ix, Var
 from plait.codegen.kir import SCALAR_OPS, Kernel, KernelBuilder
 from plait.codegen.plan import KernelStep
-from plait.codegen.triton import print_triton, reduction_blocks
+from plait.codegen.triton import print_triton
+from plait.codegen.triton_blocks import reduction_blocks
 from plait.codegen.triton_load import load_triton
 from plait.codegen.views import shape_of
 from plait.ir import Graph, GraphBuilder, TensorType, interpret

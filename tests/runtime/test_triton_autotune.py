@@ -18,7 +18,7 @@ import triton  # noqa: F401  (a dev dependency: missing, this fails rather than 
 import plait
 import plait.conformance
 from benchmarks.models.gpt2 import GPT2, GPT2Config
-from plait.codegen.triton import candidate_blocks, default_blocks
+from plait.codegen.triton_blocks import candidate_blocks, default_blocks
 from plait.runtime import StaxOptions, compile_graph
 
 

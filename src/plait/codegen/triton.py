@@ -45,10 +45,13 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from plait.codegen.errors import CodegenError
 from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var, index_bound
 from plait.codegen.kir import Kernel, Reduce, Stmt, Store, is_float, reduce_identity
 from plait.codegen.loops import merge_loops
+from plait.codegen.triton_blocks import Blocks, default_blocks, static
+
+# Indices stay int32 below this bound (a masked lane runs at most a block past the end).
+INT32_BOUND = 1 << 30
 
 TL = {
     "f64": "tl.float64",
@@ -69,13 +72,6 @@ LIBDEVICE["sqrt"] = "sqrt_rn"  # NOTE: tl.sqrt is approximate on the GPU; sqrt_r
 # Every libdevice function a printed kernel may call (the interpreter's shim provides each).
 LIBDEVICE_NAMES = frozenset({*LIBDEVICE.values(), "div_rn", "signbit"})
 
-# NOTE: a program's tile: pointwise kernels take up to POINTWISE_BLOCK elements per program;
-# reductions up to MAX_RBLOCK elements of a row per chunk and enough rows to fill REDUCE_TILE.
-POINTWISE_BLOCK = 1024
-MAX_RBLOCK = 1024
-REDUCE_TILE = 2048
-# Indices stay int32 below this bound (a masked lane runs at most a block past the end).
-INT32_BOUND = 1 << 30
 
 # NOTE: nothing of the program (not the kernel's name in it) goes into the text: a kernel's
 # symbol is the hash of its text, so identical kernels (the layers of a transformer) are one
@@ -256,75 +252,6 @@ class TritonSource:
     num_warps: int
 
 
-@dataclass(frozen=True)
-class Blocks:
-    """A launch shape: ``xblock`` outer points per program; ``rblock`` reduced elements per
-    chunk (0: a pointwise kernel)."""
-
-    xblock: int
-    rblock: int
-    num_warps: int
-    programs: int
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-def _warps(elements: int) -> int:
-    """One warp per 256 elements of a program's tile, 1 to 8."""
-    return max(1, min(8, elements // 256))
-
-
-def pointwise_blocks(n: int) -> Blocks:
-    xblock = min(_pow2_at_least(n), POINTWISE_BLOCK)
-    return Blocks(xblock, 0, _warps(xblock), -(-n // xblock))
-
-
-def reduction_blocks(rows: int, row: int) -> Blocks:
-    """Long rows: one or two rows per program, chunks of up to MAX_RBLOCK; many short rows:
-    several rows per program, the whole row in one chunk."""
-    rblock = min(_pow2_at_least(row), MAX_RBLOCK)
-    xblock = min(_pow2_at_least(rows), max(1, REDUCE_TILE // rblock))
-    return Blocks(xblock, rblock, _warps(xblock * rblock), -(-rows // xblock))
-
-
-def _extents(kernel: Kernel) -> tuple[int, int]:
-    k = merge_loops(kernel)
-    return (
-        math.prod(static(v.extent) for v in k.outer),
-        math.prod(static(v.extent) for v in k.inner),
-    )
-
-
-def default_blocks(kernel: Kernel) -> Blocks:
-    """The heuristic's launch shape for ``kernel``."""
-    rows, row = _extents(kernel)
-    return reduction_blocks(rows, row) if merge_loops(kernel).inner else pointwise_blocks(rows)
-
-
-def candidate_blocks(kernel: Kernel) -> list[Blocks]:
-    """Launch shapes worth timing for ``kernel`` (the default first): rows per program halved
-    and doubled, and half the warps. NOTE: every candidate keeps the default's reduction chunk
-    (``rblock``), so each row sums in the same order: all candidates compute the same bits."""
-    rows, _ = _extents(kernel)
-    base = default_blocks(kernel)
-    most = _pow2_at_least(rows)
-    xs = {base.xblock}
-    if base.rblock == 0:
-        xs |= {x for x in (256, 512, 1024, 2048) if x <= max(most, base.xblock)}
-    else:
-        xs |= {x for x in (base.xblock // 2, base.xblock * 2) if 1 <= x <= most}
-    out = [base]
-    for x in sorted(xs):
-        warps = _warps(x * max(1, base.rblock))
-        for w in sorted({warps, max(1, warps // 2)}):
-            b = Blocks(x, base.rblock, w, -(-rows // x))
-            if b not in out:
-                out.append(b)
-    return out
-
-
 # --- constants and indices --------------------------------------------------------------------
 def f32_of(value: float) -> float:
     """``value`` rounded to float32 as C's ``(float)`` does (overflow gives an infinity)."""
@@ -357,14 +284,6 @@ def const_text(value: object, t: str, shape: str = "[]") -> str:
     else:
         text = repr(v)
     return f"tl.full({shape}, {text}, {dtype})"
-
-
-def static(n: object) -> int:
-    """``n`` as an int: Triton kernels have static sizes (``check_graph`` refuses symbolic dims
-    on the Triton target before anything is printed)."""
-    if not isinstance(n, int):
-        raise CodegenError(f"the Triton printer got a symbolic size {n}: static shapes only")
-    return n
 
 
 def _index_bound(ix: Ix) -> int:

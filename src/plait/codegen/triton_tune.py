@@ -1,5 +1,6 @@
-"""Autotuning a Triton kernel's launch shape: each of :func:`~plait.codegen.triton.candidate_blocks`
-printed, compiled and timed on the device with the launch's dtypes and sizes; the fastest kept.
+"""Autotuning a Triton kernel's launch shape: each of
+:func:`~plait.codegen.triton_blocks.candidate_blocks` printed, compiled and timed on the device
+with the launch's dtypes and sizes; the fastest kept.
 
 The choice is cached in the kernel cache (``cache_dir()/triton/tuning/<key>.json``), keyed by the
 SHA-256 of the default kernel's text, the device's name and Triton's version: a later compile of
@@ -37,7 +38,8 @@ from typing import Any
 
 from plait.codegen.build import cache_dir
 from plait.codegen.kir import Kernel
-from plait.codegen.triton import Blocks, TritonSource, candidate_blocks, print_triton, static
+from plait.codegen.triton import TritonSource, print_triton
+from plait.codegen.triton_blocks import Blocks, candidate_blocks, static
 
 REPEATS = 10
 
