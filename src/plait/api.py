@@ -36,6 +36,7 @@ from plait.cache import Store, check_store_option, resolve_store
 from plait.cache.snapshots import forget_snapshot, front_parts, load_snapshot, save_snapshot
 from plait.cache.weight_digests import prefetch
 from plait.collector import collector_paused
+from plait.compiled_callables import CompiledFunction, CompiledModule
 from plait.distributed.ddp import release_by_bucket
 from plait.dynamic_shapes import DynamicShapes, SymbolicRefused, symbol_sizes
 from plait.errors import (
@@ -643,130 +644,6 @@ def _check_kinds(prog: CapturedProgram, env: GuardEnv, paths: list[str]) -> None
                 f"argument {path!r} was a {'Tensor' if was == 'tensor' else was} when the program "
                 f"was captured; got {'a Tensor' if now == 'tensor' else now}"
             )
-
-
-class _ArtifactProtocol:
-    """The public artifact protocol of compiled callables: what :mod:`plait.conformance`
-    drives (docs/conformance.md), the specializations with the user calls each ran, and calls
-    pinned to one of them."""
-
-    _plait: _Engine
-
-    def specialization_uses(self) -> list[SpecializationUse]:
-        """Every specialization, with the user calls it ran and their settings."""
-        return self._plait.uses()
-
-    def guard_failures(self, key: str, *args: Any, **kwargs: Any) -> list[str]:
-        """The guards of specialization ``key`` that this call (under the current settings)
-        fails; empty when that specialization would run it."""
-        return self._plait.guard_failures(key, args, kwargs)
-
-    def call_specialization(self, key: str, *args: Any, **kwargs: Any) -> Any:
-        """Run this call with specialization ``key`` and no other: never captures or compiles,
-        and is not counted as a user call. Raises :class:`SpecializationMissError` when its
-        guards refuse the call (under the current settings)."""
-        return self._plait.call_specialization(key, args, kwargs)
-
-    def specialize(self, *args: Any, **kwargs: Any) -> SpecializationUse:
-        """The specialization a call with these arguments runs under the current settings,
-        captured and compiled as a call would when there is none; the program is not run."""
-        return self._plait.specialize(args, kwargs)
-
-
-class CompiledFunction(_ArtifactProtocol):
-    """A compiled function: call it like the original. ``specializations`` and
-    ``recompile_reasons`` record what was captured and why."""
-
-    def __init__(self, fn: Callable[..., Any], engine: _Engine) -> None:
-        functools.update_wrapper(self, fn)
-        self._plait = engine
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._plait(args, kwargs)
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        return self if obj is None else functools.partial(self, obj)
-
-    @property
-    def specializations(self) -> list[Specialization]:
-        return self._plait.specializations
-
-    @property
-    def recompile_reasons(self) -> list[str]:
-        return self._plait.recompile_reasons
-
-
-_SHARED = (
-    "_parameters",
-    "_buffers",
-    "_non_persistent_buffers_set",
-    "_modules",
-    "_state_dict_hooks",
-    "_state_dict_pre_hooks",
-    "_load_state_dict_pre_hooks",
-    "_load_state_dict_post_hooks",
-)
-
-
-class CompiledModule(_ArtifactProtocol, nn.Module):
-    """A compiled ``nn.Module`` that behaves as the module: it shares its parameters, buffers
-    and submodules (``state_dict()`` keys are the module's own), ``train()``/``eval()`` switch
-    the module, and attribute reads and writes go to it. Forward hooks registered on the
-    original module run inside the captured program."""
-
-    _orig_mod: nn.Module
-    _plait: _Engine
-
-    def __init__(self, module: nn.Module, engine: _Engine) -> None:
-        # NOTE: no nn.Module.__init__: the wrapper takes the module's own tables (shared, not
-        # copied) and keeps empty hook tables of its own; `training` lives on the module.
-        fresh = nn.Module().__dict__
-        for key, value in fresh.items():
-            if key != "training":
-                object.__setattr__(self, key, value)
-        for key in _SHARED:
-            object.__setattr__(self, key, module.__dict__[key])
-        object.__setattr__(self, "_orig_mod", module)
-        object.__setattr__(self, "_plait", engine)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._plait(args, kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self.__dict__["_orig_mod"], name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "__class__":  # NOTE: a class swap (FSDP2's fully_shard) is the wrapper's own
-            object.__setattr__(self, name, value)
-            return
-        setattr(self._orig_mod, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        delattr(self._orig_mod, name)
-
-    # NOTE: container modules (Sequential, ModuleList, ModuleDict) keep their protocol.
-    def __getitem__(self, key: Any) -> Any:
-        return self._orig_mod[key]  # type: ignore[index]
-
-    def __len__(self) -> int:
-        return len(self._orig_mod)  # type: ignore[arg-type]
-
-    def __iter__(self) -> Any:
-        return iter(self._orig_mod)  # type: ignore[call-overload]
-
-    def _get_name(self) -> str:
-        return f"CompiledModule[{self._orig_mod._get_name()}]"
-
-    @property
-    def specializations(self) -> list[Specialization]:
-        return self._plait.specializations
-
-    @property
-    def recompile_reasons(self) -> list[str]:
-        return self._plait.recompile_reasons
 
 
 def compile(

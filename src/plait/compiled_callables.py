@@ -1,0 +1,162 @@
+"""The callables ``plait.compile`` returns: :class:`CompiledFunction` and :class:`CompiledModule`
+(a module wrapper that shares the module's tables), both speaking the artifact protocol the
+conformance gate drives. They hold an :class:`Engine`, the compile-and-dispatch machinery
+(``plait.api``'s), through the few calls they make of it.
+
+Example:
+    >>> import torch, plait
+    >>> f = plait.compile(lambda x: x * 2, backend="eager")
+    >>> type(f).__name__, float(f(torch.ones(1))[0])
+    ('CompiledFunction', 2.0)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from torch import nn
+
+from plait.specialization import Specialization, SpecializationUse
+
+
+class Engine(Protocol):
+    """What a compiled callable asks of the engine that captures, compiles and dispatches."""
+
+    specializations: list[Specialization]
+    recompile_reasons: list[str]
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any: ...
+
+    def uses(self) -> list[SpecializationUse]: ...
+
+    def guard_failures(self, key: str, args: tuple, kwargs: dict) -> list[str]: ...
+
+    def call_specialization(self, key: str, args: tuple, kwargs: dict) -> Any: ...
+
+    def specialize(self, args: tuple, kwargs: dict) -> SpecializationUse: ...
+
+
+class _ArtifactProtocol:
+    """The public artifact protocol of compiled callables: what :mod:`plait.conformance`
+    drives (docs/conformance.md), the specializations with the user calls each ran, and calls
+    pinned to one of them."""
+
+    _plait: Engine
+
+    def specialization_uses(self) -> list[SpecializationUse]:
+        """Every specialization, with the user calls it ran and their settings."""
+        return self._plait.uses()
+
+    def guard_failures(self, key: str, *args: Any, **kwargs: Any) -> list[str]:
+        """The guards of specialization ``key`` that this call (under the current settings)
+        fails; empty when that specialization would run it."""
+        return self._plait.guard_failures(key, args, kwargs)
+
+    def call_specialization(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        """Run this call with specialization ``key`` and no other: never captures or compiles,
+        and is not counted as a user call. Raises :class:`SpecializationMissError` when its
+        guards refuse the call (under the current settings)."""
+        return self._plait.call_specialization(key, args, kwargs)
+
+    def specialize(self, *args: Any, **kwargs: Any) -> SpecializationUse:
+        """The specialization a call with these arguments runs under the current settings,
+        captured and compiled as a call would when there is none; the program is not run."""
+        return self._plait.specialize(args, kwargs)
+
+
+class CompiledFunction(_ArtifactProtocol):
+    """A compiled function: call it like the original. ``specializations`` and
+    ``recompile_reasons`` record what was captured and why."""
+
+    def __init__(self, fn: Callable[..., Any], engine: Engine) -> None:
+        functools.update_wrapper(self, fn)
+        self._plait = engine
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._plait(args, kwargs)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else functools.partial(self, obj)
+
+    @property
+    def specializations(self) -> list[Specialization]:
+        return self._plait.specializations
+
+    @property
+    def recompile_reasons(self) -> list[str]:
+        return self._plait.recompile_reasons
+
+
+_SHARED = (
+    "_parameters",
+    "_buffers",
+    "_non_persistent_buffers_set",
+    "_modules",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+)
+
+
+class CompiledModule(_ArtifactProtocol, nn.Module):
+    """A compiled ``nn.Module`` that behaves as the module: it shares its parameters, buffers
+    and submodules (``state_dict()`` keys are the module's own), ``train()``/``eval()`` switch
+    the module, and attribute reads and writes go to it. Forward hooks registered on the
+    original module run inside the captured program."""
+
+    _orig_mod: nn.Module
+    _plait: Engine
+
+    def __init__(self, module: nn.Module, engine: Engine) -> None:
+        # NOTE: no nn.Module.__init__: the wrapper takes the module's own tables (shared, not
+        # copied) and keeps empty hook tables of its own; `training` lives on the module.
+        fresh = nn.Module().__dict__
+        for key, value in fresh.items():
+            if key != "training":
+                object.__setattr__(self, key, value)
+        for key in _SHARED:
+            object.__setattr__(self, key, module.__dict__[key])
+        object.__setattr__(self, "_orig_mod", module)
+        object.__setattr__(self, "_plait", engine)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._plait(args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_orig_mod"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "__class__":  # NOTE: a class swap (FSDP2's fully_shard) is the wrapper's own
+            object.__setattr__(self, name, value)
+            return
+        setattr(self._orig_mod, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._orig_mod, name)
+
+    # NOTE: container modules (Sequential, ModuleList, ModuleDict) keep their protocol.
+    def __getitem__(self, key: Any) -> Any:
+        return self._orig_mod[key]  # type: ignore[index]
+
+    def __len__(self) -> int:
+        return len(self._orig_mod)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Any:
+        return iter(self._orig_mod)  # type: ignore[call-overload]
+
+    def _get_name(self) -> str:
+        return f"CompiledModule[{self._orig_mod._get_name()}]"
+
+    @property
+    def specializations(self) -> list[Specialization]:
+        return self._plait.specializations
+
+    @property
+    def recompile_reasons(self) -> list[str]:
+        return self._plait.recompile_reasons
