@@ -24,7 +24,8 @@ from tests.passes.cases import FIRES, UNVERIFIED
 from tests.passes.test_rules import params_for
 from tests.util import assert_bitwise
 
-PASSES = sorted(n for n in all_passes() if not n.startswith("test-"))
+# NOTE: plait's own passes: a test elsewhere registers user passes (some wrong on purpose)
+PASSES = sorted(n for n, info in all_passes().items() if info.fn.__module__.startswith("plait."))
 SIZES = {"s0": 5}
 
 
