@@ -56,7 +56,8 @@ from plait.ir.ops.aten import CHECK_TOKEN, RUNTIME_CHECKS, is_seeded, overload_n
 from plait.ir.types import DTYPE_NAMES
 
 if TYPE_CHECKING:
-    from plait.frontend.tracer import CaptureContext, Tracer
+    from plait.frontend.capture_values import Tracer
+    from plait.frontend.tracer import CaptureContext
 
 aten = torch.ops.aten
 NOT_RUN: Any = object()
