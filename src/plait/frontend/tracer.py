@@ -29,6 +29,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from plait.frontend import datadep, pytree
 from plait.frontend.capture_values import CaptureValues, Tracer
+from plait.frontend.opaque import run_opaque
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
 from plait.frontend.views import ViewStep
@@ -107,8 +108,6 @@ class CaptureContext(CaptureValues):
 
     def _dispatch(self, rule: Rule | None, func: Any, args: tuple, kwargs: dict) -> Any:
         if rule is None:
-            from plait.frontend.opaque import run_opaque
-
             return run_opaque(self, func, args, kwargs)
         if rule.kind == "meta":
             assert rule.fn is not None
@@ -198,8 +197,6 @@ class CaptureContext(CaptureValues):
         finally:
             self.rule_depth -= 1
         if ir is NoIROp:  # NOTE: the rule has no IR form for this call
-            from plait.frontend.opaque import run_opaque
-
             return run_opaque(self, func, args, kwargs, rule_said=rule_said, sampled=out)
         if rule.inplace:
             ir = InPlace(args[0], ir)
