@@ -13,6 +13,10 @@ per reduction (spatial over the outer variables, reducing over the inner ones, i
 ``acc`` buffer shaped like the outer domain) and one block for the phase's stores (over outer and
 inner variables), then one block for the final stores (over the outer ones).
 :mod:`plait.codegen.tvm_schedule` schedules them (or tuning does, :mod:`plait.codegen.tvm_tune`).
+Vector blocks (:mod:`plait.codegen.tvm_vector`) are printed over chunks of vector lanes instead;
+a reduction accumulated in lanes is a vector block and its combines
+(:mod:`plait.codegen.tvm_lanes`), and a kernel with such blocks is printed fused: every block
+under the outer loops they share, one nest.
 
 Statements are inlined into the expressions that read them (TVM's common subexpression pass
 shares them again), so that a reduction's update is one store TensorIR recognizes; integer and
@@ -20,9 +24,9 @@ floor division and integer powers are ``T.let`` lines of their own. Semantics th
 otherwise change are spelled out: float operands pass through :func:`opaque` (TVM's simplifier
 applies integer algebra to floats), NaN tests are ``T.isnan`` (it folds ``x != x`` to false), a
 float max or min reduction is TVM's max (or min) plus a flag of NaNs and infinities, so that it
-stays a reduction TVM can split into vector lanes and still returns what the C++ kernel does.
-Transcendentals call the C library's functions (``expf``, ...), as the C++ kernels' scalar
-paths do.
+stays a reduction TVM can split into vector lanes and still returns what the C++ kernel does
+(one in lanes propagates NaN in one pass instead). Transcendentals call the C library's
+functions (``expf``, ...), as the C++ kernels' scalar paths do, or libmvec's in vector blocks.
 
 Refused (the caller falls back to the C++ printer, recorded): symbolic sizes (TVM kernels are
 static), an empty loop, an index or buffer past int32, a reduction of bools.
