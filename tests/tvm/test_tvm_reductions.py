@@ -237,6 +237,20 @@ def test_vector_lane_reductions_propagate_nan_and_infinities_in_one_pass() -> No
     finite[6, 40] = math.inf
     for name, g, w in zip(("softmax", "log_softmax"), program(finite), interpret(norms, [finite])):
         assert_like(g, w, "normalization", name)
+    # NOTE: no outer loop (one result), two reduced dimensions, a sum of exp beside a max
+    gb = GraphBuilder()
+    a, b = gb.input("a", TensorType((64,), F32)), gb.input("b", TensorType((2, 3, 32), F32))
+    exp_b = gb.call("exp", b)
+    gb.output(gb.call("amax", a, dims=(0,)), gb.call("softmax", a, dim=0),
+              gb.call("amin", b, dims=(0, 2)), gb.call("sum", exp_b, dims=(2,)),
+              gb.call("amax", exp_b, dims=(2,)))  # fmt: skip
+    a_in, b_in = draw((64,), F32, gen, specials=False), draw((2, 3, 32), F32, gen, specials=False)
+    a_in[5], b_in[0, 1, 7], b_in[1, 2, 31] = math.nan, math.nan, -math.inf
+    got, want = run_tvm(gb.build(), [a_in, b_in]), interpret(gb.build(), [a_in, b_in])
+    # NOTE: the max of exp is exp's (libmvec's) within the pointwise budget, not bitwise
+    classes = [None, "normalization", None, "normalization", "pointwise"]
+    for k, (g, w, c) in enumerate(zip(got, want, classes)):
+        assert_like(g, w, c, f"output {k}")
 
 
 def test_reduction_with_pointwise_prologue_and_epilogue() -> None:
