@@ -1,7 +1,8 @@
 """TVM kernels against the C++ printer's: which kernels of the Stax CPU benchmark's workloads TVM
 makes faster or slower (the ablation), and pointwise and reduction micro-benchmarks, untuned and
 tuned, with the tuning time. Run through ``python -m benchmarks.stax_cpu --tvm-ablation``; writes
-its own section of ``benchmarks/RESULTS.md``.
+its own section of ``benchmarks/RESULTS.md``. ``python -m benchmarks.tvm_kernels --micro NAME ...``
+runs micro-benchmarks alone and prints their rows (writes nothing).
 
 Method. Ablation: each workload is compiled once by ``plait.compile`` (``backend="stax"``); the
 same optimized graph is rebuilt with TVM kernels (``kernels="tvm"``), untuned and tuned (same
@@ -72,35 +73,37 @@ MICRO: dict[str, tuple[str, list[tuple[int, ...]], Callable[..., Any]]] = {
 }  # fmt: skip
 
 
-# NOTE: why a micro-benchmark's C++ kernel can stay faster (said where it does)
-WHY_CPP_FASTER = {
-    "softmax 512x1024": "its exp runs in a reduction block (the sum of exp) and a store block "
-    "of a reduction kernel: TVM's vectorizer calls scalar expf once per element there (vector "
-    "blocks, which call libmvec, cover pointwise kernels only); the C++ kernel's omp simd loops "
-    "call libmvec's 16-lane expf",
-    "row max 4096x256": "a float max reduction is two reductions in TVM (TVM's max, and a flag "
-    "of NaNs and infinities so that NaN propagates as in the C++ kernels): the row is read "
-    "twice; the C++ kernel tracks the NaN in the same simd loop",
-}
+# NOTE: why a micro-benchmark's C++ kernel can stay faster (said where it does; softmax's scalar
+# expf and the max's second pass for its NaN flag are gone: plait.codegen.tvm_lanes)
+WHY_CPP_FASTER: dict[str, str] = {}
+
+
+# NOTE: what micro-benchmarks are timed by: wall time; the process's CPU time with --cpu-time
+# (one thread: on a loaded machine, time spent descheduled is not the kernel's)
+CLOCK: list[Callable[[], float]] = [time.perf_counter]
 
 
 def _time_calls(fn: Callable[[], object], calls: int) -> float:
-    start = time.perf_counter()
+    clock = CLOCK[0]
+    start = clock()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls
+    return (clock() - start) / calls
 
 
 def _call(program: Any, inputs: list[torch.Tensor]) -> Callable[[], object]:
     return lambda: program(*inputs)
 
 
-def micro(rounds: int, trials: int) -> list[dict[str, Any]]:
+def micro(rounds: int, trials: int, names: list[str] | None = None) -> list[dict[str, Any]]:
+    """The micro-benchmarks (``names``: those only), each compiled three ways and timed."""
     from plait.codegen.options import StaxOptions
     from plait.runtime import compile_graph
 
     out = []
     for name, (kind, shapes, body) in MICRO.items():
+        if names is not None and name not in names:
+            continue
         print(f"[tvm_kernels] micro {name}", file=sys.stderr, flush=True)
         graph = _graph(shapes, body)
         gen = torch.Generator().manual_seed(0)
@@ -319,3 +322,46 @@ def run_ablation(only: list[str] | None, rounds: int, trials: int, output: Path)
     output.write_text(new)
     print(text)
     print(f"[tvm_kernels] {time.perf_counter() - start:.0f} s", file=sys.stderr)
+
+
+def main() -> None:
+    """Micro-benchmarks alone (``--micro``: by name), their table rows printed."""
+    import argparse
+    import os
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--micro", nargs="*", default=None, help="micro-benchmark names")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--tvm-trials", type=int, default=16)
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by the process's CPU time (needs one thread)")  # fmt: skip
+    args = parser.parse_args()
+    if args.cpu_time:
+        if torch.get_num_threads() != 1:
+            parser.error("--cpu-time needs one thread (OMP_NUM_THREADS=1)")
+        CLOCK[0] = time.process_time
+    unknown = set(args.micro or ()) - set(MICRO)
+    if unknown:
+        parser.error(f"unknown micro-benchmarks {sorted(unknown)}; known: {list(MICRO)}")
+    # NOTE: a fresh kernel cache: every kernel is built, every tuned one searched (timed)
+    os.environ["PLAIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="plait-tvm-bench-")
+    from benchmarks.stax_cpu import _load
+
+    loads = _load()
+    micros = micro(args.rounds, args.tvm_trials, args.micro)
+    clock = "CPU time" if args.cpu_time else "wall time"
+    print(f"commit {_commit()}, torch threads {torch.get_num_threads()}, {clock}, "
+          f"{args.rounds} rounds, load {loads} / {_load()}")  # fmt: skip
+    for m in micros:
+        us, t = m["us"], m["tuning"]
+        ratio = us["cpp"] / us["tvm_tuned"]
+        print(
+            f"| {m['name']} | {m['kind']} | {us['cpp']:.1f} | {us['tvm']:.1f} | "
+            f"{us['tvm_tuned']:.1f} | {ratio:.2f}x {_verdict(ratio)} | "
+            f"{t.get('seconds', 0.0):.1f} | {t.get('chosen', '-')} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -17,6 +17,7 @@ from plait.codegen.index import Ix, Var
 from plait.codegen.kir import SCALAR_OPS, KernelBuilder
 from plait.codegen.tvm_script import Unsupported, print_tvm
 from plait.ir import Graph, GraphBuilder, TensorType, interpret
+from plait.runtime import compile_graph
 from tests.tvm.test_tvm_printer import (
     BF16,
     BOOL,
@@ -25,6 +26,7 @@ from tests.tvm.test_tvm_printer import (
     I16,
     I32,
     I64,
+    TVM,
     U8,
     _ids,
     assert_like,
@@ -32,6 +34,7 @@ from tests.tvm.test_tvm_printer import (
     draw,
     run_tvm,
 )
+from tests.util import assert_bitwise
 
 pytestmark = pytest.mark.xdist_group("tvm-reductions")
 
@@ -187,6 +190,67 @@ def test_long_rows_and_many_short_rows() -> None:
     for k, (g, w, c) in enumerate(zip(got, want, classes)):
         assert_like(g, w, c, f"output {k}")
     assert got[1][1].isnan() and got[0][1].isnan().all()
+
+
+def test_vector_lane_reductions_propagate_nan_and_infinities_in_one_pass() -> None:
+    """Float32 max and min over rows that vector lanes divide are one pass of lanes (no NaN
+    flag), combined pairwise: NaN anywhere in a row (the first or last element, a chunk's edge,
+    with infinities, everywhere) gives NaN; rows of -inf or +inf, infinities among finite
+    values and the largest finite magnitudes give what eager gives, bitwise. Softmax's sum of
+    exp and its stores call libmvec (no scalar expf), within the contract."""
+    from plait.codegen.build import cpu_info, toolchain
+    from plait.codegen.tvm_vector import vector_isa
+
+    if not toolchain().libmvec or vector_isa(cpu_info()[1]) is None:
+        pytest.skip("no libmvec or no AVX2 here: vector blocks are not printed")
+    gen = torch.Generator().manual_seed(19)
+    rows, n = 16, 256
+    x = draw((rows, n), F32, gen, specials=False)
+    big = torch.finfo(F32).max
+    x[1, 0] = x[2, n - 1] = x[9, 64] = x[10, 63] = math.nan
+    x[3, 100], x[3, 5], x[3, 7] = math.nan, math.inf, -math.inf
+    x[4], x[5] = -math.inf, math.inf
+    x[6], x[6, 77] = -math.inf, -big
+    x[7, 200], x[8, 3] = math.inf, -math.inf
+    x[11] = math.nan
+    x[12, 0::2], x[12, 1::2] = big, -big
+    x[13, 17], x[13, 250] = math.inf, -math.inf
+    gb = GraphBuilder()
+    xv = gb.input("x", TensorType((rows, n), F32))
+    gb.output(gb.call("amax", xv, dims=(1,)), gb.call("amin", xv, dims=(1,)))
+    extrema = gb.build()
+    program = compile_graph(extrema, options=TVM)
+    assert all(k.printer == "tvm" and "_vector" in k.source and "_flag" not in k.source
+               for k in program.kernels), [k.source for k in program.kernels]  # fmt: skip
+    for name, g, w in zip(("amax", "amin"), program(x), interpret(extrema, [x])):
+        assert_like(g, w, None, name)
+        assert_bitwise(g.isnan(), getattr(torch, name)(x, dim=1).isnan(), name)
+    gb = GraphBuilder()
+    xv = gb.input("x", TensorType((rows, n), F32))
+    gb.output(gb.call("softmax", xv, dim=1), gb.call("log_softmax", xv, dim=1))
+    norms = gb.build()
+    program = compile_graph(norms, options=TVM)
+    assert all(k.printer == "tvm" and "_ZGV" in k.source and '"expf"' not in k.source
+               for k in program.kernels), [k.source for k in program.kernels]  # fmt: skip
+    finite = draw((rows, n), F32, gen, (-20.0, 20.0), specials=False)
+    finite[3, 9], finite[5] = math.nan, -math.inf
+    finite[6, 40] = math.inf
+    for name, g, w in zip(("softmax", "log_softmax"), program(finite), interpret(norms, [finite])):
+        assert_like(g, w, "normalization", name)
+    # NOTE: no outer loop (one result), two reduced dimensions, a sum of exp beside a max
+    gb = GraphBuilder()
+    a, b = gb.input("a", TensorType((64,), F32)), gb.input("b", TensorType((2, 3, 32), F32))
+    exp_b = gb.call("exp", b)
+    gb.output(gb.call("amax", a, dims=(0,)), gb.call("softmax", a, dim=0),
+              gb.call("amin", b, dims=(0, 2)), gb.call("sum", exp_b, dims=(2,)),
+              gb.call("amax", exp_b, dims=(2,)))  # fmt: skip
+    a_in, b_in = draw((64,), F32, gen, specials=False), draw((2, 3, 32), F32, gen, specials=False)
+    a_in[5], b_in[0, 1, 7], b_in[1, 2, 31] = math.nan, math.nan, -math.inf
+    got, want = run_tvm(gb.build(), [a_in, b_in]), interpret(gb.build(), [a_in, b_in])
+    # NOTE: the max of exp is exp's (libmvec's) within the pointwise budget, not bitwise
+    classes = [None, "normalization", None, "normalization", "pointwise"]
+    for k, (g, w, c) in enumerate(zip(got, want, classes)):
+        assert_like(g, w, c, f"output {k}")
 
 
 def test_reduction_with_pointwise_prologue_and_epilogue() -> None:

@@ -119,6 +119,15 @@ def combine(r: Reduce, acc: str, v: str) -> str:
     return f"T.{r.kind}({acc}, {v})"
 
 
+def nan_extremum(kind: str, t: str, acc: str, v: str) -> str:
+    """A float max (or min) reduction's step as the C++ kernels' (``max_(acc, v)``, tracking
+    NaN): a NaN ``v`` becomes the result, a NaN ``acc`` stays (ordered comparisons are false
+    for it), of equal values ``acc`` stays. One pass, no flag: what a vector block of lanes
+    accumulates, and how it combines them."""
+    x, y = opaque(v, t, 0), opaque(acc, t, 1)
+    return select(f"T.isnan({v})", v, select(f"{x} {'>' if kind == 'max' else '<'} {y}", v, acc))
+
+
 def extremum(op: str, t: str, a: str, b: str) -> str:
     if t == "b":
         x, y = as_byte(a), as_byte(b)

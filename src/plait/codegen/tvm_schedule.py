@@ -5,10 +5,12 @@ may turn (:mod:`plait.codegen.tvm_tune`). The default (what runs untuned):
 - Reductions are split into one partial result per vector lane (``rfactor``), combined after
   the loop, as the C++ printer's ``omp simd`` reductions accumulate (a sum's order is then a
   reduction's, which the numerical contract allows; a float max or min is a max and a NaN flag,
-  :mod:`plait.codegen.tvm_script`).
+  :mod:`plait.codegen.tvm_script`). Reductions the printer accumulated in vector lanes itself
+  (:mod:`plait.codegen.tvm_vector`) are left as printed.
 - Phases are fused: every block moves under the outer loops of the kernel's last block
   (``compute_at``, ``reverse_compute_at``), so each outer point runs its phases in order while
-  its row is in cache, as the C++ kernels do.
+  its row is in cache, as the C++ kernels do (a kernel printed fused, ``TvmSource.fused``, is
+  so already).
 - Vectors of 512 bits (16 float32 lanes): each partial result, and each store block's innermost
   loop of its own, where the extent divides evenly and the block calls no C library function
   (those stay scalar: there is no vector libm here).
@@ -106,6 +108,10 @@ class _Scheduler:
     def is_reduction(self, block: Any) -> bool:
         return "_acc" in self.name(block)
 
+    def printed_in_lanes(self, block: Any) -> bool:
+        """A reduction the printer accumulated in vector lanes itself, or their combine."""
+        return "_vector" in self.name(block) or "_combine" in self.name(block)
+
     def calls_libm(self, block: Any) -> bool:
         return "call_pure_extern" in self.sch.get(block).script()
 
@@ -119,7 +125,7 @@ class _Scheduler:
         sequential."""
         dtype = self.name(block).split("_")[2]
         loops = self.sch.get_loops(block)
-        if len(loops) <= self.m or self.calls_libm(block):
+        if len(loops) <= self.m or self.calls_libm(block) or self.printed_in_lanes(block):
             return None
         lanes = self.lanes(f"partial:{self.name(block)}", loops[-1], _ITEMSIZE.get(dtype, 8))
         if lanes == 1:
@@ -228,7 +234,8 @@ def schedule(sch: Any, src: TvmSource, parallel_threshold: int, choose: Choose) 
         if id(b) in partials:
             others.append(partials[id(b)])
         others.append(b)
-    fuse = s.m and len(blocks) > 1 and s.choose(s.sch, "fuse", (0, 1), 1)
+    # NOTE: a kernel printed fused shares its outer loops already
+    fuse = s.m and len(blocks) > 1 and not src.fused and s.choose(s.sch, "fuse", (0, 1), 1)
     moved = s.fuse_phases(anchor, list(reversed(others))) if fuse else set()
     for b in blocks:
         if id(b) in partials:

@@ -13,6 +13,10 @@ per reduction (spatial over the outer variables, reducing over the inner ones, i
 ``acc`` buffer shaped like the outer domain) and one block for the phase's stores (over outer and
 inner variables), then one block for the final stores (over the outer ones).
 :mod:`plait.codegen.tvm_schedule` schedules them (or tuning does, :mod:`plait.codegen.tvm_tune`).
+Vector blocks (:mod:`plait.codegen.tvm_vector`) are printed over chunks of vector lanes instead;
+a reduction accumulated in lanes is a vector block and its combines
+(:mod:`plait.codegen.tvm_lanes`), and a kernel with such blocks is printed fused: every block
+under the outer loops they share, one nest.
 
 Statements are inlined into the expressions that read them (TVM's common subexpression pass
 shares them again), so that a reduction's update is one store TensorIR recognizes; integer and
@@ -20,9 +24,9 @@ floor division and integer powers are ``T.let`` lines of their own. Semantics th
 otherwise change are spelled out: float operands pass through :func:`opaque` (TVM's simplifier
 applies integer algebra to floats), NaN tests are ``T.isnan`` (it folds ``x != x`` to false), a
 float max or min reduction is TVM's max (or min) plus a flag of NaNs and infinities, so that it
-stays a reduction TVM can split into vector lanes and still returns what the C++ kernel does.
-Transcendentals call the C library's functions (``expf``, ...), as the C++ kernels' scalar
-paths do.
+stays a reduction TVM can split into vector lanes and still returns what the C++ kernel does
+(one in lanes propagates NaN in one pass instead). Transcendentals call the C library's
+functions (``expf``, ...), as the C++ kernels' scalar paths do, or libmvec's in vector blocks.
 
 Refused (the caller falls back to the C++ printer, recorded): symbolic sizes (TVM kernels are
 static), an empty loop, an index or buffer past int32, a reduction of bools.
@@ -43,13 +47,16 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from plait.codegen.errors import CodegenError
 from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var, index_bound
 from plait.codegen.kir import CHECKED_INT_OPS, Kernel, Reduce, Stmt, Store, is_float
 from plait.codegen.loops import merge_loops
+from plait.codegen.tvm_lanes import lanes_buffers, lanes_reduction
 from plait.codegen.tvm_scalar import (
     DTYPE,
     as_byte,
@@ -69,7 +76,14 @@ from plait.codegen.tvm_scalar import (
     vector_lanes,
     vector_type,
 )
-from plait.codegen.tvm_vector import lane_coefficient, vector_lanes_for, vector_name, without
+from plait.codegen.tvm_vector import (
+    lane_coefficient,
+    reduction_lanes,
+    store_lanes,
+    vector_lanes_for,
+    vector_name,
+    without,
+)
 
 STORAGE = {**DTYPE, "bf16": "uint16", "f16": "uint16", "b": "uint8"}
 ITEM = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "int16": 2, "uint16": 2}
@@ -101,7 +115,9 @@ class TvmSource:
     """A printed kernel: ``source`` defines ``def symbol(...)``; ``buffers`` are its arguments'
     storage dtypes and element counts, in buffer order; ``checks_division``: one more argument,
     ``err`` (``int32[1]``). ``outer`` and ``inner``: the loop extents after merging (what the
-    default schedule reads), and ``blocks`` the names of its blocks, in order."""
+    default schedule reads), and ``blocks`` the names of its blocks, in order. ``fused``: every
+    block is printed under the outer loops they share (a reduction kernel with vector blocks,
+    which TensorIR's ``compute_at`` cannot move: it misjudges their vector regions)."""
 
     symbol: str
     source: str
@@ -111,6 +127,7 @@ class TvmSource:
     inner: tuple[int, ...]
     phases: int
     blocks: tuple[str, ...] = ()
+    fused: bool = False
 
 
 def _static(n: object, what: str) -> int:
@@ -151,7 +168,29 @@ class _Printer:
         # NOTE: a vector block (plait.codegen.tvm_vector): its lanes, its innermost variable
         self.isa = vector_math
         self.lanes = vector_lanes_for(self.k, self.outer, vector_math)
-        self.lane_var = self.k.outer[-1] if self.lanes > 1 else None
+        self.lane_var: Var | None = self.k.outer[-1] if self.lanes > 1 else None
+        # NOTE: reductions accumulated in vector blocks of lanes (plait.codegen.tvm_vector)
+        self.red_lanes: dict[int, int] = {}
+        for r in self.reduce_of.values():
+            n = reduction_lanes(self.k, r, self.inner, vector_math)
+            if n > 1:
+                self.red_lanes[r.acc] = n
+        self.store_lanes = [
+            store_lanes(self.k, ph.stores, self.inner, vector_math) if self.lanes == 1 else 1
+            for ph in self.k.phases
+        ]
+        self.fused = bool(self.red_lanes) or max(self.store_lanes, default=1) > 1
+
+    @contextlib.contextmanager
+    def vector(self, lanes: int, var: Var | None) -> Iterator[None]:
+        """Print the enclosed block over chunks of ``lanes`` of ``var`` (1: scalars)."""
+        saved = self.lanes, self.lane_var
+        self.lanes, self.lane_var = lanes, (var if lanes > 1 else None)
+        try:
+            with vector_lanes(lanes):
+                yield
+        finally:
+            self.lanes, self.lane_var = saved
 
     def _check_int32(self) -> None:
         k = self.k
@@ -199,7 +238,7 @@ class _Printer:
         flag of what it saw (2: a NaN, 1: a value above the identity's side, else only
         infinities toward it), so that both are reductions TensorIR can split."""
         r = self.reduce_of[n]
-        if not (is_float(r.dtype) and r.kind in ("max", "min")):
+        if not (is_float(r.dtype) and r.kind in ("max", "min")) or n in self.red_lanes:
             return self.acc_ref(n)
         flag = self.acc_ref(n, "_flag")
         inf = -math.inf if r.kind == "max" else math.inf
@@ -231,6 +270,9 @@ class _Printer:
         if op == "index":
             return f'T.Cast("int64", {self.index(s.attr)})'
         if op == "acc":
+            if self.lanes > 1:  # NOTE: one value per outer point: broadcast
+                with vector_lanes(1):
+                    return f"T.Broadcast({self.acc_value(s.attr)}, {self.lanes})"
             return self.acc_value(s.attr)
         if op == "cast":
             return self.cast(a[0], s.args[0].dtype, t)
@@ -391,24 +433,24 @@ class _Printer:
         self.line(depth, f"{name}: T.let[T.{DTYPE[t]}] = {value}")
 
     # --- blocks -------------------------------------------------------------------------------
-    def outer_extents(self) -> list[int]:
-        """The outer loops' extents; in a vector block, the innermost one counts chunks."""
-        if self.lanes == 1:
-            return self.outer
-        return [*self.outer[:-1], self.outer[-1] // self.lanes]
+    def extents(self, variables: Sequence[Var], extents: list[int]) -> list[tuple[Var, int]]:
+        """Loop variables and extents; in a vector block, its lane variable's counts chunks."""
+        return [
+            (v, e // self.lanes if v == self.lane_var else e) for v, e in zip(variables, extents)
+        ]
 
     def axes(self, depth: int, inner: str | None) -> None:
-        for v, e in zip(self.k.outer, self.outer_extents()):
+        for v, e in self.extents(self.k.outer, self.outer):
             self.line(depth, f"{v.name} = T.axis.spatial({e}, l_{v.name})")
         if inner is not None:
-            for v, e in zip(self.k.inner, self.inner):
+            for v, e in self.extents(self.k.inner, self.inner):
                 self.line(depth, f"{v.name} = T.axis.{inner}({e}, l_{v.name})")
 
     def loops(self, depth: int, inner: bool) -> int:
         """A block's own loop nest: the outer loops, and the inner ones if ``inner``."""
-        loops = list(zip(self.k.outer, self.outer_extents()))
+        loops = [] if self.fused else self.extents(self.k.outer, self.outer)
         if inner:
-            loops += list(zip(self.k.inner, self.inner))
+            loops += self.extents(self.k.inner, self.inner)
         for v, e in loops:
             self.line(depth, f"for l_{v.name} in range({e}):")
             depth += 1
@@ -417,7 +459,11 @@ class _Printer:
     def reduce_block(self, depth: int, p: int, r: Reduce) -> None:
         """One reduction block (two for a float max or min: the value, and its flag), its
         initial value the identity TensorIR knows the reduction by (``T.min_value`` for a
-        max), so that the schedule can split it into vector lanes."""
+        max), so that the schedule can split it into vector lanes. A reduction of
+        :attr:`red_lanes`: a vector block of lanes and their combine instead."""
+        if r.acc in self.red_lanes:
+            lanes_reduction(self, depth, f"p{p}_{r.kind}_{r.dtype}_acc{r.acc}", r)
+            return
         self._reduction(depth, f"p{p}_{r.kind}_{r.dtype}_acc{r.acc}", r, "")
         if is_float(r.dtype) and r.kind in ("max", "min"):
             self._reduction(depth, f"p{p}_flag_i32_acc{r.acc}", r, "_flag")
@@ -463,6 +509,17 @@ class _Printer:
             return self.cast(v, st.value.dtype, storage)
         return v
 
+    def phase_stores(self, depth: int, p: int, stores: list[Store]) -> None:
+        """A phase's store block: a vector block in a pointwise kernel of vector lanes, or in a
+        reduction kernel where its stores call libmvec (:func:`store_lanes`)."""
+        if self.lanes > 1:
+            self.store_block(depth, f"p{p}_vector{self.lanes}", stores, inner=True)
+            return
+        lanes = self.store_lanes[p]
+        with self.vector(lanes, self.k.inner[-1] if self.k.inner else None):
+            name = f"p{p}_store" if lanes == 1 else f"p{p}_vector{lanes}"
+            self.store_block(depth, name, stores, inner=True)
+
     def source(self) -> TvmSource:
         k = self.k
         args = [
@@ -476,15 +533,21 @@ class _Printer:
         shape = ", ".join(map(str, self.outer)) or "1"
         for r in self.reduce_of.values():
             self.line(1, f'acc{r.acc} = T.sblock_alloc_buffer(({shape},), "{DTYPE[r.dtype]}")')
-            if is_float(r.dtype) and r.kind in ("max", "min"):
+            for buf, lanes in lanes_buffers(r, self.red_lanes.get(r.acc, 1)):
+                alloc = f'T.sblock_alloc_buffer(({shape}, {lanes}), "{DTYPE[r.dtype]}")'
+                self.line(1, f"{buf} = {alloc}")
+            if is_float(r.dtype) and r.kind in ("max", "min") and r.acc not in self.red_lanes:
                 self.line(1, f'acc{r.acc}_flag = T.sblock_alloc_buffer(({shape},), "int32")')
         depth = 1
+        if self.fused:
+            for v, e in zip(self.k.outer, self.outer):
+                self.line(depth, f"for l_{v.name} in range({e}):")
+                depth += 1
         for p, ph in enumerate(k.phases):
             for r in ph.reduces:
                 self.reduce_block(depth, p, r)
             if ph.stores:
-                name = f"p{p}_store" if self.lanes == 1 else f"p{p}_vector{self.lanes}"
-                self.store_block(depth, name, ph.stores, inner=True)
+                self.phase_stores(depth, p, ph.stores)
         if k.final:
             self.store_block(depth, "final", k.final, inner=False)
         if not k.phases and not k.final:
@@ -499,6 +562,7 @@ class _Printer:
             tuple(self.inner),
             len(k.phases),
             tuple(self.block_names),
+            self.fused,
         )
 
 

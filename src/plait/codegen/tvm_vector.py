@@ -13,6 +13,13 @@ printed so: float32 buffers and values (bools for comparisons and selections), t
 index contiguous (coefficient 1) or absent (broadcast), never inside a division, modulo or clamp;
 the ops below. Anything else is printed as scalars (TVM vectorizes those it can).
 
+Reduction kernels get vector blocks too, over chunks of their innermost reduced variable
+(:func:`reduction_lanes`, :func:`store_lanes`): a float32 sum whose value calls a libmvec function
+(softmax's sum of ``exp``) and a float32 max or min (one pass that propagates NaN, where TensorIR's
+own max needs a second reduction for a NaN flag) accumulate one partial per lane in a vector
+block, then combine the lanes; a phase's stores that call libmvec are a vector block. Earlier
+reductions' results are broadcast.
+
 Example:
     >>> vector_isa("fma avx2 avx512f")
     ('e', 16)
@@ -21,7 +28,7 @@ Example:
 from __future__ import annotations
 
 from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var
-from plait.codegen.kir import Kernel, Stmt
+from plait.codegen.kir import Kernel, Reduce, Stmt, Store
 
 # libmvec's float32 functions of one argument (glibc 2.35+), by the kernel IR's op names.
 LIBMVEC = frozenset({"exp", "log", "tanh", "erf", "sin", "cos", "tan", "asin", "acos", "atan",
@@ -93,9 +100,64 @@ def vector_lanes_for(k: Kernel, extents: list[int], isa: tuple[str, int] | None)
     return lanes
 
 
-def _vector_stmt(s: Stmt, v: Var) -> bool:
+def reduction_lanes(k: Kernel, r: Reduce, inner: list[int], isa: tuple[str, int] | None) -> int:
+    """The lanes reduction ``r`` of ``k`` (inner loops of extents ``inner``) accumulates in (a
+    vector block over chunks of the innermost reduced variable, then a combine over the lanes),
+    or 1: a TensorIR reduction, which :mod:`plait.codegen.tvm_schedule` splits into lanes
+    itself. Vector blocks for a float32 sum whose value calls libmvec and for a float32 max or
+    min whose value maps lane for lane."""
+    if isa is None or not k.inner or r.dtype != "f32" or r.kind not in ("sum", "max", "min"):
+        return 1
+    if inner[-1] % isa[1]:
+        return 1
+    stmts = _closure([r.value])
+    if not all(_vector_stmt(s, k.inner[-1], k) for s in stmts):
+        return 1
+    if any(s.op in LIBMVEC for s in stmts):
+        return isa[1]  # NOTE: libmvec's own lanes
+    if r.kind == "sum":
+        return 1
+    # NOTE: a max or min: up to four vectors of partials, independent chains of compares
+    return max(n for n in (isa[1], 2 * isa[1], 4 * isa[1]) if inner[-1] % n == 0)
+
+
+def store_lanes(
+    k: Kernel, stores: list[Store], inner: list[int], isa: tuple[str, int] | None
+) -> int:
+    """The lanes a reduction kernel's phase stores (over the outer and inner variables) are
+    printed with: ``isa``'s where they call libmvec and map lane for lane over the innermost
+    inner variable (float32 buffers, contiguous stores); else 1."""
+    if isa is None or not k.inner or not stores or inner[-1] % isa[1]:
+        return 1
+    v = k.inner[-1]
+    if any(k.buffers[st.buffer].dtype != "f32" or lane_coefficient(st.index, v) != 1
+           for st in stores):  # fmt: skip
+        return 1
+    stmts = _closure([st.value for st in stores])
+    if not any(s.op in LIBMVEC for s in stmts) or not all(_vector_stmt(s, v, k) for s in stmts):
+        return 1
+    return isa[1]
+
+
+def _closure(roots: list[Stmt]) -> list[Stmt]:
+    seen: dict[int, Stmt] = {}
+    todo = list(roots)
+    while todo:
+        s = todo.pop()
+        if s.id not in seen:
+            seen[s.id] = s
+            todo.extend(s.args)
+    return list(seen.values())
+
+
+def _vector_stmt(s: Stmt, v: Var, k: Kernel | None = None) -> bool:
     if s.op == "load":
+        if k is not None and k.buffers[s.attr[0]].dtype != "f32":
+            return False
         return lane_coefficient(s.attr[1], v) in (0, 1)
+    if s.op == "acc":
+        # NOTE: an earlier reduction's result (reduction kernels only): broadcast
+        return k is not None and s.dtype == "f32"
     if s.op == "const":
         return s.dtype in ("f32", "b")
     if s.op in _COMPARE:
