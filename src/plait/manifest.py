@@ -83,6 +83,26 @@ def _unsafe(ch: str) -> bool:
 
 MAX_BYTES = 1 << 30  # NOTE: a manifest file larger than this is refused, not read
 
+# NOTE: the stages a specialization's compile spent time in (timings, seconds), and where a
+# measured break-even sits among the timings (``plait.diagnose.break_even`` writes it there)
+COMPILE_STAGES = ("capture", "passes", "backend")
+BREAK_EVEN = "break_even."
+
+
+def describe_break_even(compile_s: float, eager_s: float, compiled_s: float) -> str:
+    """A compile weighed against its saving per call, in words.
+
+    Example:
+        >>> describe_break_even(0.5, 0.003, 0.001)
+        'compile 0.500 s; a call 3.000 ms eager, 1.000 ms compiled: pays for itself after 250 calls'
+    """
+    saving = eager_s - compiled_s
+    when = f"pays for itself after {compile_s / saving:.0f} calls" if saving > 0 else "never pays"
+    return (
+        f"compile {compile_s:.3f} s; a call {eager_s * 1e3:.3f} ms eager, "
+        f"{compiled_s * 1e3:.3f} ms compiled: {when}"
+    )
+
 
 @dataclass
 class Manifest:
@@ -222,10 +242,21 @@ class Manifest:
             if self.cache.get("miss"):
                 lines.append(f"    - {self.cache['miss']}")
             lines += [f"    - {e}" for e in self.cache.get("events", [])]
-        if self.timings:
-            total = sum(v for v in self.timings.values() if isinstance(v, (int, float)))
-            lines.append(f"  timings: {total * 1e3:.1f} ms over {len(self.timings)} entries")
+        stages = {k: v for k, v in self.timings.items() if not k.startswith(BREAK_EVEN)}
+        if stages:
+            total = sum(v for v in stages.values() if isinstance(v, (int, float)))
+            lines.append(f"  timings: {total * 1e3:.1f} ms over {len(stages)} entries")
+        lines.append(f"  break-even: {self._break_even()}")
         return "\n".join(lines)
+
+    def _break_even(self) -> str:
+        t = self.timings
+        eager, fast = t.get(BREAK_EVEN + "eager_call_s"), t.get(BREAK_EVEN + "compiled_call_s")
+        if eager is None or fast is None:
+            return "not measured (plait.diagnose.break_even(compiled, args) measures it)"
+        compile_s = sum(float(t.get(k, 0.0)) for k in COMPILE_STAGES)
+        calls = int(t.get(BREAK_EVEN + "calls", 0))
+        return f"{describe_break_even(compile_s, eager, fast)} (medians of {calls} calls)"
 
 
 # NOTE: each field's JSON type: a loaded manifest is checked against it, field by field

@@ -68,3 +68,15 @@ def test_break_even_weighs_the_compile_against_the_saving() -> None:
     assert report.compile_s > 0 and report.eager_s > 0 and report.compiled_s > 0
     expected = report.compile_s / report.saving_s if report.saving_s > 0 else math.inf
     assert report.calls_to_break_even == expected
+
+
+def test_explain_prints_the_measured_break_even() -> None:
+    compiled = _compiled()
+    args = (torch.randn(1, 3, 16, 16),)
+    with torch.no_grad():
+        compiled(*args)  # type: ignore[operator]
+    assert "break-even: not measured" in str(plait.explain(compiled))
+    report = plait.diagnose.break_even(compiled, args, calls=3)
+    text = str(plait.explain(compiled))
+    assert f"break-even: {report} (medians of 3 calls)" in text, text
+    assert "not measured" not in text

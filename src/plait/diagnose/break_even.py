@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-# NOTE: the stages a specialization's compile spent time in (manifest timings, seconds)
-STAGES = ("capture", "passes", "backend")
+from plait.manifest import BREAK_EVEN, COMPILE_STAGES, describe_break_even
 
 
 @dataclass(frozen=True)
@@ -44,12 +43,7 @@ class BreakEven:
         return self.compile_s / self.saving_s if self.saving_s > 0 else math.inf
 
     def __str__(self) -> str:
-        calls = self.calls_to_break_even
-        when = f"pays for itself after {calls:.0f} calls" if calls < math.inf else "never pays"
-        return (
-            f"compile {self.compile_s:.3f} s; a call {self.eager_s * 1e3:.3f} ms eager, "
-            f"{self.compiled_s * 1e3:.3f} ms compiled: {when}"
-        )
+        return describe_break_even(self.compile_s, self.eager_s, self.compiled_s)
 
 
 def _median_seconds(fn: Callable[[], Any], calls: int) -> float:
@@ -67,7 +61,9 @@ def break_even(
 ) -> BreakEven:
     """Measure the break-even of the specialization ``compiled(*args, **kwargs)`` runs (it is
     compiled first if it is not yet): the original program (``compiled``'s own) against the
-    compiled one, ``calls`` calls each after a warm-up, under ``torch.no_grad()``."""
+    compiled one, ``calls`` calls each after a warm-up, under ``torch.no_grad()``. The measure is
+    kept in the specialization's manifest (its ``break_even.*`` timings): ``plait.explain``
+    prints it."""
     kw = dict(kwargs or {})
     engine = compiled._plait
     original = engine.fn
@@ -75,7 +71,10 @@ def break_even(
         compiled(*args, **kw)
         spec = engine.specializations[-1]
         timings = spec.manifest.timings
-        compile_s = sum(float(timings.get(k, 0.0)) for k in STAGES)
+        compile_s = sum(float(timings.get(k, 0.0)) for k in COMPILE_STAGES)
         eager = _median_seconds(lambda: original(*args, **kw), calls)
         fast = _median_seconds(lambda: compiled(*args, **kw), calls)
+    timings[BREAK_EVEN + "eager_call_s"] = eager
+    timings[BREAK_EVEN + "compiled_call_s"] = fast
+    timings[BREAK_EVEN + "calls"] = float(calls)
     return BreakEven(compile_s, eager, fast, calls)
