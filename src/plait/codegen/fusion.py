@@ -50,7 +50,7 @@ from plait.codegen.cuda_extern import cuda_call
 from plait.codegen.datadep import datadep_call, touches_unbacked, unbacked
 from plait.codegen.extern import ExternCall, make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
-from plait.codegen.lower import Lowered, loop_vars, lower_pointwise
+from plait.codegen.lower import Unfusable, loop_vars, lower_pointwise
 from plait.codegen.onednn import (
     Epilogue,
     PackedWeights,
@@ -60,17 +60,17 @@ from plait.codegen.onednn import (
     supported,
     unfused_activation,
 )
+from plait.codegen.placement import Loc, Lowered
 from plait.codegen.plan import (
     ExternStep,
     FallbackStep,
     KernelStep,
-    Loc,
     NodeTag,
     Plan,
     SavedLayouts,
     Step,
 )
-from plait.codegen.reductions import OP_CLASS, lower_reduction
+from plait.codegen.reductions import ELEMENTWISE, OP_CLASS, lower_reduction
 from plait.codegen.saved_layouts import dense, extern_layouts, restored_strides
 from plait.codegen.scalar import RULES
 from plait.codegen.symbolic_shapes import concrete, hints_for, is_symbolic, learned_strides
@@ -307,8 +307,6 @@ class _Planner:
         strides = self.layout(v)
         self.locs[v] = Loc("buffer", v, 0, strides)
         if self.fuse and self._open and self._open_key == (shape, strides):
-            from plait.codegen.lower import Unfusable
-
             try:
                 name = self._open_lowered.kernel.name if self._open_lowered else self._name()
                 members = [*self._open, v]
@@ -408,8 +406,6 @@ class _Planner:
     def _reduction_epilogue(self, node: Node) -> list[Node]:
         """Pointwise nodes reading a row-wise template's result alone, same shape, whose other
         operands exist already: computed in the template's store (layer_norm -> relu)."""
-        from plait.codegen.reductions import ELEMENTWISE
-
         chain: list[Node] = []
         if node.op not in ELEMENTWISE:
             return chain
