@@ -27,7 +27,8 @@ import torch
 from plait.codegen.index import Ix, Var, contiguous_strides, linear
 from plait.codegen.kir import STORAGE_OF, KernelBuilder, Stmt, scalar_of
 from plait.codegen.placement import Loc, Lowered
-from plait.codegen.scalar import CHANNEL_OPERANDS, RULES, Arg, arg_of, to
+from plait.codegen.scalar import CHANNEL_OPERANDS, RULES
+from plait.codegen.scalar_args import Arg, arg_of, to
 from plait.codegen.views import (
     INDEXED_VIEWS,
     MAPPED_VIEWS,
