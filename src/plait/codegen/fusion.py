@@ -56,10 +56,10 @@ from plait.codegen.extern import make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
 from plait.codegen.layout_oracle import LayoutOracle, PlanFacts
 from plait.codegen.lower import Unfusable, loop_vars, lower_pointwise
-from plait.codegen.onednn import (
+from plait.codegen.onednn import onednn_call
+from plait.codegen.onednn_postops import (
     Epilogue,
     find_epilogue,
-    onednn_call,
     supported,
     unfused_activation,
 )

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from plait.codegen.index import Ix
 from plait.codegen.kir import KernelBuilder, Stmt
-from plait.codegen.onednn import eager_gelu_uses_onednn
+from plait.codegen.onednn_postops import eager_gelu_uses_onednn
 from plait.codegen.scalar_args import Arg, Rule, out_type, rules_into, storage_type, to, unary_float
 from plait.ir.graph import Node
 
