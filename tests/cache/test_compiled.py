@@ -13,7 +13,9 @@ from torch import nn
 
 import plait.conformance
 from plait.cache.compiled import load_compiled
-from plait.codegen import fusion, onednn
+from plait.codegen import onednn
+from plait.codegen.probing_oracle import ProbingOracle
+from plait.codegen.replaying_oracle import SAVED
 from plait.runtime import compile_graph
 from tests.cache.helpers import call_program, convnet, run, sample, stax_entry
 
@@ -42,7 +44,7 @@ def _rebuilt(cache: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         def probe(self: Any, step: Any) -> None:
             raise AssertionError("a oneDNN call was probed while rebuilding from a saved plan")
 
-        m.setattr(fusion._Planner, "_probe", probe)
+        m.setattr(ProbingOracle, "_probe", probe)
         saved = load_compiled(store, key)
     assert saved is not None and saved.program is not None
     return saved.program
@@ -57,7 +59,7 @@ def test_rebuild_replays_accepted_calls_unprobed(
     assert program.plan.from_saved_plan and program.plan.refused == {}
     assert torch.equal(call_program(program, sample()), expected)
     details = [t.detail for t in program.evidence.nodes.values() if t.detail.startswith("oneDNN")]
-    assert details and all(fusion.SAVED in d for d in details), details
+    assert details and all(SAVED in d for d in details), details
 
 
 def _refuse(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,7 +89,7 @@ def test_rebuild_replays_a_refusal_without_trying_again(
     (position,) = program.plan.refused
     assert "could not create a memory" in program.plan.refused[position]["fused"]
     (reason,) = program.evidence.unfused.values()
-    assert "could not create a memory" in reason and fusion.SAVED in reason
+    assert "could not create a memory" in reason and SAVED in reason
     assert torch.equal(call_program(program, x), out)
     with torch.no_grad():
         report = plait.conformance.check(
@@ -106,13 +108,13 @@ def test_bare_layouts_still_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     saved = load_compiled(store, key)
     assert saved is not None and saved.program is not None
     probed: list[int] = []
-    real = fusion._Planner._probe
+    real = ProbingOracle._probe
 
     def probe(self: Any, step: Any) -> None:
         probed.append(step.node.id)
         real(self, step)
 
-    monkeypatch.setattr(fusion._Planner, "_probe", probe)
+    monkeypatch.setattr(ProbingOracle, "_probe", probe)
     bare = dict(saved.program.layouts())
     program = compile_graph(saved.graph, options=saved.program.options, layouts=bare)
     assert probed and not program.plan.from_saved_plan

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import plait
-from plait.codegen.onednn import mkl_linear_available
+from plait.codegen.onednn_postops import mkl_linear_available
 from plait.contract import load
 from tests.cache.helpers import status
 

@@ -10,7 +10,7 @@ from plait.codegen import plan_graph
 from plait.codegen.cpp import print_kernel
 from plait.codegen.kir import STORAGE_OF
 from plait.codegen.loops import merge_loops
-from plait.codegen.onednn import mkl_linear_available
+from plait.codegen.onednn_postops import mkl_linear_available
 from plait.codegen.plan import ExternStep, KernelStep
 from plait.ir import GraphBuilder, TensorType
 

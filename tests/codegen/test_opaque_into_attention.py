@@ -1,6 +1,6 @@
 """An opaque node's result (torch.addmm has no IR op: HF GPT-2's Conv1D) viewed and transposed
 into scaled_dot_product_attention: the planner's layout dry run of the attention extern needs a
-sample of the opaque node's result (it raised KeyError in ``fusion._operand_sample``)."""
+sample of the opaque node's result (it raised KeyError in the dry run's ``_operand_sample``)."""
 
 from __future__ import annotations
 

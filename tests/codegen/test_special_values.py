@@ -35,7 +35,7 @@ from torch import nn
 import plait
 import plait.contract
 from plait.codegen.extern import EXTERN_RULES
-from plait.codegen.onednn import INEXACT, UNARY
+from plait.codegen.onednn_postops import INEXACT, UNARY
 from plait.codegen.reductions import TEMPLATES
 from plait.codegen.scalar import RULES
 from plait.ir import Graph, interpret

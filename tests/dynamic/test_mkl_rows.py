@@ -8,7 +8,7 @@ import torch
 
 import plait
 from plait.codegen.mkl_rows import KEPT, RowPacks
-from plait.codegen.onednn import mkl_linear_available
+from plait.codegen.onednn_postops import mkl_linear_available
 from tests.util import assert_bitwise
 
 pytestmark = pytest.mark.skipif(not mkl_linear_available(), reason="needs MKL's packed linear")

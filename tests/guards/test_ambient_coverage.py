@@ -41,7 +41,7 @@ COVERED = {
     ("frontend/capture_values.py", "is_grad_enabled"): "guard grad_mode (capture's own)",
     ("backends.py", "is_grad_enabled"): "guard grad_mode (decides freezing and the backend)",
     ("guards/state.py", "is_grad_enabled"): "guard grad_mode (what the frozen guard reads)",
-    ("codegen/onednn.py", "mkldnn.is_available"): "key ambient.mkldnn_available",
+    ("codegen/onednn_postops.py", "mkldnn.is_available"): "key ambient.mkldnn_available",
     ("codegen/build.py", "/proc/cpuinfo"): "key ambient.cpu, toolchain.cxx.cpu_flags_sha256 (the "
     "one reader of it: manifest.cpu_features and the toolchain take build.cpu_info)",
     ("codegen/build.py", "os.environ"): "CXX: key toolchain.cxx.version; cache dir; test hook",

@@ -20,7 +20,8 @@ from plait.codegen.errors import BuildError, CodegenError
 from plait.codegen.fusion import classify, plan_graph
 from plait.codegen.kir import Kernel, KernelBuilder
 from plait.codegen.options import StaxOptions
-from plait.codegen.plan import Loc, NodeTag, Plan
+from plait.codegen.placement import Loc
+from plait.codegen.plan import NodeTag, Plan
 
 __all__ = [
     "BuildError",

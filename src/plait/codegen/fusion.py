@@ -19,6 +19,11 @@ Rules, in order, walking the graph's nodes:
   memory plan decides): that is the epilogue of a matmul (bias, activation) or a conv (residual
   add, relu), fused into the extern's output.
 
+The planner runs nothing itself. What only running a call can tell (the strides of an extern's
+result, whether oneDNN accepts a call with its post-ops) it asks a layout oracle
+(:mod:`plait.codegen.layout_oracle`): a compile's probes the calls, a warm start's replays a
+saved plan.
+
 Example:
     >>> import torch
     >>> from plait.ir import GraphBuilder, TensorType
@@ -45,40 +50,38 @@ from plait.codegen.admission import (
     graph_device,
     live_nodes,
 )
-from plait.codegen.call_signature import Layout, call_signature
 from plait.codegen.cuda_extern import cuda_call
 from plait.codegen.datadep import datadep_call, touches_unbacked, unbacked
-from plait.codegen.extern import ExternCall, make_call
+from plait.codegen.extern import make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
-from plait.codegen.lower import Lowered, loop_vars, lower_pointwise
-from plait.codegen.onednn import (
+from plait.codegen.layout_oracle import LayoutOracle, PlanFacts
+from plait.codegen.lower import Unfusable, loop_vars, lower_pointwise
+from plait.codegen.onednn import onednn_call
+from plait.codegen.onednn_postops import (
     Epilogue,
-    PackedWeights,
-    Prepacker,
     find_epilogue,
-    onednn_call,
     supported,
     unfused_activation,
 )
+from plait.codegen.placement import Loc, Lowered
 from plait.codegen.plan import (
     ExternStep,
     FallbackStep,
     KernelStep,
-    Loc,
     NodeTag,
     Plan,
     SavedLayouts,
     Step,
 )
-from plait.codegen.reductions import OP_CLASS, lower_reduction
-from plait.codegen.saved_layouts import dense, extern_layouts, restored_strides
+from plait.codegen.probing_oracle import ProbingOracle
+from plait.codegen.reductions import ELEMENTWISE, OP_CLASS, lower_reduction
+from plait.codegen.replaying_oracle import ReplayingOracle
+from plait.codegen.saved_layouts import dense, extern_layouts
 from plait.codegen.scalar import RULES
-from plait.codegen.symbolic_shapes import concrete, hints_for, is_symbolic, learned_strides
 from plait.codegen.views import MAPPED_VIEWS, input_index, sizes_of
 from plait.ir.graph import Graph, Node, Value
-from plait.ir.ops import get_op
 from plait.ir.types import COMPLEX_DTYPES, TensorType
-from plait.symbolic.poly import Size, evaluate
+from plait.symbolic.poly import Size
 
 __all__ = [
     "CONSTANTS",
@@ -90,34 +93,33 @@ __all__ = [
     "live_nodes",
     "plan_graph",
 ]
-_UNSET = object()  # NOTE: a call signature not computed yet (None: the call has none)
-SAVED = "(from the saved plan, not probed)"
 _COSTLY = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "silu", "gelu", "pow", "div"})
 CHEAP = 2
 
 
 class _Planner:
+    """Decides each value's location and groups nodes into kernels and calls; what an extern
+    call's result looks like, and whether oneDNN takes a call, it asks ``oracle``."""
+
     def __init__(
         self,
-        graph: Graph,
-        infer_layouts: bool,
-        layouts: Mapping[int, Sequence[Sequence[int]]] | None = None,
+        facts: PlanFacts,
+        oracle: LayoutOracle,
         fuse: bool = True,
-        channels_last: bool = True,
         mkl_linear: bool = True,
         target: str = "cpu",
         onednn: bool = True,
     ) -> None:
+        graph = facts.graph
         self.graph = graph
+        self.facts = facts
+        self.oracle = oracle
         # NOTE: oneDNN and MKL run CPU tensors of the C++ target only; Triton's externs are
         # PyTorch's own kernels on the graph's device (cuDNN, cuBLAS, flash attention).
         self.onednn = target == "cpu" and onednn
-        self.device = torch.device(graph_device(graph))
-        # NOTE: symbolic shapes: the dry runs run at representative sizes (codegen.symbolic_shapes)
-        self.symbolic = is_symbolic(graph)
-        self.hints: dict[str, int] = hints_for(graph) if self.symbolic else {}
+        self.device = facts.device
         self.fuse = fuse
-        self.channels_last = channels_last
+        self.channels_last = facts.channels_last
         self.mkl_linear = mkl_linear
         self.users = graph.users()
         self.outputs = {id(o) for o in graph.outputs if isinstance(o, Value)}
@@ -127,40 +129,12 @@ class _Planner:
         self.steps: list[Step] = []
         self.tags: dict[int, NodeTag] = {}
         self._cost: dict[int, int] = {}
-        # NOTE: dry-run outcomes by call signature (codegen.call_signature): result strides,
-        # oneDNN refusals, and the signatures already probed on fresh tensors
-        self._layout_memo: dict[tuple[object, ...], tuple[tuple[Size, ...], ...]] = {}
-        self._refusals: dict[tuple[object, ...], str] = {}
-        self._probed: set[tuple[object, ...]] = set()
         # NOTE: the unbacked sizes of the call running (codegen.datadep), one table per program
         self.unbacked_sizes: dict[str, int] = {}
         self._open: list[Value] = []
         self._open_key: tuple[tuple[Size, ...], tuple[Size, ...]] | None = None
         self._open_lowered: Lowered | None = None
         self._count = 0
-        # NOTE: recorded layouts (from a saved plan) replace the dry runs: same decisions, no
-        # extern runs on zeros.
-        self._layouts = layouts
-        # NOTE: a saved plan that carries its oneDNN decisions replays them unprobed; bare
-        # layouts (no decisions) still probe each oneDNN call once.
-        self._decided = layouts.refused if isinstance(layouts, SavedLayouts) else None
-        self.refused: dict[int, dict[str, str]] = {}
-        # NOTE: with the decisions replayed nothing runs a call while planning, so the weight
-        # reorders may run in threads meanwhile (done before the plan is returned).
-        saved = layouts if isinstance(layouts, SavedLayouts) else None
-        gate = saved.gate if saved is not None else None
-        self.prepack = Prepacker(gate=gate) if self._decided is not None else None
-        self.packs = PackedWeights(
-            saved.packed if saved is not None else None, deferred=gate is not None
-        )
-        self.position = {n.id: i for i, n in enumerate(graph.nodes)}
-        self._infer = infer_layouts and layouts is None
-        self.consts = {
-            v: graph.constants[v.name]
-            for v in graph.inputs
-            if v.kind == "const" and isinstance(graph.constants.get(v.name), torch.Tensor)
-        }
-        self._samples: dict[Value, torch.Tensor] = {}
         self.epilogues: dict[int, Epilogue] = {}
         self.unfused: dict[int, str] = {}
         self.exactness: dict[int, str] = {}
@@ -255,7 +229,7 @@ class _Planner:
             elif name not in prev.detail:
                 self.tags[nid] = NodeTag("native", f"{prev.detail}, {name}")
         for v in outputs:
-            self._sample(v, self.locs[v].strides)
+            self.oracle.laid_out(v, self.locs[v].strides)
 
     def layout(self, v: Value) -> tuple[Size, ...]:
         """A materialized value's strides: contiguous for graph outputs; otherwise the dense
@@ -307,8 +281,6 @@ class _Planner:
         strides = self.layout(v)
         self.locs[v] = Loc("buffer", v, 0, strides)
         if self.fuse and self._open and self._open_key == (shape, strides):
-            from plait.codegen.lower import Unfusable
-
             try:
                 name = self._open_lowered.kernel.name if self._open_lowered else self._name()
                 members = [*self._open, v]
@@ -327,11 +299,10 @@ class _Planner:
             if isinstance(v.type, TensorType):
                 strides = contiguous_strides(sizes_of(v.type))
                 self.locs[v] = Loc("input", v, 0, strides)
-                self._sample(v, strides)
-        self._sample_last = self._sample_lifetimes()
+                self.oracle.laid_out(v, strides)
+        self.oracle.start(self.live, {h: ep.nodes[0].id for h, ep in self.epilogues.items()})
         for position, node in enumerate(self.graph.nodes):
-            if self._samples:
-                self._prune_samples(position - 1)
+            self.oracle.at_node(position)
             if node.id not in self.live:
                 self.tags[node.id] = NodeTag("dead", "result unused")
                 continue
@@ -386,7 +357,8 @@ class _Planner:
         }
         return Plan(
             self.graph, self.locs, self.steps, self.tags, fallbacks, dict(self.unfused),
-            {k: dict(v) for k, v in self.refused.items()}, self._decided is not None, self.packs,
+            {k: dict(v) for k, v in self.oracle.refused.items()}, self.oracle.replayed,
+            self.oracle.packs,
             dict(self.exactness),
         )  # fmt: skip
 
@@ -408,8 +380,6 @@ class _Planner:
     def _reduction_epilogue(self, node: Node) -> list[Node]:
         """Pointwise nodes reading a row-wise template's result alone, same shape, whose other
         operands exist already: computed in the template's store (layer_norm -> relu)."""
-        from plait.codegen.reductions import ELEMENTWISE
-
         chain: list[Node] = []
         if node.op not in ELEMENTWISE:
             return chain
@@ -440,7 +410,7 @@ class _Planner:
             # NOTE: a fallback's results are samples too: an extern dry-run later may read one
             # (or a view of one); the runner conforms them to these contiguous strides.
             for v, s in zip(node.outputs, strides):
-                self._sample(v, s)
+                self.oracle.laid_out(v, s)
         else:
             step: ExternStep | None = None
             accepted = ""
@@ -449,28 +419,28 @@ class _Planner:
             elif self.onednn and supported(node):
                 call = onednn_call(
                     node,
-                    self.consts,
+                    self.facts.consts,
                     None,
                     self.channels_last,
-                    self.prepack,
-                    self.packs,
+                    self.oracle.prepack,
+                    self.oracle.packs,
                     self.mkl_linear,
-                    self.hints,
+                    self.facts.hints,
                 )
                 step = ExternStep(node, call, [])
-                failure = self._try_dry_run(step, "onednn")
+                failure = self.oracle.decide(step, "onednn", self.locs)
                 if failure is not None:
                     where = f"{call.library} {node.op}: {failure}"
                     note = "; ".join(x for x in (note, where) if x)
                     step = None
                 else:
-                    accepted = self._accepted_note(call)
+                    accepted = self.oracle.accepted_note(call)
             if step is None:
                 special = None
                 if self.device.type == "cuda":
-                    special = cuda_call(node, self.consts, self.channels_last)
-                step = ExternStep(node, special or make_call(node, self.consts), [])
-                step.out_strides = self._dry_run(step)
+                    special = cuda_call(node, self.facts.consts, self.channels_last)
+                step = ExternStep(node, special or make_call(node, self.facts.consts), [])
+                step.out_strides = self.oracle.result_strides(step, self.locs)
             strides = step.out_strides
             call = step.call
             self.steps.append(step)
@@ -493,77 +463,8 @@ class _Planner:
         ]
         for v, st in zip(node.outputs, strides):
             if not unbacked(v.type):
-                self._sample(v, st)
+                self.oracle.laid_out(v, st)
         return ExternStep(node, datadep_call(node, self.unbacked_sizes), strides)
-
-    def _try_dry_run(self, step: ExternStep, stage: str) -> str | None:
-        """Dry-run ``step`` (and, when no dry run would run it, probe it once on fresh tensors):
-        ``None`` when oneDNN accepts the call, else the reason it refused (decided here, at
-        compile time, never per call). With a saved plan's decisions, the decision is read
-        from them: nothing runs."""
-        position = self.position[step.node.id]
-        if self._decided is not None:
-            reason = self._decided.get(position, {}).get(stage)
-            if reason is None:
-                step.out_strides = self._dry_run(step)
-                return None
-            self.refused.setdefault(position, {})[stage] = reason
-            return f"{reason} {SAVED}"
-        key = self._signature(step)
-        if key is not None and key in self._refusals:
-            reason = self._refusals[key]
-            self.refused.setdefault(position, {})[stage] = reason
-            return reason
-        try:
-            ran = self._infer and self.channels_last and self._layouts is None
-            step.out_strides = self._dry_run(step, key)
-            if not ran and (key is None or key not in self._probed):
-                self._probe(step)
-                if key is not None:
-                    self._probed.add(key)
-        except RuntimeError as e:
-            why = str(e).splitlines()[0]
-            reason = f"{step.call.library} refused the call at compile time ({why})"
-            self.refused.setdefault(position, {})[stage] = reason
-            if key is not None:
-                self._refusals[key] = reason
-            return reason
-        return None
-
-    def _signature(self, step: ExternStep) -> tuple[object, ...] | None:
-        return call_signature(step.node, step.call.detail, self._call_layout, step.extra)
-
-    def _call_layout(self, v: Value) -> Layout | None:
-        const = self.consts.get(v)
-        if const is not None:
-            return tuple(const.shape), tuple(const.stride()), const.storage_offset()
-        loc = self.locs.get(v)
-        if loc is None or loc.kind == "inline":
-            return None
-        shape = sizes_of(v.type) if isinstance(v.type, TensorType) else ()
-        return shape, loc.strides, loc.offset  # type: ignore[return-value]
-
-    def _accepted_note(self, call: ExternCall) -> str:
-        if self._decided is None:
-            return ""
-        return f"accepted by {call.library} at compile time {SAVED}"
-
-    def _probe(self, step: ExternStep) -> None:
-        def fresh(o: object) -> object:
-            if not isinstance(o, Value) or not isinstance(o.type, TensorType):
-                return o
-            const = self.consts.get(o)
-            if const is not None:
-                return const
-            # NOTE: see _sample
-            return torch.zeros(
-                self._hinted(sizes_of(o.type)), dtype=o.type.dtype, device=self.device
-            )
-
-        args = get_op(step.node.op).structure([fresh(o) for o in step.node.inputs])
-        args += [fresh(o) for o in step.extra]
-        with torch.no_grad():
-            step.call.fn(*args)
 
     def _unfuse(self, host: Node, ep: Epilogue) -> None:
         """Give ``ep``'s nodes back to the ordinary rules (pointwise kernels)."""
@@ -577,16 +478,22 @@ class _Planner:
         """Emit ``host`` with ``ep`` as oneDNN post-ops; the reason, emitting nothing, when
         oneDNN cannot create or run the fused call."""
         call = onednn_call(
-            host, self.consts, ep, self.channels_last, self.prepack, self.packs, hints=self.hints
+            host,
+            self.facts.consts,
+            ep,
+            self.channels_last,
+            self.oracle.prepack,
+            self.oracle.packs,
+            hints=self.facts.hints,
         )
         extra = (ep.other,) if ep.other is not None else ()
         step = ExternStep(host, call, [], ep.nodes, extra)
-        failure = self._try_dry_run(step, "fused")
+        failure = self.oracle.decide(step, "fused", self.locs)
         if failure is not None:
             return failure
         strides = step.out_strides
         self.steps.append(step)
-        accepted = self._accepted_note(call)
+        accepted = self.oracle.accepted_note(call)
         suffix = "".join(f"; {x}" for x in (accepted, self.exactness.get(host.id)) if x)
         self.tags[host.id] = NodeTag("extern", f"{call.detail} ({call.op_class}){suffix}")
         for n in ep.nodes:
@@ -600,120 +507,6 @@ class _Planner:
                 self.locs[v] = Loc("inline")
         self.locs[ep.output] = Loc("buffer", ep.output, 0, strides[0])
         return None
-
-    # --- layout inference ---------------------------------------------------------------------
-    def _hinted(self, sizes: Sequence[Size]) -> tuple[int, ...]:
-        """Sizes at the representative values of the symbols (the dry runs' samples)."""
-        return concrete(sizes, self.hints) if self.symbolic else tuple(sizes)  # type: ignore[arg-type]
-
-    def _sample(self, v: Value, strides: tuple[Size, ...]) -> None:
-        if not self._infer or not isinstance(v.type, TensorType):
-            return
-        shape, strides = self._hinted(sizes_of(v.type)), self._hinted(strides)
-        dtype = v.type.dtype
-        # NOTE: zeros, never torch.empty: recycled memory holds old values, denormal floats
-        # among them, and a dry run on denormals ran 3-4x slower (ResNet-50's plan: 0.9 s
-        # against 0.26 s); integers may be indices and must be in range.
-        t = torch.zeros(shape, dtype=dtype, device=self.device)
-        self._samples[v] = t.as_strided(shape, strides) if dense(shape, strides) else t
-
-    def _sample_lifetimes(self) -> dict[int, int]:
-        """Per value, the last node position that reads it, directly or through views (a
-        deferred extern reads at its epilogue's position): samples are freed after it."""
-        position = {n.id: i for i, n in enumerate(self.graph.nodes)}
-        for host, ep in self.epilogues.items():
-            position[host] = position[ep.nodes[0].id]
-        last: dict[int, int] = {}
-        for node in reversed(self.graph.nodes):
-            if node.id not in self.live:
-                continue
-            for o in node.outputs:
-                if node.op in MAPPED_VIEWS and isinstance(node.inputs[0], Value):
-                    x = node.inputs[0]
-                    last[id(x)] = max(last.get(id(x), -1), last.get(id(o), -1))
-            for u in node.input_values():
-                last[id(u)] = max(last.get(id(u), -1), position[node.id])
-        return last
-
-    def _prune_samples(self, position: int) -> None:
-        for v in [v for v in self._samples if self._sample_last.get(id(v), -1) <= position]:
-            del self._samples[v]
-
-    def _operand_sample(self, operand: object) -> object:
-        if not isinstance(operand, Value):
-            return operand
-        const = self.consts.get(operand)
-        if const is not None:
-            # NOTE: a constant is its own sample: a weight prepared (prepacked) for the dry run
-            # is then the one the calls use, not one of a stand-in they would redo.
-            return const
-        loc = self.locs[operand]
-        assert loc.base is not None, f"%{operand.name} should have been materialized"
-        base = self._samples[loc.base]
-        if loc.kind == "view":
-            offset = evaluate(loc.offset, self.hints)
-            return base.as_strided(
-                self._hinted(sizes_of(operand.type)),
-                self._hinted(loc.strides),
-                base.storage_offset() + offset,
-            )
-        return base
-
-    def _dry_run(self, step: ExternStep, key: object = _UNSET) -> list[tuple[Size, ...]]:
-        """Run the extern once on zeros to learn the layout PyTorch gives its result (``key``:
-        its call signature, when the caller has it)."""
-        node = step.node
-        if self._layouts is not None:
-            saved = self._layouts[self.position[node.id]]
-            return [restored_strides(v, s) for v, s in zip(step.outputs, saved)]
-        contiguous = [contiguous_strides(sizes_of(v.type)) for v in step.outputs]
-        if not self._infer:
-            return contiguous
-        effect = node.op == "aten_check" or get_op(node.op).is_random(node.attrs)
-        if not self.channels_last or effect:
-            # NOTE: no channels_last anywhere: a result PyTorch lays out otherwise is conformed.
-            # A check never runs on zeros (it raises), nor a random node (it would draw).
-            for v, c in zip(step.outputs, contiguous):
-                self._sample(v, c)
-            return contiguous
-        if key is _UNSET:
-            key = self._signature(step)
-        remembered = self._layout_memo.get(key) if isinstance(key, tuple) else None
-        if remembered is not None:
-            # NOTE: a call of this signature ran already: its result layout is this one's
-            for v, s in zip(step.outputs, remembered):
-                self._sample(v, s)
-            return list(remembered)
-        args = get_op(node.op).structure([self._operand_sample(o) for o in node.inputs])
-        args += [self._operand_sample(o) for o in step.extra]
-        try:
-            with torch.no_grad():
-                result = step.call.fn(*args)
-        except (RuntimeError, ValueError):
-            if node.op not in ("aten", "aten_factory"):
-                raise
-            # NOTE: an ATen extern may refuse placeholder values (lu_solve's pivots, a
-            # Cholesky factor): its results are conformed to contiguous strides instead.
-            for v, c in zip(step.outputs, contiguous):
-                self._sample(v, c)
-            return contiguous
-        results = result if isinstance(result, (tuple, list)) else (result,)
-        out: list[tuple[Size, ...]] = []
-        for v, r, c in zip(step.outputs, results, contiguous):
-            got = tuple(int(x) for x in r.stride())
-            shape = sizes_of(v.type)
-            usable = r.storage_offset() == 0 and dense(self._hinted(shape), got)
-            if usable and self.symbolic:
-                # NOTE: the dim order the dry run shows, as strides of the symbolic shape
-                learned = learned_strides(shape, got, self.hints)
-                usable = learned is not None
-                out.append(learned if learned is not None else c)
-            else:
-                out.append(got if usable else c)
-            self._samples[v] = r if usable else r.contiguous()
-        if isinstance(key, tuple):
-            self._layout_memo[key] = tuple(out)
-        return out
 
 
 COMPLEX_VIEW_COPY = (
@@ -749,15 +542,19 @@ def plan_graph(
     kernels on the graph's device). ``onednn=False``: convolutions and linears are PyTorch's own
     kernels on the CPU too."""
     check_graph(graph, target)
-    planner = _Planner(
-        graph, infer_layouts, layouts, fuse, channels_last, mkl_linear, target, onednn
-    )
+    facts = PlanFacts.of(graph, channels_last)
+    oracle: LayoutOracle
+    if isinstance(layouts, SavedLayouts):
+        oracle = ReplayingOracle(facts, layouts)
+    else:
+        # NOTE: bare layouts (without the compile's oneDNN decisions) give the strides; each
+        # oneDNN call is still probed once
+        oracle = ProbingOracle(facts, infer_layouts, layouts)
+    planner = _Planner(facts, oracle, fuse, mkl_linear, target, onednn)
     try:
         plan = planner.run()
     except BaseException:
-        if planner.prepack is not None:
-            planner.prepack.close()
+        oracle.close(finished=False)
         raise
-    if planner.prepack is not None:
-        planner.prepack.close(finish=True)
+    oracle.close(finished=True)
     return plan

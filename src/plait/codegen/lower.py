@@ -21,14 +21,14 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from plait.codegen.index import Ix, Var, contiguous_strides, linear
-from plait.codegen.kir import STORAGE_OF, Kernel, KernelBuilder, Stmt, scalar_of
-from plait.codegen.scalar import CHANNEL_OPERANDS, RULES, Arg, arg_of, to
+from plait.codegen.kir import STORAGE_OF, KernelBuilder, Stmt, scalar_of
+from plait.codegen.placement import Loc, Lowered
+from plait.codegen.scalar import CHANNEL_OPERANDS, RULES
+from plait.codegen.scalar_args import Arg, arg_of, to
 from plait.codegen.views import (
     INDEXED_VIEWS,
     MAPPED_VIEWS,
@@ -42,21 +42,9 @@ from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
 from plait.symbolic.poly import Poly, Size, hint
 
-if TYPE_CHECKING:
-    from plait.codegen.plan import Loc
-
 
 class Unfusable(Exception):
     """A value would read a value of its own kernel at another index than the kernel's own."""
-
-
-@dataclass
-class Lowered:
-    """A kernel plus the IR values bound to its buffers (in buffer order) and the nodes it ran."""
-
-    kernel: Kernel
-    bindings: list[Value]
-    covered: set[int] = field(default_factory=set)
 
 
 def loop_vars(shape: Sequence[Size], prefix: str = "i", start: int = 0) -> tuple[Var, ...]:

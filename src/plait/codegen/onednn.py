@@ -6,7 +6,8 @@ into oneDNN's blocked layout, and an epilogue runs as a post-op inside the kerne
 accumulator, before the result is written: an activation (gelu, silu, sigmoid, tanh) and,
 for a residual, an add of another tensor of the output's shape (conv: add then activation).
 An activation whose post-op differs from eager on special values (relu: oneDNN maps NaN to 0;
-see :data:`INEXACT`) is never fused: it runs as a native kernel, and the plan records why.
+see :mod:`plait.codegen.onednn_postops`, which decides the post-ops) is never fused: it runs
+as a native kernel, and the plan records why.
 
 A weight is prepacked at compile time when it is a constant the compiler owns (frozen; the
 frozen-parameter guards make a changed parameter a recompile); when a saved plan is rebuilt
@@ -22,12 +23,10 @@ Example:
     >>> gb = GraphBuilder()
     >>> x = gb.input("x", TensorType((4, 8), torch.float32))
     >>> w = gb.input("w", TensorType((16, 8), torch.float32))
-    >>> y = gb.call("tanh", gb.call("linear", x, w))
-    >>> gb.output(y)
-    >>> g = gb.build()
-    >>> ep = find_epilogue(g.nodes[0], g.users(), set(), {0, 1})
-    >>> ep.unary, [n.op for n in ep.nodes]
-    ('tanh', ['tanh'])
+    >>> gb.output(gb.call("linear", x, w))
+    >>> call = onednn_call(gb.build().nodes[0], {}, None, mkl_linear=False)
+    >>> call.library, call.op_class
+    ('oneDNN', 'matmul')
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import torch
@@ -43,171 +41,13 @@ import torch
 from plait.codegen import packed
 from plait.codegen.extern import ExternCall, PreparedWeight
 from plait.codegen.mkl_rows import mkl_rows_call
+from plait.codegen.onednn_postops import (
+    Epilogue,
+    runs_mkl,
+)
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
 from plait.symbolic.poly import evaluate, from_dim
-
-DTYPES = (torch.float32, torch.bfloat16)
-# NOTE: the activations oneDNN runs as post-ops with PyTorch's special values (NaN, +-inf, signed
-# zeros) on every input; tests/codegen/test_special_values.py holds each one to eager.
-UNARY = {"sigmoid": "sigmoid", "tanh": "tanh", "silu": "swish", "gelu": "gelu"}
-# NOTE: activations never fused, with the reason (recorded as the node's kernel decision):
-# oneDNN's post-op differs from eager on special values, so the activation runs natively.
-INEXACT: dict[tuple[str, str], str] = {
-    ("*", "relu"): "oneDNN's relu post-op maps NaN to 0 (PyTorch's relu keeps NaN)",
-    ("linear", "gelu:none"): (
-        "oneDNN's matmul gelu(erf) post-op maps -100 to +0 and +inf to +inf (eager: -0, NaN)"
-    ),
-}
-
-
-@dataclass(frozen=True)
-class Epilogue:
-    """Pointwise nodes fused into an extern's oneDNN post-ops, and the value they produce."""
-
-    nodes: tuple[Node, ...]
-    unary: str | None
-    algorithm: str
-    other: Value | None
-    output: Value
-
-    def describe(self) -> str:
-        parts = (["add"] if self.other is not None else []) + ([self.unary] if self.unary else [])
-        return "+".join(parts)
-
-
-def eager_gelu_uses_onednn(x: object) -> bool:
-    """Whether eager computes gelu(erf) of ``x`` (an IR value) with oneDNN, PyTorch's
-    ``use_mkldnn``: a float32 tensor, or bfloat16 where oneDNN has it, of more than one
-    element (assumed dense, as every pointwise result is in eager). oneDNN's gelu(+inf) is NaN;
-    ATen's loop gives +inf. NOTE: the build's oneDNN (a cache key part), not the user's switch
-    for it: a program that turns oneDNN off gets ATen's +inf from eager."""
-    if not isinstance(x, Value) or not isinstance(x.type, TensorType):
-        return False
-    if not torch.backends.mkldnn.is_available():
-        return False
-    if not x.type.is_static:
-        # NOTE: a symbolic size is at least 2 where plait captured it (sizes 0 and 1 specialize)
-        return x.type.dtype == torch.float32 or (
-            x.type.dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        )
-    numel = 1
-    for d in x.type.shape:
-        numel *= int(d)
-    if x.type.dtype == torch.bfloat16:
-        return numel > 1 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return numel > 1 and x.type.dtype == torch.float32
-
-
-def supported(node: Node) -> bool:
-    """Whether ``node`` (conv2d or linear) can run through oneDNN's fused primitives."""
-    if node.op not in ("conv2d", "linear") or not torch.backends.mkldnn.is_available():
-        return False
-    out = node.outputs[0].type
-    x, w = node.inputs[0], node.inputs[1]
-    if not (isinstance(out, TensorType) and out.dtype in DTYPES):
-        return False
-    if not (isinstance(x, Value) and isinstance(w, Value) and isinstance(x.type, TensorType)):
-        return False
-    return node.op == "linear" or x.type.rank == 4
-
-
-def _same(a: Value, b: Value) -> bool:
-    return isinstance(a.type, TensorType) and a.type == b.type
-
-
-def _single_user(
-    v: Value, users: Mapping[Value, list[Node]], outputs: set[int], live: set[int]
-) -> Node | None:
-    if id(v) in outputs:
-        return None
-    found = {u.id: u for u in users.get(v, []) if u.id in live}
-    return next(iter(found.values())) if len(found) == 1 else None
-
-
-def inexact_reason(host: str, n: Node) -> str | None:
-    """Why activation ``n`` after a ``host`` (conv2d or linear) is not a oneDNN post-op, if it
-    is one oneDNN would compute differently from eager on special values."""
-    key = f"{n.op}:{n.attrs.get('approximate', 'none')}" if n.op == "gelu" else n.op
-    return INEXACT.get((host, key)) or INEXACT.get(("*", key))
-
-
-def _unary(n: Node, v: Value, host: str) -> tuple[str, str] | None:
-    if n.op not in UNARY or n.inputs[0] is not v or not _same(v, n.outputs[0]):
-        return None
-    if inexact_reason(host, n) is not None:
-        return None
-    return UNARY[n.op], str(n.attrs.get("approximate", "")) if n.op == "gelu" else ""
-
-
-def runs_mkl(node: Node, mkl_linear: bool) -> bool:
-    """Whether ``node`` runs MKL's packed GEMM (then with no post-op: what follows it is a native
-    kernel). NOTE: measured on the zoo's transformers (one thread), MKL's packed GEMM and a
-    native kernel for the activation or add (fused with its neighbours: silu with Llama's gate
-    product, the residual add into the layer norm) beat oneDNN's linear with the post-op by
-    3-8% per model."""
-    # NOTE: with symbolic rows, one pack per row count (codegen.mkl_rows)
-    return mkl_linear and node.op == "linear" and supported(node) and mkl_packed_available(node)
-
-
-def unfused_activation(
-    node: Node,
-    users: Mapping[Value, list[Node]],
-    outputs: set[int],
-    live: set[int],
-    mkl_linear: bool = False,
-) -> tuple[Node, str] | None:
-    """The activation after ``node`` (directly, or after its residual add) that is not fused
-    because oneDNN's post-op is inexact, with the reason: the decision the manifest records."""
-    if not supported(node) or runs_mkl(node, mkl_linear):
-        return None
-    v = node.outputs[0]
-    for _ in range(2):
-        user = _single_user(v, users, outputs, live)
-        if user is None:
-            return None
-        reason = inexact_reason(node.op, user)
-        if reason is not None:
-            return user, reason
-        if user.op != "add":
-            return None
-        v = user.outputs[0]
-    return None
-
-
-def find_epilogue(
-    node: Node,
-    users: Mapping[Value, list[Node]],
-    outputs: set[int],
-    live: set[int],
-    mkl_linear: bool = False,
-) -> Epilogue | None:
-    """The pointwise nodes after ``node`` that oneDNN can run as post-ops: an activation, or a
-    residual add of a same-shaped tensor (conv: optionally followed by an activation). None
-    for a linear that runs MKL's packed GEMM (:func:`runs_mkl`)."""
-    if not supported(node) or runs_mkl(node, mkl_linear):
-        return None
-    v = node.outputs[0]
-    first = _single_user(v, users, outputs, live)
-    if first is None:
-        return None
-    unary = _unary(first, v, node.op)
-    if unary is not None:
-        return Epilogue((first,), unary[0], unary[1], None, first.outputs[0])
-    if first.op != "add" or first.attrs.get("alpha", 1) != 1:
-        return None
-    a, b = first.inputs
-    other = b if a is v else a
-    if not (isinstance(other, Value) and other is not v and (a is v or b is v)):
-        return None
-    if not (_same(other, v) and _same(v, first.outputs[0])):
-        return None
-    added = first.outputs[0]
-    then = _single_user(added, users, outputs, live) if node.op == "conv2d" else None
-    after = _unary(then, added, node.op) if then is not None else None
-    if then is not None and after is not None:
-        return Epilogue((first, then), after[0], after[1], other, then.outputs[0])
-    return Epilogue((first,), None, "", other, added)
 
 
 def _attr(ep: Epilogue | None) -> tuple[str, list[Any], str]:
@@ -430,18 +270,6 @@ def _rows(t: TensorType, hints: Mapping[str, int] | None) -> tuple[int, str]:
         return rows, str(rows)
     spelled = "*".join(str(d) for d in t.shape[:-1])
     return rows, f"rows={spelled}"
-
-
-@cache
-def mkl_linear_available() -> bool:
-    """Whether this PyTorch build has MKL and its packed-linear ops."""
-    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
-
-
-def mkl_packed_available(node: Node) -> bool:
-    """Whether a linear ``node`` can run MKL's packed GEMM: float32, on a build that has it."""
-    out = node.outputs[0].type
-    return isinstance(out, TensorType) and out.dtype == torch.float32 and mkl_linear_available()
 
 
 def mkl_linear_call(

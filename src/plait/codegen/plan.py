@@ -20,22 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from plait.codegen.extern import ExternCall
-from plait.codegen.lower import Lowered
 from plait.codegen.onednn import PackedWeights, SavedPack
+from plait.codegen.placement import Loc, Lowered
 from plait.ir.graph import Graph, Node, Operand, Value
 from plait.symbolic.poly import Size
-
-
-@dataclass
-class Loc:
-    """Where a value lives: a graph ``input``, a ``buffer`` (materialized by a kernel, an extern or
-    a fallback), a strided ``view`` of one (``base``, ``offset``, ``strides`` in elements), or
-    ``inline`` (recomputed by each kernel that reads it)."""
-
-    kind: str
-    base: Value | None = None
-    offset: Size = 0
-    strides: tuple[Size, ...] = ()
 
 
 @dataclass

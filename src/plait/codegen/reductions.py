@@ -35,23 +35,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import cache
-from typing import TYPE_CHECKING
 
 import torch
 
 import plait.contract
 from plait.codegen.index import Ix, contiguous_strides, linear
 from plait.codegen.kir import STORAGE_OF, KernelBuilder, Stmt, is_float, scalar_of
-from plait.codegen.lower import Lowered, Lowerer, loop_vars, size_stmt
-from plait.codegen.scalar import Arg, to
+from plait.codegen.lower import Lowerer, loop_vars, size_stmt
+from plait.codegen.placement import Loc, Lowered
+from plait.codegen.scalar_args import Arg, to
 from plait.codegen.views import sizes_of
 from plait.ir.graph import Node, Value
 from plait.ir.ops.rules import wrap_dim, wrap_dims
 from plait.ir.types import TensorType
 from plait.symbolic.poly import Size
-
-if TYPE_CHECKING:
-    from plait.codegen.plan import Loc
 
 OP_CLASS = {
     "sum": "reduction",

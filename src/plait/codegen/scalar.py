@@ -16,74 +16,31 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from plait.codegen.index import Ix
-from plait.codegen.kir import STORAGE_OF, KernelBuilder, Stmt, is_float, scalar_of
-from plait.codegen.onednn import eager_gelu_uses_onednn
-from plait.ir.graph import Node, Value
+from plait.codegen.kir import KernelBuilder, Stmt, is_float, scalar_of
+from plait.codegen.scalar_activations import ACTIVATIONS
+from plait.codegen.scalar_args import (
+    Arg,
+    Rule,
+    cast,
+    out_type,
+    rules_into,
+    storage_type,
+    to,
+    unary_float,
+)
+from plait.ir.graph import Node
 from plait.ir.ops.pointwise import FLOAT_MATH
 from plait.ir.ops.rules import float_dtype, promote
-from plait.ir.types import ScalarType, TensorType, scalar_type_of
+from plait.ir.types import TensorType, scalar_type_of
 
-
-@dataclass(frozen=True)
-class Arg:
-    """One operand of a pointwise node: a loaded statement, or a Python literal (``stmt`` None)."""
-
-    stmt: Stmt | None
-    literal: Any
-    type: TensorType | ScalarType | None
-
-
-Rule = Callable[[KernelBuilder, Node, Sequence[Arg], tuple[Ix, ...]], Stmt]
 RULES: dict[str, Rule] = {}
-
-
-def rule(*names: str) -> Callable[[Rule], Rule]:
-    def deco(fn: Rule) -> Rule:
-        for n in names:
-            RULES[n] = fn
-        return fn
-
-    return deco
-
-
-def arg_of(operand: Any, stmt: Stmt | None) -> Arg:
-    if isinstance(operand, Value):
-        assert isinstance(operand.type, TensorType)
-        return Arg(stmt, None, operand.type)
-    if operand is None:
-        return Arg(None, None, None)
-    return Arg(None, operand, scalar_type_of(operand))
-
-
-def to(b: KernelBuilder, a: Arg, t: str) -> Stmt:
-    """The operand converted to scalar type ``t``."""
-    if a.stmt is not None:
-        return cast(b, a.stmt, t)
-    value = a.literal
-    if t == "b":
-        return b.const(bool(value), "b")
-    if is_float(t):
-        return b.const(float(value), t)
-    if isinstance(value, float):
-        return cast(b, b.const(value, "f64"), t)
-    return b.const(int(value), t)
-
-
-def cast(b: KernelBuilder, x: Stmt, t: str) -> Stmt:
-    return b.cast(x, t)
-
-
-def out_type(node: Node) -> str:
-    t = node.outputs[0].type
-    assert isinstance(t, TensorType)
-    return scalar_of(t.dtype)
+rule = rules_into(RULES)
 
 
 def _common(args: Sequence[Arg]) -> torch.dtype:
@@ -93,14 +50,9 @@ def _common(args: Sequence[Arg]) -> torch.dtype:
 
 
 # --- unary math -----------------------------------------------------------------------------
-def _unary_float(b: KernelBuilder, node: Node, args: Sequence[Arg]) -> tuple[Stmt, str]:
-    t = out_type(node)
-    return to(b, args[0], t), t
-
-
 @rule("exp", "log", "sqrt", "tanh", "erf")
 def _transcendental(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    x, t = _unary_float(b, node, args)
+    x, t = unary_float(b, node, args)
     return b.op(node.op, [x], t)
 
 
@@ -113,7 +65,7 @@ _EXP_FINITE = {"f32": 88.72283172607422, "f64": 709.782712893384}
 @rule(*FLOAT_MATH)
 def _float_math(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
     """libm's function in the compute type (PyTorch: Sleef or std::, within a few ulp)."""
-    x, t = _unary_float(b, node, args)
+    x, t = unary_float(b, node, args)
     y = b.op(node.op, [x], t)
     if node.op in ("sinh", "cosh"):
         overflow = b.op("gt", [b.op("abs", [x], t), b.const(_EXP_FINITE[t], t)], "b")
@@ -149,7 +101,7 @@ def _round(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...
 
 @rule("frac")
 def _frac(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    x, t = _unary_float(b, node, args)
+    x, t = unary_float(b, node, args)
     return b.op("sub", [x, b.op("trunc", [x], t)], t)
 
 
@@ -200,64 +152,14 @@ def _predicate(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix,
 
 @rule("rsqrt")
 def _rsqrt(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    x, t = _unary_float(b, node, args)
+    x, t = unary_float(b, node, args)
     return b.op("div", [b.const(1.0, t), b.op("sqrt", [x], t)], t)
 
 
 @rule("reciprocal")
 def _reciprocal(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    x, t = _unary_float(b, node, args)
+    x, t = unary_float(b, node, args)
     return b.op("div", [b.const(1.0, t), x], t)
-
-
-def _sigmoid_of(b: KernelBuilder, x: Stmt, t: str) -> Stmt:
-    one = b.const(1.0, t)
-    return b.op("div", [one, b.op("add", [one, b.op("exp", [b.op("neg", [x], t)], t)], t)], t)
-
-
-@rule("sigmoid")
-def _sigmoid(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    x, t = _unary_float(b, node, args)
-    return _sigmoid_of(b, x, t)
-
-
-@rule("silu")
-def _silu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    x, t = _unary_float(b, node, args)
-    one = b.const(1.0, t)
-    denom = b.op("add", [one, b.op("exp", [b.op("neg", [x], t)], t)], t)
-    return b.op("div", [x, denom], t)
-
-
-@rule("gelu")
-def _gelu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    x, t = _unary_float(b, node, args)
-    half, one = b.const(0.5, t), b.const(1.0, t)
-    if node.attrs["approximate"] == "tanh":
-        beta = b.const(math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5, t)
-        kappa = b.const(0.044715, t)
-        cube = b.op("mul", [b.op("mul", [x, x], t), x], t)
-        inner = b.op("mul", [beta, b.op("add", [x, b.op("mul", [kappa, cube], t)], t)], t)
-        return b.op(
-            "mul", [b.op("mul", [half, x], t), b.op("add", [one, b.op("tanh", [inner], t)], t)], t
-        )
-    alpha = b.const(math.sqrt(0.5), t)
-    erf = b.op("erf", [b.op("mul", [x, alpha], t)], t)
-    y = b.op("mul", [b.op("mul", [x, half], t), b.op("add", [one, erf], t)], t)
-    if eager_gelu_uses_onednn(node.inputs[0]):
-        # NOTE: eager runs this gelu through oneDNN, whose gelu(+inf) is NaN (ATen's is +inf).
-        inf = b.const(math.inf, t)
-        return b.op("where", [b.op("eq", [x, inf], "b"), b.const(math.nan, t), y], t)
-    return y
-
-
-@rule("relu")
-def _relu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    # NOTE: PyTorch's relu is clamp_min(x, 0), ``0 > x ? 0 : x``: NaN and -0.0 pass through.
-    t = out_type(node)
-    x = to(b, args[0], t)
-    zero = b.const(0, t)
-    return b.op("where", [b.op("lt", [x, zero], "b"), zero, x], t)
 
 
 @rule("neg")
@@ -381,7 +283,7 @@ def _fmaxmin(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, .
         return b.op("max" if node.op == "fmax" else "min", [x, y], t)
     # NOTE: of two equal values (+0, -0) eager returns the first, but the second for bfloat16
     # (its kernel's operand order, in the vector and the scalar loop alike).
-    return b.op(node.op, [y, x] if _storage(node) == "bf16" else [x, y], t)
+    return b.op(node.op, [y, x] if storage_type(node) == "bf16" else [x, y], t)
 
 
 @rule("fmod", "remainder")
@@ -407,7 +309,7 @@ def _xlogy(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...
     # log(y) to their precision first (ATen computes std::log on the 16-bit type).
     t = out_type(node)
     x, y = to(b, args[0], t), to(b, args[1], t)
-    log = b.round(b.op("log", [y], t), _storage(node))
+    log = b.round(b.op("log", [y], t), storage_type(node))
     product = b.op("mul", [x, log], t)
     zero = b.const(0.0, t)
     y_nan = b.op("ne", [y, y], "b")
@@ -424,12 +326,6 @@ def _bitwise(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, .
     if t == "b":
         return b.op({"bitwise_and": "and", "bitwise_or": "or"}.get(node.op, "ne"), [x, y], "b")
     return b.op({"bitwise_and": "band", "bitwise_or": "bor"}.get(node.op, "bxor"), [x, y], t)
-
-
-def _storage(node: Node) -> str:
-    t = node.outputs[0].type
-    assert isinstance(t, TensorType)
-    return STORAGE_OF[t.dtype]
 
 
 @rule("eq", "ne", "lt", "le", "gt", "ge")
@@ -517,109 +413,6 @@ def accum_scalar(t: Any) -> str:
 CHANNEL_OPERANDS: dict[str, tuple[int, ...]] = {"batch_norm": (1, 2, 3, 4)}
 
 
-# --- activations ----------------------------------------------------------------------------
-def _attr_const(b: KernelBuilder, node: Node, name: str, t: str, storage: bool = False) -> Stmt:
-    """A float attribute in the compute type; ``storage``: rounded to a 16-bit output dtype
-    first (ATen converts it to the tensor's own scalar type)."""
-    c = b.const(float(node.attrs[name]), t)
-    return b.round(c, _storage(node)) if storage else c
-
-
-@rule("leaky_relu")
-def _leaky_relu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    x, t = _unary_float(b, node, args)
-    slope = _attr_const(b, node, "negative_slope", t)
-    positive = b.op("gt", [x, b.const(0.0, t)], "b")
-    return b.op("where", [positive, x, b.op("mul", [x, slope], t)], t)
-
-
-def _relu6_of(b: KernelBuilder, x: Stmt, t: str) -> Stmt:
-    """min(max(x + 3, 0), 6), NaN propagating (ATen's vector loop; its scalar loop agrees)."""
-    shifted = b.op("add", [x, b.const(3.0, t)], t)
-    return b.op("min", [b.op("max", [shifted, b.const(0.0, t)], t), b.const(6.0, t)], t)
-
-
-@rule("hardsigmoid", "hardswish")
-def _hard(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    x, t = _unary_float(b, node, args)
-    y = _relu6_of(b, x, t)
-    if node.op == "hardswish":
-        y = b.op("mul", [x, y], t)
-    return b.op("div", [y, b.const(6.0, t)], t)
-
-
-@rule("elu")
-def _elu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    # NOTE: ATen: negcoef = alpha * scale in the compute type; x <= 0 (or NaN) takes the
-    # expm1 branch as the vector loop does (NaN either way).
-    x, t = _unary_float(b, node, args)
-    alpha, scale = _attr_const(b, node, "alpha", t), _attr_const(b, node, "scale", t)
-    negcoef = b.op("mul", [alpha, scale], t)
-    neg = b.op(
-        "mul",
-        [b.op("expm1", [b.op("mul", [x, _attr_const(b, node, "input_scale", t)], t)], t), negcoef],
-        t,
-    )
-    positive = b.op("gt", [x, b.const(0.0, t)], "b")
-    return b.op("where", [positive, b.op("mul", [x, scale], t), neg], t)
-
-
-@rule("softplus")
-def _softplus(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    x, t = _unary_float(b, node, args)
-    beta = _attr_const(b, node, "beta", t)
-    scaled = b.op("mul", [x, beta], t)
-    above = b.op("gt", [scaled, _attr_const(b, node, "threshold", t)], "b")
-    soft = b.op("div", [b.op("log1p", [b.op("exp", [scaled], t)], t), beta], t)
-    return b.op("where", [above, x, soft], t)
-
-
-@rule("mish")
-def _mish(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    x, t = _unary_float(b, node, args)
-    softplus = b.op("log1p", [b.op("exp", [x], t)], t)
-    return b.op("mul", [x, b.op("tanh", [softplus], t)], t)
-
-
-@rule("logsigmoid")
-def _logsigmoid(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    # NOTE: ATen's forward: min(x, 0) - log1p(exp(-|x|)) (logsigmoid(+inf) is +0).
-    x, t = _unary_float(b, node, args)
-    tail = b.op("log1p", [b.op("exp", [b.op("neg", [b.op("abs", [x], t)], t)], t)], t)
-    return b.op("sub", [b.op("min", [x, b.const(0.0, t)], t), tail], t)
-
-
-@rule("hardshrink", "softshrink")
-def _shrink(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    x, t = _unary_float(b, node, args)
-    # NOTE: hardshrink compares with lambd in the tensor's dtype, softshrink in float (eager).
-    lambd = _attr_const(b, node, "lambd", t, storage=node.op == "hardshrink")
-    neg_lambd = b.op("neg", [lambd], t)
-    if node.op == "hardshrink":
-        inside = b.op("and", [b.op("ge", [x, neg_lambd], "b"), b.op("le", [x, lambd], "b")], "b")
-        return b.op("where", [inside, b.const(0.0, t), x], t)
-    # NOTE: x * 0 keeps the sign of x inside the band (ATen's scalar loop; its vector loop
-    # writes +0 there, and eager's answer depends on an element's position).
-    low = b.op(
-        "where",
-        [
-            b.op("lt", [x, neg_lambd], "b"),
-            b.op("add", [x, lambd], t),
-            b.op("mul", [x, b.const(0.0, t)], t),
-        ],
-        t,
-    )
-    return b.op("where", [b.op("gt", [x, lambd], "b"), b.op("sub", [x, lambd], t), low], t)
-
-
-@rule("threshold")
-def _threshold(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    x, t = _unary_float(b, node, args)
-    bound = _attr_const(b, node, "threshold", t)
-    value = _attr_const(b, node, "value", t)
-    return b.op("where", [b.op("le", [x, bound], "b"), value, x], t)
-
-
 @rule("nan_to_num")
 def _nan_to_num(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
     t = out_type(node)
@@ -633,7 +426,7 @@ def _nan_to_num(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix
     def replacement(name: str, default: float) -> Stmt:
         # NOTE: ATen casts the replacement to the tensor's dtype (double -> float -> 16 bits).
         value = node.attrs[name]
-        return b.round(b.const(default if value is None else float(value), t), _storage(node))
+        return b.round(b.const(default if value is None else float(value), t), storage_type(node))
 
     inf = b.const(math.inf, t)
     y = b.op(
@@ -643,3 +436,6 @@ def _nan_to_num(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix
     )
     y = b.op("where", [b.op("eq", [x, inf], "b"), replacement("posinf", info.max), y], t)
     return b.op("where", [b.op("ne", [x, x], "b"), replacement("nan", 0.0), y], t)
+
+
+RULES.update(ACTIVATIONS)
