@@ -58,9 +58,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from plait.cache.lookup import warn_at_caller
 from plait.errors import CaptureFallbackWarning
-from plait.frontend import CapturedProgram, GuardEnv
+from plait.frontend import CapturedProgram
 from plait.frontend.guard_plan import build_guards
 from plait.frontend.pyvalues import Root, resolve
+from plait.guards import GuardEnv
 
 _LOCAL = threading.local()  # .active: the plans this thread runs, innermost last
 _SLOT = "forward"  # NOTE: nn.Module._call_impl calls self.forward between its hooks

@@ -11,7 +11,8 @@ from typing import Any
 import sympy
 import torch
 
-from plait.frontend.guards import (
+from plait.frontend.state import ModuleState
+from plait.guards.guard import (
     Guard,
     GuardEnv,
     ReadAttrs,
@@ -22,7 +23,6 @@ from plait.frontend.guards import (
     ReadTensors,
     TensorCheck,
 )
-from plait.frontend.state import ModuleState
 from plait.ir import TensorType
 from plait.ir.types import dtype_name
 

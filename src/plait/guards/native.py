@@ -19,11 +19,12 @@ says why.
 
 Example:
     >>> import torch
-    >>> from plait.frontend import GuardEnv, GuardSet, ModuleState
-    >>> from plait.guards import StateFetcher, frozen_guards
+    >>> from plait.frontend import ModuleState
+    >>> from plait.guards import GuardEnv, GuardSet
+    >>> from plait.guards.state import StateFetcher, frozen_guards
     >>> lin = torch.nn.Linear(2, 2)
     >>> fetch = StateFetcher(ModuleState(lin))
-    >>> guards = GuardSet(frozen_guards({"weight": 0}, fetch()))
+    >>> guards = GuardSet(frozen_guards({"weight": 0}, fetch()), EVALUATORS)
     >>> guards.holds(GuardEnv((), [], lin, fetch()))
     True
     >>> guards.evaluator in ("native", status().reason)
@@ -57,7 +58,7 @@ import torch
 from plait.codegen import build
 from plait.codegen.errors import BuildError
 from plait.frontend.guard_build import float_bits
-from plait.frontend.guards import (
+from plait.guards.guard import (
     Guard,
     GuardEnv,
     ReadAttrs,
@@ -69,7 +70,6 @@ from plait.frontend.guards import (
     ReadStructure,
     ReadTensors,
     TensorCheck,
-    use_evaluator,
 )
 from plait.ir.private_files import publish_bytes
 
@@ -371,7 +371,8 @@ def ops(guards: Sequence[Guard]) -> tuple[tuple[tuple[Any, ...], ...], int]:
 
 
 class NativeEvaluators:
-    """What :func:`plait.frontend.guards.use_evaluator` registers (see the module doc)."""
+    """The native evaluator, as a :class:`~plait.guards.guard.GuardSet` is given it (see the
+    module doc): ``compile`` builds or loads the extension at its first call, never at import."""
 
     def compile(self, guards: Sequence[Guard]) -> tuple[Callable[[GuardEnv], bool] | None, str]:
         module = _load()
@@ -398,4 +399,6 @@ def tensor_state(t: torch.Tensor) -> tuple[int, int]:
     return module.tensor_state(t)
 
 
-use_evaluator(NativeEvaluators())
+# NOTE: stateless; plait.api passes it to the guard sets of its specializations (nothing here
+# registers it: a GuardSet made without it runs its guards' Python reads)
+EVALUATORS = NativeEvaluators()

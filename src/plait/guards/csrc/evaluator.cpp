@@ -48,7 +48,7 @@ enum Code {
   CALL = 0, CALL0 = 1, CALLS0 = 2, STRUCTURE = 3, TENSORS = 4, EDGES = 5, ATTRS = 6,
   LEAF_VALUE = 7, LEAF_IS = 8, LEAF_BITS = 9, PYVALUES = 10
 };
-// PYVALUES check kinds (plait.frontend.guards.ReadPyValues)
+// PYVALUES check kinds (plait.guards.guard.ReadPyValues)
 enum PyKind {
   PK_ITEMS = 0, PK_CELL = 1, PK_FUNC = 2, PK_TYPE = 3, PK_DICT = 4, PK_LIST = 5, PK_PYTHON = 6,
   PK_TYPEATTRS = 7
