@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -45,6 +46,12 @@ _PRIORITY = {
     "ambient": 8,
     "structure": 9,
 }
+
+
+def float_bits(value: float) -> int:
+    """The IEEE-754 bit pattern of ``value`` as a signed 64-bit int: ``-0.0`` and ``0.0``
+    differ, a NaN equals the same NaN (``==`` says neither)."""
+    return int(struct.unpack("<q", struct.pack("<d", value))[0])
 
 
 def canonical(value: Any) -> str:

@@ -57,7 +57,6 @@ import torch
 
 from plait.codegen import build
 from plait.codegen.errors import BuildError
-from plait.frontend.guard_build import float_bits
 from plait.guards.guard import (
     Guard,
     GuardEnv,
@@ -70,6 +69,7 @@ from plait.guards.guard import (
     ReadStructure,
     ReadTensors,
     TensorCheck,
+    float_bits,
 )
 from plait.ir.private_files import publish_bytes
 
