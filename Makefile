@@ -22,9 +22,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m benchmarks.model_sources fetch
 	touch $(STAMP)
 
+# NOTE: tests take tolerances from the numerical contract: a numeric atol/rtol outside
+# tests/contract fails lint (tools/check_test_tolerances.py)
 lint: $(STAMP)
-	$(BIN)/ruff check src tests $(wildcard benchmarks)
-	$(BIN)/ruff format --check src tests $(wildcard benchmarks)
+	$(BIN)/ruff check src tests tools $(wildcard benchmarks)
+	$(BIN)/ruff format --check src tests tools $(wildcard benchmarks)
+	$(BIN)/python tools/check_test_tolerances.py tests
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

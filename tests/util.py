@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 
+import plait.contract
 from plait.codegen import packed
 
 # NOTE: probed, never assumed: CI's CPU build of PyTorch has both, so these tests run there
@@ -20,6 +21,13 @@ needs_bf16 = pytest.mark.skipif(
 )
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def contract_tol(op_class: str, dtype: object) -> dict[str, float]:
+    """The numerical contract's ``rtol`` and ``atol`` for ``op_class`` at ``dtype``, as keyword
+    arguments of ``torch.testing.assert_close`` (tests take tolerances from the contract only)."""
+    tol = plait.contract.load().tolerance(op_class, dtype)
+    return {"rtol": tol.rtol, "atol": tol.atol}
 
 
 def assert_bitwise(a: Any, b: Any, what: str = "") -> None:

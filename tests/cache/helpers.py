@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import time
+import types
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
 import plait
 from plait.cache import LocalStore
+from plait.cache import store as store_mod
 
 
 class ConvNet(nn.Module):
@@ -66,3 +72,32 @@ def call_program(program: Any, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         (y,) = program(*args)
     return y
+
+
+def store_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's clock as a counter, a second per reading: the time a write records and the
+    mtime a read sets (``os.utime(path)``) both advance on every use, and start after anything
+    written for real, so the order of entries never rests on the timer's resolution."""
+    ticks = itertools.count(int(time.time()) + 3600)
+    real_utime = os.utime
+
+    def utime(path: Any, times: Any = None, **kwargs: Any) -> None:
+        if times is None and "ns" not in kwargs:
+            now = float(next(ticks))
+            times = (now, now)
+        real_utime(path, times, **kwargs)
+
+    clock = types.SimpleNamespace(time=lambda: float(next(ticks)))
+    monkeypatch.setattr(store_mod, "time", clock)
+    monkeypatch.setattr(store_mod, "os", _OsWith(utime))
+
+
+class _OsWith(types.ModuleType):
+    """``os`` as the store sees it, with its own ``utime``."""
+
+    def __init__(self, utime: Any) -> None:
+        super().__init__("os")
+        self.utime = utime
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from plait.codegen import build, onednn, packed
 from plait.codegen.extern import PreparedWeight
 from plait.guards.guard import Guard, canonical
 from plait.ir import from_text
+from tests.cache.held_check import held_checks
 from tests.cache.helpers import call_program, status, stax_entry
 from tests.cache.test_prepacked_entry import (
     BF16,
@@ -102,9 +102,12 @@ def _refuse(*args: object) -> object:
 
 def _poisoner(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Entries read with get_pending: hash checked, then every tensor and blob poisoned in memory
-    (NaN, 0xFF) and restored only by a slow stand-in for the check."""
+    (NaN, 0xFF) and restored only by a stand-in for the check, held open while the entry is
+    rebuilt (tests.cache.held_check)."""
     log: dict[str, Any] = {"poisoned": 0, "restored": 0}
     real = store_mod.LocalStore.get_pending
+    held = held_checks(monkeypatch)
+    log["stuck"] = held.stuck
 
     def spy(self: Any, key: str) -> Any:
         pending = real(self, key)
@@ -121,13 +124,12 @@ def _poisoner(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         log["poisoned"] += len(kept)
 
         def check() -> None:
-            time.sleep(0.2)  # NOTE: a slow hash: the rebuild runs meanwhile
             for t, orig in kept:
                 t.copy_(orig)
             log["restored"] += 1
 
         pending.check = check
-        return pending
+        return held.hold(pending)
 
     monkeypatch.setattr(store_mod.LocalStore, "get_pending", spy)
     return log
@@ -160,7 +162,7 @@ def test_a_warm_start_reads_the_entry_natively_only_after_its_check(
     log = _poisoner(monkeypatch)
     model, xs = _model(name), inputs(range(400, 403), dtype)
     outs, spec = _compile(model, cache, xs, **opts)
-    assert status(spec) == "hit" and log["restored"] >= 1
+    assert status(spec) == "hit" and log["restored"] >= 1 and log["stuck"] == []
     if opts.get("freeze") is not False:
         assert log["poisoned"] > 0 and spec.compiled.program is not None
         details = [t.detail for t in spec.compiled.program.evidence.nodes.values()]
@@ -201,17 +203,18 @@ def _damage(store: LocalStore, key: str, where: str) -> None:
 
 
 def _slow_hash(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[Pending]]:
-    """A slow real check, and what ran natively on the entry: descriptor imports, reorders, the
-    C++ compiler (on kernels printed from the entry's graph)."""
+    """The real check, held open while the entry is rebuilt (tests.cache.held_check), and what
+    ran natively on the entry: descriptor imports, reorders, the C++ compiler (on kernels
+    printed from the entry's graph)."""
     native: list[str] = []
     pendings: list[Pending] = []
     real = store_mod.LocalStore.get_pending
+    held = held_checks(monkeypatch)
 
     def get_pending(self: Any, key: str) -> Any:
         pending = real(self, key)
         if pending is not None and pending.check is not None:
-            pending.check = lambda check=pending.check: (time.sleep(0.2), check())
-            pendings.append(pending)
+            pendings.append(held.hold(pending))
         return pending
 
     def spy(what: str, fn: Any) -> Any:
@@ -336,12 +339,15 @@ def test_late_reorder_jobs_of_a_corrupt_rebuild_do_not_delete_its_replacement(
     assert status(spec) == "hit"
 
 
-def _race(pending: Pending, n: int = 8) -> list[Any]:
-    """``pending.verified()`` from ``n`` threads at once: each one's payload or error."""
+def _race(pending: Pending, n: int = 8, entering: Any = None) -> list[Any]:
+    """``pending.verified()`` from ``n`` threads at once: each one's payload or error
+    (``entering()``, where given, called by each thread just before it asks)."""
     barrier, results = threading.Barrier(n), []
 
     def call() -> None:
         barrier.wait()
+        if entering is not None:
+            entering()
         try:
             results.append(bytes(pending.verified()))
         except CorruptEntryError as exc:
@@ -362,8 +368,15 @@ def test_pending_verified_checks_once_for_concurrent_callers_and_fails_for_each(
         calls.append("bad")
         raise CorruptEntryError("ab" * 32, "content does not match")
 
-    pending = Pending(memoryview(b"payload"), lambda: (calls.append("good"), time.sleep(0.05)))
-    assert _race(pending) == [b"payload"] * 8 and calls == ["good"] and pending.check is None
+    entered = threading.Semaphore(0)
+
+    def good() -> None:  # NOTE: finishes only once all 8 callers have asked for it
+        calls.append("good")
+        assert all(entered.acquire(timeout=10) for _ in range(8))
+
+    pending = Pending(memoryview(b"payload"), good)
+    results = _race(pending, entering=entered.release)
+    assert results == [b"payload"] * 8 and calls == ["good"] and pending.check is None
     pending = Pending(memoryview(b"payload"), bad)
     results = _race(pending)  # NOTE: every caller, every time, is told; none gets the payload
     assert len(results) == 8 and all(isinstance(r, CorruptEntryError) for r in results)

@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from plait.cache.lookup import CacheWarning
 from plait.codegen import packed
 from plait.codegen.extern import PreparedWeight
 from plait.codegen.plan import ExternStep
+from tests.cache.held_check import held_checks
 from tests.cache.helpers import call_program, status, stax_entry
 from tests.util import needs_bf16, needs_packs
 
@@ -599,15 +600,28 @@ def test_a_rebuild_reads_the_entry_natively_only_once_it_is_verified(
     get_pending, real_import = store_mod.LocalStore.get_pending, packed.import_packed
     real_prepare = PreparedWeight.prepare
 
+    # NOTE: the check finishes only once the reorder job has reached the entry (asked for the
+    # check, or, were it ungated, started reading) and the rebuild has returned: a native read
+    # that does not wait for the check is made while it is pending, however threads are scheduled
+    reached = threading.Event()
+
     def get_pending_spy(self: Any, k: str) -> Any:
         pending = get_pending(self, k)
-        check = pending.check
+        loader, check = threading.get_ident(), pending.check
 
-        def slow_check() -> None:  # NOTE: a hash that takes its time: the rebuild must not wait
-            time.sleep(0.3)
+        def check_after_the_reorder_reached_it() -> None:
+            assert reached.wait(120), "no reorder job reached the entry"
             check()
 
-        pending.check = slow_check
+        pending.check = check_after_the_reorder_reached_it
+        verified = held.hold(pending).verified
+
+        def verified_spy() -> Any:
+            if threading.get_ident() != loader:
+                reached.set()
+            return verified()
+
+        pending.verified = verified_spy  # type: ignore[method-assign]
         pendings.append(pending)
         return pending
 
@@ -617,16 +631,18 @@ def test_a_rebuild_reads_the_entry_natively_only_once_it_is_verified(
 
     def prepare_spy(self: PreparedWeight, w: torch.Tensor) -> None:
         seen.append(("reorder", all(p.check is None for p in pendings)))
+        reached.set()
         real_prepare(self, w)
 
     with monkeypatch.context() as m:
+        held = held_checks(m)
         m.setattr(store_mod.LocalStore, "get_pending", get_pending_spy)
         m.setattr(packed, "import_packed", import_spy)
         m.setattr(PreparedWeight, "prepare", prepare_spy)
         saved = load_compiled(store, key)
         assert saved is not None
         outs = [call_program(saved.program, x) for x in xs]
-    assert len(pendings) == 1
+    assert len(pendings) == 1 and held.stuck == []
     packs = saved.program.plan.packs
     # NOTE: every native read of the entry (oneDNN's descriptor imports, the one reorder) came
     # after its hash check, although the rebuild itself did not wait for it

@@ -4,13 +4,13 @@ an index that is rebuilt when it is garbage; least-recently-used eviction under 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from plait.cache import CorruptEntryError, LocalStore, Store, resolve_store
 from plait.cache.store import decode_entry, encode_entry
+from tests.cache.helpers import store_clock
 
 KEY = "ab" * 32
 OTHER = "cd" * 32
@@ -111,14 +111,15 @@ def test_garbage_index_is_rebuilt_from_the_objects(tmp_path: Path, garbage: byte
     assert fresh.verify().ok
 
 
-def test_lru_eviction_keeps_the_total_under_the_limit(tmp_path: Path) -> None:
+def test_lru_eviction_keeps_the_total_under_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store_clock(monkeypatch)
     store = _store(tmp_path, max_bytes=2500)
     keys = [f"{i:02x}" * 32 for i in range(3)]
     for k in keys:
         store.put(k, b"z" * 1000, {})
-        time.sleep(0.01)
     assert [e.key for e in store.list()] == [keys[2], keys[1]]  # the oldest went
-    time.sleep(0.01)
     assert store.get(keys[1]) is not None  # now the most recently used
     store.put(keys[0], b"z" * 1000, {})
     assert {e.key for e in store.list()} == {keys[0], keys[1]}

@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,8 @@ from plait.ir import from_text
 from plait.ir.chunked_hash import CHUNK, stream_digest
 from plait.ir.identity import weights_hash
 from plait.ir.types import TensorType
-from tests.cache.helpers import call_program, status, stax_entry
-from tests.util import graph_structure, needs_bf16, needs_packs
+from tests.cache.helpers import call_program, status, stax_entry, store_clock
+from tests.util import contract_tol, graph_structure, needs_bf16, needs_packs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,6 +125,7 @@ import os, signal, sys
 import torch
 from torch import nn
 import plait
+import plait.contract
 torch.set_num_threads(1)
 cache, seconds = sys.argv[1], int(sys.argv[2])
 
@@ -142,7 +142,8 @@ if pid == 0:
     m = model(1)
     with torch.no_grad():
         y = plait.compile(m, options={"cache": cache})(x)
-        ok = torch.allclose(y, m(x), rtol=1e-4, atol=1e-4)
+        tol = plait.contract.load().tolerance("model", torch.float32)
+        ok = torch.allclose(y, m(x), rtol=tol.rtol, atol=tol.atol)
     os._exit(0 if ok else 3)
 _, st = os.waitpid(pid, 0)
 print(os.waitstatus_to_exitcode(st))
@@ -191,18 +192,19 @@ def _drop_from_index(store: LocalStore, key: str) -> None:
     path.write_text(json.dumps(data))
 
 
-def test_lru_order_follows_reads_that_only_touch_mtimes(tmp_path: Path) -> None:
+def test_lru_order_follows_reads_that_only_touch_mtimes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store_clock(monkeypatch)
     store = LocalStore(tmp_path / "a", max_bytes=3500)
     keys = [f"{i:02x}" * 32 for i in range(3)]
     payloads = {k: _payload(1000, i) for i, k in enumerate(keys)}
     for k in keys:
         store.put(k, payloads[k], {})
-        time.sleep(0.02)
     index_before = (store.root / "index.json").read_bytes()
     # NOTE: reads by other store objects (other processes) in reverse order of writing
     for k in reversed(keys):
         assert LocalStore(tmp_path / "a").get(k) == payloads[k]
-        time.sleep(0.02)
     assert (store.root / "index.json").read_bytes() == index_before  # NOTE: no index rewrite
     assert [e.key for e in store.list()] == keys  # NOTE: most recently read first
     new = "ff" * 32
@@ -213,7 +215,10 @@ def test_lru_order_follows_reads_that_only_touch_mtimes(tmp_path: Path) -> None:
     assert _on_disk(store) <= store.max_bytes
 
 
-def test_an_entry_missing_from_the_index_still_counts_toward_the_limit(tmp_path: Path) -> None:
+def test_an_entry_missing_from_the_index_still_counts_toward_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store_clock(monkeypatch)
     store = LocalStore(tmp_path / "a", max_bytes=2500)
     orphan = "0a" * 32
     payload = _payload(1000, 1)
@@ -222,7 +227,6 @@ def test_an_entry_missing_from_the_index_still_counts_toward_the_limit(tmp_path:
     fresh = LocalStore(tmp_path / "a", max_bytes=2500)
     assert fresh.get(orphan) == payload  # NOTE: it is used: a hit
     for i in range(3):
-        time.sleep(0.02)
         fresh.put(f"{i + 0x10:02x}" * 32, _payload(1000, 10 + i), {})
     assert _on_disk(fresh) <= fresh.max_bytes, (
         f"{_on_disk(fresh)} bytes on disk under a limit of {fresh.max_bytes}; "
@@ -398,8 +402,9 @@ def test_a_toolchain_memo_is_keyed_by_the_compiler_binary(
         assert first.cxx == str(fake) and first.version.startswith("fake-compiler")
         build.toolchain.cache_clear()
         assert build.toolchain().version == first.version  # NOTE: remembered, not re-run
-        time.sleep(0.01)
+        written = fake.stat().st_mtime_ns
         fake.write_text("#!/bin/sh\necho other-compiler\n")  # NOTE: another binary, same path
+        os.utime(fake, ns=(written + 10**9,) * 2)  # NOTE: a second later, at any timer resolution
         build.toolchain.cache_clear()
         assert build.toolchain().version == "other-compiler"
     finally:
@@ -497,7 +502,7 @@ def test_a_frozen_weight_changed_in_place_after_a_warm_start_is_not_served_stale
     assert len(warm.specializations) == 2 and status(warm.specializations[-1]) == "miss"
     _check(model, warm, _inputs())
     with torch.no_grad():
-        torch.testing.assert_close(got, model(x1), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got, model(x1), **contract_tol("model", torch.float32))
     # NOTE: the changed weights in another instance (a new process) hit the new entry
     again = _model()
     with torch.no_grad():
@@ -542,6 +547,8 @@ import torch
 sys.path.insert(0, sys.argv[2])
 from tests.cache.test_warm_start_format_attacks import _inputs, _model
 import plait
+import plait.contract
+tol = plait.contract.load().tolerance("model", torch.float32)
 model = _model(seed=int(sys.argv[3]))
 compiled = plait.compile(model, options={"cache": sys.argv[1]})
 x = _inputs()(int(sys.argv[4]))[0]
@@ -555,7 +562,7 @@ print(json.dumps({
     "status": [s.manifest.cache["status"] for s in specs],
     "first": first.flatten().tolist(),
     "second": second.flatten().tolist(),
-    "close": bool(torch.allclose(second, eager, rtol=1e-4, atol=1e-4)),
+    "close": bool(torch.allclose(second, eager, rtol=tol.rtol, atol=tol.atol)),
 }))
 """
 
@@ -584,7 +591,9 @@ def test_in_place_change_after_a_warm_start_in_a_new_process(tmp_path: Path) -> 
         model.conv.weight.add_(0.25)
         assert not torch.equal(torch.tensor(result["second"]), cold.flatten())
         torch.testing.assert_close(
-            torch.tensor(result["second"]).view_as(cold), model(x), rtol=1e-4, atol=1e-4
+            torch.tensor(result["second"]).view_as(cold),
+            model(x),
+            **contract_tol("model", torch.float32),
         )
 
 

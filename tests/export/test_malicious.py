@@ -267,6 +267,14 @@ CORPUS: dict[str, tuple[Callable[[dict[str, bytes]], Any], type[Exception], str]
         lambda m: crafting.reindexed(m, stax_options={"kernels_per_unit": 0}),
         ArtifactFormatError, "stax_options kernels_per_unit=0",
     ),
+    "stax-printer": (
+        lambda m: crafting.reindexed(m, stax_options={"kernels": "fortran"}),
+        ArtifactFormatError, "stax_options: kernels='fortran'",
+    ),
+    "stax-trials": (
+        lambda m: crafting.reindexed(m, stax_options={"tvm_tune": -1}),
+        ArtifactFormatError, "stax_options tvm_tune=-1",
+    ),
     "json-nan": (
         lambda m: crafting.reindexed({**m, "calling.json": b'{"signature": NaN}'}),
         ArtifactFormatError, "calling.json: not JSON",

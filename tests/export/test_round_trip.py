@@ -125,7 +125,9 @@ def _run_child(exported: dict[str, Any], trusted: bool, env: dict[str, str]) -> 
     (root / f"{tag}.plan.json").write_text(json.dumps(plan))
     work = root / f"cwd-{tag}"
     work.mkdir()
-    full_env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", **env}
+    # NOTE: bitwise equality holds at the same thread count (parallel reductions split by it)
+    threads = str(torch.get_num_threads())
+    full_env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": threads, **env}
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, str(root / f"{tag}.plan.json")],
         cwd=work,

@@ -38,7 +38,7 @@ COVERED = {
     ("frontend/guard_build.py", "is_grad_enabled"): "guard grad_mode",
     ("frontend/guard_build.py", "get_default_dtype"): "guard torch.get_default_dtype()",
     ("frontend/guard_build.py", "is_autocast_enabled"): "guard torch.autocast",
-    ("frontend/tracer.py", "is_grad_enabled"): "guard grad_mode (capture's own)",
+    ("frontend/capture_values.py", "is_grad_enabled"): "guard grad_mode (capture's own)",
     ("backends.py", "is_grad_enabled"): "guard grad_mode (decides freezing and the backend)",
     ("guards/state.py", "is_grad_enabled"): "guard grad_mode (what the frozen guard reads)",
     ("codegen/onednn.py", "mkldnn.is_available"): "key ambient.mkldnn_available",
@@ -52,14 +52,14 @@ COVERED = {
     ("codegen/tvm_build.py", "get_num_threads"): "guard torch.get_num_threads() (TVM's thread "
     "pool sized as the C++ kernels' OpenMP; speed only)",
     ("runtime/program.py", "cpu_count"): "build parallelism only: the same libraries",
-    ("runtime/runner.py", "is_grad_enabled"): "read per call, at run time (nothing compiled)",
+    ("runtime/runner_emit.py", "is_grad_enabled"): "read per call, at run time (nothing compiled)",
     ("autograd/function.py", "is_grad_enabled"): "read in the compiled backward, at run time: "
     "refuses a second-order gradient (nothing compiled)",
     ("autograd/function.py", "is_autocast_enabled"): "read per call, at run time: turns autocast "
     "off while a compiled program runs (nothing compiled)",
     ("distributed/release.py", "is_grad_enabled"): "read in the compiled backward released by "
     "bucket, at run time: refuses a second-order gradient (nothing compiled)",
-    ("frontend/tracer.py", "is_autocast_enabled"): "guard torch.autocast (whether capture "
+    ("frontend/capture_values.py", "is_autocast_enabled"): "guard torch.autocast (whether capture "
     "writes autocast's casts, frontend.autocast)",
     ("frontend/autocast.py", "is_autocast_enabled"): "guard torch.autocast (its dtype too: capture "
     "writes its casts)",

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import plait
+from tests.util import assert_bitwise
 
 NO_CACHE = {"cache": False}
 
@@ -53,7 +54,7 @@ def test_input_type_guards(first: Any, second: Any, needles: list[str]) -> None:
         f(first)
     assert len(f.specializations) == 1 and not f.recompile_reasons
     out = f(second)
-    torch.testing.assert_close(out, scale(second), rtol=0, atol=0)
+    assert_bitwise(out, scale(second))
     _one_recompile(f, *needles)
     f(second)
     f(first)
@@ -114,11 +115,11 @@ def test_layout_not_read_is_not_guarded(backend: str) -> None:
     f = _compiled(scale, backend=backend)
     f(torch.randn(4, 6))
     strided = torch.randn(6, 4).t()
-    torch.testing.assert_close(f(strided), scale(strided), rtol=0, atol=0)
+    assert_bitwise(f(strided), scale(strided))
     nhwc = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
     g = _compiled(scale, backend=backend)
     g(torch.randn(2, 3, 4, 5))
-    torch.testing.assert_close(g(nhwc), scale(nhwc), rtol=0, atol=0)
+    assert_bitwise(g(nhwc), scale(nhwc))
     assert len(f.specializations) == len(g.specializations) == 1
 
 
@@ -208,7 +209,7 @@ def test_non_frozen_parameter_change_is_no_recompile() -> None:
     with torch.no_grad():
         f(x)
         model.conv.weight.mul_(1.5)
-        torch.testing.assert_close(f(x), model(x), rtol=0, atol=0)
+        assert_bitwise(f(x), model(x))
     assert len(f.specializations) == 1
 
 
@@ -333,7 +334,7 @@ def test_ambient_setting_guard(name: str, backend: str, restore: list[Callable[[
     undo = AMBIENT_CASES[name]()
     restore.append(undo)
     out = f(x)
-    torch.testing.assert_close(out, scale(x), rtol=0, atol=0)
+    assert_bitwise(out, scale(x))
     reason = _one_recompile(f, name)
     # NOTE: PyTorch couples some settings (allow_tf32 sets the matmul precision): the reason
     # then names both; the one changed here is among them, with its expected and actual value.

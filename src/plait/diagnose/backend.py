@@ -36,7 +36,8 @@ from plait.diagnose.values import evaluate, producers
 from plait.ir import Graph, Node
 from plait.runtime import StaxOptions, compile_graph
 from plait.runtime.program import StaxProgram
-from plait.runtime.runner import build_runner, step_outputs
+from plait.runtime.runner import build_runner
+from plait.runtime.runner_emit import step_outputs
 
 
 def program_inputs(graph: Graph, inputs: Mapping[str, Any]) -> list[Any]:

@@ -263,6 +263,10 @@ def _stax_options(doc: dict[str, Any], defaults: Any) -> dict[str, Any]:
             ok = False
         if not ok:
             raise ArtifactFormatError(f"artifact.json: stax_options {key}={value!r}")
+    try:  # NOTE: the options' own checks (a known kernel printer, a count of TVM trials)
+        type(defaults)(**doc)
+    except (TypeError, ValueError) as exc:
+        raise ArtifactFormatError(f"artifact.json: stax_options: {exc}") from exc
     return dict(doc)
 
 

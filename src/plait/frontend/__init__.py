@@ -28,6 +28,7 @@ from plait.frontend import (  # noqa: F401  (rules)
     lower_meta,
     lower_movement,
     lower_nn,
+    lower_reduction,
     lower_shape,
     lower_statistics,
 )

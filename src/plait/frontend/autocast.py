@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from plait.frontend import pytree
-from plait.frontend.tracer import CaptureContext, Tracer, pytree_leaves
+from plait.frontend.capture_values import Tracer
+from plait.frontend.tracer import CaptureContext, pytree_leaves
 from plait.frontend.writes import write_targets
 
 

@@ -110,7 +110,8 @@ def check_new_nodes(cx: CaptureContext, first: int) -> None:
 
 def unbacked_operand(cx: CaptureContext, args: Any) -> str | None:
     """The type of the first tensor in ``args`` whose size depends on tensor values."""
-    from plait.frontend.tracer import Tracer, pytree_leaves
+    from plait.frontend.capture_values import Tracer
+    from plait.frontend.tracer import pytree_leaves
 
     for x in pytree_leaves(args):
         if isinstance(x, Tracer) and x._cx is cx and (x._value is not None or x._lift is not None):
@@ -285,7 +286,7 @@ def refuse_unruled(cx: CaptureContext, args: tuple, kwargs: dict) -> None:
 
 def refuse_operands(cx: CaptureContext, name: str, operands: Any) -> None:
     """An IR op's type rule rejected operands of which one has an unbacked size."""
-    from plait.frontend.tracer import _flat
+    from plait.frontend.capture_values import _flat
 
     for o in _flat(operands):
         if isinstance(o, Value) and unbacked_type(o.type):

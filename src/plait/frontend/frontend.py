@@ -29,6 +29,7 @@ from torch import nn
 from plait import logs
 from plait.errors import GraphCaptureError
 from plait.frontend import datadep, pytree
+from plait.frontend.capture_values import Lift, Restart, Tracer
 from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
 from plait.frontend.guard_plan import GuardPlan, build_guards
 from plait.frontend.inputs import InputAdapter
@@ -38,7 +39,7 @@ from plait.frontend.pyvalues import Root
 from plait.frontend.rng import keep_last_draw
 from plait.frontend.state import ModuleState
 from plait.frontend.symints import TracedInt, TracedSize
-from plait.frontend.tracer import CaptureContext, Lift, Restart, Tracer, storage_id
+from plait.frontend.tracer import CaptureContext, storage_id
 from plait.ir import Value, semantic_hash, to_text
 
 _KIND_RANK = {"user": 0, "param": 1, "buffer": 2, "const": 3}

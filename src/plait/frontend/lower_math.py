@@ -1,4 +1,5 @@
-"""Rules for pointwise math, comparisons, casts, reductions, softmax and matmul.
+"""Rules for pointwise math, comparisons, casts and matmul (reductions and softmax:
+:mod:`plait.frontend.lower_reduction`).
 
 NOTE: operands keep eager's order and Python scalars stay literals, so the IR's type rules (which
 ask ``torch.result_type``) and reference implementations compute exactly what eager does.
@@ -12,26 +13,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from plait.frontend.lower_common import T, both, call_binary, dtype_of, fns
 from plait.frontend.table import InPlace, NoIROp, Viewed, op
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.views import ViewStep
-from plait.ir import TensorType, Value
-
-T = torch.Tensor
-
-
-def _fns(owner: Any, *names: str) -> list[Any]:
-    return [getattr(owner, n) for n in names if hasattr(owner, n)]
-
-
-def _both(*names: str) -> list[Any]:
-    return _fns(torch, *names) + _fns(T, *names)
-
-
-def _dtype_of(v: Value) -> torch.dtype:
-    assert isinstance(v.type, TensorType)
-    return v.type.dtype
-
+from plait.ir import Value
 
 # --- unary -----------------------------------------------------------------------------------
 _UNARY = {
@@ -81,16 +67,16 @@ def _unary(ir_op: str, names: tuple[str, ...]) -> None:
         v: Value = cx.call(ir_op, cx.value(x))
         return v
 
-    op(*_both(*names))(emit)
-    op(*_both(*(n + "_" for n in names)), inplace=True)(emit)
+    op(*both(*names))(emit)
+    op(*both(*(n + "_" for n in names)), inplace=True)(emit)
 
 
 for _ir, _names in _UNARY.items():
     _unary(_ir, _names)
 for _ir, _name in _SPECIAL.items():
-    op(*_fns(torch.special, _name))(lambda cx, out, x, _ir=_ir: cx.call(_ir, cx.value(x)))
+    op(*fns(torch.special, _name))(lambda cx, out, x, _ir=_ir: cx.call(_ir, cx.value(x)))
 for _name in _PREDICATES:
-    op(*_both(_name))(lambda cx, out, x, _ir=_name: cx.call(_ir, cx.value(x)))
+    op(*both(_name))(lambda cx, out, x, _ir=_name: cx.call(_ir, cx.value(x)))
 
 
 def _nan_to_num(
@@ -114,8 +100,8 @@ def _nan_to_num(
     return v
 
 
-op(*_both("nan_to_num"))(_nan_to_num)
-op(T.nan_to_num_, *_fns(torch, "nan_to_num_"), inplace=True)(_nan_to_num)
+op(*both("nan_to_num"))(_nan_to_num)
+op(T.nan_to_num_, *fns(torch, "nan_to_num_"), inplace=True)(_nan_to_num)
 
 
 def _round(cx: CaptureContext, out: Any, x: Any, *, decimals: Any = 0) -> Value:
@@ -123,11 +109,11 @@ def _round(cx: CaptureContext, out: Any, x: Any, *, decimals: Any = 0) -> Value:
     return v
 
 
-op(*_both("round"), *_fns(torch.special, "round"))(_round)
-op(T.round_, *_fns(torch, "round_"), inplace=True)(_round)
+op(*both("round"), *fns(torch.special, "round"))(_round)
+op(T.round_, *fns(torch, "round_"), inplace=True)(_round)
 
 
-@op(*_both("square"))
+@op(*both("square"))
 def _square(cx: CaptureContext, out: Any, x: Any) -> Value:
     # NOTE: eager's square is pow(x, 2) (bool squares to int64, as pow does).
     v: Value = cx.call("pow", cx.value(x), 2)
@@ -137,7 +123,7 @@ def _square(cx: CaptureContext, out: Any, x: Any) -> Value:
 op(T.square_, inplace=True)(_square)
 
 
-@op(*_both("positive"))
+@op(*both("positive"))
 def _positive(cx: CaptureContext, out: Any, x: Any) -> Viewed:
     """``positive`` returns its argument itself."""
     return Viewed(cx.value(x), x, (ViewStep("identity"),))
@@ -157,10 +143,10 @@ def _scale_by(factor: float) -> Any:
     return emit
 
 
-op(*_both("deg2rad"))(_scale_by(_RADIANS_PER_DEGREE))
-op(*_both("rad2deg"))(_scale_by(_DEGREES_PER_RADIAN))
-op(T.deg2rad_, *_fns(torch, "deg2rad_"), inplace=True)(_scale_by(_RADIANS_PER_DEGREE))
-op(T.rad2deg_, *_fns(torch, "rad2deg_"), inplace=True)(_scale_by(_DEGREES_PER_RADIAN))
+op(*both("deg2rad"))(_scale_by(_RADIANS_PER_DEGREE))
+op(*both("rad2deg"))(_scale_by(_DEGREES_PER_RADIAN))
+op(T.deg2rad_, *fns(torch, "deg2rad_"), inplace=True)(_scale_by(_RADIANS_PER_DEGREE))
+op(T.rad2deg_, *fns(torch, "rad2deg_"), inplace=True)(_scale_by(_DEGREES_PER_RADIAN))
 
 op(F.sigmoid)(lambda cx, out, x: cx.call("sigmoid", cx.value(x)))
 op(F.tanh)(lambda cx, out, x: cx.call("tanh", cx.value(x)))
@@ -169,7 +155,7 @@ op(F.tanh)(lambda cx, out, x: cx.call("tanh", cx.value(x)))
 @op(T.__invert__)
 def _invert(cx: CaptureContext, out: Any, x: Any) -> Value:
     v = cx.value(x)
-    out_v: Value = cx.call("logical_not" if _dtype_of(v) == torch.bool else "bitwise_not", v)
+    out_v: Value = cx.call("logical_not" if dtype_of(v) == torch.bool else "bitwise_not", v)
     return out_v
 
 
@@ -207,9 +193,6 @@ def _f_hardtanh(
 
 
 # --- binary ----------------------------------------------------------------------------------
-def _bin(cx: CaptureContext, ir_op: str, a: Any, b: Any, **attrs: Any) -> Value:
-    v: Value = cx.call(ir_op, cx.operand(a), cx.operand(b), **attrs)
-    return v
 
 
 def _binary(
@@ -221,10 +204,10 @@ def _binary(
 ) -> None:
     def emit(cx: CaptureContext, out: Any, a: Any, b: Any, *, alpha: Any = 1) -> Value:
         attrs = {"alpha": cx.operand(alpha)} if ir_op in ("add", "sub") else {}
-        return _bin(cx, ir_op, a, b, **attrs)
+        return call_binary(cx, ir_op, a, b, **attrs)
 
     def emit_reflected(cx: CaptureContext, out: Any, a: Any, b: Any) -> Value:
-        return _bin(cx, ir_op, b, a)
+        return call_binary(cx, ir_op, b, a)
 
     op(*funcs)(emit)
     op(*inplace, inplace=True)(emit)
@@ -232,16 +215,14 @@ def _binary(
         op(*reflected)(emit_reflected)
 
 
-_binary("add", [*_both("add"), T.__add__, T.__radd__], [T.add_, T.__iadd__])
+_binary("add", [*both("add"), T.__add__, T.__radd__], [T.add_, T.__iadd__])
 _binary(
-    "sub", [*_both("sub", "subtract"), T.__sub__], [T.sub_, T.subtract_, T.__isub__], [T.__rsub__]
+    "sub", [*both("sub", "subtract"), T.__sub__], [T.sub_, T.subtract_, T.__isub__], [T.__rsub__]
 )
-_binary(
-    "mul", [*_both("mul", "multiply"), T.__mul__, T.__rmul__], [T.mul_, T.multiply_, T.__imul__]
-)
-_binary("pow", [*_both("pow"), T.__pow__], [T.pow_, T.__ipow__], [T.__rpow__])
-_binary("maximum", _both("maximum"), [])
-_binary("minimum", _both("minimum"), [])
+_binary("mul", [*both("mul", "multiply"), T.__mul__, T.__rmul__], [T.mul_, T.multiply_, T.__imul__])
+_binary("pow", [*both("pow"), T.__pow__], [T.pow_, T.__ipow__], [T.__rpow__])
+_binary("maximum", both("maximum"), [])
+_binary("minimum", both("minimum"), [])
 for _ir, _names in {
     "eq": ("eq",),
     "ne": ("ne", "not_equal"),
@@ -250,44 +231,44 @@ for _ir, _names in {
     "gt": ("gt", "greater"),
     "ge": ("ge", "greater_equal"),
 }.items():
-    _binary(_ir, [*_both(*_names), getattr(T, f"__{_ir}__")], [])
-_binary("logical_and", _both("logical_and"), [])
-_binary("logical_or", _both("logical_or"), [])
-_binary("logical_xor", _both("logical_xor"), [T.logical_xor_])
-_binary("atan2", _both("atan2", "arctan2"), [T.atan2_, T.arctan2_])
-_binary("hypot", _both("hypot"), [T.hypot_])
-_binary("copysign", _both("copysign"), [T.copysign_])
-_binary("fmod", _both("fmod"), [T.fmod_])
-_binary("remainder", [*_both("remainder"), T.__mod__], [T.remainder_, T.__imod__], [T.__rmod__])
-_binary("fmax", _both("fmax"), [])
-_binary("fmin", _both("fmin"), [])
-_binary("xlogy", [*_both("xlogy"), *_fns(torch.special, "xlogy")], [T.xlogy_])
+    _binary(_ir, [*both(*_names), getattr(T, f"__{_ir}__")], [])
+_binary("logical_and", both("logical_and"), [])
+_binary("logical_or", both("logical_or"), [])
+_binary("logical_xor", both("logical_xor"), [T.logical_xor_])
+_binary("atan2", both("atan2", "arctan2"), [T.atan2_, T.arctan2_])
+_binary("hypot", both("hypot"), [T.hypot_])
+_binary("copysign", both("copysign"), [T.copysign_])
+_binary("fmod", both("fmod"), [T.fmod_])
+_binary("remainder", [*both("remainder"), T.__mod__], [T.remainder_, T.__imod__], [T.__rmod__])
+_binary("fmax", both("fmax"), [])
+_binary("fmin", both("fmin"), [])
+_binary("xlogy", [*both("xlogy"), *fns(torch.special, "xlogy")], [T.xlogy_])
 for _kind in ("and", "or", "xor"):
     _binary(
         f"bitwise_{_kind}",
-        _both(f"bitwise_{_kind}"),
+        both(f"bitwise_{_kind}"),
         [getattr(T, f"bitwise_{_kind}_"), getattr(T, f"__i{_kind}__")],
     )
 
 
 @op(torch.rsub)
 def _rsub(cx: CaptureContext, out: Any, x: Any, other: Any, alpha: Any = 1) -> Value:
-    return _bin(cx, "sub", other, x, alpha=cx.operand(alpha))
+    return call_binary(cx, "sub", other, x, alpha=cx.operand(alpha))
 
 
 def _div(
     cx: CaptureContext, out: Any, a: Any, b: Any, *, rounding_mode: str | None = None
 ) -> Value:
-    return _bin(cx, "div", a, b, rounding_mode=rounding_mode)
+    return call_binary(cx, "div", a, b, rounding_mode=rounding_mode)
 
 
-op(*_both("div", "divide", "true_divide"), T.__truediv__, T.__div__)(_div)
+op(*both("div", "divide", "true_divide"), T.__truediv__, T.__div__)(_div)
 op(T.div_, T.divide_, T.true_divide_, T.__itruediv__, inplace=True)(_div)
-op(*_both("floor_divide"), T.__floordiv__)(
-    lambda cx, out, a, b: _bin(cx, "div", a, b, rounding_mode="floor")
+op(*both("floor_divide"), T.__floordiv__)(
+    lambda cx, out, a, b: call_binary(cx, "div", a, b, rounding_mode="floor")
 )
 op(T.floor_divide_, T.__ifloordiv__, inplace=True)(
-    lambda cx, out, a, b: _bin(cx, "div", a, b, rounding_mode="floor")
+    lambda cx, out, a, b: call_binary(cx, "div", a, b, rounding_mode="floor")
 )
 
 
@@ -304,12 +285,12 @@ def _bitwise_operator(cx: CaptureContext, out: Any, a: Any, b: Any) -> Value:
     tensor); on bools the logical ops."""
     kind = cx.current.rsplit(".", 1)[-1].strip("_").removeprefix("r")
     if out.dtype == torch.bool and kind != "xor" and isinstance(b, T):
-        return _bin(cx, f"logical_{kind}", a, b)
-    return _bin(cx, f"bitwise_{kind}", a, b)
+        return call_binary(cx, f"logical_{kind}", a, b)
+    return call_binary(cx, f"bitwise_{kind}", a, b)
 
 
 # --- select, clamp, casts ----------------------------------------------------------------
-@op(*_both("where"))
+@op(*both("where"))
 def _where(cx: CaptureContext, out: Any, cond: Any, a: Any = None, b: Any = None) -> Value:
     if a is None or b is None:
         cx.fail(
@@ -325,10 +306,10 @@ def _where(cx: CaptureContext, out: Any, cond: Any, a: Any = None, b: Any = None
 
 def _masked_fill(cx: CaptureContext, out: Any, x: Any, mask: Any, value: Any) -> Value:
     vx = cx.value(x)
-    dtype = _dtype_of(vx)
+    dtype = dtype_of(vx)
     if isinstance(value, T):
         fill: Any = cx.value(value)
-        if _dtype_of(fill) != dtype:
+        if dtype_of(fill) != dtype:
             fill = cx.call("to_dtype", fill, dtype=dtype)
     else:
         # NOTE: masked_fill converts the scalar to x's dtype first; so do we.
@@ -338,12 +319,12 @@ def _masked_fill(cx: CaptureContext, out: Any, x: Any, mask: Any, value: Any) ->
         elif not dtype.is_floating_point:
             fill = int(fill)
     v: Value = cx.call("where", cx.value(mask), fill, vx)
-    if _dtype_of(v) != dtype:
+    if dtype_of(v) != dtype:
         v = cx.call("to_dtype", v, dtype=dtype)
     return v
 
 
-op(*_both("masked_fill"))(_masked_fill)
+op(*both("masked_fill"))(_masked_fill)
 op(T.masked_fill_, inplace=True)(_masked_fill)
 
 
@@ -359,7 +340,7 @@ def _clamp(cx: CaptureContext, out: Any, x: Any, min: Any = None, max: Any = Non
                 else cx.call(
                     "full",
                     shape=(),
-                    dtype=_dtype_of(v),
+                    dtype=dtype_of(v),
                     device=str(v.type.device),  # type: ignore[union-attr]
                     value=cx.operand(bound),
                 )
@@ -370,10 +351,10 @@ def _clamp(cx: CaptureContext, out: Any, x: Any, min: Any = None, max: Any = Non
     return out_v
 
 
-op(*_both("clamp", "clip"))(_clamp)
-op(T.clamp_, T.clip_, *_fns(torch, "clamp_", "clip_"), inplace=True)(_clamp)
-op(*_both("clamp_min"))(lambda cx, out, x, m: _clamp(cx, out, x, min=m))
-op(*_both("clamp_max"))(lambda cx, out, x, m: _clamp(cx, out, x, max=m))
+op(*both("clamp", "clip"))(_clamp)
+op(T.clamp_, T.clip_, *fns(torch, "clamp_", "clip_"), inplace=True)(_clamp)
+op(*both("clamp_min"))(lambda cx, out, x, m: _clamp(cx, out, x, min=m))
+op(*both("clamp_max"))(lambda cx, out, x, m: _clamp(cx, out, x, max=m))
 op(T.clamp_min_, inplace=True)(lambda cx, out, x, m: _clamp(cx, out, x, min=m))
 op(T.clamp_max_, inplace=True)(lambda cx, out, x, m: _clamp(cx, out, x, max=m))
 
@@ -390,7 +371,7 @@ def _convert(cx: CaptureContext, out: Any, x: Any) -> Any:
             f"moving a tensor from {tr._plain.device} to {out.device} inside the "
             "program has no IR op"
         )
-    if out.dtype != _dtype_of(v):
+    if out.dtype != dtype_of(v):
         v = cx.call("to_dtype", v, dtype=out.dtype)
     return Viewed(v, x, (ViewStep("identity"),))
 
@@ -412,7 +393,7 @@ _CASTS = [
     "cpu",
     "cuda",
 ]
-op(*_fns(T, *_CASTS))(lambda cx, out, x, *args, **kwargs: _convert(cx, out, x))
+op(*fns(T, *_CASTS))(lambda cx, out, x, *args, **kwargs: _convert(cx, out, x))
 
 
 def _tri(name: str) -> Any:
@@ -423,187 +404,13 @@ def _tri(name: str) -> Any:
     return emit
 
 
-op(*_both("triu"))(_tri("triu"))
-op(*_both("tril"))(_tri("tril"))
+op(*both("triu"))(_tri("triu"))
+op(*both("tril"))(_tri("tril"))
 op(T.triu_, inplace=True)(_tri("triu"))
 op(T.tril_, inplace=True)(_tri("tril"))
 
 
-# --- reductions ------------------------------------------------------------------------
-def _dims(cx: CaptureContext, dim: Any) -> tuple[int, ...] | None:
-    if dim is None:
-        return None
-    if isinstance(dim, (list, tuple)):
-        return tuple(cx.int(d) for d in dim) or None
-    return (cx.int(dim),)
-
-
-def _reduce(name: str) -> Any:
-    def emit(
-        cx: CaptureContext,
-        out: Any,
-        x: Any,
-        dim: Any = None,
-        keepdim: bool = False,
-        *,
-        dtype: torch.dtype | None = None,
-    ) -> Value:
-        v: Value = cx.call(
-            name, cx.value(x), dims=_dims(cx, dim), keepdim=bool(keepdim), dtype=dtype
-        )
-        return v
-
-    return emit
-
-
-op(*_both("sum"))(_reduce("sum"))
-op(*_both("mean"))(_reduce("mean"))
-
-
-@op(*_both("nansum"))
-def _nansum(cx: CaptureContext, out: Any, x: Any, *args: Any, **kwargs: Any) -> Value:
-    if out.dtype in (torch.bfloat16, torch.float16) or _dtype_of(cx.value(x)) in (
-        torch.bfloat16,
-        torch.float16,
-    ):
-        raise NoIROp("nansum of 16-bit floats accumulates in 16 bits in eager")
-    v: Value = _reduce("nansum")(cx, out, x, *args, **kwargs)
-    return v
-
-
-def _logical_reduce(name: str) -> Any:
-    def emit(cx: CaptureContext, out: Any, x: Any, dim: Any = None, keepdim: bool = False) -> Value:
-        if isinstance(dim, (list, tuple)) and len(dim) == 0:
-            raise NoIROp(f"{name}(dim=()) reduces no dim")
-        v: Value = cx.call(name, cx.value(x), dims=_dims(cx, dim), keepdim=bool(keepdim))
-        return v
-
-    return emit
-
-
-op(*_both("all"))(_logical_reduce("all"))
-op(*_both("any"))(_logical_reduce("any"))
-
-
-@op(*_both("count_nonzero"))
-def _count_nonzero(cx: CaptureContext, out: Any, x: Any, dim: Any = None) -> Value:
-    v: Value = cx.call("count_nonzero", cx.value(x), dims=_dims(cx, dim))
-    return v
-
-
-@op(*_both("prod"))
-def _prod(
-    cx: CaptureContext,
-    out: Any,
-    x: Any,
-    dim: Any = None,
-    keepdim: bool = False,
-    *,
-    dtype: torch.dtype | None = None,
-) -> Value:
-    if isinstance(dim, torch.dtype):  # prod(x, dtype) positionally
-        dim, dtype = None, dim
-    v: Value = cx.call("prod", cx.value(x), dims=_dims(cx, dim), keepdim=bool(keepdim), dtype=dtype)
-    return v
-
-
-@op(*_both("logsumexp"), *_fns(torch.special, "logsumexp"))
-def _logsumexp(cx: CaptureContext, out: Any, x: Any, dim: Any, keepdim: bool = False) -> Value:
-    dims = _dims(cx, dim)
-    if dims is None:
-        raise NoIROp("logsumexp(dim=()) has no IR op")
-    v: Value = cx.call("logsumexp", cx.value(x), dims=dims, keepdim=bool(keepdim))
-    return v
-
-
-def _amax(name: str) -> Any:
-    def emit(cx: CaptureContext, out: Any, x: Any, dim: Any = (), keepdim: bool = False) -> Value:
-        v: Value = cx.call(name, cx.value(x), dims=_dims(cx, dim), keepdim=bool(keepdim))
-        return v
-
-    return emit
-
-
-op(*_both("amax"))(_amax("amax"))
-op(*_both("amin"))(_amax("amin"))
-
-
-def _max(reduce: str, pointwise: str) -> Any:
-    def emit(cx: CaptureContext, out: Any, x: Any, *args: Any, **kwargs: Any) -> Value:
-        other = args[0] if args else kwargs.get("other")
-        if isinstance(other, T):
-            return _bin(cx, pointwise, x, other)
-        if args or kwargs:
-            raise NoIROp(
-                f"{reduce[1:]}(dim) also returns indices; there is no IR op for arg{reduce[1:]}"
-            )
-        v: Value = cx.call(reduce, cx.value(x), dims=None, keepdim=False)
-        return v
-
-    return emit
-
-
-op(*_both("max"))(_max("amax", "maximum"))
-op(*_both("min"))(_max("amin", "minimum"))
-
-
-@op(*_both("var"))
-def _var(
-    cx: CaptureContext,
-    out: Any,
-    x: Any,
-    *args: Any,
-    dim: Any = None,
-    unbiased: bool | None = None,
-    correction: Any = None,
-    keepdim: bool = False,
-) -> Value:
-    rest = list(args)
-    if rest and isinstance(rest[0], bool):
-        unbiased = rest.pop(0)
-    elif rest:
-        dim = rest.pop(0)
-        if rest:
-            unbiased = rest.pop(0)
-        if rest:
-            keepdim = rest.pop(0)
-    if correction is None:
-        correction = 0 if unbiased is False else 1
-    v: Value = cx.call(
-        "var",
-        cx.value(x),
-        dims=_dims(cx, dim),
-        correction=cx.operand(correction),
-        keepdim=bool(keepdim),
-    )
-    return v
-
-
-def _softmax(name: str) -> Any:
-    def emit(
-        cx: CaptureContext,
-        out: Any,
-        x: Any,
-        dim: Any = None,
-        *rest: Any,
-        dtype: torch.dtype | None = None,
-        _stacklevel: int = 3,
-    ) -> Value:
-        if rest and isinstance(rest[-1], torch.dtype):
-            dtype = rest[-1]
-        if dim is None:
-            cx.limitation(f"{name} without dim (the implicit dim is deprecated)")
-        v: Value = cx.call(name, cx.value(x), dim=cx.int(dim), dtype=dtype)
-        return v
-
-    return emit
-
-
-op(F.softmax, *_both("softmax"))(_softmax("softmax"))
-op(F.log_softmax, *_both("log_softmax"))(_softmax("log_softmax"))
-
-
 # --- matmul --------------------------------------------------------------------------------
-op(*_both("matmul", "mm"), T.__matmul__)(lambda cx, out, a, b: _bin(cx, "matmul", a, b))
-op(T.__rmatmul__)(lambda cx, out, a, b: _bin(cx, "matmul", b, a))
-op(*_both("bmm"))(lambda cx, out, a, b: _bin(cx, "bmm", a, b))
+op(*both("matmul", "mm"), T.__matmul__)(lambda cx, out, a, b: call_binary(cx, "matmul", a, b))
+op(T.__rmatmul__)(lambda cx, out, a, b: call_binary(cx, "matmul", b, a))
+op(*both("bmm"))(lambda cx, out, a, b: call_binary(cx, "bmm", a, b))

@@ -362,6 +362,15 @@ def _embedding(
 ) -> Value:
     if max_norm is not None:
         cx.limitation("embedding(max_norm=...) renormalizes the weight in place")
+    # NOTE: the IR's embedding has eager's forward and the plain (dense, unscaled) gradient;
+    # these two change the weight's gradient, so the call goes to its ATen form instead
+    if scale_grad_by_freq:
+        raise NoIROp("scale_grad_by_freq=True divides the weight's gradient by token counts")
+    if sparse and cx.grad_enabled and getattr(weight, "_rg", False):
+        cx.limitation(
+            "embedding(sparse=True) gives the weight a sparse gradient; plait's programs hold "
+            "dense tensors: use sparse=False, or call the embedding outside the compiled function"
+        )
     v: Value = cx.call(
         "embedding",
         cx.value(indices),

@@ -1,13 +1,11 @@
-"""The tracer: tensors that carry a real sample value and an IR value, and the capture context
-that records every torch-level call into a graph.
+"""The capture context: it records every torch-level call of one run of the program into a
+graph, running each call for real on the samples of its tracers (the tensors and their IR values
+are :mod:`plait.frontend.capture_values`'s).
 
 NOTE: invariants.
-- A :class:`Tracer` shares memory with its *sample*, a plain tensor on which every call runs for
-  real (in-place ops included), so shapes, dtypes, aliasing and data-dependent behaviour are
-  exactly eager PyTorch's. Samples of user inputs and buffers are clones: capture never writes
-  the caller's tensors.
-- The IR is functional. An in-place op rebinds the mutated tensor's IR value; a write through a
-  view is scattered into its root, and views of a mutated root replay their steps (views.py).
+- Every call runs for real on the samples, so shapes, dtypes, aliasing and data-dependent
+  behaviour are exactly eager PyTorch's; the IR value a rule gives must have the type of eager's
+  result (:meth:`CaptureContext.check`).
 - Sample computations run under ``DisableTorchFunctionSubclass`` and ``no_grad``; nothing inside
   the context ever calls torch on a Tracer.
 
@@ -21,81 +19,28 @@ Example:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import sympy
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
-from plait.errors import GraphCaptureError
 from plait.frontend import datadep, pytree
-from plait.frontend.dynamic_dims import DimPolicy
-from plait.frontend.frames import user_frame
-from plait.frontend.rng import RngTracker
+from plait.frontend.capture_values import CaptureValues, Tracer
+from plait.frontend.opaque import run_opaque
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
-from plait.frontend.views import ViewStep, replay, scatter
+from plait.frontend.views import ViewStep
 from plait.frontend.writes import write_targets
-from plait.ir import GraphBuilder, TensorType, Value
-from plait.ir.ops import AttrError, TypeRuleError, get_op
-from plait.ir.ops.registry import ComplexDtypeError
+from plait.ir import TensorType, Value
+from plait.ir.ops import get_op
 
 _HINT_FULLGRAPH = (
     "plait captures whole graphs; with fullgraph=False, plait.compile runs such a program "
     "eagerly instead (with a warning, recorded)."
 )
-
-
-class Restart(BaseException):
-    """Dynamic capture specialized a symbolic size; capture restarts with those sizes static.
-
-    NOTE: a BaseException, so that a user's ``except Exception`` cannot swallow it."""
-
-    def __init__(self, sizes: set[int], why: str) -> None:
-        super().__init__(f"specialize sizes {sorted(sizes)}: {why}")
-        self.sizes = sizes
-        self.why = why
-
-
-@dataclass
-class Lift:
-    """How a root tracer enters the graph: a graph input of ``kind`` named ``name``."""
-
-    kind: str  # user | param | buffer | const
-    name: str
-    order: int
-    ref: Any  # user: leaf index; param/buffer: state index; const: the tensor itself
-    type: TensorType
-    writeback: bool
-    value: Value | None = None
-
-
-class Tracer(torch.Tensor):
-    """A tensor seen by the program during capture (see the module docstring)."""
-
-    _cx: CaptureContext
-    _plain: torch.Tensor
-    _value: Value | None
-    _root: Tracer | None
-    _steps: tuple[ViewStep, ...] | None
-    _seen: int
-    _mutations: int
-    _lift: Lift | None
-    _dim_exprs: tuple[Any, ...] | None
-    _made_by: str
-    _rg: bool  # requires_grad, kept here so reading it never dispatches
-
-    @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        cx = CaptureContext.active
-        if cx is None:
-            with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **(kwargs or {}))
-        return cx.dispatch(func, args, kwargs or {})
 
 
 class _Mode(TorchFunctionMode):
@@ -117,62 +62,14 @@ def op_name(func: Any) -> str:
     return name.removeprefix("torch.").removeprefix("functional.").replace(".__get__", "")
 
 
-class CaptureContext:
-    """Records one run of the program into a graph."""
-
-    active: CaptureContext | None = None
-
-    def __init__(
-        self,
-        *,
-        fullgraph: bool,
-        dynamic: bool,
-        static_sizes: set[int],
-        dims: DimPolicy | None = None,
-    ) -> None:
-        self.builder = GraphBuilder()
-        self.fullgraph = fullgraph
-        # NOTE: which input dims are symbolic (frontend.dynamic_dims); ``dynamic`` says some are
-        self.dims = dims if dims is not None else DimPolicy(every=dynamic)
-        self.dynamic = dynamic or self.dims.active
-        # NOTE: > 0 while a capture rule runs: an IR op rejecting the rule's call then sends
-        # the call to the ATen path (eager accepted it), not the whole program to eager
-        self.rule_depth = 0
-        self.static_sizes = static_sizes
-        self.lifts: list[Lift] = []
-        self.consts: dict[int, Tracer] = {}
-        self.mutated: dict[int, Tracer] = {}
-        self.predicates: dict[tuple[str, bool], tuple[Any, bool]] = {}
-        self.symbols: dict[sympy.Symbol, tuple[int, int, str]] = {}
-        self.duck: list[tuple[int, int, str, sympy.Symbol]] = []
-        self.bindings: dict[sympy.Symbol, int] = {}
-        # NOTE: unbacked sizes (dd0, ...: nonzero's row count) as the samples have them: only
-        # to check capture rules against eager; never guarded (plait.frontend.datadep)
-        self.unbacked: dict[sympy.Symbol, int] = {}
-        self._size_symbols: dict[int, sympy.Symbol] = {}
-        self._named_symbols: dict[str, sympy.Symbol] = {}
-        self.opaque_counts: Counter[str] = Counter()
-        self.opaque_reasons: dict[str, str] = {}
-        self.error: BaseException | None = None
-        self.current = "<capture>"
-        # NOTE: grad mode as the program runs it: `torch.no_grad()` inside the program turns
-        # it off (lower_meta); values computed then from tensors that require grad are
-        # detached in the graph, as eager's carry no gradient.
-        self.ambient_grad = torch.is_grad_enabled()
-        self.grad_enabled = self.ambient_grad
-        # NOTE: under torch.autocast every sample runs autocast's casts; capture writes them
-        # into the graph (autocast_inputs) and the compiled program runs with autocast off
-        self.autocast = any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
-        # NOTE: a read of a tensor's layout (is_contiguous) specializes on the strides of the
-        # inputs: the guards then pin them (the first such read, for the reason).
-        self.layout_read: str | None = None
-        self.rng = RngTracker()
+class CaptureContext(CaptureValues):
+    """Records one run of the program into a graph: activation and the dispatch of each call."""
 
     # --- activation ---------------------------------------------------------------------------
     @contextmanager
     def activate(self) -> Iterator[None]:
-        prev = CaptureContext.active
-        CaptureContext.active = self
+        prev = CaptureValues.active
+        CaptureValues.active = self
         push_sink(self)
         try:
             with _Mode(self):
@@ -184,324 +81,8 @@ class CaptureContext:
                 )
         finally:
             pop_sink(self)
-            CaptureContext.active = prev
+            CaptureValues.active = prev
             torch._C._set_grad_enabled(self.ambient_grad)  # NOTE: even when capture failed
-
-    # --- errors --------------------------------------------------------------------------------
-    def fail(self, kind: str, reason: str, hint: str | None = None) -> NoReturn:
-        frame = user_frame()
-        err = GraphCaptureError(
-            self.current,
-            reason,
-            kind=kind,
-            hint=hint,
-            filename=frame.filename if frame else None,
-            lineno=frame.lineno if frame else None,
-            code=frame.code if frame else None,
-        )
-        if self.error is None:
-            self.error = err
-        raise err
-
-    def limitation(self, reason: str) -> NoReturn:
-        self.fail("limitation", reason)
-
-    # --- guards (the GuardSink protocol of symints) -----------------------------------------
-    def record_predicate(self, rel: Any, outcome: bool) -> None:
-        if not isinstance(rel, sympy.Basic) or rel in (sympy.true, sympy.false):
-            return
-        if not rel.free_symbols:
-            return
-        self.predicates.setdefault((str(rel), outcome), (rel, outcome))
-
-    def specialize(self, expr: Any, value: int) -> None:
-        if not self.dynamic or not isinstance(expr, sympy.Basic):
-            return
-        ir_syms = {s for s in expr.free_symbols if s in self.bindings}
-        if ir_syms:
-            self.restart(ir_syms, f"{self.current} needs a plain int")
-
-    def restart(self, syms: set[sympy.Symbol], why: str) -> NoReturn:
-        """Capture again with the sizes of ``syms`` static; ``why`` names the cause."""
-        sources = ", ".join(sorted(self.symbols[s][2] for s in syms))
-        err = Restart({self.bindings[s] for s in syms}, f"{sources}: {why}")
-        self.error = err
-        raise err
-
-    # --- inputs ---------------------------------------------------------------------------------
-    def input_dims(self, leaf: int, label: str, shape: torch.Size) -> tuple[tuple, tuple]:
-        """IR dims and guard expressions for the dims of user tensor input ``leaf``."""
-        ir: list[Any] = []
-        exprs: list[Any] = []
-        for d, n in enumerate(shape):
-            source = f"{label}.shape[{d}]"
-            # NOTE: sizes 0 and 1 are never symbolic (frontend.dynamic_dims says why)
-            symbolic = self.dims.wants(label, d) and n >= 2 and n not in self.static_sizes
-            name = self.dims.name(label, d) if symbolic else None
-            shared = self._named_symbols.get(name) if name else self._size_symbols.get(n)
-            if symbolic and shared is not None and self.bindings.get(shared) == n:
-                sym = shared
-                self.duck.append((leaf, d, source, sym))
-            else:
-                if symbolic and shared is not None:
-                    raise ValueError(
-                        f"dynamic: dims named {name!r} differ in size ({source} is {n}, "
-                        f"{self.symbols[shared][2]} is {self.bindings[shared]})"
-                    )
-                sym = sympy.Symbol(name or f"s{len(self.symbols)}", integer=True, positive=True)
-                self.symbols[sym] = (leaf, d, source)
-                if symbolic:
-                    if name:
-                        self._named_symbols[name] = sym
-                    else:
-                        self._size_symbols[n] = sym
-                    self.bindings[sym] = n
-            ir.append(sym if symbolic else int(n))
-            exprs.append(sym)
-        return tuple(ir), tuple(exprs)
-
-    def new_root(
-        self,
-        plain: torch.Tensor,
-        value: Value | None,
-        requires_grad: bool,
-        lift: Lift | None = None,
-    ) -> Tracer:
-        t = torch.Tensor._make_subclass(Tracer, plain, requires_grad)
-        t._cx, t._plain, t._value, t._root, t._steps = self, plain, value, None, ()
-        t._seen, t._mutations, t._lift, t._dim_exprs = 0, 0, lift, None
-        t._made_by, t._rg = self.current, requires_grad
-        return t
-
-    def lift_input(
-        self,
-        plain: torch.Tensor,
-        *,
-        kind: str,
-        name: str,
-        ref: Any,
-        writeback: bool,
-        requires_grad: bool,
-        ir_type: TensorType | None = None,
-    ) -> Tracer:
-        if ir_type is None:
-            ir_type = self.type_of_plain(plain)
-        lift = Lift(kind, name, len(self.lifts), ref, ir_type, writeback)
-        self.lifts.append(lift)
-        if kind == "user":
-            lift.value = self.builder.input(name, ir_type, "user")
-        return self.new_root(plain, lift.value, requires_grad, lift)
-
-    def lift_const(self, t: torch.Tensor) -> Tracer:
-        """A tensor the program reads that is not an input (a closure, a module attribute)."""
-        found = self.consts.get(id(t))
-        if found is not None and found._lift is not None and found._lift.ref is t:
-            return found
-        with torch._C.DisableTorchFunction():
-            sample = t.detach().clone()
-        tracer = self.lift_input(
-            sample,
-            kind="const",
-            name=self.const_name(),
-            ref=t,
-            writeback=True,
-            requires_grad=t.requires_grad,
-        )
-        self.consts[id(t)] = tracer
-        return tracer
-
-    def const_name(self) -> str:
-        return f"const{sum(lift.kind == 'const' for lift in self.lifts)}"
-
-    # --- values -------------------------------------------------------------------------------
-    def tracer(self, t: Any) -> Tracer:
-        if isinstance(t, Tracer):
-            if t._cx is not self:
-                self.limitation("a tensor from another capture leaked into this one")
-            return t
-        if isinstance(t, torch.Tensor):
-            return self.lift_const(t)
-        raise TypeError(f"expected a tensor, got {type(t).__name__}")
-
-    def value(self, t: Any) -> Value:
-        """The current IR value of a tensor (replaying a view whose root was updated)."""
-        tr = self.tracer(t)
-        root = tr._root
-        if root is None:
-            if tr._value is None:
-                lift = tr._lift
-                assert lift is not None
-                lift.value = self.builder.input(lift.name, lift.type, lift.kind)
-                tr._value = lift.value
-            return tr._value
-        if tr._seen != root._mutations or tr._value is None:
-            if tr._steps is None:
-                self.limitation(
-                    f"this tensor is an alias (made by {tr._made_by}) of a tensor "
-                    "that was updated in place since; plait cannot replay that view"
-                )
-            tr._value = replay(self, self.value(root), tr._steps)
-            tr._seen = root._mutations
-        return tr._value
-
-    def type_of(self, t: Tracer) -> TensorType:
-        if t._value is not None:
-            ty = t._value.type
-        else:
-            assert t._lift is not None
-            ty = t._lift.type
-        assert isinstance(ty, TensorType)
-        return ty
-
-    def type_of_plain(self, plain: torch.Tensor) -> TensorType:
-        try:
-            return TensorType.of(plain)
-        except TypeError as exc:
-            self.limitation(str(exc))
-
-    def operand(self, x: Any) -> Any:
-        """An IR operand: a Value for a tensor, a literal for a Python scalar."""
-        if isinstance(x, torch.Tensor):
-            return self.value(x)
-        if isinstance(x, TracedInt):
-            return self.int(x)
-        if isinstance(x, (bool, int, float)) or x is None:
-            return x
-        if isinstance(x, complex):  # NOTE: no IR literal; the ATen graph carries it
-            raise NoIROp("a complex scalar operand is no IR literal")
-        self.limitation(f"cannot pass {type(x).__name__} as an operand")
-
-    def dim(self, x: Any) -> Any:
-        """A size for a ``dims`` attribute: symbolic with dynamic shapes."""
-        if isinstance(x, TracedInt):
-            return x.ir
-        if isinstance(x, torch.Tensor):
-            self.fail("data-dependent", "a size given as a tensor reads its data")
-        return int(x)
-
-    def int(self, x: Any) -> int:
-        """A concrete int (a symbolic size is specialized)."""
-        if isinstance(x, torch.Tensor):
-            self.fail("data-dependent", "an int given as a tensor reads its data")
-        if isinstance(x, TracedInt) and x.expr is not None and not isinstance(x.ir, int):
-            # NOTE: here even where no sink is active (the output is read after the program
-            # ran): a size returned as a plain int must be guarded, not kept as a constant
-            value = int.__int__(x)
-            self.specialize(x.expr, value)
-            return value
-        return int(x)
-
-    def call(self, op: str, *operands: Any, **attrs: Any) -> Any:
-        try:
-            return self.builder.call(op, *operands, **attrs)
-        except ComplexDtypeError as exc:
-            # NOTE: complex math is PyTorch's: the call goes the opaque path (its ATen graph)
-            raise NoIROp(str(exc)) from None
-        except (TypeRuleError, AttrError, TypeError, ValueError) as exc:
-            if self.unbacked:
-                datadep.refuse_operands(self, op, operands)
-            if self.dynamic:
-                self._restart_static(operands, f"plait's IR op {op!r}: {exc}", attrs)
-            if self.rule_depth:
-                raise NoIROp(f"plait's IR op {op!r} rejects this call: {exc}") from exc
-            self.limitation(f"plait's IR op {op!r} rejects this call: {exc}")
-
-    def _restart_static(self, operands: Any, why: str, attrs: Any = None) -> None:
-        """A type rule could not relate symbolic sizes (``s1`` against a weight's ``8``): make
-        the sizes involved static and capture again. Sizes equal to a static dim of another
-        operand or to an int of the attributes (``normalized_shape``, split sizes) go first;
-        failing that, every symbolic size of the operands."""
-        types = [
-            o.type
-            for o in _flat(operands)
-            if isinstance(o, Value) and isinstance(o.type, TensorType)
-        ]
-        syms = {
-            s
-            for t in types
-            for d in t.shape
-            if not isinstance(d, int)
-            for s in d.free_symbols
-            if s in self.bindings
-        }
-        statics = {d for t in types for d in t.shape if isinstance(d, int)}
-        sizes = [v for k, v in (attrs or {}).items() if k in _SIZE_ATTRS]
-        statics |= {v for v in _flat(sizes) if type(v) is int}
-        matching = {s for s in syms if self.bindings[s] in statics}
-        if syms:
-            self.restart(matching or syms, why)
-
-    # --- shapes for metadata reads --------------------------------------------------------
-    def sizes(self, t: Tracer) -> tuple[Any, ...]:
-        ty = self.type_of(t)
-        if self.unbacked and datadep.unbacked_type(ty):
-            datadep.refuse(self, f"reading the shape of {ty}")
-        plain = t._plain.shape
-        if t._dim_exprs is not None:
-            return TracedSize(
-                TracedInt(int(n), d, e) for n, d, e in zip(plain, ty.shape, t._dim_exprs)
-            )
-        if self.dynamic and not ty.is_static:
-            return TracedSize(
-                d if isinstance(d, int) else TracedInt(int(n), d, d)
-                for n, d in zip(plain, ty.shape)
-            )
-        return plain
-
-    # --- in-place updates ----------------------------------------------------------------
-    def assign(self, target: Any, new: Value) -> None:
-        if self.ambient_grad and not self.grad_enabled:
-            new = self.call("detach", new)  # NOTE: a write inside `torch.no_grad()`
-        tr = self.tracer(target)
-        old = self.type_of(tr)
-        assert isinstance(new.type, TensorType)
-        if new.type.dtype != old.dtype:
-            new = self.call("to_dtype", new, dtype=old.dtype)
-        if str(new.type) != str(old):
-            self.limitation(f"in-place update changes {old} into {new.type}")
-        root = tr._root if tr._root is not None else tr
-        lift = root._lift
-        if lift is not None and lift.kind == "param":
-            self.limitation(f"in-place update of parameter {lift.name!r} inside the program")
-        if self.ambient_grad and not self.grad_enabled and root._rg:
-            # NOTE: eager's gradient still flows to the tensor as if the write never happened;
-            # the IR has no value that is "new data, old gradient"
-            self.limitation("in-place update inside torch.no_grad() of a tensor that requires grad")
-        if self.grad_enabled and root._rg and any(s.op == "detach" for s in tr._steps or ()):
-            # NOTE: eager autograd never sees such a write; the IR would cut the gradient.
-            self.limitation("in-place update through detach()/.data of a tensor that requires grad")
-        if lift is not None and lift.kind in ("user", "const") and self.grad_enabled and root._rg:
-            raise RuntimeError(
-                "a leaf Variable that requires grad is being used in an in-place operation."
-            )
-        if tr._root is None:
-            self.value(tr)  # materialize a lifted input before rebinding it
-            tr._value = new
-            tr._mutations += 1
-        else:
-            if tr._steps is None:
-                self.limitation(
-                    f"in-place update of an alias made by {tr._made_by} that plait "
-                    "cannot put back into the tensor it views"
-                )
-            base = self.value(tr._root)
-            updated = scatter(self, base, tr._steps, new)
-            tr._root._value = updated
-            tr._root._mutations += 1
-            tr._value, tr._seen = new, tr._root._mutations
-        self.mutated[id(root)] = root
-
-    def check_writable(self, targets: list[Any]) -> None:
-        """Refuse, before PyTorch runs the call, a write to a parameter (or a view of one)."""
-        for t in targets:
-            if not isinstance(t, torch.Tensor):
-                continue
-            tr = self.tracer(t)
-            root = tr._root if tr._root is not None else tr
-            if root._lift is not None and root._lift.kind == "param":
-                self.limitation(
-                    f"in-place update of parameter {root._lift.name!r} inside the program"
-                )
 
     # --- dispatch --------------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -527,8 +108,6 @@ class CaptureContext:
 
     def _dispatch(self, rule: Rule | None, func: Any, args: tuple, kwargs: dict) -> Any:
         if rule is None:
-            from plait.frontend.opaque import run_opaque
-
             return run_opaque(self, func, args, kwargs)
         if rule.kind == "meta":
             assert rule.fn is not None
@@ -618,8 +197,6 @@ class CaptureContext:
         finally:
             self.rule_depth -= 1
         if ir is NoIROp:  # NOTE: the rule has no IR form for this call
-            from plait.frontend.opaque import run_opaque
-
             return run_opaque(self, func, args, kwargs, rule_said=rule_said, sampled=out)
         if rule.inplace:
             ir = InPlace(args[0], ir)
@@ -736,15 +313,3 @@ def pytree_leaves(x: Any) -> Iterator[Any]:
             yield from pytree_leaves(v)
     else:
         yield x
-
-
-# NOTE: attributes that are sizes a type rule compares with an operand's dims
-_SIZE_ATTRS = frozenset({"normalized_shape", "sizes", "shape", "size", "output_size"})
-
-
-def _flat(xs: Any) -> Iterator[Any]:
-    for x in xs:
-        if isinstance(x, (list, tuple)):
-            yield from _flat(x)
-        else:
-            yield x

@@ -24,7 +24,7 @@ from plait.runtime.program import (
     compile_graph,
     compile_graphs,
 )
-from plait.runtime.runner import StaxInputError
+from plait.runtime.runner_calls import StaxInputError
 
 __all__ = [
     "BufferPlan",

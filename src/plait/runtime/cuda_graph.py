@@ -32,7 +32,7 @@ import torch
 from plait.codegen.plan import ExternStep, FallbackStep
 from plait.codegen.views import shape_of
 from plait.ir.types import TensorType
-from plait.runtime.runner import _bad_input
+from plait.runtime.runner_calls import bad_input
 
 Call = Callable[..., list[Any]]
 
@@ -123,7 +123,7 @@ class GraphedCall:
                     or a.shape != static.shape
                     or a.device != self.device
                 ):
-                    _bad_input(i, self.names[i], str(t), a)
+                    bad_input(i, self.names[i], str(t), a)
                 static.copy_(a)
             self.graph.replay()
             out = []

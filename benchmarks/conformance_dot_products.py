@@ -1,6 +1,6 @@
 """Measurements behind the model rule's factor and floor (docs/conformance.md, "Statistics").
 
-Not a test: run ``python -m tests.conformance.stats_model_rule [trials]``. For dot products of K
+Not a test: run ``python -m benchmarks.conformance_dot_products [trials]``. For dot products of K
 float32 terms it compares eager (PyTorch's blocked kernels) with other summation orders and
 prints, per order and output count, how often the model rule (as the contract declares it: the
 RMS error with ``factor``, the worst error with ``tail_factor``, for a single case) would fail the

@@ -1,6 +1,6 @@
 """Measurements behind the model rule on deep nets (docs/conformance.md, "Deep nets").
 
-Not a test: run ``python -m tests.conformance.stats_deep_nets [--seeds 20] [--save FILE]``
+Not a test: run ``python -m benchmarks.conformance_deep_nets [--seeds 20] [--save FILE]``
 (``--load FILE`` re-judges saved outputs without running a model; ``--mutants N`` and
 ``--correct N`` measure the mutant suite and the correct candidates of tests/conformance on N gate
 seeds instead). For ResNet-18 (32x32 and 64x64 images, batch 2 and 8, both layouts) and two

@@ -1,0 +1,89 @@
+"""What ``plait.explain`` reports of ops: the *compiled* ops of a call are the IR nodes of the
+regions it ran compiled (as captured, opaque nodes apart), the *eager* ops are the ATen operators
+that ran outside any compiled region (counted by a ``TorchDispatchMode``); both are measured on
+the first call that runs the root's plan (:meth:`OpCounts.measuring`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from plait.frontend import CapturedProgram
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the ATen operators that run eagerly, by the module whose Python runs them: the top
+    of ``where`` (None: a region engine runs, nothing is counted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.where: list[str | None] = []
+        self.eager: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.where and self.where[-1] is not None:
+            self.eager[self.where[-1]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class OpCounts:
+    """The op counts of one module tree's regions, measured once (``measured``: None until a
+    measurement finished)."""
+
+    def __init__(self) -> None:
+        self.counter: _OpCounter | None = None
+        self.measured: dict[str, Any] | None = None
+        self.compiled_ops: Counter[str] = Counter()
+        self.opaque_ops: Counter[str] = Counter()
+
+    def note_compiled(self, path: str, prog: CapturedProgram) -> None:
+        """A region ran compiled: count its IR nodes while a measurement runs."""
+        graph = prog.graph if self.counter is not None else None
+        if graph is None:
+            return
+        opaque = sum(1 for n in graph.nodes if n.op == "opaque")
+        self.compiled_ops[path] += len(graph.nodes) - opaque
+        self.opaque_ops[path] += opaque
+
+    @contextlib.contextmanager
+    def counting(self, path: str | None) -> Iterator[None]:
+        """While a measurement runs, the ATen ops of the block count for module ``path``
+        (eagerly run Python), or not at all (None: a region engine runs)."""
+        counter = self.counter
+        if counter is None:
+            yield
+            return
+        counter.where.append(path)
+        try:
+            yield
+        finally:
+            counter.where.pop()
+
+    @contextlib.contextmanager
+    def measuring(self) -> Iterator[None]:
+        """The first call that runs the root's plan counts its ops (see the module doc)."""
+        if self.measured is not None or self.counter is not None:
+            yield
+            return
+        counter = _OpCounter()
+        self.counter = counter
+        self.compiled_ops.clear()
+        self.opaque_ops.clear()
+        ok = False
+        try:
+            with counter:
+                yield
+            ok = True
+        finally:
+            self.counter = None
+            if ok:
+                self.measured = {
+                    "eager": dict(counter.eager),
+                    "compiled": dict(self.compiled_ops),
+                    "opaque": dict(self.opaque_ops),
+                }
