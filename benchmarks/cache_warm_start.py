@@ -54,7 +54,7 @@ if mode == "eager":
 import plait
 import plait.api, plait.backends, plait.runtime  # NOTE: library imports are not compile time
 from plait.codegen import build
-from plait.frontend import GuardEnv
+from plait.guards import GuardEnv
 kwargs = {
     "frozen": {},
     "inputs": {"options": {"freeze": False}},

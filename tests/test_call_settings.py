@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from plait.guards import call_settings
+from plait.guards.ambient import call_settings
 from plait.settings import applied_state, call_state, settable
 
 # NOTE: a value other than the default for each setting (bools flipped, tuples of bools flipped)

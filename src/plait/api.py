@@ -48,8 +48,6 @@ from plait.errors import (
 )
 from plait.frontend import (
     CapturedProgram,
-    GuardEnv,
-    GuardSet,
     InputAdapter,
     ModuleState,
     capture_program,
@@ -58,7 +56,9 @@ from plait.frontend.deps import CodeRecorder, recording
 from plait.frontend.dynamic_dims import AutomaticDims, DimPolicy, DynamicSpec
 from plait.frontend.fingerprint import Unpinnable
 from plait.frontend.snapshot import SnapshotUnreadable
-from plait.guards import StateFetcher
+from plait.guards.guard import Evaluators, GuardEnv, GuardSet
+from plait.guards.native import EVALUATORS as NATIVE_GUARDS
+from plait.guards.state import StateFetcher
 from plait.ir import Graph, TensorType
 from plait.manifest import Explanation, SpecializationReport
 from plait.region_engine import RegionEngine
@@ -207,6 +207,9 @@ class _Engine(RegionEngine, DynamicShapes):
     whole. A miss holds the process-wide capture lock, then ``self.lock``, and looks again
     (:meth:`_admitted`: another thread may have added the specialization while this one
     waited) before capturing: concurrent first calls capture once."""
+
+    # NOTE: what runs its specializations' guards (and its regions'), injected here
+    guard_evaluators: Evaluators | None = NATIVE_GUARDS
 
     def __init__(
         self,
@@ -395,7 +398,9 @@ class _Engine(RegionEngine, DynamicShapes):
                     note = _save_snapshot(store, parts, prog, recorder, compiled, note)
                 compiled.manifest.cache["capture"] = note
             reason = self._report_dynamic(prog, compiled, reason, store, env)
-            spec = Specialization(prog, compiled, reason, settings)
+            spec = Specialization(
+                prog, compiled, reason, settings, evaluators=self.guard_evaluators
+            )
             if self.share and self.tree is not None:
                 self.tree.publish_artifact(self, prog, settings, compiled)
         if self.share and self.tree is not None and shared is None:

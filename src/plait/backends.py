@@ -31,9 +31,10 @@ from plait.cache.lookup import cached_compile, freeze_candidates
 from plait.cost import enforce as enforce_budgets
 from plait.cost import estimate as estimate_cost
 from plait.errors import CaptureFallbackWarning, PlaitCompileError
-from plait.frontend.guards import Guard
 from plait.frontend.program import CapturedProgram, Executor
-from plait.guards import ambient_guards, call_settings, frozen_guards, process_settings
+from plait.guards.ambient import ambient_guards, call_settings, process_settings
+from plait.guards.guard import Guard
+from plait.guards.state import frozen_guards
 from plait.ir import Graph, TensorType, Value, interpret
 from plait.manifest import Manifest
 from plait.passes import INFERENCE_PIPELINE, TRAINING_PIPELINE, run_pipeline

@@ -39,9 +39,10 @@ from plait.cache import Store
 from plait.cache.key import canonical_json, text_digest
 from plait.cache.snapshots import front_parts
 from plait.errors import CaptureFallbackWarning
-from plait.frontend import CapturedProgram, GuardEnv, ModuleState
+from plait.frontend import CapturedProgram, ModuleState
 from plait.frontend.dynamic_dims import AutomaticDims, DimPolicy
 from plait.frontend.fingerprint import Unpinnable
+from plait.guards import GuardEnv
 
 
 class SymbolicRefused(Exception):

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.frontend import CapturedProgram, GuardEnv
+from plait.frontend import CapturedProgram
+from plait.guards.guard import Evaluators, GuardEnv
 from plait.regions import RegionPlan
 from plait.specialization import Specialization
 
@@ -47,6 +48,7 @@ class RegionEngine:
     hooked: str | None
     share: bool
     requested: tuple
+    guard_evaluators: Evaluators | None
     _refusal_warned: bool
 
     def _eager(self, args: tuple, kwargs: dict) -> Any:
@@ -121,7 +123,7 @@ class RegionEngine:
         compiled = self.tree.shared_artifact(self, prog, settings)
         if compiled is None:
             return None
-        spec = Specialization(prog, compiled, reason, settings)
+        spec = Specialization(prog, compiled, reason, settings, evaluators=self.guard_evaluators)
         if not spec.guards.holds(GuardEnv(env.spec, env.leaves, self.fn, state)):
             return None
         self.tree.counts["artifacts_shared"] += 1

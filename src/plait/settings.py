@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from plait.guards import call_settings
+from plait.guards.ambient import call_settings
 
 GRAD_MODE = "torch.is_grad_enabled()"
 DEFAULT_DTYPE = "torch.get_default_dtype()"

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait.backends import Compiled
-from plait.frontend import CapturedProgram, Executor, GuardSet
+from plait.frontend import CapturedProgram, Executor
+from plait.guards.guard import Evaluators, GuardSet
 from plait.ir import Graph
 from plait.manifest import Manifest
 from plait.settings import applied_state
@@ -38,11 +39,12 @@ class Specialization:
     # NOTE: user calls it ran (not the gate's pinned calls), counted without a lock: concurrent
     # calls may undercount, never to 0 once one ran
     calls: int = 0
+    evaluators: Evaluators | None = field(default=None, repr=False)  # NOTE: what runs `guards`
     guards: GuardSet = field(init=False)
     key: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.guards = GuardSet([*self.program.guards, *self.compiled.guards])
+        self.guards = GuardSet([*self.program.guards, *self.compiled.guards], self.evaluators)
         # NOTE: the identity of a specialization: its program and its guard set
         digest = hashlib.sha256((self.program.semantic_hash or "eager fallback").encode())
         for text in self.guards.texts():

@@ -29,7 +29,7 @@ from plait.cache.lookup import CacheWarning
 from plait.cache.store import CorruptEntryError, Pending, _frame
 from plait.codegen import build, onednn, packed
 from plait.codegen.extern import PreparedWeight
-from plait.frontend.guards import Guard, canonical
+from plait.guards.guard import Guard, canonical
 from plait.ir import from_text
 from tests.cache.held_check import held_checks
 from tests.cache.helpers import call_program, status, stax_entry

@@ -30,9 +30,9 @@ import plait
 from plait import api
 from plait.cache import LocalStore
 from plait.codegen import build
-from plait.frontend.guards import GuardSet
 from plait.frontend.program import CapturedProgram
 from plait.frontend.snapshot import SnapshotProgram
+from plait.guards.guard import GuardSet
 from plait.ir import GraphBuilder, TensorType, Value, from_text, to_text
 from plait.ir.text import graph_interface
 from plait.runtime import compile_graph

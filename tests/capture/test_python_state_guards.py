@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import plait
-from plait.frontend.guards import use_evaluator
+from plait.api import _Engine
 from plait.guards import native
 from tests.capture import pystate_helpers
 from tests.util import assert_bitwise
@@ -29,13 +29,11 @@ MODE = "mul"
 
 
 @pytest.fixture(params=["native", "python"])
-def evaluator(request: pytest.FixtureRequest) -> Any:
+def evaluator(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test runs with the native evaluator and with the guards' Python reads."""
     if request.param == "python":
-        use_evaluator(None)
-    try:
-        yield request.param
-    finally:
-        use_evaluator(native.NativeEvaluators())
+        monkeypatch.setattr(_Engine, "guard_evaluators", None)
+    return str(request.param)
 
 
 def _x() -> torch.Tensor:

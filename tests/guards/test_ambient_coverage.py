@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import plait
-from plait.guards import ambient, call_settings, process_settings
-from plait.guards.ambient import onednn_environment
+from plait.guards import ambient
+from plait.guards.ambient import call_settings, onednn_environment, process_settings
 
 SRC = Path(plait.__file__).parent
 PATTERN = re.compile(
@@ -73,7 +73,6 @@ COVERED = {
     ("cache/store.py", "os.environ"): "the cache's size limit, never its key",
     ("cache/remote.py", "os.environ"): "the remote tier's URL, TTL and entry size limit: where "
     "entries are kept and for how long, never their key",
-    ("guards/__init__.py", "get_num_threads"): "docstring example of the ambient guards",
     ("guards/native.py", "os.environ"): "where the guard evaluator is cached, whether it is "
     "used: how guards run, never what they check",
     ("cache/snapshots.py", "is_grad_enabled"): "front key mode; guard grad_mode (rebuilt)",

@@ -11,7 +11,7 @@ import torch
 import plait
 from benchmarks.models.resnet import resnet18
 from plait.errors import CaptureFallbackWarning, RecompileLimitError
-from plait.frontend import GuardEnv
+from plait.guards import GuardEnv
 
 
 def add(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -21,9 +21,11 @@ from torch import nn
 import plait
 from plait.codegen import build
 from plait.codegen.errors import BuildError
-from plait.frontend import GuardEnv, GuardSet, ModuleState
-from plait.frontend.guards import Guard, ReadCall, ReadLeaf, use_evaluator
-from plait.guards import StateFetcher, native, native_status
+from plait.frontend import ModuleState
+from plait.guards import GuardEnv, GuardSet, native
+from plait.guards.guard import Guard, ReadCall, ReadLeaf
+from plait.guards.native import status as native_status
+from plait.guards.state import StateFetcher
 
 NO_CACHE = {"cache": False}
 
@@ -473,14 +475,10 @@ def test_without_an_evaluator_guards_run_in_python_and_say_so() -> None:
         lambda env: (type(env.leaves[0]), env.leaves[0]),
         native=ReadLeaf(0, 4),
     )
-    try:
-        use_evaluator(None)
-        guards = GuardSet([g])
-        assert guards.evaluator.startswith("python: no evaluator registered")
-        assert guards.holds(GuardEnv((), [4])) and not guards.holds(GuardEnv((), [3]))
-    finally:
-        use_evaluator(native.NativeEvaluators())
-    assert GuardSet([g]).evaluator == (
+    guards = GuardSet([g])  # NOTE: plait.guards.native is imported: it registers nothing
+    assert guards.evaluator.startswith("python: no evaluator given")
+    assert guards.holds(GuardEnv((), [4])) and not guards.holds(GuardEnv((), [3]))
+    assert GuardSet([g], native.EVALUATORS).evaluator == (
         "native" if native_status().available else native_status().reason
     )
 
@@ -495,7 +493,7 @@ def test_an_unreadable_guard_fails_and_an_interrupt_propagates() -> None:
 
     assert not GuardSet([Guard("scalar", "x", "x", 1, boom)]).holds(GuardEnv((), []))
     g = Guard("ambient", "i", "i", 1, lambda env: interrupt(), native=ReadCall(interrupt))
-    guards = GuardSet([g])
+    guards = GuardSet([g], native.EVALUATORS)
     assert guards.evaluator == "native"
     with pytest.raises(KeyboardInterrupt):
         guards.holds(GuardEnv((), []))
@@ -547,7 +545,7 @@ def test_a_cycle_through_the_evaluator_is_collected() -> None:
 # --- building and caching ----------------------------------------------------------------------
 CHILD = r"""
 import json, torch, plait
-from plait.guards import native_status
+from plait.guards.native import status as native_status
 f = plait.compile(lambda x: x + 1, backend="eager", options={"cache": False})
 x = torch.randn(3)
 f(x); f(x)

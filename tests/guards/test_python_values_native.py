@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 import plait
-from plait.frontend import GuardEnv
-from plait.guards import native
+from plait.guards import GuardEnv, native
 
 LIMIT = 0.5
 

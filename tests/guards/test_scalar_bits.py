@@ -6,14 +6,13 @@ specialization (``==`` never holds for a NaN, which recompiled every call until 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 
 import plait
-from plait.frontend.guards import use_evaluator
+from plait.api import _Engine
 from plait.guards import native
 from tests.util import assert_bitwise
 
@@ -21,14 +20,11 @@ NO_CACHE = {"cache": False}
 
 
 @pytest.fixture(params=["native", "python"])
-def evaluator(request: pytest.FixtureRequest) -> Iterator[str]:
+def evaluator(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each test runs with the native evaluator and with the guards' Python reads."""
     if request.param == "python":
-        use_evaluator(None)
-    try:
-        yield request.param
-    finally:
-        use_evaluator(native.NativeEvaluators())
+        monkeypatch.setattr(_Engine, "guard_evaluators", None)
+    return str(request.param)
 
 
 def _scaled(x: torch.Tensor, s: float) -> torch.Tensor:

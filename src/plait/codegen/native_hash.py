@@ -18,8 +18,9 @@ the Python pool and :func:`status` says why; nothing else differs. The buffers m
 until :meth:`DigestJob.result` returns (the job holds references to them). A job started before
 ``fork`` is recomputed in the child, where its threads do not exist.
 
-The library is built once per machine and toolchain, like the guard evaluator, into the same
-per-installation directory (:func:`plait.codegen.build.installation_dir`).
+The library (its C source is ``csrc/native_hash.cpp``, package data) is built once per machine
+and toolchain, like the guard evaluator, into the same per-installation directory
+(:func:`plait.codegen.build.installation_dir`).
 
 Example:
     >>> data = bytes(range(256)) * 100_000
@@ -35,6 +36,7 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -45,83 +47,14 @@ from plait.codegen import build
 from plait.codegen.errors import BuildError
 from plait.ir.chunked_hash import CHUNK, chunk_layout, combine, stream_digest
 
-# NOTE: one chunk = the pieces [first[c], first[c + 1]); threads take chunks from a shared
-# counter; each writes its chunk's canonical (big-endian) XXH3-128 digest at out + 16 * c.
-SOURCE = r"""
-#include <pthread.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
-typedef struct { uint64_t low64, high64; } h128;
-typedef void *(*create_t)(void);
-typedef int (*free_t)(void *);
-typedef int (*reset_t)(void *);
-typedef int (*update_t)(void *, const void *, size_t);
-typedef h128 (*digest_t)(const void *);
+def source() -> str:
+    """The library's C source as shipped (``csrc/native_hash.cpp``; its cache key hashes this
+    text, so an edit rebuilds it)."""
+    return resources.files("plait.codegen").joinpath("csrc", "native_hash.cpp").read_text()
 
-static create_t f_create; static free_t f_free; static reset_t f_reset;
-static update_t f_update; static digest_t f_digest;
 
-void plait_hash_init(void *c, void *f, void *r, void *u, void *d) {
-    f_create = (create_t)c; f_free = (free_t)f; f_reset = (reset_t)r;
-    f_update = (update_t)u; f_digest = (digest_t)d;
-}
-
-typedef struct {
-    const uint64_t *ptrs, *lens;   /* the pieces */
-    const int64_t *first;          /* n_chunks + 1 offsets into the pieces */
-    int64_t n_chunks, next;
-    unsigned char *out;
-    int n_threads, failed;
-    pthread_t tids[64];
-} job_t;
-
-static void put_be(unsigned char *p, uint64_t v) {
-    for (int i = 7; i >= 0; --i) { p[i] = (unsigned char)(v & 0xff); v >>= 8; }
-}
-
-static void *work(void *arg) {
-    job_t *j = (job_t *)arg;
-    void *state = f_create();
-    if (!state) { __atomic_store_n(&j->failed, 1, __ATOMIC_SEQ_CST); return NULL; }
-    for (;;) {
-        int64_t c = __atomic_fetch_add(&j->next, 1, __ATOMIC_SEQ_CST);
-        if (c >= j->n_chunks) break;
-        f_reset(state);
-        for (int64_t k = j->first[c]; k < j->first[c + 1]; ++k)
-            f_update(state, (const void *)(uintptr_t)j->ptrs[k], (size_t)j->lens[k]);
-        h128 h = f_digest(state);
-        put_be(j->out + 16 * c, h.high64);
-        put_be(j->out + 16 * c + 8, h.low64);
-    }
-    f_free(state);
-    return NULL;
-}
-
-void *plait_hash_start(const uint64_t *ptrs, const uint64_t *lens, const int64_t *first,
-                       int64_t n_chunks, unsigned char *out, int n_threads) {
-    job_t *j = (job_t *)calloc(1, sizeof(job_t));
-    if (!j) return NULL;
-    j->ptrs = ptrs; j->lens = lens; j->first = first; j->n_chunks = n_chunks; j->out = out;
-    if (n_threads < 1) n_threads = 1;
-    if (n_threads > 64) n_threads = 64;
-    for (int t = 0; t < n_threads; ++t) {
-        if (pthread_create(&j->tids[t], NULL, work, j) != 0) break;
-        j->n_threads = t + 1;
-    }
-    if (j->n_threads == 0) { work(j); }   /* no thread could start: hash here */
-    return j;
-}
-
-int plait_hash_join(void *handle) {
-    job_t *j = (job_t *)handle;
-    for (int t = 0; t < j->n_threads; ++t) pthread_join(j->tids[t], NULL);
-    int ok = !j->failed && j->next >= j->n_chunks;
-    free(j);
-    return ok;
-}
-"""
+FLAGS = ("-O2", "-pthread")
 SYMBOLS = ("plait_hash_init", "plait_hash_start", "plait_hash_join")
 _XXH = ("XXH3_createState", "XXH3_freeState", "XXH3_128bits_reset")
 _XXH_MORE = ("XXH3_128bits_update", "XXH3_128bits_digest")
@@ -165,7 +98,7 @@ def _build_and_load() -> ctypes.CDLL:
         raise RuntimeError("disabled by PLAIT_NATIVE_HASH=0")
     xxh = ctypes.CDLL(xxhash._xxhash.__file__)  # type: ignore[attr-defined]
     funcs = [ctypes.cast(getattr(xxh, name), ctypes.c_void_p).value for name in _XXH + _XXH_MORE]
-    lib = build.installed_library("plait_hash", SOURCE, SYMBOLS, flags=("-O2", "-pthread"))
+    lib = build.installed_library("plait_hash", source(), SYMBOLS, flags=FLAGS)
     lib.plait_hash_init.argtypes = [ctypes.c_void_p] * 5
     lib.plait_hash_init.restype = None
     lib.plait_hash_start.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int]

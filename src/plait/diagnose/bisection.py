@@ -53,7 +53,7 @@ from plait.errors import (
     PlaitCompileError,
     SemanticDriftError,
 )
-from plait.frontend.guards import GuardEnv
+from plait.guards.guard import GuardEnv
 from plait.ir import Graph, Value
 from plait.runtime import StaxOptions
 

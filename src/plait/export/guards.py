@@ -30,7 +30,8 @@ import torch
 
 from plait.errors import ArtifactFormatError
 from plait.frontend.guard_plan import GuardPlan, build_guards
-from plait.frontend.guards import Guard, GuardSet
+from plait.guards.guard import Guard, GuardSet
+from plait.guards.native import EVALUATORS
 
 _DISCHARGED = {
     "grad_mode": "a loaded program runs with gradients off (an inference program)",
@@ -69,7 +70,8 @@ def guards_from_plan(
         raise ArtifactFormatError(f"guards.json: the plan does not load ({exc!r})") from None
     with torch.no_grad():
         built = build_guards(plan, call_spec, leaves, paths)
-    return GuardSet([g for g in built if discharged_reason(g.kind, g.source) is None])
+    carried = [g for g in built if discharged_reason(g.kind, g.source) is None]
+    return GuardSet(carried, EVALUATORS)
 
 
 def guard_records(guards: Sequence[Guard]) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ import torch
 from plait.errors import CompiledInputError, RecompileLimitError
 from plait.export.calling import Binder
 from plait.frontend import pytree
-from plait.frontend.guards import GuardEnv, GuardSet
+from plait.guards.guard import GuardEnv, GuardSet
 from plait.manifest import Explanation, Manifest, SpecializationReport
 
 BUILD_LIMIT = 8

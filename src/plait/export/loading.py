@@ -40,7 +40,9 @@ from plait.export.guards import guards_from_plan
 from plait.export.loaded import Bindings, Build, LoadedProgram
 from plait.export.references import unpack
 from plait.export.tensors import read_tensors
-from plait.guards import GuardSet, ambient_guards
+from plait.guards import GuardSet
+from plait.guards.ambient import ambient_guards
+from plait.guards.native import EVALUATORS
 from plait.ir import Graph, TensorType, from_text, interpret, semantic_hash, weights_hash
 from plait.manifest import Manifest
 
@@ -195,7 +197,7 @@ class _Builder:
 
     def __call__(self, reason: str | None) -> Build:
         start = time.perf_counter()
-        settings = GuardSet(ambient_guards())
+        settings = GuardSet(ambient_guards(), EVALUATORS)
         m = Manifest(source_hash=self.header["semantic_hash"], options=self._options())
         m.passes = list(self.exported.passes)
         m.graph = dict(self.exported.graph)

@@ -4,7 +4,8 @@ The pieces: ``tracer`` (tracer tensors and the capture context), ``table`` (the 
 IR op table, filled by the ``lower_*`` modules), ``views`` (functionalization of aliasing),
 ``state`` (parameters and buffers lifted to named graph inputs), ``rng`` (the global random
 number generator: replayed or refused), ``pytree`` (the containers of inputs and results),
-``guards`` (what the program's behaviour depended on), ``frontend`` (the capture driver) and
+``guard_plan`` and ``guard_build`` (which guards a trace needs: what the program's behaviour
+depended on, as :mod:`plait.guards.guard` data), ``frontend`` (the capture driver) and
 ``program`` (the calling convention a backend runs).
 
 Example:
@@ -32,7 +33,6 @@ from plait.frontend import (  # noqa: F401  (rules)
     lower_statistics,
 )
 from plait.frontend.frontend import capture_program, preserved_rng
-from plait.frontend.guards import Guard, GuardEnv, GuardSet
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.program import CapturedProgram, Executor, InputSlot, OutputLeaf
 from plait.frontend.state import ModuleState
@@ -40,9 +40,6 @@ from plait.frontend.state import ModuleState
 __all__ = [
     "CapturedProgram",
     "Executor",
-    "Guard",
-    "GuardEnv",
-    "GuardSet",
     "InputAdapter",
     "InputSlot",
     "ModuleState",

@@ -11,7 +11,8 @@ from typing import Any
 import sympy
 import torch
 
-from plait.frontend.guards import (
+from plait.frontend.state import ModuleState
+from plait.guards.guard import (
     Guard,
     GuardEnv,
     ReadAttrs,
@@ -21,8 +22,8 @@ from plait.frontend.guards import (
     ReadStructure,
     ReadTensors,
     TensorCheck,
+    float_bits,
 )
-from plait.frontend.state import ModuleState
 from plait.ir import TensorType
 from plait.ir.types import dtype_name
 
@@ -102,12 +103,6 @@ def _fmt_tensor(reading: Any) -> str:
     dtype, device, shape = reading
     dims = ", ".join("*" if n is None else str(n) for n in shape)
     return f"{dtype_name(dtype)}[{dims}] on {device}"
-
-
-def float_bits(value: float) -> int:
-    """The IEEE-754 bit pattern of ``value`` as a signed 64-bit int: ``-0.0`` and ``0.0``
-    differ, a NaN equals the same NaN (``==`` says neither)."""
-    return int(struct.unpack("<q", struct.pack("<d", value))[0])
 
 
 def scalar_reading(x: Any) -> tuple[Any, Any]:

@@ -30,8 +30,8 @@ import torch
 
 from plait.errors import GraphCaptureError
 from plait.frontend import guard_build, pyvalues, size_guards
-from plait.frontend.guards import Guard, GuardSet
 from plait.frontend.state import ModuleState
+from plait.guards.guard import Guard, GuardSet
 from plait.ir import TensorType
 from plait.ir.text import format_type, parse_type
 from plait.symbolic.dims import parse_dim, symbol

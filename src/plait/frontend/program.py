@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from plait.frontend import pytree
-from plait.frontend.guards import GuardEnv, GuardSet
+from plait.guards.guard import GuardEnv, GuardSet
 from plait.ir import Graph, Value
 
 # NOTE: an executor takes the graph's input values (in the captured graph's input order) and

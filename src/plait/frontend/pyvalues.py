@@ -7,7 +7,7 @@ what its value is compared by: plain values by value (floats by their IEEE-754 b
 and user objects (dataclasses, ``SimpleNamespace``, Hugging Face ``PretrainedConfig`` ...) by
 their contents recursively, tensors, modules, functions, classes and library objects by
 identity. :func:`python_values_guard` turns roots into one guard whose native form
-(:class:`~plait.frontend.guards.ReadPyValues`) checks identities and version tags, and whose
+(:class:`~plait.guards.guard.ReadPyValues`) checks identities and version tags, and whose
 Python read compares value keys. :func:`resolve` finds a root again from its saved description.
 
 Example:
@@ -34,7 +34,7 @@ from torch import nn
 
 from plait.errors import GraphCaptureError
 from plait.frontend.fingerprint import find_function, is_pinned
-from plait.frontend.guards import Guard, GuardEnv, ReadPyValues
+from plait.guards.guard import Guard, GuardEnv, ReadPyValues
 
 
 class _Absent:

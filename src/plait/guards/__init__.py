@@ -1,38 +1,23 @@
-"""plait.guards: guard management for compiled specializations (L6).
+"""plait.guards: guards, as data, and their evaluation.
 
-Guards themselves are data defined where capture records them (:mod:`plait.frontend.guards`:
-``Guard``, ``GuardSet``, ``GuardEnv``); this package adds what the compile stage guards: the
-ambient settings a compile read (:mod:`plait.guards.ambient`), frozen parameters and buffers
-(:mod:`plait.guards.state`), the fast fetch of a module's live state, and the native evaluator
-that runs :meth:`GuardSet.holds` (:mod:`plait.guards.native`, registered on import).
+:mod:`plait.guards.guard` defines guards (``Guard``, ``GuardSet``, ``GuardEnv`` and the reads a
+guard can describe as data); capture records them (:mod:`plait.frontend.guard_plan` decides which
+a trace needs). The compile stage adds its own: the ambient settings a compile read
+(:mod:`plait.guards.ambient`) and frozen parameters and buffers (:mod:`plait.guards.state`).
+:mod:`plait.guards.native` is the native evaluator of a guard set (C++ in ``csrc/``), which the
+API passes to the guard sets it checks: importing this package registers nothing.
+
+The package spans two layers: ``guard`` sits below capture (it imports only PyTorch), the rest
+beside the artifact cache (pyproject.toml's import-linter contracts). So this module imports only
+``guard``; import the others by their module.
 
 Example:
-    >>> from plait.guards import ambient_guards
-    >>> any(g.source == "torch.get_num_threads()" for g in ambient_guards())
+    >>> from plait.guards import Guard, GuardEnv, GuardSet
+    >>> g = Guard("scalar", "arg n", "n == 4", 4, lambda env: env.leaves[0])
+    >>> GuardSet([g]).holds(GuardEnv((), [4]))
     True
 """
 
-from plait.frontend.guards import Guard, GuardEnv, GuardSet
-from plait.guards.ambient import (
-    CALL_SETTINGS,
-    Setting,
-    ambient_guards,
-    call_settings,
-    process_settings,
-)
-from plait.guards.native import status as native_status
-from plait.guards.state import StateFetcher, frozen_guards
+from plait.guards.guard import Guard, GuardEnv, GuardSet
 
-__all__ = [
-    "CALL_SETTINGS",
-    "Guard",
-    "GuardEnv",
-    "GuardSet",
-    "Setting",
-    "StateFetcher",
-    "ambient_guards",
-    "call_settings",
-    "frozen_guards",
-    "native_status",
-    "process_settings",
-]
+__all__ = ["Guard", "GuardEnv", "GuardSet"]

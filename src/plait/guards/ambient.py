@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from plait.codegen import build
-from plait.frontend.guards import Guard, GuardEnv, ReadCalls
+from plait.guards.guard import Guard, GuardEnv, ReadCalls
 from plait.manifest import cpu_features
 
 

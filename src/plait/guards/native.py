@@ -8,21 +8,23 @@ Python read. The ops run in the guards' order and stop at the first that fails, 
 path does; what an op cannot decide natively (a tensor subclass, an error inside PyTorch) its
 guard's Python read decides. Explanations are unchanged: they always use the Python reads.
 
-The extension is built once per machine and toolchain (its source, the C++ compiler and its
-version, the flags, PyTorch's and Python's versions; content-addressed) with the system C++
-compiler against PyTorch's headers, in about 1.5 s, and loaded in later processes from
-``$PLAIT_GUARDS_CACHE_DIR`` (default ``~/.cache/plait/guards``): it depends on the installation,
-never on a program, so a fresh ``PLAIT_CACHE_DIR`` does not rebuild it. Nothing is silent: where
-it cannot be built or loaded (no compiler, ``PLAIT_STAX_NO_COMPILE=1`` before it was built,
-``PLAIT_NATIVE_GUARDS=0``), guards run in Python and :attr:`GuardSet.evaluator` says why.
+The extension is built once per machine and toolchain (its sources' text, ``csrc/evaluator.cpp`` and
+``csrc/torch_layout.h``; the C++ compiler and its version, the flags, PyTorch's and Python's
+versions; content-addressed) with the system C++ compiler against PyTorch's headers, in about 1.5 s,
+and loaded in later processes from ``$PLAIT_GUARDS_CACHE_DIR`` (default ``~/.cache/plait/guards``):
+it depends on the installation, never on a program, so a fresh ``PLAIT_CACHE_DIR`` does not rebuild
+it. Nothing is silent: where it cannot be built or loaded (no compiler, ``PLAIT_STAX_NO_COMPILE=1``
+before it was built, ``PLAIT_NATIVE_GUARDS=0``), guards run in Python and :attr:`GuardSet.evaluator`
+says why.
 
 Example:
     >>> import torch
-    >>> from plait.frontend import GuardEnv, GuardSet, ModuleState
-    >>> from plait.guards import StateFetcher, frozen_guards
+    >>> from plait.frontend import ModuleState
+    >>> from plait.guards import GuardEnv, GuardSet
+    >>> from plait.guards.state import StateFetcher, frozen_guards
     >>> lin = torch.nn.Linear(2, 2)
     >>> fetch = StateFetcher(ModuleState(lin))
-    >>> guards = GuardSet(frozen_guards({"weight": 0}, fetch()))
+    >>> guards = GuardSet(frozen_guards({"weight": 0}, fetch()), EVALUATORS)
     >>> guards.holds(GuardEnv((), [], lin, fetch()))
     True
     >>> guards.evaluator in ("native", status().reason)
@@ -46,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -54,8 +57,7 @@ import torch
 
 from plait.codegen import build
 from plait.codegen.errors import BuildError
-from plait.frontend.guard_build import float_bits
-from plait.frontend.guards import (
+from plait.guards.guard import (
     Guard,
     GuardEnv,
     ReadAttrs,
@@ -67,9 +69,8 @@ from plait.frontend.guards import (
     ReadStructure,
     ReadTensors,
     TensorCheck,
-    use_evaluator,
+    float_bits,
 )
-from plait.guards._evaluator_cpp import SOURCE
 from plait.ir.private_files import publish_bytes
 
 # NOTE: op codes and tensor-check flags, as the C++ source numbers them
@@ -78,6 +79,7 @@ CALL, CALL0, CALLS0, STRUCTURE, TENSORS, EDGES, ATTRS, LEAF_VALUE, LEAF_IS, LEAF
 )
 F_ID, F_VERSION, F_PTR, F_META, F_SIZES, F_GRAD = 1, 2, 4, 8, 16, 32
 FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-w")
+SOURCES = ("evaluator.cpp", "torch_layout.h")  # NOTE: csrc/; the first is the translation unit
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)  # NOTE: read natively; any other: Python
 
 
@@ -110,21 +112,41 @@ def cache_dir() -> Path:
     return build.installation_dir()
 
 
+def sources() -> dict[str, str]:
+    """The evaluator's C++ sources as shipped (``csrc/``, package data), by file name: the
+    extension's ``evaluator.cpp`` and the header it includes, ``torch_layout.h`` (PyTorch's
+    object layout). The build key hashes these texts, so an edit rebuilds the extension."""
+    csrc = resources.files("plait.guards").joinpath("csrc")
+    return {name: csrc.joinpath(name).read_text() for name in SOURCES}
+
+
 def _torch_dirs() -> tuple[Path, Path]:
     root = Path(torch.__file__).parent
     return root / "include", root / "lib"
 
 
-def _command(source: Path, out: Path, cxx: str) -> list[str]:
-    include, lib = _torch_dirs()
+def include_flags() -> list[str]:
+    """The preprocessor flags the extension is built with: PyTorch's ABI, Python's and
+    PyTorch's include directories (as system directories: their warnings are not ours)."""
+    include, _ = _torch_dirs()
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    return [
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        "-isystem",
+        sysconfig.get_paths()["include"],
+        "-isystem",
+        str(include),
+        "-isystem",
+        str(include / "torch" / "csrc" / "api" / "include"),
+    ]
+
+
+def _command(source: Path, out: Path, cxx: str) -> list[str]:
+    _, lib = _torch_dirs()
     return [
         cxx,
         *FLAGS,
-        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        f"-I{sysconfig.get_paths()['include']}",
-        f"-I{include}",
-        f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
+        *include_flags(),
         str(source),
         "-o",
         str(out),
@@ -137,7 +159,7 @@ def _command(source: Path, out: Path, cxx: str) -> list[str]:
 def build_key(cxx: str, version: str) -> str:
     """The extension's cache key: everything that decides its machine code."""
     parts = {
-        "source": SOURCE,
+        "sources": sources(),
         "cxx": cxx,
         "cxx_version": version,
         "flags": list(FLAGS),
@@ -163,8 +185,9 @@ def _compile(path: Path, cxx: str, key: str) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix="plait-guards-"))
     keep = False
     try:
-        src, out = tmp / "plait_guards.cpp", tmp / "plait_guards.so"
-        src.write_text(SOURCE)
+        for name, text in sources().items():
+            (tmp / name).write_text(text)
+        src, out = tmp / SOURCES[0], tmp / "plait_guards.so"
         try:
             proc = subprocess.run(
                 _command(src, out, cxx), capture_output=True, text=True, check=False, timeout=600
@@ -348,7 +371,8 @@ def ops(guards: Sequence[Guard]) -> tuple[tuple[tuple[Any, ...], ...], int]:
 
 
 class NativeEvaluators:
-    """What :func:`plait.frontend.guards.use_evaluator` registers (see the module doc)."""
+    """The native evaluator, as a :class:`~plait.guards.guard.GuardSet` is given it (see the
+    module doc): ``compile`` builds or loads the extension at its first call, never at import."""
 
     def compile(self, guards: Sequence[Guard]) -> tuple[Callable[[GuardEnv], bool] | None, str]:
         module = _load()
@@ -375,4 +399,6 @@ def tensor_state(t: torch.Tensor) -> tuple[int, int]:
     return module.tensor_state(t)
 
 
-use_evaluator(NativeEvaluators())
+# NOTE: stateless; plait.api passes it to the guard sets of its specializations (nothing here
+# registers it: a GuardSet made without it runs its guards' Python reads)
+EVALUATORS = NativeEvaluators()

@@ -10,7 +10,8 @@ autograd cannot see it either).
 
 Example:
     >>> import torch
-    >>> from plait.frontend import GuardEnv, GuardSet, ModuleState
+    >>> from plait.frontend import ModuleState
+    >>> from plait.guards import GuardEnv, GuardSet
     >>> lin = torch.nn.Linear(2, 2)
     >>> fetch = StateFetcher(ModuleState(lin))
     >>> guards = GuardSet(frozen_guards({"weight": 0}, fetch()))
@@ -32,9 +33,9 @@ from typing import Any
 import torch
 
 from plait.frontend.guard_build import STATE_SIGNATURES
-from plait.frontend.guards import Guard, GuardEnv, ReadTensors, TensorCheck
 from plait.frontend.state import ModuleState
 from plait.guards import native
+from plait.guards.guard import Guard, GuardEnv, ReadTensors, TensorCheck
 
 _VERSION = operator.attrgetter("_version")
 _DATA_PTR = torch.Tensor.data_ptr

@@ -15,9 +15,10 @@ from typing import Any
 
 from torch import nn
 
-from plait.frontend import CapturedProgram, GuardEnv
+from plait.frontend import CapturedProgram
 from plait.frontend.guard_plan import build_guards
 from plait.frontend.pyvalues import Root, resolve
+from plait.guards import GuardEnv
 
 
 def block_signature(module: nn.Module) -> tuple[Any, ...]:

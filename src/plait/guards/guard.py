@@ -6,12 +6,12 @@ equals the value seen at capture. A :class:`GuardSet` checks all of them in a fi
 ones that make later reads safe first) and, when one fails, explains which guards failed with
 the expected and the actual value, the program's own comparisons first.
 
-The fast path (:meth:`GuardSet.holds`) runs a compiled evaluator when one is available: each
+The fast path (:meth:`GuardSet.holds`) runs a compiled evaluator when its maker passed one: each
 guard may describe its read as data (``native``: one of the ``Read*`` classes below) and the
-evaluator registered with :func:`use_evaluator` (:mod:`plait.guards.native`) checks those reads in
-C++; a guard without a description is checked by its Python ``read``, called from the evaluator.
-Without an evaluator the guards run in Python, and :attr:`GuardSet.evaluator` says why.
-Explanations always use the Python reads.
+evaluator (:mod:`plait.guards.native`'s, which the API passes to its specializations' guard sets)
+checks those reads in C++; a guard without a description is checked by its Python ``read``,
+called from the evaluator. Without an evaluator the guards run in Python, and
+:attr:`GuardSet.evaluator` says why. Explanations always use the Python reads.
 
 Example:
     >>> env = GuardEnv((), [3])
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -45,6 +46,12 @@ _PRIORITY = {
     "ambient": 8,
     "structure": 9,
 }
+
+
+def float_bits(value: float) -> int:
+    """The IEEE-754 bit pattern of ``value`` as a signed 64-bit int: ``-0.0`` and ``0.0``
+    differ, a NaN equals the same NaN (``==`` says neither)."""
+    return int(struct.unpack("<q", struct.pack("<d", value))[0])
 
 
 def canonical(value: Any) -> str:
@@ -268,37 +275,30 @@ class Guard:
 
 
 class Evaluators(Protocol):
-    """What :func:`use_evaluator` registers: ``compile(guards)`` returns a callable that holds
-    for an env exactly when every guard does (stopping at the first that fails) and a
-    description, or None and the reason there is none."""
+    """What a :class:`GuardSet` is given to compile itself: ``compile(guards)`` returns a
+    callable that holds for an env exactly when every guard does (stopping at the first that
+    fails) and a description, or None and the reason there is none."""
 
     def compile(self, guards: Sequence[Guard]) -> tuple[Callable[[GuardEnv], bool] | None, str]: ...
-
-
-_EVALUATORS: list[Evaluators] = []
-
-
-def use_evaluator(evaluators: Evaluators | None) -> None:
-    """Register the compiler of fast evaluators (None: guards run in Python). The guard sets
-    created before keep theirs once compiled."""
-    _EVALUATORS[:] = [] if evaluators is None else [evaluators]
 
 
 class GuardSet:
     """The guards of one specialization, in check order.
 
     ``holds(env)`` is the fast path: every guard in order, stopping at the first that fails. The
-    first call compiles it (see the module doc); :attr:`evaluator` says what runs it."""
+    first call compiles it with ``evaluators`` (None: the guards' Python reads; see the module
+    doc); :attr:`evaluator` says what runs it."""
 
     holds: Callable[[GuardEnv], bool]
 
-    def __init__(self, guards: Sequence[Guard]) -> None:
+    def __init__(self, guards: Sequence[Guard], evaluators: Evaluators | None = None) -> None:
         taken = {g.replaces for g in guards if g.replaces is not None}
         self.guards = [
             dataclasses.replace(g, redundant=True) if g.source in taken and not g.batch else g
             for g in guards
         ]
         self._fast = [(g.read, g.expected) for g in self.guards if not g.redundant]
+        self._evaluators = evaluators
         self._evaluator: str | None = None
         self.holds = self._compile_and_hold
 
@@ -314,10 +314,10 @@ class GuardSet:
 
     def _compile(self) -> None:
         fn: Callable[[GuardEnv], bool] | None = None
-        what = "python: no evaluator registered (plait.guards registers the native one)"
-        if _EVALUATORS:
+        what = "python: no evaluator given (plait.api gives its specializations the native one)"
+        if self._evaluators is not None:
             try:
-                fn, what = _EVALUATORS[0].compile([g for g in self.guards if not g.redundant])
+                fn, what = self._evaluators.compile([g for g in self.guards if not g.redundant])
             except Exception as exc:  # NOTE: never silent: the reason is the description
                 fn, what = None, f"python: the evaluator failed ({type(exc).__name__}: {exc})"
         self.holds = fn if fn is not None else self.holds_python

@@ -1,23 +1,21 @@
-"""The C++ source of the native guard evaluator (:mod:`plait.guards.native` builds and loads it).
-
-One extension module, ``_plait_guards``, with two types:
-
-* ``Evaluator(ops)``: called with a :class:`~plait.frontend.guards.GuardEnv`, runs the ops in
-  order and returns whether every one holds, stopping at the first that fails. Each op is one
-  guard (``(code, read, expected, *args)``); what an op cannot decide natively (a tensor of a type
-  other than ``torch.Tensor``/``nn.Parameter``, an error inside PyTorch) it decides with the
-  guard's own Python ``read``, and counts it (``python_reads``).
-* ``Fetcher(tables, keys)``: called with no argument, returns ``[tables[i][keys[i]] ...]``.
-
-Tensors are read through their ``TensorImpl`` (headers of the PyTorch it is built against); the
-Python object's layout is checked at ``configure`` against ``Tensor._cdata``.
-"""
-
-SOURCE = r"""
+// The native guard evaluator: the extension module _plait_guards, built and loaded by
+// plait.guards.native (with the system C++ compiler, against PyTorch's headers). Two types:
+//
+// * Evaluator(ops): called with a plait.guards GuardEnv, runs the ops in order and returns
+//   whether every one holds, stopping at the first that fails. Each op is one guard
+//   ((code, read, expected, *args)); what an op cannot decide natively (a tensor of a type other
+//   than torch.Tensor/nn.Parameter, an error inside PyTorch) it decides with the guard's own
+//   Python read, and counts it (python_reads).
+// * Fetcher(tables, keys): called with no argument, returns [tables[i][keys[i]] ...].
+//
+// Tensors are read through their TensorImpl (headers of the PyTorch it is built against); where
+// the Python object keeps it is torch_layout.h's business, checked at configure() against
+// Tensor._cdata.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <c10/core/TensorImpl.h>
-#include <torch/version.h>
+
+#include "torch_layout.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -27,30 +25,7 @@ SOURCE = r"""
 
 namespace {
 
-// NOTE: torch 2.10 made THPVariable::cdata a plain at::Tensor (one TensorImpl pointer); before,
-// a c10::MaybeOwned<at::Tensor>. configure() checks the layout against Tensor._cdata.
-#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 10
-struct Var {
-  PyObject_HEAD
-  bool borrowed;
-  union {
-    c10::TensorImpl* const* borrow;
-    c10::TensorImpl* own;
-  };
-};
-inline c10::TensorImpl* impl_of(PyObject* o) {
-  auto* v = reinterpret_cast<Var*>(o);
-  return v->borrowed ? *v->borrow : v->own;
-}
-#else
-struct Var {
-  PyObject_HEAD
-  c10::TensorImpl* impl;
-};
-inline c10::TensorImpl* impl_of(PyObject* o) {
-  return reinterpret_cast<Var*>(o)->impl;
-}
-#endif
+using plait_layout::impl_of;  // torch_layout.h: where a tensor keeps its TensorImpl
 
 PyObject* g_plain[4] = {nullptr, nullptr, nullptr, nullptr};  // types read natively
 int g_nplain = 0;
@@ -73,7 +48,7 @@ enum Code {
   CALL = 0, CALL0 = 1, CALLS0 = 2, STRUCTURE = 3, TENSORS = 4, EDGES = 5, ATTRS = 6,
   LEAF_VALUE = 7, LEAF_IS = 8, LEAF_BITS = 9, PYVALUES = 10
 };
-// PYVALUES check kinds (plait.frontend.guards.ReadPyValues)
+// PYVALUES check kinds (plait.guards.guard.ReadPyValues)
 enum PyKind {
   PK_ITEMS = 0, PK_CELL = 1, PK_FUNC = 2, PK_TYPE = 3, PK_DICT = 4, PK_LIST = 5, PK_PYTHON = 6,
   PK_TYPEATTRS = 7
@@ -1007,4 +982,3 @@ PyMODINIT_FUNC PyInit__plait_guards(void) {
   }
   return m;
 }
-"""
