@@ -464,7 +464,3 @@ def _before_phase(phase: int) -> Callable[[int, int, int], bool]:
 def print_kernel(kernel: Kernel, symbol: str, options: PrintOptions | None = None) -> str:
     """The C++ definition of ``kernel`` as ``extern "C" int symbol(void* const* args)``."""
     return _Printer(kernel, symbol, options or PrintOptions()).body()
-
-
-def uses_vector_math(source: str) -> bool:
-    return any(f"{name}f(" in source or f"{name}(" in source for name in _VECTOR_MATH)

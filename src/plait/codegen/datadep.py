@@ -31,18 +31,13 @@ from plait.codegen.extern import ExternCall
 from plait.ir.graph import Node
 from plait.ir.ops import get_op
 from plait.ir.types import TensorType
-from plait.symbolic import UNBACKED_RE, evaluate, free_symbols, has_unbacked
+from plait.symbolic import evaluate, has_unbacked
 
 DATADEP_OP = "aten_datadep"
 
 
 def unbacked(t: Any) -> bool:
     return isinstance(t, TensorType) and has_unbacked(t.shape)
-
-
-def only_unbacked(t: TensorType) -> bool:
-    """Whether every symbol in ``t``'s dims is unbacked (none is an input's symbolic size)."""
-    return all(UNBACKED_RE.match(str(s)) for s in free_symbols(t.shape))
 
 
 def touches_unbacked(node: Node) -> bool:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from plait.codegen.index import Ix, Var, contiguous_strides, linear
 from plait.codegen.kir import STORAGE_OF, KernelBuilder, Stmt, scalar_of
 from plait.codegen.placement import Loc, Lowered
@@ -277,8 +275,3 @@ def lower_pointwise(
         b.store(out, linear(home, strides), stmt)
     nodes = tuple(sorted(low.covered))
     return Lowered(b.build(nodes, "pointwise"), low.bindings, low.covered)
-
-
-def value_dtype(v: Value) -> torch.dtype:
-    assert isinstance(v.type, TensorType)
-    return v.type.dtype

@@ -18,8 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import torch
-
 from plait.ir import Graph, Node, Value, get_op
 
 # NOTE: a hook sees each node with the arguments it ran on and its results; it returns the
@@ -59,14 +57,6 @@ def evaluate(
         for v, r in zip(node.outputs, results):
             values[v.name] = r
     return values
-
-
-def output_values(graph: Graph, values: Mapping[str, Any]) -> list[Any]:
-    return [values[o.name] if isinstance(o, Value) else o for o in graph.outputs]
-
-
-def clone_value(x: Any) -> Any:
-    return x.detach().clone() if isinstance(x, torch.Tensor) else x
 
 
 def producers(graph: Graph) -> dict[str, Node]:

@@ -221,10 +221,6 @@ def symbol_guards(
     return out
 
 
-def autocast_on() -> bool:
-    return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
-
-
 def autocast_state() -> tuple[str, ...]:
     """The autocast a capture sees: ``()`` when off, else each enabled device with its dtype
     (``("cpu:bfloat16",)``): a program captured under one autocast dtype casts to it, so the

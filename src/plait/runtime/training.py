@@ -31,7 +31,7 @@ from plait.autograd import CompiledAutograd, Partition, build_joint, partition
 from plait.autograd.joint import prepare_for_autograd
 from plait.autograd.partition import value_bytes
 from plait.codegen.options import StaxOptions
-from plait.ir.graph import Graph, Value
+from plait.ir.graph import Graph
 from plait.passes import TRAINING_PIPELINE, PipelineResult, run_pipeline
 from plait.runtime.program import StaxProgram, compile_graphs
 
@@ -141,7 +141,3 @@ def compile_training(
     )
     passes = (results[0], results[1])
     return TrainingProgram(graph, part, (fwd, bwd), (halves[0], halves[1]), run, seconds, passes)
-
-
-def saved_values(program: TrainingProgram) -> list[Value]:
-    return list(program.partition.saved)

@@ -155,10 +155,6 @@ def atom(name: str, lower: int | None = 1) -> Poly:
     return Poly(((((name,), 1)),))
 
 
-def atom_lower(name: str) -> int | None:
-    return _LOWER.get(name)
-
-
 def compound(name: str) -> sympy.Expr | None:
     """The sympy expression a compound atom stands for (None for a symbol)."""
     return _COMPOUND.get(name)
