@@ -9,6 +9,7 @@ movement, pointwise, reductions and random ops.
 from plait.ir.ops import vjp  # noqa: F401  (registers torch_vjp)
 from plait.ir.ops import linalg, pooling, extern  # noqa: F401
 from plait.ir.ops import aten, datadep  # noqa: F401
-from plait.ir.ops import view, movement  # noqa: F401
-from plait.ir.ops import pointwise, reduction, rng  # noqa: F401
+from plait.ir.ops import view, view_derivatives, movement  # noqa: F401
+from plait.ir.ops import pointwise, unary_derivatives, binary_derivatives  # noqa: F401
+from plait.ir.ops import reduction, reduction_derivatives, rng  # noqa: F401
 # isort: on
