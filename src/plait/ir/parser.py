@@ -326,30 +326,48 @@ class Parser:
         """``literal := keyword | string | list | number | dtype | dim``; ``stops``: the
         characters that end a dim expression here."""
         self.skip_ws()
-        text, pos = self.text, self.pos
-        m = _KEYWORD_RE.match(text, pos)
-        if m:
-            self.pos = m.end()
-            return _KEYWORDS[m.group(0)]
-        if text.startswith('"', pos):
+        first = self.text[self.pos : self.pos + 1]
+        if first == '"':
             return self.string()
-        if text.startswith("[", pos):
+        if first == "[":
             return self.list_literal()
-        for pattern, convert in ((_FLOAT_RE, float), (_INT_RE, int)):
-            m = pattern.match(text, pos)
-            if m:
-                self.pos = m.end()
-                return convert(m.group(0))
-        m = _IDENT_RE.match(text, pos)
-        if m and m.group(0) in DTYPES_BY_NAME:
-            self.pos = m.end()
-            return DTYPES_BY_NAME[m.group(0)]
-        if text.startswith("(", pos):
+        if first == "(":
             return self.dim(stops)
+        for kind in (self.keyword, self.number, self.dtype):
+            value = kind()
+            if value is not _NO_VALUE:
+                return value
         raise self.error(
             "expected a literal (number, true/false, none, string, list, dtype, "
             "or a parenthesized dim expression)"
         )
+
+    def keyword(self) -> Any:
+        """``keyword := "true" | "false" | "none"`` (``_NO_VALUE`` when the cursor is not at
+        one)."""
+        m = _KEYWORD_RE.match(self.text, self.pos)
+        if not m:
+            return _NO_VALUE
+        self.pos = m.end()
+        return _KEYWORDS[m.group(0)]
+
+    def number(self) -> Any:
+        """``number``: a float (``1.5``, ``1e-07``, ``-inf``, ``nan``) or an int (``_NO_VALUE``
+        when the cursor is not at one)."""
+        for pattern, convert in ((_FLOAT_RE, float), (_INT_RE, int)):
+            m = pattern.match(self.text, self.pos)
+            if m:
+                self.pos = m.end()
+                return convert(m.group(0))
+        return _NO_VALUE
+
+    def dtype(self) -> Any:
+        """``dtype``: a dtype's name (``f32``; ``_NO_VALUE`` when the cursor is not at one)."""
+        m = _IDENT_RE.match(self.text, self.pos)
+        if not m or m.group(0) not in DTYPES_BY_NAME:
+            return _NO_VALUE
+        self.pos = m.end()
+        return DTYPES_BY_NAME[m.group(0)]
 
     def string(self) -> str:
         """``string``: a JSON string literal."""
