@@ -34,7 +34,6 @@ def _mul_vjp(ctx: VjpContext) -> list[Operand | None]:
     return binary_grads(ctx, lambda g: ctx.call("mul", g, b), lambda g: ctx.call("mul", g, a))
 
 
-# --- binary derivatives ------------------------------------------------------------------------
 @vjp("div")
 def _div_vjp(ctx: VjpContext) -> list[Operand | None]:
     if ctx.attrs["rounding_mode"] is not None:
