@@ -309,7 +309,7 @@ CODES: dict[str, ErrorCode] = {
 _BY_NAME = {
     "plait.ir.ops.registry.TypeRuleError": "PLAIT-C150",
     "plait.ir.ops.registry.AttrError": "PLAIT-C151",
-    "plait.ir.text.IRParseError": "PLAIT-C152",
+    "plait.ir.parser.IRParseError": "PLAIT-C152",
     "plait.ir.interpret.InterpretError": "PLAIT-C153",
     "plait.specialization.SpecializationMissError": "PLAIT-C160",
     "plait.ir.verify.VerificationError": "PLAIT-D201",

@@ -16,8 +16,8 @@ from plait.autograd import CompiledAutograd, JointGraphError, build_joint, parti
 from plait.conformance.gradcheck import gradcheck_fd
 from plait.ir import Category, GraphBuilder, TensorType, all_ops, get_op
 from plait.ir.graph import Graph
-from plait.ir.ops.extern import ZERO_GRADIENT_DRAWS, NoDerivativeError
-from plait.ir.ops.vjp import is_differentiable
+from plait.ir.ops.call_autograd import ZERO_GRADIENT_DRAWS
+from plait.ir.ops.vjp import NoDerivativeError, is_differentiable
 from tests.autograd.vjp_check import OneOp, check_op, differentiable_samples
 from tests.ir.opdb import Sample, samples
 

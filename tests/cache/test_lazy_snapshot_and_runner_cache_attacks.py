@@ -34,7 +34,7 @@ from plait.frontend.program import CapturedProgram
 from plait.frontend.snapshot import SnapshotProgram
 from plait.guards.guard import GuardSet
 from plait.ir import GraphBuilder, TensorType, Value, from_text, to_text
-from plait.ir.text import graph_interface
+from plait.ir.parser import graph_interface
 from plait.runtime import compile_graph
 from plait.runtime import runner as runner_mod
 from tests.cache.helpers import convnet, sample, status

@@ -1,6 +1,7 @@
 """A warm start that hits the artifact cache reads only the interface of the snapshot's graph
 (its inputs and the names it returns): the nodes are parsed when something asks for the graph.
-``plait.ir.text.graph_interface`` must say what ``from_text`` says of those parts, on any graph."""
+``plait.ir.parser.graph_interface`` must say what ``from_text`` says of those parts, on any
+graph."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import plait
 from plait.frontend import snapshot as snapshot_mod
 from plait.frontend.snapshot import SnapshotProgram
 from plait.ir import GraphBuilder, TensorType, from_text, to_text
-from plait.ir.text import graph_interface
+from plait.ir.parser import graph_interface
 from tests.cache.helpers import convnet, run, sample, status
 
 

@@ -266,7 +266,7 @@ def test_a_byte_flipped_past_the_first_chunk_is_detected(tmp_path: Path) -> None
 
 
 def _parse(text: str, general: bool) -> tuple[object, ...]:
-    from plait.ir import text as text_mod
+    from plait.ir import parser as text_mod
 
     with pytest.MonkeyPatch.context() as m:
         if general:

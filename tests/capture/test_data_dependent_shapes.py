@@ -16,7 +16,8 @@ import torch
 import plait
 import plait.conformance
 from plait.errors import CaptureFallbackWarning, GraphCaptureError
-from plait.ir.text import from_text, to_text
+from plait.ir.parser import from_text
+from plait.ir.text import to_text
 from plait.ir.verify import verify
 from tests.util import assert_bitwise
 

@@ -165,7 +165,7 @@ def test_stax_runs_the_opaque_literals() -> None:
 
 def test_literals_decode_to_the_values_they_encode() -> None:
     from plait.frontend.opaque import _encode
-    from plait.ir.ops.extern import decode_literal
+    from plait.ir.ops.call_literals import decode_literal
 
     nan = _nan_with_payload(1)
     value = (

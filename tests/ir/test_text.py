@@ -60,11 +60,11 @@ def test_round_trip_is_exact_and_behaves_identically(g: Graph) -> None:
 def _general_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
     import re
 
-    from plait.ir import text
+    from plait.ir import parser
 
     never = re.compile(r"(?!)")
-    monkeypatch.setattr(text, "_FAST_STMT_RE", never)
-    monkeypatch.setattr(text, "_FAST_INPUT_RE", never)
+    monkeypatch.setattr(parser, "_FAST_STMT_RE", never)
+    monkeypatch.setattr(parser, "_FAST_INPUT_RE", never)
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))

@@ -28,9 +28,10 @@ from typing import Any
 import torch
 
 from plait.errors import PlaitCompileError
-from plait.ir.graph import Graph, GraphBuilder, Node, Value
-from plait.ir.ops.extern import NoDerivativeError, max_pool_window
-from plait.ir.ops.vjp import VjpContext, has_rule, is_differentiable, vjp_rule
+from plait.ir.builder import GraphBuilder
+from plait.ir.graph import Graph, Node, Value
+from plait.ir.ops.pooling import max_pool_window
+from plait.ir.ops.vjp import NoDerivativeError, VjpContext, has_rule, is_differentiable, vjp_rule
 from plait.ir.types import FLOAT_DTYPES, TensorType
 from plait.ir.verify import verify
 

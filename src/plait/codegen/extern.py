@@ -207,7 +207,8 @@ def _aten_op_class(op: torch._ops.OpOverload) -> str:
 def _aten(n: Node, consts: Consts) -> ExternCall:
     """A typed ATen node: its ``OpOverload`` called directly (``aten.<name>`` in the evidence).
     The operands arrive as the variadic param's list (none for ``aten_factory``)."""
-    from plait.ir.ops.aten import bind_call, resolve_overload
+    from plait.ir.ops.aten import bind_call
+    from plait.ir.ops.aten_overloads import resolve_overload
 
     a = n.attrs
     name, overload = a["name"], a["overload"]

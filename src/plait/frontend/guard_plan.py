@@ -33,7 +33,8 @@ from plait.frontend import guard_build, pyvalues, size_guards
 from plait.frontend.state import ModuleState
 from plait.guards.guard import Guard, GuardSet
 from plait.ir import TensorType
-from plait.ir.text import format_type, parse_type
+from plait.ir.parser import parse_type
+from plait.ir.text import format_type
 from plait.symbolic.dims import parse_dim, symbol
 
 _RELATIONS = {">": sympy.Gt, ">=": sympy.Ge, "<": sympy.Lt, "<=": sympy.Le, "==": sympy.Eq}

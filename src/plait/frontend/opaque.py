@@ -46,7 +46,7 @@ from plait.frontend.aten_trace import Refused, trace_to_aten
 from plait.frontend.pytree import same_type
 from plait.frontend.symints import TracedInt, TracedSize
 from plait.frontend.writes import inplace_index, write_targets
-from plait.ir.ops.extern import resolve_target
+from plait.ir.ops.call_literals import resolve_target
 
 if TYPE_CHECKING:
     from plait.frontend.tracer import CaptureContext

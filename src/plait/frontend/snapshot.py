@@ -38,7 +38,7 @@ from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
 from plait.frontend.state import ModuleState
 from plait.guards.guard import GuardEnv
 from plait.ir import Graph, Value, from_text, to_text
-from plait.ir.text import graph_interface
+from plait.ir.parser import graph_interface
 
 FORMAT = "plait.program/1"
 

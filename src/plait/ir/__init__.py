@@ -13,11 +13,20 @@ Example:
 """
 
 from plait.ir import ops
-from plait.ir.graph import INPUT_KINDS, Graph, GraphBuilder, Node, Operand, Value
+from plait.ir.builder import GraphBuilder
+from plait.ir.graph import INPUT_KINDS, Graph, Node, Operand, Value
 from plait.ir.identity import canonical_order, canonical_text, semantic_hash, weights_hash
 from plait.ir.interpret import InterpretError, interpret
-from plait.ir.ops import Category, OpDef, TypeRuleError, all_ops, get_op
-from plait.ir.text import IRParseError, from_text, parse_type, to_text
+from plait.ir.ops import (
+    Category,
+    OpDef,
+    TypeRuleError,
+    all_ops,
+    catalog,  # noqa: F401  (every op family registers its ops)
+    get_op,
+)
+from plait.ir.parser import IRParseError, from_text, parse_type
+from plait.ir.text import to_text
 from plait.ir.types import NoneType, ScalarType, TensorType, Type
 from plait.ir.verify import VerificationError, verify
 

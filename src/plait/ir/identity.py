@@ -30,7 +30,9 @@ import xxhash
 
 from plait.ir.chunked_hash import stream_digest
 from plait.ir.graph import Graph, Node, Value
-from plait.ir.text import format_type, format_value
+from plait.ir.literals import format_value
+from plait.ir.ops.registry import get_op
+from plait.ir.text import format_type
 
 
 def _sha(text: str) -> str:
@@ -51,8 +53,6 @@ def _structural_keys(graph: Graph) -> dict[int, str]:
     NOTE: equal keys mean identical computations; random nodes carry their position among
     random nodes, so two draws never share a key.
     """
-    from plait.ir.ops import get_op
-
     keys: dict[int, str] = {id(v): _input_label(v, i) for i, v in enumerate(graph.inputs)}
     random_rank = 0
     for node in graph.nodes:
@@ -95,8 +95,6 @@ def canonical_order(graph: Graph) -> list[Node]:
 
 
 def _canonical(graph: Graph) -> tuple[list[Node], _Namer]:
-    from plait.ir.ops import get_op
-
     keys = _structural_keys(graph)
     random_nodes = [n for n in graph.nodes if get_op(n.op).is_random(n.attrs)]
     random_rank = {id(n): i for i, n in enumerate(random_nodes)}

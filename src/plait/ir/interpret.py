@@ -21,6 +21,7 @@ import sympy
 import torch
 
 from plait.ir.graph import Graph, Value
+from plait.ir.ops.registry import get_op
 from plait.ir.types import TensorType
 from plait.symbolic import Dim, evaluate, normalize
 
@@ -83,8 +84,6 @@ def interpret(
 
     Given by name, ``const`` inputs default to the graph's own ``constants``.
     """
-    from plait.ir.ops import get_op
-
     bindings = bind_inputs(graph, inputs)
     values: dict[int, Any] = {}
     ordered = inputs

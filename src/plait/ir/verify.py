@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from plait.ir.graph import INPUT_KINDS, Graph, Node, Value
+from plait.ir.literals import same_attr
+from plait.ir.ops.registry import AttrError, TypeRuleError, get_op
 
 
 class VerificationError(ValueError):
@@ -32,8 +34,6 @@ class VerificationError(ValueError):
 
 def verify(graph: Graph) -> None:
     """Check every IR invariant; raise :class:`VerificationError` naming the first one broken."""
-    from plait.ir.ops import AttrError, TypeRuleError, get_op
-
     defined: set[int] = set()
     names: set[str] = set()
 
@@ -106,8 +106,4 @@ def verify(graph: Graph) -> None:
 
 
 def _attrs_identical(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    from plait.ir.text import format_value
-
-    return list(a) == list(b) and all(
-        type(a[k]) is type(b[k]) and format_value(a[k]) == format_value(b[k]) for k in a
-    )
+    return list(a) == list(b) and all(same_attr(a[k], b[k]) for k in a)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from plait.ir import Graph, Node, Value, get_op
-from plait.ir.text import format_value
+from plait.ir.literals import format_value
 from plait.passes.manager import EXACT, PassContext, register_pass
 from plait.passes.rewrite import replace_uses
 

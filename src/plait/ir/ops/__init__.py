@@ -1,5 +1,9 @@
 """The closed op registry and its op families.
 
+Importing this package gives the registry (:mod:`plait.ir.ops.registry`); the op families
+register their ops when :mod:`plait.ir.ops.catalog` is imported, which :mod:`plait.ir` does
+first, so every op is registered before any code outside the IR runs.
+
 Example:
     >>> from plait.ir.ops import all_ops, get_op
     >>> get_op("relu").category.value
@@ -8,17 +12,6 @@ Example:
     True
 """
 
-from plait.ir.ops import (  # noqa: F401  (registers)
-    aten,
-    datadep,
-    extern,
-    movement,
-    pointwise,
-    reduction,
-    rng,
-    view,
-    vjp,
-)
 from plait.ir.ops.registry import (
     ATTR_KINDS,
     OPTIONAL_TENSOR,

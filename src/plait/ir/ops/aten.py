@@ -45,62 +45,20 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from plait.ir.graph import Operand, Value
-from plait.ir.ops.extern import (
-    ALL,
-    ZERO_GRADIENT_DRAWS,
-    NoDerivativeError,
-    _call_spec,
-    call_probe,
-    count_operands,
-    decode_call,
-    differentiated_call,
-)
+from plait.ir.ops.aten_overloads import lookup_overload, resolve_overload
+from plait.ir.ops.call_autograd import ZERO_GRADIENT_DRAWS, call_probe, differentiated_call
+from plait.ir.ops.call_literals import call_spec, count_operands, decode_call
+from plait.ir.ops.extern import ALL
+from plait.ir.ops.pooling import max_pool_backward
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
-from plait.ir.ops.vjp import VjpContext, nondifferentiable, vjp
+from plait.ir.ops.vjp import NoDerivativeError, VjpContext, nondifferentiable, vjp
 from plait.ir.types import TensorType, Type
-
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _lookup(name: str, overload: str) -> torch._ops.OpOverload:
-    what = f"aten.{name}.{overload}"
-    if not _IDENT.fullmatch(name) or not _IDENT.fullmatch(overload):
-        raise TypeRuleError(f"aten: {what!r} is not an ATen overload name")
-    try:
-        op = getattr(getattr(torch.ops.aten, name), overload)
-    except (AttributeError, RuntimeError):
-        raise TypeRuleError(f"aten: torch.ops has no overload {what}") from None
-    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
-        raise TypeRuleError(f"aten: {what} is not an ATen operator overload")
-    return op
-
-
-def resolve_overload(name: str, overload: str) -> torch._ops.OpOverload:
-    """``torch.ops.aten.<name>.<overload>``, a functional overload (random ones included:
-    :func:`is_seeded`); nothing outside ``torch.ops.aten`` is ever resolved.
-
-    Example:
-        >>> resolve_overload("acos", "default")
-        <OpOverload(op='aten.acos', overload='default')>
-    """
-    op = _lookup(name, overload)
-    schema = op._schema
-    if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
-        raise TypeRuleError(
-            f"aten: aten.{name}.{overload} writes or aliases its arguments; the IR is functional"
-        )
-    if not schema.returns:
-        raise TypeRuleError(
-            f"aten: aten.{name}.{overload} returns nothing; a runtime check is an aten_check node"
-        )
-    return op
 
 
 def is_seeded(op: torch._ops.OpOverload) -> bool:
@@ -111,7 +69,7 @@ def is_seeded(op: torch._ops.OpOverload) -> bool:
 @functools.lru_cache(maxsize=1024)
 def _seeded_name(name: str, overload: str) -> bool:
     try:
-        return is_seeded(_lookup(name, overload))
+        return is_seeded(lookup_overload(name, overload))
     except TypeRuleError:
         return False
 
@@ -139,7 +97,7 @@ def resolve_check(name: str, overload: str) -> torch._ops.OpOverload:
         >>> resolve_check("_linalg_check_errors", "default")
         <OpOverload(op='aten._linalg_check_errors', overload='default')>
     """
-    op = _lookup(name, overload)
+    op = lookup_overload(name, overload)
     if op not in RUNTIME_CHECKS:
         raise TypeRuleError(f"aten_check: aten.{name}.{overload} is no runtime check plait knows")
     return op
@@ -210,7 +168,7 @@ def meta_rejects(node: str, what: str, exc: Exception) -> TypeRuleError:
 
 
 def _check_spec(operands: list[Type], literals: str, kwliterals: str) -> None:
-    positional, keywords = _call_spec(literals, kwliterals)
+    positional, keywords = call_spec(literals, kwliterals)
     used = len(operands) if positional is None else count_operands(positional)
     used += count_operands(keywords)
     if used != len(operands):
@@ -442,8 +400,6 @@ def _batch_norm_train_vjp(ctx: VjpContext, op: Any) -> list[Operand | None]:
 def _max_pool_with_indices_vjp(ctx: VjpContext, op: Any) -> list[Operand | None]:
     """The cotangent routed to the maxima the forward found (its indices output): eager's
     backward kernel, and the forward never runs again."""
-    from plait.ir.ops.extern import max_pool_backward
-
     if not ctx.wants(0):
         return [None] * len(ctx.inputs)
     args, keywords = decode_call([0], ctx.attrs["literals"], ctx.attrs["kwliterals"])

@@ -41,9 +41,10 @@ from plait.ir.ops.aten import (
     _results,
     defined_results,
     meta_rejects,
-    resolve_overload,
 )
-from plait.ir.ops.extern import ALL, decode_call
+from plait.ir.ops.aten_overloads import resolve_overload
+from plait.ir.ops.call_literals import decode_call
+from plait.ir.ops.extern import ALL
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
 from plait.ir.ops.vjp import torch_vjp_rule, vjp
 from plait.ir.types import TensorType, Type

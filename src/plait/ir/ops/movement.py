@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from plait.ir.graph import Operand, Value
 from plait.ir.ops.registry import Attr, Category, OpDef, Param, TypeRuleError, register
 from plait.ir.ops.rules import wrap_dim, wrap_dims
-from plait.ir.ops.view import ALL, pad_along, spread_along, zeros_of
+from plait.ir.ops.view import ALL
+from plait.ir.ops.view_derivatives import pad_along, spread_along, zeros_of
 from plait.ir.ops.vjp import VjpContext, torch_vjp_rule, vjp
 from plait.ir.types import FLOAT_DTYPES, INT_DTYPES, TensorType, Type
 from plait.symbolic import Dim, dims_equal, normalize

@@ -22,8 +22,8 @@ from typing import Any
 import sympy
 import torch
 
-from plait.ir.graph import Operand, Value
-from plait.ir.types import COMPLEX_DTYPES, NoneType, TensorType, Type, scalar_type_of
+from plait.ir.ssa import Operand, Value
+from plait.ir.types import COMPLEX_DTYPES, NoneType, ScalarType, TensorType, Type, scalar_type_of
 
 
 class Category(enum.Enum):
@@ -241,8 +241,6 @@ class OpDef:
             else:
                 types.append(scalar_type_of(operand))
         structured = self.structure(types)
-        from plait.ir.types import ScalarType
-
         for p, t in zip(self.params, structured):
             ok = {
                 TENSOR: lambda t: isinstance(t, TensorType),

@@ -26,15 +26,11 @@ from typing import Any
 import torch
 
 from plait.ir.graph import Operand
-from plait.ir.ops.extern import (
-    ZERO_GRADIENT_DRAWS,
-    NoDerivativeError,
-    call_probe,
-    decode_call,
-    resolve_target,
-)
+from plait.ir.ops.call_autograd import ZERO_GRADIENT_DRAWS, call_probe
+from plait.ir.ops.call_literals import decode_call, resolve_target
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
-from plait.ir.ops.vjp import VjpContext, nondifferentiable, vjp
+from plait.ir.ops.vjp import NoDerivativeError, VjpContext, nondifferentiable, vjp
+from plait.ir.parser import parse_type
 from plait.ir.types import FLOAT_DTYPES, TensorType, Type
 
 _TOKEN = TensorType((), torch.int64, "cpu")
@@ -97,8 +93,6 @@ register(
 
 
 def _random_rule(*args: Any, target: str, out_types: str, literals: str, kwliterals: str) -> Any:
-    from plait.ir.text import parse_type
-
     resolve_target(target)
     decode_call([None] * len(args[0]) if args else [], literals, kwliterals)
     types = [parse_type(s.strip()) for s in out_types.split(";") if s.strip()]

@@ -29,14 +29,26 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
 import torch
 
-from plait.ir.graph import GraphBuilder, Node, Operand, Value
-from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
+from plait.ir.builder import GraphBuilder
+from plait.ir.graph import Node, Operand, Value
+from plait.ir.ops.call_literals import decode_literal
+from plait.ir.ops.registry import (
+    VARIADIC,
+    Attr,
+    Category,
+    OpDef,
+    Param,
+    TypeRuleError,
+    get_op,
+    register,
+)
 from plait.ir.types import FLOAT_DTYPES, TensorType, Type
 
 # NOTE: extern.py registers rules from this module: its helpers are imported where they run.
@@ -164,8 +176,6 @@ def _encode(value: Any) -> Any:
 
 
 def _float_hex(value: float) -> str:
-    import struct
-
     return struct.pack("<d", value).hex()
 
 
@@ -205,8 +215,6 @@ def _is_float(o: Operand) -> bool:
 
 
 def _operands(args: Sequence[Any], operands: str) -> tuple[list[Any], int]:
-    from plait.ir.ops.extern import decode_literal
-
     layout = json.loads(operands)
     used = sum(1 for x in layout if isinstance(x, dict) and set(x) == {"t"})
     return [decode_literal(x, list(args)) for x in layout], used
@@ -215,8 +223,6 @@ def _operands(args: Sequence[Any], operands: str) -> tuple[list[Any], int]:
 def _torch_vjp_rule(
     args: list[Type], of: str, attrs: str, operands: str, seeded: tuple, wrt: tuple
 ) -> list[Type]:
-    from plait.ir.ops.registry import get_op
-
     get_op(of)
     layout = json.loads(operands)
     if not isinstance(layout, list):
@@ -237,9 +243,6 @@ def _torch_vjp_rule(
 def _torch_vjp_ref(
     args: list[Any], of: str, attrs: str, operands: str, seeded: tuple, wrt: tuple
 ) -> Any:
-    from plait.ir.ops.extern import decode_literal
-    from plait.ir.ops.registry import get_op
-
     op = get_op(of)
     decoded = {k: decode_literal(v, []) for k, v in json.loads(attrs).items()}
     layout = json.loads(operands)
@@ -280,3 +283,25 @@ register(
     )
 )
 nondifferentiable("torch_vjp")
+
+
+class NoDerivativeError(ValueError):
+    """A derivative rule cannot differentiate its node as asked (a random op whose gradient
+    needs the numbers it drew); raised while the joint graph is built."""
+
+
+def tensor_type(o: Operand | None) -> TensorType:
+    """The type of tensor operand ``o`` (a derivative rule's operand known to be a tensor)."""
+    assert isinstance(o, Value) and isinstance(o.type, TensorType), f"{o!r} is not a tensor"
+    return o.type
+
+
+def all_static(*values: Operand | None) -> bool:
+    """Whether every tensor among ``values`` has a static shape (what an ``aten`` node needs)."""
+    return all(tensor_type(v).is_static for v in values if isinstance(v, Value))
+
+
+def aten_node(ctx: VjpContext, name: str, tensors: list[Value], literals: list[Any]) -> tuple:
+    """An ``aten`` node ``aten.<name>.default`` over ``tensors`` (``{"t": i}`` in ``literals``);
+    its defined results."""
+    return ctx.call("aten", tensors, name=name, overload="default", literals=json.dumps(literals))
