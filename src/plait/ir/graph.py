@@ -73,9 +73,6 @@ class Graph:
                 return v
         raise KeyError(f"graph has no input named {name!r}")
 
-    def inputs_of_kind(self, kind: str) -> list[Value]:
-        return [v for v in self.inputs if v.kind == kind]
-
     def users(self) -> dict[Value, list[Node]]:
         """Map each value to the nodes that read it (in node order)."""
         out: dict[Value, list[Node]] = {}

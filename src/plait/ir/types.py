@@ -67,10 +67,6 @@ def is_complex(dtype: torch.dtype) -> bool:
     return dtype in COMPLEX_DTYPES
 
 
-def is_integral(dtype: torch.dtype, include_bool: bool = False) -> bool:
-    return dtype in INT_DTYPES or (include_bool and dtype == torch.bool)
-
-
 @functools.lru_cache(maxsize=64)
 def canonical_device(device: str | torch.device) -> str:
     """``'cpu'`` or ``'cuda:N'``: one spelling per device."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import sympy
 import torch
 
 from plait.ir.ops.registry import TypeRuleError
@@ -109,10 +108,6 @@ def reduce_shape(shape: Sequence[Dim], dims: Sequence[int], keepdim: bool) -> tu
     if keepdim:
         return tuple(1 if i in dims else d for i, d in enumerate(shape))
     return tuple(d for i, d in enumerate(shape) if i not in dims)
-
-
-def as_dim(value: Any) -> Dim:
-    return normalize(value) if isinstance(value, (int, sympy.Expr)) else value
 
 
 def require_float(t: TensorType, op: str) -> None:
