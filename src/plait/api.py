@@ -84,7 +84,11 @@ DEFAULT_RECOMPILE_LIMIT = 8
 # captures never overlap: every miss path (capture, compile, the specialization table) holds
 # this lock first, then its callable's own lock; steady-state calls take neither.
 _CAPTURE_LOCK = threading.RLock()
-_ENGINE_OPTIONS = ("recompile_limit", "on_recompile_limit", "cache")
+_ENGINE_OPTIONS = ("recompile_limit", "on_recompile_limit", "cache", "warm_start")
+# NOTE: "capture": a warm start captures, then loads the compiled artifact (sound by
+# construction); "fingerprint": a saved snapshot replaces capture when the fingerprint of the
+# model matches (opt-in: docs/cache.md lists what a fingerprint cannot see)
+WARM_STARTS = ("capture", "fingerprint")
 _MODES = (None, "default")
 
 
@@ -234,6 +238,9 @@ class _Engine(RegionEngine, DynamicShapes):
                 f"on_recompile_limit must be 'raise' or 'eager', got {self.on_limit!r}"
             )
         self.cache = options.pop("cache", True)
+        self.warm_start = options.pop("warm_start", "capture")
+        if self.warm_start not in WARM_STARTS:
+            raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
         check_store_option(self.cache)  # NOTE: a wrong value fails here, not at the first call
         unknown = sorted(set(options) - set(KNOWN_OPTIONS))
         if unknown:
@@ -475,6 +482,8 @@ class _Engine(RegionEngine, DynamicShapes):
         the front key's parts (None: this program cannot have one) and what happened."""
         if store is None:
             return None, None, "captured: no cache"
+        if self.warm_start != "fingerprint":
+            return None, None, "captured (the default warm start)"
         request = {
             "backend": self.backend,
             "fullgraph": self.fullgraph,
@@ -673,9 +682,13 @@ def compile(
     ``on_recompile_limit`` (``"raise"``, the default, or ``"eager"``: run calls past the limit
     eagerly, warned once and recorded), ``cache`` (the artifact cache: ``True``, the default,
     for ``$PLAIT_CACHE_DIR`` or the per-user cache directory; ``False``; a directory; a
-    :class:`plait.cache.Store`), ``passes`` (a pipeline such as ``"canonicalize,cse,dce"``,
-    or ``"inference"``, ``"training"``, ``"none"``), ``freeze`` (default: when no gradient can
-    flow), ``stax`` (a dict of :class:`plait.runtime.StaxOptions` fields).
+    :class:`plait.cache.Store`), ``warm_start`` (``"capture"``, the default: a new process
+    captures the program and loads its compiled artifact from the cache; ``"fingerprint"``: a
+    snapshot of the captured program replaces capture when the model's fingerprint matches,
+    faster and blind to what docs/cache.md lists), ``passes`` (a pipeline such as
+    ``"canonicalize,cse,dce"``, or ``"inference"``, ``"training"``, ``"none"``), ``freeze``
+    (default: when no gradient can flow), ``stax`` (a dict of
+    :class:`plait.runtime.StaxOptions` fields).
 
     Example:
         >>> import torch, plait

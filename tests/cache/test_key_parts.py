@@ -73,7 +73,9 @@ def test_guards_part(cache: Path) -> None:
         return x * 2
 
     for n, expected in ((1, "miss"), (1, "hit"), (2, "miss")):
-        compiled = plait.compile(f, backend="eager", options={"cache": str(cache)})
+        compiled = plait.compile(
+            f, backend="eager", options={"warm_start": "fingerprint", "cache": str(cache)}
+        )
         compiled(torch.randn(3), n)
         assert status(compiled.specializations[0]) == expected
     (differs,) = compiled.specializations[0].manifest.cache["differs"]
@@ -154,11 +156,11 @@ def test_non_frozen_weights_are_not_in_the_key(cache: Path) -> None:
 
 def test_hit_after_recompile_in_the_same_process(cache: Path) -> None:
     model = convnet()
-    compiled = plait.compile(model, options={"cache": str(cache)})
+    compiled = plait.compile(model, options={"warm_start": "fingerprint", "cache": str(cache)})
     with torch.no_grad():
         compiled(sample())
         compiled(torch.randn(3, 3, 8, 8))
-        again = plait.compile(model, options={"cache": str(cache)})
+        again = plait.compile(model, options={"warm_start": "fingerprint", "cache": str(cache)})
         again(torch.randn(3, 3, 8, 8))
     assert [status(s) for s in compiled.specializations] == ["miss", "miss"]
     assert status(again.specializations[0]) == "hit"
@@ -182,7 +184,9 @@ def test_process_specific_guard_is_never_cached(cache: Path) -> None:
     def f(x: torch.Tensor, c: Any) -> torch.Tensor:
         return x * 2
 
-    compiled = plait.compile(f, backend="eager", options={"cache": str(cache)})
+    compiled = plait.compile(
+        f, backend="eager", options={"warm_start": "fingerprint", "cache": str(cache)}
+    )
     compiled(torch.randn(3), cfg)
     spec = compiled.specializations[0]
     assert status(spec) == "not cached"
@@ -222,7 +226,9 @@ def test_training_programs_compile_and_say_they_are_not_cached(cache: Path) -> N
     model = torch.nn.Linear(4, 2)
     x = torch.randn(3, 4)
     for _ in range(2):
-        compiled = plait.compile(model, backend="stax", options={"cache": str(cache)})
+        compiled = plait.compile(
+            model, backend="stax", options={"warm_start": "fingerprint", "cache": str(cache)}
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("error", CaptureFallbackWarning)
             out = compiled(x)

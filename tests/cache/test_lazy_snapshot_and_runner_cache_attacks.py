@@ -136,7 +136,7 @@ def test_a_warm_start_of_a_writing_model_is_right_and_recompiles_right(
 ) -> None:
     torch.manual_seed(11)
     base = Rich()
-    opts = {"cache": str(tmp_path), **kwargs.get("options", {})}
+    opts = {"warm_start": "fingerprint", "cache": str(tmp_path), **kwargs.get("options", {})}
     extra = {k: v for k, v in kwargs.items() if k != "options"}
     model, ref = copy.deepcopy(base), copy.deepcopy(base)
     cold = plait.compile(model, options=opts, **extra)
@@ -189,7 +189,9 @@ def test_written_state_of_another_process_hits_and_is_right(tmp_path: Path, name
                 for t in base.buffers():
                     t.copy_(torch.rand(t.shape) * 3 + 0.5)
         model, ref = copy.deepcopy(base), copy.deepcopy(base)  # NOTE: deepcopy keeps the tie
-        compiled = plait.compile(model, options={"cache": str(tmp_path)})
+        compiled = plait.compile(
+            model, options={"warm_start": "fingerprint", "cache": str(tmp_path)}
+        )
         with torch.no_grad():
             for _ in range(3):
                 x = torch.randn(2, 3, 6, 6)
@@ -238,7 +240,9 @@ def test_a_size_returned_under_dynamic_is_the_calls_size() -> None:
 
 def test_a_snapshot_whose_nodes_do_not_parse_is_replaced_by_a_capture(tmp_path: Path) -> None:
     with torch.no_grad():
-        plait.compile(convnet(), options={"cache": str(tmp_path)})(sample())
+        plait.compile(convnet(), options={"warm_start": "fingerprint", "cache": str(tmp_path)})(
+            sample()
+        )
     store = LocalStore(tmp_path)
     (snap,) = [e for e in store.list() if e.meta.get("kind") == "snapshot"]
     doc = json.loads(store.get(snap.key) or b"")
@@ -248,7 +252,7 @@ def test_a_snapshot_whose_nodes_do_not_parse_is_replaced_by_a_capture(tmp_path: 
         if e.meta.get("kind") != "snapshot":
             store.delete(e.key)  # NOTE: an artifact miss: the compile needs the nodes
     model, x = convnet(), sample(seed=7)
-    compiled = plait.compile(model, options={"cache": str(tmp_path)})
+    compiled = plait.compile(model, options={"warm_start": "fingerprint", "cache": str(tmp_path)})
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
 
@@ -343,7 +347,7 @@ def test_a_good_cache_option_opens_nothing_at_compile(tmp_path: Path, kind: str)
         kind, LocalStore(where)
     )
     model = nn.Linear(3, 2)
-    compiled = plait.compile(model, options={"cache": option})
+    compiled = plait.compile(model, options={"warm_start": "fingerprint", "cache": option})
     assert not where.exists()
     x = torch.randn(2, 3)
     with torch.no_grad():

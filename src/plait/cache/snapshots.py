@@ -1,5 +1,6 @@
-"""Warm starts without capture: a captured program saved under a key a new process can compute
-before it runs anything.
+"""Warm starts without capture (opt-in: ``options={"warm_start": "fingerprint"}``; the default
+warm start captures): a captured program saved under a key a new process can compute before it
+runs anything.
 
 Capture is the largest cost a warm start has left once the compiled artifact loads from the
 cache: the artifact's key is made of what capture mints (the semantic hash and the guards). A

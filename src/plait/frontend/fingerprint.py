@@ -12,7 +12,9 @@ classes by their contents; dataclass configs by class and fields; functions and 
 module and qualified name, which must find the very object again (a class redefined since its
 instances were made is not the class its module names). PyTorch's, plait's, NumPy's, SymPy's
 and the standard library's own code is pinned by the toolchain versions in every key (a PyTorch
-module attribute that user code replaced, ``F.gelu = my_gelu``, is not). Anything these cannot
+module attribute that code names is checked for what it holds: ``F.gelu = my_gelu`` and
+``F.silu = torch.tanh`` change a digest, as does a ``torch.Tensor`` or ``nn.Module`` method the
+code names, replaced: ``torch.Tensor.tanh = torch.Tensor.sigmoid``). Anything these cannot
 pin down (an arbitrary object; a method bound to one; a user module held by an attribute; a
 forward hook; code that names the environment or the command line) raises :class:`Unpinnable`,
 with the reason.
@@ -262,7 +264,50 @@ def function_digest(fn: types.FunctionType) -> str:
         what = f"global {globals_.get('__name__')}.{name}"
         h.update(repr((name, _value_fp(value, what, memo))).encode())
         _named_attrs(value, names, h, memo, seen, what)
+    # NOTE: a method the code may call on a tensor or a module (`y.tanh()`), as the class holds
+    # it now: `torch.Tensor.tanh = torch.Tensor.sigmoid` changes what the same bytecode runs
+    for name in sorted(names):
+        for cls in _LIBRARY_CLASSES:
+            found = _class_attr(cls, name)
+            if found is not _MISSING:
+                h.update(repr(("method", cls.__name__, name, _library_identity(found))).encode())
     return h.hexdigest()
+
+
+# NOTE: library classes whose methods user code calls by name on values it does not name
+_LIBRARY_CLASSES = (torch.Tensor, nn.Module)
+_MISSING = object()
+
+
+def _class_attr(cls: type, name: str) -> Any:
+    """``name`` as ``cls`` finds it through its bases' dicts (no descriptor runs)."""
+    for klass in cls.__mro__:
+        found = klass.__dict__.get(name, _MISSING)
+        if found is not _MISSING:
+            return found
+    return _MISSING
+
+
+def _library_identity(value: Any) -> Any:
+    """What a library object is, without running it: its type and, for a function, method,
+    descriptor or class, the module and qualified name it was defined under; a plain value by
+    value. Another object put in its place (an alias of another function) differs."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if type(value) in _EXACT_PLAIN:
+        return [_EXACT_PLAIN[type(value)], repr(value)]
+    if isinstance(value, _TORCH_PLAIN):
+        return [type(value).__name__, str(value)]
+    kind = _type_name(type(value))
+    if isinstance(value, types.ModuleType):
+        return [kind, value.__name__]
+    try:
+        name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+        owner = getattr(value, "__objclass__", None)
+        module = getattr(owner if owner is not None else value, "__module__", None)
+    except Exception:  # NOTE: a lazy namespace's __getattr__ (torch.ops)
+        return [kind]
+    return [kind, str(module), name] if isinstance(name, str) else [kind]
 
 
 def _named_attrs(
@@ -289,6 +334,8 @@ def _named_attrs(
                 h.update(repr((here, _value_fp(inner, here, memo))).encode())
             elif _user_defined(inner):
                 h.update(repr(("replaced", here, _fp(inner, here, memo, 0))).encode())
+            else:  # NOTE: another library object put there (`F.silu = torch.tanh`)
+                h.update(repr(("library", here, _library_identity(inner))).encode())
             _named_attrs(inner, names, h, memo, seen, here)
     elif isinstance(value, types.FunctionType) and _user_defined(value):
         seen.add(id(value))
