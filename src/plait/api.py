@@ -54,16 +54,16 @@ from plait.frontend import (
     ModuleState,
     capture_program,
 )
-from plait.frontend.deps import CodeRecorder, recording
 from plait.frontend.dynamic_dims import AutomaticDims, DimPolicy, DynamicSpec
-from plait.frontend.fingerprint import Unpinnable
-from plait.frontend.snapshot import SnapshotUnreadable
 from plait.guards import StateFetcher
 from plait.ir import Graph, TensorType
 from plait.manifest import Explanation, SpecializationReport
 from plait.region_engine import RegionEngine
 from plait.regions import RegionPlan, RegionTree, call_forward, can_split, object_argument
 from plait.settings import call_state
+from plait.snapshots.deps import CodeRecorder, recording
+from plait.snapshots.fingerprint import Unpinnable
+from plait.snapshots.snapshot import SnapshotUnreadable
 from plait.specialization import Specialization, SpecializationMissError, SpecializationUse
 
 __all__ = [

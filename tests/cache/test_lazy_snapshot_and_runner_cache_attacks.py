@@ -32,11 +32,11 @@ from plait.cache import LocalStore
 from plait.codegen import build
 from plait.frontend.guards import GuardSet
 from plait.frontend.program import CapturedProgram
-from plait.frontend.snapshot import SnapshotProgram
 from plait.ir import GraphBuilder, TensorType, Value, from_text, to_text
 from plait.ir.text import graph_interface
 from plait.runtime import compile_graph
 from plait.runtime import runner as runner_mod
+from plait.snapshots.snapshot import SnapshotProgram
 from tests.cache.helpers import convnet, sample, status
 
 S0 = sympy.Symbol("s0", integer=True, positive=True)

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 import plait
-from plait.frontend import snapshot as snapshot_mod
-from plait.frontend.snapshot import SnapshotProgram
 from plait.ir import GraphBuilder, TensorType, from_text, to_text
 from plait.ir.text import graph_interface
+from plait.snapshots import snapshot as snapshot_mod
+from plait.snapshots.snapshot import SnapshotProgram
 from tests.cache.helpers import convnet, run, sample, status
 
 

@@ -29,7 +29,7 @@ from torch import nn
 
 import plait
 from plait.cache import LocalStore
-from plait.frontend import fingerprint
+from plait.snapshots import fingerprint
 
 _SEEDS = itertools.count(1000)
 
