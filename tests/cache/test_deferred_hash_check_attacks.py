@@ -26,8 +26,9 @@ from plait.cache import LocalStore
 from plait.cache import store as store_mod
 from plait.cache.artifact import ARENA, unpack
 from plait.cache.compiled import PACKED, _constants, _rebuild_stax, load_compiled
+from plait.cache.entry_file import frame as _frame
 from plait.cache.lookup import CacheWarning
-from plait.cache.store import CorruptEntryError, Pending, _frame
+from plait.cache.store import CorruptEntryError, Pending
 from plait.codegen import build, onednn, packed
 from plait.codegen.extern import PreparedWeight
 from plait.frontend.guards import Guard, canonical

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import plait
-from plait import api
+from plait.backend_choice import default_backend
 from plait.cache import LocalStore
 from plait.codegen import build
 from plait.frontend.guards import GuardSet
@@ -93,7 +93,7 @@ def test_the_default_backend_reads_devices_and_shapes_from_the_interface_alone()
     for t in (text, text.replace("@cuda:0", ""), text.replace("@cuda:0", "").replace("s0", "3")):
         lazy = SnapshotProgram(t, guards=GuardSet([]), semantic_hash=None)
         full = CapturedProgram(from_text(t, verify=False), GuardSet([]), None)
-        assert api._default_backend(lazy, []) == api._default_backend(full, [])
+        assert default_backend(lazy, []) == default_backend(full, [])
         assert lazy._graph is None
     assert not torch.cuda.is_initialized()
 
