@@ -3,6 +3,7 @@ hit. Weights that stay graph inputs never enter the key; frozen weights do."""
 
 from __future__ import annotations
 
+import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,8 +98,26 @@ def test_options_part(cache: Path) -> None:
 def test_toolchain_part(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _warm(cache)
     real = lookup.toolchain_parts
-    monkeypatch.setattr(lookup, "toolchain_parts", lambda b: {**real(b), "torch": "9.9"})
+    monkeypatch.setattr(
+        lookup, "toolchain_parts", lambda b, **kw: {**real(b, **kw), "torch": "9.9"}
+    )
     assert _miss(cache, "toolchain") == ["toolchain.torch"]
+
+
+def test_tvm_kernels_key_their_version_and_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TVM kernels depend on TVM's version and the LLVM target it compiles for: both are key
+    parts where the request's kernels are TVM's (backend="tvm" becomes these options)."""
+    from plait.codegen import tvm_build
+
+    record = {"tvm": "0.1", "target": {"kind": "llvm", "mcpu": "a"}}
+    monkeypatch.setattr(tvm_build, "toolchain_record", lambda: dict(record))
+    assert "tvm" not in lookup.toolchain_parts("stax")
+    assert lookup.toolchain_parts("stax", kernels="tvm")["tvm"] == record
+    req = types.SimpleNamespace(options={"stax": {"kernels": "tvm"}})
+    assert lookup._kernels(req) == "tvm"
+    before = lookup.toolchain_parts("stax", kernels=lookup._kernels(req))
+    record["target"] = {"kind": "llvm", "mcpu": "b"}
+    assert lookup.toolchain_parts("stax", kernels="tvm") != before
 
 
 @pytest.fixture

@@ -78,7 +78,10 @@ def _jsonable(value: Any, what: str) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=refuse))
 
 
-def toolchain_parts(backend: str) -> dict[str, Any]:
+def toolchain_parts(backend: str, kernels: str | None = None) -> dict[str, Any]:
+    """The toolchain that made an entry: Python, PyTorch, plait (version and code digest); for
+    Stax the C++ compiler (version and flags) and Triton; with TVM kernels (``backend="tvm"``,
+    ``stax={"kernels": "tvm"}``: ``kernels="tvm"``) TVM's version and target."""
     out: dict[str, Any] = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
@@ -99,7 +102,19 @@ def toolchain_parts(backend: str) -> dict[str, Any]:
 
         # NOTE: Triton kernels: the Triton and CUDA versions that compile them
         out["triton"] = triton_toolchain()
+        if kernels == "tvm":
+            from plait.codegen.tvm_build import toolchain_record
+
+            # NOTE: TVM's version and LLVM target (triple, CPU), its printer and schedules
+            out["tvm"] = toolchain_record()
     return out
+
+
+def _kernels(req: Any) -> str | None:
+    """Which printer makes the request's Stax kernels, where the options name one."""
+    stax = req.options.get("stax") if isinstance(req.options, Mapping) else None
+    kernels = stax.get("kernels") if isinstance(stax, Mapping) else None
+    return None if kernels is None else str(kernels)
 
 
 def _plait_code() -> str:
@@ -138,7 +153,7 @@ def key_parts(
         "options": _jsonable(
             {**options_record, "pipeline": pipeline, "freeze": freeze}, "an option"
         ),
-        "toolchain": toolchain_parts(req.backend),
+        "toolchain": toolchain_parts(req.backend, kernels=_kernels(req)),
         "ambient": _jsonable(dict(ambient), "an ambient setting"),
         "weights": weights_digest({n: state[slots[n]] for n in candidates}),
     }
