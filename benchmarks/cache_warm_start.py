@@ -2,7 +2,8 @@
 
 Each measurement runs in a fresh process. *Cold*: an empty cache directory (no artifact, no
 kernel): capture, passes, planning, C++ compiler, save. *Warm*: a new process on the cache the
-cold one filled: front key, the captured program from its snapshot (no capture), key, load,
+cold one filled: capture (``--warm-start capture``, the default) or, with ``--warm-start
+fingerprint``, the front key and the captured program from its snapshot (no capture); key, load,
 rebuild from the saved plan (no pass, no dry run, no compiler, no weight reordered: the entry
 carries oneDNN's prepacked weights; ``PLAIT_STAX_NO_COMPILE=1`` makes any compiler call an
 error). *Eager*: the model's own first call in a fresh process. First-call
@@ -18,6 +19,7 @@ passes, frozen weights, plait's interpreter: the frozen guard set without oneDNN
 Usage::
 
     python benchmarks/cache_warm_start.py [--size 32] [--repeat 3] [--json out.json]
+        [--warm-start capture fingerprint]
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import gc, json, sys, time, timeit
 import torch
 sys.path.insert(0, sys.argv[1])
 from benchmarks.models.resnet import resnet18
-mode, config, size = sys.argv[2], sys.argv[3], int(sys.argv[4])
+mode, config, size, warm_start = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 torch.manual_seed(0)
 model = resnet18(num_classes=10).eval()
 x = torch.randn(1, 3, size, size)
@@ -60,6 +62,7 @@ kwargs = {
     "inputs": {"options": {"freeze": False}},
     "frozen-interpreter": {"backend": "eager", "options": {"passes": "inference"}},
 }[config]
+kwargs["options"] = {**kwargs.get("options", {}), "warm_start": warm_start}
 gc.collect()  # NOTE: the garbage imports and model building left, in every mode
 start = time.perf_counter()
 compiled = plait.compile(model, **kwargs)
@@ -104,10 +107,12 @@ print(json.dumps({
 """
 
 
-def _child(mode: str, config: str, size: int, cache: Path, **env: str) -> dict[str, Any]:
+def _child(
+    mode: str, config: str, size: int, cache: Path, warm_start: str, **env: str
+) -> dict[str, Any]:
     environ = {**os.environ, "PLAIT_CACHE_DIR": str(cache), **env}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(ROOT), mode, config, str(size)],
+        [sys.executable, "-c", CHILD, str(ROOT), mode, config, str(size), warm_start],
         env=environ,
         capture_output=True,
         text=True,
@@ -118,18 +123,20 @@ def _child(mode: str, config: str, size: int, cache: Path, **env: str) -> dict[s
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(config: str, size: int, repeat: int) -> dict[str, Any]:
+def measure(config: str, size: int, repeat: int, warm_start: str = "capture") -> dict[str, Any]:
     colds, warms, eagers = [], [], []
     for _ in range(repeat):
         with tempfile.TemporaryDirectory(prefix="plait-bench-cache-") as tmp:
             cache = Path(tmp)
-            colds.append(_child("cold", config, size, cache))
-            warms.append(_child("warm", config, size, cache, PLAIT_STAX_NO_COMPILE="1"))
+            colds.append(_child("cold", config, size, cache, warm_start))
+            warms.append(_child("warm", config, size, cache, warm_start, PLAIT_STAX_NO_COMPILE="1"))
         with tempfile.TemporaryDirectory() as tmp:
-            eagers.append(_child("eager", config, size, Path(tmp)))
+            eagers.append(_child("eager", config, size, Path(tmp), warm_start))
     assert all(c["status"] == "miss" for c in colds) and all(w["status"] == "hit" for w in warms)
     assert all(w["compiles"] == 0 for w in warms)
-    assert all(str(w["capture"]).startswith("snapshot") for w in warms), warms[0]["capture"]
+    # NOTE: the default warm start captures; "fingerprint" takes the snapshot instead
+    skip = "snapshot" if warm_start == "fingerprint" else "captured"
+    assert all(str(w["capture"]).startswith(skip) for w in warms), warms[0]["capture"]
 
     def med(rows: list[dict[str, Any]], key: str) -> float:
         return statistics.median(r[key] for r in rows)
@@ -141,6 +148,7 @@ def measure(config: str, size: int, repeat: int) -> dict[str, Any]:
     paired = [w["first_call"] / c["first_call"] for c, w in zip(colds, warms)]
     return {
         "config": config,
+        "warm_start": warm_start,
         "size": size,
         "cold_first_call_s": cold,
         "warm_first_call_s": warm,
@@ -169,15 +177,15 @@ def measure(config: str, size: int, repeat: int) -> dict[str, Any]:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| config | input | cold first call | warm first call | warm/cold "
+        "| config | warm start | input | cold first call | warm first call | warm/cold "
         "| warm/cold per repeat (median, range) | eager first call "
         "| native kernels | guard check per call |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         paired = r["warm_over_cold_per_repeat"]
         lines.append(
-            f"| {r['config']} | 1x3x{r['size']}x{r['size']} "
+            f"| {r['config']} | {r['warm_start']} | 1x3x{r['size']}x{r['size']} "
             f"| {r['cold_first_call_s'] * 1e3:.0f} ms "
             f"| {r['warm_first_call_s'] * 1e3:.0f} ms | {r['warm_over_cold']:.1%} "
             f"| {statistics.median(paired):.1%} ({min(paired):.1%}-{max(paired):.1%}) "
@@ -203,8 +211,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", nargs="+", default=["frozen", "inputs"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--warm-start", nargs="+", choices=["capture", "fingerprint"], default=["capture"]
+    )
     args = parser.parse_args(argv)
-    rows = [measure(c, s, args.repeat) for s in args.size for c in args.config]
+    rows = [
+        measure(c, s, args.repeat, w)
+        for s in args.size
+        for c in args.config
+        for w in args.warm_start
+    ]
     info = {
         "machine": platform.machine(),
         "processor": platform.processor(),

@@ -19,22 +19,22 @@ Example:
 from __future__ import annotations
 
 import functools
-import importlib.util
 import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from plait import logs
+from plait.backend_choice import default_backend
 from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
 from plait.cache import Store, check_store_option, resolve_store
-from plait.cache.snapshots import forget_snapshot, front_parts, load_snapshot, save_snapshot
+from plait.cache.snapshots import forget_snapshot
 from plait.cache.weight_digests import prefetch
+from plait.capturing import CAPTURE_LOCK, Captured, capture, check_kinds, report_fallbacks
 from plait.collector import collector_paused
 from plait.compiled_callables import CompiledFunction, CompiledModule
 from plait.distributed.ddp import release_by_bucket
@@ -52,19 +52,18 @@ from plait.frontend import (
     ModuleState,
     capture_program,
 )
-from plait.frontend.deps import CodeRecorder, recording
 from plait.frontend.dynamic_dims import AutomaticDims, DimPolicy, DynamicSpec
-from plait.frontend.fingerprint import Unpinnable
-from plait.frontend.snapshot import SnapshotUnreadable
-from plait.guards.guard import Evaluators, GuardEnv, GuardSet
+from plait.guards.guard import Evaluators, GuardEnv
 from plait.guards.native import EVALUATORS as NATIVE_GUARDS
 from plait.guards.state import StateFetcher
-from plait.ir import Graph, TensorType
 from plait.manifest import Explanation, SpecializationReport
 from plait.region_engine import RegionEngine
 from plait.regions import RegionPlan, RegionTree, call_forward, can_split, object_argument
 from plait.settings import call_state
+from plait.snapshots.deps import CodeRecorder, recording
+from plait.snapshots.snapshot import SnapshotUnreadable
 from plait.specialization import Specialization, SpecializationMissError, SpecializationUse
+from plait.warm_start import from_snapshot, save_after_capture, warm_start_option
 
 __all__ = [
     "Captured",
@@ -80,84 +79,8 @@ __all__ = [
 ]
 
 DEFAULT_RECOMPILE_LIMIT = 8
-# NOTE: capture's context is process-wide (the frontend's active capture and guard sinks), so
-# captures never overlap: every miss path (capture, compile, the specialization table) holds
-# this lock first, then its callable's own lock; steady-state calls take neither.
-_CAPTURE_LOCK = threading.RLock()
-_ENGINE_OPTIONS = ("recompile_limit", "on_recompile_limit", "cache")
+_ENGINE_OPTIONS = ("recompile_limit", "on_recompile_limit", "cache", "warm_start")
 _MODES = (None, "default")
-
-
-# --- capture -------------------------------------------------------------------------------
-@dataclass
-class Captured:
-    """One captured program: ``graph`` (plait IR), ``guards`` (what its behaviour depended
-    on; ``print(captured.guards)``) and ``semantic_hash`` (minted here, once). A program that
-    fell back (``fullgraph=False``) has ``graph is None`` and ``fallback_reason`` set."""
-
-    graph: Graph | None
-    guards: GuardSet
-    semantic_hash: str | None
-    fallback_reason: str | None = None
-    opaque_counts: dict[str, int] = field(default_factory=dict)
-    program: CapturedProgram | None = field(default=None, repr=False)
-
-
-def _as_args(args: Any) -> tuple:
-    return tuple(args) if isinstance(args, (tuple, list)) else (args,)
-
-
-def capture(
-    fn: Callable[..., Any],
-    args: Any,
-    kwargs: dict | None = None,
-    *,
-    fullgraph: bool = True,
-    dynamic: DynamicSpec = None,
-) -> Captured:
-    """Capture ``fn(*args, **kwargs)`` (``fn`` an ``nn.Module`` or a function) into plait IR.
-    ``dynamic``: which input dims are symbolic (:mod:`plait.frontend.dynamic_dims`; ``None``
-    and ``False``: none, ``True``: all, or a mapping such as ``{"x": {0: "batch"}}``).
-
-    Example:
-        >>> import torch, plait
-        >>> c = plait.capture(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
-        >>> [v.name for v in c.graph.inputs]
-        ['input', 'weight', 'bias']
-        >>> len(c.semantic_hash)
-        64
-    """
-    with _CAPTURE_LOCK:
-        prog = capture_program(fn, _as_args(args), kwargs, fullgraph=fullgraph, dynamic=dynamic)
-    _report(prog, stacklevel=3)
-    return Captured(
-        prog.graph,
-        prog.guards,
-        prog.semantic_hash,
-        prog.fallback_reason,
-        dict(prog.opaque_counts),
-        prog,
-    )
-
-
-def _report(
-    prog: CapturedProgram, stacklevel: int, region: str | None = None, tree: Any = None
-) -> None:
-    """NOTE: never a silent fallback: each fallback and each opaque node is announced once,
-    when the specialization is captured. A region's warnings name it (``tree.warn``)."""
-    what = "this program" if region is None else f"region {region}"
-    messages = []
-    if prog.fallback_reason is not None:
-        messages.append(f"plait runs {what} eagerly (fallback): {prog.fallback_reason}")
-    if prog.opaque_counts:
-        calls = ", ".join(f"{k} x{v}" for k, v in sorted(prog.opaque_counts.items()))
-        where = "" if region is None else f" in {what}"
-        messages.append(f"plait runs calls with no IR op as opaque PyTorch nodes{where}: {calls}")
-    for message in messages:
-        if region is None:
-            warnings.warn(message, CaptureFallbackWarning, stacklevel=stacklevel + 1)
-        else:
-            tree.warn(message)
 
 
 # --- compile ---------------------------------------------------------------------------------
@@ -167,31 +90,6 @@ def _call_name(fn: Any) -> str:
     if isinstance(fn, nn.Module):
         return f"plait-compiled {type(fn).__name__}"
     return f"plait-compiled {getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
-def _default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tuple[str, str]:
-    """``stax``: C++ kernels on the CPU (static and symbolic shapes), Triton kernels on CUDA
-    (where Triton is installed; static shapes). The reference interpreter runs the others; the
-    choice and its reason are recorded in the manifest (``options.backend_choice``)."""
-    devices = {str(t.device) for t in state if isinstance(t, torch.Tensor)}
-    static = True
-    for v in prog.interface()[0]:
-        t = v.type
-        if isinstance(t, TensorType):
-            devices.add(t.device)
-            static = static and t.is_static
-    if devices <= {"cpu"}:
-        return "stax", "default for CPU tensors" + ("" if static else " (symbolic shapes)")
-    if not static:
-        return "eager", "default for symbolic shapes on CUDA: Triton kernels are static"
-    if len(devices) > 1 or not all(d.startswith("cuda") for d in devices):
-        return "eager", f"default for {sorted(devices)}: Stax compiles one CPU or CUDA device"
-    if importlib.util.find_spec("triton") is None:
-        return (
-            "eager",
-            f"default for {sorted(devices)}: Triton is not installed (pip install triton)",
-        )
-    return "stax", f"default for {sorted(devices)}: Triton kernels"
 
 
 class _Engine(RegionEngine, DynamicShapes):
@@ -237,6 +135,7 @@ class _Engine(RegionEngine, DynamicShapes):
                 f"on_recompile_limit must be 'raise' or 'eager', got {self.on_limit!r}"
             )
         self.cache = options.pop("cache", True)
+        self.warm_start = warm_start_option(options.pop("warm_start", "capture"))
         check_store_option(self.cache)  # NOTE: a wrong value fails here, not at the first call
         unknown = sorted(set(options) - set(KNOWN_OPTIONS))
         if unknown:
@@ -296,7 +195,7 @@ class _Engine(RegionEngine, DynamicShapes):
                 s.calls += 1
                 return self._run(s, env, state, args, kwargs)
         # NOTE: the miss path, inline: warnings count the frames up to the user's call
-        with self._tree_lock(), _CAPTURE_LOCK, self.lock, collector_paused():
+        with self._tree_lock(), CAPTURE_LOCK, self.lock, collector_paused():
             try:
                 found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
             except (RecompileLimitError, Warning):
@@ -345,7 +244,7 @@ class _Engine(RegionEngine, DynamicShapes):
         if self.specializations:
             last = self.specializations[-1]
             if not self.region:  # NOTE: a region's calls are its parent's, not the user's
-                _check_kinds(last.program, env, paths)
+                check_kinds(last.program, env, paths)
             failures = last.guards.explain(env) or ["no guard failed (internal)"]
             reason = "; ".join(failures)
             message = f"{self._name()}: recompiling: {reason}"
@@ -369,13 +268,14 @@ class _Engine(RegionEngine, DynamicShapes):
         else:
             if store is not None and self.options.get("freeze", not torch.is_grad_enabled()):
                 prefetch(env.state)  # NOTE: the key's weights digest, hashed while it loads
-            prog, parts, note = self._from_snapshot(store, env, paths)
+            prog, parts, note = from_snapshot(self.warm_start, store, self._front_request(),
+                                              self.fn, env, paths, self.state)  # fmt: skip
             seconds = {"cache.snapshot": time.perf_counter() - start}
             recorder = None
             if prog is None:
                 prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
         assert prog is not None
-        _report(prog, stacklevel=4, region=self._region_name(), tree=self.tree)
+        report_fallbacks(prog, stacklevel=4, region=self._region_name(), tree=self.tree)
         state = self.fetch()
         spec = self._shared_specialization(prog, env, state, reason, settings)
         if spec is None:
@@ -395,7 +295,7 @@ class _Engine(RegionEngine, DynamicShapes):
             compiled.manifest.timings.update(seconds)
             if store is not None:
                 if recorder is not None and parts is not None:
-                    note = _save_snapshot(store, parts, prog, recorder, compiled, note)
+                    note = save_after_capture(store, parts, prog, recorder, compiled, note)
                 compiled.manifest.cache["capture"] = note
             reason = self._report_dynamic(prog, compiled, reason, store, env)
             spec = Specialization(
@@ -452,7 +352,7 @@ class _Engine(RegionEngine, DynamicShapes):
         backend = backend or self.backend
         chosen = backend is None
         if backend is None:
-            backend, why = _default_backend(prog, state)
+            backend, why = default_backend(prog, state)
         grads = tuple(isinstance(x, torch.Tensor) and x.requires_grad for x in env.leaves)
         request = CompileRequest(
             prog, backend, self.fullgraph, self.options, state, store, grads, _call_name(self.fn)
@@ -473,13 +373,8 @@ class _Engine(RegionEngine, DynamicShapes):
         release_by_bucket(compiled, prog, state)  # NOTE: under DDP's forward only
         return compiled
 
-    def _from_snapshot(
-        self, store: Store | None, env: GuardEnv, paths: list[str]
-    ) -> tuple[CapturedProgram | None, dict[str, Any] | None, str]:
-        """The captured program saved for this call's front key, if one holds (else None),
-        the front key's parts (None: this program cannot have one) and what happened."""
-        if store is None:
-            return None, None, "captured: no cache"
+    def _front_request(self) -> dict[str, Any]:
+        """What the front key records of this engine's request."""
         request = {
             "backend": self.backend,
             "fullgraph": self.fullgraph,
@@ -488,12 +383,7 @@ class _Engine(RegionEngine, DynamicShapes):
         }
         if self.region:  # NOTE: its forward is captured, not the module's __call__ (hooks)
             request["region"] = True
-        try:
-            parts = front_parts(self.fn, env.spec, env.leaves, request, self.state)
-        except Unpinnable as exc:
-            return None, None, f"captured: {exc}"
-        prog, note = load_snapshot(store, parts, env.spec, env.leaves, paths, self.state, env.state)
-        return prog, parts, note
+        return request
 
     def _name(self) -> str:
         return f"region {self.path} ({self.adapter.name})" if self.region else self.adapter.name
@@ -576,7 +466,7 @@ class _Engine(RegionEngine, DynamicShapes):
     def specialize(self, args: tuple, kwargs: dict) -> SpecializationUse:
         spec, leaves, paths = self._flatten(args, kwargs)
         env = GuardEnv(spec, leaves, self.fn, self.fetch())
-        with self._tree_lock(), _CAPTURE_LOCK, self.lock:
+        with self._tree_lock(), CAPTURE_LOCK, self.lock:
             found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
         if found is None:
             raise RecompileLimitError(
@@ -615,42 +505,6 @@ def _refusal(exc: Exception) -> str:
     return str(exc) if isinstance(exc, PlaitCompileError) else f"{type(exc).__name__}: {exc}"
 
 
-def _save_snapshot(
-    store: Store,
-    parts: dict[str, Any],
-    prog: CapturedProgram,
-    recorder: CodeRecorder | None,
-    compiled: Compiled,
-    note: str,
-) -> str:
-    """After a capture: save the program for warm starts when its artifact is cacheable."""
-    if recorder is None or compiled.manifest.cache.get("status") not in ("hit", "miss"):
-        return note
-    try:
-        artifact = compiled.manifest.cache.get("key")
-        key = save_snapshot(store, parts, prog, recorder.deps(), artifact)
-    except Unpinnable as exc:
-        return f"{note}; no snapshot: {exc}"
-    except (OSError, ValueError) as exc:
-        return f"{note}; the snapshot could not be saved: {exc}"
-    return f"{note}; snapshot {key[:16]}… saved"
-
-
-def _check_kinds(prog: CapturedProgram, env: GuardEnv, paths: list[str]) -> None:
-    """A tensor where a non-tensor was captured (or the reverse) is a calling error."""
-    structure = prog.guards.guards[0]
-    captured_spec, kinds = structure.expected
-    if env.spec != captured_spec:
-        return
-    for path, was, leaf in zip(paths, kinds, env.leaves):
-        now = "tensor" if isinstance(leaf, torch.Tensor) else type(leaf).__name__
-        if (was == "tensor") != (now == "tensor") and "NoneType" not in (was, now):
-            raise CompiledInputError(
-                f"argument {path!r} was a {'Tensor' if was == 'tensor' else was} when the program "
-                f"was captured; got {'a Tensor' if now == 'tensor' else now}"
-            )
-
-
 def compile(
     model_or_fn: Any = None,
     *,
@@ -678,9 +532,13 @@ def compile(
     ``on_recompile_limit`` (``"raise"``, the default, or ``"eager"``: run calls past the limit
     eagerly, warned once and recorded), ``cache`` (the artifact cache: ``True``, the default,
     for ``$PLAIT_CACHE_DIR`` or the per-user cache directory; ``False``; a directory; a
-    :class:`plait.cache.Store`), ``passes`` (a pipeline such as ``"canonicalize,cse,dce"``,
-    or ``"inference"``, ``"training"``, ``"none"``), ``freeze`` (default: when no gradient can
-    flow), ``stax`` (a dict of :class:`plait.runtime.StaxOptions` fields).
+    :class:`plait.cache.Store`), ``warm_start`` (``"capture"``, the default: a new process
+    captures the program and loads its compiled artifact from the cache; ``"fingerprint"``: a
+    snapshot of the captured program replaces capture when the model's fingerprint matches,
+    faster and blind to what docs/cache.md lists), ``passes`` (a pipeline such as
+    ``"canonicalize,cse,dce"``, or ``"inference"``, ``"training"``, ``"none"``), ``freeze``
+    (default: when no gradient can flow), ``stax`` (a dict of
+    :class:`plait.runtime.StaxOptions` fields).
 
     Example:
         >>> import torch, plait

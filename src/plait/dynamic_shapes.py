@@ -41,8 +41,8 @@ from plait.cache.snapshots import front_parts
 from plait.errors import CaptureFallbackWarning
 from plait.frontend import CapturedProgram, ModuleState
 from plait.frontend.dynamic_dims import AutomaticDims, DimPolicy
-from plait.frontend.fingerprint import Unpinnable
 from plait.guards import GuardEnv
+from plait.snapshots.fingerprint import Unpinnable
 
 
 class SymbolicRefused(Exception):

@@ -46,7 +46,10 @@ def sample(seed: int = 1) -> torch.Tensor:
 def run(
     model: Any, x: Any, cache: Path | str | bool, **kwargs: Any
 ) -> tuple[torch.Tensor, plait.api.Specialization]:
-    options = {"cache": str(cache) if isinstance(cache, Path) else cache}
+    options = {
+        "cache": str(cache) if isinstance(cache, Path) else cache,
+        "warm_start": "fingerprint",
+    }
     options.update(kwargs.pop("options", {}))
     compiled = plait.compile(model, options=options, **kwargs)
     with torch.no_grad():

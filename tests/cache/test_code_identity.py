@@ -44,7 +44,8 @@ from code_identity_model import Net
 
 torch.manual_seed(0)
 net = Net().eval()
-compiled = plait.compile(net, backend="eager", options={"cache": sys.argv[1]})
+options = {"warm_start": "fingerprint", "cache": sys.argv[1]}
+compiled = plait.compile(net, backend="eager", options=options)
 same = True
 with torch.no_grad():
     for seed in range(3):
@@ -153,7 +154,9 @@ class _Net(torch.nn.Module):
 def _compile_run(net: torch.nn.Module, cache: Path) -> Any:
     """Compile, check bitwise against eager (the interpreter keeps its arithmetic order) on
     fresh inputs; the specialization's manifest."""
-    compiled = plait.compile(net, backend="eager", options={"cache": str(cache)})
+    compiled = plait.compile(
+        net, backend="eager", options={"warm_start": "fingerprint", "cache": str(cache)}
+    )
     with torch.no_grad():
         for seed in range(3):
             x = torch.randn(3, 6, generator=torch.Generator().manual_seed(4300 + seed))

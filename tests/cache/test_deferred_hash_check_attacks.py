@@ -24,13 +24,15 @@ import plait
 from plait.cache import LocalStore
 from plait.cache import store as store_mod
 from plait.cache.artifact import ARENA, unpack
-from plait.cache.compiled import PACKED, _constants, _rebuild_stax, load_compiled
+from plait.cache.compiled import _constants, _rebuild_stax, load_compiled
+from plait.cache.entry_file import frame as _frame
 from plait.cache.lookup import CacheWarning
-from plait.cache.store import CorruptEntryError, Pending, _frame
+from plait.cache.store import CorruptEntryError, Pending
 from plait.codegen import build, onednn, packed
 from plait.codegen.extern import PreparedWeight
 from plait.guards.guard import Guard, canonical
 from plait.ir import from_text
+from plait.runtime.program_doc import PACKED
 from tests.cache.held_check import held_checks
 from tests.cache.helpers import call_program, status, stax_entry
 from tests.cache.test_prepacked_entry import (

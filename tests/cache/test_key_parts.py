@@ -3,6 +3,7 @@ hit. Weights that stay graph inputs never enter the key; frozen weights do."""
 
 from __future__ import annotations
 
+import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,7 +74,9 @@ def test_guards_part(cache: Path) -> None:
         return x * 2
 
     for n, expected in ((1, "miss"), (1, "hit"), (2, "miss")):
-        compiled = plait.compile(f, backend="eager", options={"cache": str(cache)})
+        compiled = plait.compile(
+            f, backend="eager", options={"warm_start": "fingerprint", "cache": str(cache)}
+        )
         compiled(torch.randn(3), n)
         assert status(compiled.specializations[0]) == expected
     (differs,) = compiled.specializations[0].manifest.cache["differs"]
@@ -95,8 +98,26 @@ def test_options_part(cache: Path) -> None:
 def test_toolchain_part(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _warm(cache)
     real = lookup.toolchain_parts
-    monkeypatch.setattr(lookup, "toolchain_parts", lambda b: {**real(b), "torch": "9.9"})
+    monkeypatch.setattr(
+        lookup, "toolchain_parts", lambda b, **kw: {**real(b, **kw), "torch": "9.9"}
+    )
     assert _miss(cache, "toolchain") == ["toolchain.torch"]
+
+
+def test_tvm_kernels_key_their_version_and_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TVM kernels depend on TVM's version and the LLVM target it compiles for: both are key
+    parts where the request's kernels are TVM's (backend="tvm" becomes these options)."""
+    from plait.codegen import tvm_build
+
+    record = {"tvm": "0.1", "target": {"kind": "llvm", "mcpu": "a"}}
+    monkeypatch.setattr(tvm_build, "toolchain_record", lambda: dict(record))
+    assert "tvm" not in lookup.toolchain_parts("stax")
+    assert lookup.toolchain_parts("stax", kernels="tvm")["tvm"] == record
+    req = types.SimpleNamespace(options={"stax": {"kernels": "tvm"}})
+    assert lookup._kernels(req) == "tvm"
+    before = lookup.toolchain_parts("stax", kernels=lookup._kernels(req))
+    record["target"] = {"kind": "llvm", "mcpu": "b"}
+    assert lookup.toolchain_parts("stax", kernels="tvm") != before
 
 
 @pytest.fixture
@@ -154,11 +175,11 @@ def test_non_frozen_weights_are_not_in_the_key(cache: Path) -> None:
 
 def test_hit_after_recompile_in_the_same_process(cache: Path) -> None:
     model = convnet()
-    compiled = plait.compile(model, options={"cache": str(cache)})
+    compiled = plait.compile(model, options={"warm_start": "fingerprint", "cache": str(cache)})
     with torch.no_grad():
         compiled(sample())
         compiled(torch.randn(3, 3, 8, 8))
-        again = plait.compile(model, options={"cache": str(cache)})
+        again = plait.compile(model, options={"warm_start": "fingerprint", "cache": str(cache)})
         again(torch.randn(3, 3, 8, 8))
     assert [status(s) for s in compiled.specializations] == ["miss", "miss"]
     assert status(again.specializations[0]) == "hit"
@@ -182,7 +203,9 @@ def test_process_specific_guard_is_never_cached(cache: Path) -> None:
     def f(x: torch.Tensor, c: Any) -> torch.Tensor:
         return x * 2
 
-    compiled = plait.compile(f, backend="eager", options={"cache": str(cache)})
+    compiled = plait.compile(
+        f, backend="eager", options={"warm_start": "fingerprint", "cache": str(cache)}
+    )
     compiled(torch.randn(3), cfg)
     spec = compiled.specializations[0]
     assert status(spec) == "not cached"
@@ -222,7 +245,9 @@ def test_training_programs_compile_and_say_they_are_not_cached(cache: Path) -> N
     model = torch.nn.Linear(4, 2)
     x = torch.randn(3, 4)
     for _ in range(2):
-        compiled = plait.compile(model, backend="stax", options={"cache": str(cache)})
+        compiled = plait.compile(
+            model, backend="stax", options={"warm_start": "fingerprint", "cache": str(cache)}
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("error", CaptureFallbackWarning)
             out = compiled(x)

@@ -27,16 +27,16 @@ from hypothesis import strategies as st
 from torch import nn
 
 import plait
-from plait import api
+from plait.backend_choice import default_backend
 from plait.cache import LocalStore
 from plait.codegen import build
 from plait.frontend.program import CapturedProgram
-from plait.frontend.snapshot import SnapshotProgram
 from plait.guards.guard import GuardSet
 from plait.ir import GraphBuilder, TensorType, Value, from_text, to_text
 from plait.ir.parser import graph_interface
 from plait.runtime import compile_graph
 from plait.runtime import runner as runner_mod
+from plait.snapshots.snapshot import SnapshotProgram
 from tests.cache.helpers import convnet, sample, status
 
 S0 = sympy.Symbol("s0", integer=True, positive=True)
@@ -93,7 +93,7 @@ def test_the_default_backend_reads_devices_and_shapes_from_the_interface_alone()
     for t in (text, text.replace("@cuda:0", ""), text.replace("@cuda:0", "").replace("s0", "3")):
         lazy = SnapshotProgram(t, guards=GuardSet([]), semantic_hash=None)
         full = CapturedProgram(from_text(t, verify=False), GuardSet([]), None)
-        assert api._default_backend(lazy, []) == api._default_backend(full, [])
+        assert default_backend(lazy, []) == default_backend(full, [])
         assert lazy._graph is None
     assert not torch.cuda.is_initialized()
 
@@ -136,7 +136,7 @@ def test_a_warm_start_of_a_writing_model_is_right_and_recompiles_right(
 ) -> None:
     torch.manual_seed(11)
     base = Rich()
-    opts = {"cache": str(tmp_path), **kwargs.get("options", {})}
+    opts = {"warm_start": "fingerprint", "cache": str(tmp_path), **kwargs.get("options", {})}
     extra = {k: v for k, v in kwargs.items() if k != "options"}
     model, ref = copy.deepcopy(base), copy.deepcopy(base)
     cold = plait.compile(model, options=opts, **extra)
@@ -189,7 +189,9 @@ def test_written_state_of_another_process_hits_and_is_right(tmp_path: Path, name
                 for t in base.buffers():
                     t.copy_(torch.rand(t.shape) * 3 + 0.5)
         model, ref = copy.deepcopy(base), copy.deepcopy(base)  # NOTE: deepcopy keeps the tie
-        compiled = plait.compile(model, options={"cache": str(tmp_path)})
+        compiled = plait.compile(
+            model, options={"warm_start": "fingerprint", "cache": str(tmp_path)}
+        )
         with torch.no_grad():
             for _ in range(3):
                 x = torch.randn(2, 3, 6, 6)
@@ -238,7 +240,9 @@ def test_a_size_returned_under_dynamic_is_the_calls_size() -> None:
 
 def test_a_snapshot_whose_nodes_do_not_parse_is_replaced_by_a_capture(tmp_path: Path) -> None:
     with torch.no_grad():
-        plait.compile(convnet(), options={"cache": str(tmp_path)})(sample())
+        plait.compile(convnet(), options={"warm_start": "fingerprint", "cache": str(tmp_path)})(
+            sample()
+        )
     store = LocalStore(tmp_path)
     (snap,) = [e for e in store.list() if e.meta.get("kind") == "snapshot"]
     doc = json.loads(store.get(snap.key) or b"")
@@ -248,7 +252,7 @@ def test_a_snapshot_whose_nodes_do_not_parse_is_replaced_by_a_capture(tmp_path: 
         if e.meta.get("kind") != "snapshot":
             store.delete(e.key)  # NOTE: an artifact miss: the compile needs the nodes
     model, x = convnet(), sample(seed=7)
-    compiled = plait.compile(model, options={"cache": str(tmp_path)})
+    compiled = plait.compile(model, options={"warm_start": "fingerprint", "cache": str(tmp_path)})
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
 
@@ -343,7 +347,7 @@ def test_a_good_cache_option_opens_nothing_at_compile(tmp_path: Path, kind: str)
         kind, LocalStore(where)
     )
     model = nn.Linear(3, 2)
-    compiled = plait.compile(model, options={"cache": option})
+    compiled = plait.compile(model, options={"warm_start": "fingerprint", "cache": option})
     assert not where.exists()
     x = torch.randn(2, 3)
     with torch.no_grad():

@@ -25,11 +25,12 @@ import plait
 import plait.conformance
 from plait.cache import LocalStore
 from plait.cache.artifact import ALIGN, ARENA, pack, pack_pieces, unpack
-from plait.cache.compiled import PACKED, StaleEntryError, load_compiled
+from plait.cache.compiled import StaleEntryError, load_compiled
 from plait.cache.lookup import CacheWarning
 from plait.codegen import packed
 from plait.codegen.extern import PreparedWeight
 from plait.codegen.plan import ExternStep
+from plait.runtime.program_doc import PACKED
 from tests.cache.held_check import held_checks
 from tests.cache.helpers import call_program, status, stax_entry
 from tests.util import needs_bf16, needs_packs

@@ -49,7 +49,9 @@ def _client(srv: RedisServer) -> Any:
 
 def _compile(cache: Any, seed: int = 0, shape: tuple[int, ...] = (2, 3, 8, 8)) -> Any:
     """A convnet compiled (inference) with ``cache``; its output and its specialization."""
-    compiled = plait.compile(convnet(seed), backend="stax", options={"cache": cache})
+    compiled = plait.compile(
+        convnet(seed), backend="stax", options={"warm_start": "fingerprint", "cache": cache}
+    )
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed + 1))
     with torch.no_grad():
         out = compiled(x)
@@ -270,7 +272,8 @@ if sys.argv[2] == "warm":
 
     plait.backends.run_pipeline = refuse
     plait.api.capture_program = refuse
-compiled = plait.compile(convnet(), backend="stax", options={"cache": sys.argv[1]})
+options = {"warm_start": "fingerprint", "cache": sys.argv[1]}
+compiled = plait.compile(convnet(), backend="stax", options=options)
 with torch.no_grad():
     out = compiled(sample())
 m = compiled.specializations[0].manifest

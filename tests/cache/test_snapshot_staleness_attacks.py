@@ -29,7 +29,7 @@ from torch import nn
 
 import plait
 from plait.cache import LocalStore
-from plait.frontend import fingerprint
+from plait.snapshots import fingerprint
 from tests.util import contract_tol
 
 _SEEDS = itertools.count(1000)
@@ -70,7 +70,9 @@ def module(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
 
 def _compiled(fn: Any, args: tuple, cache: Path, kwargs: dict | None = None) -> tuple[Any, str]:
-    compiled = plait.compile(fn, backend="eager", options={"cache": str(cache)})
+    compiled = plait.compile(
+        fn, backend="eager", options={"warm_start": "fingerprint", "cache": str(cache)}
+    )
     with torch.no_grad():
         out = compiled(*args, **(kwargs or {}))
     return out, str(compiled.specializations[0].manifest.cache["capture"])
@@ -456,7 +458,9 @@ def test_values_are_checked_as_capture_read_them(tmp_path: Path, module: Any) ->
             return x * STEP
     """)
     x = _x(3)
-    compiled = plait.compile(m.Net(), backend="eager", options={"cache": str(tmp_path)})
+    compiled = plait.compile(
+        m.Net(), backend="eager", options={"warm_start": "fingerprint", "cache": str(tmp_path)}
+    )
     with torch.no_grad(), pytest.warns(plait.errors.CaptureFallbackWarning, match="STEP"):
         out = compiled(x)
     # NOTE: what eager computes with the state it leaves (capture ran the program once too)
@@ -658,7 +662,8 @@ def test_a_membership_test_against_strings_shares_snapshots_across_hash_seeds(
 import sys, torch, plait
 sys.path.insert(0, {str(Path(m.__file__).parent)!r})
 from {m.__name__} import Net
-compiled = plait.compile(Net(), backend="eager", options={{"cache": {str(tmp_path)!r}}})
+options = {{"warm_start": "fingerprint", "cache": {str(tmp_path)!r}}}
+compiled = plait.compile(Net(), backend="eager", options=options)
 with torch.no_grad():
     compiled(torch.randn(3))
 print(compiled.specializations[0].manifest.cache["capture"])
@@ -855,7 +860,8 @@ def test_a_capture_run_by_an_import(tmp_path: Path, module: Any) -> None:
         def forward(self, x):
             return x * SCALE
 
-    compiled = plait.compile(Net(), backend="eager", options={{"cache": {str(tmp_path)!r}}})
+    options = {{"warm_start": "fingerprint", "cache": {str(tmp_path)!r}}}
+    compiled = plait.compile(Net(), backend="eager", options=options)
     with torch.no_grad():
         compiled(torch.randn(3))
     NOTE = compiled.specializations[0].manifest.cache["capture"]
@@ -894,7 +900,9 @@ def test_call_and_mode_changes_capture_again(tmp_path: Path, module: Any) -> Non
     net.lin.weight.requires_grad_(False)
     _not_snapshot(_check(net, (_x(2, 4),), tmp_path))  # a parameter's requires_grad
     net.lin.weight.requires_grad_(True)
-    compiled = plait.compile(net, backend="eager", options={"cache": str(tmp_path)})
+    compiled = plait.compile(
+        net, backend="eager", options={"warm_start": "fingerprint", "cache": str(tmp_path)}
+    )
     x = _x(2, 4)
     out = compiled(x)  # NOTE: grad mode on: another front key, and a gradient like eager's
     assert not str(compiled.specializations[0].manifest.cache["capture"]).startswith("snapshot")

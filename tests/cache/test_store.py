@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from plait.cache import CorruptEntryError, LocalStore, Store, resolve_store
-from plait.cache.store import decode_entry, encode_entry
+from plait.cache.entry_file import decode_entry, encode_entry
 from tests.cache.helpers import store_clock
 
 KEY = "ab" * 32

@@ -103,7 +103,9 @@ def test_an_artifact_entry_of_another_program_under_this_key_is_refused(tmp_path
     model_a, model_b = convnet(seed=0), convnet(seed=1)
     for model in (model_a, model_b):
         with torch.no_grad():
-            plait.compile(model, options={"cache": str(cache)})(sample())
+            plait.compile(model, options={"warm_start": "fingerprint", "cache": str(cache)})(
+                sample()
+            )
     store = LocalStore(cache)
     entries = [e for e in store.list() if e.meta.get("kind") != "snapshot"]
     key_of = {e.meta.get("source"): e.key for e in entries}
@@ -112,7 +114,9 @@ def test_an_artifact_entry_of_another_program_under_this_key_is_refused(tmp_path
     assert key_a != key_b and key_of
     # NOTE: the other program's entry, valid by its own hash, put where this one's key points
     shutil.copyfile(store.path(key_b), store.path(key_a))
-    compiled = plait.compile(convnet(seed=0), options={"cache": str(cache)})
+    compiled = plait.compile(
+        convnet(seed=0), options={"warm_start": "fingerprint", "cache": str(cache)}
+    )
     with pytest.warns(CacheWarning, match="stored under another key"), torch.no_grad():
         compiled(sample())
     spec = compiled.specializations[-1]
@@ -120,7 +124,9 @@ def test_an_artifact_entry_of_another_program_under_this_key_is_refused(tmp_path
     assert any("stored under another key" in e for e in spec.manifest.cache["events"])
     _check(convnet(seed=0), compiled, _image, convnet(seed=0))
     # NOTE: rebuilt under its own key: the next process hits without a warning
-    again = plait.compile(convnet(seed=0), options={"cache": str(cache)})
+    again = plait.compile(
+        convnet(seed=0), options={"warm_start": "fingerprint", "cache": str(cache)}
+    )
     with torch.no_grad():
         again(sample())
     assert status(again.specializations[-1]) == "hit"
@@ -129,8 +135,12 @@ def test_an_artifact_entry_of_another_program_under_this_key_is_refused(tmp_path
 def test_a_snapshot_of_another_program_under_this_front_key_is_refused(tmp_path: Path) -> None:
     cache = tmp_path / "artifacts"
     with torch.no_grad():
-        plait.compile(convnet(seed=0), options={"cache": str(cache)})(sample())
-        plait.compile(_pointwise_b, options={"cache": str(cache)})(*_draws(0))
+        plait.compile(convnet(seed=0), options={"warm_start": "fingerprint", "cache": str(cache)})(
+            sample()
+        )
+        plait.compile(_pointwise_b, options={"warm_start": "fingerprint", "cache": str(cache)})(
+            *_draws(0)
+        )
     store = LocalStore(cache)
     snapshots = sorted(
         (e for e in store.list() if e.meta.get("kind") == "snapshot"), key=lambda e: e.last_access
@@ -138,7 +148,9 @@ def test_a_snapshot_of_another_program_under_this_front_key_is_refused(tmp_path:
     assert len(snapshots) == 2
     mine, other = snapshots[0].key, snapshots[1].key
     shutil.copyfile(store.path(other), store.path(mine))
-    compiled = plait.compile(convnet(seed=0), options={"cache": str(cache)})
+    compiled = plait.compile(
+        convnet(seed=0), options={"warm_start": "fingerprint", "cache": str(cache)}
+    )
     with pytest.warns(CacheWarning, match="stored under another key"), torch.no_grad():
         compiled(sample())
     capture = compiled.specializations[-1].manifest.cache["capture"]
@@ -258,7 +270,9 @@ def test_a_cache_dir_writable_by_others_is_refused_with_one_warning(
     os.chmod(root, 0o777)
     monkeypatch.setenv("PLAIT_CACHE_DIR", str(root))
     model = convnet()
-    compiled = plait.compile(model, options={"cache": str(root / "artifacts")})
+    compiled = plait.compile(
+        model, options={"warm_start": "fingerprint", "cache": str(root / "artifacts")}
+    )
     with pytest.warns(Warning) as caught, torch.no_grad():
         compiled(sample())
     messages = [str(w.message) for w in caught]
@@ -300,7 +314,9 @@ def test_everything_the_caches_create_is_private_under_umask_000(
     old = os.umask(0)
     try:
         model = convnet()
-        compiled = plait.compile(model, options={"cache": str(root / "artifacts")})
+        compiled = plait.compile(
+            model, options={"warm_start": "fingerprint", "cache": str(root / "artifacts")}
+        )
         with torch.no_grad():
             compiled(sample())
         build.installed_library("probe_a", _LIB_A, ["plait_trust_probe"], ())
@@ -418,7 +434,7 @@ def test_an_artifact_store_on_a_full_disk_warns_once_and_computes(
     cache = tmp_path / "artifacts"
     monkeypatch.setattr(os, "replace", _failing(os.replace, cache, errno.ENOSPC))
     model = convnet()
-    compiled = plait.compile(model, options={"cache": str(cache)})
+    compiled = plait.compile(model, options={"warm_start": "fingerprint", "cache": str(cache)})
     with pytest.warns(CacheWarning, match="No space left") as caught, torch.no_grad():
         compiled(sample())
     assert len([w for w in caught if w.category is CacheWarning]) == 1

@@ -27,12 +27,13 @@ import plait
 import plait.conformance
 from plait.cache import LocalStore
 from plait.cache.artifact import ARENA, unpack
-from plait.cache.compiled import PACKED, load_compiled
+from plait.cache.compiled import load_compiled
 from plait.codegen import build
 from plait.ir import from_text
 from plait.ir.chunked_hash import CHUNK, stream_digest
 from plait.ir.identity import weights_hash
 from plait.ir.types import TensorType
+from plait.runtime.program_doc import PACKED
 from tests.cache.helpers import call_program, status, stax_entry, store_clock
 from tests.util import contract_tol, graph_structure, needs_bf16, needs_packs
 

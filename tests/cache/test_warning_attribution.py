@@ -50,10 +50,14 @@ def test_a_damaged_entry_is_warned_at_the_callers_line(tmp_path: Path, hook: str
     try:
         with torch.no_grad():
             expected = net(x)
-            first = plait.compile(net, backend="eager", options={"cache": str(tmp_path)})(x)
+            first = plait.compile(
+                net, backend="eager", options={"warm_start": "fingerprint", "cache": str(tmp_path)}
+            )(x)
         assert torch.equal(first, expected)
         _damage_artifact(tmp_path)
-        compiled = plait.compile(net, backend="eager", options={"cache": str(tmp_path)})
+        compiled = plait.compile(
+            net, backend="eager", options={"warm_start": "fingerprint", "cache": str(tmp_path)}
+        )
         with warnings.catch_warnings(record=True) as caught, torch.no_grad():
             warnings.simplefilter("always")
             out = compiled(x)

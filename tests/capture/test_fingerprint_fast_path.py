@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plait.frontend import fingerprint as fp
+from plait.snapshots import fingerprint as fp
 
 
 class Color(enum.Enum):

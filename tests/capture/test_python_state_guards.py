@@ -404,7 +404,7 @@ def test_a_warm_start_guards_the_values_it_loaded(tmp_path: Any) -> None:
     """A specialization loaded from a snapshot (no capture ran in this callable) is guarded
     as a captured one: its guard is rebuilt from the saved descriptions of what was read."""
     m = Configured(Config())
-    options = {"cache": str(tmp_path)}
+    options = {"warm_start": "fingerprint", "cache": str(tmp_path)}
     cold = plait.compile(m, backend="eager", options=options)
     _same_as_eager(cold, m, _x())
     warm = plait.compile(m, backend="eager", options=options)

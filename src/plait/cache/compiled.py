@@ -39,6 +39,7 @@ import torch
 from plait.cache.artifact import pack_pieces, unpack
 from plait.cache.store import Store
 from plait.ir import Graph, TensorType, from_text, to_text
+from plait.runtime.program_doc import ProgramDocError, program_from_doc, program_to_doc
 
 
 class StaleEntryError(Exception):
@@ -59,37 +60,6 @@ class SavedCompile:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-PACKED = "prepacked:"  # NOTE: blob names: PACKED + "data:" / "md:" + the weight's key
-
-
-def _plan_record(program: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The saved plan, and the blobs it refers to (the prepacked weights' bytes)."""
-    layouts = program.layouts()
-    packs = program.prepacked()
-    blobs = {}
-    for key, pack in packs.items():
-        blobs[f"{PACKED}data:{key}"], blobs[f"{PACKED}md:{key}"] = pack.data, pack.md
-    record = {
-        "layouts": {str(k): [list(s) for s in v] for k, v in layouts.items()},
-        "schedule": _schedule(program),
-        "kernels": [k.source_sha256 for k in program.kernels],
-        "options": program.options.record(),
-        "prepacked": {
-            k: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch.")}
-            for k, p in packs.items()
-        },
-    }
-    refused = getattr(layouts, "refused", None)  # NOTE: the compile's oneDNN decisions
-    if refused is not None:
-        record["refused"] = {str(k): dict(v) for k, v in sorted(refused.items())}
-    return record, blobs
-
-
-def _schedule(program: Any) -> list[str]:
-    """The schedule without node ids (ids do not survive the text round trip; positions do)."""
-    return [s.get("name") or s.get("op", "?") for s in program.schedule()]
-
-
 def save_compiled(store: Store, key: str, parts: dict[str, Any], saved: SavedCompile) -> None:
     """Publish ``saved`` under ``key`` (its key ``parts`` go into the entry's meta, for
     explanations of later misses)."""
@@ -102,7 +72,7 @@ def save_compiled(store: Store, key: str, parts: dict[str, Any], saved: SavedCom
     }
     blobs: dict[str, torch.Tensor] = {}
     if saved.program is not None:
-        doc["plan"], blobs = _plan_record(saved.program)
+        doc["plan"], blobs = program_to_doc(saved.program)
     tensors = {k: v for k, v in saved.graph.constants.items() if isinstance(v, torch.Tensor)}
     meta = {"parts": parts, "executor": saved.executor, "source": parts.get("source")}
     store.put(key, pack_pieces(doc, tensors, blobs), meta)
@@ -220,53 +190,12 @@ def _place(graph: Graph) -> None:
                 graph.constants[v.name] = t.to(v.type.device)
 
 
-def _saved_packs(plan: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    from plait.codegen.onednn import SavedPack
-
-    out = {}
-    for key, info in plan.get("prepacked", {}).items():
-        data, md = tensors.get(f"{PACKED}data:{key}"), tensors.get(f"{PACKED}md:{key}")
-        if data is None or md is None:
-            raise StaleEntryError(f"the prepacked weight {key} is missing from the entry")
-        dtype = getattr(torch, info["dtype"])
-        if not isinstance(dtype, torch.dtype):
-            raise StaleEntryError(f"the prepacked weight {key} has dtype {info['dtype']!r}")
-        out[key] = SavedPack(data, md, tuple(int(d) for d in info["shape"]), dtype)
-    return out
-
-
-def _saved_layouts(plan: dict[str, Any], tensors: dict[str, torch.Tensor], gate: Any) -> Any:
-    from plait.codegen.plan import STAGES, SavedLayouts
-
-    layouts = {int(k): [tuple(int(x) for x in s) for s in v] for k, v in plan["layouts"].items()}
-    if "refused" not in plan:  # NOTE: no decisions recorded: the planner probes them
-        if gate is not None:
-            gate()  # NOTE: a probe runs oneDNN on the constants: only on a verified entry
-        return layouts
-    refused = plan["refused"]
-    if not isinstance(refused, dict) or not all(
-        isinstance(v, dict) and all(s in STAGES and isinstance(r, str) for s, r in v.items())
-        for v in refused.values()
-    ):
-        raise StaleEntryError("the saved plan's oneDNN decisions are malformed")
-    refused_at = {int(k): v for k, v in refused.items()}
-    return SavedLayouts(layouts, refused_at, _saved_packs(plan, tensors), gate)
-
-
 def _rebuild_stax(
     graph: Graph, plan: dict[str, Any], tensors: dict[str, torch.Tensor], gate: Any = None
 ) -> Any:
-    from plait.runtime import StaxOptions, compile_graph
-
-    # NOTE: the options are part of the key, so the recorded ones are the requested ones.
-    options = StaxOptions(**plan["options"])
+    """The Stax program rebuilt from its saved document (:func:`plait.runtime.program_doc.
+    program_from_doc`); a document that does not rebuild the recorded program is stale."""
     try:
-        layouts = _saved_layouts(plan, tensors, gate)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise StaleEntryError(f"the saved plan does not load: {exc!r}") from None
-    program = compile_graph(graph, options=options, layouts=layouts)
-    if _schedule(program) != plan["schedule"]:
-        raise StaleEntryError("the rebuilt Stax schedule differs from the recorded one")
-    if [k.source_sha256 for k in program.kernels] != plan["kernels"]:
-        raise StaleEntryError("the rebuilt Stax kernels differ from the recorded ones")
-    return program
+        return program_from_doc(graph, plan, tensors, gate)
+    except ProgramDocError as exc:
+        raise StaleEntryError(str(exc)) from None

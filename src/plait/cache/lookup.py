@@ -30,7 +30,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -38,10 +38,11 @@ from plait import logs
 from plait.cache import code_identity
 from plait.cache.compiled import SavedCompile, StaleEntryError, load_compiled, save_compiled
 from plait.cache.key import CacheKey, explain_miss
-from plait.cache.store import CorruptEntryError
+from plait.cache.store import CorruptEntryError, Store
 from plait.cache.weight_digests import weights_digest
 from plait.codegen import build
 from plait.errors import PlaitWarning
+from plait.frontend import CapturedProgram
 from plait.ir import TensorType, Value
 
 FORMAT = "plait.specialization/2"  # NOTE: 2: the weights digest is taken per tensor
@@ -53,6 +54,48 @@ class CacheWarning(PlaitWarning):
 
 class NotCacheable(Exception):
     """This specialization cannot have a cache key (the reason says why)."""
+
+
+class CompileRequestLike(Protocol):
+    """What the cache reads of a compile request (``plait.backends.CompileRequest``)."""
+
+    @property
+    def program(self) -> CapturedProgram: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def options(self) -> dict[str, Any]: ...
+    @property
+    def state(self) -> Sequence[torch.Tensor]: ...
+    @property
+    def store(self) -> Store | None: ...
+
+
+class ManifestLike(Protocol):
+    """What the cache reads and writes of a specialization's manifest (``plait.manifest``)."""
+
+    options: dict[str, Any]
+    cache: dict[str, Any]
+    cache_key: dict[str, Any]
+    timings: dict[str, float]
+    graph: dict[str, Any]
+
+
+class CompiledLike(Protocol):
+    """What the cache reads of a compile's result (``plait.backends.Compiled``): the graph and
+    the backend's program it saves, the manifest it fills in."""
+
+    @property
+    def manifest(self) -> Any: ...
+    @property
+    def graph(self) -> Any: ...
+    @property
+    def program(self) -> Any: ...
+
+
+Req = TypeVar("Req", bound=CompileRequestLike)
+Man = TypeVar("Man", bound=ManifestLike)
+Out = TypeVar("Out", bound=CompiledLike)
 
 
 def freeze_candidates(
@@ -78,7 +121,10 @@ def _jsonable(value: Any, what: str) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=refuse))
 
 
-def toolchain_parts(backend: str) -> dict[str, Any]:
+def toolchain_parts(backend: str, kernels: str | None = None) -> dict[str, Any]:
+    """The toolchain that made an entry: Python, PyTorch, plait (version and code digest); for
+    Stax the C++ compiler (version and flags) and Triton; with TVM kernels (``backend="tvm"``,
+    ``stax={"kernels": "tvm"}``: ``kernels="tvm"``) TVM's version and target."""
     out: dict[str, Any] = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
@@ -99,7 +145,19 @@ def toolchain_parts(backend: str) -> dict[str, Any]:
 
         # NOTE: Triton kernels: the Triton and CUDA versions that compile them
         out["triton"] = triton_toolchain()
+        if kernels == "tvm":
+            from plait.codegen.tvm_build import toolchain_record
+
+            # NOTE: TVM's version and LLVM target (triple, CPU), its printer and schedules
+            out["tvm"] = toolchain_record()
     return out
+
+
+def _kernels(req: CompileRequestLike) -> str | None:
+    """Which printer makes the request's Stax kernels, where the options name one."""
+    stax = req.options.get("stax") if isinstance(req.options, Mapping) else None
+    kernels = stax.get("kernels") if isinstance(stax, Mapping) else None
+    return None if kernels is None else str(kernels)
 
 
 def _plait_code() -> str:
@@ -110,7 +168,7 @@ def _plait_code() -> str:
 
 
 def key_parts(
-    req: Any,
+    req: CompileRequestLike,
     options_record: Mapping[str, Any],
     pipeline: str,
     freeze: bool,
@@ -138,7 +196,7 @@ def key_parts(
         "options": _jsonable(
             {**options_record, "pipeline": pipeline, "freeze": freeze}, "an option"
         ),
-        "toolchain": toolchain_parts(req.backend),
+        "toolchain": toolchain_parts(req.backend, kernels=_kernels(req)),
         "ambient": _jsonable(dict(ambient), "an ambient setting"),
         "weights": weights_digest({n: state[slots[n]] for n in candidates}),
     }
@@ -192,22 +250,22 @@ def warn_at_caller(message: str, category: type[Warning] = CacheWarning) -> None
     warnings.warn(message, category, stacklevel=level)
 
 
-CompileFn = Callable[[Any, Any, str, bool, bool], Any]
-RestoreFn = Callable[[Any, SavedCompile], Any]
-
-
 def cached_compile(
-    req: Any,
-    m: Any,
+    req: Req,
+    m: Man,
     pipeline: str,
     freeze: bool,
     needs_grad: bool,
-    compile_fn: CompileFn,
-    restore_fn: RestoreFn,
+    compile_fn: Callable[[Req, Man, str, bool, bool], Out],
+    restore_fn: Callable[[Req, SavedCompile], Out],
     ambient: Mapping[str, Any],
-) -> Any:
-    """``restore_fn`` on a verified entry with this key, else ``compile_fn`` and save."""
+) -> Out:
+    """``restore_fn`` on a verified entry with this key, else ``compile_fn`` and save.
+    ``compile_fn(req, m, pipeline, freeze, needs_grad)`` compiles and fills ``m`` in;
+    ``restore_fn(req, saved)`` rebuilds a compile from a verified entry."""
     store = req.store
+    if store is None:
+        raise ValueError("cached_compile needs a request with a store")
     start = time.perf_counter()
     try:
         parts, candidates = key_parts(req, m.options, pipeline, freeze, ambient)
@@ -236,8 +294,9 @@ def cached_compile(
         m.cache = {"status": "not cached", "key": digest, "events": events}
         _log(m.cache)
         return compiled
-    for problem in getattr(store, "problems", [])[:]:  # NOTE: e.g. an index rebuilt
-        store.problems.remove(problem)
+    problems: list[str] = getattr(store, "problems", [])  # NOTE: e.g. an index rebuilt
+    for problem in problems[:]:
+        problems.remove(problem)
         _report(events, problem)
     events += store.take_notes()  # NOTE: a remote tier's reads, outages (warned once)
     if saved is not None:
@@ -279,7 +338,7 @@ def cached_compile(
     return compiled
 
 
-def entry_parts(store: Any, limit: int | None = 256) -> list[tuple[str, Any]]:
+def entry_parts(store: Store, limit: int | None = 256) -> list[tuple[str, Any]]:
     """The key parts of the most recently used artifact entries (read from their heads;
     snapshots have none), for :func:`~plait.cache.key.explain_miss`."""
     try:
@@ -294,5 +353,5 @@ def entry_parts(store: Any, limit: int | None = 256) -> list[tuple[str, Any]]:
     return out
 
 
-def _executor_kind(compiled: Any) -> str:
+def _executor_kind(compiled: CompiledLike) -> str:
     return "stax" if compiled.program is not None else "eager"

@@ -49,18 +49,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from plait.cache.entry_file import Payload, decode_entry, encode_entry
 from plait.cache.lookup import CacheWarning, warn_at_caller
 from plait.cache.store import (
     CorruptEntryError,
     EntryInfo,
     LocalStore,
-    Payload,
     Pending,
     Store,
     StoreStats,
     VerifyReport,
-    decode_entry,
-    encode_entry,
     summary,
 )
 

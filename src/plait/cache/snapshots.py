@@ -1,14 +1,15 @@
-"""Warm starts without capture: a captured program saved under a key a new process can compute
-before it runs anything.
+"""Warm starts without capture (opt-in: ``options={"warm_start": "fingerprint"}``; the default
+warm start captures): a captured program saved under a key a new process can compute before it
+runs anything.
 
 Capture is the largest cost a warm start has left once the compiled artifact loads from the
 cache: the artifact's key is made of what capture mints (the semantic hash and the guards). A
-*snapshot* entry keeps the captured program itself (:mod:`plait.frontend.snapshot`) under a
+*snapshot* entry keeps the captured program itself (:mod:`plait.snapshots.snapshot`) under a
 *front key* made of what is known before capture:
 
 - ``callable``: the module tree (classes with their bases, attributes and methods by name, every
   attribute of every submodule, training flags;
-  :func:`plait.frontend.fingerprint.module_fingerprint`) or the function, found again by name;
+  :func:`plait.snapshots.fingerprint.module_fingerprint`) or the function, found again by name;
 - ``inputs`` and ``state``: the call's structure, its tensors' dtype, shape, device and
   requires_grad (and class, for a subclass), its other arguments' values, and the same for
   parameters and buffers with every path that holds each (tied weights);
@@ -18,7 +19,7 @@ cache: the artifact's key is made of what capture mints (the semantic hash and t
 
 A snapshot is used only when, in this process, every function the capture ran (recorded at
 capture, PyTorch's and the standard library's own excepted) is found again by name with the same
-digest (:mod:`plait.frontend.fingerprint`: bytecode, defaults, the values it reads), and the guards
+digest (:mod:`plait.snapshots.fingerprint`: bytecode, defaults, the values it reads), and the guards
 rebuilt from the saved plan and this call write the same key texts as capture's and hold. The
 program then goes through the artifact cache as a captured one would (same full key: a hit loads
 the compiled artifact). Anything else (no snapshot, a changed function, a program that could not
@@ -55,10 +56,10 @@ from plait.cache.key import canonical_json, text_digest
 from plait.cache.lookup import warn_at_caller
 from plait.cache.store import CorruptEntryError, Store
 from plait.frontend import CapturedProgram, ModuleState
-from plait.frontend.deps import CodeDep
-from plait.frontend.fingerprint import Unpinnable, dep_digest, fingerprint, module_fingerprint
 from plait.frontend.guard_build import autocast_state
-from plait.frontend.snapshot import encode, program_doc, program_from_doc
+from plait.snapshots.deps import CodeDep
+from plait.snapshots.fingerprint import Unpinnable, dep_digest, fingerprint, module_fingerprint
+from plait.snapshots.snapshot import encode, program_doc, program_from_doc
 
 # NOTE: /2: the front key's parts are kept as their canonical JSON text (compared as text)
 FORMAT = "plait.snapshot/2"
@@ -144,7 +145,7 @@ def _front_parts(
             "torch": torch.__version__,
             "plait": sys.modules["plait"].__version__,
             "plait_code": code_identity.plait_code_digest(),  # NOTE: capture's own code
-            # NOTE: their code is not recorded either (plait.frontend.deps): their versions pin it
+            # NOTE: their code is not recorded either (plait.snapshots.deps): their versions pin it
             **{
                 name: str(getattr(sys.modules.get(name), "__version__", None))
                 for name in ("numpy", "sympy", "mpmath")

@@ -43,9 +43,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import json
-import mmap
 import os
-import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -55,22 +53,20 @@ from typing import Any
 
 from filelock import FileLock
 
+from plait.cache.entry_file import (
+    HEADER,
+    Payload,
+    check_key,
+    encode_entry,
+    frame,
+    hash_error,
+    map_entry,
+    open_mapping,
+    read_head,
+)
 from plait.codegen import native_hash
 from plait.ir.private_files import FILE_MODE, private_dir, private_subdir, staged_file
 
-MAGIC = b"PLAITART"
-# NOTE: format 5: the meta names the key the entry was stored under, and a read under any other
-# key refuses it; format 4 did not. The self-hash is the chunked XXH3-128 (plait.ir.chunked_hash)
-# and the payload starts ALIGN-aligned (format 3: one XXH3-128 stream; 2: BLAKE3; 1: SHA-256,
-# unaligned). A reader refuses every other format: no entry is read with another's rules.
-FORMAT = 5
-HASH = "XXH3-128"
-ALIGN = 64
-# NOTE: magic, format, stream_digest(meta + padding + payload), len(meta), len(payload); the payload
-# starts at the first multiple of ALIGN after header + meta (zero padding, covered by the hash).
-_HEADER = struct.Struct(">8sH16sQQ")
-# NOTE: a payload is bytes, or buffers (bytes-like) to be written in order (never joined).
-Payload = bytes | Sequence[Any]
 DEFAULT_MAX_BYTES = 8 << 30
 INDEX_SCHEMA = "plait.cache.index/1"
 
@@ -212,107 +208,6 @@ class Store(abc.ABC):
         return None
 
 
-def _payload_offset(n_meta: int) -> int:
-    return -(-(_HEADER.size + n_meta) // ALIGN) * ALIGN
-
-
-def _pieces(payload: Payload) -> list[memoryview]:
-    parts = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else list(payload)
-    return [memoryview(p).cast("B") for p in parts]
-
-
-def encode_entry(payload: Payload, meta: dict[str, Any]) -> list[Any]:
-    """An entry's bytes, in pieces: header (with the XXH3-128 hash of what follows), meta JSON,
-    zero padding (the payload starts ALIGN-aligned, so tensors built on a mapping of the file
-    are aligned), payload (its pieces as given, so a large payload is never copied to be
-    framed)."""
-    meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
-    pad = bytes(_payload_offset(len(meta_bytes)) - _HEADER.size - len(meta_bytes))
-    pieces = _pieces(payload)
-    digest = native_hash.digest([meta_bytes, pad, *pieces])
-    n_payload = sum(p.nbytes for p in pieces)
-    header = _HEADER.pack(MAGIC, FORMAT, digest, len(meta_bytes), n_payload)
-    return [header, meta_bytes, pad, *pieces]
-
-
-def _frame(data: Any) -> tuple[memoryview, bytes, int, int]:
-    """``(view, digest, len(meta), payload offset)`` of an entry's bytes, its framing checked
-    (magic, format, length), its hash not yet. Raises ``ValueError`` naming what is wrong."""
-    view = memoryview(data).cast("B")
-    if len(view) < _HEADER.size:
-        raise ValueError(f"truncated: {len(view)} bytes, shorter than the header")
-    magic, fmt, digest, n_meta, n_payload = _HEADER.unpack_from(view)
-    if magic != MAGIC:
-        raise ValueError(f"not a plait cache entry (magic {magic!r})")
-    if fmt != FORMAT:
-        raise ValueError(f"not a plait cache entry of format {FORMAT} (format {fmt})")
-    start = _payload_offset(n_meta)
-    if len(view) != start + n_payload:
-        have, expected = len(view) - _HEADER.size, start + n_payload - _HEADER.size
-        raise ValueError(f"truncated: {have} bytes after the header, expected {expected}")
-    return view, digest, n_meta, start
-
-
-def _check_key(meta: memoryview, key: str) -> None:
-    """Raise ``ValueError`` unless the entry's meta names ``key``: an entry copied or moved
-    under another key (another program's, valid by its own hash) is never served for this
-    one. NOTE: read before the hash is checked (a Python parser on unverified bytes); a
-    damaged meta fails here as damage."""
-    try:
-        stored = json.loads(bytes(meta)).get("key")
-    except (ValueError, AttributeError) as exc:
-        raise ValueError(f"meta unreadable: {exc}") from None
-    if stored != key:
-        other = f"{stored[:16]}…" if isinstance(stored, str) else repr(stored)
-        raise ValueError(f"it was stored under another key ({other})")
-
-
-def _hash_error() -> ValueError:
-    return ValueError(f"content does not match its {HASH} hash")
-
-
-def decode_entry(data: Any) -> tuple[dict[str, Any], memoryview]:
-    """``(meta, payload)`` of an entry's bytes (any buffer: bytes, a mapping); the payload is a
-    view of ``data``, not a copy. Raises ``ValueError`` naming what is wrong with ``data``."""
-    view, digest, n_meta, start = _frame(data)
-    if native_hash.digest([view[_HEADER.size :]]) != digest:
-        raise _hash_error()
-    try:
-        meta = json.loads(bytes(view[_HEADER.size : _HEADER.size + n_meta]))
-    except ValueError as exc:
-        raise ValueError(f"meta is not JSON: {exc}") from None
-    if not isinstance(meta, dict):
-        raise ValueError("meta is not a JSON object")
-    return meta, view[start:]
-
-
-def _open_mapping(path: Path) -> Any:
-    """The entry's bytes: a private (copy-on-write) mapping of the file, or a copy where the
-    file system cannot map files. Raises ``OSError`` (absent, unreadable) or ``ValueError``."""
-    with path.open("rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < _HEADER.size:
-            raise ValueError(f"truncated: {size} bytes, shorter than the header")
-        try:
-            # NOTE: the mapping holds the inode opened here: an entry replaced or removed
-            # meanwhile (os.replace, eviction) leaves this reader's bytes as they were.
-            return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
-        except (OSError, ValueError):  # NOTE: a file system that cannot map files: read it
-            data = bytearray(size)
-            if f.readinto(data) != size:
-                raise ValueError("truncated while it was read") from None
-            return data
-
-
-def map_entry(path: Path) -> tuple[dict[str, Any], memoryview, int]:
-    """``(meta, payload, size)`` of the entry at ``path``, verified; the payload is a writable
-    view of a private (copy-on-write) mapping of the file: nothing is copied, and a write to the
-    view never reaches the file. Raises ``OSError`` (absent, unreadable) or ``ValueError``."""
-    data = _open_mapping(path)
-    meta, payload = decode_entry(data)
-    return meta, payload, len(data)
-
-
 @dataclass
 class Pending:
     """A payload read before its hash is checked: :attr:`payload` may be parsed (by code that
@@ -340,19 +235,6 @@ def summary(meta: dict[str, Any], width: int = 200) -> dict[str, Any]:
     return {
         k: v for k, v in meta.items() if k != "key" and len(json.dumps(v, default=str)) <= width
     }
-
-
-def read_head(path: Path) -> dict[str, Any]:
-    """An entry's meta, read from its head without the payload (not verified: for
-    explanations, never for loading)."""
-    with path.open("rb") as f:
-        head = f.read(_HEADER.size)
-        if len(head) < _HEADER.size:
-            raise ValueError("truncated")
-        magic, fmt, _, n_meta, _ = _HEADER.unpack(head)
-        if magic != MAGIC or fmt != FORMAT:
-            raise ValueError(f"not a plait cache entry of format {FORMAT}")
-        return dict(json.loads(f.read(n_meta)))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -500,8 +382,8 @@ class LocalStore(Store):
         path = self.path(key)
         self._private_root()  # NOTE: raises (an OSError) for a root others could have written
         try:
-            view, digest, n_meta, start = _frame(_open_mapping(path))
-            _check_key(view[_HEADER.size : _HEADER.size + n_meta], key)
+            view, digest, n_meta, start = frame(open_mapping(path))
+            check_key(view[HEADER.size : HEADER.size + n_meta], key)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -510,7 +392,7 @@ class LocalStore(Store):
         except ValueError as exc:
             self._discard(key)
             raise CorruptEntryError(key, str(exc)) from None
-        job = native_hash.start([[view[_HEADER.size :]]])
+        job = native_hash.start([[view[HEADER.size :]]])
         failed: list[CorruptEntryError] = []
 
         def check() -> None:
@@ -519,7 +401,7 @@ class LocalStore(Store):
             if failed:
                 raise failed[0]
             if job.result()[0] != digest:
-                failed.append(CorruptEntryError(key, str(_hash_error())))
+                failed.append(CorruptEntryError(key, str(hash_error())))
                 self._discard(key)
                 raise failed[0]
 

@@ -51,8 +51,7 @@ from typing import Any
 from torch import nn
 
 from plait.errors import GraphCaptureError
-from plait.frontend.deps import generated_for
-from plait.frontend.fingerprint import find_function, is_pinned
+from plait.frontend.code_origin import find_function, generated_for, is_pinned
 from plait.frontend.pyvalues import (
     _MODULE_SKIP,
     ABSENT,
@@ -236,7 +235,7 @@ class PyReads:
                 self._safely(self._frame, frame)
 
         # NOTE: no cyclic collection while recording: what it runs (gc callbacks, __del__ of
-        # unrelated garbage) is not the program's code (as for plait.frontend.deps)
+        # unrelated garbage) is not the program's code (as for plait.snapshots.deps)
         self._gc_was_enabled = gc.isenabled()
         gc.disable()
         _LOCAL.rec = self

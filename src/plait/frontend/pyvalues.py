@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from plait.errors import GraphCaptureError
-from plait.frontend.fingerprint import find_function, is_pinned
+from plait.frontend.code_origin import find_function, is_pinned
 from plait.guards.guard import Guard, GuardEnv, ReadPyValues
 
 

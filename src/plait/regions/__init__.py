@@ -15,7 +15,7 @@ recursively, down to modules that run eagerly because they have no capturable su
 
 Identical blocks (same classes, same parameter shapes and dtypes: the layers of a transformer)
 share one capture and one compile: the program captured for the first is rebuilt for each other
-with guards of its own (:func:`plait.frontend.snapshot.program_from_doc`: it is shared only where
+with guards of its own (:func:`plait.snapshots.snapshot.program_from_doc`: it is shared only where
 those guards hold), and the compiled artifact is reused as is. Such blocks keep their parameters
 as graph inputs (``freeze`` off, unless requested): frozen weights would make each block's
 artifact its own. :class:`RegionTree` holds the engines, the sharing tables and their counters.

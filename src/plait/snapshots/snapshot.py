@@ -32,13 +32,13 @@ from typing import Any
 
 import torch
 
-from plait.frontend.fingerprint import Unpinnable
 from plait.frontend.guard_plan import GuardPlan, build_guards
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
 from plait.frontend.state import ModuleState
 from plait.guards.guard import GuardEnv
 from plait.ir import Graph, Value, from_text, to_text
 from plait.ir.parser import graph_interface
+from plait.snapshots.fingerprint import Unpinnable
 
 FORMAT = "plait.program/1"
 

@@ -12,7 +12,9 @@ classes by their contents; dataclass configs by class and fields; functions and 
 module and qualified name, which must find the very object again (a class redefined since its
 instances were made is not the class its module names). PyTorch's, plait's, NumPy's, SymPy's
 and the standard library's own code is pinned by the toolchain versions in every key (a PyTorch
-module attribute that user code replaced, ``F.gelu = my_gelu``, is not). Anything these cannot
+module attribute that code names is checked for what it holds: ``F.gelu = my_gelu`` and
+``F.silu = torch.tanh`` change a digest, as does a ``torch.Tensor`` or ``nn.Module`` method the
+code names, replaced: ``torch.Tensor.tanh = torch.Tensor.sigmoid``). Anything these cannot
 pin down (an arbitrary object; a method bound to one; a user module held by an attribute; a
 forward hook; code that names the environment or the command line) raises :class:`Unpinnable`,
 with the reason.
@@ -27,34 +29,21 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import dis
 import enum
 import functools
 import hashlib
 import logging
-import os
 import sys
-import sysconfig
 import types
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-# NOTE: code of these top-level packages is pinned by the toolchain versions in every key
-# (functorch and torchgen ship inside the PyTorch wheel).
-_PINNED_TOP = frozenset(
-    {"torch", "functorch", "torchgen", "plait", "sympy", "mpmath", "typing_extensions", "numpy"}
-)
-# NOTE: a standard library module's name is pinned only when the module loaded under it is the
-# standard library's: a user's own `test/` package or `trace.py` is user code.
-_STDLIB_NAMES = frozenset(sys.stdlib_module_names)
-_STDLIB_DIRS = tuple(
-    {os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")}
-)
-_STDLIB_SEEN: dict[str, tuple[types.ModuleType, bool]] = {}
+from plait.frontend.code_origin import is_pinned, lookup, unwrap
+from plait.snapshots.code_digest import code_digest, names_of
+
 # NOTE: names through which code reads state that differs from one process to the next.
 _PROCESS_STATE = frozenset({"environ", "environb", "getenv", "getenvb", "argv", "orig_argv"})
 _MAX_DEPTH = 32
@@ -64,89 +53,19 @@ class Unpinnable(Exception):
     """A dependency another process cannot check without capturing (the message says which)."""
 
 
-def is_pinned(module: str) -> bool:
-    top = module.split(".", 1)[0]
-    if top in _PINNED_TOP:
-        return True
-    return top in _STDLIB_NAMES and _is_stdlib(top)
-
-
-def _is_stdlib(top: str) -> bool:
-    mod = sys.modules.get(top)
-    if mod is None:
-        return True  # NOTE: nothing is loaded under that name: no user code of it can run
-    seen = _STDLIB_SEEN.get(top)
-    if seen is not None and seen[0] is mod:
-        return seen[1]
-    file = getattr(mod, "__file__", None)
-    paths = [file] if isinstance(file, str) else list(getattr(mod, "__path__", None) or [])
-    real = [os.path.realpath(p) for p in paths]
-    verdict = all(
-        r.startswith(_STDLIB_DIRS) and "site-packages" not in r and "dist-packages" not in r
-        for r in real
-    )
-    _STDLIB_SEEN[top] = (mod, verdict)
-    return verdict
-
-
 def dep_digest(module: str, qualname: str) -> str:
     """The digest the dependency ``module.qualname`` has in this process (compare with a
     :class:`CodeDep`'s); raises :class:`Unpinnable` when it is not found."""
-    obj = _lookup(module, qualname)
+    obj = lookup(module, qualname)
     if isinstance(obj, type):
         return class_digest(obj)
-    fn = _unwrap(obj, qualname) if obj is not None else None
+    fn = unwrap(obj, qualname) if obj is not None else None
     if fn is None:
         raise Unpinnable(f"{module}.{qualname} is not loaded in this process")
     return function_digest(fn)
 
 
 # --- finding and digesting ------------------------------------------------------------------
-def _lookup(module: str, qualname: str) -> Any:
-    """The object ``module.qualname`` names in this process (no import), or None."""
-    obj: Any = sys.modules.get(module)
-    if obj is None:
-        return None
-    for part in qualname.split("."):
-        namespace = getattr(obj, "__dict__", None)
-        if isinstance(namespace, (dict, types.MappingProxyType)) and part in namespace:
-            obj = namespace[part]
-        else:
-            try:
-                obj = getattr(obj, part, None)
-            except Exception:  # NOTE: a property or __getattr__ of user code
-                return None
-        if obj is None:
-            return None
-    return obj
-
-
-def find_function(module: str, qualname: str) -> types.FunctionType | None:
-    """The function ``module.qualname`` in this process (no import: its module must be loaded
-    already, as it is when its code can run), or None."""
-    obj = _lookup(module, qualname)
-    return None if obj is None else _unwrap(obj, qualname)
-
-
-def _unwrap(obj: Any, qualname: str) -> types.FunctionType | None:
-    if isinstance(obj, (staticmethod, classmethod)):
-        obj = obj.__func__
-    if isinstance(obj, property):
-        for f in (obj.fget, obj.fset, obj.fdel):
-            if isinstance(f, types.FunctionType) and f.__code__.co_qualname == qualname:
-                return f
-        return None
-    if isinstance(obj, functools.cached_property):
-        obj = obj.func
-    seen = 0
-    while not isinstance(obj, types.FunctionType) or obj.__code__.co_qualname != qualname:
-        obj = getattr(obj, "__wrapped__", None)
-        seen += 1
-        if obj is None or seen > 8:
-            return None
-    return obj
-
-
 def _reachable(found: Any, value: Any) -> bool:
     """Whether ``value`` is ``found`` or what it wraps (a staticmethod, property, decorator)."""
     for _ in range(8):
@@ -165,85 +84,20 @@ def _reachable(found: Any, value: Any) -> bool:
     return False
 
 
-# NOTE: by identity: code objects that differ only in a constant set's order compare equal
-_CODE_DIGESTS: dict[int, tuple[types.CodeType, bytes]] = {}
-
-
-def _code_digest(code: types.CodeType) -> bytes:
-    hit = _CODE_DIGESTS.get(id(code))
-    if hit is not None and hit[0] is code:
-        return hit[1]
-    h = hashlib.sha256()
-    for part in _code_parts(code):
-        h.update(repr(part).encode() if not isinstance(part, bytes) else part)
-    if len(_CODE_DIGESTS) > 4096:
-        _CODE_DIGESTS.clear()
-    _CODE_DIGESTS[id(code)] = (code, h.digest())
-    return h.digest()
-
-
-def _code_parts(code: types.CodeType) -> Iterator[Any]:
-    """The meaning of ``code``: bytecode, names, constants (nested code recursively); never its
-    file name or line numbers."""
-    yield code.co_code
-    yield (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
-    yield (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)
-    tested = _membership_only(code)
-    for i, c in enumerate(code.co_consts):
-        if isinstance(c, types.CodeType):
-            yield ("code", c.co_qualname)
-            yield from _code_parts(c)
-        elif i in tested:
-            # NOTE: `act in {"relu", "gelu"}` only asks membership: the set's iteration order,
-            # which string hashing makes differ between processes, is not part of its meaning
-            yield ("frozenset", sorted(repr(v) for v in c))
-        else:
-            yield (type(c).__name__, repr(c))
-
-
-def _membership_only(code: types.CodeType) -> set[int]:
-    """The frozenset constants of ``code`` that are only ever the right side of ``in``."""
-    sets = {i for i, c in enumerate(code.co_consts) if isinstance(c, frozenset)}
-    if not sets:
-        return sets
-    out = set(sets)
-    instructions = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
-    for ins, nxt in zip(instructions, [*instructions[1:], None]):
-        membership = nxt is not None and nxt.opname == "CONTAINS_OP"
-        if ins.opname == "LOAD_CONST" and ins.arg in out and not membership:
-            out.discard(ins.arg)
-    return out
-
-
-@functools.lru_cache(maxsize=4096)
-def _names(code: types.CodeType) -> frozenset[str]:
-    """The names ``code`` (and its nested code) loads, and its identifier-like string constants
-    (``getattr(cfg, "SCALE")``, ``globals()["SHIFT"]``)."""
-    out = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            out |= _names(c)
-        elif isinstance(c, str) and c.isidentifier():
-            out.add(c)
-        elif isinstance(c, (tuple, frozenset)):
-            out |= {s for s in c if isinstance(s, str) and s.isidentifier()}
-    return frozenset(out)
-
-
 def function_digest(fn: types.FunctionType) -> str:
     """SHA-256 over the function's code, defaults, the classes that own it, the module-level
     values its code names and their attributes it names (raises :class:`Unpinnable` for a
     value that has no fingerprint, or for code that reads the environment or command line)."""
     memo: dict[int, Any] = {}  # NOTE: fresh: a digest must not depend on what came before
     where = f"{fn.__module__}.{fn.__qualname__}"
-    names = _names(fn.__code__)
+    names = names_of(fn.__code__)
     process = sorted(names & _PROCESS_STATE)
     if process:
         raise Unpinnable(
             f"{where} reads {', '.join(process)}: state of the process (the environment, the "
             "command line) that another process does not share"
         )
-    h = hashlib.sha256(_code_digest(fn.__code__))
+    h = hashlib.sha256(code_digest(fn.__code__))
     h.update(repr(_fp(fn.__defaults__, f"{where} defaults", memo, 0)).encode())
     h.update(repr(_fp(fn.__kwdefaults__, f"{where} defaults", memo, 0)).encode())
     # NOTE: the classes the function is defined in (`cls.K`, `self.K` of a helper class)
@@ -262,7 +116,50 @@ def function_digest(fn: types.FunctionType) -> str:
         what = f"global {globals_.get('__name__')}.{name}"
         h.update(repr((name, _value_fp(value, what, memo))).encode())
         _named_attrs(value, names, h, memo, seen, what)
+    # NOTE: a method the code may call on a tensor or a module (`y.tanh()`), as the class holds
+    # it now: `torch.Tensor.tanh = torch.Tensor.sigmoid` changes what the same bytecode runs
+    for name in sorted(names):
+        for cls in _LIBRARY_CLASSES:
+            found = _class_attr(cls, name)
+            if found is not _MISSING:
+                h.update(repr(("method", cls.__name__, name, _library_identity(found))).encode())
     return h.hexdigest()
+
+
+# NOTE: library classes whose methods user code calls by name on values it does not name
+_LIBRARY_CLASSES = (torch.Tensor, nn.Module)
+_MISSING = object()
+
+
+def _class_attr(cls: type, name: str) -> Any:
+    """``name`` as ``cls`` finds it through its bases' dicts (no descriptor runs)."""
+    for klass in cls.__mro__:
+        found = klass.__dict__.get(name, _MISSING)
+        if found is not _MISSING:
+            return found
+    return _MISSING
+
+
+def _library_identity(value: Any) -> Any:
+    """What a library object is, without running it: its type and, for a function, method,
+    descriptor or class, the module and qualified name it was defined under; a plain value by
+    value. Another object put in its place (an alias of another function) differs."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if type(value) in _EXACT_PLAIN:
+        return [_EXACT_PLAIN[type(value)], repr(value)]
+    if isinstance(value, _TORCH_PLAIN):
+        return [type(value).__name__, str(value)]
+    kind = _type_name(type(value))
+    if isinstance(value, types.ModuleType):
+        return [kind, value.__name__]
+    try:
+        name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+        owner = getattr(value, "__objclass__", None)
+        module = getattr(owner if owner is not None else value, "__module__", None)
+    except Exception:  # NOTE: a lazy namespace's __getattr__ (torch.ops)
+        return [kind]
+    return [kind, str(module), name] if isinstance(name, str) else [kind]
 
 
 def _named_attrs(
@@ -289,6 +186,8 @@ def _named_attrs(
                 h.update(repr((here, _value_fp(inner, here, memo))).encode())
             elif _user_defined(inner):
                 h.update(repr(("replaced", here, _fp(inner, here, memo, 0))).encode())
+            else:  # NOTE: another library object put there (`F.silu = torch.tanh`)
+                h.update(repr(("library", here, _library_identity(inner))).encode())
             _named_attrs(inner, names, h, memo, seen, here)
     elif isinstance(value, types.FunctionType) and _user_defined(value):
         seen.add(id(value))
@@ -475,7 +374,7 @@ def _check_found(obj: Any, what: str) -> None:
         return
     if "<" in qualname:
         raise Unpinnable(f"{what} ({qualname}) is defined inside a function or is a lambda")
-    if not _reachable(_lookup(module, qualname), obj):
+    if not _reachable(lookup(module, qualname), obj):
         raise Unpinnable(
             f"{what} ({module}.{qualname}) is not the one its module defines under that name now "
             "(redefined or reloaded since it was made)"

@@ -1,11 +1,11 @@
 """What a capture ran: :class:`CodeRecorder` records every Python function that runs during a
 capture (a profile hook, installed only for the capture, with the cyclic collector paused), each
-digested (:mod:`plait.frontend.fingerprint`) when it is first called, so that what it reads then
+digested (:mod:`plait.snapshots.fingerprint`) when it is first called, so that what it reads then
 is what the capture saw. Pinned code (PyTorch's, plait's, the standard library's), what such
 libraries generate and run themselves, and what the import system runs are left out; a
 namedtuple's or a dataclass's generated methods count as their class. A lambda or nested
 function that runs (its closure cannot be read back by name) or module-level code makes the
-program :class:`~plait.frontend.fingerprint.Unpinnable`: it is captured on every warm start.
+program :class:`~plait.snapshots.fingerprint.Unpinnable`: it is captured on every warm start.
 
 Example:
     >>> import json
@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import sys
 import types
@@ -26,13 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from plait.frontend.fingerprint import (
-    Unpinnable,
-    class_digest,
-    find_function,
-    function_digest,
-    is_pinned,
-)
+from plait.frontend.code_origin import find_function, generated_for, is_pinned
+from plait.snapshots.fingerprint import Unpinnable, class_digest, function_digest
 
 # NOTE: nested code of these kinds is part of its enclosing function's digest, which also ran.
 _INLINE = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
@@ -178,21 +172,6 @@ def _generated_by_library(frame: types.FrameType) -> bool:
         return False
     caller = frame.f_back
     return caller is not None and is_pinned(str(caller.f_globals.get("__name__", "")))
-
-
-def generated_for(frame: types.FrameType, module: str, qualname: str) -> type | None:
-    """The class a namedtuple ``__new__`` or a dataclass method was generated for, else None."""
-    code = frame.f_code
-    if code.co_filename != "<string>" or not code.co_argcount:
-        return None
-    if module.startswith("namedtuple_") and qualname == "<lambda>":
-        cls = frame.f_locals.get("_cls")
-        return cls if isinstance(cls, type) and hasattr(cls, "_fields") else None
-    if qualname.startswith("__create_fn__.<locals>."):
-        first = frame.f_locals.get(code.co_varnames[0])
-        cls = first if isinstance(first, type) else type(first)
-        return cls if dataclasses.is_dataclass(cls) else None
-    return None
 
 
 @contextmanager

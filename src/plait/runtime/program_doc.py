@@ -1,0 +1,108 @@
+"""The native Stax program's saved form: :func:`program_to_doc` records what a rebuild must
+reproduce (each step's result layouts, the oneDNN calls refused at compile time, the schedule,
+the kernels' source hashes, the options) and the prepacked weights' bytes as blobs;
+:func:`program_from_doc` rebuilds the program from the graph, that document and its blobs
+(replaying the recorded decisions: no probe, no dry run) and refuses one that does not
+reproduce the recorded schedule and kernels (:class:`ProgramDocError`). The cache stores the
+document and the blobs; what is inside them is this module's. NOTE: the code generator is
+imported when a program is rebuilt, not with this module (the cache imports it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from plait.ir import Graph
+
+PACKED = "prepacked:"  # NOTE: blob names: PACKED + "data:" / "md:" + the weight's key
+
+
+class ProgramDocError(Exception):
+    """A saved program document that does not rebuild the program it records."""
+
+
+def program_to_doc(program: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The saved plan, and the blobs it refers to (the prepacked weights' bytes)."""
+    layouts = program.layouts()
+    packs = program.prepacked()
+    blobs = {}
+    for key, pack in packs.items():
+        blobs[f"{PACKED}data:{key}"], blobs[f"{PACKED}md:{key}"] = pack.data, pack.md
+    record = {
+        "layouts": {str(k): [list(s) for s in v] for k, v in layouts.items()},
+        "schedule": _schedule(program),
+        "kernels": [k.source_sha256 for k in program.kernels],
+        "options": program.options.record(),
+        "prepacked": {
+            k: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch.")}
+            for k, p in packs.items()
+        },
+    }
+    refused = getattr(layouts, "refused", None)  # NOTE: the compile's oneDNN decisions
+    if refused is not None:
+        record["refused"] = {str(k): dict(v) for k, v in sorted(refused.items())}
+    return record, blobs
+
+
+def _schedule(program: Any) -> list[str]:
+    """The schedule without node ids (ids do not survive the text round trip; positions do)."""
+    return [s.get("name") or s.get("op", "?") for s in program.schedule()]
+
+
+def _saved_packs(plan: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    from plait.codegen.onednn import SavedPack
+
+    out = {}
+    for key, info in plan.get("prepacked", {}).items():
+        data, md = tensors.get(f"{PACKED}data:{key}"), tensors.get(f"{PACKED}md:{key}")
+        if data is None or md is None:
+            raise ProgramDocError(f"the prepacked weight {key} is missing from the entry")
+        dtype = getattr(torch, info["dtype"])
+        if not isinstance(dtype, torch.dtype):
+            raise ProgramDocError(f"the prepacked weight {key} has dtype {info['dtype']!r}")
+        out[key] = SavedPack(data, md, tuple(int(d) for d in info["shape"]), dtype)
+    return out
+
+
+def _saved_layouts(plan: dict[str, Any], tensors: dict[str, torch.Tensor], gate: Any) -> Any:
+    from plait.codegen.plan import STAGES, SavedLayouts
+
+    layouts = {int(k): [tuple(int(x) for x in s) for s in v] for k, v in plan["layouts"].items()}
+    if "refused" not in plan:  # NOTE: no decisions recorded: the planner probes them
+        if gate is not None:
+            gate()  # NOTE: a probe runs oneDNN on the constants: only on a verified entry
+        return layouts
+    refused = plan["refused"]
+    if not isinstance(refused, dict) or not all(
+        isinstance(v, dict) and all(s in STAGES and isinstance(r, str) for s, r in v.items())
+        for v in refused.values()
+    ):
+        raise ProgramDocError("the saved plan's oneDNN decisions are malformed")
+    refused_at = {int(k): v for k, v in refused.items()}
+    return SavedLayouts(layouts, refused_at, _saved_packs(plan, tensors), gate)
+
+
+def program_from_doc(
+    graph: Graph,
+    plan: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    gate: Callable[[], object] | None = None,
+) -> Any:
+    """The program ``plan`` records, rebuilt on ``graph`` with the blobs in ``tensors``;
+    ``gate`` (waits for the entry's hash check) runs before anything native reads them."""
+    from plait.runtime.program import StaxOptions, compile_graph
+
+    # NOTE: the options are part of the key, so the recorded ones are the requested ones.
+    options = StaxOptions(**plan["options"])
+    try:
+        layouts = _saved_layouts(plan, tensors, gate)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProgramDocError(f"the saved plan does not load: {exc!r}") from None
+    program = compile_graph(graph, options=options, layouts=layouts)
+    if _schedule(program) != plan["schedule"]:
+        raise ProgramDocError("the rebuilt Stax schedule differs from the recorded one")
+    if [k.source_sha256 for k in program.kernels] != plan["kernels"]:
+        raise ProgramDocError("the rebuilt Stax kernels differ from the recorded ones")
+    return program

@@ -1,0 +1,85 @@
+"""The meaning of a code object, as another process can compare it: its bytecode, names and
+constants (nested code recursively), never its file name or line numbers (:func:`code_digest`);
+and the names it can read a value by (:func:`names_of`).
+
+Example:
+    >>> def f(cfg):
+    ...     return getattr(cfg, "SCALE") * 2
+    >>> sorted(names_of(f.__code__))
+    ['SCALE', 'getattr']
+    >>> code_digest(f.__code__) == code_digest(f.__code__)
+    True
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import hashlib
+import types
+from collections.abc import Iterator
+from typing import Any
+
+# NOTE: by identity: code objects that differ only in a constant set's order compare equal
+_CODE_DIGESTS: dict[int, tuple[types.CodeType, bytes]] = {}
+
+
+def code_digest(code: types.CodeType) -> bytes:
+    hit = _CODE_DIGESTS.get(id(code))
+    if hit is not None and hit[0] is code:
+        return hit[1]
+    h = hashlib.sha256()
+    for part in _code_parts(code):
+        h.update(repr(part).encode() if not isinstance(part, bytes) else part)
+    if len(_CODE_DIGESTS) > 4096:
+        _CODE_DIGESTS.clear()
+    _CODE_DIGESTS[id(code)] = (code, h.digest())
+    return h.digest()
+
+
+def _code_parts(code: types.CodeType) -> Iterator[Any]:
+    """The meaning of ``code``: bytecode, names, constants (nested code recursively); never its
+    file name or line numbers."""
+    yield code.co_code
+    yield (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
+    yield (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)
+    tested = _membership_only(code)
+    for i, c in enumerate(code.co_consts):
+        if isinstance(c, types.CodeType):
+            yield ("code", c.co_qualname)
+            yield from _code_parts(c)
+        elif i in tested:
+            # NOTE: `act in {"relu", "gelu"}` only asks membership: the set's iteration order,
+            # which string hashing makes differ between processes, is not part of its meaning
+            yield ("frozenset", sorted(repr(v) for v in c))
+        else:
+            yield (type(c).__name__, repr(c))
+
+
+def _membership_only(code: types.CodeType) -> set[int]:
+    """The frozenset constants of ``code`` that are only ever the right side of ``in``."""
+    sets = {i for i, c in enumerate(code.co_consts) if isinstance(c, frozenset)}
+    if not sets:
+        return sets
+    out = set(sets)
+    instructions = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+    for ins, nxt in zip(instructions, [*instructions[1:], None]):
+        membership = nxt is not None and nxt.opname == "CONTAINS_OP"
+        if ins.opname == "LOAD_CONST" and ins.arg in out and not membership:
+            out.discard(ins.arg)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def names_of(code: types.CodeType) -> frozenset[str]:
+    """The names ``code`` (and its nested code) loads, and its identifier-like string constants
+    (``getattr(cfg, "SCALE")``, ``globals()["SHIFT"]``)."""
+    out = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out |= names_of(c)
+        elif isinstance(c, str) and c.isidentifier():
+            out.add(c)
+        elif isinstance(c, (tuple, frozenset)):
+            out |= {s for s in c if isinstance(s, str) and s.isidentifier()}
+    return frozenset(out)
