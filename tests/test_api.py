@@ -186,8 +186,8 @@ def test_optional_tensor_argument_may_become_none() -> None:
 def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown backend 'nope'"):
         plait.compile(lambda x: x, backend="nope")
-    with pytest.raises(ValueError, match="mode 'max-autotune' is not available"):
-        plait.compile(lambda x: x, mode="max-autotune", backend="eager")
+    with pytest.raises(ValueError, match="mode 'reduce-overhead' is not available"):
+        plait.compile(lambda x: x, mode="reduce-overhead", backend="eager")
     with pytest.raises(ValueError, match=r"unknown options \['fast'\]"):
         plait.compile(lambda x: x, options={"fast": True}, backend="eager")
     with pytest.raises(TypeError, match=r"expects an nn\.Module or a function"):
@@ -200,3 +200,20 @@ def test_forward_hooks_of_the_module_are_captured() -> None:
     cm = plait.compile(model, backend="eager", fullgraph=True)
     x = torch.randn(1, 2)
     assert torch.equal(cm(x), model(x))
+
+
+def test_max_autotune_mode_turns_on_triton_autotuning() -> None:
+    """The mode sets StaxOptions.triton_autotune (what it means: a Triton kernel's launch shapes
+    timed on the device); an explicit stax option wins over the mode."""
+    x = torch.randn(8, 8)
+    tuned = plait.compile(lambda t: t * 2 + 1, mode="max-autotune", options={"cache": False})
+    assert torch.equal(tuned(x), x * 2 + 1)
+    (spec,) = tuned.specializations
+    assert spec.compiled.program.options.triton_autotune is True
+    explicit = {"cache": False, "stax": {"triton_autotune": False}}
+    kept = plait.compile(lambda t: t * 2 + 1, mode="max-autotune", options=explicit)
+    kept(x)
+    assert kept.specializations[0].compiled.program.options.triton_autotune is False
+    default = plait.compile(lambda t: t * 2 + 1, options={"cache": False})
+    default(x)
+    assert default.specializations[0].compiled.program.options.triton_autotune is False

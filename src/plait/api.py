@@ -62,7 +62,12 @@ from plait.regions import RegionPlan, RegionTree, call_forward, can_split, objec
 from plait.settings import call_state
 from plait.snapshots.deps import CodeRecorder, recording
 from plait.snapshots.snapshot import SnapshotUnreadable
-from plait.specialization import Specialization, SpecializationMissError, SpecializationUse
+from plait.specialization import (
+    Specialization,
+    SpecializationMissError,
+    SpecializationUse,
+    log_specialization,
+)
 from plait.warm_start import from_snapshot, save_after_capture, warm_start_option
 
 __all__ = [
@@ -80,7 +85,13 @@ __all__ = [
 
 DEFAULT_RECOMPILE_LIMIT = 8
 _ENGINE_OPTIONS = ("recompile_limit", "on_recompile_limit", "cache", "warm_start")
-_MODES = (None, "default")
+# NOTE: what each mode sets (options a user gave explicitly win): "max-autotune" spends compile
+# time timing each Triton kernel's launch shapes on the device (StaxOptions.triton_autotune)
+_MODES: dict[str | None, dict[str, Any]] = {
+    None: {},
+    "default": {},
+    "max-autotune": {"triton_autotune": True},
+}
 
 
 # --- compile ---------------------------------------------------------------------------------
@@ -128,6 +139,8 @@ class _Engine(RegionEngine, DynamicShapes):
             raise ValueError(f"mode {mode!r} is not available; modes: {list(_MODES)}")
         options = dict(options or {})
         self.requested = (backend, dynamic, mode, dict(options))  # NOTE: for region engines
+        if _MODES[mode]:
+            options["stax"] = {**_MODES[mode], **dict(options.get("stax") or {})}
         self.recompile_limit = int(options.pop("recompile_limit", DEFAULT_RECOMPILE_LIMIT))
         self.on_limit = options.pop("on_recompile_limit", "raise")
         if self.on_limit not in ("raise", "eager"):
@@ -306,7 +319,7 @@ class _Engine(RegionEngine, DynamicShapes):
         if self.share and self.tree is not None and shared is None:
             self.tree.publish_program(self, prog)
         self.specializations.append(spec)
-        _log_specialization(self._name(), len(self.specializations) - 1, spec)
+        log_specialization(self._name(), len(self.specializations) - 1, spec)
         if self.tree is not None:
             self.tree.version += 1
         module = self.fn
@@ -490,17 +503,6 @@ class _Engine(RegionEngine, DynamicShapes):
         return s.program.run(s.executor, env, state)
 
 
-def _log_specialization(name: str, index: int, spec: Specialization) -> None:
-    """The ``guards`` channel: each new specialization, why, and (debug) its guards."""
-    if not logs.enabled("guards"):
-        return
-    why = "first call" if spec.reason is None else f"recompiled: {spec.reason}"
-    texts = spec.guards.texts()
-    logs.emit("guards", "specialization", f"{name}: specialization {index} ({why}), "
-              f"{len(texts)} guards", index=index, reason=spec.reason)  # fmt: skip
-    logs.debug("guards", "guard_set", lambda: "\n".join([f"{name} [{index}]:", *texts]))
-
-
 def _refusal(exc: Exception) -> str:
     return str(exc) if isinstance(exc, PlaitCompileError) else f"{type(exc).__name__}: {exc}"
 
@@ -538,7 +540,8 @@ def compile(
     faster and blind to what docs/cache.md lists), ``passes`` (a pipeline such as
     ``"canonicalize,cse,dce"``, or ``"inference"``, ``"training"``, ``"none"``), ``freeze``
     (default: when no gradient can flow), ``stax`` (a dict of
-    :class:`plait.runtime.StaxOptions` fields).
+    :class:`plait.runtime.StaxOptions` fields). ``mode="max-autotune"``: Triton kernels'
+    launch shapes timed on the device (``stax={"triton_autotune": True}`` unless given).
 
     Example:
         >>> import torch, plait

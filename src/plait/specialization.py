@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from plait import logs
 from plait.backends import Compiled
 from plait.frontend import CapturedProgram, Executor
 from plait.guards.guard import Evaluators, GuardSet
@@ -120,3 +121,14 @@ class SpecializationUse:
     def applied(self) -> Iterator[None]:
         with applied_state(self.settings):
             yield
+
+
+def log_specialization(name: str, index: int, spec: Specialization) -> None:
+    """The ``guards`` channel: each new specialization, why, and (debug) its guards."""
+    if not logs.enabled("guards"):
+        return
+    why = "first call" if spec.reason is None else f"recompiled: {spec.reason}"
+    texts = spec.guards.texts()
+    logs.emit("guards", "specialization", f"{name}: specialization {index} ({why}), "
+              f"{len(texts)} guards", index=index, reason=spec.reason)  # fmt: skip
+    logs.debug("guards", "guard_set", lambda: "\n".join([f"{name} [{index}]:", *texts]))
