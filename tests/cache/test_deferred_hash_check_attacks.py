@@ -24,14 +24,14 @@ import plait
 from plait.cache import LocalStore
 from plait.cache import store as store_mod
 from plait.cache.artifact import ARENA, unpack
-from plait.cache.compiled import _constants, _rebuild_stax, load_compiled
+from plait.cache.compiled import _rebuild_stax, load_compiled
 from plait.cache.entry_file import frame as _frame
 from plait.cache.lookup import CacheWarning
 from plait.cache.store import CorruptEntryError, Pending
 from plait.codegen import build, onednn, packed
 from plait.codegen.extern import PreparedWeight
 from plait.guards.guard import Guard, canonical
-from plait.ir import from_text
+from plait.ir.persist import Blobs, graph_from_doc
 from plait.runtime.program_doc import PACKED
 from tests.cache.held_check import held_checks
 from tests.cache.helpers import call_program, status, stax_entry
@@ -397,10 +397,10 @@ def test_a_program_called_before_its_deferred_imports_is_right_and_imports_once(
     pending = store.get_pending(key)
     assert pending is not None
     doc, tensors = unpack(pending.verified())
-    graph = from_text(doc["graph"], verify=False)
-    graph.constants.update(_constants(graph, tensors))
+    blobs = Blobs(tensors, pending.verified)
+    graph = graph_from_doc(doc, blobs)
     native, _ = _slow_hash(monkeypatch)
-    program = _rebuild_stax(graph, doc["plan"], tensors, pending.verified)
+    program = _rebuild_stax(graph, doc["plan"], blobs)
     xs = inputs(range(700, 703))
     assert native == []  # NOTE: everything deferred: nothing imported yet
     torch.testing.assert_close(call_program(program, xs[0]), _eager(model, xs[0]))

@@ -38,7 +38,8 @@ import torch
 
 from plait.cache.artifact import pack_pieces, unpack
 from plait.cache.store import Store
-from plait.ir import Graph, TensorType, from_text, to_text
+from plait.ir import Graph, TensorType
+from plait.ir.persist import Blobs, GraphDocError, graph_from_doc, graph_to_doc
 from plait.runtime.program_doc import ProgramDocError, program_from_doc, program_to_doc
 
 
@@ -63,17 +64,12 @@ class SavedCompile:
 def save_compiled(store: Store, key: str, parts: dict[str, Any], saved: SavedCompile) -> None:
     """Publish ``saved`` under ``key`` (its key ``parts`` go into the entry's meta, for
     explanations of later misses)."""
-    doc: dict[str, Any] = {
-        "graph": to_text(saved.graph),
-        "executor": saved.executor,
-        "frozen": saved.frozen,
-        "manifest": saved.manifest.to_json(),
-        "live_constants": live_constants(saved.graph),
-    }
+    # NOTE: each stage writes its own document and blobs; the entry only packs them
+    doc, tensors = graph_to_doc(saved.graph)
+    doc.update(executor=saved.executor, frozen=saved.frozen, manifest=saved.manifest.to_json())
     blobs: dict[str, torch.Tensor] = {}
     if saved.program is not None:
         doc["plan"], blobs = program_to_doc(saved.program)
-    tensors = {k: v for k, v in saved.graph.constants.items() if isinstance(v, torch.Tensor)}
     meta = {"parts": parts, "executor": saved.executor, "source": parts.get("source")}
     store.put(key, pack_pieces(doc, tensors, blobs), meta)
 
@@ -95,22 +91,20 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
         # NOTE: every part of the document read here, before the hash check: a damaged one
         # fails in this block (reported as corruption when the hash fails), never later.
         executor, frozen, manifest = str(doc["executor"]), list(doc["frozen"]), doc["manifest"]
-        live = doc.get("live_constants", [])
-        if not isinstance(live, list) or not all(isinstance(n, str) for n in live):
-            raise StaleEntryError("the entry's live constants are not a list of names")
         plan = doc["plan"] if executor == "stax" else None
         if not isinstance(manifest, dict) or (executor == "stax" and not isinstance(plan, dict)):
             raise StaleEntryError("the entry's manifest or plan is not a JSON object")
+        blobs = Blobs(tensors, pending.verified)
         # NOTE: no verifier run: to_text of a verified graph, in an entry checked against its
         # own hash and keyed by the plait version that wrote it.
-        graph = from_text(doc["graph"], verify=False)
-        constants = _constants(graph, tensors, frozenset(live))
+        graph = graph_from_doc(doc, blobs)
     except Exception as exc:  # NOTE: parsers of unverified bytes may fail in any way
         pending.verified()  # NOTE: a corrupt entry is reported as corrupt, not as stale
         if isinstance(exc, StaleEntryError):
             raise
+        if isinstance(exc, GraphDocError):
+            raise StaleEntryError(str(exc)) from None
         raise StaleEntryError(f"entry does not load: {exc}") from None
-    graph.constants.update(constants)
     t_parse = time.perf_counter()
     program = None
     if _off_cpu(graph):
@@ -125,7 +119,7 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
         # compiler (kernels printed from the entry's graph). So the hash is checked during the
         # rebuild, and not waited for before it.
         try:
-            program = _rebuild_stax(graph, plan, tensors, pending.verified)
+            program = _rebuild_stax(graph, plan, blobs)
         except Exception:
             pending.verified()
             raise
@@ -142,34 +136,6 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
         "cache.verify_wait": t_verified - t_rebuild,
     }
     return SavedCompile(graph, manifest, executor, frozen, program, seconds)
-
-
-def live_constants(graph: Graph) -> list[str]:
-    """The graph's ``const`` inputs that it does not hold: tensors capture found outside the
-    module state (a layer kept in a plain list, a tensor attribute, a closure's tensor), which
-    each call binds from the capture's own slot. NOTE: their values are never in an entry (nor
-    in its key): only the constants the graph holds (frozen parameters and buffers, which the
-    key's weights digest covers, and what was folded from them) are."""
-    return sorted(
-        v.name for v in graph.inputs if v.kind == "const" and v.name not in graph.constants
-    )
-
-
-def _constants(
-    graph: Graph, tensors: dict[str, torch.Tensor], live: frozenset[str] = frozenset()
-) -> dict[str, torch.Tensor]:
-    """The constants the graph holds, from the entry: every ``const`` input except the ones
-    the entry records as bound at each call (``live``)."""
-    out = {}
-    for v in graph.inputs:
-        if v.kind == "const" and v.name not in live:
-            t = tensors.get(v.name)
-            if t is None:
-                raise StaleEntryError(f"constant {v.name} is missing from the entry")
-            out[v.name] = t
-        elif v.name in live and v.kind != "const":
-            raise StaleEntryError(f"{v.name} is recorded as a live constant but is a {v.kind}")
-    return out
 
 
 def _off_cpu(graph: Graph) -> bool:
@@ -190,12 +156,10 @@ def _place(graph: Graph) -> None:
                 graph.constants[v.name] = t.to(v.type.device)
 
 
-def _rebuild_stax(
-    graph: Graph, plan: dict[str, Any], tensors: dict[str, torch.Tensor], gate: Any = None
-) -> Any:
+def _rebuild_stax(graph: Graph, plan: dict[str, Any], blobs: Blobs) -> Any:
     """The Stax program rebuilt from its saved document (:func:`plait.runtime.program_doc.
     program_from_doc`); a document that does not rebuild the recorded program is stale."""
     try:
-        return program_from_doc(graph, plan, tensors, gate)
+        return program_from_doc(graph, plan, blobs)
     except ProgramDocError as exc:
         raise StaleEntryError(str(exc)) from None

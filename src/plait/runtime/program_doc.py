@@ -9,12 +9,12 @@ imported when a program is rebuilt, not with this module (the cache imports it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from plait.ir import Graph
+from plait.ir.persist import Blobs
 
 PACKED = "prepacked:"  # NOTE: blob names: PACKED + "data:" / "md:" + the weight's key
 
@@ -84,20 +84,15 @@ def _saved_layouts(plan: dict[str, Any], tensors: dict[str, torch.Tensor], gate:
     return SavedLayouts(layouts, refused_at, _saved_packs(plan, tensors), gate)
 
 
-def program_from_doc(
-    graph: Graph,
-    plan: dict[str, Any],
-    tensors: dict[str, torch.Tensor],
-    gate: Callable[[], object] | None = None,
-) -> Any:
-    """The program ``plan`` records, rebuilt on ``graph`` with the blobs in ``tensors``;
-    ``gate`` (waits for the entry's hash check) runs before anything native reads them."""
+def program_from_doc(graph: Graph, plan: dict[str, Any], blobs: Blobs) -> Any:
+    """The program ``plan`` records, rebuilt on ``graph`` with ``blobs`` (their ``verified``
+    gate runs before anything native reads their data)."""
     from plait.runtime.program import StaxOptions, compile_graph
 
     # NOTE: the options are part of the key, so the recorded ones are the requested ones.
     options = StaxOptions(**plan["options"])
     try:
-        layouts = _saved_layouts(plan, tensors, gate)
+        layouts = _saved_layouts(plan, dict(blobs.tensors), blobs.verified)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProgramDocError(f"the saved plan does not load: {exc!r}") from None
     program = compile_graph(graph, options=options, layouts=layouts)
