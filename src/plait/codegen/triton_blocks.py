@@ -9,8 +9,9 @@ Example:
 
 A symbolic kernel's launch shape is chosen at the size hints (the sizes of the call being
 compiled, :func:`plait.codegen.symbolic_shapes.atom_hints`); a pointwise one takes at least
-``SYMBOLIC_MIN_BLOCK`` elements per program, as its sizes may grow past the hint. Masks and row
-loops cover every size, so the hints decide speed only.
+``SYMBOLIC_MIN_BLOCK`` elements per program, as its sizes may grow past the hint; a symbolic row
+is reduced in chunks of ``MAX_RBLOCK``, whatever its hint. Masks and row loops cover every size,
+so the hints decide speed only.
 """
 
 from __future__ import annotations
@@ -95,7 +96,13 @@ def _extents(kernel: Kernel) -> tuple[int, int]:
 def default_blocks(kernel: Kernel) -> Blocks:
     """The heuristic's launch shape for ``kernel``."""
     rows, row = _extents(kernel)
-    if merge_loops(kernel).inner:
+    k = merge_loops(kernel)
+    if k.inner:
+        if any(not isinstance(v.extent, int) for v in k.inner):
+            # NOTE: a symbolic row in the widest chunks: no lane sums more elements in sequence
+            # than a static kernel's at the same length (the hint would make long rows lose
+            # accuracy, not only speed)
+            return reduction_blocks(rows, MAX_RBLOCK)
         return reduction_blocks(rows, row)
     if kernel.size_atoms():
         return pointwise_blocks(max(rows, SYMBOLIC_MIN_BLOCK))
