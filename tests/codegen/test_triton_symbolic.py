@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import plait
 import plait.conformance
 from benchmarks.models.gpt2 import Block, GPT2Config
+from plait.codegen.plan import KernelStep
 
 pytest.importorskip("triton")
 TRITON = {"cache": False, "stax": {"target": "triton"}}
@@ -127,3 +128,69 @@ def test_transformer_block_serves_batch_sizes_and_sequence_lengths() -> None:
             report = plait.conformance.check(model, compiled, (x,), draws=1, candidate_module=model)
         assert report.ok, f"{batch}x{seq}: {report}"
     _one_triton_specialization(compiled)
+
+
+# NOTE: compiles printed kernels for a Hopper GPU with no GPU present (Triton's own ptxas);
+# run in a child without TRITON_INTERPRET, which decides what ``@triton.jit`` makes.
+_COMPILE_FOR_GPU = r"""
+import importlib.util, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.language.extra.cuda import libdevice
+
+for i, (symbol, text, pointers, warps) in enumerate(json.load(sys.stdin)):
+    path = f"{sys.argv[1]}/k{i}.py"
+    open(path, "w").write(text)
+    spec = importlib.util.spec_from_file_location(f"k{i}", path)
+    module = importlib.util.module_from_spec(spec)
+    module.M = libdevice
+    sys.modules[f"k{i}"] = module
+    spec.loader.exec_module(module)
+    fn = getattr(module, symbol)
+    sizes = fn.arg_names[len(pointers):]
+    signature = {**dict(zip(fn.arg_names, pointers)), **{n: "i32" for n in sizes}}
+    options = {"num_warps": warps, "enable_fp_fusion": False}
+    compiled = triton.compile(ASTSource(fn, signature), target=GPUTarget("cuda", 90, 32),
+                              options=options)
+    assert compiled.asm["cubin"], symbol
+print("compiled", i + 1)
+"""
+
+
+def test_symbolic_kernels_compile_for_a_gpu(tmp_path: Any) -> None:
+    """The interpreter accepts more than the compiler: every symbolic kernel of the row
+    reductions and the GPT-2 block also compiles to a Hopper binary (the ``while`` row loop,
+    the int64 sizes, ``do_not_specialize``)."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    pointer = {torch.float32: "*fp32", torch.int64: "*i64", torch.bool: "*i1"}
+    torch.manual_seed(0)
+    block = Block(GPT2Config(block_size=64, n_head=2, d_model=16, attention="explicit")).eval()
+    compiled = plait.compile(block, backend="stax", dynamic=True, fullgraph=True, options=TRITON)
+    with torch.no_grad():
+        compiled(torch.randn(2, 9, 16))
+    kernels = []
+    for c in (compiled, _compiled("row_reductions")):
+        program = c.specializations[0].compiled.program
+        steps = [s for s in program.plan.steps if isinstance(s, KernelStep)]
+        for info, step in zip(program.kernels, steps):
+            ts = info.triton
+            assert ts.sizes, ts.source
+            types = [pointer[v.type.dtype] for v in step.lowered.bindings]
+            kernels.append((ts.symbol, ts.source, types, ts.num_warps))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # NOTE: compiled here, not found
+    child = subprocess.run(
+        [sys.executable, "-c", _COMPILE_FOR_GPU, str(tmp_path)],
+        input=json.dumps(kernels),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert f"compiled {len(kernels)}" in child.stdout
