@@ -216,3 +216,12 @@ def test_symbolic_kernels_compile_for_a_gpu(tmp_path: Any) -> None:
     )
     assert child.returncode == 0, child.stderr[-3000:]
     assert f"compiled {len(kernels)}" in child.stdout
+
+
+def test_a_symbolic_program_is_never_one_cuda_graph() -> None:
+    """A captured CUDA graph replays one size's grids and buffers: refused, with the reason."""
+    from plait.runtime.cuda_graph import why_not_captured
+
+    program = _compiled("pointwise_chain").specializations[0].compiled.program
+    reason = why_not_captured(program, True)
+    assert reason is not None and reason.startswith("symbolic sizes"), reason
