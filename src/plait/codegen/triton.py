@@ -1,8 +1,9 @@
 """The Triton printer: kernel IR to one ``@triton.jit`` kernel, as the text of a Python module.
 
-The kernel takes one pointer per kernel buffer, in buffer order (element 0 of the buffer); sizes,
-strides and block sizes are literals of the source, so a launch passes the buffers and nothing
-else. The semantics are the C++ printer's (:mod:`plait.codegen.cpp`), statement for statement:
+The kernel takes one pointer per kernel buffer, in buffer order (element 0 of the buffer); static
+sizes, strides and block sizes are literals of the source, so a launch passes the buffers and
+nothing else (a symbolic kernel: the size atoms too, below). The semantics are the C++
+printer's (:mod:`plait.codegen.cpp`), statement for statement:
 
 - Pointwise kernels (no ``inner``) flatten the outer domain into one index, ``XBLOCK`` elements
   per program, masked at the end; each loop variable is recovered with ``//`` and ``%`` of the
