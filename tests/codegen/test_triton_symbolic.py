@@ -225,3 +225,18 @@ def test_a_symbolic_program_is_never_one_cuda_graph() -> None:
     program = _compiled("pointwise_chain").specializations[0].compiled.program
     reason = why_not_captured(program, True)
     assert reason is not None and reason.startswith("symbolic sizes"), reason
+
+
+def test_autotuning_keeps_the_hints_launch_shape_of_symbolic_kernels() -> None:
+    """Timing needs sizes: a symbolic kernel is not timed, and its record says so."""
+    fn, make = PROGRAMS["row_reductions"]
+    stax = {"target": "triton", "triton_autotune": True}
+    compiled = plait.compile(
+        fn, backend="stax", dynamic=True, fullgraph=True, options={"cache": False, "stax": stax}
+    )
+    with torch.no_grad():
+        compiled(*make(5, 7))
+    _judged(fn, compiled, make(3, 40))
+    kernels = plait.explain(compiled).specializations[0].manifest.kernels["kernels"]
+    records = [k["tuning"] for k in kernels]
+    assert records and all(r["skipped"] == "symbolic" and not r["cached"] for r in records)
