@@ -62,9 +62,7 @@ def test_fallback_is_recorded_and_runs() -> None:
     assert_bitwise(program(x)[0], interpret(graph, [x])[0])
 
 
-def test_symbolic_dims_compile_on_the_cpu_and_triton_refuses_them(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_symbolic_dims_compile_on_the_cpu_and_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     gb = GraphBuilder()
     x = gb.input(
         "x", TensorType((sympy.Symbol("s0", integer=True, positive=True), 4), torch.float32)
@@ -78,10 +76,7 @@ def test_symbolic_dims_compile_on_the_cpu_and_triton_refuses_them(
     from plait.codegen.fusion import check_graph
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with pytest.raises(
-        CodegenError, match=r"static shapes only: %x has symbolic dims \(f32\[s0, 4\]"
-    ):
-        check_graph(graph, "triton")
+    check_graph(graph, "triton")  # NOTE: Triton kernels take sizes too (tests/codegen)
 
 
 def test_integer_division_by_zero_raises_like_pytorch() -> None:

@@ -53,6 +53,7 @@ _HINTS: contextvars.ContextVar[Mapping[str, int] | None] = contextvars.ContextVa
     "plait_size_hints", default=None
 )
 DEFAULT_HINTS = (8, 16, 4, 32, 2, 64, 128)
+HINT_DEFAULT = 64  # NOTE: a size atom's hint when the compiling call's sizes do not give it
 
 
 @contextlib.contextmanager
@@ -87,20 +88,12 @@ def _values(graph: Graph) -> Iterator[Value]:
 
 
 def check_symbolic(graph: Graph, target: str) -> None:
-    """Refuse, naming the dim, what Stax cannot compile with symbolic shapes: any Triton
-    kernel, a node that also reads or makes a data-dependent size, a symbol no input dim
-    binds."""
+    """Refuse, naming the dim, what Stax cannot compile with symbolic shapes (C++ and Triton
+    kernels alike take sizes): a node that also reads or makes a data-dependent size, a symbol
+    no input dim binds."""
     first = next((v for v in _values(graph) if _symbolic_type(v.type)), None)
     if first is None:
         return
-    if target != "cpu":
-        where = f"%{first.name}" + (f" of node {first.producer.id}" if first.producer else "")
-        raise CodegenError(
-            f"the Stax {target} target compiles static shapes only: {where} has symbolic dims "
-            f"({first.type}); use the cpu target or specialize the sizes",
-            node_id=first.producer.id if first.producer else None,
-            op=first.producer.op if first.producer else None,
-        )
     for node in graph.nodes:
         if touches_unbacked(node) and any(
             _symbolic_type(v.type) for v in (*node.input_values(), *node.outputs)
@@ -205,6 +198,22 @@ def _with_compounds(atoms: Sequence[str], values: dict[str, int]) -> dict[str, i
         if not value.is_Integer:
             return None
         out[a] = int(value)
+    return out
+
+
+def atom_hints(atoms: Sequence[str]) -> dict[str, int]:
+    """Representative values of size ``atoms`` for choices that decide only speed (a Triton
+    kernel's block sizes): the compiling call's sizes (:func:`size_hints`), compound atoms
+    computed from them, ``HINT_DEFAULT`` where unknown."""
+    given = _HINTS.get() or {}
+    out: dict[str, int] = {}
+    for a in atoms:
+        expr = compound(a)
+        if expr is None:
+            out[a] = int(given.get(a, HINT_DEFAULT))
+            continue
+        value = expr.subs({s: int(given.get(str(s), HINT_DEFAULT)) for s in expr.free_symbols})
+        out[a] = int(value) if value.is_Integer else HINT_DEFAULT
     return out
 
 

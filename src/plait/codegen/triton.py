@@ -1,8 +1,9 @@
 """The Triton printer: kernel IR to one ``@triton.jit`` kernel, as the text of a Python module.
 
-The kernel takes one pointer per kernel buffer, in buffer order (element 0 of the buffer); sizes,
-strides and block sizes are literals of the source, so a launch passes the buffers and nothing
-else. The semantics are the C++ printer's (:mod:`plait.codegen.cpp`), statement for statement:
+The kernel takes one pointer per kernel buffer, in buffer order (element 0 of the buffer); static
+sizes, strides and block sizes are literals of the source, so a launch passes the buffers and
+nothing else (a symbolic kernel: the size atoms too, below). The semantics are the C++
+printer's (:mod:`plait.codegen.cpp`), statement for statement:
 
 - Pointwise kernels (no ``inner``) flatten the outer domain into one index, ``XBLOCK`` elements
   per program, masked at the end; each loop variable is recovered with ``//`` and ``%`` of the
@@ -23,6 +24,14 @@ else. The semantics are the C++ printer's (:mod:`plait.codegen.cpp`), statement 
   shim under Triton's interpreter (:mod:`plait.codegen.triton_interp`).
 - Index arithmetic is int32 when every index, extent and buffer fits in 2**30 elements (masked
   lanes run a block past the end), else int64.
+- Symbolic sizes (a :class:`~plait.symbolic.poly.Poly` extent, stride or offset): the kernel
+  takes each size atom it uses (:meth:`~plait.codegen.kir.Kernel.size_atoms`) as one more
+  integer argument after the pointers, ``sz_<atom>``, marked ``do_not_specialize`` (one binary
+  serves every size). Index arithmetic is then int64, masks compare against the sizes, a
+  reduction loops over its row in chunks of ``RBLOCK`` whatever its length (a ``while`` loop:
+  Triton's interpreter cannot ``range`` over a runtime integer), and the grid is computed per
+  launch from the bound sizes (:attr:`TritonSource.rows`). Block sizes come from the size hints
+  (:func:`~plait.codegen.triton_blocks.default_blocks`): they decide speed, never coverage.
 
 Printing needs no Triton; loading and launching do.
 
@@ -41,29 +50,20 @@ Example:
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 
 from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var, index_bound
 from plait.codegen.kir import Kernel, Reduce, Stmt, Store, is_float, reduce_identity
 from plait.codegen.loops import merge_loops
-from plait.codegen.triton_blocks import Blocks, default_blocks, static
+from plait.codegen.triton_blocks import Blocks, blocks_hints, default_blocks, static
 from plait.codegen.triton_helpers import helpers_text, module_header, with_needs
+from plait.codegen.triton_text import TL, TritonSource, const_text, size_arg, size_text
+from plait.symbolic.poly import Poly, Size
 
 # Indices stay int32 below this bound (a masked lane runs at most a block past the end).
 INT32_BOUND = 1 << 30
 
-TL = {
-    "f64": "tl.float64",
-    "f32": "tl.float32",
-    "i64": "tl.int64",
-    "i32": "tl.int32",
-    "i16": "tl.int16",
-    "i8": "tl.int8",
-    "u8": "tl.uint8",
-    "b": "tl.int1",
-}
 # libdevice's name for each IR op computed by one libdevice call.
 LIBDEVICE = {op: op for op in ("exp", "log", "tanh", "erf", "sin", "cos", "tan", "asin", "acos",
                                "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "expm1",
@@ -82,65 +82,25 @@ _BITWISE = {"band": "&", "bor": "|", "bxor": "^", "and": "&", "or": "|"}
 _INT_BITS = {"i64": 63, "i32": 31, "i16": 15, "i8": 7, "u8": 8}
 
 
-@dataclass(frozen=True)
-class TritonSource:
-    """A printed kernel: ``source`` is a module defining the ``@triton.jit`` function ``symbol``
-    (one pointer argument per kernel buffer), launched on ``grid`` with ``num_warps``. A grid
-    with a zero has nothing to run (an empty domain)."""
-
-    symbol: str
-    source: str
-    grid: tuple[int, ...]
-    num_warps: int
-
-
-# --- constants and indices --------------------------------------------------------------------
-def f32_of(value: float) -> float:
-    """``value`` rounded to float32 as C's ``(float)`` does (overflow gives an infinity)."""
-    try:
-        return float(struct.unpack("<f", struct.pack("<f", value))[0])
-    except OverflowError:
-        return math.copysign(math.inf, value)
-
-
-def const_text(value: object, t: str, shape: str = "[]") -> str:
-    """A constant of scalar type ``t`` (exact: NaN, infinities, -0.0, f32 rounding)."""
-    dtype = TL[t]
-    if t == "b":
-        return f"tl.full({shape}, {bool(value)}, {dtype})"
-    if not is_float(t):
-        assert isinstance(value, int)
-        return f"tl.full({shape}, {int(value)}, {dtype})"
-    assert isinstance(value, float)
-    v = f32_of(value) if t == "f32" else value
-    if math.isnan(v) or (v == 0 and math.copysign(1.0, v) < 0):
-        # NOTE: NaN and -0.0 from their bits: Triton folds any zero constant to +0.0, and a
-        # NaN global would fail its check that globals are unchanged (NaN != NaN).
-        float_fmt, int_fmt, bits = "<f", "<i", "tl.int32"
-        if t == "f64":
-            float_fmt, int_fmt, bits = "<d", "<q", "tl.int64"
-        (word,) = struct.unpack(int_fmt, struct.pack(float_fmt, v))
-        return f"tl.full({shape}, {word}, {bits}).to({dtype}, bitcast=True)"
-    if math.isinf(v):
-        text = "INF" if v > 0 else "NEG_INF"
-    else:
-        text = repr(v)
-    return f"tl.full({shape}, {text}, {dtype})"
-
-
 def _index_bound(ix: Ix) -> int:
     return index_bound(ix, static)
 
 
 class _Printer:
     def __init__(self, kernel: Kernel, symbol: str, blocks: Blocks | None = None) -> None:
+        self.atoms = tuple(kernel.size_atoms())
         self.k = merge_loops(kernel)
         self.symbol = symbol
         self.reducing = bool(self.k.inner)
-        self.rows = math.prod(v.extent for v in self.k.outer)
-        self.row = math.prod(v.extent for v in self.k.inner)
+        self.rows: Size = 1
+        for v in self.k.outer:
+            self.rows = self.rows * v.extent
+        self.row: Size = 1
+        for v in self.k.inner:
+            self.row = self.row * v.extent
         self.blocks = blocks or default_blocks(self.k)
-        self.wide = not self._fits_int32()
+        # NOTE: symbolic sizes have no proven bound: their index arithmetic is int64
+        self.wide = bool(self.atoms) or not self._fits_int32()
         self.itype = "tl.int64" if self.wide else "tl.int32"
         self.names = {v: f"x{j}" for j, v in enumerate(self.k.outer)}
         self.names.update({v: f"r{j}" for j, v in enumerate(self.k.inner)})
@@ -208,11 +168,16 @@ class _Printer:
     def index(self, ix: Ix) -> str:
         parts: list[str] = []
         for atom, c in ix.terms:
-            a, coef = self._atom(atom), static(c)
-            term = a if abs(coef) == 1 else f"{a} * {abs(coef)}"
-            parts.append(("- " if coef < 0 else "+ ") + term)
-        const = static(ix.const)
-        if const or not parts:
+            a = self._atom(atom)
+            if isinstance(c, Poly):
+                parts.append(f"+ {a} * {size_text(c)}")
+                continue
+            term = a if abs(c) == 1 else f"{a} * {abs(c)}"
+            parts.append(("- " if c < 0 else "+ ") + term)
+        const = ix.const
+        if isinstance(const, Poly):
+            parts.append(f"+ {size_text(const)}")
+        elif const or not parts:
             parts.append(("- " if const < 0 else "+ ") + str(abs(const)))
         text = " ".join(parts)
         return text[2:] if text.startswith("+ ") else "-" + text[2:]
@@ -220,12 +185,15 @@ class _Printer:
     def _atom(self, a: Atom) -> str:
         if isinstance(a, Var):
             return self.names[a]
+        # NOTE: a symbolic divisor is 0 only where its loop runs zero times (nothing launched
+        # or a masked lane): integer division by zero does not trap in Triton
         if isinstance(a, Div):
-            return f"(({self.index(a.e)}) // {a.k})"
+            return f"(({self.index(a.e)}) // {size_text(a.k)})"
         if isinstance(a, Mod):
-            return f"(({self.index(a.e)}) % {a.k})"
+            return f"(({self.index(a.e)}) % {size_text(a.k)})"
         assert isinstance(a, Clamp)
-        return f"tl.minimum(tl.maximum({self.index(a.e)}, {a.lo}), {a.hi})"
+        lo, hi = size_text(a.lo), size_text(a.hi)
+        return f"tl.minimum(tl.maximum({self.index(a.e)}, {lo}), {hi})"
 
     def mask(self, dims: frozenset[str]) -> str | None:
         if dims == {"x", "r"}:
@@ -273,7 +241,7 @@ class _Printer:
             return self.load(s)
         if op == "index":
             ix = s.attr
-            if ix.is_const:
+            if ix.is_const and isinstance(ix.const, int):
                 return const_text(ix.const, "i64")
             return f"({self.index(ix)}).to(tl.int64)"
         if op == "cast":
@@ -408,17 +376,29 @@ class _Printer:
     # --- structure ----------------------------------------------------------------------------
     def source(self) -> TritonSource:
         k, blocks = self.k, self.blocks
-        args = ", ".join(f"b{j}" for j in range(len(k.buffers)))
-        if self.rows > 0:
+        names = [f"b{j}" for j in range(len(k.buffers))] + [size_arg(a) for a in self.atoms]
+        for a in self.atoms:
+            # NOTE: Triton passes a small int as int32: sizes compute in int64
+            self.line(f"n_{a} = {size_arg(a)}.to(tl.int64)")
+        if isinstance(self.rows, Poly) or self.rows > 0:
             (self.reduction_body if self.reducing else self.pointwise_body)()
         body = "\n".join(self.lines) if self.lines else "    pass"
+        jit = "@triton.jit"
+        if self.atoms:
+            # NOTE: one binary for every size (Triton would specialize 1 and multiples of 16)
+            jit += f"(do_not_specialize={[size_arg(a) for a in self.atoms]!r})"
         text = (
             module_header(self.symbol)
             + helpers_text(self.helpers)
-            + f"\n\n@triton.jit\ndef {self.symbol}({args}):\n{body}\n"
+            + f"\n\n{jit}\ndef {self.symbol}({', '.join(names)}):\n{body}\n"
         )
-        programs = blocks.programs if self.rows > 0 else 0
-        return TritonSource(self.symbol, text, (programs,), blocks.num_warps)
+        if not self.atoms:
+            programs = blocks.programs if static(self.rows) > 0 else 0
+            return TritonSource(self.symbol, text, (programs,), blocks.num_warps)
+        hints = blocks_hints(self.atoms)
+        ts = TritonSource(self.symbol, text, (0,), blocks.num_warps, self.atoms, self.rows,
+                          blocks.xblock, hints)  # fmt: skip
+        return replace(ts, grid=(ts.programs(hints),))
 
     def _program_start(self) -> str:
         pid = "tl.program_id(0)" + (".to(tl.int64)" if self.wide else "")
@@ -426,19 +406,19 @@ class _Printer:
 
     def _recover(self, flat: str, loops: tuple[Var, ...]) -> None:
         """Each loop variable of ``loops`` (row-major) from the flat index ``flat``."""
-        stride = 1
+        stride: Size = 1
         for j in range(len(loops) - 1, -1, -1):
             v = loops[j]
-            div = flat if stride == 1 else f"({flat} // {stride})"
-            self.line(f"{self.names[v]} = {div}" + (f" % {v.extent}" if j else ""))
-            stride *= static(v.extent)
+            div = flat if stride == 1 else f"({flat} // {size_text(stride)})"
+            self.line(f"{self.names[v]} = {div}" + (f" % {size_text(v.extent)}" if j else ""))
+            stride = stride * v.extent
 
     def pointwise_body(self) -> None:
         k = self.k
         if k.outer:
             xblock = self.blocks.xblock
             self.line(f"xindex = {self._program_start()} + tl.arange(0, {xblock})")
-            self.line(f"xmask = xindex < {self.rows}")
+            self.line(f"xmask = xindex < {size_text(self.rows)}")
             self._recover("xindex", k.outer)
         for ph in k.phases:
             roots = [r.value for r in ph.reduces] + [st.value for st in ph.stores]
@@ -454,7 +434,7 @@ class _Printer:
     def reduction_body(self) -> None:
         k, b = self.k, self.blocks
         self.line(f"xindex = {self._program_start()} + tl.arange(0, {b.xblock})[:, None]")
-        self.line(f"xmask = xindex < {self.rows}")
+        self.line(f"xmask = xindex < {size_text(self.rows)}")
         self._recover("xindex", k.outer)
         rbase = f"tl.arange(0, {b.rblock})[None, :]"
         self.line(f"rbase = {rbase}" + (".to(tl.int64)" if self.wide else ""))
@@ -463,7 +443,7 @@ class _Printer:
             self.emit_where(roots, self._outer_before(p))
             for r in ph.reduces:
                 self.init_partial(r)
-            if self.row > 0:
+            if isinstance(self.row, Poly) or self.row > 0:
                 self.chunks(ph.reduces, ph.stores, roots)
             for r in ph.reduces:
                 self.finish_partial(r)
@@ -483,16 +463,23 @@ class _Printer:
     def chunks(self, reduces: list[Reduce], stores: list[Store], roots: list[Stmt]) -> None:
         """The phase's loop over the row in chunks of RBLOCK (no loop for a single chunk)."""
         rblock = self.blocks.rblock
-        looping = self.row > rblock
+        symbolic = isinstance(self.row, Poly)
+        looping = symbolic or self.row > rblock
         saved = set(self.emitted)
-        if looping:
+        if symbolic:
+            # NOTE: a row of any length: chunks until its end (never a block that truncates it)
+            self.line(f"roffset = {size_text(self.row)} * 0")
+            self.line(f"while roffset < {size_text(self.row)}:")
+            self.indent += 1
+            self.line("rindex = roffset + rbase")
+        elif looping:
             self.line(f"for roffset in range(0, {self.row}, {rblock}):")
             self.indent += 1
             self.line("rindex = roffset + rbase")
         if looping or not self.single_chunk_ready:
             if not looping:
                 self.line("rindex = rbase")
-            self.line(f"rmask = rindex < {self.row}")
+            self.line(f"rmask = rindex < {size_text(self.row)}")
             self.line("rxmask = xmask & rmask")
             self._recover("rindex", self.k.inner)
             self.single_chunk_ready = not looping
@@ -501,6 +488,8 @@ class _Printer:
             self.accumulate(r)
         for st in stores:
             self.store(st)
+        if symbolic:
+            self.line(f"roffset += {rblock}")
         if looping:
             self.indent -= 1
             # NOTE: statements of the loop body are out of scope after it; a single chunk's
@@ -564,7 +553,7 @@ class _Printer:
     def finish_partial(self, r: Reduce) -> None:
         t = self._acc_type(r)
         part, n = f"part{r.acc}", r.acc
-        if self.row == 0:
+        if isinstance(self.row, int) and self.row == 0:
             shape = f"[{self.blocks.xblock}, 1]"
             empty = const_text(reduce_identity(r.kind, t), t, shape)
             self.line(f"acc{n} = {self._result(r, empty)}")

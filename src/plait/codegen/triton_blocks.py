@@ -6,6 +6,12 @@ Example:
     Blocks(xblock=128, rblock=0, num_warps=1, programs=1)
     >>> reduction_blocks(rows=64, row=300).rblock
     512
+
+A symbolic kernel's launch shape is chosen at the size hints (the sizes of the call being
+compiled, :func:`plait.codegen.symbolic_shapes.atom_hints`); a pointwise one takes at least
+``SYMBOLIC_MIN_BLOCK`` elements per program, as its sizes may grow past the hint; a symbolic row
+is reduced in chunks of ``MAX_RBLOCK``, whatever its hint. Masks and row loops cover every size,
+so the hints decide speed only.
 """
 
 from __future__ import annotations
@@ -16,19 +22,21 @@ from dataclasses import dataclass
 from plait.codegen.errors import CodegenError
 from plait.codegen.kir import Kernel
 from plait.codegen.loops import merge_loops
+from plait.symbolic.poly import Size, evaluate
 
 # NOTE: a program's tile: pointwise kernels take up to POINTWISE_BLOCK elements per program;
 # reductions up to MAX_RBLOCK elements of a row per chunk and enough rows to fill REDUCE_TILE.
 POINTWISE_BLOCK = 1024
 MAX_RBLOCK = 1024
 REDUCE_TILE = 2048
+SYMBOLIC_MIN_BLOCK = 128
 
 
 def static(n: object) -> int:
-    """``n`` as an int: Triton kernels have static sizes (``check_graph`` refuses symbolic dims
-    on the Triton target before anything is printed)."""
+    """``n`` as an int, where a static size is needed (the bounds of a static kernel's index
+    arithmetic, the buffers autotuning allocates)."""
     if not isinstance(n, int):
-        raise CodegenError(f"the Triton printer got a symbolic size {n}: static shapes only")
+        raise CodegenError(f"a static size was needed, got the symbolic size {n}")
     return n
 
 
@@ -65,18 +73,40 @@ def reduction_blocks(rows: int, row: int) -> Blocks:
     return Blocks(xblock, rblock, _warps(xblock * rblock), -(-rows // xblock))
 
 
+def blocks_hints(atoms: tuple[str, ...] | list[str]) -> tuple[int, ...]:
+    """Representative values of size ``atoms`` (the compiling call's sizes where known)."""
+    from plait.codegen.symbolic_shapes import atom_hints
+
+    values = atom_hints(atoms)
+    return tuple(values[a] for a in atoms)
+
+
 def _extents(kernel: Kernel) -> tuple[int, int]:
+    """Rows and row length of ``kernel`` (at the size hints where symbolic)."""
     k = merge_loops(kernel)
-    return (
-        math.prod(static(v.extent) for v in k.outer),
-        math.prod(static(v.extent) for v in k.inner),
-    )
+    atoms = kernel.size_atoms()
+    values = dict(zip(atoms, blocks_hints(atoms))) if atoms else {}
+
+    def at(x: Size) -> int:
+        return max(evaluate(x, values), 0) if values else static(x)
+
+    return math.prod(at(v.extent) for v in k.outer), math.prod(at(v.extent) for v in k.inner)
 
 
 def default_blocks(kernel: Kernel) -> Blocks:
     """The heuristic's launch shape for ``kernel``."""
     rows, row = _extents(kernel)
-    return reduction_blocks(rows, row) if merge_loops(kernel).inner else pointwise_blocks(rows)
+    k = merge_loops(kernel)
+    if k.inner:
+        if any(not isinstance(v.extent, int) for v in k.inner):
+            # NOTE: a symbolic row in the widest chunks: no lane sums more elements in sequence
+            # than a static kernel's at the same length (the hint would make long rows lose
+            # accuracy, not only speed)
+            return reduction_blocks(rows, MAX_RBLOCK)
+        return reduction_blocks(rows, row)
+    if kernel.size_atoms():
+        return pointwise_blocks(max(rows, SYMBOLIC_MIN_BLOCK))
+    return pointwise_blocks(rows)
 
 
 def candidate_blocks(kernel: Kernel) -> list[Blocks]:

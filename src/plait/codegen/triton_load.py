@@ -1,6 +1,6 @@
 """Loading printed Triton kernels: the module file in the kernel cache, imported once per process.
 
-A :class:`~plait.codegen.triton.TritonSource` is written to ``cache_dir()/triton/<sha256>.py``
+A :class:`~plait.codegen.triton_text.TritonSource` is written to ``cache_dir()/triton/<sha256>.py``
 (the SHA-256 of the source: a file whose bytes do not hash to its name is rewritten; writes are
 atomic, a temporary file then ``os.replace``), imported under a name derived from the hash, with
 its global ``M`` bound before the module runs: libdevice (``triton.language.extra.cuda``) for
@@ -10,8 +10,11 @@ needs no Triton.
 
 ``load_triton`` returns ``launch(*tensors)``: one tensor per kernel buffer, in buffer order, each
 one's ``data_ptr`` element 0 of its buffer. A launch binds nothing but the tensors: the grid,
-``num_warps`` and compile options are fixed when the kernel is loaded. Kernels run without
-floating-point contraction (``enable_fp_fusion=False``): each statement rounds as its IR op does.
+``num_warps`` and compile options are fixed when the kernel is loaded. A symbolic kernel's
+launch is ``launch(*tensors, *sizes)``, the values of its size atoms (``TritonSource.sizes``)
+after the tensors: its grid is computed from them at each launch (none for an empty domain).
+Kernels run without floating-point contraction (``enable_fp_fusion=False``): each statement
+rounds as its IR op does.
 
 ``precompile`` compiles a program's kernels before their first launch, several at once: Triton's
 own ``warmup`` with the launch's pointer dtypes and options, under Triton's ``AsyncCompileMode``
@@ -41,7 +44,7 @@ from types import ModuleType
 from typing import Any
 
 from plait.codegen.build import cache_dir
-from plait.codegen.triton import TritonSource
+from plait.codegen.triton_text import TritonSource
 
 _MODULES: dict[tuple[str, bool], ModuleType] = {}
 
@@ -121,11 +124,13 @@ def precompile(
     kernels: Sequence[tuple[TritonSource, Sequence[Any]]], device: Any, jobs: int
 ) -> dict[str, Any]:
     """Compile ``kernels`` (each printed kernel with its launch's tensor dtypes, in buffer
-    order) for CUDA ``device``, up to ``jobs`` at once; returns what happened, for the manifest:
-    ``{"kernels": n, "jobs": j, "parallel": bool, "seconds": s}``. Kernels over empty domains
-    and interpreted kernels compile nothing. A launch whose tensors are not 16-byte aligned (a
-    view at an odd offset) specializes differently and compiles at that launch."""
-    todo = [(ts, dtypes) for ts, dtypes in kernels if 0 not in ts.grid]
+    order; a symbolic kernel's size arguments at their hints, which its binary does not
+    specialize on) for CUDA ``device``, up to ``jobs`` at once; returns what happened, for the
+    manifest: ``{"kernels": n, "jobs": j, "parallel": bool, "seconds": s}``. Kernels over
+    empty domains and interpreted kernels compile nothing. A launch whose tensors are not
+    16-byte aligned (a view at an odd offset) specializes differently and compiles at that
+    launch."""
+    todo = [(ts, [*dtypes, *ts.hints]) for ts, dtypes in kernels if 0 not in ts.grid]
     record: dict[str, Any] = {"kernels": len(todo), "jobs": 1, "parallel": False, "seconds": 0.0}
     if not todo or interpreting():
         return record
@@ -179,6 +184,8 @@ def _nothing(*tensors: Any) -> None:
 
 def load_triton(ts: TritonSource) -> Callable[..., None]:
     """``launch(*tensors)`` for the printed kernel ``ts`` (see the module docstring)."""
+    if ts.sizes:
+        return _symbolic_launch(ts)
     if 0 in ts.grid:
         return _nothing
     kernel = getattr(_module(ts.source), ts.symbol)
@@ -198,5 +205,30 @@ def load_triton(ts: TritonSource) -> Callable[..., None]:
 
     def launch(*tensors: Any) -> None:
         run(*tensors, grid=grid, warmup=False, **options)
+
+    return launch
+
+
+def _symbolic_launch(ts: TritonSource) -> Callable[..., None]:
+    """``launch(*tensors, *sizes)`` of a symbolic kernel: its grid from the sizes."""
+    run = getattr(_module(ts.source), ts.symbol).run
+    count = len(ts.sizes)
+    programs = ts.programs
+    options: dict[str, Any] = {} if interpreting() else _options(ts)
+    if interpreting():
+        import numpy as np
+
+        def interpret(*args: Any) -> None:
+            n = programs(args[-count:])
+            if n:
+                with np.errstate(all="ignore"):
+                    run(*args, grid=(n,), warmup=False)
+
+        return interpret
+
+    def launch(*args: Any) -> None:
+        n = programs(args[-count:])
+        if n:
+            run(*args, grid=(n,), warmup=False, **options)
 
     return launch

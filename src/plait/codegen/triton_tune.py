@@ -1,6 +1,7 @@
 """Autotuning a Triton kernel's launch shape: each of
 :func:`~plait.codegen.triton_blocks.candidate_blocks` printed, compiled and timed on the device
-with the launch's dtypes and sizes; the fastest kept.
+with the launch's dtypes and sizes; the fastest kept. A kernel with symbolic sizes is not timed:
+it keeps the launch shape chosen at the size hints (its record says ``"skipped": "symbolic"``).
 
 The choice is cached in the kernel cache (``cache_dir()/triton/tuning/<key>.json``), keyed by the
 SHA-256 of the default kernel's text, the device's name and Triton's version: a later compile of
@@ -38,8 +39,9 @@ from typing import Any
 
 from plait.codegen.build import cache_dir
 from plait.codegen.kir import Kernel
-from plait.codegen.triton import TritonSource, print_triton
-from plait.codegen.triton_blocks import Blocks, candidate_blocks, static
+from plait.codegen.triton import print_triton
+from plait.codegen.triton_blocks import Blocks, candidate_blocks, default_blocks, static
+from plait.codegen.triton_text import TritonSource
 
 REPEATS = 10
 
@@ -91,6 +93,10 @@ def tune(
     launch's tensor dtypes in buffer order."""
     import torch
 
+    if kernel.size_atoms():
+        # NOTE: timing needs sizes: a symbolic kernel keeps the hints' launch shape
+        blocks = default_blocks(kernel)
+        return blocks, {"blocks": _blocks_record(blocks), "cached": False, "skipped": "symbolic"}
     dev = torch.device(device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "triton-interpreter"
     key = tuning_key(kernel, name)

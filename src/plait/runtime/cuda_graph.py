@@ -9,7 +9,8 @@ own input (or a bound constant) is returned as is, as the uncaptured runner retu
 
 Not captured (the program runs its runner, kernel by kernel, and ``cuda_graph["reason"]`` says
 why): ``StaxOptions(cuda_graphs=False)``; a fallback node (PyTorch's reference implementation may
-sync with the host); a node that makes or reads a data-dependent size, or a runtime check (both
+sync with the host); symbolic sizes (a graph replays one size's grids and buffers); a node that
+makes or reads a data-dependent size, or a runtime check (both
 read values on the host); a non-tensor input (its value would be baked into the graph); an
 output that is a view of an input; anything the capture itself refuses (its error is the reason).
 
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from plait.codegen.plan import ExternStep, FallbackStep
+from plait.codegen.symbolic_shapes import is_symbolic
 from plait.codegen.views import shape_of
 from plait.ir.types import TensorType
 from plait.runtime.runner_calls import bad_input
@@ -41,6 +43,9 @@ def why_not_captured(program: Any, enabled: bool) -> str | None:
     """Why ``program`` cannot be one CUDA graph, or None when it can be tried."""
     if not enabled:
         return "off (StaxOptions(cuda_graphs=False))"
+    if is_symbolic(program.graph):
+        # NOTE: a captured graph replays the buffers and grids of one size
+        return "symbolic sizes: a CUDA graph replays the sizes it captured, not the call's"
     for step in program.plan.steps:
         if isinstance(step, FallbackStep):
             n = step.node

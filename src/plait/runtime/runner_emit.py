@@ -380,13 +380,15 @@ class RunnerEmitter:
 
     def launch_step(self, k: int, step: KernelStep) -> None:
         """A Triton kernel: launched with one tensor per buffer (its data pointer is what the
-        kernel indexes from)."""
+        kernel indexes from), then, with symbolic shapes, the call's value of each size atom
+        the kernel uses (the launcher computes its grid from them)."""
         kernel = step.lowered.kernel
         args = []
         for v, buf in zip(step.lowered.bindings, kernel.buffers):
             if buf.output:
                 self._prepare_output(v)
             args.append(self.tensor(v))
+        args += [size_local(atom) for atom in kernel.size_atoms()]
         fn = self.const(self.funcs[k], "K")
         self.line(f"{fn}({', '.join(args)})")
 
