@@ -50,6 +50,7 @@ from plait.codegen.kir import Kernel, Reduce, Stmt, Store, is_float, reduce_iden
 from plait.codegen.loops import merge_loops
 from plait.codegen.triton_blocks import Blocks, default_blocks, static
 from plait.codegen.triton_helpers import helpers_text, module_header, with_needs
+from plait.errors import InternalCompilerError
 
 # Indices stay int32 below this bound (a masked lane runs at most a block past the end).
 INT32_BOUND = 1 << 30
@@ -286,7 +287,7 @@ class _Printer:
             text = table(s, a)
             if text is not None:
                 return text
-        raise AssertionError(f"no Triton for scalar op {op!r}")
+        raise InternalCompilerError(f"no Triton for scalar op {op!r}")
 
     def _arith(self, s: Stmt, a: list[str]) -> str | None:
         op, t = s.op, s.dtype
