@@ -218,7 +218,8 @@ class InternalCompilerError(PlaitCompileError, AssertionError):
     REPORT = " (an internal error of plait: please report it, with a repro from plait diagnose)"
 
     def __init__(self, message: object = "") -> None:
-        super().__init__(f"{message}{self.REPORT}")
+        text = str(message)  # NOTE: an unpickled error arrives with the note already on it
+        super().__init__(text if text.endswith(self.REPORT) else f"{text}{self.REPORT}")
 
 
 class InternalValueError(InternalCompilerError, ValueError):

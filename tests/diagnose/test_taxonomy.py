@@ -83,6 +83,11 @@ def test_every_code_is_documented() -> None:
         (SemanticDriftError("cse", "defined twice", 3), "PLAIT-D200"),
         (NumericsError("outside"), "PLAIT-N300"),
         (PerformanceRegressionError("slow"), "PLAIT-P400"),
+        (errors.InvalidOptionError("x"), "PLAIT-C170"),
+        (errors.InvalidArgumentTypeError("x"), "PLAIT-C171"),
+        (errors.UnknownKeyError("x"), "PLAIT-C172"),
+        (errors.InternalValueError("x"), "PLAIT-C190"),
+        (errors.ProgramIndexError("x"), "PLAIT-C105"),
     ],
 )
 def test_codes_of_plait_errors(error: Exception, code: str) -> None:
@@ -289,3 +294,31 @@ def test_every_raise_site_is_classified() -> None:
             if problem:
                 wrong.append(f"src/plait/{rel}:{raise_.lineno}: {problem}")
     assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_new_types_keep_python_bases_and_messages() -> None:
+    """A converted raise site is still caught as it always was, with its text."""
+    from plait.logs import LogChannelError
+    from plait.progress import ProgressModeError
+    from plait.symbolic import SymbolicSizeError, SymbolicValueError
+
+    for cls, base in [
+        (errors.InvalidOptionError, ValueError),
+        (errors.InvalidArgumentTypeError, TypeError),
+        (errors.UnknownNameError, LookupError),
+        (errors.UnknownKeyError, KeyError),
+        (errors.StoreFormatError, ValueError),
+        (errors.NotSavableError, ValueError),
+        (errors.InternalCompilerError, AssertionError),
+        (errors.InternalValueError, ValueError),
+        (errors.ProgramIndexError, IndexError),
+        (errors.ProgramTypeError, TypeError),
+        (errors.ProgramValueError, ValueError),
+    ]:
+        assert issubclass(cls, base) and issubclass(cls, PlaitCompileError), cls
+    assert str(errors.UnknownNameError("unknown x")) == "unknown x"
+    assert str(errors.UnknownKeyError("unknown x")) == "'unknown x'"  # as the KeyError it was
+    internal = str(errors.InternalCompilerError("no C++ for scalar op 'x'"))
+    assert internal.startswith("no C++ for scalar op 'x'") and "please report it" in internal
+    for by_name in (LogChannelError, ProgressModeError, SymbolicSizeError, SymbolicValueError):
+        assert code_of(by_name("x")) is not None, by_name
