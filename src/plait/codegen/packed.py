@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from plait.codegen import build
-from plait.errors import InternalValueError, StoreFormatError
+from plait.errors import InvalidOptionError, StoreFormatError
 
 
 class PackedUnavailable(RuntimeError):
@@ -139,7 +139,7 @@ def export_packed(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     copy: the caller keeps ``t`` alive (and unchanged) as long as ``data``."""
     _shim()
     if not t.is_mkldnn:
-        raise InternalValueError(f"not a oneDNN (torch._mkldnn) tensor: layout {t.layout}")
+        raise InvalidOptionError(f"not a oneDNN (torch._mkldnn) tensor: layout {t.layout}")
     n = int(torch.ops.mkldnn._nbytes(t))
     if n:
         raw = (ctypes.c_ubyte * n).from_address(int(torch.ops.mkldnn.data_ptr(t)))
