@@ -30,7 +30,7 @@ from plait.cache import SavedCompile, Store
 from plait.cache.lookup import cached_compile, freeze_candidates
 from plait.cost import enforce as enforce_budgets
 from plait.cost import estimate as estimate_cost
-from plait.errors import CaptureFallbackWarning, PlaitCompileError
+from plait.errors import CaptureFallbackWarning, InvalidOptionError, PlaitCompileError
 from plait.frontend.program import CapturedProgram, Executor
 from plait.guards.ambient import ambient_guards, call_settings, process_settings
 from plait.guards.guard import Guard
@@ -334,7 +334,7 @@ def compile_program(req: CompileRequest) -> Compiled:
     prog = req.program
     unknown = sorted(set(req.options) - set(KNOWN_OPTIONS))
     if unknown:
-        raise ValueError(f"unknown compile options {unknown}; known: {list(KNOWN_OPTIONS)}")
+        raise InvalidOptionError(f"unknown compile options {unknown}; known: {list(KNOWN_OPTIONS)}")
     m = Manifest(source_hash=prog.semantic_hash or "", options=_options_record(req))
     if req.backend == "tvm":
         req = _tvm_request(req)
@@ -353,7 +353,7 @@ def compile_program(req: CompileRequest) -> Compiled:
     freeze = req.options.get("freeze")
     freeze = (not needs_grad) if freeze is None else bool(freeze)
     if freeze and needs_grad:
-        raise ValueError(
+        raise InvalidOptionError(
             "freeze=True needs a call no gradient flows through (torch.no_grad(), "
             "or parameters and inputs that do not require grad)"
         )

@@ -61,6 +61,7 @@ from torch import fx, nn
 
 from plait.api import compile as plait_compile
 from plait.api import explain as plait_explain
+from plait.errors import InternalCompilerError
 from plait.manifest import Explanation
 
 __all__ = ["DynamoGraph", "GraphProgram", "PlaitBackend", "graphs", "plait_backend"]
@@ -272,7 +273,7 @@ class DynamoGraph:
         self._bind_state(args)
         for i, tensor, dim in self._sizes:
             if args[tensor].shape[dim] != args[i]:
-                raise RuntimeError(
+                raise InternalCompilerError(
                     f"plait's Dynamo backend: graph argument {i} ({args[i]}) was taken to be "
                     f"the size of argument {tensor}'s dim {dim} "
                     f"({args[tensor].shape[dim]}); Dynamo passed another value. Please report "

@@ -142,6 +142,90 @@ class CompiledInputError(PlaitCompileError, TypeError):
     error_code = "PLAIT-C103"
 
 
+class ProgramError(PlaitCompileError):
+    """The captured program fails as it would in eager PyTorch (an index out of range, an
+    in-place write to a leaf that requires grad): the user's program is wrong, and plait says
+    so with PyTorch's words and Python base class. The refinements keep eager's base."""
+
+    error_code = "PLAIT-C105"
+
+
+class ProgramIndexError(ProgramError, IndexError):
+    """:class:`ProgramError` where eager PyTorch raises an ``IndexError``."""
+
+
+class ProgramTypeError(ProgramError, TypeError):
+    """:class:`ProgramError` where eager PyTorch raises a ``TypeError``."""
+
+
+class ProgramValueError(ProgramError, ValueError):
+    """:class:`ProgramError` where eager PyTorch raises a ``ValueError``."""
+
+
+class NativeUnavailableError(PlaitCompileError):
+    """A native component (the guard evaluator, the hash, prepacked weights) is disabled or
+    could not be built: plait runs its Python path instead, and says why."""
+
+    error_code = "PLAIT-C112"
+
+
+class StoreFormatError(PlaitCompileError, ValueError):
+    """A file or entry plait stored or reads back (a manifest, a repro directory, a cache
+    entry, prepacked weights) is not in plait's format; the message says what is wrong."""
+
+    error_code = "PLAIT-C144"
+
+
+class NotSavableError(PlaitCompileError, ValueError):
+    """A compiled program reads something with no process-independent form (an object of this
+    process only): it is compiled and run, but not saved to the cache."""
+
+    error_code = "PLAIT-C145"
+
+
+class InvalidOptionError(PlaitCompileError, ValueError):
+    """An invalid option or argument value to a plait API (``options=``, ``dynamic=``, a
+    budget, a log channel); the message names it and what it takes."""
+
+    error_code = "PLAIT-C170"
+
+
+class InvalidArgumentTypeError(PlaitCompileError, TypeError):
+    """An option or argument of a wrong type to a plait API; the message names it."""
+
+    error_code = "PLAIT-C171"
+
+
+class UnknownNameError(PlaitCompileError, LookupError):
+    """A lookup of a name or entry plait does not know (a pass, a partitioner, a stored result,
+    a module a warm start reads); the message names it and, where there are few, the known
+    ones. ``str()`` is the message (a ``KeyError`` would quote it)."""
+
+    error_code = "PLAIT-C172"
+
+
+class UnknownKeyError(UnknownNameError, KeyError):
+    """:class:`UnknownNameError` where plait always raised a ``KeyError`` (its ``str()`` keeps
+    ``KeyError``'s quotes)."""
+
+
+class InternalCompilerError(PlaitCompileError, AssertionError):
+    """An internal invariant of the compiler broke outside the IR (a printer without a case, a
+    plan that disagrees with itself): a plait bug, never a user error. The message says to
+    report it. (An IR invariant broken by a pass is a :class:`SemanticDriftError`.)"""
+
+    error_code = "PLAIT-C190"
+    REPORT = " (an internal error of plait: please report it, with a repro from plait diagnose)"
+
+    def __init__(self, message: object = "") -> None:
+        text = str(message)  # NOTE: an unpickled error arrives with the note already on it
+        super().__init__(text if text.endswith(self.REPORT) else f"{text}{self.REPORT}")
+
+
+class InternalValueError(InternalCompilerError, ValueError):
+    """:class:`InternalCompilerError` where plait always raised a ``ValueError``."""
+
+
 class PlaitWarning(UserWarning):
     """Base class of plait's warnings."""
 
@@ -228,6 +312,15 @@ CODES: dict[str, ErrorCode] = {
         _code("PLAIT-C104", "compile", "a Stax program got an input of another type",
               "a tensor of another dtype, shape or device than the graph's input type",
               "call the program with the graph's input types (the message names the input)"),
+        _code("PLAIT-C105", "compile", "the program fails as it would in eager PyTorch",
+              "the program itself is wrong (an index out of range, a step of zero, an in-place "
+              "write to a leaf that requires grad); capture raises what eager would",
+              "fix the program: run it eagerly to see the same error"),
+        _code("PLAIT-C112", "compile", "a native component is unavailable",
+              "disabled by its environment variable (PLAIT_NATIVE_GUARDS=0, PLAIT_NATIVE_HASH=0) "
+              "or its build failed",
+              "nothing: plait runs its Python path; unset the variable or fix the toolchain "
+              "(plait explain says why) for the native speed"),
         _code("PLAIT-C110", "compile", "the Stax backend cannot compile the graph",
               "symbolic shapes or devices it does not take, or a node that would fall back to "
               "PyTorch under strict (fullgraph=True)",
@@ -262,6 +355,15 @@ CODES: dict[str, ErrorCode] = {
         _code("PLAIT-C143", "compile", "an artifact that is not the trusted one",
               "its digest differs from the one the load was told to trust",
               "check where the file came from; its native kernels are never loaded"),
+        _code("PLAIT-C144", "compile", "a stored file is not in plait's format",
+              "a manifest, repro directory, cache entry or prepacked weight blob that is "
+              "malformed, truncated or of another schema",
+              "delete the file (a cache entry is recompiled) or write it again with this plait"),
+        _code("PLAIT-C145", "compile", "a program has no saved form",
+              "it reads an object of this process only (a repr with an address, an unnamed "
+              "value): it runs, but is not saved to the cache",
+              "nothing for correctness; for warm starts, read module-level names or pass the "
+              "value as an argument"),
         _code("PLAIT-C150", "compile", "an op's type rule refused its operands",
               "a graph built by hand (or by a pass) with operand types or attributes the op "
               "does not take",
@@ -276,9 +378,28 @@ CODES: dict[str, ErrorCode] = {
               "inputs that do not match the graph's input types, or a node whose result "
               "disagrees with its declared type",
               "pass the graph's input types; a node disagreeing with its type is a plait bug"),
+        _code("PLAIT-C154", "compile", "a symbolic size used where a number is needed",
+              "a branch on, or a value of, a size that dynamic=True left symbolic, or a "
+              "malformed dimension expression",
+              "mark that dim static (dynamic={...} without it), or use torch ops on the size"),
         _code("PLAIT-C160", "compile", "a pinned call its specialization does not admit",
               "call_specialization with arguments the specialization's guards refuse",
               "use the specialization the call's guards select (specialize)"),
+        _code("PLAIT-C170", "compile", "an invalid option or argument",
+              "an option, argument or setting value a plait API does not take (options=, "
+              "dynamic=, budgets, log channels, progress modes)",
+              "use a value the message lists (docs/options.md lists the options)"),
+        _code("PLAIT-C171", "compile", "an option or argument of a wrong type",
+              "a plait API was passed a value of another type than it takes",
+              "pass the type the message names"),
+        _code("PLAIT-C172", "compile", "an unknown name or entry",
+              "a pass, partitioner, log channel or stored result that is not registered or "
+              "not there, or a module a warm start reads that is not loaded",
+              "use a name the message lists; register or import what defines it first"),
+        _code("PLAIT-C190", "compile", "an internal error of plait",
+              "an internal invariant of the compiler broke outside the IR: a plait bug",
+              "report it with the message and a repro (plait diagnose); compile with "
+              "backend='eager' meanwhile"),
         _code("PLAIT-D200", "semantic-drift", "a pass broke the IR",
               "a pass produced a graph the verifier rejects (SSA, types, attributes)",
               "a compiler bug: plait diagnose names the pass and node and writes a repro; "
@@ -312,6 +433,11 @@ _BY_NAME = {
     "plait.ir.parser.IRParseError": "PLAIT-C152",
     "plait.ir.interpret.InterpretError": "PLAIT-C153",
     "plait.specialization.SpecializationMissError": "PLAIT-C160",
+    "plait.symbolic.dims.DimParseError": "PLAIT-C154",
+    "plait.symbolic.dims.SymbolicSizeError": "PLAIT-C154",
+    "plait.symbolic.dims.SymbolicValueError": "PLAIT-C154",
+    "plait.logs.LogChannelError": "PLAIT-C170",
+    "plait.progress.ProgressModeError": "PLAIT-C170",
     "plait.ir.verify.VerificationError": "PLAIT-D201",
     "plait.conformance.report.ConformanceError": "PLAIT-N301",
     "plait.contract.model.ContractError": "PLAIT-N302",

@@ -19,7 +19,7 @@ Example:
     >>> parse("nonsense")
     Traceback (most recent call last):
     ...
-    ValueError: PLAIT_LOGS: unknown channel 'nonsense'; channels: capture, guards, passes, ...
+    plait.logs.LogChannelError: PLAIT_LOGS: unknown channel 'nonsense'; channels: capture, ...
 """
 
 from __future__ import annotations
@@ -51,6 +51,12 @@ _FORMAT = "%(levelname).1s %(asctime)s.%(msecs)03d [%(name)s] %(message)s"
 _DATE = "%H:%M:%S"
 
 
+class LogChannelError(ValueError):
+    """An unknown log channel (in ``PLAIT_LOGS``, ``options={"logs": ...}`` or
+    ``plait.logs.channel``): code ``PLAIT-C170``, classified by name in ``plait.errors`` (this
+    module imports nothing else of plait)."""
+
+
 class _PlaitHandler(logging.StreamHandler):
     """The handler :func:`configure` installs (and removes): stderr, one line per record."""
 
@@ -67,7 +73,7 @@ def parse(text: str) -> dict[str, int]:
         name = item.lstrip("+").strip()
         names = list(CHANNELS) if name == "all" else [name]
         if name not in CHANNELS and name != "all":
-            raise ValueError(
+            raise LogChannelError(
                 f"{ENVIRONMENT}: unknown channel {name!r}; channels: {', '.join(CHANNELS)} "
                 "(a leading + for debug records, 'all' for every channel)"
             )
@@ -91,7 +97,7 @@ def configure(setting: str | Mapping[str, int]) -> dict[str, int]:
     levels = parse(setting) if isinstance(setting, str) else dict(setting)
     unknown = sorted(set(levels) - set(CHANNELS))
     if unknown:
-        raise ValueError(f"unknown log channels {unknown}; channels: {', '.join(CHANNELS)}")
+        raise LogChannelError(f"unknown log channels {unknown}; channels: {', '.join(CHANNELS)}")
     root = logging.getLogger(ROOT)
     for handler in [h for h in root.handlers if isinstance(h, _PlaitHandler)]:
         root.removeHandler(handler)
@@ -112,7 +118,7 @@ def configure(setting: str | Mapping[str, int]) -> dict[str, int]:
 def channel(name: str) -> logging.Logger:
     """The logger of channel ``name`` (``plait.<name>``)."""
     if name not in CHANNELS:
-        raise ValueError(f"unknown log channel {name!r}; channels: {', '.join(CHANNELS)}")
+        raise LogChannelError(f"unknown log channel {name!r}; channels: {', '.join(CHANNELS)}")
     return logging.getLogger(f"{ROOT}.{name}")
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from plait.codegen.build import cpu_info
+from plait.errors import StoreFormatError
 from plait.ir.private_files import read_regular
 
 SCHEMA = "plait.manifest/1"
@@ -159,23 +160,25 @@ class Manifest:
         """The manifest ``data`` describes; raises ``ValueError`` naming what is wrong when it
         is not a plait manifest (not an object, another schema, a field of the wrong type)."""
         if not isinstance(data, dict):
-            raise ValueError(f"not a plait manifest (a JSON {type(data).__name__}, not an object)")
+            raise StoreFormatError(
+                f"not a plait manifest (a JSON {type(data).__name__}, not an object)"
+            )
         if data.get("schema") != SCHEMA:
-            raise ValueError(
+            raise StoreFormatError(
                 f"not a plait manifest (schema {data.get('schema')!r}, expected {SCHEMA!r})"
             )
         fields = {k: v for k, v in data.items() if k != "schema"}
         for name, value in fields.items():
             kind = _FIELD_TYPES.get(name)
             if kind is None:
-                raise ValueError(f"not a plait manifest: unknown field {name!r}")
+                raise StoreFormatError(f"not a plait manifest: unknown field {name!r}")
             if not isinstance(value, kind):
-                raise ValueError(
+                raise StoreFormatError(
                     f"not a plait manifest: {name!r} is a {type(value).__name__}, "
                     f"expected a {kind.__name__}"
                 )
         if "source_hash" not in fields:
-            raise ValueError("not a plait manifest: no 'source_hash'")
+            raise StoreFormatError("not a plait manifest: no 'source_hash'")
         return cls(**fields)
 
     @classmethod
@@ -188,11 +191,11 @@ class Manifest:
         try:
             doc = json.loads(data.decode("utf-8"))
         except UnicodeDecodeError as exc:
-            raise ValueError(
+            raise StoreFormatError(
                 f"not a plait manifest: not UTF-8 ({exc.reason} at byte {exc.start})"
             ) from None
         except RecursionError:
-            raise ValueError("not a plait manifest: JSON nested too deep") from None
+            raise StoreFormatError("not a plait manifest: JSON nested too deep") from None
         return cls.from_json(doc)
 
     def report(self) -> str:

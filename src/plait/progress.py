@@ -25,6 +25,11 @@ MODES = ("auto", "rich", "plain", "quiet")
 T = TypeVar("T")
 
 
+class ProgressModeError(ValueError):
+    """A progress mode not in :data:`MODES`: code ``PLAIT-C170``, classified by name in
+    ``plait.errors`` (this module imports nothing else of plait)."""
+
+
 class Progress:
     """``mode``: ``auto`` (rich on a terminal, else plain lines), ``rich``, ``plain``, ``quiet``.
     ``every``: in plain mode, the fewest seconds between two lines of one task (its first and
@@ -32,7 +37,7 @@ class Progress:
 
     def __init__(self, mode: str = "auto", every: float = 5.0) -> None:
         if mode not in MODES:
-            raise ValueError(f"progress mode {mode!r}; modes: {', '.join(MODES)}")
+            raise ProgressModeError(f"progress mode {mode!r}; modes: {', '.join(MODES)}")
         self.start = time.perf_counter()
         self.mode = mode
         self.every = every

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from plait.errors import InvalidOptionError
 from plait.guards.ambient import call_settings
 
 GRAD_MODE = "torch.is_grad_enabled()"
@@ -121,7 +122,9 @@ def applied_state(state: Mapping[str, Any]) -> Iterator[None]:
     """
     missing = settable(list(state))
     if missing:
-        raise ValueError(f"cannot apply the settings {missing}: plait has no writer for them")
+        raise InvalidOptionError(
+            f"cannot apply the settings {missing}: plait has no writer for them"
+        )
     now = call_state()
     changed: list[tuple[str, Any]] = []
     try:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from plait.autograd.partition import Partition
-from plait.errors import PlaitCompileError
+from plait.errors import InternalValueError, PlaitCompileError
 
 Executor = Callable[[list[Any]], Sequence[Any]]
 
@@ -112,7 +112,7 @@ class CompiledAutograd:
 
     def __call__(self, values: list[Any]) -> list[Any]:
         if len(values) != self.n_inputs:
-            raise ValueError(f"{self.name} takes {self.n_inputs} inputs, got {len(values)}")
+            raise InternalValueError(f"{self.name} takes {self.n_inputs} inputs, got {len(values)}")
         return list(_Apply.apply(self, *values))
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from plait.autograd.joint import Joint
-from plait.errors import PlaitCompileError
+from plait.errors import InvalidOptionError, PlaitCompileError
 from plait.ir.graph import Graph, Node, Operand, Value
 from plait.ir.ops import Category, get_op
 from plait.ir.types import TensorType
@@ -87,7 +87,9 @@ def value_bytes(v: Value) -> int:
 def partition(joint: Joint, partitioner: str = "min-cut") -> Partition:
     """Split ``joint`` into a forward and a backward graph (see the module doc)."""
     if partitioner not in PARTITIONERS:
-        raise ValueError(f"unknown partitioner {partitioner!r}; known: {list(PARTITIONERS)}")
+        raise InvalidOptionError(
+            f"unknown partitioner {partitioner!r}; known: {list(PARTITIONERS)}"
+        )
     g = joint.graph
     fwd_outputs = [o for o in g.outputs[: joint.n_outputs] if isinstance(o, Value)]
     forward_nodes = _needed(g, fwd_outputs, stop=set())

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var
 from plait.codegen.kir import CHECKED_INT_OPS, Kernel, Reduce, Stmt, Store, is_float
 from plait.codegen.loops import merge_loops
+from plait.errors import InternalCompilerError
 from plait.symbolic.poly import Poly, Size, is_zero, lower_bound, to_text
 
 CTYPE = {
@@ -243,7 +244,7 @@ class _Printer:
             return f"{_BUILTINS[op]}({', '.join(a)})"
         if op in LIBM:
             return f"{op}{'f' if t == 'f32' else ''}({', '.join(a)})"
-        raise AssertionError(f"no C++ for scalar op {op!r}")
+        raise InternalCompilerError(f"no C++ for scalar op {op!r}")
 
     def _order(self, roots: list[Stmt]) -> list[Stmt]:
         """Statements under ``roots`` in dependency order."""

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from plait.errors import InternalValueError
 from plait.symbolic.poly import Poly, Size, exact_quotient, hint, is_zero, le, lt, nonneg
 
 
@@ -130,7 +131,7 @@ class Ix:
     def div(self, k: Size) -> Ix:
         """Floor division by a positive extent."""
         if isinstance(k, int) and k <= 0:
-            raise ValueError(f"index division by {k}: a divisor is a positive extent")
+            raise InternalValueError(f"index division by {k}: a divisor is a positive extent")
         if k == 1:
             return self
         quotient, rest = self._split(k)
@@ -150,7 +151,7 @@ class Ix:
     def mod(self, k: Size) -> Ix:
         """Modulo a positive extent (the operand is nonnegative)."""
         if isinstance(k, int) and k <= 0:
-            raise ValueError(f"index modulo {k}: a modulus is a positive extent")
+            raise InternalValueError(f"index modulo {k}: a modulus is a positive extent")
         if k == 1:
             return Ix.lit(0)
         _, rest = self._split(k)

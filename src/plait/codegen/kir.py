@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var
+from plait.errors import InternalValueError
 from plait.symbolic.poly import Size, atoms_of
 
 SCALAR_TYPES = ("f64", "f32", "i64", "i32", "i16", "i8", "u8", "b")
@@ -274,7 +275,9 @@ class KernelBuilder:
     # --- statements ---------------------------------------------------------------------------
     def _make(self, op: str, args: tuple[Stmt, ...], dtype: str, attr: Any = None) -> Stmt:
         if dtype not in SCALAR_TYPES:
-            raise ValueError(f"statement {op}: scalar type {dtype!r} is not one of {SCALAR_TYPES}")
+            raise InternalValueError(
+                f"statement {op}: scalar type {dtype!r} is not one of {SCALAR_TYPES}"
+            )
         key = (op, tuple(a.id for a in args), dtype, _attr_key(attr))
         hit = self._memo.get(key)
         if hit is None:
@@ -320,7 +323,7 @@ class KernelBuilder:
 
     def op(self, op: str, args: list[Stmt], dtype: str) -> Stmt:
         if op not in SCALAR_OPS:
-            raise ValueError(f"unknown scalar op {op!r}")
+            raise InternalValueError(f"unknown scalar op {op!r}")
         return self._make(op, tuple(args), dtype)
 
     # --- structure ----------------------------------------------------------------------------
@@ -328,7 +331,7 @@ class KernelBuilder:
         """Add a reduction to the current phase; returns the statement reading its result
         (valid in later phases and in final stores)."""
         if kind not in REDUCE_KINDS:
-            raise ValueError(f"unknown reduction {kind!r}")
+            raise InternalValueError(f"unknown reduction {kind!r}")
         n = self._next_acc
         self._next_acc += 1
         self.phases[-1].reduces.append(Reduce(n, kind, value, dtype))

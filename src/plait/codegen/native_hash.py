@@ -45,6 +45,7 @@ import xxhash
 
 from plait.codegen import build
 from plait.codegen.errors import BuildError
+from plait.errors import NativeUnavailableError
 from plait.ir.chunked_hash import CHUNK, chunk_layout, combine, stream_digest
 
 
@@ -95,7 +96,7 @@ def _load() -> ctypes.CDLL | None:
 
 def _build_and_load() -> ctypes.CDLL:
     if os.environ.get("PLAIT_NATIVE_HASH", "1") == "0":
-        raise RuntimeError("disabled by PLAIT_NATIVE_HASH=0")
+        raise NativeUnavailableError("disabled by PLAIT_NATIVE_HASH=0")
     xxh = ctypes.CDLL(xxhash._xxhash.__file__)  # type: ignore[attr-defined]
     funcs = [ctypes.cast(getattr(xxh, name), ctypes.c_void_p).value for name in _XXH + _XXH_MORE]
     lib = build.installed_library("plait_hash", source(), SYMBOLS, flags=FLAGS)

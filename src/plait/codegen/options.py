@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from plait.errors import InvalidOptionError
+
 KERNEL_PRINTERS = ("cpp", "tvm")
 
 
@@ -72,9 +74,11 @@ class StaxOptions:
 
     def __post_init__(self) -> None:
         if self.kernels not in KERNEL_PRINTERS:
-            raise ValueError(f"kernels={self.kernels!r}: one of {list(KERNEL_PRINTERS)}")
+            raise InvalidOptionError(f"kernels={self.kernels!r}: one of {list(KERNEL_PRINTERS)}")
         if type(self.tvm_tune) is not int or self.tvm_tune < 0:
-            raise ValueError(f"tvm_tune={self.tvm_tune!r}: a count of trials (0: no tuning)")
+            raise InvalidOptionError(
+                f"tvm_tune={self.tvm_tune!r}: a count of trials (0: no tuning)"
+            )
 
     def record(self) -> dict[str, Any]:
         return asdict(self)

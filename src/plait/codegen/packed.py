@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from plait.codegen import build
+from plait.errors import InvalidOptionError, StoreFormatError
 
 
 class PackedUnavailable(RuntimeError):
@@ -138,7 +139,7 @@ def export_packed(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     copy: the caller keeps ``t`` alive (and unchanged) as long as ``data``."""
     _shim()
     if not t.is_mkldnn:
-        raise ValueError(f"not a oneDNN (torch._mkldnn) tensor: layout {t.layout}")
+        raise InvalidOptionError(f"not a oneDNN (torch._mkldnn) tensor: layout {t.layout}")
     n = int(torch.ops.mkldnn._nbytes(t))
     if n:
         raw = (ctypes.c_ubyte * n).from_address(int(torch.ops.mkldnn.data_ptr(t)))
@@ -163,12 +164,12 @@ def import_packed(
     if dtype not in codes:
         raise PackedUnavailable(f"no prepacked weights of dtype {dtype}")
     if data.dtype != torch.uint8 or md.dtype != torch.uint8:
-        raise ValueError(f"data and md are uint8 tensors, got {data.dtype} and {md.dtype}")
+        raise StoreFormatError(f"data and md are uint8 tensors, got {data.dtype} and {md.dtype}")
     if not (data.is_contiguous() and md.is_contiguous()) or data.device.type != "cpu":
-        raise ValueError("data and md are contiguous CPU tensors")
+        raise StoreFormatError("data and md are contiguous CPU tensors")
     start, codes_of = _dtype_field()
     if md.numel() < start + 4 or bytes(md[start : start + 4].tolist()) != codes_of[dtype]:
-        raise ValueError(f"the descriptor does not describe {dtype} data")
+        raise StoreFormatError(f"the descriptor does not describe {dtype} data")
     dims = [int(d) for d in shape]
     strides, step = [0] * len(dims), 1
     for i in range(len(dims) - 1, -1, -1):
@@ -185,7 +186,7 @@ def import_packed(
     out: torch.Tensor = steal(capsule(handle.value, None, None))
     need = int(torch.ops.mkldnn._nbytes(out))
     if need != data.numel():
-        raise ValueError(f"{data.numel()} bytes for a descriptor of {need}")
+        raise StoreFormatError(f"{data.numel()} bytes for a descriptor of {need}")
     if list(out.shape) != dims:
-        raise ValueError(f"the descriptor describes shape {list(out.shape)}, not {dims}")
+        raise StoreFormatError(f"the descriptor describes shape {list(out.shape)}, not {dims}")
     return out

@@ -15,6 +15,8 @@ Example:
 
 from importlib import resources
 
+from plait.errors import InternalCompilerError
+
 # NOTE: glibc's libmvec has vector versions of all of these (since 2.35, like tanh and erf).
 _UNARY_LIBM = ("exp", "log", "tanh", "erf", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
                "cosh", "asinh", "acosh", "atanh", "expm1", "log1p", "log2", "log10", "exp2",
@@ -39,7 +41,7 @@ def source() -> str:
 
 def _fill(text: str) -> str:
     if text.count(_MARK) != 1:
-        raise RuntimeError("csrc/prelude.h lost its @PLAIT_MATH_DECLS@ line")
+        raise InternalCompilerError("csrc/prelude.h lost its @PLAIT_MATH_DECLS@ line")
     return text.replace(_MARK, _DECLS)
 
 

@@ -45,6 +45,7 @@ from plait.codegen.lower import Lowerer, loop_vars, size_stmt
 from plait.codegen.placement import Loc, Lowered
 from plait.codegen.scalar_args import Arg, to
 from plait.codegen.views import sizes_of
+from plait.errors import InternalValueError
 from plait.ir.graph import Node, Value
 from plait.ir.ops.rules import wrap_dim, wrap_dims
 from plait.ir.types import TensorType
@@ -401,5 +402,5 @@ def lower_reduction(
     """The template kernel of ``node``; ``epilogue``: pointwise nodes of the same shape fused
     into the element store (only for the templates in :data:`ELEMENTWISE`)."""
     if epilogue and node.op not in ELEMENTWISE:
-        raise ValueError(f"{node.op} stores per-row results: no elementwise epilogue")
+        raise InternalValueError(f"{node.op} stores per-row results: no elementwise epilogue")
     return TEMPLATES[node.op](name, node, locs, tuple(epilogue))

@@ -59,6 +59,7 @@ from plait.codegen.loops import merge_loops
 from plait.codegen.triton_blocks import Blocks, blocks_hints, default_blocks, static
 from plait.codegen.triton_helpers import helpers_text, module_header, with_needs
 from plait.codegen.triton_text import TL, TritonSource, const_text, size_arg, size_text
+from plait.errors import InternalCompilerError
 from plait.symbolic.poly import Poly, Size
 
 # Indices stay int32 below this bound (a masked lane runs at most a block past the end).
@@ -254,7 +255,7 @@ class _Printer:
             text = table(s, a)
             if text is not None:
                 return text
-        raise AssertionError(f"no Triton for scalar op {op!r}")
+        raise InternalCompilerError(f"no Triton for scalar op {op!r}")
 
     def _arith(self, s: Stmt, a: list[str]) -> str | None:
         op, t = s.op, s.dtype

@@ -54,6 +54,7 @@ from plait.codegen.build import (
 from plait.codegen.errors import BuildError, CodegenError
 from plait.codegen.tvm_schedule import SCHEDULE_VERSION, default_schedule
 from plait.codegen.tvm_script import PRINTER_VERSION, TvmSource
+from plait.errors import InternalCompilerError
 from plait.ir.private_files import private_subdir, publish_bytes
 
 # NOTE: bump when the C function around a TVM kernel changes (its calling convention, the
@@ -338,7 +339,7 @@ def _dl_dtype(storage: str) -> tuple[str, int]:
     for prefix in ("float", "uint", "int"):
         if storage.startswith(prefix):
             return _DL[prefix], int(storage[len(prefix) :])
-    raise AssertionError(storage)
+    raise InternalCompilerError(storage)
 
 
 def shim_source(src: TvmSource, symbol: str) -> str:

@@ -84,6 +84,7 @@ from plait.codegen.tvm_vector import (
     vector_name,
     without,
 )
+from plait.errors import InternalCompilerError
 
 STORAGE = {**DTYPE, "bf16": "uint16", "f16": "uint16", "b": "uint8"}
 ITEM = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "int16": 2, "uint16": 2}
@@ -334,7 +335,7 @@ class _Printer:
             return f"{_BITWISE[op]}({a[0]}, {a[1]})"
         if op == "bnot":
             return f"T.Not({a[0]})" if t == "b" else f"T.bitwise_not({a[0]})"
-        raise AssertionError(f"statement {op} is printed by emit")
+        raise InternalCompilerError(f"statement {op} is printed by emit")
 
     def cast(self, x: str, src: str, t: str) -> str:
         if t == "b":

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from plait.codegen.errors import CodegenError
 from plait.codegen.index import Ix, ravel, unravel
+from plait.errors import InternalCompilerError
 from plait.ir.graph import Node
 from plait.ir.ops.movement import padded_dims
 from plait.ir.ops.rules import wrap_dim
@@ -149,7 +150,7 @@ def input_index(node: Node, output: int, idx: tuple[Ix, ...]) -> tuple[Ix, ...]:
             return ()
         d = wrap_dim(a["dim"], rank, op)
         return _replace(idx[:-1], d, idx[d] * a["step"] + idx[-1])
-    raise NotImplementedError(f"no index map for view op {op!r}")
+    raise InternalCompilerError(f"no index map for view op {op!r}")
 
 
 def moved_index(node: Node, idx: tuple[Ix, ...]) -> tuple[Ix, ...]:

@@ -30,6 +30,7 @@ from plait.compile_report.views import (
     from_explanation,
     from_manifest,
 )
+from plait.errors import InvalidArgumentTypeError
 from plait.manifest import Manifest
 
 __all__ = [
@@ -64,7 +65,7 @@ def render_html(compiled: Any, verdicts: Sequence[Any] = ()) -> str:
     try:
         explanation = explain(compiled)
     except TypeError:
-        raise TypeError(
+        raise InvalidArgumentTypeError(
             f"plait.report expects what plait.compile returned, got {type(compiled).__name__}"
         ) from None
     source = "a loaded artifact: its manifests (this process ran no pass)"

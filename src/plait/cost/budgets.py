@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from plait.errors import PerformanceRegressionError, PerformanceWarning
+from plait.errors import InvalidOptionError, PerformanceRegressionError, PerformanceWarning
 
 _TIMES = {"passes_s": ("passes",), "backend_s": ("backend",), "compile_s": ("passes", "backend")}
 
@@ -58,18 +58,20 @@ class Budgets:
         if option is None:
             return None
         if not isinstance(option, Mapping):
-            raise ValueError(f"options['budgets'] must be a dict, got {type(option).__name__}")
+            raise InvalidOptionError(
+                f"options['budgets'] must be a dict, got {type(option).__name__}"
+            )
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(option) - known)
         if unknown:
-            raise ValueError(f"unknown budgets {unknown}; known: {sorted(known)}")
+            raise InvalidOptionError(f"unknown budgets {unknown}; known: {sorted(known)}")
         if option.get("on_miss", "warn") not in ("warn", "raise"):
-            raise ValueError(
+            raise InvalidOptionError(
                 f"budgets on_miss must be 'warn' or 'raise', got {option['on_miss']!r}"
             )
         for k, v in option.items():
             if k != "on_miss" and v is not None and (not isinstance(v, (int, float)) or v < 0):
-                raise ValueError(f"budget {k} must be a nonnegative number, got {v!r}")
+                raise InvalidOptionError(f"budget {k} must be a nonnegative number, got {v!r}")
         return cls(**option)
 
     def misses(self, timings: Mapping[str, float], peak_bytes: int | None = None) -> list[Miss]:

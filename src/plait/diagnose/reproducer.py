@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from plait.diagnose.replay import Divergence, PassStep, localize_pass, raised
+from plait.errors import InvalidOptionError, StoreFormatError, UnknownNameError
 from plait.ir import Graph, from_text, to_text
 from plait.passes import all_passes, get_pass, run_pipeline
 
@@ -107,7 +108,7 @@ def write_repro(
     from safetensors.torch import save_file
 
     if stage not in STAGES:
-        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+        raise InvalidOptionError(f"stage must be one of {STAGES}, got {stage!r}")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
@@ -149,7 +150,9 @@ def load_repro(directory: str | Path) -> tuple[Graph, dict[str, Any], dict[str, 
     d = Path(directory)
     meta = json.loads((d / "repro.json").read_text())
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{d}: not a plait repro (format {meta.get('format')!r}, want {FORMAT})")
+        raise StoreFormatError(
+            f"{d}: not a plait repro (format {meta.get('format')!r}, want {FORMAT})"
+        )
     graph = from_text((d / "graph.ir").read_text())
     loaded = load_file(str(d / "inputs.safetensors"))
     inputs: dict[str, Any] = dict(meta.get("scalars", {}))
@@ -177,7 +180,7 @@ def rerun(directory: str | Path) -> Rerun:
         for module in meta.get("pass_modules", []):
             importlib.import_module(module)
         if name not in all_passes():
-            raise LookupError(
+            raise UnknownNameError(
                 f"the repro runs pass {name!r}, which no imported module registers; import the "
                 "module that registers it (plait.passes.register_pass) before rerun"
             )
@@ -185,7 +188,7 @@ def rerun(directory: str | Path) -> Rerun:
     elif stage == "backend":
         found = backend_divergence(graph, inputs, meta.get("stax", {}))
     else:
-        raise ValueError(f"unknown repro stage {stage!r}")
+        raise StoreFormatError(f"unknown repro stage {stage!r}")
     reproduced = found is not None and found.exceeded
     return Rerun(
         reproduced, stage, meta.get("pass"), found, len(graph.nodes), meta.get("found", {})

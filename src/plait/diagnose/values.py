@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from plait.errors import UnknownKeyError
 from plait.ir import Graph, Node, Value, get_op
 
 # NOTE: a hook sees each node with the arguments it ran on and its results; it returns the
@@ -44,7 +45,7 @@ def evaluate(
         elif v.name in graph.constants:
             values[v.name] = graph.constants[v.name]
         else:
-            raise KeyError(f"no value for graph input %{v.name}")
+            raise UnknownKeyError(f"no value for graph input %{v.name}")
     for node in graph.nodes:
         args = args_of(node, values) if args_of is not None else None
         if args is None:

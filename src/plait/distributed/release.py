@@ -52,6 +52,7 @@ from plait.autograd.function import (
 )
 from plait.distributed.buckets import BucketPlan
 from plait.distributed.segments import Segment, split_backward
+from plait.errors import InternalCompilerError, InternalValueError
 from plait.ir.graph import Value
 from plait.runtime.program import compile_graphs
 
@@ -122,7 +123,7 @@ class ReleasedBackward(CompiledAutograd):
 
     def __call__(self, values: list[Any]) -> list[Any]:
         if len(values) != self.n_inputs:
-            raise ValueError(f"{self.name} takes {self.n_inputs} inputs, got {len(values)}")
+            raise InternalValueError(f"{self.name} takes {self.n_inputs} inputs, got {len(values)}")
         call = _Call(self, values)
         token: Any = None
         for i in reversed(range(len(self.releases))):
@@ -130,7 +131,7 @@ class ReleasedBackward(CompiledAutograd):
             if i == 0:
                 return list(_ReleaseOutputs.apply(call, token, *tensors))
             token = _ReleaseBucket.apply(call, i, token, *tensors)
-        raise AssertionError("a released backward has at least one node")
+        raise InternalCompilerError("a released backward has at least one node")
 
     def release(self, i: int, env: dict[str, Any]) -> list[Any]:
         """Node ``i``'s backward: its segment (if it starts one) on ``env`` (the backward's

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait.distributed.buckets import BucketPlan
+from plait.errors import InternalValueError
 from plait.ir.graph import Graph, Node, Operand, Value
 from plait.ir.verify import verify
 
@@ -78,7 +79,9 @@ def split_backward(backward: Graph, grad_names: Sequence[str], plan: BucketPlan)
     last. Raises ``ValueError`` for a graph that names a value twice."""
     names = [v.name for v in [*backward.inputs, *(o for n in backward.nodes for o in n.outputs)]]
     if len(set(names)) != len(names):
-        raise ValueError("the backward graph names a value twice; it cannot be split by name")
+        raise InternalValueError(
+            "the backward graph names a value twice; it cannot be split by name"
+        )
     in_buckets = {n for b in plan.buckets for n in b.names}
     output_of = dict(zip(grad_names, backward.outputs))
     made = _producers(backward)

@@ -186,7 +186,7 @@ def parse_json(name: str, data: bytes) -> Any:
     """JSON of a member: UTF-8, no NaN or infinity, not nested past what Python parses."""
 
     def constant(text: str) -> Any:
-        raise ValueError(f"{text} is not JSON")
+        raise ArtifactFormatError(f"{text} is not JSON")
 
     try:
         return json.loads(data.decode("utf-8"), parse_constant=constant)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from plait.errors import ArtifactFormatError, ExportError
+from plait.errors import ArtifactFormatError, CompiledInputError, ExportError
 from plait.frontend import pytree
 
 _KINDS = {
@@ -186,7 +186,7 @@ class Binder:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
-            raise TypeError(f"{self.name}(): {exc}") from None
+            raise CompiledInputError(f"{self.name}(): {exc}") from None
         if self.apply_defaults:
             bound.apply_defaults()
         named = dict(bound.arguments)

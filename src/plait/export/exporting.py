@@ -27,7 +27,7 @@ from torch import nn
 import plait
 import plait.contract
 from plait.conformance import ConformanceError, Report
-from plait.errors import ExportError, ExportWarning
+from plait.errors import ExportError, ExportWarning, InvalidOptionError
 from plait.export import native as native_kernels
 from plait.export import references as refs
 from plait.export.archive import Limits, Members, build_index, index_bytes, write_archive
@@ -105,7 +105,7 @@ def export(
     args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
     kwargs = dict(kwargs or {})
     if references < 1:
-        raise ValueError("references must be >= 1: verify judges the program on them")
+        raise InvalidOptionError("references must be >= 1: verify judges the program on them")
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     compiled, key, spec = _compile(model_or_fn, args, kwargs, dynamic)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plait.errors import ArtifactFormatError, ArtifactTrustError
+from plait.errors import ArtifactFormatError, ArtifactTrustError, InvalidOptionError
 from plait.export.archive import Members, sha256
 
 INDEX = "native/index.json"
@@ -98,7 +98,7 @@ def trusted_digests(trust: str | Iterable[str] | None) -> frozenset[str] | None:
         if _KEY.fullmatch(text):
             text = f"sha256:{text}"
         if not _DIGEST.fullmatch(text):
-            raise ValueError(
+            raise InvalidOptionError(
                 f"trust= takes artifact digests 'sha256:<64 hex digits>', got {item!r}"
             )
         out.add(text)

@@ -27,7 +27,7 @@ from torch import nn
 
 import plait.conformance
 from plait.contract import Contract
-from plait.errors import ArtifactFormatError
+from plait.errors import ArtifactFormatError, UnknownNameError
 from plait.export.calling import Binder, count_leaves, leaves_from_json
 from plait.export.tensors import dtype_text, read_tensors, write_tensors
 from plait.frontend import pytree
@@ -268,7 +268,7 @@ class _Lookup:
         _, leaves, _ = self.cases.binder.flatten(positional, kwargs)
         k = self.cases.find(leaves)
         if k is None:
-            raise LookupError(f"the artifact stores no {self.kind} result for these inputs")
+            raise UnknownNameError(f"the artifact stores no {self.kind} result for these inputs")
         return self.cases.result(k, self.kind)
 
 

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load as _load
 from safetensors.torch import save as _save
 
-from plait.errors import ArtifactFormatError
+from plait.errors import ArtifactFormatError, ExportError
 
 _MAX_HEADER = 100 << 20  # NOTE: safetensors' own bound on its JSON header
 # NOTE: the safetensors dtype names this format uses, and the torch dtypes they read as
@@ -45,7 +45,7 @@ def write_tensors(tensors: Mapping[str, torch.Tensor]) -> bytes:
     out = {}
     for name, t in sorted(tensors.items()):
         if t.dtype not in NAMES:
-            raise ValueError(f"tensor {name!r}: dtype {t.dtype} is not carried by the format")
+            raise ExportError(f"tensor {name!r}: dtype {t.dtype} is not carried by the format")
         out[name] = t.detach().cpu().contiguous().clone()
     return _save(out, metadata={"format": "pt"})
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 import sympy
 import torch
 
-from plait.errors import GraphCaptureError
+from plait.errors import GraphCaptureError, InvalidOptionError, ProgramError, ProgramTypeError
 from plait.frontend import datadep
 from plait.frontend.dynamic_dims import DimPolicy
 from plait.frontend.frames import user_frame
@@ -202,7 +202,7 @@ class CaptureValues:
                 self.duck.append((leaf, d, source, sym))
             else:
                 if symbolic and shared is not None:
-                    raise ValueError(
+                    raise InvalidOptionError(
                         f"dynamic: dims named {name!r} differ in size ({source} is {n}, "
                         f"{self.symbols[shared][2]} is {self.bindings[shared]})"
                     )
@@ -279,7 +279,7 @@ class CaptureValues:
             return t
         if isinstance(t, torch.Tensor):
             return self.lift_const(t)
-        raise TypeError(f"expected a tensor, got {type(t).__name__}")
+        raise ProgramTypeError(f"expected a tensor, got {type(t).__name__}")
 
     def value(self, t: Any) -> Value:
         """The current IR value of a tensor (replaying a view whose root was updated)."""
@@ -429,7 +429,7 @@ class CaptureValues:
             # NOTE: eager autograd never sees such a write; the IR would cut the gradient.
             self.limitation("in-place update through detach()/.data of a tensor that requires grad")
         if lift is not None and lift.kind in ("user", "const") and self.grad_enabled and root._rg:
-            raise RuntimeError(
+            raise ProgramError(
                 "a leaf Variable that requires grad is being used in an in-place operation."
             )
         if tr._root is None:

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from plait.errors import InvalidArgumentTypeError, InvalidOptionError
 from plait.symbolic import UNBACKED_RE
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -52,25 +53,27 @@ class DimPolicy:
         if dynamic is True:
             return cls(every=True)
         if not isinstance(dynamic, Mapping):
-            raise TypeError(
+            raise InvalidArgumentTypeError(
                 "dynamic must be True, False, None or a mapping of input paths to dims, got "
                 f"{type(dynamic).__name__}"
             )
         out: dict[str, dict[int, str | None]] = {}
         for path, dims in dynamic.items():
             if not isinstance(path, str):
-                raise TypeError(f"dynamic: an input path is a str, got {path!r}")
+                raise InvalidArgumentTypeError(f"dynamic: an input path is a str, got {path!r}")
             named = dict(dims) if isinstance(dims, Mapping) else dict.fromkeys(dims)
             for d, name in named.items():
                 if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-                    raise ValueError(f"dynamic[{path!r}]: a dim is a nonnegative int, got {d!r}")
+                    raise InvalidOptionError(
+                        f"dynamic[{path!r}]: a dim is a nonnegative int, got {d!r}"
+                    )
                 if name is not None and (
                     not isinstance(name, str)
                     or not _NAME.match(name)
                     or _AUTO.match(name)
                     or UNBACKED_RE.match(name)
                 ):
-                    raise ValueError(
+                    raise InvalidOptionError(
                         f"dynamic[{path!r}][{d}]: {name!r} is no symbol name (an identifier, "
                         "not of the forms s<k> and dd<k>, which plait names itself)"
                     )
@@ -91,7 +94,7 @@ class DimPolicy:
         """NOTE: never silent: a path that names no tensor argument of the call is an error."""
         unknown = sorted(set(self.dims) - set(tensors))
         if unknown:
-            raise ValueError(
+            raise InvalidOptionError(
                 f"dynamic names {unknown}, which are not tensor arguments of this call; its "
                 f"tensor arguments are {tensors}"
             )

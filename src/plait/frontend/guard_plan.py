@@ -28,7 +28,7 @@ from typing import Any
 import sympy
 import torch
 
-from plait.errors import GraphCaptureError
+from plait.errors import GraphCaptureError, NotSavableError
 from plait.frontend import guard_build, pyvalues, size_guards
 from plait.frontend.state import ModuleState
 from plait.guards.guard import Guard, GuardSet
@@ -67,7 +67,7 @@ class GuardPlan:
         for rel, outcome in self.predicates:
             op = getattr(rel, "rel_op", None)
             if op not in _RELATIONS:
-                raise ValueError(f"a size comparison {rel} has no saved form")
+                raise NotSavableError(f"a size comparison {rel} has no saved form")
             preds.append([op, str(rel.lhs), str(rel.rhs), bool(outcome)])
         return {
             "user_types": {str(i): format_type(t) for i, t in self.user_types.items()},

@@ -28,6 +28,7 @@ from typing import Any
 
 from torch import nn
 
+from plait.errors import CompiledInputError
 from plait.frontend import pytree
 
 
@@ -52,7 +53,7 @@ class InputAdapter:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
-            raise TypeError(f"{self.name}(): {exc}") from None
+            raise CompiledInputError(f"{self.name}(): {exc}") from None
         if self.defaults:
             bound.apply_defaults()
         return dict(bound.arguments)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from plait.errors import ProgramIndexError, ProgramTypeError
 from plait.frontend import datadep  # noqa: F401  (rules: nonzero, unique, masked_select, ...)
 from plait.frontend.symints import TracedSize
 from plait.frontend.table import data_read, getter, meta
@@ -38,7 +39,7 @@ def _size(cx: CaptureContext, x: Any, dim: Any = None) -> Any:
         return sizes
     rank, d = len(sizes), int(dim)
     if not -rank <= d < rank:
-        raise IndexError(
+        raise ProgramIndexError(
             f"Dimension out of range (expected to be in range of [{-rank}, "
             f"{rank - 1}], but got {d})"
         )
@@ -60,7 +61,7 @@ def _numel(cx: CaptureContext, x: Any) -> Any:
 def _len(cx: CaptureContext, x: Any) -> Any:
     sizes = cx.sizes(cx.tracer(x))
     if not len(sizes):
-        raise TypeError("len() of a 0-d tensor")
+        raise ProgramTypeError("len() of a 0-d tensor")
     return sizes[0]
 
 

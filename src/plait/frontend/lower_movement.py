@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from plait.errors import ProgramValueError
 from plait.frontend import datadep
 from plait.frontend.lower_shape import _both, _scalar_for, _type, _view
 from plait.frontend.table import NoIROp, Viewed, getter, op
@@ -116,7 +117,7 @@ def _repeat_value(cx: CaptureContext, v: Value, reps: Sequence[int]) -> Value:
     and merged to (r0*s0, r1*s1, ...): every element is a copy, as in eager."""
     shape = list(_type(v).shape)
     if len(reps) < len(shape):
-        raise ValueError(
+        raise ProgramValueError(
             "Number of dimensions of repeat dims can not be smaller than number of dimensions "
             "of tensor"
         )

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from plait.errors import ProgramIndexError, ProgramValueError
 from plait.frontend import datadep
 from plait.frontend.symints import TracedInt, plain_int
 from plait.frontend.table import InPlace, NoIROp, Viewed, getter, op
@@ -269,7 +270,7 @@ def _index_items(cx: CaptureContext, x: Any, index: Any) -> list[Any]:
             used += 1
     at = [i for i, it in enumerate(items) if it is Ellipsis]
     if len(at) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
+        raise ProgramIndexError("an index can only have a single ellipsis ('...')")
     if at:
         items[at[0] : at[0] + 1] = [slice(None)] * max(rank - used, 0)
     return items
@@ -306,7 +307,7 @@ def _basic_steps(cx: CaptureContext, x: Any, index: Any) -> tuple[list[ViewStep]
             d += 1
         elif isinstance(it, slice):
             if it.step is not None and cx.int(it.step) <= 0:
-                raise ValueError("step must be greater than zero")
+                raise ProgramValueError("step must be greater than zero")
             if not (it.start is None and it.stop is None and it.step in (None, 1)):
                 steps.append(
                     ViewStep.of(

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from plait.errors import InternalValueError
 from plait.frontend import pytree
 from plait.guards.guard import GuardEnv, GuardSet
 from plait.ir import Graph, Value
@@ -153,6 +154,6 @@ def _view_of(values: list[Any], ref: Sequence[Any]) -> torch.Tensor:
     if reread:  # NOTE: a view reading the input's bits as another dtype (view_as_complex)
         dtype = getattr(torch, str(reread[0]), None)
         if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"an output view names no dtype: {reread[0]!r}")
+            raise InternalValueError(f"an output view names no dtype: {reread[0]!r}")
         base = base.view(dtype)
     return base.as_strided(tuple(size), tuple(stride), base.storage_offset() + offset)

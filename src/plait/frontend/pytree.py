@@ -28,6 +28,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from plait.errors import InternalValueError, InvalidOptionError
+
 Spec = tuple[Any, ...]
 LEAF: Spec = ("*",)
 
@@ -162,7 +164,7 @@ class _Flattener:
             return ("dict", type(obj), keys, kids)
         if state_rebuildable(type(obj)) and self.open_object(obj):
             if id(obj) in self.opened:
-                raise ValueError(
+                raise InvalidOptionError(
                     f"{path} is the object already at {self.opened[id(obj)]}: a rebuild would "
                     "make two objects of one"
                 )
@@ -180,7 +182,7 @@ def unflatten(spec: Spec, leaves: list[Any]) -> Any:
     it = iter(leaves)
     out = _build(spec, it)
     if next(it, _END) is not _END:
-        raise ValueError("unflatten: more leaves than the spec holds")
+        raise InternalValueError("unflatten: more leaves than the spec holds")
     return out
 
 
@@ -192,7 +194,7 @@ def _build(spec: Spec, it: Iterator[Any]) -> Any:
     if tag == "*":
         value = next(it, _END)
         if value is _END:
-            raise ValueError("unflatten: fewer leaves than the spec holds")
+            raise InternalValueError("unflatten: fewer leaves than the spec holds")
         return value
     if tag in ("tuple", "list"):
         items = [_build(s, it) for s in spec[2]]
@@ -207,7 +209,9 @@ def _build(spec: Spec, it: Iterator[Any]) -> Any:
     if tag == "object":
         cls = spec[1]
         if not state_rebuildable(cls):
-            raise ValueError(f"unflatten: {cls.__qualname__} is not rebuilt from its attributes")
+            raise InternalValueError(
+                f"unflatten: {cls.__qualname__} is not rebuilt from its attributes"
+            )
         obj = cls.__new__(cls)
         obj.__dict__.update({k: _build(s, it) for k, s in zip(spec[2], spec[3])})
         return obj
@@ -218,7 +222,7 @@ def _build(spec: Spec, it: Iterator[Any]) -> Any:
         cls, keys, kids = spec[1], spec[2], spec[3]
         pairs = [(k, _build(s, it)) for k, s in zip(keys, kids)]
         return dict(pairs) if cls is dict else cls(pairs)
-    raise ValueError(f"unflatten: bad spec tag {tag!r}")
+    raise InternalValueError(f"unflatten: bad spec tag {tag!r}")
 
 
 def map_leaves(fn: Callable[[Any], Any], obj: Any) -> Any:

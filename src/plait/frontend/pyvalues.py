@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.errors import GraphCaptureError
+from plait.errors import GraphCaptureError, NotSavableError, UnknownNameError
 from plait.frontend.code_origin import find_function, is_pinned
 from plait.guards.guard import Guard, GuardEnv, ReadPyValues
 
@@ -286,7 +286,7 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
     kind = desc[0]
     if kind in ("attr", "classattr", "type", "dict", "table"):
         if module is None:
-            raise LookupError("a module attribute without a module")
+            raise UnknownNameError("a module attribute without a module")
         m = module.get_submodule(desc[1]) if desc[1] else module
         where = f"self.{desc[1]}" if desc[1] else "self"
         if kind == "dict":
@@ -303,7 +303,7 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
     if kind == "global":
         mod = sys.modules.get(desc[1])
         if mod is None:
-            raise LookupError(f"module {desc[1]} is not loaded")
+            raise UnknownNameError(f"module {desc[1]} is not loaded")
         root = item_root(vars(mod), desc[2], f"global {desc[1]}.{desc[2]}", desc)
         root.shallow = is_pinned(desc[1])
         return root
@@ -312,12 +312,12 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
     if kind == "func":
         fn = find_function(desc[1], desc[2])
         if fn is None:
-            raise LookupError(f"{desc[1]}.{desc[2]} is not loaded")
+            raise UnknownNameError(f"{desc[1]}.{desc[2]} is not loaded")
         return func_root(fn, f"{desc[1]}.{desc[2]} (code, defaults)", desc)
     if kind == "cell":
         fn = find_function(desc[1], desc[2])
         if fn is None or fn.__closure__ is None or len(fn.__closure__) <= desc[3]:
-            raise LookupError(f"{desc[1]}.{desc[2]} has not that closure")
+            raise UnknownNameError(f"{desc[1]}.{desc[2]} has not that closure")
         name = fn.__code__.co_freevars[desc[3]]
         root = cell_root(fn.__closure__[desc[3]], f"{desc[1]}.{desc[2]}: closure variable {name}")
         root.desc = desc
@@ -333,9 +333,9 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
     if kind == "typeattr":
         cls = find_class(desc[1], desc[2])
         if not isinstance(cls, type):
-            raise LookupError(f"{desc[1]}.{desc[2]} is not loaded")
+            raise UnknownNameError(f"{desc[1]}.{desc[2]} is not loaded")
         return typeattr_root(cls, desc[3], f"{desc[2]}.{desc[3]}", desc)
-    raise LookupError(f"unknown Python read {kind!r}")
+    raise UnknownNameError(f"unknown Python read {kind!r}")
 
 
 def _plain(key: Any) -> bool:
@@ -475,6 +475,6 @@ def saved_form(roots: Sequence[Root]) -> list[list[Any]]:
     out = []
     for r in roots:
         if r.desc is None:
-            raise ValueError(f"the program reads {r.show}, which has no saved form")
+            raise NotSavableError(f"the program reads {r.show}, which has no saved form")
         out.append(r.desc)
     return out

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from plait.errors import InvalidOptionError
 from plait.frontend.views import ViewStep
 from plait.ir import Value
 
@@ -72,7 +73,7 @@ def _register(funcs: Sequence[Any], rule: Rule) -> None:
     unique = {id(f): f for f in funcs if f is not None}
     for f in unique.values():
         if f in _RULES:
-            raise ValueError(f"capture rule for {f!r} registered twice")
+            raise InvalidOptionError(f"capture rule for {f!r} registered twice")
         _RULES[f] = rule
 
 

@@ -31,6 +31,8 @@ from typing import Any, Protocol
 
 import torch
 
+from plait.errors import NotSavableError
+
 # NOTE: reasons list the program's own reads first: they are what the user can act on.
 _PRIORITY = {
     "dim": 0,
@@ -64,7 +66,7 @@ def canonical(value: Any) -> str:
         return f"{value.__module__}.{value.__qualname__}"
     text = repr(value)
     if " at 0x" in text:
-        raise ValueError(f"{text}: has no process-independent text")
+        raise NotSavableError(f"{text}: has no process-independent text")
     return text
 
 
@@ -251,7 +253,7 @@ class Guard:
         """The guard as a cache key part: what it reads and the value it expects, written the
         same way in every process. Raises ``ValueError`` for a guard that is not portable."""
         if not self.portable:
-            raise ValueError(f"{self.text}: holds for an object of this process only")
+            raise NotSavableError(f"{self.text}: holds for an object of this process only")
         if self.key is not None:
             return self.key
         # NOTE: a guard is immutable (frozen, its expected value a capture-time reading), so its

@@ -57,6 +57,7 @@ import torch
 
 from plait.codegen import build
 from plait.codegen.errors import BuildError
+from plait.errors import NativeUnavailableError
 from plait.guards.guard import (
     Guard,
     GuardEnv,
@@ -245,7 +246,7 @@ def _load() -> ModuleType | None:
 
 def _build_and_import() -> ModuleType:
     if os.environ.get("PLAIT_NATIVE_GUARDS", "1") == "0":
-        raise RuntimeError("disabled by PLAIT_NATIVE_GUARDS=0")
+        raise NativeUnavailableError("disabled by PLAIT_NATIVE_GUARDS=0")
     tc = build.toolchain()
     key = build_key(tc.cxx, tc.version)
     path = cache_dir() / f"{key}.so"
@@ -395,7 +396,7 @@ def tensor_state(t: torch.Tensor) -> tuple[int, int]:
     """``(t._version, t.data_ptr())`` as the native evaluator reads them (for tests)."""
     module = _load()
     if module is None:
-        raise RuntimeError(_STATUS.reason)
+        raise NativeUnavailableError(_STATUS.reason)
     return module.tensor_state(t)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from plait.errors import InvalidOptionError, SemanticDriftError
 from plait.ir import Graph, Node, TensorType, Value
 from plait.passes.manager import CONTRACT, PassContext, register_pass
 from plait.passes.rewrite import Emitter, replace_uses
@@ -174,7 +175,7 @@ def decompose(graph: Graph, ctx: PassContext) -> Graph:
     wanted = set(ctx.option("ops", DECOMPOSITIONS))
     unknown = wanted - set(DECOMPOSITIONS)
     if unknown:
-        raise ValueError(
+        raise InvalidOptionError(
             f"decompose: no decomposition for {sorted(unknown)}; "
             f"available: {sorted(DECOMPOSITIONS)}"
         )
@@ -188,8 +189,8 @@ def decompose(graph: Graph, ctx: PassContext) -> Graph:
         outs = result if isinstance(result, tuple) else (result,)
         for new, old in zip(outs, node.outputs):
             if str(new.type) != str(old.type):
-                raise AssertionError(
-                    f"decompose.{node.op} changed a type: {old.type} -> {new.type}"
+                raise SemanticDriftError(
+                    "decompose", f"decompose.{node.op} changed a type: {old.type} -> {new.type}"
                 )
         at = graph.nodes.index(node)
         graph.nodes[at : at + 1] = emit.nodes

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from plait.errors import InvalidArgumentTypeError
 from plait.ir import Category, Graph, Node, TensorType, Value, get_op
 from plait.passes.manager import EXACT, PassContext, register_pass
 from plait.passes.rewrite import replace_uses
@@ -35,7 +36,7 @@ def freeze(graph: Graph, ctx: PassContext) -> Graph:
         if v.kind in kinds and v.name in ctx.params and id(v) not in written:
             tensor = ctx.params[v.name]
             if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"freeze: {v.name} is not a tensor")
+                raise InvalidArgumentTypeError(f"freeze: {v.name} is not a tensor")
             graph.constants[v.name] = tensor.detach()
             v.kind = "const"
             frozen.append(v.name)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait import logs
-from plait.errors import SemanticDriftError
+from plait.errors import InvalidOptionError, SemanticDriftError, UnknownKeyError
 from plait.ir import Graph, VerificationError, to_text, verify
 
 # How a pass relates the meaning of its output to its input (what the tests hold it to):
@@ -112,7 +112,7 @@ def register_pass(
 
     def wrap(fn: PassFn) -> PassFn:
         if name in _PASSES:
-            raise ValueError(f"pass {name!r} is already registered")
+            raise InvalidOptionError(f"pass {name!r} is already registered")
         _PASSES[name] = PassInfo(name, fn, semantics, (fn.__doc__ or "").strip(), tuple(rules))
         return fn
 
@@ -127,7 +127,7 @@ def get_pass(name: str) -> PassInfo:
     try:
         return _PASSES[name]
     except KeyError:
-        raise KeyError(
+        raise UnknownKeyError(
             f"unknown pass {name!r}; known passes: {', '.join(sorted(_PASSES))}"
         ) from None
 

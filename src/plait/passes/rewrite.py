@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from plait.errors import InternalCompilerError
 from plait.ir import Graph, Node, Operand, Value, get_op
 from plait.ir.ops.registry import ComplexDtypeError
 from plait.passes.manager import PassRecord
@@ -201,7 +202,7 @@ def apply_rules(
                     break
         if not fired:
             return graph
-    raise RuntimeError(
+    raise InternalCompilerError(
         f"rewrites did not reach a fixpoint in {max_rounds} rounds "
         f"(last pass {record.name!r}); a rule set cycles"
     )

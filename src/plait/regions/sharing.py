@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from plait.errors import UnknownNameError
 from plait.frontend import CapturedProgram
 from plait.frontend.guard_plan import build_guards
 from plait.frontend.pyvalues import Root, resolve
@@ -137,16 +138,16 @@ def _rebound(
     try:
         guards = build_guards(plan, env.spec, env.leaves, paths, engine.state, env.state)
     except Exception as exc:  # NOTE: e.g. an input aliasing another: capture says it best
-        raise LookupError(f"the guards do not apply to this block ({exc})") from None
+        raise UnknownNameError(f"the guards do not apply to this block ({exc})") from None
     prog = copy.copy(first)
     prog.guards, prog.guard_plan = guards, plan
     if not _same_expectations(prog, first):
-        raise LookupError(
+        raise UnknownNameError(
             "its call reads other values than an identical block's (Python attributes, hooks, "
             "training flags, argument types)"
         )
     if not guards.holds(GuardEnv(env.spec, env.leaves, engine.fn, env.state)):
-        raise LookupError("its call fails the guards of an identical block's program")
+        raise UnknownNameError("its call fails the guards of an identical block's program")
     return prog
 
 

@@ -33,6 +33,7 @@ import torch
 from plait.codegen.plan import ExternStep, FallbackStep
 from plait.codegen.symbolic_shapes import is_symbolic
 from plait.codegen.views import shape_of
+from plait.errors import PlaitCompileError
 from plait.ir.types import TensorType
 from plait.runtime.runner_calls import bad_input
 
@@ -115,7 +116,7 @@ class GraphedCall:
                 return ("input", i) if any(i == j for j, _, _ in self.copies) else ("same", o)
         ptr = o.untyped_storage().data_ptr()
         if any(ptr == s.untyped_storage().data_ptr() for _, s, _ in self.copies):
-            raise RuntimeError("an output is a view of an input")
+            raise PlaitCompileError("an output is a view of an input")
         return "copy", o
 
     def __call__(self, *args: Any) -> list[Any]:

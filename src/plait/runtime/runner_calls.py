@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from plait.errors import CompiledInputError
+from plait.errors import CompiledInputError, InternalCompilerError, ProgramError
 
 
 class StaxInputError(CompiledInputError):
@@ -39,7 +39,7 @@ def not_tensor(args: tuple[Any, ...], specs: list[tuple[int, str, str]]) -> None
 
 
 def zero_division() -> None:
-    raise RuntimeError("ZeroDivisionError")
+    raise ProgramError("ZeroDivisionError")
 
 
 def unbound(args: tuple[Any, ...], specs: list[tuple[int, str, str, int]]) -> None:
@@ -66,7 +66,7 @@ def check_result(
     t: Any, shape: tuple[int, ...], dtype: torch.dtype, what: str, operands: list[Any]
 ) -> torch.Tensor:
     if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape:
-        raise RuntimeError(f"{what}: expected {dtype} {shape}, got {t!r:.80}")
+        raise InternalCompilerError(f"{what}: expected {dtype} {shape}, got {t!r:.80}")
     # NOTE: the plan owns a fallback's result: one that is a view of an operand (``detach``)
     # is copied, or a buffer reused later (the arena, an input written in place) would change it
     storage = t.untyped_storage().data_ptr()

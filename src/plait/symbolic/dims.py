@@ -31,6 +31,17 @@ _FUNCTIONS = {
 _TOKEN_RE = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(\*\*|[-+*/(),]))")
 
 
+class SymbolicSizeError(TypeError):
+    """A symbolic size used where a number is needed (a branch on it, its value before a call
+    binds it), or a dimension of a wrong type. Code ``PLAIT-C154`` (``plait.errors.code_of``:
+    the symbolic layer imports nothing of plait, so it is classified by name)."""
+
+
+class SymbolicValueError(ValueError):
+    """A dimension or symbol name that is not valid, or one that cannot be evaluated (unbound
+    symbols). Code ``PLAIT-C154``, classified by name."""
+
+
 class DimParseError(ValueError):
     """A dimension expression could not be parsed; ``pos`` is the 0-based offset in the text."""
 
@@ -45,7 +56,7 @@ def symbol(name: str) -> sympy.Symbol:
     """A positive integer symbol (sizes are never negative; size 0 and 1 are specialized);
     an unbacked name (``dd0``) is a nonnegative one (see :func:`unbacked_symbol`)."""
     if not _SYMBOL_RE.match(name) or name in _FUNCTIONS:
-        raise ValueError(f"invalid symbol name {name!r}: use an identifier such as 's0'")
+        raise SymbolicValueError(f"invalid symbol name {name!r}: use an identifier such as 's0'")
     if UNBACKED_RE.match(name):
         return sympy.Symbol(name, integer=True, nonnegative=True)
     return sympy.Symbol(name, integer=True, positive=True)
@@ -76,7 +87,7 @@ def has_unbacked(dims: Iterable[Dim]) -> bool:
 def normalize(d: Dim) -> Dim:
     """Return a plain ``int`` for constant expressions, the expression otherwise."""
     if isinstance(d, bool):
-        raise TypeError("a dimension cannot be a bool")
+        raise SymbolicSizeError("a dimension cannot be a bool")
     if isinstance(d, int):
         return d
     if isinstance(d, sympy.Expr):
@@ -84,9 +95,11 @@ def normalize(d: Dim) -> Dim:
         if d.is_Integer:
             return int(d)
         if d.is_number:
-            raise ValueError(f"dimension {d} is not an integer")
+            raise SymbolicValueError(f"dimension {d} is not an integer")
         return d
-    raise TypeError(f"a dimension must be an int or a sympy expression, got {type(d).__name__}")
+    raise SymbolicSizeError(
+        f"a dimension must be an int or a sympy expression, got {type(d).__name__}"
+    )
 
 
 def is_static(d: Dim) -> bool:
@@ -123,7 +136,7 @@ def evaluate(d: Dim, bindings: Mapping[str | sympy.Symbol, int]) -> int:
     value = d.subs(subs)
     if not value.is_Integer:
         missing = sorted(str(s) for s in value.free_symbols)
-        raise ValueError(f"cannot evaluate {d}: unbound symbols {missing}")
+        raise SymbolicValueError(f"cannot evaluate {d}: unbound symbols {missing}")
     return int(value)
 
 

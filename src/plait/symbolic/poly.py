@@ -33,6 +33,8 @@ from typing import Any, TypeAlias
 
 import sympy
 
+from plait.symbolic.dims import SymbolicSizeError
+
 Monomial = tuple[str, ...]  # atom names, sorted, with repeats for powers; () is the constant
 
 
@@ -88,7 +90,7 @@ class Poly:
     def __floordiv__(self, other: Size) -> Size:
         q = exact_quotient(self, other)
         if q is None:
-            raise TypeError(f"symbolic size {self} is not a known multiple of {other}")
+            raise SymbolicSizeError(f"symbolic size {self} is not a known multiple of {other}")
         return q
 
     # --- identity -----------------------------------------------------------------------------
@@ -100,15 +102,17 @@ class Poly:
         return self._hash
 
     def __bool__(self) -> bool:
-        raise TypeError(f"the truth of symbolic size {self} is decided at run time")
+        raise SymbolicSizeError(f"the truth of symbolic size {self} is decided at run time")
 
     def __int__(self) -> int:
-        raise TypeError(f"symbolic size {self} has no value before a call binds it")
+        raise SymbolicSizeError(f"symbolic size {self} has no value before a call binds it")
 
     __index__ = __int__
 
     def __lt__(self, other: object) -> bool:
-        raise TypeError(f"symbolic size {self} compared with <: prove it (plait.symbolic.poly.lt)")
+        raise SymbolicSizeError(
+            f"symbolic size {self} compared with <: prove it (plait.symbolic.poly.lt)"
+        )
 
     __le__ = __gt__ = __ge__ = __lt__
 
@@ -171,13 +175,13 @@ def _compound_atom(expr: sympy.Expr) -> Poly:
 def from_dim(d: Any) -> Size:
     """An IR dim (``int`` or sympy expression) as a :data:`Size`."""
     if isinstance(d, bool):
-        raise TypeError("a size cannot be a bool")
+        raise SymbolicSizeError("a size cannot be a bool")
     if isinstance(d, int):
         return d
     if isinstance(d, Poly):
         return d
     if not isinstance(d, sympy.Expr):
-        raise TypeError(f"not a size: {d!r}")
+        raise SymbolicSizeError(f"not a size: {d!r}")
     if d.is_Integer:
         return int(d)
     if d.is_Symbol:
