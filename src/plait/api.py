@@ -43,8 +43,11 @@ from plait.errors import (
     CaptureFallbackWarning,
     CompiledInputError,
     GraphCaptureError,
+    InvalidArgumentTypeError,
+    InvalidOptionError,
     PlaitCompileError,
     RecompileLimitError,
+    UnknownKeyError,
 )
 from plait.frontend import (
     CapturedProgram,
@@ -134,9 +137,9 @@ class _Engine(RegionEngine, DynamicShapes):
         share: bool = False,
     ) -> None:
         if backend is not None and backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; available: {list(BACKENDS)}")
+            raise InvalidOptionError(f"unknown backend {backend!r}; available: {list(BACKENDS)}")
         if mode not in _MODES:
-            raise ValueError(f"mode {mode!r} is not available; modes: {list(_MODES)}")
+            raise InvalidOptionError(f"mode {mode!r} is not available; modes: {list(_MODES)}")
         options = dict(options or {})
         self.requested = (backend, dynamic, mode, dict(options))  # NOTE: for region engines
         if _MODES[mode]:
@@ -144,7 +147,7 @@ class _Engine(RegionEngine, DynamicShapes):
         self.recompile_limit = int(options.pop("recompile_limit", DEFAULT_RECOMPILE_LIMIT))
         self.on_limit = options.pop("on_recompile_limit", "raise")
         if self.on_limit not in ("raise", "eager"):
-            raise ValueError(
+            raise InvalidOptionError(
                 f"on_recompile_limit must be 'raise' or 'eager', got {self.on_limit!r}"
             )
         self.cache = options.pop("cache", True)
@@ -153,7 +156,7 @@ class _Engine(RegionEngine, DynamicShapes):
         unknown = sorted(set(options) - set(KNOWN_OPTIONS))
         if unknown:
             known = [*_ENGINE_OPTIONS, *KNOWN_OPTIONS]
-            raise ValueError(f"unknown options {unknown}; known: {known}")
+            raise InvalidOptionError(f"unknown options {unknown}; known: {known}")
         self.options = options
         DimPolicy.of(dynamic)  # NOTE: a malformed dynamic= fails here, not at the first call
         if tree is not None and isinstance(dynamic, dict):
@@ -452,7 +455,7 @@ class _Engine(RegionEngine, DynamicShapes):
             if s.key == key:
                 return s
         known = [s.key for s in self.specializations]
-        raise KeyError(f"{self.adapter.name}: no specialization {key!r}; known: {known}")
+        raise UnknownKeyError(f"{self.adapter.name}: no specialization {key!r}; known: {known}")
 
     def _pinned_env(
         self, key: str, args: tuple, kwargs: dict
@@ -565,7 +568,7 @@ def compile(
     if isinstance(model_or_fn, nn.Module):
         return CompiledModule(model_or_fn, engine)
     if not callable(model_or_fn):
-        raise TypeError(
+        raise InvalidArgumentTypeError(
             f"plait.compile expects an nn.Module or a function, got {type(model_or_fn).__name__}"
         )
     return CompiledFunction(model_or_fn, engine)
@@ -588,7 +591,7 @@ def explain(compiled: Any) -> Explanation:
         own = getattr(type(compiled), "__plait_explanation__", None)
         if own is not None:  # NOTE: a loaded export artifact (plait.load) explains its builds
             return own(compiled)
-        raise TypeError(
+        raise InvalidArgumentTypeError(
             f"plait.explain expects what plait.compile returned, got {type(compiled).__name__}"
         )
     reports = [

@@ -169,6 +169,13 @@ class NativeUnavailableError(PlaitCompileError):
     error_code = "PLAIT-C112"
 
 
+class MissingDependencyError(PlaitCompileError, ImportError):
+    """An optional library a requested feature needs is not installed (the Redis client for a
+    ``redis://`` cache); the message says what to install."""
+
+    error_code = "PLAIT-C113"
+
+
 class StoreFormatError(PlaitCompileError, ValueError):
     """A file or entry plait stored or reads back (a manifest, a repro directory, a cache
     entry, prepacked weights) is not in plait's format; the message says what is wrong."""
@@ -321,6 +328,11 @@ CODES: dict[str, ErrorCode] = {
               "or its build failed",
               "nothing: plait runs its Python path; unset the variable or fix the toolchain "
               "(plait explain says why) for the native speed"),
+        _code("PLAIT-C113", "compile", "an optional dependency is not installed",
+              "a feature was asked for whose library is optional (the redis client for a "
+              "redis:// cache)",
+              "install what the message names (pip install redis), or do not ask for the "
+              "feature"),
         _code("PLAIT-C110", "compile", "the Stax backend cannot compile the graph",
               "symbolic shapes or devices it does not take, or a node that would fall back to "
               "PyTorch under strict (fullgraph=True)",
@@ -364,6 +376,10 @@ CODES: dict[str, ErrorCode] = {
               "value): it runs, but is not saved to the cache",
               "nothing for correctness; for warm starts, read module-level names or pass the "
               "value as an argument"),
+        _code("PLAIT-C146", "compile", "a private directory is not private",
+              "a directory plait keeps trusted files in (the cache, the kernel cache) is not "
+              "owned by this user, is a symlink or is writable by others",
+              "do what the message says (chmod 700 it, or point PLAIT_CACHE_DIR elsewhere)"),
         _code("PLAIT-C150", "compile", "an op's type rule refused its operands",
               "a graph built by hand (or by a pass) with operand types or attributes the op "
               "does not take",
@@ -439,6 +455,14 @@ _BY_NAME = {
     "plait.logs.LogChannelError": "PLAIT-C170",
     "plait.progress.ProgressModeError": "PLAIT-C170",
     "plait.ir.verify.VerificationError": "PLAIT-D201",
+    "plait.ir.errors.IRValueError": "PLAIT-C170",
+    "plait.ir.errors.IRTypeError": "PLAIT-C171",
+    "plait.ir.errors.IRKeyError": "PLAIT-C172",
+    "plait.ir.errors.StoredFileError": "PLAIT-C144",
+    "plait.ir.errors.NotRegularFileError": "PLAIT-C144",
+    "plait.ir.persist.GraphDocError": "PLAIT-C144",
+    "plait.ir.private_files.UnsafeDirectoryError": "PLAIT-C146",
+    "plait.ir.ops.vjp.NoDerivativeError": "PLAIT-C120",
     "plait.conformance.report.ConformanceError": "PLAIT-N301",
     "plait.contract.model.ContractError": "PLAIT-N302",
 }

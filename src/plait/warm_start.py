@@ -13,6 +13,7 @@ from typing import Any
 from plait.backends import Compiled
 from plait.cache import Store
 from plait.cache.snapshots import front_parts, load_snapshot, save_snapshot
+from plait.errors import InvalidOptionError
 from plait.frontend import CapturedProgram, ModuleState
 from plait.guards.guard import GuardEnv
 from plait.snapshots.deps import CodeRecorder
@@ -27,7 +28,7 @@ WARM_STARTS = ("capture", "fingerprint")
 def warm_start_option(value: Any) -> str:
     """The ``warm_start`` option, checked (a wrong value fails at ``plait.compile``)."""
     if value not in WARM_STARTS:
-        raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {value!r}")
+        raise InvalidOptionError(f"warm_start must be one of {WARM_STARTS}, got {value!r}")
     return str(value)
 
 

@@ -112,7 +112,7 @@ def test_a_program_stax_does_not_compile_runs_on_the_interpreter_loudly(
     import plait.api
 
     reason = "default for symbolic shapes on CUDA: Triton kernels are static"
-    monkeypatch.setattr(plait.api, "_default_backend", lambda prog, state: ("eager", reason))
+    monkeypatch.setattr(plait.api, "default_backend", lambda prog, state: ("eager", reason))
     torch.manual_seed(0)
     model = MLP(16, 32, 8).eval()
     with pytest.warns(ExportWarning, match="reference interpreter, not native kernels"):

@@ -37,6 +37,7 @@ from plait.cache.store import (
     VerifyReport,
     max_bytes_setting,
 )
+from plait.errors import InvalidOptionError
 
 
 def cache_root() -> Path:
@@ -73,7 +74,7 @@ def check_store_option(option: Any) -> None:
 
             remote.check_url(url)
         return
-    raise ValueError(
+    raise InvalidOptionError(
         f"options['cache'] must be True, False, a directory, a redis:// URL or a "
         f"plait.cache.Store, got {type(option).__name__}"
     )

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from safetensors.torch import load as _load
 
+from plait.errors import InternalValueError, StoreFormatError
+
 FORMAT = "plait.artifact/1"
 ALIGN = 64
 ARENA = "plait.arena"
@@ -77,10 +79,10 @@ def pack_pieces(
     memory (no copy: the caller keeps ``tensors`` and ``blobs`` unchanged until written)."""
     blobs = dict(blobs or {})
     if ARENA in tensors or ARENA in blobs:
-        raise ValueError(f"{ARENA!r} names the blob arena; no tensor or blob may take it")
+        raise InternalValueError(f"{ARENA!r} names the blob arena; no tensor or blob may take it")
     clash = sorted(set(blobs) & set(tensors))
     if clash:
-        raise ValueError(f"blob names {clash} are also tensor names")
+        raise InternalValueError(f"blob names {clash} are also tensor names")
     meta = {"format": FORMAT, "plait": json.dumps(dict(doc), sort_keys=True)}
     header: dict[str, Any] = {}
     body: list[memoryview] = []
@@ -91,7 +93,7 @@ def pack_pieces(
         index = {}
         for name, b in sorted(blobs.items()):
             if b.dtype != torch.uint8 or b.dim() != 1 or not b.is_contiguous():
-                raise ValueError(f"blob {name!r} is not a contiguous 1-d uint8 tensor")
+                raise InternalValueError(f"blob {name!r} is not a contiguous 1-d uint8 tensor")
             index[name] = [edge, edge + b.numel()]
             body.append(_bytes_of(b))
             edge += b.numel()
@@ -113,7 +115,7 @@ def pack_pieces(
         if t.dtype == torch.complex128:
             t = torch.view_as_real(t)  # NOTE: 16-byte elements lead, so it starts 16-aligned
         if t.dtype not in _NAMES:
-            raise ValueError(f"tensor {name!r}: dtype {t.dtype} has no safetensors name")
+            raise InternalValueError(f"tensor {name!r}: dtype {t.dtype} has no safetensors name")
         header[name] = {
             "dtype": _NAMES[t.dtype],
             "shape": list(t.shape),
@@ -146,7 +148,7 @@ def unpack(data: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     meta = header.pop("__metadata__", None) or {}
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else meta
-        raise ValueError(f"artifact format {found!r}, expected {FORMAT!r}")
+        raise StoreFormatError(f"artifact format {found!r}, expected {FORMAT!r}")
     tensors = {name: _tensor(buf, base, *spec) for name, spec in _specs(header, buf, base)}
     if _COMPLEX128 in meta:
         tensors.update(_complex128(tensors, meta[_COMPLEX128]))
@@ -155,9 +157,9 @@ def unpack(data: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     try:
         doc = json.loads(meta["plait"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"artifact document unreadable: {exc}") from None
+        raise StoreFormatError(f"artifact document unreadable: {exc}") from None
     if not isinstance(doc, dict):
-        raise ValueError("artifact document is not a JSON object")
+        raise StoreFormatError("artifact document is not a JSON object")
     return doc, tensors
 
 
@@ -167,14 +169,16 @@ def _complex128(tensors: Mapping[str, torch.Tensor], names_json: Any) -> dict[st
     try:
         names = json.loads(names_json)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"artifact complex128 index unreadable: {exc!r}") from None
+        raise StoreFormatError(f"artifact complex128 index unreadable: {exc!r}") from None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"artifact complex128 index is not a list of names: {names!r}")
+        raise StoreFormatError(f"artifact complex128 index is not a list of names: {names!r}")
     out: dict[str, torch.Tensor] = {}
     for name in names:
         t = tensors.get(name)
         if t is None or t.dtype != torch.float64 or t.dim() == 0 or t.shape[-1] != 2:
-            raise ValueError(f"artifact complex128 tensor {name!r} is not stored as float64 pairs")
+            raise StoreFormatError(
+                f"artifact complex128 tensor {name!r} is not stored as float64 pairs"
+            )
         out[name] = torch.view_as_complex(t if t.data_ptr() % 16 == 0 else t.clone())
     return out
 
@@ -189,17 +193,19 @@ def _blobs(
         index = json.loads(index_json)
         ranges = {str(k): (int(v[0]), int(v[1])) for k, v in index.items()}
     except (TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise ValueError(f"artifact blob index unreadable: {exc!r}") from None
+        raise StoreFormatError(f"artifact blob index unreadable: {exc!r}") from None
     clash = sorted(set(ranges) & set(tensors))
     if clash:
-        raise ValueError(f"artifact blob index names tensors {clash}")
+        raise StoreFormatError(f"artifact blob index names tensors {clash}")
     if arena is None or arena.dtype != torch.uint64:
-        raise ValueError("artifact blob index without its uint64 arena")
+        raise StoreFormatError("artifact blob index without its uint64 arena")
     raw = arena.view(torch.uint8)
     out = {}
     for name, (begin, end) in ranges.items():
         if not (0 <= begin <= end <= raw.numel() and begin % ALIGN == 0):
-            raise ValueError(f"blob {name!r}: bytes {begin}..{end} of an arena of {raw.numel()}")
+            raise StoreFormatError(
+                f"blob {name!r}: bytes {begin}..{end} of an arena of {raw.numel()}"
+            )
         blob = raw[begin:end]
         if blob.data_ptr() % ALIGN:
             aligned = torch.empty(end - begin, dtype=torch.uint8)
@@ -211,16 +217,16 @@ def _blobs(
 def _header(buf: memoryview) -> tuple[dict[str, Any], int]:
     """The safetensors JSON header and where the tensor bytes start."""
     if len(buf) < 8:
-        raise ValueError(f"not a safetensors artifact: {len(buf)} bytes")
+        raise StoreFormatError(f"not a safetensors artifact: {len(buf)} bytes")
     n = int.from_bytes(buf[:8], "little")
     if n > min(len(buf) - 8, _MAX_HEADER):
-        raise ValueError(f"not a safetensors artifact: header of {n} bytes in {len(buf)}")
+        raise StoreFormatError(f"not a safetensors artifact: header of {n} bytes in {len(buf)}")
     try:
         header = json.loads(bytes(buf[8 : 8 + n]))
     except ValueError as exc:
-        raise ValueError(f"not a safetensors artifact: header is not JSON ({exc})") from None
+        raise StoreFormatError(f"not a safetensors artifact: header is not JSON ({exc})") from None
     if not isinstance(header, dict):
-        raise ValueError("not a safetensors artifact: header is not a JSON object")
+        raise StoreFormatError("not a safetensors artifact: header is not a JSON object")
     return header, 8 + n
 
 
@@ -236,23 +242,25 @@ def _specs(
             dtype = _DTYPES[info["dtype"]]
             shape, offsets = info["shape"], info["data_offsets"]
         except (KeyError, TypeError) as exc:
-            raise ValueError(f"not a safetensors artifact: tensor {name!r}: {exc!r}") from None
+            raise StoreFormatError(
+                f"not a safetensors artifact: tensor {name!r}: {exc!r}"
+            ) from None
         if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-            raise ValueError(f"tensor {name!r}: shape {shape!r}")
+            raise StoreFormatError(f"tensor {name!r}: shape {shape!r}")
         if not (isinstance(offsets, list) and [type(x) for x in offsets] == [int, int]):
-            raise ValueError(f"tensor {name!r}: data_offsets {offsets!r}")
+            raise StoreFormatError(f"tensor {name!r}: data_offsets {offsets!r}")
         begin, end = offsets
         size = math.prod(shape) * dtype.itemsize
         if not 0 <= begin <= end or end - begin != size:
-            raise ValueError(f"tensor {name!r}: bytes {begin}..{end} for {size} bytes")
+            raise StoreFormatError(f"tensor {name!r}: bytes {begin}..{end} for {size} bytes")
         out.append((name, (dtype, shape, begin, end)))
     edge = 0
     for _, (_, _, begin, end) in sorted(out, key=lambda kv: (kv[1][2], kv[1][3])):
         if begin != edge:
-            raise ValueError(f"tensor bytes overlap or leave a gap at byte {edge}")
+            raise StoreFormatError(f"tensor bytes overlap or leave a gap at byte {edge}")
         edge = end
     if base + edge != len(buf):
-        raise ValueError(f"tensor bytes end at {base + edge}, the artifact at {len(buf)}")
+        raise StoreFormatError(f"tensor bytes end at {base + edge}, the artifact at {len(buf)}")
     return out
 
 
@@ -273,10 +281,10 @@ def _unpack_copy(data: bytes) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         header_len = int.from_bytes(data[:8], "little")
         header = json.loads(data[8 : 8 + header_len])
     except Exception as exc:  # safetensors raises its own error types
-        raise ValueError(f"not a safetensors artifact: {exc}") from None
+        raise StoreFormatError(f"not a safetensors artifact: {exc}") from None
     meta = header.get("__metadata__", {})
     if meta.get("format") != FORMAT:
-        raise ValueError(f"artifact format {meta.get('format')!r}, expected {FORMAT!r}")
+        raise StoreFormatError(f"artifact format {meta.get('format')!r}, expected {FORMAT!r}")
     if "arena" in meta:
         tensors.update(_blobs(tensors.pop(ARENA, None), meta["arena"], tensors))
     return json.loads(meta["plait"]), tensors

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from plait.codegen import native_hash
+from plait.errors import StoreFormatError
 
 MAGIC = b"PLAITART"
 # NOTE: format 5: the meta names the key the entry was stored under, and a read under any other
@@ -66,16 +67,16 @@ def frame(data: Any) -> tuple[memoryview, bytes, int, int]:
     (magic, format, length), its hash not yet. Raises ``ValueError`` naming what is wrong."""
     view = memoryview(data).cast("B")
     if len(view) < HEADER.size:
-        raise ValueError(f"truncated: {len(view)} bytes, shorter than the header")
+        raise StoreFormatError(f"truncated: {len(view)} bytes, shorter than the header")
     magic, fmt, digest, n_meta, n_payload = HEADER.unpack_from(view)
     if magic != MAGIC:
-        raise ValueError(f"not a plait cache entry (magic {magic!r})")
+        raise StoreFormatError(f"not a plait cache entry (magic {magic!r})")
     if fmt != FORMAT:
-        raise ValueError(f"not a plait cache entry of format {FORMAT} (format {fmt})")
+        raise StoreFormatError(f"not a plait cache entry of format {FORMAT} (format {fmt})")
     start = _payload_offset(n_meta)
     if len(view) != start + n_payload:
         have, expected = len(view) - HEADER.size, start + n_payload - HEADER.size
-        raise ValueError(f"truncated: {have} bytes after the header, expected {expected}")
+        raise StoreFormatError(f"truncated: {have} bytes after the header, expected {expected}")
     return view, digest, n_meta, start
 
 
@@ -87,14 +88,14 @@ def check_key(meta: memoryview, key: str) -> None:
     try:
         stored = json.loads(bytes(meta)).get("key")
     except (ValueError, AttributeError) as exc:
-        raise ValueError(f"meta unreadable: {exc}") from None
+        raise StoreFormatError(f"meta unreadable: {exc}") from None
     if stored != key:
         other = f"{stored[:16]}…" if isinstance(stored, str) else repr(stored)
-        raise ValueError(f"it was stored under another key ({other})")
+        raise StoreFormatError(f"it was stored under another key ({other})")
 
 
-def hash_error() -> ValueError:
-    return ValueError(f"content does not match its {HASH} hash")
+def hash_error() -> StoreFormatError:
+    return StoreFormatError(f"content does not match its {HASH} hash")
 
 
 def decode_entry(data: Any) -> tuple[dict[str, Any], memoryview]:
@@ -106,9 +107,9 @@ def decode_entry(data: Any) -> tuple[dict[str, Any], memoryview]:
     try:
         meta = json.loads(bytes(view[HEADER.size : HEADER.size + n_meta]))
     except ValueError as exc:
-        raise ValueError(f"meta is not JSON: {exc}") from None
+        raise StoreFormatError(f"meta is not JSON: {exc}") from None
     if not isinstance(meta, dict):
-        raise ValueError("meta is not a JSON object")
+        raise StoreFormatError("meta is not a JSON object")
     return meta, view[start:]
 
 
@@ -118,7 +119,7 @@ def open_mapping(path: Path) -> Any:
     with path.open("rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < HEADER.size:
-            raise ValueError(f"truncated: {size} bytes, shorter than the header")
+            raise StoreFormatError(f"truncated: {size} bytes, shorter than the header")
         try:
             # NOTE: the mapping holds the inode opened here: an entry replaced or removed
             # meanwhile (os.replace, eviction) leaves this reader's bytes as they were.
@@ -126,7 +127,7 @@ def open_mapping(path: Path) -> Any:
         except (OSError, ValueError):  # NOTE: a file system that cannot map files: read it
             data = bytearray(size)
             if f.readinto(data) != size:
-                raise ValueError("truncated while it was read") from None
+                raise StoreFormatError("truncated while it was read") from None
             return data
 
 
@@ -145,8 +146,8 @@ def read_head(path: Path) -> dict[str, Any]:
     with path.open("rb") as f:
         head = f.read(HEADER.size)
         if len(head) < HEADER.size:
-            raise ValueError("truncated")
+            raise StoreFormatError("truncated")
         magic, fmt, _, n_meta, _ = HEADER.unpack(head)
         if magic != MAGIC or fmt != FORMAT:
-            raise ValueError(f"not a plait cache entry of format {FORMAT}")
+            raise StoreFormatError(f"not a plait cache entry of format {FORMAT}")
         return dict(json.loads(f.read(n_meta)))

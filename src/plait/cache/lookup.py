@@ -41,7 +41,7 @@ from plait.cache.key import CacheKey, explain_miss
 from plait.cache.store import CorruptEntryError, Store
 from plait.cache.weight_digests import weights_digest
 from plait.codegen import build
-from plait.errors import PlaitWarning
+from plait.errors import InternalValueError, PlaitWarning
 from plait.frontend import CapturedProgram
 from plait.ir import TensorType, Value
 
@@ -265,7 +265,7 @@ def cached_compile(
     ``restore_fn(req, saved)`` rebuilds a compile from a verified entry."""
     store = req.store
     if store is None:
-        raise ValueError("cached_compile needs a request with a store")
+        raise InternalValueError("cached_compile needs a request with a store")
     start = time.perf_counter()
     try:
         parts, candidates = key_parts(req, m.options, pipeline, freeze, ambient)

@@ -61,6 +61,12 @@ from plait.cache.store import (
     VerifyReport,
     summary,
 )
+from plait.errors import (
+    InvalidOptionError,
+    MissingDependencyError,
+    NotSavableError,
+    StoreFormatError,
+)
 
 SCHEMES = ("redis", "rediss", "unix")
 URL_VARIABLE = "PLAIT_CACHE_URL"
@@ -111,7 +117,7 @@ def _whole_setting(name: str, default: int) -> int:
     except ValueError:
         value = -1
     if value <= 0:
-        raise ValueError(f"{name} must be a positive whole number, got {env!r}")
+        raise InvalidOptionError(f"{name} must be a positive whole number, got {env!r}")
     return value
 
 
@@ -119,21 +125,21 @@ def check_url(url: str) -> None:
     """Raise ``ValueError`` for a URL that names no Redis server, ``ImportError`` when the
     ``redis`` client library is missing (``pip install redis``); contacts no server."""
     if not is_remote_url(url):
-        raise ValueError(
+        raise InvalidOptionError(
             f"a remote cache URL must start with {', '.join(s + '://' for s in SCHEMES)}; "
             f"got {printable_url(url)!r}"
         )
     try:
         import redis
     except ImportError:
-        raise ImportError(
+        raise MissingDependencyError(
             f"the remote cache {printable_url(url)} needs the redis client library: "
             "pip install redis"
         ) from None
     try:
         redis.ConnectionPool.from_url(url)
     except ValueError as exc:
-        raise ValueError(f"remote cache URL {printable_url(url)}: {exc}") from None
+        raise InvalidOptionError(f"remote cache URL {printable_url(url)}: {exc}") from None
     _whole_setting(TTL_VARIABLE, DEFAULT_TTL)
     _whole_setting(MAX_ENTRY_VARIABLE, DEFAULT_MAX_ENTRY_BYTES)
 
@@ -207,7 +213,7 @@ class RedisStore(Store):
     @staticmethod
     def entry_key(key: str) -> str:
         if len(key) < 3 or not all(c in "0123456789abcdef" for c in key):
-            raise ValueError(f"not a cache key: {key!r}")
+            raise InvalidOptionError(f"not a cache key: {key!r}")
         return ENTRY_PREFIX + key
 
     # --- reads -------------------------------------------------------------------------------
@@ -221,7 +227,7 @@ class RedisStore(Store):
         if size == 0:
             return None
         if size > self.max_entry_bytes:  # NOTE: another writer's limit may be larger: kept
-            raise ValueError(
+            raise NotSavableError(
                 f"{size} bytes, over the remote entry limit ({self.max_entry_bytes}; "
                 f"${MAX_ENTRY_VARIABLE})"
             )
@@ -240,7 +246,7 @@ class RedisStore(Store):
             if meta.get("key") != key:
                 stored = meta.get("key")
                 other = f"{stored[:16]}…" if isinstance(stored, str) else repr(stored)
-                raise ValueError(f"it was stored under another key ({other})")
+                raise StoreFormatError(f"it was stored under another key ({other})")
         except ValueError as exc:
             self._discard(name)
             raise CorruptEntryError(key, f"{self.location}: {exc}") from None
@@ -278,7 +284,7 @@ class RedisStore(Store):
         pieces = encode_entry(payload, {**meta, "key": key})
         size = sum(memoryview(p).nbytes for p in pieces)
         if size > self.max_entry_bytes:
-            raise ValueError(
+            raise NotSavableError(
                 f"{size} bytes, over the remote entry limit ({self.max_entry_bytes}; "
                 f"${MAX_ENTRY_VARIABLE})"
             )

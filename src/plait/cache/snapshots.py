@@ -55,6 +55,7 @@ from plait.cache import code_identity
 from plait.cache.key import canonical_json, text_digest
 from plait.cache.lookup import warn_at_caller
 from plait.cache.store import CorruptEntryError, Store
+from plait.errors import StoreFormatError
 from plait.frontend import CapturedProgram, ModuleState
 from plait.frontend.guard_build import autocast_state
 from plait.snapshots.deps import CodeDep
@@ -211,7 +212,7 @@ def load_snapshot(
     try:
         doc = json.loads(bytes(payload))
         if not isinstance(doc, dict):
-            raise ValueError("not a snapshot document")
+            raise StoreFormatError("not a snapshot document")
         if doc.get("format") != FORMAT or doc.get("front") != front:
             raise Unpinnable("the snapshot was saved for another front key")
         for module, qualname, digest in doc["deps"]:

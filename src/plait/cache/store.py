@@ -65,6 +65,7 @@ from plait.cache.entry_file import (
     read_head,
 )
 from plait.codegen import native_hash
+from plait.errors import InvalidOptionError, StoreFormatError
 from plait.ir.private_files import FILE_MODE, private_dir, private_subdir, staged_file
 
 DEFAULT_MAX_BYTES = 8 << 30
@@ -80,7 +81,7 @@ def max_bytes_setting() -> int:
     try:
         return int(env)
     except ValueError:
-        raise ValueError(
+        raise InvalidOptionError(
             f"PLAIT_CACHE_MAX_BYTES must be a whole number of bytes, got {env!r}"
         ) from None
 
@@ -287,7 +288,7 @@ class LocalStore(Store):
 
     def path(self, key: str) -> Path:
         if len(key) < 3 or not all(c in "0123456789abcdef" for c in key):
-            raise ValueError(f"not a cache key: {key!r}")
+            raise InvalidOptionError(f"not a cache key: {key!r}")
         return self.objects / key[:2] / key
 
     # --- the index (a cache of the objects, rebuilt when unreadable) -------------------------
@@ -311,12 +312,14 @@ class LocalStore(Store):
         try:
             data = json.loads(path.read_bytes())
             if not isinstance(data, dict) or data.get("schema") != INDEX_SCHEMA:
-                raise ValueError(f"schema {data.get('schema') if isinstance(data, dict) else '?'}")
+                raise StoreFormatError(
+                    f"schema {data.get('schema') if isinstance(data, dict) else '?'}"
+                )
             entries = data["entries"]
             if not isinstance(entries, dict) or not all(
                 isinstance(v, dict) and isinstance(v.get("size"), int) for v in entries.values()
             ):
-                raise ValueError("malformed entries")
+                raise StoreFormatError("malformed entries")
         except (ValueError, KeyError, UnicodeDecodeError) as exc:
             self.problems.append(f"index.json unreadable ({exc}); rebuilt from the objects")
             return self._scan()
@@ -329,7 +332,7 @@ class LocalStore(Store):
             try:
                 meta, _, _ = map_entry(path)
                 if meta.get("key") != key:
-                    raise ValueError(f"it was stored under another key ({meta.get('key')!r})")
+                    raise StoreFormatError(f"it was stored under another key ({meta.get('key')!r})")
             except (OSError, ValueError) as exc:
                 self._remove(path)
                 self.problems.append(f"entry {key[:16]}… removed: {exc}")
@@ -393,17 +396,16 @@ class LocalStore(Store):
             self._discard(key)
             raise CorruptEntryError(key, str(exc)) from None
         job = native_hash.start([[view[HEADER.size :]]])
-        failed: list[CorruptEntryError] = []
+        failed: list[str] = []  # NOTE: why the check failed, once it did
 
         def check() -> None:
             # NOTE: the entry is removed on the first failure only: a later caller (a rebuild's
             # reorder thread that outlived it) must not remove what replaced it since.
-            if failed:
-                raise failed[0]
-            if job.result()[0] != digest:
-                failed.append(CorruptEntryError(key, str(hash_error())))
+            if not failed and job.result()[0] != digest:
+                failed.append(str(hash_error()))
                 self._discard(key)
-                raise failed[0]
+            if failed:
+                raise CorruptEntryError(key, failed[0])
 
         # NOTE: a read marks the object's mtime (one syscall), not the index (a locked rewrite
         # of index.json on every warm start); the index takes it in when it orders entries.
@@ -515,7 +517,9 @@ class LocalStore(Store):
                 try:
                     meta, _, _ = map_entry(path)
                     if meta.get("key") != key:
-                        raise ValueError(f"it was stored under another key ({meta.get('key')!r})")
+                        raise StoreFormatError(
+                            f"it was stored under another key ({meta.get('key')!r})"
+                        )
                 except (OSError, ValueError) as exc:
                     self._remove(path)
                     index.pop(key, None)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from plait.ir.errors import IRValueError
 from plait.ir.graph import INPUT_KINDS, AttrValue, Graph, Node, Operand, Value, value_map
 from plait.ir.ops.registry import get_op
 from plait.ir.types import Type
@@ -47,13 +48,13 @@ class GraphBuilder:
             name = str(self._counter)
             self._counter += 1
         if name in self._names:
-            raise ValueError(f"value name %{name} is already defined")
+            raise IRValueError(f"value name %{name} is already defined")
         self._names.add(name)
         return name
 
     def input(self, name: str, type: Type, kind: str = "user") -> Value:
         if kind not in INPUT_KINDS:
-            raise ValueError(f"input kind must be one of {INPUT_KINDS}, got {kind!r}")
+            raise IRValueError(f"input kind must be one of {INPUT_KINDS}, got {kind!r}")
         v = Value(self._fresh(name), type, kind=kind)
         self.graph.inputs.append(v)
         return v
@@ -79,7 +80,7 @@ class GraphBuilder:
         flat, full_attrs, out_types = opdef.infer(inputs, attrs)
         node = Node(self.graph.next_node_id(), opdef.name, flat, full_attrs)
         if names is not None and len(names) != len(out_types):
-            raise ValueError(f"{op} has {len(out_types)} outputs, got {len(names)} names")
+            raise IRValueError(f"{op} has {len(out_types)} outputs, got {len(names)} names")
         node.outputs = tuple(
             Value(self._fresh(names[i] if names else None), t, node, i)
             for i, t in enumerate(out_types)

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from plait.ir.errors import IRKeyError
 from plait.ir.ssa import INPUT_KINDS, AttrValue, LiteralValue, Node, Operand, Value
 from plait.ir.text import to_text
 
@@ -71,7 +72,7 @@ class Graph:
         for v in self.inputs:
             if v.name == name:
                 return v
-        raise KeyError(f"graph has no input named {name!r}")
+        raise IRKeyError(f"graph has no input named {name!r}")
 
     def users(self) -> dict[Value, list[Node]]:
         """Map each value to the nodes that read it (in node order)."""

@@ -33,6 +33,7 @@ from plait.ir.graph import Graph, Node, Value
 from plait.ir.literals import format_value
 from plait.ir.ops.registry import get_op
 from plait.ir.text import format_type
+from plait.ir.verify import VerificationError
 
 
 def _sha(text: str) -> str:
@@ -142,7 +143,7 @@ def _canonical(graph: Graph) -> tuple[list[Node], _Namer]:
         for c in {id(c): c for c in newly}.values():
             push_if_ready(c)
     if len(order) != len(graph.nodes):
-        raise ValueError("graph has a cycle or a use before definition; run plait.ir.verify")
+        raise VerificationError("ssa", "a cycle or a use before definition")
     return order, namer
 
 

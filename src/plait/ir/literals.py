@@ -15,6 +15,7 @@ from typing import Any
 import sympy
 import torch
 
+from plait.ir.errors import IRTypeError, IRValueError
 from plait.ir.types import DTYPES_BY_NAME, SCALAR_KINDS, dtype_name
 from plait.symbolic import dim_to_text
 
@@ -43,11 +44,11 @@ def format_value(v: Any) -> str:
     if isinstance(v, sympy.Expr):
         names = {str(s) for s in v.free_symbols} & RESERVED
         if names:
-            raise ValueError(f"symbol names {sorted(names)} are reserved words in the IR text")
+            raise IRValueError(f"symbol names {sorted(names)} are reserved words in the IR text")
         return f"({dim_to_text(v)})"
     if isinstance(v, tuple):
         return "[" + ", ".join(format_value(x) for x in v) + "]"
-    raise TypeError(f"cannot print attribute value {v!r} of type {type(v).__name__}")
+    raise IRTypeError(f"cannot print attribute value {v!r} of type {type(v).__name__}")
 
 
 def same_attr(a: Any, b: Any) -> bool:

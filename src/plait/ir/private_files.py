@@ -39,6 +39,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from plait.ir.errors import NotRegularFileError, StoredFileError
+
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 LIBRARY_MODE = 0o700
@@ -194,7 +196,7 @@ def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> byte
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path} is not a regular file")
+            raise NotRegularFileError(f"{path} is not a regular file")
         if limit is not None and st.st_size > limit:
-            raise ValueError(f"{path} is larger than {limit} bytes")
+            raise StoredFileError(f"{path} is larger than {limit} bytes")
         return f.read()

@@ -22,6 +22,7 @@ from typing import TypeAlias
 import sympy
 import torch
 
+from plait.ir.errors import IRTypeError, IRValueError
 from plait.symbolic import Dim, dim_to_text, normalize, product
 
 # NOTE: the short names are the text format's spelling; the table is the closed dtype vocabulary.
@@ -53,7 +54,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     try:
         return DTYPE_NAMES[dtype]
     except KeyError:
-        raise TypeError(
+        raise IRTypeError(
             f"dtype {dtype} is not supported by plait's IR; supported: "
             f"{', '.join(str(d) for d in DTYPE_NAMES)}"
         ) from None
@@ -75,7 +76,7 @@ def canonical_device(device: str | torch.device) -> str:
         return f"cuda:{dev.index if dev.index is not None else 0}"
     if dev.type in ("cpu", "meta"):
         return dev.type
-    raise TypeError(f"device {dev} is not supported by plait's IR (cpu, cuda:N)")
+    raise IRTypeError(f"device {dev} is not supported by plait's IR (cpu, cuda:N)")
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class TensorType:
             shape = tuple(normalize(d) for d in shape)
             for d in shape:
                 if isinstance(d, int) and d < 0:
-                    raise ValueError(f"negative dimension {d} in shape {shape}")
+                    raise IRValueError(f"negative dimension {d} in shape {shape}")
         object.__setattr__(self, "shape", shape)
         dtype_name(self.dtype)
         object.__setattr__(self, "device", canonical_device(self.device))
@@ -136,7 +137,7 @@ class ScalarType:
 
     def __post_init__(self) -> None:
         if self.kind not in SCALAR_KINDS:
-            raise ValueError(f"scalar kind must be one of {SCALAR_KINDS}, got {self.kind!r}")
+            raise IRValueError(f"scalar kind must be one of {SCALAR_KINDS}, got {self.kind!r}")
 
     def __str__(self) -> str:
         return self.kind
@@ -161,4 +162,4 @@ def scalar_type_of(value: object) -> ScalarType:
         return ScalarType("float")
     if isinstance(value, sympy.Expr) and value.is_integer:
         return ScalarType("int")
-    raise TypeError(f"not a scalar: {value!r}")
+    raise IRTypeError(f"not a scalar: {value!r}")

@@ -24,6 +24,7 @@ import sympy
 import torch
 import torch.nn.functional as F
 
+from plait.ir.errors import IRValueError
 from plait.ir.graph import Operand, Value
 from plait.ir.ops.registry import Attr, Category, OpDef, Param, TypeRuleError, register
 from plait.ir.ops.rules import wrap_dim, wrap_dims
@@ -243,7 +244,7 @@ def pad_sources(mode: str, n: int, before: int, after: int) -> list[int]:
         # NOTE: negative pads crop first; the cropped m elements wrap
         m = n - max(-before, 0) - max(-after, 0)
         return [(j - max(before, 0)) % m + max(-before, 0) for j in out]
-    raise ValueError(f"pad: unknown mode {mode!r}")
+    raise IRValueError(f"pad: unknown mode {mode!r}")
 
 
 def _runs(src: Sequence[int]) -> list[tuple[int, int, int]]:

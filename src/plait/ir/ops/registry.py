@@ -22,6 +22,7 @@ from typing import Any
 import sympy
 import torch
 
+from plait.ir.errors import IRKeyError, IRValueError
 from plait.ir.ssa import Operand, Value
 from plait.ir.types import COMPLEX_DTYPES, NoneType, ScalarType, TensorType, Type, scalar_type_of
 
@@ -293,10 +294,10 @@ _REGISTRY: dict[str, OpDef] = {}
 
 def register(opdef: OpDef) -> OpDef:
     if opdef.name in _REGISTRY:
-        raise ValueError(f"op {opdef.name!r} is already registered")
+        raise IRValueError(f"op {opdef.name!r} is already registered")
     variadic = [i for i, p in enumerate(opdef.params) if p.kind == VARIADIC]
     if variadic and variadic != [len(opdef.params) - 1]:
-        raise ValueError(f"op {opdef.name!r}: a variadic param must be the last one")
+        raise IRValueError(f"op {opdef.name!r}: a variadic param must be the last one")
     _REGISTRY[opdef.name] = opdef
     return opdef
 
@@ -305,7 +306,7 @@ def get_op(name: str) -> OpDef:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise KeyError(
+        raise IRKeyError(
             f"unknown op {name!r}; plait's op registry is closed: see plait.ir.ops.all_ops()"
         ) from None
 

@@ -37,6 +37,7 @@ import sympy
 import torch
 
 from plait.ir.builder import GraphBuilder
+from plait.ir.errors import IRKeyError, IRValueError
 from plait.ir.graph import Node, Operand, Value
 from plait.ir.ops.call_literals import decode_literal
 from plait.ir.ops.registry import (
@@ -119,7 +120,7 @@ def vjp(*names: str) -> Callable[[VjpRule], VjpRule]:
     def register_rule(rule: VjpRule) -> VjpRule:
         for name in names:
             if name in _VJPS or name in _NONDIFF:
-                raise ValueError(f"op {name!r} already has a derivative rule")
+                raise IRValueError(f"op {name!r} already has a derivative rule")
             _VJPS[name] = rule
         return rule
 
@@ -130,7 +131,7 @@ def nondifferentiable(*names: str) -> None:
     """Declare that no gradient flows through these ops' results."""
     for name in names:
         if name in _VJPS or name in _NONDIFF:
-            raise ValueError(f"op {name!r} already has a derivative rule")
+            raise IRValueError(f"op {name!r} already has a derivative rule")
         _NONDIFF.add(name)
 
 
@@ -141,7 +142,7 @@ def vjp_rule(name: str) -> VjpRule | None:
     try:
         return _VJPS[name]
     except KeyError:
-        raise KeyError(f"op {name!r} has no derivative rule (see plait.ir.ops.vjp)") from None
+        raise IRKeyError(f"op {name!r} has no derivative rule (see plait.ir.ops.vjp)") from None
 
 
 def has_rule(name: str) -> bool:
