@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
+from plait.frontend.lower_common import both
 from plait.frontend.lower_movement import _atleast
-from plait.frontend.lower_shape import _both, _pieces, _type
+from plait.frontend.lower_shape import _pieces, _type
 from plait.frontend.table import NoIROp, Viewed, lookup, op
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.views import ViewStep, put_diagonal
@@ -67,7 +68,7 @@ for _name, _view_call in _COPIES.items():
         op(getattr(torch, _name))(_copy_rule(_view_call))
 
 
-@op(*_both("ravel"))
+@op(*both("ravel"))
 def _ravel(cx: CaptureContext, out: Any, x: Any) -> Any:
     # NOTE: like reshape: a view where eager can make one (the IR value is the same).
     v: Value = ViewStep.of("reshape", shape=(-1,)).apply(cx, cx.value(x))
@@ -84,23 +85,23 @@ def _cat_of(cx: CaptureContext, values: list[Value], dim: int) -> Value:
     return out
 
 
-@op(*_both("hstack"))
+@op(*both("hstack"))
 def _hstack(cx: CaptureContext, out: Any, tensors: Any) -> Value:
     values = [_atleast(cx, t, 1).value for t in _tensors(tensors)]
     return _cat_of(cx, values, 0 if _type(values[0]).rank == 1 else 1)
 
 
-@op(*_both("vstack", "row_stack"))
+@op(*both("vstack", "row_stack"))
 def _vstack(cx: CaptureContext, out: Any, tensors: Any) -> Value:
     return _cat_of(cx, [_atleast(cx, t, 2).value for t in _tensors(tensors)], 0)
 
 
-@op(*_both("dstack"))
+@op(*both("dstack"))
 def _dstack(cx: CaptureContext, out: Any, tensors: Any) -> Value:
     return _cat_of(cx, [_atleast(cx, t, 3).value for t in _tensors(tensors)], 2)
 
 
-@op(*_both("column_stack"))
+@op(*both("column_stack"))
 def _column_stack(cx: CaptureContext, out: Any, tensors: Any) -> Value:
     values = []
     for t in _tensors(tensors):
@@ -122,7 +123,7 @@ def _split_views(cx: CaptureContext, out: Any, x: Any, dim: int, what: Any) -> A
     return _pieces(cx, x, tuple(values), sizes, d)
 
 
-@op(*_both("tensor_split"))
+@op(*both("tensor_split"))
 def _tensor_split(
     cx: CaptureContext, out: Any, x: Any, indices_or_sections: Any = None, dim: Any = 0, **kw: Any
 ) -> Any:
@@ -130,13 +131,13 @@ def _tensor_split(
     return _split_views(cx, out, x, cx.int(dim), indices_or_sections if what is None else what)
 
 
-@op(*_both("hsplit"))
+@op(*both("hsplit"))
 def _hsplit(cx: CaptureContext, out: Any, x: Any, sections: Any) -> Any:
     return _split_views(cx, out, x, 1 if _type(cx.value(x)).rank > 1 else 0, sections)
 
 
-op(*_both("vsplit"))(lambda cx, out, x, sections: _split_views(cx, out, x, 0, sections))
-op(*_both("dsplit"))(lambda cx, out, x, sections: _split_views(cx, out, x, 2, sections))
+op(*both("vsplit"))(lambda cx, out, x, sections: _split_views(cx, out, x, 0, sections))
+op(*both("dsplit"))(lambda cx, out, x, sections: _split_views(cx, out, x, 2, sections))
 
 
 # --- functional scatters -------------------------------------------------------------------------
@@ -147,7 +148,7 @@ def _same_dtype(cx: CaptureContext, base: Value, src: Any) -> Value:
     return v
 
 
-@op(*_both("slice_scatter"))
+@op(*both("slice_scatter"))
 def _slice_scatter(
     cx: CaptureContext,
     out: Any,
@@ -164,14 +165,14 @@ def _slice_scatter(
     return piece.unapply(cx, base, _same_dtype(cx, base, src))
 
 
-@op(*_both("select_scatter"))
+@op(*both("select_scatter"))
 def _select_scatter(cx: CaptureContext, out: Any, x: Any, src: Any, dim: Any, index: Any) -> Value:
     base = cx.value(x)
     step = ViewStep.of("select", dim=cx.int(dim), index=cx.int(index))
     return step.unapply(cx, base, _same_dtype(cx, base, src))
 
 
-@op(*_both("diagonal_scatter"))
+@op(*both("diagonal_scatter"))
 def _diagonal_scatter(
     cx: CaptureContext, out: Any, x: Any, src: Any, offset: Any = 0, dim1: Any = 0, dim2: Any = 1
 ) -> Value:

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from plait.errors import ProgramValueError
 from plait.frontend import datadep
-from plait.frontend.lower_shape import _both, _scalar_for, _type, _view
+from plait.frontend.lower_common import both
+from plait.frontend.lower_shape import _scalar_for, _type, _view
 from plait.frontend.table import NoIROp, Viewed, getter, op
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.views import ViewStep, put_diagonal
@@ -65,7 +66,7 @@ def _pad(
 
 
 # --- roll, flip, rot90 -------------------------------------------------------------------------
-@op(*_both("roll"))
+@op(*both("roll"))
 def _roll(cx: CaptureContext, out: Any, x: Any, shifts: Any, dims: Any = None) -> Value:
     v = cx.value(x)
     s = _ints(cx, shifts)
@@ -85,18 +86,18 @@ def _flip_value(cx: CaptureContext, v: Value, dims: Sequence[int]) -> Value:
     return out
 
 
-@op(*_both("flip"))
+@op(*both("flip"))
 def _flip(cx: CaptureContext, out: Any, x: Any, *dims: Any, **kwargs: Any) -> Value:
     if "dims" in kwargs:
         dims = (kwargs["dims"],)
     return _flip_value(cx, cx.value(x), _ints(cx, dims))
 
 
-op(*_both("fliplr"))(lambda cx, out, x: _flip_value(cx, cx.value(x), (1,)))
-op(*_both("flipud"))(lambda cx, out, x: _flip_value(cx, cx.value(x), (0,)))
+op(*both("fliplr"))(lambda cx, out, x: _flip_value(cx, cx.value(x), (1,)))
+op(*both("flipud"))(lambda cx, out, x: _flip_value(cx, cx.value(x), (0,)))
 
 
-@op(*_both("rot90"))
+@op(*both("rot90"))
 def _rot90(cx: CaptureContext, out: Any, x: Any, k: Any = 1, dims: Any = (0, 1)) -> Value:
     v = cx.value(x)
     d0, d1 = _ints(cx, dims)
@@ -138,7 +139,7 @@ def _repeat(cx: CaptureContext, out: Any, x: Any, *sizes: Any, **kwargs: Any) ->
     return _repeat_value(cx, cx.value(x), _ints(cx, sizes))
 
 
-@op(*_both("tile"))
+@op(*both("tile"))
 def _tile(cx: CaptureContext, out: Any, x: Any, *dims: Any) -> Value:
     v = cx.value(x)
     reps = _ints(cx, dims)
@@ -146,7 +147,7 @@ def _tile(cx: CaptureContext, out: Any, x: Any, *dims: Any) -> Value:
     return _repeat_value(cx, v, reps)
 
 
-@op(*_both("repeat_interleave"))
+@op(*both("repeat_interleave"))
 def _repeat_interleave(
     cx: CaptureContext,
     out: Any,
@@ -183,7 +184,7 @@ def _repeat_interleave(
 
 
 # --- views -------------------------------------------------------------------------------------
-@op(*_both("diagonal"))
+@op(*both("diagonal"))
 def _diagonal(
     cx: CaptureContext, out: Any, x: Any, offset: Any = 0, dim1: Any = 0, dim2: Any = 1
 ) -> Viewed:
@@ -207,13 +208,13 @@ def _movedim_perm(rank: int, source: Sequence[int], destination: Sequence[int]) 
     return tuple(p if p >= 0 else next(rest) for p in perm)
 
 
-@op(*_both("movedim", "moveaxis"))
+@op(*both("movedim", "moveaxis"))
 def _movedim(cx: CaptureContext, out: Any, x: Any, source: Any, destination: Any) -> Viewed:
     perm = _movedim_perm(out.dim(), _ints(cx, source), _ints(cx, destination))
     return _view(cx, x, ViewStep.of("permute", dims=perm))
 
 
-@op(*_both("broadcast_to"))
+@op(*both("broadcast_to"))
 def _broadcast_to(cx: CaptureContext, out: Any, x: Any, size: Any) -> Viewed:
     return _view(cx, x, ViewStep.of("expand", shape=tuple(cx.dim(d) for d in size)))
 
@@ -251,7 +252,7 @@ def _real(cx: CaptureContext, x: Any, name: str) -> None:
         raise NoIROp(f"{name} of a complex tensor conjugates; no IR op")
 
 
-@op(getter("mH"), *_both("adjoint"))
+@op(getter("mH"), *both("adjoint"))
 def _adjoint(cx: CaptureContext, out: Any, x: Any) -> Viewed:
     _real(cx, x, "the adjoint")
     return _view(cx, x, ViewStep.of("transpose", dim0=-2, dim1=-1))
@@ -265,7 +266,7 @@ def _h(cx: CaptureContext, out: Any, x: Any) -> Viewed:
     return _view(cx, x, ViewStep.of("transpose", dim0=0, dim1=1))
 
 
-@op(*_both("narrow_copy"))
+@op(*both("narrow_copy"))
 def _narrow_copy(cx: CaptureContext, out: Any, x: Any, dim: Any, start: Any, length: Any) -> Value:
     d = cx.int(dim)
     n = _type(cx.value(x)).shape[d]
@@ -326,14 +327,14 @@ def _gather_value(cx: CaptureContext, v: Value, dim: int, index: Value, wrap: bo
     return result
 
 
-@op(*_both("gather"))
+@op(*both("gather"))
 def _gather(
     cx: CaptureContext, out: Any, x: Any, dim: Any, index: Any, *, sparse_grad: bool = False
 ) -> Value:
     return _gather_value(cx, cx.value(x), cx.int(dim), cx.value(index), wrap=False)
 
 
-@op(*_both("take_along_dim"))
+@op(*both("take_along_dim"))
 def _take_along_dim(cx: CaptureContext, out: Any, x: Any, indices: Any, dim: Any = None) -> Value:
     v, idx = cx.value(x), cx.value(indices)
     if dim is None:
@@ -350,7 +351,7 @@ def _take_along_dim(cx: CaptureContext, out: Any, x: Any, indices: Any, dim: Any
     return _gather_value(cx, v, d, idx, wrap=True)
 
 
-@op(*_both("take"))
+@op(*both("take"))
 def _take(cx: CaptureContext, out: Any, x: Any, index: Any) -> Value:
     flat = cx.call("reshape", cx.value(x), shape=(-1,))
     idx = cx.value(index)
@@ -365,7 +366,7 @@ def _zeros(cx: CaptureContext, out: Any) -> Value:
     return v
 
 
-@op(*_both("diag_embed"))
+@op(*both("diag_embed"))
 def _diag_embed(
     cx: CaptureContext, out: Any, x: Any, offset: Any = 0, dim1: Any = -2, dim2: Any = -1
 ) -> Value:
@@ -374,7 +375,7 @@ def _diag_embed(
     )
 
 
-@op(*_both("diag"))
+@op(*both("diag"))
 def _diag(cx: CaptureContext, out: Any, x: Any, diagonal: Any = 0) -> Value:
     v, k = cx.value(x), cx.int(diagonal)
     if _type(v).rank == 2:
@@ -383,7 +384,7 @@ def _diag(cx: CaptureContext, out: Any, x: Any, diagonal: Any = 0) -> Value:
 
 
 # --- conjugation of real tensors -----------------------------------------------------------------
-@op(*_both("conj", "resolve_conj", "resolve_neg", "conj_physical", "real"), getter("real"))
+@op(*both("conj", "resolve_conj", "resolve_neg", "conj_physical", "real"), getter("real"))
 def _real_identity(cx: CaptureContext, out: Any, x: Any) -> Viewed:
     # NOTE: on a real tensor eager returns the tensor itself: an identity alias.
     _real(cx, x, "conjugation")

@@ -13,6 +13,7 @@ import torch
 
 from plait.errors import ProgramIndexError, ProgramValueError
 from plait.frontend import datadep
+from plait.frontend.lower_common import both
 from plait.frontend.symints import TracedInt, plain_int
 from plait.frontend.table import InPlace, NoIROp, Viewed, getter, op
 from plait.frontend.tracer import CaptureContext
@@ -21,10 +22,6 @@ from plait.ir import TensorType, Value
 from plait.symbolic import normalize
 
 T = torch.Tensor
-
-
-def _both(*names: str) -> list[Any]:
-    return [getattr(o, n) for n in names for o in (torch, T) if hasattr(o, n)]
 
 
 def _type(v: Value) -> TensorType:
@@ -60,7 +57,7 @@ def _view_op(cx: CaptureContext, out: Any, x: Any, *shape: Any, **kwargs: Any) -
     return _view(cx, x, ViewStep.of("view", shape=_shape_args(cx, shape)))
 
 
-@op(*_both("reshape"))
+@op(*both("reshape"))
 def _reshape(cx: CaptureContext, out: Any, x: Any, *shape: Any, **kwargs: Any) -> Any:
     if "shape" in kwargs:
         shape = (kwargs["shape"],)
@@ -85,7 +82,7 @@ def _expand(cx: CaptureContext, out: Any, x: Any, *sizes: Any, **kwargs: Any) ->
     return _view(cx, x, ViewStep.of("expand", shape=_shape_args(cx, sizes)))
 
 
-@op(*_both("permute"))
+@op(*both("permute"))
 def _permute(cx: CaptureContext, out: Any, x: Any, *dims: Any, **kwargs: Any) -> Any:
     if "dims" in kwargs:
         dims = (kwargs["dims"],)
@@ -94,7 +91,7 @@ def _permute(cx: CaptureContext, out: Any, x: Any, *dims: Any, **kwargs: Any) ->
     return _view(cx, x, ViewStep.of("permute", dims=tuple(cx.int(d) for d in dims)))
 
 
-@op(*_both("transpose", "swapaxes", "swapdims"))
+@op(*both("transpose", "swapaxes", "swapdims"))
 def _transpose(cx: CaptureContext, out: Any, x: Any, dim0: Any, dim1: Any) -> Any:
     return _view(cx, x, ViewStep.of("transpose", dim0=cx.int(dim0), dim1=cx.int(dim1)))
 
@@ -108,16 +105,16 @@ def _t(cx: CaptureContext, out: Any, x: Any) -> Any:
     return _view(cx, x, ViewStep.of("permute", dims=tuple(range(rank - 1, -1, -1))))
 
 
-op(*_both("t"), getter("T"))(_t)
+op(*both("t"), getter("T"))(_t)
 op(getter("mT"))(lambda cx, out, x: _view(cx, x, ViewStep.of("transpose", dim0=-2, dim1=-1)))
 
 
-@op(*_both("unsqueeze"))
+@op(*both("unsqueeze"))
 def _unsqueeze(cx: CaptureContext, out: Any, x: Any, dim: Any) -> Any:
     return _view(cx, x, ViewStep.of("unsqueeze", dim=cx.int(dim)))
 
 
-@op(*_both("squeeze"))
+@op(*both("squeeze"))
 def _squeeze(cx: CaptureContext, out: Any, x: Any, dim: Any = None) -> Any:
     dims = (
         None
@@ -127,14 +124,14 @@ def _squeeze(cx: CaptureContext, out: Any, x: Any, dim: Any = None) -> Any:
     return _view(cx, x, ViewStep.of("squeeze", dims=dims))
 
 
-@op(*_both("flatten"))
+@op(*both("flatten"))
 def _flatten(cx: CaptureContext, out: Any, x: Any, start_dim: Any = 0, end_dim: Any = -1) -> Any:
     return _view(
         cx, x, ViewStep.of("flatten", start_dim=cx.int(start_dim), end_dim=cx.int(end_dim))
     )
 
 
-@op(*_both("unflatten"))
+@op(*both("unflatten"))
 def _unflatten(cx: CaptureContext, out: Any, x: Any, dim: Any, sizes: Any) -> Any:
     shape = list(_dims_of(cx, x))
     d = cx.int(dim) % len(shape)
@@ -142,30 +139,30 @@ def _unflatten(cx: CaptureContext, out: Any, x: Any, dim: Any, sizes: Any) -> An
     return _view(cx, x, ViewStep.of("view", shape=tuple(shape)))
 
 
-@op(*_both("contiguous"))
+@op(*both("contiguous"))
 def _contiguous(cx: CaptureContext, out: Any, x: Any, memory_format: Any = None) -> Any:
     # NOTE: contiguous() of a contiguous tensor returns the tensor itself: an identity alias.
     v: Value = cx.call("contiguous", cx.value(x))
     return Viewed(v, x, (ViewStep("identity"),))
 
 
-@op(*_both("detach"), getter("data"), grad=False)
+@op(*both("detach"), getter("data"), grad=False)
 def _detach(cx: CaptureContext, out: Any, x: Any) -> Any:
     # NOTE: shares memory with x (a write through it writes x) and never requires grad.
     return _view(cx, x, ViewStep("detach"))
 
 
-@op(*_both("clone"))
+@op(*both("clone"))
 def _clone(cx: CaptureContext, out: Any, x: Any, memory_format: Any = None) -> Value:
     return cx.value(x)  # NOTE: same value, new memory: the result is a fresh root
 
 
-@op(*_both("select"))
+@op(*both("select"))
 def _select(cx: CaptureContext, out: Any, x: Any, dim: Any, index: Any) -> Any:
     return _view(cx, x, ViewStep.of("select", dim=cx.int(dim), index=cx.int(index)))
 
 
-@op(*_both("narrow"))
+@op(*both("narrow"))
 def _narrow(cx: CaptureContext, out: Any, x: Any, dim: Any, start: Any, length: Any) -> Any:
     d = cx.int(dim)
     s = _bound(cx, start)
@@ -197,7 +194,7 @@ def _pieces(
     return tuple(out)
 
 
-@op(*_both("split"))
+@op(*both("split"))
 def _split(cx: CaptureContext, out: Any, x: Any, split_size_or_sections: Any, dim: Any = 0) -> Any:
     d = cx.int(dim)
     sizes = [int(o.shape[d]) for o in out]
@@ -205,19 +202,19 @@ def _split(cx: CaptureContext, out: Any, x: Any, split_size_or_sections: Any, di
     return _pieces(cx, x, values, sizes, d)
 
 
-@op(*_both("split_with_sizes"))
+@op(*both("split_with_sizes"))
 def _split_with_sizes(cx: CaptureContext, out: Any, x: Any, split_sizes: Any, dim: Any = 0) -> Any:
     return _split(cx, out, x, split_sizes, dim)
 
 
-@op(*_both("chunk"))
+@op(*both("chunk"))
 def _chunk(cx: CaptureContext, out: Any, x: Any, chunks: Any, dim: Any = 0) -> Any:
     d = cx.int(dim)
     values = cx.call("chunk", cx.value(x), chunks=cx.int(chunks), dim=d)
     return _pieces(cx, x, values, [int(o.shape[d]) for o in out], d)
 
 
-@op(*_both("unbind"))
+@op(*both("unbind"))
 def _unbind(cx: CaptureContext, out: Any, x: Any, dim: Any = 0) -> Any:
     d = cx.int(dim)
     return tuple(_view(cx, x, ViewStep.of("select", dim=d, index=i)) for i in range(len(out)))
@@ -243,13 +240,13 @@ class _Iter:
         return next(self._it)
 
 
-@op(*_both("cat", "concat", "concatenate"))
+@op(*both("cat", "concat", "concatenate"))
 def _cat(cx: CaptureContext, out: Any, tensors: Any, dim: Any = 0) -> Value:
     v: Value = cx.call("cat", [cx.value(t) for t in tensors], dim=cx.int(dim))
     return v
 
 
-@op(*_both("stack"))
+@op(*both("stack"))
 def _stack(cx: CaptureContext, out: Any, tensors: Any, dim: Any = 0) -> Value:
     v: Value = cx.call("stack", [cx.value(t) for t in tensors], dim=cx.int(dim))
     return v
