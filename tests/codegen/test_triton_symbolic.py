@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+import triton  # noqa: F401  (a dev dependency: missing, this fails rather than skips)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +28,6 @@ from benchmarks.models.gpt2 import Block, GPT2Config
 from plait.codegen.plan import KernelStep
 from tests.dynamic.test_symbolic_kernels import PROGRAMS as CPP_PROGRAMS
 
-pytest.importorskip("triton")
 TRITON = {"cache": False, "stax": {"target": "triton"}}
 
 
@@ -188,7 +188,8 @@ def test_symbolic_kernels_compile_for_a_gpu(tmp_path: Any) -> None:
     import subprocess
     import sys
 
-    pytest.importorskip("triton.backends.nvidia.compiler")
+    import triton.backends.nvidia.compiler  # noqa: F401  (in every Triton wheel: fails, not skips)
+
     pointer = {torch.float32: "*fp32", torch.int64: "*i64", torch.bool: "*i1"}
     torch.manual_seed(0)
     block = Block(GPT2Config(block_size=64, n_head=2, d_model=16, attention="explicit")).eval()

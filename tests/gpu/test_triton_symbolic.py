@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+import triton  # noqa: F401  (a dev dependency: missing, this fails rather than skips)
 
 import plait
 import plait.conformance
@@ -21,7 +22,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
-pytest.importorskip("triton")
 OPTIONS = {"cache": False}  # NOTE: CUDA tensors: the Triton target by default
 
 

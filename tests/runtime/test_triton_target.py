@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+import triton  # noqa: F401  (a dev dependency: missing, this fails rather than skips)
 from torch import nn
 
 import plait
@@ -23,7 +24,6 @@ from plait.codegen.errors import CodegenError
 from plait.ir import GraphBuilder, TensorType
 from plait.runtime import StaxOptions, compile_graph
 
-pytest.importorskip("triton")
 TRITON = {"stax": {"target": "triton"}}
 
 
