@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -64,3 +65,47 @@ def graph_structure(g: Any) -> list[object]:
         rows.append((n.op, ops, attrs, [(o.name, o.type) for o in n.outputs]))
     rows.append([getattr(o, "name", repr(o)) for o in g.outputs])
     return rows
+
+
+def float_inputs(shape: tuple[int, ...], dtype: torch.dtype) -> Callable[[int], Any]:
+    """A gate input factory: one fresh random float tensor per seed."""
+
+    def make(seed: int) -> tuple[torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(shape, generator=g).to(dtype),)
+
+    return make
+
+
+def token_inputs(shape: tuple[int, ...], vocab: int) -> Callable[[int], Any]:
+    """A gate input factory: one fresh random token-id tensor per seed."""
+
+    def make(seed: int) -> tuple[torch.Tensor]:
+        return (torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed)),)
+
+    return make
+
+
+def check_native(
+    model: Any,
+    factory: Callable[[int], Any],
+    layouts: tuple[str, ...] = ("contiguous",),
+    backend: str = "stax",
+) -> Any:
+    """``model`` compiled whole by ``backend`` passes the conformance gate (the "model" row,
+    fresh draws) with no node falling back to PyTorch; returns the compiled model."""
+    import plait
+    import plait.conformance
+
+    model.eval()
+    compiled = plait.compile(model, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        report = plait.conformance.check(
+            model, lambda *xs: compiled(*xs), factory, candidate_module=model, op_class="model",
+            layouts=layouts, draws=2,
+        )  # fmt: skip
+    assert report.ok, str(report)
+    for spec in compiled.specializations:
+        counts = spec.manifest.executor["evidence"]["counts"]
+        assert counts["fallback"] == 0 and counts["native"] > 0, counts
+    return compiled

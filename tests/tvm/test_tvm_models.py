@@ -16,44 +16,19 @@ import pytest
 import torch
 from torch import nn
 
-import plait
-import plait.conformance
 from benchmarks.models.gpt2 import GPT2, Block, GPT2Config
 from benchmarks.models.mlp import MLP
 from benchmarks.models.resnet import resnet18
+from tests.util import check_native, float_inputs, token_inputs
 
 pytestmark = pytest.mark.xdist_group("tvm-models")
-
-
-def _floats(shape: tuple[int, ...], dtype: torch.dtype) -> Callable[[int], Any]:
-    def make(seed: int) -> tuple[torch.Tensor]:
-        g = torch.Generator().manual_seed(seed)
-        return (torch.randn(shape, generator=g).to(dtype),)
-
-    return make
-
-
-def _tokens(shape: tuple[int, ...], vocab: int) -> Callable[[int], Any]:
-    def make(seed: int) -> tuple[torch.Tensor]:
-        return (torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed)),)
-
-    return make
 
 
 def check_tvm(
     model: nn.Module, factory: Callable[[int], Any], layouts: tuple[str, ...] = ("contiguous",)
 ) -> None:
-    model.eval()
-    compiled = plait.compile(model, backend="tvm", fullgraph=True)
-    with torch.no_grad():
-        report = plait.conformance.check(
-            model, lambda *xs: compiled(*xs), factory, candidate_module=model, op_class="model",
-            layouts=layouts, draws=2,
-        )  # fmt: skip
-    assert report.ok, str(report)
+    compiled = check_native(model, factory, layouts, backend="tvm")
     for spec in compiled.specializations:
-        counts = spec.manifest.executor["evidence"]["counts"]
-        assert counts["fallback"] == 0 and counts["native"] > 0, counts
         kernels = spec.manifest.kernels["kernels"]
         assert kernels and all(k["printer"] == "tvm" for k in kernels), [
             (k["name"], k.get("fallback")) for k in kernels if k["printer"] != "tvm"
@@ -65,13 +40,13 @@ def check_tvm(
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_mlp(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    check_tvm(MLP(16, 64, 8).to(dtype), _floats((5, 16), dtype))
+    check_tvm(MLP(16, 64, 8).to(dtype), float_inputs((5, 16), dtype))
 
 
 def test_resnet18() -> None:
     torch.manual_seed(0)
     layouts = ("contiguous", "channels_last")
-    check_tvm(resnet18(num_classes=10), _floats((2, 3, 32, 32), torch.float32), layouts)
+    check_tvm(resnet18(num_classes=10), float_inputs((2, 3, 32, 32), torch.float32), layouts)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "explicit"])
@@ -79,13 +54,13 @@ def test_gpt2(attention: str) -> None:
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=64, block_size=16, n_layer=2, n_head=2, d_model=32,
                      attention=attention)  # fmt: skip
-    check_tvm(GPT2(cfg), _tokens((2, 16), 64))
+    check_tvm(GPT2(cfg), token_inputs((2, 16), 64))
 
 
 def test_transformer_block() -> None:
     torch.manual_seed(0)
     cfg = GPT2Config(block_size=32, n_head=4, d_model=64)
-    check_tvm(Block(cfg), _floats((2, 32, 64), torch.float32))
+    check_tvm(Block(cfg), float_inputs((2, 32, 64), torch.float32))
 
 
 @pytest.mark.slow
@@ -95,7 +70,7 @@ def test_resnet18_bf16_and_benchmark_sizes() -> None:
     torch.manual_seed(0)
     layouts = ("contiguous", "channels_last")
     check_tvm(resnet18(num_classes=10).to(torch.bfloat16),
-              _floats((2, 3, 32, 32), torch.bfloat16), layouts)  # fmt: skip
-    check_tvm(resnet18(), _floats((1, 3, 224, 224), torch.float32))
+              float_inputs((2, 3, 32, 32), torch.bfloat16), layouts)  # fmt: skip
+    check_tvm(resnet18(), float_inputs((1, 3, 224, 224), torch.float32))
     cfg = GPT2Config(vocab_size=256, block_size=128, n_layer=2, n_head=12, d_model=768)
-    check_tvm(GPT2(cfg), _tokens((1, 128), 256))
+    check_tvm(GPT2(cfg), token_inputs((1, 128), 256))
