@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import torch
-import triton  # noqa: F401  (a dev dependency: missing, this fails rather than skips)
 
 import plait.codegen.triton as triton_printer
 import plait.contract
@@ -40,6 +39,7 @@ from tests.util import assert_bitwise
 
 # NOTE: before Triton is imported: kernels decorated from here on run in its interpreter.
 os.environ["TRITON_INTERPRET"] = "1"
+import triton  # noqa: F401  (a dev dependency: missing, this fails rather than skips)
 
 F32, F64, BF16, F16 = torch.float32, torch.float64, torch.bfloat16, torch.float16
 I64, I32, I16, I8 = torch.int64, torch.int32, torch.int16, torch.int8
