@@ -846,6 +846,7 @@ def plait_evidence(compiled: Any) -> dict[str, Any]:
         out["cuda_graph"] = m.executor.get("cuda_graph")
         out["cache"] = m.cache.get("status")
         out["options_backend"] = m.options.get("backend_choice") or m.options.get("backend")
+        out["timings"] = {k: round(v, 4) for k, v in m.timings.items()}  # NOTE: cold's stages
     return out
 
 

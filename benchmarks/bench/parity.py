@@ -41,11 +41,14 @@ def _flat_state(m: nn.Module) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1).double().cpu() for t in ts])
 
 
-def state_after_steps(eager: nn.Module, anchor: nn.Module, m: nn.Module) -> dict[str, Any]:
+def state_after_steps(
+    eager: nn.Module, anchor: nn.Module, m: nn.Module, dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
     """The contract's model rule on a model's state after the same optimizer steps: against
-    the float64 run (``anchor``), ``m``'s RMS error may exceed eager float32's by ``factor`` and
-    its worst error by ``tail_factor`` (a trajectory amplifies rounding alike for every correct
-    program, so the bound is eager's own error, never a fixed tolerance)."""
+    the float64 run (``anchor``), ``m``'s RMS error may exceed eager's by ``factor`` and its
+    worst error by ``tail_factor``, the factors of ``dtype`` (the compute dtype: bfloat16 under
+    autocast); a trajectory amplifies rounding alike for every correct program, so the bound
+    is eager's own error, never a fixed tolerance."""
     import plait.contract
 
     c = plait.contract.load()
@@ -59,8 +62,8 @@ def state_after_steps(eager: nn.Module, anchor: nn.Module, m: nn.Module) -> dict
         "eager_rms_error_vs_float64": base_rms,
         "max_error_vs_float64": worst,
         "eager_max_error_vs_float64": base_worst,
-        "within_contract": rms <= c.model_factor("float32") * base_rms + tiny
-        and worst <= c.model_tail_factor("float32") * base_worst + tiny,
+        "within_contract": rms <= c.model_factor(dtype) * base_rms + tiny
+        and worst <= c.model_tail_factor(dtype) * base_worst + tiny,
     }
 
 
