@@ -50,7 +50,7 @@ from plait.codegen.admission import (
     graph_device,
     live_nodes,
 )
-from plait.codegen.cuda_extern import cuda_call
+from plait.codegen.cuda_extern import copies_operand, cuda_call
 from plait.codegen.datadep import datadep_call, touches_unbacked, unbacked
 from plait.codegen.extern import make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
@@ -326,6 +326,8 @@ class _Planner:
                 self._call_step(host, "extern", "", f"{ep.describe()} not fused: {failure}")
                 kind, reason = self.kinds[node.id]
             if kind in ("extern", "fallback"):
+                if kind == "extern" and self.device.type == "cuda":
+                    self._copy_strided_operands(node)
                 self.close()
                 self._call_step(node, kind, reason)
             elif kind == "reduction":
@@ -361,6 +363,18 @@ class _Planner:
             self.oracle.packs,
             dict(self.exactness),
         )  # fmt: skip
+
+    def _copy_strided_operands(self, node: Node) -> None:
+        """A CUDA matrix product's operand that ATen would copy itself (a view that does not
+        flatten to a matrix) is written contiguous by a kernel first (codegen.cuda_extern)."""
+        for k, u in enumerate(node.inputs):
+            loc = self.locs.get(u) if isinstance(u, Value) else None
+            if loc is None or loc.kind != "view":
+                continue
+            if copies_operand(node, k, sizes_of(u.type), loc.strides):
+                assert u.producer is not None  # NOTE: a view has a producer
+                self.tags.pop(u.producer.id, None)  # NOTE: now a kernel's, not "no code"
+                self.materialize(u)
 
     def _reduction_step(self, node: Node) -> None:
         chain = self._reduction_epilogue(node) if self.fuse else []
