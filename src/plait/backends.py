@@ -25,7 +25,7 @@ import torch
 
 from plait import logs
 from plait.autograd import JointGraphError, PartitionError
-from plait.autograd.function import without_autocast
+from plait.autograd.function import autocast_off, without_autocast
 from plait.cache import SavedCompile, Store
 from plait.cache.lookup import cached_compile, freeze_candidates
 from plait.cost import enforce as enforce_budgets
@@ -381,6 +381,21 @@ def _on_cuda(req: CompileRequest) -> bool:
     return any(d.startswith("cuda") for d in devices)
 
 
+def _autocast_off(build: Callable[..., Compiled]) -> Callable[..., Compiled]:
+    """``build`` run with autocast off: capture wrote autocast's casts into the graph, and a
+    compile that runs the program (an extern's dry run, a CUDA graph's capture, the Triton
+    kernels' first launches) inside the user's ``torch.autocast`` would cast again (CUDA's
+    autocast runs ``sum`` in float32: a bfloat16 program then reads a float32 buffer)."""
+
+    def run(*args: Any) -> Compiled:
+        with autocast_off():
+            return build(*args)
+
+    run.__doc__ = build.__doc__
+    return run
+
+
+@_autocast_off
 def _compile(
     req: CompileRequest, m: Manifest, pipeline: str, freeze: bool, needs_grad: bool
 ) -> Compiled:
@@ -472,6 +487,7 @@ def _overload_key(n: Any) -> str:
     return f"aten.{n.attrs['name']}" + ("" if overload == "default" else f".{overload}")
 
 
+@_autocast_off
 def _restore(req: CompileRequest, saved: SavedCompile) -> Compiled:
     """The warm path: a loaded entry as a Compiled (no pass, no dry run, no compiler)."""
     prog = req.program

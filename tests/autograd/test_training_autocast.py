@@ -118,3 +118,32 @@ def test_autocast_capture_keeps_the_random_stream() -> None:
         torch.testing.assert_close(got, want)
     assert len(compiled.specializations) == 1
     assert compiled.specializations[0].fallback_reason is None
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_the_compile_inside_autocast_runs_with_autocast_off(
+    train: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NOTE: what a compile runs (dry runs, a CUDA graph's capture) must not be cast again by
+    # the user's autocast: on CUDA, autocast's float32 `sum` once made a bfloat16 program read
+    # a float32 buffer at the compile's CUDA graph capture
+    import plait.runtime.program as program
+
+    seen: list[bool] = []
+    original = program.compile_graphs
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(program, "compile_graphs", recording)
+    monkeypatch.setattr("plait.runtime.training.compile_graphs", recording)
+    model = seeded(0, MLP).train(train)
+    compiled = plait.compile(model, options={"cache": False})
+    x = randn(8, 16, seed=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.set_grad_enabled(train):
+        got = compiled(x)
+        assert torch.is_autocast_enabled("cpu")  # NOTE: the user's autocast is back after it
+        want = model(x)
+    assert seen == [False]
+    assert got.dtype == want.dtype
