@@ -13,9 +13,11 @@ from plait.ir import TensorType
 
 
 def default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tuple[str, str]:
-    """``stax``: C++ kernels on the CPU (static and symbolic shapes), Triton kernels on CUDA
-    (where Triton is installed; static shapes). The reference interpreter runs the others; the
-    choice and its reason are recorded in the manifest (``options.backend_choice``)."""
+    """``stax``: C++ kernels on the CPU, Triton kernels on CUDA (where Triton is installed),
+    static and symbolic shapes alike (a symbolic CUDA program runs kernel by kernel: no CUDA
+    graph). The reference interpreter runs the others (tensors on several devices, or on CUDA
+    without Triton); the choice and its reason are recorded in the manifest
+    (``options.backend_choice``)."""
     devices = {str(t.device) for t in state if isinstance(t, torch.Tensor)}
     static = True
     for v in prog.interface()[0]:
@@ -25,8 +27,6 @@ def default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tup
             static = static and t.is_static
     if devices <= {"cpu"}:
         return "stax", "default for CPU tensors" + ("" if static else " (symbolic shapes)")
-    if not static:
-        return "eager", "default for symbolic shapes on CUDA: Triton kernels are static"
     if len(devices) > 1 or not all(d.startswith("cuda") for d in devices):
         return "eager", f"default for {sorted(devices)}: Stax compiles one CPU or CUDA device"
     if importlib.util.find_spec("triton") is None:
@@ -34,4 +34,5 @@ def default_backend(prog: CapturedProgram, state: Sequence[torch.Tensor]) -> tup
             "eager",
             f"default for {sorted(devices)}: Triton is not installed (pip install triton)",
         )
-    return "stax", f"default for {sorted(devices)}: Triton kernels"
+    shapes = "" if static else " (symbolic shapes: kernel by kernel, no CUDA graph)"
+    return "stax", f"default for {sorted(devices)}: Triton kernels{shapes}"

@@ -106,12 +106,12 @@ def test_a_dynamic_export_keeps_its_symbolic_sizes(tmp_path: Path) -> None:
 def test_a_program_stax_does_not_compile_runs_on_the_interpreter_loudly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where ``plait.compile`` runs a program on the reference interpreter (symbolic shapes on
-    CUDA, say; here its backend choice is made so), the export does too, warns, records why,
+    """Where ``plait.compile`` runs a program on the reference interpreter (CUDA tensors without
+    Triton, say; here its backend choice is made so), the export does too, warns, records why,
     and every load warns again."""
     import plait.api
 
-    reason = "default for symbolic shapes on CUDA: Triton kernels are static"
+    reason = "default for ['cuda:0']: Triton is not installed (pip install triton)"
     monkeypatch.setattr(plait.api, "default_backend", lambda prog, state: ("eager", reason))
     torch.manual_seed(0)
     model = MLP(16, 32, 8).eval()
@@ -120,7 +120,7 @@ def test_a_program_stax_does_not_compile_runs_on_the_interpreter_loudly(
     assert artifact.header["executor"] == "interpreter" and not artifact.native
     assert artifact.header["executor_note"] == reason
     path = artifact.save(tmp_path / "interpreted.plait")
-    with pytest.warns(ExportWarning, match="Triton kernels are static"):
+    with pytest.warns(ExportWarning, match="Triton is not installed"):
         loaded = plait.load(path)
     compiled = plait.compile(model, dynamic=True)
     x = torch.randn(6, 16, generator=seeded(6))

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import plait
+import plait.conformance
 from benchmarks.models.gpt2 import GPT2, GPT2Config
 from benchmarks.models.resnet import resnet18
 from tests.capture.helpers import compare_module
@@ -61,3 +62,17 @@ def test_default_backend_on_cuda_is_stax_with_triton_kernels() -> None:
     assert m.options["backend"] == "stax" and "Triton kernels" in m.options["backend_choice"]
     assert m.executor["target"] == "triton"
     assert m.toolchain["gpu_capability"] == list(torch.cuda.get_device_capability())
+
+
+def test_default_backend_compiles_a_symbolic_cuda_program_to_triton_kernels() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return (x.relu() * 2).sum(-1)
+
+    f = plait.compile(fn, dynamic=True)
+    for rows in (3, 17, 64):
+        report = plait.conformance.check(fn, f, (torch.randn(rows, 40, device="cuda"),), draws=1)
+        assert report.ok, str(report)
+    assert len(f.specializations) == 1
+    m = f.specializations[0].manifest
+    assert m.options["backend"] == "stax" and "symbolic shapes" in m.options["backend_choice"]
+    assert m.executor["target"] == "triton" and not m.executor["cuda_graph"]["used"]

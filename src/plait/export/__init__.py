@@ -50,8 +50,8 @@ def export(
     gradients off: an inference program) and make it an :class:`Artifact`.
 
     ``dynamic``: as ``plait.compile``'s; the artifact runs on the backend ``plait.compile``
-    chooses (Stax compiles symbolic shapes on the CPU). A program ``plait.compile`` would run on
-    plait's reference interpreter (symbolic shapes on CUDA) is exported so, with an
+    chooses (Stax compiles symbolic shapes). A program ``plait.compile`` would run on plait's
+    reference interpreter (CUDA tensors where Triton is not installed) is exported so, with an
     :class:`~plait.errors.ExportWarning`, recorded in the artifact (and warned again at each
     load). ``native``: carry the C++ kernel libraries (loaded only where the load trusts the
     artifact's digest; otherwise rebuilt from the IR). ``references``: how many reference
