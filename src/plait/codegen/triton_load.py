@@ -149,13 +149,13 @@ def precompile(
         workers = max(1, min(jobs, len(warm)))
         try:
             if mode is None or workers == 1:
-                for item in warm:
-                    compile_one(item)
+                compiled = [compile_one(item) for item in warm]
             else:
                 with ThreadPoolExecutor(workers) as pool, mode(pool):
-                    for item in warm:
-                        compile_one(item)  # NOTE: submits it; the mode's exit waits for all
+                    # NOTE: each submits its compile; the mode's exit waits for all
+                    compiled = [compile_one(item) for item in warm]
                 record.update(jobs=workers, parallel=True)
+            record["launchers_seconds"] = _load_ahead(compiled, device, workers)
         except Exception as exc:  # NOTE: a Triton without this warmup API, say
             # NOTE: never silent: the kernels then compile one by one at their first launch
             record["error"] = f"{type(exc).__name__}: {exc}"[:500]
@@ -167,6 +167,26 @@ def precompile(
             )
     record["seconds"] = time.perf_counter() - t0
     return record
+
+
+def _load_ahead(compiled: Sequence[Any], device: Any, workers: int) -> float:
+    """Each compiled kernel's binary loaded and its launcher built, ``workers`` at once: Triton
+    does both at a kernel's first launch, one by one, and on a cold cache each launcher
+    signature is a C module its compiler builds (about a second for a model's kernels, the
+    largest part of a CUDA graph's first capture). Returns the seconds it took."""
+    import torch
+
+    kernels = [k.result() if hasattr(k, "result") else k for k in compiled]
+    kernels = [k for k in kernels if hasattr(k, "_init_handles")]
+    start = time.perf_counter()
+
+    def load(kernel: Any) -> None:
+        with torch.cuda.device(device):
+            kernel._init_handles()
+
+    with ThreadPoolExecutor(max(1, min(workers, len(kernels) or 1))) as pool:
+        list(pool.map(load, kernels))  # NOTE: raises the first failure
+    return time.perf_counter() - start
 
 
 def _async_mode() -> Any:
