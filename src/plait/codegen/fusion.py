@@ -55,7 +55,7 @@ from plait.codegen.datadep import datadep_call, touches_unbacked, unbacked
 from plait.codegen.extern import make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
 from plait.codegen.layout_oracle import LayoutOracle, PlanFacts
-from plait.codegen.lower import Unfusable, loop_vars, lower_pointwise
+from plait.codegen.lower import Unfusable, loop_vars, lower_pointwise, native_max_pool
 from plait.codegen.onednn import onednn_call
 from plait.codegen.onednn_postops import (
     Epilogue,
@@ -124,7 +124,8 @@ class _Planner:
         self.users = graph.users()
         self.outputs = {id(o) for o in graph.outputs if isinstance(o, Value)}
         self.live = live_nodes(graph)
-        self.kinds = {n.id: classify(n) for n in graph.nodes}
+        self.target = target
+        self.kinds = {n.id: self._classify(n) for n in graph.nodes}
         self.locs: dict[Value, Loc] = {}
         self.steps: list[Step] = []
         self.tags: dict[int, NodeTag] = {}
@@ -157,6 +158,13 @@ class _Planner:
                 self.exactness[node.id] = f"{act.op} (node {act.id}) not fused: {why}"
 
     # --- decisions ----------------------------------------------------------------------------
+    def _classify(self, node: Node) -> tuple[str, str]:
+        """:func:`classify`, except what the Triton target computes natively in place of an
+        extern call (a max-pool: codegen.lower.native_max_pool)."""
+        if self.target == "triton" and native_max_pool(node):
+            return "pointwise", ""
+        return classify(node)
+
     def kind(self, node: Node) -> str:
         return self.kinds[node.id][0]
 
@@ -485,7 +493,7 @@ class _Planner:
         del self.epilogues[host.id]
         for n in ep.nodes:
             del self.fused_into[n.id]
-            self.kinds[n.id] = classify(n)
+            self.kinds[n.id] = self._classify(n)
         self._cost.clear()
 
     def _fused_step(self, host: Node, ep: Epilogue) -> str | None:

@@ -41,6 +41,20 @@ from plait.ir.types import TensorType
 from plait.symbolic.poly import Poly, Size, hint
 
 
+def native_max_pool(node: Node) -> bool:
+    """Whether a Triton kernel computes ``node`` (a ``max_pool2d``) in place of ATen's call: a
+    floating 4-D input of static size, no ``ceil_mode`` (a window past the input's end). Its
+    reads are inlined (the producer's epilogue, batch norm and ReLU, computed at each window
+    position) and its result stored in the layout the next convolution wants."""
+    if node.op != "max_pool2d" or node.attrs.get("ceil_mode"):
+        return False
+    x = node.inputs[0]
+    t = x.type if isinstance(x, Value) else None
+    if not isinstance(t, TensorType) or t.rank != 4 or not t.dtype.is_floating_point:
+        return False
+    return t.is_static
+
+
 class Unfusable(Exception):
     """A value would read a value of its own kernel at another index than the kernel's own."""
 
@@ -135,7 +149,51 @@ class Lowerer:
             return self._select(node, idx)
         if node.op in ("full", "zeros", "ones", "arange"):
             return self._constant(node, idx)
+        if node.op == "max_pool2d":
+            return self._max_pool(node, idx)
         return self.compute(node, idx)
+
+    def _max_pool(self, node: Node, idx: tuple[Ix, ...]) -> Stmt:
+        """The largest input element of the output element's window (NaN if any is NaN, as
+        ATen's); a window position outside the input counts as -inf (:func:`native_max_pool`
+        says which nodes come here)."""
+        self.covered.add(node.id)
+        out = node.outputs[0].type
+        x = node.inputs[0]
+        assert isinstance(out, TensorType) and isinstance(x, Value)
+        t = scalar_of(out.dtype)
+        a = node.attrs
+        kernel, pad, dil = a["kernel_size"], a["padding"], a["dilation"]
+        stride = a["stride"] or kernel
+        in_shape = sizes_of(x.type)
+        rank = len(in_shape)
+        low = self.b.const(float("-inf"), t)
+        best: Stmt | None = None
+        for kh in range(kernel[0]):
+            for kw in range(kernel[1]):
+                sub = list(idx)
+                take: Stmt | None = None
+                for j, k in ((0, kh), (1, kw)):
+                    d = rank - 2 + j
+                    n = in_shape[d]
+                    assert isinstance(n, int)  # NOTE: native_max_pool admits static sizes only
+                    pos = idx[d] * stride[j] + (k * dil[j] - pad[j])
+                    sub[d] = pos.clamp(0, n - 1)
+                    lo, hi = pos.range
+                    always = {"ge": isinstance(lo, int) and lo >= 0,
+                              "lt": isinstance(hi, int) and hi < n}  # fmt: skip
+                    for cond, bound in (("ge", 0), ("lt", n)):
+                        if always[cond]:
+                            continue  # NOTE: always in range: no test
+                        where = self.b.index(pos)
+                        test = self.b.op(cond, [where, self.b.const(bound, "i64")], "b")
+                        take = test if take is None else self.b.op("and", [take, test], "b")
+                value = to(self.b, arg_of(x, self.value_at(x, tuple(sub))), t)
+                if take is not None:
+                    value = self.b.op("where", [take, value, low], t)
+                best = value if best is None else self.b.op("max", [best, value], t)
+        assert best is not None
+        return self.b.round(best, STORAGE_OF[out.dtype])
 
     def compute(self, node: Node, idx: tuple[Ix, ...]) -> Stmt:
         """A pointwise node's value at ``idx`` (rounded to its 16-bit dtype if it has one)."""
