@@ -376,7 +376,9 @@ class _Planner:
         """A CUDA matrix product's operand that ATen would copy itself (a view that does not
         flatten to a matrix) is written contiguous by a kernel first (codegen.cuda_extern)."""
         for k, u in enumerate(node.inputs):
-            loc = self.locs.get(u) if isinstance(u, Value) else None
+            if not isinstance(u, Value):
+                continue
+            loc = self.locs.get(u)
             if loc is None or loc.kind != "view":
                 continue
             if copies_operand(node, k, sizes_of(u.type), loc.strides):
