@@ -32,6 +32,7 @@ from plait import logs
 from plait.backend_choice import default_backend
 from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
 from plait.cache import Store, check_store_option, resolve_store
+from plait.cache.remote import start_copies
 from plait.cache.snapshots import forget_snapshot
 from plait.cache.weight_digests import prefetch
 from plait.capturing import CAPTURE_LOCK, Captured, capture, check_kinds, report_fallbacks
@@ -229,7 +230,10 @@ class _Engine(RegionEngine, DynamicShapes):
             return self._limit_call(args, kwargs)
         s, env, state = found
         s.calls += 1
-        return self._run(s, env, state, args, kwargs)
+        try:
+            return self._run(s, env, state, args, kwargs)
+        finally:
+            start_copies()  # NOTE: a remote entry's local copy, once the call it served ran
 
     region_call = __call__
 

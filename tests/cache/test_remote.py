@@ -152,6 +152,28 @@ def test_a_remote_entry_is_the_callers_to_write_and_its_local_copy_stays_intact(
     assert store.get("ab" * 32) == data and store.served_by("ab" * 32) == "local"
 
 
+def test_a_remote_entrys_local_copy_waits_for_the_call_it_serves(
+    server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy's write and hash take no CPU from the call that fetched the entry: it starts
+    when that call has returned (the API calls start_copies), and is written then."""
+    _compile(_tiered(server, tmp_path / "a"))
+    started: list[int] = []
+    start_copies = remote.start_copies
+
+    def starting() -> None:
+        started.append(len(remote._DEFERRED))
+        start_copies()
+
+    monkeypatch.setattr("plait.api.start_copies", starting)
+    out, spec, x = _compile(_tiered(server, tmp_path / "b"))
+    assert spec.manifest.cache["status"] == "hit" and started[0] >= 1  # entry, snapshot
+    _close(out, _expected(0, x))
+    remote.settle()
+    key = spec.manifest.cache["key"]
+    assert LocalStore(tmp_path / "b").get(key) == LocalStore(tmp_path / "a").get(key)
+
+
 def test_an_entry_over_the_limit_stays_local(
     server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

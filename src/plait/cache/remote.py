@@ -395,6 +395,35 @@ _REMOTES_LOCK = threading.Lock()
 # same entry waits for its copy; the threads are not daemons (an exit waits for them)
 _COPIES: dict[tuple[str, str], threading.Thread] = {}
 _COPIES_LOCK = threading.Lock()
+# NOTE: copies not yet started: a copy starts once the call its entry serves has returned
+# (start_copies), so that its write and hash take no CPU from that call's build and first run;
+# a read of the entry, settle() and the interpreter's exit start (and wait for) it sooner
+_DEFERRED: list[threading.Thread] = []
+
+
+def start_copies() -> None:
+    """Start writing the local copies of the remote entries fetched so far (the API calls it
+    when the call that fetched them has returned)."""
+    with _COPIES_LOCK:
+        todo = list(_DEFERRED)
+        _DEFERRED.clear()
+    for thread in todo:
+        thread.start()
+
+
+def _started(thread: threading.Thread) -> threading.Thread:
+    with _COPIES_LOCK:
+        waiting = thread in _DEFERRED
+        if waiting:
+            _DEFERRED.remove(thread)
+    if waiting:
+        thread.start()
+    return thread
+
+
+# NOTE: before the interpreter joins its threads (concurrent.futures's hook; plain atexit runs
+# after that join, too late to start a thread)
+getattr(threading, "_register_atexit", lambda fn: None)(start_copies)
 
 
 def _keep_locally(local: LocalStore, key: str, payload: memoryview, meta: dict[str, Any]) -> None:
@@ -413,6 +442,7 @@ def _keep_locally(local: LocalStore, key: str, payload: memoryview, meta: dict[s
 
 def settle() -> None:
     """Wait until the local copies of remote entries this process is writing are written."""
+    start_copies()
     with _COPIES_LOCK:
         copies = list(_COPIES.values())
     for thread in copies:
@@ -483,7 +513,7 @@ class TieredStore(Store):
         with _COPIES_LOCK:
             thread = _COPIES.get((str(self.local.root), key))
         if thread is not None:
-            thread.join()
+            _started(thread).join()
 
     def _fetch(self, key: str) -> memoryview | None:
         """The remote entry's payload under ``key``, verified, as a private writable buffer;
@@ -507,12 +537,12 @@ class TieredStore(Store):
         )
         with _COPIES_LOCK:
             _COPIES[(str(self.local.root), key)] = copy
-        copy.start()
+            _DEFERRED.append(copy)
         self.tiers[key] = "remote"
         self.notes.append(
             f"entry {key[:16]}… from the remote tier {self.remote.location} "
             f"({payload.nbytes / 2**20:.2f} MiB in {1e3 * (time.perf_counter() - start):.1f} ms, "
-            "verified; its local copy written in the background)"
+            "verified; its local copy written in the background once the call returns)"
         )
         return private
 
