@@ -146,6 +146,8 @@ def test_a_remote_entry_is_the_callers_to_write_and_its_local_copy_stays_intact(
     pending = store.get_pending("ab" * 32)
     assert pending is not None and store.served_by("ab" * 32) == "remote"
     buffer = pending.verified()
+    # NOTE: at a 64-byte boundary, as an artifact's blobs need to be built on it in place
+    assert torch.frombuffer(buffer, dtype=torch.uint8).data_ptr() % 64 == 0
     buffer[:4] = b"\x00\x01\x02\x03"
     remote.settle()
     assert LocalStore(tmp_path).get("ab" * 32) == data
