@@ -164,7 +164,7 @@ def test_stax_runs_the_opaque_literals() -> None:
 
 
 def test_literals_decode_to_the_values_they_encode() -> None:
-    from plait.frontend.opaque import _encode
+    from plait.frontend.call_encoding import _encode
     from plait.ir.ops.call_literals import decode_literal
 
     nan = _nan_with_payload(1)

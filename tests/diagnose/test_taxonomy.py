@@ -136,7 +136,7 @@ SKIPPED = ("conformance/",)
 SIGNALS = {
     "plait.frontend.capture_values.Restart": "dynamic capture restarts with the sizes static",
     "plait.frontend.table.NoIROp": "the call becomes an opaque node (or a GraphCaptureError)",
-    "plait.frontend.opaque.NotLiteral": "the opaque lowering refuses (a GraphCaptureError)",
+    "plait.frontend.call_encoding.NotLiteral": "the opaque lowering refuses (a GraphCaptureError)",
     "plait.codegen.lower.Unfusable": "the lowering splits the kernel",
     "plait.codegen.packed.PackedUnavailable": "the weights stay unpacked",
     "plait.guards.native._Unsupported": "the guard's Python read runs instead",

@@ -24,6 +24,7 @@ from plait.frontend.aten_graph import (
     tensor_root,
 )
 from plait.frontend.aten_table import emit_native
+from plait.frontend.call_encoding import NotLiteral, call_spec
 from plait.ir import TensorType, Value, get_op
 from plait.ir.ops import AttrError, TypeRuleError
 from plait.ir.ops.aten import CHECK_TOKEN, RUNTIME_CHECKS, is_seeded, overload_name
@@ -141,8 +142,6 @@ class AtenEmitter:
     def _aten(
         self, node: torch.fx.Node, op: Any, expected: list[TensorType], kind: str = "aten"
     ) -> Any:
-        from plait.frontend.opaque import NotLiteral, call_spec
-
         markers: dict[int, torch.fx.Node] = {}
 
         def mark(n: torch.fx.Node) -> Any:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from plait.frontend.call_encoding import NotLiteral, call_spec
 from plait.frontend.table import op
 from plait.ir import TensorType, Value
 from plait.ir.graph import Node
@@ -128,8 +129,6 @@ def emit(cx: CaptureContext, overload: Any, args: tuple, kwargs: dict) -> Any:
     NOTE: the overload also runs on the samples, and every result (those the program does not
     ask for too) must have the node's type, its unbacked sizes aside (a meta kernel that
     disagrees with the kernel is refused, never a node whose type lies)."""
-    from plait.frontend.opaque import NotLiteral, call_spec
-
     name, ovl = overload_name(overload)
     inner = unbacked_operand(cx, (args, kwargs))
     if inner is not None:

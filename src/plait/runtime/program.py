@@ -354,11 +354,7 @@ def compile_graphs(
     t_print = time.perf_counter()
     units = _units(sorted(sources), sources, opts)
     if units or any(t == "triton" for t in targets):
-        # NOTE: kernels printed from a cache entry's graph: the compiler (or the kernel cache)
-        # sees them only once that entry has passed its hash check
-        for saved in layouts or ():
-            if isinstance(saved, SavedLayouts) and saved.gate is not None:
-                saved.gate()
+        _entries_verified(layouts)
     build_units(units, opts.jobs)
     precompiled = _precompile_triton(graphs, plans, infos, targets, opts)
     t_build = time.perf_counter()
@@ -434,11 +430,17 @@ def _tvm_choices(
         )
     chosen = [c for row in rows for c in row or ()]
     if any(c.kernel is not None for c in chosen):
-        for saved in layouts or ():
-            if isinstance(saved, SavedLayouts) and saved.gate is not None:
-                saved.gate()
+        _entries_verified(layouts)
     build_choices(chosen, opts.jobs)
     return rows
+
+
+def _entries_verified(layouts: Any) -> None:
+    """Wait until the cache entries the plans were replayed from have passed their hash check:
+    kernels printed from an entry's graph reach the compiler (or the kernel cache) only then."""
+    for saved in layouts or ():
+        if isinstance(saved, SavedLayouts) and saved.gate is not None:
+            saved.gate()
 
 
 def _tvm_info(kernel: Kernel, tvm: Any, plan: Plan) -> KernelInfo:
