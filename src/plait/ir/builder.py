@@ -32,6 +32,10 @@ class GraphBuilder:
         self.graph = Graph()
         self._names: set[str] = set()
         self._counter = 0
+        # NOTE: the next node id, valid while the graph's node list is what this builder left
+        # (its length and last node); any other change recomputes it (a linear scan)
+        self._next_id = 0
+        self._left: tuple[int, Node | None] = (0, None)
 
     @classmethod
     def extend(cls, graph: Graph) -> GraphBuilder:
@@ -78,7 +82,7 @@ class GraphBuilder:
         """
         opdef = get_op(op)
         flat, full_attrs, out_types = opdef.infer(inputs, attrs)
-        node = Node(self.graph.next_node_id(), opdef.name, flat, full_attrs)
+        node = Node(self._node_id(), opdef.name, flat, full_attrs)
         if names is not None and len(names) != len(out_types):
             raise IRValueError(f"{op} has {len(out_types)} outputs, got {len(names)} names")
         node.outputs = tuple(
@@ -86,9 +90,17 @@ class GraphBuilder:
             for i, t in enumerate(out_types)
         )
         self.graph.nodes.append(node)
+        self._next_id, self._left = node.id + 1, (len(self.graph.nodes), node)
         if opdef.fixed_outputs == 1:
             return node.outputs[0]
         return node.outputs
+
+    def _node_id(self) -> int:
+        nodes = self.graph.nodes
+        count, last = self._left
+        if count != len(nodes) or (nodes[-1] if nodes else None) is not last:
+            self._next_id = self.graph.next_node_id()
+        return self._next_id
 
     def output(self, *values: Operand) -> None:
         self.graph.outputs.extend(values)
