@@ -133,3 +133,18 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def shown(items: list[T], description: str | None) -> Iterator[T]:
+    """``items``, with a progress task named ``description`` on stderr (a bar on a terminal,
+    plain lines elsewhere) when there is one: long work a user asked for inside a compile
+    (tuning kernels); without a description, ``items`` as they are, silently.
+
+    >>> list(shown([1, 2], None))
+    [1, 2]
+    """
+    if description is None:
+        yield from items
+        return
+    with Progress("auto") as progress:
+        yield from progress.track(items, description)

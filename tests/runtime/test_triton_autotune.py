@@ -43,7 +43,7 @@ def _kernels(compiled: plait.api.CompiledModule) -> list[dict]:
 
 
 def test_tuned_kernels_are_timed_once_cached_and_compute_the_same_bits(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("PLAIT_CACHE_DIR", str(tmp_path))
     model = _model()
@@ -55,6 +55,8 @@ def test_tuned_kernels_are_timed_once_cached_and_compute_the_same_bits(
         assert report.ok, str(report)
         for seed in (2, 3):
             assert torch.equal(tuned(_ids(seed)), plain(_ids(seed)))
+    # NOTE: the tuning the user asked for shows progress on stderr; the plain compile shows none
+    assert capsys.readouterr().err.count("tuning Triton kernels ...") == 1
     records = [k["tuning"] for k in _kernels(tuned)]
     assert records and all(not r["cached"] and r["candidates"] >= 2 for r in records)
     assert all(len(r["us"]) == r["candidates"] for r in records)

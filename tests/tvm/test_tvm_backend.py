@@ -125,7 +125,9 @@ def test_a_warm_process_loads_kernels_without_compiling(stax_cache: Path) -> Non
 
 
 @pytest.mark.slow
-def test_tuning_keeps_its_log_beside_the_kernel_and_reuses_it(stax_cache: Path) -> None:
+def test_tuning_keeps_its_log_beside_the_kernel_and_reuses_it(
+    stax_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``tvm_tune``: a few trials per kernel, the faster of the best trial and the default
     schedule; the log is published beside the library (``<key>.tuning.json``); with the
     library gone, a rebuild applies the log without searching again. (A row's sum of squares:
@@ -140,6 +142,8 @@ def test_tuning_keeps_its_log_beside_the_kernel_and_reuses_it(stax_cache: Path) 
     kernel = choice.kernel
     assert kernel is not None
     build_tvm_kernels([kernel])
+    # NOTE: long work the user asked for shows progress on stderr (plain lines off a terminal)
+    assert "TVM kernels (1 tuned)" in capsys.readouterr().err
     assert kernel.tuning["trials"] == 4 and kernel.tuning["chosen"] in ("tuned", "default")
     assert not kernel.tuning["from_log"] and kernel.tuning["seconds"] > 0
     library = stax_cache / "tvm" / kernel.key[:2] / f"{kernel.key}.so"

@@ -56,6 +56,7 @@ from plait.codegen.tvm_schedule import SCHEDULE_VERSION, default_schedule
 from plait.codegen.tvm_script import PRINTER_VERSION, TvmSource
 from plait.errors import InternalCompilerError
 from plait.ir.private_files import private_subdir, publish_bytes
+from plait.progress import shown
 
 # NOTE: bump when the C function around a TVM kernel changes (its calling convention, the
 # parallel launch): part of every kernel's key
@@ -192,7 +193,8 @@ def build_tvm_kernels(kernels: Sequence[TvmKernel], jobs: int | None = None) -> 
             STATS["memory_hits"] += 1
             continue
         todo.setdefault(k.key, k)
-    for k in todo.values():
+    tuned = sum(1 for k in todo.values() if k.tune)
+    for k in shown(list(todo.values()), f"TVM kernels ({tuned} tuned)" if tuned else None):
         _build_one(k)
     for k in kernels:
         if k.lib is None:  # NOTE: a duplicate of a kernel built above

@@ -35,6 +35,7 @@ from plait.codegen.options import StaxOptions
 from plait.codegen.plan import KernelStep, NodeTag, Plan, SavedLayouts
 from plait.ir.graph import Graph
 from plait.ir.types import TensorType
+from plait.progress import shown
 from plait.runtime.memory import MemoryPlan, plan_memory
 from plait.runtime.runner import Runner, build_runner
 
@@ -332,7 +333,9 @@ def compile_graphs(
     tvm_rows = _tvm_choices(plans, targets, opts, layouts)
     for g, plan, target, tvm_row in zip(graphs, plans, targets, tvm_rows):
         row = []
-        for j, low in enumerate(plan.kernels):
+        tuning = target == "triton" and opts.triton_autotune and bool(plan.kernels)
+        kernels = shown(plan.kernels, "tuning Triton kernels" if tuning else None)
+        for j, low in enumerate(kernels):
             if target == "triton":
                 tune_on = graph_device(g) if opts.triton_autotune else None
                 row.append(_triton_info(low, tune_on))
