@@ -27,17 +27,24 @@ WINDOWS = [  # kernel, stride, padding, dilation
 
 
 def _draw(seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """Fresh random values with NaNs of both signs and infinities planted, and a band of
+    signed zeros (ties of +0.0 and -0.0, which ATen breaks by keeping the first)."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(2, 5, 11, 12, generator=g).to(dtype)
+    x = torch.randn(2, 5, 11, 12, generator=g)
+    x[:, :, 4:7] *= 0.0  # NOTE: +0.0 and -0.0, by the sign of the value
     flat = x.view(-1)
-    picks = torch.randperm(flat.numel(), generator=g)[:3]
-    flat[picks[0]], flat[picks[1]], flat[picks[2]] = float("nan"), float("inf"), float("-inf")
-    return x
+    picks = torch.randperm(flat.numel(), generator=g)[:4]
+    for pick, special in zip(picks, (float("nan"), -float("nan"), float("inf"), -float("inf"))):
+        flat[pick] = special
+    return x.to(dtype)
+
+
+_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 
 
 def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
-    nan = want.isnan()
-    return torch.equal(got.isnan(), nan) and torch.equal(got[~nan], want[~nan])
+    """Bit for bit: the sign of a zero and a NaN's sign count."""
+    return torch.equal(got.view(_BITS[got.dtype]), want.view(_BITS[want.dtype]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -154,9 +154,9 @@ class Lowerer:
         return self.compute(node, idx)
 
     def _max_pool(self, node: Node, idx: tuple[Ix, ...]) -> Stmt:
-        """The largest input element of the output element's window (NaN if any is NaN, as
-        ATen's); a window position outside the input counts as -inf (:func:`native_max_pool`
-        says which nodes come here)."""
+        """The largest input element of the output element's window, bit for bit ATen's (NaN if
+        any is NaN; of equal values the first); a window position outside the input counts as
+        -inf (:func:`native_max_pool` says which nodes come here)."""
         self.covered.add(node.id)
         out = node.outputs[0].type
         x = node.inputs[0]
@@ -168,7 +168,10 @@ class Lowerer:
         in_shape = sizes_of(x.type)
         rank = len(in_shape)
         low = self.b.const(float("-inf"), t)
-        best: Stmt | None = None
+        # NOTE: ATen's fold, in its window order (rows, then columns): a value replaces the
+        # maximum when greater, or NaN; so of equal values (+0.0, -0.0) the first stays, of NaNs
+        # the last; a position outside the input is -inf, which never replaces it
+        best = low
         for kh in range(kernel[0]):
             for kw in range(kernel[1]):
                 sub = list(idx)
@@ -191,8 +194,10 @@ class Lowerer:
                 value = to(self.b, arg_of(x, self.value_at(x, tuple(sub))), t)
                 if take is not None:
                     value = self.b.op("where", [take, value, low], t)
-                best = value if best is None else self.b.op("max", [best, value], t)
-        assert best is not None
+                greater = self.b.op("gt", [value, best], "b")
+                nan = self.b.op("ne", [value, value], "b")
+                replaces = self.b.op("or", [greater, nan], "b")
+                best = self.b.op("where", [replaces, value, best], t)
         return self.b.round(best, STORAGE_OF[out.dtype])
 
     def compute(self, node: Node, idx: tuple[Ix, ...]) -> Stmt:
