@@ -57,9 +57,9 @@ def test_bfloat16_autocast_training_passes_the_gate(name: str) -> None:
     (spec,) = compiled.specializations
     m = spec.compiled.manifest
     assert m.autograd["wrt"]
-    # NOTE: a 16-bit training batch norm has no Stax lowering: PyTorch runs its forward, a
-    # recorded fallback (its backward is the IR rule's, compiled)
-    assert all("batch_norm_train" in f["what"] for f in m.fallbacks), m.fallbacks
+    # NOTE: a training batch norm of a 16-bit input and float32 statistics (autocast's) is
+    # ATen's functional kernel, forward and backward, an extern call: no fallback
+    assert not m.fallbacks, m.fallbacks
     assert any(n.op == "to_dtype" for n in spec.graph.nodes)  # NOTE: autocast's casts
     assert any("cpu:bfloat16" in g for g in m.guards)
 
@@ -147,3 +147,28 @@ def test_the_compile_inside_autocast_runs_with_autocast_off(
         want = model(x)
     assert seen == [False]
     assert got.dtype == want.dtype
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_training_batch_norm_nodes_have_the_kernels_result_types(half: torch.dtype) -> None:
+    # NOTE: the IR types an aten node from the fake-tensor meta kernel; for a 16-bit input with
+    # float32 statistics (autocast's) ATen's kernels keep the batch statistics in float32
+    import json
+
+    from plait.ir import GraphBuilder, TensorType
+
+    x = randn(4, 3, 5, 5, seed=1).to(half)
+    stats = [randn(3, seed=s) for s in (2, 3, 4)] + [randn(3, seed=5).abs()]
+    gb = GraphBuilder()
+    operands = [gb.input(f"t{i}", TensorType.of(t)) for i, t in enumerate([x, *stats])]
+    literals = json.dumps([{"t": i} for i in range(5)] + [True, 0.1, 1e-5])
+    node = gb.call(
+        "aten",
+        operands,
+        name="_native_batch_norm_legit_functional",
+        overload="default",
+        literals=literals,
+    )
+    ran = torch.ops.aten._native_batch_norm_legit_functional.default(x, *stats, True, 0.1, 1e-5)
+    assert [v.type.dtype for v in node] == [r.dtype for r in ran]
+    assert [v.type.shape for v in node] == [tuple(r.shape) for r in ran]

@@ -94,7 +94,7 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
         and (
             (n.op == "dropout" and n.attrs["train"] and 0 < n.attrs["p"] < 1)
             or n.op == "max_pool2d"
-            or (n.op == "batch_norm_train" and _full_precision(n.inputs[0]))
+            or (n.op == "batch_norm_train" and _typed_as_meta(n))
             or (n.op == "scaled_dot_product_attention" and _cpu_attention(n, active))
         )
     ]  # NOTE: a p=1 dropout draws nothing in eager (its rule zeroes the gradient)
@@ -122,13 +122,22 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
-def _full_precision(x: object) -> bool:
-    """float32 or float64: for 16-bit inputs ATen's batch-norm kernels keep float32 statistics
-    where their meta kernels say 16-bit ones (the IR rule runs there)."""
-    return (
-        isinstance(x, Value)
-        and isinstance(x.type, TensorType)
-        and x.type.dtype in (torch.float32, torch.float64)
+def _typed_as_meta(n: Node) -> bool:
+    """Whether ATen's training batch norm returns the types its meta kernel says (the IR node
+    is typed from it): a float32 or float64 input; or a 16-bit input with float32 weight, bias
+    or running statistics (autocast's mixed case: float32 statistics, on the CPU and CUDA). A
+    16-bit input with only 16-bit (or no) affine and running tensors gets 16-bit statistics
+    from the CPU kernel where the meta kernel says float32: the ``batch_norm_train`` rule's."""
+    x = n.inputs[0]
+    if not (isinstance(x, Value) and isinstance(x.type, TensorType)):
+        return False
+    if x.type.dtype in (torch.float32, torch.float64):
+        return True
+    if x.type.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    others = [v.type for v in n.inputs[1:] if isinstance(v, Value)]
+    return bool(others) and all(
+        isinstance(t, TensorType) and t.dtype == torch.float32 for t in others
     )
 
 

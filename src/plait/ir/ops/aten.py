@@ -156,9 +156,35 @@ def _meta_types(
     try:
         if not all(isinstance(d, int) for shape, _, _ in types for d in shape):
             raise TypeRuleError(f"aten: {what} has a data-dependent output shape")
-        return tuple(TensorType(shape, dtype, device) for shape, dtype, device in types)
+        found = tuple(TensorType(shape, dtype, device) for shape, dtype, device in types)
     except TypeError as exc:
         raise TypeRuleError(f"aten: {what}: {exc}") from None
+    fix = KERNEL_TYPES.get((name, overload))
+    return found if fix is None else fix(operands, found)
+
+
+def _float32_batch_statistics(
+    operands: tuple[TensorType, ...], found: tuple[TensorType, ...]
+) -> tuple[TensorType, ...]:
+    """ATen's CPU and CUDA training batch norm keep the batch mean and inverse standard
+    deviation (results 1 and 2) in float32 for a 16-bit input whose weight, bias and running
+    statistics are float32 (autocast's mixed case), where the fake-tensor meta kernel says the
+    input's dtype."""
+    x, others = operands[0], operands[1:]
+    if x.dtype not in (torch.bfloat16, torch.float16) or not others:
+        return found
+    if any(t.dtype != torch.float32 for t in others):
+        return found
+    stats = tuple(TensorType(t.shape, torch.float32, t.device) for t in found[1:3])
+    return (found[0], *stats, *found[3:])
+
+
+# NOTE: overloads whose kernels' result types differ from their meta kernel's, and the kernels'
+# (checked against the kernels by tests/autograd/test_training_autocast.py)
+KERNEL_TYPES: dict[tuple[str, str], Any] = {
+    ("_native_batch_norm_legit_functional", "default"): _float32_batch_statistics,
+    ("_native_batch_norm_legit", "no_stats"): _float32_batch_statistics,
+}
 
 
 def meta_rejects(node: str, what: str, exc: Exception) -> TypeRuleError:
