@@ -212,28 +212,28 @@ class _Engine(RegionEngine, DynamicShapes):
                 s.calls += 1
                 return self._run(s, env, state, args, kwargs)
         # NOTE: the miss path, inline: warnings count the frames up to the user's call
-        with self._tree_lock(), CAPTURE_LOCK, self.lock, collector_paused():
-            try:
-                found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
-            except (RecompileLimitError, Warning):
-                raise  # NOTE: a warning raised as an error (a filter) is the user's to see
-            except Exception as exc:
-                if not self.region:
-                    raise
-                # NOTE: a region its parent's eager Python reached, that the whole program's
-                # capture never did: its failure must not fail a call that ran eagerly before
-                found = None
-                self.refused = f"its capture or compile failed: {type(exc).__name__}: {exc}"
-        if self.refused is not None and found is None:
-            return self._refuse(args, kwargs, self.refused)
-        if found is None:
-            return self._limit_call(args, kwargs)
-        s, env, state = found
-        s.calls += 1
         try:
+            with self._tree_lock(), CAPTURE_LOCK, self.lock, collector_paused():
+                try:
+                    found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
+                except (RecompileLimitError, Warning):
+                    raise  # NOTE: a warning raised as an error (a filter) is the user's to see
+                except Exception as exc:
+                    if not self.region:
+                        raise
+                    # NOTE: a region its parent's eager Python reached, that the whole program's
+                    # capture never did: its failure must not fail a call that ran eagerly before
+                    found = None
+                    self.refused = f"its capture or compile failed: {type(exc).__name__}: {exc}"
+            if self.refused is not None and found is None:
+                return self._refuse(args, kwargs, self.refused)
+            if found is None:
+                return self._limit_call(args, kwargs)
+            s, env, state = found
+            s.calls += 1
             return self._run(s, env, state, args, kwargs)
         finally:
-            start_copies()  # NOTE: a remote entry's local copy, once the call it served ran
+            start_copies()  # NOTE: a remote entry's local copy, once the call it served ended
 
     region_call = __call__
 

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,6 +175,55 @@ def test_a_remote_entrys_local_copy_waits_for_the_call_it_serves(
     remote.settle()
     key = spec.manifest.cache["key"]
     assert LocalStore(tmp_path / "b").get(key) == LocalStore(tmp_path / "a").get(key)
+
+
+def test_a_deferred_copy_never_outlives_the_entry_written_or_deleted_after_it(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """A remote entry that did not load is replaced (rebuilt, put) or deleted by the caller;
+    its local copy, not yet started, must not land after that and bring it back."""
+    stale, rebuilt = os.urandom(4096), os.urandom(4096)
+    for i, then in enumerate(("put", "delete")):
+        key = f"{i}e" * 32
+        RedisStore(server.url).put(key, stale, {"parts": {}})
+        store = TieredStore(LocalStore(tmp_path), remote.remote_store(server.url))
+        assert store.get_pending(key) is not None  # NOTE: its copy deferred
+        if then == "put":
+            store.put(key, rebuilt, {"parts": {}})
+        else:
+            store.delete(key)
+        remote.settle()
+        assert LocalStore(tmp_path).get(key) == (rebuilt if then == "put" else None)
+
+
+def test_readers_of_a_deferred_copy_never_join_it_before_it_starts(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """Two readers of one entry and the API's start_copies, at once: each copy is started
+    exactly once, and a reader waits for it started (never joins a thread not yet started)."""
+    errors: list[BaseException] = []
+    for i in range(20):
+        key = f"{i:02x}" * 32
+        RedisStore(server.url).put(key, os.urandom(1 << 16), {"parts": {}})
+        store = TieredStore(LocalStore(tmp_path / str(i)), remote.remote_store(server.url))
+        assert store.get_pending(key) is not None
+        gate = threading.Barrier(3)
+
+        def read(fn: Any, *args: Any, gate: threading.Barrier = gate) -> None:
+            gate.wait()
+            try:
+                fn(*args)
+            except BaseException as exc:  # NOTE: recorded: the assertion below names it
+                errors.append(exc)
+
+        calls = [(store.get_pending, key), (store.get_pending, key), (remote.start_copies,)]
+        readers = [threading.Thread(target=read, args=call) for call in calls]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join()
+    remote.settle()
+    assert errors == []
 
 
 def test_an_entry_over_the_limit_stays_local(

@@ -420,21 +420,34 @@ def _aligned_copy(payload: memoryview) -> memoryview:
 def start_copies() -> None:
     """Start writing the local copies of the remote entries fetched so far (the API calls it
     when the call that fetched them has returned)."""
+    # NOTE: taken off the list and started under the lock: a reader never finds a copy that is
+    # neither deferred nor started (it would join a thread not yet started)
     with _COPIES_LOCK:
-        todo = list(_DEFERRED)
+        for thread in _DEFERRED:
+            thread.start()
         _DEFERRED.clear()
-    for thread in todo:
-        thread.start()
 
 
 def _started(thread: threading.Thread) -> threading.Thread:
     with _COPIES_LOCK:
-        waiting = thread in _DEFERRED
-        if waiting:
+        if thread in _DEFERRED:
             _DEFERRED.remove(thread)
-    if waiting:
-        thread.start()
+            thread.start()
     return thread
+
+
+def _superseded(root: str, key: str) -> None:
+    """A copy of ``key`` into the local store at ``root`` that has not started is dropped, one
+    that runs is waited for: the caller is about to write or delete that entry itself (a
+    rebuilt entry replacing a remote one that did not load), and must be the last to."""
+    with _COPIES_LOCK:
+        thread = _COPIES.get((root, key))
+        if thread is not None and thread in _DEFERRED:
+            _DEFERRED.remove(thread)
+            del _COPIES[(root, key)]
+            return
+    if thread is not None:
+        thread.join()
 
 
 # NOTE: before the interpreter joins its threads (concurrent.futures's hook; plain atexit runs
@@ -588,6 +601,7 @@ class TieredStore(Store):
         self.local.read_ahead(key)  # NOTE: an entry only the remote has is read when asked for
 
     def put(self, key: str, payload: Payload, meta: dict[str, Any]) -> None:
+        _superseded(str(self.local.root), key)
         self.local.put(key, payload, meta)
         start = time.perf_counter()
         try:
@@ -608,6 +622,7 @@ class TieredStore(Store):
         return meta
 
     def delete(self, key: str) -> bool:
+        _superseded(str(self.local.root), key)
         here = self.local.delete(key)
         there = self._remote("delete", lambda: self.remote.delete(key))
         return here or bool(there)
