@@ -25,7 +25,7 @@ import torch
 
 from plait import logs
 from plait.autograd import JointGraphError, PartitionError
-from plait.autograd.function import autocast_off, without_autocast
+from plait.autograd.function import without_autocast
 from plait.cache import SavedCompile, Store
 from plait.cache.lookup import cached_compile, freeze_candidates
 from plait.cost import enforce as enforce_budgets
@@ -388,8 +388,7 @@ def _autocast_off(build: Callable[..., Compiled]) -> Callable[..., Compiled]:
     autocast runs ``sum`` in float32: a bfloat16 program then reads a float32 buffer)."""
 
     def run(*args: Any) -> Compiled:
-        with autocast_off():
-            return build(*args)
+        return without_autocast(build, *args)
 
     run.__doc__ = build.__doc__
     return run

@@ -30,6 +30,7 @@ import torch
 from plait.errors import PlaitCompileError
 from plait.ir.builder import GraphBuilder
 from plait.ir.graph import Graph, Node, Value
+from plait.ir.ops.aten import mixed_batch_norm
 from plait.ir.ops.pooling import max_pool_window
 from plait.ir.ops.vjp import NoDerivativeError, VjpContext, has_rule, is_differentiable, vjp_rule
 from plait.ir.types import FLOAT_DTYPES, TensorType
@@ -131,14 +132,8 @@ def _typed_as_meta(n: Node) -> bool:
     x = n.inputs[0]
     if not (isinstance(x, Value) and isinstance(x.type, TensorType)):
         return False
-    if x.type.dtype in (torch.float32, torch.float64):
-        return True
-    if x.type.dtype not in (torch.bfloat16, torch.float16):
-        return False
     others = [v.type for v in n.inputs[1:] if isinstance(v, Value)]
-    return bool(others) and all(
-        isinstance(t, TensorType) and t.dtype == torch.float32 for t in others
-    )
+    return x.type.dtype in (torch.float32, torch.float64) or mixed_batch_norm(x.type, others)
 
 
 def _cpu_attention(n: Node, active: set[int]) -> bool:

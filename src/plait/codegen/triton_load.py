@@ -184,7 +184,7 @@ def _load_ahead(compiled: Sequence[Any], device: Any, workers: int) -> float:
         with torch.cuda.device(device):
             kernel._init_handles()
 
-    with ThreadPoolExecutor(max(1, min(workers, len(kernels) or 1))) as pool:
+    with ThreadPoolExecutor(max(1, min(workers, len(kernels)))) as pool:
         list(pool.map(load, kernels))  # NOTE: raises the first failure
     return time.perf_counter() - start
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -163,6 +163,16 @@ def _meta_types(
     return found if fix is None else fix(operands, found)
 
 
+def mixed_batch_norm(x: TensorType, others: Sequence[Type]) -> bool:
+    """A batch norm of a 16-bit input whose weight, bias and running statistics (those present,
+    at least one) are float32: autocast's case, where ATen's kernels keep float32 statistics."""
+    return (
+        x.dtype in (torch.bfloat16, torch.float16)
+        and bool(others)
+        and all(isinstance(t, TensorType) and t.dtype == torch.float32 for t in others)
+    )
+
+
 def _float32_batch_statistics(
     operands: tuple[TensorType, ...], found: tuple[TensorType, ...]
 ) -> tuple[TensorType, ...]:
@@ -170,10 +180,7 @@ def _float32_batch_statistics(
     deviation (results 1 and 2) in float32 for a 16-bit input whose weight, bias and running
     statistics are float32 (autocast's mixed case), where the fake-tensor meta kernel says the
     input's dtype."""
-    x, others = operands[0], operands[1:]
-    if x.dtype not in (torch.bfloat16, torch.float16) or not others:
-        return found
-    if any(t.dtype != torch.float32 for t in others):
+    if not mixed_batch_norm(operands[0], operands[1:]):
         return found
     stats = tuple(TensorType(t.shape, torch.float32, t.device) for t in found[1:3])
     return (found[0], *stats, *found[3:])
