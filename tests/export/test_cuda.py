@@ -32,11 +32,37 @@ except ImportError:
     pass
 else:
     raise SystemExit("tests is importable in the loading process")
-loaded = plait.load(sys.argv[1])
+import triton
+from triton import knobs
+
+triton.runtime.driver.active.utils  # NOTE: Triton's own runtime module, built once per install
+compiles = []
+
+
+def no_compiler(*args, **kwargs):
+    raise RuntimeError("a C compiler was run to build a launcher")
+
+
+knobs.build.impl = no_compiler
+knobs.compilation.listener = lambda **kw: compiles.append(kw["cache_hit"])
+loaded = plait.load(sys.argv[1], trust=sys.argv[4] or None)
 x = load_file(sys.argv[2])["x"].cuda()
 save_file({"y": loaded(x).cpu()}, sys.argv[3])
-print(loaded.native["status"], loaded.builds[0].program.target)
+print(loaded.native["status"], loaded.builds[0].program.target, len(compiles), sum(compiles))
 """
+
+
+def _fresh_load(tmp_path: Path, path: Path, trust: str, cache: Path) -> list[str]:
+    """The artifact loaded and called in a fresh process on an empty Triton cache that may not
+    run a C compiler; prints the native status, the target, Triton compiles and cache hits."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "TRITON_CACHE_DIR": str(cache)}
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), str(tmp_path / "x.safetensors"),
+         str(tmp_path / "y.safetensors"), trust],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0 or trust == "", proc.stderr[-4000:]
+    return proc.stdout.split() if proc.returncode == 0 else ["failed", proc.stderr[-400:]]
 
 
 def test_a_cuda_export_round_trips_in_a_fresh_process(tmp_path: Path) -> None:
@@ -44,20 +70,22 @@ def test_a_cuda_export_round_trips_in_a_fresh_process(tmp_path: Path) -> None:
     model = TransformerBlock().eval().cuda()
     artifact = plait.export(model, (torch.randn(2, 16, 32, generator=seeded(31)).cuda(),))
     assert artifact.header["device"] == "cuda:0" and artifact.header["executor"] == "stax"
-    assert not artifact.native  # NOTE: Triton kernels are never carried
+    assert artifact.native, artifact.header["native_note"]  # NOTE: compiled Triton kernels
     path = artifact.save(tmp_path / "block.plait")
     x = torch.randn(2, 16, 32, generator=seeded(32))
     with torch.no_grad():
         want = plait.compile(model)(x.cuda()).cpu()
     save_file({"x": x}, tmp_path / "x.safetensors")
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(path), str(tmp_path / "x.safetensors"),
-         str(tmp_path / "y.safetensors")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.split() == ["none", "triton"]
+
+    trusted = _fresh_load(tmp_path, path, artifact.digest, tmp_path / "trusted-cache")
+    status, target, compiles, hits = trusted
+    assert (status, target) == ("loaded", "triton") and int(compiles) > 0
+    assert hits == compiles  # NOTE: every kernel found carried: none compiled, no launcher built
     assert torch.equal(load_file(tmp_path / "y.safetensors")["y"], want)
+
+    # NOTE: untrusted, the kernels compile here: with no C compiler for launchers, it fails
+    untrusted = _fresh_load(tmp_path, path, "", tmp_path / "untrusted-cache")
+    assert untrusted[0] == "failed" and "a C compiler was run" in untrusted[1], untrusted
+
     result = plait.verify(path)
     assert result.ok and result.bitwise_as_exported, str(result)

@@ -96,14 +96,29 @@ def _module(source: str) -> ModuleType:
     digest = _digest(source)
     key = (digest, interpret)
     hit = _MODULES.get(key)
-    if hit is not None:
-        return hit
+    if hit is None:
+        name = f"plait_triton_{digest[:32]}" + ("_interpreted" if interpret else "")
+        hit = _MODULES[key] = _import(source, digest, name)
+    return hit
+
+
+def _fresh_module(source: str) -> ModuleType:
+    """A new instance of ``source``'s module, not kept: its kernels have no compiled state in
+    memory, so each compile goes to Triton's cache (what gathering carried kernels needs)."""
+    digest = _digest(source)
+    _FRESH[0] += 1
+    return _import(source, digest, f"plait_triton_{digest[:32]}_fresh{_FRESH[0]}")
+
+
+_FRESH = [0]
+
+
+def _import(source: str, digest: str, name: str) -> ModuleType:
     path = _publish(source, digest)
-    name = f"plait_triton_{digest[:32]}" + ("_interpreted" if interpret else "")
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    module.M = _math_module(interpret)  # type: ignore[attr-defined]
+    module.M = _math_module(interpreting())  # type: ignore[attr-defined]
     # NOTE: registered before it runs: Triton's jit reads the function's module for its source.
     sys.modules[name] = module
     try:
@@ -111,7 +126,6 @@ def _module(source: str) -> ModuleType:
     except BaseException:
         sys.modules.pop(name, None)
         raise
-    _MODULES[key] = module
     return module
 
 
@@ -121,7 +135,11 @@ def _options(ts: TritonSource) -> dict[str, Any]:
 
 
 def precompile(
-    kernels: Sequence[tuple[TritonSource, Sequence[Any]]], device: Any, jobs: int
+    kernels: Sequence[tuple[TritonSource, Sequence[Any]]],
+    device: Any,
+    jobs: int,
+    *,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     """Compile ``kernels`` (each printed kernel with its launch's tensor dtypes, in buffer
     order; a symbolic kernel's size arguments at their hints, which its binary does not
@@ -129,7 +147,8 @@ def precompile(
     manifest: ``{"kernels": n, "jobs": j, "parallel": bool, "seconds": s}``. Kernels over
     empty domains and interpreted kernels compile nothing. A launch whose tensors are not
     16-byte aligned (a view at an odd offset) specializes differently and compiles at that
-    launch."""
+    launch. ``fresh``: each kernel compiled from a new instance of its module, through Triton's
+    cache even when this process compiled it before (:mod:`plait.codegen.triton_carry`)."""
     todo = [(ts, [*dtypes, *ts.hints]) for ts, dtypes in kernels if 0 not in ts.grid]
     record: dict[str, Any] = {"kernels": len(todo), "jobs": 1, "parallel": False, "seconds": 0.0}
     if not todo or interpreting():
@@ -139,7 +158,8 @@ def precompile(
     t0 = time.perf_counter()
     unique = {ts.source: (ts, dtypes) for ts, dtypes in todo}.values()
     with torch.cuda.device(device):
-        warm = [(getattr(_module(ts.source), ts.symbol), ts, dtypes) for ts, dtypes in unique]
+        load = _fresh_module if fresh else _module
+        warm = [(getattr(load(ts.source), ts.symbol), ts, dtypes) for ts, dtypes in unique]
 
         def compile_one(item: tuple[Any, TritonSource, Sequence[Any]]) -> Any:
             fn, ts, dtypes = item

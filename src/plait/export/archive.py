@@ -57,6 +57,10 @@ MEMBERS = (
     "native/index.json",
 )
 NATIVE_LIBRARY = re.compile(r"native/[0-9a-f]{64}\.so")
+# NOTE: a compiled Triton kernel's metadata or binary, or a launcher, under its Triton cache key
+NATIVE_TRITON = re.compile(
+    r"native/triton/[A-Z2-7]{1,104}/[A-Za-z0-9_.-]{1,200}\.(json|cubin|hsaco|so)"
+)
 _STORED_SUFFIXES = (".safetensors", ".so")
 _TIMESTAMP = (1980, 1, 1, 0, 0, 0)
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
@@ -78,13 +82,18 @@ class Limits:
     def member_bytes(self, name: str) -> int:
         if name.endswith(".safetensors"):
             return self.tensor_bytes
-        if name.endswith(".so"):
+        if is_native(name):
             return self.native_bytes
         return self.text_bytes
 
 
 def known_member(name: str) -> bool:
-    return name in MEMBERS or bool(NATIVE_LIBRARY.fullmatch(name))
+    return name in MEMBERS or is_native(name)
+
+
+def is_native(name: str) -> bool:
+    """Whether ``name`` is a native kernel member (a library, a Triton kernel or launcher)."""
+    return bool(NATIVE_LIBRARY.fullmatch(name) or NATIVE_TRITON.fullmatch(name))
 
 
 def check_member_name(name: str) -> None:
@@ -239,7 +248,7 @@ def read_archive(path: str | Path, limits: Limits) -> Members:
             raise ArtifactFormatError(
                 f"member {name}: {info.file_size} bytes, {INDEX} says {want['bytes']}"
             )
-        if name.endswith(".so"):
+        if is_native(name):
             total_native += info.file_size
             if total_native > limits.native_bytes:
                 raise ArtifactFormatError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import shutil
 import time
 import warnings
 from collections.abc import Iterable
@@ -100,7 +101,7 @@ def load_members(
     guards = _guards(members.json("guards.json"), call_spec, references)
     contract = _contract(members.text("contract.toml"))
     exported = _manifest(members.json("manifest.json"), header["semantic_hash"])
-    decision = native.decide_native(native.read_index(members), trusted, members.digest)
+    decision = native.decide_native(native.read_index(members), trusted, members.digest, device)
     for v in graph.inputs:
         if v.name in weights:
             weights[v.name] = weights[v.name].to(device)
@@ -216,9 +217,9 @@ class _Builder:
             m.cache = {"status": "interpreter", "events": list(self.notes)}
             m.timings["export.build"] = time.perf_counter() - start
             return Build(run, settings, m, reason)
-        program = self._stax()
+        program, triton_built = self._stax()
         if reason is None:
-            self.decision = native.check_adopted(self.decision, program)
+            self.decision = native.check_adopted(self.decision, program, triton_built)
         _records(program, m)
         m.cache = {
             "status": f"native kernels {self.decision.status}",
@@ -235,17 +236,28 @@ class _Builder:
         backend = "stax" if self.header["executor"] == "stax" else "eager"
         return {"backend": backend, "artifact_format": self.header["version"]}
 
-    def _stax(self) -> Any:
+    def _stax(self) -> tuple[Any, list[str] | None]:
         from plait.runtime import CodegenError, StaxOptions, compile_graph
 
         opts = _stax_options(self.header["stax_options"], StaxOptions())
         opts["strict"] = False
         opts["jobs"] = self.decision.jobs if self.decision.status == "loaded" else None
         options = StaxOptions(**opts)
+        workdir, self.decision.workdir = self.decision.workdir, None
         try:
-            return compile_graph(self.graph, options=options)
+            if workdir is None:
+                return compile_graph(self.graph, options=options), None
+            from plait.codegen.triton_carry import serving
+
+            # NOTE: the first build only: the carried kernels stay loaded in this process
+            with serving(workdir) as built:
+                program = compile_graph(self.graph, options=options)
+            return program, built
         except CodegenError as exc:
             raise PlaitCompileError(f"the artifact's program does not build here: {exc}") from exc
+        finally:
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _stax_options(doc: dict[str, Any], defaults: Any) -> dict[str, Any]:

@@ -44,6 +44,8 @@ class NativeDecision:
     reason: str
     units: list[dict[str, Any]] = field(default_factory=list)
     jobs: int | None = None
+    kind: str = "cpp"
+    workdir: Path | None = None  # NOTE: Triton's: the private cache the build is served from
 
     def record(self) -> dict[str, Any]:
         return {"status": self.status, "reason": self.reason, "units": len(self.units)}
@@ -55,8 +57,12 @@ def collect(program: Any) -> tuple[dict[str, bytes], dict[str, Any] | None, str]
     from plait.codegen import build
     from plait.manifest import cpu_features
 
+    if program is not None and getattr(program, "target", None) == "triton":
+        from plait.export import native_triton
+
+        return native_triton.collect(program)
     if program is None or getattr(program, "target", None) != "cpu":
-        return {}, None, "no native kernels: the program is not a Stax C++ program"
+        return {}, None, "no native kernels: the program is not a Stax or Triton program"
     by_unit: dict[str, list[str]] = {}
     for k in program.kernels:
         by_unit.setdefault(k.unit, []).append(k.symbol)
@@ -107,13 +113,23 @@ def trusted_digests(trust: str | Iterable[str] | None) -> frozenset[str] | None:
 
 def read_index(members: Members) -> dict[str, Any] | None:
     """The native index, checked against the library members (each declared once, each with
-    its bytes' SHA-256, symbols that are kernel symbols); None when there is none."""
-    libraries = {n for n in members.data if n.endswith(".so")}
+    its bytes' SHA-256, symbols that are kernel symbols; a Triton index's files, see
+    :mod:`plait.export.native_triton`); None when there is none. Any library or ``native/``
+    member the index does not declare is refused."""
+    libraries = {n for n in members.data if n.endswith(".so") or n.startswith("native/")}
+    libraries.discard(INDEX)
     if not members.has(INDEX):
         if libraries:
             raise ArtifactFormatError(f"native libraries {sorted(libraries)} with no {INDEX}")
         return None
     doc = members.json(INDEX)
+    if isinstance(doc, dict) and doc.get("kind") == "triton":
+        from plait.export import native_triton
+
+        _refuse_planted(libraries - native_triton.read_index(doc, members))
+        return doc
+    if isinstance(doc, dict) and doc.get("kind", "cpp") != "cpp":
+        raise ArtifactFormatError(f"{INDEX}: unknown kind {str(doc.get('kind'))[:40]!r}")
     units = doc.get("units") if isinstance(doc, dict) else None
     if not isinstance(units, list) or not isinstance(doc.get("toolchain"), dict):
         raise ArtifactFormatError(f"{INDEX}: no 'units' list or 'toolchain' object")
@@ -136,14 +152,22 @@ def read_index(members: Members) -> dict[str, Any] | None:
         if sha256(members.read(name)) != u["sha256"]:
             raise ArtifactFormatError(f"{name} does not match its SHA-256 in {INDEX}")
         declared.add(name)
-    planted = sorted(libraries - declared)
-    if planted:
-        raise ArtifactFormatError(f"native libraries {planted} are not declared in {INDEX}")
+    _refuse_planted(libraries - declared)
     return doc
 
 
+def _refuse_planted(undeclared: set[str]) -> None:
+    if undeclared:
+        raise ArtifactFormatError(
+            f"native libraries {sorted(undeclared)} are not declared in {INDEX}"
+        )
+
+
 def decide_native(
-    index: Mapping[str, Any] | None, trusted: frozenset[str] | None, digest: str
+    index: Mapping[str, Any] | None,
+    trusted: frozenset[str] | None,
+    digest: str,
+    device: Any = None,
 ) -> NativeDecision:
     """Whether the artifact's kernels are loaded (see the module doc). Raises
     :class:`ArtifactTrustError` when ``trusted`` names digests and this artifact's is not one."""
@@ -154,6 +178,8 @@ def decide_native(
         )
     if index is None:
         return NativeDecision("none", "the artifact carries no native kernels")
+    if index.get("kind") == "triton":
+        return _decide_triton(index, trusted, digest, device)
     units = list(index["units"])
     if trusted is None:
         return NativeDecision(
@@ -185,11 +211,52 @@ def decide_native(
     )  # fmt: skip
 
 
+def _decide_triton(
+    index: Mapping[str, Any], trusted: frozenset[str] | None, digest: str, device: Any
+) -> NativeDecision:
+    from plait.export import native_triton
+
+    entries = list(index["entries"])
+    if trusted is None:
+        return NativeDecision(
+            "rebuilt",
+            "Triton kernels compiled here from the IR: the artifact's compiled kernels are code, "
+            f"loaded only when its digest is trusted (plait.load(path, trust={digest!r}))",
+            entries,
+            kind="triton",
+        )
+    why = native_triton.mismatch(dict(index), device)
+    if why is not None:
+        return NativeDecision(
+            "rebuilt", f"Triton kernels compiled here from the IR: {why}", entries, kind="triton"
+        )
+    kernels = sum(e["group"] is not None for e in entries)
+    return NativeDecision(
+        "loaded",
+        f"{kernels} Triton kernels and {len(entries) - kernels} launchers trusted by digest "
+        f"{digest}",
+        entries,
+        kind="triton",
+    )
+
+
 def adopt(decision: NativeDecision, members: Members, workdir: Path) -> None:
     """Load the trusted libraries (``decision.status == "loaded"``) as their kernel units,
-    each written to ``workdir`` (the load's private temporary directory), removed after."""
+    each written to ``workdir`` (the load's private temporary directory), removed after. Trusted
+    Triton kernels are laid out in ``workdir`` as the private cache the build is served from
+    (``decision.workdir``; the build removes it)."""
     from plait.codegen import build
 
+    if decision.kind == "triton":
+        from plait.export import native_triton
+
+        try:
+            native_triton.lay_out(decision.units, members, workdir)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        decision.workdir = workdir
+        return
     try:
         for u in decision.units:
             path = workdir / f"{u['key']}.so"
@@ -200,11 +267,24 @@ def adopt(decision: NativeDecision, members: Members, workdir: Path) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def check_adopted(decision: NativeDecision, program: Any) -> NativeDecision:
+def check_adopted(
+    decision: NativeDecision, program: Any, triton_built: list[str] | None = None
+) -> NativeDecision:
     """After the build: every kernel came from a trusted library, or the decision says which
-    were built here."""
+    were built here (``triton_built``: the Triton cache keys compiled during the build)."""
     if decision.status != "loaded":
         return decision
+    if decision.kind == "triton":
+        if not triton_built:
+            return decision
+        return NativeDecision(
+            "rebuilt",
+            f"{decision.reason}; but {len(triton_built)} Triton kernels or launchers of this "
+            "build were compiled here (this machine keys them differently: another Triton build "
+            "or ptxas)",
+            decision.units,
+            kind="triton",
+        )
     carried = {u["key"][:16] for u in decision.units}
     built = sorted({k.unit for k in program.kernels if k.unit not in carried})
     if built:

@@ -479,6 +479,13 @@ def _launch_dtypes(low: Any) -> list[Any]:
     return [t.dtype for t in types if isinstance(t, TensorType)]
 
 
+def triton_launches(plan: Plan, row: Sequence[KernelInfo]) -> list[tuple[Any, list[Any]]]:
+    """Each Triton kernel of ``plan`` (its infos ``row``, in step order) with its launch's
+    tensor dtypes: what :func:`plait.codegen.triton_load.precompile` compiles."""
+    steps = [s for s in plan.steps if isinstance(s, KernelStep)]
+    return [(info.triton, _launch_dtypes(step.lowered)) for info, step in zip(row, steps)]
+
+
 def _triton_info(low: Any, tune_on: str | None) -> KernelInfo:
     """``low``'s kernel printed for Triton; with ``tune_on`` (a device), its launch shape timed
     there and the fastest kept (:mod:`plait.codegen.triton_tune`)."""
@@ -517,10 +524,7 @@ def _precompile_triton(
     for g, plan, row, target in zip(graphs, plans, infos, targets):
         if target != "triton" or graph_device(g) == "cpu":
             continue
-        steps = [s for s in plan.steps if isinstance(s, KernelStep)]
-        kernels = by_device.setdefault(graph_device(g), [])
-        for info, step in zip(row, steps):
-            kernels.append((info.triton, _launch_dtypes(step.lowered)))
+        by_device.setdefault(graph_device(g), []).extend(triton_launches(plan, row))
     jobs = opts.jobs or os.cpu_count() or 1
     records = [precompile(kernels, device, jobs) for device, kernels in by_device.items()]
     if not records:
