@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything plait checks and measures on one NVIDIA GPU, in one command (a lent GPU machine is
-# held by the minute): the GPU tests, the training-step benchmark and the inference suite.
+# held by the minute): the GPU tests, the training-step benchmark, the inference suite, the
+# exported programs' loads (benchmarks/export_cuda.py) and the inference profile.
 #
-#   bash benchmarks/cuda_run.sh tests training suite profile   # any subset, in this order
+#   bash benchmarks/cuda_run.sh tests training suite export profile   # any subset, in order
 #
 # Logs and JSON land in $OUT (or benchmarks/out/cuda when OUT is unset); the run goes on past a
 # failing stage and exits non-zero when any stage failed.
@@ -22,9 +23,11 @@ for stage in "$@"; do
              | tee "$OUT/training.log" ;;
     suite) timeout "$limit" python3 -m benchmarks.cuda_suite --out "$OUT" ${SUITE_ARGS:-} 2>&1 \
              | tee "$OUT/suite.log" ;;
+    export) timeout "$limit" python3 -m benchmarks.export_cuda --out "$OUT" ${EXPORT_ARGS:-} 2>&1 \
+             | tee "$OUT/export.log" ;;
     profile) timeout "$limit" python3 -m benchmarks.cuda_profile --out "$OUT" ${PROFILE_ARGS:-} 2>&1 \
              | tee "$OUT/profile.log" ;;
-    *) echo "unknown stage $stage (tests, training, suite, profile)"; status=2; continue ;;
+    *) echo "unknown stage $stage (tests, training, suite, export, profile)"; status=2; continue ;;
   esac
   rc=${PIPESTATUS[0]}
   echo "== stage $stage: exit $rc in $(( $(date +%s) - start )) s"

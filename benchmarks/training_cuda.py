@@ -178,6 +178,7 @@ def run_case(name: str, steps: int, quick: bool, systems: tuple[str, ...]) -> di
             rec["partition"] = {k: m.autograd.get(k) for k in ("partitioner", "saved_bytes")}
             rec["fallbacks"] = m.fallbacks[:10]
             rec["timings"] = {k: round(v, 3) for k, v in m.timings.items()}
+            rec["cuda_graphs"] = _found(m.to_json(), "cuda_graph")
         out["systems"][r["kind"]] = rec
     ok = {k: v for k, v in out["systems"].items() if "median_step_ms" in v}
     base_ms = ok.get("eager", {}).get("median_step_ms")
@@ -206,6 +207,21 @@ def table(results: dict[str, Any]) -> str:
                 f"{rec['state_after_steps']['within_contract']} |"
             )
     return "\n".join(rows)
+
+
+def _found(doc: Any, key: str, path: str = "") -> dict[str, Any]:
+    """Every value under ``key`` in a nested manifest record, by its path."""
+    out: dict[str, Any] = {}
+    items = (
+        doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else []
+    )
+    for k, v in items:
+        here = f"{path}/{k}"
+        if k == key:
+            out[here] = v
+        else:
+            out.update(_found(v, key, here))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,8 +53,9 @@ def export(
     chooses (Stax compiles symbolic shapes). A program ``plait.compile`` would run on plait's
     reference interpreter (CUDA tensors where Triton is not installed) is exported so, with an
     :class:`~plait.errors.ExportWarning`, recorded in the artifact (and warned again at each
-    load). ``native``: carry the C++ kernel libraries (loaded only where the load trusts the
-    artifact's digest; otherwise rebuilt from the IR). ``references``: how many reference
+    load). ``native``: carry the C++ kernel libraries, or a CUDA program's compiled Triton kernels
+    and launchers (loaded only where the load trusts the artifact's digest; otherwise rebuilt
+    from the IR). ``references``: how many reference
     cases (fresh random inputs) to store. Raises :class:`~plait.errors.ExportError` for a
     program that cannot be exported (an opaque call, an in-place write of an input or of
     state, an argument or result that is not a tensor or plain value), and
@@ -84,7 +85,8 @@ def load(
     malicious file raises an :class:`~plait.errors.ArtifactError` naming what is wrong. Native
     kernel libraries in the artifact are code: they are loaded only when ``trust`` names the
     artifact's digest (``"sha256:..."``, :attr:`Artifact.digest`) and this machine's toolchain
-    is theirs; otherwise the kernels are built here from the IR (``loaded.native`` and
+    (for Triton kernels: Triton version and GPU target) is theirs; otherwise the kernels are
+    built here from the IR (``loaded.native`` and
     ``plait.explain(loaded)`` say which, and why). ``limits``: the sizes a load refuses.
 
     Example:

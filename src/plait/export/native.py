@@ -8,7 +8,8 @@ libraries included), and only when this machine's toolchain is the one they were
 then written to a private temporary directory of the load, loaded with ctypes as the kernel
 unit it was built for, and the directory removed: the Stax build finds every unit loaded and
 runs no compiler. Otherwise nothing of them is written or loaded; the kernels are printed from
-the program's IR and built here (the kernel cache's usual path), and the load says why.
+the program's IR and built here (the kernel cache's usual path), and the load says why. A CUDA
+program's compiled Triton kernels follow the same rule (:mod:`plait.export.native_triton`).
 
 Example:
     >>> decide_native(None, None, "sha256:" + "0" * 64).status
