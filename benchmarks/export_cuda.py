@@ -4,8 +4,9 @@ and what a load in a fresh process costs with and without trusting them.
 Per case (torchvision ResNet-50, float32, batch 1; ViT-B/16, bfloat16, batch 8): the export's
 seconds, the artifact's bytes and its carried kernel bytes; then, for a trusted and an untrusted
 load, each in a fresh process on an empty Triton cache and an empty plait kernel cache: the
-seconds of ``plait.load`` and of the first call, what became of the native kernels, and Triton's
-compiles and cache hits in that process (its compilation listener). Every first output is
+seconds of the CUDA context, of ``plait.load`` (and its phases) and of the first call, what
+became of the native kernels, and Triton's compiles and cache hits in that process (its
+compilation listener). Every first output is
 compared with the exporting process's compiled output, bit for bit.
 
     python -m benchmarks.export_cuda --out DIR [--cases resnet50-fp32-b1,vit_b_16-bf16-b8]
@@ -34,8 +35,11 @@ t0 = time.perf_counter()
 import torch, plait
 from safetensors.torch import load_file, save_file
 from triton import knobs
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # NOTE: as exported
 events = []
 knobs.compilation.listener = lambda **kw: events.append(kw["cache_hit"])
+t_cuda = time.perf_counter()
+torch.empty(1, device="cuda")  # NOTE: the CUDA context, timed apart from the load
 t1 = time.perf_counter()
 loaded = plait.load(sys.argv[1], trust=sys.argv[4] or None)
 t2 = time.perf_counter()
@@ -44,7 +48,10 @@ y = loaded(x)
 torch.cuda.synchronize()
 t3 = time.perf_counter()
 save_file({"y": y.float().cpu()}, sys.argv[3])
-print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_call_s": t3 - t2,
+timings = {k: round(v, 3) for k, v in loaded.builds[0].manifest.timings.items()
+           if not k.startswith("stax.kernel.")}
+print(json.dumps({"import_s": t_cuda - t0, "cuda_init_s": t1 - t_cuda, "load_s": t2 - t1,
+                  "first_call_s": t3 - t2, "timings": timings,
                   "native": loaded.native, "triton_compiles": events.count(False),
                   "triton_cache_hits": events.count(True)}))
 """
