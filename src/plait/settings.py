@@ -98,6 +98,10 @@ _WRITERS: dict[str, Callable[[Any], None]] = {
     "torch.is_deterministic_algorithms_warn_only_enabled()": _set_warn_only,
     "torch.backends.mkldnn.enabled": torch._C._set_mkldnn_enabled,
     "torch.backends.cudnn.enabled": torch._C._set_cudnn_enabled,
+    "torch.backends.cuda.flash_sdp_enabled()": torch._C._set_sdp_use_flash,
+    "torch.backends.cuda.mem_efficient_sdp_enabled()": torch._C._set_sdp_use_mem_efficient,
+    "torch.backends.cuda.math_sdp_enabled()": torch._C._set_sdp_use_math,
+    "torch.backends.cuda.cudnn_sdp_enabled()": torch._C._set_sdp_use_cudnn,
 }
 
 

@@ -561,3 +561,16 @@ def test_masked_select_gradient() -> None:
     _grads_match(
         "aten_datadep", [[x, mask]], attrs, torch.masked_select, wrt=[0], partitioners=("save-all",)
     )
+
+
+def test_cuda_sdpa_gradient_is_autograd_over_eagers_fused_kernel() -> None:
+    """On CUDA, attention's gradient is PyTorch's autograd over the call (eager picks its fused
+    kernel and that kernel's backward), not the float32 math the CPU rule writes."""
+    b = GraphBuilder()
+    half = [b.input(n, TensorType((2, 4, 16, 8), torch.bfloat16, "cuda:0")) for n in "qkv"]
+    b.output(b.call("scaled_dot_product_attention", *half, None, is_causal=True))
+    joint = build_joint(b.build(), ["q", "k", "v"])
+    ops = [n.op for n in joint.graph.nodes]
+    vjps = [n for n in joint.graph.nodes if n.op == "torch_vjp"]
+    assert len(vjps) == 1 and vjps[0].attrs["of"] == "scaled_dot_product_attention"
+    assert "matmul" not in ops and "softmax" not in ops

@@ -279,6 +279,13 @@ def _flip_reduced(attr: str) -> Callable[[], None]:
     return lambda: setattr(matmul, attr, before[0] if isinstance(before, tuple) else before)
 
 
+def _flip_sdp(kind: str) -> Callable[[], None]:
+    cuda = torch.backends.cuda
+    before = getattr(cuda, f"{kind}_sdp_enabled")()
+    getattr(cuda, f"enable_{kind}_sdp")(not before)
+    return lambda: getattr(cuda, f"enable_{kind}_sdp")(before)
+
+
 # NOTE: one entry per ambient setting plait guards; test_every_setting_has_a_case holds the
 # table to plait.guards.ambient.CALL_SETTINGS.
 AMBIENT_CASES: dict[str, Callable[[], Callable[[], None]]] = {
@@ -307,6 +314,10 @@ AMBIENT_CASES: dict[str, Callable[[], Callable[[], None]]] = {
         torch.backends.cudnn, "enabled", torch._C._set_cudnn_enabled
     ),
     "torch.get_default_dtype()": _flip_default_dtype,
+    "torch.backends.cuda.flash_sdp_enabled()": lambda: _flip_sdp("flash"),
+    "torch.backends.cuda.mem_efficient_sdp_enabled()": lambda: _flip_sdp("mem_efficient"),
+    "torch.backends.cuda.math_sdp_enabled()": lambda: _flip_sdp("math"),
+    "torch.backends.cuda.cudnn_sdp_enabled()": lambda: _flip_sdp("cudnn"),
 }
 
 

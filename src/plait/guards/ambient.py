@@ -113,6 +113,14 @@ CALL_SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("torch.backends.mkldnn.enabled", torch._C._get_mkldnn_enabled),
     Setting("torch.backends.cudnn.enabled", torch._C._get_cudnn_enabled),
+    # NOTE: which fused attention kernels eager may pick: a compiled attention gradient runs
+    # the one eager picks when it is compiled
+    Setting("torch.backends.cuda.flash_sdp_enabled()", torch._C._get_flash_sdp_enabled),
+    Setting(
+        "torch.backends.cuda.mem_efficient_sdp_enabled()", torch._C._get_mem_efficient_sdp_enabled
+    ),
+    Setting("torch.backends.cuda.math_sdp_enabled()", torch._C._get_math_sdp_enabled),
+    Setting("torch.backends.cuda.cudnn_sdp_enabled()", torch._C._get_cudnn_sdp_enabled),
 )
 
 

@@ -403,7 +403,8 @@ def _fold_heads(ctx: VjpContext, g: Value, groups: int) -> Value:
 @vjp("scaled_dot_product_attention")
 def _sdpa_vjp(ctx: VjpContext) -> list[Operand | None]:
     """Attention's gradient from its math: the scores and their softmax are computed again
-    (the node does not keep them), then the four products of the softmax's backward.
+    (the node does not keep them), then the four products of the softmax's backward. On CUDA,
+    PyTorch's autograd over eager's fused kernel instead (``torch_vjp``).
 
     NOTE: eager's math: ``S = q k^T * scale`` (keys/values heads repeated under enable_gqa),
     masked (is_causal: keep key j <= query i, top-left aligned; a bool mask keeps where true; a
@@ -419,6 +420,11 @@ def _sdpa_vjp(ctx: VjpContext) -> list[Operand | None]:
         )
     tq, tk = tensor_type(q), tensor_type(k)
     head_dim = tq.shape[-1]
+    if tq.device.startswith("cuda"):
+        # NOTE: eager's fused kernels (flash, memory-efficient, cuDNN: the one eager picks under
+        # the guarded backend settings), forward again then backward, through autograd: eager's
+        # gradient, where the math below computes five float32 products in their place
+        return torch_vjp_rule(ctx)
     if a["scale"] is None and not isinstance(head_dim, int):
         return torch_vjp_rule(ctx)
     assert isinstance(q, Value) and isinstance(k, Value) and isinstance(v, Value)
