@@ -417,6 +417,7 @@ class KernelCensus:
         self._new: list[int] = [0] * len(self.dirs)
         self._previous: Any = None
         self.kernels: list[str] = []
+        self.first_key: dict[str, Any] | None = None
 
     def _cubins(self) -> list[set[Path]]:
         return [set(d.rglob("*.cubin")) if d.is_dir() else set() for d in self.dirs]
@@ -429,6 +430,8 @@ class KernelCensus:
                 self.misses += 1
                 if len(self.kernels) < MAX_KERNEL_NAMES:
                     self.kernels.append(_kernel_name(event))
+                if self.first_key is None:
+                    self.first_key = _key_parts(event)
         if self._previous is not None:
             self._previous(**event)
 
@@ -459,7 +462,27 @@ class KernelCensus:
             "listener_cache_hits": self.hits if self.listener else None,
             "new_cubin_files": dict(zip(map(str, self.dirs), self._new)),
             "kernels": list(self.kernels),
+            "first_compiled_key_parts": self.first_key,
         }
+
+
+def _key_parts(event: dict[str, Any]) -> dict[str, Any]:
+    """What Triton's cache key of a compiled kernel is made of (its source's hash, the compile
+    options in its metadata, the cache-invalidating environment): to compare two processes'
+    keys for one kernel."""
+    src, meta = event.get("src"), dict(event.get("metadata") or {})
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        env = dict(get_cache_invalidating_env_vars())
+    except ImportError:
+        env = {}
+    return {
+        "name": getattr(src, "name", "?"),
+        "source_hash": src.hash() if hasattr(src, "hash") else None,
+        "metadata": {k: str(v)[:300] for k, v in sorted(meta.items()) if k != "hash"},
+        "env": env,
+    }
 
 
 def _kernel_name(event: dict[str, Any]) -> str:
