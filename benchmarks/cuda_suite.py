@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -477,8 +478,20 @@ def _key_parts(event: dict[str, Any]) -> dict[str, Any]:
         env = dict(get_cache_invalidating_env_vars())
     except ImportError:
         env = {}
+    try:
+        from triton.compiler.compiler import make_backend
+        from triton.runtime.cache import triton_key
+        from triton.runtime.driver import driver
+
+        backend = make_backend(driver.active.get_current_target()).hash()
+        build = hashlib.sha256(triton_key().encode()).hexdigest()
+    except Exception as exc:  # NOTE: diagnostics only: another Triton names these otherwise
+        backend = build = f"unknown ({type(exc).__name__})"
     return {
         "name": getattr(src, "name", "?"),
+        "backend_hash": backend,
+        "triton_key_sha256": build,
+        "ptxas_env": os.environ.get("TRITON_PTXAS_PATH"),
         "source_hash": src.hash() if hasattr(src, "hash") else None,
         "metadata": {k: str(v)[:300] for k, v in sorted(meta.items()) if k != "hash"},
         "env": env,
