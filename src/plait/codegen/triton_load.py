@@ -111,9 +111,30 @@ def _fresh_module(source: str) -> ModuleType:
 
 
 _FRESH = [0]
+_PTXAS_SET: list[bool] = []  # NOTE: torch_ptxas runs once, before the first module
+
+
+def torch_ptxas(torch_dir: Path | None = None) -> None:
+    """Point Triton at the ``ptxas`` PyTorch ships (``TRITON_PTXAS_PATH``, where unset and
+    where PyTorch has one), before plait's first Triton compile: inductor does the same at its
+    first compile, and Triton keys every kernel by the ``ptxas`` version it read at its own
+    first compile. Without this, a process where inductor compiled before plait and one where
+    it compiled after key plait's kernels differently, and a warm start compiles them again."""
+    if interpreting() or os.environ.get("TRITON_PTXAS_PATH"):
+        return
+    if torch_dir is None:
+        import torch
+
+        torch_dir = Path(torch.__file__).parent
+    ptxas = torch_dir / "bin" / "ptxas"
+    if ptxas.is_file() and os.access(ptxas, os.X_OK):
+        os.environ["TRITON_PTXAS_PATH"] = str(ptxas)
 
 
 def _import(source: str, digest: str, name: str) -> ModuleType:
+    if not _PTXAS_SET:
+        torch_ptxas()
+        _PTXAS_SET.append(True)
     path = _publish(source, digest)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
