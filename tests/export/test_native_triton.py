@@ -187,3 +187,47 @@ def test_a_group_list_is_not_carried(exported: dict[str, Any]) -> None:
     members[f"native/triton/{kernel_dir}/__grp__k23.json"] = b"{}"
     with pytest.raises(ArtifactFormatError, match="malformed"):
         _load(exported, crafting.reindexed(members), "group-list.plait")
+
+
+def _entries(members: dict[str, bytes]) -> list[dict[str, Any]]:
+    return list(json.loads(members["native/index.json"])["entries"])
+
+
+def _reindexed_with(members: dict[str, bytes], entries: list[dict[str, Any]]) -> dict[str, bytes]:
+    index = json.loads(members["native/index.json"])
+    index["entries"] = entries
+    return crafting.reindexed({**members, "native/index.json": json.dumps(index).encode()})
+
+
+def test_an_entry_without_its_group_field_is_refused(exported: dict[str, Any]) -> None:
+    members = _with_index(exported["members"], _carried(29))
+    entries = _entries(members)
+    del next(e for e in entries if e["group"] is None)["group"]
+    with pytest.raises(ArtifactFormatError, match="malformed"):
+        _load(exported, _reindexed_with(members, entries), "no-group-field.plait")
+
+
+def test_two_entries_of_one_key_are_refused(exported: dict[str, Any]) -> None:
+    files = _carried(31)
+    launcher = next(k for k in files if k.endswith(".so"))
+    key = launcher.split("/")[0]
+    files[f"{key}/other{LAUNCHER}"] = b"\x00"
+    members = _with_index(exported["members"], files)
+    entries = _entries(members)
+    entry = next(e for e in entries if e["dir"] == key)
+    first, second = dict(entry), dict(entry)
+    first["files"], second["files"] = entry["files"][:1], entry["files"][1:]
+    entries = [e for e in entries if e["dir"] != key] + [first, second]
+    with pytest.raises(ArtifactFormatError, match="two entries"):
+        _load(exported, _reindexed_with(members, entries), "two-entries.plait")
+
+
+def test_a_group_list_in_other_case_is_refused(exported: dict[str, Any]) -> None:
+    members = _with_index(exported["members"], _carried(37))
+    entries = _entries(members)
+    kernel = next(e for e in entries if e["group"] is not None)
+    blob = b'{"child_paths": {}}'
+    kernel["files"].append({"name": "__GRP__k37.json", "sha256": hashlib.sha256(blob).hexdigest()})
+    members[f"native/triton/{kernel['dir']}/__GRP__k37.json"] = blob
+    with pytest.raises(ArtifactFormatError, match="malformed"):
+        _load(exported, _reindexed_with(members, entries), "group-case.plait")

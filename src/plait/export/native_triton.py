@@ -86,20 +86,25 @@ def read_index(doc: dict[str, Any], members: Members) -> set[str]:
     if not isinstance(entries, list) or not entries:
         raise ArtifactFormatError("native/index.json: no 'entries' list")
     declared: set[str] = set()
+    dirs: set[str] = set()
     for e in entries:
         files = e.get("files") if isinstance(e, dict) else None
         if not isinstance(files, list):
             raise ArtifactFormatError(f"native/index.json: entry {str(e)[:80]!r} has no files")
         ok = (
             len(files) > 0
+            and "group" in e
             and isinstance(e.get("dir"), str)
             and _DIR.fullmatch(e["dir"]) is not None
             and all(_file_ok(f) for f in files)
         )
         if not ok:
             raise ArtifactFormatError(f"native/index.json: entry {str(e)[:80]!r} is malformed")
+        if e["dir"] in dirs:
+            raise ArtifactFormatError(f"native/index.json: key {e['dir'][:16]} has two entries")
+        dirs.add(e["dir"])
         names = [f["name"] for f in files]
-        group = e.get("group")
+        group = e["group"]
         if group is not None and (group not in names or not group.endswith(".json")):
             raise ArtifactFormatError(f"native/index.json: entry {e['dir'][:16]} names no group")
         if group is None and not all(n.endswith(".so") for n in names):
@@ -119,7 +124,7 @@ def _file_ok(f: Any) -> bool:
         isinstance(f, dict)
         and isinstance(f.get("name"), str)
         and _NAME.fullmatch(f["name"]) is not None
-        and not f["name"].startswith("__grp__")
+        and not f["name"].lower().startswith("__grp__")  # NOTE: a case-blind file system too
         and f["name"].endswith(_SUFFIXES)
         and isinstance(f.get("sha256"), str)
     )
