@@ -64,8 +64,8 @@ def supported() -> str | None:
         from triton import knobs
     except ImportError:
         return "this Triton has no knobs (Triton >= 3.4 carries compiled kernels)"
-    if not hasattr(knobs.cache, "dir"):
-        return "this Triton's cache directory is not settable"
+    if not (hasattr(knobs.cache, "dir") and hasattr(knobs.cache, "scope")):
+        return "this Triton's cache directory cannot be set for a while and restored"
     return None
 
 
