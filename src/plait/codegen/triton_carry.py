@@ -37,7 +37,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from plait.codegen.errors import CodegenError
 from plait.codegen.triton_text import TritonSource
+from plait.errors import InternalValueError
 
 BINARY_SUFFIXES = (".cubin", ".hsaco")
 _LOCK = threading.Lock()  # NOTE: one private cache in use at a time in this process
@@ -91,7 +93,7 @@ def gather(
     with _cache_at(folder):
         record = precompile(kernels, device, jobs, fresh=True)
     if "error" in record:
-        raise RuntimeError(f"the kernels did not compile ahead: {record['error']}")
+        raise CodegenError(f"the Triton kernels did not compile ahead: {record['error']}")
     return cache_files(folder)
 
 
@@ -135,7 +137,9 @@ def entries(files: Mapping[str, bytes]) -> list[dict[str, Any]]:
         metadata = [n for n in names if n.endswith(".json")]
         group = metadata[0] if len(binaries) == 1 and len(metadata) == 1 else None
         if group is None and not all(n.endswith(".so") for n in names):
-            raise ValueError(f"Triton cache key {key} is neither a kernel nor a launcher: {names}")
+            raise InternalValueError(
+                f"Triton cache key {key} is neither a kernel nor a launcher: {names}"
+            )
         out.append({"dir": key, "files": sorted(names), "group": group})
     return out
 

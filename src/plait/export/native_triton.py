@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from plait.codegen.errors import CodegenError
 from plait.errors import ArtifactFormatError
 from plait.export.archive import Members, sha256
 
@@ -52,6 +53,8 @@ def collect(program: Any) -> tuple[dict[str, bytes], dict[str, Any] | None, str]
             target = triton_carry.target_record()
         jobs = program.options.jobs or os.cpu_count() or 1
         files = triton_carry.gather(launches, device, jobs, folder)
+    except CodegenError as exc:  # NOTE: the export carries none, and says why
+        return {}, None, f"no native kernels: {exc}"
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     entries = []
