@@ -30,8 +30,10 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
+import itertools
 import os
 import sys
 import tempfile
@@ -106,12 +108,10 @@ def _fresh_module(source: str) -> ModuleType:
     """A new instance of ``source``'s module, not kept: its kernels have no compiled state in
     memory, so each compile goes to Triton's cache (what gathering carried kernels needs)."""
     digest = _digest(source)
-    _FRESH[0] += 1
-    return _import(source, digest, f"plait_triton_{digest[:32]}_fresh{_FRESH[0]}")
+    return _import(source, digest, f"plait_triton_{digest[:32]}_fresh{next(_FRESH)}")
 
 
-_FRESH = [0]
-_PTXAS_SET: list[bool] = []  # NOTE: torch_ptxas runs once, before the first module
+_FRESH = itertools.count(1)
 
 
 def torch_ptxas(torch_dir: Path | None = None) -> None:
@@ -131,10 +131,13 @@ def torch_ptxas(torch_dir: Path | None = None) -> None:
         os.environ["TRITON_PTXAS_PATH"] = str(ptxas)
 
 
+@functools.cache
+def _torch_ptxas_once() -> None:
+    torch_ptxas()
+
+
 def _import(source: str, digest: str, name: str) -> ModuleType:
-    if not _PTXAS_SET:
-        torch_ptxas()
-        _PTXAS_SET.append(True)
+    _torch_ptxas_once()  # NOTE: before the first module: its kernels compile with that ptxas
     path = _publish(source, digest)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
