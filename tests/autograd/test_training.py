@@ -163,6 +163,31 @@ def test_attention_trains_through_aten_flash_kernels_with_eagers_gradients(causa
     )
 
 
+def test_attention_with_flash_turned_off_trains_with_eagers_math_gradients() -> None:
+    """With the flash backend off, eager runs attention's math path: so does the compiled
+    gradient (autograd over the call), not ATen's CPU flash kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    gen = torch.Generator().manual_seed(7)
+    qkv = [torch.randn(2, 4, 16, 8, generator=gen) for _ in range(3)]
+    g = torch.randn(2, 4, 16, 8, generator=gen)
+    with sdpa_kernel(SDPBackend.MATH):
+        compiled = plait.compile(attend, backend="stax")
+        ours = [t.clone().requires_grad_(True) for t in qkv]
+        theirs = [t.clone().requires_grad_(True) for t in qkv]
+        compiled(*ours).backward(g)
+        attend(*theirs).backward(g)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a.grad, b.grad)  # NOTE: eager's own math path: bitwise
+    m = compiled.specializations[-1].compiled.manifest
+    details = [n["detail"] for n in m.executor["backward"]["evidence"]["nodes"]]
+    assert not any("flash" in d for d in details)
+    assert any("torch autograd of scaled_dot_product_attention" in d for d in details)
+
+
 def test_attention_dropout_draws_eagers_masks_and_trains() -> None:
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.scaled_dot_product_attention(

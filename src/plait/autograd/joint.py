@@ -148,12 +148,14 @@ def _cpu_attention(n: Node, active: set[int]) -> bool:
 
 def _cpu_flash_attention(n: Node, active: set[int]) -> bool:
     """Attention eager runs as ATen's CPU flash kernel, whose backward reads the forward's
-    log-sum-exp: CPU tensors of rank 4, no dropout, no grouped heads, and a mask (if any) of the
-    query's dtype that no gradient flows into."""
+    log-sum-exp: CPU tensors of rank 4, no dropout, no grouped heads, a mask (if any) of the
+    query's dtype that no gradient flows into, and the flash backend enabled."""
     q, mask = n.inputs[0], n.inputs[3] if len(n.inputs) > 3 else None
     assert isinstance(q, Value) and isinstance(q.type, TensorType)
     if q.type.device != "cpu" or q.type.rank != 4 or q.type.dtype not in _FLASH_DTYPES:
         return False
+    if not torch._C._get_flash_sdp_enabled():
+        return False  # NOTE: eager runs its math path then (the setting is a guarded one)
     if n.attrs["dropout_p"] != 0.0 or n.attrs["enable_gqa"]:
         return False
     if isinstance(mask, Value):

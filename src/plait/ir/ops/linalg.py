@@ -420,10 +420,11 @@ def _sdpa_vjp(ctx: VjpContext) -> list[Operand | None]:
         )
     tq, tk = tensor_type(q), tensor_type(k)
     head_dim = tq.shape[-1]
-    if tq.device.startswith("cuda"):
-        # NOTE: eager's fused kernels (flash, memory-efficient, cuDNN: the one eager picks under
-        # the guarded backend settings), forward again then backward, through autograd: eager's
-        # gradient, where the math below computes five float32 products in their place
+    if tq.device.startswith("cuda") or not torch._C._get_flash_sdp_enabled():
+        # NOTE: the kernel eager picks under the guarded backend settings (on CUDA flash,
+        # memory-efficient or cuDNN; with flash off, its math path), forward again then
+        # backward, through autograd: eager's gradient, where the math below differs (on CUDA
+        # five float32 products; eager's math scales q and k before their product)
         return torch_vjp_rule(ctx)
     if a["scale"] is None and not isinstance(head_dim, int):
         return torch_vjp_rule(ctx)
