@@ -188,6 +188,26 @@ def test_attention_with_flash_turned_off_trains_with_eagers_math_gradients() -> 
     assert any("torch autograd of scaled_dot_product_attention" in d for d in details)
 
 
+@pytest.mark.parametrize("shape", [(2, 2, 0, 8), (2, 3, 5, 3)])
+def test_attention_trains_where_eager_does_not_pick_flash(shape: tuple[int, ...]) -> None:
+    """An empty sequence is eager's math path (ATen's CPU flash kernel divides by zero on it,
+    killing the process): the compiled gradient follows ATen's own backend choice."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    gen = torch.Generator().manual_seed(8)
+    qkv = [torch.randn(*shape, generator=gen) for _ in range(3)]
+    g = torch.randn(*shape, generator=gen)
+    compiled = plait.compile(attend, backend="stax")
+    ours = [t.clone().requires_grad_(True) for t in qkv]
+    theirs = [t.clone().requires_grad_(True) for t in qkv]
+    compiled(*ours).backward(g)
+    attend(*theirs).backward(g)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a.grad, b.grad)
+
+
 def test_attention_dropout_draws_eagers_masks_and_trains() -> None:
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.scaled_dot_product_attention(

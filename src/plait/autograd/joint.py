@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend
 
 from plait.errors import PlaitCompileError
 from plait.ir.builder import GraphBuilder
@@ -156,6 +157,8 @@ def _cpu_flash_attention(n: Node, active: set[int]) -> bool:
         return False
     if not torch._C._get_flash_sdp_enabled():
         return False  # NOTE: eager runs its math path then (the setting is a guarded one)
+    if not _eager_picks_flash(n):
+        return False
     if n.attrs["dropout_p"] != 0.0 or n.attrs["enable_gqa"]:
         return False
     if isinstance(mask, Value):
@@ -164,6 +167,32 @@ def _cpu_flash_attention(n: Node, active: set[int]) -> bool:
         if mask.type.dtype != q.type.dtype or mask.type.rank != 4:
             return False
     return True
+
+
+def _eager_picks_flash(n: Node) -> bool:
+    """Whether ATen's own backend choice (``torch._fused_sdp_choice``) for tensors of the
+    node's shapes and dtypes, last dims dense, is its flash kernel: not for an empty sequence
+    (where the flash kernel divides by zero), nor for a value head dim other than the query's.
+    A symbolic shape asks for equal head dims only (sizes 0 and 1 specialize at capture)."""
+    q, k, v = n.inputs[:3]
+    types = [x.type for x in (q, k, v) if isinstance(x, Value) and isinstance(x.type, TensorType)]
+    if len(types) != 3:
+        return False
+    if not all(t.is_static for t in types):
+        return len({str(t.shape[-1]) for t in types}) == 1
+
+    def fake(t: TensorType) -> torch.Tensor:
+        # NOTE: ATen's checks read shapes, dtypes and the last stride, never the values
+        shape = tuple(int(d) for d in t.shape)
+        row = torch.empty(max(shape[-1], 1), dtype=t.dtype)
+        return row.as_strided(shape, (0,) * (len(shape) - 1) + (1,))
+
+    a = n.attrs
+    q_, k_, v_ = (fake(t) for t in types)
+    choice = torch._fused_sdp_choice(
+        q_, k_, v_, attn_mask=None, dropout_p=0.0, is_causal=bool(a["is_causal"]), scale=a["scale"]
+    )
+    return int(choice) == int(SDPBackend.FLASH_ATTENTION.value)
 
 
 def _attention_call(b: GraphBuilder, node: Node) -> list[Value]:
