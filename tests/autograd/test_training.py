@@ -232,3 +232,37 @@ def test_attention_dropout_draws_eagers_masks_and_trains() -> None:
         for a, b in zip(ours, theirs):
             torch.testing.assert_close(a.grad, b.grad, rtol=tol.rtol, atol=tol.atol)
     assert not compiled.specializations[-1].compiled.manifest.fallbacks
+
+
+def test_dropout_trains_on_an_empty_batch() -> None:
+    """ATen's CPU ``native_dropout`` returns an empty input's mask in the input's dtype, not
+    bool as its meta kernel says: the program is typed as the kernel runs."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Dropout(0.5)).train()
+    compiled = plait.compile(model, backend="stax")
+    x = torch.randn(0, 8, generator=torch.Generator().manual_seed(9), requires_grad=True)
+    y = compiled(x)
+    y.sum().backward()
+    assert y.shape == (0, 4) and x.grad is not None and x.grad.shape == (0, 8)
+    weight = model[0].weight
+    assert weight.grad is not None and torch.equal(weight.grad, torch.zeros_like(weight))
+
+
+def test_conv_batch_norm_and_pooling_train_on_an_empty_batch() -> None:
+    """A batch with no element trains as in eager: ATen's functional batch norm and
+    ``max_pool2d_with_indices`` refuse an empty input (so they are not used there), and the
+    batch-norm gradients are eager's zeros, where the formula divides by the element count."""
+    layers = [torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.MaxPool2d(2)).train()
+    gen = torch.Generator().manual_seed(10)
+    with torch.no_grad():
+        model[1].running_mean.copy_(torch.randn(4, generator=gen))
+        model[1].running_var.copy_(torch.rand(4, generator=gen) + 0.5)
+    eager = copy.deepcopy(model)
+    compiled = plait.compile(model, backend="stax")
+    x = torch.randn(0, 3, 8, 8, generator=gen)
+    compiled(x.clone().requires_grad_(True)).sum().backward()
+    eager(x.clone().requires_grad_(True)).sum().backward()
+    for ours, theirs in zip(model.parameters(), eager.parameters()):
+        assert ours.grad is not None and torch.equal(ours.grad, theirs.grad)
+    for ours, theirs in zip(model.buffers(), eager.buffers()):
+        assert torch.equal(ours, theirs)

@@ -95,8 +95,8 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
         if reached(n)
         and (
             (n.op == "dropout" and n.attrs["train"] and 0 < n.attrs["p"] < 1)
-            or n.op == "max_pool2d"
-            or (n.op == "batch_norm_train" and _typed_as_meta(n))
+            or (n.op == "max_pool2d" and not _empty_input(n))
+            or (n.op == "batch_norm_train" and _typed_as_meta(n) and not _empty_input(n))
             or (n.op == "scaled_dot_product_attention" and _cpu_attention(n, active))
         )
     ]  # NOTE: a p=1 dropout draws nothing in eager (its rule zeroes the gradient)
@@ -122,6 +122,15 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
 
 
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def _empty_input(n: Node) -> bool:
+    """Whether the node's first input is a tensor with no element (ATen's
+    ``max_pool2d_with_indices`` and functional training batch norm refuse one, where eager's
+    ``max_pool2d`` and ``batch_norm`` return empty results)."""
+    x = n.inputs[0]
+    t = x.type if isinstance(x, Value) else None
+    return isinstance(t, TensorType) and t.is_static and 0 in t.shape
 
 
 def _typed_as_meta(n: Node) -> bool:

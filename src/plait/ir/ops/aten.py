@@ -57,7 +57,14 @@ from plait.ir.ops.call_literals import call_spec, count_operands, decode_call
 from plait.ir.ops.extern import ALL
 from plait.ir.ops.pooling import max_pool_backward
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
-from plait.ir.ops.vjp import NoDerivativeError, VjpContext, nondifferentiable, vjp
+from plait.ir.ops.vjp import (
+    NoDerivativeError,
+    VjpContext,
+    empty_batch_zeros,
+    is_empty,
+    nondifferentiable,
+    vjp,
+)
 from plait.ir.types import TensorType, Type
 
 
@@ -186,11 +193,24 @@ def _float32_batch_statistics(
     return (found[0], *stats, *found[3:])
 
 
+def _empty_dropout_mask(
+    operands: tuple[TensorType, ...], found: tuple[TensorType, ...]
+) -> tuple[TensorType, ...]:
+    """ATen's CPU ``native_dropout`` of an empty input returns its mask in the input's dtype
+    (the kernel's early return), where the meta kernel says bool."""
+    x = operands[0]
+    if x.device != "cpu" or not x.is_static or 0 not in x.shape:
+        return found
+    return (found[0], TensorType(found[1].shape, x.dtype, x.device))
+
+
 # NOTE: overloads whose kernels' result types differ from their meta kernel's, and the kernels'
-# (checked against the kernels by tests/autograd/test_training_autocast.py)
+# (checked against the kernels by tests/autograd/test_training_autocast.py and
+# tests/autograd/test_training.py)
 KERNEL_TYPES: dict[tuple[str, str], Any] = {
     ("_native_batch_norm_legit_functional", "default"): _float32_batch_statistics,
     ("_native_batch_norm_legit", "no_stats"): _float32_batch_statistics,
+    ("native_dropout", "default"): _empty_dropout_mask,
 }
 
 
@@ -401,6 +421,8 @@ def _batch_norm_train_vjp(ctx: VjpContext, op: Any) -> list[Operand | None]:
     out: list[Operand | None] = [None] * len(ctx.inputs)
     if not any(mask):
         return out
+    if is_empty(ctx.inputs[x]):
+        return empty_batch_zeros(ctx, [i for ok, i in zip(mask, (x, w, b)) if ok])
     tensors: list[Value] = []
 
     def ref(i: int | None) -> Any:

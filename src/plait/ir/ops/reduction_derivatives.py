@@ -12,7 +12,7 @@ from plait.ir.ops.registry import (
     TypeRuleError,
 )
 from plait.ir.ops.rules import reduce_shape, wrap_dims
-from plait.ir.ops.vjp import VjpContext, nondifferentiable, vjp
+from plait.ir.ops.vjp import VjpContext, empty_batch_zeros, is_empty, nondifferentiable, vjp
 from plait.ir.types import TensorType
 from plait.symbolic import Dim, dims_equal, normalize, product
 
@@ -279,6 +279,8 @@ def _batch_norm_vjp(ctx: VjpContext) -> list[Operand | None]:
     x = _tt(xv)
     ct = _opmath(x.dtype)
     train = ctx.node.op == "batch_norm_train"
+    if train and is_empty(xv):
+        return empty_batch_zeros(ctx, [i for i in range(3) if ctx.wants(i)])
     outer = (0, *range(2, x.rank))
     eps = ctx.attrs["eps"]
     g = _cast(ctx, ctx.grad(), ct)

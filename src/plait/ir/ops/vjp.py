@@ -291,6 +291,25 @@ class NoDerivativeError(ValueError):
     needs the numbers it drew); raised while the joint graph is built."""
 
 
+def empty_batch_zeros(ctx: VjpContext, wanted: Sequence[int | None]) -> list[Operand | None]:
+    """Zero gradients for the operands at ``wanted`` (an empty one for an empty operand):
+    eager's batch-norm backward over a batch with no element, where the formula and ATen's
+    backward meta kernel divide by the element count."""
+    out: list[Operand | None] = [None] * len(ctx.inputs)
+    for i in wanted:
+        v = ctx.inputs[i] if i is not None else None
+        if i is not None and isinstance(v, Value) and isinstance(v.type, TensorType):
+            t = v.type
+            out[i] = ctx.call("zeros", shape=t.shape, dtype=t.dtype, device=t.device)
+    return out
+
+
+def is_empty(o: Operand | None) -> bool:
+    """Whether ``o`` is a tensor of static shape with no element."""
+    t = o.type if isinstance(o, Value) else None
+    return isinstance(t, TensorType) and t.is_static and 0 in t.shape
+
+
 def tensor_type(o: Operand | None) -> TensorType:
     """The type of tensor operand ``o`` (a derivative rule's operand known to be a tensor)."""
     assert isinstance(o, Value) and isinstance(o.type, TensorType), f"{o!r} is not a tensor"
