@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -266,3 +267,24 @@ def test_conv_batch_norm_and_pooling_train_on_an_empty_batch() -> None:
         assert ours.grad is not None and torch.equal(ours.grad, theirs.grad)
     for ours, theirs in zip(model.buffers(), eager.buffers()):
         assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("make", [lambda: nn.ReLU6(), lambda: nn.Hardtanh(-0.5, 2.0)])
+def test_hardtanh_gradient_is_zero_at_its_bounds(make: Any) -> None:
+    """Eager's hardtanh (and ReLU6) passes no gradient at either bound, where clamp's does:
+    the values are clamp's, the gradient eager's (inputs on the bounds planted among random
+    ones; a ReLU before a ReLU6 makes exact zeros common)."""
+    module = make()
+    lo, hi = float(module.min_val), float(module.max_val)
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(64, generator=gen) * 4
+    x[::7] = lo
+    x[3::7] = hi
+    x[5::7] = -0.0
+    ours, theirs = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    g = torch.randn(64, generator=gen)
+    y = plait.compile(module, backend="stax")(ours)
+    y.backward(g)
+    module(theirs).backward(g)
+    assert torch.equal(y, module(x)) and torch.equal(torch.signbit(y), torch.signbit(module(x)))
+    assert ours.grad is not None and torch.equal(ours.grad, theirs.grad)

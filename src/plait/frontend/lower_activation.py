@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from plait.frontend.lower_math import hardtanh_value
 from plait.frontend.table import InPlace, NoIROp, op
 from plait.frontend.tracer import CaptureContext
 from plait.ir import TensorType, Value
@@ -103,7 +104,7 @@ def _threshold(
 
 @op(F.relu6)
 def _relu6(cx: CaptureContext, out: Any, x: Any, inplace: bool = False) -> Any:
-    v: Value = cx.call("clamp", cx.value(x), min=0.0, max=6.0)
+    v = hardtanh_value(cx, cx.value(x), 0.0, 6.0)
     return InPlace(x, v) if inplace else v
 
 

@@ -188,8 +188,21 @@ def _f_hardtanh(
     max_val: float = 1.0,
     inplace: bool = False,
 ) -> Any:
-    v = cx.call("clamp", cx.value(x), min=float(min_val), max=float(max_val))
-    return _maybe_inplace(x, v, inplace)
+    return _maybe_inplace(x, hardtanh_value(cx, cx.value(x), min_val, max_val), inplace)
+
+
+def hardtanh_value(cx: CaptureContext, v: Value, lo: float, hi: float) -> Value:
+    """``hardtanh``: eager's values are ``clamp``'s; its gradient is not: zero at either bound,
+    where clamp's passes. Under grad mode (a guarded setting) the clamp's value is taken, and
+    detached, outside the open interval: ``where(lo < x < hi, x, detach(clamp(x)))``. NOTE: at
+    NaN eager's gradient is zero in its vectorized loop and the cotangent in its scalar tail (it
+    depends on the element's position); this is the loop's zero, as clamp's."""
+    clamped: Value = cx.call("clamp", v, min=float(lo), max=float(hi))
+    if not torch.is_grad_enabled():
+        return clamped
+    inside = cx.call("logical_and", cx.call("gt", v, float(lo)), cx.call("lt", v, float(hi)))
+    out: Value = cx.call("where", inside, v, cx.call("detach", clamped))
+    return out
 
 
 # --- binary ----------------------------------------------------------------------------------
