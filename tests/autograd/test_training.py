@@ -288,3 +288,27 @@ def test_hardtanh_gradient_is_zero_at_its_bounds(make: Any) -> None:
     module(theirs).backward(g)
     assert torch.equal(y, module(x)) and torch.equal(torch.signbit(y), torch.signbit(module(x)))
     assert ours.grad is not None and torch.equal(ours.grad, theirs.grad)
+
+
+def test_clamp_with_tensor_bounds_gives_eagers_gradients_at_ties() -> None:
+    """clamp with tensor bounds sends all of the gradient to ``x`` where it equals a bound
+    (maximum and minimum would split it), to a bound where ``x`` passes it, none at NaN."""
+
+    def clip(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        return x.clamp(lo, hi) * 2 + x.clamp(min=lo) + x.clamp(max=hi)
+
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(32, generator=gen)
+    lo, hi = torch.randn(32, generator=gen) - 1, torch.randn(32, generator=gen) + 1
+    x[::5] = lo[::5]
+    x[1::5] = hi[1::5]
+    x[2] = float("nan")
+    ours = [t.clone().requires_grad_(True) for t in (x, lo, hi)]
+    theirs = [t.clone().requires_grad_(True) for t in (x, lo, hi)]
+    g = torch.randn(32, generator=gen)
+    y = plait.compile(clip, backend="stax")(*ours)
+    y.backward(g)
+    clip(*theirs).backward(g)
+    assert torch.equal(y.nan_to_num(), clip(x, lo, hi).nan_to_num())
+    for a, b in zip(ours, theirs):
+        assert a.grad is not None and torch.equal(a.grad, b.grad)

@@ -7,6 +7,7 @@ ask ``torch.result_type``) and reference implementations compute exactly what ea
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -343,6 +344,8 @@ op(T.masked_fill_, inplace=True)(_masked_fill)
 
 def _clamp(cx: CaptureContext, out: Any, x: Any, min: Any = None, max: Any = None) -> Value:
     v = cx.value(x)
+    if (isinstance(min, T) or isinstance(max, T)) and torch.is_grad_enabled():
+        return _clamp_tensor_call(cx, v, min, max)
     if isinstance(min, T) or isinstance(max, T):
         for bound, name in ((min, "maximum"), (max, "minimum")):
             if bound is None:
@@ -362,6 +365,35 @@ def _clamp(cx: CaptureContext, out: Any, x: Any, min: Any = None, max: Any = Non
         return v
     out_v: Value = cx.call("clamp", v, min=cx.operand(min), max=cx.operand(max))
     return out_v
+
+
+def _clamp_tensor_call(cx: CaptureContext, v: Value, lo: Any, hi: Any) -> Value:
+    """``clamp`` with a tensor bound under grad mode (a guarded setting): ATen's
+    ``clamp.Tensor`` itself, differentiated by PyTorch's autograd. Its gradient is not
+    maximum's and minimum's (which split a tie): all of it to ``x`` where ``lo <= x <= hi``, to
+    a bound where ``x`` passes it, none at NaN."""
+    tensors = [v]
+    literals: list[Any] = [{"t": 0}]
+    for bound in (lo, hi):
+        if bound is None:
+            literals.append(None)
+            continue
+        tensors.append(
+            cx.value(bound)
+            if isinstance(bound, T)
+            else cx.call(
+                "full",
+                shape=(),
+                dtype=dtype_of(v),
+                device=str(v.type.device),  # type: ignore[union-attr]
+                value=cx.operand(bound),
+            )
+        )
+        literals.append({"t": len(tensors) - 1})
+    out: Value = cx.call(
+        "aten", *tensors, name="clamp", overload="Tensor", literals=json.dumps(literals)
+    )
+    return out
 
 
 op(*both("clamp", "clip"))(_clamp)
