@@ -348,23 +348,25 @@ def _clamp(cx: CaptureContext, out: Any, x: Any, min: Any = None, max: Any = Non
         return _clamp_tensor_call(cx, v, min, max)
     if isinstance(min, T) or isinstance(max, T):
         for bound, name in ((min, "maximum"), (max, "minimum")):
-            if bound is None:
-                continue
-            other = (
-                cx.value(bound)
-                if isinstance(bound, T)
-                else cx.call(
-                    "full",
-                    shape=(),
-                    dtype=dtype_of(v),
-                    device=str(v.type.device),  # type: ignore[union-attr]
-                    value=cx.operand(bound),
-                )
-            )
-            v = cx.call(name, v, other)
+            if bound is not None:
+                v = cx.call(name, v, _bound_tensor(cx, v, bound))
         return v
     out_v: Value = cx.call("clamp", v, min=cx.operand(min), max=cx.operand(max))
     return out_v
+
+
+def _bound_tensor(cx: CaptureContext, v: Value, bound: Any) -> Value:
+    """A clamp bound as a tensor: the bound itself, or a scalar filled in ``v``'s dtype."""
+    if isinstance(bound, T):
+        return cx.value(bound)
+    out: Value = cx.call(
+        "full",
+        shape=(),
+        dtype=dtype_of(v),
+        device=str(v.type.device),  # type: ignore[union-attr]
+        value=cx.operand(bound),
+    )
+    return out
 
 
 def _clamp_tensor_call(cx: CaptureContext, v: Value, lo: Any, hi: Any) -> Value:
@@ -378,17 +380,7 @@ def _clamp_tensor_call(cx: CaptureContext, v: Value, lo: Any, hi: Any) -> Value:
         if bound is None:
             literals.append(None)
             continue
-        tensors.append(
-            cx.value(bound)
-            if isinstance(bound, T)
-            else cx.call(
-                "full",
-                shape=(),
-                dtype=dtype_of(v),
-                device=str(v.type.device),  # type: ignore[union-attr]
-                value=cx.operand(bound),
-            )
-        )
+        tensors.append(_bound_tensor(cx, v, bound))
         literals.append({"t": len(tensors) - 1})
     out: Value = cx.call(
         "aten", *tensors, name="clamp", overload="Tensor", literals=json.dumps(literals)
