@@ -312,3 +312,28 @@ def test_clamp_with_tensor_bounds_gives_eagers_gradients_at_ties() -> None:
     assert torch.equal(y.nan_to_num(), clip(x, lo, hi).nan_to_num())
     for a, b in zip(ours, theirs):
         assert a.grad is not None and torch.equal(a.grad, b.grad)
+
+
+def test_a_backward_through_a_data_dependent_size_falls_back_to_eager_autograd() -> None:
+    """Boolean-mask indexing makes the backward read a value of data-dependent size, which a
+    Stax program cannot take: the compile says so, eager autograd runs the backward (eager's
+    gradients), and under fullgraph the compile fails naming the value."""
+    from plait.errors import CaptureFallbackWarning, PlaitCompileError
+
+    def positives(x: torch.Tensor) -> torch.Tensor:
+        return x[x > 0] * 3
+
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(9, generator=gen)
+    ours, theirs = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    compiled = plait.compile(positives, backend="stax")
+    with pytest.warns(CaptureFallbackWarning, match="data-dependent size"):
+        y = compiled(ours)
+    g = torch.randn(y.shape, generator=gen)
+    y.backward(g)
+    positives(theirs).backward(g)
+    assert torch.equal(y, positives(x)) and ours.grad is not None
+    assert torch.equal(ours.grad, theirs.grad)
+    strict = plait.compile(positives, backend="stax", fullgraph=True)
+    with pytest.raises(PlaitCompileError, match="data-dependent size"):
+        strict(x.clone().requires_grad_(True))

@@ -40,6 +40,8 @@ COVERED = {
     ("frontend/guard_build.py", "is_autocast_enabled"): "guard torch.autocast",
     ("frontend/capture_values.py", "is_grad_enabled"): "guard grad_mode (capture's own)",
     ("backends.py", "is_grad_enabled"): "guard grad_mode (decides freezing and the backend)",
+    ("frontend/lower_math.py", "is_grad_enabled"): "guard grad_mode (hardtanh's and a tensor "
+    "clamp's gradient-exact capture)",
     ("guards/state.py", "is_grad_enabled"): "guard grad_mode (what the frozen guard reads)",
     ("codegen/onednn_postops.py", "mkldnn.is_available"): "key ambient.mkldnn_available",
     ("codegen/build.py", "/proc/cpuinfo"): "key ambient.cpu, toolchain.cxx.cpu_flags_sha256 (the "

@@ -29,7 +29,8 @@ from typing import Any
 
 from plait.autograd import CompiledAutograd, Partition, build_joint, partition
 from plait.autograd.joint import prepare_for_autograd
-from plait.autograd.partition import value_bytes
+from plait.autograd.partition import PartitionError, value_bytes
+from plait.codegen.datadep import unbacked
 from plait.codegen.options import StaxOptions
 from plait.ir.graph import Graph
 from plait.passes import TRAINING_PIPELINE, PipelineResult, run_pipeline
@@ -96,6 +97,18 @@ def _bound(before: Graph, after: Graph) -> Any:
     return lambda values: [values[ref] if live else ref for live, ref in plan]
 
 
+def _static_handoff(part: Partition) -> None:
+    """Raises :class:`PartitionError` when the backward would read a value of data-dependent
+    size (boolean-mask indexing, say): a Stax program binds no such size from its inputs, so
+    the compile falls back to eager autograd for the backward, as it says."""
+    for v in part.backward.inputs:
+        if unbacked(v.type):
+            raise PartitionError(
+                f"the backward reads %{v.name}: {v.type}, of data-dependent size (boolean-mask "
+                "indexing, nonzero...): compiled backwards take static or symbolic sizes only"
+            )
+
+
 def compile_training(
     graph: Graph,
     wrt: Sequence[str],
@@ -119,6 +132,7 @@ def compile_training(
     seconds["joint"] = time.perf_counter() - start
     start = time.perf_counter()
     part = partition(joint, partitioner)
+    _static_handoff(part)
     seconds["partition"] = time.perf_counter() - start
     start = time.perf_counter()
     results = [
