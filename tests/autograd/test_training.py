@@ -142,6 +142,19 @@ def test_optimizer_steps_match_eager_without_recompiling(optimizer: str) -> None
     assert len(compiled.specializations) == 1
 
 
+def _grads_as_eager(fn: Any, compiled: Any, inputs: list[torch.Tensor], g: torch.Tensor) -> Any:
+    """Backward through ``compiled`` and through ``fn`` from copies of ``inputs``; asserts the
+    input gradients are eager's, bit for bit; returns the compiled result."""
+    ours = [t.clone().requires_grad_(True) for t in inputs]
+    theirs = [t.clone().requires_grad_(True) for t in inputs]
+    y = compiled(*ours)
+    y.backward(g)
+    fn(*theirs).backward(g)
+    for a, b in zip(ours, theirs):
+        assert a.grad is not None and torch.equal(a.grad, b.grad)
+    return y
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_trains_through_aten_flash_kernels_with_eagers_gradients(causal: bool) -> None:
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -177,12 +190,7 @@ def test_attention_with_flash_turned_off_trains_with_eagers_math_gradients() -> 
     g = torch.randn(2, 4, 16, 8, generator=gen)
     with sdpa_kernel(SDPBackend.MATH):
         compiled = plait.compile(attend, backend="stax")
-        ours = [t.clone().requires_grad_(True) for t in qkv]
-        theirs = [t.clone().requires_grad_(True) for t in qkv]
-        compiled(*ours).backward(g)
-        attend(*theirs).backward(g)
-    for a, b in zip(ours, theirs):
-        assert torch.equal(a.grad, b.grad)  # NOTE: eager's own math path: bitwise
+        _grads_as_eager(attend, compiled, qkv, g)  # NOTE: eager's own math path: bitwise
     m = compiled.specializations[-1].compiled.manifest
     details = [n["detail"] for n in m.executor["backward"]["evidence"]["nodes"]]
     assert not any("flash" in d for d in details)
@@ -200,13 +208,7 @@ def test_attention_trains_where_eager_does_not_pick_flash(shape: tuple[int, ...]
     gen = torch.Generator().manual_seed(8)
     qkv = [torch.randn(*shape, generator=gen) for _ in range(3)]
     g = torch.randn(*shape, generator=gen)
-    compiled = plait.compile(attend, backend="stax")
-    ours = [t.clone().requires_grad_(True) for t in qkv]
-    theirs = [t.clone().requires_grad_(True) for t in qkv]
-    compiled(*ours).backward(g)
-    attend(*theirs).backward(g)
-    for a, b in zip(ours, theirs):
-        assert torch.equal(a.grad, b.grad)
+    _grads_as_eager(attend, plait.compile(attend, backend="stax"), qkv, g)
 
 
 def test_attention_dropout_draws_eagers_masks_and_trains() -> None:
@@ -303,15 +305,9 @@ def test_clamp_with_tensor_bounds_gives_eagers_gradients_at_ties() -> None:
     x[::5] = lo[::5]
     x[1::5] = hi[1::5]
     x[2] = float("nan")
-    ours = [t.clone().requires_grad_(True) for t in (x, lo, hi)]
-    theirs = [t.clone().requires_grad_(True) for t in (x, lo, hi)]
     g = torch.randn(32, generator=gen)
-    y = plait.compile(clip, backend="stax")(*ours)
-    y.backward(g)
-    clip(*theirs).backward(g)
+    y = _grads_as_eager(clip, plait.compile(clip, backend="stax"), [x, lo, hi], g)
     assert torch.equal(y.nan_to_num(), clip(x, lo, hi).nan_to_num())
-    for a, b in zip(ours, theirs):
-        assert a.grad is not None and torch.equal(a.grad, b.grad)
 
 
 def test_a_backward_through_a_data_dependent_size_falls_back_to_eager_autograd() -> None:

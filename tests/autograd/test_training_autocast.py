@@ -18,12 +18,31 @@ from tests.autograd.test_training_models import MODELS
 from tests.conformance.models import MLP, randn, seeded
 
 
-def _bf16(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _bf16(fn: Callable[..., Any], device: str = "cpu") -> Callable[..., Any]:
     def call(*args: Any) -> Any:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             return fn(*args)
 
     return call
+
+
+def gate_bf16_training(
+    model: nn.Module, compiled: Any, draw: Callable[[int], Any], device: str = "cpu"
+) -> None:
+    """The gate on outputs and gradients under bfloat16 autocast on ``device``, anchored on a
+    float64 copy of ``model`` without autocast's casts (the exact computation)."""
+    report = plait.conformance.check(
+        _bf16(model, device),
+        _bf16(compiled, device),
+        draw,
+        grads=True,
+        draws=2,
+        reference_module=model,
+        candidate_module=compiled,
+        reference64=copy.deepcopy(model).double(),
+        precision=torch.bfloat16,
+    )
+    report.raise_if_failed()
 
 
 CASES = {
@@ -41,19 +60,7 @@ def test_bfloat16_autocast_training_passes_the_gate(name: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # NOTE: no fallback: capture takes autocast
         compiled = plait.compile(copy.deepcopy(model), backend="stax")
-    report = plait.conformance.check(
-        _bf16(model),
-        _bf16(compiled),
-        draw,
-        grads=True,
-        draws=2,
-        reference_module=model,
-        candidate_module=compiled,
-        # NOTE: the anchor is the exact computation: float64, without autocast's casts
-        reference64=copy.deepcopy(model).double(),
-        precision=torch.bfloat16,
-    )
-    report.raise_if_failed()
+    gate_bf16_training(model, compiled, draw)
     (spec,) = compiled.specializations
     m = spec.compiled.manifest
     assert m.autograd["wrt"]

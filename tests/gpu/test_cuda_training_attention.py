@@ -5,14 +5,12 @@ through autograd (a ``torch_vjp`` node), not float32 products. Skipped without C
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 import torch
 
 import plait
-import plait.conformance
+from tests.autograd.test_training_autocast import gate_bf16_training
 from tests.autograd.test_training_models import MODELS
 from tests.conformance.models import seeded
 
@@ -22,30 +20,11 @@ pytestmark = [
 ]
 
 
-def _bf16(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def call(*args: Any) -> Any:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            return fn(*args)
-
-    return call
-
-
 def test_gpt2_training_under_cuda_autocast_uses_eagers_attention_gradient() -> None:
     make, draw = MODELS["hf-gpt2"]
     model = seeded(0, make).cuda().train()
     compiled = plait.compile(copy.deepcopy(model))
-    report = plait.conformance.check(
-        _bf16(model),
-        _bf16(compiled),
-        lambda s: draw(s).cuda(),
-        grads=True,
-        draws=2,
-        reference_module=model,
-        candidate_module=compiled,
-        reference64=copy.deepcopy(model).double(),
-        precision=torch.bfloat16,
-    )
-    report.raise_if_failed()
+    gate_bf16_training(model, compiled, lambda s: draw(s).cuda(), "cuda")
     (spec,) = compiled.specializations
     backward = spec.compiled.program.backward_graph
     vjps = [n.attrs["of"] for n in backward.nodes if n.op == "torch_vjp"]
