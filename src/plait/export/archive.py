@@ -116,6 +116,16 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def claim(members: Members, name: str, digest: object, declared: set[str], index: str) -> None:
+    """Record member ``name`` as declared by ``index``: refused when it is missing, declared
+    twice, or its bytes do not hash to ``digest`` (hex SHA-256)."""
+    if name in declared or not members.has(name):
+        raise ArtifactFormatError(f"{index}: {name} is missing or declared twice")
+    if sha256(members.read(name)) != digest:
+        raise ArtifactFormatError(f"{name} does not match its SHA-256 in {index}")
+    declared.add(name)
+
+
 def digest(index_bytes: bytes) -> str:
     """The artifact's digest: ``sha256:`` and the SHA-256 of its index (which names the SHA-256
     of every other member)."""

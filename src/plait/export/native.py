@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from plait.errors import ArtifactFormatError, ArtifactTrustError, InvalidOptionError
-from plait.export.archive import Members, sha256
+from plait.export.archive import Members, claim, sha256
 
 INDEX = "native/index.json"
 _SYMBOL = re.compile(r"stax_[0-9a-f]{24}")
@@ -134,7 +134,7 @@ def read_index(members: Members) -> dict[str, Any] | None:
     units = doc.get("units") if isinstance(doc, dict) else None
     if not isinstance(units, list) or not isinstance(doc.get("toolchain"), dict):
         raise ArtifactFormatError(f"{INDEX}: no 'units' list or 'toolchain' object")
-    declared = set()
+    declared: set[str] = set()
     for u in units:
         ok = (
             isinstance(u, dict)
@@ -147,12 +147,7 @@ def read_index(members: Members) -> dict[str, Any] | None:
         )
         if not ok:
             raise ArtifactFormatError(f"{INDEX}: unit {str(u)[:80]!r} is malformed")
-        name = f"native/{u['key']}.so"
-        if name in declared or not members.has(name):
-            raise ArtifactFormatError(f"{INDEX}: unit {u['key'][:16]} has no library, or two")
-        if sha256(members.read(name)) != u["sha256"]:
-            raise ArtifactFormatError(f"{name} does not match its SHA-256 in {INDEX}")
-        declared.add(name)
+        claim(members, f"native/{u['key']}.so", u["sha256"], declared, INDEX)
     _refuse_planted(libraries - declared)
     return doc
 

@@ -21,9 +21,10 @@ from typing import Any
 
 from plait.codegen.errors import CodegenError
 from plait.errors import ArtifactFormatError
-from plait.export.archive import Members, sha256
+from plait.export.archive import Members, claim, sha256
 
 PREFIX = "native/triton/"
+INDEX = "native/index.json"
 _DIR = re.compile(r"[A-Z2-7]{1,104}")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 _SUFFIXES = (".json", ".cubin", ".hsaco", ".so")
@@ -113,12 +114,7 @@ def read_index(doc: dict[str, Any], members: Members) -> set[str]:
         if group is None and not all(n.endswith(".so") for n in names):
             raise ArtifactFormatError(f"native/index.json: entry {e['dir'][:16]} is not a launcher")
         for f in files:
-            member = f"{PREFIX}{e['dir']}/{f['name']}"
-            if member in declared or not members.has(member):
-                raise ArtifactFormatError(f"native/index.json: {member} is missing or repeated")
-            if sha256(members.read(member)) != f["sha256"]:
-                raise ArtifactFormatError(f"{member} does not match its SHA-256 in the index")
-            declared.add(member)
+            claim(members, f"{PREFIX}{e['dir']}/{f['name']}", f["sha256"], declared, INDEX)
     return declared
 
 
