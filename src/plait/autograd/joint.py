@@ -33,7 +33,14 @@ from plait.ir.builder import GraphBuilder
 from plait.ir.graph import Graph, Node, Value
 from plait.ir.ops.aten import mixed_batch_norm
 from plait.ir.ops.pooling import max_pool_window
-from plait.ir.ops.vjp import NoDerivativeError, VjpContext, has_rule, is_differentiable, vjp_rule
+from plait.ir.ops.vjp import (
+    NoDerivativeError,
+    VjpContext,
+    has_rule,
+    is_differentiable,
+    is_empty,
+    vjp_rule,
+)
 from plait.ir.types import FLOAT_DTYPES, TensorType
 from plait.ir.verify import verify
 
@@ -95,11 +102,12 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
         if reached(n)
         and (
             (n.op == "dropout" and n.attrs["train"] and 0 < n.attrs["p"] < 1)
-            or (n.op == "max_pool2d" and not _empty_input(n))
-            or (n.op == "batch_norm_train" and _typed_as_meta(n) and not _empty_input(n))
+            or (n.op == "max_pool2d" and not is_empty(n.inputs[0]))
+            or (n.op == "batch_norm_train" and _typed_as_meta(n) and not is_empty(n.inputs[0]))
             or (n.op == "scaled_dot_product_attention" and _cpu_attention(n, active))
         )
-    ]  # NOTE: a p=1 dropout draws nothing in eager (its rule zeroes the gradient)
+    ]  # NOTE: a p=1 dropout draws nothing in eager (its rule zeroes the gradient); ATen's
+    # max_pool2d_with_indices and functional batch norm refuse an empty input
     if not targets:
         return graph
     g = graph.copy()
@@ -122,15 +130,6 @@ def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
 
 
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
-
-
-def _empty_input(n: Node) -> bool:
-    """Whether the node's first input is a tensor with no element (ATen's
-    ``max_pool2d_with_indices`` and functional training batch norm refuse one, where eager's
-    ``max_pool2d`` and ``batch_norm`` return empty results)."""
-    x = n.inputs[0]
-    t = x.type if isinstance(x, Value) else None
-    return isinstance(t, TensorType) and t.is_static and 0 in t.shape
 
 
 def _typed_as_meta(n: Node) -> bool:
