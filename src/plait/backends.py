@@ -192,10 +192,14 @@ def _stax_timings(m: Manifest, records: dict[str, Any]) -> None:
     # NOTE: Triton kernels compiled ahead of their first launch: how many, how many at once
     pre = records.pop("triton_precompile", None)
     if pre is not None:
-        for key in ("kernels", "jobs", "seconds"):
-            m.timings[f"stax.triton_precompile.{key}"] = pre[key]
+        for key in ("kernels", "jobs", "seconds", "pooled", "workers", "pool_wait_s",
+                    "worker_compile_s_max", "worker_launcher_s_max"):  # fmt: skip
+            if key in pre:
+                m.timings[f"stax.triton_precompile.{key}"] = pre[key]
         if "error" in pre:
             m.fallbacks.append({"what": "Triton precompile", "reason": pre["error"]})
+        for why in pre.get("worker_errors", []):
+            m.fallbacks.append({"what": "Triton compile worker (compiled here)", "reason": why})
     for k in records.get("kernels", []):
         name = k.get("name", "?")
         for key in ("build_seconds", "cache_hit"):
@@ -408,6 +412,10 @@ def _compile(
     # buffer the program writes (it changes every call; frozen, its guard would fail the next)
     candidates = freeze_candidates(graph.inputs, prog.written_inputs(), slots, pipeline)
     params = {n: state[slots[n]] for n in candidates} if freeze else {}
+    if req.backend == "stax":
+        from plait.runtime.program import begin_compile
+
+        begin_compile(graph, _stax_options(req, training=needs_grad))
     start = time.perf_counter()
     result = run_pipeline(graph, pipeline, params=params, source_hash=prog.semantic_hash)
     m.timings["passes"] = time.perf_counter() - start

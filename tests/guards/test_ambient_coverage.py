@@ -74,6 +74,12 @@ COVERED = {
     "kernel binds (libdevice, or the interpreter's numpy shim): how one kernel source runs, "
     "read each time a kernel loads, never part of what is cached",
     ("cache/store.py", "os.environ"): "the cache's size limit, never its key",
+    ("codegen/triton_pool.py", "os.environ"): "Triton's variables handed to its compile "
+    "workers, so they compile under this process's keys (a worker's key is checked against "
+    "this process's): where kernels compile, never what",
+    ("codegen/triton_pool.py", "cpu_count"): "compile parallelism only: the same kernels",
+    ("triton_worker.py", "os.environ"): "a compile worker takes the compiling process's Triton "
+    "variables: the same kernels, under the same keys",
     ("cache/remote.py", "os.environ"): "the remote tier's URL, TTL and entry size limit: where "
     "entries are kept and for how long, never their key",
     ("guards/native.py", "os.environ"): "where the guard evaluator is cached, whether it is "

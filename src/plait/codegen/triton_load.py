@@ -45,6 +45,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from plait.codegen import triton_pool
 from plait.codegen.build import cache_dir
 from plait.codegen.triton_text import TritonSource
 
@@ -195,10 +196,16 @@ def precompile(
             if mode is None or workers == 1:
                 compiled = [compile_one(item) for item in warm]
             else:
-                with ThreadPoolExecutor(workers) as pool, mode(pool):
+                with ThreadPoolExecutor(workers) as local:
+                    pooled = None if fresh else triton_pool.pooled_mode(local, workers, device)
                     # NOTE: each submits its compile; the mode's exit waits for all
-                    compiled = [compile_one(item) for item in warm]
+                    with pooled or mode(local), triton_pool.hooked(pooled):
+                        compiled = [compile_one(item) for item in warm]
+                        if pooled is not None:
+                            pooled.dispatch()
                 record.update(jobs=workers, parallel=True)
+                if pooled is not None:
+                    _pool_record(record, pooled)
             record["launchers_seconds"] = _load_ahead(compiled, device, workers)
         except Exception as exc:  # NOTE: a Triton without this warmup API, say
             # NOTE: never silent: the kernels then compile one by one at their first launch
@@ -211,6 +218,21 @@ def precompile(
             )
     record["seconds"] = time.perf_counter() - t0
     return record
+
+
+def _pool_record(record: dict[str, Any], pooled: Any) -> None:
+    """What the worker processes did, into ``record``; their failures warned about (each of
+    those kernels was compiled by this process instead)."""
+    record.update(pooled.record)
+    errors = pooled.errors()
+    if errors:
+        record["worker_errors"] = errors[:8]
+        warnings.warn(
+            f"plait: {len(errors)} Triton kernel(s) compiled in this process after a compile "
+            f"worker did not provide them: {errors[0][:300]}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _load_ahead(compiled: Sequence[Any], device: Any, workers: int) -> float:

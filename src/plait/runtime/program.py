@@ -298,6 +298,22 @@ def resolve_target(graph: Graph, options: StaxOptions) -> str:
     return "cpu" if graph_device(graph) == "cpu" else "triton"
 
 
+def begin_compile(graph: Graph, options: StaxOptions | None = None) -> None:
+    """Start what a cold compile of ``graph`` can start before its passes run: for a CUDA
+    program's Triton kernels, the compile workers (:func:`plait.codegen.triton_pool.prestart`),
+    so they are ready when its kernels are printed."""
+    from plait.codegen import triton_pool
+    from plait.codegen.triton_load import interpreting
+
+    opts = options or StaxOptions()
+    try:
+        device, target = graph_device(graph), resolve_target(graph, opts)
+    except CodegenError:
+        return  # NOTE: the compile itself reports it
+    if target == "triton" and device != "cpu" and not interpreting() and opts.jobs != 1:
+        triton_pool.prestart(opts.jobs)
+
+
 def compile_graphs(
     graphs: Sequence[Graph],
     *,
@@ -535,6 +551,14 @@ def _precompile_triton(
         "parallel": any(r["parallel"] for r in records),
         "seconds": sum(r["seconds"] for r in records),
     }
+    for key in ("pooled", "workers"):
+        out[key] = sum(r.get(key, 0) for r in records)
+    for key in ("pool_wait_s", "worker_compile_s_max", "worker_launcher_s_max"):
+        if any(key in r for r in records):
+            out[key] = max(r.get(key, 0.0) for r in records)
+    worker_errors = [e for r in records for e in r.get("worker_errors", [])]
+    if worker_errors:
+        out["worker_errors"] = worker_errors
     errors = [r["error"] for r in records if "error" in r]
     if errors:
         out["error"] = "; ".join(errors)

@@ -1,0 +1,159 @@
+"""A Triton compile worker: a process that compiles plait's printed Triton kernels into Triton's
+on-disk cache, for :mod:`plait.codegen.triton_pool`.
+
+Triton's front end (the kernel's Python AST walked into MLIR) holds the GIL, so kernels compiled
+on threads of one process mostly take turns; in worker processes they compile side by side. A
+worker compiles and writes the cache; the compiling process then loads each kernel from that
+cache, under the key it computes itself (the pool compares the two).
+
+The worker is started as a script (``python triton_worker.py``), imports Triton and the standard
+library only, never initializes CUDA (the target is given), and speaks over its standard input
+and output: each request and each reply a pickled dict after its 8-byte length. A request::
+
+    {"path": module file, "module": module name, "symbol": kernel name,
+     "spec": Triton's specialization data (JSON), "target": [backend, arch, warp size],
+     "env": {Triton's environment variables for this compile},
+     "launcher": whether to build the kernel's launcher too (default true; it needs libcuda)}
+
+is answered ``{"hash": key, "compile_s": s, "launcher_s": s}`` (Triton's cache key of the
+kernel it compiled, the seconds of the compile and of the launcher's build) or
+``{"error": text}``. An empty request (length 0) ends the worker.
+
+Example (the framing):
+    >>> import io
+    >>> buf = io.BytesIO()
+    >>> write_message(buf, {"hash": "ab"})
+    >>> _ = buf.seek(0)
+    >>> read_message(buf)
+    {'hash': 'ab'}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pickle
+import struct
+import sys
+import time
+import traceback
+from typing import IO, Any
+
+_HEADER = struct.Struct("<Q")
+ENV_PREFIX = "TRITON_"  # NOTE: every Triton knob reads a variable of this prefix
+
+
+def write_message(stream: IO[bytes], message: dict[str, Any] | None) -> None:
+    """``message`` pickled after its length (``None``: the empty message that ends a worker)."""
+    data = b"" if message is None else pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def read_message(stream: IO[bytes]) -> dict[str, Any] | None:
+    """The next message, or ``None`` for the empty one (or a stream that ended, in a message
+    or between two: the other side is gone)."""
+    head = stream.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(head)
+    data = stream.read(size) if size else b""
+    if size == 0 or len(data) < size:
+        return None
+    return pickle.loads(data)
+
+
+def _set_env(env: dict[str, str]) -> None:
+    """This compile's Triton variables exactly: set those given, drop the others."""
+    for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
+        if name not in env:
+            del os.environ[name]
+    os.environ.update(env)
+
+
+def _kernel(path: str, module_name: str, symbol: str) -> Any:
+    """The kernel from its module file, the module bound to the name (and ``M``, libdevice) it
+    has in the compiling process: Triton's key hashes the function's source and globals."""
+    module = sys.modules.get(module_name)
+    if module is None:
+        from triton.language.extra.cuda import libdevice
+
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        module.M = libdevice  # type: ignore[attr-defined]
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(module_name, None)
+            raise
+    return getattr(module, symbol)
+
+
+class _TargetOnly:
+    """Triton's driver as far as a compile from specialization data asks it: the device and its
+    target, given, so the worker never touches the GPU."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+
+def compile_request(request: dict[str, Any]) -> dict[str, Any]:
+    """Compile one kernel (see the module docstring); never raises."""
+    try:
+        _set_env(request["env"])  # NOTE: before Triton's first import: its jit reads them
+        from triton.backends.compiler import GPUTarget
+        from triton.backends.nvidia.driver import CudaLauncher
+        from triton.runtime import driver
+
+        backend, arch, warp_size = request["target"]
+        target = GPUTarget(backend, arch, warp_size)
+        driver.set_active(_TargetOnly(target))
+        start = time.perf_counter()
+        fn = _kernel(request["path"], request["module"], request["symbol"])
+        kernel = fn.preload(request["spec"])
+        compiled = time.perf_counter()
+        if request.get("launcher", True):
+            CudaLauncher(kernel.src, kernel.metadata)  # NOTE: builds the launcher into the cache
+        return {
+            "hash": kernel.hash,
+            "compile_s": compiled - start,
+            "launcher_s": time.perf_counter() - compiled,
+        }
+    except BaseException:  # NOTE: reported to the pool, which compiles in its own process then
+        return {"error": traceback.format_exc(limit=8)[-4000:]}
+
+
+def _preload_triton() -> None:
+    """Import what a compile needs before the first request arrives (the worker starts while
+    its pool's process still plans the kernels): the environment it started in is Triton's."""
+    import triton.backends.nvidia.driver
+    import triton.compiler
+    import triton.language.extra.cuda  # noqa: F401
+
+
+def main() -> int:
+    """Serve requests on standard input until the empty one; replies on the original standard
+    output (anything Triton prints goes to standard error)."""
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    with contextlib.suppress(Exception):  # NOTE: a failed import fails each request, reported
+        _preload_triton()
+    requests = sys.stdin.buffer
+    while True:
+        request = read_message(requests)
+        if request is None:
+            return 0
+        write_message(replies, compile_request(request))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
