@@ -6,9 +6,11 @@ on threads of one process mostly take turns; in worker processes they compile si
 worker compiles and writes the cache; the compiling process then loads each kernel from that
 cache, under the key it computes itself (the pool compares the two).
 
-The worker is started as a script (``python triton_worker.py``), imports Triton and the standard
-library only, never initializes CUDA (the target is given), and speaks over its standard input
-and output: each request and each reply a pickled dict after its 8-byte length. A request::
+The worker is started as ``python -m plait.triton_worker BACKEND ARCH WARP_SIZE`` (the target it
+compiles for, warmed up at its start: a process's first compile costs about half a second
+more), imports Triton and the standard library only, never initializes CUDA, and speaks over
+its standard input and output: each request and each reply a pickled dict after its 8-byte
+length. A request::
 
     {"path": module file, "module": module name, "symbol": kernel name,
      "spec": Triton's specialization data (JSON), "target": [backend, arch, warp size],
@@ -36,8 +38,11 @@ import os
 import pickle
 import struct
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any
 
 _HEADER = struct.Struct("<Q")
@@ -106,23 +111,60 @@ class _TargetOnly:
         return self.target
 
 
+# NOTE: the launcher's build reads these of the kernel's metadata after building its module; a
+# launcher built ahead of the compile is only for its module in the cache (Triton keys it by
+# the C source, which depends on the signature alone): the real one is built after the compile
+_LAUNCH_METADATA = {
+    "tensordesc_meta": None,
+    "num_ctas": 1,
+    "global_scratch_size": 0,
+    "global_scratch_align": 1,
+    "profile_scratch_size": 0,
+    "profile_scratch_align": 1,
+    "launch_cooperative_grid": False,
+    "launch_pdl": False,
+}
+
+
+def _launcher_ahead(fn: Any, spec: str) -> threading.Thread:
+    """Build the kernel's launcher module on a thread while the kernel compiles (the C compiler
+    runs as a subprocess: the GIL is free meanwhile). Failing, it leaves the build to after the
+    compile."""
+    import json
+    from types import SimpleNamespace
+
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    def build() -> None:
+        with contextlib.suppress(Exception):
+            signature = {
+                k: tuple(v) if isinstance(v, list) else v
+                for k, v in json.loads(spec)["signature"].items()
+            }
+            src = SimpleNamespace(constants={}, signature=signature, fn=fn)
+            CudaLauncher(src, SimpleNamespace(**_LAUNCH_METADATA))
+
+    thread = threading.Thread(target=build, daemon=True)
+    thread.start()
+    return thread
+
+
 def compile_request(request: dict[str, Any]) -> dict[str, Any]:
     """Compile one kernel (see the module docstring); never raises."""
     try:
         _set_env(request["env"])  # NOTE: before Triton's first import: its jit reads them
-        from triton.backends.compiler import GPUTarget
         from triton.backends.nvidia.driver import CudaLauncher
-        from triton.runtime import driver
 
-        backend, arch, warp_size = request["target"]
-        target = GPUTarget(backend, arch, warp_size)
-        driver.set_active(_TargetOnly(target))
+        _use_target(request["target"])
         start = time.perf_counter()
         fn = _kernel(request["path"], request["module"], request["symbol"])
+        launcher = request.get("launcher", True)
+        ahead = _launcher_ahead(fn, request["spec"]) if launcher else None
         kernel = fn.preload(request["spec"])
         compiled = time.perf_counter()
-        if request.get("launcher", True):
-            CudaLauncher(kernel.src, kernel.metadata)  # NOTE: builds the launcher into the cache
+        if ahead is not None:
+            ahead.join()
+            CudaLauncher(kernel.src, kernel.metadata)  # NOTE: the cache's, where built ahead
         return {
             "hash": kernel.hash,
             "compile_s": compiled - start,
@@ -132,12 +174,56 @@ def compile_request(request: dict[str, Any]) -> dict[str, Any]:
         return {"error": traceback.format_exc(limit=8)[-4000:]}
 
 
-def _preload_triton() -> None:
-    """Import what a compile needs before the first request arrives (the worker starts while
-    its pool's process still plans the kernels): the environment it started in is Triton's."""
-    import triton.backends.nvidia.driver
-    import triton.compiler
-    import triton.language.extra.cuda  # noqa: F401
+def _use_target(target: Sequence[Any]) -> Any:
+    """Triton's driver answering with ``target`` (backend, arch, warp size); the target."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    backend, arch, warp_size = target
+    gpu = GPUTarget(backend, arch, warp_size)
+    driver.set_active(_TargetOnly(gpu))
+    return gpu
+
+
+_WARM_SOURCE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def warm(b0, b1):
+    i = tl.arange(0, 128)
+    tl.store(b1 + i, M.div_rn(M.sqrt_rn(tl.load(b0 + i)), 3.0))
+"""
+
+
+def _warm_up(target: Sequence[Any]) -> None:
+    """Pay a process's first-compile costs before the first request (about half a second:
+    Triton's compiler state, libdevice, ``ptxas``'s version, the C compiler's first run) by
+    compiling a small kernel and its launcher into a throwaway cache, in the environment the
+    worker started in (its pool's: Triton's variables are the requests')."""
+    import tempfile
+
+    from triton.backends.nvidia.driver import CudaLauncher
+    from triton.compiler import ASTSource, compile
+
+    gpu = _use_target(target)
+    with tempfile.TemporaryDirectory(prefix="plait-triton-warm-") as folder:
+        before = os.environ.get("TRITON_CACHE_DIR")
+        os.environ["TRITON_CACHE_DIR"] = folder
+        try:
+            path = Path(folder) / "warm.py"
+            path.write_text(_WARM_SOURCE)
+            fn = _kernel(str(path), "plait_triton_worker_warm", "warm")
+            src = ASTSource(fn, {"b0": "*fp32", "b1": "*fp32"}, {}, {})
+            kernel = compile(src, target=gpu, options={"num_warps": 4})
+            CudaLauncher(kernel.src, kernel.metadata)
+        finally:
+            if before is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = before
+            sys.modules.pop("plait_triton_worker_warm", None)
 
 
 def main() -> int:
@@ -145,8 +231,10 @@ def main() -> int:
     output (anything Triton prints goes to standard error)."""
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    with contextlib.suppress(Exception):  # NOTE: a failed import fails each request, reported
-        _preload_triton()
+    target = sys.argv[1:4]
+    # NOTE: a failure here fails each request, where it is reported
+    with contextlib.suppress(Exception):
+        _warm_up((target[0], int(target[1]), int(target[2])))
     requests = sys.stdin.buffer
     while True:
         request = read_message(requests)

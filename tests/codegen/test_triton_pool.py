@@ -118,7 +118,7 @@ def test_a_worker_compiles_under_the_compiling_processs_key(
     spec, key = _spec_and_key(tmp_path, path, name, ts)
     elsewhere = tmp_path / "worker-cache"
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # NOTE: the environment the workers start in
-    pool = triton_pool.WorkerPool(triton_pool.identity(os.environ))
+    pool = triton_pool.WorkerPool(triton_pool.identity(os.environ), TARGET)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     try:
         pool.grow(1)
@@ -145,10 +145,10 @@ def test_the_pool_is_replaced_when_tritons_environment_changes(
 ) -> None:
     monkeypatch.setattr(triton_pool, "_POOL", None)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "a"))
-    first = triton_pool.pool()
+    first = triton_pool.pool(TARGET)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "b"))
-    assert triton_pool.pool() is first  # NOTE: the cache directory travels with each request
+    assert triton_pool.pool(TARGET) is first  # NOTE: the cache directory travels with each request
     monkeypatch.setenv("TRITON_PTXAS_PATH", str(tmp_path / "ptxas"))
-    second = triton_pool.pool()
+    second = triton_pool.pool(TARGET)
     assert second is not first and second.identity["TRITON_PTXAS_PATH"] == str(tmp_path / "ptxas")
     second.close()

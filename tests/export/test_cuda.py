@@ -48,7 +48,7 @@ knobs.compilation.listener = lambda **kw: compiles.append(kw["cache_hit"])
 loaded = plait.load(sys.argv[1], trust=sys.argv[4] or None)
 x = load_file(sys.argv[2])["x"].cuda()
 save_file({"y": loaded(x).cpu()}, sys.argv[3])
-pooled = loaded.builds[0].manifest.timings.get("stax.triton_precompile.pooled", 0)
+pooled = (loaded.builds[0].program.triton_precompile or {}).get("pooled", 0)  # NOTE: this load's
 print(loaded.native["status"], loaded.builds[0].program.target, len(compiles), sum(compiles),
       int(pooled))
 """

@@ -133,12 +133,13 @@ def torch_ptxas(torch_dir: Path | None = None) -> None:
 
 
 @functools.cache
-def _torch_ptxas_once() -> None:
+def torch_ptxas_once() -> None:
+    """:func:`torch_ptxas`, once per process."""
     torch_ptxas()
 
 
 def _import(source: str, digest: str, name: str) -> ModuleType:
-    _torch_ptxas_once()  # NOTE: before the first module: its kernels compile with that ptxas
+    torch_ptxas_once()  # NOTE: before the first module: its kernels compile with that ptxas
     path = _publish(source, digest)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None

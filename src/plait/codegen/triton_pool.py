@@ -46,6 +46,7 @@ from typing import Any
 
 from plait import triton_worker
 
+Target = tuple[str, int, int]  # NOTE: Triton's GPUTarget: backend, arch, warp size
 MIN_POOLED = 2  # NOTE: fewer kernels to compile: this process's threads (no worker start)
 MAX_WORKERS = 16
 PRESTARTED = 8  # NOTE: before the kernel count is known; a dispatch grows to what it needs
@@ -74,15 +75,16 @@ class _Worker:
     """One worker process and the thread that feeds it jobs from the pool's queue. Every job
     is answered: a worker that died is started again for the next one."""
 
-    def __init__(self, jobs: queue.Queue[Any], env: dict[str, str]) -> None:
+    def __init__(self, jobs: queue.Queue[Any], env: dict[str, str], target: Target) -> None:
         self.env = env
+        self.argv = [sys.executable, "-m", "plait.triton_worker", *map(str, target)]
         self.process = self._start()
         self.thread = threading.Thread(target=self._serve, args=(jobs,), daemon=True)
         self.thread.start()
 
     def _start(self) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "plait.triton_worker"],
+            self.argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=self.env,
@@ -136,8 +138,9 @@ class _Worker:
 class WorkerPool:
     """Worker processes compiling Triton kernels (see the module docstring)."""
 
-    def __init__(self, env_identity: dict[str, str]) -> None:
+    def __init__(self, env_identity: dict[str, str], target: Target) -> None:
         self.identity = env_identity
+        self.target = target
         self.jobs: queue.Queue[Any] = queue.Queue()
         self.workers: list[_Worker] = []
         env = dict(os.environ)
@@ -152,7 +155,7 @@ class WorkerPool:
         """At least ``workers`` live workers (at most :data:`MAX_WORKERS`); how many there are."""
         self.workers = [w for w in self.workers if w.alive()]
         while len(self.workers) < min(workers, MAX_WORKERS):
-            self.workers.append(_Worker(self.jobs, self.env))
+            self.workers.append(_Worker(self.jobs, self.env, self.target))
         return len(self.workers)
 
     def close(self) -> None:
@@ -167,16 +170,17 @@ _POOL: WorkerPool | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def pool() -> WorkerPool:
-    """The process's pool, for Triton's current environment (a pool of another is closed)."""
+def pool(target: Target) -> WorkerPool:
+    """The process's pool, for Triton's current environment (a pool of another is closed);
+    workers it starts warm up for ``target`` (backend, arch, warp size), which requests name."""
     global _POOL
     want = identity(os.environ)
     with _POOL_LOCK:
-        if _POOL is not None and _POOL.identity != want:
+        if _POOL is not None and (_POOL.identity, _POOL.target) != (want, target):
             _POOL.close()
             _POOL = None
         if _POOL is None:
-            _POOL = WorkerPool(want)
+            _POOL = WorkerPool(want, target)
         return _POOL
 
 
@@ -187,14 +191,29 @@ def _close_pool() -> None:
             _POOL.close()
 
 
-def prestart(jobs: int | None = None) -> None:
-    """Start up to :data:`PRESTARTED` workers now (``jobs``: the compile's parallelism, default
-    one per CPU), so they are ready when a cold compile's kernels are printed: called where a
-    compile of a CUDA program begins. Starting returns at once (the workers import Triton on
-    their own)."""
+def device_target(device: Any) -> Target | None:
+    """``device``'s Triton target (backend, arch, warp size), or None where the workers do not
+    serve it (not CUDA; a Triton without the hook they need)."""
+    import torch
+    from triton import knobs
+    from triton.runtime import driver
+
+    with torch.cuda.device(device):
+        t = driver.active.get_current_target()
+    if t.backend != "cuda" or not hasattr(knobs.runtime, "jit_cache_hook"):
+        return None
+    return (t.backend, int(t.arch), int(t.warp_size))
+
+
+def prestart(device: Any, jobs: int | None = None) -> None:
+    """Start up to :data:`PRESTARTED` workers for ``device`` now (``jobs``: the compile's
+    parallelism, default one per CPU), so they are ready when a cold compile's kernels are
+    printed: called where a compile of a CUDA program begins. Starting returns at once (the
+    workers import Triton and warm up on their own)."""
     workers = min(jobs or os.cpu_count() or 1, PRESTARTED)
-    if workers >= MIN_POOLED:
-        pool().grow(workers)
+    target = device_target(device) if workers >= MIN_POOLED else None
+    if target is not None:
+        pool(target).grow(workers)
 
 
 def _held(hash_hex: str) -> bool:
@@ -227,10 +246,10 @@ def _mode_class() -> Any:
     class PooledCompiles(AsyncCompileMode):
         """Compiles held by the cache run at once; the others wait for :meth:`dispatch`."""
 
-        def __init__(self, local: ThreadPoolExecutor, jobs: int, target: Any) -> None:
+        def __init__(self, local: ThreadPoolExecutor, jobs: int, target: Target) -> None:
             super().__init__(local)
             self.jobs = jobs
-            self.target = (target.backend, target.arch, target.warp_size)
+            self.target = target
             self.spec: dict[str, Any] | None = None
             self.waiting: list[_Waiting] = []
             self.record: dict[str, Any] = {"pooled": 0, "workers": 0}
@@ -280,7 +299,7 @@ def _mode_class() -> Any:
                     self._finish(w, None)
                 return
             self._dispatched = time.perf_counter()
-            workers = pool()
+            workers = pool(self.target)
             self.record["workers"] = workers.grow(min(self.jobs, len(waiting)))
             self.record["pooled"] = len(waiting)
             env = _request_env(os.environ)
@@ -321,17 +340,8 @@ def pooled_mode(local: ThreadPoolExecutor, jobs: int, device: Any) -> Any:
     """A :class:`PooledCompiles` for ``device`` (its CUDA target), or None where Triton lacks
     what it needs or the target is not CUDA (those compile on threads)."""
     cls = _mode_class()
-    if cls is None:
-        return None
-    import torch
-    from triton import knobs
-    from triton.runtime import driver
-
-    with torch.cuda.device(device):
-        target = driver.active.get_current_target()
-    if target.backend != "cuda" or not hasattr(knobs.runtime, "jit_cache_hook"):
-        return None
-    return cls(local, jobs, target)
+    target = device_target(device) if cls is not None else None
+    return None if target is None else cls(local, jobs, target)
 
 
 @contextmanager

@@ -303,7 +303,7 @@ def begin_compile(graph: Graph, options: StaxOptions | None = None) -> None:
     program's Triton kernels, the compile workers (:func:`plait.codegen.triton_pool.prestart`),
     so they are ready when its kernels are printed."""
     from plait.codegen import triton_pool
-    from plait.codegen.triton_load import interpreting
+    from plait.codegen.triton_load import interpreting, torch_ptxas_once
 
     opts = options or StaxOptions()
     try:
@@ -311,7 +311,8 @@ def begin_compile(graph: Graph, options: StaxOptions | None = None) -> None:
     except CodegenError:
         return  # NOTE: the compile itself reports it
     if target == "triton" and device != "cpu" and not interpreting() and opts.jobs != 1:
-        triton_pool.prestart(opts.jobs)
+        torch_ptxas_once()  # NOTE: the workers start in the environment the kernels compile in
+        triton_pool.prestart(device, opts.jobs)
 
 
 def compile_graphs(
