@@ -43,6 +43,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 
 _HEADER = struct.Struct("<Q")
@@ -77,6 +78,23 @@ def _set_env(env: dict[str, str]) -> None:
     os.environ.update(env)
 
 
+def load_module(path: str, name: str, math: Any) -> ModuleType:
+    """The kernel module file ``path`` imported as ``name``, its global ``M`` bound to ``math``
+    (libdevice, or the interpreter's shim) before it runs; registered in ``sys.modules`` first:
+    Triton's jit reads a function's module for its source."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    module.M = math  # type: ignore[attr-defined]
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
 def _kernel(path: str, module_name: str, symbol: str) -> Any:
     """The kernel from its module file, the module bound to the name (and ``M``, libdevice) it
     has in the compiling process: Triton's key hashes the function's source and globals."""
@@ -84,16 +102,7 @@ def _kernel(path: str, module_name: str, symbol: str) -> Any:
     if module is None:
         from triton.language.extra.cuda import libdevice
 
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        module.M = libdevice  # type: ignore[attr-defined]
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(module_name, None)
-            raise
+        module = load_module(path, module_name, libdevice)
     return getattr(module, symbol)
 
 

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import itertools
 import os
-import sys
 import tempfile
 import time
 import warnings
@@ -48,6 +46,7 @@ from typing import Any
 from plait.codegen import triton_pool
 from plait.codegen.build import cache_dir
 from plait.codegen.triton_text import TritonSource
+from plait.triton_worker import load_module
 
 _MODULES: dict[tuple[str, bool], ModuleType] = {}
 
@@ -140,19 +139,7 @@ def torch_ptxas_once() -> None:
 
 def _import(source: str, digest: str, name: str) -> ModuleType:
     torch_ptxas_once()  # NOTE: before the first module: its kernels compile with that ptxas
-    path = _publish(source, digest)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    module.M = _math_module(interpreting())  # type: ignore[attr-defined]
-    # NOTE: registered before it runs: Triton's jit reads the function's module for its source.
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return module
+    return load_module(str(_publish(source, digest)), name, _math_module(interpreting()))
 
 
 def _options(ts: TritonSource) -> dict[str, Any]:
