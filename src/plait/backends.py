@@ -413,7 +413,7 @@ def _compile(
     candidates = freeze_candidates(graph.inputs, prog.written_inputs(), slots, pipeline)
     params = {n: state[slots[n]] for n in candidates} if freeze else {}
     if req.backend == "stax":
-        from plait.runtime.program import begin_compile
+        from plait.runtime.kernel_targets import begin_compile
 
         begin_compile(graph, _stax_options(req, training=needs_grad))
     start = time.perf_counter()

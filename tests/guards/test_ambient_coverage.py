@@ -54,6 +54,7 @@ COVERED = {
     ("codegen/tvm_build.py", "get_num_threads"): "guard torch.get_num_threads() (TVM's thread "
     "pool sized as the C++ kernels' OpenMP; speed only)",
     ("runtime/program.py", "cpu_count"): "build parallelism only: the same libraries",
+    ("runtime/kernel_targets.py", "cpu_count"): "compile parallelism only: the same kernels",
     ("export/native_triton.py", "cpu_count"): "compile parallelism only: the same kernels",
     ("runtime/runner_emit.py", "is_grad_enabled"): "read per call, at run time (nothing compiled)",
     ("autograd/function.py", "is_grad_enabled"): "read in the compiled backward, at run time: "

@@ -17,9 +17,11 @@ the compiling process then loads each one from it, under the key it computes its
 Each worker reports the key it compiled under; a key this process computes differently (another
 environment) is recorded and warned about, and the kernel is then compiled here as well. A
 worker that fails or dies is recorded the same way: the kernel compiles in this process, where a
-genuine compile error is raised as it always is. The workers start on first use and serve every
-later compile of the process while Triton's environment (the variables of :func:`identity`) is
-unchanged; ``TRITON_CACHE_DIR`` travels with each request.
+genuine compile error is raised as it always is. The workers start when a cold compile of a
+CUDA program begins (:func:`prestart`, called before its passes) or at the first dispatch, warm
+up for the GPU's target, and serve every later compile of the process while Triton's
+environment (the variables of :func:`identity`) is unchanged; ``TRITON_CACHE_DIR`` travels with
+each request.
 
 Example:
     >>> sorted(identity({"TRITON_CACHE_DIR": "/c", "TRITON_PTXAS_PATH": "/p", "HOME": "/h"}))

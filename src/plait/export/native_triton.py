@@ -39,7 +39,7 @@ def collect(program: Any) -> tuple[dict[str, bytes], dict[str, Any] | None, str]
     from plait.codegen import triton_carry
     from plait.codegen.fusion import graph_device
     from plait.ir.private_files import fresh_private_dir
-    from plait.runtime.program import triton_launches
+    from plait.runtime.kernel_targets import triton_launches
 
     why = triton_carry.supported()
     if why is not None:

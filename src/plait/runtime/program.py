@@ -34,8 +34,8 @@ from plait.codegen.onednn import LOADED
 from plait.codegen.options import StaxOptions
 from plait.codegen.plan import KernelStep, NodeTag, Plan, SavedLayouts
 from plait.ir.graph import Graph
-from plait.ir.types import TensorType
 from plait.progress import shown
+from plait.runtime.kernel_targets import launch_dtypes, precompile_triton, resolve_target
 from plait.runtime.memory import MemoryPlan, plan_memory
 from plait.runtime.runner import Runner, build_runner
 
@@ -290,31 +290,6 @@ def compile_graph(
     return program
 
 
-def resolve_target(graph: Graph, options: StaxOptions) -> str:
-    """The kernels ``graph`` gets: ``options.target``, where ``auto`` means C++ for CPU tensors
-    and Triton for CUDA tensors."""
-    if options.target != "auto":
-        return options.target
-    return "cpu" if graph_device(graph) == "cpu" else "triton"
-
-
-def begin_compile(graph: Graph, options: StaxOptions | None = None) -> None:
-    """Start what a cold compile of ``graph`` can start before its passes run: for a CUDA
-    program's Triton kernels, the compile workers (:func:`plait.codegen.triton_pool.prestart`),
-    so they are ready when its kernels are printed."""
-    from plait.codegen import triton_pool
-    from plait.codegen.triton_load import interpreting, torch_ptxas_once
-
-    opts = options or StaxOptions()
-    try:
-        device, target = graph_device(graph), resolve_target(graph, opts)
-    except CodegenError:
-        return  # NOTE: the compile itself reports it
-    if target == "triton" and device != "cpu" and not interpreting() and opts.jobs != 1:
-        torch_ptxas_once()  # NOTE: the workers start in the environment the kernels compile in
-        triton_pool.prestart(device, opts.jobs)
-
-
 def compile_graphs(
     graphs: Sequence[Graph],
     *,
@@ -376,7 +351,7 @@ def compile_graphs(
     if units or any(t == "triton" for t in targets):
         _entries_verified(layouts)
     build_units(units, opts.jobs)
-    precompiled = _precompile_triton(graphs, plans, infos, targets, opts)
+    precompiled = precompile_triton(graphs, plans, infos, targets, opts)
     t_build = time.perf_counter()
     unit_of = {sym: u for u in units for sym in u.symbols}
     programs = []
@@ -489,20 +464,6 @@ def _named(ts: Any) -> Any:
     return dataclasses.replace(ts, symbol=symbol, source=ts.source.replace("STAX_SYMBOL", symbol))
 
 
-def _launch_dtypes(low: Any) -> list[Any]:
-    """The dtypes of the tensors a Triton kernel is launched with, in buffer order."""
-    types = [v.type for v in low.bindings]
-    assert all(isinstance(t, TensorType) for t in types)  # NOTE: launched with tensors
-    return [t.dtype for t in types if isinstance(t, TensorType)]
-
-
-def triton_launches(plan: Plan, row: Sequence[KernelInfo]) -> list[tuple[Any, list[Any]]]:
-    """Each Triton kernel of ``plan`` (its infos ``row``, in step order) with its launch's
-    tensor dtypes: what :func:`plait.codegen.triton_load.precompile` compiles."""
-    steps = [s for s in plan.steps if isinstance(s, KernelStep)]
-    return [(info.triton, _launch_dtypes(step.lowered)) for info, step in zip(row, steps)]
-
-
 def _triton_info(low: Any, tune_on: str | None) -> KernelInfo:
     """``low``'s kernel printed for Triton; with ``tune_on`` (a device), its launch shape timed
     there and the fastest kept (:mod:`plait.codegen.triton_tune`)."""
@@ -514,7 +475,7 @@ def _triton_info(low: Any, tune_on: str | None) -> KernelInfo:
         from plait.codegen.triton_load import load_triton
         from plait.codegen.triton_tune import tune
 
-        blocks, tuning = tune(kernel, _named, _launch_dtypes(low), tune_on, load_triton)
+        blocks, tuning = tune(kernel, _named, launch_dtypes(low), tune_on, load_triton)
     ts = print_triton(kernel, "STAX_SYMBOL", blocks)
     digest = hashlib.sha256(ts.source.encode()).hexdigest()
     ts = _named(ts)
@@ -522,48 +483,6 @@ def _triton_info(low: Any, tune_on: str | None) -> KernelInfo:
                       source=ts.source)  # fmt: skip
     info.triton, info.tuning = ts, tuning
     return info
-
-
-def _precompile_triton(
-    graphs: Sequence[Graph],
-    plans: Sequence[Plan],
-    infos: Sequence[list[KernelInfo]],
-    targets: Sequence[str],
-    opts: StaxOptions,
-) -> dict[str, Any]:
-    """Every Triton kernel of ``graphs`` compiled before its first launch, ``opts.jobs`` (default:
-    every CPU) at a time (:func:`plait.codegen.triton_load.precompile`)."""
-    import os
-
-    from plait.codegen.triton_load import precompile
-
-    by_device: dict[str, list[tuple[Any, list[Any]]]] = {}
-    for g, plan, row, target in zip(graphs, plans, infos, targets):
-        if target != "triton" or graph_device(g) == "cpu":
-            continue
-        by_device.setdefault(graph_device(g), []).extend(triton_launches(plan, row))
-    jobs = opts.jobs or os.cpu_count() or 1
-    records = [precompile(kernels, device, jobs) for device, kernels in by_device.items()]
-    if not records:
-        return {"kernels": 0, "jobs": 1, "parallel": False, "seconds": 0.0}
-    out = {
-        "kernels": sum(r["kernels"] for r in records),
-        "jobs": max(r["jobs"] for r in records),
-        "parallel": any(r["parallel"] for r in records),
-        "seconds": sum(r["seconds"] for r in records),
-    }
-    for key in ("pooled", "workers"):
-        out[key] = sum(r.get(key, 0) for r in records)
-    for key in ("pool_wait_s", "worker_compile_s_max", "worker_launcher_s_max"):
-        if any(key in r for r in records):
-            out[key] = max(r.get(key, 0.0) for r in records)
-    worker_errors = [e for r in records for e in r.get("worker_errors", [])]
-    if worker_errors:
-        out["worker_errors"] = worker_errors
-    errors = [r["error"] for r in records if "error" in r]
-    if errors:
-        out["error"] = "; ".join(errors)
-    return out
 
 
 def _load_triton(row: list[KernelInfo], kernel_steps: list[int]) -> dict[int, Any]:
