@@ -13,13 +13,15 @@ its standard input and output: each request and each reply a pickled dict after 
 length. A request::
 
     {"path": module file, "module": module name, "symbol": kernel name,
-     "spec": Triton's specialization data (JSON), "target": [backend, arch, warp size],
+     "signature", "constants", "attrs": the kernel's, as Triton's ASTSource takes them,
+     "options": Triton's compile options, "env_vars": the compiling process's
+     cache-affecting environment (its key has them), "target": [backend, arch, warp size],
      "env": {Triton's environment variables for this compile},
      "launcher": whether to build the kernel's launcher too (default true; it needs libcuda)}
 
 is answered ``{"hash": key, "compile_s": s, "launcher_s": s}`` (Triton's cache key of the
-kernel it compiled, the seconds of the compile and of the launcher's build) or
-``{"error": text}``. An empty request (length 0) ends the worker.
+kernel it compiled, the seconds of the compile and of the launcher's build; a launcher that
+failed adds ``launcher_error``) or ``{"error": text}``. An empty request (length 0) ends the worker.
 
 Example (the framing):
     >>> import io
@@ -135,21 +137,16 @@ _LAUNCH_METADATA = {
 }
 
 
-def _launcher_ahead(fn: Any, spec: str) -> threading.Thread:
+def _launcher_ahead(fn: Any, signature: dict[str, Any]) -> threading.Thread:
     """Build the kernel's launcher module on a thread while the kernel compiles (the C compiler
     runs as a subprocess: the GIL is free meanwhile). Failing, it leaves the build to after the
     compile."""
-    import json
     from types import SimpleNamespace
 
     from triton.backends.nvidia.driver import CudaLauncher
 
     def build() -> None:
         with contextlib.suppress(Exception):
-            signature = {
-                k: tuple(v) if isinstance(v, list) else v
-                for k, v in json.loads(spec)["signature"].items()
-            }
             src = SimpleNamespace(constants={}, signature=signature, fn=fn)
             CudaLauncher(src, SimpleNamespace(**_LAUNCH_METADATA))
 
@@ -163,24 +160,29 @@ def compile_request(request: dict[str, Any]) -> dict[str, Any]:
     try:
         _set_env(request["env"])  # NOTE: before Triton's first import: its jit reads them
         from triton.backends.nvidia.driver import CudaLauncher
+        from triton.compiler import ASTSource, compile
 
-        _use_target(request["target"])
+        gpu = _use_target(request["target"])
         start = time.perf_counter()
         fn = _kernel(request["path"], request["module"], request["symbol"])
-        launcher = request.get("launcher", True)
-        ahead = _launcher_ahead(fn, request["spec"]) if launcher else None
-        kernel = fn.preload(request["spec"])
-        compiled = time.perf_counter()
-        if ahead is not None:
-            ahead.join()
-            CudaLauncher(kernel.src, kernel.metadata)  # NOTE: the cache's, where built ahead
-        return {
-            "hash": kernel.hash,
-            "compile_s": compiled - start,
-            "launcher_s": time.perf_counter() - compiled,
-        }
+        signature = request["signature"]
+        ahead = _launcher_ahead(fn, signature) if request.get("launcher", True) else None
+        src = ASTSource(fn, signature, request["constants"], request["attrs"])
+        # NOTE: the compiling process's options and cache-affecting environment, as its key has
+        kernel = compile(src, target=gpu, options=request["options"],
+                         _env_vars=request["env_vars"])  # fmt: skip
     except BaseException:  # NOTE: reported to the pool, which compiles in its own process then
         return {"error": traceback.format_exc(limit=8)[-4000:]}
+    compiled = time.perf_counter()
+    reply = {"hash": kernel.hash, "compile_s": compiled - start}
+    if ahead is not None:
+        ahead.join()
+        try:
+            CudaLauncher(kernel.src, kernel.metadata)  # NOTE: the cache's, where built ahead
+        except BaseException:  # NOTE: the compiling process builds it then
+            reply["launcher_error"] = traceback.format_exc(limit=4)[-2000:]
+    reply["launcher_s"] = time.perf_counter() - compiled
+    return reply
 
 
 def _use_target(target: Sequence[Any]) -> Any:
@@ -235,9 +237,22 @@ def _warm_up(target: Sequence[Any]) -> None:
             sys.modules.pop("plait_triton_worker_warm", None)
 
 
+def _die_with_parent() -> None:
+    """On Linux, the worker is sent SIGTERM when the process that started it ends (a worker
+    must not outlive its pool's process, holding its standard error open)."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+    import signal
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # NOTE: PR_SET_PDEATHSIG
+
+
 def main() -> int:
     """Serve requests on standard input until the empty one; replies on the original standard
     output (anything Triton prints goes to standard error)."""
+    _die_with_parent()
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     target = sys.argv[1:4]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -34,30 +35,36 @@ from plait.ir import GraphBuilder, TensorType
 triton = pytest.importorskip("triton")
 TARGET = ("cuda", 90, 32)
 
-# NOTE: a process that compiles (this one interprets): the kernel's specialization data through
-# Triton's hook, then the key it compiles the kernel under, on a driver that answers TARGET
+# NOTE: a process that compiles (this one interprets), on a driver that answers TARGET: what a
+# worker is sent for the kernel (plait.codegen.triton_pool._spec_of, read from the compile
+# Triton submits) and the key this process compiles it under, pickled to a file
 COMPILING_CHILD = """
-import json, sys, torch
-from triton import knobs
+import json, pickle, sys, torch
+from concurrent.futures import ThreadPoolExecutor
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
+from triton.runtime._async_compile import AsyncCompileMode
 from plait import triton_worker
+from plait.codegen import triton_pool
 
 class Device(triton_worker._TargetOnly):
     def get_current_stream(self, device):
         return 0
 
-path, name, symbol, grid, warps, target = json.loads(sys.argv[1])
+class Capture(AsyncCompileMode):
+    def submit(self, key, compile_fn, finalize_fn):
+        seen["spec"] = triton_pool._spec_of(compile_fn)
+        seen["key"] = compile_fn().hash
+        return None
+
+path, name, symbol, grid, warps, target, out = json.loads(sys.argv[1])
 driver.set_active(Device(GPUTarget(*target)))
 seen = {}
-def hook(**kwargs):
-    seen["spec"] = kwargs["compile"]["specialization_data"]
-    return True
 fn = triton_worker._kernel(path, name, symbol)
-knobs.runtime.jit_cache_hook = hook
-fn.warmup(torch.float32, torch.float32, grid=tuple(grid), num_warps=warps)
-knobs.runtime.jit_cache_hook = None
-print(json.dumps({"spec": seen["spec"], "key": fn.preload(seen["spec"]).hash}))
+with ThreadPoolExecutor(1) as local, Capture(local):
+    fn.warmup(torch.float32, torch.float32, grid=tuple(grid), num_warps=warps)
+with open(out, "wb") as f:
+    pickle.dump(seen, f)
 """
 
 
@@ -73,17 +80,20 @@ def _printed(tmp_path: Path, name: str) -> tuple[Path, TritonSource]:
     return path, ts
 
 
-def _spec_and_key(tmp_path: Path, path: Path, name: str, ts: TritonSource) -> tuple[str, str]:
-    """The kernel's specialization data and the key a compiling process compiles it under."""
+def _spec_and_key(tmp_path: Path, path: Path, name: str, ts: TritonSource) -> tuple[dict, str]:
+    """What a worker is sent for the kernel, and the key a compiling process compiles it
+    under."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path / "here"),
            "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}  # fmt: skip
-    args = json.dumps([str(path), name, ts.symbol, list(ts.grid), ts.num_warps, TARGET])
+    out = tmp_path / "seen.pickle"
+    args = json.dumps([str(path), name, ts.symbol, list(ts.grid), ts.num_warps, TARGET, str(out)])
     proc = subprocess.run([sys.executable, "-c", COMPILING_CHILD, args], env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out["spec"], out["key"]
+    seen = pickle.loads(out.read_bytes())
+    assert seen["spec"] is not None, "plait could not read Triton's compile"
+    return seen["spec"], seen["key"]
 
 
 def _ask(pool: triton_pool.WorkerPool, request: dict[str, Any]) -> dict[str, Any]:
@@ -122,7 +132,7 @@ def test_a_worker_compiles_under_the_compiling_processs_key(
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     try:
         pool.grow(1)
-        base = {"path": str(path), "module": name, "symbol": ts.symbol, "spec": spec}
+        base = dict(spec)
         env = {"TRITON_CACHE_DIR": str(elsewhere), "TRITON_INTERPRET": "0"}
         broken = _ask(pool, {**base, "path": str(tmp_path / "missing.py"), "target": TARGET,
                              "env": env, "launcher": False})  # fmt: skip
@@ -152,3 +162,51 @@ def test_the_pool_is_replaced_when_tritons_environment_changes(
     second = triton_pool.pool(TARGET)
     assert second is not first and second.identity["TRITON_PTXAS_PATH"] == str(tmp_path / "ptxas")
     second.close()
+
+
+def test_an_error_before_the_dispatch_still_answers_every_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kernel waiting for the workers is compiled here when the compile stops before its
+    dispatch, the error goes on, and no compile mode is left active."""
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from triton.runtime._async_compile import active_mode
+
+    monkeypatch.setattr(triton_pool, "_held", lambda key: False)
+    monkeypatch.setattr(triton_pool, "_spec_of", lambda fn: {"symbol": "k"})
+    compiled: list[str] = []
+
+    def compile_fn() -> Any:
+        compiled.append("here")
+        return SimpleNamespace(hash="h")
+
+    mode_class = triton_pool._mode_class()
+    with (
+        ThreadPoolExecutor(1) as local,
+        pytest.raises(RuntimeError, match="before dispatch"),
+        mode_class(local, 4, TARGET) as mode,
+    ):
+        kernel = mode.submit("key", compile_fn, lambda k: None)
+        raise RuntimeError("before dispatch")
+    assert compiled == ["here"] and kernel.result().hash == "h"
+    assert active_mode.get() is None
+
+
+def test_a_worker_reply_whose_kernel_is_missing_here_is_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker that says it compiled a kernel this process's cache does not hold (another
+    cache directory) is recorded, and the kernel compiles here."""
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(triton_pool, "_held", lambda key: False)
+    mode_class = triton_pool._mode_class()
+    with ThreadPoolExecutor(1) as local:
+        mode = mode_class(local, 4, TARGET)
+        w = triton_pool._Waiting("k1", {"symbol": "k"}, lambda: SimpleNamespace(hash="h"))
+        mode._finish(w, {"hash": "h", "compile_s": 0.1, "launcher_s": 0.0})
+    assert w.future.result().hash == "h"
+    assert mode.errors() == ["k: its kernel is not in this process's Triton cache"]

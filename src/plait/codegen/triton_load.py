@@ -187,7 +187,7 @@ def precompile(
                 with ThreadPoolExecutor(workers) as local:
                     pooled = None if fresh else triton_pool.pooled_mode(local, workers, device)
                     # NOTE: each submits its compile; the mode's exit waits for all
-                    with pooled or mode(local), triton_pool.hooked(pooled):
+                    with pooled or mode(local):
                         compiled = [compile_one(item) for item in warm]
                         if pooled is not None:
                             pooled.dispatch()

@@ -7,7 +7,8 @@ the compiling process then loads each one from it, under the key it computes its
 
 :class:`PooledCompiles` is a Triton ``AsyncCompileMode`` (what ``precompile`` already runs its
 ``warmup`` calls under). For each kernel Triton asks it to compile it sees the cache key and
-(through Triton's ``jit_cache_hook``) the kernel's specialization data, and checks the cache:
+the compile Triton submits (its source, options and cache-affecting environment), and checks
+the cache:
 
 - held: the compile runs at once, in this process (it loads the kernel from the cache);
 - not held: it waits for :meth:`PooledCompiles.dispatch`, which sends it to the workers when
@@ -34,14 +35,15 @@ import atexit
 import contextlib
 import functools
 import os
+import pickle
 import queue
+import select
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,7 @@ from plait import triton_worker
 Target = tuple[str, int, int]  # NOTE: Triton's GPUTarget: backend, arch, warp size
 MIN_POOLED = 2  # NOTE: fewer kernels to compile: this process's threads (no worker start)
 MAX_WORKERS = 16
+REQUEST_TIMEOUT_S = 600  # NOTE: a compile past it: the worker is killed, the kernel compiles here
 PRESTARTED = 8  # NOTE: before the kernel count is known; a dispatch grows to what it needs
 # NOTE: directories Triton reads at each use: sent with each request, not part of identity
 _PER_REQUEST = ("TRITON_CACHE_DIR", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR", "TRITON_HOME")
@@ -70,7 +73,10 @@ def identity(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def _request_env(environ: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in environ.items() if k.startswith(triton_worker.ENV_PREFIX)}
+    """Triton's variables for one request; its directories absolute (a worker's working
+    directory is its own)."""
+    env = {k: v for k, v in environ.items() if k.startswith(triton_worker.ENV_PREFIX)}
+    return {k: os.path.abspath(v) if k in _PER_REQUEST else v for k, v in env.items()}
 
 
 class _Worker:
@@ -99,21 +105,33 @@ class _Worker:
                 self.close()
                 return
             request, done = job
-            if self.process.poll() is not None:
-                self.close()
-                self.process = self._start()
             try:
-                assert self.process.stdin is not None and self.process.stdout is not None
-                triton_worker.write_message(self.process.stdin, request)
-                reply = triton_worker.read_message(self.process.stdout)
-                if reply is None:
-                    status = self.process.wait(timeout=10)
-                    reply = {"error": f"the worker exited (status {status})"}
-            except Exception as exc:  # NOTE: a broken pipe: this worker is gone
+                reply = self._ask(request)
+            except Exception as exc:  # NOTE: a broken pipe, a worker that cannot start
                 reply = {"error": f"the worker failed: {type(exc).__name__}: {exc}"}
             # NOTE: the callback records its own failures; the thread serves on
             with contextlib.suppress(Exception):
                 done(reply)
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The worker's reply (a dead worker started again first); a worker silent for
+        :data:`REQUEST_TIMEOUT_S` is killed and the request answered with an error."""
+        if self.process.poll() is not None:
+            self.close()
+            self.process = self._start()
+        stdin, stdout = self.process.stdin, self.process.stdout
+        assert stdin is not None and stdout is not None
+        triton_worker.write_message(stdin, request)
+        ready, _, _ = select.select([stdout], [], [], REQUEST_TIMEOUT_S)
+        if not ready:
+            self.process.kill()
+            self.close()
+            return {"error": f"the worker did not answer within {REQUEST_TIMEOUT_S} s"}
+        reply = triton_worker.read_message(stdout)
+        if reply is None:
+            status = self.process.wait(timeout=10)
+            return {"error": f"the worker exited (status {status})"}
+        return reply
 
     def alive(self) -> bool:
         return self.thread.is_alive()
@@ -161,10 +179,14 @@ class WorkerPool:
         return len(self.workers)
 
     def close(self) -> None:
+        """End every worker: each finishes the jobs queued before this (first in, first out);
+        one still busy after 10 s is killed."""
         for _ in self.workers:
             self.jobs.put(None)
         for w in self.workers:
             w.thread.join(timeout=10)
+            if w.thread.is_alive():
+                w.process.kill()
         self.workers = []
 
 
@@ -172,18 +194,39 @@ _POOL: WorkerPool | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def pool(target: Target) -> WorkerPool:
+def _pool(target: Target) -> WorkerPool:
     """The process's pool, for Triton's current environment (a pool of another is closed);
-    workers it starts warm up for ``target`` (backend, arch, warp size), which requests name."""
+    workers it starts warm up for ``target`` (backend, arch, warp size). Holds: _POOL_LOCK."""
     global _POOL
     want = identity(os.environ)
+    if _POOL is not None and (_POOL.identity, _POOL.target) != (want, target):
+        _POOL.close()
+        _POOL = None
+    if _POOL is None:
+        _POOL = WorkerPool(want, target)
+    return _POOL
+
+
+def pool(target: Target) -> WorkerPool:
+    """The process's pool for ``target`` in Triton's current environment (see :func:`_pool`)."""
     with _POOL_LOCK:
-        if _POOL is not None and (_POOL.identity, _POOL.target) != (want, target):
-            _POOL.close()
-            _POOL = None
-        if _POOL is None:
-            _POOL = WorkerPool(want, target)
-        return _POOL
+        return _pool(target)
+
+
+def submit_all(
+    target: Target,
+    requests: Sequence[tuple[dict[str, Any], Callable[[dict[str, Any]], None]]],
+    jobs: int,
+) -> int:
+    """Send ``requests`` (each with its callback) to the process's pool for ``target``, grown
+    to ``min(jobs, len(requests))`` workers; how many it has. One lock covers choosing the
+    pool, growing it and queueing, so no other thread closes it in between."""
+    with _POOL_LOCK:
+        workers = _pool(target)
+        count = workers.grow(min(jobs, len(requests)))
+        for request, done in requests:
+            workers.submit(request, done)
+        return count
 
 
 @atexit.register
@@ -195,14 +238,13 @@ def _close_pool() -> None:
 
 def device_target(device: Any) -> Target | None:
     """``device``'s Triton target (backend, arch, warp size), or None where the workers do not
-    serve it (not CUDA; a Triton without the hook they need)."""
+    serve it (not CUDA)."""
     import torch
-    from triton import knobs
     from triton.runtime import driver
 
     with torch.cuda.device(device):
         t = driver.active.get_current_target()
-    if t.backend != "cuda" or not hasattr(knobs.runtime, "jit_cache_hook"):
+    if t.backend != "cuda":
         return None
     return (t.backend, int(t.arch), int(t.warp_size))
 
@@ -215,7 +257,8 @@ def prestart(device: Any, jobs: int | None = None) -> None:
     workers = min(jobs or os.cpu_count() or 1, PRESTARTED)
     target = device_target(device) if workers >= MIN_POOLED else None
     if target is not None:
-        pool(target).grow(workers)
+        with _POOL_LOCK:
+            _pool(target).grow(workers)
 
 
 def _held(hash_hex: str) -> bool:
@@ -230,6 +273,52 @@ def _held(hash_hex: str) -> bool:
     return any(folder.glob("__grp__*.json"))
 
 
+def _spec_of(compile_fn: Any) -> dict[str, Any] | None:
+    """What a worker needs to compile the kernel Triton's ``compile_fn`` compiles (its module
+    file and name, the kernel's name, signature, constants, attributes, options, and the
+    cache-affecting environment this process compiles under), read from the closure Triton's
+    ``JITFunction._do_compile`` submits; None where it is not of that shape (another Triton):
+    such a kernel compiles in this process."""
+    try:
+        cells = dict(
+            zip(compile_fn.__code__.co_freevars, (c.cell_contents for c in compile_fn.__closure__))
+        )
+        src, options, env_vars = cells["src"], cells["options"], cells["env_vars"]
+        fn = src.fn.fn  # NOTE: the JITFunction's Python function
+        spec = {
+            "path": sys.modules[fn.__module__].__file__,
+            "module": fn.__module__,
+            "symbol": fn.__name__,
+            "signature": dict(src.signature),
+            "constants": dict(src.constants),
+            "attrs": dict(src.attrs),
+            "options": dict(options.__dict__),
+            "env_vars": dict(env_vars),
+        }
+        pickle.dumps(spec)  # NOTE: what cannot travel compiles here
+    except Exception:  # NOTE: any other shape: compiled in this process, as before the workers
+        return None
+    return spec
+
+
+def _instrumented() -> str | None:
+    """Why kernels must compile in this process: settings of it that change the compiled code
+    without entering Triton's key or its environment (instrumentation, a stage hook)."""
+    from triton import knobs
+
+    if getattr(knobs.runtime, "add_stages_inspection_hook", None) is not None:
+        return "Triton's add_stages_inspection_hook is set"
+    if getattr(knobs.compilation, "instrumentation_mode", "") not in ("", None):
+        return "Triton's instrumentation_mode is set"
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend
+    except ImportError:
+        return None
+    if getattr(CUDABackend, "instrumentation", None) is not None:
+        return "a Triton instrumentation (Proton) is active"
+    return None
+
+
 @dataclass
 class _Waiting:
     key: str
@@ -241,38 +330,24 @@ class _Waiting:
 def _mode_class() -> Any:
     """:class:`PooledCompiles` built on Triton's ``AsyncCompileMode``, or None without it."""
     try:
-        from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
+        from triton.runtime._async_compile import AsyncCompileMode, FutureKernel, active_mode
     except ImportError:
         return None
 
     class PooledCompiles(AsyncCompileMode):
-        """Compiles held by the cache run at once; the others wait for :meth:`dispatch`."""
+        """Compiles held by the cache run at once; the others wait for :meth:`dispatch`. Its
+        exit answers every kernel whatever happened before (one not dispatched compiles here)
+        and leaves no compile mode active."""
 
         def __init__(self, local: ThreadPoolExecutor, jobs: int, target: Target) -> None:
             super().__init__(local)
             self.jobs = jobs
             self.target = target
-            self.spec: dict[str, Any] | None = None
             self.waiting: list[_Waiting] = []
             self.record: dict[str, Any] = {"pooled": 0, "workers": 0}
             self._errors: list[str] = []
             self._lock = threading.Lock()
             self._dispatched = 0.0
-
-        def hook(self, **kwargs: Any) -> bool | None:
-            """Triton's ``jit_cache_hook``: note the kernel about to be submitted here."""
-            from triton.runtime._async_compile import active_mode
-
-            if active_mode.get() is self:
-                fn = kwargs["fn"].jit_function.fn
-                module = sys.modules[fn.__module__]
-                self.spec = {
-                    "path": module.__file__,
-                    "module": fn.__module__,
-                    "symbol": fn.__name__,
-                    "spec": kwargs["compile"]["specialization_data"],
-                }
-            return None
 
         def submit(self, key: str, compile_fn: Any, finalize_fn: Any) -> Any:
             import hashlib
@@ -280,9 +355,9 @@ def _mode_class() -> Any:
             known = self.future_kernels.get(key)
             if known is not None:
                 return known
-            spec, self.spec = self.spec, None
             hash_hex = hashlib.sha256(key.encode("utf-8")).hexdigest()
-            if spec is None or _held(hash_hex):
+            spec = None if _held(hash_hex) else _spec_of(compile_fn)
+            if spec is None:
                 future = self.executor.submit(compile_fn)
             else:
                 waiting = _Waiting(hash_hex, spec, compile_fn)
@@ -294,42 +369,66 @@ def _mode_class() -> Any:
             return kernel
 
         def dispatch(self) -> None:
-            """Compile the waiting kernels: on the workers when there are enough of them."""
+            """Compile the waiting kernels: on the workers when there are enough of them (and
+            nothing of this process changes what they would compile)."""
             waiting, self.waiting = self.waiting, []
-            if len(waiting) < MIN_POOLED or self.jobs < MIN_POOLED:
+            why_here = _instrumented()
+            if len(waiting) < MIN_POOLED or self.jobs < MIN_POOLED or why_here is not None:
+                if why_here is not None and waiting:
+                    self.record["compiled_here"] = why_here
                 for w in waiting:
                     self._finish(w, None)
                 return
             self._dispatched = time.perf_counter()
-            workers = pool(self.target)
-            self.record["workers"] = workers.grow(min(self.jobs, len(waiting)))
-            self.record["pooled"] = len(waiting)
             env = _request_env(os.environ)
-            for w in waiting:
-                request = {**w.spec, "target": self.target, "env": env}
-                workers.submit(request, functools.partial(self._finish, w))
+            requests = [({**w.spec, "target": self.target, "env": env},
+                         functools.partial(self._finish, w)) for w in waiting]  # fmt: skip
+            try:
+                self.record["workers"] = submit_all(self.target, requests, self.jobs)
+            except Exception as exc:  # NOTE: no worker could start: each compiles here
+                for w in waiting:
+                    self._finish(w, {"error": f"no compile worker: {type(exc).__name__}: {exc}"})
+                return
+            self.record["pooled"] = len(waiting)
 
         def _finish(self, w: _Waiting, reply: dict[str, Any] | None) -> None:
-            """Load (or, without a worker's kernel, compile) ``w`` in this process."""
+            """Load (or, without a worker's kernel, compile) ``w`` in this process; the
+            kernel's future is answered whatever happens."""
             try:
+                if reply is not None and "hash" in reply and not _held(w.key):
+                    reply = {"error": "its kernel is not in this process's Triton cache"}
                 kernel = w.compile_fn()
+                with self._lock:
+                    self._note(w, reply, kernel)
             except BaseException as exc:
-                w.future.set_exception(exc)
+                if not w.future.done():
+                    w.future.set_exception(exc)
                 return
-            with self._lock:
-                if reply is not None and reply.get("hash") != kernel.hash:
-                    why = reply.get("error") or (
-                        f"it compiled under key {reply.get('hash')}, this process under "
-                        f"{kernel.hash}"
-                    )
-                    self._errors.append(f"{w.spec['symbol']}: {why}")
-                if reply is not None:
-                    r = self.record
-                    for key in ("compile_s", "launcher_s"):
-                        r[f"worker_{key}_max"] = max(r.get(f"worker_{key}_max", 0.0),
-                                                     float(reply.get(key, 0.0)))  # fmt: skip
-                    r["pool_wait_s"] = time.perf_counter() - self._dispatched
             w.future.set_result(kernel)
+
+        def _note(self, w: _Waiting, reply: dict[str, Any] | None, kernel: Any) -> None:
+            if reply is None:
+                return
+            if reply.get("hash") != kernel.hash:
+                why = reply.get("error") or (
+                    f"it compiled under key {reply.get('hash')}, this process under {kernel.hash}"
+                )
+                self._errors.append(f"{w.spec['symbol']}: {why}")
+            r = self.record
+            for key in ("compile_s", "launcher_s"):
+                r[f"worker_{key}_max"] = max(r.get(f"worker_{key}_max", 0.0),
+                                             float(reply.get(key, 0.0)))  # fmt: skip
+            r["pool_wait_s"] = time.perf_counter() - self._dispatched
+
+        def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+            try:
+                if self.waiting:  # NOTE: an error before the dispatch: they compile here
+                    waiting, self.waiting = self.waiting, []
+                    for w in waiting:
+                        self._finish(w, None)
+                super().__exit__(exc_type, exc_value, traceback)
+            finally:
+                active_mode.set(None)
 
         def errors(self) -> list[str]:
             with self._lock:
@@ -344,26 +443,3 @@ def pooled_mode(local: ThreadPoolExecutor, jobs: int, device: Any) -> Any:
     cls = _mode_class()
     target = device_target(device) if cls is not None else None
     return None if target is None else cls(local, jobs, target)
-
-
-@contextmanager
-def hooked(pooled: Any) -> Iterator[None]:
-    """Triton's ``jit_cache_hook`` chained to ``pooled``'s while it is active (nothing for
-    ``None``): the hook sees each kernel's specialization data before its compile is submitted."""
-    if pooled is None:
-        yield
-        return
-    from triton import knobs
-
-    before = knobs.runtime.jit_cache_hook
-
-    def chained(**kwargs: Any) -> bool | None:
-        if before is not None and before(**kwargs):
-            return True
-        return pooled.hook(**kwargs)
-
-    knobs.runtime.jit_cache_hook = chained
-    try:
-        yield
-    finally:
-        knobs.runtime.jit_cache_hook = before

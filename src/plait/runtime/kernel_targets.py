@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,7 +48,15 @@ def begin_compile(graph: Graph, options: StaxOptions | None = None) -> None:
         return  # NOTE: the compile itself reports it
     if target == "triton" and device != "cpu" and not interpreting() and opts.jobs != 1:
         torch_ptxas_once()  # NOTE: the workers start in the environment the kernels compile in
-        triton_pool.prestart(device, opts.jobs)
+        try:
+            triton_pool.prestart(device, opts.jobs)
+        except Exception as exc:  # NOTE: the compile goes on; its precompile records the rest
+            warnings.warn(
+                f"plait: Triton compile workers could not start ahead ({type(exc).__name__}: "
+                f"{exc}); kernels compile when they are printed",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 def launch_dtypes(low: Any) -> list[Any]:
