@@ -325,6 +325,7 @@ class _Waiting:
     spec: dict[str, Any]
     compile_fn: Callable[[], Any]
     future: Future[Any] = field(default_factory=Future)
+    claimed: bool = False  # NOTE: answered once, by whichever path gets to it first
 
 
 def _mode_class() -> Any:
@@ -370,8 +371,16 @@ def _mode_class() -> Any:
 
         def dispatch(self) -> None:
             """Compile the waiting kernels: on the workers when there are enough of them (and
-            nothing of this process changes what they would compile)."""
+            nothing of this process changes what they would compile). Whatever fails here, each
+            is answered (compiled in this process)."""
             waiting, self.waiting = self.waiting, []
+            try:
+                self._send(waiting)
+            except Exception as exc:
+                for w in waiting:
+                    self._finish(w, {"error": f"not sent: {type(exc).__name__}: {exc}"})
+
+        def _send(self, waiting: list[_Waiting]) -> None:
             why_here = _instrumented()
             if len(waiting) < MIN_POOLED or self.jobs < MIN_POOLED or why_here is not None:
                 if why_here is not None and waiting:
@@ -383,17 +392,16 @@ def _mode_class() -> Any:
             env = _request_env(os.environ)
             requests = [({**w.spec, "target": self.target, "env": env},
                          functools.partial(self._finish, w)) for w in waiting]  # fmt: skip
-            try:
-                self.record["workers"] = submit_all(self.target, requests, self.jobs)
-            except Exception as exc:  # NOTE: no worker could start: each compiles here
-                for w in waiting:
-                    self._finish(w, {"error": f"no compile worker: {type(exc).__name__}: {exc}"})
-                return
+            self.record["workers"] = submit_all(self.target, requests, self.jobs)
             self.record["pooled"] = len(waiting)
 
         def _finish(self, w: _Waiting, reply: dict[str, Any] | None) -> None:
             """Load (or, without a worker's kernel, compile) ``w`` in this process; the
-            kernel's future is answered whatever happens."""
+            kernel's future is answered whatever happens, once."""
+            with self._lock:
+                if w.claimed:
+                    return
+                w.claimed = True
             try:
                 if reply is not None and "hash" in reply and not _held(w.key):
                     reply = {"error": "its kernel is not in this process's Triton cache"}
@@ -401,8 +409,7 @@ def _mode_class() -> Any:
                 with self._lock:
                     self._note(w, reply, kernel)
             except BaseException as exc:
-                if not w.future.done():
-                    w.future.set_exception(exc)
+                w.future.set_exception(exc)
                 return
             w.future.set_result(kernel)
 
