@@ -192,8 +192,9 @@ def _stax_timings(m: Manifest, records: dict[str, Any]) -> None:
     # NOTE: Triton kernels compiled ahead of their first launch: how many, how many at once
     pre = records.pop("triton_precompile", None)
     if pre is not None:
-        for key in ("kernels", "jobs", "seconds", "pooled", "workers", "pool_wait_s",
-                    "worker_compile_s_max", "worker_launcher_s_max"):  # fmt: skip
+        from plait.codegen.triton_pool import LARGEST, SUMMED
+
+        for key in ("kernels", "jobs", "seconds", *SUMMED, *LARGEST):
             if key in pre:
                 m.timings[f"stax.triton_precompile.{key}"] = pre[key]
         if "error" in pre:

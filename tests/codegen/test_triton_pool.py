@@ -24,6 +24,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
 import torch
+import triton  # noqa: F401  (a dev dependency: missing, this fails rather than skips)
 
 from plait import triton_worker
 from plait.codegen import triton_pool
@@ -32,7 +33,6 @@ from plait.codegen.triton import print_triton
 from plait.codegen.triton_text import TritonSource
 from plait.ir import GraphBuilder, TensorType
 
-triton = pytest.importorskip("triton")
 TARGET = ("cuda", 90, 32)
 
 # NOTE: a process that compiles (this one interprets), on a driver that answers TARGET: what a

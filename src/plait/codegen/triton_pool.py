@@ -55,6 +55,10 @@ MIN_POOLED = 2  # NOTE: fewer kernels to compile: this process's threads (no wor
 MAX_WORKERS = 16
 REQUEST_TIMEOUT_S = 600  # NOTE: a compile past it: the worker is killed, the kernel compiles here
 PRESTARTED = 8  # NOTE: before the kernel count is known; a dispatch grows to what it needs
+# NOTE: what a precompile's record says of the workers: counts summed over devices, seconds
+# taken at their largest
+SUMMED = ("pooled", "workers")
+LARGEST = ("pool_wait_s", "worker_compile_s_max", "worker_launcher_s_max")
 # NOTE: directories Triton reads at each use: sent with each request, not part of identity
 _PER_REQUEST = ("TRITON_CACHE_DIR", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR", "TRITON_HOME")
 # NOTE: read outside the TRITON_ prefix by Triton's NVIDIA back end (compiler, ptxas options)
@@ -383,8 +387,6 @@ def _mode_class() -> Any:
         def _send(self, waiting: list[_Waiting]) -> None:
             why_here = _instrumented()
             if len(waiting) < MIN_POOLED or self.jobs < MIN_POOLED or why_here is not None:
-                if why_here is not None and waiting:
-                    self.record["compiled_here"] = why_here
                 for w in waiting:
                     self._finish(w, None)
                 return

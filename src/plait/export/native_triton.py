@@ -22,9 +22,9 @@ from typing import Any
 from plait.codegen.errors import CodegenError
 from plait.errors import ArtifactFormatError
 from plait.export.archive import Members, claim, sha256
+from plait.export.native import INDEX
 
 PREFIX = "native/triton/"
-INDEX = "native/index.json"
 _DIR = re.compile(r"[A-Z2-7]{1,104}")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 _SUFFIXES = (".json", ".cubin", ".hsaco", ".so")
@@ -79,7 +79,7 @@ def check_target(target: Any) -> None:
     """Raises :class:`ArtifactFormatError` unless ``target`` is a target record."""
     ok = isinstance(target, dict) and set(target) == set(_TARGET)
     if not ok or not all(type(target[k]) is t for k, t in _TARGET.items()):
-        raise ArtifactFormatError(f"native/index.json: target {str(target)[:120]!r} is malformed")
+        raise ArtifactFormatError(f"{INDEX}: target {str(target)[:120]!r} is malformed")
 
 
 def read_index(doc: dict[str, Any], members: Members) -> set[str]:
@@ -88,13 +88,13 @@ def read_index(doc: dict[str, Any], members: Members) -> set[str]:
     check_target(doc.get("target"))
     entries = doc.get("entries")
     if not isinstance(entries, list) or not entries:
-        raise ArtifactFormatError("native/index.json: no 'entries' list")
+        raise ArtifactFormatError(f"{INDEX}: no 'entries' list")
     declared: set[str] = set()
     dirs: set[str] = set()
     for e in entries:
         files = e.get("files") if isinstance(e, dict) else None
         if not isinstance(files, list):
-            raise ArtifactFormatError(f"native/index.json: entry {str(e)[:80]!r} has no files")
+            raise ArtifactFormatError(f"{INDEX}: entry {str(e)[:80]!r} has no files")
         ok = (
             len(files) > 0
             and "group" in e
@@ -103,16 +103,16 @@ def read_index(doc: dict[str, Any], members: Members) -> set[str]:
             and all(_file_ok(f) for f in files)
         )
         if not ok:
-            raise ArtifactFormatError(f"native/index.json: entry {str(e)[:80]!r} is malformed")
+            raise ArtifactFormatError(f"{INDEX}: entry {str(e)[:80]!r} is malformed")
         if e["dir"] in dirs:
-            raise ArtifactFormatError(f"native/index.json: key {e['dir'][:16]} has two entries")
+            raise ArtifactFormatError(f"{INDEX}: key {e['dir'][:16]} has two entries")
         dirs.add(e["dir"])
         names = [f["name"] for f in files]
         group = e["group"]
         if group is not None and (group not in names or not group.endswith(".json")):
-            raise ArtifactFormatError(f"native/index.json: entry {e['dir'][:16]} names no group")
+            raise ArtifactFormatError(f"{INDEX}: entry {e['dir'][:16]} names no group")
         if group is None and not all(n.endswith(".so") for n in names):
-            raise ArtifactFormatError(f"native/index.json: entry {e['dir'][:16]} is not a launcher")
+            raise ArtifactFormatError(f"{INDEX}: entry {e['dir'][:16]} is not a launcher")
         for f in files:
             claim(members, f"{PREFIX}{e['dir']}/{f['name']}", f["sha256"], declared, INDEX)
     return declared

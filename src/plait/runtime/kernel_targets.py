@@ -84,6 +84,7 @@ def precompile_triton(
     every CPU) at a time (:func:`plait.codegen.triton_load.precompile`)."""
     import os
 
+    from plait.codegen import triton_pool
     from plait.codegen.triton_load import precompile
 
     by_device: dict[str, list[tuple[Any, list[Any]]]] = {}
@@ -101,9 +102,9 @@ def precompile_triton(
         "parallel": any(r["parallel"] for r in records),
         "seconds": sum(r["seconds"] for r in records),
     }
-    for key in ("pooled", "workers"):
+    for key in triton_pool.SUMMED:
         out[key] = sum(r.get(key, 0) for r in records)
-    for key in ("pool_wait_s", "worker_compile_s_max", "worker_launcher_s_max"):
+    for key in triton_pool.LARGEST:
         if any(key in r for r in records):
             out[key] = max(r.get(key, 0.0) for r in records)
     worker_errors = [e for r in records for e in r.get("worker_errors", [])]
