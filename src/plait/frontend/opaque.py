@@ -128,11 +128,16 @@ def run_opaque(
     if not random and not tracers:
         cx.fail("unsupported", f"{name} has no tensor argument; an opaque node needs one")
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
+    # NOTE: a None in a returned tuple (MultiheadAttention's weights it was not asked for) is
+    # no output of the node: the node's reference drops it, and the tuple is rebuilt around it
+    tensors = [o for o in outs if o is not None]
+    if not tensors or not all(isinstance(o, torch.Tensor) for o in tensors):
         cx.fail(
-            "unsupported", f"{name} returns {type(out).__name__}; an opaque node returns tensors"
+            "unsupported",
+            f"{name} returns {type(out).__name__}; an opaque node returns tensors (and None in "
+            "a tuple)",
         )
-    out_types = [cx.type_of_plain(o) for o in outs]
+    out_types = [cx.type_of_plain(o) for o in tensors]
     target = _target(func)
     spelled = {"target": target, "out_types": "; ".join(str(t) for t in out_types)}
     if random and not tracers:
@@ -143,12 +148,13 @@ def run_opaque(
     cx.opaque_counts[str(target)] += 1
     cx.opaque_reasons.setdefault(str(target), f"{no_rule}; no ATen program: {traced.reason}")
     grad = cx.grad_enabled and any(t._rg for t in tracers)
-    wrapped = [cx.new_output(v, o, tracers, grad) for v, o in zip(values, outs)]
+    wrapped = [cx.new_output(v, o, tracers, grad) for v, o in zip(values, tensors)]
     for w in wrapped:
         if w._root is not None:
             w._steps = None  # NOTE: an alias the IR cannot describe: never replayed or written
     if isinstance(out, (tuple, list)):
-        return same_type(out, wrapped)
+        results = iter(wrapped)
+        return same_type(out, [None if o is None else next(results) for o in outs])
     return wrapped[0]
 
 

@@ -123,3 +123,12 @@ def decode_call(
     positional, keywords = call_spec(literals, kwliterals)
     args = list(tensors) if positional is None else decode_literal(positional, tensors)
     return args, {k: decode_literal(v, tensors) for k, v in keywords.items()}
+
+
+def run_call(tensors: list[Any], target: str, literals: str, kwliterals: str) -> Any:
+    """An opaque or random call run: its result, a returned tuple without its ``None``s (no
+    output of the node: capture rebuilds the tuple around them, as for MultiheadAttention's
+    weights it was not asked for)."""
+    args, keywords = decode_call(tensors, literals, kwliterals)
+    out = resolve_target(target)(*args, **keywords)
+    return [o for o in out if o is not None] if isinstance(out, (tuple, list)) else out

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from plait.ir.graph import Operand
 from plait.ir.ops.call_autograd import call_probe, differentiated_call
-from plait.ir.ops.call_literals import call_spec, count_operands, decode_call, resolve_target
+from plait.ir.ops.call_literals import call_spec, count_operands, resolve_target, run_call
 from plait.ir.ops.registry import (
     VARIADIC,
     Attr,
@@ -164,8 +164,7 @@ def _opaque_rule(
 def _opaque_ref(
     args: list[Any], target: str, out_types: str, literals: str, kwliterals: str
 ) -> Any:
-    call_args, keywords = decode_call(list(args), literals, kwliterals)
-    return resolve_target(target)(*call_args, **keywords)
+    return run_call(list(args), target, literals, kwliterals)
 
 
 register(

@@ -27,7 +27,7 @@ import torch
 
 from plait.ir.graph import Operand
 from plait.ir.ops.call_autograd import ZERO_GRADIENT_DRAWS, call_probe
-from plait.ir.ops.call_literals import decode_call, resolve_target
+from plait.ir.ops.call_literals import decode_call, resolve_target, run_call
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
 from plait.ir.ops.vjp import NoDerivativeError, VjpContext, nondifferentiable, vjp
 from plait.ir.parser import parse_type
@@ -101,11 +101,6 @@ def _random_rule(*args: Any, target: str, out_types: str, literals: str, kwliter
     return types
 
 
-def _run(tensors: list[Any], target: str, literals: str, kwliterals: str) -> Any:
-    args, keywords = decode_call(tensors, literals, kwliterals)
-    return resolve_target(target)(*args, **keywords)
-
-
 _CALL_ATTRS = (
     Attr("target", "str"),
     Attr("out_types", "str"),
@@ -119,7 +114,7 @@ register(
         (Param("args", VARIADIC),),
         _CALL_ATTRS,
         _random_rule,
-        lambda args, target, out_types, literals, kwliterals: _run(
+        lambda args, target, out_types, literals, kwliterals: run_call(
             list(args), target, literals, kwliterals
         ),
         FLOAT_DTYPES,
@@ -134,7 +129,7 @@ register(
         (),
         _CALL_ATTRS,
         _random_rule,
-        lambda target, out_types, literals, kwliterals: _run([], target, literals, kwliterals),
+        lambda target, out_types, literals, kwliterals: run_call([], target, literals, kwliterals),
         FLOAT_DTYPES,
         "a PyTorch random factory (no tensor argument), run by PyTorch in program order",
         fixed_outputs=None,
