@@ -55,6 +55,25 @@ def assert_bitwise(a: Any, b: Any, what: str = "") -> None:
         )
 
 
+def ieee_sqrt(x: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded square root of ``x`` (IEEE 754), independent of eager's kernel.
+
+    Eager's CPU ``sqrt`` runs MKL's vector math where PyTorch links MKL; on some CPUs that is
+    within 1 ulp but not correctly rounded (float32: ~14% of draws 1 ulp off on an AMD EPYC), so
+    a kernel that must compute the IEEE root is checked against this. numpy's float64 root is
+    the hardware's; a narrower float's root taken in float64 and rounded once is correctly rounded
+    (53 >= 2p + 2 bits for p <= 24), so no double rounding can bite.
+
+    >>> ieee_sqrt(torch.tensor([4.0, 2.0])).tolist() == [2.0, 2.0 ** 0.5]
+    True
+    """
+    import numpy as np
+
+    with np.errstate(invalid="ignore"):  # NOTE: negative arguments give NaN, as IEEE says
+        root = torch.from_numpy(np.sqrt(x.detach().cpu().double().numpy()))
+    return root.to(x.dtype)
+
+
 def graph_structure(g: Any) -> list[object]:
     """Everything a parse decides, compared by value: inputs, each node's op, operands, attrs
     (with their Python types) and results, and the outputs."""
