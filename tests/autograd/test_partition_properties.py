@@ -69,3 +69,22 @@ def test_partitions_of_random_graphs(g: Graph, seed: int) -> None:
             torch.testing.assert_close(got[k], e, rtol=tol.rtol, atol=tol.atol)
         assert all(got[k] is None for k in range(2) if k not in joint.grads)
     assert bytes_saved["min-cut"] <= bytes_saved["save-all"]
+
+
+def test_min_cut_saves_a_projection_rather_than_its_views() -> None:
+    """q, k and v split from one projection and transposed (attention's inputs): saving the
+    projection costs the bytes its three views would, and no copy; min-cut saves it, and the
+    backward takes the views again."""
+    b = GraphBuilder()
+    x = b.input("x", TensorType((4, 6), F64))
+    w = b.param("w", TensorType((6, 12), F64))
+    h = b.call("matmul", x, w)
+    q, k, v = b.call("split", h, sizes=(4, 4, 4), dim=1)
+    s = b.call("matmul", q, b.call("permute", k, dims=(1, 0)))
+    b.output(b.call("matmul", b.call("permute", s, dims=(1, 0)), v))
+    joint = build_joint(b.build(), ["x", "w"])
+    p = partition(joint, "min-cut")
+    saved = {v.name for v in p.saved}
+    assert h.name in saved and not {q.name, k.name, v.name} & saved
+    assert "split" in [n.op for n in p.backward.nodes]  # NOTE: the views, taken again
+    assert p.saved_bytes <= partition(joint, "save-all").saved_bytes

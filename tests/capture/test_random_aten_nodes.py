@@ -6,6 +6,7 @@ the generator ends where eager leaves it (the next draws are eager's next draws)
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 
 import plait
 from plait.errors import CaptureFallbackWarning
-from plait.ir import get_op
+from plait.ir import GraphBuilder, TensorType, get_op
 from tests.capture.helpers import assert_same
 
 
@@ -157,3 +158,19 @@ def test_rrelu_with_a_gradient_gets_eagers_gradient() -> None:
         want.sum().backward()
         assert_same(got, want, f"seed {seed}")
         assert_same(mine.grad, theirs.grad, f"the gradient, seed {seed}")
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.25])
+def test_a_seeded_overload_draws_unless_its_arguments_turn_the_draw_off(dropout_p: float) -> None:
+    """ATen's CPU flash attention is tagged seeded; with ``dropout_p=0`` it draws nothing, so
+    its node is not random (its result layout is learned like any extern's)."""
+    gb = GraphBuilder()
+    qkv = [gb.input(n, TensorType((2, 2, 8, 4), torch.float32)) for n in "qkv"]
+    literals = json.dumps([{"t": 0}, {"t": 1}, {"t": 2}, dropout_p, True])
+    out = gb.call(
+        "aten", qkv, name="_scaled_dot_product_flash_attention_for_cpu", overload="default",
+        literals=literals, kwliterals=json.dumps({}),
+    )  # fmt: skip
+    gb.output(out[0])
+    (node,) = gb.build().nodes
+    assert get_op("aten").is_random(node.attrs) is (dropout_p > 0)

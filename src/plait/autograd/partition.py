@@ -160,7 +160,10 @@ def recomputable(node: Node) -> bool:
 
 def _min_cut(g: Graph, joint: Joint, forward_nodes: set[int]) -> list[Value]:
     """The cheapest set of values (in bytes) separating what the forward must compute from what
-    the backward reads; recomputable nodes may fall on the backward's side."""
+    the backward reads; recomputable nodes may fall on the backward's side. Of cuts of equal
+    bytes, the one with the fewest views: a saved view is a copy (a program's output has its
+    own storage), its base's views are free to take again in the backward (q, k and v split
+    from one projection: the projection is saved, not three copies of its thirds)."""
     cots = _cotangent_ids(g, joint)
     roots = _backward_roots(g, joint)
     backward = _needed(g, roots, stop=cots) - forward_nodes
@@ -177,9 +180,12 @@ def _min_cut(g: Graph, joint: Joint, forward_nodes: set[int]) -> list[Value]:
         if n.id in forward_nodes or helper:
             region.update((id(v), v) for v in n.outputs)
     flow = nx.DiGraph()
+    # NOTE: bytes scaled past the count of values, plus one per view: only ties are broken
+    scale = len(region) + 1
     for key, v in region.items():
-        flow.add_edge(("in", key), ("out", key), capacity=value_bytes(v))
         node = made.get(key)
+        view = node is not None and get_op(node.op).category == Category.VIEW
+        flow.add_edge(("in", key), ("out", key), capacity=value_bytes(v) * scale + int(view))
         if node is None or not recomputable(node):
             flow.add_edge("source", ("in", key), capacity=math.inf)
         else:

@@ -559,11 +559,12 @@ def plan_graph(
     :func:`extern_layouts` returns) replays a saved plan's layout decisions instead of running
     each extern once on zeros. ``fuse=False``: every pointwise, constant and reduction node is
     its own kernel (no chains, no reduction or extern epilogues, no oneDNN post-ops).
-    ``channels_last=False``: every stored value and extern result is contiguous, convolutions
-    run on contiguous (NCHW) activations. ``mkl_linear``: float32 linears run MKL's packed GEMM,
-    with no post-ops (see :class:`~plait.codegen.options.StaxOptions`). ``target``: ``cpu``
-    (C++ kernels, oneDNN and MKL externs) or ``triton`` (Triton kernels; externs are PyTorch's
-    kernels on the graph's device). ``onednn=False``: convolutions and linears are PyTorch's own
+    ``channels_last=False``: every stored value is contiguous, convolutions run on contiguous
+    (NCHW) activations (an extern's result keeps PyTorch's layout). ``mkl_linear``: float32
+    linears run MKL's packed GEMM, with no post-ops (see
+    :class:`~plait.codegen.options.StaxOptions`). ``target``: ``cpu`` (C++ kernels, oneDNN
+    and MKL externs) or ``triton`` (Triton kernels; externs are PyTorch's kernels on the
+    graph's device). ``onednn=False``: convolutions and linears are PyTorch's own
     kernels on the CPU too."""
     check_graph(graph, target)
     facts = PlanFacts.of(graph, channels_last)

@@ -150,7 +150,7 @@ class ProbingOracle:
             self.refused.setdefault(position, {})[stage] = reason
             return reason
         try:
-            ran = self._infer and self._facts.channels_last
+            ran = self._infer
             step.out_strides = self._dry_run(step, locs, key)
             if not ran and (key is None or key not in self._probed):
                 self._probe(step)
@@ -215,9 +215,9 @@ class ProbingOracle:
         if not self._infer:
             return contiguous
         effect = node.op == "aten_check" or get_op(node.op).is_random(node.attrs)
-        if not self._facts.channels_last or effect:
-            # NOTE: no channels_last anywhere: a result PyTorch lays out otherwise is conformed.
-            # A check never runs on zeros (it raises), nor a random node (it would draw).
+        if effect:
+            # NOTE: a check never runs on zeros (it raises), nor a random node (it would draw):
+            # their results are conformed to contiguous strides.
             for v, c in zip(step.outputs, contiguous):
                 self.laid_out(v, c)
             return contiguous

@@ -52,7 +52,12 @@ import torch
 
 from plait.ir.graph import Operand, Value
 from plait.ir.ops.aten_overloads import lookup_overload, resolve_overload
-from plait.ir.ops.call_autograd import ZERO_GRADIENT_DRAWS, call_probe, differentiated_call
+from plait.ir.ops.call_autograd import (
+    ZERO_GRADIENT_DRAWS,
+    call_probe,
+    differentiated_call,
+    draws_random,
+)
 from plait.ir.ops.call_literals import call_spec, count_operands, decode_call
 from plait.ir.ops.extern import ALL
 from plait.ir.ops.pooling import max_pool_backward
@@ -82,7 +87,21 @@ def _seeded_name(name: str, overload: str) -> bool:
 
 
 def _random_when(attrs: Any) -> bool:
-    return _seeded_name(str(attrs.get("name", "")), str(attrs.get("overload", "default")))
+    """A seeded overload draws unless its arguments turn the draw off (``dropout_p=0``: the
+    attention kernels' forward then computes a deterministic result, free to lay out as any
+    extern's)."""
+    name, overload = str(attrs.get("name", "")), str(attrs.get("overload", "default"))
+    if not _seeded_name(name, overload):
+        return False
+    return _draws(name, overload, str(attrs.get("literals", "")), str(attrs.get("kwliterals", "")))
+
+
+@functools.lru_cache(maxsize=1024)
+def _draws(name: str, overload: str, literals: str, kwliterals: str) -> bool:
+    """:func:`~plait.ir.ops.call_autograd.draws_random` on the node's encoded arguments (the
+    switches it reads are plain literals, never tensor operands)."""
+    positional, keywords = call_spec(literals, kwliterals)
+    return draws_random(lookup_overload(name, overload), positional or [], keywords)
 
 
 aten = torch.ops.aten
