@@ -32,7 +32,7 @@ from plait import logs
 from plait.backend_choice import default_backend
 from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
 from plait.cache import Store, check_store_option, resolve_store
-from plait.cache.remote import start_copies
+from plait.cache.remote_copies import start_copies
 from plait.cache.snapshots import forget_snapshot
 from plait.cache.weight_digests import prefetch
 from plait.capturing import CAPTURE_LOCK, Captured, capture, check_kinds, report_fallbacks
@@ -48,7 +48,6 @@ from plait.errors import (
     InvalidOptionError,
     PlaitCompileError,
     RecompileLimitError,
-    UnknownKeyError,
 )
 from plait.frontend import (
     CapturedProgram,
@@ -61,6 +60,7 @@ from plait.guards.guard import Evaluators, GuardEnv
 from plait.guards.native import EVALUATORS as NATIVE_GUARDS
 from plait.guards.state import StateFetcher
 from plait.manifest import Explanation, SpecializationReport
+from plait.protocol_engine import ProtocolEngine
 from plait.region_engine import RegionEngine
 from plait.regions import RegionPlan, RegionTree, call_forward, can_split, object_argument
 from plait.settings import call_state
@@ -107,7 +107,7 @@ def _call_name(fn: Any) -> str:
     return f"plait-compiled {getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
-class _Engine(RegionEngine, DynamicShapes):
+class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
     """The specialization cache shared by CompiledFunction and CompiledModule.
 
     Each call flattens its inputs, fetches the module's live state and tries the
@@ -236,12 +236,6 @@ class _Engine(RegionEngine, DynamicShapes):
             start_copies()  # NOTE: a remote entry's local copy, once the call it served ended
 
     region_call = __call__
-
-    def _flatten(self, args: tuple, kwargs: dict) -> tuple[Any, list[Any], list[str]]:
-        try:
-            return self.adapter.flatten(args, kwargs)
-        except TypeError as exc:
-            raise CompiledInputError(str(exc)) from None
 
     def _admitted(
         self, env: GuardEnv
@@ -449,51 +443,6 @@ class _Engine(RegionEngine, DynamicShapes):
             with self.tree.counting(self.path):
                 return self.call_target(*args, **kwargs)
         return self.call_target(*args, **kwargs)
-
-    # --- the artifact protocol (what plait.conformance drives) --------------------------------
-    def uses(self) -> list[SpecializationUse]:
-        return [SpecializationUse.of(i, s) for i, s in enumerate(list(self.specializations))]
-
-    def _by_key(self, key: str) -> Specialization:
-        for s in list(self.specializations):
-            if s.key == key:
-                return s
-        known = [s.key for s in self.specializations]
-        raise UnknownKeyError(f"{self.adapter.name}: no specialization {key!r}; known: {known}")
-
-    def _pinned_env(
-        self, key: str, args: tuple, kwargs: dict
-    ) -> tuple[Specialization, GuardEnv, Sequence[torch.Tensor], list[str]]:
-        s = self._by_key(key)
-        spec, leaves, _ = self._flatten(args, kwargs)
-        state = self.fetch()
-        env = GuardEnv(spec, leaves, self.fn, state)
-        failed = [] if s.guards.holds(env) else s.guards.explain(env) or ["a guard failed"]
-        return s, env, state, failed
-
-    def guard_failures(self, key: str, args: tuple, kwargs: dict) -> list[str]:
-        return self._pinned_env(key, args, kwargs)[3]
-
-    def call_specialization(self, key: str, args: tuple, kwargs: dict) -> Any:
-        s, env, state, failed = self._pinned_env(key, args, kwargs)
-        if failed:
-            raise SpecializationMissError(
-                f"{self.adapter.name}: specialization {s.key} does not admit this call (it "
-                f"would compile another): {'; '.join(failed)}"
-            )
-        return self._run(s, env, state, args, kwargs)
-
-    def specialize(self, args: tuple, kwargs: dict) -> SpecializationUse:
-        spec, leaves, paths = self._flatten(args, kwargs)
-        env = GuardEnv(spec, leaves, self.fn, self.fetch())
-        with self._tree_lock(), CAPTURE_LOCK, self.lock:
-            found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
-        if found is None:
-            raise RecompileLimitError(
-                f"{self.adapter.name}: reached the recompile limit; no specialization to make"
-            )
-        s = found[0]
-        return SpecializationUse.of(self.specializations.index(s), s)
 
     def _run(
         self,

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 import plait
 from benchmarks.distributed import RedisServer
-from plait.cache import LocalStore, remote, resolve_store
+from plait.cache import LocalStore, remote, remote_copies, resolve_store
 from plait.cache.cli import cache_group
 from plait.cache.lookup import CacheWarning
 from plait.cache.remote import ENTRY_PREFIX, STAGING_PREFIX, RedisStore, TieredStore
@@ -165,7 +165,7 @@ def test_a_remote_entrys_local_copy_waits_for_the_call_it_serves(
     start_copies = remote.start_copies
 
     def starting() -> None:
-        started.append(len(remote._DEFERRED))
+        started.append(len(remote_copies._DEFERRED))
         start_copies()
 
     monkeypatch.setattr("plait.api.start_copies", starting)

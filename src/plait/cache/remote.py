@@ -43,7 +43,6 @@ import os
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -51,6 +50,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from plait.cache.entry_file import Payload, decode_entry, encode_entry
 from plait.cache.lookup import CacheWarning, warn_at_caller
+from plait.cache.remote_copies import aligned_copy, defer_copy, superseded, wait_for_copy
+from plait.cache.remote_copies import settle as settle  # NOTE: re-exported (docs/cache.md)
+from plait.cache.remote_copies import start_copies as start_copies  # NOTE: re-exported
 from plait.cache.store import (
     CorruptEntryError,
     EntryInfo,
@@ -396,86 +398,6 @@ class RedisStore(Store):
 
 _REMOTES: dict[str, RedisStore] = {}
 _REMOTES_LOCK = threading.Lock()
-# NOTE: the local copies of remote entries being written, by (local root, key): a read of the
-# same entry waits for its copy; the threads are not daemons (an exit waits for them)
-_COPIES: dict[tuple[str, str], threading.Thread] = {}
-_COPIES_LOCK = threading.Lock()
-# NOTE: copies not yet started: a copy starts once the call its entry serves has returned
-# (start_copies), so that its write and hash take no CPU from that call's build and first run;
-# a read of the entry, settle() and the interpreter's exit start (and wait for) it sooner
-_DEFERRED: list[threading.Thread] = []
-
-
-def _aligned_copy(payload: memoryview) -> memoryview:
-    """A private writable copy of ``payload`` starting at a 64-byte boundary (torch's
-    allocator): an artifact's blobs sit at 64-byte offsets and are built in place only in
-    memory aligned so (in a bytearray, 16-byte aligned, each was copied once more)."""
-    import torch
-
-    out = torch.empty(payload.nbytes, dtype=torch.uint8).numpy().data.cast("B")
-    out[:] = payload.cast("B") if payload.format != "B" else payload
-    return out
-
-
-def start_copies() -> None:
-    """Start writing the local copies of the remote entries fetched so far (the API calls it
-    when the call that fetched them has returned)."""
-    # NOTE: taken off the list and started under the lock: a reader never finds a copy that is
-    # neither deferred nor started (it would join a thread not yet started)
-    with _COPIES_LOCK:
-        for thread in _DEFERRED:
-            thread.start()
-        _DEFERRED.clear()
-
-
-def _started(thread: threading.Thread) -> threading.Thread:
-    with _COPIES_LOCK:
-        if thread in _DEFERRED:
-            _DEFERRED.remove(thread)
-            thread.start()
-    return thread
-
-
-def _superseded(root: str, key: str) -> None:
-    """A copy of ``key`` into the local store at ``root`` that has not started is dropped, one
-    that runs is waited for: the caller is about to write or delete that entry itself (a
-    rebuilt entry replacing a remote one that did not load), and must be the last to."""
-    with _COPIES_LOCK:
-        thread = _COPIES.get((root, key))
-        if thread is not None and thread in _DEFERRED:
-            _DEFERRED.remove(thread)
-            del _COPIES[(root, key)]
-            return
-    if thread is not None:
-        thread.join()
-
-
-# NOTE: before the interpreter joins its threads (concurrent.futures's hook; plain atexit runs
-# after that join, too late to start a thread)
-getattr(threading, "_register_atexit", lambda fn: None)(start_copies)
-
-
-def _keep_locally(local: LocalStore, key: str, payload: memoryview, meta: dict[str, Any]) -> None:
-    try:
-        local.put(key, payload, meta)
-    except (OSError, ValueError) as exc:  # NOTE: the call has its entry; only the copy is lost
-        warnings.warn(
-            f"plait cache: the local copy of remote entry {key[:16]}… was not kept: {exc}",
-            CacheWarning,
-            stacklevel=1,
-        )
-    finally:
-        with _COPIES_LOCK:
-            _COPIES.pop((str(local.root), key), None)
-
-
-def settle() -> None:
-    """Wait until the local copies of remote entries this process is writing are written."""
-    start_copies()
-    with _COPIES_LOCK:
-        copies = list(_COPIES.values())
-    for thread in copies:
-        thread.join()
 
 
 def remote_store(url: str) -> RedisStore:
@@ -538,12 +460,6 @@ class TieredStore(Store):
             self.notes.append(f"remote tier {self.remote.location}: answering again")
         return result
 
-    def _wait_for_copy(self, key: str) -> None:
-        with _COPIES_LOCK:
-            thread = _COPIES.get((str(self.local.root), key))
-        if thread is not None:
-            _started(thread).join()
-
     def _fetch(self, key: str) -> memoryview | None:
         """The remote entry's payload under ``key``, verified, as a private writable buffer;
         None when there is none. The local copy is written on a thread meanwhile (from the
@@ -558,15 +474,8 @@ class TieredStore(Store):
         if entry is None:
             return None
         meta, payload = entry
-        private = _aligned_copy(payload)  # NOTE: writable: tensors are built on it
-        copy = threading.Thread(
-            target=_keep_locally,
-            args=(self.local, key, payload, {k: v for k, v in meta.items() if k != "key"}),
-            name=f"plait-cache-copy-{key[:8]}",
-        )
-        with _COPIES_LOCK:
-            _COPIES[(str(self.local.root), key)] = copy
-            _DEFERRED.append(copy)
+        private = aligned_copy(payload)  # NOTE: writable: tensors are built on it
+        defer_copy(self.local, key, payload, {k: v for k, v in meta.items() if k != "key"})
         self.tiers[key] = "remote"
         self.notes.append(
             f"entry {key[:16]}… from the remote tier {self.remote.location} "
@@ -576,7 +485,7 @@ class TieredStore(Store):
         return private
 
     def get(self, key: str) -> bytes | None:
-        self._wait_for_copy(key)
+        wait_for_copy(str(self.local.root), key)
         data = self.local.get(key)
         if data is not None:
             self.tiers[key] = "local"
@@ -585,7 +494,7 @@ class TieredStore(Store):
         return None if payload is None else bytes(payload)
 
     def get_pending(self, key: str) -> Pending | None:
-        self._wait_for_copy(key)
+        wait_for_copy(str(self.local.root), key)
         pending = self.local.get_pending(key)
         if pending is not None:
             self.tiers[key] = "local"
@@ -601,7 +510,7 @@ class TieredStore(Store):
         self.local.read_ahead(key)  # NOTE: an entry only the remote has is read when asked for
 
     def put(self, key: str, payload: Payload, meta: dict[str, Any]) -> None:
-        _superseded(str(self.local.root), key)
+        superseded(str(self.local.root), key)
         self.local.put(key, payload, meta)
         start = time.perf_counter()
         try:
@@ -622,7 +531,7 @@ class TieredStore(Store):
         return meta
 
     def delete(self, key: str) -> bool:
-        _superseded(str(self.local.root), key)
+        superseded(str(self.local.root), key)
         here = self.local.delete(key)
         there = self._remote("delete", lambda: self.remote.delete(key))
         return here or bool(there)
