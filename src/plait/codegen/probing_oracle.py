@@ -215,9 +215,11 @@ class ProbingOracle:
         if not self._infer:
             return contiguous
         effect = node.op == "aten_check" or get_op(node.op).is_random(node.attrs)
-        if effect:
+        cuda_contiguous = not self._facts.channels_last and self._facts.device.type != "cpu"
+        if effect or cuda_contiguous:
             # NOTE: a check never runs on zeros (it raises), nor a random node (it would draw):
-            # their results are conformed to contiguous strides.
+            # their results are conformed to contiguous strides. So are a CUDA program's without
+            # channels_last (its Triton kernels and graphs were measured with contiguous ones).
             for v, c in zip(step.outputs, contiguous):
                 self.laid_out(v, c)
             return contiguous
