@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from plait.codegen import timed_matmul
 from plait.codegen.admission import (
     CONSTANTS,
     TARGETS,
@@ -109,6 +110,7 @@ class _Planner:
         mkl_linear: bool = True,
         target: str = "cpu",
         onednn: bool = True,
+        timed_matmul: bool = False,
     ) -> None:
         graph = facts.graph
         self.graph = graph
@@ -117,6 +119,7 @@ class _Planner:
         # NOTE: oneDNN and MKL run CPU tensors of the C++ target only; Triton's externs are
         # PyTorch's own kernels on the graph's device (cuDNN, cuBLAS, flash attention).
         self.onednn = target == "cpu" and onednn
+        self.timed_matmul = target == "cpu" and timed_matmul
         self.device = facts.device
         self.fuse = fuse
         self.channels_last = facts.channels_last
@@ -459,6 +462,10 @@ class _Planner:
                     step = None
                 else:
                     accepted = self.oracle.accepted_note(call)
+            if step is None and self.timed_matmul and timed_matmul.eligible(node):
+                timed = ExternStep(node, timed_matmul.onednn_call(node), [])
+                if self.oracle.decide(timed, timed_matmul.STAGE, self.locs) is None:
+                    step = timed
             if step is None:
                 special = None
                 if self.device.type == "cuda":
@@ -553,6 +560,7 @@ def plan_graph(
     mkl_linear: bool = True,
     target: str = "cpu",
     onednn: bool = True,
+    timed_matmul: bool = False,
 ) -> Plan:
     """Decide locations, kernels and calls for ``graph`` (static shapes, CPU). ``layouts``
     (an extern node's position in ``graph.nodes`` -> its result strides, as
@@ -565,7 +573,8 @@ def plan_graph(
     :class:`~plait.codegen.options.StaxOptions`). ``target``: ``cpu`` (C++ kernels, oneDNN
     and MKL externs) or ``triton`` (Triton kernels; externs are PyTorch's kernels on the
     graph's device). ``onednn=False``: convolutions and linears are PyTorch's own
-    kernels on the CPU too."""
+    kernels on the CPU too. ``timed_matmul``: float32 products without a prepacked weight run
+    oneDNN's matmul where it timed faster than PyTorch's kernel (:mod:`.timed_matmul`)."""
     check_graph(graph, target)
     facts = PlanFacts.of(graph, channels_last)
     oracle: LayoutOracle
@@ -575,7 +584,7 @@ def plan_graph(
         # NOTE: bare layouts (without the compile's oneDNN decisions) give the strides; each
         # oneDNN call is still probed once
         oracle = ProbingOracle(facts, infer_layouts, layouts)
-    planner = _Planner(facts, oracle, fuse, mkl_linear, target, onednn)
+    planner = _Planner(facts, oracle, fuse, mkl_linear, target, onednn, timed_matmul)
     try:
         plan = planner.run()
     except BaseException:

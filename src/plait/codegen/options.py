@@ -40,6 +40,9 @@ class StaxOptions:
     convolutions and linears of the C++ target run oneDNN (and MKL) with prepacked weights and
     fused post-ops (off: PyTorch's own kernels, called as eager calls them; training programs
     turn it off, their weights change every step and a prepack per step cost more than it saved).
+    ``timed_matmul``: a float32 product without a prepacked weight (a training program's) runs
+    oneDNN's matmul where it timed faster than PyTorch's kernel at compile time, on the call's
+    own shapes (off: PyTorch's kernel; see :mod:`plait.codegen.timed_matmul`).
 
     ``target``: ``auto`` (C++ kernels for CPU tensors, Triton kernels for CUDA tensors),
     ``cpu`` or ``triton`` (Triton on CPU tensors runs through Triton's interpreter: what CI tests
@@ -67,6 +70,7 @@ class StaxOptions:
     channels_last: bool = True
     mkl_linear: bool = True
     onednn: bool = True
+    timed_matmul: bool = True
     target: str = "auto"
     cuda_graphs: bool = True
     triton_autotune: bool = False

@@ -29,8 +29,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from plait.codegen import timed_matmul
 from plait.codegen.call_signature import Layout, call_signature
-from plait.codegen.extern import ExternCall
+from plait.codegen.extern import ExternCall, make_call
 from plait.codegen.index import contiguous_strides
 from plait.codegen.layout_oracle import PlanFacts, Strides
 from plait.codegen.onednn import PackedWeights, Prepacker
@@ -70,6 +71,8 @@ class ProbingOracle:
         self._layout_memo: dict[tuple[object, ...], tuple[Strides, ...]] = {}
         self._refusals: dict[tuple[object, ...], str] = {}
         self._probed: set[tuple[object, ...]] = set()
+        # NOTE: timed products by signature: None (oneDNN was faster) or the refusal
+        self._timed_memo: dict[tuple[str, object], str | None] = {}
         self._samples: dict[Value, torch.Tensor] = {}
         self._sample_last: dict[int, int] = {}
 
@@ -145,6 +148,8 @@ class ProbingOracle:
         tensors)."""
         position = self._facts.position[step.node.id]
         key = self._signature(step, locs)
+        if stage == timed_matmul.STAGE:
+            return self._timed(step, locs, position, key)
         if key is not None and key in self._refusals:
             reason = self._refusals[key]
             self.refused.setdefault(position, {})[stage] = reason
@@ -167,6 +172,29 @@ class ProbingOracle:
 
     def accepted_note(self, call: ExternCall) -> str:
         return ""
+
+    def _timed(
+        self, step: ExternStep, locs: Mapping[Value, Loc], position: int, key: object
+    ) -> str | None:
+        """Time ``step``'s call against PyTorch's kernel for its node on the dry run's samples
+        (:mod:`plait.codegen.timed_matmul`); refused where PyTorch's was not slower."""
+        memo = (timed_matmul.STAGE, key)  # NOTE: apart from oneDNN's own refusals
+        reason: str | None = "not timed: no layout dry runs in this compile"
+        if key is not None and memo in self._timed_memo:
+            reason = self._timed_memo[memo]
+        elif self._infer:
+            node = step.node
+            samples = [self._operand_sample(o, locs) for o in node.inputs]
+            args = get_op(node.op).structure(samples)
+            default = make_call(node, dict(self._facts.consts)).fn
+            reason = timed_matmul.refusal(*timed_matmul.timings(step.call.fn, default, args))
+        if key is not None:
+            self._timed_memo[memo] = reason
+        if reason is not None:
+            self.refused.setdefault(position, {})[timed_matmul.STAGE] = reason
+            return reason
+        step.out_strides = self._dry_run(step, locs, key)
+        return None
 
     def close(self, finished: bool) -> None:
         pass

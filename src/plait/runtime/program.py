@@ -312,6 +312,7 @@ def compile_graphs(
             mkl_linear=opts.mkl_linear,
             target=target,
             onednn=opts.onednn,
+            timed_matmul=opts.timed_matmul,
         )
         if opts.strict and plan.fallbacks:
             nid, reason = next(iter(plan.fallbacks.items()))
