@@ -12,7 +12,7 @@ import torch
 
 from plait.codegen import timed_matmul
 from plait.codegen.fusion import extern_layouts, plan_graph
-from plait.codegen.plan import ExternStep
+from plait.codegen.plan import STAGES, ExternStep
 from plait.ir import GraphBuilder, TensorType, interpret
 from plait.runtime import StaxOptions, compile_graph
 from tests.util import contract_tol
@@ -84,6 +84,7 @@ def test_the_plan_keeps_the_faster_and_replays_it(
     if refused is not None:
         assert "2 us" in refused and "1 us" in refused  # NOTE: both times, as measured
     saved = extern_layouts(plan)
+    assert timed_matmul.STAGE in STAGES  # NOTE: a saved program's decisions are checked by it
 
     def untimed(*a: Any) -> Any:
         raise AssertionError("a saved plan timed a product")

@@ -69,8 +69,9 @@ class FallbackStep:
 Step = KernelStep | ExternStep | FallbackStep
 
 # NOTE: what a oneDNN decision is about: the call with its post-ops ("fused"), or the call alone
-# ("onednn", after the fused one was refused or when there was no epilogue).
-STAGES = ("fused", "onednn")
+# ("onednn", after the fused one was refused or when there was no epilogue), or a product timed
+# against PyTorch's kernel ("timed": codegen.timed_matmul.STAGE).
+STAGES = ("fused", "onednn", "timed")
 
 
 class SavedLayouts(dict[int, list[tuple[int, ...]]]):

@@ -62,6 +62,18 @@ def conform(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
     return out
 
 
+def owned(t: torch.Tensor, strides: tuple[int, ...], operands: tuple[Any, ...]) -> torch.Tensor:
+    """An extern's result as the plan owns it: copied into ``strides`` where it shares storage
+    with an operand (a view ATen's schema does not declare: ``unsafe_split``'s chunks, a
+    gradient that views its cotangent), which the arena may reuse or an epilogue write, or where
+    PyTorch laid it out otherwise than the plan."""
+    storage = t.untyped_storage().data_ptr()
+    for o in operands:
+        if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() == storage:
+            return conform(t, strides)
+    return t if t.stride() == strides else conform(t, strides)
+
+
 def check_result(
     t: Any, shape: tuple[int, ...], dtype: torch.dtype, what: str, operands: list[Any]
 ) -> torch.Tensor:

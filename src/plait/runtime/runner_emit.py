@@ -34,6 +34,7 @@ from plait.runtime.runner_calls import (
     conform,
     device_clock,
     not_tensor,
+    owned,
     zero_division,
 )
 from plait.symbolic import has_unbacked
@@ -84,6 +85,7 @@ class RunnerEmitter:
             "_not_tensor": not_tensor,
             "_zero_division": zero_division,
             "_conform": conform,
+            "_owned": owned,
             "_check_result": check_result,
             "_empty": functools.partial(torch.empty, **on),
             "_empty_strided": functools.partial(torch.empty_strided, **on),
@@ -426,12 +428,15 @@ class RunnerEmitter:
         # NOTE: a multi-output extern (an ``aten`` node) returns a tuple or list of tensors
         target = outs[0] if len(outs) == 1 else f"({', '.join(outs)},)"
         self.line(f"{target} = {fn}({', '.join(spelled)})")
+        tensors = [self.operand(o) for o in [*node.inputs, *step.extra] if isinstance(o, Value)]
+        operands = f"({''.join(f'{a}, ' for a in tensors)})"
         for var, out, strides in zip(outs, step.outputs, step.out_strides):
             if isinstance(out.type, TensorType) and has_unbacked(out.type.shape):
                 continue  # NOTE: a data-dependent size: PyTorch's tensor, read only by PyTorch
             if isinstance(out.type, TensorType):
+                # NOTE: the plan owns each result: a view of an operand is copied (runner_calls)
                 st = self.const(tuple(strides))
-                self.line(f"if {var}.stride() != {st}: {var} = _conform({var}, {st})")
+                self.line(f"{var} = _owned({var}, {st}, {operands})")
 
     def fallback_step(self, step: FallbackStep) -> None:
         node = step.node
