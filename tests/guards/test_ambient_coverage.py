@@ -44,6 +44,11 @@ COVERED = {
     "clamp's gradient-exact capture)",
     ("guards/state.py", "is_grad_enabled"): "guard grad_mode (what the frozen guard reads)",
     ("codegen/onednn_postops.py", "mkldnn.is_available"): "key ambient.mkldnn_available",
+    ("codegen/timed_matmul.py", "mkldnn.is_available"): "key ambient.mkldnn_available",
+    ("codegen/timed_matmul.py", "float32_matmul_precision"): "guard "
+    "torch.get_float32_matmul_precision() (whether a product may run oneDNN's matmul)",
+    ("codegen/timed_matmul.py", "fp32_precision"): "guard "
+    "torch.backends.mkldnn.matmul.fp32_precision (oneDNN's math mode: strict float32 only)",
     ("codegen/build.py", "/proc/cpuinfo"): "key ambient.cpu, toolchain.cxx.cpu_flags_sha256 (the "
     "one reader of it: manifest.cpu_features and the toolchain take build.cpu_info)",
     ("codegen/build.py", "os.environ"): "CXX: key toolchain.cxx.version; cache dir; test hook",
