@@ -568,7 +568,7 @@ def plan_graph(
     each extern once on zeros. ``fuse=False``: every pointwise, constant and reduction node is
     its own kernel (no chains, no reduction or extern epilogues, no oneDNN post-ops).
     ``channels_last=False``: every stored value is contiguous, convolutions run on contiguous
-    (NCHW) activations (a CPU extern's result keeps PyTorch's layout). ``mkl_linear``: float32
+    (NCHW) activations (an extern's result keeps PyTorch's layout). ``mkl_linear``: float32
     linears run MKL's packed GEMM, with no post-ops (see
     :class:`~plait.codegen.options.StaxOptions`). ``target``: ``cpu`` (C++ kernels, oneDNN
     and MKL externs) or ``triton`` (Triton kernels; externs are PyTorch's kernels on the

@@ -32,8 +32,8 @@ class StaxOptions:
     calls, epilogues in place (off: each is allocated fresh per call, nothing in place).
     ``channels_last``: convolutions run on channels_last activations and stored values keep
     the layout of what they are computed from (off: every stored value is contiguous,
-    convolutions read NCHW; on the CPU an extern's result keeps the layout PyTorch gives it
-    either way, with ``infer_layouts``). ``mkl_linear``: float32 linears run MKL's packed GEMM
+    convolutions read NCHW; an extern's result keeps the layout PyTorch gives it either way,
+    with ``infer_layouts``, on any device). ``mkl_linear``: float32 linears run MKL's packed GEMM
     (weight packed once for the call's rows) and the activation or residual add after one runs
     in a native kernel, fused with its neighbours (off: oneDNN linears with the activation or add
     as a post-op, as bfloat16 linears and builds without MKL always run). ``onednn``:

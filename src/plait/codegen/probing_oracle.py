@@ -243,11 +243,9 @@ class ProbingOracle:
         if not self._infer:
             return contiguous
         effect = node.op == "aten_check" or get_op(node.op).is_random(node.attrs)
-        cuda_contiguous = not self._facts.channels_last and self._facts.device.type != "cpu"
-        if effect or cuda_contiguous:
+        if effect:
             # NOTE: a check never runs on zeros (it raises), nor a random node (it would draw):
-            # their results are conformed to contiguous strides. So are a CUDA program's without
-            # channels_last (its Triton kernels and graphs were measured with contiguous ones).
+            # their results are conformed to contiguous strides.
             for v, c in zip(step.outputs, contiguous):
                 self.laid_out(v, c)
             return contiguous
