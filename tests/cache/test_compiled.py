@@ -13,7 +13,7 @@ from torch import nn
 
 import plait.conformance
 from plait.cache.compiled import load_compiled
-from plait.codegen import onednn
+from plait.codegen import onednn, timed_matmul
 from plait.codegen.probing_oracle import ProbingOracle
 from plait.codegen.replaying_oracle import SAVED
 from plait.runtime import compile_graph
@@ -56,7 +56,9 @@ def test_rebuild_replays_accepted_calls_unprobed(
     cache = tmp_path / "cache"
     expected, _ = run(convnet(), sample(), cache)
     program = _rebuilt(cache, monkeypatch)
-    assert program.plan.from_saved_plan and program.plan.refused == {}
+    assert program.plan.from_saved_plan
+    # NOTE: no oneDNN call refused; the head's library, timed at compile time, may be MKL's
+    assert all(set(r) <= {timed_matmul.STAGE} for r in program.plan.refused.values())
     assert torch.equal(call_program(program, sample()), expected)
     details = [t.detail for t in program.evidence.nodes.values() if t.detail.startswith("oneDNN")]
     assert details and all(SAVED in d for d in details), details

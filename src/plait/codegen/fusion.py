@@ -462,6 +462,10 @@ class _Planner:
                     step = None
                 else:
                     accepted = self.oracle.accepted_note(call)
+                    if self.timed_matmul and call.library == "MKL":
+                        step, accepted = timed_matmul.against_mkl(
+                            step, accepted, self.oracle, self.locs, self.facts, self.channels_last
+                        )
             if step is None and self.timed_matmul and timed_matmul.eligible(node):
                 timed = ExternStep(node, timed_matmul.onednn_call(node), [])
                 if self.oracle.decide(timed, timed_matmul.STAGE, self.locs) is None:

@@ -42,7 +42,9 @@ class StaxOptions:
     turn it off, their weights change every step and a prepack per step cost more than it saved).
     ``timed_matmul``: a float32 product without a prepacked weight (a training program's) runs
     oneDNN's matmul where it timed faster than PyTorch's kernel at compile time, on the call's
-    own shapes (off: PyTorch's kernel; see :mod:`plait.codegen.timed_matmul`).
+    own shapes, and a linear that would run MKL's packed GEMM runs oneDNN's prepacked linear
+    where that timed faster (off: PyTorch's kernel, MKL's packed GEMM; see
+    :mod:`plait.codegen.timed_matmul`).
 
     ``target``: ``auto`` (C++ kernels for CPU tensors, Triton kernels for CUDA tensors),
     ``cpu`` or ``triton`` (Triton on CPU tensors runs through Triton's interpreter: what CI tests

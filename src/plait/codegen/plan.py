@@ -51,6 +51,9 @@ class ExternStep:
     out_strides: list[tuple[Size, ...]]
     fused: tuple[Node, ...] = ()
     extra: tuple[Value, ...] = ()
+    # NOTE: the call a timed step is measured against (codegen.timed_matmul; None: PyTorch's
+    # kernel for its node). Read at compile time only; a saved plan keeps the decision.
+    rival: ExternCall | None = None
 
     def operands(self) -> list[Operand]:
         return [*self.node.inputs, *self.extra]

@@ -72,7 +72,7 @@ class ProbingOracle:
         self._refusals: dict[tuple[object, ...], str] = {}
         self._probed: set[tuple[object, ...]] = set()
         # NOTE: timed products by signature: None (oneDNN was faster) or the refusal
-        self._timed_memo: dict[tuple[str, object], str | None] = {}
+        self._timed_memo: dict[tuple[str, str, object], str | None] = {}
         self._samples: dict[Value, torch.Tensor] = {}
         self._sample_last: dict[int, int] = {}
 
@@ -178,7 +178,8 @@ class ProbingOracle:
     ) -> str | None:
         """Time ``step``'s call against PyTorch's kernel for its node on the dry run's samples
         (:mod:`plait.codegen.timed_matmul`); refused where PyTorch's was not slower."""
-        memo = (timed_matmul.STAGE, key)  # NOTE: apart from oneDNN's own refusals
+        rival = timed_matmul.rival_name(step.rival)
+        memo = (timed_matmul.STAGE, rival, key)  # NOTE: apart from oneDNN's own refusals
         reason: str | None = "not timed: no layout dry runs in this compile"
         if key is not None and memo in self._timed_memo:
             reason = self._timed_memo[memo]
@@ -186,8 +187,9 @@ class ProbingOracle:
             node = step.node
             samples = [self._operand_sample(o, locs) for o in node.inputs]
             args = get_op(node.op).structure(samples)
-            default = make_call(node, dict(self._facts.consts)).fn
-            reason = timed_matmul.refusal(*timed_matmul.timings(step.call.fn, default, args))
+            default = (step.rival or make_call(node, dict(self._facts.consts))).fn
+            times = timed_matmul.timings(step.call.fn, default, args)
+            reason = timed_matmul.refusal(*times, rival)
         if key is not None:
             self._timed_memo[memo] = reason
         if reason is not None:

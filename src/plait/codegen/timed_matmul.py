@@ -1,10 +1,17 @@
-"""Float32 matrix products without a prepacked weight (a training program's, whose weights change
-every step): oneDNN's matmul or PyTorch's kernel (MKL), whichever ran faster at compile time on
-the call's own shapes and layouts on this CPU.
+"""Float32 matrix products whose library is chosen by timing them at compile time, on the call's
+own shapes and layouts on this CPU:
+
+- without a prepacked weight (a training program's, whose weights change every step): oneDNN's
+  matmul or PyTorch's kernel (MKL);
+- a linear of a constant weight without post-ops (an inference program's): oneDNN's prepacked
+  linear (:func:`onednn_linear`) or MKL's packed GEMM (``onednn.mkl_linear_call``, the rival of
+  the step, ``ExternStep.rival``).
 
 Neither wins everywhere: on a 2-core AMD EPYC oneDNN took 0.76-0.86 of MKL's time for
 ``x @ W^T`` and ``g @ W`` of a GPT-2 block, and 1.5-1.9x for the weight gradient ``g^T @ x``;
-on Intel Xeons MKL's packed GEMM led. The probing oracle times both on the dry run's samples
+on Intel Xeons MKL's packed GEMM led. With prepacked weights, at one thread on the same AMD
+host, oneDNN's linear took 0.69-0.85 of MKL's packed GEMM for the GPT-2 block's shapes (512 rows;
+768 x 768 to 768 x 3072). The probing oracle times both on the dry run's samples
 (:data:`STAGE`) and refuses oneDNN with the two times when PyTorch's kernel was faster; the
 saved plan replays that decision, so a warm start runs what the compile chose. Both compute
 float32 products in float32 (strict: no reduced-precision math mode, checked at compile time
@@ -28,18 +35,27 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from plait.codegen import onednn
 from plait.codegen.extern import ExternCall
+from plait.codegen.plan import ExternStep
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
+
+if TYPE_CHECKING:
+    from plait.codegen.layout_oracle import LayoutOracle, PlanFacts
+    from plait.codegen.placement import Loc
 
 # NOTE: the oracle stage whose refusal (PyTorch's kernel was faster) the saved plan keeps
 STAGE = "timed"
 REPEATS = 5  # NOTE: interleaved timed runs of each call, after one untimed run of each
+# NOTE: calls whose untimed run took LONG_S or more get FEW_REPEATS: the compile's timing
+# costs (1 + repeats) runs of each call per distinct shape, and a long call's median is steady
+LONG_S, FEW_REPEATS = 5e-3, 3
 LIBRARY = "oneDNN"
 
 
@@ -93,16 +109,49 @@ def onednn_call(node: Node) -> ExternCall:
     return ExternCall(fn, "matmul", f"mkldnn._linear_pointwise ({node.op}, timed)", LIBRARY)
 
 
+def onednn_linear(node: Node, channels_last: bool, hints: Any) -> ExternCall:
+    """``node``, a linear of a constant weight, as oneDNN's prepacked linear without post-ops:
+    the candidate timed against MKL's packed GEMM. Its weight is prepared on first use (the
+    timing's untimed run reads the constant itself: constants are their own samples); nothing
+    is prepared where a saved plan's decision is replayed."""
+    return onednn.linear_call(node, {}, None, channels_last, None, None, False, hints)
+
+
+def against_mkl(
+    step: ExternStep,
+    accepted: str,
+    oracle: LayoutOracle,
+    locs: Mapping[Value, Loc],
+    facts: PlanFacts,
+    channels_last: bool,
+) -> tuple[ExternStep, str]:
+    """``step`` (a linear through MKL's packed GEMM, with the oracle's note ``accepted``), or
+    oneDNN's prepacked linear in its place where that timed faster, with its note."""
+    node = step.node
+    timed = ExternStep(node, onednn_linear(node, channels_last, facts.hints), [], rival=step.call)
+    if not strict_float32() or oracle.decide(timed, STAGE, locs) is not None:
+        return step, accepted
+    call = onednn.onednn_call(
+        node, facts.consts, None, channels_last, oracle.prepack, oracle.packs, False, facts.hints
+    )
+    note = "; ".join(
+        x for x in (f"timed faster than {rival_name(step.call)}", oracle.accepted_note(call)) if x
+    )
+    return ExternStep(node, call, timed.out_strides), note
+
+
 def timings(
     candidate: Callable[..., Any], default: Callable[..., Any], args: Sequence[Any]
 ) -> tuple[float, float]:
     """Median seconds of ``candidate`` and ``default`` over :data:`REPEATS` interleaved runs on
-    ``args``, after one untimed run of each."""
+    ``args`` (:data:`FEW_REPEATS` for a long call), after one untimed run of each."""
     times: tuple[list[float], list[float]] = ([], [])
     with torch.no_grad():
         candidate(*args)
+        start = time.perf_counter()
         default(*args)
-        for _ in range(REPEATS):
+        repeats = REPEATS if time.perf_counter() - start < LONG_S else FEW_REPEATS
+        for _ in range(repeats):
             for k, fn in enumerate((candidate, default)):
                 start = time.perf_counter()
                 fn(*args)
@@ -110,11 +159,16 @@ def timings(
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def refusal(candidate_s: float, default_s: float) -> str | None:
-    """The reason oneDNN is refused (PyTorch's kernel was not slower), or None."""
+def rival_name(rival: ExternCall | None) -> str:
+    """How a refusal names what oneDNN was timed against."""
+    return "PyTorch's kernel" if rival is None else f"{rival.library}'s packed GEMM"
+
+
+def refusal(candidate_s: float, default_s: float, rival: str = "PyTorch's kernel") -> str | None:
+    """The reason oneDNN is refused (``rival`` was not slower), or None."""
     if candidate_s < default_s:
         return None
     return (
-        f"PyTorch's kernel was faster at compile time ({default_s * 1e6:.0f} us against "
+        f"{rival} was faster at compile time ({default_s * 1e6:.0f} us against "
         f"oneDNN's {candidate_s * 1e6:.0f} us)"
     )
