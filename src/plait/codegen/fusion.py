@@ -444,16 +444,14 @@ class _Planner:
             if touches_unbacked(node):
                 step = self._datadep_step(node)
             elif self.onednn and supported(node):
-                call = onednn_call(
-                    node,
-                    self.facts.consts,
-                    None,
-                    self.channels_last,
-                    self.oracle.prepack,
-                    self.oracle.packs,
-                    self.mkl_linear,
-                    self.facts.hints,
-                )
+                mkl, weight, chosen = self.mkl_linear, None, ""
+                if self.timed_matmul and timed_matmul.times_linear(node, mkl):
+                    mkl, weight, chosen = timed_matmul.choose_linear(
+                        node, self.oracle, self.locs, self.facts, self.channels_last
+                    )
+                o = self.oracle
+                args = (self.channels_last, o.prepack, o.packs, mkl, self.facts.hints, weight)
+                call = onednn_call(node, self.facts.consts, None, *args)
                 step = ExternStep(node, call, [])
                 failure = self.oracle.decide(step, "onednn", self.locs)
                 if failure is not None:
@@ -461,11 +459,7 @@ class _Planner:
                     note = "; ".join(x for x in (note, where) if x)
                     step = None
                 else:
-                    accepted = self.oracle.accepted_note(call)
-                    if self.timed_matmul and call.library == "MKL":
-                        step, accepted = timed_matmul.against_mkl(
-                            step, accepted, self.oracle, self.locs, self.facts, self.channels_last
-                        )
+                    accepted = "; ".join(x for x in (chosen, self.oracle.accepted_note(call)) if x)
             if step is None and self.timed_matmul and timed_matmul.eligible(node):
                 timed = ExternStep(node, timed_matmul.onednn_call(node), [])
                 if self.oracle.decide(timed, timed_matmul.STAGE, self.locs) is None:

@@ -229,17 +229,21 @@ def linear_call(
     packs: PackedWeights | None = None,
     mkl_linear: bool = False,
     hints: Mapping[str, int] | None = None,
+    weight: PreparedWeight | None = None,
 ) -> ExternCall:
+    """``weight``: the :func:`linear_weight` of this call, if one was made already (prepared
+    when a timing ran the call: not reordered again)."""
     op = torch.ops.mkldnn._linear_pointwise
     x = node.inputs[0]
     assert isinstance(x, Value) and isinstance(x.type, TensorType)
     rows, spelled = _rows(x.type, hints)
-    if ep is None and runs_mkl(node, mkl_linear):
-        if not x.type.is_static:
-            return mkl_rows_call(node, consts, rows)
-        return mkl_linear_call(node, consts, rows, prepack, packs)
-    reorder = torch.ops.mkldnn._reorder_linear_weight
-    weight = PreparedWeight(lambda w: reorder(w.contiguous(), rows))
+    mkl = ep is None and runs_mkl(node, mkl_linear)
+    if mkl and not x.type.is_static:
+        return mkl_rows_call(node, consts, rows)
+    weight = linear_weight(node, mkl, hints) if weight is None else weight
+    assert weight is not None
+    if mkl:
+        return mkl_linear_call(node, consts, rows, prepack, packs, weight)
     key = _pack_key(node, spelled)
     when = _prepare(weight, consts.get(node.inputs[1]), prepack, packs, key, node.id)
     detail = f"oneDNN linear (weight prepacked {when})"
@@ -257,6 +261,24 @@ def linear_call(
 
     suffix = f" + fused {ep.describe()}" if ep is not None else ""
     return ExternCall(fn, "matmul", detail + suffix, "oneDNN")
+
+
+def linear_weight(
+    node: Node, mkl: bool, hints: Mapping[str, int] | None = None
+) -> PreparedWeight | None:
+    """The prepared weight of a linear ``node``: packed by MKL (``mkl``) or reordered by oneDNN
+    for its rows (None: MKL with symbolic rows, packed per row count by the call itself)."""
+    x = node.inputs[0]
+    assert isinstance(x, Value) and isinstance(x.type, TensorType)
+    rows = _rows(x.type, hints)[0]
+    if not mkl:
+        reorder = torch.ops.mkldnn._reorder_linear_weight
+        return PreparedWeight(lambda w: reorder(w.contiguous(), rows))
+    if not x.type.is_static:
+        return None
+    pack = torch.ops.mkl._mkl_reorder_linear_weight
+    # NOTE: MKL's own format for this CPU, no descriptor: never in a cache entry
+    return PreparedWeight(lambda w: pack(w.contiguous(), rows), portable=False)
 
 
 def _rows(t: TensorType, hints: Mapping[str, int] | None) -> tuple[int, str]:
@@ -278,14 +300,15 @@ def mkl_linear_call(
     rows: int,
     prepack: Prepacker | None = None,
     packs: PackedWeights | None = None,
+    weight: PreparedWeight | None = None,
 ) -> ExternCall:
     """A linear without post-ops through MKL's packed GEMM: the weight packed once for the
     call's ``rows`` (the input's rows are fixed by the plan), then each call runs MKL's compute
     on the packed panels, the same sgemm kernel eager's linear runs (tests hold it to eager). The
     packed bytes are MKL's own format for this CPU, so a cache entry never carries them
-    (``portable=False``): a rebuilt plan packs again."""
-    reorder = torch.ops.mkl._mkl_reorder_linear_weight
-    weight = PreparedWeight(lambda w: reorder(w.contiguous(), rows), portable=False)
+    (``portable=False``): a rebuilt plan packs again. ``weight``: as in :func:`linear_call`."""
+    weight = linear_weight(node, True) if weight is None else weight
+    assert weight is not None
     key = _pack_key(node, "mkl", rows)
     when = _prepare(weight, consts.get(node.inputs[1]), prepack, packs, key, node.id)
     compute = torch.ops.mkl._mkl_linear.default
@@ -434,6 +457,7 @@ def onednn_call(
     packs: PackedWeights | None = None,
     mkl_linear: bool = False,
     hints: Mapping[str, int] | None = None,
+    weight: PreparedWeight | None = None,
 ) -> ExternCall:
     """The oneDNN call of a conv2d or linear ``node`` with epilogue ``ep``; ``channels_last``:
     convolutions convert their activations to channels_last (else to contiguous NCHW);
@@ -441,7 +465,8 @@ def onednn_call(
     plan's prepacked weights (saved ones are loaded, not reordered; new ones are recorded);
     ``mkl_linear``: a float32 linear without ``ep`` runs MKL's packed GEMM (:func:`runs_mkl`);
     ``hints``: representative values of the symbols of symbolic shapes (weights are prepacked
-    for those sizes)."""
+    for those sizes); ``weight``: a linear's, as in :func:`linear_call`."""
     if node.op == "linear":
-        return linear_call(node, consts, ep, channels_last, prepack, packs, mkl_linear, hints)
+        args = (channels_last, prepack, packs, mkl_linear, hints, weight)
+        return linear_call(node, consts, ep, *args)
     return conv_call(node, consts, ep, channels_last, prepack, packs, hints)

@@ -4,8 +4,8 @@ own shapes and layouts on this CPU:
 - without a prepacked weight (a training program's, whose weights change every step): oneDNN's
   matmul or PyTorch's kernel (MKL);
 - a linear of a constant weight without post-ops (an inference program's): oneDNN's prepacked
-  linear (:func:`onednn_linear`) or MKL's packed GEMM (``onednn.mkl_linear_call``, the rival of
-  the step, ``ExternStep.rival``).
+  linear or MKL's packed GEMM (:func:`choose_linear`; MKL's is the timed step's rival,
+  ``ExternStep.rival``).
 
 Neither wins everywhere: on a 2-core AMD EPYC oneDNN took 0.76-0.86 of MKL's time for
 ``x @ W^T`` and ``g @ W`` of a GPT-2 block, and 1.5-1.9x for the weight gradient ``g^T @ x``;
@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from plait.codegen import onednn
-from plait.codegen.extern import ExternCall
+from plait.codegen.extern import ExternCall, PreparedWeight
+from plait.codegen.onednn_postops import runs_mkl
 from plait.codegen.plan import ExternStep
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
@@ -109,35 +110,35 @@ def onednn_call(node: Node) -> ExternCall:
     return ExternCall(fn, "matmul", f"mkldnn._linear_pointwise ({node.op}, timed)", LIBRARY)
 
 
-def onednn_linear(node: Node, channels_last: bool, hints: Any) -> ExternCall:
-    """``node``, a linear of a constant weight, as oneDNN's prepacked linear without post-ops:
-    the candidate timed against MKL's packed GEMM. Its weight is prepared on first use (the
-    timing's untimed run reads the constant itself: constants are their own samples); nothing
-    is prepared where a saved plan's decision is replayed."""
-    return onednn.linear_call(node, {}, None, channels_last, None, None, False, hints)
+def times_linear(node: Node, mkl_linear: bool) -> bool:
+    """Whether ``node`` is a linear that would run MKL's packed GEMM (no post-op; strict
+    float32): its library is then timed (:func:`choose_linear`)."""
+    return runs_mkl(node, mkl_linear) and strict_float32()
 
 
-def against_mkl(
-    step: ExternStep,
-    accepted: str,
+def choose_linear(
+    node: Node,
     oracle: LayoutOracle,
     locs: Mapping[Value, Loc],
     facts: PlanFacts,
     channels_last: bool,
-) -> tuple[ExternStep, str]:
-    """``step`` (a linear through MKL's packed GEMM, with the oracle's note ``accepted``), or
-    oneDNN's prepacked linear in its place where that timed faster, with its note."""
-    node = step.node
-    timed = ExternStep(node, onednn_linear(node, channels_last, facts.hints), [], rival=step.call)
-    if not strict_float32() or oracle.decide(timed, STAGE, locs) is not None:
-        return step, accepted
-    call = onednn.onednn_call(
-        node, facts.consts, None, channels_last, oracle.prepack, oracle.packs, False, facts.hints
+) -> tuple[bool, PreparedWeight | None, str]:
+    """For a linear of :func:`times_linear`: whether MKL's packed GEMM runs it (else oneDNN's
+    prepacked linear, timed faster), the winner's weight (prepared already where the timing ran:
+    not packed again), and the note that says why. Both candidates prepare their weight on
+    first use: the timing's untimed run reads the constant itself (constants are their own
+    samples), and nothing is prepared where a saved plan's decision is replayed."""
+    weights = {mkl: onednn.linear_weight(node, mkl, facts.hints) for mkl in (True, False)}
+    mkl_call, dnn_call = (
+        onednn.linear_call(
+            node, {}, None, channels_last, None, None, mkl, facts.hints, weights[mkl]
+        )
+        for mkl in (True, False)
     )
-    note = "; ".join(
-        x for x in (f"timed faster than {rival_name(step.call)}", oracle.accepted_note(call)) if x
-    )
-    return ExternStep(node, call, timed.out_strides), note
+    timed = ExternStep(node, dnn_call, [], rival=mkl_call)
+    if oracle.decide(timed, STAGE, locs) is not None:
+        return True, weights[True], ""
+    return False, weights[False], f"timed faster than {rival_name(mkl_call)}"
 
 
 def timings(
