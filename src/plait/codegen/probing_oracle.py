@@ -176,8 +176,9 @@ class ProbingOracle:
     def _timed(
         self, step: ExternStep, locs: Mapping[Value, Loc], position: int, key: object
     ) -> str | None:
-        """Time ``step``'s call against PyTorch's kernel for its node on the dry run's samples
-        (:mod:`plait.codegen.timed_matmul`); refused where PyTorch's was not slower."""
+        """Time ``step``'s call against its rival (``step.rival``; None: PyTorch's kernel for its
+        node) on the dry run's samples (:mod:`plait.codegen.timed_matmul`); refused where the
+        rival was not slower. One measurement per signature and rival."""
         rival = timed_matmul.rival_name(step.rival)
         memo = (timed_matmul.STAGE, rival, key)  # NOTE: apart from oneDNN's own refusals
         reason: str | None = "not timed: no layout dry runs in this compile"
