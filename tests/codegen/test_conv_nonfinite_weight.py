@@ -11,6 +11,7 @@ has NaN, the same infinities, finite values within the contract's conv budget).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import plait
+from plait.codegen.extern import PreparedWeight
 from tests.codegen.test_special_values import assert_matches_eager
 
 # NOTE: (stride, padding, dilation, groups): the OpInfo sample eager's default path gives NaNs
@@ -93,6 +95,37 @@ def test_frozen_weight_with_nonfinite_values() -> None:
             assert bool(want[0].isnan().any()) and bool(want[1].isnan().any())
             assert_matches_eager(list(got), [list(want)], "conv", f"draw {draw}")
     assert "the constant weight is not all finite" in _details(cf)
+
+
+def test_a_warm_start_keeps_a_frozen_weight_not_all_finite_on_eagers_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry records each conv weight's finiteness with its pack; a warm start takes it
+    from there (it reads no weight again) and still runs eager's algorithm for this one."""
+    gen = torch.Generator().manual_seed(7)
+    torch.manual_seed(0)
+    model = ConvThen().eval()
+    with torch.no_grad():
+        _poison(model.a.weight, gen)
+    options = {"cache": str(tmp_path / "cache")}
+    xs = [torch.randn(2, 4, 8, 8, generator=gen) for _ in range(3)]
+    with torch.no_grad():
+        plait.compile(model, backend="stax", options=options)(xs[0])
+
+        def unread(self: PreparedWeight, w: torch.Tensor) -> None:
+            if self.track_finite:
+                raise AssertionError("a weight's finiteness was read again on a warm start")
+
+        monkeypatch.setattr(PreparedWeight, "_read_finite", unread)
+        warm = plait.compile(model, backend="stax", options=options)
+        for draw, x in enumerate(xs):
+            got, want = warm(x), model(x)
+            assert bool(want[0].isnan().any())
+            assert_matches_eager(list(got), [list(want)], "conv", f"warm draw {draw}")
+    spec = warm.specializations[-1]
+    assert spec.manifest.cache["status"] == "hit"
+    finite = {k: w.finite for k, (w, _) in spec.compiled.program.plan.packs.made.items()}
+    assert sorted(finite.values()) == [False, True], finite
 
 
 @pytest.mark.usefixtures("stax_cache")

@@ -75,11 +75,22 @@ class PreparedWeight:
         # NOTE: memory the value reads without owning (an imported prepacked weight's bytes).
         self.keep: torch.Tensor | None = None
 
-    def adopt(self, w: torch.Tensor, value: torch.Tensor, keep: torch.Tensor | None) -> None:
-        """Take ``value`` (read from ``keep``'s memory) as ``w`` converted, unconverted."""
+    def adopt(
+        self,
+        w: torch.Tensor,
+        value: torch.Tensor,
+        keep: torch.Tensor | None,
+        finite: bool | None = None,
+    ) -> None:
+        """Take ``value`` (read from ``keep``'s memory) as ``w`` converted, unconverted;
+        ``finite``: whether ``w`` is all finite, if known (a cache entry's record, for the very
+        bytes its key hashed), else read here."""
         self.value, self.keep = value, keep
         self.source, self.version = w, w._version
-        self._read_finite(w)
+        if finite is None or not self.track_finite:
+            self._read_finite(w)
+        else:
+            self.finite = finite
 
     def prepare(self, w: torch.Tensor) -> None:
         """Convert ``w`` now (what a pending prepacking runs)."""

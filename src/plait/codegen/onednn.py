@@ -134,6 +134,9 @@ class SavedPack:
     dtype: torch.dtype
     # NOTE: what ``data`` reads without owning (the prepacked tensor it was exported from).
     owner: Any = None
+    # NOTE: whether the constant it was prepared from is all finite (None: not tracked). An
+    # entry is found by its constants' hash, so the flag holds for the constant it loads for.
+    finite: bool | None = None
 
 
 # NOTE: how a call's detail says its weight came from the entry (replaced, for a deferred import
@@ -177,7 +180,7 @@ class PackedWeights:
         except (packed.PackedUnavailable, ValueError) as exc:
             self.unusable[key] = str(exc)
             return False
-        weight.adopt(fixed, value, keep=pack.data)
+        weight.adopt(fixed, value, keep=pack.data, finite=pack.finite)
         return True
 
     def import_deferred(self) -> dict[int, str]:
@@ -210,7 +213,8 @@ class PackedWeights:
                 # NOTE: the owner keeps alive the value and, for an imported one, the memory it
                 # borrows (the entry's mapping), so the view stays valid as long as the pack.
                 owner = (w.value, w.keep)
-                out[key] = SavedPack(data, md, tuple(w.value.shape), w.value.dtype, owner)
+                shape, dtype = tuple(w.value.shape), w.value.dtype
+                out[key] = SavedPack(data, md, shape, dtype, owner, w.finite)
         return out
 
 

@@ -36,7 +36,11 @@ def program_to_doc(program: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor
         "kernels": [k.source_sha256 for k in program.kernels],
         "options": program.options.record(),
         "prepacked": {
-            k: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch.")}
+            k: {
+                "shape": list(p.shape),
+                "dtype": str(p.dtype).removeprefix("torch."),
+                **({} if p.finite is None else {"finite": p.finite}),
+            }
             for k, p in packs.items()
         },
     }
@@ -62,7 +66,11 @@ def _saved_packs(plan: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict
         dtype = getattr(torch, info["dtype"])
         if not isinstance(dtype, torch.dtype):
             raise ProgramDocError(f"the prepacked weight {key} has dtype {info['dtype']!r}")
-        out[key] = SavedPack(data, md, tuple(int(d) for d in info["shape"]), dtype)
+        finite = info.get("finite")
+        if finite not in (None, True, False):
+            raise ProgramDocError(f"the prepacked weight {key} has finite {finite!r}")
+        shape = tuple(int(d) for d in info["shape"])
+        out[key] = SavedPack(data, md, shape, dtype, finite=finite)
     return out
 
 
