@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from plait.codegen import causal_attention
 from plait.ir.graph import Node
 from plait.ir.types import TensorType
 
@@ -141,6 +142,13 @@ def _sdpa(n: Node, consts: Consts) -> ExternCall:
     sdpa = torch._C._nn.scaled_dot_product_attention
     dropout_p, is_causal, scale = a["dropout_p"], a["is_causal"], a["scale"]
     gqa = a["enable_gqa"]
+    if causal_attention.applies(n):
+        detail = (
+            f"aten._scaled_dot_product_flash_attention_for_cpu (causal, in blocks of "
+            f"{causal_attention.ROWS} query rows at {causal_attention.MIN_LEN}-"
+            f"{causal_attention.MAX_LEN} tokens)"
+        )
+        return ExternCall(causal_attention.causal_in_row_blocks(scale), "attention", detail)
 
     def fn(q: Any, k: Any, v: Any, mask: Any) -> Any:
         return sdpa(q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=gqa)
