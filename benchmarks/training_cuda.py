@@ -99,6 +99,8 @@ def _build(kind: str, model: nn.Module) -> Any:
         return model
     if kind == "plait":
         return plait.compile(model)
+    if kind == "plait-copies":  # NOTE: the ablation: saved values copied between the graphs
+        return plait.compile(model, options={"stax": {"cuda_handoff": False}})
     torch._dynamo.reset()
     return torch.compile(model, dynamic=False)
 
@@ -170,7 +172,7 @@ def run_case(name: str, steps: int, quick: bool, systems: tuple[str, ...]) -> di
         _step(r["fn"], r["opt"], loss_fn, x, y, True)  # NOTE: after the parity: it moves the state
         torch.cuda.synchronize()
         rec["step_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-        if r["kind"] == "plait":
+        if r["kind"].startswith("plait"):
             m = r["fn"].specializations[-1].compiled.manifest
             rec["backward"] = "compiled" if m.autograd else "eager autograd"
             rec["target"] = m.executor.get("target")

@@ -350,6 +350,10 @@ CODES: dict[str, ErrorCode] = {
         _code("PLAIT-C122", "compile", "a compiled backward was differentiated again",
               "double backward through a compiled program (create_graph=True)",
               "compute higher derivatives eagerly, or compile the function that does"),
+        _code("PLAIT-C123", "compile", "a compiled backward's saved values were released",
+              "a second backward through a CUDA-graphed step without retain_graph=True, or "
+              "saved values of two forward calls given to one backward",
+              "call backward with retain_graph=True to run it again"),
         _code("PLAIT-C130", "compile", "the program cannot be exported",
               "an opaque call, a write to inputs or state, or an argument that is not a tensor "
               "or plain scalar",

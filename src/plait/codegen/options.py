@@ -50,7 +50,10 @@ class StaxOptions:
     ``cpu`` or ``triton`` (Triton on CPU tensors runs through Triton's interpreter: what CI tests
     the Triton printer with). ``cuda_graphs``: on CUDA, capture the whole program as one CUDA
     graph when nothing in it syncs with the host, and replay it on each call (off: launch each
-    kernel and extern from Python). ``triton_autotune``: time a few block shapes of each Triton
+    kernel and extern from Python). ``cuda_handoff``: a training step's backward graph reads
+    the saved values in the forward graph's own buffers instead of copies of them
+    (:mod:`plait.runtime.cuda_handoff`; off: copied out of the one and into the other on every
+    step, an ablation). ``triton_autotune``: time a few block shapes of each Triton
     kernel on the device at compile time and keep the fastest (the choice is cached with the
     kernel, by its source and the GPU: a later compile times nothing); off: the heuristic's.
 
@@ -75,6 +78,7 @@ class StaxOptions:
     timed_matmul: bool = True
     target: str = "auto"
     cuda_graphs: bool = True
+    cuda_handoff: bool = True
     triton_autotune: bool = False
     kernels: str = "cpp"
     tvm_tune: int = 0

@@ -54,6 +54,7 @@ from plait.distributed.buckets import BucketPlan
 from plait.distributed.segments import Segment, split_backward
 from plait.errors import InternalCompilerError, InternalValueError
 from plait.ir.graph import Value
+from plait.runtime.cuda_handoff import claimed
 from plait.runtime.program import compile_graphs
 
 
@@ -166,7 +167,9 @@ class _Call:
 
     def run_forward(self) -> None:
         run = self.released
-        results = list(without_autocast(run.forward, list(self.values)))
+        # NOTE: its own copies of saved values a CUDA forward graph lends (the segments read
+        # them, not the backward graph they are lent to)
+        results = claimed(without_autocast(run.forward, list(self.values)))
         self.outs, self.saved = results[: run.n_outputs], results[run.n_outputs :]
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -35,6 +35,14 @@ from plait.codegen.symbolic_shapes import is_symbolic
 from plait.codegen.views import shape_of
 from plait.errors import PlaitCompileError
 from plait.ir.types import TensorType
+from plait.runtime.cuda_handoff import (
+    Handoff,
+    Lease,
+    Lent,
+    StaleLeaseError,
+    backward_keeps_graph,
+    lent_values,
+)
 from plait.runtime.runner_calls import bad_input
 
 Call = Callable[..., list[Any]]
@@ -70,13 +78,26 @@ def _bound(graph: Any, v: Any) -> bool:
 
 
 class GraphedCall:
-    """The program's call through one captured CUDA graph (see the module docstring)."""
+    """The program's call through one captured CUDA graph (see the module docstring).
 
-    def __init__(self, program: Any, fn: Call) -> None:
+    ``borrowed``: input positions read in place from a forward graph's saved buffers (position
+    -> index in ``handoff.buffers``; :mod:`plait.runtime.cuda_handoff`), never copied into."""
+
+    def __init__(
+        self,
+        program: Any,
+        fn: Call,
+        borrowed: Mapping[int, int] | None = None,
+        handoff: Handoff | None = None,
+    ) -> None:
         graph = program.graph
         self.fn = fn
         self.device = program.device
-        self._lock = threading.Lock()
+        self._lock = threading.Lock() if handoff is None else handoff.lock
+        self.handoff = handoff
+        self.borrowed = dict(borrowed or {})
+        # NOTE: a lending forward's saved output positions, in ``handoff.buffers`` order
+        self.lent: list[int] = []
         # NOTE: per input position: a static buffer the call copies into, or the bound constant
         self.statics: list[torch.Tensor] = []
         self.copies: list[tuple[int, torch.Tensor, TensorType]] = []
@@ -84,14 +105,28 @@ class GraphedCall:
             if _bound(graph, v):
                 self.statics.append(graph.constants[v.name])
                 continue
+            if i in self.borrowed:
+                assert handoff is not None
+                self.statics.append(handoff.buffers[self.borrowed[i]])
+                continue
             t = v.type
             assert isinstance(t, TensorType)
             static = torch.zeros(shape_of(t), dtype=t.dtype, device=self.device)
             self.statics.append(static)
             self.copies.append((i, static, t))
         self.names = [v.name for v in graph.inputs]
+        self.types = [v.type for v in graph.inputs]
         self.graph = torch.cuda.CUDAGraph()
         self.outputs: list[tuple[str, Any]] = []
+
+    def lend_through(self, handoff: Handoff, positions: list[int]) -> None:
+        """From now on, the outputs at ``positions`` (``handoff.buffers``, in order) are lent
+        to the caller (``Lent``), not copied out; each replay first vacates the buffers."""
+        self._lock = handoff.lock
+        self.handoff = handoff
+        self.lent = list(positions)
+        for p in positions:
+            self.outputs[p] = ("lent", self.outputs[p][1])
 
     def capture(self) -> None:
         """Warm up on a side stream, then capture; raises what the capture raises. The
@@ -121,26 +156,63 @@ class GraphedCall:
 
     def __call__(self, *args: Any) -> list[Any]:
         with self._lock:
+            lease = self._take_borrowed(args) if self.borrowed else None
             for i, static, t in self.copies:
                 a = args[i]
-                if (
-                    not isinstance(a, torch.Tensor)
-                    or a.dtype != t.dtype
-                    or a.shape != static.shape
-                    or a.device != self.device
-                ):
-                    bad_input(i, self.names[i], str(t), a)
+                _check(a, t, static, self.device, i, self.names[i])
                 static.copy_(a)
+            if self.lent:
+                assert self.handoff is not None
+                self.handoff.vacate()
             self.graph.replay()
-            out = []
+            out: list[Any] = []
             for kind, o in self.outputs:
                 if kind == "copy":
                     out.append(o.clone())
                 elif kind == "input":
                     out.append(args[o])
+                elif kind == "lent":
+                    out.append(None)  # NOTE: filled below, with the lease
                 else:
                     out.append(o)
+            if self.lent:
+                assert self.handoff is not None
+                given = self.handoff.lend()
+                for k, p in enumerate(self.lent):
+                    out[p] = Lent(given, k)
+            if lease is not None:
+                assert self.handoff is not None
+                self.handoff.returned(lease, backward_keeps_graph())
             return out
+
+    def _take_borrowed(self, args: tuple[Any, ...]) -> Lease | None:
+        """The borrowed inputs' values in the shared buffers: a lease's (``Lent`` arguments),
+        or plain tensors copied in after the buffers' tenant is vacated."""
+        handoff = self.handoff
+        assert handoff is not None
+        lease = lent_values(args, list(self.borrowed))
+        if lease is not None:
+            if lease.handoff is not handoff:
+                raise StaleLeaseError("saved values lent by another program's forward")
+            handoff.borrow(lease)
+            return lease
+        handoff.vacate()
+        for i, k in self.borrowed.items():
+            t = self.types[i]
+            assert isinstance(t, TensorType)
+            _check(args[i], t, handoff.buffers[k], self.device, i, self.names[i])
+            handoff.buffers[k].copy_(args[i])
+        return None
+
+
+def _check(a: Any, t: TensorType, static: torch.Tensor, device: Any, i: int, name: str) -> None:
+    if (
+        not isinstance(a, torch.Tensor)
+        or a.dtype != t.dtype
+        or a.shape != static.shape
+        or a.device != device
+    ):
+        bad_input(i, name, str(t), a)
 
 
 @contextlib.contextmanager
@@ -156,21 +228,78 @@ def keep_generators(device: torch.device) -> Iterator[None]:
         torch.cuda.set_rng_state(cuda, device)
 
 
-def graphed(program: Any, fn: Call, enabled: bool) -> tuple[Call, dict[str, Any]]:
+def graphed(
+    program: Any,
+    fn: Call,
+    enabled: bool,
+    borrow_from: tuple[Any, Mapping[int, int]] | None = None,
+) -> tuple[Call, dict[str, Any]]:
     """``program``'s call on CUDA: through one CUDA graph where it can be captured, else ``fn``
-    (after a warm-up run that compiles its kernels); with the record of what happened."""
+    (after a warm-up run that compiles its kernels); with the record of what happened.
+
+    ``borrow_from``: ``(forward program, {input position: its output position})``, a training
+    step's backward and where its saved inputs come from: those the forward's graph writes into
+    buffers of the right type are read there in place (:mod:`plait.runtime.cuda_handoff`)."""
     reason = why_not_captured(program, enabled)
     start = time.perf_counter()
     if reason is None:
-        call = GraphedCall(program, fn)
+        link = _link(program, *borrow_from) if borrow_from is not None else None
+        borrowed, handoff = (link[0], link[1]) if link is not None else (None, None)
+        call = GraphedCall(program, fn, borrowed, handoff)
         try:
             call.capture()
         except RuntimeError as exc:
             reason = f"the capture failed: {str(exc).splitlines()[0]}"
         else:
-            return call, {"used": True, "capture_s": round(time.perf_counter() - start, 6)}
+            record: dict[str, Any] = {"used": True}
+            if link is not None and borrow_from is not None:
+                lender, positions = borrow_from[0], link[2]
+                lender._call.lend_through(link[1], positions)
+                handed = {
+                    "values": len(positions),
+                    "bytes": sum(b.numel() * b.element_size() for b in link[1].buffers),
+                }
+                lender.cuda_graph["lends"] = handed
+                record["borrows"] = handed
+            record["capture_s"] = round(time.perf_counter() - start, 6)
+            return call, record
     warm_up(program, fn)
     return fn, {"used": False, "reason": reason}
+
+
+def _link(
+    program: Any, forward: Any, sources: Mapping[int, int]
+) -> tuple[dict[int, int], Handoff, list[int]] | None:
+    """The backward inputs read in place from ``forward``'s graph: those whose source output
+    the forward's graph writes into its pool (not an input or constant) contiguous and of the
+    input's dtype and shape (the backward's kernels read their planned layout). Returns the
+    borrowed positions (-> buffer index), the handoff, and the lent output positions."""
+    lender = forward._call
+    if not isinstance(lender, GraphedCall) or lender.lent:
+        return None
+    borrowed: dict[int, int] = {}
+    positions: list[int] = []
+    buffers: list[torch.Tensor] = []
+    for i, p in sorted(sources.items()):
+        kind, o = lender.outputs[p]
+        t = program.graph.inputs[i].type
+        if (
+            kind != "copy"
+            or not isinstance(t, TensorType)
+            or not isinstance(o, torch.Tensor)
+            or not o.is_contiguous()
+            or o.dtype != t.dtype
+            or tuple(o.shape) != shape_of(t)
+            or o.device != program.device
+        ):
+            continue
+        if p not in positions:
+            positions.append(p)
+            buffers.append(o)
+        borrowed[i] = positions.index(p)
+    if not borrowed:
+        return None
+    return borrowed, Handoff(buffers), positions
 
 
 def warm_up(program: Any, fn: Call) -> None:

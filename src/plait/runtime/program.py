@@ -137,6 +137,7 @@ class StaxProgram:
         timings: dict[str, float],
         funcs: dict[int, Any],
         target: str = "cpu",
+        borrow_from: tuple[StaxProgram, Mapping[int, int]] | None = None,
     ) -> None:
         self.graph = graph
         self.target = target
@@ -163,7 +164,7 @@ class StaxProgram:
         if target == "triton" and self.device.type == "cuda":
             from plait.runtime.cuda_graph import graphed
 
-            call, self.cuda_graph = graphed(self, runner.fn, options.cuda_graphs)
+            call, self.cuda_graph = graphed(self, runner.fn, options.cuda_graphs, borrow_from)
         # NOTE: Python looks ``__call__`` up on the class: the instance's choice is ``_call``
         self._call = call
 
@@ -295,9 +296,14 @@ def compile_graphs(
     *,
     options: StaxOptions | None = None,
     layouts: Sequence[Mapping[int, Sequence[Sequence[int]]] | None] | None = None,
+    handoff: Mapping[int, int] | None = None,
 ) -> list[StaxProgram]:
     """Compile several graphs, building all their kernels together (fewer, larger compiler
-    invocations, all cores busy; identical kernels are built once)."""
+    invocations, all cores busy; identical kernels are built once).
+
+    ``handoff``: for a training step's two graphs (forward, backward), the backward's input
+    positions fed by the forward's output positions (its saved values): two CUDA graphs then
+    share those buffers (:mod:`plait.runtime.cuda_handoff`)."""
     opts = options or StaxOptions()
     start = time.perf_counter()
     plans = []
@@ -355,7 +361,7 @@ def compile_graphs(
     precompiled = precompile_triton(graphs, plans, infos, targets, opts)
     t_build = time.perf_counter()
     unit_of = {sym: u for u in units for sym in u.symbols}
-    programs = []
+    programs: list[StaxProgram] = []
     for g, plan, row, target in zip(graphs, plans, infos, targets):
         t0 = time.perf_counter()
         kernel_steps = [i for i, s in enumerate(plan.steps) if isinstance(s, KernelStep)]
@@ -378,7 +384,10 @@ def compile_graphs(
             "build_s": t_build - t_print,
             "runner_s": time.perf_counter() - t0,
         }
-        program = StaxProgram(g, plan, memory, row, runner, opts, timings, funcs, target)
+        lender = (programs[0], handoff) if handoff is not None and len(programs) == 1 else None
+        program = StaxProgram(
+            g, plan, memory, row, runner, opts, timings, funcs, target, borrow_from=lender
+        )
         if target == "triton":
             program.triton_precompile = precompiled
         programs.append(program)

@@ -97,6 +97,20 @@ def _bound(before: Graph, after: Graph) -> Any:
     return lambda values: [values[ref] if live else ref for live, ref in plan]
 
 
+def _saved_sources(part: Partition, halves: list[Graph]) -> dict[int, int] | None:
+    """The backward program's input positions that read a saved value, each with the forward
+    program's output position that returns it (its outputs, then the saved values)."""
+    if len(halves[0].outputs) != len(part.forward.outputs):
+        return None  # NOTE: the passes kept every output; if not, no shared buffers
+    n_outputs = len(part.forward.outputs) - len(part.saved)
+    index = {v.name: i for i, v in enumerate(part.backward.inputs)}
+    return {
+        i: n_outputs + index[v.name]
+        for i, v in enumerate(halves[1].inputs)
+        if v.name not in halves[1].constants and index[v.name] < len(part.saved)
+    }
+
+
 def _static_handoff(part: Partition) -> None:
     """Raises :class:`PartitionError` when the backward would read a value of data-dependent
     size (boolean-mask indexing, say): a Stax program binds no such size from its inputs, so
@@ -141,7 +155,8 @@ def compile_training(
     halves = [r.graph for r in results]
     seconds["passes"] = time.perf_counter() - start
     start = time.perf_counter()
-    fwd, bwd = compile_graphs(halves, options=options)
+    handoff = _saved_sources(part, halves) if (options or StaxOptions()).cuda_handoff else None
+    fwd, bwd = compile_graphs(halves, options=options, handoff=handoff)
     seconds["stax"] = time.perf_counter() - start
     bind_fwd, bind_bwd = _bound(part.forward, halves[0]), _bound(part.backward, halves[1])
     run = CompiledAutograd(
