@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from plait.codegen import timed_matmul
+from plait.codegen import timed_choices, timed_matmul
 from plait.codegen.call_signature import Layout, call_signature
 from plait.codegen.extern import ExternCall, make_call
 from plait.codegen.index import contiguous_strides
@@ -186,11 +186,16 @@ class ProbingOracle:
             reason = self._timed_memo[memo]
         elif self._infer:
             node = step.node
-            samples = [self._operand_sample(o, locs) for o in node.inputs]
-            args = get_op(node.op).structure(samples)
-            default = (step.rival or make_call(node, dict(self._facts.consts))).fn
-            times = timed_matmul.timings(step.call.fn, default, args)
-            reason = timed_matmul.refusal(*times, rival)
+
+            def measure() -> str | None:
+                samples = [self._operand_sample(o, locs) for o in node.inputs]
+                args = get_op(node.op).structure(samples)
+                default = (step.rival or make_call(node, dict(self._facts.consts))).fn
+                times = timed_matmul.timings(step.call.fn, default, args)
+                return timed_matmul.refusal(*times, rival)
+
+            # NOTE: a decision this machine made before is replayed (codegen.timed_choices)
+            reason = measure() if key is None else timed_choices.store().decide(memo, measure)
         if key is not None:
             self._timed_memo[memo] = reason
         if reason is not None:

@@ -26,6 +26,7 @@ from torch import nn
 
 import plait
 import plait.contract
+from plait.codegen import timed_choices
 from plait.conformance import ConformanceError, Report
 from plait.errors import ExportError, ExportWarning, InvalidOptionError
 from plait.export import native as native_kernels
@@ -108,7 +109,9 @@ def export(
         raise InvalidOptionError("references must be >= 1: verify judges the program on them")
     seconds: dict[str, float] = {}
     start = time.perf_counter()
-    compiled, key, spec = _compile(model_or_fn, args, kwargs, dynamic)
+    # NOTE: the libraries timing chose, carried: a load on this machine replays them
+    with timed_choices.recording() as timed:
+        compiled, key, spec = _compile(model_or_fn, args, kwargs, dynamic)
     seconds["compile"] = time.perf_counter() - start
     prog, comp = spec.program, spec.compiled
     _check_exportable(prog, comp)
@@ -181,6 +184,7 @@ def export(
         "executor_note": note,
         "device": _device(comp.graph),
         "stax_options": comp.program.options.record() if stax else {},
+        "timed_choices": dict(sorted(timed.items())),
         "native_note": why_native,
         "plait_version": plait.__version__,
         "torch_version": torch.__version__,

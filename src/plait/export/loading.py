@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from plait.autograd.function import without_autocast
+from plait.codegen import timed_choices
 from plait.contract import ContractError, parse
 from plait.errors import ArtifactFormatError, ExportWarning, PlaitCompileError
 from plait.export import native
@@ -244,13 +245,16 @@ class _Builder:
         opts["jobs"] = self.decision.jobs if self.decision.status == "loaded" else None
         options = StaxOptions(**opts)
         workdir, self.decision.workdir = self.decision.workdir, None
+        # NOTE: the exporting compile's timed library choices (a match on its machine only)
+        timed = timed_choices.replaying(_timed(self.header.get("timed_choices", {})))
         try:
             if workdir is None:
-                return compile_graph(self.graph, options=options), None
+                with timed:
+                    return compile_graph(self.graph, options=options), None
             from plait.codegen.triton_carry import serving
 
             # NOTE: the first build only: the carried kernels stay loaded in this process
-            with serving(workdir) as built:
+            with serving(workdir) as built, timed:
                 program = compile_graph(self.graph, options=options)
             return program, built
         except CodegenError as exc:
@@ -258,6 +262,18 @@ class _Builder:
         finally:
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _timed(doc: Any) -> dict[str, str | None]:
+    """``timed_choices``: digest (64 hex digits) -> None (oneDNN ran) or the refusal's text."""
+    if not isinstance(doc, dict) or not all(
+        isinstance(k, str)
+        and timed_choices.DIGEST.fullmatch(k)
+        and (v is None or isinstance(v, str))
+        for k, v in doc.items()
+    ):
+        raise ArtifactFormatError("artifact.json: timed_choices is not digest -> null or text")
+    return dict(doc)
 
 
 def _stax_options(doc: dict[str, Any], defaults: Any) -> dict[str, Any]:
@@ -317,6 +333,7 @@ def _header(index: dict[str, Any]) -> dict[str, Any]:
         raise ArtifactFormatError("artifact.json: the semantic hash is not 64 hex digits")
     if index["executor"] not in ("stax", "interpreter"):
         raise ArtifactFormatError(f"artifact.json: executor {index['executor']!r}")
+    _timed(index.get("timed_choices", {}))
     return index
 
 

@@ -1,0 +1,113 @@
+"""Library choices made by timing are remembered per machine (``plait.codegen.timed_choices``):
+a later compile of the same call, in this process or another, replays the first decision instead
+of timing again, so compiles of one program on one machine compute the same bits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import plait
+from plait.codegen import timed_choices, timed_matmul
+from plait.codegen.onednn_postops import mkl_linear_available
+
+KEY = ("timed", "MKL's packed GEMM", ("linear", "(8, 4)"))
+
+
+def test_a_second_store_on_the_same_directory_replays_without_measuring(tmp_path: Path) -> None:
+    first = timed_choices.TimedChoices(tmp_path)
+    assert first.decide(KEY, lambda: "MKL was faster") == "MKL was faster"
+    other_process = timed_choices.TimedChoices(tmp_path)
+    assert other_process.decide(KEY, lambda: pytest.fail("measured again")) == "MKL was faster"
+
+
+def test_of_two_deciding_at_once_the_first_written_wins(tmp_path: Path) -> None:
+    a, b = timed_choices.TimedChoices(tmp_path), timed_choices.TimedChoices(tmp_path)
+    assert a.decide(KEY, lambda: None) is None
+    # NOTE: b measured before it saw a's file (its memory is empty): it adopts a's decision
+    assert b._write(b._digest(KEY), "MKL was faster") is None
+
+
+def test_a_corrupt_file_is_measured_again(tmp_path: Path) -> None:
+    store = timed_choices.TimedChoices(tmp_path)
+    store.decide(KEY, lambda: None)
+    (path,) = tmp_path.glob("*/*.json")
+    path.write_text("{not json")
+    assert timed_choices.TimedChoices(tmp_path).decide(KEY, lambda: "again") == "again"
+
+
+def test_another_thread_count_is_another_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = timed_choices.TimedChoices(tmp_path)
+    store.decide(KEY, lambda: None)
+    cpu, version, threads = timed_choices.machine()
+    monkeypatch.setattr(timed_choices, "machine", lambda: (cpu, version, str(int(threads) + 1)))
+    assert store.decide(KEY, lambda: "timed at another thread count") is not None
+
+
+@pytest.mark.skipif(
+    not timed_matmul.strict_float32() or not mkl_linear_available(),
+    reason="no timed choice of float32 linears here (no MKL packed linear)",
+)
+def test_a_second_compile_replays_the_first_ones_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    measured: list[Any] = []
+    real = timed_matmul.timings
+
+    def counted(*args: Any) -> tuple[float, float]:
+        measured.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(timed_matmul, "timings", counted)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32)).eval()
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(5))
+    options = {"cache": False}
+    with torch.no_grad():
+        first = plait.compile(model, backend="stax", options=options)(x)
+        timed = len(measured)
+        second = plait.compile(model, backend="stax", options=options)(x)
+    assert timed > 0
+    assert len(measured) == timed  # NOTE: nothing timed the second time
+    assert torch.equal(first, second)  # NOTE: the same libraries: the same bits
+
+
+def _linear_details(manifest: Any) -> list[str]:
+    nodes = manifest.executor["evidence"]["nodes"]
+    return [n["detail"] for n in nodes if n["op"] == "linear"]
+
+
+@pytest.mark.skipif(
+    not timed_matmul.strict_float32() or not mkl_linear_available(),
+    reason="no timed choice of float32 linears here (no MKL packed linear)",
+)
+def test_an_artifact_loads_with_the_exporting_compiles_choices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loaded where nothing is remembered and timing would pick the other library, the
+    program runs the libraries the artifact's references were computed with."""
+    monkeypatch.setattr(timed_matmul, "timings", lambda *a: (1e-6, 2e-6))  # NOTE: oneDNN wins
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32)).eval()
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(5))
+    path = plait.export(model, (x,), native=False).save(str(tmp_path / "model.plait"))
+    fresh = timed_choices.TimedChoices(tmp_path / "another-cache")
+    monkeypatch.setattr(timed_choices, "store", lambda: fresh)
+    monkeypatch.setattr(timed_matmul, "timings", lambda *a: (2e-6, 1e-6))  # NOTE: MKL would win
+    loaded = plait.load(path)
+    fresh_x = torch.randn(16, 64, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        loaded(fresh_x)
+    details = _linear_details(loaded.builds[-1].manifest)
+    assert details and all(d.startswith("oneDNN") for d in details), details
+    assert plait.verify(path).ok
+    # NOTE: what a compile here picks without the artifact's choices: the other library
+    with torch.no_grad():
+        plain = plait.compile(model, backend="stax", options={"cache": False})
+        plain(fresh_x)
+    mine = _linear_details(plain.specializations[-1].manifest)
+    assert mine and all(d.startswith("MKL") for d in mine), mine
