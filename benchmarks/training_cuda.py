@@ -122,7 +122,19 @@ def _timed_step(r: dict[str, Any], loss_fn: Any, x: torch.Tensor, y: torch.Tenso
     return time.perf_counter() - start
 
 
-def run_case(name: str, steps: int, quick: bool, systems: tuple[str, ...]) -> dict[str, Any]:
+def _profile(r: dict[str, Any], loss_fn: Any, x: torch.Tensor, y: torch.Tensor) -> str:
+    """torch.profiler's table of one step's CUDA kernels, by total GPU time (top 25)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _step(r["fn"], r["opt"], loss_fn, x, y, True)
+        torch.cuda.synchronize()
+    return str(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+
+
+def run_case(
+    name: str, steps: int, quick: bool, systems: tuple[str, ...], profiled: bool = False
+) -> dict[str, Any]:
     model, batch, loss_fn = CASES[name](quick)
     model.train()
     anchor = copy.deepcopy(model).double().cuda()  # NOTE: the float64 trajectory, no autocast
@@ -172,6 +184,9 @@ def run_case(name: str, steps: int, quick: bool, systems: tuple[str, ...]) -> di
         _step(r["fn"], r["opt"], loss_fn, x, y, True)  # NOTE: after the parity: it moves the state
         torch.cuda.synchronize()
         rec["step_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        if profiled:  # NOTE: after the parity: it moves the state
+            rec["profile"] = _profile(r, loss_fn, x, y)
+            print(f"[training_cuda] {name} {r['kind']} profile\n{rec['profile']}", flush=True)
         if r["kind"].startswith("plait"):
             m = r["fn"].specializations[-1].compiled.manifest
             rec["backward"] = "compiled" if m.autograd else "eager autograd"
@@ -233,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--quick", action="store_true", help="smaller batches and models")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--profile", action="store_true", help="profile one step of each system")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device")
@@ -244,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         "cases": [],
     }
     for c in args.cases.split(","):
-        results["cases"].append(run_case(c, args.steps, args.quick, tuple(args.systems.split(","))))
+        results["cases"].append(
+            run_case(c, args.steps, args.quick, tuple(args.systems.split(",")), args.profile)
+        )
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "training_cuda.json").write_text(json.dumps(results, indent=2, default=str))

@@ -1,5 +1,6 @@
-"""Extern calls specific to CUDA: PyTorch's cuDNN convolution on channels_last activations, and
-which strided views a matrix product's input is copied out of first.
+"""Extern calls specific to CUDA: PyTorch's cuDNN convolution on channels_last activations,
+16-bit matrix products on operands padded to multiples of 8 (:mod:`plait.codegen.cuda_padding`),
+and which strided views a matrix product's input is copied out of first.
 
 A linear or matmul whose batched operand is a view that cannot be flattened to a matrix (the
 transposed activations ``nn.MultiheadAttention`` feeds its input projection) makes ATen copy it
@@ -36,6 +37,7 @@ from typing import Any
 
 import torch
 
+from plait.codegen.cuda_padding import misaligned, padded_linear, padded_matmul
 from plait.codegen.extern import Consts, ExternCall, PreparedWeight
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
@@ -50,6 +52,10 @@ def cuda_call(node: Node, consts: Consts, channels_last: bool) -> ExternCall | N
     half = rank4 and x.type.dtype in (torch.bfloat16, torch.float16)  # type: ignore[union-attr]
     if node.op == "conv2d" and channels_last and half:
         return _conv2d_channels_last(node, consts)
+    if misaligned(node):
+        fn = padded_linear if node.op == "linear" else padded_matmul
+        detail = f"aten.{node.op} (operands zero-padded to multiples of 8 for cuBLAS)"
+        return ExternCall(fn, "matmul", detail)
     return None
 
 

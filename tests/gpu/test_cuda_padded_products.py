@@ -1,0 +1,51 @@
+"""A language-model head over a vocabulary that is not a multiple of 8, trained on CUDA under
+bfloat16 autocast: its product and both gradient products run on zero-padded operands
+(``plait.codegen.cuda_padding``), and the step passes the gate (outputs and gradients).
+Skipped without CUDA."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import plait
+from tests.autograd.test_training_autocast import gate_bf16_training
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+VOCAB = 1001
+
+
+class _TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 64)
+        self.mix = nn.Linear(64, 64)
+        self.head = nn.Linear(64, VOCAB, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.nn.functional.gelu(self.mix(self.embed(ids))))
+
+
+def _draw(seed: int) -> tuple[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, VOCAB, (4, 32), generator=gen).cuda(),)
+
+
+def test_a_vocabulary_head_trains_on_padded_products() -> None:
+    torch.manual_seed(0)
+    model = _TinyLM().cuda().train()
+    compiled = plait.compile(copy.deepcopy(model))
+    gate_bf16_training(model, compiled, _draw, "cuda")
+    (spec,) = compiled.specializations
+    executor = spec.compiled.manifest.executor
+    nodes = [*executor["evidence"]["nodes"], *executor["backward"]["evidence"]["nodes"]]
+    padded = [n for n in nodes if "zero-padded" in n["detail"]]
+    # NOTE: the head's product, and its two gradient products
+    assert len(padded) >= 3, padded
