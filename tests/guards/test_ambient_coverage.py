@@ -56,6 +56,8 @@ COVERED = {
     ("codegen/tvm_build.py", "os.environ"): "PLAIT_STAX_NO_COMPILE: the test hook that forbids "
     "building a kernel (as build.py's), never what is built; TVM_NUM_THREADS set (where unset) "
     "for TVM's thread pool: how fast kernels run, never what they compute",
+    ("codegen/timed_choices.py", "get_num_threads"): "guard torch.get_num_threads(); part of a "
+    "timed decision's key (timings move with the thread count), never of what a library computes",
     ("codegen/tvm_build.py", "get_num_threads"): "guard torch.get_num_threads() (TVM's thread "
     "pool sized as the C++ kernels' OpenMP; speed only)",
     ("runtime/program.py", "cpu_count"): "build parallelism only: the same libraries",

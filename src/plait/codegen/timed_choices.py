@@ -35,17 +35,18 @@ from pathlib import Path
 
 import torch
 
+from plait.ir.private_files import FILE_MODE, private_dir, private_subdir
+
 
 def machine() -> tuple[str, ...]:
-    """What a timing depends on besides the call: the CPU, PyTorch, its thread count."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    return cpu, torch.__version__, str(torch.get_num_threads())
+    """What a timing depends on besides the call: the CPU (model and feature flags), PyTorch,
+    its thread count."""
+    from plait.codegen.build import cpu_info
+
+    model, flags = cpu_info()
+    cpu = model or platform.processor() or platform.machine()
+    flags_sha = hashlib.sha256(flags.encode()).hexdigest()[:16]
+    return cpu, flags_sha, torch.__version__, str(torch.get_num_threads())
 
 
 # NOTE: decisions made or replayed while recording (an export carries them), and decisions to
@@ -146,9 +147,12 @@ class TimedChoices:
         if path is None:
             return decision
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            assert self.root is not None
+            private_subdir(self.root, digest[:2])
             tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps({"refused": decision}), encoding="utf-8")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps({"refused": decision}))
             try:
                 os.link(tmp, path)  # NOTE: fails if the file exists: the first one wins
             except FileExistsError:
@@ -170,7 +174,7 @@ def store() -> TimedChoices:
     from plait.codegen.build import cache_dir
 
     try:
-        root: Path | None = cache_dir() / "timed"
+        root: Path | None = private_dir(cache_dir() / "timed")
     except OSError:
         root = None
     if root not in _STORES:
