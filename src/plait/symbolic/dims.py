@@ -140,14 +140,28 @@ def evaluate(d: Dim, bindings: Mapping[str | sympy.Symbol, int]) -> int:
     return int(value)
 
 
+@functools.lru_cache(maxsize=4096)
+def _difference(a: Dim, b: Dim) -> sympy.Expr:
+    """``a - b`` simplified: expanded first (sizes are mostly polynomials in the symbols, which
+    expansion decides), ``sympy.simplify`` only where that leaves symbols (floor, Mod...)."""
+    diff = sympy.expand(sympy.Integer(0) + a - b)
+    return diff if diff.is_number else sympy.simplify(diff)
+
+
 def known_equal(a: Dim, b: Dim) -> bool:
     """True when ``a == b`` for every value of the symbols."""
-    return sympy.simplify(sympy.Integer(0) + a - b) == 0
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if a == b:  # NOTE: structurally equal (sympy's ==): no algebra (sympy's first is slow)
+        return True
+    return bool(_difference(a, b) == 0)
 
 
 def known_not_equal(a: Dim, b: Dim) -> bool:
     """True when ``a != b`` is provable (different constants, or a nonzero constant difference)."""
-    diff = sympy.simplify(sympy.Integer(0) + a - b)
+    if isinstance(a, int) and isinstance(b, int):
+        return a != b
+    diff = _difference(a, b)
     return bool(diff.is_number and diff != 0)
 
 
