@@ -148,7 +148,10 @@ class GraphedCall:
             return "same", o
         for i, s in enumerate(self.statics):
             if o is s:
-                return ("input", i) if any(i == j for j, _, _ in self.copies) else ("same", o)
+                if any(i == j for j, _, _ in self.copies):
+                    return "input", i
+                # NOTE: a borrowed buffer is the forward's: the next forward overwrites it
+                return ("copy", o) if i in self.borrowed else ("same", o)
         ptr = o.untyped_storage().data_ptr()
         if any(ptr == s.untyped_storage().data_ptr() for _, s, _ in self.copies):
             raise PlaitCompileError("an output is a view of an input")
@@ -192,6 +195,13 @@ class GraphedCall:
         assert handoff is not None
         lease = lent_values(args, list(self.borrowed))
         if lease is not None:
+            for i, k in self.borrowed.items():
+                a = args[i]
+                if not (isinstance(a, Lent) and a.lease is lease and a.index == k):
+                    raise StaleLeaseError(
+                        f"input {i} (%{self.names[i]}) is not the saved value the forward "
+                        "lent for it"
+                    )
             if lease.handoff is not handoff:
                 raise StaleLeaseError("saved values lent by another program's forward")
             handoff.borrow(lease)
