@@ -43,16 +43,28 @@ def _up(n: int) -> int:
 def _padded_matrix(m: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """``m`` (2-d) in a zero-filled ``(rows, cols)`` buffer, its orientation kept: a
     column-major operand stays column-major (cuBLAS reads it transposed either way)."""
-    if m.stride(-1) == 1 or m.shape[-1] == 1:
-        out = m.new_zeros(rows, cols)
+    r, c = m.shape
+    if m.stride(-1) == 1 or c == 1:
+        out = m.new_empty(rows, cols)
     else:
-        out = m.new_zeros(cols, rows).t()
-    out[: m.shape[0], : m.shape[1]] = m
+        out = m.new_empty(cols, rows).t()
+    out[:r, :c] = m
+    # NOTE: zeros in the padding only (a whole-buffer fill is another pass over the operand)
+    if cols > c:
+        out[:, c:].zero_()
+    if rows > r:
+        out[r:, :c].zero_()
     return out
 
 
 def _padded_last(x: torch.Tensor, size: int) -> torch.Tensor:
-    return x if x.shape[-1] == size else F.pad(x, (0, size - x.shape[-1]))
+    k = x.shape[-1]
+    if k == size:
+        return x
+    out = x.new_empty(*x.shape[:-1], size)
+    out[..., :k] = x
+    out[..., k:].zero_()
+    return out
 
 
 def _column_major(m: torch.Tensor) -> bool:
