@@ -37,6 +37,10 @@ from benchmarks.bench.run import cache_env, interleave
 from plait.progress import Progress
 
 SCHEMA_VERSION = "1.0"
+# NOTE: the pause before each timed call at more than one thread: ONNX Runtime's intra-op
+# threads spin-wait for tens of milliseconds after a call (a 20 ms pause still left eager's
+# next call 2.2x slower on 2 cores; 50 ms did not), and so do OpenMP's.
+SETTLE_S = 0.1
 STEM = "zoo"
 OUT_DEFAULT = Path("benchmarks/out")
 MAX_WARNINGS = 20
@@ -230,7 +234,10 @@ class ModelRun:
             batches = [built.example] * (cfg.warmup + cfg.repeats)
             label = f"{self.model.name}: {threads} thread(s)"
             try:
-                samples = interleave(group, batches, cfg.warmup, "cpu", progress, label)
+                samples = interleave(
+                    group, batches, cfg.warmup, "cpu", progress, label,
+                    settle_s=SETTLE_S if threads > 1 else 0.0,
+                )  # fmt: skip
             except Exception as exc:  # NOTE: a steady-state call that raises: every cell says so.
                 for r in live:
                     r.compile.setdefault("latency_errors", {})[str(threads)] = (

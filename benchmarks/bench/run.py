@@ -13,6 +13,7 @@ import functools
 import math
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,14 +113,23 @@ def interleave(
     device: str,
     progress: Progress,
     label: str,
+    settle_s: float = 0.0,
 ) -> dict[str, list[float]]:
     """Warm-up calls, then one timed call per system per repetition; the order rotates each
-    repetition so no system always runs first (or right after a given other one)."""
+    repetition so no system always runs first (or right after a given other one).
+
+    ``settle_s``: an untimed pause before every call, so that each system starts on idle cores.
+    Systems with thread pools of their own spin-wait after a call (ONNX Runtime's intra-op
+    threads, OpenMP's): on a machine with as many cores as threads, the next system's call
+    then shares its cores with them (measured: eager's EfficientNet-B0 at 2 threads took 39 ms
+    right after an ONNX Runtime call, 21 ms after a 50 ms pause)."""
     samples: dict[str, list[float]] = {s.name: [] for s in group}
     with torch.no_grad(), progress.task(label, total=len(batches)) as advance:
         for i, x in enumerate(batches):
             k = i % len(group)
             for s in group[k:] + group[:k]:
+                if settle_s:
+                    time.sleep(settle_s)
                 seconds, _ = timing.timed(functools.partial(s.fn, x), device)
                 if i >= warmup:
                     samples[s.name].append(seconds)
