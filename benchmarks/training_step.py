@@ -190,11 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    cases, systems = args.cases.split(","), tuple(args.systems.split(","))
+    for what, given, known in (("case", cases, CASES), ("system", systems, SYSTEMS)):
+        unknown = [g for g in given if g not in known]
+        if unknown:
+            ap.error(f"unknown {what} {', '.join(unknown)}; known: {', '.join(known)}")
     results = {
         "machine": {"torch": torch.__version__, "threads": torch.get_num_threads()},
-        "cases": [
-            run_case(c, args.steps, tuple(args.systems.split(","))) for c in args.cases.split(",")
-        ],
+        "cases": [run_case(c, args.steps, systems) for c in cases],
     }
     text = json.dumps(results, indent=2, default=str)
     print(text)

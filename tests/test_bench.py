@@ -114,6 +114,40 @@ def test_bad_options_are_usage_errors() -> None:
     assert result.exit_code == 2 and "must include eager" in result.output
 
 
+def test_training_step_names_an_unknown_case_or_system() -> None:
+    from benchmarks import training_step
+
+    for argv, named in (
+        (["--cases", "gpt2-block"], "unknown case gpt2-block"),
+        (["--systems", "eager,torch.compile"], "unknown system torch.compile"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            training_step.main(argv)
+        assert exc.value.code == 2, named
+
+
+def test_interleave_pauses_before_every_call_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from benchmarks.bench import run, systems
+    from plait.progress import Progress
+
+    events: list[str] = []
+    monkeypatch.setattr(run.time, "sleep", lambda s: events.append(f"sleep {s}"))
+    group = [
+        systems.System(k, k, "cpu", torch.nn.Identity(), lambda x, k=k: events.append(k))
+        for k in ("a", "b")
+    ]
+    batches = [torch.randn(2)] * 3
+    samples = run.interleave(group, batches, 1, "cpu", Progress("quiet"), "t", settle_s=0.25)
+    order = ["a", "b", "b", "a", "a", "b"]  # NOTE: the order rotates every repetition
+    assert events == [e for k in order for e in ("sleep 0.25", k)]
+    assert {k: len(v) for k, v in samples.items()} == {"a": 2, "b": 2}
+    events.clear()
+    run.interleave(group, batches, 0, "cpu", Progress("quiet"), "t")
+    assert not any(e.startswith("sleep") for e in events)
+
+
 def test_missing_knobs_are_reported_not_measured() -> None:
     for ab in config.ABLATIONS:
         options, why = plait_options(ab)
