@@ -1,5 +1,6 @@
 """Extern calls specific to CUDA: PyTorch's cuDNN convolution on channels_last activations,
 16-bit matrix products on operands padded to multiples of 8 (:mod:`plait.codegen.cuda_padding`),
+training-mode batch norm as plait's Triton kernels (:mod:`plait.codegen.cuda_batch_norm`),
 and which strided views a matrix product's input is copied out of first.
 
 A linear or matmul whose batched operand is a view that cannot be flattened to a matrix (the
@@ -37,6 +38,7 @@ from typing import Any
 
 import torch
 
+from plait.codegen.cuda_batch_norm import batch_norm_call
 from plait.codegen.cuda_padding import misaligned, padded_linear, padded_matmul
 from plait.codegen.extern import Consts, ExternCall, PreparedWeight
 from plait.ir.graph import Node, Value
@@ -56,7 +58,7 @@ def cuda_call(node: Node, consts: Consts, channels_last: bool) -> ExternCall | N
         fn = padded_linear if node.op == "linear" else padded_matmul
         detail = f"aten.{node.op} (operands zero-padded to multiples of 8 for cuBLAS)"
         return ExternCall(fn, "matmul", detail)
-    return None
+    return batch_norm_call(node)
 
 
 MATRIX_PRODUCTS = frozenset({"linear", "matmul"})

@@ -195,5 +195,31 @@ def _adaptive_avg_pool2d_vjp(ctx: VjpContext) -> list[Operand | None]:
     g = ctx.grad()
     if not all_static(g, x):
         return torch_vjp_rule(ctx)
+    if _global_on_cuda(x, ctx.attrs["output_size"]):
+        return [_global_average_grad(ctx, g, x)]
     (gx,) = aten_node(ctx, "_adaptive_avg_pool2d_backward", [g, x], [{"t": 0}, {"t": 1}])
     return [gx]
+
+
+def _global_on_cuda(x: Value, output_size: Any) -> bool:
+    t = x.type
+    return (
+        isinstance(t, TensorType)
+        and str(t.device).startswith("cuda")
+        and tuple(output_size) == (1, 1)
+        and t.dtype in FLOATS
+    )
+
+
+def _global_average_grad(ctx: VjpContext, g: Value, x: Value) -> Value:
+    """A global average's gradient on CUDA: each input position gets its cotangent divided by
+    the width, then by the height, each quotient rounded to the cotangent's dtype (eager's
+    kernel divides so, then adds the share into zeros), broadcast over the window. A broadcast,
+    so the planner fuses it into its consumers' Triton kernels: ATen's atomic kernel took 0.74
+    ms for ResNet-50's (64, 2048, 7, 7) in bfloat16 on an H200, and read the forward's input."""
+    t = x.type
+    assert isinstance(t, TensorType)
+    share = ctx.call("div", ctx.call("div", g, t.shape[-1]), t.shape[-2])
+    out = ctx.call("expand", share, shape=t.shape)
+    assert isinstance(out, Value)
+    return out
