@@ -92,6 +92,7 @@ def _gpt2(quick: bool) -> tuple[nn.Module, Batch, Callable[[Any, Any], Any]]:
 
 CASES = {"resnet50-bf16-b64": _resnet50, "gpt2-6l-bf16": _gpt2}
 SYSTEMS = ("eager", "plait", "inductor")
+KNOWN_SYSTEMS = (*SYSTEMS, "plait-copies")
 
 
 def _build(kind: str, model: nn.Module) -> Any:
@@ -101,6 +102,7 @@ def _build(kind: str, model: nn.Module) -> Any:
         return plait.compile(model)
     if kind == "plait-copies":  # NOTE: the ablation: saved values copied between the graphs
         return plait.compile(model, options={"stax": {"cuda_handoff": False}})
+    assert kind == "inductor", kind
     torch._dynamo.reset()
     return torch.compile(model, dynamic=False)
 
@@ -219,11 +221,15 @@ def table(results: dict[str, Any]) -> str:
                 continue
             rows.append(
                 f"| {case['case']} | {kind} | {rec['first_step_s']:.1f} | "
-                f"{rec['median_step_ms']:.2f} | {rec.get('speedup_vs_eager', 0):.2f}x | "
-                f"{rec.get('speedup_vs_inductor', 0):.2f}x | {rec['step_peak_mib']:.0f} | "
+                f"{rec['median_step_ms']:.2f} | {_ratio(rec.get('speedup_vs_eager'))} | "
+                f"{_ratio(rec.get('speedup_vs_inductor'))} | {rec['step_peak_mib']:.0f} | "
                 f"{rec['state_after_steps']['within_contract']} |"
             )
     return "\n".join(rows)
+
+
+def _ratio(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}x"  # NOTE: no such system in the run
 
 
 def _found(doc: Any, key: str, path: str = "") -> dict[str, Any]:
@@ -250,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--profile", action="store_true", help="profile one step of each system")
     args = ap.parse_args(argv)
+    cases, systems = args.cases.split(","), tuple(args.systems.split(","))
+    for what, given, known in (("case", cases, CASES), ("system", systems, KNOWN_SYSTEMS)):
+        unknown = [g for g in given if g not in known]
+        if unknown:
+            ap.error(f"unknown {what} {', '.join(unknown)}; known: {', '.join(known)}")
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 2
@@ -259,10 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()},
         "cases": [],
     }
-    for c in args.cases.split(","):
-        results["cases"].append(
-            run_case(c, args.steps, args.quick, tuple(args.systems.split(",")), args.profile)
-        )
+    for c in cases:
+        results["cases"].append(run_case(c, args.steps, args.quick, systems, args.profile))
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "training_cuda.json").write_text(json.dumps(results, indent=2, default=str))

@@ -114,16 +114,19 @@ def test_bad_options_are_usage_errors() -> None:
     assert result.exit_code == 2 and "must include eager" in result.output
 
 
-def test_training_step_names_an_unknown_case_or_system() -> None:
-    from benchmarks import training_step
-
+@pytest.mark.parametrize("module", ["training_step", "training_cuda"])
+def test_training_benchmarks_name_an_unknown_case_or_system(
+    module: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = importlib.import_module(f"benchmarks.{module}")
     for argv, named in (
         (["--cases", "gpt2-block"], "unknown case gpt2-block"),
         (["--systems", "eager,torch.compile"], "unknown system torch.compile"),
     ):
         with pytest.raises(SystemExit) as exc:
-            training_step.main(argv)
-        assert exc.value.code == 2, named
+            bench.main(argv)
+        assert exc.value.code == 2
+        assert named in capsys.readouterr().err
 
 
 def test_interleave_pauses_before_every_call_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
