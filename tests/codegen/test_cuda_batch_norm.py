@@ -91,6 +91,20 @@ def test_nan_reaches_its_channel_as_in_eager() -> None:
         _close(g, v)
 
 
+def test_an_infinite_value_gives_eagers_infinite_mean() -> None:
+    x, w, b, rm, rv, _ = _draw(5, (16, 4, 32, 32), torch.float32)
+    x[9, 1, 3, 4] = float("inf")  # NOTE: the second split of channel 1
+    x[0, 2, 0, 0] = float("-inf")  # NOTE: the first tile of channel 2 (the split's shift)
+    x[1, 3, 2, 2], x[12, 3, 5, 5] = float("inf"), float("-inf")  # NOTE: both signs: NaN
+    want = aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, MOMENTUM, EPS)
+    got = cbn.forward(x, w, b, rm, rv, MOMENTUM, EPS)
+    for g, v in zip(got, want):
+        assert torch.equal(g.isnan(), v.isnan()) and torch.equal(g.isinf(), v.isinf())
+        assert torch.equal(g[g.isinf()], v[v.isinf()])
+        finite = g.isfinite()
+        _close(g[finite], v[finite])
+
+
 def test_splits_fill_the_gpu_and_cover_the_batch() -> None:
     for n, c, length in [(64, 64, 12544), (64, 2048, 49), (7, 3, 5000), (1, 8, 100_000)]:
         s, rows = cbn.splits(n, c, length)

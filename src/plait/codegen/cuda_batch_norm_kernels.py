@@ -30,6 +30,7 @@ from plait.codegen.triton_load import interpreting
 
 # NOTE: IEEE division and square root (Triton's float32 ``/`` is approximate on the GPU):
 # libdevice's, or the numpy shim's where Triton interprets
+FLT_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)  # NOTE: finite means |v| <= it
 M: Any = importlib.import_module(
     "plait.codegen.triton_interp" if interpreting() else "triton.language.extra.cuda.libdevice"
 )
@@ -53,6 +54,9 @@ def _moments(
     shift = M.div_rn(
         tl.sum(tl.sum(x0, axis=1), axis=0), tl.sum(tl.sum(first.to(tl.float32), axis=1), axis=0)
     )
+    # NOTE: an infinite or NaN shift would turn an infinite mean into NaN (inf - inf): the
+    # plain sums then give eager's mean (+-inf; NaN for both signs or a NaN)
+    shift = tl.where(tl.abs(shift) <= FLT_MAX, shift, 0.0)
     s1 = tl.zeros([RB, LB], dtype=tl.float32)
     s2 = tl.zeros([RB, LB], dtype=tl.float32)
     for i in range(0, ROWS, RB):
@@ -94,7 +98,11 @@ def _finalize_moments(
         m2_b = tl.load(part_ptr + (s * C + c) * 2 + 1, mask=live, other=0.0)
         total = n_a + n_b
         delta = mean_b - mean
-        mean = mean + delta * M.div_rn(n_b, total)
+        # NOTE: with an infinite mean, Chan's update gives NaN (inf - inf); the weighted sum
+        # gives eager's +-inf (and NaN for both signs, as eager's running update does)
+        finite = (tl.abs(mean) <= FLT_MAX) & (tl.abs(mean_b) <= FLT_MAX)
+        weighted = M.div_rn(mean * n_a + mean_b * n_b, total)
+        mean = tl.where(finite, mean + delta * M.div_rn(n_b, total), weighted)
         m2 = m2 + m2_b + delta * delta * (n_a * M.div_rn(n_b, total))
         n_a = total
     var = M.div_rn(m2, n_a + tl.zeros([CB], tl.float32))
