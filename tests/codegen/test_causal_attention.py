@@ -101,3 +101,79 @@ def test_symbolic_length_across_the_range_conforms() -> None:
     (spec,) = compiled._plait.specializations
     nodes = spec.compiled.manifest.executor["evidence"]["nodes"]
     assert any("in blocks of" in n["detail"] for n in nodes), nodes
+
+
+class _Attend(nn.Module):
+    """Attention of three inputs, the keys given transposed (``(batch, heads, dim, tokens)``,
+    as a cache of transposed keys holds them) when ``keys_transposed``."""
+
+    def __init__(self, keys_transposed: bool) -> None:
+        super().__init__()
+        self.keys_transposed = keys_transposed
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k = k.transpose(-1, -2) if self.keys_transposed else k
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.usefixtures("stax_cache")
+@pytest.mark.parametrize(
+    ("keys_transposed", "shapes"),
+    [
+        # NOTE: keys whose last dim is not contiguous (eager's flash kernel reads it as if it were)
+        (True, [(1, 2, 200, 16), (1, 2, 16, 200), (1, 2, 200, 16)]),
+        # NOTE: one batch of keys and values for two of queries (eager broadcasts)
+        (False, [(2, 2, 200, 16), (1, 2, 200, 16), (1, 2, 200, 16)]),
+    ],
+    ids=["strided-keys", "broadcast-batch"],
+)
+def test_attention_eager_does_not_run_as_flash_conforms(
+    keys_transposed: bool, shapes: list[tuple[int, ...]]
+) -> None:
+    model = _Attend(keys_transposed)
+    compiled = plait.compile(model, backend="stax")
+
+    def draw(seed: int) -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(seed)
+        return tuple(torch.randn(s, generator=gen) for s in shapes)
+
+    with torch.no_grad():
+        report = plait.conformance.check(model, compiled, draw, candidate_module=model)
+    assert report.ok, str(report)
+
+
+def _with(t: torch.Tensor, at: int, value: float) -> torch.Tensor:
+    t = t.clone()
+    t[:, :, at] = value
+    return t
+
+
+@pytest.mark.parametrize(
+    ("operand", "value", "scale"),
+    [
+        ("k", float("nan"), None),
+        ("k", float("inf"), None),
+        ("k", -float("inf"), None),
+        ("k", 3e37, None),  # NOTE: finite, but its scores overflow to infinity
+        ("k", 3e37, 0.01),
+        ("v", float("inf"), None),
+        ("v", float("nan"), None),
+    ],
+)
+def test_non_finite_values_and_scores_give_eagers_answer(
+    operand: str, value: float, scale: float | None
+) -> None:
+    """A key or value past a row's diagonal is never read by eager's causal kernel for that
+    row within a block of 512 keys it skips, and read as a zero weight (0 * inf: NaN) within
+    one it computes: NaN and infinities land where eager's do."""
+    length = 200
+    gen = torch.Generator().manual_seed(7)
+    attend = causal_attention.causal_in_row_blocks(scale)
+    for at in [length - 10, 70]:  # NOTE: past the first row block's rows, and inside a block
+        q, k, v = _heads(gen, 1, length)
+        ops = {"q": q, "k": k, "v": v}
+        ops[operand] = _with(ops[operand], at, value)
+        q, k, v = ops["q"], ops["k"], ops["v"]
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        got = attend(q, k, v, None)
+        torch.testing.assert_close(got, want, **ATTN, equal_nan=True)

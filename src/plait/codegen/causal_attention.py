@@ -11,7 +11,12 @@ about 60% of the work.
 
 Only where it is faster on the kernel's blocking: a float32 query of :data:`MIN_LEN` to
 :data:`MAX_LEN` tokens, as long as the keys; other lengths (decided per call, so a symbolic
-sequence length works) call the op as eager does.
+sequence length works) call the op as eager does. So do operands eager would not give its flash
+kernel (a last dim that is not contiguous, which the kernel reads as if it were) and operands
+whose scores or values are not all safely finite (:func:`same_function`): the additive mask
+meets an infinite score past the diagonal as ``inf - inf = NaN`` where eager's causal kernel
+overwrites it, and a 64-row block multiplies fewer infinite values by zero weights than eager's
+512-key blocks do.
 
 Example:
     >>> import torch
@@ -42,7 +47,8 @@ _MASKS: dict[torch.dtype, torch.Tensor] = {}
 
 def applies(node: Node) -> bool:
     """Whether an attention node may run in row blocks: on the CPU, float32, causal, without a
-    mask, dropout or grouped heads, query and keys of one length and one head dim."""
+    mask, dropout or grouped heads, query, keys and values of one shape (batch and heads not
+    broadcast: the flash kernel reads one batch of keys per batch of queries)."""
     a = node.attrs
     if not a["is_causal"] or a["dropout_p"] != 0 or a["enable_gqa"]:
         return False
@@ -56,7 +62,7 @@ def applies(node: Node) -> bool:
         return False
     if q.rank != 4 or k.rank != 4 or v.rank != 4:
         return False
-    return q.shape[-2] == k.shape[-2] and q.shape[-1] == k.shape[-1] == v.shape[-1]
+    return q.shape == k.shape == v.shape
 
 
 def _mask(dtype: torch.dtype) -> torch.Tensor:
@@ -66,6 +72,27 @@ def _mask(dtype: torch.dtype) -> torch.Tensor:
         keep = torch.ones(MAX_LEN, MAX_LEN, dtype=torch.bool).tril()
         _MASKS[dtype] = torch.zeros(MAX_LEN, MAX_LEN, dtype=dtype).masked_fill(~keep, -torch.inf)
     return _MASKS[dtype]
+
+
+# NOTE: a float32 sum of products whose exact magnitudes sum to less than this stays finite,
+# in any order of summation (each rounding grows it by at most 2**-24 times itself)
+_SAFE = torch.finfo(torch.float32).max / 2
+
+
+def same_function(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> bool:
+    """Whether the row blocks compute eager's function on these operands (else the op runs as
+    in eager): eager runs its flash kernel on them (one shape, unit last-dim strides), every
+    score ``q k^T * scale`` is finite (bounded by the operands' largest magnitudes: no NaN, no
+    overflow) and so is every weighted sum of values. Reads each operand once."""
+    if not q.shape == k.shape == v.shape or q.numel() == 0:
+        return False
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return False
+    dim, length = q.shape[-1], q.shape[-2]
+    s = abs(scale) if scale is not None else dim**-0.5
+    mq, mk, mv = (float(t.abs().amax()) for t in (q, k, v))
+    # NOTE: NaN compares false: an operand holding NaN or an infinity runs as in eager
+    return dim * mq * mk * max(1.0, s) < _SAFE and length * mv < _SAFE
 
 
 def causal_in_row_blocks(scale: float | None) -> Callable[..., torch.Tensor]:
@@ -79,6 +106,8 @@ def causal_in_row_blocks(scale: float | None) -> Callable[..., torch.Tensor]:
     ) -> torch.Tensor:
         length = q.shape[-2]
         if not MIN_LEN <= length <= MAX_LEN or not torch._C._get_flash_sdp_enabled():
+            return sdpa(q, k, v, None, 0.0, True, scale=scale)
+        if not same_function(q, k, v, scale):
             return sdpa(q, k, v, None, 0.0, True, scale=scale)
         b, h, _, d = q.shape
         # NOTE: the layout the whole-sequence flash kernel returns (batch, tokens, heads, dim)
