@@ -4,6 +4,9 @@ of timing again, so compiles of one program on one machine compute the same bits
 
 from __future__ import annotations
 
+import json
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,42 @@ def test_a_corrupt_file_is_measured_again(tmp_path: Path) -> None:
     (path,) = tmp_path.glob("*/*.json")
     path.write_text("{not json")
     assert timed_choices.TimedChoices(tmp_path).decide(KEY, lambda: "again") == "again"
+
+
+def _plant(path: Path, what: str, elsewhere: Path) -> None:
+    """Something other than a small regular JSON file where a decision's file goes."""
+    if what == "deeply nested":
+        path.write_text("[" * 100_000)
+    elif what == "oversized":
+        path.write_text(json.dumps({"refused": "x" * (1 << 20)}))
+    elif what == "symlink":
+        elsewhere.write_text(json.dumps({"refused": "planted elsewhere"}))
+        path.symlink_to(elsewhere)
+    else:
+        os.mkfifo(path)
+
+
+@pytest.mark.parametrize("what", ["deeply nested", "oversized", "symlink", "fifo"])
+def test_a_file_that_is_not_a_small_regular_json_file_is_measured_again(
+    tmp_path: Path, what: str
+) -> None:
+    """Never a crash, a hang (a FIFO opened for reading waits for a writer) or a decision read
+    through a link or from a file no decision makes."""
+    store = timed_choices.TimedChoices(tmp_path / "timed")
+    path = store._path(store._digest(KEY))
+    assert path is not None
+    path.parent.mkdir(parents=True)
+    _plant(path, what, tmp_path / "elsewhere.json")
+    got: list[object] = []
+    worker = threading.Thread(
+        target=lambda: got.append(store.decide(KEY, lambda: "measured")), daemon=True
+    )
+    worker.start()
+    worker.join(timeout=30)
+    if worker.is_alive() and what == "fifo":
+        # NOTE: let the blocked reader go (it reads an empty file) before failing
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    assert got == ["measured"], what
 
 
 def test_another_thread_count_is_another_machine(

@@ -8,7 +8,8 @@ A decision is keyed by the oracle's stage, the rival's name, the call's signatur
 (:mod:`plait.codegen.call_signature`) and the machine: its CPU, PyTorch's version and thread
 count. It lives in this process and in ``<kernel cache>/timed/`` (one small JSON file each,
 created once: of two processes deciding at the same time, the first file written wins and
-both use it). Clearing the kernel cache times again.
+both use it). Clearing the kernel cache times again. A file there that is not a decision's
+(see :meth:`TimedChoices._read`) is never trusted: the call is timed again.
 
 Example:
     >>> import tempfile
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from plait.ir.private_files import FILE_MODE, private_dir, private_subdir
+from plait.ir.private_files import FILE_MODE, private_dir, private_subdir, read_regular
 
 
 def machine() -> tuple[str, ...]:
@@ -54,6 +55,8 @@ def machine() -> tuple[str, ...]:
 _RECORDING: ContextVar[dict[str, str | None] | None] = ContextVar("timed_recording", default=None)
 _REPLAYING: ContextVar[Mapping[str, str | None] | None] = ContextVar("timed_replay", default=None)
 DIGEST = re.compile(r"[0-9a-f]{64}")
+# NOTE: a decision's file holds ``{"refused": null}`` or one refusal's sentence (~100 bytes)
+FILE_LIMIT = 4096
 
 
 @contextlib.contextmanager
@@ -129,12 +132,15 @@ class TimedChoices:
         return None if self.root is None else self.root / digest[:2] / f"{digest}.json"
 
     def _read(self, digest: str) -> tuple[str | None] | None:
+        """The stored decision, or None where there is none to trust: no file, or one that
+        is not a small regular JSON file of a decision's form (read without following a link
+        or waiting on a FIFO; a nesting too deep for the parser counts as malformed)."""
         path = self._path(digest)
         if path is None:
             return None
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            doc = json.loads(read_regular(path, FILE_LIMIT).decode("utf-8"))
+        except (OSError, ValueError, RecursionError):
             return None
         reason = doc.get("refused") if isinstance(doc, dict) else None
         if not isinstance(doc, dict) or not (reason is None or isinstance(reason, str)):
