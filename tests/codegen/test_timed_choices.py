@@ -43,6 +43,20 @@ def test_a_corrupt_file_is_measured_again(tmp_path: Path) -> None:
     assert timed_choices.TimedChoices(tmp_path).decide(KEY, lambda: "again") == "again"
 
 
+@pytest.mark.parametrize("on_disk", [True, False], ids=["cache", "no-cache"])
+def test_in_one_process_the_first_decision_remembered_wins(tmp_path: Path, on_disk: bool) -> None:
+    """Two compiles of one call timing it at once (another thread's decision lands while this
+    one measures): both get the first decision, with or without a writable cache."""
+    store = timed_choices.TimedChoices(tmp_path if on_disk else None)
+
+    def measure() -> str:
+        assert store.decide(KEY, lambda: "decided meanwhile") == "decided meanwhile"
+        return "measured here"
+
+    assert store.decide(KEY, measure) == "decided meanwhile"
+    assert store.decide(KEY, lambda: pytest.fail("measured again")) == "decided meanwhile"
+
+
 def _plant(path: Path, what: str, elsewhere: Path) -> None:
     """Something other than a small regular JSON file where a decision's file goes."""
     if what == "deeply nested":

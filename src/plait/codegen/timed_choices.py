@@ -8,7 +8,8 @@ A decision is keyed by the oracle's stage, the rival's name, the call's signatur
 (:mod:`plait.codegen.call_signature`) and the machine: its CPU, PyTorch's version and thread
 count. It lives in this process and in ``<kernel cache>/timed/`` (one small JSON file each,
 created once: of two processes deciding at the same time, the first file written wins and
-both use it). Clearing the kernel cache times again. A file there that is not a decision's
+both use it; of two threads, the first decision remembered, even without a writable cache).
+Clearing the kernel cache times again. A file there that is not a decision's
 (see :meth:`TimedChoices._read`) is never trusted: the call is timed again.
 
 Example:
@@ -125,8 +126,9 @@ class TimedChoices:
         else:
             decision = self._write(digest, measure())
         with self._lock:
-            self._known[digest] = decision
-        return decision
+            # NOTE: the first decision remembered wins here too (another thread may have
+            # decided while this one measured, its file unwritten where the cache is)
+            return self._known.setdefault(digest, decision)
 
     def _path(self, digest: str) -> Path | None:
         return None if self.root is None else self.root / digest[:2] / f"{digest}.json"
