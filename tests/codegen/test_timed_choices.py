@@ -103,6 +103,18 @@ def test_another_thread_count_is_another_machine(
     assert store.decide(KEY, lambda: "timed at another thread count") is not None
 
 
+def test_another_library_instruction_set_is_another_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """oneDNN and MKL pick their kernels by what the environment lets them use: a decision
+    timed under one setting is not the other's."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    store = timed_choices.TimedChoices(tmp_path)
+    store.decide(KEY, lambda: None)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert store.decide(KEY, lambda: "timed with oneDNN narrowed") is not None
+
+
 @pytest.mark.skipif(
     not timed_matmul.strict_float32() or not mkl_linear_available(),
     reason="no timed choice of float32 linears here (no MKL packed linear)",

@@ -6,11 +6,12 @@ different libraries and compute different bits (each within the contract).
 
 A decision is keyed by the oracle's stage, the rival's name, the call's signature
 (:mod:`plait.codegen.call_signature`) and the machine: its CPU, PyTorch's version and thread
-count. It lives in this process and in ``<kernel cache>/timed/`` (one small JSON file each,
-created once: of two processes deciding at the same time, the first file written wins and
-both use it; of two threads, the first decision remembered, even without a writable cache).
-Clearing the kernel cache times again. A file there that is not a decision's
-(see :meth:`TimedChoices._read`) is never trusted: the call is timed again.
+count, and the oneDNN and MKL environment variables (they narrow the kernels those pick). It
+lives in this process and in ``<kernel cache>/timed/`` (one small JSON file each, created once:
+of two processes deciding at the same time, the first file written wins and both use it; of
+two threads, the first decision remembered, even without a writable cache). Clearing the
+kernel cache times again. A file there that is not a decision's (see
+:meth:`TimedChoices._read`) is never trusted: the call is timed again.
 
 Example:
     >>> import tempfile
@@ -39,16 +40,21 @@ import torch
 
 from plait.ir.private_files import FILE_MODE, private_dir, private_subdir, read_regular
 
+# NOTE: environment variables the timed libraries read to pick their kernels (oneDNN's
+# ONEDNN_MAX_CPU_ISA, MKL's MKL_ENABLE_INSTRUCTIONS and MKL_CBWR, ...)
+_LIBRARY_ENV = ("ONEDNN_", "DNNL_", "MKLDNN_", "MKL_")
+
 
 def machine() -> tuple[str, ...]:
     """What a timing depends on besides the call: the CPU (model and feature flags), PyTorch,
-    its thread count."""
+    its thread count, and the timed libraries' environment variables."""
     from plait.codegen.build import cpu_info
 
     model, flags = cpu_info()
     cpu = model or platform.processor() or platform.machine()
     flags_sha = hashlib.sha256(flags.encode()).hexdigest()[:16]
-    return cpu, flags_sha, torch.__version__, str(torch.get_num_threads())
+    env = repr(sorted((k, v) for k, v in os.environ.items() if k.startswith(_LIBRARY_ENV)))
+    return cpu, flags_sha, torch.__version__, env, str(torch.get_num_threads())
 
 
 # NOTE: decisions made or replayed while recording (an export carries them), and decisions to
