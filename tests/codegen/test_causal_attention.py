@@ -177,3 +177,21 @@ def test_non_finite_values_and_scores_give_eagers_answer(
         want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         got = attend(q, k, v, None)
         torch.testing.assert_close(got, want, **ATTN, equal_nan=True)
+
+
+def test_a_default_device_neither_moves_the_result_nor_the_cached_mask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Called first under another default device (``torch.set_default_device``), the row
+    blocks still compute on the CPU tensors they are given, and the mask they cache stays
+    a CPU tensor for later calls."""
+    monkeypatch.setattr(causal_attention, "_MASKS", {})
+    attend = causal_attention.causal_in_row_blocks(None)
+    gen = torch.Generator().manual_seed(11)
+    for default in ["meta", "cpu"]:
+        q, k, v = _heads(gen, 2, 200)
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        with torch.device(default):
+            got = attend(q, k, v, None)
+        assert got.device == want.device, default
+        torch.testing.assert_close(got, want, **ATTN)

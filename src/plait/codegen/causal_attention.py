@@ -67,10 +67,15 @@ def applies(node: Node) -> bool:
 
 def _mask(dtype: torch.dtype) -> torch.Tensor:
     """The additive causal mask of :data:`MAX_LEN` tokens: 0 on and below the diagonal, -inf
-    above. Rows ``[o, e)`` against keys ``[0, e)`` are its slice ``[o:e, :e]``."""
+    above. Rows ``[o, e)`` against keys ``[0, e)`` are its slice ``[o:e, :e]``.
+
+    NOTE: on the CPU whatever the default device (``torch.set_default_device``) of the call
+    that first makes it: it is kept for every later call."""
     if dtype not in _MASKS:
-        keep = torch.ones(MAX_LEN, MAX_LEN, dtype=torch.bool).tril()
-        _MASKS[dtype] = torch.zeros(MAX_LEN, MAX_LEN, dtype=dtype).masked_fill(~keep, -torch.inf)
+        cpu = torch.device("cpu")
+        keep = torch.ones(MAX_LEN, MAX_LEN, dtype=torch.bool, device=cpu).tril()
+        mask = torch.zeros(MAX_LEN, MAX_LEN, dtype=dtype, device=cpu)
+        _MASKS[dtype] = mask.masked_fill(~keep, -torch.inf)
     return _MASKS[dtype]
 
 
@@ -110,8 +115,9 @@ def causal_in_row_blocks(scale: float | None) -> Callable[..., torch.Tensor]:
         if not same_function(q, k, v, scale):
             return sdpa(q, k, v, None, 0.0, True, scale=scale)
         b, h, _, d = q.shape
-        # NOTE: the layout the whole-sequence flash kernel returns (batch, tokens, heads, dim)
-        out = torch.empty(b, length, h, d, dtype=q.dtype).transpose(1, 2)
+        # NOTE: the layout the whole-sequence flash kernel returns (batch, tokens, heads, dim),
+        # on q's device (never the default device)
+        out = torch.empty(b, length, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
         causal = _mask(q.dtype)
         for start in range(0, length, ROWS):
             end = min(start + ROWS, length)
