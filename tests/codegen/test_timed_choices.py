@@ -43,6 +43,25 @@ def test_a_corrupt_file_is_measured_again(tmp_path: Path) -> None:
     assert timed_choices.TimedChoices(tmp_path).decide(KEY, lambda: "again") == "again"
 
 
+def test_a_damaged_file_is_passed_over_alike_by_every_process(tmp_path: Path) -> None:
+    """A decision's file left damaged (a crash between its link and its data reaching the disk)
+    is never replaced: the next decision goes beside it, first written wins there, and every
+    later process reads that one instead of timing again."""
+    timed_choices.TimedChoices(tmp_path).decide(KEY, lambda: None)
+    (path,) = tmp_path.glob("*/*.json")
+    path.write_text("")
+    first, second = timed_choices.TimedChoices(tmp_path), timed_choices.TimedChoices(tmp_path)
+
+    def measure() -> str:
+        # NOTE: the second process decides while the first measures
+        assert second.decide(KEY, lambda: "decided meanwhile") == "decided meanwhile"
+        return "measured here"
+
+    assert first.decide(KEY, measure) == "decided meanwhile"
+    later = timed_choices.TimedChoices(tmp_path)
+    assert later.decide(KEY, lambda: pytest.fail("measured again")) == "decided meanwhile"
+
+
 @pytest.mark.parametrize("on_disk", [True, False], ids=["cache", "no-cache"])
 def test_in_one_process_the_first_decision_remembered_wins(tmp_path: Path, on_disk: bool) -> None:
     """Two compiles of one call timing it at once (another thread's decision lands while this
@@ -77,8 +96,7 @@ def test_a_file_that_is_not_a_small_regular_json_file_is_measured_again(
     """Never a crash, a hang (a FIFO opened for reading waits for a writer) or a decision read
     through a link or from a file no decision makes."""
     store = timed_choices.TimedChoices(tmp_path / "timed")
-    path = store._path(store._digest(KEY))
-    assert path is not None
+    path = next(store._slots(store._digest(KEY)))
     path.parent.mkdir(parents=True)
     _plant(path, what, tmp_path / "elsewhere.json")
     got: list[object] = []

@@ -10,8 +10,9 @@ count, and the oneDNN and MKL environment variables (they narrow the kernels tho
 lives in this process and in ``<kernel cache>/timed/`` (one small JSON file each, created once:
 of two processes deciding at the same time, the first file written wins and both use it; of
 two threads, the first decision remembered, even without a writable cache). Clearing the
-kernel cache times again. A file there that is not a decision's (see
-:meth:`TimedChoices._read`) is never trusted: the call is timed again.
+kernel cache times again. A file there that is not a decision's (damaged, or not a small
+regular file: see :meth:`TimedChoices._load`) is never trusted nor replaced: the call is timed
+again and its decision goes beside it (:data:`SLOTS`), where every process finds it.
 
 Example:
     >>> import tempfile
@@ -35,6 +36,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -64,6 +66,11 @@ _REPLAYING: ContextVar[Mapping[str, str | None] | None] = ContextVar("timed_repl
 DIGEST = re.compile(r"[0-9a-f]{64}")
 # NOTE: a decision's file holds ``{"refused": null}`` or one refusal's sentence (~100 bytes)
 FILE_LIMIT = 4096
+# NOTE: files a decision may take, in order: a damaged one (a crash between a file's link and
+# its data reaching the disk) is never replaced (a process that read it damaged could replace
+# another's good one meanwhile); the decision goes in the next slot, first written wins there.
+SLOTS = 4
+DAMAGED: Literal["damaged"] = "damaged"
 
 
 @contextlib.contextmanager
@@ -136,33 +143,63 @@ class TimedChoices:
             # decided while this one measured, its file unwritten where the cache is)
             return self._known.setdefault(digest, decision)
 
-    def _path(self, digest: str) -> Path | None:
-        return None if self.root is None else self.root / digest[:2] / f"{digest}.json"
+    def _slots(self, digest: str) -> Iterator[Path]:
+        """Where ``digest``'s decision may be, in order (none without a cache directory)."""
+        if self.root is None:
+            return
+        for slot in range(SLOTS):
+            name = f"{digest}.json" if slot == 0 else f"{digest}.{slot}.json"
+            yield self.root / digest[:2] / name
 
     def _read(self, digest: str) -> tuple[str | None] | None:
-        """The stored decision, or None where there is none to trust: no file, or one that
-        is not a small regular JSON file of a decision's form (read without following a link
-        or waiting on a FIFO; a nesting too deep for the parser counts as malformed)."""
-        path = self._path(digest)
-        if path is None:
-            return None
-        try:
-            doc = json.loads(read_regular(path, FILE_LIMIT).decode("utf-8"))
-        except (OSError, ValueError, RecursionError):
-            return None
-        reason = doc.get("refused") if isinstance(doc, dict) else None
-        if not isinstance(doc, dict) or not (reason is None or isinstance(reason, str)):
-            return None
-        return (reason,)
+        """The decision of the first slot that holds one, past damaged ones (None: a free slot
+        comes first, or none is left)."""
+        for path in self._slots(digest):
+            found = self._load(path)
+            if found != DAMAGED:
+                return found if isinstance(found, tuple) else None
+        return None
 
     def _write(self, digest: str, decision: str | None) -> str | None:
-        """Store ``decision`` unless another process stored one first (then that one)."""
-        path = self._path(digest)
-        if path is None:
-            return decision
+        """Store ``decision`` in the first free slot, past damaged ones, unless another process
+        stored one first (then that one)."""
+        for path in self._slots(digest):
+            found = self._load(path)
+            if found is None:
+                found = self._publish(path, decision)
+            if isinstance(found, tuple):
+                return found[0]
+            if found is None:
+                break  # NOTE: an unwritable cache: this process still remembers it
+        return decision
+
+    def _load(self, path: Path) -> tuple[str | None] | Literal["damaged"] | None:
+        """The decision stored at ``path``, None where there is no file, :data:`DAMAGED` where
+        the file is not a small regular JSON file of a decision's form (read without following
+        a link or waiting on a FIFO; a nesting too deep for the parser counts as malformed)."""
+        try:
+            data = read_regular(path, FILE_LIMIT)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return DAMAGED
+        try:
+            doc = json.loads(data.decode("utf-8"))
+        except (ValueError, RecursionError):
+            return DAMAGED
+        reason = doc.get("refused") if isinstance(doc, dict) else None
+        if not isinstance(doc, dict) or not (reason is None or isinstance(reason, str)):
+            return DAMAGED
+        return (reason,)
+
+    def _publish(
+        self, path: Path, decision: str | None
+    ) -> tuple[str | None] | Literal["damaged"] | None:
+        """Link a new file holding ``decision`` at ``path``: ``(decision,)``, or what another
+        process linked there first; None where the cache cannot be written."""
         try:
             assert self.root is not None
-            private_subdir(self.root, digest[:2])
+            private_subdir(self.root, path.parent.name)
             tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -170,13 +207,12 @@ class TimedChoices:
             try:
                 os.link(tmp, path)  # NOTE: fails if the file exists: the first one wins
             except FileExistsError:
-                stored = self._read(digest)
-                decision = stored[0] if stored is not None else decision
+                return self._load(path)
             finally:
                 tmp.unlink(missing_ok=True)
         except OSError:
-            pass  # NOTE: an unwritable cache: this process still remembers it
-        return decision
+            return None
+        return (decision,)
 
 
 _STORES: dict[Path | None, TimedChoices] = {}
