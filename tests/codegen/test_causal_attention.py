@@ -142,6 +142,30 @@ def test_attention_eager_does_not_run_as_flash_conforms(
     assert report.ok, str(report)
 
 
+class _Scaled(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+
+
+@pytest.mark.usefixtures("stax_cache")
+@pytest.mark.parametrize("scale", [-0.25, 0.0])
+def test_a_scale_that_is_not_positive_gives_eagers_answer(scale: float) -> None:
+    """Eager's causal flash kernel scales the scores after masking them (``-inf * scale``):
+    NaN for a zero scale and past the diagonal's infinities turned positive for a negative
+    one; the row blocks' additive mask would compute the finite answer eager does not."""
+    model = _Scaled(scale)
+    compiled = plait.compile(model, backend="stax")
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for _ in range(2):
+            q, k, v = _heads(gen, 2, 200)
+            torch.testing.assert_close(compiled(q, k, v), model(q, k, v), **ATTN, equal_nan=True)
+
+
 def _with(t: torch.Tensor, at: int, value: float) -> torch.Tensor:
     t = t.clone()
     t[:, :, at] = value

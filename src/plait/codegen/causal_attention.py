@@ -48,9 +48,14 @@ _MASKS: dict[torch.dtype, torch.Tensor] = {}
 def applies(node: Node) -> bool:
     """Whether an attention node may run in row blocks: on the CPU, float32, causal, without a
     mask, dropout or grouped heads, query, keys and values of one shape (batch and heads not
-    broadcast: the flash kernel reads one batch of keys per batch of queries)."""
+    broadcast: the flash kernel reads one batch of keys per batch of queries), and a positive
+    scale if any: eager's causal kernel scales the scores after masking them, so a zero or
+    negative scale makes NaN and positive infinities of the masked ones, which the row blocks'
+    additive mask would not."""
     a = node.attrs
     if not a["is_causal"] or a["dropout_p"] != 0 or a["enable_gqa"]:
+        return False
+    if a["scale"] is not None and not a["scale"] > 0:
         return False
     if len(node.inputs) > 3 and node.inputs[3] is not None:
         return False
