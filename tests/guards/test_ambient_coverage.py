@@ -58,6 +58,9 @@ COVERED = {
     "for TVM's thread pool: how fast kernels run, never what they compute",
     ("codegen/timed_choices.py", "get_num_threads"): "guard torch.get_num_threads(); part of a "
     "timed decision's key (timings move with the thread count), never of what a library computes",
+    ("codegen/timed_choices.py", "os.environ"): "the oneDNN and MKL environment variables: part "
+    "of a timed decision's key (timings move with the kernels they let those libraries pick), "
+    "never of what a library computes; the oneDNN ones are key ambient.onednn_env too",
     ("codegen/tvm_build.py", "get_num_threads"): "guard torch.get_num_threads() (TVM's thread "
     "pool sized as the C++ kernels' OpenMP; speed only)",
     ("runtime/program.py", "cpu_count"): "build parallelism only: the same libraries",
