@@ -187,9 +187,10 @@ def _with(t: torch.Tensor, at: int, value: float) -> torch.Tensor:
 def test_non_finite_values_and_scores_give_eagers_answer(
     operand: str, value: float, scale: float | None
 ) -> None:
-    """A key or value past a row's diagonal is never read by eager's causal kernel for that
-    row within a block of 512 keys it skips, and read as a zero weight (0 * inf: NaN) within
-    one it computes: NaN and infinities land where eager's do."""
+    """Eager's causal kernel overwrites the scores past a row's diagonal with -inf (a NaN or
+    infinite score there changes nothing) and multiplies the values past it by zero weights
+    within each block of keys it computes (0 * inf: NaN): NaN and infinities land where
+    eager's do."""
     length = 200
     gen = torch.Generator().manual_seed(7)
     attend = causal_attention.causal_in_row_blocks(scale)
