@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from plait.codegen import causal_attention
-from plait.ir.graph import Node
+from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
 
 Consts = Mapping[Any, torch.Tensor]
@@ -47,17 +47,29 @@ class ExternCall:
     library: str = ""
 
 
+def reusable(w: object) -> bool:
+    """Whether a weight operand's prepared copy may be reused while the tensor's identity and
+    version counter hold: a graph input or a constant, whose contents change only through
+    PyTorch (which counts the writes). A weight the program computes is rewritten at every call
+    in a buffer the plan reuses, by kernels PyTorch does not see: the same tensor at the same
+    version with new values, so it is prepared again at every call."""
+    return isinstance(w, Value) and w.producer is None
+
+
 class PreparedWeight:
     """A weight in the layout an extern wants, rebuilt when the source tensor is replaced or
-    written in place (identity and version counter, as freezing guards them)."""
+    written in place (identity and version counter, as freezing guards them), and at every call
+    where it is not ``reuse``-able (:func:`reusable`)."""
 
     def __init__(
         self,
         convert: Callable[[torch.Tensor], torch.Tensor],
         track_finite: bool = False,
         portable: bool = True,
+        reuse: bool = True,
     ) -> None:
         self.convert = convert
+        self.reuse = reuse
         # NOTE: whether the converted bytes read the same on another CPU (oneDNN's carry their
         # descriptor); a cache entry saves only portable ones.
         self.portable = portable
@@ -107,7 +119,8 @@ class PreparedWeight:
         if self.pending is not None:
             pending, self.pending = self.pending, None
             pending.result()
-        if w is not self.source or w._version != self.version or self.value is None:
+        stale = w is not self.source or w._version != self.version or self.value is None
+        if stale or not self.reuse:
             self.prepare(w)
         assert self.value is not None
         return self.value

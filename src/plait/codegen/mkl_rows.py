@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from plait.codegen.extern import ExternCall
+from plait.codegen.extern import ExternCall, reusable
 
 # NOTE: row counts whose packs are kept per weight (the least recently used is dropped)
 KEPT = 4
@@ -38,15 +38,18 @@ KEPT = 4
 
 class RowPacks:
     """A weight packed for each row count (see the module doc); rebuilt when the weight tensor
-    is replaced or written in place (identity and version counter, as freezing guards them)."""
+    is replaced or written in place (identity and version counter, as freezing guards them),
+    and at every call where it is not ``reuse``-able (:func:`~plait.codegen.extern.reusable`:
+    a weight the program computes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reuse: bool = True) -> None:
+        self.reuse = reuse
         self.source: torch.Tensor | None = None
         self.version = -1
         self.packs: OrderedDict[int, torch.Tensor] = OrderedDict()
 
     def __call__(self, w: torch.Tensor, rows: int) -> torch.Tensor:
-        if w is not self.source or w._version != self.version:
+        if w is not self.source or w._version != self.version or not self.reuse:
             self.packs.clear()
             self.source, self.version = w, w._version
         hit = self.packs.get(rows)
@@ -64,7 +67,7 @@ def mkl_rows_call(node: Any, consts: Mapping[Any, torch.Tensor], hint_rows: int)
     """A float32 linear of symbolic row count, without post-ops, through MKL's packed GEMM:
     packed per row count (:class:`RowPacks`); a constant weight is packed for ``hint_rows`` (the
     compiling call's) at compile time."""
-    packs = RowPacks()
+    packs = RowPacks(reusable(node.inputs[1]))
     fixed = consts.get(node.inputs[1])
     if fixed is not None:
         packs(fixed, hint_rows)

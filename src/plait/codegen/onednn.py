@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from plait.codegen import packed
-from plait.codegen.extern import ExternCall, PreparedWeight
+from plait.codegen.extern import ExternCall, PreparedWeight, reusable
 from plait.codegen.mkl_rows import mkl_rows_call
 from plait.codegen.onednn_postops import (
     Epilogue,
@@ -275,14 +275,15 @@ def linear_weight(
     x = node.inputs[0]
     assert isinstance(x, Value) and isinstance(x.type, TensorType)
     rows = _rows(x.type, hints)[0]
+    reuse = reusable(node.inputs[1])
     if not mkl:
         reorder = torch.ops.mkldnn._reorder_linear_weight
-        return PreparedWeight(lambda w: reorder(w.contiguous(), rows))
+        return PreparedWeight(lambda w: reorder(w.contiguous(), rows), reuse=reuse)
     if not x.type.is_static:
         return None
     pack = torch.ops.mkl._mkl_reorder_linear_weight
     # NOTE: MKL's own format for this CPU, no descriptor: never in a cache entry
-    return PreparedWeight(lambda w: pack(w.contiguous(), rows), portable=False)
+    return PreparedWeight(lambda w: pack(w.contiguous(), rows), portable=False, reuse=reuse)
 
 
 def _rows(t: TensorType, hints: Mapping[str, int] | None) -> tuple[int, str]:
@@ -349,6 +350,7 @@ def conv_call(
     weight = PreparedWeight(
         lambda w: reorder(w.contiguous(), padding, stride, dilation, groups, size),
         track_finite=True,
+        reuse=reusable(node.inputs[1]),
     )
     spelled = size if x.type.is_static else [str(d) for d in x.type.shape]
     key = _pack_key(node, padding, stride, dilation, groups, spelled)
