@@ -173,18 +173,9 @@ def test_an_artifact_loads_with_the_exporting_compiles_choices(
 ) -> None:
     """Loaded where nothing is remembered and timing would pick the other library, the
     program runs the libraries the artifact's references were computed with."""
-    monkeypatch.setattr(timed_matmul, "timings", lambda *a: (1e-6, 2e-6))  # NOTE: oneDNN wins
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32)).eval()
-    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(5))
-    path = plait.export(model, (x,), native=False).save(str(tmp_path / "model.plait"))
-    fresh = timed_choices.TimedChoices(tmp_path / "another-cache")
-    monkeypatch.setattr(timed_choices, "store", lambda: fresh)
+    model, path = _exported_where_onednn_won(tmp_path, monkeypatch)
     monkeypatch.setattr(timed_matmul, "timings", lambda *a: (2e-6, 1e-6))  # NOTE: MKL would win
-    loaded = plait.load(path)
-    fresh_x = torch.randn(16, 64, generator=torch.Generator().manual_seed(6))
-    with torch.no_grad():
-        loaded(fresh_x)
+    loaded, fresh_x = _loaded(path)
     details = _linear_details(loaded.builds[-1].manifest)
     assert details and all(d.startswith("oneDNN") for d in details), details
     assert plait.verify(path).ok
@@ -194,6 +185,30 @@ def test_an_artifact_loads_with_the_exporting_compiles_choices(
         plain(fresh_x)
     mine = _linear_details(plain.specializations[-1].manifest)
     assert mine and all(d.startswith("MKL") for d in mine), mine
+
+
+def _exported_where_onednn_won(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[nn.Module, str]:
+    """A small MLP exported where timing chose oneDNN for its linears, and a fresh store of
+    timed choices (another machine's cache) for what follows."""
+    monkeypatch.setattr(timed_matmul, "timings", lambda *a: (1e-6, 2e-6))  # NOTE: oneDNN wins
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32)).eval()
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(5))
+    path = plait.export(model, (x,), native=False).save(str(tmp_path / "model.plait"))
+    fresh = timed_choices.TimedChoices(tmp_path / "another-cache")
+    monkeypatch.setattr(timed_choices, "store", lambda: fresh)
+    return model, path
+
+
+def _loaded(path: str) -> tuple[Any, torch.Tensor]:
+    """The artifact at ``path`` loaded and called once on a fresh draw (its plan made here)."""
+    loaded = plait.load(path)
+    fresh_x = torch.randn(16, 64, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        loaded(fresh_x)
+    return loaded, fresh_x
 
 
 @pytest.mark.skipif(
@@ -206,20 +221,11 @@ def test_an_artifact_loaded_on_another_machine_times_its_calls_there(
     """The exporting machine's choices are for that machine (its CPU, PyTorch, thread count):
     loaded at another thread count, the calls are timed where they run, and the program is
     still judged within the contract against the artifact's references."""
-    monkeypatch.setattr(timed_matmul, "timings", lambda *a: (1e-6, 2e-6))  # NOTE: oneDNN wins
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32)).eval()
-    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(5))
-    path = plait.export(model, (x,), native=False).save(str(tmp_path / "model.plait"))
-    fresh = timed_choices.TimedChoices(tmp_path / "another-cache")
-    monkeypatch.setattr(timed_choices, "store", lambda: fresh)
+    _, path = _exported_where_onednn_won(tmp_path, monkeypatch)
     *same, threads = timed_choices.machine()
     monkeypatch.setattr(timed_choices, "machine", lambda: (*same, str(int(threads) + 1)))
     monkeypatch.setattr(timed_matmul, "timings", lambda *a: (2e-6, 1e-6))  # NOTE: MKL wins here
-    loaded = plait.load(path)
-    fresh_x = torch.randn(16, 64, generator=torch.Generator().manual_seed(6))
-    with torch.no_grad():
-        loaded(fresh_x)
+    loaded, _ = _loaded(path)
     details = _linear_details(loaded.builds[-1].manifest)
     assert details and all(d.startswith("MKL") for d in details), details
     assert plait.verify(path).ok

@@ -192,6 +192,16 @@ def _launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None
     kernel[grid](*args, **meta)
 
 
+def _split_over_batch(x: torch.Tensor) -> tuple[Any, int, int, int, int, int, torch.Tensor]:
+    """The kernels, ``x``'s batch, channels and values per row, its :func:`splits` (count and
+    rows each) and the float32 buffer of the splits' two partial results per channel."""
+    n, c = x.shape[0], x.shape[1]
+    length = x.numel() // (n * c)
+    s, rows = splits(n, c, length)
+    part = torch.empty((s, c, 2), device=x.device, dtype=torch.float32)
+    return _kernels(), n, c, length, s, rows, part
+
+
 def forward(
     x: torch.Tensor,
     w: torch.Tensor | None,
@@ -203,12 +213,8 @@ def forward(
 ) -> tuple[torch.Tensor, ...]:
     """``_native_batch_norm_legit_functional``'s results (``no_stats``'s without running
     statistics): ``(y, mean, rstd[, new_running_mean, new_running_var])``."""
-    k = _kernels()
-    n, c = x.shape[0], x.shape[1]
-    length = x.numel() // (n * c)
-    s, rows = splits(n, c, length)
+    k, n, c, length, s, rows, part = _split_over_batch(x)
     f32 = torch.float32
-    part = torch.empty((s, c, 2), device=x.device, dtype=f32)
     mean = torch.empty((c,), device=x.device, dtype=f32)
     rstd = torch.empty((c,), device=x.device, dtype=f32)
     y = torch.empty_like(x)
@@ -245,13 +251,8 @@ def backward(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """``native_batch_norm_backward``'s results in training mode: ``(dx, dw, db)``, each None
     where ``mask`` does not ask for it."""
-    k = _kernels()
-    n, c = x.shape[0], x.shape[1]
-    length = x.numel() // (n * c)
-    s, rows = splits(n, c, length)
-    f32 = torch.float32
-    part = torch.empty((s, c, 2), device=x.device, dtype=f32)
-    coef = torch.empty((c, 3), device=x.device, dtype=f32)
+    k, n, c, length, s, rows, part = _split_over_batch(x)
+    coef = torch.empty((c, 3), device=x.device, dtype=torch.float32)
     rb, lb, warps = tiles(rows, length, REDUCE_TILE, REDUCE_ROW)
     _launch(
         k._grad_sums, (c, s), g, x, mean, part, c, n,
