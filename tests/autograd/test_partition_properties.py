@@ -66,7 +66,9 @@ def test_partitions_of_random_graphs(g: Graph, seed: int) -> None:
             [o for o, _ in live], leaves, [c for _, c in live], allow_unused=True
         )
         for k, e in zip(joint.grads, expected):
-            torch.testing.assert_close(got[k], e, rtol=tol.rtol, atol=tol.atol)
+            # NOTE: a chain that overflows (exp of exp, then sin) has NaN gradients, eager's
+            # too: NaN must be exactly where the reference has it
+            torch.testing.assert_close(got[k], e, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
         assert all(got[k] is None for k in range(2) if k not in joint.grads)
     assert bytes_saved["min-cut"] <= bytes_saved["save-all"]
 
