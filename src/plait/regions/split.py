@@ -94,19 +94,28 @@ class RegionPlan:
     def _call_region(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         tree = self.tree
         engine = tree.engine_for(module)
-        # NOTE: the region's capture and guards must see its submodules as written: the
-        # dispatch slots of this and enclosing plans are taken out below it while it runs.
-        hooked = _hooked_below(module)
-        if hooked is not None:
-            # NOTE: a hook's Python must run on each call: the module is split instead, so
-            # that the hooked submodule is a region of its own with its hooks run eagerly
-            return engine.split_call(args, kwargs, hooked)
-        hidden = _hide_below(module)
+        # NOTE: the region reads its module's forward as written (its own slot is taken out
+        # while it runs): the forward an instance attribute or the class holds is a Python
+        # value its capture reads and its guards check (a forward replaced on the instance,
+        # as accelerate's hooks do, or on the class, is a new specialization, and an
+        # identical block with a forward of its own never takes another block's program).
+        own = _hide(module)
         try:
-            with tree.counting(None):
-                return engine.region_call(args, kwargs)
+            hooked = _hooked_below(module)
+            if hooked is not None:
+                # NOTE: a hook's Python must run on each call: the module is split instead, so
+                # that the hooked submodule is a region of its own with its hooks run eagerly
+                return engine.split_call(args, kwargs, hooked)
+            # NOTE: the region's capture and guards must see its submodules as written: the
+            # dispatch slots of this and enclosing plans are taken out below it while it runs.
+            hidden = _hide_below(module)
+            try:
+                with tree.counting(None):
+                    return engine.region_call(args, kwargs)
+            finally:
+                _restore(hidden)
         finally:
-            _restore(hidden)
+            _restore(own)
 
 
 # NOTE: arguments a region's guards compare by value; any other object is compared by identity
@@ -150,11 +159,27 @@ def _bound_forward(module: nn.Module, prev: Any) -> Callable[..., Any]:
 
 def call_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """``module``'s own forward (never a dispatch slot): what a region engine captures and
-    runs eagerly. Its hooks ran already, eagerly, in ``nn.Module.__call__``."""
+    runs eagerly. Its hooks ran already, eagerly, in ``nn.Module.__call__``.
+
+    NOTE: read as ``module.forward``, through the module (its dispatch slot is out while its
+    region runs), so that capture records the read: the instance's own forward, else the
+    class's, is guarded like any attribute the program reads."""
     slot = module.__dict__.get(_SLOT, _ABSENT)
-    if getattr(slot, "_plait_region", False):
-        slot = slot._plait_original
-    return _bound_forward(module, slot)(*args, **kwargs)
+    if getattr(slot, "_plait_region", False):  # NOTE: not from a region call (slot out)
+        return _bound_forward(module, slot._plait_original)(*args, **kwargs)
+    return module.forward(*args, **kwargs)
+
+
+def _hide(module: nn.Module) -> list[tuple[nn.Module, Any]]:
+    """Take out ``module``'s own dispatch slot (restored by :func:`_restore`)."""
+    slot = module.__dict__.get(_SLOT)
+    if slot is None or not getattr(slot, "_plait_region", False):
+        return []
+    if slot._plait_original is _ABSENT:
+        del module.__dict__[_SLOT]
+    else:
+        module.__dict__[_SLOT] = slot._plait_original
+    return [(module, slot)]
 
 
 def _hide_below(module: nn.Module) -> list[tuple[nn.Module, Any]]:
