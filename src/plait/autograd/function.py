@@ -89,6 +89,7 @@ class CompiledAutograd:
         n_outputs: int,
         cotangents: Sequence[int],
         grads: Sequence[int],
+        reaches: Sequence[Sequence[int]] | None = None,
         name: str = "a plait-compiled program",
     ) -> None:
         self.forward = forward
@@ -97,6 +98,12 @@ class CompiledAutograd:
         self.n_outputs = n_outputs
         self.cotangents = list(cotangents)  # forward outputs that take a cotangent
         self.grads = list(grads)  # forward inputs whose gradient the backward returns
+        # NOTE: per gradient, the positions in `cotangents` of the outputs its input reaches
+        # (plait.autograd.Joint.reaches); None: every output
+        everything = list(range(len(self.cotangents)))
+        self.reaches = (
+            [list(r) for r in reaches] if reaches is not None else [everything for _ in grads]
+        )
         self.name = name
 
     @classmethod
@@ -146,6 +153,15 @@ def backward_inputs(ctx: Any, cotangents: tuple[Any, ...], taking: Any) -> list[
     return [*saved, *cots]
 
 
+def untouched_inputs(run: CompiledAutograd, cotangents: tuple[Any, ...]) -> set[int]:
+    """The positions in ``run.grads`` whose input reaches no output autograd passed a gradient
+    for (a None cotangent: an output unused by the loss): their gradient is None, as eager's
+    is for a tensor outside the graph it differentiates (zeros would be stepped on by an
+    optimizer, with weight decay or momentum)."""
+    given = {k for k, i in enumerate(run.cotangents) if cotangents[i] is not None}
+    return {j for j, r in enumerate(run.reaches) if given.isdisjoint(r)}
+
+
 class _Apply(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, run: CompiledAutograd, *values: Any) -> Any:
@@ -153,6 +169,8 @@ class _Apply(torch.autograd.Function):
         outs, saved = results[: run.n_outputs], results[run.n_outputs :]
         ctx.run = run
         keep_for_backward(ctx, outs, saved, run.cotangents)
+        # NOTE: an output no gradient reached comes to the backward as None, not zeros
+        ctx.set_materialize_grads(False)
         return tuple(outs)
 
     @staticmethod
@@ -164,9 +182,12 @@ class _Apply(torch.autograd.Function):
                 "a second-order gradient (create_graph=True, torch.autograd.grad of a gradient) "
                 "needs the call run eagerly (plait.compile(..., backend='eager'))"
             )
+        out: list[Any] = [None] * (1 + run.n_inputs)
+        untouched = untouched_inputs(run, cotangents)
+        if len(untouched) == len(run.grads):
+            return tuple(out)  # NOTE: no gradient reaches any input: nothing to run
         inputs = backward_inputs(ctx, cotangents, run.cotangents)
         grads = list(without_autocast(run.backward, inputs))
-        out: list[Any] = [None] * (1 + run.n_inputs)
-        for i, g in zip(run.grads, grads):
-            out[1 + i] = g
+        for j, (i, g) in enumerate(zip(run.grads, grads)):
+            out[1 + i] = None if j in untouched else g
         return tuple(out)

@@ -57,7 +57,10 @@ class Joint:
     forward outputs (``n_outputs`` of them) then one gradient per entry of ``grads``.
     ``cotangents``: the forward output indices that take a cotangent. ``grads``: the forward
     input indices whose gradient the graph returns. ``n_forward_nodes``: the joint graph's first
-    nodes are the forward's, in its order."""
+    nodes are the forward's, in its order. ``reaches``: per entry of ``grads``, the positions in
+    ``cotangents`` of the outputs a differentiable path from that input reaches (eager's autograd
+    graph): when none of them takes a gradient in a backward, the input's gradient is None, as
+    in eager (never zeros, which an optimizer would step on)."""
 
     graph: Graph
     n_inputs: int
@@ -65,6 +68,7 @@ class Joint:
     n_forward_nodes: int
     cotangents: list[int]
     grads: list[int]
+    reaches: list[list[int]]
 
 
 def _floating(v: Value) -> bool:
@@ -85,6 +89,21 @@ def active_values(graph: Graph, wrt: set[str]) -> set[int]:
         if is_differentiable(node.op):
             active.update(id(v) for v in node.outputs if _floating(v))
     return active
+
+
+def input_sources(graph: Graph, wrt: set[str]) -> dict[int, frozenset[int]]:
+    """Per active value (by id), the indices of the inputs named in ``wrt`` a differentiable
+    path reaches it from: the edges of eager's autograd graph (as :func:`active_values` walks)."""
+    sources = {
+        id(v): frozenset([i]) for i, v in enumerate(graph.inputs) if v.name in wrt and _floating(v)
+    }
+    for node in graph.nodes:
+        found = [sources[id(v)] for v in node.input_values() if id(v) in sources]
+        if not found or not is_differentiable(node.op):
+            continue
+        union = frozenset().union(*found)
+        sources.update((id(v), union) for v in node.outputs if _floating(v))
+    return sources
 
 
 def prepare_for_autograd(graph: Graph, wrt: set[str]) -> Graph:
@@ -364,7 +383,12 @@ def build_joint(
             outputs.append(grads[id(v)])
     g.outputs = outputs
     verify(g)
-    return Joint(g, n_inputs, len(forward.outputs), n_nodes, cotangents, returned)
+    sources = input_sources(forward, set(wrt))
+    reaches = [
+        [k for k, o in enumerate(cotangents) if i in sources.get(id(forward.outputs[o]), ())]
+        for i in returned
+    ]
+    return Joint(g, n_inputs, len(forward.outputs), n_nodes, cotangents, returned, reaches)
 
 
 def _backward_of(b: GraphBuilder, node: Node, grads: dict[int, Value], active: set[int]) -> None:

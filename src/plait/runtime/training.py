@@ -166,6 +166,7 @@ def compile_training(
         n_outputs=len(graph.outputs),
         cotangents=joint.cotangents,
         grads=joint.grads,
+        reaches=joint.reaches,
         name=name,
     )
     passes = (results[0], results[1])
