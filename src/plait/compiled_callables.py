@@ -101,6 +101,9 @@ _SHARED = (
 )
 
 
+_OWN_ATTRIBUTES = ("__class__", "_is_full_backward_hook")
+
+
 class CompiledModule(_ArtifactProtocol, nn.Module):
     """A compiled ``nn.Module`` that behaves as the module: it shares its parameters, buffers
     and submodules (``state_dict()`` keys are the module's own), ``train()``/``eval()`` switch
@@ -132,7 +135,10 @@ class CompiledModule(_ArtifactProtocol, nn.Module):
             return getattr(self.__dict__["_orig_mod"], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "__class__":  # NOTE: a class swap (FSDP2's fully_shard) is the wrapper's own
+        # NOTE: a class swap (FSDP2's fully_shard) is the wrapper's own; so is the kind of the
+        # backward hooks in its own table (register_full_backward_hook sets it, and
+        # nn.Module's call runs the wrapper's hooks only if the wrapper says they are full)
+        if name in _OWN_ATTRIBUTES:
             object.__setattr__(self, name, value)
             return
         setattr(self._orig_mod, name, value)
