@@ -37,6 +37,7 @@ from plait.ir.ops import AttrError, TypeRuleError
 from plait.ir.ops.registry import ComplexDtypeError
 
 if TYPE_CHECKING:
+    from plait.frontend.pyreads import PyReads
     from plait.frontend.tracer import CaptureContext
 
 
@@ -126,6 +127,8 @@ class CaptureValues:
         self.opaque_reasons: dict[str, str] = {}
         self.error: BaseException | None = None
         self.current = "<capture>"
+        # NOTE: the recorder of the Python values the program reads (set while it runs)
+        self.reads: PyReads | None = None
         # NOTE: grad mode as the program runs it: `torch.no_grad()` inside the program turns
         # it off (lower_meta); values computed then from tensors that require grad are
         # detached in the graph, as eager's carry no gradient.

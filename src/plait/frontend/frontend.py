@@ -35,7 +35,7 @@ from plait.frontend.guard_plan import GuardPlan, build_guards
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
 from plait.frontend.pyreads import PyReads
-from plait.frontend.pyvalues import Root
+from plait.frontend.pyvalues import Keyed, Root
 from plait.frontend.rng import keep_last_draw
 from plait.frontend.state import ModuleState
 from plait.frontend.symints import TracedInt, TracedSize
@@ -203,6 +203,7 @@ def _capture_once(
         state_tracers, state = _lift_state(cx, ms)
         versions = [t._version for t in state]
         reads = PyReads(ms.module if ms is not None else None, fn)
+        cx.reads = reads
         try:
             swapped = ms.swapped(state_tracers) if ms is not None else nullcontext()
             with swapped, cx.activate(), reads:
@@ -227,7 +228,8 @@ def _capture_once(
                 "wrote them in place without a capture rule seeing it",
                 kind="limitation",
             )
-        return _finish(cx, out, spec, leaves, paths, ms, state, reads.finish())
+        pyroots = reads.finish()
+        return _finish(cx, out, spec, leaves, paths, ms, state, pyroots, reads.keys)
 
 
 def _is_tracer(x: Any) -> bool:
@@ -349,6 +351,7 @@ def _finish(
     ms: ModuleState | None,
     state: list[Any],
     pyroots: list[Root],
+    pykeys: list[Keyed],
 ) -> CapturedProgram:
     out_spec, out_leaves, values = _output_leaves(cx, out, leaves, state)
     mutations: list[tuple[Lift, int]] = []
@@ -377,7 +380,7 @@ def _finish(
     plan.pyroots = pyroots
     return CapturedProgram(
         graph=built,
-        guards=build_guards(plan, spec, leaves, paths, ms, state),
+        guards=build_guards(plan, spec, leaves, paths, ms, state, pykeys),
         guard_plan=plan,
         semantic_hash=semantic_hash(built),
         inputs=slots,

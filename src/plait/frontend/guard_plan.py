@@ -113,8 +113,10 @@ def build_guards(
     paths: Sequence[str],
     ms: ModuleState | None = None,
     state: Sequence[torch.Tensor] = (),
+    pykeys: Sequence[pyvalues.Keyed] | None = None,
 ) -> GuardSet:
-    """The guard set of ``plan`` for the call ``(spec, leaves)`` and the module state."""
+    """The guard set of ``plan`` for the call ``(spec, leaves)`` and the module state.
+    ``pykeys``: the plan's Python roots each read just now (capture's, in their order)."""
     guards: list[Guard] = [guard_build.structure_guard(spec, leaves, paths)]
     for i, (leaf, path) in enumerate(zip(leaves, paths)):
         if isinstance(leaf, torch.Tensor):
@@ -143,7 +145,8 @@ def build_guards(
     if roots is None:
         module = ms.module if ms is not None else None
         roots = [pyvalues.resolve(d, module) for d in plan.pyreads]
-    guards += pyvalues.python_values_guards(roots)
+        pykeys = None
+    guards += pyvalues.python_values_guards(roots, pykeys)
     return GuardSet(guards)
 
 

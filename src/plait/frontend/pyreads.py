@@ -55,6 +55,7 @@ from plait.frontend.code_origin import find_function, generated_for, is_pinned
 from plait.frontend.pyvalues import (
     _MODULE_SKIP,
     ABSENT,
+    Keyed,
     Root,
     _cell_value,
     _is_value_object,
@@ -65,6 +66,7 @@ from plait.frontend.pyvalues import (
     find_class,
     func_root,
     item_root,
+    keyed,
     type_root,
     typeattr_root,
 )
@@ -79,12 +81,17 @@ _PATCH_USERS = [0]
 def _recording_getattribute(self: Any, name: str) -> Any:
     value = object.__getattribute__(self, name)
     rec = getattr(_LOCAL, "rec", None)
-    if rec is not None and not (name == "__dict__" and _library_caller()):
+    if rec is None or name in _MODULE_SKIP or (id(self), name) in rec._reads:
+        return value  # NOTE: what module_read would skip, without its call
+    if not (name == "__dict__" and _library_caller()):
         _LOCAL.rec = None  # NOTE: the recorder's own reads are not the program's
+        paused = rec.pause()  # NOTE: nor its frames (and they run faster untraced)
         try:
             rec._safely(rec.module_read, self, name)
         finally:
             _LOCAL.rec = rec
+            if paused:
+                rec.resume()
     return value
 
 
@@ -107,10 +114,13 @@ def _recording_getattr(self: Any, name: str) -> Any:
     rec = getattr(_LOCAL, "rec", None)
     if rec is not None and value is None:
         _LOCAL.rec = None
+        paused = rec.pause()
         try:
             rec._safely(rec.table_read, self, name)
         finally:
             _LOCAL.rec = rec
+            if paused:
+                rec.resume()
     return value
 
 
@@ -190,6 +200,7 @@ class PyReads:
         self.roots: dict[tuple[Any, ...], Root] = {}
         self.names: set[str] = set()
         self.refusal: str | None = None
+        self.keys: list[Keyed] = []  # NOTE: set by finish()
         self._reads: set[tuple[int, str]] = set()
         self._codes: set[int] = set()
         # NOTE: codes with free variables: each frame of one is matched to its function object
@@ -200,6 +211,7 @@ class PyReads:
         self._pending: list[tuple[types.FrameType, str, list[Any]]] = []
         self._alive: list[Any] = []
         self._previous: Any = None
+        self._trace: Any = None
         self._active = False
         self._tracing = False
         self._gc_was_enabled = False
@@ -240,6 +252,7 @@ class PyReads:
         gc.disable()
         _LOCAL.rec = self
         if self._tracing:
+            self._trace = trace
             sys.settrace(trace)
         else:
             sys.setprofile(hook)
@@ -257,6 +270,20 @@ class PyReads:
             if self._gc_was_enabled:
                 gc.enable()
             self._active = False
+
+    def pause(self) -> bool:
+        """Stop seeing new frames until :meth:`resume` (True if it stopped). For plait's own
+        code only: a trace function in place makes CPython 3.11 run every frame unspecialized,
+        with a line check per instruction (about a third of a capture's time). NOTE: the caller
+        guarantees no frame of the program's code starts while paused."""
+        if not self._active or not self._tracing or sys.gettrace() is not self._trace:
+            return False
+        sys.settrace(None)
+        return True
+
+    def resume(self) -> None:
+        if self._active:
+            sys.settrace(self._trace)
 
     def _safely(self, record: Any, *args: Any) -> None:
         """NOTE: an exception must never leave a trace hook or an attribute read: it would
@@ -437,17 +464,19 @@ class PyReads:
     # -- after the capture
     def finish(self) -> list[Root]:
         """The roots, with those the recorded names reach in user objects and modules; raises
-        :class:`GraphCaptureError` for a read that cannot be guarded."""
+        :class:`GraphCaptureError` for a read that cannot be guarded. ``self.keys`` then holds
+        each root read now (:func:`~plait.frontend.pyvalues.keyed`), in the same order."""
         self._resolve_pending()
+        keys: dict[int, Keyed] = {}
         if self.refusal is None:
-            self._named_attributes()
+            self._named_attributes(keys)
         if self.refusal is not None:
             raise GraphCaptureError("Python state", self.refusal, kind="limitation")
-        changed = [
-            r.show
-            for r in self.roots.values()
-            if _Walk().key(r.read(), shallow=r.shallow) != r.first
-        ]
+        roots = list(self.roots.values())
+        for r in roots:
+            if id(r) not in keys:
+                keys[id(r)] = keyed(r)
+        changed = [r.show for r in roots if keys[id(r)].key != r.first]
         if changed:
             raise GraphCaptureError(
                 "Python state",
@@ -456,22 +485,24 @@ class PyReads:
                 "program would not replay that",
                 kind="limitation",
             )
-        return list(self.roots.values())
+        self.keys = [keys[id(r)] for r in roots]
+        return roots
 
-    def _named_attributes(self) -> None:
+    def _named_attributes(self, keys: dict[int, Keyed]) -> None:
         """Attributes the code names of Python modules, classes and user objects its values
-        reach (``cfg.SCALE``, ``Consts.EPS``, ``self.config.n_embd``)."""
+        reach (``cfg.SCALE``, ``Consts.EPS``, ``self.config.n_embd``); ``keys`` gets each root
+        read now."""
         done: set[int] = set()
         pending = list(self.roots.values())
         while pending:
-            walk = _Walk()
             base: dict[int, list[Any] | None] = {}
+            hosts: list[Any] = []
             for r in pending:
-                value = r.read()
-                base.setdefault(id(value), r.desc)  # NOTE: a host read directly: its path
-                walk.key(value, shallow=r.shallow)
+                k = keys[id(r)] = keyed(r)
+                base.setdefault(id(k.value), r.desc)  # NOTE: a host read directly: its path
+                hosts.extend(k.hosts)
             before = len(self.roots)
-            for host in walk.hosts:
+            for host in hosts:
                 if id(host) in done:
                     continue
                 done.add(id(host))

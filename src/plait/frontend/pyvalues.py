@@ -387,38 +387,56 @@ def _short(key: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def python_values_guards(roots: Sequence[Root]) -> list[Guard]:
-    """The guards over ``roots``: the roots the native evaluator checks alone in one guard, the
-    roots whose check needs a Python read (a set, a dict subclass, ...) in another. NOTE: a
-    guard with any Python-read check re-reads all its roots on every call; split, one such
-    value costs its own read, not a read of every value the program read."""
-    python: list[Root] = []
-    native: list[Root] = []
-    for r in roots:
-        walk = _Walk()
-        walk.key(r.read(), shallow=r.shallow)
-        (python if any(c[0] == PYTHON for c in walk.checks) else native).append(r)
+@dataclass(frozen=True)
+class Keyed:
+    """A root's value as read now, its value key, and the native checks and the hosts (objects
+    whose named attributes count) of that key's walk: one walk serves the change check, the
+    named attributes and the guard."""
+
+    value: Any
+    key: Any
+    checks: list[tuple[Any, ...]]
+    hosts: list[Any]
+
+
+def keyed(root: Root) -> Keyed:
+    """``root`` read now, with its value key (a walk of its own, as the guard's read makes)."""
+    value = root.read()
+    walk = _Walk()
+    key = walk.key(value, shallow=root.shallow)
+    return Keyed(value, key, walk.checks, walk.hosts)
+
+
+def python_values_guards(roots: Sequence[Root], keys: Sequence[Keyed] | None = None) -> list[Guard]:
+    """The guards over ``roots`` (``keys``: each root :func:`keyed` just now, if the caller
+    has them): the roots the native evaluator checks alone in one guard, the roots whose check
+    needs a Python read (a set, a dict subclass, ...) in another. NOTE: a guard with any
+    Python-read check re-reads all its roots on every call; split, one such value costs its
+    own read, not a read of every value the program read."""
+    keys = list(keys) if keys is not None else [keyed(r) for r in roots]
+    assert len(keys) == len(roots)
+    python: list[tuple[Root, Keyed]] = []
+    native: list[tuple[Root, Keyed]] = []
+    for r, k in zip(roots, keys):
+        (python if any(c[0] == PYTHON for c in k.checks) else native).append((r, k))
     return [g for g in (python_values_guard(native), python_values_guard(python)) if g]
 
 
-def python_values_guard(roots: Sequence[Root]) -> Guard | None:
-    """One guard over ``roots``: holds while each root's value key is the one it has now."""
-    if not roots:
+def python_values_guard(items: Sequence[tuple[Root, Keyed]]) -> Guard | None:
+    """One guard over the roots of ``items``: holds while each root's value key is the one it
+    has now (its :class:`Keyed`)."""
+    if not items:
         return None
-    walk = _Walk()
-    keys = []
-    heads = []
-    for r in roots:
-        value = r.read()
-        keys.append(walk.key(value, shallow=r.shallow))
-        heads.append(r.native(value))
-    expected = tuple(keys)
+    roots = [r for r, _ in items]
+    expected = tuple(k.key for _, k in items)
+    heads = [r.native(k.value) for r, k in items]
+    checks = [c for _, k in items for c in k.checks]
     shallow = [r.shallow for r in roots]
     readers = [r.read for r in roots]
 
     def read(env: GuardEnv) -> Any:
-        w = _Walk()
-        return tuple(w.key(f(), shallow=s) for f, s in zip(readers, shallow))
+        # NOTE: a walk per root, as :func:`keyed` made the expected keys
+        return tuple(_Walk().key(f(), shallow=s) for f, s in zip(readers, shallow))
 
     def detail(env: GuardEnv) -> str:
         now = read(env)
@@ -440,7 +458,7 @@ def python_values_guard(roots: Sequence[Root]) -> Guard | None:
         detail,
         fmt=lambda r: "as captured" if r is expected else "a change",
         key=key,
-        native=ReadPyValues(_grouped(heads + walk.checks), ABSENT),
+        native=ReadPyValues(_grouped(heads + checks), ABSENT),
     )
 
 

@@ -62,6 +62,44 @@ def op_name(func: Any) -> str:
     return name.removeprefix("torch.").removeprefix("functional.").replace(".__get__", "")
 
 
+# NOTE: argument types whose use runs no Python of the program (exact types: a subclass of int
+# or a tensor subclass may define Python methods that PyTorch calls)
+_PLAIN_LEAVES = frozenset(
+    {
+        Tracer,
+        torch.Tensor,
+        torch.nn.Parameter,
+        TracedInt,
+        int,
+        float,
+        bool,
+        complex,
+        str,
+        type(None),
+        type(Ellipsis),
+        torch.dtype,
+        torch.device,
+        torch.layout,
+        torch.memory_format,
+    }
+)
+
+
+def _plain_call(x: Any) -> bool:
+    """Whether ``x`` (a call's arguments) holds only plain values (:data:`_PLAIN_LEAVES`) in
+    tuples, lists, dicts, ``torch.Size``, traced sizes and slices."""
+    cls = type(x)
+    if cls in _PLAIN_LEAVES:
+        return True
+    if cls is tuple or cls is list or cls is torch.Size or cls is TracedSize:
+        return all(_plain_call(v) for v in x)
+    if cls is dict:
+        return all(type(k) is str and _plain_call(v) for k, v in x.items())
+    if cls is slice:
+        return _plain_call((x.start, x.stop, x.step))
+    return False
+
+
 class CaptureContext(CaptureValues):
     """Records one run of the program into a graph: activation and the dispatch of each call."""
 
@@ -97,7 +135,21 @@ class CaptureContext(CaptureValues):
             rule = lookup(func)
             if self.unbacked and rule is None:
                 datadep.refuse_unruled(self, args, kwargs)
-            result = self._dispatch(rule, func, args, kwargs)
+            # NOTE: a call with a rule runs only PyTorch's and plait's code when its arguments
+            # are plain values (a user object's __index__ or __float__ is the program's code,
+            # and a call with no rule may run a user op's Python): Python reads need not see it
+            reads = self.reads
+            paused = (
+                rule is not None
+                and reads is not None
+                and _plain_call((args, kwargs))
+                and reads.pause()
+            )
+            try:
+                result = self._dispatch(rule, func, args, kwargs)
+            finally:
+                if paused and reads is not None:
+                    reads.resume()
             if self.unbacked:
                 datadep.check_new_nodes(self, first)
             if rule is None or rule.kind != "meta":  # NOTE: a metadata read computes nothing
