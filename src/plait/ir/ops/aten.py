@@ -12,7 +12,8 @@ text can never make plait run arbitrary code.
 An overload's undefined results (``None``: the gradients ``convolution_backward`` leaves out by
 its ``output_mask``) are no outputs of the node: its outputs are the defined results, in order
 (:func:`defined_results`; a single one is the tensor itself). Which results are undefined depends
-on the arguments alone, so the meta kernel and the kernel agree.
+on the arguments alone: an ``output_mask`` argument says so for the types too, where a meta
+kernel defines more than the kernel (``native_batch_norm_backward``'s input gradient).
 
 Non-tensor arguments travel as the JSON literals of opaque nodes (``literals``/``kwliterals``,
 :func:`plait.ir.ops.extern.decode_literal`; ``{"t": i}`` is tensor operand ``i``). Refused by
@@ -155,6 +156,21 @@ def _results(out: Any, what: str) -> list[torch.Tensor]:
     return outs
 
 
+def _masked(op: torch._ops.OpOverload, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
+    """``out`` with the results an ``output_mask`` argument leaves out undefined (None): the
+    kernels leave them undefined, but a meta kernel may not (``native_batch_norm_backward``'s
+    computes the input's gradient whatever its mask says), and the node's outputs must be the
+    results the kernel defines."""
+    names = [a.name for a in op._schema.arguments]
+    if "output_mask" not in names or not isinstance(out, (tuple, list)):
+        return out
+    at = names.index("output_mask")
+    mask = args[at] if at < len(args) else kwargs.get("output_mask")
+    if not isinstance(mask, (tuple, list)) or len(mask) != len(out):
+        return out
+    return tuple(o if keep else None for o, keep in zip(out, mask))
+
+
 @functools.lru_cache(maxsize=4096)
 def _meta_types(
     name: str, overload: str, literals: str, kwliterals: str, operands: tuple[TensorType, ...]
@@ -173,7 +189,7 @@ def _meta_types(
         with torch._C.DisableTorchFunction(), FakeTensorMode():
             fakes = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in operands]
             args, kwargs = decode_call(fakes, literals, kwliterals)
-            outs = _results(op(*args, **kwargs), what)
+            outs = _results(_masked(op, args, kwargs, op(*args, **kwargs)), what)
             types = [(tuple(o.shape), o.dtype, str(o.device)) for o in outs]
     except TypeRuleError:
         raise
