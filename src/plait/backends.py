@@ -32,7 +32,12 @@ from plait.cost import enforce as enforce_budgets
 from plait.cost import estimate as estimate_cost
 from plait.errors import CaptureFallbackWarning, InvalidOptionError, PlaitCompileError
 from plait.frontend.program import CapturedProgram, Executor
-from plait.guards.ambient import ambient_guards, call_settings, process_settings
+from plait.guards.ambient import (
+    ambient_guards,
+    call_settings,
+    global_hook_guard,
+    process_settings,
+)
 from plait.guards.guard import Guard
 from plait.guards.state import frozen_guards
 from plait.ir import Graph, TensorType, Value, interpret
@@ -363,7 +368,8 @@ def compile_program(req: CompileRequest) -> Compiled:
             "or parameters and inputs that do not require grad)"
         )
     pipeline = _pipeline(req, freeze)
-    ambient = ambient_guards()
+    # NOTE: the global module hooks a capture ran are part of the program, like the settings
+    ambient = [*ambient_guards(), global_hook_guard()]
     if req.store is None or (needs_grad and req.backend == "stax"):
         compiled = _compile(req, m, pipeline, freeze, needs_grad)
         if req.store is not None:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from plait.codegen import build
-from plait.guards.guard import Guard, GuardEnv, ReadCalls
+from plait.guards.guard import Guard, GuardEnv, ReadCalls, ReadPyValues
 from plait.manifest import cpu_features
 
 
@@ -183,6 +183,53 @@ def ambient_guards() -> list[Guard]:
 
 def _reader(read: Callable[[], Any]) -> Callable[[GuardEnv], Any]:
     return lambda env: read()
+
+
+# NOTE: the hooks nn.Module.__call__ runs for every module (register_module_forward_hook, ...):
+# module-level tables of torch.nn.modules.module, read by name on each call (PyTorch rebinds
+# none of them, but a name read keeps the guard on the table PyTorch uses)
+_GLOBAL_HOOK_TABLES = (
+    "_global_forward_pre_hooks",
+    "_global_forward_hooks",
+    "_global_backward_pre_hooks",
+    "_global_backward_hooks",
+)
+
+
+def _global_hook_tables() -> tuple[dict[Any, Any], ...]:
+    module = torch.nn.modules.module
+    return tuple(getattr(module, name) for name in _GLOBAL_HOOK_TABLES)
+
+
+def _global_hooks(env: GuardEnv | None = None) -> tuple[tuple[tuple[Any, Any], ...], ...]:
+    return tuple(tuple(table.items()) for table in _global_hook_tables())
+
+
+def global_hook_guard() -> Guard:
+    """The global module hooks (``torch.nn.modules.module.register_module_forward_hook``,
+    ``..._forward_pre_hook``, ``..._full_backward_hook``, ``..._backward_pre_hook``) are those
+    the program was captured with, each the same object: ``nn.Module.__call__`` runs them for
+    every module, so a capture ran them into its graph (a hook that changes an output changes
+    the program). One registered or removed after the capture is a new specialization.
+
+    Example:
+        >>> g = global_hook_guard()
+        >>> g.holds(None), g.expected
+        (True, ((), (), (), ()))
+    """
+    tables = _global_hook_tables()
+    expected = _global_hooks()
+    checks = tuple((4, t, tuple(t), tuple(t.values())) for t in tables)  # NOTE: dict items
+    return Guard(
+        "ambient",
+        "global module hooks",
+        "the global module hooks are the captured ones" + ("" if any(expected) else " (none)"),
+        expected,
+        _global_hooks,
+        fmt=lambda v: f"{sum(map(len, v))} hook(s)",
+        portable=not any(expected),
+        native=ReadPyValues(checks, absent=object()),
+    )
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,0 +1,93 @@
+"""Global module hooks (``register_module_forward_hook`` and its kin) run for every module call,
+so a capture runs them into its program: one registered or removed after the capture is a new
+specialization that answers as eager does, never the program captured without (or with) it."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+import plait
+import plait.contract
+from plait.errors import CaptureFallbackWarning
+
+TOL = plait.contract.load().tolerance("model", torch.float32)
+
+
+def _close(got: Any, want: Any) -> None:
+    torch.testing.assert_close(got, want, rtol=TOL.rtol, atol=TOL.atol)
+
+
+def _x(seed: int) -> torch.Tensor:
+    return torch.randn(3, 8, generator=torch.Generator().manual_seed(seed))
+
+
+class _Net(nn.Module):
+    def __init__(self, branch: bool) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.branch = branch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        if self.branch and h.abs().sum() == 0:  # NOTE: a data-dependent branch: regions
+            h = h + 1
+        return self.b(h)
+
+
+def _scale_linear(mod: nn.Module, args: Any, out: Any) -> Any:
+    return out * 2 if isinstance(mod, nn.Linear) else None
+
+
+def _shift_input(mod: nn.Module, args: Any) -> Any:
+    return (args[0] + 1,) if isinstance(mod, nn.Linear) else None
+
+
+@contextmanager
+def _hooked() -> Iterator[None]:
+    handles = [
+        nn_module.register_module_forward_hook(_scale_linear),
+        nn_module.register_module_forward_pre_hook(_shift_input),
+    ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _compare(cm: Any, model: nn.Module, seeds: range) -> None:
+    for seed in seeds:
+        _close(cm(_x(seed)), model(_x(seed)))
+
+
+@pytest.mark.parametrize("branch", [False, True], ids=["whole", "regions"])
+def test_global_hooks_registered_after_the_first_call_run(branch: bool) -> None:
+    torch.manual_seed(0)
+    model = _Net(branch).eval()
+    cm = plait.compile(model, options={"cache": False})
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", CaptureFallbackWarning)
+        _compare(cm, model, range(2))
+        with _hooked():
+            _compare(cm, model, range(2, 5))
+        _compare(cm, model, range(5, 8))
+
+
+def test_global_hooks_removed_after_the_first_call_no_longer_run() -> None:
+    torch.manual_seed(0)
+    model = _Net(False).eval()
+    with _hooked():
+        cm = plait.compile(model, options={"cache": False})
+        with torch.no_grad():
+            _compare(cm, model, range(2))
+    with torch.no_grad():
+        _compare(cm, model, range(2, 5))
+    assert any("global module hooks" in r for r in cm.recompile_reasons)
