@@ -8,7 +8,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import pytest
 import torch
 import transformers
 
@@ -17,16 +16,6 @@ import plait.contract
 from plait.errors import CaptureFallbackWarning
 
 TOL = plait.contract.load().tolerance("model", torch.float32)
-
-# NOTE: the fix is outside the files this test's authors may edit:
-# plait.frontend.dynamic_dims.AutomaticDims.policy() names every path seen changing, and
-# plait.api's _Engine._capture passes it to capture_program, whose DimPolicy.check_paths
-# refuses a path that is no tensor argument of the call being captured.
-pytestmark = pytest.mark.xfail(
-    strict=True,
-    reason="automatic dynamic's policy names paths absent from the call (AutomaticDims.policy "
-    "is not restricted to the call's tensor arguments): InvalidOptionError",
-)
 
 
 def _close(got: Any, want: Any) -> None:

@@ -34,20 +34,23 @@ from plait.symbolic import UNBACKED_RE
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _AUTO = re.compile(r"s\d+\Z")
 
-DynamicSpec = bool | None | Mapping[str, Mapping[int, str | None] | Sequence[int]]
-
 
 @dataclass(frozen=True)
 class DimPolicy:
-    """``every``: all dims; else ``dims``: path -> dim -> the symbol's name (None: automatic)."""
+    """``every``: all dims; else ``dims``: path -> dim -> the symbol's name (None: automatic).
+    ``automatic``: automatic dynamic's policy (:class:`AutomaticDims`): a path the call does not
+    pass (an optional argument left out) has no dims to make symbolic, and is no error."""
 
     every: bool = False
     dims: Mapping[str, Mapping[int, str | None]] = field(default_factory=dict)
+    automatic: bool = False
 
     @classmethod
     def of(cls, dynamic: Any) -> DimPolicy:
         """The policy of a ``dynamic=`` argument; raises ``ValueError``/``TypeError`` for a
         malformed one."""
+        if isinstance(dynamic, DimPolicy):
+            return dynamic
         if dynamic is None or dynamic is False:
             return cls()
         if dynamic is True:
@@ -91,9 +94,10 @@ class DimPolicy:
         return None if self.every else self.dims.get(path, {}).get(dim)
 
     def check_paths(self, tensors: list[str]) -> None:
-        """NOTE: never silent: a path that names no tensor argument of the call is an error."""
+        """NOTE: never silent: a path that names no tensor argument of the call is an error
+        (automatic dynamic's own record of paths is not the user's request)."""
         unknown = sorted(set(self.dims) - set(tensors))
-        if unknown:
+        if unknown and not self.automatic:
             raise InvalidOptionError(
                 f"dynamic names {unknown}, which are not tensor arguments of this call; its "
                 f"tensor arguments are {tensors}"
@@ -108,6 +112,10 @@ class DimPolicy:
         return {p: {str(d): n for d, n in sorted(dims.items())} for p, dims in self.dims.items()}
 
 
+# NOTE: what capture takes as ``dynamic=`` (a DimPolicy: automatic dynamic's own)
+DynamicSpec = bool | None | Mapping[str, Mapping[int, str | None] | Sequence[int]] | DimPolicy
+
+
 class AutomaticDims:
     """Automatic dynamic (``dynamic=None``): the user input dims seen changing between calls,
     with the sizes seen. A program is captured static first; when a call misses every
@@ -117,7 +125,7 @@ class AutomaticDims:
 
     Example:
         >>> auto = AutomaticDims()
-        >>> auto.note("x", 0, [4, 8]), auto.policy()
+        >>> auto.note("x", 0, [4, 8]), auto.policy().dims
         (True, {'x': {0: None}})
         >>> auto.sizes_seen("x", 0)
         [4, 8]
@@ -158,11 +166,13 @@ class AutomaticDims:
                         fresh.append(f"{paths[i]}.shape[{d}]")
         return fresh
 
-    def policy(self) -> dict[str, dict[int, None]] | None:
-        """The ``dynamic=`` mapping for the next capture (None: static)."""
+    def policy(self) -> DimPolicy | None:
+        """The policy of the next capture (None: static); a path it names that a call does not
+        pass is left out of that capture."""
         if self.refused is not None or not self.seen:
             return None
-        return {p: dict.fromkeys(sorted(dims)) for p, dims in self.seen.items()}
+        dims = {p: dict.fromkeys(sorted(d)) for p, d in self.seen.items()}
+        return DimPolicy(dims=dims, automatic=True)
 
     def sizes_seen(self, path: str, dim: int) -> list[int]:
         return list(self.seen.get(path, {}).get(dim, []))
