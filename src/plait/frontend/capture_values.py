@@ -129,6 +129,8 @@ class CaptureValues:
         self.current = "<capture>"
         # NOTE: the recorder of the Python values the program reads (set while it runs)
         self.reads: PyReads | None = None
+        # NOTE: the user inputs (leaf indices) that require grad and are not autograd leaves
+        self.nonleaf_inputs: set[int] = set()
         # NOTE: grad mode as the program runs it: `torch.no_grad()` inside the program turns
         # it off (lower_meta); values computed then from tensors that require grad are
         # detached in the graph, as eager's carry no gradient.
@@ -233,6 +235,13 @@ class CaptureValues:
         t._seen, t._mutations, t._lift, t._dim_exprs = 0, 0, lift, None
         t._made_by, t._rg = self.current, requires_grad
         return t
+
+    def _is_leaf(self, lift: Lift) -> bool:
+        """Whether the caller's tensor behind ``lift`` (a user input or a constant) is an
+        autograd leaf."""
+        if lift.kind == "const":
+            return bool(lift.ref.is_leaf)
+        return lift.ref not in self.nonleaf_inputs
 
     def lift_input(
         self,
@@ -410,7 +419,9 @@ class CaptureValues:
         return plain
 
     # --- in-place updates ----------------------------------------------------------------
-    def assign(self, target: Any, new: Value) -> None:
+    def assign(self, target: Any, new: Value, requires_grad: bool = False) -> None:
+        """Write ``new`` into ``target`` in place; ``requires_grad``: the written value needs
+        grad (eager's target then carries the write's history)."""
         if self.ambient_grad and not self.grad_enabled:
             new = self.call("detach", new)  # NOTE: a write inside `torch.no_grad()`
         tr = self.tracer(target)
@@ -432,9 +443,24 @@ class CaptureValues:
             # NOTE: eager autograd never sees such a write; the IR would cut the gradient.
             self.limitation("in-place update through detach()/.data of a tensor that requires grad")
         if lift is not None and lift.kind in ("user", "const") and self.grad_enabled and root._rg:
-            raise ProgramError(
-                "a leaf Variable that requires grad is being used in an in-place operation."
+            if self._is_leaf(lift):
+                raise ProgramError(
+                    "a leaf Variable that requires grad is being used in an in-place operation."
+                )
+            # NOTE: eager writes a non-leaf and its history (and the caller's tensor's) moves
+            # on; a compiled call returns no gradient through its input
+            self.limitation(
+                f"in-place update of input {lift.name!r}, which requires grad and is not a leaf"
             )
+        if requires_grad and self.grad_enabled and not root._rg:
+            if lift is not None:
+                # NOTE: eager's input leaves the call requiring grad, with the write's history;
+                # the write-back of a compiled call carries none
+                self.limitation(
+                    f"in-place update of input {lift.name!r}, which does not require grad, "
+                    "with a value that does"
+                )
+            root._rg = tr._rg = True  # NOTE: what is computed from it from now on needs grad
         if tr._root is None:
             self.value(tr)  # materialize a lifted input before rebinding it
             tr._value = new

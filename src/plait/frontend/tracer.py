@@ -257,7 +257,7 @@ class CaptureContext(CaptureValues):
 
     def wrap(self, ir: Any, out: Any, inputs: list[Tracer], grad: bool) -> Any:
         if isinstance(ir, InPlace):
-            self.assign(ir.target, ir.value)
+            self.assign(ir.target, ir.value, grad)
             target = self.tracer(ir.target)
             self.check(self.value(target), target._plain)
             return target
