@@ -145,6 +145,8 @@ def _lift_user_inputs(cx: CaptureContext, leaves: list[Any], paths: list[str]) -
             continue
         if isinstance(leaf, Tracer):
             cx.limitation("a tensor from a running capture was passed to another capture")
+        if leaf.requires_grad and not leaf.is_leaf:
+            cx.nonleaf_inputs.add(i)
         ir_shape, exprs = cx.input_dims(i, path, leaf.shape)
         cx.current = f"input {path}"
         ty = cx.type_of_plain(leaf).with_shape(ir_shape)
@@ -197,6 +199,16 @@ def _capture_once(
     paths: list[str],
     ms: ModuleState | None,
 ) -> CapturedProgram:
+    if ms is not None and cx.grad_enabled:
+        hooked = _backward_hooked(ms.module)
+        if hooked is not None:
+            raise GraphCaptureError(
+                "capture",
+                f"{hooked} has a backward hook: eager runs it on the module's gradients in each "
+                "backward pass, which a captured graph cannot call (compile its hook-free "
+                "submodules, or call it under torch.no_grad())",
+                kind="limitation",
+            )
     with preserved_rng():
         cx.rng.start()
         traced_leaves = _lift_user_inputs(cx, leaves, paths)
@@ -230,6 +242,16 @@ def _capture_once(
             )
         pyroots = reads.finish()
         return _finish(cx, out, spec, leaves, paths, ms, state, pyroots, reads.keys)
+
+
+def _backward_hooked(module: nn.Module) -> str | None:
+    """The first module of the tree (``module`` itself included) with a backward hook or
+    pre-hook of its own, named for a message (nn.Module wraps such a module's inputs in a
+    backward-hook function, on each call with grad), or None."""
+    for path, m in module.named_modules():
+        if m.__dict__.get("_backward_hooks") or m.__dict__.get("_backward_pre_hooks"):
+            return f"submodule {path}" if path else "the module"
+    return None
 
 
 def _is_tracer(x: Any) -> bool:
