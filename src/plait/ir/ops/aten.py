@@ -12,8 +12,8 @@ text can never make plait run arbitrary code.
 An overload's undefined results (``None``: the gradients ``convolution_backward`` leaves out by
 its ``output_mask``) are no outputs of the node: its outputs are the defined results, in order
 (:func:`defined_results`; a single one is the tensor itself). Which results are undefined depends
-on the arguments alone: an ``output_mask`` argument says so for the types too, where a meta
-kernel defines more than the kernel (``native_batch_norm_backward``'s input gradient).
+on the arguments alone: an ``output_mask`` argument decides them, for the types and at run time
+alike (kernels and meta kernels define more than it asks for, each its own way: :func:`_masked`).
 
 Non-tensor arguments travel as the JSON literals of opaque nodes (``literals``/``kwliterals``,
 :func:`plait.ir.ops.extern.decode_literal`; ``{"t": i}`` is tensor operand ``i``). Refused by
@@ -156,17 +156,24 @@ def _results(out: Any, what: str) -> list[torch.Tensor]:
     return outs
 
 
-def _masked(op: torch._ops.OpOverload, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
-    """``out`` with the results an ``output_mask`` argument leaves out undefined (None): the
-    kernels leave them undefined, but a meta kernel may not (``native_batch_norm_backward``'s
-    computes the input's gradient whatever its mask says), and the node's outputs must be the
-    results the kernel defines."""
+def _output_mask(op: torch._ops.OpOverload, args: Any, kwargs: dict[str, Any]) -> list[bool] | None:
+    """The call's ``output_mask`` argument (the results a backward kernel is asked for), if the
+    overload has one."""
     names = [a.name for a in op._schema.arguments]
-    if "output_mask" not in names or not isinstance(out, (tuple, list)):
-        return out
+    if "output_mask" not in names:
+        return None
     at = names.index("output_mask")
     mask = args[at] if at < len(args) else kwargs.get("output_mask")
-    if not isinstance(mask, (tuple, list)) or len(mask) != len(out):
+    return [bool(m) for m in mask] if isinstance(mask, (tuple, list)) else None
+
+
+def _masked(out: Any, mask: list[bool] | None) -> Any:
+    """``out`` with the results ``mask`` leaves out undefined (None). Kernel and meta kernel
+    disagree on them, both ways: ``native_batch_norm_backward``'s meta kernel computes the
+    input's gradient whatever the mask says (its CPU kernel does not), the CPU
+    ``convolution_backward`` computes the weight's gradient with the bias's (its meta kernel
+    does not); the node's outputs are the results the mask asks for, typed and run alike."""
+    if mask is None or not isinstance(out, (tuple, list)) or len(mask) != len(out):
         return out
     return tuple(o if keep else None for o, keep in zip(out, mask))
 
@@ -189,7 +196,7 @@ def _meta_types(
         with torch._C.DisableTorchFunction(), FakeTensorMode():
             fakes = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in operands]
             args, kwargs = decode_call(fakes, literals, kwliterals)
-            outs = _results(_masked(op, args, kwargs, op(*args, **kwargs)), what)
+            outs = _results(_masked(op(*args, **kwargs), _output_mask(op, args, kwargs)), what)
             types = [(tuple(o.shape), o.dtype, str(o.device)) for o in outs]
     except TypeRuleError:
         raise
@@ -303,8 +310,9 @@ def _bind(
             return tuple(fill(v, tensors) for v in x)
         return x
 
+    mask = _output_mask(op, args, kwargs)
     return lambda tensors: defined_results(
-        op(*fill(args, tensors), **{k: fill(v, tensors) for k, v in kwargs.items()})
+        _masked(op(*fill(args, tensors), **{k: fill(v, tensors) for k, v in kwargs.items()}), mask)
     )
 
 
@@ -351,7 +359,10 @@ def _check_ref(args: list[Any], name: str, overload: str, literals: str, kwliter
 
 def _aten_ref(args: list[Any], name: str, overload: str, literals: str, kwliterals: str) -> Any:
     call_args, keywords = decode_call(list(args), literals, kwliterals)
-    return defined_results(resolve_overload(name, overload)(*call_args, **keywords))
+    op = resolve_overload(name, overload)
+    return defined_results(
+        _masked(op(*call_args, **keywords), _output_mask(op, call_args, keywords))
+    )
 
 
 def _factory_ref(name: str, overload: str, literals: str, kwliterals: str) -> Any:
