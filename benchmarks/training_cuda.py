@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 import plait
+from benchmarks.bench.config import reject_unknown
 from benchmarks.bench.parity import state_after_steps
 from benchmarks.cuda_suite import import_torchvision
 
@@ -257,10 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="profile one step of each system")
     args = ap.parse_args(argv)
     cases, systems = args.cases.split(","), tuple(args.systems.split(","))
-    for what, given, known in (("case", cases, CASES), ("system", systems, KNOWN_SYSTEMS)):
-        unknown = [g for g in given if g not in known]
-        if unknown:
-            ap.error(f"unknown {what} {', '.join(unknown)}; known: {', '.join(known)}")
+    reject_unknown(ap, "case", cases, tuple(CASES))
+    reject_unknown(ap, "system", systems, tuple(KNOWN_SYSTEMS))
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 2

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 import plait
+from benchmarks.bench.config import reject_unknown
 from benchmarks.bench.parity import state_after_steps
 
 LR, MOMENTUM = 0.01, 0.9
@@ -191,10 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     cases, systems = args.cases.split(","), tuple(args.systems.split(","))
-    for what, given, known in (("case", cases, CASES), ("system", systems, SYSTEMS)):
-        unknown = [g for g in given if g not in known]
-        if unknown:
-            ap.error(f"unknown {what} {', '.join(unknown)}; known: {', '.join(known)}")
+    reject_unknown(ap, "case", cases, tuple(CASES))
+    reject_unknown(ap, "system", systems, tuple(SYSTEMS))
     results = {
         "machine": {"torch": torch.__version__, "threads": torch.get_num_threads()},
         "cases": [run_case(c, args.steps, systems) for c in cases],

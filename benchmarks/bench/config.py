@@ -10,6 +10,8 @@ Example:
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -18,6 +20,16 @@ SYSTEMS = ("eager", "plait", "inductor")
 MODELS = ("resnet18", "resnet50")
 DEVICES = ("cpu", "cuda", "auto")
 COSTS = ("compile", "latency", "memory")
+
+
+def reject_unknown(
+    ap: argparse.ArgumentParser, what: str, given: Sequence[str], known: Sequence[str]
+) -> None:
+    """Exit through ``ap.error`` naming each of ``given`` (case or system names asked for on
+    the command line) that is not one of ``known``: never run something else in its place."""
+    unknown = [g for g in given if g not in known]
+    if unknown:
+        ap.error(f"unknown {what} {', '.join(unknown)}; known: {', '.join(known)}")
 
 
 @dataclass(frozen=True)
