@@ -35,6 +35,10 @@ SKIPPED = {
     "aten_datadep": "its sample (nonzero_static) has integer results only",
     "dropout": "its train sample draws: the joint graph first rewrites it into native_dropout",
     "random_call": "its samples draw random numbers (a gradient check would draw others)",
+    "batch_norm_relu": "PyTorch's autograd refuses the running statistics its samples pass "
+    "(test_batch_norm_relu_vjp checks the sample without them)",
+    "batch_norm_relu_backward": "its samples want a derivative with respect to the saved batch "
+    "statistics, which PyTorch's batch-norm backward has not: its rule refuses it",
 }
 
 # NOTE: a rule's refusal, and the same refusal as the joint graph builder reports it
@@ -60,6 +64,45 @@ def test_skipped_samples_are_what_the_reason_says() -> None:
     with pytest.raises(REFUSED, match="rewrite it into aten native_dropout"):
         OneOp(train[0], "min-cut")
     assert all(get_op("random_call").is_random(s.attrs) for s in samples("random_call", F64))
+    with_stats = [s for s in differentiable_samples("batch_norm_relu") if len(s.args[0]) == 5]
+    assert with_stats
+    for s in with_stats:
+        x, w, b, rm, rv = (t.detach().clone().requires_grad_() for t in s.args[0])
+        with pytest.raises(RuntimeError, match="running_mean"):
+            torch.ops.aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5)
+    for s in differentiable_samples("batch_norm_relu_backward"):
+        with pytest.raises(REFUSED, match="save_mean"):
+            OneOp(s, "min-cut")
+
+
+@pytest.mark.parametrize("partitioner", ["save-all", "min-cut"])
+def test_batch_norm_relu_vjp(partitioner: str) -> None:
+    """The fused batch norm's rule (the fused backward), on its sample without running
+    statistics, through its normalized result (eager differentiates no other): against PyTorch
+    autograd of eager's batch norm then relu, and finite differences."""
+    (s,) = [s for s in differentiable_samples("batch_norm_relu") if len(s.args[0]) == 3]
+    x, w, b = s.args[0]
+    gb = GraphBuilder()
+    operands = [gb.input(n, TensorType.of(t)) for n, t in zip("xwb", (x, w, b))]
+    gb.output(gb.call("batch_norm_relu", operands, **s.attrs)[0])
+    joint = build_joint(gb.build(), ["x", "w", "b"])
+    run = CompiledAutograd.interpreted(
+        partition(joint, partitioner), n_inputs=3, n_outputs=1,
+        cotangents=joint.cotangents, grads=joint.grads, name="batch_norm_relu",
+    )  # fmt: skip
+
+    def fused(*tensors: torch.Tensor) -> torch.Tensor:
+        return run(list(tensors))[0]
+
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    refs = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+    got = torch.autograd.grad(fused(*leaves), leaves, cot)
+    eager = torch.relu(F.batch_norm(refs[0], None, None, refs[1], refs[2], True, 0.1, 1e-5))
+    tol = plait.contract.load().gradcheck
+    for a, e in zip(got, torch.autograd.grad(eager, refs, cot)):
+        torch.testing.assert_close(a, e, rtol=tol.rtol, atol=tol.atol)
+    gradcheck_fd(fused, tuple(t.detach() for t in (x, w, b))).raise_if_failed()
 
 
 def test_nondifferentiable_declarations() -> None:

@@ -996,10 +996,12 @@ GENERATORS.update(
 for _op in ("rng_seed", "rng_get_state", "rng_set_state", "random_call", "random_factory"):
     GENERATORS[_op] = lambda d, m, op=_op: gen_rng(op, d, m)
 
-# NOTE: at the end: opdb_math imports this module's Sample and Maker.
+# NOTE: at the end: opdb_math and opdb_batch_norm_relu import this module's Sample and Maker.
+from tests.ir.opdb_batch_norm_relu import GENERATORS as _BN_RELU_GENERATORS  # noqa: E402
 from tests.ir.opdb_math import GENERATORS as _MATH_GENERATORS  # noqa: E402
 
 GENERATORS.update(_MATH_GENERATORS)
+GENERATORS.update(_BN_RELU_GENERATORS)
 
 
 def cases() -> list[tuple[str, torch.dtype]]:

@@ -129,6 +129,8 @@ NEEDS_STATIC = {
     "aten_datadep": "a data-dependent op takes operands of static shape (its result's sizes are "
     "unbacked, never symbolic sizes of an input)",
     "aten_check": "its operands are static (a clear TypeRuleError otherwise)",
+    "batch_norm_relu": "an ATen call's meta kernel runs on static fake tensors",
+    "batch_norm_relu_backward": "an ATen call's meta kernel runs on static fake tensors",
 }
 
 

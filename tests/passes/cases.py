@@ -34,6 +34,38 @@ LIN_HEAD = """graph(
 ) {
 """
 
+# NOTE: ATen's training batch norm and its backward, as a training program's halves hold them
+BN_TRAIN_HEAD = """graph(
+  user %x: f32[4, 3, 5, 5]
+  param %w: f32[3]
+  param %b: f32[3]
+  buffer %m: f32[3]
+  buffer %v: f32[3]
+) {
+"""
+BN_TRAIN = (
+    '  %0, %1, %2, %3, %4 = aten(%x, %w, %b, %m, %v) {name="_native_batch_norm_legit_functional", '
+    'literals="[{\\"t\\": 0}, {\\"t\\": 1}, {\\"t\\": 2}, {\\"t\\": 3}, {\\"t\\": 4}, '
+    'true, 0.1, 1e-05]"} : f32[4, 3, 5, 5], f32[3], f32[3], f32[3], f32[3]\n'
+    "  %5 = relu(%0) : f32[4, 3, 5, 5]\n"
+)
+BN_BACKWARD_HEAD = """graph(
+  user %g: f32[4, 3, 5, 5]
+  user %x: f32[4, 3, 5, 5]
+  param %w: f32[3]
+  user %mean: f32[3]
+  user %rstd: f32[3]
+  user %y: f32[4, 3, 5, 5]
+) {
+"""
+BN_BACKWARD = (
+    "  %0 = le(%y, 0) : bool[4, 3, 5, 5]\n"
+    "  %1 = where(%0, 0.0, %g) : f32[4, 3, 5, 5]\n"
+    '  %2, %3, %4 = aten(%1, %x, %w, %mean, %rstd) {name="native_batch_norm_backward", '
+    'literals="[{\\"t\\": 0}, {\\"t\\": 1}, {\\"t\\": 2}, null, null, {\\"t\\": 3}, '
+    '{\\"t\\": 4}, true, 1e-05, [true, true, true]]"} : f32[4, 3, 5, 5], f32[3], f32[3]\n'
+)
+
 # the shape-prop case starts from a graph whose input type changed after it was built
 UNVERIFIED = {"shape-prop.retype"}
 
@@ -259,6 +291,16 @@ FIRES: dict[str, tuple[str, str, bool]] = {
         "shape-prop",
         False,
     ),
+    "fuse-bn-relu.forward": (
+        g(BN_TRAIN + "  return %5, %1, %2, %3, %4", BN_TRAIN_HEAD),
+        "fuse-bn-relu",
+        False,
+    ),
+    "fuse-bn-relu.backward": (
+        g(BN_BACKWARD + "  return %2, %3, %4", BN_BACKWARD_HEAD),
+        "fuse-bn-relu",
+        False,
+    ),
 }
 
 # rule -> (graph where it must not fire, pipeline, freeze?)
@@ -456,4 +498,18 @@ MUST_NOT: dict[str, tuple[str, str, bool]] = {
     ),
     "decompose.group_norm": (g("  %0 = relu(%x) : f32[4, 6]\n  return %0"), "decompose", False),
     "shape-prop.retype": (g("  %0 = exp(%x) : f32[4, 6]\n  return %0"), "shape-prop", False),
+    # NOTE: the normalized result has another reader; the masked gradient is returned too
+    "fuse-bn-relu.forward": (
+        g(
+            BN_TRAIN + "  %6 = add(%5, %0) : f32[4, 3, 5, 5]\n  return %6, %1, %2, %3, %4",
+            BN_TRAIN_HEAD,
+        ),
+        "fuse-bn-relu",
+        False,
+    ),
+    "fuse-bn-relu.backward": (
+        g(BN_BACKWARD + "  return %2, %3, %4, %1", BN_BACKWARD_HEAD),
+        "fuse-bn-relu",
+        False,
+    ),
 }

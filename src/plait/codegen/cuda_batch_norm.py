@@ -16,6 +16,11 @@ The kernels take a contiguous input of rank 2 or more in float32, bfloat16 or fl
 float32 statistics; a call they do not take (another layout or dtype, one value per channel,
 an evaluation-mode backward) runs ATen's kernel, decided per call. Results are within the
 contract's normalization row of eager's, not bitwise: the sums run in another order.
+
+The same calls run a batch norm fused with its ReLU (``batch_norm_relu``,
+``batch_norm_relu_backward``: :mod:`plait.passes.fuse_bn_relu`): the normalize kernel stores
+``relu`` of its result, the backward kernels mask the gradient by the ReLU's result as they read
+it; a call the kernels do not take runs ATen's kernel with the ReLU after it (the mask before it).
 """
 
 from __future__ import annotations
@@ -26,20 +31,22 @@ from typing import Any
 
 import torch
 
-from plait.codegen.extern import ExternCall
+from plait.codegen.extern_call import ExternCall
 from plait.ir.graph import Node, Value
+from plait.ir.ops.batch_norm_relu import BACKWARD, FORWARD, bound_slots
 from plait.ir.types import TensorType
 
-FORWARD = {
-    ("_native_batch_norm_legit_functional", "default"),
-    ("_native_batch_norm_legit", "no_stats"),
-}
-BACKWARD = ("native_batch_norm_backward", "default")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DETAIL = (
     "plait Triton batch norm ({}: per-channel sums split over the batch; ATen's kernel for an "
     "input that is not contiguous)"
 )
+ATEN = "aten.{}.{} ({}; plait's kernels take float32, bfloat16 and float16 of rank 2 or more)"
+# NOTE: the ops of plait.passes.fuse_bn_relu, with what their detail adds
+FUSED = {
+    "batch_norm_relu": " with the ReLU fused",
+    "batch_norm_relu_backward": " with the ReLU's mask fused",
+}
 # NOTE: stage one's programs: about two waves of 8 per SM on an H200 (132 SMs), each summing at
 # least a tile of values
 PROGRAMS, MIN_SPLIT = 2048, 2048
@@ -52,31 +59,59 @@ ELEMENT_TILE, ELEMENT_ROW = 2048, 1024
 
 
 def batch_norm_call(node: Node) -> ExternCall | None:
-    """The call for an ATen batch-norm node of a training program, or None for other nodes."""
-    if node.op != "aten":
+    """The call for an ATen batch-norm node of a training program, or for one fused with its
+    ReLU (``batch_norm_relu``, ``batch_norm_relu_backward``: always a call, ATen's kernel and
+    the ReLU where the kernels cannot take it); None for other nodes."""
+    fused = node.op in FUSED
+    if node.op != "aten" and not fused:
         return None
     key = (node.attrs["name"], node.attrs["overload"])
     if key not in FORWARD and key != BACKWARD:
         return None
-    from plait.ir.ops.aten import bind_call, decode_call
-    from plait.ir.ops.aten_overloads import resolve_overload
+    from plait.ir.ops.aten import bind_call
 
     a = node.attrs
-    operands = len(node.inputs)
-    args, keywords = decode_call(list(range(operands)), a["literals"], a["kwliterals"])
-    schema = resolve_overload(*key)._schema
-    bound = {arg.name: v for arg, v in zip(schema.arguments, args)}
-    bound.update(keywords)
+    masked = node.op == "batch_norm_relu_backward"
+    operands = len(node.inputs) - masked  # NOTE: the ReLU's result y is the last operand
+    bound = bound_slots(*key, a["literals"], a["kwliterals"], operands)
+    fallback = bind_call(a["name"], a["overload"], a["literals"], a["kwliterals"], operands)
+    if fused:
+        fallback = _relu_after(fallback) if not masked else _mask_before(fallback, bound)
+    what = ("backward" if key == BACKWARD else "forward") + (FUSED[node.op] if fused else "")
     ix = _slot(bound, "input")
     x = node.inputs[ix] if ix is not None else None
-    if not (isinstance(x, Value) and isinstance(x.type, TensorType)):
-        return None
-    if x.type.dtype not in DTYPES or x.type.rank < 2:
-        return None  # NOTE: ATen's call, as the plan's detail then says
-    fallback = bind_call(a["name"], a["overload"], a["literals"], a["kwliterals"], operands)
+    t = x.type if isinstance(x, Value) else None
+    if not (isinstance(t, TensorType) and t.dtype in DTYPES and t.rank >= 2):
+        # NOTE: ATen's call (with the ReLU where fused), as the plan's detail then says
+        return ExternCall(fallback, "normalization", ATEN.format(*key, what)) if fused else None
     if key == BACKWARD:
-        return ExternCall(_backward_fn(bound, fallback), "normalization", DETAIL.format("backward"))
-    return ExternCall(_forward_fn(bound, fallback), "normalization", DETAIL.format("forward"))
+        fn = _backward_fn(bound, fallback, operands if masked else None)
+        return ExternCall(fn, "normalization", DETAIL.format(what))
+    return ExternCall(_forward_fn(bound, fallback, fused), "normalization", DETAIL.format(what))
+
+
+def _relu_after(aten_fn: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+    """ATen's batch norm, then ``relu`` on its normalized result (``batch_norm_relu``)."""
+
+    def fn(tensors: list[Any]) -> Any:
+        out = aten_fn(tensors)
+        return (torch.relu(out[0]), *out[1:])
+
+    return fn
+
+
+def _mask_before(aten_fn: Callable[[list[Any]], Any], bound: dict[str, Any]) -> Any:
+    """``where(le(y, 0), 0.0, grad_out)`` (``y`` the last operand), then ATen's backward
+    (``batch_norm_relu_backward``)."""
+    ig = _slot(bound, "grad_out")
+    assert ig is not None  # NOTE: the op's type rule checked it
+
+    def fn(tensors: list[Any]) -> Any:
+        *operands, y = tensors
+        operands[ig] = torch.where(torch.le(y, 0), 0.0, operands[ig])
+        return aten_fn(operands)
+
+    return fn
 
 
 def _slot(bound: dict[str, Any], name: str) -> int | None:
@@ -104,7 +139,7 @@ def _interpreting() -> bool:
     return interpreting()
 
 
-def _forward_fn(bound: dict[str, Any], fallback: Callable[[list[Any]], Any]) -> Any:
+def _forward_fn(bound: dict[str, Any], fallback: Callable[[list[Any]], Any], relu: bool) -> Any:
     ix, iw, ib = _slot(bound, "input"), _slot(bound, "weight"), _slot(bound, "bias")
     irm, irv = _slot(bound, "running_mean"), _slot(bound, "running_var")
     momentum, eps = float(bound["momentum"]), float(bound["eps"])
@@ -115,12 +150,15 @@ def _forward_fn(bound: dict[str, Any], fallback: Callable[[list[Any]], Any]) -> 
         w, b, rm, rv = (None if i is None else tensors[i] for i in (iw, ib, irm, irv))
         if not _takes(x, w, b, rm, rv):
             return fallback(tensors)
-        return forward(x, w, b, rm, rv, momentum, eps)
+        return forward(x, w, b, rm, rv, momentum, eps, relu=relu)
 
     return fn
 
 
-def _backward_fn(bound: dict[str, Any], fallback: Callable[[list[Any]], Any]) -> Any:
+def _backward_fn(
+    bound: dict[str, Any], fallback: Callable[[list[Any]], Any], iy: int | None
+) -> Any:
+    """``iy``: the operand of the ReLU's result whose mask the gradient takes (fused), or None."""
     ig, ix, iw = _slot(bound, "grad_out"), _slot(bound, "input"), _slot(bound, "weight")
     imean, irstd = _slot(bound, "save_mean"), _slot(bound, "save_invstd")
     mask = [bool(m) for m in bound["output_mask"]]
@@ -131,14 +169,17 @@ def _backward_fn(bound: dict[str, Any], fallback: Callable[[list[Any]], Any]) ->
             return fallback(tensors)
         g, x, mean, rstd = tensors[ig], tensors[ix], tensors[imean], tensors[irstd]
         w = None if iw is None else tensors[iw]
+        y = None if iy is None else tensors[iy]
         per_channel = (mean, rstd) if w is None else (mean, rstd, w)
         if w is None and (mask[1] or mask[2]):
             return fallback(tensors)
         if not _takes(x, *per_channel) or g.shape != x.shape or not g.is_contiguous():
             return fallback(tensors)
+        if y is not None and (y.shape != x.shape or not y.is_contiguous()):
+            return fallback(tensors)
         if mean.dtype != torch.float32 or rstd.dtype != torch.float32:
             return fallback(tensors)
-        dx, dw, db = backward(g, x, w, mean, rstd, mask)
+        dx, dw, db = backward(g, x, w, mean, rstd, mask, relu_out=y)
         kept = [t for t in (dx, dw, db) if t is not None]
         return kept[0] if len(kept) == 1 else tuple(kept)
 
@@ -210,9 +251,11 @@ def forward(
     rv: torch.Tensor | None,
     momentum: float,
     eps: float,
+    relu: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """``_native_batch_norm_legit_functional``'s results (``no_stats``'s without running
-    statistics): ``(y, mean, rstd[, new_running_mean, new_running_var])``."""
+    statistics): ``(y, mean, rstd[, new_running_mean, new_running_var])``; ``relu``: ``y``
+    passed through ``relu`` (``batch_norm_relu``'s results)."""
     k, n, c, length, s, rows, part = _split_over_batch(x)
     f32 = torch.float32
     mean = torch.empty((c,), device=x.device, dtype=f32)
@@ -234,7 +277,7 @@ def forward(
     _launch(
         k._normalize, grid, x, y, mean, rstd, w if w is not None else mean,
         b if b is not None else mean, c, length, n * c,
-        HAS_W=w is not None, HAS_B=b is not None, RB=rb, LB=lb, num_warps=warps,
+        HAS_W=w is not None, HAS_B=b is not None, RELU=relu, RB=rb, LB=lb, num_warps=warps,
     )  # fmt: skip
     if running:
         return y, mean, rstd, new_rm, new_rv
@@ -248,15 +291,20 @@ def backward(
     mean: torch.Tensor,
     rstd: torch.Tensor,
     mask: Sequence[bool],
+    relu_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """``native_batch_norm_backward``'s results in training mode: ``(dx, dw, db)``, each None
-    where ``mask`` does not ask for it."""
+    where ``mask`` does not ask for it; with ``relu_out`` (a ReLU's result, contiguous, of
+    ``g``'s shape) those of ``where(le(relu_out, 0), 0.0, g)`` (``batch_norm_relu_backward``'s),
+    the mask applied as the kernels read ``g``."""
+    y = relu_out if relu_out is not None else g  # NOTE: a pointer the kernels never read then
+    masked = relu_out is not None
     k, n, c, length, s, rows, part = _split_over_batch(x)
     coef = torch.empty((c, 3), device=x.device, dtype=torch.float32)
     rb, lb, warps = tiles(rows, length, REDUCE_TILE, REDUCE_ROW)
     _launch(
-        k._grad_sums, (c, s), g, x, mean, part, c, n,
-        L=length, ROWS=rows, RB=rb, LB=lb, num_warps=warps,
+        k._grad_sums, (c, s), g, y, x, mean, part, c, n,
+        L=length, ROWS=rows, MASKED=masked, RB=rb, LB=lb, num_warps=warps,
     )  # fmt: skip
     dw = torch.empty_like(w) if w is not None else None
     db = torch.empty_like(w) if w is not None else None
@@ -272,7 +320,7 @@ def backward(
         rb, lb, warps = tiles(n * c, length, ELEMENT_TILE, ELEMENT_ROW)
         grid = (math.ceil(n * c / rb), math.ceil(length / lb))
         _launch(
-            k._grad_input, grid, g, x, mean, coef, dx, c, length, n * c,
-            RB=rb, LB=lb, num_warps=warps,
+            k._grad_input, grid, g, y, x, mean, coef, dx, c, length, n * c,
+            MASKED=masked, RB=rb, LB=lb, num_warps=warps,
         )  # fmt: skip
     return dx, dw if mask[1] else None, db if mask[2] else None

@@ -12,7 +12,9 @@ the variance's rounding error is that of the deviations from the shift, not of t
 the splits are combined by Chan's pairwise formula (count, mean, sum of squared deviations). A
 NaN or infinity reaches the channel's mean and variance as in eager's Welford loop. The
 elementwise kernels compute eager's expressions: ``(x - mean) * (rstd * w) + b`` and
-``(g - sum_g / n - (x - mean) * (sum_gx / n * rstd^2)) * (rstd * w)``.
+``(g - sum_g / n - (x - mean) * (sum_gx / n * rstd^2)) * (rstd * w)``. A batch norm fused with
+its ReLU (``plait.passes.fuse_bn_relu``) applies the ReLU to the rounded result as it stores it,
+and its backward the ReLU's mask to ``g`` as each kernel reads it.
 
 Offsets are int32: the caller passes tensors of fewer than 2^30 values (a masked lane's offset
 runs at most a tile past the end).
@@ -122,9 +124,11 @@ def _finalize_moments(
 @triton.jit
 def _normalize(
     x_ptr, y_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, C, L, rows_total,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, RB: tl.constexpr, LB: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr,
+    RB: tl.constexpr, LB: tl.constexpr,
 ):  # fmt: skip
-    """``y = (x - mean) * (rstd * w) + b`` over ``[RB, LB]`` tiles of the ``(N * C, L)`` rows."""
+    """``y = (x - mean) * (rstd * w) + b`` over ``[RB, LB]`` tiles of the ``(N * C, L)`` rows;
+    ``RELU``: ``relu`` of ``y`` rounded to its dtype."""
     row = tl.program_id(0) * RB + tl.arange(0, RB)
     j = tl.program_id(1) * LB + tl.arange(0, LB)
     live = row < rows_total
@@ -139,16 +143,29 @@ def _normalize(
     y = (x - mean[:, None]) * scale[:, None]
     if HAS_B:
         y = y + tl.load(b_ptr + c, mask=live, other=0.0).to(tl.float32)[:, None]
-    tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=m)
+    y = y.to(y_ptr.dtype.element_ty)
+    if RELU:
+        # NOTE: eager's relu of the rounded value, ``y < 0 ? 0 : y``: NaN and -0.0 pass
+        y = tl.where(y < 0.0, 0.0, y).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + at, y, mask=m)
+
+
+@triton.jit
+def _masked(g, y_ptrs, m):
+    """The ReLU's derivative rule on ``g``: ``where(le(y, 0), 0.0, g)`` (eager's
+    threshold_backward; a NaN y passes g), y read at ``y_ptrs`` in its own dtype."""
+    y = tl.load(y_ptrs, mask=m, other=0.0)
+    return tl.where(y <= 0.0, 0.0, g)
 
 
 @triton.jit
 def _grad_sums(
-    g_ptr, x_ptr, mean_ptr, part_ptr, C, N,
-    L: tl.constexpr, ROWS: tl.constexpr, RB: tl.constexpr, LB: tl.constexpr,
+    g_ptr, y_ptr, x_ptr, mean_ptr, part_ptr, C, N,
+    L: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, RB: tl.constexpr,
+    LB: tl.constexpr,
 ):  # fmt: skip
     """Split ``s`` of channel ``c``: (sum of g, sum of g * (x - mean)) at
-    ``part[(s * C + c) * 2]``."""
+    ``part[(s * C + c) * 2]``; ``MASKED``: of g masked by the ReLU result y (:func:`_masked`)."""
     c = tl.program_id(0)
     s = tl.program_id(1)
     n0 = s * ROWS
@@ -165,6 +182,8 @@ def _grad_sums(
         for lb in range(0, L, LB):
             m = live & ((lb + j) < L)
             g = tl.load(g_ptr + base + lb + j, mask=m, other=0.0).to(tl.float32)
+            if MASKED:
+                g = _masked(g, y_ptr + base + lb + j, m)
             x = tl.load(x_ptr + base + lb + j, mask=m, other=0.0).to(tl.float32)
             sg += g
             sgx += g * tl.where(m, x - mean, 0.0)
@@ -202,9 +221,11 @@ def _finalize_grads(
 
 @triton.jit
 def _grad_input(
-    g_ptr, x_ptr, mean_ptr, coef_ptr, dx_ptr, C, L, rows_total, RB: tl.constexpr, LB: tl.constexpr
-):
-    """``dx = (g - sum_g / n - (x - mean) * proj) * (rstd * w)`` over ``[RB, LB]`` tiles."""
+    g_ptr, y_ptr, x_ptr, mean_ptr, coef_ptr, dx_ptr, C, L, rows_total,
+    MASKED: tl.constexpr, RB: tl.constexpr, LB: tl.constexpr,
+):  # fmt: skip
+    """``dx = (g - sum_g / n - (x - mean) * proj) * (rstd * w)`` over ``[RB, LB]`` tiles;
+    ``MASKED``: g masked by the ReLU result y (:func:`_masked`)."""
     row = tl.program_id(0) * RB + tl.arange(0, RB)
     j = tl.program_id(1) * LB + tl.arange(0, LB)
     live = row < rows_total
@@ -216,6 +237,8 @@ def _grad_input(
     m = live[:, None] & (j < L)[None, :]
     at = row[:, None] * L + j[None, :]
     g = tl.load(g_ptr + at, mask=m, other=0.0).to(tl.float32)
+    if MASKED:
+        g = _masked(g, y_ptr + at, m)
     x = tl.load(x_ptr + at, mask=m, other=0.0).to(tl.float32)
     dx = (g - mean_g[:, None] - (x - mean[:, None]) * proj[:, None]) * scale[:, None]
     tl.store(dx_ptr + at, dx.to(dx_ptr.dtype.element_ty), mask=m)

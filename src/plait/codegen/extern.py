@@ -23,28 +23,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from plait.codegen import causal_attention
+from plait.codegen.cuda_batch_norm import batch_norm_call
+from plait.codegen.extern_call import ExternCall
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
 
 Consts = Mapping[Any, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class ExternCall:
-    """How the executor runs one extern node."""
-
-    fn: Callable[..., Any]
-    op_class: str
-    detail: str
-    # NOTE: the library whose compile-time refusal or acceptance the plan reports ("oneDNN",
-    # "MKL"); empty for PyTorch's own ops.
-    library: str = ""
 
 
 def reusable(w: object) -> bool:
@@ -325,12 +314,22 @@ def _sum(n: Node, consts: Consts) -> ExternCall:
     )
 
 
+def _batch_norm_relu(n: Node, consts: Consts) -> ExternCall:
+    """A training batch norm fused with its ReLU (``fuse-bn-relu``): plait's Triton kernels
+    where they take the call, else ATen's kernel and the ReLU (codegen.cuda_batch_norm)."""
+    call = batch_norm_call(n)
+    assert call is not None  # NOTE: a fused node always gets a call, ATen's at least
+    return call
+
+
 EXTERN_RULES: dict[str, Callable[[Node, Consts], ExternCall]] = {
     "fmod": _binary_aten("fmod"),
     "remainder": _binary_aten("remainder"),
     "aten": _aten,
     "aten_factory": _aten,
     "aten_check": _aten_check,
+    "batch_norm_relu": _batch_norm_relu,
+    "batch_norm_relu_backward": _batch_norm_relu,
     "torch_vjp": _torch_vjp,
     "sum": _sum,  # NOTE: outer sums only (outer_sum); the others are native reductions
     "conv2d": _conv2d,

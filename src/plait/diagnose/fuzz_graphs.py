@@ -40,6 +40,8 @@ EXCLUDED = {
     "rng_seed": "generator state",
     "rng_set_state": "generator state",
     "batch_norm_train": "writes running statistics (a training program)",
+    "batch_norm_relu": "an ATen call named by string (a training program's, after fuse-bn-relu)",
+    "batch_norm_relu_backward": "an ATen call named by string (a training program's backward)",
 }
 # NOTE: ops whose eager result is not a function of its inputs alone: the generator makes them
 # graph outputs only (nothing reads them), where the gate's value comparison holds

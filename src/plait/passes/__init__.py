@@ -10,7 +10,16 @@ Example:
     ['canonicalize', 'const-fold', 'cse']
 """
 
-from plait.passes import canonicalize, cleanup, decompose, fold, fold_bn, shapes, simplify  # noqa: F401
+from plait.passes import (  # noqa: F401
+    canonicalize,
+    cleanup,
+    decompose,
+    fold,
+    fold_bn,
+    fuse_bn_relu,
+    shapes,
+    simplify,
+)
 from plait.passes.manager import (
     CONTRACT,
     EXACT,

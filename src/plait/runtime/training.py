@@ -3,7 +3,8 @@ PyTorch's autograd.
 
 :func:`compile_training` builds the joint graph of a (pass-optimized) forward graph with respect
 to the inputs that require grad (:mod:`plait.autograd`), partitions it, runs the pass pipeline on
-each half, and compiles both with Stax (kernels built together). The result is called with the
+each half (on the Triton target ``fuse-bn-relu`` too), and compiles both with Stax (kernels
+built together). The result is called with the
 forward graph's inputs and returns its outputs, attached to PyTorch's autograd graph: the
 compiled backward runs when PyTorch's engine reaches the call.
 
@@ -34,6 +35,7 @@ from plait.codegen.datadep import unbacked
 from plait.codegen.options import StaxOptions
 from plait.ir.graph import Graph
 from plait.passes import TRAINING_PIPELINE, PipelineResult, run_pipeline
+from plait.runtime.kernel_targets import resolve_target
 from plait.runtime.program import StaxProgram, compile_graphs
 
 
@@ -123,6 +125,14 @@ def _static_handoff(part: Partition) -> None:
             )
 
 
+def _halves_pipeline(pipeline: str, forward: Graph, options: StaxOptions) -> str:
+    """``pipeline``, and on the Triton target ``fuse-bn-relu`` after it: there plait's
+    batch-norm kernels apply a ReLU and its mask as they read (codegen.cuda_batch_norm)."""
+    if resolve_target(forward, options) != "triton":
+        return pipeline
+    return ",".join(p for p in (pipeline, "fuse-bn-relu") if p)
+
+
 def compile_training(
     graph: Graph,
     wrt: Sequence[str],
@@ -149,8 +159,10 @@ def compile_training(
     _static_handoff(part)
     seconds["partition"] = time.perf_counter() - start
     start = time.perf_counter()
+    halves_pipeline = _halves_pipeline(pipeline, part.forward, options or StaxOptions())
     results = [
-        run_pipeline(g, pipeline, source_hash=source_hash) for g in (part.forward, part.backward)
+        run_pipeline(g, halves_pipeline, source_hash=source_hash)
+        for g in (part.forward, part.backward)
     ]
     halves = [r.graph for r in results]
     seconds["passes"] = time.perf_counter() - start
