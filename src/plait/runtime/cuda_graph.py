@@ -160,18 +160,24 @@ class GraphedCall:
     def __call__(self, *args: Any) -> list[Any]:
         with self._lock:
             lease = self._take_borrowed(args) if self.borrowed else None
+            sources = []
             for i, static, t in self.copies:
                 a = args[i]
                 _check(a, t, static, self.device, i, self.names[i])
-                static.copy_(a)
+                sources.append(a)
+            if sources:
+                # NOTE: a few calls for every input (a training step's parameters and buffers:
+                # hundreds), where a copy_ each cost the host more than the replay
+                _copy_all([s for _, s, _ in self.copies], sources)
             if self.lent:
                 assert self.handoff is not None
                 self.handoff.vacate()
             self.graph.replay()
+            copied = _fresh_copies([o for kind, o in self.outputs if kind == "copy"])
             out: list[Any] = []
             for kind, o in self.outputs:
                 if kind == "copy":
-                    out.append(o.clone())
+                    out.append(next(copied))
                 elif kind == "input":
                     out.append(args[o])
                 elif kind == "lent":
@@ -213,6 +219,28 @@ class GraphedCall:
             _check(args[i], t, handoff.buffers[k], self.device, i, self.names[i])
             handoff.buffers[k].copy_(args[i])
         return None
+
+
+def _fresh_copies(buffers: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """Copies of ``buffers`` (each laid out as ``clone`` lays it out), filled by one call."""
+    if not buffers:
+        return iter(())
+    fresh = [torch.empty_like(b) for b in buffers]
+    _copy_all(fresh, buffers)
+    return iter(fresh)
+
+
+def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """``t.copy_(s)`` for each pair, as one ``_foreach_copy_`` per dtype and layout: a list of
+    one dtype and dense layout takes its multi-tensor kernels (a few launches in all), a mixed
+    one a launch per tensor. NOTE: targets are distinct buffers that no source overlaps."""
+    groups: dict[tuple[torch.dtype, bool], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for t, s in zip(targets, sources):
+        group = groups.setdefault((t.dtype, s.is_contiguous()), ([], []))
+        group[0].append(t)
+        group[1].append(s)
+    for ts, ss in groups.values():
+        torch._foreach_copy_(ts, ss)
 
 
 def _check(a: Any, t: TensorType, static: torch.Tensor, device: Any, i: int, name: str) -> None:
