@@ -53,8 +53,16 @@ def default_store() -> LocalStore:
     return LocalStore(cache_root() / "artifacts")
 
 
+# NOTE: the setting that names a remote tier (plait.cache.remote reads it)
+REMOTE_URL_VARIABLE = "PLAIT_CACHE_URL"
+
+
 def _remote_url(option: Any) -> str | None:
     """The remote tier an option (or else ``$PLAIT_CACHE_URL``) names for a local store."""
+    if not (isinstance(option, str) and "://" in option) and not os.environ.get(
+        REMOTE_URL_VARIABLE
+    ):
+        return None  # NOTE: none named: the remote tier's module (and redis) stay unloaded
     from plait.cache import remote
 
     return option if remote.is_remote_url(option) else remote.url_setting()

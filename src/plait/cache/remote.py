@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from plait.cache import REMOTE_URL_VARIABLE
 from plait.cache.entry_file import Payload, decode_entry, encode_entry
 from plait.cache.lookup import CacheWarning, warn_at_caller
 from plait.cache.remote_copies import aligned_copy, defer_copy, superseded, wait_for_copy
@@ -71,7 +72,7 @@ from plait.errors import (
 )
 
 SCHEMES = ("redis", "rediss", "unix")
-URL_VARIABLE = "PLAIT_CACHE_URL"
+URL_VARIABLE = REMOTE_URL_VARIABLE
 TTL_VARIABLE = "PLAIT_CACHE_REMOTE_TTL"
 MAX_ENTRY_VARIABLE = "PLAIT_CACHE_REMOTE_MAX_ENTRY_BYTES"
 DEFAULT_TTL = 7 * 24 * 3600

@@ -38,15 +38,17 @@ def begin_compile(graph: Graph, options: StaxOptions | None = None) -> None:
     """Start what a cold compile of ``graph`` can start before its passes run: for a CUDA
     program's Triton kernels, the compile workers (:func:`plait.codegen.triton_pool.prestart`),
     so they are ready when its kernels are printed."""
-    from plait.codegen import triton_pool
-    from plait.codegen.triton_load import interpreting, torch_ptxas_once
-
     opts = options or StaxOptions()
     try:
         device, target = graph_device(graph), resolve_target(graph, opts)
     except CodegenError:
         return  # NOTE: the compile itself reports it
-    if target == "triton" and device != "cpu" and not interpreting() and opts.jobs != 1:
+    if target != "triton" or device == "cpu":
+        return  # NOTE: no Triton kernel: Triton's modules stay unloaded
+    from plait.codegen import triton_pool
+    from plait.codegen.triton_load import interpreting, torch_ptxas_once
+
+    if not interpreting() and opts.jobs != 1:
         torch_ptxas_once()  # NOTE: the workers start in the environment the kernels compile in
         try:
             triton_pool.prestart(device, opts.jobs)
@@ -84,18 +86,18 @@ def precompile_triton(
     every CPU) at a time (:func:`plait.codegen.triton_load.precompile`)."""
     import os
 
-    from plait.codegen import triton_pool
-    from plait.codegen.triton_load import precompile
-
     by_device: dict[str, list[tuple[Any, list[Any]]]] = {}
     for g, plan, row, target in zip(graphs, plans, infos, targets):
         if target != "triton" or graph_device(g) == "cpu":
             continue
         by_device.setdefault(graph_device(g), []).extend(triton_launches(plan, row))
+    if not by_device:  # NOTE: no Triton kernel to compile: Triton's modules stay unloaded
+        return {"kernels": 0, "jobs": 1, "parallel": False, "seconds": 0.0}
+    from plait.codegen import triton_pool
+    from plait.codegen.triton_load import precompile
+
     jobs = opts.jobs or os.cpu_count() or 1
     records = [precompile(kernels, device, jobs) for device, kernels in by_device.items()]
-    if not records:
-        return {"kernels": 0, "jobs": 1, "parallel": False, "seconds": 0.0}
     out = {
         "kernels": sum(r["kernels"] for r in records),
         "jobs": max(r["jobs"] for r in records),
