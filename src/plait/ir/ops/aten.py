@@ -69,6 +69,7 @@ from plait.ir.ops.vjp import (
     empty_batch_zeros,
     is_empty,
     nondifferentiable,
+    torch_vjp_rule,
     vjp,
 )
 from plait.ir.types import TensorType, Type
@@ -357,9 +358,21 @@ def _check_ref(args: list[Any], name: str, overload: str, literals: str, kwliter
     return bind_check(name, overload, literals, kwliterals, len(args))(list(args))
 
 
+# NOTE: inference overloads with no derivative (autograd refuses them) and the overload eager
+# calls in their place when a gradient flows: same arguments, same results. Capture traces
+# F.embedding_bag with a weight that does not require grad, so it records the inference one;
+# run with a gradient flowing (PyTorch's autograd over the reference: a torch_vjp node, a
+# backward that falls back to eager autograd) the reference calls eager's training overload.
+TRAINING_OVERLOADS = {aten._embedding_bag_forward_only.default: aten._embedding_bag.default}
+
+
 def _aten_ref(args: list[Any], name: str, overload: str, literals: str, kwliterals: str) -> Any:
     call_args, keywords = decode_call(list(args), literals, kwliterals)
     op = resolve_overload(name, overload)
+    if torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *keywords.values())
+    ):
+        op = TRAINING_OVERLOADS.get(op, op)
     return defined_results(
         _masked(op(*call_args, **keywords), _output_mask(op, call_args, keywords))
     )
@@ -436,6 +449,8 @@ def _aten_vjp(ctx: VjpContext) -> list[Operand | None]:
         return _cpu_flash_attention_vjp(ctx)
     if op is aten.max_pool2d_with_indices.default:
         return _max_pool_with_indices_vjp(ctx, op)
+    if op in (aten._embedding_bag_forward_only.default, aten._embedding_bag.default):
+        return _embedding_bag_vjp(ctx)
     if op in (
         aten._native_batch_norm_legit_functional.default,
         aten._native_batch_norm_legit.no_stats,
@@ -451,6 +466,31 @@ def _aten_vjp(ctx: VjpContext) -> list[Operand | None]:
             "whose eager gradient is zero)"
         )
     return differentiated_call(ctx, probe)
+
+
+def _embedding_bag_vjp(ctx: VjpContext) -> list[Operand | None]:
+    """PyTorch's autograd over ``_embedding_bag`` (``torch_vjp``: it runs the bags again in the
+    backward), seeded with the bags' cotangent alone: ``EmbeddingBagBackward0`` gives the weight's
+    and the per-sample weights' gradients; offset2bag, bag_size and max_indices are integers and
+    take none. Capture traces ``F.embedding_bag`` with a weight that does not require grad, so
+    it records ``_embedding_bag_forward_only``, which has no derivative (autograd refuses its
+    integer results); the gradient is that of ``_embedding_bag``, which eager calls when one
+    flows: the same arguments and first result. ``sparse=True`` asks for a sparse weight
+    gradient, which a compiled backward does not return: refused."""
+    op = aten._embedding_bag.default
+    slots = list(range(len(ctx.inputs)))
+    args, keywords = decode_call(slots, ctx.attrs["literals"], ctx.attrs["kwliterals"])
+    bound = {a.name: v for a, v in zip(op._schema.arguments, args)}
+    bound.update(keywords)
+    if bound.get("sparse"):
+        raise NoDerivativeError(
+            f"aten.{ctx.attrs['name']} with sparse=True: eager gives the weight a sparse "
+            "gradient, and a compiled backward returns dense ones"
+        )
+    bags_only = [ctx.grads[0], *([None] * (len(ctx.grads) - 1))]
+    train = VjpContext(ctx.builder, ctx.node, bags_only, ctx.needs)
+    train.attrs = {**ctx.attrs, "name": "_embedding_bag"}
+    return torch_vjp_rule(train)
 
 
 def _batch_norm_train_vjp(ctx: VjpContext, op: Any) -> list[Operand | None]:
