@@ -27,7 +27,8 @@ import torch
 import torch.fx
 import torch.utils._pytree as torch_pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.overrides import resolve_name
+
+from plait.frontend.op_names import public_name
 
 # NOTE: the Python namespaces of builtin torch functions and the prefix their ATen names take
 _PREFIXES = (
@@ -45,7 +46,7 @@ def aten_name(func: Any) -> str | None:
     ``linalg_eigvalsh``), or None for a Python function or an unknown name."""
     if not isinstance(func, (types.BuiltinFunctionType, types.MethodDescriptorType)):
         return None
-    name = resolve_name(func)
+    name = public_name(func)
     if name is None:
         return None
     for prefix, aten_prefix in _PREFIXES:

@@ -37,11 +37,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.overrides import resolve_name
 
 from plait.frontend.aten_trace import NOT_RUN as _NOT_RUN
 from plait.frontend.aten_trace import Refused, trace_to_aten
 from plait.frontend.call_encoding import NotLiteral, call_spec
+from plait.frontend.op_names import public_name
 from plait.frontend.pytree import same_type
 from plait.frontend.writes import inplace_index, write_targets
 from plait.ir.ops.call_literals import resolve_target
@@ -56,7 +56,7 @@ _HINT = (
 
 
 def _target(func: Any) -> str | None:
-    name = resolve_name(func)
+    name = public_name(func)
     if name is None:
         return None
     try:
@@ -181,7 +181,7 @@ def _out_of_place(func: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dic
         if len(args) > index:
             return func, (*args[:index], False, *args[index + 1 :]), kwargs
         return None
-    name = resolve_name(func)
+    name = public_name(func)
     if name is None:
         return None
     owner, _, last = name.rpartition(".")

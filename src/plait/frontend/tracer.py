@@ -25,10 +25,11 @@ from typing import Any
 
 import sympy
 import torch
-from torch.overrides import TorchFunctionMode, resolve_name
+from torch.overrides import TorchFunctionMode
 
 from plait.frontend import datadep, pytree
 from plait.frontend.capture_values import CaptureValues, Tracer
+from plait.frontend.op_names import op_name
 from plait.frontend.opaque import run_opaque
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
@@ -52,14 +53,6 @@ class _Mode(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         return self.cx.dispatch(func, args, kwargs or {})
-
-
-def op_name(func: Any) -> str:
-    name = resolve_name(func)
-    if name is None:
-        name = getattr(func, "__qualname__", None) or repr(func)
-    # NOTE: torch.functional.* is re-exported as torch.*; name the public spelling.
-    return name.removeprefix("torch.").removeprefix("functional.").replace(".__get__", "")
 
 
 # NOTE: argument types whose use runs no Python of the program (exact types: a subclass of int
