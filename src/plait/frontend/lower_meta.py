@@ -62,7 +62,9 @@ def _len(cx: CaptureContext, x: Any) -> Any:
     sizes = cx.sizes(cx.tracer(x))
     if not len(sizes):
         raise ProgramTypeError("len() of a 0-d tensor")
-    return sizes[0]
+    # NOTE: len() hands Python a plain int (CPython copies an int subclass's value without
+    # calling __index__), so a symbolic size is specialized here, not left to a hook
+    return cx.int(sizes[0])
 
 
 @meta(_getter("dtype"))

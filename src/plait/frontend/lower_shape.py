@@ -214,15 +214,26 @@ def _chunk(cx: CaptureContext, out: Any, x: Any, chunks: Any, dim: Any = 0) -> A
     return _pieces(cx, x, values, [int(o.shape[d]) for o in out], d)
 
 
+def _count_static(cx: CaptureContext, x: Any, dim: int, count: int) -> None:
+    """``unbind`` and iteration make one result per index of ``dim``: a symbolic size there is
+    specialized (a guard that the count is the captured one), never a fixed count of results."""
+    size = _dims_of(cx, x)[dim]
+    if not isinstance(size, int):
+        cx.specialize(size, count)
+
+
 @op(*both("unbind"))
 def _unbind(cx: CaptureContext, out: Any, x: Any, dim: Any = 0) -> Any:
     d = cx.int(dim)
+    _count_static(cx, x, d, len(out))
     return tuple(_view(cx, x, ViewStep.of("select", dim=d, index=i)) for i in range(len(out)))
 
 
 @op(T.__iter__)
 def _iter(cx: CaptureContext, out: Any, x: Any) -> Any:
     items = list(out)
+    if items:
+        _count_static(cx, x, 0, len(items))
     views = tuple(_view(cx, x, ViewStep.of("select", dim=0, index=i)) for i in range(len(items)))
     return _Iter(cx.wrap(views, tuple(items), [cx.tracer(x)], cx.tracer(x)._rg))
 

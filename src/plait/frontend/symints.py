@@ -9,7 +9,10 @@ A :class:`TracedInt` is an ``int`` (its value in the capture sample) that also c
 
 Comparing it records a guard (``x.shape[0] > 2``, expected ``True``) with the active capture and
 returns a plain ``bool``. Arithmetic with ints keeps tracking. Converting it to a plain int
-(``__index__``, ``int()``) specializes it: with symbolic dims that records an equality guard.
+(``__index__``, ``int()``, ``str()``, bitwise operators, ``divmod``, ``abs``) specializes it: with
+symbolic dims that records an equality guard. CPython copies an int subclass's value without
+calling any of its methods in ``range()``, ``operator.index()``, arithmetic with a float on the
+left and ``math.log``: those are not seen (docs/capture.md, "Dynamic shapes").
 
 Example:
     >>> import sympy
@@ -90,6 +93,18 @@ def _arith(fn: Callable[[Any, Any], Any], reflected: bool = False) -> Callable[.
     return method
 
 
+def _plain_op(fn: Callable[[Any, Any], Any], reflected: bool = False) -> Callable[..., Any]:
+    """An int operator that leaves the tracked world: computed on the specialized value."""
+
+    def method(self: TracedInt, other: Any) -> Any:
+        if not isinstance(other, int):
+            return NotImplemented
+        plain = self.__int__()
+        return fn(other, plain) if reflected else fn(plain, other)
+
+    return method
+
+
 _SYMPY_REL: dict[Any, Any] = {
     operator.eq: sympy.Eq,
     operator.ne: sympy.Ne,
@@ -133,7 +148,8 @@ class TracedInt(int):
     def __repr__(self) -> str:
         return repr(int.__int__(self))
 
-    __str__ = __repr__
+    def __str__(self) -> str:
+        return str(self.__int__())
 
     def __hash__(self) -> int:
         return int.__hash__(self)
@@ -174,6 +190,57 @@ class TracedInt(int):
 
     def __pow__(self, other: Any, mod: Any = None) -> Any:
         return pow(self.__int__(), other, mod)
+
+    def __rpow__(self, other: Any, mod: Any = None) -> Any:
+        return pow(other, self.__int__(), mod)
+
+    # NOTE: int's own methods would compute from the sample's value and return a plain int
+    # with no guard; each of these specializes first (floor, ceil, trunc and round of an int
+    # are the int itself, so those keep tracking)
+    __and__ = _plain_op(operator.and_)
+    __rand__ = _plain_op(operator.and_, reflected=True)
+    __or__ = _plain_op(operator.or_)
+    __ror__ = _plain_op(operator.or_, reflected=True)
+    __xor__ = _plain_op(operator.xor)
+    __rxor__ = _plain_op(operator.xor, reflected=True)
+    __lshift__ = _plain_op(operator.lshift)
+    __rlshift__ = _plain_op(operator.lshift, reflected=True)
+    __rshift__ = _plain_op(operator.rshift)
+    __rrshift__ = _plain_op(operator.rshift, reflected=True)
+    __divmod__ = _plain_op(divmod)
+    __rdivmod__ = _plain_op(divmod, reflected=True)
+
+    def __invert__(self) -> int:
+        return ~self.__int__()
+
+    def __abs__(self) -> int:
+        return abs(self.__int__())
+
+    def __floor__(self) -> TracedInt:
+        return self
+
+    def __ceil__(self) -> TracedInt:
+        return self
+
+    def __trunc__(self) -> TracedInt:
+        return self
+
+    def __round__(self, ndigits: Any = None) -> Any:
+        if ndigits is None or ndigits >= 0:
+            return self
+        return round(self.__int__(), ndigits)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.__int__(), spec)
+
+    def bit_length(self) -> int:
+        return self.__int__().bit_length()
+
+    def bit_count(self) -> int:
+        return self.__int__().bit_count()
+
+    def to_bytes(self, *args: Any, **kwargs: Any) -> bytes:
+        return self.__int__().to_bytes(*args, **kwargs)
 
     def __float__(self) -> float:
         return float(self.__int__())

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import sympy
 import torch
 
 from plait.frontend.slices import emit_slice, splice, write_range
@@ -61,6 +62,8 @@ class ViewStep:
             return v
         if self.op == "slice":
             return emit_slice(cx, v, **dict(self.attrs))
+        if self.op == "select":
+            _guard_index(cx, v, **dict(self.attrs))
         op = "reshape" if replay and self.op == "view" else self.op
         out: Value = cx.call(op, v, **dict(self.attrs))
         return out
@@ -148,6 +151,15 @@ def _put_strided(
     mask = cx.call("reshape", line, shape=tuple(n if d == dim else 1 for d in range(ty.rank)))
     out: Value = cx.call("where", mask, spread(new, 0), base)
     return out
+
+
+def _guard_index(cx: CaptureContext, v: Value, dim: int, index: int) -> None:
+    """``select`` of a symbolic dim: a guard that ``index`` is in range (``n > index``, or
+    ``n >= -index`` from the end), else a later call at a smaller size reads out of bounds."""
+    assert isinstance(v.type, TensorType)
+    n = v.type.shape[dim % v.type.rank]
+    if not isinstance(n, int):
+        cx.record_predicate(sympy.Gt(n, index) if index >= 0 else sympy.Ge(n, -index), True)
 
 
 def put_diagonal(
