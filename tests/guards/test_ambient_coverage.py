@@ -67,6 +67,8 @@ COVERED = {
     ("runtime/kernel_targets.py", "cpu_count"): "compile parallelism only: the same kernels",
     ("export/native_triton.py", "cpu_count"): "compile parallelism only: the same kernels",
     ("runtime/runner_emit.py", "is_grad_enabled"): "read per call, at run time (nothing compiled)",
+    ("ir/ops/aten.py", "is_grad_enabled"): "read per call by an ATen node's reference, at run "
+    "time: eager's training overload where a gradient flows (nothing compiled)",
     ("autograd/function.py", "is_grad_enabled"): "read in the compiled backward, at run time: "
     "refuses a second-order gradient (nothing compiled)",
     ("autograd/function.py", "is_autocast_enabled"): "read per call, at run time: turns autocast "
