@@ -209,8 +209,11 @@ class _Printer:
             src = s.args[0].dtype
             if t == "b":
                 return f"({a[0]} != 0)"
-            if is_float(src) and t in ("u8", "i8", "i16"):
-                return f"({CTYPE[t]})(int64_t){a[0]}"
+            if is_float(src) and t != "b" and not is_float(t):
+                # NOTE: PyTorch's widths (uint8 and int64 through 64 bits, the others through
+                # 32); the prelude defines NaN and out-of-range values as the machine does
+                wide = "f2i64" if t in ("u8", "i64") else "f2i32"
+                return f"({CTYPE[t]}){wide}({a[0]})"
             return f"({CTYPE[t]}){a[0]}"
         if op == "round":
             return f"{'bf16' if s.attr == 'bf16' else 'f16'}_round({a[0]})"

@@ -345,7 +345,9 @@ class _Printer:
         if is_float(src):
             x = opaque(x, src, 0)
         if is_float(src) and t in ("u8", "i8", "i16"):
-            # NOTE: as the C++ printer: through int64, so the narrow type wraps
+            # NOTE: through int64, so the narrow type wraps; PyTorch (and the C++ printer) take
+            # int8 and int16 through int32, which differs only past int32's range, where
+            # LLVM's conversion is undefined anyway
             return f'T.Cast("{DTYPE[t]}", T.Cast("int64", {x}))'
         return f'T.Cast("{DTYPE[t]}", {x})'
 

@@ -88,6 +88,27 @@ template <class T> inline T fdiv_floor(T a, T b) {
   else floordiv = copysign_(T(0), a / b);
   return floordiv;
 }
+// Float to integer as PyTorch's CPU casts (c10::convert) compute it: int8, int16 and int32 through
+// a 32-bit conversion, uint8 and int64 through a 64-bit one. NaN and values out of range give what
+// the machine's conversion instruction gives (x86: the lowest integer; elsewhere, as AArch64's:
+// saturated, NaN 0), written out: a bare cast of such a value is undefined behaviour, which the
+// compiler folds as it likes (NaN to 0) or narrows through another width.
+template <class F> inline int32_t f2i32(F x) {
+#if defined(__x86_64__) || defined(__i386__)
+  return (x >= F(-2147483648.0) && x < F(2147483648.0)) ? (int32_t)x : INT32_MIN;
+#else
+  return x != x ? 0 : x >= F(2147483648.0) ? INT32_MAX
+                    : x < F(-2147483648.0) ? INT32_MIN : (int32_t)x;
+#endif
+}
+template <class F> inline int64_t f2i64(F x) {
+#if defined(__x86_64__) || defined(__i386__)
+  return (x >= F(-9223372036854775808.0) && x < F(9223372036854775808.0)) ? (int64_t)x : INT64_MIN;
+#else
+  return x != x ? 0 : x >= F(9223372036854775808.0) ? INT64_MAX
+                    : x < F(-9223372036854775808.0) ? INT64_MIN : (int64_t)x;
+#endif
+}
 template <class T> inline bool signed_() { return T(-1) < T(0); }
 template <class T> inline T idiv_trunc(T a, T b) {
   if (b == 0) return 0;
