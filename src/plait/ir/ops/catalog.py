@@ -8,7 +8,7 @@ fused with a ReLU), data-dependent ops, views, movement, pointwise, reductions a
 # isort: off
 from plait.ir.ops import vjp  # noqa: F401  (registers torch_vjp)
 from plait.ir.ops import linalg, pooling, extern  # noqa: F401
-from plait.ir.ops import aten, batch_norm_relu, datadep  # noqa: F401
+from plait.ir.ops import aten, aten_derivatives, batch_norm_relu, datadep  # noqa: F401
 from plait.ir.ops import view, view_derivatives, movement  # noqa: F401
 from plait.ir.ops import pointwise, unary_derivatives, binary_derivatives  # noqa: F401
 from plait.ir.ops import reduction, reduction_derivatives, rng  # noqa: F401
