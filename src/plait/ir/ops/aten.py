@@ -367,7 +367,9 @@ def _factory_ref(name: str, overload: str, literals: str, kwliterals: str) -> An
     return _aten_ref([], name, overload, literals, kwliterals)
 
 
-_ATTRS = (
+# NOTE: the attributes of a node that calls an ATen overload (aten, aten_factory, aten_check,
+# and the fused batch-norm nodes of plait.ir.ops.batch_norm_relu)
+ATEN_ATTRS = (
     Attr("name", "str"),
     Attr("overload", "str", "default"),
     Attr("literals", "str", ""),
@@ -378,7 +380,7 @@ register(
         "aten",
         Category.EXTERN,
         (Param("args", VARIADIC),),
-        _ATTRS,
+        ATEN_ATTRS,
         _aten_rule,
         _aten_ref,
         ALL,
@@ -392,7 +394,7 @@ register(
         "aten_factory",
         Category.EXTERN,
         (),
-        _ATTRS,
+        ATEN_ATTRS,
         _factory_rule,
         _factory_ref,
         ALL,
@@ -406,7 +408,7 @@ register(
         "aten_check",
         Category.EXTERN,
         (Param("args", VARIADIC),),
-        _ATTRS,
+        ATEN_ATTRS,
         _check_rule,
         _check_ref,
         (torch.int64,),

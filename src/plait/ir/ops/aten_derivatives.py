@@ -94,14 +94,25 @@ def _embedding_bag_vjp(ctx: VjpContext) -> list[Operand | None]:
 
 
 def _batch_norm_train_vjp(ctx: VjpContext, op: Any) -> list[Operand | None]:
-    """``native_batch_norm_backward`` reading the batch mean and inverse standard deviation the
-    forward returned (outputs 1 and 2): eager's backward kernel, bitwise. Running statistics get
-    no gradient, and the backward never reads them (in training mode the kernel reads the saved
-    batch statistics; the buffers are written after the call)."""
+    """``native_batch_norm_backward``: eager's backward kernel, bitwise (see
+    :func:`batch_norm_backward`)."""
     slots = list(range(len(ctx.inputs)))
     args, keywords = decode_call(slots, ctx.attrs["literals"], ctx.attrs["kwliterals"])
     bound = {a.name: v for a, v in zip(op._schema.arguments, args)}
     bound.update(keywords)
+    return batch_norm_backward(ctx, bound, "aten")
+
+
+def batch_norm_backward(
+    ctx: VjpContext, bound: dict[str, Any], op: str, last: Operand | None = None
+) -> list[Operand | None]:
+    """The input, weight and bias gradients of a training batch norm (``bound``: its arguments
+    by schema name, a tensor as its operand index) as one node ``op`` calling
+    ``native_batch_norm_backward``, which reads the batch mean and inverse standard deviation
+    the forward returned (outputs 1 and 2); ``last``: an operand after those the call reads
+    (``batch_norm_relu_backward``'s ReLU result). Running statistics get no gradient, and the
+    backward never reads them (in training mode the kernel reads the saved batch statistics;
+    the buffers are written after the call)."""
     x, w, b = bound["input"], bound.get("weight"), bound.get("bias")
     mask = [ctx.wants(x), w is not None and ctx.wants(w), b is not None and ctx.wants(b)]
     out: list[Operand | None] = [None] * len(ctx.inputs)
@@ -109,23 +120,23 @@ def _batch_norm_train_vjp(ctx: VjpContext, op: Any) -> list[Operand | None]:
         return out
     if is_empty(ctx.inputs[x]):
         return empty_batch_zeros(ctx, [i for ok, i in zip(mask, (x, w, b)) if ok])
-    tensors: list[Value] = []
+    tensors: list[Operand] = []
 
-    def ref(i: int | None) -> Any:
-        if i is None:
+    def ref(v: Operand | None) -> Any:
+        if v is None:
             return None
-        v = ctx.inputs[i]
-        assert isinstance(v, Value)
         tensors.append(v)
         return {"t": len(tensors) - 1}
 
-    g, mean, rstd = ctx.grad(0), ctx.outputs[1], ctx.outputs[2]
+    weight = None if w is None else ctx.inputs[w]
     literals = [
-        _tensor_ref(tensors, g), ref(x), ref(w), None, None,
-        _tensor_ref(tensors, mean), _tensor_ref(tensors, rstd), True, float(bound["eps"]), mask,
+        ref(ctx.grad(0)), ref(ctx.inputs[x]), ref(weight), None, None,
+        ref(ctx.outputs[1]), ref(ctx.outputs[2]), True, float(bound["eps"]), mask,
     ]  # fmt: skip
+    if last is not None:
+        tensors.append(last)
     found = ctx.call(
-        "aten",
+        op,
         tensors,
         name="native_batch_norm_backward",
         overload="default",

@@ -30,16 +30,16 @@ Example:
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
 
+from plait.ir.ops.aten import ATEN_ATTRS
+from plait.ir.ops.aten_derivatives import batch_norm_backward
 from plait.ir.ops.aten_overloads import resolve_overload
 from plait.ir.ops.call_literals import decode_call
 from plait.ir.ops.registry import (
     VARIADIC,
-    Attr,
     Category,
     OpDef,
     Param,
@@ -50,8 +50,6 @@ from plait.ir.ops.registry import (
 from plait.ir.ops.vjp import (
     NoDerivativeError,
     VjpContext,
-    empty_batch_zeros,
-    is_empty,
     torch_vjp_rule,
     vjp,
 )
@@ -120,18 +118,12 @@ def _backward_ref(args: list[Any], name: str, overload: str, literals: str, kwli
     return get_op("aten").reference(operands, name, overload, literals, kwliterals)
 
 
-_ATTRS = (
-    Attr("name", "str"),
-    Attr("overload", "str", "default"),
-    Attr("literals", "str", ""),
-    Attr("kwliterals", "str", ""),
-)
 register(
     OpDef(
         "batch_norm_relu",
         Category.EXTERN,
         (Param("args", VARIADIC),),
-        _ATTRS,
+        ATEN_ATTRS,
         _forward_rule,
         _forward_ref,
         FLOAT_DTYPES,
@@ -144,7 +136,7 @@ register(
         "batch_norm_relu_backward",
         Category.EXTERN,
         (Param("args", VARIADIC),),
-        _ATTRS,
+        ATEN_ATTRS,
         _backward_rule,
         _backward_ref,
         FLOAT_DTYPES,
@@ -166,32 +158,7 @@ def _batch_norm_relu_vjp(ctx: VjpContext) -> list[Operand | None]:
     get no gradient."""
     a = ctx.attrs
     bound = bound_slots(a["name"], a["overload"], a["literals"], a["kwliterals"], len(ctx.inputs))
-    x, w, b = bound["input"], bound.get("weight"), bound.get("bias")
-    mask = [ctx.wants(x), w is not None and ctx.wants(w), b is not None and ctx.wants(b)]
-    out: list[Operand | None] = [None] * len(ctx.inputs)
-    if not any(mask):
-        return out
-    if is_empty(ctx.inputs[x]):
-        return empty_batch_zeros(ctx, [i for ok, i in zip(mask, (x, w, b)) if ok])
-    tensors: list[Operand] = [ctx.grad(0), ctx.inputs[x]]
-    refs: list[Any] = [{"t": 0}, {"t": 1}, None, None, None]
-    if w is not None:
-        refs[2] = {"t": len(tensors)}
-        tensors.append(ctx.inputs[w])
-    refs += [{"t": len(tensors)}, {"t": len(tensors) + 1}, True, float(bound["eps"]), mask]
-    tensors += [ctx.outputs[1], ctx.outputs[2], ctx.outputs[0]]
-    found = ctx.call(
-        "batch_norm_relu_backward",
-        tensors,
-        name=BACKWARD[0],
-        overload=BACKWARD[1],
-        literals=json.dumps(refs),
-    )
-    found = iter(found if isinstance(found, tuple) else (found,))
-    for wanted, i in zip(mask, (x, w, b)):
-        if wanted:
-            out[i] = next(found)
-    return out
+    return batch_norm_backward(ctx, bound, "batch_norm_relu_backward", last=ctx.outputs[0])
 
 
 @vjp("batch_norm_relu_backward")
