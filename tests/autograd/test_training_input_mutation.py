@@ -31,13 +31,26 @@ def _add_exp(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (x * w).sum()
 
 
-def test_an_input_written_with_a_differentiable_value_keeps_the_writes_history() -> None:
-    compiled = plait.compile(_add_exp, backend="stax")
-    _refused_loudly(_add_exp, randn(4, seed=7), randn(4, seed=8).requires_grad_(True))
+def _addcmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    x.addcmul_(w, w)  # NOTE: no capture rule: written through its out-of-place form (opaque)
+    return (x * w).sum()
+
+
+def _lerp(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    x.lerp_(w, 0.3)
+    return (x * w).sum()
+
+
+@pytest.mark.parametrize("program", [_add_exp, _addcmul, _lerp], ids=lambda f: f.__name__)
+def test_an_input_written_with_a_differentiable_value_keeps_the_writes_history(
+    program: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> None:
+    compiled = plait.compile(program, backend="stax")
+    _refused_loudly(program, randn(4, seed=7), randn(4, seed=8).requires_grad_(True))
     for seed in (1, 2):
         x0, w0 = randn(4, seed=seed), randn(4, seed=seed + 50)
         grads = []
-        for fn in (_add_exp, compiled):
+        for fn in (program, compiled):
             x, w = x0.clone(), w0.clone().requires_grad_(True)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", CaptureFallbackWarning)

@@ -217,12 +217,12 @@ def trace_to_aten(
         break
     else:
         return Refused(reasons[0], sampled)
+    grad = cx.grad_enabled and any(t._rg for t in inputs)
     for i, new in emitter.writes:
-        cx.assign(inputs[i], new)
+        cx.assign(inputs[i], new, grad)
         cx.check(cx.value(inputs[i]), inputs[i]._plain)
     if sampled is None:
         return None
-    grad = cx.grad_enabled and any(t._rg for t in inputs)
     wrapped = [None if v is None else _result(cx, v, o, inputs, grad) for v, o in zip(values, outs)]
     if isinstance(sampled, (tuple, list)):
         return pytree.same_type(sampled, wrapped)

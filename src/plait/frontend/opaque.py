@@ -231,7 +231,7 @@ def _run_functionalized(
             f"{no_rule}, and its out-of-place form computed other values than the in-place "
             "call on the capture sample; plait cannot functionalize it",
         )
-    cx.assign(args[0], cx.value(result))
+    cx.assign(args[0], cx.value(result), cx.tracer(result)._rg)
     cx.check(cx.value(target), target._plain)
     return target
 
