@@ -323,8 +323,11 @@ class _Printer:
     def cast(self, x: str, src: str, t: str) -> str:
         if t == "b":
             return f"{x} != {const_text(0.0 if is_float(src) else 0, src)}"
-        if is_float(src) and t in ("u8", "i8", "i16"):
-            # NOTE: as the C++ printer: through int64, so the narrow type wraps.
+        if is_float(src) and t in ("i8", "i16"):
+            # NOTE: PyTorch's widths, on both devices: through int32 (saturated on a GPU, x86's
+            # lowest integer on a CPU), then wrapped to the narrow type.
+            return f"{x}.to(tl.int32).to({TL[t]})"
+        if is_float(src) and t == "u8":
             return f"{x}.to(tl.int64).to({TL[t]})"
         return f"{x}.to({TL[t]})"
 

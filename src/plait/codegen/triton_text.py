@@ -17,7 +17,7 @@ import math
 import struct
 from dataclasses import dataclass
 
-from plait.codegen.kir import is_float
+from plait.codegen.kir import ITEMSIZE, is_float
 from plait.symbolic.poly import Size, evaluate, to_text
 
 TL = {
@@ -66,6 +66,20 @@ def f32_of(value: float) -> float:
         return math.copysign(math.inf, value)
 
 
+def wrap_int(value: int, t: str) -> int:
+    """``value`` converted to integer type ``t`` as C's cast (and eager's scalar) does: modulo
+    2**bits, into the type's range (``tl.full`` refuses a value out of range).
+
+    >>> wrap_int(300, "i8"), wrap_int(-3, "u8"), wrap_int(1 << 63, "i64")
+    (44, 253, -9223372036854775808)
+    """
+    bits = ITEMSIZE[t] * 8
+    value %= 1 << bits
+    if t != "u8" and value >= 1 << (bits - 1):
+        value -= 1 << bits
+    return value
+
+
 def const_text(value: object, t: str, shape: str = "[]") -> str:
     """A constant of scalar type ``t`` (exact: NaN, infinities, -0.0, f32 rounding)."""
     dtype = TL[t]
@@ -73,7 +87,7 @@ def const_text(value: object, t: str, shape: str = "[]") -> str:
         return f"tl.full({shape}, {bool(value)}, {dtype})"
     if not is_float(t):
         assert isinstance(value, int)
-        return f"tl.full({shape}, {int(value)}, {dtype})"
+        return f"tl.full({shape}, {wrap_int(value, t)}, {dtype})"
     assert isinstance(value, float)
     v = f32_of(value) if t == "f32" else value
     if math.isnan(v) or (v == 0 and math.copysign(1.0, v) < 0):
