@@ -64,6 +64,7 @@ from plait.symbolic.poly import Poly, Size
 
 # Indices stay int32 below this bound (a masked lane runs at most a block past the end).
 INT32_BOUND = 1 << 30
+INT32_LIMIT = 1 << 31
 
 # libdevice's name for each IR op computed by one libdevice call.
 LIBDEVICE = {op: op for op in ("exp", "log", "tanh", "erf", "sin", "cos", "tan", "asin", "acos",
@@ -469,10 +470,14 @@ class _Printer:
         rblock = self.blocks.rblock
         symbolic = isinstance(self.row, Poly)
         looping = symbolic or self.row > rblock
+        # NOTE: Triton types a literal bound of 2**31 or more uint32 (or int64) and its for loop
+        # compares signed: a row that long would run no chunk (a sum of 0). Its offset is int64.
+        counted = symbolic or (looping and static(self.row) + rblock >= INT32_LIMIT)
         saved = set(self.emitted)
-        if symbolic:
+        if counted:
             # NOTE: a row of any length: chunks until its end (never a block that truncates it)
-            self.line(f"roffset = {size_text(self.row)} * 0")
+            start = f"{size_text(self.row)} * 0" if symbolic else const_text(0, "i64")
+            self.line(f"roffset = {start}")
             self.line(f"while roffset < {size_text(self.row)}:")
             self.indent += 1
             self.line("rindex = roffset + rbase")
@@ -492,7 +497,7 @@ class _Printer:
             self.accumulate(r)
         for st in stores:
             self.store(st)
-        if symbolic:
+        if counted:
             self.line(f"roffset += {rblock}")
         if looping:
             self.indent -= 1
