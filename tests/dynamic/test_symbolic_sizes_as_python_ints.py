@@ -7,6 +7,7 @@ each returned the captured size's answer at every later size."""
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -99,25 +100,44 @@ def test_floor_ceil_and_round_of_a_size_stay_symbolic() -> None:
     assert len(compiled.specializations) == 1
 
 
-# NOTE: CPython reads an int subclass's value directly in these (range's and operator.index's
-# PyNumber_Index, float arithmetic with the float on the left, math.log's integer path): no
-# method of TracedInt runs, so capture never sees the size become a plain int
-LEAKS: dict[str, Callable[[Any], Any]] = {
+# NOTE: CPython reads an int's value directly in these (range's and operator.index's
+# PyNumber_Index, float arithmetic with the float on the left, math.log's integer path, list
+# repetition): a traced size is no int subclass, so each reaches __index__ or __float__
+CONVERSIONS: dict[str, Callable[[Any], Any]] = {
     "range": lambda n: len(range(n)),
     "float_on_the_left": lambda n: 0.5 * n,
     "math_log2": lambda n: math.log2(n),
     "operator_index": lambda n: __import__("operator").index(n),
+    "list_repetition": lambda n: len([0] * n),
+    "float_comparison": lambda n: 1.0 if n > 4.5 else 2.0,
+    "hash": lambda n: hash(n) % 5,
+    "to_bytes": lambda n: n.to_bytes(2, "little")[0],
+    "gcd": lambda n: math.gcd(n, 4),
+    "isqrt": lambda n: math.isqrt(n),
+    "list_index": lambda n: list(range(20, 40))[n],
+    "sqrt": lambda n: math.sqrt(n),
 }
 
 
-@pytest.mark.parametrize("name", sorted(LEAKS))
-@pytest.mark.xfail(
-    strict=True,
-    reason="CPython converts an int subclass (TracedInt) to a plain int without calling any of "
-    "its methods in range(), operator.index(), float-left arithmetic and math.log*: the "
-    "capture sample's size is baked in with no guard (a fix needs sizes that are not int "
-    "subclasses, as torch.SymInt)",
-)
-def test_conversions_capture_cannot_see(name: str) -> None:
-    g = LEAKS[name]
+@pytest.mark.parametrize("name", sorted(CONVERSIONS))
+def test_conversions_that_read_the_value_directly(name: str) -> None:
+    g = CONVERSIONS[name]
     _judge(lambda x: x * g(x.shape[0]), _rows)
+
+
+def test_a_loop_over_a_symbolic_size_unrolls_per_size() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        out = x[0]
+        for i in range(1, x.shape[0]):
+            out = out * 0.5 + x[i]
+        return out
+
+    _judge(fn, _rows)
+
+
+def test_a_size_is_an_int_to_isinstance_as_in_eager() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        return x * 2 if isinstance(n, int) and isinstance(n, numbers.Integral) else x * 3
+
+    _judge(fn, _rows)

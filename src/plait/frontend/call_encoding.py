@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from plait.frontend.symints import TracedInt, TracedSize
+from plait.frontend.symints import TracedInt, TracedSize, plain_int
 
 
 class NotLiteral(Exception):
@@ -63,7 +63,7 @@ def _encode(x: Any, tensors: list[Any]) -> Any:
     if isinstance(x, torch.device):
         return {"device": str(x)}
     if isinstance(x, TracedInt):
-        return int.__int__(x)  # NOTE: opaque nodes are static-only: the size is type-guarded
+        return plain_int(x)  # NOTE: opaque nodes are static-only: the size is type-guarded
     if x is None or type(x) in (bool, int, str):
         return x
     if type(x) is float:

@@ -29,7 +29,7 @@ from plait.frontend import datadep
 from plait.frontend.dynamic_dims import DimPolicy
 from plait.frontend.frames import user_frame
 from plait.frontend.rng import RngTracker
-from plait.frontend.symints import TracedInt, TracedSize
+from plait.frontend.symints import TracedInt, TracedSize, plain_int
 from plait.frontend.table import NoIROp
 from plait.frontend.views import ViewStep, replay, scatter
 from plait.ir import GraphBuilder, TensorType, Value
@@ -356,7 +356,7 @@ class CaptureValues:
         if isinstance(x, TracedInt) and x.expr is not None and not isinstance(x.ir, int):
             # NOTE: here even where no sink is active (the output is read after the program
             # ran): a size returned as a plain int must be guarded, not kept as a constant
-            value = int.__int__(x)
+            value = plain_int(x)
             self.specialize(x.expr, value)
             return value
         return int(x)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from plait.frontend.symints import is_intlike
 from plait.frontend.table import NoIROp, Viewed, op
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.views import ViewStep
@@ -169,7 +170,7 @@ if hasattr(F, "rms_norm"):
         ty = _type(cx, x)
         if ty.dtype not in FLOATS:
             raise NoIROp(f"rms_norm of {ty.dtype}")
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
+        shape = (normalized_shape,) if is_intlike(normalized_shape) else normalized_shape
         count = len(tuple(shape))
         if count == 0 or count > ty.rank:
             raise NoIROp("rms_norm over no dims, or more dims than the input has")

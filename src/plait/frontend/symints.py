@@ -1,25 +1,26 @@
 """Sizes read by the program: ints that record a guard when the program compares them.
 
-A :class:`TracedInt` is an ``int`` (its value in the capture sample) that also carries
+A :class:`TracedInt` (what a symbolic dim reads as with ``dynamic=True``) holds its value in the
+capture sample and
 
-- ``ir``: what the IR uses for it: the same int when dims are static, a sympy expression over the
-  input symbols with ``dynamic=True``;
+- ``ir``: what the IR uses for it: a sympy expression over the input symbols (or an int);
 - ``expr``: the same quantity as an expression over the *input-dim symbols*, used to write and
   re-evaluate guards (``None`` when the size is not tied to an input dim).
 
 Comparing it records a guard (``x.shape[0] > 2``, expected ``True``) with the active capture and
-returns a plain ``bool``. Arithmetic with ints keeps tracking. Converting it to a plain int
-(``__index__``, ``int()``, ``str()``, bitwise operators, ``divmod``, ``abs``) specializes it: with
-symbolic dims that records an equality guard. CPython copies an int subclass's value without
-calling any of its methods in ``range()``, ``operator.index()``, arithmetic with a float on the
-left and ``math.log``: those are not seen (docs/capture.md, "Dynamic shapes").
+returns a plain ``bool``. Arithmetic with ints keeps tracking. Everything that turns it into a
+plain Python value (``__index__``: ``range``, ``operator.index``, ``[0] * n``, indexing a list;
+``int()``, ``float()``: ``0.5 * n``, ``math.log``; ``str()``, ``hash()``, bitwise operators,
+``divmod``, ``abs``) specializes it: an equality guard. It is a ``torch.SymInt``, not an ``int``
+subclass, so that CPython reaches those methods; ``isinstance(n, int)`` still holds (docs/capture.md,
+"Dynamic shapes").
 
 Example:
     >>> import sympy
     >>> s = sympy.Symbol("s0", integer=True, positive=True)
-    >>> n = TracedInt(4, 4, s)
-    >>> (n * 2 + 1) == 9, isinstance(n * 2, TracedInt)
-    (True, True)
+    >>> n = TracedInt(4, s, s)
+    >>> (n * 2 + 1) == 9, isinstance(n * 2, TracedInt), isinstance(n, int)
+    (True, True, True)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol, SupportsIndex
 
 import sympy
+import torch
 
 
 class GuardSink(Protocol):
@@ -59,7 +61,7 @@ Dimish = Any  # int | sympy.Expr
 def _parts(v: Any) -> tuple[int, Dimish, Any] | None:
     """(value, ir, expr) of an int-like operand, or None for anything else."""
     if isinstance(v, TracedInt):
-        return int.__int__(v), v.ir, v.expr
+        return v._value, v.ir, v.expr
     if isinstance(v, int) and not isinstance(v, bool):
         return v, v, v
     return None
@@ -76,16 +78,22 @@ def _combine(a: Any, b: Any, fn: Callable[[Any, Any], Any]) -> Any:
     return out
 
 
+def _leaves_ints(other: Any) -> bool:
+    """Whether arithmetic with ``other`` leaves the int world on a Python number (a float,
+    a complex): the size is then specialized. Anything else (a tensor, a list) is left to
+    its own reflected method, which reads the size through ``__index__`` if it needs one."""
+    return isinstance(other, (float, complex)) and not isinstance(other, bool)
+
+
 def _arith(fn: Callable[[Any, Any], Any], reflected: bool = False) -> Callable[..., Any]:
     def method(self: TracedInt, other: Any) -> Any:
         rhs = _parts(other)
-        lhs = _parts(self)
-        assert lhs is not None
         if rhs is None:
-            # NOTE: arithmetic with a float (or anything else) leaves the int world; the value
-            # is specialized, which records an equality guard when the dim is symbolic.
+            if not _leaves_ints(other):
+                return NotImplemented
             plain = self.__int__()
             return fn(other, plain) if reflected else fn(plain, other)
+        lhs = (self._value, self.ir, self.expr)
         x, y = (rhs, lhs) if reflected else (lhs, rhs)
         value = fn(x[0], y[0])
         return TracedInt(value, _combine(x[1], y[1], fn), _combine(x[2], y[2], fn))
@@ -93,14 +101,25 @@ def _arith(fn: Callable[[Any, Any], Any], reflected: bool = False) -> Callable[.
     return method
 
 
-def _plain_op(fn: Callable[[Any, Any], Any], reflected: bool = False) -> Callable[..., Any]:
-    """An int operator that leaves the tracked world: computed on the specialized value."""
+def _plain_op(fn: Callable[..., Any], reflected: bool = False) -> Callable[..., Any]:
+    """An operator that leaves the tracked world: computed on the specialized value."""
 
-    def method(self: TracedInt, other: Any) -> Any:
-        if not isinstance(other, int):
+    def method(self: TracedInt, other: Any, *mod: Any) -> Any:
+        if isinstance(other, TracedInt):
+            other = other.__int__()
+        elif not isinstance(other, (int, float, complex)):
             return NotImplemented
         plain = self.__int__()
-        return fn(other, plain) if reflected else fn(plain, other)
+        return fn(other, plain, *mod) if reflected else fn(plain, other, *mod)
+
+    return method
+
+
+def _unary(fn: Callable[[int], Any]) -> Callable[[TracedInt], Any]:
+    """A conversion or unary operator computed on the specialized value."""
+
+    def method(self: TracedInt) -> Any:
+        return fn(self.__int__())
 
     return method
 
@@ -121,10 +140,10 @@ def _compare(op: Callable[[Any, Any], Any]) -> Callable[[TracedInt, Any], Any]:
     def method(self: TracedInt, other: Any) -> Any:
         rhs = _parts(other)
         if rhs is None:
-            if isinstance(other, float):
-                return op(int.__int__(self), other)
+            if isinstance(other, float):  # NOTE: a float compares with the specialized value
+                return op(self.__int__(), other)
             return NotImplemented
-        outcome = bool(op(int.__int__(self), rhs[0]))
+        outcome = bool(op(self._value, rhs[0]))
         sink = active_sink()
         if sink is not None and self.expr is not None and rhs[2] is not None:
             sink.record_predicate(rel(self.expr, rhs[2]), outcome)
@@ -133,26 +152,53 @@ def _compare(op: Callable[[Any, Any], Any]) -> Callable[[TracedInt, Any], Any]:
     return method
 
 
-class TracedInt(int):
-    """An int read from a tensor's shape during capture; see the module docstring."""
+class TracedInt(torch.SymInt):
+    """A size read from a tensor's shape during capture; see the module docstring.
+
+    NOTE: a ``torch.SymInt``, not an ``int``: CPython reads an int subclass's value without
+    calling any of its methods (``range``, ``operator.index``, ``0.5 * n``, ``math.log``,
+    ``[0] * n``), which would bake the sample's size in unguarded; a SymInt reaches
+    ``__index__``/``__float__`` there. PyTorch's argument parser accepts a SymInt for an int
+    parameter without converting it, so a traced call still sees the size itself."""
 
     ir: Dimish
     expr: Any
+    _value: int
 
-    def __new__(cls, value: int, ir: Dimish, expr: Any) -> TracedInt:
-        obj = super().__new__(cls, value)
-        obj.ir = ir
-        obj.expr = expr
-        return obj
+    def __init__(self, value: int, ir: Dimish, expr: Any) -> None:
+        # NOTE: SymInt.__init__ is not called: there is no SymNode; ``node`` raises
+        self._value = int(value)
+        self.ir = ir
+        self.expr = expr
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        # NOTE: isinstance() reads __class__ after the real type: ``isinstance(n, int)`` (and
+        # numbers.Integral) holds, as for the int it stands for; CPython's own int checks
+        # read the real type, so conversions still reach __index__
+        return int
+
+    def __copy__(self) -> int:
+        return self.__int__()
+
+    def __deepcopy__(self, memo: Any) -> int:
+        return self.__int__()
+
+    def __reduce__(self) -> Any:
+        return (int, (self.__int__(),))
+
+    @property
+    def node(self) -> Any:
+        raise TypeError(
+            "a traced size reached PyTorch unconverted (plait capture should have passed its "
+            f"value {self._value}); please report this"
+        )
 
     def __repr__(self) -> str:
-        return repr(int.__int__(self))
+        return repr(self._value)
 
-    def __str__(self) -> str:
-        return str(self.__int__())
-
-    def __hash__(self) -> int:
-        return int.__hash__(self)
+    __str__ = _unary(str)
+    __hash__ = _unary(hash)
 
     __eq__ = _compare(operator.eq)
     __ne__ = _compare(operator.ne)
@@ -174,7 +220,7 @@ class TracedInt(int):
 
     def __neg__(self) -> TracedInt:
         return TracedInt(
-            -int.__int__(self),
+            -self._value,
             _combine(self.ir, -1, operator.mul),
             _combine(self.expr, -1, operator.mul),
         )
@@ -182,21 +228,13 @@ class TracedInt(int):
     def __pos__(self) -> TracedInt:
         return self
 
-    def __truediv__(self, other: Any) -> Any:
-        return self.__int__() / other
-
-    def __rtruediv__(self, other: Any) -> Any:
-        return other / self.__int__()
-
-    def __pow__(self, other: Any, mod: Any = None) -> Any:
-        return pow(self.__int__(), other, mod)
-
-    def __rpow__(self, other: Any, mod: Any = None) -> Any:
-        return pow(other, self.__int__(), mod)
-
-    # NOTE: int's own methods would compute from the sample's value and return a plain int
-    # with no guard; each of these specializes first (floor, ceil, trunc and round of an int
-    # are the int itself, so those keep tracking)
+    # NOTE: each of these leaves the int world (or computes what no expression here
+    # tracks): the size is specialized first (floor, ceil, trunc and round of an int are the
+    # int itself, so those keep tracking)
+    __truediv__ = _plain_op(operator.truediv)
+    __rtruediv__ = _plain_op(operator.truediv, reflected=True)
+    __pow__ = _plain_op(pow)
+    __rpow__ = _plain_op(pow, reflected=True)
     __and__ = _plain_op(operator.and_)
     __rand__ = _plain_op(operator.and_, reflected=True)
     __or__ = _plain_op(operator.or_)
@@ -209,12 +247,21 @@ class TracedInt(int):
     __rrshift__ = _plain_op(operator.rshift, reflected=True)
     __divmod__ = _plain_op(divmod)
     __rdivmod__ = _plain_op(divmod, reflected=True)
+    __invert__ = _unary(operator.invert)
+    __abs__ = _unary(abs)
+    __float__ = _unary(float)
+    __complex__ = _unary(complex)
+    __sym_float__ = _unary(float)
+    bit_length = _unary(int.bit_length)
+    bit_count = _unary(int.bit_count)
+    conjugate = _unary(int.conjugate)
+    as_integer_ratio = _unary(int.as_integer_ratio)
 
-    def __invert__(self) -> int:
-        return ~self.__int__()
+    def __sym_max__(self, other: Any) -> Any:
+        return self if self >= other else other
 
-    def __abs__(self) -> int:
-        return abs(self.__int__())
+    def __sym_min__(self, other: Any) -> Any:
+        return self if self <= other else other
 
     def __floor__(self) -> TracedInt:
         return self
@@ -233,20 +280,14 @@ class TracedInt(int):
     def __format__(self, spec: str) -> str:
         return format(self.__int__(), spec)
 
-    def bit_length(self) -> int:
-        return self.__int__().bit_length()
-
-    def bit_count(self) -> int:
-        return self.__int__().bit_count()
-
-    def to_bytes(self, *args: Any, **kwargs: Any) -> bytes:
-        return self.__int__().to_bytes(*args, **kwargs)
-
-    def __float__(self) -> float:
-        return float(self.__int__())
+    def __getattr__(self, name: str) -> Any:
+        # NOTE: the rest of int's interface (to_bytes, real, numerator, ...): specialized
+        if name.startswith("__") or not hasattr(int, name):
+            raise AttributeError(name)
+        return getattr(self.__int__(), name)
 
     def __int__(self) -> int:
-        value = int.__int__(self)
+        value = self._value
         sink = active_sink()
         if sink is not None and self.expr is not None and not isinstance(self.ir, int):
             sink.specialize(self.expr, value)
@@ -261,7 +302,12 @@ class TracedInt(int):
 
 def plain_int(v: Any) -> Any:
     """The plain value of a TracedInt without recording anything (for sample computations)."""
-    return int.__int__(v) if isinstance(v, TracedInt) else v
+    return v._value if isinstance(v, TracedInt) else v
+
+
+def is_intlike(v: Any) -> bool:
+    """Whether ``v`` is an int argument: a Python int (not a bool) or a traced size."""
+    return isinstance(v, TracedInt) or (isinstance(v, int) and not isinstance(v, bool))
 
 
 class TracedSize(tuple):

@@ -188,7 +188,7 @@ class CaptureContext(CaptureValues):
             tr = self.tracer(x)
             found.append(tr)
             return tr._plain
-        if isinstance(x, TracedSize):
+        if isinstance(x, (TracedSize, torch.Size)):  # NOTE: a Size may hold traced sizes
             return torch.Size(plain_int(d) for d in x)
         if isinstance(x, TracedInt):
             return plain_int(x)
