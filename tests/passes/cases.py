@@ -68,8 +68,24 @@ BN_BACKWARD = (
 
 # the shape-prop case starts from a graph whose input type changed after it was built
 UNVERIFIED = {"shape-prop.retype"}
+# NOTE: cases typed for a CUDA device, which the reference interpreter on the CPU refuses; their
+# meaning is judged in tests/codegen/test_cuda_pad_products.py
+CUDA_TYPED = {"pad-products.operands"}
 
 # rule -> (graph where it fires, pipeline, freeze?)
+# NOTE: a vocabulary head's two gradient products on CUDA in bfloat16 (V = 1001)
+HEAD_GRAD_HEAD = """graph(
+  user %dy: bf16[16, 1001]@cuda:0
+  user %w: bf16[1001, 64]@cuda:0
+  user %x: bf16[16, 64]@cuda:0
+) {
+"""
+HEAD_GRAD = (
+    "  %0 = matmul(%dy, %w) : bf16[16, 64]@cuda:0\n"
+    "  %1 = permute(%dy) {dims=[1, 0]} : bf16[1001, 16]@cuda:0\n"
+    "  %2 = matmul(%1, %x) : bf16[1001, 64]@cuda:0\n"
+)
+
 FIRES: dict[str, tuple[str, str, bool]] = {
     "dce.dead-node": (g("  %0 = exp(%x) : f32[4, 6]\n  return %x"), "dce", False),
     "dce.unused-const": (
@@ -301,6 +317,14 @@ FIRES: dict[str, tuple[str, str, bool]] = {
         "fuse-bn-relu",
         False,
     ),
+    "pad-products.operands": (
+        g(
+            HEAD_GRAD + "  %3 = mul(%2, 2.0) : bf16[1001, 64]@cuda:0\n  return %0, %3",
+            HEAD_GRAD_HEAD,
+        ),
+        "pad-products",
+        False,
+    ),
 }
 
 # rule -> (graph where it must not fire, pipeline, freeze?)
@@ -510,6 +534,15 @@ MUST_NOT: dict[str, tuple[str, str, bool]] = {
     "fuse-bn-relu.backward": (
         g(BN_BACKWARD + "  return %2, %3, %4, %1", BN_BACKWARD_HEAD),
         "fuse-bn-relu",
+        False,
+    ),
+    # NOTE: float32 products are never padded (cuBLAS aligns nothing for them)
+    "pad-products.operands": (
+        g(
+            "  %0 = matmul(%x, %w) : f32[4, 5]@cuda:0\n  return %0",
+            "graph(\n  user %x: f32[4, 7]@cuda:0\n  user %w: f32[7, 5]@cuda:0\n) {\n",
+        ),
+        "pad-products",
         False,
     ),
 }

@@ -8,7 +8,10 @@ kernel (on an H200, 2.2-3.4 ms per product for GPT-2's head at 4,096 tokens, a t
 training step). Each such product here copies its operands into zero-filled buffers whose
 dimensions are rounded up to 8 (keeping each operand's orientation), runs the product there and
 returns the view of the real rows and columns. The padding adds only products of zeros, so the
-result is the product's, summed in another order: within the contract's matmul row.
+result is the product's, summed in another order: within the contract's matmul row. In a
+training step's halves the ``pad-products`` pass (:mod:`plait.passes.pad_products`) writes such
+padding into the graph first, one padded value per source shared by every product reading it
+(the head's two gradient products: one padded cotangent); what is left is padded here.
 
 Example (the arithmetic is device-independent)::
 
@@ -95,7 +98,7 @@ def padded_linear(x: torch.Tensor, w: torch.Tensor, bias: Any = None) -> torch.T
     return F.linear(_padded_last(x, kp), wp, bp)[..., :n]
 
 
-def _dims(node: Node) -> tuple[int, ...] | None:
+def dims_of(node: Node) -> tuple[int, ...] | None:
     """The static (M, K, N) of a 16-bit CUDA linear or matmul by a matrix; None otherwise."""
     if node.op not in ("linear", "matmul") or len(node.inputs) < 2:
         return None
@@ -117,7 +120,7 @@ def _dims(node: Node) -> tuple[int, ...] | None:
 def misaligned(node: Node) -> bool:
     """Whether ``node`` is a 16-bit CUDA product with K or N not a multiple of 8, or a matmul
     whose matrix operand's M is not (it is a leading dimension if the operand is transposed)."""
-    dims = _dims(node)
+    dims = dims_of(node)
     if dims is None:
         return False
     x = node.inputs[0]

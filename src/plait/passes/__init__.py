@@ -17,6 +17,7 @@ from plait.passes import (  # noqa: F401
     fold,
     fold_bn,
     fuse_bn_relu,
+    pad_products,
     shapes,
     simplify,
 )

@@ -3,8 +3,8 @@ PyTorch's autograd.
 
 :func:`compile_training` builds the joint graph of a (pass-optimized) forward graph with respect
 to the inputs that require grad (:mod:`plait.autograd`), partitions it, runs the pass pipeline on
-each half (on the Triton target ``fuse-bn-relu`` too), and compiles both with Stax (kernels
-built together). The result is called with the
+each half (on the Triton target ``fuse-bn-relu`` and ``pad-products`` too), and compiles both
+with Stax (kernels built together). The result is called with the
 forward graph's inputs and returns its outputs, attached to PyTorch's autograd graph: the
 compiled backward runs when PyTorch's engine reaches the call.
 
@@ -126,11 +126,14 @@ def _static_handoff(part: Partition) -> None:
 
 
 def _halves_pipeline(pipeline: str, forward: Graph, options: StaxOptions) -> str:
-    """``pipeline``, and on the Triton target ``fuse-bn-relu`` after it: there plait's
-    batch-norm kernels apply a ReLU and its mask as they read (codegen.cuda_batch_norm)."""
+    """``pipeline``, and on the Triton target after it: ``fuse-bn-relu`` (plait's batch-norm
+    kernels apply a ReLU and its mask as they read: codegen.cuda_batch_norm) and
+    ``pad-products,dce`` (a 16-bit product with a dimension not a multiple of 8 reads operands
+    padded once in the graph: a vocabulary head's gradient products share one padded
+    cotangent; passes.pad_products)."""
     if resolve_target(forward, options) != "triton":
         return pipeline
-    return ",".join(p for p in (pipeline, "fuse-bn-relu") if p)
+    return ",".join(p for p in (pipeline, "fuse-bn-relu", "pad-products", "dce") if p)
 
 
 def compile_training(
