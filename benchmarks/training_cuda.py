@@ -126,13 +126,24 @@ def _timed_step(r: dict[str, Any], loss_fn: Any, x: torch.Tensor, y: torch.Tenso
 
 
 def _profile(r: dict[str, Any], loss_fn: Any, x: torch.Tensor, y: torch.Tensor) -> str:
-    """torch.profiler's table of one step's CUDA kernels, by total GPU time (top 25)."""
+    """torch.profiler's table of one step's CUDA kernels, by total GPU time (top 25); then,
+    from a second step with the host's ops and their input shapes, the ops outside CUDA graphs
+    that launched the most GPU time (top 15: which copy is whose)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         _step(r["fn"], r["opt"], loss_fn, x, y, True)
         torch.cuda.synchronize()
-    return str(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+    kernels = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=acts, record_shapes=True) as prof:
+        _step(r["fn"], r["opt"], loss_fn, x, y, True)
+        torch.cuda.synchronize()
+    ops = prof.key_averages(group_by_input_shape=True).table(
+        sort_by="cuda_time_total", row_limit=15, max_name_column_width=40,
+        max_shapes_column_width=70,
+    )  # fmt: skip
+    return f"{kernels}\n{ops}"
 
 
 def run_case(
@@ -199,6 +210,13 @@ def run_case(
             rec["fallbacks"] = m.fallbacks[:10]
             rec["timings"] = {k: round(v, 3) for k, v in m.timings.items()}
             rec["cuda_graphs"] = _found(m.to_json(), "cuda_graph")
+            program = r["fn"].specializations[-1].compiled.program
+            if hasattr(program, "backward"):  # NOTE: the live records (calls counted so far)
+                rec["cuda_graph_calls"] = {
+                    half: getattr(program, half).cuda_graph for half in ("forward", "backward")
+                }
+                calls = json.dumps(rec["cuda_graph_calls"], default=str)
+                print(f"[training_cuda] {name} {r['kind']} cuda graphs: {calls}", flush=True)
         out["systems"][r["kind"]] = rec
     ok = {k: v for k, v in out["systems"].items() if "median_step_ms" in v}
     base_ms = ok.get("eager", {}).get("median_step_ms")

@@ -5,7 +5,10 @@ PyTorch creates its cuBLAS and cuDNN handles), then once more under capture. A c
 its inputs (dtype, shape, device: the graph reads raw memory), copies each into its static
 buffer, replays the graph and returns fresh copies of the outputs: the next replay writes the
 same buffers, so no output the caller holds is ever overwritten. An output that is the caller's
-own input (or a bound constant) is returned as is, as the uncaptured runner returns it.
+own input (or a bound constant) is returned as is, as the uncaptured runner returns it. Inputs
+that a caller keeps at one address call after call (parameters; often the rest) are read in
+place by a second capture, and an output viewing a padded buffer is copied out as that dense
+buffer (:mod:`plait.runtime.cuda_graph_inputs`; ``cuda_graph["in_place"]`` counts the calls).
 
 Not captured (the program runs its runner, kernel by kernel, and ``cuda_graph["reason"]`` says
 why): ``StaxOptions(cuda_graphs=False)``; a fallback node (PyTorch's reference implementation may
@@ -35,6 +38,12 @@ from plait.codegen.symbolic_shapes import is_symbolic
 from plait.codegen.views import shape_of
 from plait.errors import PlaitCompileError
 from plait.ir.types import TensorType
+from plait.runtime.cuda_graph_inputs import (
+    InPlaceGraph,
+    InPlaceInputs,
+    dense_source,
+    fresh_copies,
+)
 from plait.runtime.cuda_handoff import (
     Handoff,
     Lease,
@@ -118,6 +127,11 @@ class GraphedCall:
         self.types = [v.type for v in graph.inputs]
         self.graph = torch.cuda.CUDAGraph()
         self.outputs: list[tuple[str, Any]] = []
+        # NOTE: what each call copies out (dense_source of each "copy" output, in order)
+        self.sources: list[tuple[torch.Tensor, Any]] = []
+        self.record: dict[str, Any] = {"used": True}
+        # NOTE: the second capture that reads settled inputs in place (cuda_graph_inputs)
+        self.in_place: InPlaceInputs | None = None
 
     def lend_through(self, handoff: Handoff, positions: list[int]) -> None:
         """From now on, the outputs at ``positions`` (``handoff.buffers``, in order) are lent
@@ -127,6 +141,13 @@ class GraphedCall:
         self.lent = list(positions)
         for p in positions:
             self.outputs[p] = ("lent", self.outputs[p][1])
+        self.sources = _sources(self.outputs)
+        # NOTE: the backward's graph reads this graph's buffers: never captured again
+        self.in_place = None
+        self.record.pop("in_place", None)
+        self.record["in_place_reason"] = (
+            "lends its saved values to the backward's graph, captured on its buffers: copied"
+        )
 
     def capture(self) -> None:
         """Warm up on a side stream, then capture; raises what the capture raises. The
@@ -141,41 +162,61 @@ class GraphedCall:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             with torch.cuda.graph(self.graph):
                 outs = self.fn(*self.statics)
-        self.outputs = [self._classify(o) for o in outs]
+        self.outputs = [self._classify(o, self.statics) for o in outs]
+        self.sources = _sources(self.outputs)
+        if self.copies:
+            copied = [i for i, _, _ in self.copies]
+            self.in_place = InPlaceInputs(self.record, copied, self.statics)
 
-    def _classify(self, o: Any) -> tuple[str, Any]:
+    def _capture_in_place(self, inputs: list[Any], pinned: dict[int, Any]) -> InPlaceGraph:
+        """The program captured again on ``inputs`` (the caller's tensors at ``pinned``), into
+        this graph's pool; runs no kernel (cuda_graph_inputs). Without grad mode, as the
+        first capture ran on static buffers that require no grad."""
+        graph = torch.cuda.CUDAGraph()
+        pool = self.graph.pool()
+        with keep_generators(self.device), torch.no_grad(), torch.cuda.graph(graph, pool=pool):
+            outs = self.fn(*inputs)
+        outputs = [self._classify(o, inputs) for o in outs]
+        return InPlaceGraph(graph, pinned, outputs, _sources(outputs))
+
+    def _classify(self, o: Any, inputs: list[Any]) -> tuple[str, Any]:
         if not isinstance(o, torch.Tensor):
             return "same", o
-        for i, s in enumerate(self.statics):
+        for i, s in enumerate(inputs):
             if o is s:
                 if any(i == j for j, _, _ in self.copies):
                     return "input", i
                 # NOTE: a borrowed buffer is the forward's: the next forward overwrites it
                 return ("copy", o) if i in self.borrowed else ("same", o)
         ptr = o.untyped_storage().data_ptr()
-        if any(ptr == s.untyped_storage().data_ptr() for _, s, _ in self.copies):
+        if any(ptr == inputs[i].untyped_storage().data_ptr() for i, _, _ in self.copies):
             raise PlaitCompileError("an output is a view of an input")
         return "copy", o
 
     def __call__(self, *args: Any) -> list[Any]:
         with self._lock:
             lease = self._take_borrowed(args) if self.borrowed else None
-            sources = []
             for i, static, t in self.copies:
-                a = args[i]
-                _check(a, t, static, self.device, i, self.names[i])
-                sources.append(a)
-            if sources:
+                _check(args[i], t, static, self.device, i, self.names[i])
+            chosen = self.in_place.pick(args) if self.in_place is not None else None
+            pinned = chosen.pinned if chosen is not None else {}
+            targets = [s for i, s, _ in self.copies if i not in pinned]
+            if targets:
                 # NOTE: a few calls for every input (a training step's parameters and buffers:
                 # hundreds), where a copy_ each cost the host more than the replay
-                _copy_all([s for _, s, _ in self.copies], sources)
+                _copy_all(targets, [args[i] for i, _, _ in self.copies if i not in pinned])
             if self.lent:
                 assert self.handoff is not None
                 self.handoff.vacate()
-            self.graph.replay()
-            copied = _fresh_copies([o for kind, o in self.outputs if kind == "copy"])
+            graph, outputs, sources = (
+                (self.graph, self.outputs, self.sources)
+                if chosen is None
+                else (chosen.graph, chosen.outputs, chosen.sources)
+            )
+            graph.replay()
+            copied = fresh_copies(sources, _copy_all)
             out: list[Any] = []
-            for kind, o in self.outputs:
+            for kind, o in outputs:
                 if kind == "copy":
                     out.append(next(copied))
                 elif kind == "input":
@@ -192,6 +233,8 @@ class GraphedCall:
             if lease is not None:
                 assert self.handoff is not None
                 self.handoff.returned(lease, backward_keeps_graph())
+            if self.in_place is not None:
+                self.in_place.after_call(args, chosen, self._capture_in_place)
             return out
 
     def _take_borrowed(self, args: tuple[Any, ...]) -> Lease | None:
@@ -221,13 +264,9 @@ class GraphedCall:
         return None
 
 
-def _fresh_copies(buffers: list[torch.Tensor]) -> Iterator[torch.Tensor]:
-    """Copies of ``buffers`` (each laid out as ``clone`` lays it out), filled by one call."""
-    if not buffers:
-        return iter(())
-    fresh = [torch.empty_like(b) for b in buffers]
-    _copy_all(fresh, buffers)
-    return iter(fresh)
+def _sources(outputs: list[tuple[str, Any]]) -> list[tuple[torch.Tensor, Any]]:
+    """What each call copies out for the ``copy`` outputs (cuda_graph_inputs.dense_source)."""
+    return [dense_source(o) for kind, o in outputs if kind == "copy"]
 
 
 def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
@@ -289,7 +328,7 @@ def graphed(
         except RuntimeError as exc:
             reason = f"the capture failed: {str(exc).splitlines()[0]}"
         else:
-            record: dict[str, Any] = {"used": True}
+            record = call.record
             if link is not None and borrow_from is not None:
                 lender, positions = borrow_from[0], link[2]
                 lender._call.lend_through(link[1], positions)

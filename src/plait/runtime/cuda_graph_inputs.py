@@ -1,0 +1,205 @@
+"""A graphed program's inputs read where the caller keeps them, and its outputs copied out.
+
+A CUDA graph reads raw addresses: :class:`plait.runtime.cuda_graph.GraphedCall` captures the
+program at compile time on private static buffers and copies every input into them at each
+call (a training step's backward: all the parameters it reads, and the cotangent of the logits,
+the largest tensor of the step). Yet a caller passes most inputs at the same address call after
+call: parameters and buffers (optimizers update them in place), and often the rest (the caching
+allocator hands a step's tensors the addresses it handed the last step's).
+
+:class:`InPlaceGraph` is a second capture of the program that reads such inputs in place. After
+a call whose inputs at some positions have the address and strides they had at the previous
+call (and the layout of the static buffer: the kernels were built for it), the program is
+captured again with those positions reading the caller's tensors ("pinned"), the others the
+static buffers, into the memory pool of the first graph. A later call whose pinned inputs are at
+the captured addresses, with the captured strides, replays it and copies only the others; any
+other call replays the first graph on copies, as before; after a pinned input moved, the
+inputs are captured again where they settle, at most ``MAX_CAPTURES`` captures in all. Never a
+wrong answer: the in-place
+graph only runs when each pinned address holds the caller's own tensor of the captured layout.
+
+Invariants:
+
+- The capture runs no kernel: the warm-up (on the private buffers, at compile time) made the
+  first graph; the in-place capture only records, so a program that wrote into an input would
+  still not touch a caller's tensor before its call.
+- Both graphs share one pool and replay under the program's lock, one at a time; each replay's
+  copied outputs are copied out before the lock is released, so a later replay of the other
+  graph writing the same memory reaches no result the caller holds.
+- A program that lends its saved values to a backward graph (:mod:`plait.runtime.cuda_handoff`)
+  is never captured again: the backward graph reads the first graph's buffers.
+- Pinned addresses are 16-byte aligned (Triton kernels are specialized on their pointers'
+  alignment when they are compiled, at the warm-up on the aligned static buffers).
+
+``record`` (the program's ``cuda_graph`` entry) says what happened: ``in_place`` with the
+number of pinned inputs and of calls that replayed each graph, or ``in_place_reason``.
+
+Example (the bookkeeping, on CPU tensors)::
+
+    >>> import torch
+    >>> a = torch.zeros(4)
+    >>> key_of(a) == key_of(a), key_of(a) == key_of(torch.zeros(4).t())
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from plait.errors import PlaitCompileError
+
+# NOTE: at most this many in-place captures per program (each after inputs moved and settled)
+MAX_CAPTURES = 2
+ALIGN_BYTES = 16
+Key = tuple[int, tuple[int, ...]]
+
+
+def key_of(a: Any) -> Key | None:
+    """Where a tensor's elements are: its address and strides (None for a non-tensor)."""
+    if not isinstance(a, torch.Tensor):
+        return None
+    return (a.data_ptr(), tuple(a.stride()))
+
+
+class InPlaceGraph:
+    """The program captured with the inputs at ``pinned`` (position -> the caller's address
+    and strides at the capture) read in place; ``outputs`` classified as the first graph's,
+    ``sources`` what a call copies out (:func:`dense_source`)."""
+
+    def __init__(
+        self,
+        graph: Any,
+        pinned: dict[int, Key],
+        outputs: list[tuple[str, Any]],
+        sources: list[tuple[torch.Tensor, Any]],
+    ) -> None:
+        self.graph = graph
+        self.pinned = pinned
+        self.outputs = outputs
+        self.sources = sources
+
+    def matches(self, args: Sequence[Any]) -> bool:
+        return all(key_of(args[i]) == k for i, k in self.pinned.items())
+
+
+class InPlaceInputs:
+    """Decides, call after call, which inputs a graphed program reads in place (module
+    docstring); ``copied``: the positions that are copied into ``statics`` otherwise."""
+
+    def __init__(self, record: dict[str, Any], copied: Sequence[int], statics: Sequence[Any]):
+        self.record = record
+        self.copied = list(copied)
+        self.statics = list(statics)
+        self.current: InPlaceGraph | None = None
+        self.last: list[Key | None] | None = None
+        self.captures = 0
+        self.calls = {"in_place": 0, "copied": 0}
+        self.reason: str | None = None
+        self._write()
+
+    def pick(self, args: Sequence[Any]) -> InPlaceGraph | None:
+        """The in-place graph for this call, or None (copy every input)."""
+        graph = self.current
+        if graph is not None and graph.matches(args):
+            self.calls["in_place"] += 1
+            return graph
+        self.calls["copied"] += 1
+        return None
+
+    def after_call(
+        self, args: Sequence[Any], used: InPlaceGraph | None, capture: Callable[..., Any]
+    ) -> None:
+        """After a call: capture (again) where inputs settled at new addresses. ``capture``:
+        ``(inputs, pinned positions) -> InPlaceGraph``; raises what the capture raises."""
+        if used is not None or self.reason is not None:
+            self.last = None  # NOTE: a later move is judged from two calls after it
+            return
+        keys = [key_of(args[i]) for i in self.copied]
+        last, self.last = self.last, keys
+        if last is None:
+            return
+        if self.captures >= MAX_CAPTURES:
+            self.reason = (
+                f"inputs moved after {self.captures} in-place captures: a call whose pinned "
+                "inputs are elsewhere copies every input"
+            )
+            self._write()
+            return
+        pinned = {
+            i: k
+            for i, k, before in zip(self.copied, keys, last)
+            if k is not None and k == before and _fits(args[i], self.statics[i])
+        }
+        if not pinned:
+            return
+        inputs = [args[i] if i in pinned else s for i, s in enumerate(self.statics)]
+        start = time.perf_counter()
+        self.captures += 1
+        try:
+            self.current = capture(inputs, pinned)
+        except (RuntimeError, PlaitCompileError) as exc:
+            self.current = None
+            self.reason = f"the in-place capture failed: {str(exc).splitlines()[0]}"
+        else:
+            self.record["in_place_capture_s"] = round(time.perf_counter() - start, 6)
+        self._write()
+
+    def _write(self) -> None:
+        if self.reason is not None:
+            self.record["in_place_reason"] = self.reason
+        graph = self.current
+        self.record["in_place"] = {
+            "pinned": 0 if graph is None else len(graph.pinned),
+            "of": len(self.copied),
+            "captures": self.captures,
+            "calls": self.calls,  # NOTE: the live counts (the record is read after the calls)
+        }
+
+
+def _fits(a: torch.Tensor, static: Any) -> bool:
+    """Whether ``a`` can stand where the graph read ``static``: its layout, aligned."""
+    return (
+        isinstance(static, torch.Tensor)
+        and a.data_ptr() % ALIGN_BYTES == 0
+        and a.data_ptr() != 0
+        and a.dtype == static.dtype
+        and a.shape == static.shape
+        and a.device == static.device
+        and a.stride() == static.stride()
+    )
+
+
+def dense_source(o: torch.Tensor) -> tuple[torch.Tensor, tuple[Any, ...] | None]:
+    """What to copy out for an output ``o``: ``(o, None)``, or, when ``o`` is a strided view
+    of a contiguous buffer hardly larger than it (the real columns of a padded product), the
+    buffer and how to view its copy as ``o`` (size, stride, offset): a dense copy runs at full
+    bandwidth, a strided one at half (an H200, GPT-2's logits: 489 us)."""
+    base = o._base
+    if o.is_contiguous() or base is None or not base.is_contiguous():
+        return o, None
+    if base.numel() * 8 > o.numel() * 9:  # NOTE: at most an eighth more than the view
+        return o, None
+    offset = o.storage_offset() - base.storage_offset()
+    return base, (tuple(o.shape), tuple(o.stride()), offset)
+
+
+def fresh_copies(
+    sources: list[tuple[torch.Tensor, tuple[Any, ...] | None]],
+    copy_all: Callable[[list[torch.Tensor], list[torch.Tensor]], None],
+) -> Iterator[torch.Tensor]:
+    """Copies of the outputs ``sources`` (from :func:`dense_source`) filled by one call of
+    ``copy_all``: each laid out as ``clone`` lays it out, or as the same view of a copy of
+    its dense buffer."""
+    if not sources:
+        return iter(())
+    buffers = [b for b, _ in sources]
+    fresh = [torch.empty_like(b) for b in buffers]
+    copy_all(fresh, buffers)
+    return iter(
+        f if view is None else f.as_strided(view[0], view[1], f.storage_offset() + view[2])
+        for f, (_, view) in zip(fresh, sources)
+    )

@@ -1,0 +1,114 @@
+"""Which inputs a graphed program reads in place (``plait.runtime.cuda_graph_inputs``), on CPU
+tensors standing in for the caller's: an input is pinned only after two calls at one address
+and layout (the static buffer's), aligned; a call replays the in-place graph only while every
+pinned input is where it was captured; moves re-capture at most ``MAX_CAPTURES`` times, and a
+refused capture is recorded. And the dense copy-out of an output that views a padded buffer.
+The graphs themselves: ``tests/gpu/test_cuda_graph_in_place.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from plait.runtime.cuda_graph_inputs import (
+    MAX_CAPTURES,
+    InPlaceGraph,
+    InPlaceInputs,
+    dense_source,
+    fresh_copies,
+)
+
+
+class _Captures:
+    """A stand-in for the capture: records what it was given."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.seen: list[dict[int, Any]] = []
+        self.fail = fail
+
+    def __call__(self, inputs: list[Any], pinned: dict[int, Any]) -> InPlaceGraph:
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+        self.seen.append(dict(pinned))
+        return InPlaceGraph(object(), pinned, [], [])
+
+
+def _inputs(statics: list[torch.Tensor]) -> tuple[InPlaceInputs, dict[str, Any]]:
+    record: dict[str, Any] = {}
+    return InPlaceInputs(record, list(range(len(statics))), statics), record
+
+
+def _call(inputs: InPlaceInputs, args: list[torch.Tensor], capture: _Captures) -> bool:
+    chosen = inputs.pick(args)
+    inputs.after_call(args, chosen, capture)
+    return chosen is not None
+
+
+def test_settled_inputs_are_pinned_and_moved_ones_copied() -> None:
+    statics = [torch.zeros(4, 3), torch.zeros(5)]
+    inputs, record = _inputs(statics)
+    w, x = torch.randn(4, 3), torch.randn(5)
+    capture = _Captures()
+    assert not _call(inputs, [w, torch.randn(5)], capture)
+    assert not _call(inputs, [w, x], capture)  # NOTE: w settled: pinned; x moved: copied
+    assert capture.seen == [{0: (w.data_ptr(), (3, 1))}]
+    assert _call(inputs, [w, torch.randn(5)], capture)
+    assert record["in_place"]["pinned"] == 1 and record["in_place"]["of"] == 2
+    assert record["in_place"]["calls"] == {"in_place": 1, "copied": 2}
+    moved = w.clone()
+    assert not _call(inputs, [moved, x], capture)  # NOTE: a pinned input moved: all copied
+    assert not _call(inputs, [moved, x], capture)  # NOTE: settled again: captured again
+    assert capture.seen[-1] == {0: (moved.data_ptr(), (3, 1)), 1: (x.data_ptr(), (1,))}
+    assert _call(inputs, [moved, x], capture)
+    assert record["in_place"]["captures"] == 2 == MAX_CAPTURES
+    other = w.clone()
+    for _ in range(3):
+        assert not _call(inputs, [other, x], capture)
+    assert len(capture.seen) == MAX_CAPTURES
+    assert "moved after 2 in-place captures" in record["in_place_reason"]
+
+
+def test_other_layouts_and_unaligned_addresses_are_never_pinned() -> None:
+    statics = [torch.zeros(4, 3), torch.zeros(6)]
+    inputs, _ = _inputs(statics)
+    transposed = torch.randn(3, 4).t()
+    unaligned = torch.randn(7)[1:]  # NOTE: 4 bytes past an aligned address
+    capture = _Captures()
+    for _ in range(3):
+        assert not _call(inputs, [transposed, unaligned], capture)
+    assert capture.seen == []
+
+
+def test_a_refused_capture_is_recorded_and_not_tried_again() -> None:
+    statics = [torch.zeros(3)]
+    inputs, record = _inputs(statics)
+    x = torch.randn(3)
+    capture = _Captures(fail=True)
+    for _ in range(4):
+        assert not _call(inputs, [x], capture)
+    assert record["in_place_reason"] == (
+        "the in-place capture failed: operation not permitted when stream is capturing"
+    )
+    assert record["in_place"]["captures"] == 1
+
+
+def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    for t, s in zip(targets, sources, strict=True):
+        t.copy_(s)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_view_of_a_padded_product_is_copied_as_its_buffer(rows: int) -> None:
+    padded = torch.randn(rows, 3, 1008)
+    view = padded[..., :1001]
+    small = torch.randn(64, 64)[:, :8]  # NOTE: an eighth of its buffer: copied alone
+    dense = torch.randn(6)
+    sources = [dense_source(t) for t in (view, small, dense)]
+    assert sources[0][0] is padded and sources[1][0] is small and sources[2][0] is dense
+    got = list(fresh_copies(sources, _copy_all))
+    for g, want in zip(got, (view, small, dense), strict=True):
+        assert torch.equal(g, want)
+        assert g.untyped_storage().data_ptr() != want.untyped_storage().data_ptr()
+    assert got[0].stride() == view.stride() and got[1].is_contiguous()
