@@ -1,8 +1,9 @@
 """Which inputs a graphed program reads in place (``plait.runtime.cuda_graph_inputs``), on CPU
 tensors standing in for the caller's: an input is pinned only after two calls at one address
 and layout (the static buffer's), aligned; a call replays the in-place graph only while every
-pinned input is where it was captured; moves re-capture at most ``MAX_CAPTURES`` times, and a
-refused capture is recorded. And the dense copy-out of an output that views a padded buffer.
+pinned input is where it was captured; inputs that settle later are pinned by a second capture;
+moves re-capture, at most ``MAX_CAPTURES`` captures in all; a refused capture is recorded and
+keeps the graph there was. And the dense copy-out of an output that views a padded buffer.
 The graphs themselves: ``tests/gpu/test_cuda_graph_in_place.py``."""
 
 from __future__ import annotations
@@ -57,17 +58,25 @@ def test_settled_inputs_are_pinned_and_moved_ones_copied() -> None:
     assert _call(inputs, [w, torch.randn(5)], capture)
     assert record["in_place"]["pinned"] == 1 and record["in_place"]["of"] == 2
     assert record["in_place"]["calls"] == {"in_place": 1, "copied": 2}
+    assert _call(inputs, [w, x], capture)
+    assert _call(inputs, [w, x], capture)  # NOTE: x settled since: pinned too
+    both = {0: (w.data_ptr(), (3, 1)), 1: (x.data_ptr(), (1,))}
+    assert capture.seen[-1] == both and record["in_place"]["pinned"] == 2
+    for _ in range(2):
+        assert _call(inputs, [w, x], capture)
+    assert len(capture.seen) == 2
     moved = w.clone()
     assert not _call(inputs, [moved, x], capture)  # NOTE: a pinned input moved: all copied
     assert not _call(inputs, [moved, x], capture)  # NOTE: settled again: captured again
     assert capture.seen[-1] == {0: (moved.data_ptr(), (3, 1)), 1: (x.data_ptr(), (1,))}
     assert _call(inputs, [moved, x], capture)
-    assert record["in_place"]["captures"] == 2 == MAX_CAPTURES
+    assert record["in_place"]["captures"] == 3 == MAX_CAPTURES
     other = w.clone()
     for _ in range(3):
         assert not _call(inputs, [other, x], capture)
     assert len(capture.seen) == MAX_CAPTURES
-    assert "moved after 2 in-place captures" in record["in_place_reason"]
+    assert "moved after 3 in-place captures" in record["in_place_reason"]
+    assert _call(inputs, [moved, x], capture)  # NOTE: the last capture still serves
 
 
 def test_other_layouts_and_unaligned_addresses_are_never_pinned() -> None:
@@ -79,6 +88,20 @@ def test_other_layouts_and_unaligned_addresses_are_never_pinned() -> None:
     for _ in range(3):
         assert not _call(inputs, [transposed, unaligned], capture)
     assert capture.seen == []
+
+
+def test_a_refused_capture_keeps_the_graph_there_was() -> None:
+    statics = [torch.zeros(3), torch.zeros(2)]
+    inputs, record = _inputs(statics)
+    x, y = torch.randn(3), torch.randn(2)
+    capture = _Captures()
+    _call(inputs, [x, torch.randn(2)], capture)
+    _call(inputs, [x, y], capture)
+    capture.fail = True
+    for _ in range(4):  # NOTE: y settles; the widening capture is refused
+        assert _call(inputs, [x, y], capture)
+    assert record["in_place"]["captures"] == 2 and record["in_place"]["pinned"] == 1
+    assert record["in_place_reason"].startswith("the in-place capture failed")
 
 
 def test_a_refused_capture_is_recorded_and_not_tried_again() -> None:

@@ -13,9 +13,10 @@ call (and the layout of the static buffer: the kernels were built for it), the p
 captured again with those positions reading the caller's tensors ("pinned"), the others the
 static buffers, into the memory pool of the first graph. A later call whose pinned inputs are at
 the captured addresses, with the captured strides, replays it and copies only the others; any
-other call replays the first graph on copies, as before; after a pinned input moved, the
-inputs are captured again where they settle, at most ``MAX_CAPTURES`` captures in all. Never a
-wrong answer: the in-place
+other call replays the first graph on copies, as before. Inputs that settle later (a training
+step's first call runs among the compile's allocations: an address then may not be the one an
+input keeps) are pinned by another capture, as is a new set after a pinned input moved: at most
+``MAX_CAPTURES`` captures in all. Never a wrong answer: the in-place
 graph only runs when each pinned address holds the caller's own tensor of the captured layout.
 
 Invariants:
@@ -52,8 +53,9 @@ import torch
 
 from plait.errors import PlaitCompileError
 
-# NOTE: at most this many in-place captures per program (each after inputs moved and settled)
-MAX_CAPTURES = 2
+# NOTE: at most this many in-place captures per program (each after inputs settled: the first,
+# one that pins inputs that settled later, one after a move)
+MAX_CAPTURES = 3
 ALIGN_BYTES = 16
 Key = tuple[int, tuple[int, ...]]
 
@@ -96,6 +98,8 @@ class InPlaceInputs:
         self.statics = list(statics)
         self.current: InPlaceGraph | None = None
         self.last: list[Key | None] | None = None
+        # NOTE: while the in-place graph runs: the addresses of the inputs it copies
+        self.last_free: dict[int, Key | None] | None = None
         self.captures = 0
         self.calls = {"in_place": 0, "copied": 0}
         self.reason: str | None = None
@@ -113,11 +117,17 @@ class InPlaceInputs:
     def after_call(
         self, args: Sequence[Any], used: InPlaceGraph | None, capture: Callable[..., Any]
     ) -> None:
-        """After a call: capture (again) where inputs settled at new addresses. ``capture``:
+        """After a call: capture (again) where inputs settled at new addresses, or where
+        inputs the in-place graph copies settled since it was captured. ``capture``:
         ``(inputs, pinned positions) -> InPlaceGraph``; raises what the capture raises."""
-        if used is not None or self.reason is not None:
-            self.last = None  # NOTE: a later move is judged from two calls after it
+        if self.reason is not None:
             return
+        if used is not None:
+            self.last = None  # NOTE: a later move is judged from two calls after it
+            if self.captures < MAX_CAPTURES:
+                self._widen(args, used, capture)
+            return
+        self.last_free = None
         keys = [key_of(args[i]) for i in self.copied]
         last, self.last = self.last, keys
         if last is None:
@@ -134,15 +144,34 @@ class InPlaceInputs:
             for i, k, before in zip(self.copied, keys, last)
             if k is not None and k == before and _fits(args[i], self.statics[i])
         }
-        if not pinned:
+        if pinned:
+            self._capture(args, pinned, capture)
+
+    def _widen(self, args: Sequence[Any], used: InPlaceGraph, capture: Callable[..., Any]) -> None:
+        free = {i: key_of(args[i]) for i in self.copied if i not in used.pinned}
+        before, self.last_free = self.last_free, free
+        if before is None:
             return
+        settled = {
+            i: k
+            for i, k in free.items()
+            if k is not None and before.get(i) == k and _fits(args[i], self.statics[i])
+        }
+        if settled:
+            self._capture(args, {**used.pinned, **settled}, capture)
+
+    def _capture(
+        self, args: Sequence[Any], pinned: dict[int, Key], capture: Callable[..., Any]
+    ) -> None:
+        """Capture with ``pinned`` read in place; a refused capture keeps the graph there
+        was (or none) and is recorded, never tried again."""
         inputs = [args[i] if i in pinned else s for i, s in enumerate(self.statics)]
         start = time.perf_counter()
         self.captures += 1
+        self.last_free = None
         try:
             self.current = capture(inputs, pinned)
         except (RuntimeError, PlaitCompileError) as exc:
-            self.current = None
             self.reason = f"the in-place capture failed: {str(exc).splitlines()[0]}"
         else:
             self.record["in_place_capture_s"] = round(time.perf_counter() - start, 6)
