@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from torch import nn
 
+from plait import wrapper_hooks
 from plait.specialization import Specialization, SpecializationUse
 
 
@@ -127,6 +128,12 @@ class CompiledModule(_ArtifactProtocol, nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._plait(args, kwargs)
+
+    # NOTE: the module's calls run the global module hooks; the wrapper's call runs only its
+    # own hooks (plait.wrapper_hooks), so each global hook runs once per module, as in eager
+    _call_impl = wrapper_hooks.call_impl
+    _get_backward_hooks = wrapper_hooks.get_backward_hooks
+    _get_backward_pre_hooks = wrapper_hooks.get_backward_pre_hooks
 
     def __getattr__(self, name: str) -> Any:
         try:

@@ -91,3 +91,72 @@ def test_global_hooks_removed_after_the_first_call_no_longer_run() -> None:
     with torch.no_grad():
         _compare(cm, model, range(2, 5))
     assert any("global module hooks" in r for r in cm.recompile_reasons)
+
+
+def _every_module_output(mod: nn.Module, args: Any, out: Any) -> Any:
+    return out + 1
+
+
+def _every_module_input(mod: nn.Module, args: Any) -> Any:
+    return (args[0] * 2,)
+
+
+@pytest.mark.parametrize("branch", [False, True], ids=["whole", "regions"])
+def test_a_global_hook_runs_once_per_module_not_on_the_wrapper(branch: bool) -> None:
+    """A hook on every module's call runs for the module and its submodules, as in eager;
+    the compiled wrapper is no module call of the program."""
+    torch.manual_seed(0)
+    model = _Net(branch).eval()
+    cm = plait.compile(model, options={"cache": False})
+    seen: list[str] = []
+    handles = [
+        nn_module.register_module_forward_hook(_every_module_output),
+        nn_module.register_module_forward_pre_hook(_every_module_input),
+        nn_module.register_module_forward_hook(lambda m, a, o: seen.append(type(m).__name__)),
+    ]
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore", CaptureFallbackWarning)
+            for seed in range(3):
+                seen.clear()
+                want = model(_x(seed))
+                eager_seen = list(seen)
+                seen.clear()
+                _close(cm(_x(seed)), want)
+                assert seen == eager_seen or seed == 0, (seen, eager_seen)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_a_global_backward_hook_scales_each_gradient_once() -> None:
+    torch.manual_seed(0)
+    model = _Net(False).train()
+    twin = _Net(False).train()
+    twin.load_state_dict(model.state_dict())
+    cm = plait.compile(twin, options={"cache": False})
+    handle = nn_module.register_module_full_backward_hook(
+        lambda m, gin, gout: tuple(g * 2 if g is not None else None for g in gin)
+    )
+    try:
+        for seed in range(2):
+            x, y = _x(seed).requires_grad_(), _x(seed).requires_grad_()
+            model(x).square().sum().backward()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", CaptureFallbackWarning)
+                cm(y).square().sum().backward()
+            _close(y.grad, x.grad)
+            told = [str(w.message) for w in caught if w.category is CaptureFallbackWarning]
+            assert seed > 0 or any("global module backward hook" in m for m in told), told
+    finally:
+        handle.remove()
+
+
+def test_a_hook_on_the_compiled_module_itself_runs_once() -> None:
+    torch.manual_seed(0)
+    model = _Net(False).eval()
+    cm = plait.compile(model, options={"cache": False})
+    cm.register_forward_hook(lambda m, a, o: o + 1)
+    with torch.no_grad():
+        for seed in range(3):
+            _close(cm(_x(seed)), model(_x(seed)) + 1)

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as nn_module
 
 from plait import logs
 from plait.errors import GraphCaptureError
@@ -199,6 +200,17 @@ def _capture_once(
     paths: list[str],
     ms: ModuleState | None,
 ) -> CapturedProgram:
+    if cx.grad_enabled and (
+        nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks
+    ):
+        raise GraphCaptureError(
+            "capture",
+            "a global module backward hook is registered (register_module_full_backward_hook "
+            "or its pre-hook kin): eager runs it on every module's gradients in each backward "
+            "pass, which a captured graph cannot call (remove it, or call under "
+            "torch.no_grad())",
+            kind="limitation",
+        )
     if ms is not None and cx.grad_enabled:
         hooked = _backward_hooked(ms.module)
         if hooked is not None:
