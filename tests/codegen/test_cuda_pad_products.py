@@ -21,10 +21,10 @@ import torch
 import plait.conformance
 from plait.autograd import build_joint, partition
 from plait.autograd.joint import prepare_for_autograd
-from plait.codegen.cuda_padding import misaligned
 from plait.codegen.options import StaxOptions
 from plait.ir import Graph, GraphBuilder, TensorType, from_text, interpret, to_text
 from plait.passes import TRAINING_PIPELINE, run_pipeline
+from plait.passes.product_alignment import misaligned
 from plait.runtime.program import compile_graph
 
 BF16 = torch.bfloat16

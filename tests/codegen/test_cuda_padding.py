@@ -10,6 +10,7 @@ import torch
 
 from plait.codegen import cuda_padding
 from plait.ir import GraphBuilder, TensorType
+from plait.passes import product_alignment
 from tests.util import contract_tol
 
 MATMUL = contract_tol("matmul", torch.float32)
@@ -71,14 +72,14 @@ def _node(op: str, x: tuple[int, ...], w: tuple[int, ...], dtype: torch.dtype, d
 
 def test_which_products_are_padded() -> None:
     bf16 = torch.bfloat16
-    assert cuda_padding.misaligned(_node("linear", (4, 64), (50257, 64), bf16, "cuda:0"))
-    assert cuda_padding.misaligned(_node("matmul", (8, 50257), (50257, 64), bf16, "cuda:0"))
-    assert cuda_padding.misaligned(_node("matmul", (50257, 64), (64, 64), bf16, "cuda:0"))
-    assert not cuda_padding.misaligned(_node("linear", (4, 64), (128, 64), bf16, "cuda:0"))
-    assert cuda_padding.misaligned(_node("matmul", (4, 64), (64, 128), bf16, "cuda:0"))
+    assert product_alignment.misaligned(_node("linear", (4, 64), (50257, 64), bf16, "cuda:0"))
+    assert product_alignment.misaligned(_node("matmul", (8, 50257), (50257, 64), bf16, "cuda:0"))
+    assert product_alignment.misaligned(_node("matmul", (50257, 64), (64, 64), bf16, "cuda:0"))
+    assert not product_alignment.misaligned(_node("linear", (4, 64), (128, 64), bf16, "cuda:0"))
+    assert product_alignment.misaligned(_node("matmul", (4, 64), (64, 128), bf16, "cuda:0"))
     # NOTE: a batched operand's rows are never a leading dimension
-    assert not cuda_padding.misaligned(_node("matmul", (2, 7, 64), (64, 64), bf16, "cuda:0"))
-    assert not cuda_padding.misaligned(_node("linear", (4, 64), (50257, 64), bf16, "cpu"))
-    assert not cuda_padding.misaligned(
+    assert not product_alignment.misaligned(_node("matmul", (2, 7, 64), (64, 64), bf16, "cuda:0"))
+    assert not product_alignment.misaligned(_node("linear", (4, 64), (50257, 64), bf16, "cpu"))
+    assert not product_alignment.misaligned(
         _node("linear", (4, 64), (50257, 64), torch.float32, "cuda:0")
     )

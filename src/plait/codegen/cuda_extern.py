@@ -39,10 +39,11 @@ from typing import Any
 import torch
 
 from plait.codegen.cuda_batch_norm import batch_norm_call
-from plait.codegen.cuda_padding import misaligned, padded_linear, padded_matmul
+from plait.codegen.cuda_padding import padded_linear, padded_matmul
 from plait.codegen.extern import Consts, ExternCall, PreparedWeight
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
+from plait.passes.product_alignment import misaligned
 
 CL = torch.channels_last
 

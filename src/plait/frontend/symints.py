@@ -12,8 +12,8 @@ returns a plain ``bool``. Arithmetic with ints keeps tracking. Everything that t
 plain Python value (``__index__``: ``range``, ``operator.index``, ``[0] * n``, indexing a list;
 ``int()``, ``float()``: ``0.5 * n``, ``math.log``; ``str()``, ``hash()``, bitwise operators,
 ``divmod``, ``abs``) specializes it: an equality guard. It is a ``torch.SymInt``, not an ``int``
-subclass, so that CPython reaches those methods; ``isinstance(n, int)`` still holds (docs/capture.md,
-"Dynamic shapes").
+subclass, so that CPython reaches those methods; ``isinstance(n, int)`` still holds
+(docs/capture.md, "Dynamic shapes").
 
 Example:
     >>> import sympy

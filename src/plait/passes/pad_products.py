@@ -41,10 +41,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from plait.codegen.cuda_padding import ALIGN, dims_of, misaligned
 from plait.ir import Graph, Node, Value
 from plait.ir.types import TensorType
 from plait.passes.manager import CONTRACT, PassContext, register_pass
+from plait.passes.product_alignment import ALIGN, dims_of, misaligned
 from plait.passes.rewrite import Emitter, replace_uses
 
 RULE = "pad-products.operands"
