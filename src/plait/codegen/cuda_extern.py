@@ -50,7 +50,7 @@ CL = torch.channels_last
 
 def cuda_call(node: Node, consts: Consts, channels_last: bool) -> ExternCall | None:
     """The CUDA-specific call for ``node``, or None where PyTorch's generic call is the one."""
-    x = node.inputs[0]
+    x = node.inputs[0] if node.inputs else None  # NOTE: a factory (full, arange) has none
     rank4 = isinstance(x, Value) and isinstance(x.type, TensorType) and x.type.rank == 4
     half = rank4 and x.type.dtype in (torch.bfloat16, torch.float16)  # type: ignore[union-attr]
     if node.op == "conv2d" and channels_last and half:

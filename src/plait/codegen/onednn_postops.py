@@ -59,13 +59,14 @@ class Epilogue:
 
 def eager_gelu_uses_onednn(x: object) -> bool:
     """Whether eager computes gelu(erf) of ``x`` (an IR value) with oneDNN, PyTorch's
-    ``use_mkldnn``: a float32 tensor, or bfloat16 where oneDNN has it, of more than one
+    ``use_mkldnn``: a CPU float32 tensor, or bfloat16 where oneDNN has it, of more than one
     element (assumed dense, as every pointwise result is in eager). oneDNN's gelu(+inf) is NaN;
     ATen's loop gives +inf. NOTE: the build's oneDNN (a cache key part), not the user's switch
     for it: a program that turns oneDNN off gets ATen's +inf from eager."""
     if not isinstance(x, Value) or not isinstance(x.type, TensorType):
         return False
-    if not torch.backends.mkldnn.is_available():
+    if x.type.device != "cpu" or not torch.backends.mkldnn.is_available():
+        # NOTE: on CUDA eager's gelu is ATen's kernel: gelu(+inf) = +inf
         return False
     if not x.type.is_static:
         # NOTE: a symbolic size is at least 2 where plait captured it (sizes 0 and 1 specialize)
