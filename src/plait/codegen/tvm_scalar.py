@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import platform
 import struct
 from collections.abc import Callable, Iterator
 
@@ -173,6 +174,33 @@ def opaque(x: str, t: str, side: int) -> str:
     bits = "64" if t == "f64" else "32"
     word = vector_type(f"{'u' if side == 0 else ''}int{bits}")
     return f'T.reinterpret("{vector_type(DTYPE[t])}", T.reinterpret("{word}", {x}))'
+
+
+# NOTE: PyTorch's CPU casts convert with the machine's instruction: x86's gives the lowest
+# integer for NaN and out-of-range values; others' (AArch64's) saturate, NaN to 0
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def float_to_int(x: str, src: str, wide: str) -> str:
+    """``x`` (a float of type ``src``) converted to ``wide`` (``int32`` or ``int64``) as the
+    machine's conversion instruction does, NaN and out-of-range values written out: LLVM's
+    conversion of such a value is poison (the prelude's ``f2i32``/``f2i64`` in C++).
+
+    Example:
+        >>> float_to_int("a", "f64", "int32")  # doctest: +ELLIPSIS
+        'T.Select(...'
+    """
+    bits = 32 if wide == "int32" else 64
+    d = x if src == "f64" else f'T.Cast("{vector_type("float64")}", {x})'
+    lo, hi = const_text(-(2.0 ** (bits - 1)), "f64"), const_text(2.0 ** (bits - 1), "f64")
+    cast = f'T.Cast("{vector_type(wide)}", {d})'
+    key = "i32" if bits == 32 else "i64"
+    low, high = const_text(-(2 ** (bits - 1)), key), const_text(2 ** (bits - 1) - 1, key)
+    if _X86:
+        return f"T.Select({d} >= {lo}, T.Select({d} < {hi}, {cast}, {low}), {low})"
+    zero = const_text(0, key)
+    inner = f"T.Select({d} >= {hi}, {high}, T.Select({d} < {lo}, {low}, {cast}))"
+    return f"T.Select({d} != {d}, {zero}, {inner})"
 
 
 def float_ne(a: str, b: str, t: str) -> str:

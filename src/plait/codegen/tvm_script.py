@@ -65,6 +65,7 @@ from plait.codegen.tvm_scalar import (
     const_text,
     extremum,
     float_ne,
+    float_to_int,
     floor_division,
     identity_text,
     integer_division,
@@ -344,11 +345,11 @@ class _Printer:
             return f"({x} != {const_text(0, src)})"
         if is_float(src):
             x = opaque(x, src, 0)
-        if is_float(src) and t in ("u8", "i8", "i16"):
-            # NOTE: through int64, so the narrow type wraps; PyTorch (and the C++ printer) take
-            # int8 and int16 through int32, which differs only past int32's range, where
-            # LLVM's conversion is undefined anyway
-            return f'T.Cast("{DTYPE[t]}", T.Cast("int64", {x}))'
+        if is_float(src) and not is_float(t):
+            # NOTE: PyTorch's widths (uint8 and int64 through 64 bits, the others through 32),
+            # then the low bits; NaN and out-of-range values as the machine converts them
+            wide = "int64" if t in ("u8", "i64") else "int32"
+            return f'T.Cast("{vector_type(DTYPE[t])}", {float_to_int(x, src, wide)})'
         return f'T.Cast("{DTYPE[t]}", {x})'
 
     def ref(self, buf: int, ix: Ix) -> str:
