@@ -300,8 +300,11 @@ def _gather_value(cx: CaptureContext, v: Value, dim: int, index: Value, wrap: bo
         return empty
     shape = list(xt.shape) or [1]
     ishape = list(it.shape) or [1]
-    if not all(isinstance(d, int) for d in (*shape, *ishape)):
-        cx.limitation("gather on symbolic dims; specialize them")
+    if not all(isinstance(n, int) for n in (*shape[1:], shape[dim % len(shape)])):
+        # NOTE: the positions take the source's strides (products of its trailing dims) and
+        # its size along ``dim`` (the bounds check); its first dim and the index's dims may be
+        # symbolic (arange and reshape take size expressions)
+        cx.limitation("gather from a source of symbolic dims; specialize them")
     d = dim % len(shape)
     n = shape[d]
     strides = [1] * len(shape)
@@ -341,8 +344,14 @@ def _take_along_dim(cx: CaptureContext, out: Any, x: Any, indices: Any, dim: Any
         flat = cx.call("reshape", v, shape=(-1,))
         return _gather_value(cx, flat, 0, cx.call("reshape", idx, shape=(-1,)), wrap=False)
     d = cx.int(dim) % max(_type(v).rank, 1)
-    # NOTE: eager broadcasts x and indices against each other in every dim but ``dim``.
-    target = list(out.shape)
+    # NOTE: eager broadcasts x and indices against each other in every dim but ``dim``; the
+    # IR's dims (symbolic with dynamic=True), not the sample's
+    vshape, ishape = _type(v).shape, _type(idx).shape
+    if len(vshape) != len(ishape):
+        target = list(out.shape)
+    else:
+        target = [a if b == 1 else b for a, b in zip(vshape, ishape)]
+        target[d] = ishape[d]
     if tuple(_type(idx).shape) != tuple(target):
         idx = cx.call("expand", idx, shape=tuple(target))
     target[d] = _type(v).shape[d] if _type(v).rank else 1
