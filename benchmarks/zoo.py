@@ -132,9 +132,13 @@ class ModelRun:
     def run(self, progress: Progress) -> dict[str, Any]:
         """Build, export, compile, judge and time the model; every failure becomes a record.
         Warnings (plait announces each fallback) are collected into the record, not printed."""
+        threads = torch.get_num_threads()  # NOTE: the caller's, given back (a test after it runs)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            self._run(progress)
+            try:
+                self._run(progress)
+            finally:
+                torch.set_num_threads(threads)
         seen = dict.fromkeys(str(w.message)[: zoo_systems.MAX_ERROR] for w in caught)
         self.record["warnings"] = list(seen)[:MAX_WARNINGS]
         return self.record

@@ -73,6 +73,10 @@ def test_elementwise_budget_comes_from_the_op_class() -> None:
     (failure, *_) = strict.errors
     assert failure.budget is not None and failure.error is not None
     assert failure.error > failure.budget
+    # NOTE: an exact row is never ill-conditioned (eager's rounding against float64 says only
+    # that the program rounds): every draw is judged elementwise, not only the stress draw
+    assert not failure.case.startswith("stress")
+    assert strict.checks_run["tolerance (ill-conditioned: anchored)"] == 0
 
 
 def test_bitwise_claim_is_held_to_bitwise_equality() -> None:
@@ -145,6 +149,25 @@ def test_without_anchor_the_gate_says_so() -> None:
         reference64=wide,
     )  # fmt: skip
     assert anchored.ok and anchored.checks_run["anchored"] > 0
+
+
+def test_an_anchor_that_fails_on_the_stress_draw_only_keeps_the_other_draws_anchored() -> None:
+    model = seeded(1, MLP)
+    wide = copy.deepcopy(model).double()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float64:
+            return model(x)
+        if float(x.abs().max()) > 50:
+            raise ValueError("out of range")  # NOTE: the float64 run of the stress draw only
+        return wide(x)
+
+    # NOTE: two devices (both the CPU): the stress draw of the first comes before the second's
+    report = check(fn, fn, (randn(8, 16, seed=4),), candidate_module=model, reference_module=model,
+                   devices=("cpu", "cpu"))  # fmt: skip
+    assert report.ok, str(report)
+    assert any(n.startswith("float64 anchor unavailable in the stress draw") for n in report.notes)
+    assert report.anchored["output (layout contiguous, device cpu)"].draws == 8
 
 
 def test_structure_dtype_and_shape_mismatches() -> None:

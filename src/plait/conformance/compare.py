@@ -7,14 +7,16 @@ Rules, in order, for a floating-point tensor (integers and bools must be equal):
    except where rule 4 applies and eager is itself outside this budget around ``z`` (the value is
    ill-conditioned: the program amplifies rounding beyond the budget, so two correct programs
    need not agree within it): then rule 4 alone judges the value in that case, counted as
-   ``tolerance (ill-conditioned: anchored)`` with a note of eager's own error against ``z``.
+   ``tolerance (ill-conditioned: anchored)`` with a note of eager's own error against ``z``. An
+   exact row (rtol = atol = 0) is never ill-conditioned.
 4. anchored, when a float64 reference ``z`` exists, pooled over draws by
    :class:`~plait.conformance.anchor.AnchorPool` (``u`` the unit roundoff, ``e`` the least
    accurate of eager's runs over the contract's baseline layouts):
    ``rms(a - z) <= factor * rms(e - z) + floor * u * rms(z)`` and
    ``max|a - z| <= tail_factor * max|e - z| + floor * u * max|z|``; skipped as rounding noise
    where eager's worst error is above ``2^-noise_bits * max|z|``, unless the value was
-   ill-conditioned in some case of its group.
+   ill-conditioned in some case of its group. The stress draw is a group of its own where rule 4
+   judges only ill-conditioned values (``ill_only``).
 """
 
 from __future__ import annotations
@@ -56,19 +58,22 @@ def compare(
     pool: AnchorPool | None = None,
     group: str = "",
     baselines: dict[str, Any] | None = None,
+    ill_only: bool = False,
 ) -> bool:
     """Judge ``actual`` against ``expected`` (and the float64 ``anchor``); record failures.
 
     The anchored rule goes to ``pool`` (judged when the pool is finalized, over all draws of
     ``group``), or is judged at once on this case alone when there is no pool. ``baselines``:
     eager's values in other layouts on the same inputs (by layout), candidates for the baseline.
+    ``ill_only``: the anchored rule judges the value only where it is ill-conditioned in this case
+    (the stress draw, whose well-conditioned values keep the elementwise check alone).
     Returns True when no error was recorded (so far).
     """
     before = len(report.errors)
     if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
         _compare_plain(report, where, case, expected, actual)
     elif _same_meta(report, where, case, expected, actual):
-        anchored = _Anchoring(anchor, pool, group, baselines or {})
+        anchored = _Anchoring(anchor, pool, group, baselines or {}, ill_only)
         _compare_tensors(report, where, case, expected, actual, budget, anchored)
     return len(report.errors) == before
 
@@ -82,6 +87,7 @@ class _Anchoring:
     pool: AnchorPool | None
     group: str
     baselines: dict[str, Any]
+    ill_only: bool = False
 
 
 def identical(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -171,6 +177,8 @@ def _compare_tensors(
     conditioning = _conditioning(e, z, mask, budget)
     if conditioning is None:
         _elementwise(report, where, case, e, a, finite, budget)
+        if anchoring.ill_only:
+            return
     else:
         report.count("tolerance (ill-conditioned: anchored)")
     dtype = e_raw.dtype if e_raw.dtype.is_floating_point else torch.float32
@@ -292,7 +300,11 @@ def _conditioning(
     e: torch.Tensor, z: torch.Tensor, mask: torch.Tensor, budget: Budget
 ) -> Conditioning | None:
     """Eager's own elementwise error against the float64 value ``z``, where it is outside the
-    budget there (the value is ill-conditioned); None where eager meets it."""
+    budget there (the value is ill-conditioned); None where eager meets it. An exact row
+    (``data_movement``) is never ill-conditioned: it allows no rounding to amplify, and eager off
+    float64 there says only that the program rounds."""
+    if budget.tol.exact:
+        return None
     over = _outside(z, e, mask, budget)
     if not bool(over.any()):
         return None

@@ -197,17 +197,23 @@ def _check_case(
     _backward(r1, ref, cot, grads)
     r2 = run(ref, case.args, rng_seed=seed, grads=grads, input_grads=input_grads, cuda=cuda)
     _backward(r2, ref, cot, grads)
-    pooled = not case.label.startswith("stress")
-    z = anchor.run(case.args, r1, seed, cot, grads, report, input_grads) if pooled else None
-    group = f"layout {case.layout}, device {case.device_name}" if pooled else None
-    if group is not None and context is not None:
+    # NOTE: the stress draw is anchored too, in a group of its own (its scale is not the other
+    # draws'), where the anchored rule judges only what is ill-conditioned there: at x100 a
+    # network may amplify rounding beyond the elementwise budget (MobileNetV3's squeeze-excite
+    # gates, hardsigmoid of a sum of terms ~1e4 that lands in [-3, 3]), and eager is then no
+    # witness within it, not even against itself in another layout
+    stress = case.label.startswith("stress")
+    z = anchor.run(case.args, r1, seed, cot, grads, report, input_grads, stress)
+    group = f"layout {case.layout}, device {case.device_name}"
+    group = f"stress draw, {group}" if stress else group
+    if context is not None:
         group = f"{group}, {context}"
     others = _baseline_runs(judge, case, ref, seed, cot, grads, input_grads) if z else {}
     first = run(cand, case.args, rng_seed=seed, grads=grads, input_grads=input_grads, cuda=cuda)
     _backward(first, cand, cot, grads)
     if _raised(report, first, label, "first call"):
         return
-    judge_run(report, judge, label, r1, first, z, group=group, baselines=others)
+    judge_run(report, judge, label, r1, first, z, group=group, baselines=others, ill_only=stress)
     check_input_aliases(report, label, r1, first)
     snapshot = _snapshot(first)
     poison(first, ref.storages() | cand.storages() | first.input_storages)
@@ -322,6 +328,7 @@ class _Anchor:
         grads: bool,
         report: Report,
         input_grads: bool | None = None,
+        stress: bool = False,
     ) -> Run | None:
         if self.program is None or not _needs_anchor(eager):
             if self.program is not None and _complex64(eager):
@@ -342,6 +349,12 @@ class _Anchor:
         problem = _anchor_problem(result, eager)
         if problem is None:
             return result
+        if stress:  # NOTE: large inputs only: the other cases keep their anchor
+            report.note(
+                f"float64 anchor unavailable in the stress draw ({problem}): values there are "
+                "judged by op-class tolerances alone"
+            )
+            return None
         report.note(
             f"float64 anchor unavailable ({problem}); the model rule was not applied and "
             "values are judged by op-class tolerances alone: pass reference64= to anchor them"

@@ -125,11 +125,14 @@ def judge_run(
     group: str | None = None,
     against: Run | None = None,
     baselines: dict[str, Run] | None = None,
+    ill_only: bool = False,
 ) -> None:
     """Compare ``cand`` with ``ref`` (or, for determinism, bitwise with ``against``).
 
     Anchored statistics go to the judge's pool under ``group``; no group, no anchored rule.
     ``baselines`` are the reference's runs in other layouts on the same inputs (by layout).
+    ``ill_only``: the anchored rule judges only values ill-conditioned in this case (the stress
+    draw); the others keep the elementwise check alone.
     """
     ref_vals, cand_vals = values(ref), values(cand)
     z_vals = values(anchor) if anchor is not None else {}
@@ -159,6 +162,7 @@ def judge_run(
         compare(
             report, name, case, expected, actual, budget, anchor_value,
             pool=judge.pool, group=group or "", baselines=others if anchored else None,
+            ill_only=ill_only,
         )  # fmt: skip
 
 

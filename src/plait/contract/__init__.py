@@ -57,7 +57,7 @@ def load(path: str | Path | None = None) -> Contract:
 
     Example:
         >>> load().version
-        '1.2.0'
+        '1.3.0'
     """
     if path is None:
         return parse(default_text(), source=f"plait/contract/{DEFAULT_RESOURCE}")
