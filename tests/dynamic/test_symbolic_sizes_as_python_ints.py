@@ -141,3 +141,45 @@ def test_a_size_is_an_int_to_isinstance_as_in_eager() -> None:
         return x * 2 if isinstance(n, int) and isinstance(n, numbers.Integral) else x * 3
 
     _judge(fn, _rows)
+
+
+SCALAR_OPERANDS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "mean_by_hand": lambda x: x.sum(0) / x.shape[0],
+    "scaled": lambda x: x * x.shape[0] - x.shape[1],
+    "reflected": lambda x: x.shape[1] / (x.abs() + 1),
+    "integer_tensor": lambda x: (x > 0).long() * x.shape[0] + 1,
+    "comparison": lambda x: (x * 4 > x.shape[0]).float(),
+    "where": lambda x: torch.where(x > 0, x, x.shape[1]),
+    "size_expression": lambda x: x / (x.shape[0] * x.shape[1] + x.shape[0] % 3),
+    "full_like": lambda x: torch.full_like(x, x.shape[0]) + x,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCALAR_OPERANDS))
+def test_a_size_used_as_a_scalar_operand_stays_symbolic(name: str) -> None:
+    """``x / x.shape[0]``: the size is a size-expression operand that each call computes from
+    its own sizes, not a specialization per size (which met the recompile limit)."""
+    fn = SCALAR_OPERANDS[name]
+    compiled = plait.compile(fn, dynamic=True, options={"cache": False})
+    for seed, n in enumerate(SIZES * 2):
+        torch.manual_seed(seed)
+        x = torch.randn(n, 3 + seed % 4)
+        torch.testing.assert_close(compiled(x), fn(x), rtol=TOL.rtol, atol=TOL.atol)
+    assert len(compiled.specializations) == 1
+    assert compiled.specializations[0].manifest.executor["backend"] == "stax"
+
+
+def test_a_size_operand_in_a_training_program() -> None:
+    def loss(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return ((x @ w).square().sum(0) / x.shape[0]).sum()
+
+    compiled = plait.compile(loss, dynamic=True, options={"cache": False})
+    for seed, n in enumerate(SIZES):
+        torch.manual_seed(seed)
+        w = torch.randn(3, 2, requires_grad=True)
+        w2 = w.detach().clone().requires_grad_()
+        x = torch.randn(n, 3)
+        loss(w, x).backward()
+        compiled(w2, x).backward()
+        torch.testing.assert_close(w2.grad, w.grad, rtol=TOL.rtol, atol=TOL.atol)
+    assert len(compiled.specializations) == 1

@@ -16,10 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
+
 from plait.codegen.index import Ix
 from plait.codegen.kir import STORAGE_OF, KernelBuilder, Stmt, is_float, scalar_of
 from plait.ir.graph import Node, Value
 from plait.ir.types import ScalarType, TensorType, scalar_type_of
+from plait.symbolic.poly import from_dim
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,10 @@ def to(b: KernelBuilder, a: Arg, t: str) -> Stmt:
     if a.stmt is not None:
         return cast(b, a.stmt, t)
     value = a.literal
+    if isinstance(value, sympy.Expr):
+        # NOTE: a size expression (a symbolic dim used as a scalar): the kernel computes it from
+        # its size arguments, as it computes its loop extents
+        return cast(b, b.index(Ix.lit(from_dim(value))), t)
     if t == "b":
         return b.const(bool(value), "b")
     if is_float(t):

@@ -148,7 +148,8 @@ def graph_atoms(graph: Graph) -> list[str]:
 
 
 def attr_sizes(node: Node) -> list[Size]:
-    """The symbolic sizes among ``node``'s attributes (a slice bound, a view's shape)."""
+    """The symbolic sizes among ``node``'s attributes (a slice bound, a view's shape) and its
+    scalar operands."""
     out: list[Size] = []
 
     def visit(v: Any) -> None:
@@ -160,6 +161,8 @@ def attr_sizes(node: Node) -> list[Size]:
 
     for value in node.attrs.values():
         visit(value)
+    for operand in node.inputs:  # NOTE: a size used as a scalar operand (x / x.shape[0])
+        visit(operand)
     return out
 
 

@@ -334,6 +334,10 @@ class CaptureValues:
         if isinstance(x, torch.Tensor):
             return self.value(x)
         if isinstance(x, TracedInt):
+            # NOTE: a symbolic size is a size-expression literal (the IR binds its symbols at
+            # each call); a size tied to no input dim is specialized
+            if x.expr is not None and isinstance(x.ir, sympy.Expr) and not x.ir.is_Integer:
+                return x.ir
             return self.int(x)
         if isinstance(x, (bool, int, float)) or x is None:
             return x

@@ -32,6 +32,8 @@ from typing import Any, Protocol, SupportsIndex
 import sympy
 import torch
 
+from plait.errors import InternalCompilerError
+
 
 class GuardSink(Protocol):
     def record_predicate(self, rel: Any, outcome: bool) -> None: ...
@@ -189,9 +191,9 @@ class TracedInt(torch.SymInt):
 
     @property
     def node(self) -> Any:
-        raise TypeError(
+        raise InternalCompilerError(
             "a traced size reached PyTorch unconverted (plait capture should have passed its "
-            f"value {self._value}); please report this"
+            f"value {self._value})"
         )
 
     def __repr__(self) -> str:

@@ -161,6 +161,7 @@ class CaptureContext(CaptureValues):
             folded = self._constant_read(func, args, kwargs)
             if folded is not _NOT_CONSTANT:
                 return folded
+            self._specialize_size_read(args, kwargs)
             self.fail(
                 "data-dependent",
                 f"{rule.what} reads tensor data; a graph cannot branch on or "
@@ -182,6 +183,22 @@ class CaptureContext(CaptureValues):
         if any(isinstance(x, torch.Tensor) for x in pytree_leaves(out)):
             return _NOT_CONSTANT
         return out
+
+    def _specialize_size_read(self, args: tuple, kwargs: dict) -> None:
+        """A read of tensor data computed from no input but from symbolic sizes
+        (``arange(x.shape[-1])``): capture again with those sizes static, where the read is a
+        constant. Returns when the read depends on anything else."""
+        found: list[Tracer] = []
+        self.unwrap((args, kwargs), found)
+        syms: set[sympy.Symbol] = set()
+        for t in found:
+            used = _sizes_only(self.value(t))
+            if used is None:
+                return
+            syms |= used
+        syms &= set(self.bindings)
+        if found and syms:
+            self.restart(syms, f"{self.current} reads a tensor computed from these sizes")
 
     def unwrap(self, x: Any, found: list[Tracer]) -> Any:
         if isinstance(x, torch.Tensor):
@@ -347,6 +364,29 @@ def _input_free(value: Value) -> bool:
             elif isinstance(operand, sympy.Basic) and operand.free_symbols:
                 return False
     return True
+
+
+def _sizes_only(value: Value) -> set[sympy.Symbol] | None:
+    """The size symbols ``value`` is computed from when it is computed from no graph input and
+    no random op (its types, operands and attributes may be symbolic); else None."""
+    stack, seen, syms = [value], set(), set()
+    while stack:
+        v = stack.pop()
+        if v.kind is not None or not isinstance(v.type, TensorType):
+            return None
+        syms |= {s for d in v.type.shape if isinstance(d, sympy.Basic) for s in d.free_symbols}
+        node = v.producer
+        if node is None or node.id in seen:
+            continue
+        seen.add(node.id)
+        if get_op(node.op).is_random(node.attrs):
+            return None
+        for operand in (*node.inputs, *node.attrs.values()):
+            if isinstance(operand, Value):
+                stack.append(operand)
+            elif isinstance(operand, sympy.Basic):
+                syms |= operand.free_symbols
+    return syms
 
 
 def pytree_leaves(x: Any) -> Iterator[Any]:
