@@ -126,21 +126,21 @@ def _timed_step(r: dict[str, Any], loss_fn: Any, x: torch.Tensor, y: torch.Tenso
 
 
 def _profile(r: dict[str, Any], loss_fn: Any, x: torch.Tensor, y: torch.Tensor) -> str:
-    """torch.profiler's table of one step's CUDA kernels, by total GPU time (top 25); then,
+    """torch.profiler's table of one step's CUDA kernels, by total GPU time (top 45); then,
     from a second step with the host's ops and their input shapes, the ops outside CUDA graphs
-    that launched the most GPU time (top 15: which copy is whose)."""
+    that launched the most GPU time (top 20: which copy is whose)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         _step(r["fn"], r["opt"], loss_fn, x, y, True)
         torch.cuda.synchronize()
-    kernels = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    kernels = prof.key_averages().table(sort_by="cuda_time_total", row_limit=45)
     acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     with profile(activities=acts, record_shapes=True) as prof:
         _step(r["fn"], r["opt"], loss_fn, x, y, True)
         torch.cuda.synchronize()
     ops = prof.key_averages(group_by_input_shape=True).table(
-        sort_by="cuda_time_total", row_limit=15, max_name_column_width=40,
+        sort_by="cuda_time_total", row_limit=20, max_name_column_width=40,
         max_shapes_column_width=70,
     )  # fmt: skip
     return f"{kernels}\n{ops}"

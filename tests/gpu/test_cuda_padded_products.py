@@ -1,8 +1,9 @@
 """A language-model head over a vocabulary that is not a multiple of 8, trained on CUDA under
 bfloat16 autocast: its product runs on operands zero-padded as it runs
 (``plait.codegen.cuda_padding``), both gradient products on one cotangent padded in the graph
-(``plait.passes.pad_products``), and the step passes the gate (outputs and gradients).
-Skipped without CUDA."""
+(``plait.passes.pad_products``), and the step passes the gate (outputs and gradients). The
+head's result, returned, is copied out of the CUDA graph once, into eager's contiguous layout
+(``plait.runtime.cuda_graph_inputs``, ``plait.codegen.cuda_row_copy``). Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import torch
 from torch import nn
 
 import plait
+from plait.codegen.cuda_row_copy import copy_rows
+from plait.ir import Graph, GraphBuilder, TensorType
+from plait.runtime import StaxOptions, compile_graph
 from tests.autograd.test_training_autocast import gate_bf16_training
+from tests.util import assert_bitwise, contract_tol
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,6 +26,7 @@ pytestmark = [
 ]
 
 VOCAB = 1001
+TOL = contract_tol("matmul", torch.bfloat16)
 
 
 class _TinyLM(nn.Module):
@@ -60,3 +66,43 @@ def test_a_vocabulary_head_trains_on_padded_products() -> None:
     assert len(rewrites) >= 2, rewrites
     backward = executor["backward"]["evidence"]["nodes"]
     assert not [n for n in backward if "zero-padded" in n["detail"]], backward
+    # NOTE: the head's result (its real columns) copied out of the graph once, contiguous
+    assert executor["cuda_graph"].get("conformed_on_copy_out") == 1, executor["cuda_graph"]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = compiled(*_draw(7))
+    assert logits.is_contiguous(), logits.stride()
+
+
+def _head(rows: int, vocab: int, width: int) -> Graph:
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((rows, width), torch.bfloat16, "cuda:0"))
+    w = gb.input("w", TensorType((vocab, width), torch.bfloat16, "cuda:0"))
+    gb.output(gb.call("linear", x, w))
+    return gb.build()
+
+
+@pytest.mark.parametrize("rows,vocab,width", [(64, VOCAB, 64), (4096, 50257, 768)])
+def test_a_returned_padded_product_is_copied_out_once(rows: int, vocab: int, width: int) -> None:
+    """The graphed program gives the uncaptured one's bits, laid out as it lays them out
+    (contiguous: eager's layout), its real columns copied out of the graph by the row copy's
+    kernel, not into the plan's layout inside the graph (no strided copy there)."""
+    graphed = compile_graph(_head(rows, vocab, width))
+    plain = compile_graph(_head(rows, vocab, width), options=StaxOptions(cuda_graphs=False))
+    assert graphed.cuda_graph.get("conformed_on_copy_out") == 1, graphed.cuda_graph
+    for seed in (0, 1):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        x = torch.randn(rows, width, device="cuda", generator=g).to(torch.bfloat16)
+        w = torch.randn(vocab, width, device="cuda", generator=g).to(torch.bfloat16)
+        (got,), (want,) = graphed(x, w), plain(x, w)
+        assert got.is_contiguous() and want.is_contiguous()
+        assert_bitwise(got, want, "graphed against uncaptured")
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, w), **TOL)
+
+
+def test_the_row_copy_matches_atens_copy_on_cuda() -> None:
+    padded = torch.randn(8, 512, 50264, device="cuda").to(torch.bfloat16)
+    padded.view(-1)[::9973] = float("nan")
+    src = padded[..., :50257]
+    got = torch.empty(src.shape, dtype=src.dtype, device="cuda")
+    assert copy_rows(src, got)
+    assert_bitwise(got, src.contiguous(), "row copy")

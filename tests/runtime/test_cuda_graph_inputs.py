@@ -3,7 +3,8 @@ tensors standing in for the caller's: an input is pinned only after two calls at
 and layout (the static buffer's), aligned; a call replays the in-place graph only while every
 pinned input is where it was captured; inputs that settle later are pinned by a second capture;
 moves re-capture, at most ``MAX_CAPTURES`` captures in all; a refused capture is recorded and
-keeps the graph there was. And the dense copy-out of an output that views a padded buffer.
+keeps the graph there was. And the copy-out of an output that views a padded buffer (dense), and
+of one the runner returned raw while captured (into the plan's strides).
 The graphs themselves: ``tests/gpu/test_cuda_graph_in_place.py``."""
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import torch
 
 from plait.runtime.cuda_graph_inputs import (
     MAX_CAPTURES,
+    Conformed,
     InPlaceGraph,
     InPlaceInputs,
+    copy_source,
     dense_source,
     fresh_copies,
 )
@@ -135,3 +138,29 @@ def test_a_view_of_a_padded_product_is_copied_as_its_buffer(rows: int) -> None:
         assert torch.equal(g, want)
         assert g.untyped_storage().data_ptr() != want.untyped_storage().data_ptr()
     assert got[0].stride() == view.stride() and got[1].is_contiguous()
+
+
+def test_an_output_returned_raw_is_copied_out_in_the_plans_strides() -> None:
+    """An extern result the runner returned as PyTorch laid it out while captured (the real
+    columns of a padded product) is copied into the plan's strides; one already in them, and
+    outputs with no declared strides, are copied as before."""
+    padded = torch.randn(2, 3, 1008)
+    raw = padded[..., :1001]
+    planned = torch.empty(2, 3, 1001).stride()
+    dense = torch.randn(2, 3, 1001)
+    sources = [
+        copy_source(raw, planned),
+        copy_source(dense, planned),
+        copy_source(raw, None),
+    ]
+    assert isinstance(sources[0][1], Conformed)
+    assert sources[1][0] is dense and sources[1][1] is None
+    assert sources[2][0] is padded  # NOTE: no declared strides: the dense copy of its buffer
+    got = list(fresh_copies(sources, _copy_all))
+    for g, want in zip(got, (raw, dense, raw), strict=True):
+        assert torch.equal(g, want)
+        assert g.untyped_storage().data_ptr() != want.untyped_storage().data_ptr()
+    assert got[0].is_contiguous() and got[1].is_contiguous()
+    assert got[2].stride() == raw.stride()
+    (alone,) = fresh_copies([copy_source(raw, planned)], _copy_all)
+    assert alone.is_contiguous() and torch.equal(alone, raw)

@@ -7,8 +7,10 @@ buffer, replays the graph and returns fresh copies of the outputs: the next repl
 same buffers, so no output the caller holds is ever overwritten. An output that is the caller's
 own input (or a bound constant) is returned as is, as the uncaptured runner returns it. Inputs
 that a caller keeps at one address call after call (parameters; often the rest) are read in
-place by a second capture, and an output viewing a padded buffer is copied out as that dense
-buffer (:mod:`plait.runtime.cuda_graph_inputs`; ``cuda_graph["in_place"]`` counts the calls).
+place by a second capture, an output viewing a padded buffer is copied out as that dense
+buffer, and an extern result only the return reads is captured as PyTorch lays it out and
+copied out into the plan's layout (a padded product's real columns: one copy, not two)
+(:mod:`plait.runtime.cuda_graph_inputs`; ``cuda_graph["in_place"]`` counts the calls).
 
 Not captured (the program runs its runner, kernel by kernel, and ``cuda_graph["reason"]`` says
 why): ``StaxOptions(cuda_graphs=False)``; a fallback node (PyTorch's reference implementation may
@@ -37,11 +39,13 @@ from plait.codegen.plan import ExternStep, FallbackStep
 from plait.codegen.symbolic_shapes import is_symbolic
 from plait.codegen.views import shape_of
 from plait.errors import PlaitCompileError
+from plait.ir.graph import Value
 from plait.ir.types import TensorType
 from plait.runtime.cuda_graph_inputs import (
+    Conformed,
     InPlaceGraph,
     InPlaceInputs,
-    dense_source,
+    copy_source,
     fresh_copies,
 )
 from plait.runtime.cuda_handoff import (
@@ -53,6 +57,7 @@ from plait.runtime.cuda_handoff import (
     lent_values,
 )
 from plait.runtime.runner_calls import bad_input
+from plait.runtime.runner_emit import returned_only
 
 Call = Callable[..., list[Any]]
 
@@ -101,7 +106,14 @@ class GraphedCall:
     ) -> None:
         graph = program.graph
         self.fn = fn
+        self.runner = program.runner
         self.device = program.device
+        # NOTE: per output: the plan's strides for an extern result the runner returns raw
+        # while captured (runner_emit.returned_only), copied out into them; None for the others
+        raw = returned_only(program.plan)
+        self.declared = [
+            raw.get(id(o)) if isinstance(o, Value) else None for o in program.plan.graph.outputs
+        ]
         self._lock = threading.Lock() if handoff is None else handoff.lock
         self.handoff = handoff
         self.borrowed = dict(borrowed or {})
@@ -127,7 +139,7 @@ class GraphedCall:
         self.types = [v.type for v in graph.inputs]
         self.graph = torch.cuda.CUDAGraph()
         self.outputs: list[tuple[str, Any]] = []
-        # NOTE: what each call copies out (dense_source of each "copy" output, in order)
+        # NOTE: what each call copies out (copy_source of each "copy" output, in order)
         self.sources: list[tuple[torch.Tensor, Any]] = []
         self.record: dict[str, Any] = {"used": True}
         # NOTE: the second capture that reads settled inputs in place (cuda_graph_inputs)
@@ -141,7 +153,7 @@ class GraphedCall:
         self.lent = list(positions)
         for p in positions:
             self.outputs[p] = ("lent", self.outputs[p][1])
-        self.sources = _sources(self.outputs)
+        self.sources = self._sources(self.outputs)
         # NOTE: the backward's graph reads this graph's buffers: never captured again
         self.in_place = None
         self.record.pop("in_place", None)
@@ -160,10 +172,17 @@ class GraphedCall:
             with torch.cuda.stream(stream):
                 self.fn(*self.statics)
             torch.cuda.current_stream(self.device).wait_stream(stream)
-            with torch.cuda.graph(self.graph):
+            with self.runner.returning_as_laid_out(), torch.cuda.graph(self.graph):
                 outs = self.fn(*self.statics)
         self.outputs = [self._classify(o, self.statics) for o in outs]
-        self.sources = _sources(self.outputs)
+        self.sources = self._sources(self.outputs)
+        conformed = sum(isinstance(how, Conformed) for _, how in self.sources)
+        if conformed:
+            # NOTE: what the calls copy out of the graph into the plan's layout (and the
+            # copy's Triton kernel compiled now, not at the first call)
+            self.record["conformed_on_copy_out"] = conformed
+            for _ in fresh_copies(self.sources, _copy_all):
+                pass
         if self.copies:
             copied = [i for i, _, _ in self.copies]
             self.in_place = InPlaceInputs(self.record, copied, self.statics)
@@ -174,10 +193,24 @@ class GraphedCall:
         first capture ran on static buffers that require no grad."""
         graph = torch.cuda.CUDAGraph()
         pool = self.graph.pool()
-        with keep_generators(self.device), torch.no_grad(), torch.cuda.graph(graph, pool=pool):
+        with (
+            keep_generators(self.device),
+            torch.no_grad(),
+            self.runner.returning_as_laid_out(),
+            torch.cuda.graph(graph, pool=pool),
+        ):
             outs = self.fn(*inputs)
         outputs = [self._classify(o, inputs) for o in outs]
-        return InPlaceGraph(graph, pinned, outputs, _sources(outputs))
+        return InPlaceGraph(graph, pinned, outputs, self._sources(outputs))
+
+    def _sources(self, outputs: list[tuple[str, Any]]) -> list[tuple[torch.Tensor, Any]]:
+        """What each call copies out for the ``copy`` outputs (cuda_graph_inputs.copy_source),
+        in output order."""
+        return [
+            copy_source(o, self.declared[k])
+            for k, (kind, o) in enumerate(outputs)
+            if kind == "copy"
+        ]
 
     def _classify(self, o: Any, inputs: list[Any]) -> tuple[str, Any]:
         if not isinstance(o, torch.Tensor):
@@ -262,11 +295,6 @@ class GraphedCall:
             _check(args[i], t, handoff.buffers[k], self.device, i, self.names[i])
             handoff.buffers[k].copy_(args[i])
         return None
-
-
-def _sources(outputs: list[tuple[str, Any]]) -> list[tuple[torch.Tensor, Any]]:
-    """What each call copies out for the ``copy`` outputs (cuda_graph_inputs.dense_source)."""
-    return [dense_source(o) for kind, o in outputs if kind == "copy"]
 
 
 def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:

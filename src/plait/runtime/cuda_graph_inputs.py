@@ -32,8 +32,16 @@ Invariants:
 - Pinned addresses are 16-byte aligned (Triton kernels are specialized on their pointers'
   alignment when they are compiled, at the warm-up on the aligned static buffers).
 
+Outputs are copied out of the graph after each replay (:func:`fresh_copies`): most by
+multi-tensor copies; one that views a contiguous buffer hardly larger than it as its whole
+buffer (a dense copy), then viewed; and an extern result that the runner returned as PyTorch
+laid it out while captured (``runner_emit.returned_only``: a padded product's real columns,
+which the runner would otherwise have copied into the plan's layout inside the graph) into the
+plan's layout (:func:`conformed_copy`).
+
 ``record`` (the program's ``cuda_graph`` entry) says what happened: ``in_place`` with the
-number of pinned inputs and of calls that replayed each graph, or ``in_place_reason``.
+number of pinned inputs and of calls that replayed each graph, or ``in_place_reason``;
+``conformed_on_copy_out``, the outputs copied into the plan's layout.
 
 Example (the bookkeeping, on CPU tensors)::
 
@@ -70,7 +78,7 @@ def key_of(a: Any) -> Key | None:
 class InPlaceGraph:
     """The program captured with the inputs at ``pinned`` (position -> the caller's address
     and strides at the capture) read in place; ``outputs`` classified as the first graph's,
-    ``sources`` what a call copies out (:func:`dense_source`)."""
+    ``sources`` what a call copies out (:func:`copy_source`)."""
 
     def __init__(
         self,
@@ -202,6 +210,41 @@ def _fits(a: torch.Tensor, static: Any) -> bool:
     )
 
 
+class Conformed:
+    """How a call copies out an output the runner returned as PyTorch laid it out: into a
+    tensor of the plan's ``strides`` (:func:`conformed_copy`)."""
+
+    __slots__ = ("strides",)
+
+    def __init__(self, strides: tuple[int, ...]) -> None:
+        self.strides = strides
+
+
+def copy_source(o: torch.Tensor, declared: tuple[int, ...] | None) -> tuple[torch.Tensor, Any]:
+    """What a call copies out for output ``o``, and how: ``declared`` is the plan's strides
+    for an output the runner returned as PyTorch laid it out (``runner_emit.returned_only``;
+    None for the others). Where ``o`` has other strides it is copied into them
+    (:class:`Conformed`); else as :func:`dense_source` says."""
+    if declared is not None and tuple(o.stride()) != declared:
+        return o, Conformed(declared)
+    return dense_source(o)
+
+
+def conformed_copy(o: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """A copy of ``o`` laid out in ``strides``: on CUDA, the real columns of a padded product
+    (rows of a wider buffer) into a contiguous tensor by a Triton kernel
+    (:mod:`plait.codegen.cuda_row_copy`: at a dense copy's bandwidth, where ATen's strided copy
+    runs at half of it), else by ATen's copy."""
+    out = torch.empty_strided(o.shape, strides, dtype=o.dtype, device=o.device)
+    if o.is_cuda and out.is_contiguous():
+        from plait.codegen.cuda_row_copy import copy_rows
+
+        if copy_rows(o, out):
+            return out
+    out.copy_(o)
+    return out
+
+
 def dense_source(o: torch.Tensor) -> tuple[torch.Tensor, tuple[Any, ...] | None]:
     """What to copy out for an output ``o``: ``(o, None)``, or, when ``o`` is a strided view
     of a contiguous buffer hardly larger than it (the real columns of a padded product), the
@@ -217,18 +260,24 @@ def dense_source(o: torch.Tensor) -> tuple[torch.Tensor, tuple[Any, ...] | None]
 
 
 def fresh_copies(
-    sources: list[tuple[torch.Tensor, tuple[Any, ...] | None]],
+    sources: list[tuple[torch.Tensor, Any]],
     copy_all: Callable[[list[torch.Tensor], list[torch.Tensor]], None],
 ) -> Iterator[torch.Tensor]:
-    """Copies of the outputs ``sources`` (from :func:`dense_source`) filled by one call of
-    ``copy_all``: each laid out as ``clone`` lays it out, or as the same view of a copy of
-    its dense buffer."""
+    """Copies of the outputs ``sources`` (from :func:`copy_source`): each laid out as
+    ``clone`` lays it out, or as the same view of a copy of its dense buffer (those filled by
+    one call of ``copy_all``), or in the plan's strides (:func:`conformed_copy`)."""
     if not sources:
         return iter(())
-    buffers = [b for b, _ in sources]
+    buffers = [b for b, how in sources if not isinstance(how, Conformed)]
     fresh = [torch.empty_like(b) for b in buffers]
-    copy_all(fresh, buffers)
-    return iter(
-        f if view is None else f.as_strided(view[0], view[1], f.storage_offset() + view[2])
-        for f, (_, view) in zip(fresh, sources)
-    )
+    if buffers:
+        copy_all(fresh, buffers)
+    dense = iter(fresh)
+    out = []
+    for b, how in sources:
+        if isinstance(how, Conformed):
+            out.append(conformed_copy(b, how.strides))
+            continue
+        f = next(dense)
+        out.append(f if how is None else f.as_strided(how[0], how[1], f.storage_offset() + how[2]))
+    return iter(out)

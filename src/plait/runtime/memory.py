@@ -137,7 +137,7 @@ def nbytes(v: Value) -> Size:
     return n * t.dtype.itemsize
 
 
-def _reads(plan: Plan, step: Any) -> list[Value]:
+def step_reads(plan: Plan, step: Any) -> list[Value]:
     """Base values a step reads (views resolve to the value they view)."""
     if isinstance(step, KernelStep):
         kernel = step.lowered.kernel
@@ -181,7 +181,7 @@ def plan_memory(plan: Plan, allow_inplace: bool = True, reuse: bool = True) -> M
     outputs = {id(o) for o in plan.graph.outputs if isinstance(o, Value)}
     last: dict[int, int] = {}
     for i, step in enumerate(plan.steps):
-        for v in _reads(plan, step):
+        for v in step_reads(plan, step):
             last[id(v)] = i
     buffers: dict[Value, BufferPlan] = {}
     for i, step in enumerate(plan.steps):

@@ -169,6 +169,11 @@ class StaxProgram:
         self._call = call
 
     @property
+    def runner(self) -> Runner:
+        """The generated runner the program calls (through its CUDA graph, where it has one)."""
+        return self._runner
+
+    @property
     def device(self) -> Any:
         import torch
 

@@ -19,12 +19,13 @@ Python expressions of the bound sizes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import marshal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any
@@ -49,6 +50,21 @@ class Runner:
     table: Any
     arena: torch.Tensor | None
     globals: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @contextlib.contextmanager
+    def returning_as_laid_out(self) -> Iterator[None]:
+        """While it lasts, the extern results that only the return reads come back as PyTorch
+        laid them out, not conformed to the plan's strides (``runner_emit.returned_only``): for
+        a CUDA graph's capture, whose call copies them out into the plan's strides."""
+        flag = self.globals.get("_RAW")
+        if flag is None:
+            yield
+            return
+        flag[0] = True
+        try:
+            yield
+        finally:
+            flag[0] = False
 
 
 def build_runner(

@@ -67,11 +67,28 @@ def owned(t: torch.Tensor, strides: tuple[int, ...], operands: tuple[Any, ...]) 
     with an operand (a view ATen's schema does not declare: ``unsafe_split``'s chunks, a
     gradient that views its cotangent), which the arena may reuse or an epilogue write, or where
     PyTorch laid it out otherwise than the plan."""
-    storage = t.untyped_storage().data_ptr()
-    for o in operands:
-        if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() == storage:
-            return conform(t, strides)
+    if _shares_storage(t, operands):
+        return conform(t, strides)
     return t if t.stride() == strides else conform(t, strides)
+
+
+def returned(
+    t: torch.Tensor, strides: tuple[int, ...], operands: tuple[Any, ...], raw: list[bool]
+) -> torch.Tensor:
+    """An extern's result that only the program's return reads (``runner_emit.returned_only``):
+    while ``raw[0]`` (a CUDA graph captures the runner, and its call copies each such output
+    out into ``strides``: ``cuda_graph_inputs``), as PyTorch laid it out, unless it shares
+    storage with an operand; otherwise as :func:`owned` has it."""
+    if raw[0] and not _shares_storage(t, operands):
+        return t
+    return owned(t, strides, operands)
+
+
+def _shares_storage(t: torch.Tensor, operands: tuple[Any, ...]) -> bool:
+    storage = t.untyped_storage().data_ptr()
+    return any(
+        isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() == storage for o in operands
+    )
 
 
 def check_result(

@@ -26,7 +26,7 @@ from plait.codegen.views import shape_of, sizes_of
 from plait.ir.graph import Value
 from plait.ir.ops import get_op
 from plait.ir.types import TensorType
-from plait.runtime.memory import BufferPlan, MemoryPlan
+from plait.runtime.memory import BufferPlan, MemoryPlan, step_reads
 from plait.runtime.runner_calls import (
     StaxInputError,
     bad_input,
@@ -35,6 +35,7 @@ from plait.runtime.runner_calls import (
     device_clock,
     not_tensor,
     owned,
+    returned,
     zero_division,
 )
 from plait.symbolic import has_unbacked
@@ -111,6 +112,12 @@ class RunnerEmitter:
         self.arena_slots: list[tuple[int, Value]] = []
         self.view_specs: list[tuple[Value, tuple[Any, ...] | None]] = []
         self.symbolic_views: dict[tuple[int, str], str] = {}
+        # NOTE: extern results only the return reads: raw while ``_RAW[0]`` (a CUDA graph's
+        # capture: Runner.returning_as_laid_out)
+        self.returned = returned_only(plan)
+        if self.returned:
+            self.g["_returned"] = returned
+            self.g["_RAW"] = [False]
 
     def const(self, value: Any, prefix: str = "C") -> str:
         """A global of the generated function holding ``value``; a value holding symbolic sizes
@@ -436,7 +443,10 @@ class RunnerEmitter:
             if isinstance(out.type, TensorType):
                 # NOTE: the plan owns each result: a view of an operand is copied (runner_calls)
                 st = self.const(tuple(strides))
-                self.line(f"{var} = _owned({var}, {st}, {operands})")
+                if id(out) in self.returned:
+                    self.line(f"{var} = _returned({var}, {st}, {operands}, _RAW)")
+                else:
+                    self.line(f"{var} = _owned({var}, {st}, {operands})")
 
     def fallback_step(self, step: FallbackStep) -> None:
         node = step.node
@@ -454,6 +464,38 @@ class RunnerEmitter:
                 self.line(f"{var} = _check_result(r[{k}], {s}, {d}, {what}, a)")
             else:
                 self.line(f"{var} = r[{k}]")
+
+
+def returned_only(plan: Plan) -> dict[int, tuple[int, ...]]:
+    """The extern results of a static CUDA plan that only the program's return reads (no step,
+    no other output's view), by value id, with the strides the plan gives them. The runner
+    conforms them to those strides, as every extern result, except while a CUDA graph captures
+    it: the graphed call copies its outputs out anyway, and copies these into the plan's
+    strides then (``cuda_graph_inputs``), so that a padded product's result (a view of its
+    real columns) is not copied into them inside the graph and copied out once more."""
+    if is_symbolic(plan.graph) or torch.device(graph_device(plan.graph)).type != "cuda":
+        return {}
+    outputs = [o for o in plan.graph.outputs if isinstance(o, Value)]
+    results = {
+        id(v)
+        for step in plan.steps
+        if isinstance(step, ExternStep)
+        for v in step.outputs
+        if isinstance(v.type, TensorType) and not has_unbacked(v.type.shape)
+    }
+    read = {id(v) for step in plan.steps for v in step_reads(plan, step)}
+    for o in outputs:
+        loc = plan.locs.get(o)
+        if loc is not None and loc.base is not None and loc.base is not o:
+            read.add(id(loc.base))  # NOTE: another output views it
+    out: dict[int, tuple[int, ...]] = {}
+    for o in outputs:
+        loc = plan.locs.get(o)
+        if id(o) not in results or id(o) in read or loc is None or loc.kind != "buffer":
+            continue
+        if all(isinstance(s, int) for s in loc.strides):
+            out[id(o)] = tuple(int(s) for s in loc.strides)
+    return out
 
 
 def step_outputs(step: KernelStep | ExternStep | FallbackStep) -> list[Value]:
