@@ -1,9 +1,10 @@
 """Which inputs a graphed program reads in place (``plait.runtime.cuda_graph_inputs``), on CPU
 tensors standing in for the caller's: an input is pinned only after two calls at one address
-and layout (the static buffer's), aligned; a call replays the in-place graph only while every
-pinned input is where it was captured; inputs that settle later are pinned by a second capture;
-moves re-capture, at most ``MAX_CAPTURES`` captures in all; a refused capture is recorded and
-keeps the graph there was. And the copy-out of an output that views a padded buffer (dense), and
+and layout (the static buffer's), aligned; a call replays an in-place graph only while every
+input it pins is where it was captured (the one pinning the most); inputs that settle later are
+pinned by another capture; after a move the inputs still in place are pinned at once; every
+graph is kept, at most ``MAX_CAPTURES`` captures in all; a refused capture is recorded and keeps
+the graphs there were. And the copy-out of an output that views a padded buffer (dense), and
 of one the runner returned raw while captured (into the plan's strides).
 The graphs themselves: ``tests/gpu/test_cuda_graph_in_place.py``."""
 
@@ -54,32 +55,56 @@ def test_settled_inputs_are_pinned_and_moved_ones_copied() -> None:
     statics = [torch.zeros(4, 3), torch.zeros(5)]
     inputs, record = _inputs(statics)
     w, x = torch.randn(4, 3), torch.randn(5)
+    kw, kx = (w.data_ptr(), (3, 1)), (x.data_ptr(), (1,))
     capture = _Captures()
     assert not _call(inputs, [w, torch.randn(5)], capture)
     assert not _call(inputs, [w, x], capture)  # NOTE: w settled: pinned; x moved: copied
-    assert capture.seen == [{0: (w.data_ptr(), (3, 1))}]
+    assert capture.seen == [{0: kw}]
     assert _call(inputs, [w, torch.randn(5)], capture)
     assert record["in_place"]["pinned"] == 1 and record["in_place"]["of"] == 2
     assert record["in_place"]["calls"] == {"in_place": 1, "copied": 2}
     assert _call(inputs, [w, x], capture)
     assert _call(inputs, [w, x], capture)  # NOTE: x settled since: pinned too
-    both = {0: (w.data_ptr(), (3, 1)), 1: (x.data_ptr(), (1,))}
-    assert capture.seen[-1] == both and record["in_place"]["pinned"] == 2
+    assert capture.seen[-1] == {0: kw, 1: kx} and record["in_place"]["pinned"] == 2
     for _ in range(2):
         assert _call(inputs, [w, x], capture)
     assert len(capture.seen) == 2
     moved = w.clone()
-    assert not _call(inputs, [moved, x], capture)  # NOTE: a pinned input moved: all copied
-    assert not _call(inputs, [moved, x], capture)  # NOTE: settled again: captured again
-    assert capture.seen[-1] == {0: (moved.data_ptr(), (3, 1)), 1: (x.data_ptr(), (1,))}
+    assert not _call(inputs, [moved, x], capture)  # NOTE: a pinned input moved: all copied,
+    assert capture.seen[-1] == {1: kx}  # NOTE: and the one still in place pinned at once
     assert _call(inputs, [moved, x], capture)
+    assert _call(inputs, [w, x], capture)  # NOTE: the graph pinning both is kept
     assert record["in_place"]["captures"] == 3 == MAX_CAPTURES
-    other = w.clone()
+    assert record["in_place"]["graphs"] == 3
+    other, y = w.clone(), torch.randn(5)
     for _ in range(3):
-        assert not _call(inputs, [other, x], capture)
+        assert not _call(inputs, [other, y], capture)
     assert len(capture.seen) == MAX_CAPTURES
     assert "moved after 3 in-place captures" in record["in_place_reason"]
-    assert _call(inputs, [moved, x], capture)  # NOTE: the last capture still serves
+    assert _call(inputs, [other, x], capture)  # NOTE: the graphs there are still serve
+
+
+def test_an_input_that_moves_back_and_forth_leaves_the_others_in_place() -> None:
+    """A training step's cotangent at one of two addresses, other work allocating between
+    the steps: the parameters stay read in place, and so does the cotangent once it settled
+    at each address."""
+    statics = [torch.zeros(4, 3), torch.zeros(5)]
+    inputs, record = _inputs(statics)
+    w, first, second = torch.randn(4, 3), torch.randn(5), torch.randn(5)
+    capture = _Captures()
+    assert not _call(inputs, [w, first], capture)
+    assert not _call(inputs, [w, first], capture)  # NOTE: both settled: both pinned
+    assert not _call(inputs, [w, second], capture)  # NOTE: moved: w alone pinned at once
+    assert capture.seen[-1] == {0: (w.data_ptr(), (3, 1))}
+    cotangents = [first, second] * 4
+    assert all(_call(inputs, [w, c], capture) for c in cotangents)
+    assert record["in_place"]["calls"]["copied"] == 3
+    assert len(capture.seen) == 2  # NOTE: the second address never came twice in a row
+    assert _call(inputs, [w, second], capture)
+    assert _call(inputs, [w, second], capture)  # NOTE: settled there too: pinned
+    assert capture.seen[-1] == {0: (w.data_ptr(), (3, 1)), 1: (second.data_ptr(), (1,))}
+    for c in cotangents:
+        assert inputs.pick([w, c]) is not None and len(inputs.pick([w, c]).pinned) == 2
 
 
 def test_other_layouts_and_unaligned_addresses_are_never_pinned() -> None:

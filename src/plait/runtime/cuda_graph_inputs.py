@@ -15,8 +15,14 @@ static buffers, into the memory pool of the first graph. A later call whose pinn
 the captured addresses, with the captured strides, replays it and copies only the others; any
 other call replays the first graph on copies, as before. Inputs that settle later (a training
 step's first call runs among the compile's allocations: an address then may not be the one an
-input keeps) are pinned by another capture, as is a new set after a pinned input moved: at most
-``MAX_CAPTURES`` captures in all. Never a wrong answer: the in-place
+input keeps) are pinned by another capture; after a call that moved a pinned input, the inputs
+still in place are pinned at once; a new set settled after moves, again after two calls: at most
+``MAX_CAPTURES`` captures in all. Every in-place graph is kept, and a call replays, of those
+whose pinned inputs are all where they were captured, the one pinning the most: an input that
+moves back and forth (a training step's cotangent, where other work allocates between the
+steps) leaves the others read in place (on an H200, GPT-2's backward, when only the latest
+graph was kept: 7 of 15 calls in place, every input copied once its three captures were
+spent). Each kept graph holds its own outputs in the pool. Never a wrong answer: an in-place
 graph only runs when each pinned address holds the caller's own tensor of the captured layout.
 
 Invariants:
@@ -24,8 +30,8 @@ Invariants:
 - The capture runs no kernel: the warm-up (on the private buffers, at compile time) made the
   first graph; the in-place capture only records, so a program that wrote into an input would
   still not touch a caller's tensor before its call.
-- Both graphs share one pool and replay under the program's lock, one at a time; each replay's
-  copied outputs are copied out before the lock is released, so a later replay of the other
+- All graphs share one pool and replay under the program's lock, one at a time; each replay's
+  copied outputs are copied out before the lock is released, so a later replay of another
   graph writing the same memory reaches no result the caller holds.
 - A program that lends its saved values to a backward graph (:mod:`plait.runtime.cuda_handoff`)
   is never captured again: the backward graph reads the first graph's buffers.
@@ -92,9 +98,6 @@ class InPlaceGraph:
         self.outputs = outputs
         self.sources = sources
 
-    def matches(self, args: Sequence[Any]) -> bool:
-        return all(key_of(args[i]) == k for i, k in self.pinned.items())
-
 
 class InPlaceInputs:
     """Decides, call after call, which inputs a graphed program reads in place (module
@@ -104,30 +107,35 @@ class InPlaceInputs:
         self.record = record
         self.copied = list(copied)
         self.statics = list(statics)
-        self.current: InPlaceGraph | None = None
+        # NOTE: the in-place graphs captured, oldest first
+        self.graphs: list[InPlaceGraph] = []
         self.last: list[Key | None] | None = None
-        # NOTE: while the in-place graph runs: the addresses of the inputs it copies
-        self.last_free: dict[int, Key | None] | None = None
+        # NOTE: after a call of an in-place graph: that graph, and the addresses of the inputs
+        # it copies
+        self.last_free: tuple[InPlaceGraph, dict[int, Key | None]] | None = None
         self.captures = 0
         self.calls = {"in_place": 0, "copied": 0}
         self.reason: str | None = None
         self._write()
 
     def pick(self, args: Sequence[Any]) -> InPlaceGraph | None:
-        """The in-place graph for this call, or None (copy every input)."""
-        graph = self.current
-        if graph is not None and graph.matches(args):
-            self.calls["in_place"] += 1
-            return graph
-        self.calls["copied"] += 1
-        return None
+        """Of the in-place graphs whose pinned inputs are all where they were captured, the one
+        pinning the most (the latest of those); None where none is (copy every input)."""
+        best = None
+        for graph in reversed(self.graphs):
+            if (best is None or len(graph.pinned) > len(best.pinned)) and not _moved(graph, args):
+                best = graph
+        self.calls["in_place" if best is not None else "copied"] += 1
+        return best
 
     def after_call(
         self, args: Sequence[Any], used: InPlaceGraph | None, capture: Callable[..., Any]
     ) -> None:
-        """After a call: capture (again) where inputs settled at new addresses, or where
-        inputs the in-place graph copies settled since it was captured. ``capture``:
-        ``(inputs, pinned positions) -> InPlaceGraph``; raises what the capture raises."""
+        """After a call: capture (again) where inputs settled at new addresses, where inputs
+        the in-place graph copies settled since it was captured, or, after a call that no graph
+        matched, with the pinned inputs of a graph that are still in place (the others moved).
+        ``capture``: ``(inputs, pinned positions) -> InPlaceGraph``; raises what the capture
+        raises."""
         if self.reason is not None:
             return
         if used is not None:
@@ -138,12 +146,23 @@ class InPlaceInputs:
         self.last_free = None
         keys = [key_of(args[i]) for i in self.copied]
         last, self.last = self.last, keys
+        stayed = max(
+            ({i: k for i, k in g.pinned.items() if key_of(args[i]) == k} for g in self.graphs),
+            key=len,
+            default={},
+        )
+        if stayed and self.captures < MAX_CAPTURES:
+            # NOTE: inputs read in place call after call, where others moved: read in place
+            # still (no graph pins just them, or it would have matched)
+            self.last = None
+            self._capture(args, stayed, capture)
+            return
         if last is None:
             return
         if self.captures >= MAX_CAPTURES:
             self.reason = (
-                f"inputs moved after {self.captures} in-place captures: a call whose pinned "
-                "inputs are elsewhere copies every input"
+                f"inputs moved after {self.captures} in-place captures: a call that none of "
+                "the in-place graphs matches copies every input"
             )
             self._write()
             return
@@ -157,13 +176,13 @@ class InPlaceInputs:
 
     def _widen(self, args: Sequence[Any], used: InPlaceGraph, capture: Callable[..., Any]) -> None:
         free = {i: key_of(args[i]) for i in self.copied if i not in used.pinned}
-        before, self.last_free = self.last_free, free
-        if before is None:
-            return
+        before, self.last_free = self.last_free, (used, free)
+        if before is None or before[0] is not used:
+            return  # NOTE: settled means two calls of one graph at one address
         settled = {
             i: k
             for i, k in free.items()
-            if k is not None and before.get(i) == k and _fits(args[i], self.statics[i])
+            if k is not None and before[1].get(i) == k and _fits(args[i], self.statics[i])
         }
         if settled:
             self._capture(args, {**used.pinned, **settled}, capture)
@@ -171,14 +190,14 @@ class InPlaceInputs:
     def _capture(
         self, args: Sequence[Any], pinned: dict[int, Key], capture: Callable[..., Any]
     ) -> None:
-        """Capture with ``pinned`` read in place; a refused capture keeps the graph there
-        was (or none) and is recorded, never tried again."""
+        """Capture with ``pinned`` read in place, kept beside the earlier ones; a refused
+        capture keeps the graphs there were (or none) and is recorded, never tried again."""
         inputs = [args[i] if i in pinned else s for i, s in enumerate(self.statics)]
         start = time.perf_counter()
         self.captures += 1
         self.last_free = None
         try:
-            self.current = capture(inputs, pinned)
+            self.graphs.append(capture(inputs, pinned))
         except (RuntimeError, PlaitCompileError) as exc:
             self.reason = f"the in-place capture failed: {str(exc).splitlines()[0]}"
         else:
@@ -188,13 +207,18 @@ class InPlaceInputs:
     def _write(self) -> None:
         if self.reason is not None:
             self.record["in_place_reason"] = self.reason
-        graph = self.current
         self.record["in_place"] = {
-            "pinned": 0 if graph is None else len(graph.pinned),
+            # NOTE: of the graph pinning the most
+            "pinned": max((len(g.pinned) for g in self.graphs), default=0),
             "of": len(self.copied),
             "captures": self.captures,
+            "graphs": len(self.graphs),
             "calls": self.calls,  # NOTE: the live counts (the record is read after the calls)
         }
+
+
+def _moved(graph: InPlaceGraph, args: Sequence[Any]) -> bool:
+    return any(key_of(args[i]) != k for i, k in graph.pinned.items())
 
 
 def _fits(a: torch.Tensor, static: Any) -> bool:
