@@ -135,6 +135,7 @@ def test_a_global_backward_hook_scales_each_gradient_once() -> None:
     twin = _Net(False).train()
     twin.load_state_dict(model.state_dict())
     cm = plait.compile(twin, options={"cache": False})
+    flag = nn_module._global_is_full_backward_hook  # NOTE: registering sets it for good
     handle = nn_module.register_module_full_backward_hook(
         lambda m, gin, gout: tuple(g * 2 if g is not None else None for g in gin)
     )
@@ -150,6 +151,7 @@ def test_a_global_backward_hook_scales_each_gradient_once() -> None:
             assert seed > 0 or any("global module backward hook" in m for m in told), told
     finally:
         handle.remove()
+        nn_module._global_is_full_backward_hook = flag
 
 
 def test_a_hook_on_the_compiled_module_itself_runs_once() -> None:

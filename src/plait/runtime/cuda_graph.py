@@ -172,7 +172,7 @@ class GraphedCall:
             with torch.cuda.stream(stream):
                 self.fn(*self.statics)
             torch.cuda.current_stream(self.device).wait_stream(stream)
-            with self.runner.returning_as_laid_out(), torch.cuda.graph(self.graph):
+            with self.runner.returning_as_laid_out(), captured_into(self.graph, self.device):
                 outs = self.fn(*self.statics)
         self.outputs = [self._classify(o, self.statics) for o in outs]
         self.sources = self._sources(self.outputs)
@@ -197,7 +197,7 @@ class GraphedCall:
             keep_generators(self.device),
             torch.no_grad(),
             self.runner.returning_as_laid_out(),
-            torch.cuda.graph(graph, pool=pool),
+            captured_into(graph, self.device, pool),
         ):
             outs = self.fn(*inputs)
         outputs = [self._classify(o, inputs) for o in outs]
@@ -318,6 +318,25 @@ def _check(a: Any, t: TensorType, static: torch.Tensor, device: Any, i: int, nam
         or a.device != device
     ):
         bad_input(i, name, str(t), a)
+
+
+@contextlib.contextmanager
+def captured_into(graph: Any, device: torch.device, pool: Any = None) -> Iterator[None]:
+    """``torch.cuda.graph(graph, pool=pool)``, whose failure leaves the CUDA generators usable.
+
+    NOTE: PyTorch's capture_end raises on a failed capture before it runs the generators'
+    capture epilogue, so they stay in capture mode and every later random draw outside a
+    capture raises ("Offset increment outside graph capture"). A complete throwaway capture
+    (prologue and epilogue) ends that state; the failure is then raised as it was."""
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            yield
+    except BaseException:
+        spare = torch.cuda.CUDAGraph()
+        with torch.cuda.device(device), torch.cuda.graph(spare):
+            torch.zeros(1, device=device)  # NOTE: one kernel (capturing none warns)
+        spare.reset()
+        raise
 
 
 @contextlib.contextmanager

@@ -529,8 +529,11 @@ def module_fingerprint(module: nn.Module) -> list[dict[str, Any]]:
     methods; raises :class:`Unpinnable` (hooks, tensor attributes, objects without a
     fingerprint, a class that is not the one its module defines now)."""
     for name in dir(nn.modules.module):
-        if name.startswith("_global_") and "hook" in name:
-            _hooks(name, getattr(nn.modules.module, name), "torch.nn (global)")
+        table = getattr(nn.modules.module, name)
+        # NOTE: the tables only: _global_is_full_backward_hook is a flag that stays set after
+        # the last global full backward hook is removed
+        if name.startswith("_global_") and "hook" in name and isinstance(table, dict):
+            _hooks(name, table, "torch.nn (global)")
     out = []
     memo: dict[int, Any] = {}
     classes: dict[type, Any] = {}
