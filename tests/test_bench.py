@@ -170,3 +170,15 @@ def test_docstring_examples(name: str) -> None:
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0
+
+
+def test_a_symbolic_programs_memory_plan_is_no_number_in_the_report() -> None:
+    """A symbolic program's memory plan is sized per call ("per call"): the benchmark reports
+    no number for it and computes no ratio from it (make bench crashed on the string)."""
+    from benchmarks.bench.ablate import _ratio
+    from benchmarks.bench.systems import _bytes_or_none
+
+    assert _bytes_or_none("per call") is None and _bytes_or_none(True) is None
+    assert _bytes_or_none(4096) == 4096
+    assert _ratio("per call", 4096) is None and _ratio(4096, None) is None
+    assert _ratio(8192, 4096) == 2.0

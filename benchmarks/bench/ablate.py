@@ -31,8 +31,11 @@ if TYPE_CHECKING:
     from benchmarks.bench.run import Inference
 
 
-def _ratio(without: float | None, with_: float | None) -> float | None:
-    if without is None or with_ is None or with_ <= 0:
+def _ratio(without: Any, with_: Any) -> float | None:
+    """``without / with_``; None where either is not a number (a symbolic program's memory
+    plan is sized per call: ``"per call"``) or ``with_`` is not positive."""
+    numbers = (int, float)
+    if not isinstance(without, numbers) or not isinstance(with_, numbers) or with_ <= 0:
         return None
     return without / with_
 

@@ -148,6 +148,10 @@ def first_call(system: System, x: torch.Tensor, sync: Callable[[], None]) -> tor
 
 
 # --- what plait's manifest says -----------------------------------------------------------------
+def _bytes_or_none(n: Any) -> int | None:
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
 def manifest_summary(compiled: Any) -> dict[str, Any] | None:
     """Codegen evidence and compile facts of a plait system's latest specialization."""
     specs = getattr(compiled, "specializations", None)
@@ -173,8 +177,9 @@ def manifest_summary(compiled: Any) -> dict[str, Any] | None:
         "fallbacks": [f"{f['what']}: {f['reason']}" for f in m.fallbacks],
         "kernels": len(m.kernels.get("kernels", [])),
         "kernels_cached": sum(bool(h) for h in hits),
-        "planned_peak_bytes": plan.get("peak_live_bytes"),
-        "arena_bytes": plan.get("arena_bytes"),
+        # NOTE: a symbolic program's plan is sized per call ("per call"): no one number
+        "planned_peak_bytes": _bytes_or_none(plan.get("peak_live_bytes")),
+        "arena_bytes": _bytes_or_none(plan.get("arena_bytes")),
         "timings_s": {
             k: round(float(v), 6)
             for k, v in m.timings.items()
