@@ -1,9 +1,11 @@
 """The systems the benchmark compares, and what plait's manifest says about each compile.
 
-``eager`` is the model itself; ``plait`` is ``plait.compile(model, backend="stax")`` on the CPU
-(on CUDA, ``backend=None``: plait's default there, Stax with Triton kernels where Triton is
-installed, the reference interpreter otherwise; the manifest says which); ``inductor`` is
-``torch.compile(model, backend="inductor", dynamic=False)``.
+``eager`` is the model itself; ``plait`` is ``plait.compile(model, backend="stax",
+dynamic=False)`` on the CPU (on CUDA, ``backend=None``: plait's default there, Stax with Triton
+kernels where Triton is installed, the reference interpreter otherwise; the manifest says which);
+``inductor`` is ``torch.compile(model, backend="inductor", dynamic=False)``. Both compile each
+batch size as its own static program: with plait's default (automatic dynamic) the second batch
+size would run a symbolic program, and the comparison would not be like for like.
 An ablation is plait with one optimisation turned off (see :data:`config.ABLATIONS`).
 
 Example:
@@ -118,7 +120,7 @@ def _wrap(kind: str, model: nn.Module, device: str, options: dict[str, Any]) -> 
         import plait
 
         backend = "stax" if device == "cpu" else None
-        return plait.compile(model, backend=backend, options=options or None)
+        return plait.compile(model, backend=backend, dynamic=False, options=options or None)
     if kind == "inductor":
         return torch.compile(model, backend="inductor", dynamic=False)
     raise ValueError(f"unknown system kind {kind!r}")
