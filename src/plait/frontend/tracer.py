@@ -161,7 +161,6 @@ class CaptureContext(CaptureValues):
             folded = self._constant_read(func, args, kwargs)
             if folded is not _NOT_CONSTANT:
                 return folded
-            self._specialize_size_read(args, kwargs)
             self.fail(
                 "data-dependent",
                 f"{rule.what} reads tensor data; a graph cannot branch on or "
@@ -174,31 +173,28 @@ class CaptureContext(CaptureValues):
         """A read of tensor data whose tensors the graph computes from no input (only from
         constant factories such as ``arange`` of static sizes, through deterministic ops): the
         value is the same on every call of this specialization, so the read is that value (a
-        Python value; a tensor result is not folded). Else ``_NOT_CONSTANT``."""
-        found: list[Tracer] = []
-        self.unwrap((args, kwargs), found)
-        if not found or not all(_input_free(self.value(t)) for t in found):
-            return _NOT_CONSTANT
-        out, _ = self.sample(func, args, kwargs)
-        if any(isinstance(x, torch.Tensor) for x in pytree_leaves(out)):
-            return _NOT_CONSTANT
-        return out
-
-    def _specialize_size_read(self, args: tuple, kwargs: dict) -> None:
-        """A read of tensor data computed from no input but from symbolic sizes
-        (``arange(x.shape[-1])``): capture again with those sizes static, where the read is a
-        constant. Returns when the read depends on anything else."""
+        Python value; a tensor result is not folded). Else ``_NOT_CONSTANT``. Tensors computed
+        from symbolic sizes alone (``arange(x.shape[-1])``) restart the capture with those
+        sizes static, where the read is such a constant."""
         found: list[Tracer] = []
         self.unwrap((args, kwargs), found)
         syms: set[sympy.Symbol] = set()
         for t in found:
             used = _sizes_only(self.value(t))
             if used is None:
-                return
+                return _NOT_CONSTANT
             syms |= used
-        syms &= set(self.bindings)
-        if found and syms:
-            self.restart(syms, f"{self.current} reads a tensor computed from these sizes")
+        if not found:
+            return _NOT_CONSTANT
+        if syms:
+            bound = syms & set(self.bindings)
+            if bound:
+                self.restart(bound, f"{self.current} reads a tensor computed from these sizes")
+            return _NOT_CONSTANT
+        out, _ = self.sample(func, args, kwargs)
+        if any(isinstance(x, torch.Tensor) for x in pytree_leaves(out)):
+            return _NOT_CONSTANT
+        return out
 
     def unwrap(self, x: Any, found: list[Tracer]) -> Any:
         if isinstance(x, torch.Tensor):
@@ -344,31 +340,10 @@ def _aliased(out: torch.Tensor, inputs: list[Tracer]) -> Tracer | None:
 _NOT_CONSTANT = object()
 
 
-def _input_free(value: Value) -> bool:
-    """Whether ``value`` is computed from no graph input and no random op, with static types
-    throughout (so from constants of this specialization alone)."""
-    stack, seen = [value], set()
-    while stack:
-        v = stack.pop()
-        if v.kind is not None or not isinstance(v.type, TensorType) or not v.type.is_static:
-            return False
-        node = v.producer
-        if node is None or node.id in seen:
-            continue
-        seen.add(node.id)
-        if get_op(node.op).is_random(node.attrs):
-            return False
-        for operand in node.inputs:
-            if isinstance(operand, Value):
-                stack.append(operand)
-            elif isinstance(operand, sympy.Basic) and operand.free_symbols:
-                return False
-    return True
-
-
 def _sizes_only(value: Value) -> set[sympy.Symbol] | None:
     """The size symbols ``value`` is computed from when it is computed from no graph input and
-    no random op (its types, operands and attributes may be symbolic); else None."""
+    no random op (its types, operands and attributes may be symbolic); else None. An empty set:
+    from constants of this specialization alone."""
     stack, seen, syms = [value], set(), set()
     while stack:
         v = stack.pop()
