@@ -7,18 +7,16 @@ H200 (eager: -1075841748), silently; a row just short of 2**31 would step its in
 2**31 - 1. Such rows now loop over an int64 offset until the row's end, as a symbolic row does.
 
 Triton's interpreter runs a ``range`` in Python, where no bound overflows, so the printed
-kernels are checked here; the CUDA test runs them (skipped without CUDA).
+kernels are checked here; tests/gpu/test_triton_long_rows.py runs them on a GPU.
 """
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 import torch
 
-import plait
 from plait.codegen.fusion import plan_graph
 from plait.codegen.plan import KernelStep
 from plait.codegen.triton import print_triton
@@ -57,15 +55,3 @@ def test_rows_that_fit_keep_their_for_loop() -> None:
     (source,) = _printed_sum((3, 5000), [1])
     assert _range_bounds(source) == [(5000, 1024)], source
     assert "while" not in source
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") == "1", reason="Triton interprets kernels in this process"
-)
-def test_a_row_past_int32_sums_to_eagers_total_on_cuda() -> None:
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randint(-100, 100, (LIMIT + 5000,), dtype=torch.int8, device="cuda", generator=gen)
-    compiled = plait.compile(lambda t: t.sum(), backend="stax", fullgraph=True)
-    with torch.no_grad():
-        assert torch.equal(compiled(x), x.sum())
