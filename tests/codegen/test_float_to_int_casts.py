@@ -13,6 +13,7 @@ contract: the comparison is ``torch.equal``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -36,8 +37,11 @@ def _values(seed: int, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
-def _check(fn: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype) -> None:
-    compiled = plait.compile(fn, backend="stax")
+def _check(
+    fn: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype, backend: str = "stax"
+) -> Any:
+    """``fn`` compiled for ``backend`` equals eager on three draws; returns the compiled."""
+    compiled = plait.compile(fn, backend=backend)
     with torch.no_grad():
         for seed in range(3):
             x = _values(seed, dtype)
@@ -47,6 +51,7 @@ def _check(fn: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype) -> No
             assert bad.numel() == 0, [
                 (x[i].item(), expected[i].item(), got[i].item()) for i in bad[:4]
             ]
+    return compiled
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=str)
