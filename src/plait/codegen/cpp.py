@@ -212,7 +212,7 @@ class _Printer:
             if is_float(src) and t != "b" and not is_float(t):
                 # NOTE: PyTorch's widths (uint8 and int64 through 64 bits, the others through
                 # 32); the prelude defines NaN and out-of-range values as the machine does
-                wide = "f2i64" if t in ("u8", "i64") else "f2i32"
+                wide = "f2i<int64_t>" if t in ("u8", "i64") else "f2i<int32_t>"
                 return f"({CTYPE[t]}){wide}({a[0]})"
             return f"({CTYPE[t]}){a[0]}"
         if op == "round":

@@ -184,7 +184,7 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 def float_to_int(x: str, src: str, wide: str) -> str:
     """``x`` (a float of type ``src``) converted to ``wide`` (``int32`` or ``int64``) as the
     machine's conversion instruction does, NaN and out-of-range values written out: LLVM's
-    conversion of such a value is poison (the prelude's ``f2i32``/``f2i64`` in C++).
+    conversion of such a value is poison (the C++ prelude's ``f2i``).
 
     Example:
         >>> float_to_int("a", "f64", "int32")  # doctest: +ELLIPSIS

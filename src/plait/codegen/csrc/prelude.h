@@ -93,20 +93,15 @@ template <class T> inline T fdiv_floor(T a, T b) {
 // the machine's conversion instruction gives (x86: the lowest integer; elsewhere, as AArch64's:
 // saturated, NaN 0), written out: a bare cast of such a value is undefined behaviour, which the
 // compiler folds as it likes (NaN to 0) or narrows through another width.
-template <class F> inline int32_t f2i32(F x) {
+// I: int32_t or int64_t (the wide type); its range is [-2^(bits-1), 2^(bits-1)), exact in F.
+template <class I, class F> inline I f2i(F x) {
+  const uint64_t sign = uint64_t(1) << (sizeof(I) * 8 - 1);
+  const F end = F(sign);
+  const I lowest = (I)sign;
 #if defined(__x86_64__) || defined(__i386__)
-  return (x >= F(-2147483648.0) && x < F(2147483648.0)) ? (int32_t)x : INT32_MIN;
+  return (x >= -end && x < end) ? (I)x : lowest;
 #else
-  return x != x ? 0 : x >= F(2147483648.0) ? INT32_MAX
-                    : x < F(-2147483648.0) ? INT32_MIN : (int32_t)x;
-#endif
-}
-template <class F> inline int64_t f2i64(F x) {
-#if defined(__x86_64__) || defined(__i386__)
-  return (x >= F(-9223372036854775808.0) && x < F(9223372036854775808.0)) ? (int64_t)x : INT64_MIN;
-#else
-  return x != x ? 0 : x >= F(9223372036854775808.0) ? INT64_MAX
-                    : x < F(-9223372036854775808.0) ? INT64_MIN : (int64_t)x;
+  return x != x ? I(0) : x >= end ? I(~lowest) : x < -end ? lowest : (I)x;
 #endif
 }
 template <class T> inline bool signed_() { return T(-1) < T(0); }
