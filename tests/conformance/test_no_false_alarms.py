@@ -90,3 +90,22 @@ def test_mutants_die_on_every_seed(mutant: Mutant) -> None:
             setup.reference, setup.candidate, setup.inputs, seed=seed, **setup.options
         )
         assert report.caught(mutant.where, mutant.check), f"seed {seed}:\n{report}"
+
+
+def test_a_cancelling_scalar_in_another_order_passes_on_one_draw() -> None:
+    """A 0-d mean summed in another (equally accurate) order: on two pooled samples the ratio of
+    two rounding errors passes the factor too rarely, so the gate draws until each value pools
+    ``MIN_SAMPLES`` errors, and notes it. 2% of inputs failed when it judged two samples."""
+    import torch
+
+    def reversed_mean(x: torch.Tensor) -> torch.Tensor:
+        return x.flip(0).mean()
+
+    failed = []
+    for seed in range(150):
+        x = torch.randn(90, generator=torch.Generator().manual_seed(seed))
+        report = plait.conformance.check(lambda t: t.mean(), reversed_mean, (x,), draws=1)
+        if not report.ok:
+            failed.append(seed)
+    assert failed == [], failed
+    assert any("more draw(s) judged" in note for note in report.notes), report.notes

@@ -157,6 +157,10 @@ class AnchorPool:
             values = value_at(ref64, idx), value_at(eager, idx), value_at(actual, idx)
             stat.at = _Worst(case, idx, *values)
 
+    def samples(self) -> list[tuple[str, str, int, int]]:
+        """Per pooled value: (value, group, error samples pooled, cases) so far."""
+        return [(w, g, s.cand.count, s.cand.cases) for (w, g), s in self._stats.items()]
+
     def finalize(self, report: Report) -> None:
         """Judge every pooled value against the model rule; record failures in ``report``."""
         for (where, group), stat in self._stats.items():

@@ -119,6 +119,13 @@ def check(
                     for device in on:
                         _check_device(report, judge, context, device, cases, layouts, ref, cand,
                                       anchor, seed)  # fmt: skip
+            more = _thin_values(judge, report, draws)
+            extra = _more_draws(inputs, cases, draws, more, seed)
+            for context in judged:
+                with context.enter():
+                    for device in on:
+                        _check_device(report, judge, context, device, extra, layouts, ref, cand,
+                                      anchor, seed + len(cases))  # fmt: skip
         judge.pool.finalize(report)
     finally:
         ref.reset()
@@ -406,6 +413,42 @@ def _draws(
     if stress:
         cases.append((f"stress draw (x{stress:g})", stressed(draw_like(example, base), stress)))
     return cases
+
+
+# NOTE: the model rule compares RMS errors; on fewer pooled samples than this the ratio of two
+# equally accurate programs' errors passes the factor too often (docs/conformance.md, "Statistics")
+MIN_SAMPLES = 4
+
+
+def _thin_values(judge: Judge, report: Report, draws: int) -> int:
+    """How many more draws bring every pooled value (outside the stress draw, judged alone) to
+    ``MIN_SAMPLES`` error samples: a 0-d loss or a cancelling sum has one per draw."""
+    more = 0
+    for where, group, samples, cases in judge.pool.samples():
+        if group.startswith("stress") or samples >= MIN_SAMPLES or not cases:
+            continue
+        need = -(-(MIN_SAMPLES - samples) * cases // samples)
+        if need > more:
+            more = need
+            report.note(
+                f"{where} ({group}) pooled {samples} error sample(s) over {cases} case(s), fewer "
+                f"than the {MIN_SAMPLES} the model rule needs: {need} more draw(s) judged"
+            )
+    return more
+
+
+def _more_draws(
+    inputs: Inputs, cases: list[tuple[str, Args]], draws: int, more: int, seed: int
+) -> list[tuple[str, Args]]:
+    """``more`` fresh draws after ``draws`` (seeds the first draws and the stress draw never
+    use)."""
+    base = seed * 7919
+    labels = [f"draw {draws + i}" for i in range(1, more + 1)]
+    if callable(inputs) and not isinstance(inputs, torch.Tensor):
+        return [(lb, draw_from_factory(inputs, base + draws + 1 + i)) for i, lb in
+                enumerate(labels, 1)]  # fmt: skip
+    example = cases[0][1]
+    return [(lb, draw_like(example, base + draws + i)) for i, lb in enumerate(labels, 1)]
 
 
 def _check_fresh(cases: list[tuple[str, Args]], report: Report) -> None:
