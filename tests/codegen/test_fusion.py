@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import plait
+import plait.conformance
 import plait.contract
 from plait.codegen import plan_graph
 from plait.codegen.cpp import print_kernel
@@ -13,6 +15,7 @@ from plait.codegen.loops import merge_loops
 from plait.codegen.onednn_postops import mkl_linear_available
 from plait.codegen.plan import ExternStep, KernelStep
 from plait.ir import GraphBuilder, TensorType
+from plait.ir.graph import Value
 
 
 def chain(n: int = 10, shape: tuple[int, ...] = (64, 33)) -> GraphBuilder:
@@ -215,3 +218,55 @@ def test_row_template_absorbs_its_pointwise_consumers() -> None:
     assert low.kernel.template == "layer_norm" and low.kernel.nodes == (0, 1, 2)
     assert [b.output for b in low.kernel.buffers] == [False, True]
     assert plan.locs[ln].kind == "inline"
+
+
+def _derivative_then_reshape(x: torch.Tensor, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """GELU(tanh)'s derivative times a gradient (a shared costly value), reshaped to the matrix
+    a linear's backward multiplies: the pattern of a transformer MLP's backward."""
+    t = torch.tanh(0.79788456 * (x + 0.044715 * x**3))
+    shared = g * 0.5 * x * (1 - t * t) * 0.79788456
+    d = shared + shared * 0.134145 * x * x + g * 0.5 * (1 + t)
+    return d.reshape(-1, x.shape[-1]) @ w
+
+
+def _derivative_graph() -> tuple[GraphBuilder, Value]:
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((2, 16, 8), torch.float32))
+    g = gb.input("g", TensorType((2, 16, 8), torch.float32))
+    w = gb.input("w", TensorType((8, 4), torch.float32))
+    t = gb.call("tanh", gb.call("mul", gb.call("add", x, gb.call("mul", gb.call("pow", x, 3.0),
+                0.044715)), 0.79788456))  # fmt: skip
+    shared = gb.call("mul", gb.call("mul", g, x), gb.call("sub", 1.0, gb.call("mul", t, t)))
+    d = gb.call("add", gb.call("mul", shared, x), gb.call("mul", shared, gb.call("add", t, 1.0)))
+    flat = gb.call("reshape", d, shape=(32, 8))
+    gb.output(gb.call("matmul", flat, w), gb.call("sum", flat, dims=(0,)))
+    return gb, flat
+
+
+def test_a_reshape_read_by_an_extern_is_a_view_of_its_chains_kernel() -> None:
+    """The chain and its reshape are one kernel: the reshape's input is materialized in the
+    chain's shape and the reshape read as a contiguous view of it (codegen.view_base)."""
+    gb, flat = _derivative_graph()
+    graph = gb.build()
+    plan = plan_graph(graph)
+    kernels = [s.lowered.kernel for s in plan.steps if isinstance(s, KernelStep)]
+    pointwise = [k.nodes for k in kernels if k.template == "pointwise"]
+    assert len(pointwise) == 1, [(k.template, k.nodes) for k in kernels]
+    loc = plan.locs[flat]
+    assert (loc.kind, loc.offset, loc.strides) == ("view", 0, (8, 1)), loc
+
+
+@pytest.mark.parametrize("target", ["cpu", "triton"])
+def test_a_reshape_read_by_an_extern_matches_eager(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if target == "triton":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    compiled = plait.compile(_derivative_then_reshape, backend="stax",
+                             options={"cache": False, "stax": {"target": target}})  # fmt: skip
+    x, g, w = torch.randn(2, 16, 8), torch.randn(2, 16, 8), torch.randn(8, 4)
+    report = plait.conformance.check(_derivative_then_reshape, compiled, (x, g, w))
+    assert report.ok, str(report)
+    program = compiled.specializations[0].compiled.program
+    kernels = [k for k in program.kernels if "tanh" in k.source]
+    assert len(kernels) == 1, [k.source for k in program.kernels]

@@ -79,6 +79,7 @@ from plait.codegen.reductions import ELEMENTWISE, OP_CLASS, lower_reduction
 from plait.codegen.replaying_oracle import ReplayingOracle
 from plait.codegen.saved_layouts import dense, extern_layouts
 from plait.codegen.scalar import RULES
+from plait.codegen.view_base import materialize_base
 from plait.codegen.views import MAPPED_VIEWS, input_index, sizes_of
 from plait.ir.graph import Graph, Node, Value
 from plait.ir.types import COMPLEX_DTYPES, TensorType
@@ -347,6 +348,8 @@ class _Planner:
             else:
                 for k, v in enumerate(node.outputs):
                     self.locs[v] = self.view_loc(node, k) if kind == "view" else Loc("inline")
+                    if kind == "view" and materialize_base(self, node, k):
+                        continue  # NOTE: a view of its input's buffer, in the open kernel
                     if self.needs_buffer(v) and _complex(v):
                         # NOTE: no kernel computes complex values: PyTorch's view op, copied
                         self.close()

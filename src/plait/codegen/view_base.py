@@ -1,0 +1,49 @@
+"""A reshape of a fused pointwise value, read as a view of the value's own buffer.
+
+A pointwise chain that ends in a reshape an extern reads (a linear's backward: GELU's
+derivative, then ``reshape`` to the matrix that both gradient products multiply) was
+materialized in the reshape's shape, which differs from the chain's: the open kernel closed
+there, and the chain ran as two kernels with a buffer between them (GPT-2's MLP backward on
+an H200: 34 + 48 us per layer, the buffer in float32). Materializing the reshape's *input*
+instead, in the chain's shape, joins the open kernel; the reshape is then a contiguous view of
+that buffer (no code). Only where the view comes out contiguous: a transposed or offset view
+would make the extern copy it, or read it another way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plait.codegen.index import contiguous_strides
+from plait.codegen.placement import Loc
+from plait.codegen.plan import NodeTag
+from plait.codegen.views import sizes_of
+from plait.ir.graph import Node, Value
+from plait.ir.types import COMPLEX_DTYPES, TensorType
+
+
+def materialize_base(planner: Any, node: Node, k: int) -> bool:
+    """Where ``node`` (a view) makes output ``k`` that needs a buffer and reads an inline
+    pointwise value: materialize that value (joining the open kernel of its shape) and place
+    the output as a contiguous view of it; False, changing nothing, where that view would not
+    be contiguous. ``planner``: the fusion planner (its locs, layout, materialize, view_loc)."""
+    x, v = node.inputs[0], node.outputs[k]
+    if not planner.fuse or planner.locs[v].kind != "inline" or not planner.needs_buffer(v):
+        return False
+    if id(v) in planner.outputs or not isinstance(x, Value) or x.producer is None:
+        return False
+    inline = planner.locs.get(x)
+    if inline is None or inline.kind != "inline" or planner.kind(x.producer) != "pointwise":
+        return False
+    if not isinstance(x.type, TensorType) or x.type.dtype in COMPLEX_DTYPES:
+        return False
+    planner.locs[x] = Loc("buffer", x, 0, planner.layout(x))
+    view = planner.view_loc(node, k)
+    planner.locs[x] = inline
+    contiguous = contiguous_strides(sizes_of(v.type))
+    if view.kind != "view" or view.offset != 0 or tuple(view.strides) != tuple(contiguous):
+        return False
+    planner.materialize(x)
+    planner.locs[v] = planner.view_loc(node, k)
+    planner.tags[node.id] = NodeTag("native", "strided view (no code)")
+    return True
