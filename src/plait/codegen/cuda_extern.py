@@ -1,7 +1,9 @@
 """Extern calls specific to CUDA: PyTorch's cuDNN convolution on channels_last activations,
 16-bit matrix products on operands padded to multiples of 8 (:mod:`plait.codegen.cuda_padding`),
 training-mode batch norm as plait's Triton kernels (:mod:`plait.codegen.cuda_batch_norm`),
-and which strided views a matrix product's input is copied out of first.
+sums over leading dims (bias gradients) as plait's Triton column sum
+(:mod:`plait.codegen.cuda_column_sum`), and which strided views a matrix product's input is
+copied out of first.
 
 A linear or matmul whose batched operand is a view that cannot be flattened to a matrix (the
 transposed activations ``nn.MultiheadAttention`` feeds its input projection) makes ATen copy it
@@ -40,7 +42,7 @@ import torch
 
 from plait.codegen.cuda_batch_norm import batch_norm_call
 from plait.codegen.cuda_padding import padded_linear, padded_matmul
-from plait.codegen.extern import Consts, ExternCall, PreparedWeight
+from plait.codegen.extern import Consts, ExternCall, PreparedWeight, outer_sum
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
 from plait.passes.product_alignment import misaligned
@@ -55,6 +57,16 @@ def cuda_call(node: Node, consts: Consts, channels_last: bool) -> ExternCall | N
     half = rank4 and x.type.dtype in (torch.bfloat16, torch.float16)  # type: ignore[union-attr]
     if node.op == "conv2d" and channels_last and half:
         return _conv2d_channels_last(node, consts)
+    if node.op == "sum" and outer_sum(node):
+        # NOTE: imported here: Triton decides at a kernel's definition whether it interprets
+        from plait.codegen.cuda_column_sum import column_sum
+
+        dims, keepdim = tuple(node.attrs["dims"]), bool(node.attrs["keepdim"])
+        return ExternCall(
+            lambda t: column_sum(t, dims, keepdim),
+            "reduction",
+            "Triton column sum, two stages (ATen's sum for a strided input)",
+        )
     if misaligned(node):
         fn = padded_linear if node.op == "linear" else padded_matmul
         detail = f"aten.{node.op} (operands zero-padded to multiples of 8 for cuBLAS)"
