@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import plait.contract
 from plait.autograd import CompiledAutograd, build_joint, partition
+from plait.autograd.joint import Joint
 from plait.ir import Graph, GraphBuilder, TensorType, interpret
 
 F64 = torch.float64
@@ -90,3 +91,29 @@ def test_min_cut_saves_a_projection_rather_than_its_views() -> None:
     assert h.name in saved and not {q.name, k.name, v.name} & saved
     assert "split" in [n.op for n in p.backward.nodes]  # NOTE: the views, taken again
     assert p.saved_bytes <= partition(joint, "save-all").saved_bytes
+
+
+def _gelu_then_product(device: str) -> tuple[Joint, str, str]:
+    """``gelu(x @ w1) @ w2``: the backward needs the GELU's input (its derivative) and its
+    output (``w2``'s gradient)."""
+    b = GraphBuilder()
+    x = b.input("x", TensorType((4, 6), F64, device))
+    w1 = b.param("w1", TensorType((6, 8), F64, device))
+    w2 = b.param("w2", TensorType((8, 3), F64, device))
+    h = b.call("matmul", x, w1)
+    g = b.call("gelu", h)
+    b.output(b.call("matmul", g, w2))
+    return build_joint(b.build(), ["x", "w1", "w2"]), h.name, g.name
+
+
+def test_min_cut_saves_a_cpu_gelu_and_recomputes_a_cuda_one() -> None:
+    """A CPU backward that recomputed the GELU paid what the forward paid (COSTLY_ON_CPU); a
+    GPU's backward kernel computes it where it reads the input, so there it is recomputed."""
+    joint, h, g = _gelu_then_product("cpu")
+    p = partition(joint, "min-cut")
+    assert {h, g} <= {v.name for v in p.saved}
+    assert "gelu" not in [n.op for n in p.backward.nodes]
+    joint, h, g = _gelu_then_product("cuda:0")
+    p = partition(joint, "min-cut")
+    assert h in {v.name for v in p.saved} and g not in {v.name for v in p.saved}
+    assert "gelu" in [n.op for n in p.backward.nodes]
