@@ -24,6 +24,7 @@ from plait.frontend import (  # noqa: F401  (rules)
     lower_attention,
     lower_compose,
     lower_linalg,
+    lower_loss,
     lower_math,
     lower_meta,
     lower_movement,
