@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from plait.ir.ops.aten_overloads import lookup_overload, resolve_overload
+from plait.ir.ops.aten_symbolic import PROBED, probed_types
 from plait.ir.ops.call_autograd import (
     draws_random,
 )
@@ -172,6 +173,9 @@ def _meta_types(
 
     op = resolve_overload(name, overload)
     what = f"aten.{name}.{overload}"
+    if (name, overload) in PROBED and not all(t.is_static for t in operands):
+        run = lambda ops: _meta_types(name, overload, literals, kwliterals, ops)
+        return probed_types(run, operands)
     for t in operands:
         if not t.is_static:
             raise TypeRuleError(
