@@ -6,6 +6,7 @@ run: ``tests/gpu/test_cuda_column_sum.py``."""
 
 from __future__ import annotations
 
+import math
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # NOTE: before triton is imported (its jit reads it)
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 import plait.conformance
+from plait.codegen import cuda_column_sum
 from plait.codegen.cuda_column_sum import column_sum, leading_rows
 from tests.util import assert_bitwise
 
@@ -59,3 +61,42 @@ def test_a_strided_input_runs_atens_sum() -> None:
     x = torch.randn(8, 6, 96).transpose(0, 1)
     assert leading_rows(x, (0, 1)) is None
     assert_bitwise(column_sum(x, (0, 1), False), torch.sum(x, (0, 1)), "strided")
+
+
+class _Launches:
+    """Stands in for a kernel: records each launch's grid, runs nothing."""
+
+    def __init__(self) -> None:
+        self.grids: list[tuple[int, ...]] = []
+
+    def __getitem__(self, grid: tuple[int, ...]) -> object:
+        self.grids.append(tuple(grid))
+        return lambda *args, **kwargs: None
+
+
+# NOTE: a CUDA grid's size per axis (cudaDeviceProp.maxGridSize): 2**31 - 1, 65535, 65535
+CUDA_GRID = (2**31 - 1, 65535, 65535)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (65535 * cuda_column_sum.ROWS + 1, 64),  # NOTE: more partial rows than a second axis holds
+        (2, 65536 * cuda_column_sum.COLS),  # NOTE: more column blocks than that
+        (1 << 24, 96),
+    ],
+)
+def test_launches_fit_a_cuda_grid(shape: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every launch fits CUDA's grid, whatever the rows and columns (on the meta device: the
+    shapes are gigabytes). A grid of (column blocks, partial rows) failed to launch past 8.4M
+    rows."""
+    partial, final = _Launches(), _Launches()
+    monkeypatch.setattr(cuda_column_sum, "_partial", partial)
+    monkeypatch.setattr(cuda_column_sum, "_final", final)
+    rows, cols = shape
+    column_sum(torch.empty(shape, device="meta", dtype=torch.bfloat16), (0,), False)
+    for grid in [*partial.grids, *final.grids]:
+        assert all(n <= most for n, most in zip(grid, CUDA_GRID)), grid
+    blocks = -(-cols // cuda_column_sum.COLS)
+    parts = -(-rows // cuda_column_sum.ROWS)
+    assert [math.prod(g) for g in partial.grids] == [blocks * parts]

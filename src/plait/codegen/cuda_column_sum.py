@@ -33,12 +33,15 @@ COLS = 128  # NOTE: columns per program (256 bytes of a 16-bit row)
 
 
 @triton.jit
-def _partial(x_ptr, part_ptr, rows, cols, F64: tl.constexpr, ROWS: tl.constexpr,
+def _partial(x_ptr, part_ptr, rows, cols, blocks, F64: tl.constexpr, ROWS: tl.constexpr,
              RB: tl.constexpr, COLS: tl.constexpr):  # fmt: skip
-    """Columns ``[program_id(0) * COLS, + COLS)`` of rows ``[program_id(1) * ROWS, + ROWS)``,
-    summed into partial row ``program_id(1)``."""
-    c = tl.program_id(0) * COLS + tl.arange(0, COLS)
-    first = tl.program_id(1).to(tl.int64) * ROWS
+    """Columns ``[block * COLS, + COLS)`` of rows ``[part * ROWS, + ROWS)``, summed into partial
+    row ``part``, where ``program_id(0) = part * blocks + block`` (one grid axis: a GPU's second
+    holds 65535 programs, 8.4M rows of ``ROWS``)."""
+    pid = tl.program_id(0).to(tl.int64)
+    part = pid // blocks
+    c = (pid % blocks) * COLS + tl.arange(0, COLS)
+    first = part * ROWS
     r = tl.arange(0, RB)[:, None]
     acc = tl.zeros([RB, COLS], dtype=tl.float64 if F64 else tl.float32)
     for i in range(0, ROWS, RB):
@@ -46,8 +49,7 @@ def _partial(x_ptr, part_ptr, rows, cols, F64: tl.constexpr, ROWS: tl.constexpr,
         live = (row < rows) & (c[None, :] < cols)
         x = tl.load(x_ptr + row * cols + c[None, :], mask=live, other=0.0)
         acc += x.to(tl.float64 if F64 else tl.float32)
-    tl.store(part_ptr + tl.program_id(1).to(tl.int64) * cols + c, tl.sum(acc, axis=0),
-             mask=c < cols)  # fmt: skip
+    tl.store(part_ptr + part * cols + c, tl.sum(acc, axis=0), mask=c < cols)
 
 
 @triton.jit
@@ -66,11 +68,13 @@ def _bf16(x):
 def _final(part_ptr, out_ptr, cols, PARTS: tl.constexpr, F64: tl.constexpr, BF16: tl.constexpr,
            COLS: tl.constexpr):  # fmt: skip
     """Columns ``[program_id(0) * COLS, + COLS)``: the partial rows summed in order."""
-    c = tl.program_id(0) * COLS + tl.arange(0, COLS)
+    c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)
     live = c < cols
     acc = tl.zeros([COLS], dtype=tl.float64 if F64 else tl.float32)
-    for s in range(0, PARTS):
-        acc += tl.load(part_ptr + s * cols + c, mask=live, other=0.0)
+    row = part_ptr + c  # NOTE: a pointer stepped a row at a time: 64-bit past 2**31 elements
+    for _ in range(0, PARTS):
+        acc += tl.load(row, mask=live, other=0.0)
+        row += cols
     if BF16:
         tl.store(out_ptr + c, _bf16(acc), mask=live)
     else:
@@ -106,7 +110,8 @@ def column_sum(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> Any:
     part = torch.empty((parts, cols), dtype=torch.float64 if f64 else torch.float32,
                        device=x.device)  # fmt: skip
     blocks = triton.cdiv(cols, COLS)
-    _partial[(blocks, parts)](x, part, rows, cols, F64=f64, ROWS=ROWS, RB=RB, COLS=COLS)
+    _partial[(blocks * parts,)](x, part, rows, cols, blocks, F64=f64, ROWS=ROWS, RB=RB,
+                               COLS=COLS)  # fmt: skip
     bf16 = x.dtype == torch.bfloat16
     _final[(blocks,)](part, out, cols, PARTS=parts, F64=f64, BF16=bf16, COLS=COLS)
     return out
