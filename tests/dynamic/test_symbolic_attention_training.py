@@ -87,3 +87,40 @@ def test_a_probed_result_dim_must_be_a_constant_or_a_symbol() -> None:
     for bad in (lambda s: (2 * s[0],), lambda s: (max(s[0], s[1]),)):
         with pytest.raises(TypeRuleError, match="neither a constant nor"):
             probed_types(typed(bad), ops)
+
+
+class _Vit(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        cfg = transformers.ViTConfig(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+            image_size=16, patch_size=8, num_labels=5, attn_implementation="sdpa",
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        )  # fmt: skip
+        self.vit = transformers.ViTForImageClassification(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.vit(pixel_values=x).logits
+
+
+def test_a_vit_keeps_its_batch_symbolic_where_its_image_size_cannot_be() -> None:
+    """ViT's patch count, ``floor(s2 / 8) ** 2 + 1``, cannot be related to its position table's
+    5 rows: the capture restarts with the size that expression names (the height) static, not
+    every size of the operands (the batch too, which made one specialization per batch)."""
+    torch.manual_seed(0)
+    model = _Vit().train()
+    compiled = plait.compile(model, dynamic=True, options={"cache": False})
+    for b in (2, 3, 5):
+
+        def images(seed: int, b: int = b) -> tuple[torch.Tensor]:
+            return (torch.randn(b, 3, 16, 16, generator=torch.Generator().manual_seed(seed)),)
+
+        report = plait.conformance.check(
+            model, compiled, images, grads=True, draws=2, candidate_module=model
+        )
+        assert report.ok, f"batch {b}: {report}"
+    assert len(compiled.specializations) == 1, compiled.recompile_reasons
+    (x,) = [v for v in compiled.specializations[0].graph.inputs if v.kind == "user"]
+    assert not isinstance(x.type.shape[0], int) and x.type.shape[1:] == (3, 16, 16), x.type

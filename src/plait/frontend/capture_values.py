@@ -16,6 +16,7 @@ NOTE: invariants.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -402,8 +403,12 @@ class CaptureValues:
         sizes = [v for k, v in (attrs or {}).items() if k in _SIZE_ATTRS]
         statics |= {v for v in _flat(sizes) if type(v) is int}
         matching = {s for s in syms if self.bindings[s] in statics}
+        # NOTE: then the sizes the rule's message names (the dims it could not relate:
+        # ViT's patch count ``floor(s2/8)**2 + 1`` against its position table's 5 names the
+        # height, not the batch); a guess too narrow only restarts the capture once more
+        named = {s for s in syms if re.search(rf"(?<!\w){re.escape(str(s))}(?!\w)", why)}
         if syms:
-            self.restart(matching or syms, why)
+            self.restart(matching or named or syms, why)
 
     # --- shapes for metadata reads --------------------------------------------------------
     def sizes(self, t: Tracer) -> tuple[Any, ...]:
