@@ -246,7 +246,7 @@ def test_data_dependent_shape_is_refused_loudly() -> None:
     # NOTE: nonzero itself is an aten_datadep node; a call with no capture rule reading its
     # data-dependent size is never ATen-traced on the sample's size
     def fn(x: torch.Tensor) -> torch.Tensor:
-        return torch.nonzero(x).cumsum(0)
+        return torch.nonzero(x).cumprod(0)
 
     with pytest.raises(GraphCaptureError, match="data-dependent"):
         plait.capture(fn, (_draw((3, 4), 0),))

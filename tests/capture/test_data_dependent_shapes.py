@@ -172,7 +172,7 @@ def _refused_len(x: torch.Tensor) -> Any:
 
 
 def _refused_unruled(x: torch.Tensor) -> Any:
-    return x.masked_select(x > 0).cumsum(0)  # REFUSED: unruled
+    return x.masked_select(x > 0).cumprod(0)  # REFUSED: unruled
 
 
 def _refused_nested(x: torch.Tensor) -> Any:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("opaque_path")
 
 # name: (program, expected (target, literals, kwliterals) of its opaque nodes)
 CASES: dict[str, tuple[Any, list[tuple[str, str, str]]]] = {
-    "cumsum": (lambda x: x.cumsum(0), [("torch.Tensor.cumsum", '[{"t": 0}, 0]', "")]),
+    "cumprod": (lambda x: x.cumprod(0), [("torch.Tensor.cumprod", '[{"t": 0}, 0]', "")]),
     "logcumsumexp": (
         lambda x: torch.logcumsumexp(x, 0),
         [("torch.logcumsumexp", '[{"t": 0}, 0]', "")],
@@ -36,9 +36,9 @@ CASES: dict[str, tuple[Any, list[tuple[str, str, str]]]] = {
         [("torch.Tensor.nanmean", '[{"t": 0}, {"tuple": [0, 1]}]', "")],
     ),
     "keywords": (
-        lambda x: torch.cumsum(x, dim=1) * torch.nanmean(x, dim=(0, 1)),
+        lambda x: torch.cumprod(x, dim=1) * torch.nanmean(x, dim=(0, 1)),
         [
-            ("torch.cumsum", "", '{"dim": 1}'),
+            ("torch.cumprod", "", '{"dim": 1}'),
             ("torch.nanmean", "", '{"dim": {"tuple": [0, 1]}}'),
         ],
     ),

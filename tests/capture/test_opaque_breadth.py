@@ -50,10 +50,10 @@ CASES: dict[str, tuple[Any, list[str]]] = {
         ["torch.linalg.multi_dot", "torch.functional.cdist"],
     ),
     "lerp_keyword_tensors": (lambda x: torch.lerp(x, end=x * 2, weight=0.5), ["torch.lerp"]),
-    "dtype": (lambda x: x.cumsum(0, dtype=torch.float64), ["torch.Tensor.cumsum"]),
+    "dtype": (lambda x: x.cumprod(0, dtype=torch.float64), ["torch.Tensor.cumprod"]),
     "device": (
-        lambda x: torch.cumsum(x, 0).new_ones((2, 3), device=torch.device("cpu")) * x[:2, :3],
-        ["torch.cumsum"],
+        lambda x: torch.cumprod(x, 0).new_ones((2, 3), device=torch.device("cpu")) * x[:2, :3],
+        ["torch.cumprod"],
     ),
     "dtype_and_device_keywords": (
         lambda x: torch.asarray(x * 2, dtype=torch.float64, device=torch.device("cpu")),
@@ -97,7 +97,7 @@ CASES: dict[str, tuple[Any, list[str]]] = {
     ),
     "inplace_method_through_a_view": (
         lambda x: _write_view(x),
-        ["torch.Tensor.cumsum"],
+        ["torch.Tensor.cumprod"],
     ),
     "inplace_module": (
         torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.RReLU(inplace=True)).eval(),
@@ -108,7 +108,7 @@ CASES: dict[str, tuple[Any, list[str]]] = {
 
 def _write_view(x: torch.Tensor) -> torch.Tensor:
     y = x * 3
-    y[1:3].cumsum_(1)
+    y[1:3].cumprod_(1)
     return y
 
 
@@ -249,7 +249,7 @@ _COUNTS = torch.zeros(4, 6)
 
 
 def _writes_a_captured_tensor(x: torch.Tensor) -> torch.Tensor:
-    _COUNTS.cumsum_(1)  # NOTE: no tracer among the arguments
+    _COUNTS.cumprod_(1)  # NOTE: no tracer among the arguments
     return x + _COUNTS
 
 
@@ -261,7 +261,7 @@ def test_an_inplace_call_on_a_captured_tensor_writes_it_back() -> None:
         x = _fresh(i)
         with pytest.warns(CaptureFallbackWarning) if i == 0 else contextlib.nullcontext():
             got = compiled(x)
-        reference.cumsum_(1)
+        reference.cumprod_(1)
         assert_same(got, x + reference, f"call {i}")
         assert_same(_COUNTS, reference, f"state {i}")
     assert compiled.specializations[0].fallback_reason is None

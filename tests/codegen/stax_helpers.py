@@ -19,7 +19,7 @@ from tests.ir.opdb import Sample
 # NOTE: test data, not compiler code: which contract row judges each op when compiled alone.
 NORMALIZATION = {"softmax", "log_softmax", "layer_norm", "group_norm", "batch_norm", "logsumexp",
                  "batch_norm_relu", "batch_norm_relu_backward"}  # fmt: skip
-REDUCTION = {"sum", "mean", "amax", "amin", "var", "batch_norm_train", "avg_pool2d",
+REDUCTION = {"sum", "mean", "amax", "amin", "var", "batch_norm_train", "avg_pool2d", "cumsum",
              "adaptive_avg_pool2d", "all", "any", "count_nonzero", "nansum", "prod"}  # fmt: skip
 MATMUL = {"linear", "matmul", "bmm"}
 

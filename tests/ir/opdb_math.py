@@ -307,3 +307,26 @@ def gen_activation(op: str, dtype: torch.dtype, make: Maker) -> Iterator[Sample]
 
 for _op in ACTIVATIONS:
     GENERATORS[_op] = lambda d, m, op=_op: gen_activation(op, d, m)
+
+
+def gen_cumsum(dtype: torch.dtype, make: Maker) -> Iterator[Sample]:
+    """Running sums along a dim: last, first, negative, of a non-contiguous input, of a 0-d one
+    and of an empty dim, with PyTorch's result dtype or one asked for."""
+    for shape, dim, nc, out in (
+        ((3, 5, 7), -1, False, None),
+        ((6, 4), 0, True, None),
+        ((2, 9), 1, False, torch.float64),
+        ((), 0, False, None),
+        ((0, 3), 0, False, None),
+    ):
+        if out is not None and not dtype.is_floating_point:
+            out = torch.int64
+        x = make(shape, dtype, noncontig=nc)
+        yield Sample(
+            "cumsum", [x], {"dim": dim, "dtype": out},
+            lambda x=x, d=dim, o=out: torch.cumsum(x, d, dtype=o),
+            f"{shape} dim={dim} dtype={out}",
+        )  # fmt: skip
+
+
+GENERATORS["cumsum"] = gen_cumsum

@@ -177,6 +177,13 @@ def _index_select(n: Node, consts: Consts) -> ExternCall:
     return ExternCall(fn, "data_movement", "aten.index_select")
 
 
+def _cumsum(n: Node, consts: Consts) -> ExternCall:
+    dim, dtype = n.attrs["dim"], n.attrs["dtype"]
+    return ExternCall(
+        lambda x: torch.cumsum(x, dim, dtype=dtype), "reduction", "aten.cumsum (a scan)"
+    )
+
+
 def _max_pool2d(n: Node, consts: Consts) -> ExternCall:
     a = n.attrs
     k, s, p, d, c = (
@@ -339,6 +346,7 @@ EXTERN_RULES: dict[str, Callable[[Node, Consts], ExternCall]] = {
     "scaled_dot_product_attention": _sdpa,
     "embedding": _embedding,
     "index_select": _index_select,
+    "cumsum": _cumsum,
     "max_pool2d": _max_pool2d,
     "avg_pool2d": _avg_pool2d,
     "adaptive_avg_pool2d": _adaptive_avg_pool2d,

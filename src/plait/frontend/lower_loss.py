@@ -1,12 +1,13 @@
-"""The rule for ``F.cross_entropy`` with class-index targets, where its input's dims are
-symbolic (``dynamic=True``): ``log_softmax`` over the classes, the target's log-probability
-picked by a gather, negated, ignored targets masked to zero, then the reduction (``mean``: the
-sum over the targets not ignored, divided by their count, as eager's ``nll_loss``).
+"""The rule for ``F.cross_entropy`` with class-index targets in a capture with symbolic dims
+(``dynamic=True``, or automatic dynamic's second capture): ``log_softmax`` over the classes,
+the target's log-probability picked by a gather, negated, ignored targets masked to zero, then
+the reduction (``mean``: the sum over the targets not ignored, divided by their count, as
+eager's ``nll_loss``).
 
-With static dims the call keeps ATen's program (``log_softmax`` and ``nll_loss`` as eager's
-kernels, the path every static capture took before this rule): the rule raises ``NoIROp`` there
-and the capture traces the call to ATen. ATen's tracing takes static shapes only, so without
-this rule a symbolic capture of a language model's loss ran the whole program eagerly.
+A static capture keeps ATen's program (``log_softmax`` and ``nll_loss`` as eager's kernels,
+the path every static capture took before this rule): the rule raises ``NoIROp`` there and the
+capture traces the call to ATen. A dynamic capture traces nothing to ATen (even a call whose
+operands are static there), so without this rule its loss ran the whole program eagerly.
 
 Not lowered (``NoIROp``; an opaque node or ATen's program where shapes allow it): class weights,
 label smoothing, probabilities as targets, the legacy ``size_average``/``reduce`` arguments, an
@@ -51,10 +52,10 @@ def _cross_entropy(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
 ) -> Value:
+    if not cx.dynamic:
+        raise NoIROp("a static capture: ATen's log_softmax and nll_loss")
     x = cx.value(input)
     xt = _type(x)
-    if xt.is_static:
-        raise NoIROp("static dims: ATen's log_softmax and nll_loss")
     if weight is not None or size_average is not None or reduce is not None:
         raise NoIROp("class weights or the legacy size_average/reduce arguments")
     if label_smoothing:

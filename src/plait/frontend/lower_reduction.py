@@ -191,3 +191,9 @@ def _softmax(name: str) -> Any:
 
 op(F.softmax, *both("softmax"))(_softmax("softmax"))
 op(F.log_softmax, *both("log_softmax"))(_softmax("log_softmax"))
+
+
+@op(*both("cumsum"))
+def _cumsum(cx: CaptureContext, out: Any, x: Any, dim: Any, *, dtype: Any = None) -> Value:
+    v: Value = cx.call("cumsum", cx.value(x), dim=cx.int(dim), dtype=dtype)
+    return v

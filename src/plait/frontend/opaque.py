@@ -22,9 +22,9 @@ exactly. Generators and other objects have no encoding and are refused.
 Example:
     >>> import torch
     >>> from plait.frontend import capture_program
-    >>> prog = capture_program(lambda x: x.cumsum(0), (torch.ones(3),), fullgraph=False)
+    >>> prog = capture_program(lambda x: x.cumprod(0), (torch.ones(3),), fullgraph=False)
     >>> [(n.op, n.attrs["name"], n.attrs["literals"]) for n in prog.graph.nodes]
-    [('aten', 'cumsum', '[{"t": 0}, 0]')]
+    [('aten', 'cumprod', '[{"t": 0}, 0]')]
     >>> import torch.nn.functional as F  # NOTE: it checks ``torch.any(var < 0)``: data read
     >>> fn = lambda x, v: F.gaussian_nll_loss(x, x, v, reduction="sum")
     >>> prog = capture_program(fn, (torch.ones(3), torch.ones(3)), fullgraph=False)

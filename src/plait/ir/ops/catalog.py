@@ -11,5 +11,5 @@ from plait.ir.ops import linalg, pooling, extern  # noqa: F401
 from plait.ir.ops import aten, aten_derivatives, batch_norm_relu, datadep  # noqa: F401
 from plait.ir.ops import view, view_derivatives, movement  # noqa: F401
 from plait.ir.ops import pointwise, unary_derivatives, binary_derivatives  # noqa: F401
-from plait.ir.ops import reduction, reduction_derivatives, rng  # noqa: F401
+from plait.ir.ops import reduction, reduction_derivatives, scan, rng  # noqa: F401
 # isort: on
