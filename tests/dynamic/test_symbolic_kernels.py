@@ -124,3 +124,22 @@ def test_symbolic_kernels_take_sizes_at_run_time() -> None:
     assert "if(parallel: " in sources[0]
     records = program.memory_plan.records()
     assert records["arena_bytes"].startswith("per call")
+
+
+def test_a_symbolic_reshape_copy_divides_by_no_runtime_size() -> None:
+    """A transposing copy into ``(b*t, h*d)`` (attention's heads merged back): its loops over
+    ``b*t`` and ``h*d`` are split into loops over each size (``plait.codegen.loops``), so no
+    index divides by a size read at run time; the result is eager's bit for bit."""
+
+    def merge_heads(x: torch.Tensor) -> torch.Tensor:
+        b, h, t, d = x.shape
+        return x.transpose(1, 2).reshape(b * t, h * d) * 2
+
+    compiled = plait.compile(merge_heads, backend="stax", dynamic=True, options={"cache": False})
+    for shape in ((2, 3, 5, 7), (3, 4, 6, 8), (4, 2, 9, 3)):
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(shape[2]))
+        assert torch.equal(compiled(x), merge_heads(x))
+    assert len(compiled.specializations) == 1, compiled.recompile_reasons
+    sources = [k.source for k in compiled.specializations[0].compiled.program.kernels]
+    assert sources and all("sz_s" in s for s in sources), sources
+    assert not any("/ (sz_" in s or "% (sz_" in s for s in sources), sources

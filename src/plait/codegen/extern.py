@@ -295,18 +295,20 @@ def outer_sum(n: Node) -> bool:
     """A float ``sum`` over leading dims only, keeping an inner block of at least
     OUTER_SUM_MIN_INNER elements (a bias gradient): Stax's reduction templates walk each output's
     column with a stride, 17x slower than ATen's vectorized column sum at 512 x 1024, so ATen
-    runs it."""
+    runs it. The summed dims may be symbolic (a batch, a sequence), the kept ones are static."""
     if n.op != "sum" or n.attrs.get("dtype") is not None:
         return False
     x = n.inputs[0]
     t = getattr(x, "type", None)
-    if not isinstance(t, TensorType) or not t.dtype.is_floating_point or not t.is_static:
+    if not isinstance(t, TensorType) or not t.dtype.is_floating_point:
         return False
     dims = n.attrs.get("dims")
     if not dims or not t.rank:
         return False
     axes = sorted({int(d) % t.rank for d in dims})
     if axes != list(range(len(axes))) or len(axes) == t.rank:
+        return False
+    if not all(isinstance(d, int) for d in t.shape[len(axes) :]):
         return False
     inner = 1
     for d in t.shape[len(axes) :]:

@@ -1,4 +1,10 @@
-"""Loop transforms on the kernel IR, before any printer: drop size-1 loops, merge adjacent loops.
+"""Loop transforms on the kernel IR, before any printer: drop size-1 loops, split a loop whose
+symbolic extent is a product that its indices divide, merge adjacent loops.
+
+A loop over ``s0*s1`` (a reshape's merged dims) whose indices read ``i / s1`` and ``i % s1``
+divides by a size known only at run time, for every element (a transposing copy in a symbolic
+BERT's backward ran 2.7x slower than its static program's, whose divisors are constants): it
+is split into loops over ``s0`` and ``s1``, and the divisions fold away.
 
 Merging two loops ``a`` (outer) and ``b`` (inner) into one ``f`` substitutes ``a = f / eb`` and
 ``b = f % eb`` in every index; it is kept only when the kernel ends up with no more div/mod atoms
@@ -21,8 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from plait.codegen.index import Ix, Var, nonzero
+from plait.codegen.index import Div, Ix, Mod, Var, nonzero
 from plait.codegen.kir import Kernel, Phase, Reduce, Stmt, Store, kernel_indices
+from plait.symbolic.poly import Size, exact_quotient
 
 
 def _count_divmod(kernel: Kernel) -> int:
@@ -89,9 +96,45 @@ def _merge_pair(kernel: Kernel, which: str, j: int) -> Kernel:
     return substitute(kernel, mapping, kernel.outer, merged)
 
 
+def _symbolic_divisor(kernel: Kernel, v: Var) -> Size | None:
+    """A symbolic divisor ``k`` that an index applies to ``v`` itself (``v / k``, ``v % k``)
+    and that divides ``v``'s extent exactly; None where there is none."""
+    if isinstance(v.extent, int):
+        return None
+    for ix in kernel_indices(kernel):
+        for a, _ in ix.terms:
+            if not isinstance(a, (Div, Mod)) or isinstance(a.k, int) or a.e != Ix.var(v):
+                continue
+            if exact_quotient(v.extent, a.k) is not None:
+                return a.k
+    return None
+
+
+def split_loops(kernel: Kernel) -> Kernel:
+    """Split each loop ``v`` over ``q*k`` whose indices divide it by the symbolic ``k`` into
+    loops over ``q`` and ``k`` (``v = a*k + b``): the division and modulo fold away."""
+    for which in ("outer", "inner"):
+        j = 0
+        while j < len(loops := kernel.outer if which == "outer" else kernel.inner):
+            v = loops[j]
+            k = _symbolic_divisor(kernel, v)
+            if k is None:
+                j += 1
+                continue
+            quotient = exact_quotient(v.extent, k)
+            assert quotient is not None
+            a, b = Var(f"{v.name}q", quotient), Var(f"{v.name}r", k)
+            mapping = {v: Ix.var(a) * k + Ix.var(b)}
+            split = (*loops[:j], a, b, *loops[j + 1 :])
+            outer, inner = (split, kernel.inner) if which == "outer" else (kernel.outer, split)
+            kernel = substitute(kernel, mapping, outer, inner)
+    return kernel
+
+
 def merge_loops(kernel: Kernel) -> Kernel:
-    """Drop size-1 loops, then merge adjacent loops (innermost pairs first) where free."""
-    kernel = drop_unit_loops(kernel)
+    """Drop size-1 loops, split loops that symbolic divisors divide, then merge adjacent loops
+    (innermost pairs first) where free."""
+    kernel = split_loops(drop_unit_loops(kernel))
     if kernel.numel == 0:
         return kernel
     for which in ("outer", "inner"):

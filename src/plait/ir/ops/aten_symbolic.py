@@ -1,6 +1,7 @@
 """Result types of an ``aten`` node whose operands have symbolic dims, for the overloads whose
 result dims are operand dims or constants: attention's fused kernels and their backward, which a
-training capture records as ``aten`` nodes (they return the values the backward reads).
+training capture records as ``aten`` nodes (they return the values the backward reads), and an
+embedding's backward (its result the weight's shape).
 
 An ``aten`` node's types come from the overload's meta kernel, which takes concrete shapes. For
 an overload in :data:`PROBED` the meta kernel runs at two assignments of the symbols: distinct
@@ -34,6 +35,7 @@ PROBED: frozenset[tuple[str, str]] = frozenset(
     {
         ("_scaled_dot_product_flash_attention_for_cpu", "default"),
         ("_scaled_dot_product_flash_attention_for_cpu_backward", "default"),
+        ("embedding_dense_backward", "default"),
     }
 )
 _PRIMES = (1009, 1013, 1019, 1021, 1031, 1033, 1039, 1049, 1051, 1061, 1063, 1069)

@@ -484,8 +484,10 @@ def _embedding_vjp(ctx: VjpContext) -> list[Operand | None]:
     if not ctx.wants(1):
         return [None, None]
     g = ctx.grad()
-    if not all_static(g, indices, w):
+    if not all_static(w):
         return torch_vjp_rule(ctx)
+    # NOTE: the cotangent and indices may be symbolic: the node is typed by probing
+    # (plait.ir.ops.aten_symbolic), its result the weight's static shape
     assert isinstance(indices, Value)
     n = int(tensor_type(w).shape[0])
     pad = ctx.attrs["padding_idx"]
