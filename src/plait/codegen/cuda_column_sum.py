@@ -14,13 +14,14 @@ Example (the kernels run on the CPU under ``TRITON_INTERPRET=1``)::
 
     >>> import torch
     >>> leading_rows(torch.zeros(4, 8, 96), (0, 1))
-    (32, 96)
+    (32, 96, 2)
     >>> leading_rows(torch.zeros(4, 8, 96).transpose(0, 1), (0, 1)) is None
     True
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -65,15 +66,16 @@ def _bf16(x):
 
 
 @triton.jit
-def _final(part_ptr, out_ptr, cols, PARTS: tl.constexpr, F64: tl.constexpr, BF16: tl.constexpr,
-           COLS: tl.constexpr):  # fmt: skip
-    """Columns ``[program_id(0) * COLS, + COLS)``: the partial rows summed in order."""
+def _final(part_ptr, out_ptr, cols, parts, SPAN: tl.constexpr, F64: tl.constexpr,
+           BF16: tl.constexpr, COLS: tl.constexpr):  # fmt: skip
+    """Columns ``[program_id(0) * COLS, + COLS)``: the ``parts`` partial rows summed in order
+    (``SPAN``: a power of two at least ``parts``, so a new row count seldom compiles again)."""
     c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)
     live = c < cols
     acc = tl.zeros([COLS], dtype=tl.float64 if F64 else tl.float32)
     row = part_ptr + c  # NOTE: a pointer stepped a row at a time: 64-bit past 2**31 elements
-    for _ in range(0, PARTS):
-        acc += tl.load(row, mask=live, other=0.0)
+    for s in range(0, SPAN):
+        acc += tl.load(row, mask=live & (s < parts), other=0.0)
         row += cols
     if BF16:
         tl.store(out_ptr + c, _bf16(acc), mask=live)
@@ -81,30 +83,27 @@ def _final(part_ptr, out_ptr, cols, PARTS: tl.constexpr, F64: tl.constexpr, BF16
         tl.store(out_ptr + c, acc.to(out_ptr.dtype.element_ty), mask=live)
 
 
-def leading_rows(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[int, int] | None:
-    """``(rows, columns)`` when ``dims`` are ``x``'s leading dims and ``x`` is contiguous (the
-    rows are the leading dims flattened); None otherwise."""
+def leading_rows(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """``(rows, columns, lead)`` when ``dims`` are ``x``'s ``lead`` leading dims and ``x`` is
+    contiguous (the rows are the leading dims flattened); None otherwise."""
     axes = sorted({d % x.dim() for d in dims}) if x.dim() else []
     if not axes or axes != list(range(len(axes))) or len(axes) == x.dim():
         return None
     if not x.is_contiguous():
         return None
-    rows = 1
-    for n in x.shape[: len(axes)]:
-        rows *= n
-    return rows, x.numel() // rows if rows else 0
+    rows = math.prod(x.shape[: len(axes)])
+    return rows, x.numel() // rows if rows else 0, len(axes)
 
 
 def column_sum(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> Any:
     """``torch.sum(x, dims, keepdim=keepdim)`` for a contiguous floating ``x`` summed over its
     leading dims, by the two stages above; ATen's sum for any other input (a strided view)."""
     layout = leading_rows(x, dims)
-    if layout is None or not x.dtype.is_floating_point or 0 in layout:
+    if layout is None or not x.dtype.is_floating_point or 0 in layout[:2]:
         return torch.sum(x, dims, keepdim=keepdim)
-    rows, cols = layout
-    kept = x.shape[len({d % x.dim() for d in dims}) :]
-    shape = (1,) * (x.dim() - len(kept)) + tuple(kept) if keepdim else tuple(kept)
-    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    rows, cols, lead = layout
+    kept = tuple(x.shape[lead:])
+    out = torch.empty((1,) * lead + kept if keepdim else kept, dtype=x.dtype, device=x.device)
     f64 = x.dtype == torch.float64
     parts = triton.cdiv(rows, ROWS)
     part = torch.empty((parts, cols), dtype=torch.float64 if f64 else torch.float32,
@@ -113,5 +112,6 @@ def column_sum(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> Any:
     _partial[(blocks * parts,)](x, part, rows, cols, blocks, F64=f64, ROWS=ROWS, RB=RB,
                                COLS=COLS)  # fmt: skip
     bf16 = x.dtype == torch.bfloat16
-    _final[(blocks,)](part, out, cols, PARTS=parts, F64=f64, BF16=bf16, COLS=COLS)
+    span = 1 << (parts - 1).bit_length()
+    _final[(blocks,)](part, out, cols, parts, SPAN=span, F64=f64, BF16=bf16, COLS=COLS)
     return out
