@@ -112,20 +112,19 @@ def check(
     # settings, every case under those settings, pinned to their specializations (made, when
     # there is no user call yet, under the caller's settings: outside ieee_float32)
     judged = contexts(candidate, cases[0][1], grads, report)
+
+    def judge_cases(some: list[tuple[str, Args]], first_seed: int) -> None:
+        for context in judged:
+            with context.enter():
+                for device in on:
+                    _check_device(report, judge, context, device, some, layouts, ref, cand,
+                                  anchor, first_seed)  # fmt: skip
+
     try:
         with ieee_float32():
-            for context in judged:
-                with context.enter():
-                    for device in on:
-                        _check_device(report, judge, context, device, cases, layouts, ref, cand,
-                                      anchor, seed)  # fmt: skip
+            judge_cases(cases, seed)
             more = _thin_values(judge, report, draws)
-            extra = _more_draws(inputs, cases, draws, more, seed)
-            for context in judged:
-                with context.enter():
-                    for device in on:
-                        _check_device(report, judge, context, device, extra, layouts, ref, cand,
-                                      anchor, seed + len(cases))  # fmt: skip
+            judge_cases(_more_draws(inputs, cases, draws, more, seed), seed + len(cases))
         judge.pool.finalize(report)
     finally:
         ref.reset()
@@ -399,20 +398,28 @@ def _draws(
     inputs: Inputs, draws: int, stress: float | None, seed: int, report: Report
 ) -> list[tuple[str, Args]]:
     base = seed * 7919
-    if callable(inputs) and not isinstance(inputs, torch.Tensor):
-        factory = inputs
-        cases = [(f"draw {i}", draw_from_factory(factory, base + i)) for i in range(1, draws + 1)]
+    if _is_factory(inputs):
+        cases = [(f"draw {i}", _fresh(inputs, (), base + i)) for i in range(1, draws + 1)]
         _check_fresh(cases, report)
         if stress:
-            big = stressed(draw_from_factory(factory, base + draws + 1), stress)
+            big = stressed(_fresh(inputs, (), base + draws + 1), stress)
             cases.append((f"stress draw (x{stress:g})", big))
         return cases
     example = as_args(inputs)
     cases = [("example", example)]
-    cases += [(f"draw {i}", draw_like(example, base + i)) for i in range(1, draws + 1)]
+    cases += [(f"draw {i}", _fresh(inputs, example, base + i)) for i in range(1, draws + 1)]
     if stress:
         cases.append((f"stress draw (x{stress:g})", stressed(draw_like(example, base), stress)))
     return cases
+
+
+def _is_factory(inputs: Inputs) -> bool:
+    return callable(inputs) and not isinstance(inputs, torch.Tensor)
+
+
+def _fresh(inputs: Inputs, example: Args, seed: int) -> Args:
+    """A fresh draw: the factory's at ``seed``, else one shaped like ``example``."""
+    return draw_from_factory(inputs, seed) if _is_factory(inputs) else draw_like(example, seed)
 
 
 # NOTE: the model rule compares RMS errors; on fewer pooled samples than this the ratio of two
@@ -441,14 +448,9 @@ def _more_draws(
     inputs: Inputs, cases: list[tuple[str, Args]], draws: int, more: int, seed: int
 ) -> list[tuple[str, Args]]:
     """``more`` fresh draws after ``draws`` (seeds the first draws and the stress draw never
-    use)."""
-    base = seed * 7919
-    labels = [f"draw {draws + i}" for i in range(1, more + 1)]
-    if callable(inputs) and not isinstance(inputs, torch.Tensor):
-        return [(lb, draw_from_factory(inputs, base + draws + 1 + i)) for i, lb in
-                enumerate(labels, 1)]  # fmt: skip
-    example = cases[0][1]
-    return [(lb, draw_like(example, base + draws + i)) for i, lb in enumerate(labels, 1)]
+    use: a factory's stress draw takes the seed after its draws)."""
+    base, example = seed * 7919 + draws + _is_factory(inputs), cases[0][1]
+    return [(f"draw {draws + i}", _fresh(inputs, example, base + i)) for i in range(1, more + 1)]
 
 
 def _check_fresh(cases: list[tuple[str, Args]], report: Report) -> None:
