@@ -34,7 +34,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import networkx as nx
-import torch
 
 from plait.autograd.joint import Joint
 from plait.errors import InvalidOptionError, PlaitCompileError
@@ -173,7 +172,7 @@ def recomputable(node: Node) -> bool:
 
 def _on_cpu(node: Node) -> bool:
     t = node.outputs[0].type if node.outputs else None
-    return isinstance(t, TensorType) and torch.device(t.device).type == "cpu"
+    return isinstance(t, TensorType) and t.device == "cpu"  # NOTE: canonical: "cpu:0" is "cpu"
 
 
 def _min_cut(g: Graph, joint: Joint, forward_nodes: set[int]) -> list[Value]:
