@@ -68,6 +68,10 @@ def _cross_entropy(
         # NOTE: the gather takes the classes' stride and bounds from static dims
         raise NoIROp("a symbolic class dim or trailing dim")
     t = cx.value(target)
+    if target.dtype != torch.int64:
+        # NOTE: ATen compares a Byte target with ignore_index as int64; in uint8, ``t != -100``
+        # would wrap -100 to 156 and ignore class 156
+        t = cx.call("to_dtype", t, dtype=torch.int64)
     valid = cx.call("ne", t, cx.int(ignore_index))
     picked = _gather_value(
         cx,
