@@ -7,7 +7,8 @@ there, and the chain ran as two kernels with a buffer between them (GPT-2's MLP 
 an H200: 34 + 48 us per layer, the buffer in float32). Materializing the reshape's *input*
 instead, in the chain's shape, joins the open kernel; the reshape is then a contiguous view of
 that buffer (no code). Only where the view comes out contiguous: a transposed or offset view
-would make the extern copy it, or read it another way.
+would make the extern copy it, or read it another way; and only where it holds every element
+of the value: for a part (a select, a first chunk) the base would be computed whole.
 """
 
 from __future__ import annotations
@@ -37,13 +38,29 @@ def materialize_base(planner: Any, node: Node, k: int) -> bool:
         return False
     if not isinstance(x.type, TensorType) or x.type.dtype in COMPLEX_DTYPES:
         return False
+    if not isinstance(v.type, TensorType) or v.type.numel != x.type.numel:
+        # NOTE: a view of part of the value (``tanh(a)[0]``, a first chunk) is contiguous at
+        # offset 0 too, but materializing its base would compute all of it for that part
+        return False
     planner.locs[x] = Loc("buffer", x, 0, planner.layout(x))
     view = planner.view_loc(node, k)
     planner.locs[x] = inline
     contiguous = contiguous_strides(sizes_of(v.type))
     if view.kind != "view" or view.offset != 0 or tuple(view.strides) != tuple(contiguous):
         return False
+    if _computed_inline_by_open_kernel(planner, x):
+        # NOTE: a member of the open kernel computed ``x`` inline (a graph output ``x * 2``
+        # of its shape); joining it there, that member would load ``x``'s buffer before the
+        # kernel's store of ``x`` (one loop nest, members in order): what the buffer held before
+        planner.close()
     planner.materialize(x)
     planner.locs[v] = planner.view_loc(node, k)
     planner.tags[node.id] = NodeTag("native", "strided view (no code)")
     return True
+
+
+def _computed_inline_by_open_kernel(planner: Any, x: Value) -> bool:
+    """Whether the open kernel (not yet emitted: ``materialize`` lowers it again with ``x``
+    a member) computes ``x``'s producer inline for one of its members."""
+    lowered = planner._open_lowered
+    return lowered is not None and x.producer is not None and x.producer.id in lowered.covered
