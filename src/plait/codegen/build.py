@@ -162,9 +162,24 @@ def toolchain() -> Toolchain:
     identity = [file_identity(Path(cxx)), file_identity(Path("/etc/ld.so.cache"))]
     probe = remembered("toolchain", identity, lambda: _probe_compiler(cxx))
     version, libmvec = str(probe["version"]), bool(probe["libmvec"])
-    flags = (*BASE_FLAGS, f"-DPLAIT_LIBMVEC={int(libmvec)}")
+    flags = (*BASE_FLAGS, *vector_width_flags(cpu_info()[1]), f"-DPLAIT_LIBMVEC={int(libmvec)}")
     libs = ("-lmvec",) if libmvec else ()
     return Toolchain(cxx, version, flags, libs, _cpu_flags(), libmvec)
+
+
+def vector_width_flags(cpu_flags: str) -> tuple[str, ...]:
+    """GCC's vector width for this CPU: 512 bits where it has AVX-512F. GCC's own default for
+    AVX-512 CPUs is 256 bits, and then a loop calls glibc's 8-lane math functions: ``tanhf``
+    ran at half the speed of its 16-lane version on an Intel Xeon (Sapphire Rapids), ``expf``
+    at 0.8 (``benchmarks/RESULTS.md``, "Math functions in 16 lanes"). Elsewhere nothing.
+
+    Example:
+        >>> vector_width_flags("avx2 avx512f fma")
+        ('-mprefer-vector-width=512',)
+        >>> vector_width_flags("avx2 fma")
+        ()
+    """
+    return ("-mprefer-vector-width=512",) if "avx512f" in cpu_flags.split() else ()
 
 
 def _probe_compiler(cxx: str) -> dict[str, object]:
