@@ -278,12 +278,22 @@ def linear_weight(
     reuse = reusable(node.inputs[1])
     if not mkl:
         reorder = torch.ops.mkldnn._reorder_linear_weight
-        return PreparedWeight(lambda w: reorder(w.contiguous(), rows), reuse=reuse)
+        # NOTE: oneDNN's linear also takes the weight unconverted (PyTorch's [out, in] layout)
+        return PreparedWeight(
+            lambda w: reorder(w.contiguous(), rows), reuse=reuse, plain=_contiguous
+        )
     if not x.type.is_static:
         return None
     pack = torch.ops.mkl._mkl_reorder_linear_weight
-    # NOTE: MKL's own format for this CPU, no descriptor: never in a cache entry
-    return PreparedWeight(lambda w: pack(w.contiguous(), rows), portable=False, reuse=reuse)
+    # NOTE: MKL's own format for this CPU, no descriptor: never in a cache entry. Its plain
+    # form is the weight itself, for eager's linear (mkl_linear_call).
+    return PreparedWeight(
+        lambda w: pack(w.contiguous(), rows), portable=False, reuse=reuse, plain=_contiguous
+    )
+
+
+def _contiguous(w: torch.Tensor) -> torch.Tensor:
+    return w.contiguous()
 
 
 def _rows(t: TensorType, hints: Mapping[str, int] | None) -> tuple[int, str]:
@@ -317,9 +327,13 @@ def mkl_linear_call(
     key = _pack_key(node, "mkl", rows)
     when = _prepare(weight, consts.get(node.inputs[1]), prepack, packs, key, node.id)
     compute = torch.ops.mkl._mkl_linear.default
+    linear = torch._C._nn.linear
 
     def fn(x: Any, w: Any, b: Any) -> Any:
-        return compute(x, weight(w), w, b, rows)
+        packed = weight(w)
+        if weight.varies:  # NOTE: written between calls: eager's linear, no pack per call
+            return linear(x, w, b)
+        return compute(x, packed, w, b, rows)
 
     return ExternCall(fn, "matmul", f"MKL packed linear (weight prepacked {when})", "MKL")
 
@@ -433,6 +447,11 @@ def _prepare(
     node: int | None = None,
 ) -> str:
     if fixed is None:
+        if weight.plain is not None:
+            return (
+                "on first use, reused while identity and version hold; once written between "
+                "calls, used unconverted"
+            )
         return "on first use, reused while identity and version hold"
     note = ""
     if packs is not None:
