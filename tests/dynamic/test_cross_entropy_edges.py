@@ -1,8 +1,8 @@
 """Edges of ``F.cross_entropy``'s rule in a dynamic capture (``plait.frontend.lower_loss``):
 Byte targets compared with ``ignore_index`` as ATen compares them (as int64), every target or
 all but one ignored, an ``ignore_index`` that is a class, spatial dims that are static, 16-bit
-logits; each judged by the gate, loss and gradients, at several batch sizes from one
-specialization that runs the rule (no fallback)."""
+logits, class weights and label smoothing; each judged by the gate, loss and gradients, at
+several batch sizes from one specialization that runs the rule (no fallback)."""
 
 from __future__ import annotations
 
@@ -131,3 +131,47 @@ def test_static_spatial_dims(reduction: str) -> None:
 def test_sixteen_bit_logits(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
     _judge_at_sizes(_Head(5, dtype=dtype), _batches(5), precision=dtype)
+
+
+_WEIGHTS = torch.tensor([0.5, 1.5, 0.25, 2.0, 1.0])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "spatial"),
+    [
+        ({"weight": _WEIGHTS}, ()),
+        ({"weight": _WEIGHTS, "reduction": "none"}, ()),
+        ({"label_smoothing": 0.2}, ()),
+        ({"label_smoothing": 0.1, "reduction": "sum"}, ()),
+        ({"weight": _WEIGHTS, "label_smoothing": 0.3}, ()),
+        ({"weight": _WEIGHTS, "label_smoothing": 0.3, "ignore_index": 1}, (4, 7)),
+        ({"weight": _WEIGHTS, "label_smoothing": 0.3, "reduction": "none"}, (4, 7)),
+    ],
+    ids=["weight", "weight-none", "smoothing", "smoothing-sum", "both", "both-spatial-ignore",
+         "both-spatial-none"],
+)  # fmt: skip
+def test_class_weights_and_label_smoothing(
+    kwargs: dict[str, object], spatial: tuple[int, ...]
+) -> None:
+    """Lowered as ATen computes them (the mean divides by the targets' weights; the smoothing
+    term is masked and reduced as the loss): before, each was the recorded eager fallback."""
+    torch.manual_seed(0)
+    ignored = int(kwargs.get("ignore_index", -100))  # type: ignore[call-overload]
+    model = _Head(5, spatial=spatial, **kwargs)
+    _judge_at_sizes(model, _batches(5, spatial=spatial, ignored=ignored))
+
+
+def test_every_target_ignored_with_weights_and_smoothing() -> None:
+    torch.manual_seed(0)
+    _judge_at_sizes(_Head(5, weight=_WEIGHTS, label_smoothing=0.1), _batches(5, share=2.0))
+
+
+def test_class_weights_that_require_grad_raise_as_in_eager() -> None:
+    weight = _WEIGHTS.clone().requires_grad_()
+    model = _Head(5, weight=weight)
+    compiled = plait.compile(model, dynamic=True, options={"cache": False})
+    x, target = _batches(5)(4)(0)
+    with pytest.raises(RuntimeError, match="not differentiable with respect to argument 'weight'"):
+        model(x, target)
+    with pytest.raises(RuntimeError, match="not differentiable with respect to argument 'weight'"):
+        compiled(x, target)
