@@ -12,6 +12,10 @@ tensors) and in bfloat16.
 
 from __future__ import annotations
 
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # NOTE: before triton is imported (its jit reads it)
+
 import copy
 from collections.abc import Callable
 from typing import Any
@@ -144,10 +148,8 @@ def _check(fn: Program, inputs: Callable[[int], tuple[Any, ...]], target: str = 
 @pytest.mark.parametrize("target", ["cpu", "triton"])
 @pytest.mark.parametrize("name", sorted(READ_BEFORE))
 def test_a_value_read_before_its_reshape_matches_eager(
-    name: str, target: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+    name: str, target: str, dtype: torch.dtype
 ) -> None:
-    if target == "triton":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
     report = _check(READ_BEFORE[name], _inputs(dtype, (2, 16, 8), (8, 4)), target)
     assert report.ok, str(report)
 
@@ -229,11 +231,7 @@ class _GPTMLP(nn.Module):
 
 
 @pytest.mark.parametrize("target", ["cpu", "triton"])
-def test_training_through_a_reshaped_activation_matches_eager(
-    target: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if target == "triton":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+def test_training_through_a_reshaped_activation_matches_eager(target: str) -> None:
     model = seeded(1, _GPTMLP)
     options = {"cache": False, "stax": {"target": target}}
     compiled = plait.compile(copy.deepcopy(model), backend="stax", options=options)

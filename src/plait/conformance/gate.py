@@ -76,7 +76,9 @@ def check(
 
     ``inputs`` is a tuple of example arguments (fresh draws copy their shapes, dtypes and devices;
     the example itself is one more case) or a ``factory(seed) -> arguments``. ``draws`` fresh
-    draws are always judged, plus one ``stress`` draw with float inputs scaled by ``stress``.
+    draws are always judged, plus one ``stress`` draw with float inputs scaled by ``stress``, and
+    more fresh draws while a value pools fewer than ``MIN_SAMPLES`` error samples (at most
+    ``MAX_ADDED_DRAWS``; the report notes them, and a value still short).
     Module state: a ``nn.Module`` reference/candidate is its own module; a plain callable names its
     module with ``reference_module``/``candidate_module`` (the same object when the candidate
     wraps the reference's module). ``reference64`` overrides the float64 anchor, which is otherwise
@@ -112,19 +114,34 @@ def check(
     # settings, every case under those settings, pinned to their specializations (made, when
     # there is no user call yet, under the caller's settings: outside ieee_float32)
     judged = contexts(candidate, cases[0][1], grads, report)
+    refused: set[tuple[int, str | None]] = set()  # NOTE: (context, device) judging cannot run
 
     def judge_cases(some: list[tuple[str, Args]], first_seed: int) -> None:
         for context in judged:
             with context.enter():
                 for device in on:
-                    _check_device(report, judge, context, device, some, layouts, ref, cand,
-                                  anchor, first_seed)  # fmt: skip
+                    if (id(context), device) in refused:
+                        continue  # NOTE: reported once, on the first draws
+                    if not _check_device(report, judge, context, device, some, layouts, ref,
+                                         cand, anchor, first_seed):  # fmt: skip
+                        refused.add((id(context), device))
 
     try:
         with ieee_float32():
             judge_cases(cases, seed)
-            more = _thin_values(judge, report, draws)
-            judge_cases(_more_draws(inputs, cases, draws, more, seed), seed + len(cases))
+            fresh = [c for c in cases if not c[0].startswith("stress")]
+            added = 0
+            while True:
+                more = min(_thin_values(judge, report), MAX_ADDED_DRAWS - added)
+                if more <= 0:
+                    break
+                extra = _more_draws(inputs, cases, draws + added, more, seed)
+                if _is_factory(inputs):
+                    _check_fresh(fresh + extra, report, first_new=len(fresh))
+                fresh += extra
+                judge_cases(extra, seed + len(cases) + added)
+                added += more
+            _note_still_thin(judge, report, added)
         judge.pool.finalize(report)
     finally:
         ref.reset()
@@ -143,8 +160,9 @@ def _check_device(
     cand: Program,
     anchor: _Anchor,
     seed: int,
-) -> None:
-    """Every case on ``device`` (every layout), the candidate called as ``context`` says."""
+) -> bool:
+    """Every case on ``device`` (every layout), the candidate called as ``context`` says;
+    False where the context's settings cannot be judged (reported)."""
     problem = ieee_problem(context.settings, _on_cuda(device, cases))
     if problem is not None:
         msg = (
@@ -153,7 +171,7 @@ def _check_device(
         )
         where = context.label or "all cases"
         report.add(Failure("error", "specialization", "settings", where, msg))
-        return
+        return False
     pinned = Program(context.call, cand.module, cand.initial)
     with _on_device([ref.module, cand.module], device):
         for index, (label, args) in enumerate(cases):
@@ -167,6 +185,7 @@ def _check_device(
                 case = Case(label, laid, layout, device)
                 _check_case(report, judge, case, ref, pinned, anchor, context.grads, seed + index,
                             context.label, context.input_grads)  # fmt: skip
+    return True
 
 
 def _on_cuda(device: str | None, cases: list[tuple[str, Args]]) -> bool:
@@ -425,9 +444,12 @@ def _fresh(inputs: Inputs, example: Args, seed: int) -> Args:
 # NOTE: the model rule compares RMS errors; on fewer pooled samples than this the ratio of two
 # equally accurate programs' errors passes the factor too often (docs/conformance.md, "Statistics")
 MIN_SAMPLES = 4
+# NOTE: the most draws the gate adds for it: a value finite on few draws (a log of a sum that is
+# negative on most) would otherwise be drawn for without end; one still short is noted
+MAX_ADDED_DRAWS = 2 * MIN_SAMPLES
 
 
-def _thin_values(judge: Judge, report: Report, draws: int) -> int:
+def _thin_values(judge: Judge, report: Report) -> int:
     """How many more draws bring every pooled value (outside the stress draw, judged alone) to
     ``MIN_SAMPLES`` error samples: a 0-d loss or a cancelling sum has one per draw."""
     more = 0
@@ -444,6 +466,21 @@ def _thin_values(judge: Judge, report: Report, draws: int) -> int:
     return more
 
 
+def _note_still_thin(judge: Judge, report: Report, added: int) -> None:
+    """Say how many draws were added, and which values they left short of ``MIN_SAMPLES`` (not
+    finite on most draws): the model rule judges them on what they pooled."""
+    if added:
+        report.note(f"{added} draw(s) added in all, for values short of {MIN_SAMPLES} samples")
+    for where, group, samples, cases in judge.pool.samples():
+        if group.startswith("stress") or samples >= MIN_SAMPLES or not cases:
+            continue
+        report.note(
+            f"{where} ({group}) pooled {samples} error sample(s) over {cases} case(s) after "
+            f"{added} added draw(s) (at most {MAX_ADDED_DRAWS}), fewer than the {MIN_SAMPLES} "
+            "the model rule needs: judged on those"
+        )
+
+
 def _more_draws(
     inputs: Inputs, cases: list[tuple[str, Args]], draws: int, more: int, seed: int
 ) -> list[tuple[str, Args]]:
@@ -453,9 +490,13 @@ def _more_draws(
     return [(f"draw {draws + i}", _fresh(inputs, example, base + i)) for i in range(1, more + 1)]
 
 
-def _check_fresh(cases: list[tuple[str, Args]], report: Report) -> None:
+def _check_fresh(cases: list[tuple[str, Args]], report: Report, first_new: int = 0) -> None:
+    """A factory's draws from ``first_new`` on: none repeats an earlier one, none has an
+    all-zero float input."""
     flat = [(label, [t for _, t in leaves(args, "input")]) for label, args in cases]
     for i, (label, tensors) in enumerate(flat):
+        if i < first_new:
+            continue
         for j in range(i):
             other_label, other = flat[j]
             same = len(tensors) == len(other) and all(
@@ -465,7 +506,7 @@ def _check_fresh(cases: list[tuple[str, Args]], report: Report) -> None:
             if same and tensors:
                 msg = f"the factory returned the same inputs for {other_label} and {label}"
                 report.add(Failure("error", "setup", "inputs", label, msg))
-    for label, args in cases:
+    for label, args in cases[first_new:]:
         for name, t in leaves(args, "input"):
             floating = isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.numel()
             if floating and not bool(t.ne(0).any()):
