@@ -112,6 +112,7 @@ class _Planner:
         target: str = "cpu",
         onednn: bool = True,
         timed_matmul: bool = False,
+        reread: bool = False,
     ) -> None:
         graph = facts.graph
         self.graph = graph
@@ -128,7 +129,7 @@ class _Planner:
         self.users = graph.users()
         self.outputs = {id(o) for o in graph.outputs if isinstance(o, Value)}
         self.live = live_nodes(graph)
-        self.target = target
+        self.target, self.reread = target, reread
         self.kinds = {n.id: self._classify(n) for n in graph.nodes}
         self.locs: dict[Value, Loc] = {}
         self.steps: list[Step] = []
@@ -405,7 +406,8 @@ class _Planner:
             for n in chain:
                 self.kinds[n.id] = ("absorbed", "")
         outputs = [chain[-1].outputs[0]] if chain else list(node.outputs)
-        self._emit_kernel(lower_reduction(self._name(), node, self.locs, chain), outputs)
+        lowered = lower_reduction(self._name(), node, self.locs, chain, self.reread)
+        self._emit_kernel(lowered, outputs)
 
     def _reduction_epilogue(self, node: Node) -> list[Node]:
         """Pointwise nodes reading a row-wise template's result alone, same shape, whose other
@@ -562,6 +564,7 @@ def plan_graph(
     target: str = "cpu",
     onednn: bool = True,
     timed_matmul: bool = False,
+    reread: bool = False,
 ) -> Plan:
     """Decide locations, kernels and calls for ``graph`` (static shapes, CPU). ``layouts``
     (an extern node's position in ``graph.nodes`` -> its result strides, as
@@ -575,7 +578,8 @@ def plan_graph(
     and MKL externs) or ``triton`` (Triton kernels; externs are PyTorch's kernels on the
     graph's device). ``onednn=False``: convolutions and linears are PyTorch's own
     kernels on the CPU too. ``timed_matmul``: float32 products without a prepacked weight run
-    oneDNN's matmul where it timed faster than PyTorch's kernel (:mod:`.timed_matmul`)."""
+    oneDNN's matmul where it timed faster than PyTorch's kernel (:mod:`.timed_matmul`).
+    ``reread``: kernels may read back their own stores (:func:`.reductions.lower_reduction`)."""
     check_graph(graph, target)
     facts = PlanFacts.of(graph, channels_last)
     oracle: LayoutOracle
@@ -585,7 +589,7 @@ def plan_graph(
         # NOTE: bare layouts (without the compile's oneDNN decisions) give the strides; each
         # oneDNN call is still probed once
         oracle = ProbingOracle(facts, infer_layouts, layouts)
-    planner = _Planner(facts, oracle, fuse, mkl_linear, target, onednn, timed_matmul)
+    planner = _Planner(facts, oracle, fuse, mkl_linear, target, onednn, timed_matmul, reread)
     try:
         plan = planner.run()
     except BaseException:

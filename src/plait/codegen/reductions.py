@@ -11,7 +11,8 @@ all, any,      one phase: int64 count of nonzero elements (NaN is nonzero); all:
 count_nonzero  any: count > 0
 nansum, prod   one phase: sum with NaN as zero, product; accumulated as sum
 logsumexp      two phases: max m (0 where infinite); sum of exp(x - m); final log(sum) + m
-softmax        three phases: max; sum of exp(x - max); store exp(x - max) / sum
+softmax        three phases: max; sum of exp(x - max); store exp(x - max) / sum (C++:
+               the exps stored with the sum and divided in place)
 log_softmax    three phases: max; sum of exp(x - max); store x - max - log(sum)
 layer_norm     three phases: mean; biased variance; store (x - mean) * rstd * weight + bias
 group_norm     as layer_norm over (channels of the group, spatial); store x * scale + shift
@@ -39,7 +40,7 @@ from functools import cache
 import torch
 
 import plait.contract
-from plait.codegen.index import Ix, contiguous_strides, linear
+from plait.codegen.index import Ix, Var, contiguous_strides, linear
 from plait.codegen.kir import STORAGE_OF, KernelBuilder, Stmt, is_float, scalar_of
 from plait.codegen.lower import Lowerer, loop_vars, size_stmt
 from plait.codegen.placement import Loc, Lowered
@@ -299,7 +300,16 @@ def _logsumexp(
     return tp.done(node.op)
 
 
-def _softmax(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node, ...]) -> Lowered:
+def _softmax(
+    name: str,
+    node: Node,
+    locs: dict[Value, Loc],
+    epilogue: tuple[Node, ...],
+    reread: bool = False,
+) -> Lowered:
+    """With ``reread``, a softmax whose output holds the accumulation type exactly (float32 in
+    float32, no epilogue) stores exp(x - max) in the sum's phase and divides it in place in
+    the last one, instead of computing exp twice per element: the same bits, one exp."""
     x = node.inputs[0]
     assert isinstance(x, Value) and isinstance(x.type, TensorType)
     rank = x.type.rank
@@ -312,7 +322,19 @@ def _softmax(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node
     m = b.reduce("max", tp.x_as(acc_t, source), acc_t)
     b.next_phase()
     shifted = b.op("sub", [tp.x_as(acc_t, source), m], acc_t)
-    s = b.reduce("sum", b.op("exp", [shifted], acc_t), acc_t)
+    e = b.op("exp", [shifted], acc_t)
+    s = b.reduce("sum", e, acc_t)
+    kept_exactly = STORAGE_OF[tp.out_type().dtype] == acc_t and not epilogue
+    at = linear(tp.index, contiguous_strides(tp.shape))
+    # NOTE: a load is a pure value to the printers, placed by what its index reads: one that
+    # no inner loop variable moves would be read before the phase that stores it
+    moves = {a for a, _ in at.terms if isinstance(a, Var) and a.extent != 1} & set(b.inner)
+    if node.op == "softmax" and reread and kept_exactly and moves:
+        out = tp.low.buffer_for(node.outputs[0], output=True)
+        b.store(out, at, e)
+        b.next_phase()
+        b.store(out, at, b.op("div", [b.load(out, at), s], acc_t))
+        return tp.done(node.op)
     b.next_phase()
     if node.op == "softmax":
         y = b.op("div", [b.op("exp", [shifted], acc_t), s], acc_t)
@@ -397,10 +419,19 @@ ELEMENTWISE = frozenset({"softmax", "log_softmax", "layer_norm", "group_norm"})
 
 
 def lower_reduction(
-    name: str, node: Node, locs: dict[Value, Loc], epilogue: Sequence[Node] = ()
+    name: str,
+    node: Node,
+    locs: dict[Value, Loc],
+    epilogue: Sequence[Node] = (),
+    reread: bool = False,
 ) -> Lowered:
     """The template kernel of ``node``; ``epilogue``: pointwise nodes of the same shape fused
-    into the element store (only for the templates in :data:`ELEMENTWISE`)."""
+    into the element store (only for the templates in :data:`ELEMENTWISE`). ``reread``: the
+    target's loops see their own earlier stores to a buffer (C++: one thread runs a row's
+    phases; a Triton program's lanes need not see each other's), so a template may keep a
+    value in its output between phases."""
     if epilogue and node.op not in ELEMENTWISE:
         raise InternalValueError(f"{node.op} stores per-row results: no elementwise epilogue")
+    if node.op == "softmax":
+        return _softmax(name, node, locs, tuple(epilogue), reread)
     return TEMPLATES[node.op](name, node, locs, tuple(epilogue))

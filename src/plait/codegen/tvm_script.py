@@ -142,6 +142,25 @@ def _index_bound(ix: Ix) -> int:
     return index_bound(ix, lambda n: _static(n, "index"))
 
 
+def _rereads(kernel: Kernel) -> bool:
+    """Whether a phase loads a buffer an earlier phase stored (the C++ printer's softmax keeps
+    its exps in the output between phases; TVM's blocks are not ordered for it)."""
+    stored: set[int] = set()
+    for ph in kernel.phases:
+        todo = [r.value for r in ph.reduces] + [st.value for st in ph.stores]
+        seen: set[int] = set()
+        while todo:
+            st = todo.pop()
+            if st.id in seen:
+                continue
+            seen.add(st.id)
+            if st.op == "load" and st.attr[0] in stored:
+                return True
+            todo.extend(st.args)
+        stored |= {st.buffer for st in ph.stores}
+    return False
+
+
 class _Printer:
     def __init__(
         self, kernel: Kernel, symbol: str, vector_math: tuple[str, int] | None = None
@@ -163,6 +182,8 @@ class _Printer:
         self.checks = any(s.op in CHECKED_INT_OPS for s in self.k.stmts())
         if any(s.op == "ipow" and s.args[1].op != "const" for s in self.k.stmts()):
             raise Unsupported("an integer power whose exponent is not a constant")
+        if _rereads(self.k):
+            raise Unsupported("a phase reads back a buffer an earlier phase stored")
         self.lines: list[str] = []
         self.names: dict[int, str] = {}  # NOTE: statements bound by name in the current block
         self.inline = True

@@ -324,6 +324,7 @@ def compile_graphs(
             target=target,
             onednn=opts.onednn,
             timed_matmul=opts.timed_matmul,
+            reread=target == "cpu" and opts.kernels != "tvm",  # NOTE: the C++ printer's loops
         )
         if opts.strict and plan.fallbacks:
             nid, reason = next(iter(plan.fallbacks.items()))
