@@ -171,7 +171,8 @@ def vector_width_flags(cpu_flags: str) -> tuple[str, ...]:
     """GCC's vector width for this CPU: 512 bits where it has AVX-512F. GCC's own default for
     AVX-512 CPUs is 256 bits, and then a loop calls glibc's 8-lane math functions: ``tanhf``
     ran at half the speed of its 16-lane version on an Intel Xeon (Sapphire Rapids), ``expf``
-    at 0.8 (``benchmarks/vector_width.py``; ``benchmarks/RESULTS.md``, "Math functions in 16 lanes"). Elsewhere nothing.
+    at 0.8 (``benchmarks/vector_width.py``; ``benchmarks/RESULTS.md``, "Math functions in 16
+    lanes"). Elsewhere nothing.
 
     Example:
         >>> vector_width_flags("avx2 avx512f fma")
