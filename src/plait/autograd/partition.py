@@ -13,6 +13,12 @@ partitioners choose what to save:
 
 Invariant (checked): the backward reads only saved values and cotangents.
 
+A backward whose shapes hold a size symbol that none of its inputs has as a dim (the backward of
+``x.transpose(0, 1).reshape(-1, n).sum(0)`` takes one cotangent of ``n`` elements, yet rebuilds
+``x``'s shape ``[s0, s1, n]``) reads the symbol from one more saved value, a *symbol carrier*: an
+empty tensor ``zeros([s0, s1, 0])`` the forward makes (no element, no memory), whose dims are
+the symbols the forward bound from its own inputs at that call (:func:`carry_symbols`).
+
 Example:
     >>> import torch
     >>> from plait.ir import GraphBuilder, TensorType
@@ -32,8 +38,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import networkx as nx
+import sympy
+import torch
 
 from plait.autograd.joint import Joint
 from plait.errors import InvalidOptionError, PlaitCompileError
@@ -41,6 +50,7 @@ from plait.ir.graph import Graph, Node, Operand, Value
 from plait.ir.ops import Category, get_op
 from plait.ir.types import TensorType
 from plait.ir.verify import verify
+from plait.symbolic import UNBACKED_RE
 
 PARTITIONERS = ("save-all", "min-cut")
 
@@ -97,7 +107,7 @@ def partition(joint: Joint, partitioner: str = "min-cut") -> Partition:
         saved = _read_by_others(g, joint, forward_nodes)
     else:
         saved = _min_cut(g, joint, forward_nodes)
-    return _split(joint, saved, partitioner)
+    return carry_symbols(_split(joint, saved, partitioner), g)
 
 
 def _producers(g: Graph) -> dict[int, Node]:
@@ -286,3 +296,82 @@ def _remap(mapping: dict[int, Value], o: Operand) -> Operand:
     if isinstance(o, Value):
         return mapping[id(o)]
     return o
+
+
+# --- symbol carriers ----------------------------------------------------------------------------
+CARRIER_NAME = "symbols_for_backward"
+
+
+def carry_symbols(part: Partition, joint_graph: Graph) -> Partition:
+    """``part`` with a symbol carrier (module doc) saved for the backward when its shapes hold
+    symbols no backward input has as a dim and the forward binds from an input dim: the forward
+    returns ``zeros([*symbols, 0])`` as its last saved value, and the backward takes it after
+    the other saved values. Unchanged when nothing is missing.
+
+    NOTE: sound by construction: the carrier's dims are the forward call's own sizes (the
+    forward's inputs bind them), the very sizes its saved values and cotangents were made at;
+    a symbol no forward input binds is left out (Stax refuses such a graph by name)."""
+    missing = _graph_symbols(part.backward) - set(_bound_symbols(part.backward))
+    by_name = _bound_symbols(part.forward)
+    carried = [by_name[n] for n in sorted(missing) if n in by_name]
+    if not carried:
+        return part
+    device = next(
+        (v.type.device for v in part.forward.inputs if isinstance(v.type, TensorType)), "cpu"
+    )
+    taken = {v.name for g in (joint_graph, part.forward, part.backward) for v in _all_values(g)}
+    name = CARRIER_NAME
+    while name in taken:
+        name += "_"
+    shape = (*carried, 0)
+    t = TensorType(shape, torch.float32, device)
+    attrs: dict[str, Any] = {"shape": shape, "dtype": torch.float32, "device": device}
+    node = Node(max((n.id for n in joint_graph.nodes), default=-1) + 1, "zeros", (), attrs)
+    node.outputs = (Value(name, t, node, 0),)
+    part.forward.nodes.append(node)
+    part.forward.outputs.append(node.outputs[0])
+    n_saved = len(part.saved)
+    part.backward.inputs.insert(n_saved, Value(name, t, None, 0, "user"))
+    part.saved.append(node.outputs[0])
+    verify(part.forward)
+    verify(part.backward)
+    return part
+
+
+def _all_values(g: Graph) -> Iterable[Value]:
+    yield from g.inputs
+    for n in g.nodes:
+        yield from n.outputs
+
+
+def _bound_symbols(g: Graph) -> dict[str, sympy.Symbol]:
+    """The symbols that are exactly some input's dim (where a compiled call reads its sizes)."""
+    return {
+        str(d): d
+        for v in g.inputs
+        if isinstance(v.type, TensorType)
+        for d in v.type.shape
+        if isinstance(d, sympy.Symbol) and not UNBACKED_RE.match(str(d))
+    }
+
+
+def _graph_symbols(g: Graph) -> set[str]:
+    """The size symbols (unbacked ones aside) of ``g``'s types, node attributes and operands."""
+    out: set[str] = set()
+
+    def visit(x: Any) -> None:
+        if isinstance(x, sympy.Expr):
+            out.update(str(s) for s in x.free_symbols if not UNBACKED_RE.match(str(s)))
+        elif isinstance(x, TensorType):
+            for d in x.shape:
+                visit(d)
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y)
+
+    for v in _all_values(g):
+        visit(v.type)
+    for n in g.nodes:
+        visit(list(n.attrs.values()))
+        visit(list(n.inputs))
+    return out

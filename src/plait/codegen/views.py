@@ -28,7 +28,8 @@ from plait.ir.ops.movement import padded_dims
 from plait.ir.ops.rules import wrap_dim
 from plait.ir.ops.view import chunk_sizes
 from plait.ir.types import TensorType
-from plait.symbolic.poly import Poly, Size, from_dim, lower_bound
+from plait.symbolic import UNBACKED_RE
+from plait.symbolic.poly import Poly, Size, compound, from_dim, lower_bound
 
 IDENTITY_VIEWS = frozenset({"contiguous", "dropout"})
 MAPPED_VIEWS = frozenset(
@@ -223,10 +224,52 @@ def _replace(idx: tuple[Ix, ...], d: int, value: Ix) -> tuple[Ix, ...]:
     return (*idx[:d], value, *idx[d + 1 :])
 
 
+# NOTE: capture specializes sizes 0 and 1, so a symbol (a size of an input dim) is at least 2,
+# and each call's guards check it (plait.frontend.guard_build.symbol_guards). A graph compiled
+# outside plait.compile has no guards, and its runner checks only >= 1 (runner_emit._bind_sizes):
+# called at 1, a selection of an ``s - 1`` piece would load (and discard) one element past it.
+LEAST_SYMBOLIC_SIZE = 2
+
+
+def guarded_lower_bound(x: Size) -> int | None:
+    """A proven lower bound of ``x`` when every symbol is at least :data:`LEAST_SYMBOLIC_SIZE`
+    (the capture's guards): as :func:`~plait.symbolic.poly.lower_bound`, with each positive
+    symbol at 2. An unbacked size (``dd0``, possibly 0) and a compound atom (``floor(s0/2)``)
+    keep their own bounds. None: none known.
+
+    Example:
+        >>> from plait.symbolic import symbol
+        >>> s1 = from_dim(symbol("s1"))
+        >>> lower_bound(s1 - 1), guarded_lower_bound(s1 - 1), guarded_lower_bound(s1 - 2)
+        (0, 1, 0)
+    """
+    if isinstance(x, int):
+        return x
+    value = 0
+    for m, c in x.terms:
+        if not m:
+            value += c
+            continue
+        if c < 0:
+            return None
+        term = c
+        for name in m:
+            lo = lower_bound(Poly((((name,), 1),)))  # NOTE: the atom's own bound
+            if lo is None:
+                return None
+            if lo == 1 and compound(name) is None and not UNBACKED_RE.match(name):
+                lo = LEAST_SYMBOLIC_SIZE
+            term *= lo
+        value += term
+    return value
+
+
 def _nonempty(node: Node, n: Size) -> None:
     """NOTE: a selection loads its input at a clamped index whether or not it takes it: an input
-    whose symbolic size may be 0 at run time would be read out of bounds. Refused, loudly."""
-    if isinstance(n, Poly) and (lower_bound(n) or 0) < 1:
+    whose symbolic size may be 0 at run time would be read out of bounds. Refused, loudly. A
+    size that is at least 1 for every size the guards admit (``s1 - 1``: ``x[1:]``,
+    ``logits[:, :-1]``) is taken."""
+    if isinstance(n, Poly) and (guarded_lower_bound(n) or 0) < 1:
         raise CodegenError(
             f"{node.op} of an input of symbolic size {n}, which may be 0 at run time: the "
             "Stax kernel would read it out of bounds (specialize the size)",
