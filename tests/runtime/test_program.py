@@ -79,6 +79,18 @@ def test_symbolic_dims_compile_on_the_cpu_and_triton(monkeypatch: pytest.MonkeyP
     check_graph(graph, "triton")  # NOTE: Triton kernels take sizes too (tests/codegen)
 
 
+def test_a_symbolic_size_below_the_guarded_two_is_refused() -> None:
+    # NOTE: plait.compile specializes sizes 0 and 1, and kernels are proved in bounds for a
+    # symbol of at least 2 (a piece of s0 - 1 rows is not empty): a direct call at 1 is refused
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    gb = GraphBuilder()
+    x = gb.input("x", TensorType((s0, 4), torch.float32))
+    gb.output(gb.call("relu", x))
+    program = compile_graph(gb.build())
+    with pytest.raises(StaxInputError, match=re.escape("s0 = 1 (at least 2)")):
+        program(torch.randn(1, 4))
+
+
 def test_integer_division_by_zero_raises_like_pytorch() -> None:
     gb = GraphBuilder()
     a = gb.input("a", TensorType((5,), torch.int64))

@@ -50,9 +50,12 @@ def unbound(args: tuple[Any, ...], specs: list[tuple[int, str, str, int]]) -> No
     raise StaxInputError("an input's sizes could not be read")
 
 
-def bad_sizes(names: list[str], values: tuple[int, ...]) -> None:
-    bad = ", ".join(f"{n} = {v}" for n, v in zip(names, values) if v < 1)
-    raise StaxInputError(f"symbolic sizes must be positive: {bad}")
+def bad_sizes(names: list[str], values: tuple[int, ...], least: list[int]) -> None:
+    bad = ", ".join(f"{n} = {v} (at least {m})" for n, v, m in zip(names, values, least) if v < m)
+    raise StaxInputError(
+        f"symbolic sizes below what the program was compiled for: {bad}; plait.compile "
+        "specializes sizes 0 and 1"
+    )
 
 
 def conform(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
