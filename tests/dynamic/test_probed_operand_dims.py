@@ -4,10 +4,7 @@ other than a bare symbol: attention's fused kernel on a sliced query (``s1 - 1``
 symbol was recognized, so a training capture of such attention could not type its nodes. A dim
 two operand dims match at both assignments is ambiguous and raises.
 
-NOTE: end to end, such a program still runs in the reference interpreter, for reasons past the
-typing: Stax refuses a ``cat``/``constant_pad`` (the slice's backward) of a piece of size
-``s1 - 1``, which it takes as possibly 0, and a backward graph whose inputs hold ``s1`` only inside
-``s1 - 1`` or ``s0*s1`` (``plait.codegen.symbolic_shapes``)."""
+End to end, such programs train in Stax (``tests/dynamic/test_symbolic_slices_in_stax.py``)."""
 
 from __future__ import annotations
 
