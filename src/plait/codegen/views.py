@@ -29,7 +29,14 @@ from plait.ir.ops.rules import wrap_dim
 from plait.ir.ops.view import chunk_sizes
 from plait.ir.types import TensorType
 from plait.symbolic import UNBACKED_RE
-from plait.symbolic.poly import Poly, Size, compound, from_dim, lower_bound
+from plait.symbolic.poly import (
+    Poly,
+    Size,
+    atom_lower_bound,
+    compound,
+    from_dim,
+    lower_bound,
+)
 
 IDENTITY_VIEWS = frozenset({"contiguous", "dropout"})
 MAPPED_VIEWS = frozenset(
@@ -226,16 +233,24 @@ def _replace(idx: tuple[Ix, ...], d: int, value: Ix) -> tuple[Ix, ...]:
 
 # NOTE: capture specializes sizes 0 and 1, so a symbol (a size of an input dim) is at least 2,
 # and each call's guards check it (plait.frontend.guard_build.symbol_guards). A graph compiled
-# outside plait.compile has no guards, and its runner checks only >= 1 (runner_emit._bind_sizes):
-# called at 1, a selection of an ``s - 1`` piece would load (and discard) one element past it.
+# outside plait.compile has no guards: its runner refuses a binding below this
+# (runner_emit's size check, through guarded_atom_bound).
 LEAST_SYMBOLIC_SIZE = 2
+
+
+def guarded_atom_bound(name: str) -> int | None:
+    """The least value of size atom ``name`` under the capture's guards: a positive symbol's is
+    :data:`LEAST_SYMBOLIC_SIZE`; an unbacked size (``dd0``, possibly 0) and a compound atom
+    (``floor(s0/2)``) keep their own bounds (None: unknown)."""
+    lo = atom_lower_bound(name)
+    if lo == 1 and compound(name) is None and not UNBACKED_RE.match(name):
+        return LEAST_SYMBOLIC_SIZE
+    return lo
 
 
 def guarded_lower_bound(x: Size) -> int | None:
     """A proven lower bound of ``x`` when every symbol is at least :data:`LEAST_SYMBOLIC_SIZE`
-    (the capture's guards): as :func:`~plait.symbolic.poly.lower_bound`, with each positive
-    symbol at 2. An unbacked size (``dd0``, possibly 0) and a compound atom (``floor(s0/2)``)
-    keep their own bounds. None: none known.
+    (:func:`~plait.symbolic.poly.lower_bound` at :func:`guarded_atom_bound`). None: none known.
 
     Example:
         >>> from plait.symbolic import symbol
@@ -243,25 +258,7 @@ def guarded_lower_bound(x: Size) -> int | None:
         >>> lower_bound(s1 - 1), guarded_lower_bound(s1 - 1), guarded_lower_bound(s1 - 2)
         (0, 1, 0)
     """
-    if isinstance(x, int):
-        return x
-    value = 0
-    for m, c in x.terms:
-        if not m:
-            value += c
-            continue
-        if c < 0:
-            return None
-        term = c
-        for name in m:
-            lo = lower_bound(Poly((((name,), 1),)))  # NOTE: the atom's own bound
-            if lo is None:
-                return None
-            if lo == 1 and compound(name) is None and not UNBACKED_RE.match(name):
-                lo = LEAST_SYMBOLIC_SIZE
-            term *= lo
-        value += term
-    return value
+    return lower_bound(x, guarded_atom_bound)
 
 
 def _nonempty(node: Node, n: Size) -> None:

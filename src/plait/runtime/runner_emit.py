@@ -22,7 +22,7 @@ from plait.codegen.fusion import graph_device
 from plait.codegen.index import contiguous_strides
 from plait.codegen.plan import ExternStep, FallbackStep, KernelStep, Plan
 from plait.codegen.symbolic_shapes import binding_code, is_symbolic, python_size, size_local
-from plait.codegen.views import guarded_lower_bound, shape_of, sizes_of
+from plait.codegen.views import guarded_atom_bound, shape_of, sizes_of
 from plait.ir.graph import Value
 from plait.ir.ops import get_op
 from plait.ir.types import TensorType
@@ -240,8 +240,8 @@ class RunnerEmitter:
         symbols = [a for a, code in self.binding if code.startswith("a")]
         if self.check and symbols:
             # NOTE: the least size each may take: kernels were proved in bounds for it (a piece
-            # of s - 1 rows is not empty at s >= 2, plait.codegen.views.guarded_lower_bound)
-            least = [_least(a) for a in symbols]
+            # of s - 1 rows is not empty at s >= 2, plait.codegen.views.guarded_atom_bound)
+            least = [max(1, guarded_atom_bound(a) or 1) for a in symbols]
             low = " or ".join(f"{size_local(a)} < {n}" for a, n in zip(symbols, least))
             values = "(" + "".join(f"{size_local(a)}, " for a in symbols) + ")"
             self.line(f"if {low}: _bad_sizes({symbols!r}, {values}, {least!r})")
@@ -505,9 +505,3 @@ def step_outputs(step: KernelStep | ExternStep | FallbackStep) -> list[Value]:
     """The tensor values a step materializes, in the order a traced runner hands them over."""
     outs = step.node.outputs if isinstance(step, FallbackStep) else step.outputs
     return [v for v in outs if isinstance(v.type, TensorType)]
-
-
-def _least(atom: str) -> int:
-    """The least run-time value of a size atom bound from an input's dim: what the capture's
-    guards allow (2 for a symbol), at least 1."""
-    return max(1, guarded_lower_bound(Poly((((atom,), 1),))) or 1)

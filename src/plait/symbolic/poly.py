@@ -28,7 +28,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeAlias
 
 import sympy
@@ -253,9 +253,16 @@ def to_text(x: Size, name: Any = None) -> str:
 
 
 # --- proofs -------------------------------------------------------------------------------------
-def lower_bound(x: Size | None) -> int | None:
+def atom_lower_bound(name: str) -> int | None:
+    """The lower bound size atom ``name`` was made with (None: unknown)."""
+    return _LOWER.get(name)
+
+
+def lower_bound(
+    x: Size | None, atom_bound: Callable[[str], int | None] = atom_lower_bound
+) -> int | None:
     """A proven lower bound of ``x`` (None: none known): its value at the atoms' lower bounds
-    when no coefficient of a non-constant term is negative."""
+    (``atom_bound``'s, by name) when no coefficient of a non-constant term is negative."""
     if x is None:
         return None
     if isinstance(x, int):
@@ -269,7 +276,7 @@ def lower_bound(x: Size | None) -> int | None:
             return None
         term = c
         for a in m:
-            lo = _LOWER.get(a)
+            lo = atom_bound(a)
             if lo is None:
                 return None
             term *= lo
