@@ -127,15 +127,21 @@ NO_SAMPLES: dict[str, Callable[[torch.Tensor], Any]] = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(NO_SAMPLES))
-def test_values_that_pool_nothing_add_no_draws(name: str) -> None:
-    fn = NO_SAMPLES[name]
-    seeds: list[int] = []
+def _recording(seeds: list[int]) -> Callable[[int], tuple[torch.Tensor]]:
+    """A 6 x 5 draw per seed that records each seed asked for."""
 
     def factory(seed: int) -> tuple[torch.Tensor]:
         seeds.append(seed)
         return (randn(6, 5, seed=seed),)
 
+    return factory
+
+
+@pytest.mark.parametrize("name", sorted(NO_SAMPLES))
+def test_values_that_pool_nothing_add_no_draws(name: str) -> None:
+    fn = NO_SAMPLES[name]
+    seeds: list[int] = []
+    factory = _recording(seeds)
     report = check(fn, fn, factory, draws=1)
     assert report.ok, str(report)
     assert not [n for n in report.notes if "more draw(s)" in n], report.notes
@@ -166,11 +172,7 @@ def test_a_data_dependent_output_of_few_elements_is_drawn_for_within_the_bound()
         return t[t > 2.0] * 3.0
 
     seeds: list[int] = []
-
-    def factory(seed: int) -> tuple[torch.Tensor]:
-        seeds.append(seed)
-        return (randn(6, 5, seed=seed),)
-
+    factory = _recording(seeds)
     report = check(fn, fn, factory, draws=1)
     assert report.ok, str(report)
     assert len(seeds) <= 2 + gate.MAX_ADDED_DRAWS, seeds
