@@ -449,13 +449,19 @@ MIN_SAMPLES = 4
 MAX_ADDED_DRAWS = 2 * MIN_SAMPLES
 
 
+def _short(judge: Judge) -> Iterator[tuple[str, str, int, int]]:
+    """(where, group, samples, cases) of each pooled value, outside the stress draw (judged
+    alone), with fewer than ``MIN_SAMPLES`` error samples over at least one case."""
+    for where, group, samples, cases in judge.pool.samples():
+        if not group.startswith("stress") and samples < MIN_SAMPLES and cases:
+            yield where, group, samples, cases
+
+
 def _thin_values(judge: Judge, report: Report) -> int:
     """How many more draws bring every pooled value (outside the stress draw, judged alone) to
     ``MIN_SAMPLES`` error samples: a 0-d loss or a cancelling sum has one per draw."""
     more = 0
-    for where, group, samples, cases in judge.pool.samples():
-        if group.startswith("stress") or samples >= MIN_SAMPLES or not cases:
-            continue
+    for where, group, samples, cases in _short(judge):
         need = -(-(MIN_SAMPLES - samples) * cases // samples)
         if need > more:
             more = need
@@ -471,9 +477,7 @@ def _note_still_thin(judge: Judge, report: Report, added: int) -> None:
     finite on most draws): the model rule judges them on what they pooled."""
     if added:
         report.note(f"{added} draw(s) added in all, for values short of {MIN_SAMPLES} samples")
-    for where, group, samples, cases in judge.pool.samples():
-        if group.startswith("stress") or samples >= MIN_SAMPLES or not cases:
-            continue
+    for where, group, samples, cases in _short(judge):
         report.note(
             f"{where} ({group}) pooled {samples} error sample(s) over {cases} case(s) after "
             f"{added} added draw(s) (at most {MAX_ADDED_DRAWS}), fewer than the {MIN_SAMPLES} "
