@@ -135,6 +135,7 @@ SKIPPED = ("conformance/",)
 # failure, so they carry no code. Each names what catches it.
 SIGNALS = {
     "plait.frontend.capture_values.Restart": "dynamic capture restarts with the sizes static",
+    "plait.frontend.unsampled.Resample": "capture restarts computing every call",
     "plait.frontend.table.NoIROp": "the call becomes an opaque node (or a GraphCaptureError)",
     "plait.frontend.call_encoding.NotLiteral": "the opaque lowering refuses (a GraphCaptureError)",
     "plait.codegen.lower.Unfusable": "the lowering splits the kernel",

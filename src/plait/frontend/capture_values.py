@@ -32,6 +32,7 @@ from plait.frontend.frames import user_frame
 from plait.frontend.rng import RngTracker
 from plait.frontend.symints import TracedInt, TracedSize, plain_int
 from plait.frontend.table import NoIROp
+from plait.frontend.unsampled import Resample, Unsampled
 from plait.frontend.views import ViewStep, replay, scatter
 from plait.ir import GraphBuilder, TensorType, Value
 from plait.ir.ops import AttrError, TypeRuleError
@@ -102,8 +103,11 @@ class CaptureValues:
         dynamic: bool,
         static_sizes: set[int],
         dims: DimPolicy | None = None,
+        arithmetic: str = "run",
     ) -> None:
         self.builder = GraphBuilder()
+        # NOTE: None: every call runs; else the storages left uncomputed (frontend.unsampled)
+        self.unsampled: Unsampled | None = Unsampled() if arithmetic == "skip" else None
         self.fullgraph = fullgraph
         # NOTE: which input dims are symbolic (frontend.dynamic_dims); ``dynamic`` says some are
         self.dims = dims if dims is not None else DimPolicy(every=dynamic)
@@ -189,6 +193,12 @@ class CaptureValues:
         """Capture again with the sizes of ``syms`` static; ``why`` names the cause."""
         sources = ", ".join(sorted(self.symbols[s][2] for s in syms))
         err = Restart({self.bindings[s] for s in syms}, f"{sources}: {why}")
+        self.error = err
+        raise err
+
+    def resample(self, why: str) -> NoReturn:
+        """Capture again computing every call (a read of values this capture skipped)."""
+        err = Resample(why)
         self.error = err
         raise err
 

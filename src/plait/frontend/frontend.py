@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from plait import logs
-from plait.errors import GraphCaptureError
+from plait.errors import GraphCaptureError, InvalidOptionError
 from plait.frontend import datadep, pytree
 from plait.frontend.capture_values import Lift, Restart, Tracer
 from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
@@ -41,6 +41,7 @@ from plait.frontend.rng import keep_last_draw
 from plait.frontend.state import ModuleState
 from plait.frontend.symints import TracedInt, TracedSize
 from plait.frontend.tracer import CaptureContext, storage_id
+from plait.frontend.unsampled import Resample
 from plait.ir import Value, semantic_hash, to_text
 
 _KIND_RANK = {"user": 0, "param": 1, "buffer": 2, "const": 3}
@@ -71,11 +72,16 @@ def capture_program(
     dynamic: DynamicSpec = None,
     adapter: InputAdapter | None = None,
     module_state: ModuleState | None = None,
+    arithmetic: str = "run",
 ) -> CapturedProgram:
     """Capture ``fn(*args, **kwargs)``. With ``fullgraph=False`` a program that cannot be one
     graph comes back as a fallback (``graph is None``, ``fallback_reason`` set) instead of
     raising :class:`GraphCaptureError`. ``dynamic``: which input dims are symbolic
-    (:mod:`plait.frontend.dynamic_dims`)."""
+    (:mod:`plait.frontend.dynamic_dims`). ``arithmetic="skip"`` leaves the heaviest calls
+    uncomputed where nothing reads their values, and captures again computing every call where
+    something does (:mod:`plait.frontend.unsampled`): the graph is the same either way."""
+    if arithmetic not in ("run", "skip"):
+        raise InvalidOptionError(f"arithmetic must be 'run' or 'skip', got {arithmetic!r}")
     policy = DimPolicy.of(dynamic)
     kwargs = kwargs or {}
     adapter = adapter or InputAdapter(fn)
@@ -85,9 +91,14 @@ def capture_program(
         module_state = ModuleState(fn)
     static_sizes: set[int] = set()
     specialized: list[str] = []
+    resampled: str | None = None
     while True:
         cx = CaptureContext(
-            fullgraph=fullgraph, dynamic=policy.every, static_sizes=static_sizes, dims=policy
+            fullgraph=fullgraph,
+            dynamic=policy.every,
+            static_sizes=static_sizes,
+            dims=policy,
+            arithmetic=arithmetic,
         )
         try:
             prog = _capture_once(cx, fn, adapter, spec, leaves, paths, module_state)
@@ -95,11 +106,26 @@ def capture_program(
             static_sizes |= restart.sizes
             specialized.append(restart.why)
             continue
-        except GraphCaptureError as err:
+        except (Resample, Exception) as err:
+            # NOTE: a torch call's failure after a skipped call may come of its garbage (an
+            # index out of range): capture again computing every call, which raises or falls
+            # back as it would have. A GraphCaptureError never does (a read of skipped values
+            # resamples first): it stands, and the program's Python does not run again.
+            if isinstance(err, Resample) or (
+                cx.unsampled and not isinstance(err, GraphCaptureError)
+            ):
+                resampled = f"{type(err).__name__}: {err}"
+                logs.debug("capture", "resample", f"{adapter.name}: capture again: {resampled}")
+                arithmetic = "run"
+                continue
+            if not isinstance(err, GraphCaptureError):
+                raise
             if fullgraph or err.kind not in ("data-dependent", "unsupported", "limitation"):
                 raise
             prog = _fallback(cx, err, spec, leaves, paths, module_state)
         prog.specialized = specialized
+        prog.resampled = resampled
+        prog.uncomputed = cx.unsampled.calls if cx.unsampled is not None else 0
         _log(prog, adapter.name)
         return prog
 

@@ -61,6 +61,10 @@ class CapturedProgram:
     fallback_reason: str | None = None
     dynamic: bool = False
     specialized: list[str] = field(default_factory=list)  # dynamic=True: sizes made static, why
+    # NOTE: arithmetic="skip": the calls capture left uncomputed, or why it captured again
+    # computing every call (plait.frontend.unsampled)
+    uncomputed: int = 0
+    resampled: str | None = None
     guard_plan: Any = None  # the GuardPlan the guards were built from (None: built otherwise)
     # NOTE: a fallback's GraphCaptureError (operation, file and line), for regional compilation
     fallback_error: Exception | None = field(default=None, repr=False, compare=False)

@@ -5,7 +5,9 @@ are :mod:`plait.frontend.capture_values`'s).
 NOTE: invariants.
 - Every call runs for real on the samples, so shapes, dtypes, aliasing and data-dependent
   behaviour are exactly eager PyTorch's; the IR value a rule gives must have the type of eager's
-  result (:meth:`CaptureContext.check`).
+  result (:meth:`CaptureContext.check`). The one exception, a capture that skips arithmetic,
+  leaves the heaviest calls uncomputed and never reads what they would have computed
+  (:mod:`plait.frontend.unsampled`).
 - Sample computations run under ``DisableTorchFunctionSubclass`` and ``no_grad``; nothing inside
   the context ever calls torch on a Tracer.
 
@@ -33,6 +35,7 @@ from plait.frontend.op_names import op_name
 from plait.frontend.opaque import run_opaque
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
+from plait.frontend.unsampled import overwrites_garbage, skippable
 from plait.frontend.views import ViewStep
 from plait.frontend.writes import write_targets
 from plait.ir import TensorType, Value
@@ -138,11 +141,14 @@ class CaptureContext(CaptureValues):
                 and _plain_call((args, kwargs))
                 and reads.pause()
             )
+            unbacked = len(self.unbacked)
             try:
                 result = self._dispatch(rule, func, args, kwargs)
             finally:
                 if paused and reads is not None:
                     reads.resume()
+            if self.unsampled and len(self.unbacked) != unbacked:
+                self.resample(f"{self.current}'s result size may depend on uncomputed values")
             if self.unbacked:
                 datadep.check_new_nodes(self, first)
             if rule is None or rule.kind != "meta":  # NOTE: a metadata read computes nothing
@@ -152,6 +158,11 @@ class CaptureContext(CaptureValues):
             self.current = prev
 
     def _dispatch(self, rule: Rule | None, func: Any, args: tuple, kwargs: dict) -> Any:
+        if self.unsampled and (rule is None or rule.kind == "data"):
+            found: list[Tracer] = []
+            self.unwrap((args, kwargs), found)
+            if self.unsampled.holds(t._plain for t in found):
+                self.resample(f"{self.current} reads values capture did not compute")
         if rule is None:
             return run_opaque(self, func, args, kwargs)
         if rule.kind == "meta":
@@ -221,7 +232,53 @@ class CaptureContext(CaptureValues):
         with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
             out = func(*pargs, **pkwargs)
         self._refuse_unstrided(func, out)
+        if self.unsampled and self.unsampled.holds(t._plain for t in found):
+            self.unsampled.add(out)  # NOTE: in-place calls return their target: it is garbage too
         return out, found
+
+    def _uncomputed(
+        self, rule: Rule, func: Any, args: tuple, kwargs: dict, targets: list[Any]
+    ) -> Any:
+        """The call's traced result with an uninitialized sample, when it may be left
+        uncomputed (:mod:`plait.frontend.unsampled`); else None."""
+        unsampled = self.unsampled
+        assert unsampled is not None and rule.fn is not None
+        if self.autocast:
+            return None
+        found: list[Tracer] = []
+        self.unwrap((args, kwargs), found)
+        plains = [t._plain for t in found]
+        if overwrites_garbage(self.current, targets, unsampled):
+            # NOTE: eager returns the target, its metadata unchanged (checked below)
+            out = self.tracer(targets[0])._plain
+        elif skippable(func, plains, args, kwargs):
+            out = None
+        else:
+            return None
+        self.rule_depth += 1
+        try:
+            ir = rule.fn(self, out, *args, **kwargs)
+        except NoIROp:
+            self.resample(f"{self.current}'s capture rule needs its result")
+        finally:
+            self.rule_depth -= 1
+        if out is not None:
+            if rule.inplace and isinstance(ir, Value):
+                ir = InPlace(args[0], ir)
+            ty = ir.value.type if isinstance(ir, InPlace) else None
+            if not isinstance(ty, TensorType) or (
+                ty.with_shape(self.sample_shape(ty)) != self.type_of_plain(out)
+            ):
+                self.resample(f"{self.current} changes its target's type")
+        elif not isinstance(ir, Value) or not isinstance(ir.type, TensorType):
+            self.resample(f"{self.current}'s capture rule gave no single tensor")
+        else:
+            ty = ir.type
+            out = torch.empty(self.sample_shape(ty), dtype=ty.dtype, device=ty.device)
+            unsampled.add(out)
+        unsampled.calls += 1
+        grad = rule.grad and self.grad_enabled and any(t._rg for t in found)
+        return self.wrap(ir, out, found, grad)
 
     def _refuse_unstrided(self, func: Any, out: Any) -> None:
         """A sparse, mkldnn or other non-strided result has no IR type (a tensor type is dense
@@ -238,7 +295,12 @@ class CaptureContext(CaptureValues):
     def run_op(self, rule: Rule, func: Any, args: tuple, kwargs: dict) -> Any:
         if kwargs.get("out") is not None:
             self.limitation("out= arguments write into a given tensor; plait does not capture them")
-        self.check_writable(write_targets(self.current, func, args, kwargs))
+        targets = write_targets(self.current, func, args, kwargs)
+        self.check_writable(targets)
+        if self.unsampled is not None:
+            made = self._uncomputed(rule, func, args, kwargs, targets)
+            if made is not None:
+                return made
         out, inputs = self.sample(func, args, kwargs)
         if out is NotImplemented:  # e.g. `tensor == None`: Python falls back to identity
             return out
@@ -307,16 +369,19 @@ class CaptureContext(CaptureValues):
         expected = value.type
         assert isinstance(expected, TensorType)
         if not expected.is_static:
-            shape = tuple(
-                d if isinstance(d, int) else int(d.xreplace({**self.bindings, **self.unbacked}))
-                for d in expected.shape
-            )
-            expected = expected.with_shape(shape)
+            expected = expected.with_shape(self.sample_shape(expected))
         if expected != actual:
             self.limitation(
                 f"capture rule produced {value.type} where PyTorch produced {actual}"
                 " (a bug in plait's capture table)"
             )
+
+    def sample_shape(self, ty: TensorType) -> tuple[int, ...]:
+        """``ty``'s shape at the samples' sizes."""
+        if ty.is_static:
+            return tuple(int(d) for d in ty.shape)
+        sizes = {**self.bindings, **self.unbacked}
+        return tuple(d if isinstance(d, int) else int(d.xreplace(sizes)) for d in ty.shape)
 
 
 def storage_id(t: torch.Tensor) -> int:

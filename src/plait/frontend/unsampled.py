@@ -1,0 +1,123 @@
+"""Capture without the arithmetic of the heaviest calls.
+
+Capture runs each call on its samples, so that Python sees eager's shapes and values. On a
+model's first call that costs about one eager call; most of it is convolutions and matrix
+products whose values no later decision reads. With ``arithmetic="skip"``
+(:func:`plait.frontend.capture_program`, the default of ``plait.compile``), a call in
+:data:`SKIPPED` whose tensor operands are all row-major CPU tensors gets an uninitialized result
+of the type its capture rule computes: its values are never computed.
+
+NOTE: invariants.
+- Such a result is *unsampled*: it, everything computed from it and every tensor written with
+  it hold garbage. Unsampled memory is tracked by storage (:class:`Unsampled`), so a view of
+  it, or a tensor an in-place call wrote with it, is unsampled too.
+- Its shape, dtype and device are the rule's (the IR's, which the real call would have been
+  checked against). Its strides are eager's: for row-major operands on the CPU each call in
+  :data:`SKIPPED` returns a fresh row-major tensor. So every metadata read, alias and view
+  decision is the one eager makes.
+- Nothing reads unsampled values: a data read (``item``, ``bool``, ``torch.equal``), a call
+  with no capture rule (an opaque node or an ATen trace, which run Python on the
+  values), a size that depends on the values and any rule that cannot lower the call raise
+  :class:`Resample`, and ``capture_program`` captures again computing every call. The graph of
+  a capture that finishes is therefore the one a computing capture gives.
+
+Example:
+    >>> import torch
+    >>> from plait.frontend import capture_program
+    >>> conv = torch.nn.Conv2d(3, 8, 3)
+    >>> prog = capture_program(conv, (torch.randn(1, 3, 8, 8),), arithmetic="skip")
+    >>> [n.op for n in prog.graph.nodes]
+    ['conv2d']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+# NOTE: each returns a fresh tensor, writes nothing and draws no random numbers; for row-major
+# CPU operands its result is row-major (batch_norm only in inference mode, checked below)
+SKIPPED = frozenset({F.conv2d, F.linear, F.batch_norm, torch.batch_norm, F.max_pool2d})
+# NOTE: and elementwise writes into an unsampled tensor (:func:`overwrites_garbage`)
+
+
+class Resample(BaseException):
+    """A capture that skipped arithmetic reached a read of values it did not compute: capture
+    again computing every call. NOTE: a BaseException, so that a user's ``except Exception``
+    cannot swallow it."""
+
+
+class Unsampled:
+    """The storages whose values capture did not compute."""
+
+    def __init__(self) -> None:
+        self.storages: set[int] = set()
+        self.calls = 0  # NOTE: how many calls were left uncomputed
+
+    def __bool__(self) -> bool:
+        return bool(self.storages)
+
+    def holds(self, plains: Iterable[torch.Tensor]) -> bool:
+        return any(_storage(t) in self.storages for t in plains)
+
+    def add(self, out: Any) -> None:
+        for t in out if isinstance(out, (list, tuple)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.storages.add(_storage(t))
+
+
+# NOTE: elementwise calls that may write their first argument in place (``relu_``, ``x += y``,
+# ``F.relu(x, inplace=True)``): such a write keeps the target's metadata and returns it
+_ELEMENTWISE = frozenset(
+    {
+        "relu", "relu6", "hardtanh", "leaky_relu", "elu", "silu", "hardswish", "hardsigmoid",
+        "sigmoid", "tanh", "clamp", "clamp_min", "clamp_max", "neg", "abs", "exp",
+        "add", "sub", "mul", "div", "iadd", "isub", "imul", "itruediv",
+    }
+)  # fmt: skip
+
+
+def overwrites_garbage(name: str, targets: list[Any], unsampled: Unsampled) -> bool:
+    """Whether the call ``name`` is an elementwise write into its one target, an unsampled
+    tensor: the result is garbage whatever the operands, so it need not be computed."""
+    if len(targets) != 1 or not isinstance(targets[0], torch.Tensor) or not unsampled:
+        return False
+    base = name.rsplit(".", 1)[-1].strip("_")
+    plain = getattr(targets[0], "_plain", None)
+    return base in _ELEMENTWISE and plain is not None and _storage(plain) in unsampled.storages
+
+
+def _storage(t: torch.Tensor) -> int:
+    return int(t.untyped_storage()._cdata)
+
+
+def skippable(func: Any, plains: list[torch.Tensor], args: tuple, kwargs: dict) -> bool:
+    """Whether ``func`` on these operands may be left uncomputed: every tensor operand a
+    row-major CPU tensor (so eager's result is row-major), a batch norm in inference mode."""
+    if func not in SKIPPED or not plains:
+        return False
+    if not all(_row_major_cpu(t) for t in plains):
+        return False
+    if func is F.batch_norm:  # (input, running_mean, running_var, weight, bias, training, ...)
+        bound = dict(zip(_F_BATCH_NORM, args), **kwargs)
+        return bound.get("training", False) is False and bound.get("running_mean") is not None
+    if func is torch.batch_norm:  # (input, weight, bias, running_mean, running_var, training, ...)
+        return len(args) > 5 and args[5] is False and args[3] is not None
+    return True
+
+
+def _row_major_cpu(t: torch.Tensor) -> bool:
+    # NOTE: exact types (a subclass may run Python on its values), dense floats only
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.layout == torch.strided
+        and t.device.type == "cpu"
+        and t.dtype.is_floating_point
+        and t.is_contiguous()
+    )
+
+
+_F_BATCH_NORM = ("input", "running_mean", "running_var", "weight", "bias", "training")
