@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import plait
@@ -155,3 +156,142 @@ def test_compiled_from_a_skipping_capture_matches_eager(name: str) -> None:
                 compiled(x), model(x), **contract_tol("model", torch.float32)
             )
     assert compiled.specializations[0].program.uncomputed > 0
+
+
+# --- programs whose capture must not depend on skipping ----------------------------------------
+_W = torch.randn(4, 3, 3, 3)
+
+
+def _outcome(fn: Callable[..., Any], args: tuple, arithmetic: str, **kw: Any) -> tuple:
+    try:
+        with torch.no_grad():
+            prog = capture_program(fn, args, arithmetic=arithmetic, **kw)
+    except Exception as exc:  # NOTE: eager's own error, or capture's
+        return ("error", type(exc).__name__)
+    if prog.graph is None:
+        return ("fallback", prog.fallback_reason)
+    return ("graph", to_text(prog.graph), str(prog.guards))
+
+
+class _AutocastInside(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.fc(x)
+
+
+class _LayoutBranch(nn.Module):
+    """A 1x1 convolution whose channels_last weight is also is_contiguous(): eager's result
+    is channels_last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        if y.is_contiguous():
+            return y.view(y.shape[0], -1) * 2
+        return y.reshape(y.shape[0], -1) * 3
+
+
+class _CaughtIndexError(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        nn.init.zeros_(self.fc.weight)
+        nn.init.zeros_(self.fc.bias)
+        self.table = nn.Parameter(torch.randn(10, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        idx = (self.fc(x) * 1e30).long()  # NOTE: 0 in eager; out of range for most garbage
+        try:
+            return self.table[idx]
+        except IndexError:
+            return torch.zeros(x.shape[0], 4, 3)
+
+
+def _setitem_then_read(x: torch.Tensor) -> torch.Tensor:
+    buf = torch.zeros(4, 4)
+    buf[:] = F.linear(torch.ones(4, 4), torch.ones(4, 4))  # NOTE: returns None, writes buf
+    if torch.equal(buf, torch.full((4, 4), 4.0)):
+        return x + 1
+    return x - 1
+
+
+def _running_stats_then_read(x: torch.Tensor) -> torch.Tensor:
+    rm, rv = torch.zeros(4), torch.ones(4)
+    F.batch_norm(F.linear(torch.ones(2, 4), torch.ones(4, 4)), rm, rv, training=True, momentum=1.0)
+    if torch.equal(rm, torch.full((4,), 4.0)):
+        return x + 1
+    return x - 1
+
+
+_IMG = (torch.randn(2, 3, 6, 6),)
+_PROGRAMS: dict[str, tuple[Callable[..., Any], tuple]] = {
+    "autocast entered inside": (_AutocastInside().eval(), (torch.randn(2, 8),)),
+    "channels_last 1x1 weight": (
+        _LayoutBranch().eval().to(memory_format=torch.channels_last),
+        (torch.randn(2, 3, 5, 5),),
+    ),
+    "caught IndexError": (_CaughtIndexError().eval(), (torch.randn(2, 4),)),
+    "setitem then a constant read": (_setitem_then_read, (torch.randn(3),)),
+    "running stats then a constant read": (_running_stats_then_read, (torch.randn(3),)),
+    "conv2d groups not dividing": (lambda t: F.conv2d(t, torch.ones(4, 1, 3, 3), groups=3), _IMG),
+    "conv2d same padding, stride 2": (
+        lambda t: F.conv2d(t, torch.ones(4, 3, 3, 3), stride=2, padding="same"),
+        _IMG,
+    ),
+    "conv2d kernel over the input": (lambda t: F.conv2d(t, torch.ones(4, 3, 7, 7)), _IMG),
+    "conv2d negative padding": (lambda t: F.conv2d(t, _W, padding=-1), _IMG),
+    "conv2d stride 0": (lambda t: F.conv2d(t, _W, stride=0), _IMG),
+    "max_pool2d to nothing": (lambda t: F.max_pool2d(t, 7), _IMG),
+    "batch_norm float64 stats": (
+        lambda t: F.batch_norm(
+            t, torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+        ),
+        _IMG,
+    ),
+    "hardtanh in place, min over max": (
+        lambda t: F.hardtanh(F.conv2d(t, _W), 2.0, 1.0, inplace=True),
+        _IMG,
+    ),
+    "relu_ into an expanded view": (
+        lambda t: F.conv2d(t, _W)[:, :1].expand(-1, 4, -1, -1).relu_(),
+        _IMG,
+    ),
+    "sub_ of a bool tensor": (
+        lambda t: F.conv2d(t, _W).sub_(torch.ones(1, dtype=torch.bool)),
+        _IMG,
+    ),
+}
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+@pytest.mark.parametrize("name", sorted(_PROGRAMS))
+def test_skipping_never_changes_the_outcome(name: str, fullgraph: bool) -> None:
+    """Autocast entered inside the program, layouts, writes that return no tensor, errors the
+    program catches, and eager's argument checks: each capture ends as a computing one."""
+    fn, args = _PROGRAMS[name]
+    for _ in range(3):  # NOTE: garbage differs between runs
+        skipped = _outcome(fn, args, "skip", fullgraph=fullgraph)
+        assert skipped == _outcome(fn, args, "run", fullgraph=fullgraph), name
+
+
+def _dropped_then_read(x: torch.Tensor) -> torch.Tensor:
+    F.linear(torch.ones(4, 4), torch.ones(4, 4))  # NOTE: skipped, and freed at once
+    c = torch.full((4, 4), 4.0)  # NOTE: computed; its memory may be the freed result's
+    if torch.equal(c, torch.full((4, 4), 4.0)):
+        return x + 1
+    return x - 1
+
+
+def test_a_freed_skipped_result_leaves_no_garbage_behind() -> None:
+    """A computed tensor that takes the memory of a freed skipped result is not garbage: its
+    read needs no second capture."""
+    for _ in range(5):
+        prog = capture_program(_dropped_then_read, (torch.randn(3),), arithmetic="skip")
+        assert prog.uncomputed == 1 and prog.resampled is None

@@ -39,6 +39,9 @@ COVERED = {
     ("frontend/guard_build.py", "get_default_dtype"): "guard torch.get_default_dtype()",
     ("frontend/guard_build.py", "is_autocast_enabled"): "guard torch.autocast",
     ("frontend/capture_values.py", "is_grad_enabled"): "guard grad_mode (capture's own)",
+    ("frontend/tracer.py", "is_autocast_enabled"): "guard torch.autocast (the ambient one); "
+    "autocast entered by the program is captured as casts: here it only decides whether a call "
+    "is left uncomputed, never the graph (frontend.unsampled)",
     ("backends.py", "is_grad_enabled"): "guard grad_mode (decides freezing and the backend)",
     ("frontend/lower_math.py", "is_grad_enabled"): "guard grad_mode (hardtanh's and a tensor "
     "clamp's gradient-exact capture)",

@@ -248,17 +248,26 @@ class Ix:
         return dict(self.terms).get(v, 0)
 
     def subs(self, mapping: Mapping[Var, Ix]) -> Ix:
-        out = Ix.lit(self.const)
+        # NOTE: the pieces summed first and normalized once (a normalization per piece made
+        # the printer's loop merging quadratic in the terms)
+        terms: dict[Atom, Size] = {}
+        const: Size = self.const
         for a, c in self.terms:
             if isinstance(a, Var):
-                out = out + (mapping[a] if a in mapping else Ix.var(a)) * c
+                if a not in mapping:
+                    terms[a] = terms.get(a, 0) + c
+                    continue
+                piece = mapping[a]
             elif isinstance(a, Div):
-                out = out + a.e.subs(mapping).div(a.k) * c
+                piece = a.e.subs(mapping).div(a.k)
             elif isinstance(a, Mod):
-                out = out + a.e.subs(mapping).mod(a.k) * c
+                piece = a.e.subs(mapping).mod(a.k)
             else:
-                out = out + a.e.subs(mapping).clamp(a.lo, a.hi) * c
-        return out
+                piece = a.e.subs(mapping).clamp(a.lo, a.hi)
+            for b, bc in piece.terms:
+                terms[b] = terms.get(b, 0) + bc * c
+            const = const + piece.const * c
+        return _normalize(terms, const)
 
     def __str__(self) -> str:
         parts = [str(a) if c == 1 else f"{a}*{_s(c)}" for a, c in self.terms]

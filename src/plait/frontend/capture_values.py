@@ -444,6 +444,8 @@ class CaptureValues:
         if self.ambient_grad and not self.grad_enabled:
             new = self.call("detach", new)  # NOTE: a write inside `torch.no_grad()`
         tr = self.tracer(target)
+        if self.unsampled is not None and self.unsampled.writing:
+            self.unsampled.add(tr._plain)  # NOTE: written by a call that read garbage
         old = self.type_of(tr)
         assert isinstance(new.type, TensorType)
         if new.type.dtype != old.dtype:

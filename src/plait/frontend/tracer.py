@@ -35,7 +35,7 @@ from plait.frontend.op_names import op_name
 from plait.frontend.opaque import run_opaque
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
-from plait.frontend.unsampled import overwrites_garbage, skippable
+from plait.frontend.unsampled import overwrites_garbage, probe, skippable
 from plait.frontend.views import ViewStep
 from plait.frontend.writes import write_targets
 from plait.ir import TensorType, Value
@@ -142,11 +142,17 @@ class CaptureContext(CaptureValues):
                 and reads.pause()
             )
             unbacked = len(self.unbacked)
+            unsampled = self.unsampled
+            writing = unsampled is not None and unsampled.writing
+            if unsampled is not None:
+                unsampled.writing = False  # NOTE: this call's sample raises it
             try:
                 result = self._dispatch(rule, func, args, kwargs)
             finally:
                 if paused and reads is not None:
                     reads.resume()
+                if unsampled is not None:
+                    unsampled.writing = writing  # NOTE: an enclosing call's, while its rule runs
             if self.unsampled and len(self.unbacked) != unbacked:
                 self.resample(f"{self.current}'s result size may depend on uncomputed values")
             if self.unbacked:
@@ -229,11 +235,27 @@ class CaptureContext(CaptureValues):
         found: list[Tracer] = []
         pargs = self.unwrap(args, found)
         pkwargs = self.unwrap(kwargs, found)
-        with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
-            out = func(*pargs, **pkwargs)
+        unsampled = self.unsampled
+        garbage = bool(unsampled) and unsampled.holds(t._plain for t in found)  # type: ignore[union-attr]
+        versions = [t._plain._version for t in found] if garbage else []
+        try:
+            with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
+                out = func(*pargs, **pkwargs)
+        except Exception as exc:
+            if (
+                garbage
+            ):  # NOTE: it may refuse the garbage (an index out of range), not eager's values
+                self.resample(f"{self.current} raised on values capture did not compute: {exc}")
+            raise
         self._refuse_unstrided(func, out)
-        if self.unsampled and self.unsampled.holds(t._plain for t in found):
-            self.unsampled.add(out)  # NOTE: in-place calls return their target: it is garbage too
+        if garbage:
+            assert unsampled is not None
+            unsampled.add(out)  # NOTE: in-place calls return their target: it is garbage too
+            # NOTE: and every tensor the call wrote: ``buf[:] = y`` returns None; a training
+            # batch norm's running stats are written without a version bump, and its rule
+            # rebinds them (assign, which marks them while this flag is up)
+            unsampled.add([t._plain for t, v in zip(found, versions) if t._plain._version != v])
+            unsampled.writing = True
         return out, found
 
     def _uncomputed(
@@ -243,18 +265,25 @@ class CaptureContext(CaptureValues):
         uncomputed (:mod:`plait.frontend.unsampled`); else None."""
         unsampled = self.unsampled
         assert unsampled is not None and rule.fn is not None
-        if self.autocast:
-            return None
+        if any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
+            return None  # NOTE: now, not at capture's start: the program may enter autocast
         found: list[Tracer] = []
-        self.unwrap((args, kwargs), found)
+        pargs, pkwargs = self.unwrap((args, kwargs), found)
         plains = [t._plain for t in found]
         if overwrites_garbage(self.current, targets, unsampled):
             # NOTE: eager returns the target, its metadata unchanged (checked below)
             out = self.tracer(targets[0])._plain
+            if probe(func, pargs, pkwargs, target=out) is None:
+                return None
+            empty = None
         elif skippable(func, plains, args, kwargs):
             out = None
+            empty = probe(func, pargs, pkwargs)
+            if empty is None:
+                return None
         else:
             return None
+        unsampled.tried = True
         self.rule_depth += 1
         try:
             ir = rule.fn(self, out, *args, **kwargs)
@@ -274,7 +303,11 @@ class CaptureContext(CaptureValues):
             self.resample(f"{self.current}'s capture rule gave no single tensor")
         else:
             ty = ir.type
-            out = torch.empty(self.sample_shape(ty), dtype=ty.dtype, device=ty.device)
+            shape = self.sample_shape(ty)
+            assert isinstance(empty, torch.Tensor)
+            if empty.dtype != ty.dtype or tuple(empty.shape[1:]) != shape[1:]:
+                self.resample(f"{self.current}'s capture rule disagrees with eager's probe")
+            out = torch.empty(shape, dtype=ty.dtype, device=ty.device)
             unsampled.add(out)
         unsampled.calls += 1
         grad = rule.grad and self.grad_enabled and any(t._rg for t in found)

@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -51,22 +52,38 @@ class Resample(BaseException):
 
 
 class Unsampled:
-    """The storages whose values capture did not compute."""
+    """The storages whose values capture did not compute.
+
+    NOTE: a storage is held while one of the tensors it was recorded by lives (weak
+    references): every tensor on such a storage is a recorded sample or a tracer that keeps
+    its sample alive, so a dead record means a dead storage, whose address a computed tensor
+    may take next (it is not garbage)."""
 
     def __init__(self) -> None:
-        self.storages: set[int] = set()
+        self.storages: dict[int, list[weakref.ref[torch.Tensor]]] = {}
         self.calls = 0  # NOTE: how many calls were left uncomputed
+        # NOTE: set before a rule runs for a call left uncomputed: a failure from then on may
+        # come of skipping (capture_program captures again)
+        self.tried = False
+        # NOTE: up while a call that read garbage is lowered: what its rule writes is garbage
+        self.writing = False
 
     def __bool__(self) -> bool:
-        return bool(self.storages)
+        return self.tried or bool(self.storages)
 
     def holds(self, plains: Iterable[torch.Tensor]) -> bool:
-        return any(_storage(t) in self.storages for t in plains)
+        for t in plains:
+            refs = self.storages.get(_storage(t))
+            if refs is not None and any(r() is not None for r in refs):
+                return True
+        return False
 
     def add(self, out: Any) -> None:
         for t in out if isinstance(out, (list, tuple)) else (out,):
             if isinstance(t, torch.Tensor):
-                self.storages.add(_storage(t))
+                sid = _storage(t)
+                refs = [r for r in self.storages.get(sid, ()) if r() is not None]
+                self.storages[sid] = [*refs, weakref.ref(t)]
 
 
 # NOTE: elementwise calls that may write their first argument in place (``relu_``, ``x += y``,
@@ -87,7 +104,23 @@ def overwrites_garbage(name: str, targets: list[Any], unsampled: Unsampled) -> b
         return False
     base = name.rsplit(".", 1)[-1].strip("_")
     plain = getattr(targets[0], "_plain", None)
-    return base in _ELEMENTWISE and plain is not None and _storage(plain) in unsampled.storages
+    return (
+        base in _ELEMENTWISE
+        and plain is not None
+        and _dense(plain)  # NOTE: eager refuses a write into an expanded view
+        and unsampled.holds([plain])
+    )
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements are distinct and fill its span (any order of dims)."""
+    step = 1
+    dims = sorted((s, d) for d, s in zip(t.shape, t.stride()) if d != 1)
+    for stride, size in dims:
+        if stride != step:
+            return False
+        step *= size
+    return True
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -96,28 +129,70 @@ def _storage(t: torch.Tensor) -> int:
 
 def skippable(func: Any, plains: list[torch.Tensor], args: tuple, kwargs: dict) -> bool:
     """Whether ``func`` on these operands may be left uncomputed: every tensor operand a
-    row-major CPU tensor (so eager's result is row-major), a batch norm in inference mode."""
-    if func not in SKIPPED or not plains:
+    row-major CPU tensor of the input's dtype (so eager's result is row-major), a batched input,
+    a batch norm in inference mode."""
+    if func not in SKIPPED or not plains or not args or not isinstance(args[0], torch.Tensor):
         return False
-    if not all(_row_major_cpu(t) for t in plains):
+    dtype = plains[0].dtype
+    if not all(_row_major_cpu(t) and t.dtype == dtype for t in plains):
         return False
+    rank = args[0].dim()
+    if func is F.linear:
+        return rank >= 2
     if func is F.batch_norm:  # (input, running_mean, running_var, weight, bias, training, ...)
         bound = dict(zip(_F_BATCH_NORM, args), **kwargs)
-        return bound.get("training", False) is False and bound.get("running_mean") is not None
+        ok = bound.get("training", False) is False and bound.get("running_mean") is not None
+        return ok and rank >= 2
     if func is torch.batch_norm:  # (input, weight, bias, running_mean, running_var, training, ...)
-        return len(args) > 5 and args[5] is False and args[3] is not None
-    return True
+        return len(args) > 5 and args[5] is False and args[3] is not None and rank >= 2
+    return rank == 4  # NOTE: conv2d, max_pool2d: a batch dim (an unbatched input is 3-d)
+
+
+def probe(func: Any, pargs: Any, pkwargs: dict, target: torch.Tensor | None = None) -> Any:
+    """``func`` run for real on an empty batch (dim 0 sliced to nothing): eager's checks of
+    the arguments (groups, padding, sizes, dtypes) without its arithmetic. ``target``: the
+    tensor an elementwise write goes into; without one, the first argument is the batch.
+    Returns the empty result, or None where the call cannot be probed or eager refuses it."""
+    batch = target if target is not None else pargs[0]
+    if not isinstance(batch, torch.Tensor) or batch.dim() == 0 or batch.shape[0] == 0:
+        return None
+    rank, rows = batch.dim(), batch.shape[0]
+
+    def empty(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dim() == rank and x.shape[0] == rows:
+            return x[:0]
+        if type(x) in (list, tuple):
+            return type(x)(empty(v) for v in x)
+        return x
+
+    try:
+        with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
+            if target is None:
+                return func(empty(pargs[0]), *pargs[1:], **pkwargs)
+            return func(*empty(tuple(pargs)), **{k: empty(v) for k, v in pkwargs.items()})
+    except Exception:  # NOTE: eager refuses the call: it runs for real, and raises there
+        return None
 
 
 def _row_major_cpu(t: torch.Tensor) -> bool:
-    # NOTE: exact types (a subclass may run Python on its values), dense floats only
+    # NOTE: exact types (a subclass may run Python on its values), dense floats, and exactly
+    # row-major strides: is_contiguous() ignores the strides of size-1 dims, by which a
+    # channels_last 1x1 weight is contiguous and still makes eager's convolution channels_last
     return (
         type(t) in (torch.Tensor, torch.nn.Parameter)
         and t.layout == torch.strided
         and t.device.type == "cpu"
         and t.dtype.is_floating_point
-        and t.is_contiguous()
+        and t.stride() == _row_major_strides(t.shape)
     )
+
+
+def _row_major_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
 
 
 _F_BATCH_NORM = ("input", "running_mean", "running_var", "weight", "bias", "training")
