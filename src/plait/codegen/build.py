@@ -396,6 +396,22 @@ def adopt_library(key: str, path: Path, symbols: Sequence[str]) -> bool:
     return True
 
 
+def unit_file(symbols: Sequence[str], sources: Sequence[str]) -> Path:
+    """The kernel cache's library of the unit made of these kernels (symbols in the unit's
+    order), built into the cache when it is not there: a unit this process loaded from
+    elsewhere (an adopted artifact's, a cache directory since changed or cleared) has no file
+    here. Raises :class:`BuildError` where it cannot be built (``PLAIT_STAX_NO_COMPILE=1``)."""
+    tc = toolchain()
+    u = Unit(list(symbols), list(sources))
+    u.key = unit_key(u.text(), tc)
+    u.path = cache_dir() / u.key[:2] / f"{u.key}.so"
+    if not usable_entry(u.path, u.key):
+        _compile(u, tc)
+        if not usable_entry(u.path, u.key):
+            raise BuildError(f"the kernel cache could not keep unit {u.key[:16]}")
+    return u.path
+
+
 def build_units(units: Sequence[Unit], jobs: int | None = None) -> None:
     """Build (or fetch from the cache) and load every unit, independent ones in parallel."""
     tc = toolchain()

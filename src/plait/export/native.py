@@ -56,6 +56,7 @@ def collect(program: Any) -> tuple[dict[str, bytes], dict[str, Any] | None, str]
     """The members carrying ``program``'s kernel libraries (a StaxProgram, from the kernel
     cache) and their index; or none, and why."""
     from plait.codegen import build
+    from plait.codegen.errors import BuildError
     from plait.manifest import cpu_features
 
     if program is not None and getattr(program, "target", None) == "triton":
@@ -64,26 +65,27 @@ def collect(program: Any) -> tuple[dict[str, bytes], dict[str, Any] | None, str]
         return native_triton.collect(program)
     if program is None or getattr(program, "target", None) != "cpu":
         return {}, None, "no native kernels: the program is not a Stax or Triton program"
-    by_unit: dict[str, list[str]] = {}
+    by_unit: dict[str, dict[str, str]] = {}
     for k in program.kernels:
-        by_unit.setdefault(k.unit, []).append(k.symbol)
+        by_unit.setdefault(k.unit, {})[k.symbol] = k.source
     if not by_unit:
         return {}, None, "no native kernels: the program has no kernel"
-    root = build.cache_dir()
     members: dict[str, bytes] = {}
     units = []
-    for prefix, symbols in sorted(by_unit.items()):
-        found = [
-            p
-            for p in sorted((root / prefix[:2]).glob(f"{prefix}*.so"))
-            if _KEY.fullmatch(p.stem) and build.usable_entry(p, p.stem)
-        ]
-        if len(found) != 1:
-            return {}, None, f"no native kernels: the kernel cache does not hold unit {prefix}"
-        data = found[0].read_bytes()
-        key = found[0].stem
+    for prefix, sources in sorted(by_unit.items()):
+        symbols = sorted(sources)  # NOTE: a unit's kernels in the order it was built with
+        if not all(sources.values()):  # NOTE: a TVM kernel: a library of TVM's own
+            return {}, None, f"no native kernels: unit {prefix} is not a C++ kernel unit"
+        try:
+            path = build.unit_file(symbols, [sources[s] for s in symbols])
+        except BuildError as exc:
+            return {}, None, f"no native kernels: unit {prefix} is not in the kernel cache ({exc})"
+        if not path.stem.startswith(prefix):
+            return {}, None, f"no native kernels: unit {prefix}'s kernels make another unit here"
+        data = path.read_bytes()
+        key = path.stem
         members[f"native/{key}.so"] = data
-        units.append({"key": key, "symbols": sorted(symbols), "sha256": sha256(data)})
+        units.append({"key": key, "symbols": symbols, "sha256": sha256(data)})
     tc = build.toolchain()
     index = {
         "toolchain": tc.key_parts(),
