@@ -396,6 +396,12 @@ def adopt_library(key: str, path: Path, symbols: Sequence[str]) -> bool:
     return True
 
 
+def _locate(u: Unit, tc: Toolchain, root: Path) -> None:
+    """``u``'s key (its source and the toolchain) and its library's place in the cache."""
+    u.key = unit_key(u.text(), tc)
+    u.path = root / u.key[:2] / f"{u.key}.so"
+
+
 def unit_file(symbols: Sequence[str], sources: Sequence[str]) -> Path:
     """The kernel cache's library of the unit made of these kernels (symbols in the unit's
     order), built into the cache when it is not there: a unit this process loaded from
@@ -403,8 +409,8 @@ def unit_file(symbols: Sequence[str], sources: Sequence[str]) -> Path:
     here. Raises :class:`BuildError` where it cannot be built (``PLAIT_STAX_NO_COMPILE=1``)."""
     tc = toolchain()
     u = Unit(list(symbols), list(sources))
-    u.key = unit_key(u.text(), tc)
-    u.path = cache_dir() / u.key[:2] / f"{u.key}.so"
+    _locate(u, tc, cache_dir())
+    assert u.path is not None
     if not usable_entry(u.path, u.key):
         _compile(u, tc)
         if not usable_entry(u.path, u.key):
@@ -417,8 +423,7 @@ def build_units(units: Sequence[Unit], jobs: int | None = None) -> None:
     tc = toolchain()
     root = cache_dir()
     for u in units:
-        u.key = unit_key(u.text(), tc)
-        u.path = root / u.key[:2] / f"{u.key}.so"
+        _locate(u, tc, root)
     todo = [u for u in units if not _try_load(u)]
     if todo:
         workers = max(1, min(jobs or os.cpu_count() or 1, len(todo)))

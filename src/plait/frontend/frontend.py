@@ -40,8 +40,9 @@ from plait.frontend.pyvalues import Keyed, Root
 from plait.frontend.rng import keep_last_draw
 from plait.frontend.state import ModuleState
 from plait.frontend.symints import TracedInt, TracedSize
-from plait.frontend.tracer import CaptureContext, storage_id
+from plait.frontend.tracer import CaptureContext
 from plait.frontend.unsampled import Resample
+from plait.frontend.views import storage_id
 from plait.ir import Value, semantic_hash, to_text
 
 _KIND_RANK = {"user": 0, "param": 1, "buffer": 2, "const": 3}

@@ -35,8 +35,8 @@ from plait.frontend.op_names import op_name
 from plait.frontend.opaque import run_opaque
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
-from plait.frontend.unsampled import overwrites_garbage, probe, skippable
-from plait.frontend.views import ViewStep
+from plait.frontend.unsampled import SKIPPED, overwrites_garbage, probe, skippable
+from plait.frontend.views import ViewStep, storage_id
 from plait.frontend.writes import write_targets
 from plait.ir import TensorType, Value
 from plait.ir.ops import get_op
@@ -242,9 +242,8 @@ class CaptureContext(CaptureValues):
             with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
                 out = func(*pargs, **pkwargs)
         except Exception as exc:
-            if (
-                garbage
-            ):  # NOTE: it may refuse the garbage (an index out of range), not eager's values
+            # NOTE: it may refuse the garbage (an index out of range), not eager's values
+            if garbage:
                 self.resample(f"{self.current} raised on values capture did not compute: {exc}")
             raise
         self._refuse_unstrided(func, out)
@@ -265,12 +264,15 @@ class CaptureContext(CaptureValues):
         uncomputed (:mod:`plait.frontend.unsampled`); else None."""
         unsampled = self.unsampled
         assert unsampled is not None and rule.fn is not None
+        in_place = overwrites_garbage(self.current, targets, unsampled)
+        if not in_place and func not in SKIPPED:
+            return None  # NOTE: most calls: decided before their arguments are unwrapped
         if any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
             return None  # NOTE: now, not at capture's start: the program may enter autocast
         found: list[Tracer] = []
         pargs, pkwargs = self.unwrap((args, kwargs), found)
         plains = [t._plain for t in found]
-        if overwrites_garbage(self.current, targets, unsampled):
+        if in_place:
             # NOTE: eager returns the target, its metadata unchanged (checked below)
             out = self.tracer(targets[0])._plain
             if probe(func, pargs, pkwargs, target=out) is None:
@@ -415,14 +417,6 @@ class CaptureContext(CaptureValues):
             return tuple(int(d) for d in ty.shape)
         sizes = {**self.bindings, **self.unbacked}
         return tuple(d if isinstance(d, int) else int(d.xreplace(sizes)) for d in ty.shape)
-
-
-def storage_id(t: torch.Tensor) -> int:
-    """Identity of the memory a tensor views (works for meta tensors too)."""
-    try:
-        return int(t.untyped_storage()._cdata)
-    except (RuntimeError, NotImplementedError):
-        return 0
 
 
 def _aliased(out: torch.Tensor, inputs: list[Tracer]) -> Tracer | None:

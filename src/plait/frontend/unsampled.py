@@ -39,6 +39,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from plait.frontend.views import storage_id
+
 # NOTE: each returns a fresh tensor, writes nothing and draws no random numbers; for row-major
 # CPU operands its result is row-major (batch_norm only in inference mode, checked below)
 SKIPPED = frozenset({F.conv2d, F.linear, F.batch_norm, torch.batch_norm, F.max_pool2d})
@@ -73,7 +75,7 @@ class Unsampled:
 
     def holds(self, plains: Iterable[torch.Tensor]) -> bool:
         for t in plains:
-            refs = self.storages.get(_storage(t))
+            refs = self.storages.get(storage_id(t))
             if refs is not None and any(r() is not None for r in refs):
                 return True
         return False
@@ -81,7 +83,7 @@ class Unsampled:
     def add(self, out: Any) -> None:
         for t in out if isinstance(out, (list, tuple)) else (out,):
             if isinstance(t, torch.Tensor):
-                sid = _storage(t)
+                sid = storage_id(t)
                 refs = [r for r in self.storages.get(sid, ()) if r() is not None]
                 self.storages[sid] = [*refs, weakref.ref(t)]
 
@@ -121,10 +123,6 @@ def _dense(t: torch.Tensor) -> bool:
             return False
         step *= size
     return True
-
-
-def _storage(t: torch.Tensor) -> int:
-    return int(t.untyped_storage()._cdata)
 
 
 def skippable(func: Any, plains: list[torch.Tensor], args: tuple, kwargs: dict) -> bool:

@@ -210,3 +210,11 @@ def scatter(cx: CaptureContext, root_value: Value, steps: Sequence[ViewStep], ne
     inner = steps[0].apply(cx, root_value, replay=True)
     inner_new = scatter(cx, inner, steps[1:], new)
     return steps[0].unapply(cx, root_value, inner_new)
+
+
+def storage_id(t: torch.Tensor) -> int:
+    """Identity of the memory a tensor views (works for meta tensors too)."""
+    try:
+        return int(t.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError):
+        return 0
