@@ -10,6 +10,7 @@ import torch
 import plait
 import plait.conformance
 from plait.api import SpecializationMissError
+from tests.util import linear_called_at_high_precision
 
 
 def _x(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -63,15 +64,8 @@ def test_specialize_makes_the_first_specialization_without_running_or_counting()
 def test_the_gate_refuses_settings_the_contract_cannot_judge() -> None:
     """Calls made with float32 matmul precision "high": judging them as IEEE float32 would
     need a specialization they never ran."""
-    model = torch.nn.Linear(8, 4).eval()
-    compiled = plait.compile(model, options={"cache": False})
     before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    try:
-        with torch.no_grad():
-            compiled(_x(2, 8))
-    finally:
-        torch.set_float32_matmul_precision(before)
+    model, compiled = linear_called_at_high_precision(_x(2, 8))
     report = plait.conformance.check(model, compiled, (_x(2, 8, seed=1),))
     assert report.caught("settings", "specialization"), report
     assert torch.get_float32_matmul_precision() == before

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+import plait
 import plait.contract
 from plait.codegen import packed
 
@@ -53,6 +54,21 @@ def assert_bitwise(a: Any, b: Any, what: str = "") -> None:
         raise AssertionError(
             f"{what}: differs first at {diff}: {a[tuple(diff)]} vs {b[tuple(diff)]}"
         )
+
+
+def linear_called_at_high_precision(x: torch.Tensor) -> tuple[torch.nn.Module, Any]:
+    """An ``nn.Linear`` and its compiled form, called once on ``x`` under float32 matmul
+    precision "high" (a setting the gate refuses to judge), the precision restored after."""
+    model = torch.nn.Linear(x.shape[-1], 4).eval()
+    compiled = plait.compile(model, options={"cache": False})
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        with torch.no_grad():
+            compiled(x)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    return model, compiled
 
 
 def ieee_sqrt(x: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import plait.conformance
 from plait.conformance import check, gate
 from plait.conformance.gate import MIN_SAMPLES
 from tests.conformance.models import randn
+from tests.util import linear_called_at_high_precision
 
 
 def _log_sum(t: torch.Tensor) -> torch.Tensor:
@@ -151,15 +152,7 @@ def test_values_that_pool_nothing_add_no_draws(name: str) -> None:
 def test_a_refused_specialization_is_reported_once() -> None:
     """Calls made under float32 matmul precision "high": the gate refuses to judge them; the
     round of added draws (none here) must not report the refusal again."""
-    model = torch.nn.Linear(8, 4).eval()
-    compiled = plait.compile(model, options={"cache": False})
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    try:
-        with torch.no_grad():
-            compiled(randn(2, 8, seed=0))
-    finally:
-        torch.set_float32_matmul_precision(before)
+    model, compiled = linear_called_at_high_precision(randn(2, 8, seed=0))
     report = check(model, compiled, (randn(2, 8, seed=1),))
     refusals = [f for f in report.errors if f.check == "specialization"]
     assert len(refusals) == 1, str(report)

@@ -14,6 +14,9 @@ import torch.nn.functional as F
 
 import plait
 import plait.conformance
+from tests.dynamic.loss_checks import judged_at_sizes
+
+_SIZES = (2, 5, 11)  # NOTE: batch sizes each program is judged at
 
 
 class _Head(torch.nn.Module):
@@ -66,29 +69,10 @@ def _batches(
     return at
 
 
-def _judge_at_sizes(
-    model: torch.nn.Module,
-    batches: Callable[[int], Callable[[int], tuple[torch.Tensor, torch.Tensor]]],
-    precision: torch.dtype | None = None,
-) -> None:
-    compiled = plait.compile(model, dynamic=True, options={"cache": False})
-    for n in (2, 5, 11):
-        report = plait.conformance.check(
-            model, compiled, batches(n), grads=True, draws=2, candidate_module=model,
-            precision=precision,
-        )  # fmt: skip
-        assert report.ok, f"batch {n}: {report}"
-    (spec,) = plait.explain(compiled).specializations
-    manifest = spec.manifest
-    assert manifest.executor["backend"] == "stax" and manifest.fallbacks == [], manifest.fallbacks
-    ops = {n["op"] for n in manifest.executor["evidence"]["nodes"]}
-    assert "log_softmax" in ops, ops
-
-
 def test_byte_targets_compare_with_ignore_index_as_int64() -> None:
     """``uint8 != -100`` is computed in uint8, where -100 is 156: class 156 was ignored."""
     torch.manual_seed(0)
-    _judge_at_sizes(_Head(200), _batches(200, share=0.0, dtype=torch.uint8, pinned=156))
+    judged_at_sizes(_Head(200), _batches(200, share=0.0, dtype=torch.uint8, pinned=156), _SIZES)
 
 
 def test_a_byte_target_equal_to_a_wrapped_ignore_index_raises_as_in_eager() -> None:
@@ -107,30 +91,30 @@ def test_a_byte_target_equal_to_a_wrapped_ignore_index_raises_as_in_eager() -> N
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_every_target_ignored(reduction: str) -> None:
     torch.manual_seed(0)
-    _judge_at_sizes(_Head(5, reduction=reduction), _batches(5, share=2.0))
+    judged_at_sizes(_Head(5, reduction=reduction), _batches(5, share=2.0), _SIZES)
 
 
 def test_all_but_one_target_ignored() -> None:
     torch.manual_seed(0)
-    _judge_at_sizes(_Head(5), _batches(5, share=2.0, pinned=3))
+    judged_at_sizes(_Head(5), _batches(5, share=2.0, pinned=3), _SIZES)
 
 
 def test_an_ignore_index_that_is_a_class() -> None:
     torch.manual_seed(0)
-    _judge_at_sizes(_Head(5, ignore_index=2), _batches(5, ignored=2))
+    judged_at_sizes(_Head(5, ignore_index=2), _batches(5, ignored=2), _SIZES)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_static_spatial_dims(reduction: str) -> None:
     torch.manual_seed(0)
     model = _Head(3, spatial=(4, 7), reduction=reduction)
-    _judge_at_sizes(model, _batches(3, spatial=(4, 7)))
+    judged_at_sizes(model, _batches(3, spatial=(4, 7)), _SIZES)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sixteen_bit_logits(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    _judge_at_sizes(_Head(5, dtype=dtype), _batches(5), precision=dtype)
+    judged_at_sizes(_Head(5, dtype=dtype), _batches(5), _SIZES, precision=dtype)
 
 
 _WEIGHTS = torch.tensor([0.5, 1.5, 0.25, 2.0, 1.0])
@@ -158,12 +142,12 @@ def test_class_weights_and_label_smoothing(
     torch.manual_seed(0)
     ignored = int(kwargs.get("ignore_index", -100))  # type: ignore[call-overload]
     model = _Head(5, spatial=spatial, **kwargs)
-    _judge_at_sizes(model, _batches(5, spatial=spatial, ignored=ignored))
+    judged_at_sizes(model, _batches(5, spatial=spatial, ignored=ignored), _SIZES)
 
 
 def test_every_target_ignored_with_weights_and_smoothing() -> None:
     torch.manual_seed(0)
-    _judge_at_sizes(_Head(5, weight=_WEIGHTS, label_smoothing=0.1), _batches(5, share=2.0))
+    judged_at_sizes(_Head(5, weight=_WEIGHTS, label_smoothing=0.1), _batches(5, share=2.0), _SIZES)
 
 
 def test_class_weights_that_require_grad_raise_as_in_eager() -> None:
