@@ -12,6 +12,7 @@ from torch.profiler import ProfilerActivity, profile
 import plait
 import plait.contract
 from plait.codegen.extern import PreparedWeight
+from plait.codegen.mkl_rows import RowPacks
 from tests.util import assert_bitwise
 
 
@@ -116,3 +117,49 @@ def test_weights_written_between_calls_stop_being_converted_and_match_eager(libr
     # NOTE: the first call converts; the second sees the write and runs plain, as all after it
     assert reorders[0] > 0 and reorders[1:] == [0] * 4, reorders
     assert len(compiled.specializations) == 1
+
+
+def test_a_weight_given_other_memory_is_converted_again() -> None:
+    """``w.data = other`` keeps the tensor and may bump no version counter; its memory moves."""
+    calls: list[int] = []
+    weight = PreparedWeight(lambda w: calls.append(1) or w * 2)
+    w = torch.randn(4, 3)
+    weight(w)
+    w.data = torch.randn(4, 3)
+    assert_bitwise(weight(w), w * 2)
+    assert len(calls) == 2
+
+
+def test_mkl_row_packs_of_a_weight_given_other_memory_are_dropped() -> None:
+    packs = RowPacks()
+    w = torch.randn(8, 16)
+    first = packs(w, 4)
+    w.data = torch.randn(8, 16)
+    assert packs(w, 4) is not first and packs.packs[4] is not first
+
+
+@pytest.mark.parametrize("library", ["MKL packed", "oneDNN"])
+@pytest.mark.parametrize("freeze", [False, True])
+def test_weights_given_other_memory_between_calls_answer_as_eager(
+    library: str, freeze: bool
+) -> None:
+    """``linear.weight.data = ...`` between calls: the next call reads the new values (the
+    live weight's converted copy was kept by identity and version counter alone)."""
+    torch.manual_seed(0)
+    model = _GeluMLP().eval()
+    stax = {"mkl_linear": library == "MKL packed", "timed_matmul": False}
+    compiled = plait.compile(model, options={"cache": False, "freeze": freeze, "stax": stax})
+    gen = torch.Generator().manual_seed(11)
+    tol = plait.contract.load().tolerance("model", "float32")
+    with torch.no_grad():
+        for call in range(4):
+            x = torch.randn(16, 32, generator=gen)
+            torch.testing.assert_close(
+                compiled(x),
+                model(x),
+                rtol=tol.rtol,
+                atol=tol.atol,
+                msg=lambda m, call=call: f"call {call}: {m}",
+            )
+            for p in model.parameters():
+                p.data = p.data + torch.randn(p.shape, generator=gen)

@@ -45,10 +45,25 @@ def reusable(w: object) -> bool:
     return isinstance(w, Value) and w.producer is None
 
 
+def written(w: torch.Tensor) -> tuple[int, int]:
+    """What says ``w``'s contents may have changed while it stays the same tensor: its version
+    counter, and its address (``w.data = other`` gives it other memory and bumps no counter).
+
+    Example:
+        >>> import torch
+        >>> w = torch.ones(2)
+        >>> before = written(w)
+        >>> w.data = torch.zeros(2)
+        >>> written(w) != before
+        True
+    """
+    return w._version, w.data_ptr()
+
+
 class PreparedWeight:
     """A weight in the layout an extern wants, rebuilt when the source tensor is replaced or
-    written in place (identity and version counter, as freezing guards them), and at every call
-    where it is not ``reuse``-able (:func:`reusable`).
+    written in place (identity, version counter and address: :func:`written`), and at every
+    call where it is not ``reuse``-able (:func:`reusable`).
 
     ``plain``, where the extern also takes the weight as it is: what a weight that changes
     between calls is given instead of a conversion at every call. A training step's optimizer
@@ -81,7 +96,9 @@ class PreparedWeight:
         self.track_finite = track_finite
         self.finite: bool | None = None
         self.source: torch.Tensor | None = None
-        self.version = -1
+        # NOTE: the source's version counter and address when converted: ``w.data = other``
+        # (and ``set_``) replace its memory and may bump no version counter
+        self.version: tuple[int, int] = (-1, 0)
         self.value: torch.Tensor | None = None
         # NOTE: a prepacking started elsewhere (a thread of the rebuild's pool); the first use
         # waits for it (and re-raises its failure) before reading the fields it sets.
@@ -100,7 +117,7 @@ class PreparedWeight:
         ``finite``: whether ``w`` is all finite, if known (a cache entry's record, for the very
         bytes its key hashed), else read here."""
         self.value, self.keep = value, keep
-        self.source, self.version = w, w._version
+        self.source, self.version = w, written(w)
         if finite is None or not self.track_finite:
             self._read_finite(w)
         else:
@@ -109,7 +126,7 @@ class PreparedWeight:
     def prepare(self, w: torch.Tensor) -> None:
         """Convert ``w`` now (what a pending prepacking runs)."""
         self.value, self.keep = self.convert(w), None
-        self.source, self.version = w, w._version
+        self.source, self.version = w, written(w)
         self._read_finite(w)
 
     def _read_finite(self, w: torch.Tensor) -> None:
@@ -123,7 +140,7 @@ class PreparedWeight:
         if self.varies:
             assert self.plain is not None
             return self.plain(w)
-        stale = w is not self.source or w._version != self.version or self.value is None
+        stale = w is not self.source or written(w) != self.version or self.value is None
         if stale and self.plain is not None and w is self.source and self.value is not None:
             # NOTE: the converted tensor's own source, written since: it changes between calls
             self.varies, self.value, self.keep = True, None, None

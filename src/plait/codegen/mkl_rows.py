@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from plait.codegen.extern import ExternCall, reusable
+from plait.codegen.extern import ExternCall, reusable, written
 
 # NOTE: row counts whose packs are kept per weight (the least recently used is dropped)
 KEPT = 4
@@ -38,20 +38,20 @@ KEPT = 4
 
 class RowPacks:
     """A weight packed for each row count (see the module doc); rebuilt when the weight tensor
-    is replaced or written in place (identity and version counter, as freezing guards them),
-    and at every call where it is not ``reuse``-able (:func:`~plait.codegen.extern.reusable`:
-    a weight the program computes)."""
+    is replaced or written in place (identity, version counter and address:
+    :func:`~plait.codegen.extern.written`), and at every call where it is not ``reuse``-able
+    (:func:`~plait.codegen.extern.reusable`: a weight the program computes)."""
 
     def __init__(self, reuse: bool = True) -> None:
         self.reuse = reuse
         self.source: torch.Tensor | None = None
-        self.version = -1
+        self.version: tuple[int, int] = (-1, 0)
         self.packs: OrderedDict[int, torch.Tensor] = OrderedDict()
 
     def __call__(self, w: torch.Tensor, rows: int) -> torch.Tensor:
-        if w is not self.source or w._version != self.version or not self.reuse:
+        if w is not self.source or written(w) != self.version or not self.reuse:
             self.packs.clear()
-            self.source, self.version = w, w._version
+            self.source, self.version = w, written(w)
         hit = self.packs.get(rows)
         if hit is None:
             hit = torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), rows)
