@@ -4,6 +4,8 @@ that stays put keeps its one conversion."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -80,6 +82,17 @@ class _GeluMLP(nn.Module):
         return self.down(h) + x
 
 
+TOL = plait.contract.load().tolerance("model", "float32")
+
+
+def _compiled(library: str, freeze: bool) -> tuple[nn.Module, Any]:
+    """The seeded MLP and its compilation with ``library``'s float32 linears."""
+    torch.manual_seed(0)
+    model = _GeluMLP().eval()
+    stax = {"mkl_linear": library == "MKL packed", "timed_matmul": False}
+    return model, plait.compile(model, options={"cache": False, "freeze": freeze, "stax": stax})
+
+
 def _reorders(fn: object) -> int:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()  # type: ignore[operator]
@@ -88,13 +101,9 @@ def _reorders(fn: object) -> int:
 
 @pytest.mark.parametrize("library", ["MKL packed", "oneDNN"])
 def test_weights_written_between_calls_stop_being_converted_and_match_eager(library: str) -> None:
-    torch.manual_seed(0)
-    model = _GeluMLP().eval()
     # NOTE: weights stay graph inputs (not frozen), as a model updated between calls has them
-    stax = {"mkl_linear": library == "MKL packed", "timed_matmul": False}
-    compiled = plait.compile(model, options={"cache": False, "freeze": False, "stax": stax})
+    model, compiled = _compiled(library, freeze=False)
     gen = torch.Generator().manual_seed(7)
-    tol = plait.contract.load().tolerance("model", "float32")
     reorders = []
     with torch.no_grad():
         for call in range(5):
@@ -104,8 +113,8 @@ def test_weights_written_between_calls_stop_being_converted_and_match_eager(libr
             torch.testing.assert_close(
                 got[0],
                 model(x),
-                rtol=tol.rtol,
-                atol=tol.atol,
+                rtol=TOL.rtol,
+                atol=TOL.atol,
                 msg=lambda m, call=call: f"call {call}: {m}",
             )
             for p in model.parameters():  # NOTE: what an update between calls does
@@ -145,20 +154,16 @@ def test_weights_given_other_memory_between_calls_answer_as_eager(
 ) -> None:
     """``linear.weight.data = ...`` between calls: the next call reads the new values (the
     live weight's converted copy was kept by identity and version counter alone)."""
-    torch.manual_seed(0)
-    model = _GeluMLP().eval()
-    stax = {"mkl_linear": library == "MKL packed", "timed_matmul": False}
-    compiled = plait.compile(model, options={"cache": False, "freeze": freeze, "stax": stax})
+    model, compiled = _compiled(library, freeze)
     gen = torch.Generator().manual_seed(11)
-    tol = plait.contract.load().tolerance("model", "float32")
     with torch.no_grad():
         for call in range(4):
             x = torch.randn(16, 32, generator=gen)
             torch.testing.assert_close(
                 compiled(x),
                 model(x),
-                rtol=tol.rtol,
-                atol=tol.atol,
+                rtol=TOL.rtol,
+                atol=TOL.atol,
                 msg=lambda m, call=call: f"call {call}: {m}",
             )
             for p in model.parameters():
