@@ -18,12 +18,12 @@ from plait.codegen.mkl_rows import RowPacks
 from tests.util import assert_bitwise
 
 
-def _counted(convert_calls: list[int]) -> PreparedWeight:
+def _counted(convert_calls: list[int], plain: bool = True) -> PreparedWeight:
     def convert(w: torch.Tensor) -> torch.Tensor:
         convert_calls.append(1)
         return w * 2
 
-    return PreparedWeight(convert, plain=lambda w: w.contiguous())
+    return PreparedWeight(convert, plain=(lambda w: w.contiguous()) if plain else None)
 
 
 def test_a_weight_unchanged_between_calls_is_converted_once() -> None:
@@ -58,12 +58,7 @@ def test_another_tensor_is_converted_not_taken_for_a_changing_weight() -> None:
 
 def test_a_weight_without_a_plain_form_is_converted_again() -> None:
     calls: list[int] = []
-
-    def convert(w: torch.Tensor) -> torch.Tensor:
-        calls.append(1)
-        return w * 2
-
-    weight = PreparedWeight(convert)
+    weight = _counted(calls, plain=False)
     w = torch.randn(4, 3)
     weight(w)
     w.add_(1.0)
@@ -131,7 +126,7 @@ def test_weights_written_between_calls_stop_being_converted_and_match_eager(libr
 def test_a_weight_given_other_memory_is_converted_again() -> None:
     """``w.data = other`` keeps the tensor and may bump no version counter; its memory moves."""
     calls: list[int] = []
-    weight = PreparedWeight(lambda w: calls.append(1) or w * 2)
+    weight = _counted(calls, plain=False)
     w = torch.randn(4, 3)
     weight(w)
     w.data = torch.randn(4, 3)

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from plait.codegen import native_hash
+from plait.codegen.extern import written
 from plait.ir.identity import tensor_buffer, weights_hash
 
 
@@ -50,7 +51,7 @@ _LIMIT = 4096
 
 
 def _state(t: torch.Tensor) -> tuple[Any, ...]:
-    return (t._version, t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
+    return (*written(t), t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
 
 
 def _lookup(t: torch.Tensor) -> _Known | None:
