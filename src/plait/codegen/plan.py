@@ -86,7 +86,9 @@ class SavedLayouts(dict[int, list[tuple[int, ...]]]):
     ``gate``: where the constants and ``packed`` are views of a cache entry whose hash is still
     being checked, what returns once it is verified (raising where it is not): the plan then
     imports no saved weight (the caller runs ``plan.packs.import_deferred()`` after the check)
-    and its reorders wait for it."""
+    and its reorders wait for it. ``printed``: the compile's kernel texts by
+    :func:`~plait.codegen.kernel_digest.structure_digest` (a kernel of one of them is not
+    printed again)."""
 
     def __init__(
         self,
@@ -94,12 +96,14 @@ class SavedLayouts(dict[int, list[tuple[int, ...]]]):
         refused: Mapping[int, Mapping[str, str]] | None = None,
         packed: Mapping[str, SavedPack] | None = None,
         gate: Callable[[], object] | None = None,
+        printed: Mapping[str, str] | None = None,
     ) -> None:
         saved = {int(k): [tuple(int(x) for x in s) for s in v] for k, v in layouts.items()}
         super().__init__(saved)
         self.refused = {int(k): dict(v) for k, v in (refused or {}).items()}
         self.packed = dict(packed or {})
         self.gate = gate
+        self.printed = dict(printed or {})
 
 
 @dataclass

@@ -29,6 +29,7 @@ from plait.codegen.build import Unit, build_units, toolchain
 from plait.codegen.cpp import PrintOptions, print_kernel
 from plait.codegen.errors import CodegenError
 from plait.codegen.fusion import extern_layouts, graph_device, plan_graph
+from plait.codegen.kernel_digest import structure_digest
 from plait.codegen.kir import Kernel
 from plait.codegen.onednn import LOADED
 from plait.codegen.options import StaxOptions
@@ -336,7 +337,8 @@ def compile_graphs(
     infos: list[list[KernelInfo]] = []
     sources: dict[str, str] = {}
     tvm_rows = _tvm_choices(plans, targets, opts, layouts)
-    for g, plan, target, tvm_row in zip(graphs, plans, targets, tvm_rows):
+    recorded = [getattr(saved, "printed", {}) for saved in layouts or [None] * len(graphs)]
+    for g, plan, target, tvm_row, printed in zip(graphs, plans, targets, tvm_rows, recorded):
         row = []
         tuning = target == "triton" and opts.triton_autotune and bool(plan.kernels)
         kernels = shown(plan.kernels, "tuning Triton kernels" if tuning else None)
@@ -349,7 +351,11 @@ def compile_graphs(
             if tvm_row and tvm_row[j].kernel is not None:
                 row.append(_tvm_info(low.kernel, tvm_row[j].kernel, plan))
                 continue
-            text = print_kernel(low.kernel, "STAX_SYMBOL", popts)
+            # NOTE: a saved program's text of a kernel of the same structure (printing is a
+            # function of the kernel and the options, which its key pins); else printed
+            text = printed.get(structure_digest(low.kernel)) if printed else None
+            if text is None:
+                text = print_kernel(low.kernel, "STAX_SYMBOL", popts)
             digest = hashlib.sha256(text.encode()).hexdigest()
             symbol = f"stax_{digest[:24]}"
             sources[symbol] = text.replace("STAX_SYMBOL", symbol, 1)

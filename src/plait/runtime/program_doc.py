@@ -1,14 +1,16 @@
 """The native Stax program's saved form: :func:`program_to_doc` records what a rebuild must
 reproduce (each step's result layouts, the oneDNN calls refused at compile time, the schedule,
-the kernels' source hashes, the options) and the prepacked weights' bytes as blobs;
-:func:`program_from_doc` rebuilds the program from the graph, that document and its blobs
-(replaying the recorded decisions: no probe, no dry run) and refuses one that does not
-reproduce the recorded schedule and kernels (:class:`ProgramDocError`). The cache stores the
-document and the blobs; what is inside them is this module's. NOTE: the code generator is
-imported when a program is rebuilt, not with this module (the cache imports it)."""
+the kernels' source hashes, the options, each C++ kernel's text under the digest of its
+structure) and the prepacked weights' bytes as blobs; :func:`program_from_doc` rebuilds the
+program from the graph, that document and its blobs (replaying the recorded decisions: no probe,
+no dry run; a kernel whose structure has a recorded text is not printed again) and refuses
+one that does not reproduce the recorded schedule and kernels (:class:`ProgramDocError`). The
+cache stores the document and the blobs; what is inside them is this module's. NOTE: the code
+generator is imported when a program is rebuilt, not with this module (the cache imports it)."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -47,7 +49,25 @@ def program_to_doc(program: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor
     refused = getattr(layouts, "refused", None)  # NOTE: the compile's oneDNN decisions
     if refused is not None:
         record["refused"] = {str(k): dict(v) for k, v in sorted(refused.items())}
+    printed = _printed(program)
+    if printed:
+        record["printed"] = printed
     return record, blobs
+
+
+def _printed(program: Any) -> dict[str, str]:
+    """Each C++ kernel's text (its symbol spelled ``STAX_SYMBOL``, as printed) by the digest of
+    its structure: a rebuild takes the text instead of printing the kernel again."""
+    from plait.codegen.kernel_digest import structure_digest
+
+    out = {}
+    for low, info in zip(program.plan.kernels, program.kernels):
+        if info.printer != "cpp" or not info.source:
+            continue
+        text = info.source.replace(info.symbol, "STAX_SYMBOL", 1)
+        if hashlib.sha256(text.encode()).hexdigest() == info.source_sha256:
+            out[structure_digest(low.kernel)] = text
+    return out
 
 
 def _schedule(program: Any) -> list[str]:
@@ -89,7 +109,16 @@ def _saved_layouts(plan: dict[str, Any], tensors: dict[str, torch.Tensor], gate:
     ):
         raise ProgramDocError("the saved plan's oneDNN decisions are malformed")
     refused_at = {int(k): v for k, v in refused.items()}
-    return SavedLayouts(layouts, refused_at, _saved_packs(plan, tensors), gate)
+    printed = plan.get("printed", {})
+    if not isinstance(printed, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in printed.items()
+    ):
+        raise ProgramDocError("the saved plan's kernel texts are malformed")
+    # NOTE: checked before any text reaches the kernel cache or the compiler
+    kernels = set(plan["kernels"])
+    if any(hashlib.sha256(t.encode()).hexdigest() not in kernels for t in printed.values()):
+        raise ProgramDocError("a saved kernel text is not one of the recorded kernels")
+    return SavedLayouts(layouts, refused_at, _saved_packs(plan, tensors), gate, printed)
 
 
 def program_from_doc(graph: Graph, plan: dict[str, Any], blobs: Blobs) -> Any:
