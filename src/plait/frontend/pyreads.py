@@ -46,6 +46,7 @@ import gc
 import sys
 import threading
 import types
+from collections import OrderedDict
 from typing import Any
 
 from torch import nn
@@ -57,7 +58,9 @@ from plait.frontend.pyvalues import (
     ABSENT,
     Keyed,
     Root,
+    Same,
     _cell_value,
+    _is_user_class,
     _is_value_object,
     _mro_lookup,
     _Walk,
@@ -67,6 +70,7 @@ from plait.frontend.pyvalues import (
     func_root,
     item_root,
     keyed,
+    quick_key,
     type_root,
     typeattr_root,
 )
@@ -87,7 +91,9 @@ def _recording_getattribute(self: Any, name: str) -> Any:
         _LOCAL.rec = None  # NOTE: the recorder's own reads are not the program's
         paused = rec.pause()  # NOTE: nor its frames (and they run faster untraced)
         try:
-            rec._safely(rec.module_read, self, name)
+            rec.module_read(self, name)
+        except Exception as exc:  # NOTE: as _safely
+            rec.refusal = rec.refusal or f"recording a Python read failed ({exc!r})"
         finally:
             _LOCAL.rec = rec
             if paused:
@@ -110,8 +116,18 @@ def _recording_getattr(self: Any, name: str) -> Any:
     """``nn.Module.__getattr__`` (parameters, buffers, submodules): a slot holding None is a
     Python value the program read (``if self.bias is not None``); a tensor or a submodule is
     guarded by the state guards."""
-    value = _MODULE_GETATTR[0](self, name)
     rec = getattr(_LOCAL, "rec", None)
+    # NOTE: PyTorch's own lookup, in tables of its own, through the instrumented
+    # __getattribute__, runs no code of the program: its frames need not be seen
+    paused = rec is not None and rec.pause()
+    try:
+        if paused and not _pinned_lookup(self, name):
+            paused = False
+            rec.resume()  # type: ignore[union-attr]
+        value = _MODULE_GETATTR[0](self, name)
+    finally:
+        if paused:
+            rec.resume()  # type: ignore[union-attr]
     if rec is not None and value is None:
         _LOCAL.rec = None
         paused = rec.pause()
@@ -124,12 +140,34 @@ def _recording_getattr(self: Any, name: str) -> Any:
     return value
 
 
+# NOTE: whether the __getattr__ in place is pinned code (PyTorch's own, as imported)
+_GETATTR_PINNED = [False]
+_TABLES = ("_parameters", "_buffers", "_modules")
+_TABLE_TYPES = frozenset({dict, OrderedDict, type(None)})
+
+
+def _pinned_lookup(m: Any, name: Any) -> bool:
+    """Whether ``nn.Module.__getattr__`` on ``m`` runs PyTorch's and plait's code alone: the
+    lookup is PyTorch's, the instance's ``__dict__`` is read through the instrumented
+    ``__getattribute__``, and the tables and the name are of exact built-in types."""
+    if not _GETATTR_PINNED[0] or type(name) is not str:
+        return False
+    if type(m).__getattribute__ is not _recording_getattribute:
+        return False
+    namespace = object.__getattribute__(m, "__dict__")
+    return all(type(namespace.get(t)) in _TABLE_TYPES for t in _TABLES)
+
+
 def _instrument(on: bool) -> None:
     with _PATCH_LOCK:
         _PATCH_USERS[0] += 1 if on else -1
         if on and _PATCH_USERS[0] == 1:
             _MODULES_BEFORE[0] = frozenset(sys.modules)
             _MODULE_GETATTR[0] = nn.Module.__getattr__
+            found = _MODULE_GETATTR[0]
+            _GETATTR_PINNED[0] = isinstance(found, types.FunctionType) and is_pinned(
+                str(found.__globals__.get("__name__", ""))
+            )
             nn.Module.__getattribute__ = _recording_getattribute  # type: ignore[method-assign]
             nn.Module.__getattr__ = _recording_getattr  # type: ignore[method-assign]
         elif not on and _PATCH_USERS[0] == 0:
@@ -197,7 +235,8 @@ class PyReads:
             for path, m in module.named_modules(remove_duplicate=False):
                 self.paths.setdefault(id(m), path)
                 self.tree.append(m)
-        self.roots: dict[tuple[Any, ...], Root] = {}
+        # NOTE: each a Root, or a module attribute read (module_read) until finish() makes it one
+        self.roots: dict[tuple[Any, ...], Any] = {}
         self.names: set[str] = set()
         self.refusal: str | None = None
         self.keys: list[Keyed] = []  # NOTE: set by finish()
@@ -315,26 +354,49 @@ class PyReads:
         self.roots[key] = root
 
     def module_read(self, m: nn.Module, name: str) -> None:
+        """NOTE: runs on each module attribute the program reads first: it keys the values
+        read now (a change before the capture ends is refused), and leaves the roots' making
+        (names, descriptions) to :meth:`finish` (:meth:`_made`)."""
         if (id(m), name) in self._reads or name in _MODULE_SKIP:
             return
         self._reads.add((id(m), name))
         self._alive.append(m)
-        where = self._where(m)
         namespace = object.__getattribute__(m, "__dict__")
         if name == "__dict__":
-            self._add(("dict", id(m)), dict_root(m, where, self._desc(m, "dict")))
+            self._add(("dict", id(m)), dict_root(m, self._where(m), self._desc(m, "dict")))
             return
-        if ("type", id(m)) not in self.roots:
-            self._add(("type", id(m)), type_root(m, f"type({where})", self._desc(m, "type")))
-        show = f"{where}.{name}"
-        self._add(
-            ("item", id(namespace), name),
-            item_root(namespace, name, show, self._desc(m, "attr", name)),
-        )
+        roots = self.roots
         cls = type(m)
-        if name not in namespace and ("typeattr", id(cls), name) not in self.roots:
+        key: tuple[Any, ...] = ("type", id(m))
+        if key not in roots:
+            roots[key] = ("type", m, m, name, Same(cls))  # NOTE: _Walk's key of a class
+        key = ("item", id(namespace), name)
+        if key not in roots:
+            self._pend(key, ("attr", m, namespace, name), namespace.get(name, ABSENT), False)
+        key = ("typeattr", id(cls), name)
+        if name not in namespace and key not in roots:
+            shallow = not _is_user_class(cls)
+            self._pend(key, ("classattr", m, cls, name), _mro_lookup(cls, name), shallow)
+
+    def _pend(self, key: tuple[Any, ...], read: tuple[Any, ...], value: Any, shallow: bool) -> None:
+        """A root made at :meth:`finish`, keyed by the value read now (as :meth:`_add`)."""
+        try:
+            self.roots[key] = (*read, quick_key(value, shallow))
+        except GraphCaptureError as exc:
+            self.refusal = self.refusal or exc.reason
+
+    def _made(self, kind: str, m: nn.Module, obj: Any, name: str, first: Any) -> Root:
+        """The root of a module attribute read that :meth:`module_read` recorded."""
+        where = self._where(m)
+        if kind == "type":
+            root = type_root(m, f"type({where})", self._desc(m, "type"))
+        elif kind == "attr":
+            root = item_root(obj, name, f"{where}.{name}", self._desc(m, "attr", name))
+        else:
             desc = self._desc(m, "classattr", name)
-            self._add(("typeattr", id(cls), name), typeattr_root(cls, name, show, desc))
+            root = typeattr_root(obj, name, f"{where}.{name}", desc)
+        root.first = first
+        return root
 
     def table_read(self, m: nn.Module, name: str) -> None:
         """A parameter, buffer or submodule slot read as None."""
@@ -467,12 +529,16 @@ class PyReads:
         :class:`GraphCaptureError` for a read that cannot be guarded. ``self.keys`` then holds
         each root read now (:func:`~plait.frontend.pyvalues.keyed`), in the same order."""
         self._resolve_pending()
+        made = self.roots
+        for key, r in made.items():
+            if type(r) is tuple:
+                made[key] = self._made(*r)
         keys: dict[int, Keyed] = {}
         if self.refusal is None:
             self._named_attributes(keys)
         if self.refusal is not None:
             raise GraphCaptureError("Python state", self.refusal, kind="limitation")
-        roots = list(self.roots.values())
+        roots: list[Root] = list(self.roots.values())
         for r in roots:
             if id(r) not in keys:
                 keys[id(r)] = keyed(r)

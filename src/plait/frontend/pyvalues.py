@@ -189,6 +189,27 @@ def _is_data(v: Any) -> bool:
     return dataclasses.is_dataclass(v) and not isinstance(v, type)
 
 
+# NOTE: exact types whose value key is ``(type, value)`` (no walk needed: no checks, no hosts)
+_PLAIN_KEYED = frozenset({type(None), bool, int, str})
+
+
+def quick_key(v: Any, shallow: bool = False) -> Any:
+    """``_Walk().key(v, shallow=shallow)``, without a walk's setup for the values a module
+    attribute mostly holds (numbers, strings, None, tuples of them, an empty hook dict)."""
+    cls = type(v)
+    if cls in _PLAIN_KEYED:
+        return (cls, v)
+    if cls is float:
+        return (cls, "bits", _bits(v))
+    if v is ABSENT:
+        return "<absent>"
+    if cls is tuple and all(type(x) in _PLAIN_KEYED for x in v):
+        return (cls, tuple((type(x), x) for x in v))
+    if (cls is OrderedDict or cls is dict) and not v and not shallow:
+        return (cls, (), ())
+    return _Walk().key(v, shallow=shallow)
+
+
 def value_key(v: Any) -> Any:
     """What a Python value is compared by (see the module doc).
 
@@ -402,6 +423,18 @@ class Keyed:
 def keyed(root: Root) -> Keyed:
     """``root`` read now, with its value key (a walk of its own, as the guard's read makes)."""
     value = root.read()
+    # NOTE: the walk's answer, without its setup, for the values most roots hold
+    cls = type(value)
+    if cls in _PLAIN_KEYED:
+        return Keyed(value, (cls, value), [], [])
+    if cls is float:
+        return Keyed(value, (cls, "bits", _bits(value)), [], [])
+    if value is ABSENT:
+        return Keyed(value, "<absent>", [], [])
+    if cls is types.FunctionType:
+        return Keyed(value, Same(value), [], [])
+    if (cls is OrderedDict or cls is dict) and not value and not root.shallow:
+        return Keyed(value, (cls, (), ()), [(DICT, value, (), ())], [])
     walk = _Walk()
     key = walk.key(value, shallow=root.shallow)
     return Keyed(value, key, walk.checks, walk.hosts)
