@@ -117,18 +117,28 @@ def _recording_getattr(self: Any, name: str) -> Any:
     Python value the program read (``if self.bias is not None``); a tensor or a submodule is
     guarded by the state guards."""
     rec = getattr(_LOCAL, "rec", None)
-    # NOTE: PyTorch's own lookup, in tables of its own, through the instrumented
-    # __getattribute__, runs no code of the program: its frames need not be seen
-    paused = rec is not None and rec.pause()
+    if rec is None:
+        return _MODULE_GETATTR[0](self, name)
+    paused = rec.pause()
     try:
-        if paused and not _pinned_lookup(self, name):
-            paused = False
-            rec.resume()  # type: ignore[union-attr]
-        value = _MODULE_GETATTR[0](self, name)
+        if _pinned_lookup(self, name):
+            # NOTE: PyTorch's own lookup, in tables of built-in types, runs no code of the
+            # program (its frames need not be seen) and reads nothing but the instance's
+            # __dict__, a library read the program's reads never include
+            _LOCAL.rec = None
+            try:
+                value = _MODULE_GETATTR[0](self, name)
+            finally:
+                _LOCAL.rec = rec
+        else:
+            if paused:
+                paused = False
+                rec.resume()
+            value = _MODULE_GETATTR[0](self, name)
     finally:
         if paused:
-            rec.resume()  # type: ignore[union-attr]
-    if rec is not None and value is None:
+            rec.resume()
+    if value is None:
         _LOCAL.rec = None
         paused = rec.pause()
         try:
@@ -140,7 +150,9 @@ def _recording_getattr(self: Any, name: str) -> Any:
     return value
 
 
-# NOTE: whether the __getattr__ in place is pinned code (PyTorch's own, as imported)
+# NOTE: whether the __getattr__ in place is PyTorch's own (as imported), which reads nothing
+# of the module but its __dict__
+_TORCH_GETATTR = nn.Module.__getattr__
 _GETATTR_PINNED = [False]
 _TABLES = ("_parameters", "_buffers", "_modules")
 _TABLE_TYPES = frozenset({dict, OrderedDict, type(None)})
@@ -165,8 +177,10 @@ def _instrument(on: bool) -> None:
             _MODULES_BEFORE[0] = frozenset(sys.modules)
             _MODULE_GETATTR[0] = nn.Module.__getattr__
             found = _MODULE_GETATTR[0]
-            _GETATTR_PINNED[0] = isinstance(found, types.FunctionType) and is_pinned(
-                str(found.__globals__.get("__name__", ""))
+            _GETATTR_PINNED[0] = (
+                found is _TORCH_GETATTR
+                and isinstance(found, types.FunctionType)
+                and found.__globals__.get("__name__") == "torch.nn.modules.module"
             )
             nn.Module.__getattribute__ = _recording_getattribute  # type: ignore[method-assign]
             nn.Module.__getattr__ = _recording_getattr  # type: ignore[method-assign]
@@ -597,12 +611,19 @@ class PyReads:
         own = getattr(host, "__dict__", {}) if not isinstance(host, type) else {}
         if not _is_value_object(host, cls):
             return
-        for name in sorted(self.names):
-            if name in own or _mro_lookup(cls, name) is ABSENT:
+        # NOTE: the names _mro_lookup finds on cls (a class namespace never holds ABSENT)
+        defined = set().union(*(vars(c).keys() for c in cls.__mro__))
+        by_name: bool | None = None
+        for name in sorted(self.names & defined):
+            if name in own:
                 continue
+            if by_name is None:
+                by_name = "<" not in cls.__qualname__ and (
+                    find_class(cls.__module__, cls.__qualname__) is cls
+                )
             show = f"{cls.__qualname__}.{name}"
             found: list[Any] | None = ["typeattr", cls.__module__, cls.__qualname__, name]
-            if "<" in cls.__qualname__ or find_class(cls.__module__, cls.__qualname__) is not cls:
+            if not by_name:
                 found = ["attrpath", base, name] if base is not None else None
             self._add(("typeattr", id(cls), name), typeattr_root(cls, name, show, found))
 
