@@ -95,6 +95,24 @@ _PLAIN_FUNCS = frozenset(
 )
 
 
+# NOTE: exact types that unwrap returns as they are (no tensor, size, traced int or container)
+_KEPT = frozenset(
+    {
+        int,
+        float,
+        bool,
+        complex,
+        str,
+        type(None),
+        type(Ellipsis),
+        torch.dtype,
+        torch.device,
+        torch.layout,
+        torch.memory_format,
+    }
+)
+
+
 def _plain_call(x: Any) -> bool:
     """Whether ``x`` (a call's arguments) holds only plain values (:data:`_PLAIN_LEAVES`) in
     tuples, lists, dicts, ``torch.Size``, traced sizes and slices."""
@@ -245,6 +263,11 @@ class CaptureContext(CaptureValues):
         return out
 
     def unwrap(self, x: Any, found: list[Tracer]) -> Any:
+        cls = type(x)
+        if cls in _KEPT:  # NOTE: what the checks below return as it is, by exact type
+            return x
+        if cls is tuple or cls is list:
+            return cls([self.unwrap(v, found) for v in x])
         if isinstance(x, torch.Tensor):
             tr = self.tracer(x)
             found.append(tr)

@@ -134,7 +134,7 @@ def skippable(func: Any, plains: list[torch.Tensor], args: tuple, kwargs: dict) 
     dtype = plains[0].dtype
     if not all(_row_major_cpu(t) and t.dtype == dtype for t in plains):
         return False
-    rank = args[0].dim()
+    rank = plains[0].dim()  # NOTE: args[0]'s sample (the first tensor found), read directly
     if func is F.linear:
         return rank >= 2
     if func is F.batch_norm:  # (input, running_mean, running_var, weight, bias, training, ...)
