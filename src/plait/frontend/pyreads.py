@@ -174,7 +174,7 @@ def _instrument(on: bool) -> None:
     with _PATCH_LOCK:
         _PATCH_USERS[0] += 1 if on else -1
         if on and _PATCH_USERS[0] == 1:
-            _MODULES_BEFORE[0] = frozenset(sys.modules)
+            _MODULES_BEFORE[0] = sys.modules.copy()
             _MODULE_GETATTR[0] = nn.Module.__getattr__
             found = _MODULE_GETATTR[0]
             _GETATTR_PINNED[0] = (
@@ -193,13 +193,14 @@ def _instrument(on: bool) -> None:
 # NOTE: modules imported while the instrument is in (a type rule's fake tensors import Dynamo,
 # which keeps nn.Module.__getattr__ in module globals as imported: with the recording one for
 # good, Dynamo takes parameters for inputs) get the original back when it comes out.
-_MODULES_BEFORE: list[frozenset[str]] = [frozenset()]
+_MODULES_BEFORE: list[dict[str, Any]] = [{}]
 
 
 def _repair_copies() -> None:
     if len(sys.modules) == len(_MODULES_BEFORE[0]):
         return
-    for name in set(sys.modules) - _MODULES_BEFORE[0]:
+    before = _MODULES_BEFORE[0]
+    for name in [name for name in list(sys.modules) if name not in before]:
         found = getattr(sys.modules.get(name), "__dict__", None)
         if not isinstance(found, dict):
             continue
@@ -401,13 +402,18 @@ class PyReads:
 
     def _made(self, kind: str, m: nn.Module, obj: Any, name: str, first: Any) -> Root:
         """The root of a module attribute read that :meth:`module_read` recorded."""
-        where = self._where(m)
-        if kind == "type":
-            root = type_root(m, f"type({where})", self._desc(m, "type"))
-        elif kind == "attr":
-            root = item_root(obj, name, f"{where}.{name}", self._desc(m, "attr", name))
+        path = self.paths.get(id(m))  # NOTE: _where and _desc, inline
+        if path is None:
+            where = f"a {type(m).__name__} module outside the compiled module"
         else:
-            desc = self._desc(m, "classattr", name)
+            where = f"self.{path}" if path else "self"
+        if kind == "type":
+            root = type_root(m, f"type({where})", None if path is None else ["type", path])
+        elif kind == "attr":
+            desc = None if path is None else ["attr", path, name]
+            root = item_root(obj, name, f"{where}.{name}", desc)
+        else:
+            desc = None if path is None else ["classattr", path, name]
             root = typeattr_root(obj, name, f"{where}.{name}", desc)
         root.first = first
         return root

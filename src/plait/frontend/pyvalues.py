@@ -419,24 +419,27 @@ class Keyed(NamedTuple):
     hosts: list[Any]
 
 
+_keyed = tuple.__new__  # NOTE: a Keyed made without its Python __new__
+
+
 def keyed(root: Root) -> Keyed:
     """``root`` read now, with its value key (a walk of its own, as the guard's read makes)."""
     value = root.read()
     # NOTE: the walk's answer, without its setup, for the values most roots hold
     cls = type(value)
     if cls in _PLAIN_KEYED:
-        return Keyed(value, (cls, value), [], [])
+        return _keyed(Keyed, (value, (cls, value), [], []))
     if cls is float:
-        return Keyed(value, (cls, "bits", _bits(value)), [], [])
+        return _keyed(Keyed, (value, (cls, "bits", _bits(value)), [], []))
     if value is ABSENT:
-        return Keyed(value, "<absent>", [], [])
+        return _keyed(Keyed, (value, "<absent>", [], []))
     if cls is types.FunctionType:
-        return Keyed(value, Same(value), [], [])
+        return _keyed(Keyed, (value, Same(value), [], []))
     if (cls is OrderedDict or cls is dict) and not value and not root.shallow:
-        return Keyed(value, (cls, (), ()), [(DICT, value, (), ())], [])
+        return _keyed(Keyed, (value, (cls, (), ()), [(DICT, value, (), ())], []))
     walk = _Walk()
     key = walk.key(value, shallow=root.shallow)
-    return Keyed(value, key, walk.checks, walk.hosts)
+    return _keyed(Keyed, (value, key, walk.checks, walk.hosts))
 
 
 def python_values_guards(roots: Sequence[Root], keys: Sequence[Keyed] | None = None) -> list[Guard]:
