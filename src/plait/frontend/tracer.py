@@ -179,16 +179,28 @@ class CaptureContext(CaptureValues):
             self.current = op_name(func)
             first = len(self.builder.graph.nodes)
             rule = lookup(func)
+            reads = self.reads
             resumed = paused and rule is None
             if resumed:
-                self.reads.resume()  # type: ignore[union-attr]
+                reads.resume()  # type: ignore[union-attr]
+            # NOTE: a callable hashed some other way (an OpOverload): paused for the call alone
+            late = (
+                not paused
+                and rule is not None
+                and reads is not None
+                and type(func) not in _PLAIN_FUNCS
+                and _plain_call((args, kwargs))
+                and reads.pause()
+            )
             try:
                 if self.unbacked and rule is None:
                     datadep.refuse_unruled(self, args, kwargs)
                 result = self._dispatch_unsampled(rule, func, args, kwargs)
             finally:
                 if resumed:
-                    self.reads.pause()  # type: ignore[union-attr]
+                    reads.pause()  # type: ignore[union-attr]
+                if late:
+                    reads.resume()  # type: ignore[union-attr]
             if self.unbacked:
                 datadep.check_new_nodes(self, first)
             if rule is None or rule.kind != "meta":  # NOTE: a metadata read computes nothing
