@@ -333,7 +333,7 @@ class CaptureContext(CaptureValues):
         in_place = overwrites_garbage(self.current, targets, unsampled)
         if not in_place and func not in SKIPPED:
             return None  # NOTE: most calls: decided before their arguments are unwrapped
-        if any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
+        if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
             return None  # NOTE: now, not at capture's start: the program may enter autocast
         found: list[Tracer] = []
         pargs, pkwargs = self.unwrap((args, kwargs), found)
