@@ -249,16 +249,19 @@ class PyReads:
             return
         roots = self.roots
         cls = type(m)
+        # NOTE: a module outside the compiled module is named by its class now, as read
+        outside = None if id(m) in self.paths else self._where(m)
         key: tuple[Any, ...] = ("type", id(m))
         if key not in roots:
-            roots[key] = ("type", m, m, name, Same(cls))  # NOTE: _Walk's key of a class
+            roots[key] = ("type", m, m, name, outside, Same(cls))  # NOTE: _Walk's class key
         key = ("item", id(namespace), name)
         if key not in roots:
-            self._pend(key, ("attr", m, namespace, name), namespace.get(name, ABSENT), False)
+            read = ("attr", m, namespace, name, outside)
+            self._pend(key, read, namespace.get(name, ABSENT), False)
         key = ("typeattr", id(cls), name)
         if name not in namespace and key not in roots:
-            shallow = not _is_user_class(cls)
-            self._pend(key, ("classattr", m, cls, name), _mro_lookup(cls, name), shallow)
+            read = ("classattr", m, cls, name, outside)
+            self._pend(key, read, _mro_lookup(cls, name), not _is_user_class(cls))
 
     def _pend(self, key: tuple[Any, ...], read: tuple[Any, ...], value: Any, shallow: bool) -> None:
         """A root made at :meth:`finish`, keyed by the value read now (as :meth:`_add`)."""
@@ -267,11 +270,14 @@ class PyReads:
         except GraphCaptureError as exc:
             self.refusal = self.refusal or exc.reason
 
-    def _made(self, kind: str, m: nn.Module, obj: Any, name: str, first: Any) -> Root:
+    def _made(
+        self, kind: str, m: nn.Module, obj: Any, name: str, outside: str | None, first: Any
+    ) -> Root:
         """The root of a module attribute read that :meth:`module_read` recorded."""
         path = self.paths.get(id(m))  # NOTE: _where and _desc, inline
         if path is None:
-            where = f"a {type(m).__name__} module outside the compiled module"
+            assert outside is not None
+            where = outside
         else:
             where = f"self.{path}" if path else "self"
         if kind == "type":
