@@ -155,11 +155,8 @@ def probe(func: Any, pargs: Any, pkwargs: dict, target: torch.Tensor | None = No
     if not isinstance(batch, torch.Tensor) or batch.dim() == 0 or batch.shape[0] == 0:
         return None
     rank, rows = batch.dim(), batch.shape[0]
-    grad = torch.is_grad_enabled()
     try:
-        # NOTE: torch.no_grad(), without its Python context manager
-        with torch._C.DisableTorchFunctionSubclass():
-            torch._C._set_grad_enabled(False)
+        with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
             if target is None:
                 return func(_empty(pargs[0], rank, rows), *pargs[1:], **pkwargs)
             return func(
@@ -168,8 +165,6 @@ def probe(func: Any, pargs: Any, pkwargs: dict, target: torch.Tensor | None = No
             )
     except Exception:  # NOTE: eager refuses the call: it runs for real, and raises there
         return None
-    finally:
-        torch._C._set_grad_enabled(grad)
 
 
 def _empty(x: Any, rank: int, rows: int) -> Any:
