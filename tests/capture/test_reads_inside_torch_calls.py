@@ -17,6 +17,7 @@ from tests.util import assert_bitwise
 
 LENGTH = 3
 SHIFT = 1
+LOOKUPS = 1
 
 
 class Length:
@@ -39,6 +40,24 @@ def _narrowed(x: torch.Tensor) -> torch.Tensor:
 
 def _narrowed_from(x: torch.Tensor) -> torch.Tensor:
     return x.narrow(1, Shift(), 2) * 3
+
+
+class Table(dict):
+    """A submodule table of a user type: ``nn.Module.__getattr__`` runs its lookup, the
+    program's code, inside PyTorch's own."""
+
+    def __contains__(self, key: object) -> bool:
+        return LOOKUPS > 0 and dict.__contains__(self, key)
+
+
+class Tabled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+        object.__setattr__(self, "_modules", Table(self._modules))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).relu()
 
 
 def _check(fn: Callable[[torch.Tensor], torch.Tensor], name: str, value: Any) -> None:
@@ -65,6 +84,12 @@ def test_global_read_by_index_inside_a_torch_call_is_guarded() -> None:
 
 def test_global_read_by_index_inside_a_tensor_method_is_guarded() -> None:
     _check(_narrowed_from, "SHIFT", 2)
+
+
+def test_global_read_by_a_user_table_inside_module_getattr_is_guarded() -> None:
+    """Capture stops watching frames while PyTorch looks a submodule up in tables of its own;
+    a table of a user type is the program's code, watched."""
+    _check(Tabled(), "LOOKUPS", 2)
 
 
 def test_a_capture_leaves_the_trace_function_as_it_found_it() -> None:

@@ -118,6 +118,8 @@ class CaptureValues:
         self.static_sizes = static_sizes
         self.lifts: list[Lift] = []
         self.consts: dict[int, Tracer] = {}
+        # NOTE: TensorType.of of a (shape, dtype, device): a type is a frozen value
+        self._plain_types: dict[tuple[Any, ...], TensorType] = {}
         self.mutated: dict[int, Tracer] = {}
         self.predicates: dict[tuple[str, bool], tuple[Any, bool]] = {}
         self.symbols: dict[sympy.Symbol, tuple[int, int, str]] = {}
@@ -335,10 +337,16 @@ class CaptureValues:
         return ty
 
     def type_of_plain(self, plain: torch.Tensor) -> TensorType:
-        try:
-            return TensorType.of(plain)
-        except TypeError as exc:
-            self.limitation(str(exc))
+        at = (plain.shape, plain.dtype, plain.device) if type(plain) is torch.Tensor else None
+        found = self._plain_types.get(at) if at is not None else None
+        if found is None:
+            try:
+                found = TensorType.of(plain)
+            except TypeError as exc:
+                self.limitation(str(exc))
+            if at is not None:
+                self._plain_types[at] = found
+        return found
 
     def operand(self, x: Any) -> Any:
         """An IR operand: a Value for a tensor, a literal for a Python scalar."""

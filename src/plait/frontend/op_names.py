@@ -45,25 +45,32 @@ def name_index() -> dict[Any, str]:
     """Each callable of the namespaces, and each descriptor's ``__get__``/``__set__``, by its
     dotted name (``torch.overrides``'s index of names)."""
     index: dict[Any, str] = {}
+    skipped = (types.ModuleType, __future__._Feature)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # NOTE: a deprecated attribute warns when it is read
         for prefix, namespace, names in _namespaces():
-            tensor = namespace is torch.Tensor
+            if namespace is torch.Tensor:
+                for name in names:
+                    func = getattr(namespace, name)
+                    if getattr(object, name, None) == func or name == "__weakref__":
+                        continue
+                    _index(index, prefix, name, func, skipped)
+                continue
             for name in names:
-                if not tensor and (name.startswith("__") or name == "unique_dim"):
+                if name.startswith("__") or name == "unique_dim":
                     continue
-                func = getattr(namespace, name)
-                if tensor and (getattr(object, name, None) == func or name == "__weakref__"):
-                    continue
-                if isinstance(func, (types.ModuleType, __future__._Feature)):
-                    continue
-                if not callable(func) and hasattr(func, "__get__"):
-                    index[func.__get__] = f"{prefix}.{name}.__get__"
-                    index[func.__set__] = f"{prefix}.{name}.__set__"
-                    continue
-                if callable(func):
-                    index[func] = f"{prefix}.{name}"
+                _index(index, prefix, name, getattr(namespace, name), skipped)
     return index
+
+
+def _index(index: dict[Any, str], prefix: str, name: str, func: Any, skipped: tuple) -> None:
+    if isinstance(func, skipped):
+        return
+    if callable(func):
+        index[func] = f"{prefix}.{name}"
+    elif hasattr(func, "__get__"):
+        index[func.__get__] = f"{prefix}.{name}.__get__"
+        index[func.__set__] = f"{prefix}.{name}.__set__"
 
 
 def public_name(func: Any) -> str | None:

@@ -44,20 +44,22 @@ import dis
 import functools
 import gc
 import sys
-import threading
 import types
 from typing import Any
 
 from torch import nn
 
 from plait.errors import GraphCaptureError
+from plait.frontend.attr_reads import _LOCAL, _instrument
 from plait.frontend.code_origin import find_function, generated_for, is_pinned
 from plait.frontend.pyvalues import (
     _MODULE_SKIP,
     ABSENT,
     Keyed,
     Root,
+    Same,
     _cell_value,
+    _is_user_class,
     _is_value_object,
     _mro_lookup,
     _Walk,
@@ -67,95 +69,13 @@ from plait.frontend.pyvalues import (
     func_root,
     item_root,
     keyed,
+    quick_key,
     type_root,
     typeattr_root,
 )
 
 # --- recording -----------------------------------------------------------------------------
 _WHOLE_NAMESPACE = frozenset({"globals", "eval", "exec", "vars", "locals", "__import__"})
-_LOCAL = threading.local()
-_PATCH_LOCK = threading.Lock()
-_PATCH_USERS = [0]
-
-
-def _recording_getattribute(self: Any, name: str) -> Any:
-    value = object.__getattribute__(self, name)
-    rec = getattr(_LOCAL, "rec", None)
-    if rec is None or name in _MODULE_SKIP or (id(self), name) in rec._reads:
-        return value  # NOTE: what module_read would skip, without its call
-    if not (name == "__dict__" and _library_caller()):
-        _LOCAL.rec = None  # NOTE: the recorder's own reads are not the program's
-        paused = rec.pause()  # NOTE: nor its frames (and they run faster untraced)
-        try:
-            rec._safely(rec.module_read, self, name)
-        finally:
-            _LOCAL.rec = rec
-            if paused:
-                rec.resume()
-    return value
-
-
-def _library_caller() -> bool:
-    """Whether the attribute read comes from PyTorch's (or plait's) own code: their reads of
-    ``__dict__`` (``nn.Module.__getattr__`` finding parameters) are not the program's."""
-    frame = sys._getframe(2)
-    return is_pinned(str(frame.f_globals.get("__name__", "")))
-
-
-# NOTE: the __getattr__ in place when the instrument went in (restored when it comes out)
-_MODULE_GETATTR = [nn.Module.__getattr__]
-
-
-def _recording_getattr(self: Any, name: str) -> Any:
-    """``nn.Module.__getattr__`` (parameters, buffers, submodules): a slot holding None is a
-    Python value the program read (``if self.bias is not None``); a tensor or a submodule is
-    guarded by the state guards."""
-    value = _MODULE_GETATTR[0](self, name)
-    rec = getattr(_LOCAL, "rec", None)
-    if rec is not None and value is None:
-        _LOCAL.rec = None
-        paused = rec.pause()
-        try:
-            rec._safely(rec.table_read, self, name)
-        finally:
-            _LOCAL.rec = rec
-            if paused:
-                rec.resume()
-    return value
-
-
-def _instrument(on: bool) -> None:
-    with _PATCH_LOCK:
-        _PATCH_USERS[0] += 1 if on else -1
-        if on and _PATCH_USERS[0] == 1:
-            _MODULES_BEFORE[0] = frozenset(sys.modules)
-            _MODULE_GETATTR[0] = nn.Module.__getattr__
-            nn.Module.__getattribute__ = _recording_getattribute  # type: ignore[method-assign]
-            nn.Module.__getattr__ = _recording_getattr  # type: ignore[method-assign]
-        elif not on and _PATCH_USERS[0] == 0:
-            del nn.Module.__getattribute__
-            nn.Module.__getattr__ = _MODULE_GETATTR[0]  # type: ignore[method-assign]
-            _repair_copies()
-
-
-# NOTE: modules imported while the instrument is in (a type rule's fake tensors import Dynamo,
-# which keeps nn.Module.__getattr__ in module globals as imported: with the recording one for
-# good, Dynamo takes parameters for inputs) get the original back when it comes out.
-_MODULES_BEFORE: list[frozenset[str]] = [frozenset()]
-
-
-def _repair_copies() -> None:
-    if len(sys.modules) == len(_MODULES_BEFORE[0]):
-        return
-    for name in set(sys.modules) - _MODULES_BEFORE[0]:
-        found = getattr(sys.modules.get(name), "__dict__", None)
-        if not isinstance(found, dict):
-            continue
-        for key, value in list(found.items()):
-            if value is _recording_getattr:
-                found[key] = _MODULE_GETATTR[0]
-            elif value is _recording_getattribute:
-                found[key] = object.__getattribute__
 
 
 @functools.lru_cache(maxsize=4096)
@@ -197,7 +117,8 @@ class PyReads:
             for path, m in module.named_modules(remove_duplicate=False):
                 self.paths.setdefault(id(m), path)
                 self.tree.append(m)
-        self.roots: dict[tuple[Any, ...], Root] = {}
+        # NOTE: each a Root, or a module attribute read (module_read) until finish() makes it one
+        self.roots: dict[tuple[Any, ...], Any] = {}
         self.names: set[str] = set()
         self.refusal: str | None = None
         self.keys: list[Keyed] = []  # NOTE: set by finish()
@@ -315,26 +236,60 @@ class PyReads:
         self.roots[key] = root
 
     def module_read(self, m: nn.Module, name: str) -> None:
+        """NOTE: runs on each module attribute the program reads first: it keys the values
+        read now (a change before the capture ends is refused), and leaves the roots' making
+        (names, descriptions) to :meth:`finish` (:meth:`_made`)."""
         if (id(m), name) in self._reads or name in _MODULE_SKIP:
             return
         self._reads.add((id(m), name))
         self._alive.append(m)
-        where = self._where(m)
         namespace = object.__getattribute__(m, "__dict__")
         if name == "__dict__":
-            self._add(("dict", id(m)), dict_root(m, where, self._desc(m, "dict")))
+            self._add(("dict", id(m)), dict_root(m, self._where(m), self._desc(m, "dict")))
             return
-        if ("type", id(m)) not in self.roots:
-            self._add(("type", id(m)), type_root(m, f"type({where})", self._desc(m, "type")))
-        show = f"{where}.{name}"
-        self._add(
-            ("item", id(namespace), name),
-            item_root(namespace, name, show, self._desc(m, "attr", name)),
-        )
+        roots = self.roots
         cls = type(m)
-        if name not in namespace and ("typeattr", id(cls), name) not in self.roots:
-            desc = self._desc(m, "classattr", name)
-            self._add(("typeattr", id(cls), name), typeattr_root(cls, name, show, desc))
+        # NOTE: a module outside the compiled module is named by its class now, as read
+        outside = None if id(m) in self.paths else self._where(m)
+        key: tuple[Any, ...] = ("type", id(m))
+        if key not in roots:
+            roots[key] = ("type", m, m, name, outside, Same(cls))  # NOTE: _Walk's class key
+        key = ("item", id(namespace), name)
+        if key not in roots:
+            read = ("attr", m, namespace, name, outside)
+            self._pend(key, read, namespace.get(name, ABSENT), False)
+        key = ("typeattr", id(cls), name)
+        if name not in namespace and key not in roots:
+            read = ("classattr", m, cls, name, outside)
+            self._pend(key, read, _mro_lookup(cls, name), not _is_user_class(cls))
+
+    def _pend(self, key: tuple[Any, ...], read: tuple[Any, ...], value: Any, shallow: bool) -> None:
+        """A root made at :meth:`finish`, keyed by the value read now (as :meth:`_add`)."""
+        try:
+            self.roots[key] = (*read, quick_key(value, shallow))
+        except GraphCaptureError as exc:
+            self.refusal = self.refusal or exc.reason
+
+    def _made(
+        self, kind: str, m: nn.Module, obj: Any, name: str, outside: str | None, first: Any
+    ) -> Root:
+        """The root of a module attribute read that :meth:`module_read` recorded."""
+        path = self.paths.get(id(m))  # NOTE: _where and _desc, inline
+        if path is None:
+            assert outside is not None
+            where = outside
+        else:
+            where = f"self.{path}" if path else "self"
+        if kind == "type":
+            root = type_root(m, f"type({where})", None if path is None else ["type", path])
+        elif kind == "attr":
+            desc = None if path is None else ["attr", path, name]
+            root = item_root(obj, name, f"{where}.{name}", desc)
+        else:
+            desc = None if path is None else ["classattr", path, name]
+            root = typeattr_root(obj, name, f"{where}.{name}", desc)
+        root.first = first
+        return root
 
     def table_read(self, m: nn.Module, name: str) -> None:
         """A parameter, buffer or submodule slot read as None."""
@@ -467,12 +422,16 @@ class PyReads:
         :class:`GraphCaptureError` for a read that cannot be guarded. ``self.keys`` then holds
         each root read now (:func:`~plait.frontend.pyvalues.keyed`), in the same order."""
         self._resolve_pending()
+        made = self.roots
+        for key, r in made.items():
+            if type(r) is tuple:
+                made[key] = self._made(*r)
         keys: dict[int, Keyed] = {}
         if self.refusal is None:
             self._named_attributes(keys)
         if self.refusal is not None:
             raise GraphCaptureError("Python state", self.refusal, kind="limitation")
-        roots = list(self.roots.values())
+        roots: list[Root] = list(self.roots.values())
         for r in roots:
             if id(r) not in keys:
                 keys[id(r)] = keyed(r)
@@ -531,12 +490,19 @@ class PyReads:
         own = getattr(host, "__dict__", {}) if not isinstance(host, type) else {}
         if not _is_value_object(host, cls):
             return
-        for name in sorted(self.names):
-            if name in own or _mro_lookup(cls, name) is ABSENT:
+        # NOTE: the names _mro_lookup finds on cls (a class namespace never holds ABSENT)
+        defined = set().union(*(vars(c).keys() for c in cls.__mro__))
+        by_name: bool | None = None
+        for name in sorted(self.names & defined):
+            if name in own:
                 continue
+            if by_name is None:
+                by_name = "<" not in cls.__qualname__ and (
+                    find_class(cls.__module__, cls.__qualname__) is cls
+                )
             show = f"{cls.__qualname__}.{name}"
             found: list[Any] | None = ["typeattr", cls.__module__, cls.__qualname__, name]
-            if "<" in cls.__qualname__ or find_class(cls.__module__, cls.__qualname__) is not cls:
+            if not by_name:
                 found = ["attrpath", base, name] if base is not None else None
             self._add(("typeattr", id(cls), name), typeattr_root(cls, name, show, found))
 

@@ -27,7 +27,7 @@ import types
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -187,6 +187,27 @@ def _is_value_object(v: Any, cls: type) -> bool:
 def _is_data(v: Any) -> bool:
     """A callable that is also a value container (a dataclass or user object with __call__)."""
     return dataclasses.is_dataclass(v) and not isinstance(v, type)
+
+
+# NOTE: exact types whose value key is ``(type, value)`` (no walk needed: no checks, no hosts)
+_PLAIN_KEYED = frozenset({type(None), bool, int, str})
+
+
+def quick_key(v: Any, shallow: bool = False) -> Any:
+    """``_Walk().key(v, shallow=shallow)``, without a walk's setup for the values a module
+    attribute mostly holds (numbers, strings, None, tuples of them, an empty hook dict)."""
+    cls = type(v)
+    if cls in _PLAIN_KEYED:
+        return (cls, v)
+    if cls is float:
+        return (cls, "bits", _bits(v))
+    if v is ABSENT:
+        return "<absent>"
+    if cls is tuple and all(type(x) in _PLAIN_KEYED for x in v):
+        return (cls, tuple((type(x), x) for x in v))
+    if (cls is OrderedDict or cls is dict) and not v and not shallow:
+        return (cls, (), ())
+    return _Walk().key(v, shallow=shallow)
 
 
 def value_key(v: Any) -> Any:
@@ -387,8 +408,7 @@ def _short(key: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-@dataclass(frozen=True)
-class Keyed:
+class Keyed(NamedTuple):
     """A root's value as read now, its value key, and the native checks and the hosts (objects
     whose named attributes count) of that key's walk: one walk serves the change check, the
     named attributes and the guard."""
@@ -399,12 +419,27 @@ class Keyed:
     hosts: list[Any]
 
 
+_keyed = tuple.__new__  # NOTE: a Keyed made without its Python __new__
+
+
 def keyed(root: Root) -> Keyed:
     """``root`` read now, with its value key (a walk of its own, as the guard's read makes)."""
     value = root.read()
+    # NOTE: the walk's answer, without its setup, for the values most roots hold
+    cls = type(value)
+    if cls in _PLAIN_KEYED:
+        return _keyed(Keyed, (value, (cls, value), [], []))
+    if cls is float:
+        return _keyed(Keyed, (value, (cls, "bits", _bits(value)), [], []))
+    if value is ABSENT:
+        return _keyed(Keyed, (value, "<absent>", [], []))
+    if cls is types.FunctionType:
+        return _keyed(Keyed, (value, Same(value), [], []))
+    if (cls is OrderedDict or cls is dict) and not value and not root.shallow:
+        return _keyed(Keyed, (value, (cls, (), ()), [(DICT, value, (), ())], []))
     walk = _Walk()
     key = walk.key(value, shallow=root.shallow)
-    return Keyed(value, key, walk.checks, walk.hosts)
+    return _keyed(Keyed, (value, key, walk.checks, walk.hosts))
 
 
 def python_values_guards(roots: Sequence[Root], keys: Sequence[Keyed] | None = None) -> list[Guard]:
@@ -418,7 +453,8 @@ def python_values_guards(roots: Sequence[Root], keys: Sequence[Keyed] | None = N
     python: list[tuple[Root, Keyed]] = []
     native: list[tuple[Root, Keyed]] = []
     for r, k in zip(roots, keys):
-        (python if any(c[0] == PYTHON for c in k.checks) else native).append((r, k))
+        checks = k.checks
+        (python if checks and any(c[0] == PYTHON for c in checks) else native).append((r, k))
     return [g for g in (python_values_guard(native), python_values_guard(python)) if g]
 
 
@@ -448,7 +484,7 @@ def python_values_guard(items: Sequence[tuple[Root, Keyed]]) -> Guard | None:
         return "; ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
 
     descs = [r.desc for r in roots]
-    key = "python|" + repr(sorted(repr(d) for d in descs))
+    key = "python|" + repr(sorted(map(repr, descs)))
     return Guard(
         "python",
         "Python values read",
@@ -469,18 +505,21 @@ def _grouped(checks: list[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
     merged: dict[tuple[int, int], tuple[list[Any], list[Any]]] = {}
     seen: set[tuple[Any, ...]] = set()
     for c in checks:
-        if c[0] in (ITEMS, TYPEATTRS):
-            slot = merged.get((c[0], id(c[1])))
+        kind = c[0]
+        if kind in (ITEMS, TYPEATTRS):
+            at = (kind, id(c[1]))
+            slot = merged.get(at)
             if slot is None:
-                slot = merged[(c[0], id(c[1]))] = ([], [])
-                out.append((c[0], c[1], slot))
+                slot = merged[at] = ([], [])
+                out.append((kind, c[1], slot))
             slot[0].extend(c[2])
             slot[1].extend(c[3])
             continue
-        ident = (c[0], *(id(x) for x in c[1:2]))
-        if c[0] != PYTHON and ident in seen:
-            continue
-        seen.add(ident)
+        if kind != PYTHON:  # NOTE: a Python-read check is kept each time
+            ident = (kind, id(c[1]))
+            if ident in seen:
+                continue
+            seen.add(ident)
         out.append(c)
     return tuple(
         (c[0], c[1], tuple(c[2][0]), tuple(c[2][1])) if c[0] in (ITEMS, TYPEATTRS) else c

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -81,6 +82,37 @@ _PLAIN_LEAVES = frozenset(
 )
 
 
+# NOTE: callables hashed and named by identity alone (a torch function, a Python function)
+_PLAIN_FUNCS = frozenset(
+    {
+        types.BuiltinFunctionType,
+        types.FunctionType,
+        types.MethodDescriptorType,
+        types.WrapperDescriptorType,
+        types.MethodWrapperType,
+        types.BuiltinMethodType,
+    }
+)
+
+
+# NOTE: exact types that unwrap returns as they are (no tensor, size, traced int or container)
+_KEPT = frozenset(
+    {
+        int,
+        float,
+        bool,
+        complex,
+        str,
+        type(None),
+        type(Ellipsis),
+        torch.dtype,
+        torch.device,
+        torch.layout,
+        torch.memory_format,
+    }
+)
+
+
 def _plain_call(x: Any) -> bool:
     """Whether ``x`` (a call's arguments) holds only plain values (:data:`_PLAIN_LEAVES`) in
     tuples, lists, dicts, ``torch.Size``, traced sizes and slices."""
@@ -120,6 +152,24 @@ class CaptureContext(CaptureValues):
 
     # --- dispatch --------------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        # NOTE: Python reads need not see plait's own code (the RNG checks, the name and rule
+        # lookups of a torch callable, hashed by identity), nor a call with a rule whose
+        # arguments are plain values: it runs only PyTorch's and plait's code (a user object's
+        # __index__ or __float__ is the program's code, and a call with no rule may run a user
+        # op's Python). They see the rest from before anything reads the arguments.
+        reads = self.reads
+        paused = reads is not None and type(func) in _PLAIN_FUNCS and reads.pause()
+        try:
+            if paused and not _plain_call((args, kwargs)):
+                paused = False
+                reads.resume()  # type: ignore[union-attr]
+            return self._dispatch_call(func, args, kwargs, paused)
+        finally:
+            if paused:
+                reads.resume()  # type: ignore[union-attr]
+
+    def _dispatch_call(self, func: Any, args: tuple, kwargs: dict, paused: bool) -> Any:
+        """``paused``: Python reads are paused, and the arguments are plain values."""
         if self.error is not None:
             raise self.error
         prev = self.current
@@ -129,32 +179,28 @@ class CaptureContext(CaptureValues):
             self.current = op_name(func)
             first = len(self.builder.graph.nodes)
             rule = lookup(func)
-            if self.unbacked and rule is None:
-                datadep.refuse_unruled(self, args, kwargs)
-            # NOTE: a call with a rule runs only PyTorch's and plait's code when its arguments
-            # are plain values (a user object's __index__ or __float__ is the program's code,
-            # and a call with no rule may run a user op's Python): Python reads need not see it
             reads = self.reads
-            paused = (
-                rule is not None
+            resumed = paused and rule is None
+            if resumed:
+                reads.resume()  # type: ignore[union-attr]
+            # NOTE: a callable hashed some other way (an OpOverload): paused for the call alone
+            late = (
+                not paused
+                and rule is not None
                 and reads is not None
+                and type(func) not in _PLAIN_FUNCS
                 and _plain_call((args, kwargs))
                 and reads.pause()
             )
-            unbacked = len(self.unbacked)
-            unsampled = self.unsampled
-            writing = unsampled is not None and unsampled.writing
-            if unsampled is not None:
-                unsampled.writing = False  # NOTE: this call's sample raises it
             try:
-                result = self._dispatch(rule, func, args, kwargs)
+                if self.unbacked and rule is None:
+                    datadep.refuse_unruled(self, args, kwargs)
+                result = self._dispatch_unsampled(rule, func, args, kwargs)
             finally:
-                if paused and reads is not None:
-                    reads.resume()
-                if unsampled is not None:
-                    unsampled.writing = writing  # NOTE: an enclosing call's, while its rule runs
-            if self.unsampled and len(self.unbacked) != unbacked:
-                self.resample(f"{self.current}'s result size may depend on uncomputed values")
+                if resumed:
+                    reads.pause()  # type: ignore[union-attr]
+                if late:
+                    reads.resume()  # type: ignore[union-attr]
             if self.unbacked:
                 datadep.check_new_nodes(self, first)
             if rule is None or rule.kind != "meta":  # NOTE: a metadata read computes nothing
@@ -162,6 +208,21 @@ class CaptureContext(CaptureValues):
             return result
         finally:
             self.current = prev
+
+    def _dispatch_unsampled(self, rule: Rule | None, func: Any, args: tuple, kwargs: dict) -> Any:
+        unbacked = len(self.unbacked)
+        unsampled = self.unsampled
+        writing = unsampled is not None and unsampled.writing
+        if unsampled is not None:
+            unsampled.writing = False  # NOTE: this call's sample raises it
+        try:
+            result = self._dispatch(rule, func, args, kwargs)
+        finally:
+            if unsampled is not None:
+                unsampled.writing = writing  # NOTE: an enclosing call's, while its rule runs
+        if self.unsampled and len(self.unbacked) != unbacked:
+            self.resample(f"{self.current}'s result size may depend on uncomputed values")
+        return result
 
     def _dispatch(self, rule: Rule | None, func: Any, args: tuple, kwargs: dict) -> Any:
         if self.unsampled and (rule is None or rule.kind == "data"):
@@ -214,6 +275,11 @@ class CaptureContext(CaptureValues):
         return out
 
     def unwrap(self, x: Any, found: list[Tracer]) -> Any:
+        cls = type(x)
+        if cls in _KEPT:  # NOTE: what the checks below return as it is, by exact type
+            return x
+        if cls is tuple or cls is list:
+            return cls([self.unwrap(v, found) for v in x])
         if isinstance(x, torch.Tensor):
             tr = self.tracer(x)
             found.append(tr)
@@ -267,7 +333,7 @@ class CaptureContext(CaptureValues):
         in_place = overwrites_garbage(self.current, targets, unsampled)
         if not in_place and func not in SKIPPED:
             return None  # NOTE: most calls: decided before their arguments are unwrapped
-        if any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
+        if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
             return None  # NOTE: now, not at capture's start: the program may enter autocast
         found: list[Tracer] = []
         pargs, pkwargs = self.unwrap((args, kwargs), found)

@@ -134,7 +134,7 @@ def skippable(func: Any, plains: list[torch.Tensor], args: tuple, kwargs: dict) 
     dtype = plains[0].dtype
     if not all(_row_major_cpu(t) and t.dtype == dtype for t in plains):
         return False
-    rank = args[0].dim()
+    rank = plains[0].dim()  # NOTE: args[0]'s sample (the first tensor found), read directly
     if func is F.linear:
         return rank >= 2
     if func is F.batch_norm:  # (input, running_mean, running_var, weight, bias, training, ...)
@@ -155,21 +155,25 @@ def probe(func: Any, pargs: Any, pkwargs: dict, target: torch.Tensor | None = No
     if not isinstance(batch, torch.Tensor) or batch.dim() == 0 or batch.shape[0] == 0:
         return None
     rank, rows = batch.dim(), batch.shape[0]
-
-    def empty(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.dim() == rank and x.shape[0] == rows:
-            return x[:0]
-        if type(x) in (list, tuple):
-            return type(x)(empty(v) for v in x)
-        return x
-
     try:
         with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
             if target is None:
-                return func(empty(pargs[0]), *pargs[1:], **pkwargs)
-            return func(*empty(tuple(pargs)), **{k: empty(v) for k, v in pkwargs.items()})
+                return func(_empty(pargs[0], rank, rows), *pargs[1:], **pkwargs)
+            return func(
+                *_empty(tuple(pargs), rank, rows),
+                **{k: _empty(v, rank, rows) for k, v in pkwargs.items()},
+            )
     except Exception:  # NOTE: eager refuses the call: it runs for real, and raises there
         return None
+
+
+def _empty(x: Any, rank: int, rows: int) -> Any:
+    """``x`` with each tensor of the batch's rank and rows sliced to an empty batch."""
+    if isinstance(x, torch.Tensor) and x.dim() == rank and x.shape[0] == rows:
+        return x[:0]
+    if type(x) in (list, tuple):
+        return type(x)(_empty(v, rank, rows) for v in x)
+    return x
 
 
 def _row_major_cpu(t: torch.Tensor) -> bool:
