@@ -59,42 +59,6 @@ class _Mode(TorchFunctionMode):
         return self.cx.dispatch(func, args, kwargs or {})
 
 
-# NOTE: argument types whose use runs no Python of the program (exact types: a subclass of int
-# or a tensor subclass may define Python methods that PyTorch calls)
-_PLAIN_LEAVES = frozenset(
-    {
-        Tracer,
-        torch.Tensor,
-        torch.nn.Parameter,
-        TracedInt,
-        int,
-        float,
-        bool,
-        complex,
-        str,
-        type(None),
-        type(Ellipsis),
-        torch.dtype,
-        torch.device,
-        torch.layout,
-        torch.memory_format,
-    }
-)
-
-
-# NOTE: callables hashed and named by identity alone (a torch function, a Python function)
-_PLAIN_FUNCS = frozenset(
-    {
-        types.BuiltinFunctionType,
-        types.FunctionType,
-        types.MethodDescriptorType,
-        types.WrapperDescriptorType,
-        types.MethodWrapperType,
-        types.BuiltinMethodType,
-    }
-)
-
-
 # NOTE: exact types that unwrap returns as they are (no tensor, size, traced int or container)
 _KEPT = frozenset(
     {
@@ -109,6 +73,24 @@ _KEPT = frozenset(
         torch.device,
         torch.layout,
         torch.memory_format,
+    }
+)
+
+
+# NOTE: argument types whose use runs no Python of the program (exact types: a subclass of int
+# or a tensor subclass may define Python methods that PyTorch calls)
+_PLAIN_LEAVES = frozenset({Tracer, torch.Tensor, torch.nn.Parameter, TracedInt, *_KEPT})
+
+
+# NOTE: callables hashed and named by identity alone (a torch function, a Python function)
+_PLAIN_FUNCS = frozenset(
+    {
+        types.BuiltinFunctionType,
+        types.FunctionType,
+        types.MethodDescriptorType,
+        types.WrapperDescriptorType,
+        types.MethodWrapperType,
+        types.BuiltinMethodType,
     }
 )
 
