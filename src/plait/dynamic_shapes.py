@@ -8,7 +8,9 @@ marks the input dims whose sizes differ from a captured static size, and the cap
 follows makes them symbolic. That specialization's manifest (``options.dynamic_dims``) and its
 recompile reason name each dim, its symbol and the sizes seen. The dims are remembered in the
 artifact cache under the callable's front key without sizes, so a new process (at any size)
-captures them symbolic from its first call and finds the compiled artifact there.
+captures them symbolic from its first call and finds the compiled artifact there. A mark under a
+cheap key (the callable's class or name, its inputs' ranks and dtypes) says that such a record
+may exist: a callable without one does not describe its module to find out.
 
 Never silent: where Stax (the default backend) cannot compile the symbolic program, automatic
 dynamic specializes every size from then on, and a ``dynamic=`` the user gave runs the
@@ -173,11 +175,39 @@ class DynamicShapes:
             return None
         return text_digest(canonical_json(parts))
 
+    def _automatic_index(self, env: GuardEnv) -> str | None:
+        """The key of a mark that some callable of this one's class (or name) called with
+        inputs of these ranks and dtypes has an automatic record: found in a few microseconds,
+        where the record's own key describes the whole module (milliseconds). The mark only
+        says where to look; the record is read under its own key."""
+        fn = self.fn
+        owner = type(fn) if isinstance(fn, torch.nn.Module) else fn
+        name = getattr(owner, "__qualname__", None)
+        if name is None or "<" in name:
+            return None
+        leaves = [
+            [x.dim(), str(x.dtype), x.requires_grad]
+            if isinstance(x, torch.Tensor)
+            else type(x).__qualname__
+            for x in env.leaves
+        ]
+        index = {
+            "automatic_dynamic_index": True,
+            "callable": [getattr(owner, "__module__", None), name],
+            "inputs": leaves,
+            "backend": self.backend,
+            "region": self.region,
+        }
+        return text_digest(canonical_json(index))
+
     def _load_automatic(self, store: Store, env: GuardEnv) -> None:
-        key = self._automatic_key(env)
+        index = self._automatic_index(env)
         try:
-            # NOTE: the header first: most callables have no record, and a read of a missing
-            # entry would drop the store's read ahead
+            # NOTE: the mark's header first: most callables have no record, and a read of a
+            # missing entry would drop the store's read ahead
+            if index is None or store.read_meta(index) is None:
+                return
+            key = self._automatic_key(env)
             known = key is not None and store.read_meta(key) is not None
             payload = store.get(key) if known and key is not None else None
         except Exception:  # NOTE: a damaged record: the program starts static, as with none
@@ -188,8 +218,10 @@ class DynamicShapes:
 
     def _save_automatic(self, store: Store, env: GuardEnv) -> None:
         key = self._automatic_key(env)
-        if key is None or self.automatic is None:
+        index = self._automatic_index(env)
+        if key is None or index is None or self.automatic is None:
             return
         payload = json.dumps(self.automatic.to_json(), sort_keys=True).encode()
         with contextlib.suppress(OSError, ValueError):
             store.put(key, payload, {"kind": "automatic dynamic dims"})
+            store.put(index, b"{}", {"kind": "automatic dynamic mark"})

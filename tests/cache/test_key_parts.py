@@ -185,10 +185,12 @@ def test_hit_after_recompile_in_the_same_process(cache: Path) -> None:
     assert status(again.specializations[0]) == "hit"
     kinds = [e.meta.get("kind", "artifact") for e in LocalStore(cache).list()]
     # NOTE: the second size made the batch symbolic (automatic dynamic), remembered in a record
+    # and marked under its class
     assert sorted(kinds) == [
         "artifact",
         "artifact",
         "automatic dynamic dims",
+        "automatic dynamic mark",
         "snapshot",
         "snapshot",
     ]
