@@ -120,6 +120,24 @@ def test_tvm_kernels_key_their_version_and_target(monkeypatch: pytest.MonkeyPatc
     assert lookup.toolchain_parts("stax", kernels="tvm") != before
 
 
+def test_triton_keys_the_programs_whose_kernels_may_be_tritons(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Triton's version is a key part where the kernels may be Triton's (an input off the CPU,
+    no tensor input, or the Triton target named on CPU tensors), and not for C++ kernels."""
+    from plait.runtime import program
+
+    monkeypatch.setattr(program, "triton_toolchain", lambda: {"triton": "9.9", "cuda": None})
+    default = types.SimpleNamespace(options={})
+    named = types.SimpleNamespace(options={"stax": {"target": "triton"}})
+    assert not lookup._may_run_triton(default, ["cpu"])
+    assert lookup._may_run_triton(default, ["cuda:0"])
+    assert lookup._may_run_triton(default, [])
+    assert lookup._may_run_triton(named, ["cpu"])
+    assert "triton" not in lookup.toolchain_parts("stax", triton=False)
+    assert lookup.toolchain_parts("stax")["triton"] == {"triton": "9.9", "cuda": None}
+
+
 @pytest.fixture
 def threads() -> Iterator[None]:
     before = torch.get_num_threads()

@@ -121,10 +121,13 @@ def _jsonable(value: Any, what: str) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=refuse))
 
 
-def toolchain_parts(backend: str, kernels: str | None = None) -> dict[str, Any]:
+def toolchain_parts(
+    backend: str, kernels: str | None = None, triton: bool = True
+) -> dict[str, Any]:
     """The toolchain that made an entry: Python, PyTorch, plait (version and code digest); for
-    Stax the C++ compiler (version and flags) and Triton; with TVM kernels (``backend="tvm"``,
-    ``stax={"kernels": "tvm"}``: ``kernels="tvm"``) TVM's version and target."""
+    Stax the C++ compiler (version and flags) and, where its kernels may be Triton's
+    (``triton``), Triton; with TVM kernels (``backend="tvm"``, ``stax={"kernels": "tvm"}``:
+    ``kernels="tvm"``) TVM's version and target."""
     out: dict[str, Any] = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
@@ -141,16 +144,30 @@ def toolchain_parts(backend: str, kernels: str | None = None) -> dict[str, Any]:
         cpu = str(parts.pop("cpu_flags", ""))
         parts["cpu_flags_sha256"] = hashlib.sha256(cpu.encode()).hexdigest()
         out["cxx"] = parts
-        from plait.runtime.program import triton_toolchain
+        if triton:
+            from plait.runtime.program import triton_toolchain
 
-        # NOTE: Triton kernels: the Triton and CUDA versions that compile them
-        out["triton"] = triton_toolchain()
+            # NOTE: Triton kernels: the Triton and CUDA versions that compile them (reading
+            # Triton's version costs about 1 ms: not for a program of C++ kernels only)
+            out["triton"] = triton_toolchain()
         if kernels == "tvm":
             from plait.codegen.tvm_build import toolchain_record
 
             # NOTE: TVM's version and LLVM target (triple, CPU), its printer and schedules
             out["tvm"] = toolchain_record()
     return out
+
+
+def _may_run_triton(req: CompileRequestLike, devices: Sequence[str]) -> bool:
+    """Whether the request's Stax kernels may be Triton's: an input off the CPU, no tensor
+    input at all (the program's own tensors may be anywhere), or a target the options name
+    other than C++ (``stax={"target": "triton"}`` runs Triton on CPU tensors under its
+    interpreter). A graph's tensors are on one device (Stax refuses others), so CPU inputs
+    mean C++ kernels under the default target."""
+    stax = req.options.get("stax") if isinstance(req.options, Mapping) else None
+    target = stax.get("target", "auto") if isinstance(stax, Mapping) else "auto"
+    off_cpu = not devices or any(d != "cpu" for d in devices)
+    return off_cpu or target not in ("auto", "cpu")
 
 
 def _kernels(req: CompileRequestLike) -> str | None:
@@ -196,7 +213,9 @@ def key_parts(
         "options": _jsonable(
             {**options_record, "pipeline": pipeline, "freeze": freeze}, "an option"
         ),
-        "toolchain": toolchain_parts(req.backend, kernels=_kernels(req)),
+        "toolchain": toolchain_parts(
+            req.backend, kernels=_kernels(req), triton=_may_run_triton(req, devices)
+        ),
         "ambient": _jsonable(dict(ambient), "an ambient setting"),
         "weights": weights_digest({n: state[slots[n]] for n in candidates}),
     }
