@@ -164,17 +164,21 @@ def _may_run_triton(req: CompileRequestLike, devices: Sequence[str]) -> bool:
     other than C++ (``stax={"target": "triton"}`` runs Triton on CPU tensors under its
     interpreter). A graph's tensors are on one device (Stax refuses others), so CPU inputs
     mean C++ kernels under the default target."""
-    stax = req.options.get("stax") if isinstance(req.options, Mapping) else None
-    target = stax.get("target", "auto") if isinstance(stax, Mapping) else "auto"
+    target = _stax_option(req, "target") or "auto"
     off_cpu = not devices or any(d != "cpu" for d in devices)
     return off_cpu or target not in ("auto", "cpu")
 
 
 def _kernels(req: CompileRequestLike) -> str | None:
     """Which printer makes the request's Stax kernels, where the options name one."""
+    return _stax_option(req, "kernels")
+
+
+def _stax_option(req: CompileRequestLike, name: str) -> str | None:
+    """The request's ``stax={name: ...}`` option as text, where it names one."""
     stax = req.options.get("stax") if isinstance(req.options, Mapping) else None
-    kernels = stax.get("kernels") if isinstance(stax, Mapping) else None
-    return None if kernels is None else str(kernels)
+    value = stax.get(name) if isinstance(stax, Mapping) else None
+    return None if value is None else str(value)
 
 
 def _plait_code() -> str:
