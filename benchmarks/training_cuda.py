@@ -8,7 +8,9 @@ dropout off so that every system draws nothing random). Weights stay float32; th
 copy from the same weights on the same batches. Per system: the first step (capture and compile
 included), the median wall time of a synchronized step over interleaved rounds (one step of each
 system per round, the order rotating), the ratios to eager and to torch.compile, the CUDA
-allocator's peak over one step, and the parameters and buffers after the steps judged by the
+allocator's peak over one step, what the system holds between steps beyond the model and its
+optimizer (``held``: measured at the end, as what deleting the compiled callable frees; a CUDA
+graph's buffers and pools), and the parameters and buffers after the steps judged by the
 contract's model rule (bfloat16 factors) against a float64 run of the same steps without
 autocast. For plait, what ran the backward (the manifest).
 
@@ -217,7 +219,11 @@ def run_case(
                 }
                 calls = json.dumps(rec["cuda_graph_calls"], default=str)
                 print(f"[training_cuda] {name} {r['kind']} cuda graphs: {calls}", flush=True)
+            del m, program  # NOTE: no reference left for _held_mib's deletion to miss
         out["systems"][r["kind"]] = rec
+    for r in runs:  # NOTE: last: each system's callable is deleted
+        if "median_step_ms" in out["systems"][r["kind"]]:
+            out["systems"][r["kind"]]["held_mib"] = _held_mib(r)
     ok = {k: v for k, v in out["systems"].items() if "median_step_ms" in v}
     base_ms = ok.get("eager", {}).get("median_step_ms")
     ind = ok.get("inductor", {}).get("median_step_ms")
@@ -229,19 +235,34 @@ def run_case(
     return out
 
 
+def _held_mib(r: dict[str, Any]) -> float:
+    """What deleting the system's compiled callable frees: what it holds between steps beyond
+    the model and the optimizer (CUDA graphs' static buffers, saved-value buffers, pools)."""
+    import gc
+
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    r["fn"] = None
+    gc.collect()
+    torch.cuda.synchronize()
+    return (before - torch.cuda.memory_allocated()) / 2**20
+
+
 def table(results: dict[str, Any]) -> str:
     """The Markdown table of a run: one row per case and system."""
-    rows = ["| case | system | first step s | step ms | vs eager | vs torch.compile | peak MiB "
-            "| state within contract |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| case | system | first step s | step ms | vs eager | vs torch.compile "
+            "| step peak MiB | held MiB | state within contract |",
+            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for case in results["cases"]:
         for kind, rec in case["systems"].items():
             if "error" in rec:
-                rows.append(f"| {case['case']} | {kind} | error: {rec['error'][:120]} |||||||")
+                rows.append(f"| {case['case']} | {kind} | error: {rec['error'][:120]} ||||||||")
                 continue
             rows.append(
                 f"| {case['case']} | {kind} | {rec['first_step_s']:.1f} | "
                 f"{rec['median_step_ms']:.2f} | {_ratio(rec.get('speedup_vs_eager'))} | "
                 f"{_ratio(rec.get('speedup_vs_inductor'))} | {rec['step_peak_mib']:.0f} | "
+                f"{rec.get('held_mib', float('nan')):.0f} | "
                 f"{rec['state_after_steps']['within_contract']} |"
             )
     return "\n".join(rows)

@@ -298,9 +298,24 @@ def _training_program(req: CompileRequest, optimized: Graph) -> Any:
             options=_stax_options(req, training=True),
             source_hash=req.program.semantic_hash,
             name=req.name,
+            resident=_resident_state(req, optimized),
         )
     except CodegenError as exc:
         raise PlaitCompileError(f"stax could not compile the training graphs: {exc}") from exc
+
+
+def _resident_state(req: CompileRequest, optimized: Graph) -> dict[str, torch.Tensor]:
+    """The module's CUDA parameters and buffers by the input name ``optimized`` gives them:
+    the tensors every call passes (an optimizer updates them in place), which the training
+    graphs then read where they live (runtime.cuda_graph)."""
+    names = {v.name for v in optimized.inputs}
+    out: dict[str, torch.Tensor] = {}
+    for v, slot in zip(req.program.interface()[0], req.program.inputs):
+        if slot.source == "state" and v.name in names:
+            t = req.state[slot.ref]
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                out[v.name] = t
+    return out
 
 
 def _training_records(training: Any, m: Manifest) -> None:

@@ -5,11 +5,15 @@ PyTorch creates its cuBLAS and cuDNN handles), then once more under capture. A c
 its inputs (dtype, shape, device: the graph reads raw memory), copies each into its static
 buffer, replays the graph and returns fresh copies of the outputs: the next replay writes the
 same buffers, so no output the caller holds is ever overwritten. An output that is the caller's
-own input (or a bound constant) is returned as is, as the uncaptured runner returns it. Inputs
-that a caller keeps at one address call after call (parameters; often the rest) are read in
-place by a second capture, an output viewing a padded buffer is copied out as that dense
-buffer, and an extern result only the return reads is captured as PyTorch lays it out and
-copied out into the plan's layout (a padded product's real columns: one copy, not two)
+own input (or a bound constant) is returned as is, as the uncaptured runner returns it. A
+training step's parameters and buffers, whose tensors the compile knows, are read where they
+live from the first capture on (``resident``: no static copy is made or filled; a call that
+passes one at other storage, a parameter given new ``.data``, runs kernel by kernel and
+``cuda_graph["resident"]["moved"]`` counts it). Other inputs that a caller keeps at one
+address call after call are read in place by a second capture, an output viewing a padded
+buffer is copied out as that dense buffer, and an extern result only the return reads is
+captured as PyTorch lays it out and copied out into the plan's layout (a padded product's real
+columns: one copy, not two)
 (:mod:`plait.runtime.cuda_graph_inputs`; ``cuda_graph["in_place"]`` counts the calls).
 
 Not captured (the program runs its runner, kernel by kernel, and ``cuda_graph["reason"]`` says
@@ -42,9 +46,11 @@ from plait.errors import PlaitCompileError
 from plait.ir.graph import Value
 from plait.ir.types import TensorType
 from plait.runtime.cuda_graph_inputs import (
+    ALIGN_BYTES,
     Conformed,
     InPlaceGraph,
     InPlaceInputs,
+    Key,
     copy_source,
     fresh_copies,
 )
@@ -103,6 +109,7 @@ class GraphedCall:
         fn: Call,
         borrowed: Mapping[int, int] | None = None,
         handoff: Handoff | None = None,
+        resident: Mapping[int, torch.Tensor] | None = None,
     ) -> None:
         graph = program.graph
         self.fn = fn
@@ -122,6 +129,8 @@ class GraphedCall:
         # NOTE: per input position: a static buffer the call copies into, or the bound constant
         self.statics: list[torch.Tensor] = []
         self.copies: list[tuple[int, torch.Tensor, TensorType]] = []
+        # NOTE: per resident position: the address and strides the graph reads it at
+        self.resident: dict[int, Key] = {}
         for i, v in enumerate(graph.inputs):
             if _bound(graph, v):
                 self.statics.append(graph.constants[v.name])
@@ -132,6 +141,11 @@ class GraphedCall:
                 continue
             t = v.type
             assert isinstance(t, TensorType)
+            r = (resident or {}).get(i)
+            if r is not None and _resident_fits(r, t, self.device):
+                self.statics.append(r)
+                self.resident[i] = (r.data_ptr(), tuple(r.stride()))
+                continue
             static = torch.zeros(shape_of(t), dtype=t.dtype, device=self.device)
             self.statics.append(static)
             self.copies.append((i, static, t))
@@ -142,6 +156,9 @@ class GraphedCall:
         # NOTE: what each call copies out (copy_source of each "copy" output, in order)
         self.sources: list[tuple[torch.Tensor, Any]] = []
         self.record: dict[str, Any] = {"used": True}
+        if self.resident:
+            # NOTE: "moved": calls run uncaptured because a resident input was elsewhere
+            self.record["resident"] = {"inputs": len(self.resident), "moved": 0}
         # NOTE: the second capture that reads settled inputs in place (cuda_graph_inputs)
         self.in_place: InPlaceInputs | None = None
 
@@ -222,13 +239,16 @@ class GraphedCall:
                 # NOTE: a borrowed buffer is the forward's: the next forward overwrites it
                 return ("copy", o) if i in self.borrowed else ("same", o)
         ptr = o.untyped_storage().data_ptr()
-        if any(ptr == inputs[i].untyped_storage().data_ptr() for i, _, _ in self.copies):
+        held = [i for i, _, _ in self.copies] + list(self.resident)
+        if any(ptr == inputs[i].untyped_storage().data_ptr() for i in held):
             raise PlaitCompileError("an output is a view of an input")
         return "copy", o
 
     def __call__(self, *args: Any) -> list[Any]:
         with self._lock:
             lease = self._take_borrowed(args) if self.borrowed else None
+            if self.resident and _elsewhere(self.resident, args):
+                return self._uncaptured(args, lease)
             for i, static, t in self.copies:
                 _check(args[i], t, static, self.device, i, self.names[i])
             chosen = self.in_place.pick(args) if self.in_place is not None else None
@@ -270,6 +290,27 @@ class GraphedCall:
                 self.in_place.after_call(args, chosen, self._capture_in_place)
             return out
 
+    def _uncaptured(self, args: tuple[Any, ...], lease: Lease | None) -> list[Any]:
+        """The call, kernel by kernel, where a resident input is not where the graph reads it
+        (a parameter given new storage): the borrowed inputs read from the shared buffers, the
+        lent outputs returned as plain tensors (a borrower copies those in)."""
+        self.record["resident"]["moved"] += 1
+        inputs = list(args)
+        for i, k in self.borrowed.items():
+            assert self.handoff is not None
+            inputs[i] = self.handoff.buffers[k]
+        for i, static, t in self.copies:
+            _check(args[i], t, static, self.device, i, self.names[i])
+        for i in self.resident:
+            t = self.types[i]
+            assert isinstance(t, TensorType)
+            _check(args[i], t, self.statics[i], self.device, i, self.names[i])
+        out = list(self.fn(*inputs))
+        if lease is not None:
+            assert self.handoff is not None
+            self.handoff.returned(lease, backward_keeps_graph())
+        return out
+
     def _take_borrowed(self, args: tuple[Any, ...]) -> Lease | None:
         """The borrowed inputs' values in the shared buffers: a lease's (``Lent`` arguments),
         or plain tensors copied in after the buffers' tenant is vacated."""
@@ -295,6 +336,30 @@ class GraphedCall:
             _check(args[i], t, handoff.buffers[k], self.device, i, self.names[i])
             handoff.buffers[k].copy_(args[i])
         return None
+
+
+def _resident_fits(r: Any, t: TensorType, device: torch.device) -> bool:
+    """Whether the graph can read ``r`` where it lives for an input of type ``t``: the dense
+    layout the kernels were planned for (a static buffer's), 16-byte aligned (Triton
+    specializes on the alignment it compiled for)."""
+    return (
+        isinstance(r, torch.Tensor)
+        and r.device == device
+        and r.dtype == t.dtype
+        and tuple(r.shape) == tuple(shape_of(t))
+        and r.is_contiguous()
+        and r.data_ptr() % ALIGN_BYTES == 0
+        and r.data_ptr() != 0
+    )
+
+
+def _elsewhere(resident: Mapping[int, Key], args: tuple[Any, ...]) -> bool:
+    """Whether a resident input of this call is not at the address and strides captured."""
+    for i, (ptr, strides) in resident.items():
+        a = args[i]
+        if not isinstance(a, torch.Tensor) or a.data_ptr() != ptr or a.stride() != strides:
+            return True
+    return False
 
 
 def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
@@ -357,19 +422,23 @@ def graphed(
     fn: Call,
     enabled: bool,
     borrow_from: tuple[Any, Mapping[int, int]] | None = None,
+    resident: Mapping[int, torch.Tensor] | None = None,
 ) -> tuple[Call, dict[str, Any]]:
     """``program``'s call on CUDA: through one CUDA graph where it can be captured, else ``fn``
     (after a warm-up run that compiles its kernels); with the record of what happened.
 
     ``borrow_from``: ``(forward program, {input position: its output position})``, a training
     step's backward and where its saved inputs come from: those the forward's graph writes into
-    buffers of the right type are read there in place (:mod:`plait.runtime.cuda_handoff`)."""
+    buffers of the right type are read there in place (:mod:`plait.runtime.cuda_handoff`).
+    ``resident``: the caller's tensors for some input positions (a module's parameters), read
+    where they live from the first capture on; a call that passes one elsewhere runs
+    uncaptured."""
     reason = why_not_captured(program, enabled)
     start = time.perf_counter()
     if reason is None:
         link = _link(program, *borrow_from) if borrow_from is not None else None
         borrowed, handoff = (link[0], link[1]) if link is not None else (None, None)
-        call = GraphedCall(program, fn, borrowed, handoff)
+        call = GraphedCall(program, fn, borrowed, handoff, resident)
         try:
             call.capture()
         except RuntimeError as exc:

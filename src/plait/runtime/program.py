@@ -139,6 +139,7 @@ class StaxProgram:
         funcs: dict[int, Any],
         target: str = "cpu",
         borrow_from: tuple[StaxProgram, Mapping[int, int]] | None = None,
+        resident: Mapping[int, Any] | None = None,
     ) -> None:
         self.graph = graph
         self.target = target
@@ -165,7 +166,9 @@ class StaxProgram:
         if target == "triton" and self.device.type == "cuda":
             from plait.runtime.cuda_graph import graphed
 
-            call, self.cuda_graph = graphed(self, runner.fn, options.cuda_graphs, borrow_from)
+            call, self.cuda_graph = graphed(
+                self, runner.fn, options.cuda_graphs, borrow_from, resident
+            )
         # NOTE: Python looks ``__call__`` up on the class: the instance's choice is ``_call``
         self._call = call
 
@@ -303,13 +306,16 @@ def compile_graphs(
     options: StaxOptions | None = None,
     layouts: Sequence[Mapping[int, Sequence[Sequence[int]]] | None] | None = None,
     handoff: Mapping[int, int] | None = None,
+    resident: Sequence[Mapping[int, Any]] | None = None,
 ) -> list[StaxProgram]:
     """Compile several graphs, building all their kernels together (fewer, larger compiler
     invocations, all cores busy; identical kernels are built once).
 
     ``handoff``: for a training step's two graphs (forward, backward), the backward's input
     positions fed by the forward's output positions (its saved values): two CUDA graphs then
-    share those buffers (:mod:`plait.runtime.cuda_handoff`)."""
+    share those buffers (:mod:`plait.runtime.cuda_handoff`). ``resident``: per graph, the
+    caller's tensors known at compile time for some input positions (a module's parameters
+    and buffers), which a CUDA graph reads where they live (:mod:`plait.runtime.cuda_graph`)."""
     opts = options or StaxOptions()
     start = time.perf_counter()
     plans = []
@@ -398,8 +404,9 @@ def compile_graphs(
         }
         lender = (programs[0], handoff) if handoff is not None and len(programs) == 1 else None
         program = StaxProgram(
-            g, plan, memory, row, runner, opts, timings, funcs, target, borrow_from=lender
-        )
+            g, plan, memory, row, runner, opts, timings, funcs, target, borrow_from=lender,
+            resident=resident[len(programs)] if resident is not None else None,
+        )  # fmt: skip
         if target == "triton":
             program.triton_precompile = precompiled
         programs.append(program)

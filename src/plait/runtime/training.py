@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from plait.autograd import CompiledAutograd, Partition, build_joint, partition
@@ -146,11 +146,14 @@ def compile_training(
     options: StaxOptions | None = None,
     source_hash: str | None = None,
     name: str = "a plait-compiled program",
+    resident: Mapping[str, Any] | None = None,
 ) -> TrainingProgram:
     """Compile ``graph``'s forward and backward with respect to the inputs named in ``wrt``.
 
     ``differentiable_outputs``: the outputs that may take a cotangent (default: all; a buffer
-    update written back after the call is not one).
+    update written back after the call is not one). ``resident``: the tensors the calls will
+    pass for some inputs, by name (a module's parameters and buffers): on CUDA both graphs read
+    them where they live instead of copying them in (:mod:`plait.runtime.cuda_graph`).
     """
     seconds: dict[str, float] = {}
     start = time.perf_counter()
@@ -171,7 +174,11 @@ def compile_training(
     seconds["passes"] = time.perf_counter() - start
     start = time.perf_counter()
     handoff = _saved_sources(part, halves) if (options or StaxOptions()).cuda_handoff else None
-    fwd, bwd = compile_graphs(halves, options=options, handoff=handoff)
+    at = [
+        {i: resident[v.name] for i, v in enumerate(h.inputs) if v.name in resident}
+        for h in halves
+    ] if resident else None  # fmt: skip
+    fwd, bwd = compile_graphs(halves, options=options, handoff=handoff, resident=at)
     seconds["stax"] = time.perf_counter() - start
     bind_fwd, bind_bwd = _bound(part.forward, halves[0]), _bound(part.backward, halves[1])
     run = CompiledAutograd(
