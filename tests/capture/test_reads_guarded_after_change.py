@@ -1,9 +1,11 @@
 """Python values a capture reads through ``nn.Module`` attribute lookups are guarded where the
 lookup finds nothing (``hasattr``, ``getattr`` with a default, a user ``__getattr__`` that
-answers a default) and where the module lies outside the compiled module (a global module a
-compiled function calls, a module held in a plain list): its training flag, its parameter,
-buffer and submodule slots. Each case calls the compiled model, changes the value, and calls
-again: every call equals eager PyTorch on fresh random inputs, and the change recompiles."""
+answers a default), where the module lies outside the compiled module (a global module a
+compiled function calls, a module held in a plain list: its training flag, its parameter,
+buffer and submodule slots), and where the program iterates a compiled module's submodule
+table (a layer appended to an ``nn.Sequential`` or ``nn.ModuleList``). Each case calls the
+compiled model, changes the value, and calls again: every call equals eager PyTorch on fresh
+random inputs, and the change recompiles."""
 
 from __future__ import annotations
 
@@ -196,6 +198,28 @@ def test_a_submodule_of_a_global_module_replaced(evaluator: str, fresh_globals: 
 
 def test_a_submodule_appended_to_a_global_module(evaluator: str, fresh_globals: Any) -> None:
     _changed(_through_sequence, lambda: SEQUENCE.append(nn.Tanh()))
+
+
+# --- submodules added to the compiled module --------------------------------------------------
+class Stacked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(6, 6)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_layer_appended_to_a_compiled_sequential(evaluator: str) -> None:
+    model = nn.Sequential(nn.Linear(6, 6), nn.ReLU())
+    _changed(model, lambda: model.append(nn.Linear(6, 6)))
+
+
+def test_a_layer_appended_to_a_module_list(evaluator: str) -> None:
+    model = Stacked()
+    _changed(model, lambda: model.layers.append(nn.Tanh()))
 
 
 def _built_while_running(x: torch.Tensor) -> torch.Tensor:

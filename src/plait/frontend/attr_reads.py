@@ -39,7 +39,7 @@ def _recording_getattribute(self: Any, name: str) -> Any:
     rec = getattr(_LOCAL, "rec", None)
     if (
         rec is None
-        or (name in _MODULE_SKIP and (name == "__class__" or id(self) in rec.paths))
+        or (name in _MODULE_SKIP and (name == "__class__" or _guarded(rec, self, name)))
         or (id(self), name) in rec._reads
     ):
         return value  # NOTE: what module_read would skip, without its call
@@ -55,6 +55,13 @@ def _recording_getattribute(self: Any, name: str) -> Any:
             if paused:
                 rec.resume()
     return value
+
+
+def _guarded(rec: Any, m: Any, name: str) -> bool:
+    """Whether the state guards cover ``m.name`` (one of :data:`_MODULE_SKIP`): the tables
+    and flags of the compiled module's modules, but for which submodules a table holds (an
+    appended layer is not one of the captured edges; ``nn.Sequential`` iterates the table)."""
+    return name != "_modules" and id(m) in rec.paths
 
 
 def _record(rec: Any, record: Any, *args: Any) -> None:

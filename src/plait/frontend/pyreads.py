@@ -250,7 +250,8 @@ class PyReads:
         read now (a change before the capture ends is refused), and leaves the roots' making
         (names, descriptions) to :meth:`finish` (:meth:`_made`)."""
         if (id(m), name) in self._reads or (
-            name in _MODULE_SKIP and (name == "__class__" or id(m) in self.paths)
+            name in _MODULE_SKIP
+            and (name == "__class__" or (name != "_modules" and id(m) in self.paths))
         ):
             return  # NOTE: the state guards cover the tables and flags of the compiled module
         self._reads.add((id(m), name))
