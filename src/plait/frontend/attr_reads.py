@@ -26,9 +26,22 @@ _PATCH_USERS = [0]
 
 
 def _recording_getattribute(self: Any, name: str) -> Any:
-    value = object.__getattribute__(self, name)
+    try:
+        value = object.__getattribute__(self, name)
+    except AttributeError:
+        # NOTE: nothing in the instance dict or the class: a __getattr__ of the module's own
+        # may answer a default, which an attribute set later would shadow (PyTorch's own
+        # __getattr__ records what it finds, or that it finds nothing)
+        rec = getattr(_LOCAL, "rec", None)
+        if rec is not None and type(self).__getattr__ is not _recording_getattr:
+            _record(rec, rec.module_read, self, name)
+        raise
     rec = getattr(_LOCAL, "rec", None)
-    if rec is None or name in _MODULE_SKIP or (id(self), name) in rec._reads:
+    if (
+        rec is None
+        or (name in _MODULE_SKIP and (name == "__class__" or _guarded(rec, self, name)))
+        or (id(self), name) in rec._reads
+    ):
         return value  # NOTE: what module_read would skip, without its call
     if not (name == "__dict__" and _library_caller()):
         _LOCAL.rec = None  # NOTE: the recorder's own reads are not the program's
@@ -44,6 +57,26 @@ def _recording_getattribute(self: Any, name: str) -> Any:
     return value
 
 
+def _guarded(rec: Any, m: Any, name: str) -> bool:
+    """Whether the state guards cover ``m.name`` (one of :data:`_MODULE_SKIP`): the tables
+    and flags of the compiled module's modules, but for which submodules a table holds (an
+    appended layer is not one of the captured edges; ``nn.Sequential`` iterates the table)."""
+    return name != "_modules" and id(m) in rec.paths
+
+
+def _record(rec: Any, record: Any, *args: Any) -> None:
+    """``record(*args)`` as the recorder's own code: its reads and frames are not the
+    program's."""
+    _LOCAL.rec = None
+    paused = rec.pause()
+    try:
+        rec._safely(record, *args)
+    finally:
+        _LOCAL.rec = rec
+        if paused:
+            rec.resume()
+
+
 def _library_caller() -> bool:
     """Whether the attribute read comes from PyTorch's (or plait's) own code: their reads of
     ``__dict__`` (``nn.Module.__getattr__`` finding parameters) are not the program's."""
@@ -57,8 +90,9 @@ _MODULE_GETATTR = [nn.Module.__getattr__]
 
 def _recording_getattr(self: Any, name: str) -> Any:
     """``nn.Module.__getattr__`` (parameters, buffers, submodules): a slot holding None is a
-    Python value the program read (``if self.bias is not None``); a tensor or a submodule is
-    guarded by the state guards."""
+    Python value the program read (``if self.bias is not None``), and so is a name no slot
+    holds (``hasattr``); a tensor or a submodule of the compiled module is guarded by the state
+    guards, one of a module outside it (a global module a compiled function calls) here."""
     rec = getattr(_LOCAL, "rec", None)
     if rec is None:
         return _MODULE_GETATTR[0](self, name)
@@ -78,18 +112,14 @@ def _recording_getattr(self: Any, name: str) -> Any:
                 paused = False
                 rec.resume()
             value = _MODULE_GETATTR[0](self, name)
+    except AttributeError:
+        _record(rec, rec.table_read, self, name, True)  # NOTE: hasattr, getattr with a default
+        raise
     finally:
         if paused:
             rec.resume()
-    if value is None:
-        _LOCAL.rec = None
-        paused = rec.pause()
-        try:
-            rec._safely(rec.table_read, self, name)
-        finally:
-            _LOCAL.rec = rec
-            if paused:
-                rec.resume()
+    if value is None or id(self) not in rec.paths:
+        _record(rec, rec.table_read, self, name)
     return value
 
 

@@ -123,6 +123,11 @@ class PyReads:
         self.refusal: str | None = None
         self.keys: list[Keyed] = []  # NOTE: set by finish()
         self._reads: set[tuple[int, str]] = set()
+        self._slots: set[tuple[int, str]] = set()  # NOTE: table_read's
+        # NOTE: roots keyed at finish, not when read: the tables, flags and missing names of
+        # modules outside the compiled module, which a module the program builds while it
+        # runs (a cache's ModuleList) fills in then
+        self._late: set[tuple[Any, ...]] = set()
         self._codes: set[int] = set()
         # NOTE: codes with free variables: each frame of one is matched to its function object
         # (several functions share a code, each with its own closure cells, all guarded)
@@ -225,8 +230,13 @@ class PyReads:
         path = self.paths.get(id(m))
         return None if path is None else [kind, path, *rest]
 
-    def _add(self, key: tuple[Any, ...], root: Root) -> None:
+    def _add(self, key: tuple[Any, ...], root: Root, late: bool = False) -> None:
+        """``late``: the root is keyed at :meth:`finish` (see ``_late``), not now."""
         if key in self.roots:
+            return
+        if late:
+            self._late.add(key)
+            self.roots[key] = root
             return
         try:
             root.first = _Walk().key(root.read(), shallow=root.shallow)
@@ -239,8 +249,11 @@ class PyReads:
         """NOTE: runs on each module attribute the program reads first: it keys the values
         read now (a change before the capture ends is refused), and leaves the roots' making
         (names, descriptions) to :meth:`finish` (:meth:`_made`)."""
-        if (id(m), name) in self._reads or name in _MODULE_SKIP:
-            return
+        if (id(m), name) in self._reads or (
+            name in _MODULE_SKIP
+            and (name == "__class__" or (name != "_modules" and id(m) in self.paths))
+        ):
+            return  # NOTE: the state guards cover the tables and flags of the compiled module
         self._reads.add((id(m), name))
         self._alive.append(m)
         namespace = object.__getattribute__(m, "__dict__")
@@ -254,17 +267,24 @@ class PyReads:
         key: tuple[Any, ...] = ("type", id(m))
         if key not in roots:
             roots[key] = ("type", m, m, name, outside, Same(cls))  # NOTE: _Walk's class key
+        found = namespace.get(name, ABSENT)
+        late = outside is not None and (name in _MODULE_SKIP or found is ABSENT)
         key = ("item", id(namespace), name)
         if key not in roots:
-            read = ("attr", m, namespace, name, outside)
-            self._pend(key, read, namespace.get(name, ABSENT), False)
+            self._pend(key, ("attr", m, namespace, name, outside), found, False, late)
         key = ("typeattr", id(cls), name)
-        if name not in namespace and key not in roots:
+        if found is ABSENT and key not in roots:
             read = ("classattr", m, cls, name, outside)
-            self._pend(key, read, _mro_lookup(cls, name), not _is_user_class(cls))
+            self._pend(key, read, _mro_lookup(cls, name), not _is_user_class(cls), late)
 
-    def _pend(self, key: tuple[Any, ...], read: tuple[Any, ...], value: Any, shallow: bool) -> None:
+    def _pend(
+        self, key: tuple[Any, ...], read: tuple[Any, ...], value: Any, shallow: bool, late: bool
+    ) -> None:
         """A root made at :meth:`finish`, keyed by the value read now (as :meth:`_add`)."""
+        if late:
+            self._late.add(key)
+            self.roots[key] = (*read, None)
+            return
         try:
             self.roots[key] = (*read, quick_key(value, shallow))
         except GraphCaptureError as exc:
@@ -291,20 +311,26 @@ class PyReads:
         root.first = first
         return root
 
-    def table_read(self, m: nn.Module, name: str) -> None:
-        """A parameter, buffer or submodule slot read as None."""
-        if (id(m), name) in self._reads:
+    def table_read(self, m: nn.Module, name: str, absent: bool = False) -> None:
+        """A parameter, buffer or submodule slot read: one holding None, any one of a module
+        outside the compiled module (the state guards cover the compiled module's), or
+        (``absent``) a name no slot holds (``hasattr``, ``getattr`` with a default), which the
+        instance and its class lack too."""
+        if absent:
+            self.module_read(m, name)
+        if (id(m), name) in self._slots:
             return
-        self._reads.add((id(m), name))
+        self._slots.add((id(m), name))
         self._alive.append(m)
+        late = id(m) not in self.paths
         namespace = object.__getattribute__(m, "__dict__")
         for table in ("_parameters", "_buffers", "_modules"):
             slots = namespace.get(table)
-            if isinstance(slots, dict) and name in slots:
-                show = f"{self._where(m)}.{name}"
-                desc = self._desc(m, "table", table, name)
-                self._add(("item", id(slots), name), item_root(slots, name, show, desc))
-                return
+            if isinstance(slots, dict) and (absent or name in slots):
+                show, desc = f"{self._where(m)}.{name}", self._desc(m, "table", table, name)
+                self._add(("item", id(slots), name), item_root(slots, name, show, desc), late)
+                if not absent:
+                    return
 
     def _frame(self, frame: types.FrameType) -> None:
         code = frame.f_code
@@ -435,7 +461,12 @@ class PyReads:
         for r in roots:
             if id(r) not in keys:
                 keys[id(r)] = keyed(r)
-        changed = [r.show for r in roots if keys[id(r)].key != r.first]
+        late = self._late
+        changed = [
+            r.show
+            for k, r in zip(self.roots, roots)
+            if k not in late and keys[id(r)].key != r.first
+        ]
         if changed:
             raise GraphCaptureError(
                 "Python state",
