@@ -26,7 +26,7 @@ import torch
 from torch import nn
 import plait
 
-setup, cache, seed, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+setup, cache, seed, mode, name = *sys.argv[1:3], int(sys.argv[3]), *sys.argv[4:6]
 exec(setup)
 
 
@@ -40,7 +40,21 @@ class Tiny(nn.Module):
         return ((x * 1e-5) / (self.s * self.s)) * 1e-34
 
 
-model = Tiny().eval()
+class Head(nn.Module):
+    # NOTE: a oneDNN linear (its weight prepacked) and a convolution with a batch norm folded in
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x.view(4, 2, 1, 4).expand(4, 2, 3, 4).transpose(1, 2)))
+        return self.lin(torch.relu(y).mean(dim=3).transpose(1, 2).reshape(4, 16)[:, :8])
+
+
+model = {"tiny": Tiny, "head": Head}[name]().eval()
 x = torch.randn(4, 8, generator=torch.Generator().manual_seed(seed))
 compiled = plait.compile(model, options={"cache": cache})
 context = torch.inference_mode() if mode == "inference" else torch.no_grad()
@@ -57,14 +71,16 @@ print(json.dumps({
 FLUSH = "torch.set_flush_denormal(True)"
 
 
-def _child(cache: Path, setup: str, seed: int, mode: str = "no_grad") -> dict[str, Any]:
+def _child(
+    cache: Path, setup: str, seed: int, mode: str = "no_grad", model: str = "tiny"
+) -> dict[str, Any]:
     environ = {
         **os.environ,
         "PLAIT_CACHE_DIR": str(cache),
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         "OMP_NUM_THREADS": "1",
     }
-    args = [sys.executable, "-c", CHILD, setup, str(cache / "artifacts"), str(seed), mode]
+    args = [sys.executable, "-c", CHILD, setup, str(cache / "artifacts"), str(seed), mode, model]
     proc = subprocess.run(args, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -104,3 +120,15 @@ def test_denormals_flushed_at_compile_time_are_not_served_without(
     result = _child(cache, setups[second], seed=2)
     _like_eager(result, f"{second} after {first}")
     assert result["status"] == "miss"
+
+
+@pytest.mark.parametrize("first", ["no_grad", "inference"])
+def test_a_warm_start_under_inference_mode_answers_like_eager(tmp_path: Path, first: str) -> None:
+    """``torch.inference_mode()`` around the call: the entry's constants loaded (and folded, on
+    a cold compile) under it would be inference tensors, which have no version counter for the
+    prepacked weights' checks to read."""
+    cache = tmp_path / "cache"
+    _like_eager(_child(cache, "", seed=1, mode=first, model="head"), f"{first}, cold")
+    result = _child(cache, "", seed=2, mode="inference", model="head")
+    _like_eager(result, f"inference mode after {first}")
+    assert result["status"] == "hit"
