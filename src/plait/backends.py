@@ -14,10 +14,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -385,19 +386,36 @@ def compile_program(req: CompileRequest) -> Compiled:
     pipeline = _pipeline(req, freeze)
     # NOTE: the global module hooks a capture ran are part of the program, like the settings
     ambient = [*ambient_guards(), global_hook_guard()]
-    if req.store is None or (needs_grad and req.backend == "stax"):
-        compiled = _compile(req, m, pipeline, freeze, needs_grad)
-        if req.store is not None:
-            compiled.manifest.cache = {"status": "not cached", "events": [_TRAINING_NOT_CACHED]}
-    else:
-        settings = {**call_settings(), **process_settings(_on_cuda(req))}
-        compiled = cached_compile(
-            req, m, pipeline, freeze, needs_grad, _compile, _restore, settings
-        )
+    with _outside_inference_mode():
+        if req.store is None or (needs_grad and req.backend == "stax"):
+            compiled = _compile(req, m, pipeline, freeze, needs_grad)
+            if req.store is not None:
+                events = [_TRAINING_NOT_CACHED]
+                compiled.manifest.cache = {"status": "not cached", "events": events}
+        else:
+            settings = {**call_settings(), **process_settings(_on_cuda(req))}
+            compiled = cached_compile(
+                req, m, pipeline, freeze, needs_grad, _compile, _restore, settings
+            )
     compiled.guards += ambient
     compiled.manifest.guards += [g.text for g in ambient if not g.batch]
     enforce_budgets(req.options.get("budgets"), compiled.manifest, req.name)
     return compiled
+
+
+@contextlib.contextmanager
+def _outside_inference_mode() -> Iterator[None]:
+    """The block out of the caller's ``torch.inference_mode()``, grad mode as the call has it:
+    a compile's folded constants and a warm start's constants loaded from the entry are then
+    plain tensors (inference tensors have no version counter, and the checks of a prepacked
+    weight read one: under inference mode a conv-batch-norm fold, or any warm start with a
+    prepacked linear, raised)."""
+    if not torch.is_inference_mode_enabled():
+        yield
+        return
+    grad = torch.is_grad_enabled()
+    with torch.inference_mode(False), torch.set_grad_enabled(grad):
+        yield
 
 
 def _on_cuda(req: CompileRequest) -> bool:

@@ -65,6 +65,10 @@ def _set_warn_only(value: Any) -> None:
     )
 
 
+def _set_flush_denormal(value: Any) -> None:
+    torch.set_flush_denormal(bool(value))
+
+
 def _spread(write: Callable[..., None]) -> Callable[[Any], None]:
     """A writer for a setting read as a tuple (PyTorch's reader returns the setter's arguments)."""
     return lambda value: write(*value) if isinstance(value, tuple) else write(value)
@@ -98,6 +102,7 @@ _WRITERS: dict[str, Callable[[Any], None]] = {
     "torch.is_deterministic_algorithms_warn_only_enabled()": _set_warn_only,
     "torch.backends.mkldnn.enabled": torch._C._set_mkldnn_enabled,
     "torch.backends.cudnn.enabled": torch._C._set_cudnn_enabled,
+    "torch.set_flush_denormal": _set_flush_denormal,
     "torch.backends.cuda.flash_sdp_enabled()": torch._C._set_sdp_use_flash,
     "torch.backends.cuda.mem_efficient_sdp_enabled()": torch._C._set_sdp_use_mem_efficient,
     "torch.backends.cuda.math_sdp_enabled()": torch._C._set_sdp_use_math,

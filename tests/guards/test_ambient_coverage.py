@@ -24,7 +24,7 @@ PATTERN = re.compile(
     r"get_num_threads|allow_tf32|float32_matmul_precision|deterministic_algorithms|"
     r"/proc/cpuinfo|get_device_capability|get_default_dtype|mkldnn\.is_available|"
     r"mkldnn\.enabled|cudnn\.|is_autocast_enabled|is_grad_enabled|os\.environ|cpu_count|"
-    r"fp32_precision|_get_cublas|_get_cudnn|_get_mkldnn|_get_deterministic"
+    r"fp32_precision|_get_cublas|_get_cudnn|_get_mkldnn|_get_deterministic|flush_denormal"
 )
 # NOTE: not the compiler: the gate reads what it compares under, and the ambient table itself.
 SKIP = ("conformance/", "guards/ambient.py")
@@ -126,6 +126,7 @@ COVERED = {
     ("settings.py", "deterministic_algorithms"): _PROTOCOL,
     ("settings.py", "mkldnn.enabled"): _PROTOCOL,
     ("settings.py", "cudnn."): _PROTOCOL,
+    ("settings.py", "flush_denormal"): _PROTOCOL,
     ("logs.py", "os.environ"): "PLAIT_LOGS: which log records are shown, never what compiles",
     ("codegen/packed.py", "_get_mkldnn"): "not a setting: mkldnn._get_mkldnn_serialized_md, a "
     "prepacked weight's descriptor (entries are keyed by PyTorch's build and the CPU)",

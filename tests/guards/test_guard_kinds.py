@@ -259,6 +259,18 @@ def _flip_deterministic(warn_only: bool) -> Callable[[], None]:
     return lambda: torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
+def _flip_flush_denormal() -> Callable[[], None]:
+    from plait.guards.ambient import call_settings
+
+    before = call_settings()["torch.set_flush_denormal"]
+    torch.set_flush_denormal(not before)
+
+    def undo() -> None:
+        torch.set_flush_denormal(before)
+
+    return undo
+
+
 def _flip_default_dtype() -> Callable[[], None]:
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64 if before == torch.float32 else torch.float32)
@@ -314,6 +326,7 @@ AMBIENT_CASES: dict[str, Callable[[], Callable[[], None]]] = {
         torch.backends.cudnn, "enabled", torch._C._set_cudnn_enabled
     ),
     "torch.get_default_dtype()": _flip_default_dtype,
+    "torch.set_flush_denormal": _flip_flush_denormal,
     "torch.backends.cuda.flash_sdp_enabled()": lambda: _flip_sdp("flash"),
     "torch.backends.cuda.mem_efficient_sdp_enabled()": lambda: _flip_sdp("mem_efficient"),
     "torch.backends.cuda.math_sdp_enabled()": lambda: _flip_sdp("math"),

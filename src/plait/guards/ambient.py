@@ -1,10 +1,10 @@
 """Ambient settings: what a compile read of the process's state besides its inputs.
 
 Two kinds. *Call* settings can change between calls (``torch.set_num_threads``, the TF32 and
-matmul precision flags, deterministic algorithms, oneDNN on/off): each is a guard of kind
-``"ambient"`` on every compiled specialization and a part of its cache key. *Process* settings are
-fixed for the life of a process (CPU features, GPU compute capability, how PyTorch was built):
-they can never fail a guard, so they enter the cache key only.
+matmul precision flags, deterministic algorithms, oneDNN on/off, denormals flushed to zero): each
+is a guard of kind ``"ambient"`` on every compiled specialization and a part of its cache key.
+*Process* settings are fixed for the life of a process (CPU features, GPU compute capability, how
+PyTorch was built): they can never fail a guard, so they enter the cache key only.
 
 Why the compile depends on them: passes fold constants and fold batch norms with PyTorch's own
 kernels, Stax probes extern layouts and prepacks oneDNN weights at compile time, and native code
@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,20 @@ def _legacy_precision() -> str:
         return "mixed (see the fp32_precision settings)"
 
 
+# NOTE: a float32 denormal packed by the C conversion of this thread: all zero bytes where
+# denormals flush to zero (torch.set_flush_denormal(True) sets the CPU's FTZ and DAZ flags);
+# a C call, no Python frame (the native evaluator calls it on every guard check)
+_DENORMAL = functools.partial(struct.pack, "<f", 1e-40)
+_FLUSHED = b"\x00\x00\x00\x00"
+
+
+def _flushes_denormals() -> bool:
+    """Whether float denormals flush to zero now (``torch.set_flush_denormal``): compile-time
+    folding ran PyTorch's kernels under it, so a folded constant can be 0 where eager's, computed
+    without it, is not (``x / (s * s)`` with ``s * s`` a denormal: inf against a finite value)."""
+    return _DENORMAL() == _FLUSHED
+
+
 CALL_SETTINGS: tuple[Setting, ...] = (
     Setting("torch.get_num_threads()", torch.get_num_threads),
     Setting(
@@ -113,6 +128,7 @@ CALL_SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("torch.backends.mkldnn.enabled", torch._C._get_mkldnn_enabled),
     Setting("torch.backends.cudnn.enabled", torch._C._get_cudnn_enabled),
+    Setting("torch.set_flush_denormal", _flushes_denormals, (_DENORMAL,)),
     # NOTE: which fused attention kernels eager may pick: a compiled attention gradient runs
     # the one eager picks when it is compiled
     Setting("torch.backends.cuda.flash_sdp_enabled()", torch._C._get_flash_sdp_enabled),
