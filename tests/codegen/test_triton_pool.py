@@ -209,4 +209,7 @@ def test_a_worker_reply_whose_kernel_is_missing_here_is_recorded(
         w = triton_pool._Waiting("k1", {"symbol": "k"}, lambda: SimpleNamespace(hash="h"))
         mode._finish(w, {"hash": "h", "compile_s": 0.1, "launcher_s": 0.0})
     assert w.future.result().hash == "h"
-    assert mode.errors() == ["k: its kernel is not in this process's Triton cache"]
+    assert mode.errors() == [
+        "k: its kernel is not in this process's Triton cache (the worker compiled under key h, "
+        "this process looks under k1)"
+    ]

@@ -406,7 +406,11 @@ def _mode_class() -> Any:
                 w.claimed = True
             try:
                 if reply is not None and "hash" in reply and not _held(w.key):
-                    reply = {"error": "its kernel is not in this process's Triton cache"}
+                    # NOTE: both keys named: a worker that compiled under another key (another
+                    # environment, another ptxas) is told apart from one whose file is missing
+                    reply = {"error": "its kernel is not in this process's Triton cache (the "
+                             f"worker compiled under key {reply['hash']}, this process looks "
+                             f"under {w.key})"}  # fmt: skip
                 kernel = w.compile_fn()
                 with self._lock:
                     self._note(w, reply, kernel)
