@@ -42,25 +42,26 @@ def structure_digest(kernel: Kernel) -> str:
         repr(kernel.template),
     ]
     position: dict[int, int] = {}
-
-    def visit(s: Stmt) -> int:
-        # NOTE: keyed by identity: two statements that share an id still list apart
-        found = position.get(id(s))
-        if found is not None:
-            return found
-        args = [visit(a) for a in s.args]
-        position[id(s)] = len(position)
-        lines.append(f"s {s.id} {s.op} {s.dtype} {args} {_spelled(s.attr)}")
-        return position[id(s)]
-
     for p, ph in enumerate(kernel.phases):
         for r in ph.reduces:
-            lines.append(f"r {p} {r.acc} {r.kind} {r.dtype} {visit(r.value)}")
+            lines.append(f"r {p} {r.acc} {r.kind} {r.dtype} {_listed(r.value, position, lines)}")
         for st in ph.stores:
-            lines.append(f"w {p} {st.buffer} {st.index!r} {visit(st.value)}")
+            lines.append(f"w {p} {st.buffer} {st.index!r} {_listed(st.value, position, lines)}")
     for st in kernel.final:
-        lines.append(f"f {st.buffer} {st.index!r} {visit(st.value)}")
+        lines.append(f"f {st.buffer} {st.index!r} {_listed(st.value, position, lines)}")
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def _listed(s: Stmt, position: dict[int, int], lines: list[str]) -> int:
+    """``s``'s position among the statements listed (listed first, operands before it)."""
+    # NOTE: keyed by identity: two statements that share an id still list apart
+    found = position.get(id(s))
+    if found is not None:
+        return found
+    args = [_listed(a, position, lines) for a in s.args]
+    position[id(s)] = len(position)
+    lines.append(f"s {s.id} {s.op} {s.dtype} {args} {_spelled(s.attr)}")
+    return position[id(s)]
 
 
 def _spelled(value: Any) -> str:

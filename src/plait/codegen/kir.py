@@ -140,6 +140,15 @@ class Phase:
     stores: list[Store] = field(default_factory=list)
 
 
+def _reach(s: Stmt, seen: dict[int, Stmt]) -> None:
+    """``s`` and what it reads into ``seen`` (by id), operands first."""
+    if s.id in seen:
+        return
+    for a in s.args:
+        _reach(a, seen)
+    seen[s.id] = s
+
+
 @dataclass
 class Kernel:
     name: str
@@ -170,21 +179,13 @@ class Kernel:
         """Every statement reachable from the kernel's stores and reductions, in dependency
         order."""
         seen: dict[int, Stmt] = {}
-
-        def visit(s: Stmt) -> None:
-            if s.id in seen:
-                return
-            for a in s.args:
-                visit(a)
-            seen[s.id] = s
-
         for ph in self.phases:
             for r in ph.reduces:
-                visit(r.value)
+                _reach(r.value, seen)
             for st in ph.stores:
-                visit(st.value)
+                _reach(st.value, seen)
         for st in self.final:
-            visit(st.value)
+            _reach(st.value, seen)
         return list(seen.values())
 
     def text(self) -> str:

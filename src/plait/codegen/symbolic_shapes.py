@@ -151,19 +151,20 @@ def attr_sizes(node: Node) -> list[Size]:
     """The symbolic sizes among ``node``'s attributes (a slice bound, a view's shape) and its
     scalar operands."""
     out: list[Size] = []
-
-    def visit(v: Any) -> None:
-        if isinstance(v, sympy.Expr) and v.free_symbols:
-            out.append(from_dim(v))
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                visit(x)
-
     for value in node.attrs.values():
-        visit(value)
+        _collect_sizes(value, out)
     for operand in node.inputs:  # NOTE: a size used as a scalar operand (x / x.shape[0])
-        visit(operand)
+        _collect_sizes(operand, out)
     return out
+
+
+def _collect_sizes(v: Any, out: list[Size]) -> None:
+    # NOTE: a module-level function, not a recursive closure (a reference cycle per call)
+    if isinstance(v, sympy.Expr) and v.free_symbols:
+        out.append(from_dim(v))
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _collect_sizes(x, out)
 
 
 def hints_for(graph: Graph) -> dict[str, int]:
