@@ -58,10 +58,12 @@ def _recording_getattribute(self: Any, name: str) -> Any:
 
 
 def _guarded(rec: Any, m: Any, name: str) -> bool:
-    """Whether the state guards cover ``m.name`` (one of :data:`_MODULE_SKIP`): the tables
-    and flags of the compiled module's modules, but for which submodules a table holds (an
-    appended layer is not one of the captured edges; ``nn.Sequential`` iterates the table)."""
-    return name != "_modules" and id(m) in rec.paths
+    """Whether the state guards cover ``m.name`` (one of :data:`_MODULE_SKIP`): the flags of
+    the compiled module's modules, but not what its tables hold, read as tables (an appended
+    layer is not one of the captured edges, ``nn.Sequential`` iterates the table; a parameter
+    registered later is not one of the captured entries, ``parameters()`` iterates the
+    table)."""
+    return name not in _TABLES and id(m) in rec.paths
 
 
 def _record(rec: Any, record: Any, *args: Any) -> None:

@@ -338,9 +338,11 @@ def module_guards(
     # NOTE: the fast path reads with C-level maps over precomputed tables (a few tens of
     # nanoseconds per module or tensor); the module's own methods stay the reference.
     modules = [m for _, m in ms.modules]
-    tables = [p._modules for p, _, _ in ms.edges]
-    keys = [k for _, k, _ in ms.edges]
-    children = [c for _, _, c in ms.edges]
+    # NOTE: and the entries that read the state are current (ModuleState.status): a parameter
+    # or buffer registered, deleted or set to None since reorders the state a program reads
+    tables = [p._modules for p, _, _ in ms.edges] + [ms.status]
+    keys = [k for _, k, _ in ms.edges] + ["current"]
+    children: list[Any] = [c for _, _, c in ms.edges] + [ms]
 
     def intact(env: GuardEnv) -> bool:
         return all(map(operator.is_, map(dict.get, tables, keys), children))

@@ -70,11 +70,14 @@ from plait.frontend.pyvalues import (
     item_root,
     keyed,
     quick_key,
+    table_names_root,
     type_root,
     typeattr_root,
 )
 
 # --- recording -----------------------------------------------------------------------------
+_TABLES = ("_parameters", "_buffers", "_modules")
+_STATE_TABLES = ("_parameters", "_buffers")
 _WHOLE_NAMESPACE = frozenset({"globals", "eval", "exec", "vars", "locals", "__import__"})
 
 
@@ -141,6 +144,7 @@ class PyReads:
         self._active = False
         self._tracing = False
         self._gc_was_enabled = False
+        self._bypass = False  # NOTE: see _around
 
     # -- entering and leaving
     def __enter__(self) -> PyReads:
@@ -251,14 +255,20 @@ class PyReads:
         (names, descriptions) to :meth:`finish` (:meth:`_made`)."""
         if (id(m), name) in self._reads or (
             name in _MODULE_SKIP
-            and (name == "__class__" or (name != "_modules" and id(m) in self.paths))
+            and (name == "__class__" or (name not in _TABLES and id(m) in self.paths))
         ):
-            return  # NOTE: the state guards cover the tables and flags of the compiled module
+            return  # NOTE: the state guards cover the flags of the compiled module
         self._reads.add((id(m), name))
         self._alive.append(m)
         namespace = object.__getattribute__(m, "__dict__")
         if name == "__dict__":
             self._add(("dict", id(m)), dict_root(m, self._where(m), self._desc(m, "dict")))
+            return
+        if name in _STATE_TABLES and id(m) in self.paths:
+            # NOTE: its tensors are the module state (swapped for tracers while the capture
+            # runs, read each call): the names it holds are what the program read of it
+            show, desc = f"{self._where(m)}.{name}", self._desc(m, "tablenames", name)
+            self._add(("tablenames", id(m), name), table_names_root(m, name, show, desc))
             return
         roots = self.roots
         cls = type(m)
@@ -352,6 +362,8 @@ class PyReads:
             loads = _global_loads(code)
             for name in loads:
                 self._global(g, module, name, frame.f_builtins)
+            if "__getattribute__" in names and "object" in loads:
+                self._around()  # NOTE: object.__getattribute__(self, "scale")
             if _WHOLE_NAMESPACE & set(loads):
                 for name in list(g):
                     self._global(g, module, name, frame.f_builtins)
@@ -431,7 +443,19 @@ class PyReads:
             for fn in fns:
                 self._record(fn, code, module, keys)
 
+    def _around(self) -> None:
+        """The program may read module attributes around the instrument (its code names
+        ``object.__getattribute__``): the instance dicts of the compiled module's modules are
+        guarded whole now, those of the other modules it read at :meth:`finish`."""
+        if self._bypass:
+            return
+        self._bypass = True
+        for m in self.tree:
+            self._add(("dict", id(m)), dict_root(m, self._where(m), self._desc(m, "dict")))
+
     def _global(self, g: dict, module: str, name: str, builtins_: dict) -> None:
+        if g.get(name) is _OBJECT_GETATTRIBUTE:
+            self._around()  # NOTE: an alias of object.__getattribute__
         resolvable = sys.modules.get(module) is not None and vars(sys.modules[module]) is g
         desc = ["global", module, name] if resolvable else None
         show = f"global {module}.{name}"
@@ -448,6 +472,9 @@ class PyReads:
         :class:`GraphCaptureError` for a read that cannot be guarded. ``self.keys`` then holds
         each root read now (:func:`~plait.frontend.pyvalues.keyed`), in the same order."""
         self._resolve_pending()
+        if self._bypass:
+            for m in [m for m in self._alive if isinstance(m, nn.Module)]:
+                self._add(("dict", id(m)), dict_root(m, self._where(m), self._desc(m, "dict")))
         made = self.roots
         for key, r in made.items():
             if type(r) is tuple:
@@ -538,6 +565,7 @@ class PyReads:
             self._add(("typeattr", id(cls), name), typeattr_root(cls, name, show, found))
 
 
+_OBJECT_GETATTRIBUTE = object.__getattribute__
 _INLINE = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
 _IMPORT_SYSTEM = frozenset(
     {

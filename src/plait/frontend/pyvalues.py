@@ -284,6 +284,32 @@ def dict_root(owner: Any, show: str, desc: list | None) -> Root:
     return Root(show, read, desc, lambda v: (PYTHON,))
 
 
+def table_names_root(owner: Any, table: str, show: str, desc: list | None) -> Root:
+    """The names a compiled module's parameter or buffer table holds, each marked where its
+    slot holds None (the program iterated the table): the tensors in it are the module state,
+    read each call, so a tensor rebound in a slot keeps the key. Natively, the table's items
+    as they are when the guard is made (its dict version tag; the Python read after a change:
+    nn.Module never replaces the table itself, only its items)."""
+
+    def found() -> Any:
+        return object.__getattribute__(owner, "__dict__").get(table, ABSENT)
+
+    def read() -> Any:
+        slots = found()
+        if not isinstance(slots, dict):
+            return slots
+        # NOTE: one string (a readable reason): the repr of a list of strings is one-to-one
+        return repr([k if v is not None else (k, None) for k, v in slots.items()])
+
+    def native(v: Any) -> tuple[Any, ...]:
+        slots = found()
+        if type(slots) is dict or type(slots) is OrderedDict:
+            return (DICT, slots, tuple(slots), tuple(slots.values()))
+        return (PYTHON,)
+
+    return Root(show, read, desc, native)
+
+
 def find_class(module: str, qualname: str) -> Any:
     """The object ``module.qualname`` names in this process (no import), or None."""
     obj: Any = sys.modules.get(module)
@@ -305,7 +331,7 @@ def _cell_value(cell: Any) -> Any:
 def resolve(desc: list[Any], module: nn.Module | None) -> Root:
     """The root ``desc`` describes in this process (a warm start); raises ``LookupError``."""
     kind = desc[0]
-    if kind in ("attr", "classattr", "type", "dict", "table"):
+    if kind in ("attr", "classattr", "type", "dict", "table", "tablenames"):
         if module is None:
             raise UnknownNameError("a module attribute without a module")
         m = module.get_submodule(desc[1]) if desc[1] else module
@@ -317,6 +343,8 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
         if kind == "attr":
             namespace = object.__getattribute__(m, "__dict__")
             return item_root(namespace, desc[2], f"{where}.{desc[2]}", desc)
+        if kind == "tablenames":
+            return table_names_root(m, desc[2], f"{where}.{desc[2]} (names)", desc)
         if kind == "table":
             slots = object.__getattribute__(m, "__dict__")[desc[2]]
             return item_root(slots, desc[3], f"{where}.{desc[3]}", desc)

@@ -34,8 +34,12 @@ class StateEntry:
     def get(self) -> torch.Tensor:
         owner, attr = self.slots[0]
         table = owner._parameters if self.kind == "param" else owner._buffers
-        t = table[attr]
-        assert t is not None
+        t = table.get(attr)
+        if t is None:
+            raise LookupError(
+                f"{self.path} is no longer a {'parameter' if self.kind == 'param' else 'buffer'}"
+                " of the module (deleted or set to None)"
+            )
         return t
 
 
@@ -60,6 +64,11 @@ class ModuleState:
                         by_id[id(t)] = entry
                         self.entries.append(entry)
                     entry.slots.append((mod, attr))
+        self.layout = self._layout()
+        # NOTE: ``status["current"] is self`` until structure_intact finds the module changed
+        # (the engine then reads its state again): the guards of the programs captured with
+        # these entries check it with the submodule edges, and fail from then on
+        self.status: dict[str, Any] = {"current": self}
 
     def fetch(self) -> list[torch.Tensor]:
         """The live tensors, in entry order."""
@@ -69,7 +78,30 @@ class ModuleState:
         return tuple(m.training for _, m in self.modules)
 
     def structure_intact(self) -> bool:
-        return all(p._modules.get(k) is c for p, k, c in self.edges)
+        """Whether the entries still name the module's parameters and buffers: the captured
+        submodules, and in each module the same parameter and buffer names holding tensors
+        (a slot set to None, deleted or registered changes the entries). Once not, these
+        entries are not :attr:`current`: the state is read by another ``ModuleState``'s
+        entries from then on, in another order."""
+        intact = all(p._modules.get(k) is c for p, k, c in self.edges) and (
+            self._layout() == self.layout
+        )
+        if not intact:
+            self.status.clear()
+        return intact
+
+    @property
+    def current(self) -> bool:
+        return self.status.get("current") is self
+
+    def _layout(self) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+        return [
+            (
+                tuple(k for k, t in m._parameters.items() if t is not None),
+                tuple(k for k, t in m._buffers.items() if t is not None),
+            )
+            for _, m in self.modules
+        ]
 
     def module_path(self, i: int) -> str:
         name = self.modules[i][0]

@@ -63,8 +63,13 @@ class StateFetcher:
     def _python(self) -> list[torch.Tensor]:
         return list(map(operator.getitem, self.tables, self.keys))
 
-    def __call__(self) -> list[torch.Tensor]:
-        return self._fetch()
+    def __call__(self) -> list[Any]:
+        try:
+            return self._fetch()
+        except KeyError:
+            # NOTE: a slot removed (``del module.buffer``): None there fails every guard on
+            # it, and the recompile reads the module state again (ModuleState.structure_intact)
+            return [table.get(key) for table, key in zip(self.tables, self.keys)]
 
 
 def _signature(t: torch.Tensor) -> tuple[int, int, int]:
