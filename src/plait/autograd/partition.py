@@ -107,7 +107,61 @@ def partition(joint: Joint, partitioner: str = "min-cut") -> Partition:
         saved = _read_by_others(g, joint, forward_nodes)
     else:
         saved = _min_cut(g, joint, forward_nodes)
-    return carry_symbols(_split(joint, saved, partitioner), g)
+    part = _split(joint, saved, partitioner)
+    _refuse_unbound_unbacked(part.backward)
+    return carry_symbols(part, g)
+
+
+def _refuse_unbound_unbacked(backward: Graph) -> None:
+    """Raises :class:`PartitionError` when the backward's shapes or attributes hold a
+    data-dependent size (``dd0``: boolean-mask indexing, ``masked_select``, ``nonzero``) that
+    no node of the backward makes and no backward input has as a dim: the backward of
+    ``masked_select(x, m).sum()`` takes a scalar cotangent, yet expands it to ``[dd0]``. A
+    compiled program binds sizes from its inputs and a carrier cannot hold this one, so the
+    compile falls back to eager autograd for the backward, as for a saved value of such a size.
+    """
+    made = {
+        str(d)
+        for v in backward.inputs
+        if isinstance(v.type, TensorType)
+        for d in v.type.shape
+        if isinstance(d, sympy.Symbol) and UNBACKED_RE.match(str(d))
+    }  # NOTE: an input's own dim binds it (an interpreted backward; Stax refuses such an input)
+    for n in backward.nodes:
+        before = _unbacked_symbols([*n.input_values(), *n.attrs.values()])
+        made |= _unbacked_symbols([v.type for v in n.outputs]) - before
+    used: set[str] = set()
+    for n in backward.nodes:
+        used |= _unbacked_symbols([*(v.type for v in n.input_values()), *n.attrs.values()])
+        used |= _unbacked_symbols([v.type for v in n.outputs])
+    missing = sorted(used - made)
+    if missing:
+        raise PartitionError(
+            f"the backward needs the data-dependent size(s) {missing} of the forward (boolean-mask "
+            "indexing, masked_select, nonzero...): compiled backwards take static or symbolic "
+            "sizes only"
+        )
+
+
+def _unbacked_symbols(items: Iterable[Any]) -> set[str]:
+    """Names of the data-dependent (unbacked) size symbols in ``items``: types, attributes."""
+    out: set[str] = set()
+
+    def visit(x: Any) -> None:
+        if isinstance(x, sympy.Expr):
+            out.update(str(s) for s in x.free_symbols if UNBACKED_RE.match(str(s)))
+        elif isinstance(x, TensorType):
+            for d in x.shape:
+                visit(d)
+        elif isinstance(x, Value):
+            visit(x.type)
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y)
+
+    for x in items:
+        visit(x)
+    return out
 
 
 def _producers(g: Graph) -> dict[int, Node]:

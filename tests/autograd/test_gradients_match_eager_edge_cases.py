@@ -1,0 +1,56 @@
+"""Gradients through compiled programs at edge cases, judged against eager on random draws."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import plait
+from plait.errors import CaptureFallbackWarning
+from tests.util import contract_tol
+
+
+class Masked(nn.Module):
+    """A reduction of a value of data-dependent size: the backward expands a scalar cotangent
+    to the forward's count of selected elements, a size no backward input has."""
+
+    def __init__(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(5, 7, generator=torch.Generator().manual_seed(4)))
+        self.reduce = reduce
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.reduce(torch.masked_select(torch.tanh(self.w * x), x > 0))
+
+
+REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sum": torch.sum,
+    "mean": torch.mean,
+    "amax": torch.amax,
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_a_reduction_of_a_data_dependent_size_trains_with_eagers_gradients(name: str) -> None:
+    model = Masked(REDUCTIONS[name])
+    compiled = plait.compile(copy.deepcopy(model), backend="stax")
+    gen = torch.Generator().manual_seed(17)
+    for draw in range(3):
+        x = torch.randn(5, 7, generator=gen)
+        if draw == 0:
+            with pytest.warns(CaptureFallbackWarning, match="data-dependent size"):
+                got = compiled(x)
+        else:
+            got = compiled(x)
+        want = model(x)
+        torch.testing.assert_close(got, want, **contract_tol("reduction", torch.float32))
+        got.backward()
+        want.backward()
+        assert compiled.w.grad is not None and model.w.grad is not None
+        torch.testing.assert_close(
+            compiled.w.grad, model.w.grad, **contract_tol("reduction", torch.float32)
+        )
