@@ -33,3 +33,14 @@ def plait_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         os.environ.pop("PLAIT_CACHE_DIR", None)
     else:
         os.environ["PLAIT_CACHE_DIR"] = previous
+
+
+@pytest.fixture(params=["native", "python"])
+def evaluator(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A test that takes ``evaluator`` runs with the native guard evaluator and with the
+    guards' Python reads."""
+    from plait.api import _Engine
+
+    if request.param == "python":
+        monkeypatch.setattr(_Engine, "guard_evaluators", None)
+    return str(request.param)

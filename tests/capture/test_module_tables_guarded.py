@@ -21,18 +21,9 @@ import torch
 from torch import nn
 
 import plait
-from plait.api import _Engine
 from tests.util import contract_tol
 
 NO_CACHE = {"cache": False}
-
-
-@pytest.fixture(params=["native", "python"])
-def evaluator(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test runs with the native evaluator and with the guards' Python reads."""
-    if request.param == "python":
-        monkeypatch.setattr(_Engine, "guard_evaluators", None)
-    return str(request.param)
 
 
 def _same_as_eager(compiled: Any, eager: Callable[..., Any], seed: int) -> None:

@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 import plait
-from plait.api import _Engine
 from plait.guards import native
 from tests.capture import pystate_helpers
 from tests.util import assert_bitwise
@@ -26,14 +25,6 @@ from tests.util import assert_bitwise
 NO_CACHE = {"cache": False}
 SCALE = 2.0
 MODE = "mul"
-
-
-@pytest.fixture(params=["native", "python"])
-def evaluator(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test runs with the native evaluator and with the guards' Python reads."""
-    if request.param == "python":
-        monkeypatch.setattr(_Engine, "guard_evaluators", None)
-    return str(request.param)
 
 
 def _x() -> torch.Tensor:

@@ -12,19 +12,10 @@ import pytest
 import torch
 
 import plait
-from plait.api import _Engine
 from plait.guards import native
 from tests.util import assert_bitwise
 
 NO_CACHE = {"cache": False}
-
-
-@pytest.fixture(params=["native", "python"])
-def evaluator(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test runs with the native evaluator and with the guards' Python reads."""
-    if request.param == "python":
-        monkeypatch.setattr(_Engine, "guard_evaluators", None)
-    return str(request.param)
 
 
 def _scaled(x: torch.Tensor, s: float) -> torch.Tensor:
