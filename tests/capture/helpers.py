@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import plait
-from tests.util import assert_bitwise
+from tests.util import assert_bitwise, contract_tol
 
 
 def assert_same(a: Any, b: Any, what: str = "output") -> None:
@@ -73,3 +73,28 @@ def opaque_path(monkeypatch: pytest.MonkeyPatch) -> None:
         return aten_trace.Refused("ATen tracing is off in this test", sampled)
 
     monkeypatch.setattr(opaque, "trace_to_aten", refuse)
+
+
+def same_as_eager(compiled: Any, eager: Callable[..., Any], seed: int) -> None:
+    """One call of a ``(4, 6)`` input drawn under ``seed``, compiled against eager, within the
+    contract's model tolerance."""
+    torch.manual_seed(seed)
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        got, want = compiled(x), eager(x)
+    torch.testing.assert_close(got, want, **contract_tol("model", torch.float32))
+
+
+def recompiled_once(eager: Callable[..., Any], change: Callable[[], None]) -> Any:
+    """Two calls, ``change()``, two calls: each against eager (fresh draws), exactly one
+    recompile for the change and no fallback; returns the compiled callable."""
+    compiled = plait.compile(eager, options={"cache": False})
+    same_as_eager(compiled, eager, 1)
+    same_as_eager(compiled, eager, 2)
+    assert len(compiled.specializations) == 1, compiled.recompile_reasons
+    change()
+    same_as_eager(compiled, eager, 3)
+    same_as_eager(compiled, eager, 4)
+    assert len(compiled.specializations) == 2, compiled.recompile_reasons
+    assert all(s.fallback_reason is None for s in compiled.specializations)
+    return compiled

@@ -14,38 +14,15 @@ eager PyTorch on fresh random inputs, and the change recompiles."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 import plait
-from tests.util import contract_tol
+from tests.capture.helpers import recompiled_once, same_as_eager
 
 NO_CACHE = {"cache": False}
-
-
-def _same_as_eager(compiled: Any, eager: Callable[..., Any], seed: int) -> None:
-    torch.manual_seed(seed)
-    x = torch.randn(4, 6)
-    with torch.no_grad():
-        got, want = compiled(x), eager(x)
-    torch.testing.assert_close(got, want, **contract_tol("model", torch.float32))
-
-
-def _changed(eager: nn.Module, change: Callable[[], None]) -> Any:
-    """Two calls, the change, two calls: each against eager, one recompile for the change."""
-    compiled = plait.compile(eager, options=NO_CACHE)
-    _same_as_eager(compiled, eager, 11)
-    _same_as_eager(compiled, eager, 12)
-    assert len(compiled.specializations) == 1, compiled.recompile_reasons
-    change()
-    _same_as_eager(compiled, eager, 13)
-    _same_as_eager(compiled, eager, 14)
-    assert len(compiled.specializations) == 2, compiled.recompile_reasons
-    assert all(s.fallback_reason is None for s in compiled.specializations)
-    return compiled
 
 
 # --- parameter and buffer tables read as tables -----------------------------------------------
@@ -92,14 +69,16 @@ class Shifted(nn.Module):
 @pytest.mark.parametrize("how", ["parameters", "named_parameters", "_parameters"])
 def test_a_parameter_registered_after_the_table_was_iterated(evaluator: str, how: str) -> None:
     model = Scaled(how)
-    compiled = _changed(model, lambda: model.register_parameter("b", nn.Parameter(torch.randn(6))))
+    compiled = recompiled_once(
+        model, lambda: model.register_parameter("b", nn.Parameter(torch.randn(6)))
+    )
     assert "_parameters" in compiled.recompile_reasons[0]
 
 
 @pytest.mark.parametrize("how", ["buffers", "named_buffers", "_buffers"])
 def test_a_buffer_registered_after_the_table_was_iterated(evaluator: str, how: str) -> None:
     model = Shifted(how)
-    compiled = _changed(model, lambda: model.register_buffer("b", torch.randn(6)))
+    compiled = recompiled_once(model, lambda: model.register_buffer("b", torch.randn(6)))
     assert "_buffers" in compiled.recompile_reasons[0]
 
 
@@ -107,7 +86,7 @@ def test_a_parameter_registered_in_a_submodule_after_parameters_were_iterated(
     evaluator: str,
 ) -> None:
     model = nn.Sequential(Scaled("parameters"), Scaled("parameters"))
-    _changed(model, lambda: model[1].register_parameter("b", nn.Parameter(torch.randn(6))))
+    recompiled_once(model, lambda: model[1].register_parameter("b", nn.Parameter(torch.randn(6))))
 
 
 class Decayed(nn.Module):
@@ -129,7 +108,7 @@ def test_a_buffer_rebound_between_calls_does_not_recompile(evaluator: str) -> No
     model = Decayed()
     compiled = plait.compile(model, options={**NO_CACHE, "freeze": False})
     for seed in (21, 22, 23):
-        _same_as_eager(compiled, model, seed)
+        same_as_eager(compiled, model, seed)
         model.a = model.a * 0.9
     assert len(compiled.specializations) == 1, compiled.recompile_reasons
 
@@ -176,12 +155,12 @@ def test_an_attribute_read_with_object_getattribute(
     evaluator: str, make: Callable[[], nn.Module]
 ) -> None:
     model = make()
-    _changed(model, lambda: setattr(model, "scale", 5.0))
+    recompiled_once(model, lambda: setattr(model, "scale", 5.0))
 
 
 def test_a_submodule_attribute_read_with_object_getattribute(evaluator: str) -> None:
     model = BypassInside()
-    _changed(model, lambda: setattr(model.inner, "scale", -3.0))
+    recompiled_once(model, lambda: setattr(model.inner, "scale", -3.0))
 
 
 # --- the module state changed -----------------------------------------------------------------
@@ -202,25 +181,25 @@ def _rebound_as_attribute(model: Biased) -> None:
 
 def test_a_buffer_deleted_and_set_as_an_attribute(evaluator: str) -> None:
     model = Biased()
-    _changed(model, lambda: _rebound_as_attribute(model))
+    recompiled_once(model, lambda: _rebound_as_attribute(model))
 
 
 def test_a_linear_bias_set_to_none(evaluator: str) -> None:
     model = nn.Linear(6, 6)
-    _changed(model, lambda: setattr(model, "bias", None))
+    recompiled_once(model, lambda: setattr(model, "bias", None))
 
 
 def test_a_submodule_bias_set_to_none(evaluator: str) -> None:
     model = Biased()
-    _changed(model, lambda: setattr(model.lin, "bias", None))
+    recompiled_once(model, lambda: setattr(model.lin, "bias", None))
 
 
 def test_a_bias_set_to_none_and_back(evaluator: str) -> None:
     model = nn.Linear(6, 6)
-    compiled = _changed(model, lambda: setattr(model, "bias", None))
+    compiled = recompiled_once(model, lambda: setattr(model, "bias", None))
     model.bias = nn.Parameter(torch.randn(6))
     for seed in (15, 16):
-        _same_as_eager(compiled, model, seed)
+        same_as_eager(compiled, model, seed)
     assert all(s.fallback_reason is None for s in compiled.specializations)
 
 
@@ -246,8 +225,8 @@ def _moved(model: TwoBuffers) -> None:
 def test_a_program_of_the_earlier_state_entries_is_not_reused(evaluator: str) -> None:
     model = TwoBuffers()
     compiled = plait.compile(model, options={**NO_CACHE, "freeze": False})
-    _same_as_eager(compiled, model, 31)
+    same_as_eager(compiled, model, 31)
     _moved(model)
     for seed in (32, 33):
-        _same_as_eager(compiled, model, seed)
+        same_as_eager(compiled, model, seed)
     assert len(compiled.specializations) == 2, compiled.recompile_reasons

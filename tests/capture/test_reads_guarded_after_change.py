@@ -17,30 +17,9 @@ import torch
 from torch import nn
 
 import plait
-from tests.util import contract_tol
+from tests.capture.helpers import recompiled_once, same_as_eager
 
 NO_CACHE = {"cache": False}
-
-
-def _same_as_eager(compiled: Any, eager: Callable[..., Any], seed: int) -> None:
-    torch.manual_seed(seed)
-    x = torch.randn(4, 6)
-    with torch.no_grad():
-        got, want = compiled(x), eager(x)
-    torch.testing.assert_close(got, want, **contract_tol("model", torch.float32))
-
-
-def _changed(eager: Callable[..., Any], change: Callable[[], None]) -> None:
-    """Two calls, the change, two calls: each against eager, one recompile for the change."""
-    compiled = plait.compile(eager, options=NO_CACHE)
-    _same_as_eager(compiled, eager, 1)
-    _same_as_eager(compiled, eager, 2)
-    assert len(compiled.specializations) == 1, compiled.recompile_reasons
-    change()
-    _same_as_eager(compiled, eager, 3)
-    _same_as_eager(compiled, eager, 4)
-    assert len(compiled.specializations) == 2, compiled.recompile_reasons
-    assert all(s.fallback_reason is None for s in compiled.specializations)
 
 
 # --- a lookup that finds nothing --------------------------------------------------------------
@@ -101,17 +80,17 @@ class Fallback(nn.Module):
 
 def test_an_attribute_set_after_hasattr_found_none(evaluator: str) -> None:
     model = Optional()
-    _changed(model, lambda: setattr(model, "extra", 3.0))
+    recompiled_once(model, lambda: setattr(model, "extra", 3.0))
 
 
 def test_a_submodule_set_after_hasattr_found_none(evaluator: str) -> None:
     model = Optional()
-    _changed(model, lambda: setattr(model, "extra", nn.Tanh()))
+    recompiled_once(model, lambda: setattr(model, "extra", nn.Tanh()))
 
 
 def test_an_attribute_set_after_getattr_took_its_default(evaluator: str) -> None:
     model = Defaulted()
-    _changed(model, lambda: setattr(model, "gain", 3.0))
+    recompiled_once(model, lambda: setattr(model, "gain", 3.0))
 
 
 @pytest.mark.parametrize("make", [OwnDefault, Fallback])
@@ -119,7 +98,7 @@ def test_an_attribute_set_after_a_user_getattr_answered(
     evaluator: str, make: Callable[[], nn.Module]
 ) -> None:
     model = make()
-    _changed(model, lambda: setattr(model, "gain", 3.0))
+    recompiled_once(model, lambda: setattr(model, "gain", 3.0))
 
 
 # --- modules outside the compiled module ------------------------------------------------------
@@ -167,28 +146,30 @@ def fresh_globals() -> Any:
 
 
 def test_the_training_flag_of_a_global_module(evaluator: str, fresh_globals: Any) -> None:
-    _changed(_through_branchy, BRANCHY.eval)
+    recompiled_once(_through_branchy, BRANCHY.eval)
 
 
 def test_the_training_flag_of_a_module_in_a_plain_list(evaluator: str) -> None:
     model = Helped()
-    _changed(model, model.helpers[0].eval)
+    recompiled_once(model, model.helpers[0].eval)
 
 
 def test_a_parameter_of_a_global_module_replaced(evaluator: str, fresh_globals: Any) -> None:
-    _changed(_through_linear, lambda: setattr(LINEAR, "weight", nn.Parameter(torch.randn(6, 6))))
+    recompiled_once(
+        _through_linear, lambda: setattr(LINEAR, "weight", nn.Parameter(torch.randn(6, 6)))
+    )
 
 
 def test_a_parameter_of_a_global_module_set_to_none(evaluator: str, fresh_globals: Any) -> None:
-    _changed(_through_linear, lambda: setattr(LINEAR, "bias", None))
+    recompiled_once(_through_linear, lambda: setattr(LINEAR, "bias", None))
 
 
 def test_a_submodule_of_a_global_module_replaced(evaluator: str, fresh_globals: Any) -> None:
-    _changed(_through_sequence, lambda: SEQUENCE.__setitem__(1, nn.Tanh()))
+    recompiled_once(_through_sequence, lambda: SEQUENCE.__setitem__(1, nn.Tanh()))
 
 
 def test_a_submodule_appended_to_a_global_module(evaluator: str, fresh_globals: Any) -> None:
-    _changed(_through_sequence, lambda: SEQUENCE.append(nn.Tanh()))
+    recompiled_once(_through_sequence, lambda: SEQUENCE.append(nn.Tanh()))
 
 
 # --- submodules added to the compiled module --------------------------------------------------
@@ -205,12 +186,12 @@ class Stacked(nn.Module):
 
 def test_a_layer_appended_to_a_compiled_sequential(evaluator: str) -> None:
     model = nn.Sequential(nn.Linear(6, 6), nn.ReLU())
-    _changed(model, lambda: model.append(nn.Linear(6, 6)))
+    recompiled_once(model, lambda: model.append(nn.Linear(6, 6)))
 
 
 def test_a_layer_appended_to_a_module_list(evaluator: str) -> None:
     model = Stacked()
-    _changed(model, lambda: model.layers.append(nn.Tanh()))
+    recompiled_once(model, lambda: model.layers.append(nn.Tanh()))
 
 
 def _built_while_running(x: torch.Tensor) -> torch.Tensor:
@@ -224,6 +205,6 @@ def _built_while_running(x: torch.Tensor) -> torch.Tensor:
 def test_a_module_built_while_the_program_runs_is_captured(evaluator: str) -> None:
     compiled = plait.compile(_built_while_running, options=NO_CACHE)
     for seed in (1, 2, 3):
-        _same_as_eager(compiled, _built_while_running, seed)
+        same_as_eager(compiled, _built_while_running, seed)
     assert len(compiled.specializations) == 1, compiled.recompile_reasons
     assert compiled.specializations[0].fallback_reason is None
