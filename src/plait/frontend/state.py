@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.errors import GraphCaptureError
+from plait.errors import GraphCaptureError, UnknownNameError
 
 
 @dataclass
@@ -36,7 +36,7 @@ class StateEntry:
         table = owner._parameters if self.kind == "param" else owner._buffers
         t = table.get(attr)
         if t is None:
-            raise LookupError(
+            raise UnknownNameError(
                 f"{self.path} is no longer a {'parameter' if self.kind == 'param' else 'buffer'}"
                 " of the module (deleted or set to None)"
             )
