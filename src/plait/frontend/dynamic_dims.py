@@ -7,7 +7,8 @@
 - a mapping from an input's path (``"x"``, ``"y[0]"``, ``"kw['mask']"``: as capture names the
   arguments) to its dims: ``{"x": {0: "batch", 1: "seq"}}`` names each dim's symbol,
   ``{"x": [0]}`` (or a name ``None``) lets capture name it (``s0``, ``s1``, ...). Dims given the
-  same name are the same size (a guard holds them equal).
+  same name are the same size: a call where they differ is refused (``InvalidOptionError``
+  naming both dims).
 
 Sizes 0 and 1 are never symbolic, whatever the policy: a 1 broadcasts where a larger size does not
 (the graph would differ), and 0 empties every loop over it; each gets a specialization of its
