@@ -86,9 +86,28 @@ class Tracer(torch.Tensor):
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         cx = CaptureValues.active
         if cx is None:
+            _refuse_kept(func, args, kwargs or {})
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **(kwargs or {}))
         return cx.dispatch(func, args, kwargs or {})
+
+
+def _refuse_kept(func: Any, args: Any, kwargs: dict) -> None:
+    """Raises where a tensor of a finished capture is used: the program kept it in Python
+    state (``self.last = y``, a global, a list), which a compiled call never sets again, so
+    its value is the capture's, stale or never computed (a skipped convolution's)."""
+    for a in (*args, *kwargs.values()):
+        for t in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(t, Tracer) and t._cx.finished:
+                raise GraphCaptureError(
+                    "capture",
+                    f"a tensor made by {t._made_by} while plait captured the program was kept "
+                    f"in Python state (a module attribute, a global, a container) and is used "
+                    f"now by {getattr(func, '__name__', func)}: a compiled call does not set "
+                    "that state again, so its value is not the latest call's (return the "
+                    "tensor from the program instead, or run the program without plait)",
+                    kind="limitation",
+                )
 
 
 class CaptureValues:
@@ -134,6 +153,8 @@ class CaptureValues:
         self.opaque_reasons: dict[str, str] = {}
         self.error: BaseException | None = None
         self.current = "<capture>"
+        # NOTE: set when the capture ends: its tensors kept in Python state are refused after
+        self.finished = False
         # NOTE: the recorder of the Python values the program reads (set while it runs)
         self.reads: PyReads | None = None
         # NOTE: the user inputs (leaf indices) that require grad and are not autograd leaves

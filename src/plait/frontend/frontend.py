@@ -90,6 +90,30 @@ def capture_program(
     policy.check_paths([p for p, x in zip(paths, leaves) if isinstance(x, torch.Tensor)])
     if module_state is None and isinstance(fn, nn.Module):
         module_state = ModuleState(fn)
+    contexts: list[CaptureContext] = []
+    try:
+        return _capture_until_done(
+            contexts, fn, adapter, spec, leaves, paths, module_state, fullgraph, policy, arithmetic
+        )
+    finally:
+        for c in contexts:  # NOTE: a tensor of theirs kept in Python state is refused from now
+            c.finished = True
+
+
+def _capture_until_done(
+    contexts: list[CaptureContext],
+    fn: Callable[..., Any],
+    adapter: InputAdapter,
+    spec: Any,
+    leaves: list[Any],
+    paths: list[str],
+    module_state: ModuleState | None,
+    fullgraph: bool,
+    policy: DimPolicy,
+    arithmetic: str,
+) -> CapturedProgram:
+    """Capture attempts until one stands: again with sizes specialized (a restart), again
+    computing every call (a resample); the program, its fallback, or the error."""
     static_sizes: set[int] = set()
     specialized: list[str] = []
     resampled: str | None = None
@@ -101,6 +125,7 @@ def capture_program(
             dims=policy,
             arithmetic=arithmetic,
         )
+        contexts.append(cx)
         try:
             prog = _capture_once(cx, fn, adapter, spec, leaves, paths, module_state)
         except Restart as restart:
