@@ -25,7 +25,7 @@ from benchmarks.models.mlp import MLP
 from benchmarks.models.resnet import resnet18
 from plait.dynamo_backend import DynamoGraph, PlaitBackend, plait_backend
 from plait.errors import CaptureFallbackWarning
-from tests.util import assert_bitwise
+from tests.util import assert_bitwise, contract_tol
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -461,3 +461,22 @@ def test_state_is_rebound_from_dynamo_arguments() -> None:
     held = dict(graph.program.named_parameters())
     live = dict(compiled._orig_mod.named_parameters())
     assert held.keys() == live.keys() and all(held[k] is live[k] for k in held)
+
+
+def _writes_its_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x.add_(1.0)
+    return x.sin() * 2, x.t()
+
+
+def test_an_input_written_in_place_and_a_returned_view_match_eager() -> None:
+    """Dynamo functionalizes the write to a graph input: the caller's tensor is written as in
+    eager, and the returned view is of the caller's tensor."""
+    compiled = torch.compile(_writes_its_input, backend=PlaitBackend(options={"cache": False}))
+    for seed in range(3):
+        x = torch.randn(4, 5, generator=torch.Generator().manual_seed(seed))
+        mine = x.clone()
+        want = _writes_its_input(x)
+        got = compiled(mine)
+        torch.testing.assert_close(mine, x, **contract_tol("model", torch.float32))
+        torch.testing.assert_close(got, want, **contract_tol("model", torch.float32))
+        assert got[1].data_ptr() == mine.data_ptr()

@@ -15,6 +15,7 @@ import plait
 from plait.errors import CompiledInputError, ExportError, ExportWarning, PlaitCompileError
 from tests.export import crafting
 from tests.export.models import MLP, scaled, seeded
+from tests.util import contract_tol
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +138,26 @@ def test_an_export_is_reproducible(tmp_path: Path) -> None:
     assert first.digest == second.digest
     a, b = first.save(tmp_path / "a.plait"), second.save(tmp_path / "b.plait")
     assert a.read_bytes() == b.read_bytes()
+
+
+def _with_a_loss(x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    return {"scaled": (x * y).tanh(), "loss": (x - y).pow(2).mean()}
+
+
+def test_a_program_with_a_0d_output_exports_and_verifies(tmp_path: Path) -> None:
+    """A 0-d output gives the gate one error sample per reference case: the export stores as
+    many cases as the gate needs, so export and verify judge it on fresh inputs (never the same
+    stored case twice)."""
+    gen = seeded(11)
+    example = (torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen))
+    path = plait.export(_with_a_loss, example, native=False).save(tmp_path / "loss.plait")
+    assert plait.verify(path).ok
+    loaded = plait.load(path)
+    for _ in range(3):
+        x, y = torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen)
+        torch.testing.assert_close(
+            loaded(x, y), _with_a_loss(x, y), **contract_tol("model", torch.float32)
+        )
 
 
 def _writes_its_input(x: torch.Tensor) -> torch.Tensor:

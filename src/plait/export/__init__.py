@@ -55,9 +55,10 @@ def export(
     :class:`~plait.errors.ExportWarning`, recorded in the artifact (and warned again at each
     load). ``native``: carry the C++ kernel libraries, or a CUDA program's compiled Triton kernels
     and launchers (loaded only where the load trusts the artifact's digest; otherwise rebuilt
-    from the IR). ``references``: how many reference
-    cases (fresh random inputs) to store. Raises :class:`~plait.errors.ExportError` for a
-    program that cannot be exported (an opaque call, an in-place write of an input or of
+    from the IR). ``references``: how many reference cases (fresh random inputs) to store, at
+    least (more where the gate needs them: an output of fewer than four elements, a 0-d loss,
+    gives one error sample per case). Raises :class:`~plait.errors.ExportError` for a program
+    that cannot be exported (an opaque call, an in-place write of an input or of
     state, an argument or result that is not a tensor or plain value), and
     :class:`~plait.conformance.ConformanceError` when the artifact fails the gate at export.
 

@@ -28,6 +28,7 @@ import plait
 import plait.contract
 from plait.codegen import timed_choices
 from plait.conformance import ConformanceError, Report
+from plait.conformance.gate import MIN_SAMPLES
 from plait.errors import ExportError, ExportWarning, InvalidOptionError
 from plait.export import native as native_kernels
 from plait.export import references as refs
@@ -136,6 +137,11 @@ def export(
     cases, out_doc, layouts, anchor = _reference_cases(
         model_or_fn, compiled, key, args, kwargs, references, binder, (call_spec, leaves)
     )
+    enough = _cases_for_samples(cases.outputs["eager"][0], references)
+    if enough > references:  # NOTE: the same seeds: the first cases are drawn again as they were
+        cases, out_doc, layouts, anchor = _reference_cases(
+            model_or_fn, compiled, key, args, kwargs, enough, binder, (call_spec, leaves)
+        )
     seconds["references"] = time.perf_counter() - start
     case_paths = binder.flatten(*cases.call(0))[2]
     carried = guards_from_plan(
@@ -353,6 +359,19 @@ def _reference_cases(
         anchor = anchor if anchor.startswith("none") else f"none: {anchor}"
     cases = refs.ReferenceCases(inputs, outputs, binder, call_spec, out_spec, wide is not None)
     return cases, out_doc, layouts, anchor
+
+
+def _cases_for_samples(outputs: Sequence[Any], references: int) -> int:
+    """How many reference cases the gate can judge ``outputs`` on: each floating output needs
+    ``MIN_SAMPLES`` error samples over the cases (a 0-d loss gives one per case), and the gate
+    cannot draw more from the stored cases (it would draw the same inputs again)."""
+    sizes = [x.numel() for x in outputs if isinstance(x, torch.Tensor) and _judged(x)]
+    smallest = min((n for n in sizes if n > 0), default=MIN_SAMPLES)
+    return max(references, -(-MIN_SAMPLES // smallest))
+
+
+def _judged(x: torch.Tensor) -> bool:
+    return x.dtype.is_floating_point or x.dtype.is_complex
 
 
 def _rebuilt(binder: Binder, call_spec: Any, leaves: list[Any]) -> tuple[tuple, dict]:
