@@ -28,12 +28,9 @@ def _rows_of_one_value(gen: torch.Generator, *shape: int) -> torch.Tensor:
 
 
 def _assert_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    tol = contract_tol("normalization", want.dtype)
     torch.testing.assert_close(
-        got,
-        want,
-        equal_nan=True,
-        msg=lambda m: f"{what}: {m}",
-        **contract_tol("normalization", want.dtype),
+        got, want, rtol=tol["rtol"], atol=tol["atol"], equal_nan=True, msg=lambda m: f"{what}: {m}"
     )
 
 
