@@ -363,9 +363,19 @@ def _norm(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node, .
     n = tp.count(acc_t)
     mean = b.op("div", [b.reduce("sum", tp.x_as(acc_t), acc_t), n], acc_t)
     b.next_phase()
+    # NOTE: corrected two-pass moments: sum / n is off by an ulp or so where eager's Welford
+    # mean is exact (a row of one value), and rstd = 1/sqrt(eps) magnifies x - mean; the mean of
+    # the deviations corrects the mean (exact for such a row) and takes its square off the
+    # variance (0 for such a row, so eps=0 gives NaN as in eager)
     dev = b.op("sub", [tp.x_as(acc_t), mean], acc_t)
-    var = b.op("div", [b.reduce("sum", b.op("mul", [dev, dev], acc_t), acc_t), n], acc_t)
+    shift = b.op("div", [b.reduce("sum", dev, acc_t), n], acc_t)
+    m2 = b.op("div", [b.reduce("sum", b.op("mul", [dev, dev], acc_t), acc_t), n], acc_t)
+    var = b.op("sub", [m2, b.op("mul", [shift, shift], acc_t)], acc_t)
+    negative = b.op("lt", [var, b.const(0.0, acc_t)], "b")
+    var = b.op("where", [negative, b.const(0.0, acc_t), var], acc_t)
+    mean = b.op("add", [mean, shift], acc_t)
     b.next_phase()
+    dev = b.op("sub", [tp.x_as(acc_t), mean], acc_t)
     eps = b.const(float(node.attrs["eps"]), acc_t)
     rstd = b.op(
         "div", [b.const(1.0, acc_t), b.op("sqrt", [b.op("add", [var, eps], acc_t)], acc_t)], acc_t
