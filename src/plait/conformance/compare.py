@@ -122,7 +122,11 @@ def _compare_plain(report: Report, where: str, case: str, expected: Any, actual:
         kinds = f"{type(expected).__name__} vs {type(actual).__name__}"
         report.add(Failure("error", "structure", where, case, f"reference vs candidate: {kinds}"))
         return
+    # NOTE: True == 1 == 1.0 in Python; a program that returns another scalar type is wrong
+    scalars = (bool, int, float, complex)
     same = expected == actual
+    if isinstance(expected, scalars) and type(expected) is not type(actual):
+        same = False
     if isinstance(expected, float) and isinstance(actual, float):
         same = same or (math.isnan(expected) and math.isnan(actual))
     if not same:

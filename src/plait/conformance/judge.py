@@ -13,7 +13,7 @@ from plait.conformance.anchor import AnchorPool
 from plait.conformance.compare import Budget, compare, compare_calls, identical
 from plait.conformance.report import Failure, Report
 from plait.conformance.runner import Run
-from plait.conformance.tree import leaves
+from plait.conformance.tree import leaves, skeleton
 from plait.contract import FACTOR_DTYPES, Contract, dtype_key
 
 Values = dict[str, Any]
@@ -139,6 +139,8 @@ def judge_run(
     other_vals = {layout: values(run) for layout, run in (baselines or {}).items()}
     prev = values(against) if against is not None else {}
     names = align(ref_vals, cand_vals)
+    if against is None:
+        _check_structure(report, case, ref.outputs, cand.outputs)
     for name in cand.not_differentiable if against is None else []:
         msg = "the reference's output is differentiable but the candidate's is not"
         report.add(Failure("error", "grad", name, case, msg))
@@ -164,6 +166,16 @@ def judge_run(
             pool=judge.pool, group=group or "", baselines=others if anchored else None,
             ill_only=ill_only,
         )  # fmt: skip
+
+
+def _check_structure(report: Report, case: str, ref: Any, cand: Any) -> None:
+    """The outputs must nest alike: the same containers (a tuple is no list), keys and number of
+    leaves, ``None`` where eager returns ``None``; an extra output is a failure too."""
+    report.count("structure")
+    expected, actual = skeleton(ref), skeleton(cand)
+    if expected != actual:
+        msg = f"the outputs nest differently: reference {expected}, candidate {actual}"
+        report.add(Failure("error", "structure", "output", case, msg))
 
 
 def _missing(report: Report, name: str, case: str, outputs: list[str]) -> None:

@@ -48,3 +48,21 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
 def tensors(obj: Any) -> list[torch.Tensor]:
     """The tensor leaves of ``obj``, in :func:`leaves` order."""
     return [leaf for _, leaf in leaves(obj, "") if isinstance(leaf, torch.Tensor)]
+
+
+def skeleton(obj: Any) -> Any:
+    """The nesting of ``obj`` without its values: which containers (tuple, list, a namedtuple by
+    its class name, a mapping by its keys), in what order, and which leaves are ``None``.
+
+    Example:
+        >>> skeleton((1, [None, {"a": 2}]))
+        ('tuple', 'leaf', ('list', 'None', ('mapping', ('a', 'leaf'))))
+    """
+    if isinstance(obj, Mapping):
+        return ("mapping", *((key, skeleton(obj[key])) for key in obj))
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return (type(obj).__name__, *(skeleton(item) for item in obj))
+    if isinstance(obj, list | tuple):
+        kind = "list" if isinstance(obj, list) else "tuple"
+        return (kind, *(skeleton(item) for item in obj))
+    return "None" if obj is None else "leaf"
