@@ -53,6 +53,8 @@ from plait.runtime.cuda_graph_inputs import (
     Key,
     copy_source,
     fresh_copies,
+    key_of,
+    moved,
 )
 from plait.runtime.cuda_handoff import (
     Handoff,
@@ -142,9 +144,10 @@ class GraphedCall:
             t = v.type
             assert isinstance(t, TensorType)
             r = (resident or {}).get(i)
-            if r is not None and _resident_fits(r, t, self.device):
+            key = key_of(r)
+            if r is not None and key is not None and _resident_fits(r, t, self.device):
                 self.statics.append(r)
-                self.resident[i] = (r.data_ptr(), tuple(r.stride()))
+                self.resident[i] = key
                 continue
             static = torch.zeros(shape_of(t), dtype=t.dtype, device=self.device)
             self.statics.append(static)
@@ -247,7 +250,7 @@ class GraphedCall:
     def __call__(self, *args: Any) -> list[Any]:
         with self._lock:
             lease = self._take_borrowed(args) if self.borrowed else None
-            if self.resident and _elsewhere(self.resident, args):
+            if self.resident and moved(self.resident, args):
                 return self._uncaptured(args, lease)
             for i, static, t in self.copies:
                 _check(args[i], t, static, self.device, i, self.names[i])
@@ -351,15 +354,6 @@ def _resident_fits(r: Any, t: TensorType, device: torch.device) -> bool:
         and r.data_ptr() % ALIGN_BYTES == 0
         and r.data_ptr() != 0
     )
-
-
-def _elsewhere(resident: Mapping[int, Key], args: tuple[Any, ...]) -> bool:
-    """Whether a resident input of this call is not at the address and strides captured."""
-    for i, (ptr, strides) in resident.items():
-        a = args[i]
-        if not isinstance(a, torch.Tensor) or a.data_ptr() != ptr or a.stride() != strides:
-            return True
-    return False
 
 
 def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:

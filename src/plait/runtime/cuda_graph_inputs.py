@@ -123,7 +123,9 @@ class InPlaceInputs:
         pinning the most (the latest of those); None where none is (copy every input)."""
         best = None
         for graph in reversed(self.graphs):
-            if (best is None or len(graph.pinned) > len(best.pinned)) and not _moved(graph, args):
+            if (best is None or len(graph.pinned) > len(best.pinned)) and not moved(
+                graph.pinned, args
+            ):
                 best = graph
         self.calls["in_place" if best is not None else "copied"] += 1
         return best
@@ -217,8 +219,9 @@ class InPlaceInputs:
         }
 
 
-def _moved(graph: InPlaceGraph, args: Sequence[Any]) -> bool:
-    return any(key_of(args[i]) != k for i, k in graph.pinned.items())
+def moved(pinned: dict[int, Key], args: Sequence[Any]) -> bool:
+    """Whether an input at ``pinned`` is not at the address and strides recorded for it."""
+    return any(key_of(args[i]) != k for i, k in pinned.items())
 
 
 def _fits(a: torch.Tensor, static: Any) -> bool:
