@@ -23,7 +23,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the extern calls the planner runs (oneDNN calls made while planning)."""
     planning = [False]
     ran: list[int] = []
-    make = fusion.onednn_call
+    make = fusion.conv_or_linear_call
     plan = program.plan_graph
 
     def counted_call(node: Any, *args: Any, **kwargs: Any) -> Any:
@@ -44,7 +44,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         finally:
             planning[0] = False
 
-    monkeypatch.setattr(fusion, "onednn_call", counted_call)
+    monkeypatch.setattr(fusion, "conv_or_linear_call", counted_call)
     monkeypatch.setattr(program, "plan_graph", counted_plan)
     return ran
 

@@ -57,7 +57,6 @@ from plait.codegen.extern import make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
 from plait.codegen.layout_oracle import LayoutOracle, PlanFacts
 from plait.codegen.lower import Unfusable, loop_vars, lower_pointwise, native_max_pool
-from plait.codegen.onednn import onednn_call
 from plait.codegen.onednn_postops import (
     Epilogue,
     find_epilogue,
@@ -74,13 +73,14 @@ from plait.codegen.plan import (
     SavedLayouts,
     Step,
 )
+from plait.codegen.pointwise_conv import conv_or_linear_call
 from plait.codegen.probing_oracle import ProbingOracle
 from plait.codegen.reductions import ELEMENTWISE, OP_CLASS, lower_reduction
 from plait.codegen.replaying_oracle import ReplayingOracle
 from plait.codegen.saved_layouts import dense, extern_layouts
 from plait.codegen.scalar import RULES
 from plait.codegen.view_base import materialize_base
-from plait.codegen.views import MAPPED_VIEWS, input_index, sizes_of
+from plait.codegen.views import MAPPED_VIEWS, input_index, recomputed_per_element, sizes_of
 from plait.ir.graph import Graph, Node, Value
 from plait.ir.types import COMPLEX_DTYPES, TensorType
 from plait.symbolic.poly import Size
@@ -197,8 +197,8 @@ class _Planner:
             return True
         if not self.fuse:
             return True  # NOTE: no fusion: every pointwise or constant node is its own kernel.
-        distinct = {u.id for u in users}
-        return len(distinct) > 1 and self.cost(v) > CHEAP
+        per_element = any(recomputed_per_element(v, u, self.locs) for u in users)
+        return (len({u.id for u in users}) > 1 or per_element) and self.cost(v) > CHEAP
 
     def view_loc(self, node: Node, k: int) -> Loc:
         """A strided view of the input's base when the index map is affine, else inline."""
@@ -456,7 +456,7 @@ class _Planner:
                     )
                 o = self.oracle
                 args = (self.channels_last, o.prepack, o.packs, mkl, self.facts.hints, weight)
-                call = onednn_call(node, self.facts.consts, None, *args)
+                call = conv_or_linear_call(node, self.facts.consts, None, *args)
                 step = ExternStep(node, call, [])
                 failure = self.oracle.decide(step, "onednn", self.locs)
                 if failure is not None:
@@ -511,7 +511,7 @@ class _Planner:
     def _fused_step(self, host: Node, ep: Epilogue) -> str | None:
         """Emit ``host`` with ``ep`` as oneDNN post-ops; the reason, emitting nothing, when
         oneDNN cannot create or run the fused call."""
-        call = onednn_call(
+        call = conv_or_linear_call(
             host,
             self.facts.consts,
             ep,

@@ -112,8 +112,9 @@ def onednn_call(node: Node) -> ExternCall:
 
 def times_linear(node: Node, mkl_linear: bool) -> bool:
     """Whether ``node`` is a linear that would run MKL's packed GEMM (no post-op; strict
-    float32): its library is then timed (:func:`choose_linear`)."""
-    return runs_mkl(node, mkl_linear) and strict_float32()
+    float32): its library is then timed (:func:`choose_linear`). A 1x1 convolution that runs
+    MKL's packed GEMM (:mod:`plait.codegen.pointwise_conv`) is not timed."""
+    return node.op == "linear" and runs_mkl(node, mkl_linear) and strict_float32()
 
 
 def choose_linear(

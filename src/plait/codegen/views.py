@@ -18,12 +18,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 from plait.codegen.errors import CodegenError
 from plait.codegen.index import Ix, ravel, unravel
+from plait.codegen.placement import Loc
 from plait.errors import InternalCompilerError
-from plait.ir.graph import Node
+from plait.ir.graph import Node, Value
 from plait.ir.ops.movement import padded_dims
 from plait.ir.ops.rules import wrap_dim
 from plait.ir.ops.view import chunk_sizes
@@ -60,6 +62,37 @@ def sizes_of(t: object) -> tuple[Size, ...]:
     """A tensor type's shape as sizes: ints, and Polys for symbolic dims."""
     assert isinstance(t, TensorType)
     return tuple(d if type(d) is int else from_dim(d) for d in t.shape)
+
+
+def recomputed_per_element(v: Value, user: Node, locs: Mapping[Value, Loc]) -> bool:
+    """Whether a kernel of ``user`` that inlined ``v`` would compute it again for each element of
+    its innermost loop: ``user`` reads ``v`` broadcast (its result has more elements) and ``v``
+    varies along the dim the user's result runs fastest in memory (its layout: that of a
+    same-shaped input buffer, else contiguous). Static sizes only. A value invariant there is
+    hoisted out of the inner loop instead (an ``exp(b)`` per row of ``x * exp(b)``); one that
+    varies is not (a squeeze-and-excitation gate's sigmoid per channel, scaling a channels_last
+    map: per pixel and channel)."""
+    t = v.type
+    out = user.outputs[0].type if user.outputs else None
+    if not (isinstance(t, TensorType) and isinstance(out, TensorType)):
+        return False
+    if not (t.is_static and out.is_static) or t.rank > out.rank:
+        return False
+    shape = tuple(int(d) for d in out.shape)
+    if math.prod(shape) <= math.prod(int(d) for d in t.shape):
+        return False
+    strides: Sequence[object] = ()
+    for u in user.input_values():
+        loc = locs.get(u)
+        if loc is not None and loc.kind in ("buffer", "input") and u.type == out:
+            strides = loc.strides
+            break
+    inner = len(shape) - 1
+    if strides and all(isinstance(s, int) for s in strides):
+        ranked = [(s, k) for k, s in enumerate(strides) if shape[k] > 1]
+        inner = min(ranked)[1] if ranked else inner
+    k = inner - (out.rank - t.rank)
+    return k >= 0 and int(t.shape[k]) > 1
 
 
 def _bound(v: object) -> Size:
