@@ -8,6 +8,7 @@ is computed once into a buffer instead."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from torch import nn
 
 import plait
 from plait.codegen.onednn_postops import FEW_ROWS, mkl_linear_available
+from tests.cache.helpers import status
 from tests.codegen.test_special_values import assert_matches_eager
 from tests.util import contract_tol
 
@@ -137,3 +139,41 @@ def test_a_costly_value_read_broadcast(
             )
     program = compiled.specializations[-1].compiled.program
     assert len(program.kernels) == kernels, [k.name for k in program.kernels]
+
+
+def test_a_warm_start_packs_the_rows_again_and_answers_as_eager(tmp_path: Path) -> None:
+    """MKL's packed bytes are its own format for this CPU: a cache entry never carries them, so a
+    warm start (the entry's plan rebuilt, nothing captured again but the program) packs again."""
+    cache = str(tmp_path / "cache")
+    torch.manual_seed(2)
+    cold = plait.compile(SqueezeExcite(32, 8).eval(), options={"cache": cache})
+    with torch.no_grad():
+        cold(torch.randn(2, 32, 7, 7))
+    assert status(cold.specializations[-1]) == "miss"
+    torch.manual_seed(2)
+    model = SqueezeExcite(32, 8).eval()
+    warm = plait.compile(model, options={"cache": cache})
+    gen = torch.Generator().manual_seed(12)
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(2, 32, 7, 7, generator=gen)
+            torch.testing.assert_close(warm(x), model(x), **contract_tol("conv", torch.float32))
+    assert status(warm.specializations[-1]) == "hit"
+    rows = [d for d in _conv_details(warm) if d.startswith(ROWS)]
+    assert len(rows) == 2 and all("at load, in the background" in d for d in rows), rows
+
+
+@pytest.mark.usefixtures("stax_cache")
+def test_with_mkl_linear_off_the_gate_convolutions_run_onednn_with_post_ops() -> None:
+    torch.manual_seed(3)
+    model = SqueezeExcite(32, 8).eval()
+    compiled = plait.compile(model, options={"cache": False, "stax": {"mkl_linear": False}})
+    gen = torch.Generator().manual_seed(13)
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(1, 32, 9, 9, generator=gen)
+            torch.testing.assert_close(compiled(x), model(x), **contract_tol("conv", torch.float32))
+    details = _conv_details(compiled)
+    assert not [d for d in details if d.startswith(ROWS)], details
+    # NOTE: the gate's SiLU and sigmoid as oneDNN post-ops of its two convolutions
+    assert "fused swish" in details[1] and "fused sigmoid" in details[2], details
