@@ -161,6 +161,10 @@ def _prebuild_devices(gm: fx.GraphModule) -> int:
     return count
 
 
+# NOTE: untyped in torch's stubs
+_GET_DATA_ATTR = getattr(torch._C._autograd, "_get_data_attr", None)
+
+
 def _data_reads(gm: fx.GraphModule) -> int:
     """FX spells ``w.data`` as ``torch._C._autograd._get_data_attr(w)``, a call that never
     reaches ``__torch_function__``: capture would not see the alias, and a write through it
@@ -168,7 +172,7 @@ def _data_reads(gm: fx.GraphModule) -> int:
     capture knows (a view of ``w``). Returns how many were rewritten."""
     count = 0
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is torch._C._autograd._get_data_attr:
+        if node.op == "call_function" and node.target is _GET_DATA_ATTR:
             node.target, node.args, node.kwargs = getattr, (*node.args, "data"), {}
             count += 1
     if count:
