@@ -480,3 +480,25 @@ def test_an_input_written_in_place_and_a_returned_view_match_eager() -> None:
         torch.testing.assert_close(mine, x, **contract_tol("model", torch.float32))
         torch.testing.assert_close(got, want, **contract_tol("model", torch.float32))
         assert got[1].data_ptr() == mine.data_ptr()
+
+
+def _writes_through_data(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    w.data.mul_(0.5)  # NOTE: Dynamo spells it torch._C._autograd._get_data_attr(w)
+    return y + w.sum()
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_a_write_through_data_writes_the_caller_s_tensor(requires_grad: bool) -> None:
+    """``w.data`` shares ``w``'s memory: a write through it is a write of ``w``, done once per
+    call as eager does (a parameter's is the loud eager fallback of plait.compile)."""
+    compiled = torch.compile(_writes_through_data, backend=PlaitBackend(options={"cache": False}))
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        x, w = torch.randn(3, generator=g), torch.randn(4, generator=g)
+        mine = w.clone().requires_grad_(requires_grad)
+        theirs = w.clone().requires_grad_(requires_grad)
+        want = _writes_through_data(x, theirs)
+        got = compiled(x, mine)
+        torch.testing.assert_close(mine, theirs, **contract_tol("model", torch.float32))
+        torch.testing.assert_close(got, want, **contract_tol("model", torch.float32))

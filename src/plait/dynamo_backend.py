@@ -22,6 +22,9 @@ What the backend adds, per FX graph (:class:`DynamoGraph`):
 - Dynamo passes the sizes of dynamic dims as ``SymInt`` arguments. One that is the size of a
   tensor argument's dim is read from that tensor inside the program (so that plait's
   ``dynamic=True`` keeps it symbolic) and checked against Dynamo's argument on each call.
+- FX spells ``w.data`` as ``torch._C._autograd._get_data_attr(w)``, which capture cannot see
+  (no ``__torch_function__``): it is read as ``w.data`` again, so a write through it is a write
+  of ``w`` (:func:`_data_reads`).
 - Shapes: ``dynamic=False`` by default, even for a graph Dynamo made dynamic: Stax compiles
   static shapes, and plait's ``dynamic=True`` makes every user dim symbolic (not only those
   Dynamo chose), which either runs the reference interpreter or restarts capture with static
@@ -158,6 +161,25 @@ def _prebuild_devices(gm: fx.GraphModule) -> int:
     return count
 
 
+# NOTE: untyped in torch's stubs
+_GET_DATA_ATTR = getattr(torch._C._autograd, "_get_data_attr", None)
+
+
+def _data_reads(gm: fx.GraphModule) -> int:
+    """FX spells ``w.data`` as ``torch._C._autograd._get_data_attr(w)``, a call that never
+    reaches ``__torch_function__``: capture would not see the alias, and a write through it
+    (``w.data.mul_(0.5)``) would be lost. Such calls become ``getattr(w, "data")``, the read
+    capture knows (a view of ``w``). Returns how many were rewritten."""
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is _GET_DATA_ATTR:
+            node.target, node.args, node.kwargs = getattr, (*node.args, "data"), {}
+            count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
 def _plan(gm: fx.GraphModule) -> tuple[list[_Slot], bool]:
     """Each placeholder's slot, and whether the graph has symbolic sizes."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -252,6 +274,7 @@ class DynamoGraph:
         self.index = index
         self.gm = gm
         self.devices_prebuilt = _prebuild_devices(gm)
+        self.data_reads = _data_reads(gm)
         self.slots, symbolic = _plan(gm)
         self.symbolic = symbolic  # Dynamo made some size of this graph symbolic
         keywords.setdefault("dynamic", False)
