@@ -515,6 +515,11 @@ def _plan(
         duck=list(cx.duck),
         dynamic=cx.dynamic,
         alias=bool(mutations),
+        written=[
+            ("user" if lift.kind == "user" else "state", lift.ref)
+            for lift, _ in mutations
+            if lift.kind in ("user", "param", "buffer")
+        ],
         used=used,
         layout_read=cx.layout_read,
     )
