@@ -26,7 +26,7 @@ import sympy
 import torch
 
 from plait.errors import GraphCaptureError, InvalidOptionError, ProgramError, ProgramTypeError
-from plait.frontend import datadep
+from plait.frontend import datadep, stride_choices
 from plait.frontend.dynamic_dims import DimPolicy
 from plait.frontend.frames import user_frame
 from plait.frontend.rng import RngTracker
@@ -81,6 +81,9 @@ class Tracer(torch.Tensor):
     _dim_exprs: tuple[Any, ...] | None
     _made_by: str
     _rg: bool  # requires_grad, kept here so reading it never dispatches
+    # NOTE: on roots: a view-or-copy choice by strides involves it (plait.frontend.stride_choices)
+    _stride_choice: str | None
+    _stride_output: str | None
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -268,6 +271,7 @@ class CaptureValues:
         t._cx, t._plain, t._value, t._root, t._steps = self.context, plain, value, None, ()
         t._seen, t._mutations, t._lift, t._dim_exprs = 0, 0, lift, None
         t._made_by, t._rg = self.current, requires_grad
+        t._stride_choice = t._stride_output = None
         return t
 
     def _is_leaf(self, lift: Lift) -> bool:
@@ -526,6 +530,7 @@ class CaptureValues:
             tr._root._value = updated
             tr._root._mutations += 1
             tr._value, tr._seen = new, tr._root._mutations
+        stride_choices.on_write(self.context, root)
         self.mutated[id(root)] = root
 
     def check_writable(self, targets: list[Any]) -> None:

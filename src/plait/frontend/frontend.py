@@ -29,7 +29,7 @@ from torch.nn.modules import module as nn_module
 
 from plait import logs
 from plait.errors import GraphCaptureError, InvalidOptionError
-from plait.frontend import datadep, pytree
+from plait.frontend import datadep, pytree, stride_choices
 from plait.frontend.capture_values import Lift, Restart, Tracer
 from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
 from plait.frontend.guard_plan import GuardPlan, build_guards
@@ -371,6 +371,7 @@ def _output_leaves(
     for leaf in raw:
         if isinstance(leaf, Tracer):
             tr = cx.tracer(leaf)
+            stride_choices.on_output(cx, tr)
             lift = tr._lift
             view = _input_view(cx, tr, call_leaves, state)
             if tr._root is None and lift is not None and (lift.writeback or lift.kind == "param"):
@@ -536,6 +537,11 @@ def _plan(
         duck=list(cx.duck),
         dynamic=cx.dynamic,
         alias=bool(mutations),
+        written=[
+            ("user" if lift.kind == "user" else "state", lift.ref)
+            for lift, _ in mutations
+            if lift.kind in ("user", "param", "buffer")
+        ],
         used=used,
         layout_read=cx.layout_read,
     )

@@ -54,6 +54,9 @@ class GuardPlan:
     # reads (user inputs and the state it uses) must not share memory, or one would read another's
     # value from before the write
     alias: bool = False
+    # NOTE: the tensors it writes, as ("user", leaf) or ("state", entry): none may overlap itself
+    # (eager's write would read what the same call wrote, in its order of visits)
+    written: list[tuple[str, int]] = field(default_factory=list)
     used: list[int] | None = None  # state entries the graph reads (None: all)
     layout_read: str | None = None
     # NOTE: the Python values the program read (plait.frontend.pyreads): the live roots at
@@ -77,6 +80,7 @@ class GuardPlan:
             "duck": [[j, e, src, str(s)] for j, e, src, s in self.duck],
             "dynamic": self.dynamic,
             "alias": self.alias,
+            "written": [list(w) for w in self.written],
             "used": self.used,
             "layout_read": self.layout_read,
             "pyreads": pyvalues.saved_form(self.pyroots) if self.pyroots else self.pyreads,
@@ -100,6 +104,7 @@ class GuardPlan:
             duck=[(j, e, src, symbol(s)) for j, e, src, s in doc["duck"]],
             dynamic=doc["dynamic"],
             alias=doc["alias"],
+            written=[(str(where), int(i)) for where, i in doc.get("written", [])],
             used=doc["used"],
             layout_read=doc["layout_read"],
             pyreads=[list(d) for d in doc["pyreads"]],
@@ -134,7 +139,7 @@ def build_guards(
         used = list(plan.used) if plan.used is not None else list(range(len(ms.entries)))
     if plan.alias:
         live_state = state or (ms.fetch() if ms is not None else [])
-        guards.append(_no_alias_guard(leaves, used, live_state))
+        guards.append(_no_alias_guard(leaves, used, live_state, plan.written))
     guards += guard_build.ambient_guards()
     if ms is not None:
         guards += guard_build.module_guards(ms, used, state or ms.fetch())
@@ -155,14 +160,37 @@ def _distinct_memory(tensors: list[torch.Tensor]) -> bool:
     return len(ptrs) == len(set(ptrs))
 
 
+def overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory (``expand``, overlapping ``as_strided``).
+    NOTE: sufficient for no overlap: each stride, smallest first, passes the last element the
+    smaller ones reach; a layout that interleaves without overlap also counts as overlapping."""
+    if t.numel() == 0:
+        return False
+    reach = 0
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
 def _no_alias_guard(
-    leaves: Sequence[Any], used: Sequence[int], state: Sequence[torch.Tensor]
+    leaves: Sequence[Any],
+    used: Sequence[int],
+    state: Sequence[torch.Tensor],
+    written: Sequence[tuple[str, int]] = (),
 ) -> Guard:
     tensor_ix = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     state_ix = [k for k in used if isinstance(state[k], torch.Tensor)]
+    written_leaves = [i for where, i in written if where == "user"]
+    written_state = [k for where, k in written if where == "state"]
 
     def tensors(leaves: Sequence[Any], state: Sequence[Any]) -> list[torch.Tensor]:
         return [leaves[i] for i in tensor_ix] + [state[k] for k in state_ix]
+
+    def dense_writes(leaves: Sequence[Any], state: Sequence[Any]) -> bool:
+        targets = [leaves[i] for i in written_leaves] + [state[k] for k in written_state]
+        return not any(overlaps_itself(t) for t in targets)
 
     if not _distinct_memory(tensors(leaves, state)):
         raise GraphCaptureError(
@@ -171,10 +199,21 @@ def _no_alias_guard(
             "tensor it reads (a view of it, or a tensor it is a view of)",
             kind="limitation",
         )
+    if not dense_writes(leaves, state):
+        raise GraphCaptureError(
+            "inputs",
+            "the program writes in place into an input or buffer whose elements overlap in "
+            "memory (expand, as_strided): eager's result depends on its order of visits; "
+            "pass a copy (.clone()) instead",
+            kind="limitation",
+        )
     return Guard(
         "alias",
         "inputs",
-        "tensor inputs and the parameters and buffers read do not share memory",
+        "tensor inputs and the parameters and buffers read do not share memory, and none the "
+        "program writes overlaps itself",
         True,
-        lambda env: _distinct_memory(tensors(env.leaves, env.state)),
+        lambda env: (
+            _distinct_memory(tensors(env.leaves, env.state)) and dense_writes(env.leaves, env.state)
+        ),
     )

@@ -16,7 +16,7 @@ import torch
 
 from plait.frontend.lower_common import both
 from plait.frontend.lower_movement import _atleast
-from plait.frontend.lower_shape import _pieces, _type
+from plait.frontend.lower_shape import _pieces, _type, reshaped
 from plait.frontend.table import NoIROp, Viewed, lookup, op
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.views import ViewStep, put_diagonal
@@ -71,8 +71,7 @@ for _name, _view_call in _COPIES.items():
 @op(*both("ravel"))
 def _ravel(cx: CaptureContext, out: Any, x: Any) -> Any:
     # NOTE: like reshape: a view where eager can make one (the IR value is the same).
-    v: Value = ViewStep.of("reshape", shape=(-1,)).apply(cx, cx.value(x))
-    return Viewed(v, x, (ViewStep.of("reshape", shape=(-1,)),))
+    return reshaped(cx, x, ViewStep.of("reshape", shape=(-1,)))
 
 
 # --- stacking --------------------------------------------------------------------------------

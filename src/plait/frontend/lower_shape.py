@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from plait.errors import ProgramIndexError, ProgramValueError
-from plait.frontend import datadep
+from plait.frontend import datadep, stride_choices
 from plait.frontend.lower_common import both
 from plait.frontend.symints import TracedInt, plain_int
 from plait.frontend.table import InPlace, NoIROp, Viewed, getter, op
@@ -48,27 +48,39 @@ def _dims_of(cx: CaptureContext, x: Any) -> tuple[Any, ...]:
 
 
 # --- view ops --------------------------------------------------------------------------------
+def _checked_view(cx: CaptureContext, x: Any, shape: tuple[Any, ...]) -> Viewed:
+    viewed = _view(cx, x, ViewStep.of("view", shape=shape))
+    stride_choices.guard_view(cx, x, viewed.value)
+    return viewed
+
+
+def reshaped(cx: CaptureContext, x: Any, step: ViewStep) -> Viewed:
+    """A reshape-like ``step`` of ``x``: eager's view or copy, chosen by the strides."""
+    viewed = _view(cx, x, step)
+    if stride_choices.depends_on_strides(cx, x, "reshape", viewed.value):
+        return Viewed(viewed.value, x, viewed.steps, by_strides=True)
+    return viewed
+
+
 @op(T.view)
 def _view_op(cx: CaptureContext, out: Any, x: Any, *shape: Any, **kwargs: Any) -> Any:
     if "dtype" in kwargs or (shape and isinstance(shape[0], torch.dtype)):
         cx.limitation("Tensor.view(dtype) reinterprets bits; no IR op")
     if "size" in kwargs:
         shape = (kwargs["size"],)
-    return _view(cx, x, ViewStep.of("view", shape=_shape_args(cx, shape)))
+    return _checked_view(cx, x, _shape_args(cx, shape))
 
 
 @op(*both("reshape"))
 def _reshape(cx: CaptureContext, out: Any, x: Any, *shape: Any, **kwargs: Any) -> Any:
     if "shape" in kwargs:
         shape = (kwargs["shape"],)
-    return _view(cx, x, ViewStep.of("reshape", shape=_shape_args(cx, shape)))
+    return reshaped(cx, x, ViewStep.of("reshape", shape=_shape_args(cx, shape)))
 
 
-op(T.view_as)(
-    lambda cx, out, x, other: _view(cx, x, ViewStep.of("view", shape=_dims_of(cx, other)))
-)
+op(T.view_as)(lambda cx, out, x, other: _checked_view(cx, x, _dims_of(cx, other)))
 op(T.reshape_as)(
-    lambda cx, out, x, other: _view(cx, x, ViewStep.of("reshape", shape=_dims_of(cx, other)))
+    lambda cx, out, x, other: reshaped(cx, x, ViewStep.of("reshape", shape=_dims_of(cx, other)))
 )
 op(T.expand_as)(
     lambda cx, out, x, other: _view(cx, x, ViewStep.of("expand", shape=_dims_of(cx, other)))
@@ -126,7 +138,7 @@ def _squeeze(cx: CaptureContext, out: Any, x: Any, dim: Any = None) -> Any:
 
 @op(*both("flatten"))
 def _flatten(cx: CaptureContext, out: Any, x: Any, start_dim: Any = 0, end_dim: Any = -1) -> Any:
-    return _view(
+    return reshaped(
         cx, x, ViewStep.of("flatten", start_dim=cx.int(start_dim), end_dim=cx.int(end_dim))
     )
 
@@ -143,7 +155,8 @@ def _unflatten(cx: CaptureContext, out: Any, x: Any, dim: Any, sizes: Any) -> An
 def _contiguous(cx: CaptureContext, out: Any, x: Any, memory_format: Any = None) -> Any:
     # NOTE: contiguous() of a contiguous tensor returns the tensor itself: an identity alias.
     v: Value = cx.call("contiguous", cx.value(x))
-    return Viewed(v, x, (ViewStep("identity"),))
+    by_strides = stride_choices.depends_on_strides(cx, x, "contiguous", v)
+    return Viewed(v, x, (ViewStep("identity"),), by_strides)
 
 
 @op(*both("detach"), getter("data"), grad=False)

@@ -49,6 +49,8 @@ class Viewed:
     value: Value
     source: Any
     steps: tuple[ViewStep, ...]
+    # NOTE: eager makes a view or a copy by the source's strides (plait.frontend.stride_choices)
+    by_strides: bool = False
 
 
 @dataclass(frozen=True)

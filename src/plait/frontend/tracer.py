@@ -30,7 +30,7 @@ import sympy
 import torch
 from torch.overrides import TorchFunctionMode
 
-from plait.frontend import datadep, pytree
+from plait.frontend import datadep, pytree, stride_choices
 from plait.frontend.capture_values import CaptureValues, Tracer
 from plait.frontend.op_names import op_name
 from plait.frontend.opaque import run_opaque
@@ -430,12 +430,14 @@ class CaptureContext(CaptureValues):
         if self.ambient_grad and not self.grad_enabled and any(t._rg for t in inputs):
             value = self.call("detach", value)  # NOTE: computed inside `torch.no_grad()`
             if isinstance(ir, Viewed):
-                ir = Viewed(value, ir.source, (*ir.steps, ViewStep("detach")))
+                ir = Viewed(value, ir.source, (*ir.steps, ViewStep("detach")), ir.by_strides)
         self.check(value, out)
         requires_grad = (grad and out.is_floating_point()) or out.requires_grad
         t = self.new_root(out, value, requires_grad)
         source = _aliased(out, inputs)
         if source is None:
+            if isinstance(ir, Viewed) and ir.by_strides:
+                stride_choices.mark(self, self.tracer(ir.source), t)
             return t
         root = source._root if source._root is not None else source
         steps: tuple[ViewStep, ...] | None = None
@@ -444,6 +446,8 @@ class CaptureContext(CaptureValues):
             if src is source and src._steps is not None:
                 steps = (*src._steps, *ir.steps)
         t._root, t._steps, t._seen = root, steps, root._mutations
+        if isinstance(ir, Viewed) and ir.by_strides:
+            stride_choices.mark(self, self.tracer(ir.source), t)
         return t
 
     def check(self, value: Value, plain: torch.Tensor) -> None:
