@@ -234,6 +234,11 @@ def _div(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...])
     if mode is None:
         return b.op("div", [x, y], t)
     if is_float(t):
+        if mode == "trunc" and not one_element(args[1]):
+            # NOTE: ATen's tensor path divides in the 16-bit type, then truncates the rounded
+            # quotient (bf16 -5.125 / 0.466796875 is -11.0, truncated -11); one element: opmath
+            quotient = b.round(b.op("div", [x, y], t), storage_type(node))
+            return b.op("trunc", [quotient], t)
         return b.op("fdiv_trunc" if mode == "trunc" else "fdiv_floor", [x, y], t)
     return b.op("idiv_trunc" if mode == "trunc" else "idiv_floor", [x, y], t)
 
