@@ -28,6 +28,8 @@ from plait.codegen.scalar_args import (
     Arg,
     Rule,
     cast,
+    narrow,
+    one_element,
     out_type,
     rules_into,
     storage_type,
@@ -41,6 +43,12 @@ from plait.ir.types import TensorType, scalar_type_of
 
 RULES: dict[str, Rule] = {}
 rule = rules_into(RULES)
+
+
+def _out_dtype(node: Node) -> torch.dtype:
+    t = node.outputs[0].type
+    assert isinstance(t, TensorType)
+    return t.dtype
 
 
 def _common(args: Sequence[Arg]) -> torch.dtype:
@@ -185,45 +193,60 @@ def _to_dtype(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, 
 
 
 # --- binary ---------------------------------------------------------------------------------
-def _scaled(b: KernelBuilder, x: Stmt, alpha: Any, t: str) -> Stmt:
+def _scaled(b: KernelBuilder, x: Stmt, alpha: Any, dtype: torch.dtype) -> Stmt:
     if alpha == 1:
         return x
-    return b.op("mul", [to(b, Arg(None, alpha, scalar_type_of(alpha)), t), x], t)
+    # NOTE: ATen converts alpha to the tensor's dtype (``alpha.to<scalar_t>()``), as an operand
+    t = scalar_of(dtype)
+    return b.op("mul", [narrow(b, Arg(None, alpha, scalar_type_of(alpha)), dtype), x], t)
 
 
 @rule("add", "sub")
 def _add_sub(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    t = out_type(node)
-    x, y = to(b, args[0], t), to(b, args[1], t)
+    t, dtype = out_type(node), _out_dtype(node)
+    x, y = narrow(b, args[0], dtype), narrow(b, args[1], dtype)
     if t == "b":
         return b.op("or", [x, y], "b")
-    y = _scaled(b, y, node.attrs.get("alpha", 1), t)
+    y = _scaled(b, y, node.attrs.get("alpha", 1), dtype)
     return b.op(node.op, [x, y], t)
 
 
 @rule("mul")
 def _mul(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
     t = out_type(node)
-    x, y = to(b, args[0], t), to(b, args[1], t)
+    x, y = _opmath_second(b, node, args)
     return b.op("and" if t == "b" else "mul", [x, y], t)
+
+
+def _opmath_second(b: KernelBuilder, node: Node, args: Sequence[Arg]) -> tuple[Stmt, Stmt]:
+    """mul's and div's operands: ATen reads a second operand of one element at the compute
+    type's precision (``original_scalar_value<opmath_t>``), the rest rounded to the dtype."""
+    t, dtype = out_type(node), _out_dtype(node)
+    second = to(b, args[1], t) if one_element(args[1]) else narrow(b, args[1], dtype)
+    return narrow(b, args[0], dtype), second
 
 
 @rule("div")
 def _div(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
     t = out_type(node)
-    x, y = to(b, args[0], t), to(b, args[1], t)
+    x, y = _opmath_second(b, node, args)
     mode = node.attrs.get("rounding_mode")
     if mode is None:
         return b.op("div", [x, y], t)
     if is_float(t):
+        if mode == "trunc" and not one_element(args[1]):
+            # NOTE: ATen's tensor path divides in the 16-bit type, then truncates the rounded
+            # quotient (bf16 -5.125 / 0.466796875 is -11.0, truncated -11); one element: opmath
+            quotient = b.round(b.op("div", [x, y], t), storage_type(node))
+            return b.op("trunc", [quotient], t)
         return b.op("fdiv_trunc" if mode == "trunc" else "fdiv_floor", [x, y], t)
     return b.op("idiv_trunc" if mode == "trunc" else "idiv_floor", [x, y], t)
 
 
 @rule("pow")
 def _pow(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    t = out_type(node)
-    x = to(b, args[0], t)
+    t, dtype = out_type(node), _out_dtype(node)
+    x = narrow(b, args[0], dtype)
     if not is_float(t):
         return b.op("ipow", [x, to(b, args[1], t)], t)
     e = args[1].literal if args[1].stmt is None else None
@@ -257,7 +280,7 @@ def _pow(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...])
         root = b.op("add", [b.op("sqrt", [x], t), b.const(0.0, t)], t)
         minus_inf = b.op("eq", [x, b.const(-math.inf, t)], "b")
         return b.op("where", [minus_inf, b.const(math.inf, t), root], t)
-    return b.op("pow", [x, to(b, args[1], t)], t)
+    return b.op("pow", [x, narrow(b, args[1], dtype)], t)
 
 
 @rule("maximum", "minimum")
@@ -271,8 +294,8 @@ def _maxmin(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ..
 
 @rule("atan2", "hypot", "copysign")
 def _float_binary(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    t = out_type(node)
-    return b.op(node.op, [to(b, args[0], t), to(b, args[1], t)], t)
+    t, dtype = out_type(node), _out_dtype(node)
+    return b.op(node.op, [narrow(b, args[0], dtype), narrow(b, args[1], dtype)], t)
 
 
 @rule("fmax", "fmin")
@@ -288,8 +311,8 @@ def _fmaxmin(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, .
 
 @rule("fmod", "remainder")
 def _mod(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    t = out_type(node)
-    x, y = to(b, args[0], t), to(b, args[1], t)
+    t, dtype = out_type(node), _out_dtype(node)
+    x, y = narrow(b, args[0], dtype), narrow(b, args[1], dtype)
     if not is_float(t):
         return b.op("imod_trunc" if node.op == "fmod" else "imod_floor", [x, y], t)
     mod = b.op("fmod", [x, y], t)
@@ -307,8 +330,8 @@ def _mod(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...])
 def _xlogy(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
     # NOTE: ATen: NaN where y is NaN, else 0 where x == 0, else x * log(y); 16-bit dtypes round
     # log(y) to their precision first (ATen computes std::log on the 16-bit type).
-    t = out_type(node)
-    x, y = to(b, args[0], t), to(b, args[1], t)
+    t, dtype = out_type(node), _out_dtype(node)
+    x, y = narrow(b, args[0], dtype), narrow(b, args[1], dtype)
     log = b.round(b.op("log", [y], t), storage_type(node))
     product = b.op("mul", [x, log], t)
     zero = b.const(0.0, t)
@@ -330,10 +353,10 @@ def _bitwise(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, .
 
 @rule("eq", "ne", "lt", "le", "gt", "ge")
 def _compare(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    t = scalar_of(_common(args))
-    if t == "b":
-        t = "i32"
-    return b.op(node.op, [to(b, args[0], t), to(b, args[1], t)], "b")
+    common = _common(args)
+    if common == torch.bool:
+        return b.op(node.op, [to(b, args[0], "i32"), to(b, args[1], "i32")], "b")
+    return b.op(node.op, [narrow(b, args[0], common), narrow(b, args[1], common)], "b")
 
 
 @rule("logical_and", "logical_or")

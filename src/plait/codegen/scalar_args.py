@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sympy
+import torch
 
 from plait.codegen.index import Ix
 from plait.codegen.kir import STORAGE_OF, KernelBuilder, Stmt, is_float, scalar_of
@@ -78,6 +79,31 @@ def to(b: KernelBuilder, a: Arg, t: str) -> Stmt:
     if isinstance(value, float):
         return cast(b, b.const(value, "f64"), t)
     return b.const(int(value), t)
+
+
+def narrow(b: KernelBuilder, a: Arg, dtype: torch.dtype) -> Stmt:
+    """The operand as eager's kernel reads it when the op's common dtype is ``dtype``.
+
+    PyTorch's TensorIterator casts each operand to the common dtype: for a 16-bit float, an
+    operand of another dtype (a Python number, a 0-dim tensor, an integer tensor) is rounded to
+    16 bits (``bf16 + 1.3`` adds 1.296875), then computed in float32. Other dtypes: :func:`to`.
+    """
+    t, storage = scalar_of(dtype), STORAGE_OF[dtype]
+    if storage not in ("bf16", "f16") or (isinstance(a.type, TensorType) and a.type.dtype == dtype):
+        return to(b, a, t)
+    if a.stmt is None and isinstance(a.literal, (bool, int, float)):
+        # NOTE: eager's own conversion of the wrapped number (a double or int64 0-dim tensor)
+        wide = torch.float64 if isinstance(a.literal, float) else None
+        return b.const(float(torch.tensor(a.literal, dtype=wide).to(dtype)), t)
+    return b.round(to(b, a, t), storage)
+
+
+def one_element(a: Arg) -> bool:
+    """Whether the operand is a Python number or a tensor of one element (ATen's ``is_scalar``:
+    ``mul`` and ``div`` read such a second operand at float precision, never rounded)."""
+    if a.stmt is None:
+        return True
+    return isinstance(a.type, TensorType) and all(d == 1 for d in a.type.shape)
 
 
 def cast(b: KernelBuilder, x: Stmt, t: str) -> Stmt:
