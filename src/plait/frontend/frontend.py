@@ -285,49 +285,27 @@ def _capture_once(
             with swapped, cx.activate(), reads:
                 out = adapter.call(fn, spec, traced_leaves)
         except BaseException as exc:
-            reads.originals.restore()
             if cx.error is not None and exc is not cx.error:
                 raise cx.error from exc
             raise
-        try:
-            return _capture_end(cx, out, spec, leaves, paths, ms, state, versions, reads)
-        except BaseException:
-            # NOTE: the capture does not stand: its program's Python runs again (eagerly, or
-            # in the next attempt), so what it changed of the values it read is put back
-            reads.originals.restore()
-            raise
-
-
-def _capture_end(
-    cx: CaptureContext,
-    out: Any,
-    spec: Any,
-    leaves: list[Any],
-    paths: list[str],
-    ms: ModuleState | None,
-    state: list[Any],
-    versions: list[int],
-    reads: PyReads,
-) -> CapturedProgram:
-    """What a capture checks once the program has returned, and its program."""
-    if cx.error is not None:
-        raise cx.error
-    cx.current = "the random number generator"
-    cx.rng.before(cx)  # NOTE: a manual_seed after the last torch call
-    if [t._version for t in state] != versions:
-        changed = [
-            e.path
-            for e, t, v in zip(ms.entries, state, versions)  # type: ignore[union-attr]
-            if t._version != v
-        ]
-        raise GraphCaptureError(
-            "capture",
-            f"capture wrote parameter(s) {changed}: a call "
-            "wrote them in place without a capture rule seeing it",
-            kind="limitation",
-        )
-    pyroots = reads.finish()
-    return _finish(cx, out, spec, leaves, paths, ms, state, pyroots, reads.keys)
+        if cx.error is not None:
+            raise cx.error
+        cx.current = "the random number generator"
+        cx.rng.before(cx)  # NOTE: a manual_seed after the last torch call
+        if [t._version for t in state] != versions:
+            changed = [
+                e.path
+                for e, t, v in zip(ms.entries, state, versions)  # type: ignore[union-attr]
+                if t._version != v
+            ]
+            raise GraphCaptureError(
+                "capture",
+                f"capture wrote parameter(s) {changed}: a call "
+                "wrote them in place without a capture rule seeing it",
+                kind="limitation",
+            )
+        pyroots = reads.finish()
+        return _finish(cx, out, spec, leaves, paths, ms, state, pyroots, reads.keys)
 
 
 def _backward_hooked(module: nn.Module) -> str | None:

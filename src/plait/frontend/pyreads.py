@@ -52,7 +52,6 @@ from torch import nn
 from plait.errors import GraphCaptureError
 from plait.frontend.attr_reads import _LOCAL, _instrument
 from plait.frontend.code_origin import find_function, generated_for, is_pinned
-from plait.frontend.pyundo import Originals
 from plait.frontend.pyvalues import (
     _MODULE_SKIP,
     ABSENT,
@@ -146,8 +145,6 @@ class PyReads:
         self._tracing = False
         self._gc_was_enabled = False
         self._bypass = False  # NOTE: see _around
-        # NOTE: what was read, as first read: put back when the capture does not stand
-        self.originals = Originals()
 
     # -- entering and leaving
     def __enter__(self) -> PyReads:
@@ -281,8 +278,6 @@ class PyReads:
         if key not in roots:
             roots[key] = ("type", m, m, name, outside, Same(cls))  # NOTE: _Walk's class key
         found = namespace.get(name, ABSENT)
-        if name not in _MODULE_SKIP:
-            self.originals.note(namespace, name)
         late = outside is not None and (name in _MODULE_SKIP or found is ABSENT)
         key = ("item", id(namespace), name)
         if key not in roots:
@@ -464,7 +459,6 @@ class PyReads:
         resolvable = sys.modules.get(module) is not None and vars(sys.modules[module]) is g
         desc = ["global", module, name] if resolvable else None
         show = f"global {module}.{name}"
-        self.originals.note(g, name)
         self._add(("item", id(g), name), item_root(g, name, show, desc))
         if name not in g:
             show = f"builtin {name}"
