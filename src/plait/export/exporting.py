@@ -415,7 +415,7 @@ def _judge(artifact: Artifact, cases: refs.ReferenceCases) -> Report:
                 f"the loaded artifact does not reproduce the compiled program's outputs bit for "
                 f"bit on reference case {k} (a plait bug: please report it)"
             )
-    report = refs.judge(loaded, cases, loaded.contract)
+    report = refs.judge(loaded, cases, loaded.contract, loaded.input_outputs)
     if not report.ok:
         raise ConformanceError(report)
     return report

@@ -46,6 +46,18 @@ class Build:
     calls: int = 0
 
 
+def of_input(kind: str, ref: Any, leaves: Sequence[Any]) -> torch.Tensor:
+    """An output leaf that is input leaf ``ref`` (``kind`` ``leaf``) or a view of one
+    (``alias``: ``(i, size, stride, offset, dtype)``)."""
+    if kind == "leaf":
+        return leaves[ref]
+    i, size, stride, offset, dtype = ref
+    base = leaves[i].detach()
+    if dtype is not None:
+        base = base.view(dtype)
+    return base.as_strided(size, stride, base.storage_offset() + offset)
+
+
 @dataclass
 class Bindings:
     """Where each program input comes from (a leaf of the call, by index, or a weight), and
@@ -140,14 +152,8 @@ class LoadedProgram:
         for kind, ref in self.bindings.out_leaves:
             if kind == "value":
                 out.append(ref)
-            elif kind == "leaf":
-                out.append(leaves[ref])
-            elif kind == "alias":
-                i, size, stride, offset, dtype = ref
-                base = leaves[i].detach()
-                if dtype is not None:
-                    base = base.view(dtype)
-                out.append(base.as_strided(size, stride, base.storage_offset() + offset))
+            elif kind in ("leaf", "alias"):
+                out.append(of_input(kind, ref, leaves))
             else:
                 index, tracer, fresh = ref
                 if tracer in by_tracer:
@@ -162,6 +168,15 @@ class LoadedProgram:
                 handed_out.add(id(t))
                 out.append(t)
         return pytree.unflatten(self.bindings.out_spec, out)
+
+    def input_outputs(self, leaves: Sequence[Any]) -> dict[int, torch.Tensor]:
+        """The output leaves (by position) that are the call's input ``leaves`` or views of
+        them, as eager PyTorch gives them: what a stored reference output must be rebuilt as."""
+        return {
+            j: of_input(kind, ref, leaves)
+            for j, (kind, ref) in enumerate(self.bindings.out_leaves)
+            if kind in ("leaf", "alias")
+        }
 
     def explain(self) -> Explanation:
         """Each build of the program, with its guards, the reason it was built and its

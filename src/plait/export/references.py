@@ -256,12 +256,17 @@ def unpack(
     return ReferenceCases(inputs, outputs, binder, call_spec, out_spec, "float64" in kinds)
 
 
+InputOutputs = Callable[[Sequence[Any]], Mapping[int, torch.Tensor]]
+
+
 class _Lookup:
     """A reference program that answers the stored outputs of ``kind`` for the stored inputs,
-    and refuses any other input (it is no program: it only remembers)."""
+    and refuses any other input (it is no program: it only remembers). The output leaves eager
+    gave as the call's inputs or views of them (``input_outputs``, from the calling convention)
+    are rebuilt on this call's inputs, so that they alias them as eager's did."""
 
-    def __init__(self, cases: ReferenceCases, kind: str) -> None:
-        self.cases, self.kind = cases, kind
+    def __init__(self, cases: ReferenceCases, kind: str, input_outputs: InputOutputs) -> None:
+        self.cases, self.kind, self.input_outputs = cases, kind, input_outputs
 
     def __call__(self, *args: Any) -> Any:
         positional, kwargs = _unpack_args(args)
@@ -269,7 +274,16 @@ class _Lookup:
         k = self.cases.find(leaves)
         if k is None:
             raise UnknownNameError(f"the artifact stores no {self.kind} result for these inputs")
-        return self.cases.result(k, self.kind)
+        views = self.input_outputs(leaves) if self.kind == "eager" else {}
+        if not views:
+            return self.cases.result(k, self.kind)
+        out = [
+            x.clone() if isinstance(x, torch.Tensor) else x
+            for x in self.cases.outputs[self.kind][k]
+        ]
+        for j, view in views.items():
+            out[j] = view
+        return pytree.unflatten(self.cases.out_spec, out)
 
 
 # NOTE: the gate passes positional arguments only: a call's keyword arguments ride last, in a
@@ -286,9 +300,14 @@ def _unpack_args(args: tuple) -> tuple[tuple, dict]:
 
 
 def judge(
-    candidate: Callable[..., Any], cases: ReferenceCases, contract: Contract
+    candidate: Callable[..., Any],
+    cases: ReferenceCases,
+    contract: Contract,
+    input_outputs: InputOutputs,
 ) -> plait.conformance.Report:
-    """The gate's report on ``candidate`` against the stored cases under ``contract``."""
+    """The gate's report on ``candidate`` against the stored cases under ``contract``;
+    ``input_outputs`` gives the output leaves eager returns as the call's inputs or views of
+    them (``LoadedProgram.input_outputs``)."""
 
     def as_positional(k: int) -> tuple:
         args, kwargs = cases.call(k)
@@ -301,8 +320,8 @@ def judge(
         positional, kwargs = _unpack_args(args)
         return candidate(*positional, **kwargs)
 
-    reference = _Lookup(cases, "eager")
-    anchor = _Lookup(cases, "float64") if cases.anchored else None
+    reference = _Lookup(cases, "eager", input_outputs)
+    anchor = _Lookup(cases, "float64", input_outputs) if cases.anchored else None
     return plait.conformance.check(
         reference,
         call,

@@ -81,7 +81,7 @@ def verify(
     """See :func:`plait.export.verify` (the public entry point)."""
     loaded = load(path, trust=trust, limits=limits)
     cases = loaded.references
-    report = judge(loaded, cases, loaded.contract)
+    report = judge(loaded, cases, loaded.contract, loaded.input_outputs)
     bitwise = None
     if "compiled" in cases.outputs:
         bitwise = True
