@@ -137,7 +137,7 @@ def export(
     cases, out_doc, layouts, anchor = _reference_cases(
         model_or_fn, compiled, key, args, kwargs, references, binder, (call_spec, leaves)
     )
-    enough = _cases_for_samples(cases.outputs["eager"][0], references)
+    enough = _cases_for_samples([*cases.outputs["eager"][0], *cases.inputs[0]], references)
     if enough > references:  # NOTE: the same seeds: the first cases are drawn again as they were
         cases, out_doc, layouts, anchor = _reference_cases(
             model_or_fn, compiled, key, args, kwargs, enough, binder, (call_spec, leaves)
@@ -361,11 +361,12 @@ def _reference_cases(
     return cases, out_doc, layouts, anchor
 
 
-def _cases_for_samples(outputs: Sequence[Any], references: int) -> int:
-    """How many reference cases the gate can judge ``outputs`` on: each floating output needs
+def _cases_for_samples(values: Sequence[Any], references: int) -> int:
+    """How many reference cases the gate can judge ``values`` on (a case's output and input
+    leaves: it judges the inputs after the call too): each floating value needs
     ``MIN_SAMPLES`` error samples over the cases (a 0-d loss gives one per case), and the gate
     cannot draw more from the stored cases (it would draw the same inputs again)."""
-    sizes = [x.numel() for x in outputs if isinstance(x, torch.Tensor) and _judged(x)]
+    sizes = [x.numel() for x in values if isinstance(x, torch.Tensor) and _judged(x)]
     smallest = min((n for n in sizes if n > 0), default=MIN_SAMPLES)
     return max(references, -(-MIN_SAMPLES // smallest))
 

@@ -1,0 +1,29 @@
+"""The export stores enough reference cases for every value the gate judges: outputs, and the
+inputs it checks after the call (a 0-d input gives one error sample per case)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import plait
+from tests.export.models import seeded
+from tests.util import contract_tol
+
+
+def _scaled_by(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return x * s
+
+
+def test_a_program_with_a_0d_input_exports_and_verifies(tmp_path: Path) -> None:
+    gen = seeded(31)
+    example = (torch.randn(3, generator=gen), torch.randn((), generator=gen))
+    path = plait.export(_scaled_by, example, native=False).save(tmp_path / "scaled.plait")
+    assert plait.verify(path).ok
+    loaded = plait.load(path)
+    for _ in range(3):
+        x, s = torch.randn(3, generator=gen), torch.randn((), generator=gen)
+        torch.testing.assert_close(
+            loaded(x, s), _scaled_by(x, s), **contract_tol("model", torch.float32)
+        )
