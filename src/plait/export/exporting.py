@@ -116,6 +116,17 @@ def export(
     seconds["compile"] = time.perf_counter() - start
     prog, comp = spec.program, spec.compiled
     _check_exportable(prog, comp)
+    if dynamic and prog.specialized and not _symbolic_inputs(prog):
+        # NOTE: an artifact cannot recompile: a program capture made wholly static takes only
+        # the example's sizes
+        warnings.warn(
+            "plait.export(dynamic=True): capture made every input size static, so the artifact "
+            f"refuses calls of other sizes: {'; '.join(prog.specialized)} (a size equal to one "
+            "of the model's own sizes is made static with it: export with an example whose "
+            "dynamic sizes differ from the model's)",
+            ExportWarning,
+            stacklevel=3,
+        )
     stax = comp.program is not None and comp.manifest.executor.get("backend") == "stax"
     note = "" if stax else str(comp.manifest.options.get("backend_choice", "not Stax"))
     if not stax:
@@ -214,6 +225,16 @@ def _compile(fn: Any, args: tuple, kwargs: dict, dynamic: bool | None) -> tuple[
     with torch.no_grad():
         use = compiled.specialize(*args, **kwargs)
     return compiled, use.key, compiled.specializations[use.index]
+
+
+def _symbolic_inputs(prog: Any) -> bool:
+    """Whether any user input of the captured program has a symbolic size."""
+    return any(
+        slot.source == "user"
+        and isinstance(v.type, TensorType)
+        and any(not isinstance(n, int) for n in v.type.shape)
+        for v, slot in zip(prog.graph.inputs, prog.inputs)
+    )
 
 
 def _check_exportable(prog: Any, comp: Any) -> None:
