@@ -429,10 +429,7 @@ def _judge(artifact: Artifact, cases: refs.ReferenceCases) -> Report:
         a, kw = cases.call(k)
         got = pytree.flatten(loaded(*a, **kw), "output")[1]
         want = cases.outputs["compiled"][k]
-        same = len(got) == len(want) and all(
-            torch.equal(g, w) if isinstance(w, torch.Tensor) else g == w for g, w in zip(got, want)
-        )
-        if not same:
+        if not refs.same_bits(got, want):
             raise ExportError(
                 f"the loaded artifact does not reproduce the compiled program's outputs bit for "
                 f"bit on reference case {k} (a plait bug: please report it)"

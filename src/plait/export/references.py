@@ -154,6 +154,23 @@ class ReferenceCases:
         return None
 
 
+def same_bits(got: Sequence[Any], want: Sequence[Any]) -> bool:
+    """Whether output leaves ``got`` are ``want``'s very values: tensors of one dtype and shape,
+    equal, NaN where the other is NaN (``torch.equal`` finds a NaN unequal to itself)."""
+    return len(got) == len(want) and all(_same_leaf(g, w) for g, w in zip(got, want))
+
+
+def _same_leaf(a: Any, b: Any) -> bool:
+    if not isinstance(b, torch.Tensor):
+        return not isinstance(a, torch.Tensor) and bool(a == b)
+    if not isinstance(a, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if not (a.is_floating_point() or a.is_complex()):
+        return torch.equal(a, b)
+    nan = a.isnan()
+    return torch.equal(nan, b.isnan()) and torch.equal(a[~nan], b[~nan])
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
         return False

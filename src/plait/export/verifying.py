@@ -15,12 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from plait.conformance import Report
 from plait.export.archive import Limits
 from plait.export.loading import load
-from plait.export.references import judge
+from plait.export.references import judge, same_bits
 from plait.frontend import pytree
 
 
@@ -89,10 +87,7 @@ def verify(
             args, kwargs = cases.call(k)
             got = pytree.flatten(loaded(*args, **kwargs), "output")[1]
             want = cases.outputs["compiled"][k]
-            bitwise = bitwise and all(
-                torch.equal(g, w) if isinstance(w, torch.Tensor) else g == w
-                for g, w in zip(got, want)
-            )
+            bitwise = bitwise and same_bits(got, want)
     return Verification(
         str(path),
         loaded.digest,
