@@ -27,3 +27,15 @@ def test_a_program_with_a_0d_input_exports_and_verifies(tmp_path: Path) -> None:
         torch.testing.assert_close(
             loaded(x, s), _scaled_by(x, s), **contract_tol("model", torch.float32)
         )
+
+
+def _sums(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.sum(0), x * 2
+
+
+def test_a_program_of_empty_inputs_exports_and_verifies(tmp_path: Path) -> None:
+    """Empty inputs are the same on every draw: there is nothing to draw, and nothing repeats."""
+    path = plait.export(_sums, (torch.randn(0, 4),), native=False).save(tmp_path / "empty.plait")
+    assert plait.verify(path).ok
+    total, doubled = plait.load(path)(torch.randn(0, 4))
+    assert torch.equal(total, torch.zeros(4)) and doubled.shape == (0, 4)
