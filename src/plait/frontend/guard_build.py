@@ -48,9 +48,38 @@ def structure_guard(spec: Any, leaves: Sequence[Any], paths: Sequence[str]) -> G
         (spec, kinds),
         read,
         gate=True,
-        fmt=lambda r: "(" + ", ".join(r[1]) + ")",
+        fmt=lambda r: structure_text(r[0], r[1]),
         native=ReadStructure(spec, kinds),
     )
+
+
+def structure_text(spec: Any, kinds: Sequence[str]) -> str:
+    """The call's structure with each leaf's kind, by argument: ``(inp: {'a': tensor, 'b':
+    [tensor]}, scale: float)`` (dict keys in their order: a call differing only in it shows
+    where)."""
+    it = iter(kinds)
+
+    def text(s: Any) -> str:
+        tag = s[0] if isinstance(s, tuple) and s else None
+        if tag == "*":
+            return next(it, "?")
+        if tag in ("tuple", "list"):
+            body = ", ".join(text(k) for k in s[2])
+            return f"({body})" if tag == "tuple" else f"[{body}]"
+        if tag in ("dict", "defaultdict"):
+            keys, kids = s[-2], s[-1]
+            return "{" + ", ".join(f"{k!r}: {text(v)}" for k, v in zip(keys, kids)) + "}"
+        if isinstance(tag, str):
+            return f"{tag}(" + ", ".join(text(k) for k in s[-1]) + ")"
+        return "?"
+
+    named = isinstance(spec, tuple) and all(
+        isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in spec
+    )
+    if named:
+        return "(" + ", ".join(f"{name}: {text(sub)}" for name, sub in spec) + ")"
+    out = text(spec)
+    return out if out.startswith("(") else f"({out})"
 
 
 def tensor_guards(i: int, path: str, t: torch.Tensor, ir_type: TensorType) -> list[Guard]:
