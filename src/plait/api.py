@@ -34,7 +34,7 @@ from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, co
 from plait.cache import Store, check_store_option, resolve_store
 from plait.cache.remote_copies import start_copies
 from plait.cache.snapshots import forget_snapshot
-from plait.cache.weight_digests import prefetch
+from plait.cache.weight_digests import forget, prefetch
 from plait.capturing import CAPTURE_LOCK, Captured, capture, check_kinds, report_fallbacks
 from plait.collector import collector_paused
 from plait.compiled_callables import CompiledFunction, CompiledModule
@@ -317,6 +317,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
             )
             if self.share and self.tree is not None:
                 self.tree.publish_artifact(self, prog, settings, compiled)
+        forget()  # NOTE: prefetched digests serve this step's key only, never a later one
         if self.share and self.tree is not None and shared is None:
             self.tree.publish_program(self, prog)
         self.specializations.append(spec)

@@ -1,16 +1,17 @@
-"""The frozen weights' digests (the key's ``weights`` part), per tensor, remembered and
-prefetched.
+"""The frozen weights' digests (the key's ``weights`` part), per tensor, prefetched.
 
 A warm start must hash the frozen weights before it can name its cache entry: ResNet-18's 45 MB,
 3-5 ms on the 2-core development machine. :func:`prefetch` starts that at the top of the call,
 on a native background thread (:mod:`plait.codegen.native_hash`), while the snapshot is read;
-:func:`weights_digest` then only waits for what is left. Each tensor's digest is remembered in
-this process for the tensor as it is (identity, version counter, storage, layout), so a recompile
-does not hash unchanged weights again.
+:func:`weights_digest` then only waits for what is left.
 
-Invariants: a remembered digest is used only for the very tensor it was taken of (a weak
-reference, checked: an id reused by a new tensor is never taken for the old one) and only while
-its version counter, storage and layout are unchanged (an in-place write bumps the version). The
+Invariants: a prefetched digest serves only the key of the compile step that prefetched it (the
+next :func:`weights_digest`; :func:`forget` ends the step), only for the very tensor it was
+taken of (a weak reference, checked: an id reused by a new tensor is never taken for the old
+one) and only while its version counter, storage and layout are unchanged (an in-place write
+bumps the version). NOTE: never across compiles: a write through ``weight.data`` or a NumPy
+view of the weight bumps no version counter, so a digest kept from an earlier compile could
+name the entry folded from the old values; every compile hashes the weights as they are. The
 text :func:`weights_digest` returns equals :func:`plait.ir.weights_hash`'s, whichever path
 computed each tensor's digest.
 
@@ -83,18 +84,25 @@ def _plain_cpu(t: Any) -> bool:
 
 
 def prefetch(tensors: Sequence[Any]) -> None:
-    """Start hashing, in the background, the CPU tensors among ``tensors`` whose digest is not
-    known yet (on one native thread per two cores: the caller keeps a core for its own work)."""
+    """Start hashing, in the background, the CPU tensors among ``tensors`` (on one native
+    thread per two cores: the caller keeps a core for its own work), for the key of this
+    compile step; digests an earlier step left unused are dropped."""
+    _KNOWN.clear()
     if not native_hash.status().available:
         return  # NOTE: no background threads: hash only the frozen weights, when they are known
-    todo = [t for t in tensors if _plain_cpu(t) and _lookup(t) is None]
+    todo = [t for t in tensors if _plain_cpu(t)]
     if todo:
         _remember(todo, max(1, (os.cpu_count() or 2) // 2))
 
 
+def forget() -> None:
+    """End the compile step: its prefetched digests are never used by a later one."""
+    _KNOWN.clear()
+
+
 def weights_digest(weights: Mapping[str, torch.Tensor]) -> str:
     """:func:`plait.ir.weights_hash` of ``weights`` (``"none"`` when there are none), from the
-    remembered or prefetched per-tensor digests where there are any."""
+    per-tensor digests this compile step prefetched, where there are any."""
     if not weights:
         return "none"
     digests: dict[str, bytes] = {}
@@ -105,11 +113,13 @@ def weights_digest(weights: Mapping[str, torch.Tensor]) -> str:
             missing.append(name)
         else:
             digests[name] = known.job.result()[known.index]
+    forget()  # NOTE: used once, by this key; the next compile hashes the weights again
     plain = [n for n in missing if _plain_cpu(weights[n])]
     if plain:
-        job = _remember([weights[n] for n in plain], os.cpu_count() or 1)
+        tensors = [weights[n] for n in plain]
+        job = native_hash.start([_stream(t) for t in tensors], os.cpu_count() or 1, keep=tensors)
         digests.update(zip(plain, job.result()))
     return weights_hash(weights, digests)
 
 
-__all__ = ["prefetch", "weights_digest"]
+__all__ = ["forget", "prefetch", "weights_digest"]

@@ -81,11 +81,28 @@ def _precision(backend: str, op: str) -> Setting:
     return Setting(name, read, tuple(_fp32_raw(b, o) for b, o in pairs))
 
 
+MIXED = "mixed (see the fp32_precision settings)"
+
+
 def _legacy_precision() -> str:
     try:
         return str(torch._C._get_float32_matmul_precision())
     except RuntimeError:  # NOTE: set through both APIs: the per-backend settings say it all
-        return "mixed (see the fp32_precision settings)"
+        return MIXED
+
+
+def _legacy_flag(getter: Callable[[], bool]) -> Callable[[], bool | str]:
+    """A legacy TF32 flag: PyTorch raises on its read once the per-backend ``fp32_precision``
+    settings disagree with it (``torch.backends.mkldnn.fp32_precision = "bf16"`` makes the
+    cuDNN flag raise), where eager runs on: then the per-backend settings say it all."""
+
+    def read() -> bool | str:
+        try:
+            return bool(getter())
+        except RuntimeError:
+            return MIXED
+
+    return read
 
 
 # NOTE: a float32 denormal packed by the C conversion of this thread: all zero bytes where
@@ -109,8 +126,16 @@ CALL_SETTINGS: tuple[Setting, ...] = (
         _legacy_precision,
         (torch._C._get_float32_matmul_precision,),
     ),
-    Setting("torch.backends.cuda.matmul.allow_tf32", torch._C._get_cublas_allow_tf32),
-    Setting("torch.backends.cudnn.allow_tf32", torch._C._get_cudnn_allow_tf32),
+    Setting(
+        "torch.backends.cuda.matmul.allow_tf32",
+        _legacy_flag(torch._C._get_cublas_allow_tf32),
+        (torch._C._get_cublas_allow_tf32,),
+    ),
+    Setting(
+        "torch.backends.cudnn.allow_tf32",
+        _legacy_flag(torch._C._get_cudnn_allow_tf32),
+        (torch._C._get_cudnn_allow_tf32,),
+    ),
     _precision("mkldnn", "matmul"),
     _precision("mkldnn", "conv"),
     Setting(
