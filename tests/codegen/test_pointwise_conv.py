@@ -27,19 +27,21 @@ ROWS = "1x1 conv2d as MKL's packed linear"
 
 
 class SqueezeExcite(nn.Module):
-    """A convolution (its result channels_last), then torchvision's squeeze-and-excitation gate:
-    pool, 1x1 conv, SiLU, 1x1 conv, sigmoid, scale."""
+    """An inverted-residual block's middle: a depthwise convolution (its result channels_last),
+    torchvision's squeeze-and-excitation gate (pool, 1x1 conv, SiLU, 1x1 conv, sigmoid, scale)
+    and the projection (a 1x1 convolution of the scaled map, which reads it channels_last)."""
 
     def __init__(self, channels: int, squeezed: int) -> None:
         super().__init__()
         self.conv = nn.Conv2d(channels, channels, 3, padding=1, groups=channels)
         self.reduce = nn.Conv2d(channels, squeezed, 1)
         self.expand = nn.Conv2d(squeezed, channels, 1)
+        self.project = nn.Conv2d(channels, channels, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv(x)
         s = F.adaptive_avg_pool2d(x, 1)
-        return x * torch.sigmoid(self.expand(F.silu(self.reduce(s))))
+        return self.project(x * torch.sigmoid(self.expand(F.silu(self.reduce(s)))))
 
 
 def _conv_details(compiled: Any) -> list[str]:
@@ -63,7 +65,8 @@ def test_squeeze_excite_runs_mkl_rows_and_matches_eager(batch: int) -> None:
             x = torch.randn(batch, 96, 14, 14, generator=gen)
             torch.testing.assert_close(compiled(x), model(x), **contract_tol("conv", torch.float32))
     details = _conv_details(compiled)
-    assert len(details) == 3 and all(d.startswith(ROWS) for d in details[1:]), details
+    assert len(details) == 4 and all(d.startswith(ROWS) for d in details[1:3]), details
+    assert not details[3].startswith(ROWS), details  # NOTE: the projection's 196 rows
     # NOTE: SiLU, the gate's sigmoid (per channel, not per pixel of the channels_last map), scale
     assert len(compiled.specializations[-1].compiled.program.kernels) == 3
 

@@ -197,8 +197,9 @@ class _Planner:
             return True
         if not self.fuse:
             return True  # NOTE: no fusion: every pointwise or constant node is its own kernel.
-        per_element = any(recomputed_per_element(v, u, self.locs) for u in users)
-        return (len({u.id for u in users}) > 1 or per_element) and self.cost(v) > CHEAP
+        if self.cost(v) <= CHEAP:
+            return False
+        return len({u.id for u in users}) > 1 or recomputed_per_element(v, users, self.layout)
 
     def view_loc(self, node: Node, k: int) -> Loc:
         """A strided view of the input's base when the index map is affine, else inline."""

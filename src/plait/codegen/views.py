@@ -19,11 +19,10 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from plait.codegen.errors import CodegenError
 from plait.codegen.index import Ix, ravel, unravel
-from plait.codegen.placement import Loc
 from plait.errors import InternalCompilerError
 from plait.ir.graph import Node, Value
 from plait.ir.ops.movement import padded_dims
@@ -64,35 +63,38 @@ def sizes_of(t: object) -> tuple[Size, ...]:
     return tuple(d if type(d) is int else from_dim(d) for d in t.shape)
 
 
-def recomputed_per_element(v: Value, user: Node, locs: Mapping[Value, Loc]) -> bool:
-    """Whether a kernel of ``user`` that inlined ``v`` would compute it again for each element of
-    its innermost loop: ``user`` reads ``v`` broadcast (its result has more elements) and ``v``
-    varies along the dim the user's result runs fastest in memory (its layout: that of a
-    same-shaped input buffer, else contiguous). Static sizes only. A value invariant there is
+def recomputed_per_element(
+    v: Value, users: Sequence[Node], layout: Callable[[Value], tuple[Size, ...]]
+) -> bool:
+    """Whether a kernel of one of ``users`` that inlined ``v`` would compute it again for each
+    element of its innermost loop: the user reads ``v`` broadcast (its result has more elements)
+    and ``v`` varies along the dim the user's result runs fastest in memory (by ``layout``, the
+    planner's strides of a materialized value). Static sizes only. A value invariant there is
     hoisted out of the inner loop instead (an ``exp(b)`` per row of ``x * exp(b)``); one that
     varies is not (a squeeze-and-excitation gate's sigmoid per channel, scaling a channels_last
     map: per pixel and channel)."""
     t = v.type
-    out = user.outputs[0].type if user.outputs else None
-    if not (isinstance(t, TensorType) and isinstance(out, TensorType)):
+    if not (isinstance(t, TensorType) and t.is_static):
         return False
-    if not (t.is_static and out.is_static) or t.rank > out.rank:
-        return False
-    shape = tuple(int(d) for d in out.shape)
-    if math.prod(shape) <= math.prod(int(d) for d in t.shape):
-        return False
-    strides: Sequence[object] = ()
-    for u in user.input_values():
-        loc = locs.get(u)
-        if loc is not None and loc.kind in ("buffer", "input") and u.type == out:
-            strides = loc.strides
-            break
-    inner = len(shape) - 1
-    if strides and all(isinstance(s, int) for s in strides):
-        ranked = [(s, k) for k, s in enumerate(strides) if shape[k] > 1]
-        inner = min(ranked)[1] if ranked else inner
-    k = inner - (out.rank - t.rank)
-    return k >= 0 and int(t.shape[k]) > 1
+    count = math.prod(int(d) for d in t.shape)
+    for user in users:
+        out = user.outputs[0] if user.outputs else None
+        ot = out.type if out is not None else None
+        if not (isinstance(ot, TensorType) and ot.is_static and t.rank <= ot.rank):
+            continue
+        shape = tuple(int(d) for d in ot.shape)
+        if math.prod(shape) <= count:
+            continue
+        assert out is not None
+        strides = layout(out)
+        inner = len(shape) - 1
+        if all(isinstance(s, int) for s in strides):
+            ranked = [(s, k) for k, s in enumerate(strides) if shape[k] > 1]
+            inner = min(ranked)[1] if ranked else inner
+        k = inner - (ot.rank - t.rank)
+        if k >= 0 and int(t.shape[k]) > 1:
+            return True
+    return False
 
 
 def _bound(v: object) -> Size:
