@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import sympy
 
 from plait.ir import TensorType, Value
+from plait.symbolic import known_equal
 
 if TYPE_CHECKING:
     from plait.frontend.capture_values import Tracer
@@ -45,7 +46,7 @@ def merges(src: Sequence[Any], dst: Sequence[Any]) -> bool:
     j = 0
     for d in a:
         prod: Any = 1
-        while not _equal(prod, d):
+        while not known_equal(prod, d):
             if j == len(b) or (_known(prod) and _known(d) and int(prod) > int(d)):
                 return True
             prod = prod * b[j]
@@ -59,10 +60,6 @@ def _is_one(d: Any) -> bool:
 
 def _known(d: Any) -> bool:
     return isinstance(d, (int, sympy.Integer))
-
-
-def _equal(a: Any, b: Any) -> bool:
-    return bool(sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0)
 
 
 def _fixed_layout(v: Value) -> bool:
