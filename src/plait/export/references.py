@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 import plait.conformance
+from plait.conformance.compare import identical
 from plait.contract import Contract
 from plait.errors import ArtifactFormatError, UnknownNameError
 from plait.export.calling import Binder, count_leaves, leaves_from_json
@@ -155,20 +156,16 @@ class ReferenceCases:
 
 
 def same_bits(got: Sequence[Any], want: Sequence[Any]) -> bool:
-    """Whether output leaves ``got`` are ``want``'s very values: tensors of one dtype and shape,
-    equal, NaN where the other is NaN (``torch.equal`` finds a NaN unequal to itself)."""
+    """Whether output leaves ``got`` are ``want``'s very values: tensors the gate's
+    :func:`~plait.conformance.compare.identical` finds equal bit for bit (every NaN equal to every
+    NaN: ``torch.equal`` finds a NaN unequal to itself), other leaves equal."""
     return len(got) == len(want) and all(_same_leaf(g, w) for g, w in zip(got, want))
 
 
 def _same_leaf(a: Any, b: Any) -> bool:
     if not isinstance(b, torch.Tensor):
         return not isinstance(a, torch.Tensor) and bool(a == b)
-    if not isinstance(a, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if not (a.is_floating_point() or a.is_complex()):
-        return torch.equal(a, b)
-    nan = a.isnan()
-    return torch.equal(nan, b.isnan()) and torch.equal(a[~nan], b[~nan])
+    return isinstance(a, torch.Tensor) and identical(a, b)
 
 
 def _same(a: Any, b: Any) -> bool:
