@@ -275,6 +275,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
             self.state = ModuleState(self.state.module)
             self.fetch = StateFetcher(self.state)
         start = time.perf_counter()
+        forget()  # NOTE: a new compile step: no digest of an earlier one names this key
         shared = self.tree.shared_program(self, env, paths) if self.share and self.tree else None
         prog: CapturedProgram | None = shared
         if shared is not None:
@@ -317,7 +318,6 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
             )
             if self.share and self.tree is not None:
                 self.tree.publish_artifact(self, prog, settings, compiled)
-        forget()  # NOTE: prefetched digests serve this step's key only, never a later one
         if self.share and self.tree is not None and shared is None:
             self.tree.publish_program(self, prog)
         self.specializations.append(spec)

@@ -5,8 +5,8 @@ A warm start must hash the frozen weights before it can name its cache entry: Re
 on a native background thread (:mod:`plait.codegen.native_hash`), while the snapshot is read;
 :func:`weights_digest` then only waits for what is left.
 
-Invariants: a prefetched digest serves only the key of the compile step that prefetched it (the
-next :func:`weights_digest`; :func:`forget` ends the step), only for the very tensor it was
+Invariants: a prefetched digest serves only the key of the compile step that prefetched it
+(each step starts with :func:`forget`), only for the very tensor it was
 taken of (a weak reference, checked: an id reused by a new tensor is never taken for the old
 one) and only while its version counter, storage and layout are unchanged (an in-place write
 bumps the version). NOTE: never across compiles: a write through ``weight.data`` or a NumPy
@@ -86,8 +86,7 @@ def _plain_cpu(t: Any) -> bool:
 def prefetch(tensors: Sequence[Any]) -> None:
     """Start hashing, in the background, the CPU tensors among ``tensors`` (on one native
     thread per two cores: the caller keeps a core for its own work), for the key of this
-    compile step; digests an earlier step left unused are dropped."""
-    _KNOWN.clear()
+    compile step (which :func:`forget` began)."""
     if not native_hash.status().available:
         return  # NOTE: no background threads: hash only the frozen weights, when they are known
     todo = [t for t in tensors if _plain_cpu(t)]
@@ -96,7 +95,7 @@ def prefetch(tensors: Sequence[Any]) -> None:
 
 
 def forget() -> None:
-    """End the compile step: its prefetched digests are never used by a later one."""
+    """Begin a compile step: the digests an earlier one prefetched are never used by it."""
     _KNOWN.clear()
 
 
@@ -113,7 +112,6 @@ def weights_digest(weights: Mapping[str, torch.Tensor]) -> str:
             missing.append(name)
         else:
             digests[name] = known.job.result()[known.index]
-    forget()  # NOTE: used once, by this key; the next compile hashes the weights again
     plain = [n for n in missing if _plain_cpu(weights[n])]
     if plain:
         tensors = [weights[n] for n in plain]
