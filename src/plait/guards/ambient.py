@@ -84,21 +84,15 @@ def _precision(backend: str, op: str) -> Setting:
 MIXED = "mixed (see the fp32_precision settings)"
 
 
-def _legacy_precision() -> str:
-    try:
-        return str(torch._C._get_float32_matmul_precision())
-    except RuntimeError:  # NOTE: set through both APIs: the per-backend settings say it all
-        return MIXED
+def _legacy(getter: Callable[[], Any]) -> Callable[[], Any]:
+    """A legacy precision setting (the matmul precision, a TF32 flag): PyTorch raises on its read
+    once the per-backend ``fp32_precision`` settings disagree with it (``torch.backends.mkldnn.
+    fp32_precision = "bf16"`` makes the cuDNN flag raise), where eager runs on: then the
+    per-backend settings say it all."""
 
-
-def _legacy_flag(getter: Callable[[], bool]) -> Callable[[], bool | str]:
-    """A legacy TF32 flag: PyTorch raises on its read once the per-backend ``fp32_precision``
-    settings disagree with it (``torch.backends.mkldnn.fp32_precision = "bf16"`` makes the
-    cuDNN flag raise), where eager runs on: then the per-backend settings say it all."""
-
-    def read() -> bool | str:
+    def read() -> Any:
         try:
-            return bool(getter())
+            return getter()
         except RuntimeError:
             return MIXED
 
@@ -123,17 +117,17 @@ CALL_SETTINGS: tuple[Setting, ...] = (
     Setting("torch.get_num_threads()", torch.get_num_threads),
     Setting(
         "torch.get_float32_matmul_precision()",
-        _legacy_precision,
+        _legacy(lambda: str(torch._C._get_float32_matmul_precision())),
         (torch._C._get_float32_matmul_precision,),
     ),
     Setting(
         "torch.backends.cuda.matmul.allow_tf32",
-        _legacy_flag(torch._C._get_cublas_allow_tf32),
+        _legacy(lambda: bool(torch._C._get_cublas_allow_tf32())),
         (torch._C._get_cublas_allow_tf32,),
     ),
     Setting(
         "torch.backends.cudnn.allow_tf32",
-        _legacy_flag(torch._C._get_cudnn_allow_tf32),
+        _legacy(lambda: bool(torch._C._get_cudnn_allow_tf32())),
         (torch._C._get_cudnn_allow_tf32,),
     ),
     _precision("mkldnn", "matmul"),
