@@ -165,7 +165,10 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
         self.fn, self.backend, self.fullgraph, self.dynamic = fn, backend, fullgraph, dynamic
         # NOTE: dynamic=None: static first, then the dims seen changing (frontend.dynamic_dims)
         self.automatic = AutomaticDims() if dynamic is None else None
-        self.adapter = InputAdapter(fn)
+        # NOTE: a region's call is passed on exactly as its parent made it (positional and
+        # keyword arguments as they came): a decorated forward (Hugging Face's) fills in
+        # keywords itself, and a forward pre-hook may supply an argument
+        self.adapter = InputAdapter(fn, passthrough=tree is not None)
         self.state = ModuleState(fn) if isinstance(fn, nn.Module) else None
         self.fetch: Callable[[], Sequence[torch.Tensor]] = (
             StateFetcher(self.state) if self.state is not None else tuple
@@ -184,11 +187,6 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
         self.call_target: Callable[..., Any] = fn
         if self.region and isinstance(fn, nn.Module):
             self.call_target = functools.partial(call_forward, fn)
-        if self.region:
-            # NOTE: a region's call is passed on exactly as its parent made it (positional and
-            # keyword arguments as they came): a decorated forward (Hugging Face's) fills in
-            # keywords itself, and a forward pre-hook may supply an argument
-            self.adapter.signature = None
         self.regions: RegionPlan | None = None  # the plan its fallback specializations run
         self.refused: str | None = None  # why a region runs eagerly on every call, if it does
         self._refusal_warned = False

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -33,13 +34,37 @@ from plait.frontend import pytree
 
 
 class InputAdapter:
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        target = fn.forward if isinstance(fn, nn.Module) else fn
+    """Binds each call to ``fn``'s signature as it is at that call: a function's defaults
+    rebound (``f.__defaults__ = ...``) or a module's ``forward`` replaced after compiling bind
+    as eager binds them. ``passthrough``: no signature, calls passed on as made (a region's)."""
+
+    def __init__(self, fn: Callable[..., Any], passthrough: bool = False) -> None:
+        self._fn = fn
+        self._passthrough = passthrough
+        self._seen: tuple[Any, ...] = ()
+        self.signature: inspect.Signature | None = None
+        self.name = type(fn).__name__
+        self.defaults = False
+        self._refresh()
+
+    def _target(self) -> Any:
+        return self._fn.forward if isinstance(self._fn, nn.Module) else self._fn
+
+    def _refresh(self) -> None:
+        """Read the signature again when the target's function or defaults objects changed
+        (NOTE: by identity: a default tensor compared with == would not give a bool)."""
+        target = self._target()
+        seen = _binding_state(target)
+        if len(seen) == len(self._seen) and all(a is b for a, b in zip(seen, self._seen)):
+            return
+        self._seen = seen
+        self.name = getattr(target, "__qualname__", type(self._fn).__name__)
+        if self._passthrough:
+            return
         try:
-            self.signature: inspect.Signature | None = inspect.signature(target)
+            self.signature = inspect.signature(target)
         except (TypeError, ValueError):
             self.signature = None
-        self.name = getattr(target, "__qualname__", type(fn).__name__)
         try:
             self.defaults = inspect.unwrap(target) is target  # see the module's NOTE
         except ValueError:  # NOTE: a cycle of __wrapped__: a wrapper all the same
@@ -48,6 +73,7 @@ class InputAdapter:
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Named arguments in signature order (defaults applied unless the callable is a
         wrapper); raises TypeError like the callable would."""
+        self._refresh()
         if self.signature is None:
             return {"args": tuple(args), "kwargs": dict(kwargs)}
         try:
@@ -90,6 +116,18 @@ class InputAdapter:
             while args and params[len(args) - 1].default is args[-1]:
                 args.pop()
         return fn(*args, **kwargs)
+
+
+def _binding_state(target: Any) -> tuple[Any, ...]:
+    """The objects a signature of ``target`` is read from: its function, its defaults, each
+    keyword default and, for a ``functools.partial``, its arguments (compared by identity)."""
+    func = getattr(target, "__func__", target)
+    kwdefaults = getattr(func, "__kwdefaults__", None) or {}
+    state = (func, getattr(func, "__defaults__", None), *kwdefaults.keys(), *kwdefaults.values())
+    if isinstance(func, functools.partial):
+        state += (func.func, func.args, *func.keywords.keys(), *func.keywords.values())
+        state += _binding_state(func.func)
+    return state
 
 
 def _count(spec: Any) -> int:
