@@ -518,13 +518,14 @@ def compile(
             options=options,
         )
     engine = _Engine(model_or_fn, backend, fullgraph, dynamic, mode, options)
+    again = dict(backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode, options=options)
     if isinstance(model_or_fn, nn.Module):
-        return CompiledModule(model_or_fn, engine)
+        return CompiledModule(model_or_fn, engine, again)
     if not callable(model_or_fn):
         raise InvalidArgumentTypeError(
             f"plait.compile expects an nn.Module or a function, got {type(model_or_fn).__name__}"
         )
-    return CompiledFunction(model_or_fn, engine)
+    return CompiledFunction(model_or_fn, engine, again)
 
 
 def explain(compiled: Any) -> Explanation:

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -37,6 +38,39 @@ class Engine(Protocol):
     def call_specialization(self, key: str, args: tuple, kwargs: dict) -> Any: ...
 
     def specialize(self, args: tuple, kwargs: dict) -> SpecializationUse: ...
+
+
+def recompiled(target: Any, compile_kwargs: dict[str, Any], state: dict | None = None) -> Any:
+    """``plait.compile(target, **compile_kwargs)``: what a copied or unpickled compiled callable
+    becomes (the copy of its module or function compiled afresh with the same arguments; its
+    programs come from the artifact cache, not from the copied object). ``state``: a compiled
+    module's own hook tables."""
+    from plait.api import compile as compile_
+
+    out = compile_(target, **compile_kwargs)
+    if state:
+        out.__dict__.update(state)
+    return out
+
+
+class _Copyable:
+    """``copy.deepcopy``, ``copy.copy`` and pickling of a compiled callable: the module or
+    function is copied (or pickled) and compiled again with the same arguments; the engine
+    (locks, native guard evaluators, compiled programs) is never copied."""
+
+    _compile_kwargs: dict[str, Any]
+
+    def _target(self) -> Any:
+        raise NotImplementedError
+
+    def _own_state(self) -> dict[str, Any]:
+        return {}
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (recompiled, (self._target(), self._compile_kwargs, self._own_state()))
+
+    def __copy__(self) -> Any:
+        return recompiled(self._target(), self._compile_kwargs, self._own_state())
 
 
 class _ArtifactProtocol:
@@ -67,13 +101,28 @@ class _ArtifactProtocol:
         return self._plait.specialize(args, kwargs)
 
 
-class CompiledFunction(_ArtifactProtocol):
+class CompiledFunction(_Copyable, _ArtifactProtocol):
     """A compiled function: call it like the original. ``specializations`` and
     ``recompile_reasons`` record what was captured and why."""
 
-    def __init__(self, fn: Callable[..., Any], engine: Engine) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], engine: Engine, compile_kwargs: dict[str, Any] | None = None
+    ) -> None:
         functools.update_wrapper(self, fn)
         self._plait = engine
+        self._fn = fn
+        self._compile_kwargs = dict(compile_kwargs or {})
+
+    def _target(self) -> Any:
+        return self._fn
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # NOTE: a function compiled by the decorator is the module's global of its name:
+        # pickled by reference (and copied as itself), as functions are
+        owner = sys.modules.get(getattr(self, "__module__", None) or "")
+        if getattr(owner, getattr(self, "__qualname__", ""), None) is self:
+            return self.__qualname__
+        return super().__reduce_ex__(protocol)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._plait(args, kwargs)
@@ -105,7 +154,7 @@ _SHARED = (
 _OWN_ATTRIBUTES = ("__class__", "_is_full_backward_hook")
 
 
-class CompiledModule(_ArtifactProtocol, nn.Module):
+class CompiledModule(_Copyable, _ArtifactProtocol, nn.Module):
     """A compiled ``nn.Module`` that behaves as the module: it shares its parameters, buffers
     and submodules (``state_dict()`` keys are the module's own), ``train()``/``eval()`` switch
     the module, and attribute reads and writes go to it. Forward hooks registered on the
@@ -114,7 +163,9 @@ class CompiledModule(_ArtifactProtocol, nn.Module):
     _orig_mod: nn.Module
     _plait: Engine
 
-    def __init__(self, module: nn.Module, engine: Engine) -> None:
+    def __init__(
+        self, module: nn.Module, engine: Engine, compile_kwargs: dict[str, Any] | None = None
+    ) -> None:
         # NOTE: no nn.Module.__init__: the wrapper takes the module's own tables (shared, not
         # copied) and keeps empty hook tables of its own; `training` lives on the module.
         fresh = nn.Module().__dict__
@@ -125,6 +176,15 @@ class CompiledModule(_ArtifactProtocol, nn.Module):
             object.__setattr__(self, key, module.__dict__[key])
         object.__setattr__(self, "_orig_mod", module)
         object.__setattr__(self, "_plait", engine)
+        object.__setattr__(self, "_compile_kwargs", dict(compile_kwargs or {}))
+
+    def _target(self) -> Any:
+        return self._orig_mod
+
+    def _own_state(self) -> dict[str, Any]:
+        """The wrapper's own tables (its hooks), not the module's (shared) nor the engine."""
+        skip = {*_SHARED, "_orig_mod", "_plait", "_compile_kwargs", "training"}
+        return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._plait(args, kwargs)
