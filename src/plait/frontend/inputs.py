@@ -54,8 +54,16 @@ class InputAdapter:
         """Read the signature again when the target's function or defaults objects changed
         (NOTE: by identity: a default tensor compared with == would not give a bool)."""
         target = self._target()
+        func, last = getattr(target, "__func__", target), self._seen
+        if (
+            len(last) == 2  # NOTE: the common case, checked without building the state
+            and func is last[0]
+            and getattr(func, "__defaults__", None) is last[1]
+            and not getattr(func, "__kwdefaults__", None)
+        ):
+            return
         seen = _binding_state(target)
-        if len(seen) == len(self._seen) and all(a is b for a, b in zip(seen, self._seen)):
+        if len(seen) == len(last) and all(a is b for a, b in zip(seen, last)):
             return
         self._seen = seen
         self.name = getattr(target, "__qualname__", type(self._fn).__name__)
