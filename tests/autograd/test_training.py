@@ -333,3 +333,28 @@ def test_a_backward_through_a_data_dependent_size_falls_back_to_eager_autograd()
     strict = plait.compile(positives, backend="stax", fullgraph=True)
     with pytest.raises(PlaitCompileError, match="data-dependent size"):
         strict(x.clone().requires_grad_(True))
+
+
+def test_hard_gumbel_softmax_trains_with_eagers_straight_through_gradient() -> None:
+    """``F.gumbel_softmax(hard=True)`` is ``y_hard - y_soft.detach() + y_soft``, traced to ATen
+    (``detach_copy``, which PyTorch's autograd does not differentiate): its detach is plait's,
+    so the gradient is the soft sample's, eager's, under the same seed."""
+
+    def sample(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gumbel_softmax(x * w, tau=0.5, hard=True)
+
+    compiled = plait.compile(sample, backend="stax")
+    gen = torch.Generator().manual_seed(14)
+    tol = plait.contract.load().tolerance("reduction", "float32")
+    for seed in (1, 2):
+        x, w, g = (torch.randn(4, 5, generator=gen) for _ in range(3))
+        ours, theirs = w.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        torch.manual_seed(seed)
+        got = compiled(x, ours)
+        torch.manual_seed(seed)
+        want = sample(x, theirs)
+        assert torch.equal(got, want)
+        got.backward(g)
+        want.backward(g)
+        assert ours.grad is not None and theirs.grad is not None
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=tol.rtol, atol=tol.atol)

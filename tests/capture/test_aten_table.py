@@ -113,6 +113,7 @@ EXAMPLES: dict[Any, tuple[tuple, dict]] = {
     aten.squeeze_copy.dims: ((T(3, 1, 4, 1), [1, 3]), {}),
     aten.squeeze_copy.dim: ((T(3, 1, 4), 1), {}),
     aten.select_copy.int: ((F34, 1, 2), {}),
+    aten.detach_copy.default: ((F34,), {}),
     aten.cat.default: (([T(2, 4), F34],), {}),
     aten.mm.default: ((T(2, 3), F34), {}),
     aten.bmm.default: ((T(2, 2, 3), T(2, 3, 4)), {}),

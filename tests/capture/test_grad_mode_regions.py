@@ -15,6 +15,7 @@ from torch import nn
 import plait
 from plait.errors import CaptureFallbackWarning, GraphCaptureError
 from tests.capture.helpers import assert_same, assert_state_equal
+from tests.util import contract_tol
 
 
 class _NoGradInside(nn.Module):
@@ -141,3 +142,40 @@ def test_a_write_inside_no_grad_to_a_tensor_that_requires_grad_is_refused() -> N
     got.sum().backward()
     want.sum().backward()
     assert_same(a.grad, b.grad)
+
+
+class _InferenceModeInside(nn.Module):
+    """A statistic computed inside ``torch.inference_mode()`` (a C++ guard, no torch function
+    call): eager's gradient treats it as a constant, as inside ``torch.no_grad()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        with torch.inference_mode():
+            shift = h.mean() * 2
+        return torch.sin(h) + shift
+
+
+@pytest.mark.parametrize("backend", ["eager", "stax"])
+def test_inference_mode_region_takes_no_gradient(backend: str) -> None:
+    torch.manual_seed(0)
+    model = _InferenceModeInside()
+    reference = copy.deepcopy(model)
+    # NOTE: Stax has no kernel for detach (a node run by PyTorch): not fullgraph there
+    compiled = plait.compile(model, backend=backend, fullgraph=backend == "eager")
+    for i in range(2):
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(30 + i))
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        model.zero_grad(set_to_none=True)
+        reference.zero_grad(set_to_none=True)
+        got, want = compiled(xa), reference(xb)
+        got.sum().backward()
+        want.sum().backward()
+        for a, b in zip([xa, *model.parameters()], [xb, *reference.parameters()]):
+            assert a.grad is not None and b.grad is not None
+            torch.testing.assert_close(a.grad, b.grad, **contract_tol("model", torch.float32))
+        assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    assert any(n.op == "detach" for n in compiled.specializations[0].graph.nodes)

@@ -180,6 +180,9 @@ ATEN_TO_IR: dict[Any, Emit] = {
     aten.squeeze_copy.dims: _positional("squeeze", 1, "dims"),
     aten.squeeze_copy.dim: _positional("squeeze", 1, "dims"),
     aten.select_copy.int: _positional("select", 1, "dim", "index"),
+    # NOTE: functionalization's form of `.detach()`: PyTorch's autograd has no derivative for
+    # it (a torch_vjp over it raises); plait's detach passes none, as eager's detach
+    aten.detach_copy.default: _positional("detach", 1),
     aten.cat.default: _cat,
     aten.mm.default: _positional("matmul", 2),
     aten.bmm.default: _positional("bmm", 2),

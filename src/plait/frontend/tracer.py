@@ -110,6 +110,17 @@ def _plain_call(x: Any) -> bool:
     return False
 
 
+def _requires_grad(x: Any) -> bool:
+    """Whether ``x`` (a call's arguments) holds a traced tensor that requires grad."""
+    if isinstance(x, Tracer):
+        return x._rg
+    if isinstance(x, (tuple, list)):
+        return any(_requires_grad(v) for v in x)
+    if isinstance(x, dict):
+        return any(_requires_grad(v) for v in x.values())
+    return False
+
+
 class CaptureContext(CaptureValues):
     """Records one run of the program into a graph: activation and the dispatch of each call."""
 
@@ -154,6 +165,15 @@ class CaptureContext(CaptureValues):
         """``paused``: Python reads are paused, and the arguments are plain values."""
         if self.error is not None:
             raise self.error
+        if self.grad_enabled and not torch.is_grad_enabled():
+            # NOTE: grad mode turned off where no call of the program showed it: PyTorch's C++
+            # did, inside ``torch.inference_mode()`` or a custom autograd.Function's forward
+            self._refuse_unseen_backward(func, args, kwargs)
+            self.grad_enabled = False  # NOTE: inference mode: a `torch.no_grad()` region
+            try:
+                return self._dispatch_call(func, args, kwargs, paused)
+            finally:
+                self.grad_enabled = True
         prev = self.current
         self.current = "the random number generator"
         try:
@@ -190,6 +210,23 @@ class CaptureContext(CaptureValues):
             return result
         finally:
             self.current = prev
+
+    def _refuse_unseen_backward(self, func: Any, args: tuple, kwargs: dict) -> None:
+        """Outside ``torch.inference_mode()``, a call PyTorch runs with grad mode off while the
+        program's is on is a custom ``torch.autograd.Function``'s forward (PyTorch's
+        ``Function.apply`` turns it off in C++, no torch function): eager differentiates the
+        Function by its own backward, capture would differentiate the forward's ops. Refused
+        where the call reads a tensor that requires grad (a recorded fallback: eager autograd
+        runs the Function's backward); with nothing requiring grad, the forward is the value."""
+        if torch.is_inference_mode_enabled() or not _requires_grad((args, kwargs)):
+            return
+        self.current = op_name(func)
+        self.limitation(
+            f"{self.current} runs with grad mode off inside a custom torch.autograd.Function's "
+            "forward on a tensor that requires grad: eager differentiates the Function by its "
+            "own backward, which a captured graph does not hold (it would differentiate the "
+            "forward instead); call it outside the compiled function, or under torch.no_grad()"
+        )
 
     def _dispatch_unsampled(self, rule: Rule | None, func: Any, args: tuple, kwargs: dict) -> Any:
         unbacked = len(self.unbacked)
