@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import sympy
 import torch
 
 from plait.errors import ProgramIndexError, ProgramValueError
@@ -412,6 +413,11 @@ def _masked_write(cx: CaptureContext, base: Value, mask: Any, value: Any) -> Val
 
 def _scalar_for(cx: CaptureContext, value: Any, dtype: torch.dtype) -> Any:
     s = cx.operand(value)
+    if isinstance(s, sympy.Expr):
+        # NOTE: a symbolic size (an integer) stays a size expression, converted to ``dtype`` by
+        # the kernel at each call as eager converts the int: ``bool`` of an expression is always
+        # True (a bool fill of ``n - 2`` at n = 2 is False) and ``int`` of one raises
+        return s
     if dtype == torch.bool:
         return bool(s)
     return s if dtype.is_floating_point else int(s)
