@@ -208,9 +208,21 @@ def _pieces(
     return tuple(out)
 
 
+def split_args(cx: CaptureContext, what: Any) -> None:
+    """Specialize each traced size among a split's sizes, sections or indices: the pieces' sizes
+    are read from eager's results, so a size the program passed (``y.shape[0]``) must be guarded,
+    never kept symbolic while the pieces are fixed at the capture sample's sizes."""
+    if isinstance(what, (list, tuple)):
+        for w in what:
+            split_args(cx, w)
+    elif isinstance(what, TracedInt):
+        cx.int(what)
+
+
 @op(*both("split"))
 def _split(cx: CaptureContext, out: Any, x: Any, split_size_or_sections: Any, dim: Any = 0) -> Any:
     d = cx.int(dim)
+    split_args(cx, split_size_or_sections)
     sizes = [int(o.shape[d]) for o in out]
     values = cx.call("split", cx.value(x), sizes=tuple(sizes), dim=d)
     return _pieces(cx, x, values, sizes, d)
