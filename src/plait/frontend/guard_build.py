@@ -26,6 +26,7 @@ from plait.guards.guard import (
 )
 from plait.ir import TensorType
 from plait.ir.types import dtype_name
+from plait.symbolic.exact import exact_function
 
 _PRIMITIVES = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.Size)
 
@@ -200,7 +201,7 @@ def predicate_guards(
     for rel, outcome in predicates:
         syms = sorted(rel.free_symbols, key=str)
         locs = [symbols[s][:2] for s in syms]
-        fn = sympy.lambdify(syms, rel, modules="math")
+        fn = exact_function(rel, syms)  # NOTE: lambdify's code divides in floating point
         text = f"{_display(rel.lhs, names)} {rel.rel_op} {_display(rel.rhs, names)}"
 
         def read(env: GuardEnv, fn: Any = fn, locs: Any = locs) -> bool:

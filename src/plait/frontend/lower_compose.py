@@ -16,7 +16,7 @@ import torch
 
 from plait.frontend.lower_common import both
 from plait.frontend.lower_movement import _atleast
-from plait.frontend.lower_shape import _pieces, _type, reshaped
+from plait.frontend.lower_shape import _pieces, _type, reshaped, split_args
 from plait.frontend.table import NoIROp, Viewed, lookup, op
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.views import ViewStep, put_diagonal
@@ -116,6 +116,7 @@ def _split_views(cx: CaptureContext, out: Any, x: Any, dim: int, what: Any) -> A
     """Views of consecutive pieces along ``dim``; the piece sizes are eager's results'."""
     if isinstance(what, T):
         cx.fail("data-dependent", "split points given as a tensor read its values")
+    split_args(cx, what)
     d = dim % max(_type(cx.value(x)).rank, 1)
     sizes = [int(o.shape[d]) for o in out]
     values = cx.call("split", cx.value(x), sizes=tuple(sizes), dim=d)

@@ -11,6 +11,7 @@ import json
 import math
 from typing import Any
 
+import sympy
 import torch
 import torch.nn.functional as F
 
@@ -326,9 +327,12 @@ def _masked_fill(cx: CaptureContext, out: Any, x: Any, mask: Any, value: Any) ->
         if dtype_of(fill) != dtype:
             fill = cx.call("to_dtype", fill, dtype=dtype)
     else:
-        # NOTE: masked_fill converts the scalar to x's dtype first; so do we.
+        # NOTE: masked_fill converts the scalar to x's dtype first; so do we (a symbolic size
+        # stays an expression the kernel converts at each call: ``bool`` of one is always True)
         fill = cx.operand(value)
-        if dtype == torch.bool:
+        if isinstance(fill, sympy.Expr):
+            pass
+        elif dtype == torch.bool:
             fill = bool(fill)
         elif not dtype.is_floating_point:
             fill = int(fill)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from plait.errors import ProgramValueError
 from plait.frontend import datadep
 from plait.frontend.lower_common import both
+from plait.frontend.lower_nn import adaptive_output_size
 from plait.frontend.lower_shape import _scalar_for, _type, _view
 from plait.frontend.table import NoIROp, Viewed, getter, op
 from plait.frontend.tracer import CaptureContext
@@ -281,7 +282,8 @@ def _narrow_copy(cx: CaptureContext, out: Any, x: Any, dim: Any, start: Any, len
 def _adaptive_avg_pool1d(cx: CaptureContext, out: Any, x: Any, output_size: Any) -> Value:
     # NOTE: eager computes it as adaptive_avg_pool2d of the input with a unit height.
     v = cx.call("unsqueeze", cx.value(x), dim=-2)
-    v = cx.call("adaptive_avg_pool2d", v, output_size=(1, int(out.shape[-1])))
+    size = adaptive_output_size(cx, out, x, output_size, 1)
+    v = cx.call("adaptive_avg_pool2d", v, output_size=(1, *size))
     result: Value = cx.call("squeeze", v, dims=(-2,))
     return result
 

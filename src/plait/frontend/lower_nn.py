@@ -163,10 +163,26 @@ def _avg_pool2d(
     return v
 
 
+def adaptive_output_size(cx: CaptureContext, out: Any, x: Any, output_size: Any, n: int) -> tuple:
+    """An adaptive pool's output size over the last ``n`` dims, as eager's result has it, with
+    what decided it guarded: a traced size among ``output_size`` is specialized, and so is a
+    symbolic input dim a ``None`` entry keeps (the IR op takes ints: a size read from the capture
+    sample and left unguarded served that size at every size the symbols took)."""
+    sizes = tuple(output_size) if isinstance(output_size, (list, tuple)) else (output_size,) * n
+    ty = cx.value(x).type
+    assert isinstance(ty, TensorType)
+    dims = ty.shape[-n:]
+    for s, d in zip(sizes, dims):
+        if s is None:
+            cx.specialize(d, 0)
+        else:
+            cx.int(s)
+    return tuple(int(s) for s in out.shape[-n:])
+
+
 @op(F.adaptive_avg_pool2d)
 def _adaptive_avg_pool2d(cx: CaptureContext, out: Any, x: Any, output_size: Any) -> Value:
-    # NOTE: None entries keep the input size; PyTorch's result shape resolves them.
-    size = tuple(int(s) for s in out.shape[-2:])
+    size = adaptive_output_size(cx, out, x, output_size, 2)
     v: Value = cx.call("adaptive_avg_pool2d", cx.value(x), output_size=size)
     return v
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import sympy
 import torch
 
 from plait.errors import ProgramIndexError, ProgramValueError
@@ -207,9 +208,21 @@ def _pieces(
     return tuple(out)
 
 
+def split_args(cx: CaptureContext, what: Any) -> None:
+    """Specialize each traced size among a split's sizes, sections or indices: the pieces' sizes
+    are read from eager's results, so a size the program passed (``y.shape[0]``) must be guarded,
+    never kept symbolic while the pieces are fixed at the capture sample's sizes."""
+    if isinstance(what, (list, tuple)):
+        for w in what:
+            split_args(cx, w)
+    elif isinstance(what, TracedInt):
+        cx.int(what)
+
+
 @op(*both("split"))
 def _split(cx: CaptureContext, out: Any, x: Any, split_size_or_sections: Any, dim: Any = 0) -> Any:
     d = cx.int(dim)
+    split_args(cx, split_size_or_sections)
     sizes = [int(o.shape[d]) for o in out]
     values = cx.call("split", cx.value(x), sizes=tuple(sizes), dim=d)
     return _pieces(cx, x, values, sizes, d)
@@ -412,6 +425,11 @@ def _masked_write(cx: CaptureContext, base: Value, mask: Any, value: Any) -> Val
 
 def _scalar_for(cx: CaptureContext, value: Any, dtype: torch.dtype) -> Any:
     s = cx.operand(value)
+    if isinstance(s, sympy.Expr):
+        # NOTE: a symbolic size (an integer) stays a size expression, converted to ``dtype`` by
+        # the kernel at each call as eager converts the int: ``bool`` of an expression is always
+        # True (a bool fill of ``n - 2`` at n = 2 is False) and ``int`` of one raises
+        return s
     if dtype == torch.bool:
         return bool(s)
     return s if dtype.is_floating_point else int(s)
