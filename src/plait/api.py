@@ -37,7 +37,7 @@ from plait.cache.snapshots import forget_snapshot
 from plait.cache.weight_digests import forget, prefetch
 from plait.capturing import CAPTURE_LOCK, Captured, capture, check_kinds, report_fallbacks
 from plait.collector import collector_paused
-from plait.compiled_callables import CompiledFunction, CompiledModule
+from plait.compiled_callables import CompiledFunction, CompiledModule, _Copyable
 from plait.distributed.ddp import release_by_bucket
 from plait.dynamic_shapes import DynamicShapes, SymbolicRefused, symbol_sizes
 from plait.errors import (
@@ -526,6 +526,20 @@ def compile(
             f"plait.compile expects an nn.Module or a function, got {type(model_or_fn).__name__}"
         )
     return CompiledFunction(model_or_fn, engine, again)
+
+
+def recompiled(target: Any, compile_kwargs: dict[str, Any], state: dict | None = None) -> Any:
+    """``compile(target, **compile_kwargs)``: what a copied or unpickled compiled callable
+    becomes (its module or function, copied, compiled afresh with the same arguments; programs
+    come from the artifact cache, never from the copied object). ``state``: a compiled
+    module's own hook tables."""
+    out = compile(target, **compile_kwargs)
+    if state:
+        out.__dict__.update(state)
+    return out
+
+
+_Copyable.recompile = recompiled
 
 
 def explain(compiled: Any) -> Explanation:

@@ -40,25 +40,15 @@ class Engine(Protocol):
     def specialize(self, args: tuple, kwargs: dict) -> SpecializationUse: ...
 
 
-def recompiled(target: Any, compile_kwargs: dict[str, Any], state: dict | None = None) -> Any:
-    """``plait.compile(target, **compile_kwargs)``: what a copied or unpickled compiled callable
-    becomes (the copy of its module or function compiled afresh with the same arguments; its
-    programs come from the artifact cache, not from the copied object). ``state``: a compiled
-    module's own hook tables."""
-    from plait.api import compile as compile_
-
-    out = compile_(target, **compile_kwargs)
-    if state:
-        out.__dict__.update(state)
-    return out
-
-
 class _Copyable:
     """``copy.deepcopy``, ``copy.copy`` and pickling of a compiled callable: the module or
     function is copied (or pickled) and compiled again with the same arguments; the engine
     (locks, native guard evaluators, compiled programs) is never copied."""
 
     _compile_kwargs: dict[str, Any]
+    # NOTE: plait.api's ``recompiled`` (``plait.compile`` of the copy), set by that module,
+    # which sits above this one; pickles refer to it by its name
+    recompile: Callable[..., Any] | None = None
 
     def _target(self) -> Any:
         raise NotImplementedError
@@ -67,10 +57,12 @@ class _Copyable:
         return {}
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return (recompiled, (self._target(), self._compile_kwargs, self._own_state()))
+        assert _Copyable.recompile is not None, "plait.api sets it on import"
+        return (_Copyable.recompile, (self._target(), self._compile_kwargs, self._own_state()))
 
     def __copy__(self) -> Any:
-        return recompiled(self._target(), self._compile_kwargs, self._own_state())
+        assert _Copyable.recompile is not None, "plait.api sets it on import"
+        return _Copyable.recompile(self._target(), self._compile_kwargs, self._own_state())
 
 
 class _ArtifactProtocol:
