@@ -38,7 +38,7 @@ from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, p
 from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
 from plait.frontend.unsampled import SKIPPED, overwrites_garbage, probe, skippable
 from plait.frontend.views import ViewStep, storage_id
-from plait.frontend.writes import write_targets
+from plait.frontend.writes import partial_overlap, write_targets
 from plait.ir import TensorType, Value
 from plait.ir.ops import get_op
 
@@ -108,6 +108,17 @@ def _plain_call(x: Any) -> bool:
     if cls is slice:
         return _plain_call((x.start, x.stop, x.step))
     return False
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors in a call's arguments (tuples, lists and dicts looked into)."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for v in x for t in _tensors(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v)]
+    return []
 
 
 def _requires_grad(x: Any) -> bool:
@@ -412,11 +423,37 @@ class CaptureContext(CaptureValues):
                     "only: call it outside the compiled function"
                 )
 
+    def _refuse_partial_overlap(self, targets: list[Any], args: tuple, kwargs: dict) -> None:
+        """An operand that shares memory with a tensor the call writes, other than element for
+        element (:func:`plait.frontend.writes.partial_overlap`), is refused: eager's result
+        depends on its order of visits."""
+        for t in targets:
+            if not isinstance(t, torch.Tensor):
+                continue
+            written = self._plain_of(t)
+            operands = _tensors((args, kwargs))
+            if self.current.endswith("__setitem__") and len(args) == 3 and not _tensors(args[1]):
+                # NOTE: a basic index writes its own view of the target (``x[:, 1:] += 1``
+                # reads and writes the same elements): that view is what the value may overlap
+                written, operands = written[self.unwrap(args[1], [])], _tensors(args[2])
+            for a in operands:
+                if a is not t and partial_overlap(written, self._plain_of(a)):
+                    self.limitation(
+                        f"{self.current} writes a tensor in place that one of its operands "
+                        "overlaps in memory (a shifted or broadcast view of it): eager reads "
+                        "elements the same call already wrote, in its own order; write into a "
+                        "copy (.clone()) instead"
+                    )
+
+    def _plain_of(self, t: torch.Tensor) -> torch.Tensor:
+        return self.tracer(t)._plain if isinstance(t, Tracer) else t
+
     def run_op(self, rule: Rule, func: Any, args: tuple, kwargs: dict) -> Any:
         if kwargs.get("out") is not None:
             self.limitation("out= arguments write into a given tensor; plait does not capture them")
         targets = write_targets(self.current, func, args, kwargs)
         self.check_writable(targets)
+        self._refuse_partial_overlap(targets, args, kwargs)
         if self.unsampled is not None:
             made = self._uncomputed(rule, func, args, kwargs, targets)
             if made is not None:

@@ -11,6 +11,10 @@ import contextlib
 import inspect
 from typing import Any
 
+import torch
+
+from plait.frontend.views import storage_id
+
 _NOT_INPLACE = {"__index__", "__int__", "__invert__", "__iter__", "__init__"}
 _INPLACE_ARG: dict[Any, int | None] = {}
 
@@ -56,3 +60,60 @@ def write_targets(name: str, func: Any, args: tuple, kwargs: dict) -> list[Any]:
         if flag:
             return list(args[:1])
     return []
+
+
+_EXACT_LIMIT = 1 << 22  # NOTE: elements; larger views are compared by their address ranges
+
+
+def partial_overlap(written: torch.Tensor, read: torch.Tensor) -> bool:
+    """Whether ``read``, an operand of a call that writes ``written`` in place, shares memory
+    with it other than element for element (``x[:, 1:].add_(x[:, :-1])``, ``x.add_(x[0])``):
+    eager's loop then reads elements the same call already wrote, in its order of visits,
+    which a captured graph (all reads before the write) does not reproduce. Exact up to
+    ``_EXACT_LIMIT`` elements each; beyond it, intersecting address ranges count as overlap.
+
+    Example:
+        >>> x = torch.zeros(3, 5)
+        >>> partial_overlap(x[:, 1:], x[:, :-1]), partial_overlap(x, x.view(3, 5))
+        (True, False)
+        >>> partial_overlap(x[:, ::2], x[:, 1::2])
+        False
+    """
+    if written.numel() == 0 or read.numel() == 0 or storage_id(written) != storage_id(read):
+        return False
+    same_view = (
+        written.storage_offset() == read.storage_offset()
+        and written.shape == read.shape
+        and written.stride() == read.stride()
+        and written.dtype == read.dtype
+    )
+    if same_view:
+        return False
+    w_lo, w_hi = _byte_range(written)
+    r_lo, r_hi = _byte_range(read)
+    if w_hi <= r_lo or r_hi <= w_lo:
+        return False
+    size = written.element_size()
+    if (
+        max(written.numel(), read.numel()) > _EXACT_LIMIT
+        or read.element_size() != size
+        or (w_lo - r_lo) % size
+    ):
+        return True  # NOTE: elements that straddle each other: overlap, conservatively
+    return bool(torch.isin(_starts(written), _starts(read)).any())
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    size = t.element_size()
+    lo = int(t.storage_offset()) * size
+    span = sum((int(n) - 1) * int(st) for n, st in zip(t.shape, t.stride()) if n > 0)
+    return lo, lo + span * size + size
+
+
+def _starts(t: torch.Tensor) -> torch.Tensor:
+    """The storage offset of every element of ``t``."""
+    offsets = torch.full((1,), int(t.storage_offset()), dtype=torch.int64)
+    for n, st in zip(t.shape, t.stride()):
+        steps = torch.arange(int(n), dtype=torch.int64) * int(st)
+        offsets = (offsets.unsqueeze(-1) + steps).flatten()
+    return offsets
