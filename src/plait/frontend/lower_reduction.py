@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from plait.frontend.lower_common import T, both, call_binary, dtype_of, fns
 from plait.frontend.table import NoIROp, op
 from plait.frontend.tracer import CaptureContext
-from plait.ir import Value
+from plait.ir import TensorType, Value
 
 
 # --- reductions ------------------------------------------------------------------------
@@ -159,14 +159,27 @@ def _var(
             keepdim = rest.pop(0)
     if correction is None:
         correction = 0 if unbiased is False else 1
+    xv = cx.value(x)
+    t = xv.type
+    # NOTE: eager's CPU variance accumulates every float dtype in float64 (ATen's
+    # WelfordOps<scalar_t, double>): in float32, the sum of squared deviations of 1000 values of
+    # magnitude 1e18 overflowed where eager's variance is 1e36, and the mean of a row of equal
+    # values of 1e37 overflowed where eager's variance is 0. CUDA's accumulates in float32.
+    wide = isinstance(t, TensorType) and t.device == "cpu" and t.dtype in _WIDENED_VAR
     v: Value = cx.call(
         "var",
-        cx.value(x),
+        cx.call("to_dtype", xv, dtype=torch.float64) if wide else xv,
         dims=_dims(cx, dim),
         correction=cx.operand(correction),
         keepdim=bool(keepdim),
     )
+    if wide:
+        assert isinstance(t, TensorType)
+        v = cx.call("to_dtype", v, dtype=t.dtype)
     return v
+
+
+_WIDENED_VAR = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _softmax(name: str) -> Any:
