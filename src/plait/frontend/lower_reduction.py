@@ -1,9 +1,10 @@
 """Rules for reductions (``sum``, ``mean``, ``prod``, ``var``, ``amax``, ``max`` with indices,
 ``all``/``any``, ``logsumexp``) and softmax.
 
-NOTE: a form the IR's reductions do not compute as eager does (``nansum`` of 16-bit floats, which
-eager accumulates in 16 bits; ``dim=()``) raises :class:`~plait.frontend.table.NoIROp`: the call
-then goes the ATen path, never a rule that is close.
+NOTE: a form the IR's reductions do not compute as eager does (``nansum`` and ``prod`` of 16-bit
+floats, which eager accumulates in 16 bits; ``dim=()``) raises
+:class:`~plait.frontend.table.NoIROp`: the call then goes the ATen path, never a rule that is
+close.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def _prod(
 ) -> Value:
     if isinstance(dim, torch.dtype):  # prod(x, dtype) positionally
         dim, dtype = None, dim
+    if out.dtype in (torch.bfloat16, torch.float16):
+        raise NoIROp("prod of 16-bit floats multiplies in 16 bits in eager")
     v: Value = cx.call("prod", cx.value(x), dims=_dims(cx, dim), keepdim=bool(keepdim), dtype=dtype)
     return v
 
