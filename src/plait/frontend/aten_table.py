@@ -81,6 +81,14 @@ def _reduce_all(op: str) -> Emit:
     return emit
 
 
+def _prod_all(b: GraphBuilder, args: tuple, kwargs: dict) -> Any:
+    """``aten.prod.default``, except into a 16-bit float: eager multiplies in 16 bits there."""
+    dtype = kwargs.get("dtype") or getattr(getattr(args[0], "type", None), "dtype", None)
+    if dtype in (torch.bfloat16, torch.float16):
+        return None
+    return _reduce_all("prod")(b, args, kwargs)
+
+
 def _to_dtype(b: GraphBuilder, args: tuple, kwargs: dict) -> Any:
     """``aten._to_copy.default(x, dtype=d)`` with no device, layout or memory format change."""
     if len(args) != 1 or set(kwargs) != {"dtype"}:
@@ -146,7 +154,7 @@ ATEN_TO_IR: dict[Any, Emit] = {
     aten.threshold.default: _positional("threshold", 1, "threshold", "value"),
     aten.elu.default: _positional("elu", 1, "alpha", "scale", "input_scale"),
     aten.softplus.default: _positional("softplus", 1, "beta", "threshold"),
-    aten.prod.default: _reduce_all("prod"),
+    aten.prod.default: _prod_all,
     aten.all.default: _reduce_all("all"),
     aten.any.default: _reduce_all("any"),
     aten.add.Tensor: _positional("add", 2, "alpha"),

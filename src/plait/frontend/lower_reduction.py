@@ -1,9 +1,10 @@
 """Rules for reductions (``sum``, ``mean``, ``prod``, ``var``, ``amax``, ``max`` with indices,
 ``all``/``any``, ``logsumexp``) and softmax.
 
-NOTE: a form the IR's reductions do not compute as eager does (``nansum`` of 16-bit floats, which
-eager accumulates in 16 bits; ``dim=()``) raises :class:`~plait.frontend.table.NoIROp`: the call
-then goes the ATen path, never a rule that is close.
+NOTE: a form the IR's reductions do not compute as eager does (``nansum`` and ``prod`` of 16-bit
+floats, which eager accumulates in 16 bits; ``dim=()``) raises
+:class:`~plait.frontend.table.NoIROp`: the call then goes the ATen path, never a rule that is
+close.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from plait.frontend.lower_common import T, both, call_binary, dtype_of, fns
 from plait.frontend.table import NoIROp, op
 from plait.frontend.tracer import CaptureContext
-from plait.ir import Value
+from plait.ir import TensorType, Value
 
 
 # --- reductions ------------------------------------------------------------------------
@@ -93,6 +94,8 @@ def _prod(
 ) -> Value:
     if isinstance(dim, torch.dtype):  # prod(x, dtype) positionally
         dim, dtype = None, dim
+    if out.dtype in (torch.bfloat16, torch.float16):
+        raise NoIROp("prod of 16-bit floats multiplies in 16 bits in eager")
     v: Value = cx.call("prod", cx.value(x), dims=_dims(cx, dim), keepdim=bool(keepdim), dtype=dtype)
     return v
 
@@ -159,14 +162,27 @@ def _var(
             keepdim = rest.pop(0)
     if correction is None:
         correction = 0 if unbiased is False else 1
+    xv = cx.value(x)
+    t = xv.type
+    # NOTE: eager's CPU variance accumulates every float dtype in float64 (ATen's
+    # WelfordOps<scalar_t, double>): in float32, the sum of squared deviations of 1000 values of
+    # magnitude 1e18 overflowed where eager's variance is 1e36, and the mean of a row of equal
+    # values of 1e37 overflowed where eager's variance is 0. CUDA's accumulates in float32.
+    wide = isinstance(t, TensorType) and t.device == "cpu" and t.dtype in _WIDENED_VAR
     v: Value = cx.call(
         "var",
-        cx.value(x),
+        cx.call("to_dtype", xv, dtype=torch.float64) if wide else xv,
         dims=_dims(cx, dim),
         correction=cx.operand(correction),
         keepdim=bool(keepdim),
     )
+    if wide:
+        assert isinstance(t, TensorType)
+        v = cx.call("to_dtype", v, dtype=t.dtype)
     return v
+
+
+_WIDENED_VAR = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _softmax(name: str) -> Any:
