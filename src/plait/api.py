@@ -456,7 +456,10 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
             return self._eager(args, kwargs)  # the recorded eager fallback, or its regions
         if self.tree is not None and self.region:
             self.tree.note_compiled(self.path, s.program)
-        return s.program.run(s.executor, env, state)
+        prog = s.program
+        if prog.containers:  # NOTE: it writes back or returns an input object (a KV cache)
+            return prog.run(s.executor, env, state, self.adapter.containers(args, kwargs, env.spec))
+        return prog.run(s.executor, env, state)
 
 
 def _refusal(exc: Exception) -> str:

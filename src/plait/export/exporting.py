@@ -246,6 +246,11 @@ def _check_exportable(prog: Any, comp: Any) -> None:
             "the program writes its inputs, parameters or buffers in place: an exported program "
             "is a function of its inputs (call model.eval(); write no argument in place)"
         )
+    if getattr(prog, "containers", False):
+        raise ExportError(
+            "the program changes or returns an input object (a key/value cache): an exported "
+            "program is a function of its tensors"
+        )
     if prog.guard_plan is None:
         raise ExportError("the program's guards have no saved form (a region of a module?)")
     for node in comp.graph.nodes:

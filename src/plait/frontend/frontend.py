@@ -33,6 +33,7 @@ from plait.frontend import datadep, pytree, stride_choices
 from plait.frontend.capture_values import Lift, Restart, Tracer
 from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
 from plait.frontend.guard_plan import GuardPlan, build_guards
+from plait.frontend.input_writes import InputObjects
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
 from plait.frontend.pyreads import PyReads
@@ -280,10 +281,11 @@ def _capture_once(
         versions = [t._version for t in state]
         reads = PyReads(ms.module if ms is not None else None, fn)
         cx.reads = reads
+        objects = InputObjects()
         try:
             swapped = ms.swapped(state_tracers) if ms is not None else nullcontext()
             with swapped, cx.activate(), reads:
-                out = adapter.call(fn, spec, traced_leaves)
+                out = adapter.call(fn, spec, traced_leaves, objects)
         except BaseException as exc:
             if cx.error is not None and exc is not cx.error:
                 raise cx.error from exc
@@ -305,7 +307,7 @@ def _capture_once(
                 kind="limitation",
             )
         pyroots = reads.finish()
-        return _finish(cx, out, spec, leaves, paths, ms, state, pyroots, reads.keys)
+        return _finish(cx, out, spec, leaves, paths, ms, state, pyroots, reads.keys, objects)
 
 
 def _backward_hooked(module: nn.Module) -> str | None:
@@ -322,26 +324,33 @@ def _is_tracer(x: Any) -> bool:
     return isinstance(x, Tracer)
 
 
-def _holds_tracer(obj: Any) -> bool:
-    """An object in the output is rebuilt from its attributes when it holds a traced tensor
-    (one that holds none is returned as it is, as before)."""
-    return pytree.find_hidden(obj, _is_tracer, "") is not None
-
-
 def _output_leaves(
-    cx: CaptureContext, out: Any, call_leaves: list[Any], state: list[Any]
+    cx: CaptureContext, out: Any, call_leaves: list[Any], state: list[Any], objects: InputObjects
 ) -> tuple[Any, list[Any], list[Value]]:
+    """The output's structure and leaves; ``out`` also holds the final contents of the input
+    containers the program changed (:mod:`plait.frontend.input_writes`), and a container of the
+    call's is a leaf standing for the caller's own."""
     cx.current = "returning the output"
-    hidden = pytree.find_hidden_in(out, _is_tracer, "output", _holds_tracer)
+
+    def capture_made(x: Any) -> bool:
+        return isinstance(x, Tracer) or objects.is_input(x)
+
+    def holds_capture_made(obj: Any) -> bool:
+        """An object made by the program is rebuilt from its attributes when it holds a traced
+        tensor or a container of the call (one that holds neither is returned as it is)."""
+        return not objects.is_input(obj) and pytree.find_hidden(obj, capture_made, "") is not None
+
+    hidden = pytree.find_hidden_in(out, capture_made, "output", holds_capture_made)
     if hidden is not None:
         # NOTE: never kept as a constant: it would return this capture's tensors on every call
         cx.limitation(
-            f"the output holds a tensor at {hidden}, inside an object plait cannot rebuild; "
-            "return tensors in tuples, lists, dicts, namedtuples, torch.return_types, "
-            "dataclasses (ModelOutput) or objects that copy.copy rebuilds from their attributes"
+            f"the output or an input object holds a tensor (or an input container) at {hidden}, "
+            "inside an object plait cannot rebuild; return tensors in tuples, lists, dicts, "
+            "namedtuples, torch.return_types, dataclasses (ModelOutput) or objects that "
+            "copy.copy rebuilds from their attributes"
         )
     try:
-        out_spec, raw, _ = pytree.flatten(out, "output", _holds_tracer)
+        out_spec, raw, _ = pytree.flatten(out, "output", holds_capture_made, objects.is_input)
     except ValueError as exc:
         cx.limitation(f"the output cannot be rebuilt: {exc}")
     leaves: list[Any] = []
@@ -364,6 +373,8 @@ def _output_leaves(
             leaves.append(("value", torch.Size(cx.int(d) for d in leaf)))
         elif isinstance(leaf, TracedInt):
             leaves.append(("value", cx.int(leaf)))
+        elif objects.is_input(leaf):
+            leaves.append(("object", objects.index[id(leaf)]))
         else:
             leaves.append(("value", leaf))
     return out_spec, leaves, values
@@ -439,8 +450,12 @@ def _finish(
     state: list[Any],
     pyroots: list[Root],
     pykeys: list[Keyed],
+    objects: InputObjects,
 ) -> CapturedProgram:
-    out_spec, out_leaves, values = _output_leaves(cx, out, leaves, state)
+    _refuse_hidden_writes(cx, leaves, paths, objects)
+    written = objects.changed()
+    result = (out, objects.finals(written)) if written else out
+    out_spec, out_leaves, values = _output_leaves(cx, result, leaves, state, objects)
     mutations: list[tuple[Lift, int]] = []
     for root in cx.mutated.values():
         if root._lift is not None and root._lift.writeback:
@@ -474,10 +489,33 @@ def _finish(
         out_spec=out_spec,
         out_leaves=[_out_leaf(kind, ref, position) for kind, ref in out_leaves],
         mutations=[(position[id(lift.value)], o) for lift, o in mutations],
+        written_objects=written,
+        containers=bool(written) or any(kind == "object" for kind, _ in out_leaves),
         opaque_counts=dict(cx.opaque_counts),
         opaque_reasons=dict(cx.opaque_reasons),
         dynamic=cx.dynamic,
     )
+
+
+def _refuse_hidden_writes(
+    cx: CaptureContext, leaves: list[Any], paths: list[str], objects: InputObjects
+) -> None:
+    """An input leaf plait passed as it is (an object it does not open: slots, a custom copy
+    protocol) that now holds a tensor of the capture: a compiled call would leave the caller's
+    object as it was, so the program is refused, the object's attributes put back as they were
+    (NOTE: modules have their own state checks)."""
+    for leaf, path in zip(leaves, paths):
+        if isinstance(leaf, (torch.Tensor, nn.Module)):
+            continue
+        hidden = pytree.find_hidden(leaf, _is_tracer, path)
+        if hidden is not None:
+            objects.restore_leaves()
+            cx.current = "the program's input objects"
+            cx.limitation(
+                f"the program stored a tensor it made in {hidden}, inside an input object plait "
+                "cannot write back after each call (it opens plain objects that copy.copy "
+                "rebuilds from their __dict__); return the tensor instead"
+            )
 
 
 def _out_leaf(kind: str, ref: Any, position: dict[int, int]) -> OutputLeaf:

@@ -29,8 +29,9 @@ from typing import Any
 
 from torch import nn
 
-from plait.errors import CompiledInputError
+from plait.errors import CompiledInputError, InvalidOptionError
 from plait.frontend import pytree
+from plait.frontend.input_writes import InputObjects
 
 
 class InputAdapter:
@@ -98,20 +99,52 @@ class InputAdapter:
         leaves: list[Any] = []
         paths: list[str] = []
         for name, value in named.items():
-            spec, ls, ps = pytree.flatten(value, name)
+            spec, ls, ps = self._flatten_one(value, name)
             specs.append((name, spec))
             leaves += ls
             paths += ps
         return tuple(specs), leaves, paths
 
-    def call(self, fn: Callable[..., Any], spec: Any, leaves: list[Any]) -> Any:
-        """Call ``fn`` with the arguments ``spec`` describes, leaves replaced by ``leaves``."""
+    def _flatten_one(self, value: Any, name: str) -> tuple[Any, list[Any], list[str]]:
+        """One argument's structure. A plain object (``pytree.state_rebuildable``: a key/value
+        cache) is a container of its attributes, so its tensors are inputs and its other
+        attributes are guarded by value; a region's calls keep objects whole (they run split).
+        NOTE: an argument holding one object twice (or in a cycle) keeps its objects whole: a
+        rebuild would make two of one."""
+        if not self._passthrough:
+            try:
+                return pytree.flatten(value, name, pytree.always)
+            except InvalidOptionError:
+                pass
+        return pytree.flatten(value, name)
+
+    def containers(self, args: tuple, kwargs: dict, spec: Any) -> list[Any]:
+        """The caller's mutable containers (lists, dicts, opened objects) of a call flattened
+        as ``spec``, in the order :meth:`call` records the ones it builds."""
+        named = self.bind(args, kwargs)
+        out: list[Any] = []
+        for name, sub in spec:
+            out += pytree.containers(sub, named[name])
+        return out
+
+    def call(
+        self,
+        fn: Callable[..., Any],
+        spec: Any,
+        leaves: list[Any],
+        objects: InputObjects | None = None,
+    ) -> Any:
+        """Call ``fn`` with the arguments ``spec`` describes, leaves replaced by ``leaves``;
+        ``objects`` records the containers built for it (:mod:`plait.frontend.input_writes`)."""
         named: dict[str, Any] = {}
         i = 0
+        made = objects.made if objects is not None else None
         for name, sub in spec:
             n = _count(sub)
-            named[name] = pytree.unflatten(sub, leaves[i : i + n])
+            named[name] = pytree.unflatten(sub, leaves[i : i + n], made)
             i += n
+        if objects is not None:
+            objects.started(leaves)
         if self.signature is None:
             return fn(*named["args"], **named["kwargs"])
         bound = inspect.BoundArguments(self.signature, named)

@@ -16,6 +16,7 @@ import torch
 
 from plait.errors import InternalValueError
 from plait.frontend import pytree
+from plait.frontend.input_writes import write_back
 from plait.guards.guard import GuardEnv, GuardSet
 from plait.ir import Graph, Value
 
@@ -37,10 +38,11 @@ class InputSlot:
 class OutputLeaf:
     """One leaf of the output: ``("graph", (output index, tracer id, fresh))`` (a computed
     tensor; ``fresh`` when eager gives it memory of its own),
-    ``("input", slot index)`` (an input tensor returned as such), ``("alias", (slot index,
-    size, stride, storage offset, requires_grad[, dtype]))`` (a view of an input: made from it
-    on each call, offset relative to its own; read as ``dtype`` first when one is named) or
-    ``("value", obj)``."""
+    ``("input", slot index)`` (an input tensor returned as such), ``("object", k)`` (the
+    call's own ``k``-th input container, :func:`plait.frontend.pytree.containers`),
+    ``("alias", (slot index, size, stride, storage offset, requires_grad[, dtype]))`` (a view
+    of an input: made from it on each call, offset relative to its own; read as ``dtype``
+    first when one is named) or ``("value", obj)``."""
 
     source: str
     ref: Any
@@ -55,6 +57,10 @@ class CapturedProgram:
     out_spec: Any = None
     out_leaves: list[OutputLeaf] = field(default_factory=list)
     mutations: list[tuple[int, int]] = field(default_factory=list)
+    # NOTE: the input containers (pytree.containers) whose final contents end the output, and
+    # whether a call must find its own containers (to write them or return one)
+    written_objects: list[int] = field(default_factory=list)
+    containers: bool = False
     opaque_counts: dict[str, int] = field(default_factory=dict)
     # NOTE: per opaque target, why its call became no ATen program (the first call's reason)
     opaque_reasons: dict[str, str] = field(default_factory=dict)
@@ -109,7 +115,15 @@ class CapturedProgram:
                 out.append(slot.ref)
         return out
 
-    def run(self, execute: Executor, env: GuardEnv, state: Sequence[torch.Tensor]) -> Any:
+    def run(
+        self,
+        execute: Executor,
+        env: GuardEnv,
+        state: Sequence[torch.Tensor],
+        containers: Sequence[Any] = (),
+    ) -> Any:
+        """``containers``: the call's own (``InputAdapter.containers``), when
+        :attr:`containers` says the program writes or returns one."""
         assert self.has_graph, "a fallback program has no graph to run"
         values = self.graph_inputs(env, state)
         results = list(execute(values))
@@ -128,6 +142,8 @@ class CapturedProgram:
                 leaves.append(values[leaf.ref])
             elif leaf.source == "alias":
                 leaves.append(_view_of(values, leaf.ref))
+            elif leaf.source == "object":
+                leaves.append(containers[leaf.ref])
             else:
                 index, tracer_id, fresh = leaf.ref
                 if tracer_id in by_tracer:
@@ -145,7 +161,12 @@ class CapturedProgram:
                 by_tracer[tracer_id] = t
                 handed_out.add(id(t))
                 leaves.append(t)
-        return pytree.unflatten(self.out_spec, leaves)
+        out = pytree.unflatten(self.out_spec, leaves)
+        if not self.written_objects:
+            return out
+        out, finals = out
+        write_back(list(containers), self.written_objects, finals)
+        return out
 
 
 def _view_of(values: list[Any], ref: Sequence[Any]) -> torch.Tensor:

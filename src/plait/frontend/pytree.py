@@ -122,24 +122,37 @@ def _never(obj: Any) -> bool:
     return False
 
 
-def flatten(obj: Any, path: str, open_object: Opener = _never) -> tuple[Spec, list[Any], list[str]]:
+def flatten(
+    obj: Any, path: str, open_object: Opener = _never, keep: Opener = _never
+) -> tuple[Spec, list[Any], list[str]]:
     """Return ``(spec, leaves, paths)`` for ``obj``; ``path`` names ``obj`` itself.
     ``open_object(x)``: whether an object ``x`` whose class is :func:`state_rebuildable` is
-    a container of its attributes (else it is a leaf). Raises ValueError for such an object
+    a container of its attributes (else it is a leaf). ``keep(x)``: ``x`` is a leaf whatever
+    it is (a container that stands for itself). Raises ValueError for such an object
     met twice (a rebuild would make two objects of one)."""
     leaves: list[Any] = []
     paths: list[str] = []
-    spec = _Flattener(leaves, paths, open_object).flatten(obj, path)
+    spec = _Flattener(leaves, paths, open_object, keep).flatten(obj, path)
     return spec, leaves, paths
 
 
+def always(obj: Any) -> bool:
+    return True
+
+
 class _Flattener:
-    def __init__(self, leaves: list[Any], paths: list[str], open_object: Opener) -> None:
-        self.leaves, self.paths, self.open_object = leaves, paths, open_object
+    def __init__(
+        self, leaves: list[Any], paths: list[str], open_object: Opener, keep: Opener
+    ) -> None:
+        self.leaves, self.paths, self.open_object, self.keep = leaves, paths, open_object, keep
         self.opened: dict[int, str] = {}
 
     def flatten(self, obj: Any, path: str) -> Spec:
         go = self.flatten
+        if self.keep(obj):
+            self.leaves.append(obj)
+            self.paths.append(path)
+            return LEAF
         if _is_namedtuple(obj):
             kids = tuple(go(v, f"{path}.{f}") for f, v in zip(obj._fields, obj))
             return ("namedtuple", type(obj), kids)
@@ -177,10 +190,12 @@ class _Flattener:
         return LEAF
 
 
-def unflatten(spec: Spec, leaves: list[Any]) -> Any:
-    """Rebuild the structure described by ``spec`` from ``leaves`` (in flatten order)."""
+def unflatten(spec: Spec, leaves: list[Any], made: list[Any] | None = None) -> Any:
+    """Rebuild the structure described by ``spec`` from ``leaves`` (in flatten order).
+    ``made``: gets each mutable container built (a list, a dict, an opened object), parents
+    before their contents, in the order :func:`containers` finds a caller's."""
     it = iter(leaves)
-    out = _build(spec, it)
+    out = _build(spec, it, made)
     if next(it, _END) is not _END:
         raise InternalValueError("unflatten: more leaves than the spec holds")
     return out
@@ -189,7 +204,21 @@ def unflatten(spec: Spec, leaves: list[Any]) -> Any:
 _END = object()
 
 
-def _build(spec: Spec, it: Iterator[Any]) -> Any:
+def _mutable(spec: Spec) -> bool:
+    """A list, a plain dict or an opened object: what a program can change in place."""
+    return spec[0] in ("list", "object") or (spec[0] == "dict" and spec[1] is dict)
+
+
+def _build(spec: Spec, it: Iterator[Any], made: list[Any] | None = None) -> Any:
+    if made is None or not _mutable(spec):
+        return _make(spec, it, made)
+    k = len(made)
+    made.append(None)  # NOTE: its place before its contents', as containers() finds them
+    made[k] = out = _make(spec, it, made)
+    return out
+
+
+def _make(spec: Spec, it: Iterator[Any], made: list[Any] | None) -> Any:
     tag = spec[0]
     if tag == "*":
         value = next(it, _END)
@@ -197,14 +226,14 @@ def _build(spec: Spec, it: Iterator[Any]) -> Any:
             raise InternalValueError("unflatten: fewer leaves than the spec holds")
         return value
     if tag in ("tuple", "list"):
-        items = [_build(s, it) for s in spec[2]]
+        items = [_build(s, it, made) for s in spec[2]]
         return tuple(items) if tag == "tuple" else items
     if tag == "namedtuple":
-        return spec[1](*[_build(s, it) for s in spec[2]])
+        return spec[1](*[_build(s, it, made) for s in spec[2]])
     if tag == "structseq":
-        return spec[1]([_build(s, it) for s in spec[2]])
+        return spec[1]([_build(s, it, made) for s in spec[2]])
     if tag == "dataclass":
-        values = {f: _build(s, it) for f, s in zip(spec[2], spec[3])}
+        values = {f: _build(s, it, made) for f, s in zip(spec[2], spec[3])}
         return spec[1](**values)
     if tag == "object":
         cls = spec[1]
@@ -213,16 +242,42 @@ def _build(spec: Spec, it: Iterator[Any]) -> Any:
                 f"unflatten: {cls.__qualname__} is not rebuilt from its attributes"
             )
         obj = cls.__new__(cls)
-        obj.__dict__.update({k: _build(s, it) for k, s in zip(spec[2], spec[3])})
+        obj.__dict__.update({k: _build(s, it, made) for k, s in zip(spec[2], spec[3])})
         return obj
     if tag == "defaultdict":
         cls, factory, keys, kids = spec[1], spec[2], spec[3], spec[4]
-        return cls(factory, [(k, _build(s, it)) for k, s in zip(keys, kids)])
+        return cls(factory, [(k, _build(s, it, made)) for k, s in zip(keys, kids)])
     if tag == "dict":
         cls, keys, kids = spec[1], spec[2], spec[3]
-        pairs = [(k, _build(s, it)) for k, s in zip(keys, kids)]
+        pairs = [(k, _build(s, it, made)) for k, s in zip(keys, kids)]
         return dict(pairs) if cls is dict else cls(pairs)
     raise InternalValueError(f"unflatten: bad spec tag {tag!r}")
+
+
+def containers(spec: Spec, obj: Any) -> list[Any]:
+    """The mutable containers of ``obj`` (flattened as ``spec``) in the order
+    :func:`unflatten` records the ones it builds: the caller's objects that a capture's stand
+    for."""
+    out: list[Any] = []
+
+    def walk(s: Spec, x: Any) -> None:
+        tag = s[0]
+        if tag == "*":
+            return
+        if _mutable(s):
+            out.append(x)
+        if tag in ("tuple", "list", "namedtuple", "structseq"):
+            for sub, v in zip(s[2], x):
+                walk(sub, v)
+        elif tag in ("dataclass", "object"):
+            for f, sub in zip(s[2], s[3]):
+                walk(sub, getattr(x, f))
+        else:  # NOTE: a dict or defaultdict: its keys, then its kids
+            for k, sub in zip(s[-2], s[-1]):
+                walk(sub, x[k])
+
+    walk(spec, obj)
+    return out
 
 
 def map_leaves(fn: Callable[[Any], Any], obj: Any) -> Any:

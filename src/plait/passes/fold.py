@@ -45,9 +45,16 @@ def freeze(graph: Graph, ctx: PassContext) -> Graph:
     return graph
 
 
+def _symbolic(x: Any) -> bool:
+    """A size expression (a sympy one: the past length of a key/value cache), known per call."""
+    if isinstance(x, (list, tuple)):
+        return any(_symbolic(i) for i in x)
+    return bool(getattr(x, "free_symbols", None))
+
+
 def _is_constant(o: Any, graph: Graph) -> bool:
     if not isinstance(o, Value):
-        return True
+        return not _symbolic(o)
     if o.producer is None:
         return o.kind == "const" and o.name in graph.constants
     return get_op(o.producer.op).category is Category.CONSTANT
@@ -62,6 +69,8 @@ def _foldable(node: Node, graph: Graph) -> bool:
         return False
     if any(not isinstance(v.type, TensorType) or not v.type.is_static for v in values):
         return False  # NOTE: a symbolic size (arange(0, t)) is known per call: nothing to fold
+    if any(_symbolic(a) for a in node.attrs.values()):
+        return False
     budget = max(MAX_FOLDED_ELEMENTS, sum(_numel(v) for v in values))
     return all(_numel(v) <= budget for v in node.outputs)
 

@@ -169,6 +169,8 @@ def program_doc(prog: CapturedProgram) -> dict[str, Any]:
     """``prog`` as JSON; raises :class:`Unpinnable` for a program that has no saved form."""
     if prog.graph is None or prog.guard_plan is None:
         raise Unpinnable("a fallback program has no graph to save")
+    if prog.containers:
+        raise Unpinnable("the program writes back or returns an input object (no saved form)")
     slots = []
     for s in prog.inputs:
         if s.source == "const":

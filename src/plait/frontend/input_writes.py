@@ -1,0 +1,127 @@
+"""What a program does to the mutable containers of its inputs, and doing it again on each call.
+
+Capture calls the program on rebuilt inputs (:func:`plait.frontend.pytree.unflatten`): each
+list, plain dict and opened object (a plain object that ``copy.copy`` rebuilds from its
+attributes: Hugging Face's ``DynamicCache`` and its layers) the program gets is capture's own,
+standing for the caller's. The program may rebind an attribute (``layer.keys =
+torch.cat(...)``), append to a list, set a flag. :class:`InputObjects` records those
+containers, what each held when the program started and, after it, which changed: their final
+contents become part of the program's result, flattened with every container of the call kept
+as a reference to itself, and each call puts them back into the caller's own containers
+(:func:`write_back`), as eager's in-place changes would. A result that is such a container
+(``out.past_key_values is past``) is the caller's, never capture's.
+
+NOTE: a container whose contents the program did not change is never written: a call that
+passes a list pays nothing for it.
+
+Example:
+    >>> from plait.frontend import pytree
+    >>> objects = InputObjects()
+    >>> built = pytree.unflatten(("list", 1, (pytree.LEAF,)), [1], objects.made)
+    >>> objects.started([])
+    >>> built.append(2)
+    >>> objects.changed(), objects.finals()
+    ([0], ([1, 2],))
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from plait.errors import InternalValueError
+
+
+def _contents(c: Any) -> tuple[Any, ...]:
+    """What a container holds, flat: a list's items, a dict's (or an object's) keys and values."""
+    if isinstance(c, list):
+        return tuple(c)
+    pairs = c.items() if isinstance(c, dict) else vars(c).items()
+    return tuple(x for pair in pairs for x in pair)
+
+
+def _attributes(x: Any) -> dict[str, Any]:
+    """An object's own attributes (its ``__dict__`` and slots); none for tensors, modules and
+    values (NOTE: tensors and modules have their own write rules)."""
+    if isinstance(x, (torch.Tensor, nn.Module, type)) or not hasattr(type(x), "__mro__"):
+        return {}
+    out = dict(getattr(x, "__dict__", {}))
+    for cls in type(x).__mro__:
+        slots = vars(cls).get("__slots__", ())
+        for name in [slots] if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(x, name):
+                out[name] = getattr(x, name)
+    return out
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """The same contents, item by item, by identity (NOTE: a key set again to an equal value
+    counts as a change: the write back is then only redundant)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+class InputObjects:
+    """The containers capture built for one call of the program (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.made: list[Any] = []  # filled by unflatten, in the order pytree.containers walks
+        self._before: list[tuple[Any, ...]] = []
+        self.index: dict[int, int] = {}
+        self._kept: list[tuple[Any, dict[str, Any]]] = []
+
+    def started(self, leaves: list[Any]) -> None:
+        """The program is about to run on the containers built and on the call's other leaves
+        (``leaves``: objects passed as they are among them): note what each holds."""
+        self._before = [_contents(c) for c in self.made]
+        self.index = {id(c): k for k, c in enumerate(self.made)}
+        self._kept = [(x, _attributes(x)) for x in leaves if _attributes(x)]
+
+    def restore_leaves(self) -> None:
+        """Put back the attributes of the objects the call passed as they are (a refused
+        capture must not leave its tensors in the caller's objects)."""
+        for x, attrs in self._kept:
+            for name, value in attrs.items():
+                with contextlib.suppress(AttributeError, TypeError):
+                    object.__setattr__(x, name, value)
+
+    def is_input(self, x: Any) -> bool:
+        return id(x) in self.index
+
+    def changed(self) -> list[int]:
+        """The containers whose contents the program changed, by position."""
+        return [
+            k
+            for k, (c, was) in enumerate(zip(self.made, self._before))
+            if not _same(was, _contents(c))
+        ]
+
+    def finals(self, changed: list[int] | None = None) -> tuple[Any, ...]:
+        """The final contents of the ``changed`` containers: an object's as a dict of its
+        attributes, a list's as a list, a dict's as a dict."""
+        out: list[Any] = []
+        for k in self.changed() if changed is None else changed:
+            c = self.made[k]
+            out.append(
+                list(c) if isinstance(c, list) else dict(c if isinstance(c, dict) else vars(c))
+            )
+        return tuple(out)
+
+
+def write_back(objects: list[Any], written: list[int], finals: tuple[Any, ...]) -> None:
+    """Give each written container of the caller's (``objects[k]``) its final contents."""
+    if len(written) != len(finals):
+        raise InternalValueError("write_back: a final state per written container")
+    for k, final in zip(written, finals):
+        c = objects[k]
+        if isinstance(c, list):
+            c[:] = final
+        elif isinstance(c, dict):
+            c.clear()
+            c.update(final)
+        else:
+            state = vars(c)
+            state.clear()
+            state.update(final)
