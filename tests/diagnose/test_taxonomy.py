@@ -141,6 +141,7 @@ SIGNALS = {
     "plait.codegen.lower.Unfusable": "the lowering splits the kernel",
     "plait.codegen.packed.PackedUnavailable": "the weights stay unpacked",
     "plait.guards.native._Unsupported": "the guard's Python read runs instead",
+    "plait.symbolic.exact._NotExact": "the size guard is evaluated by sympy's substitution",
     "plait.diagnose.replay.PassFailure": "the bisection reports the pass that raised",
     "plait.diagnose.replay._Found": "the node search stops at the first divergence",
     "plait.diagnose.fuzz_graphs._Refused": "the fuzzer draws another node",

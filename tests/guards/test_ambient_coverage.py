@@ -39,6 +39,8 @@ COVERED = {
     ("frontend/guard_build.py", "get_default_dtype"): "guard torch.get_default_dtype()",
     ("frontend/guard_build.py", "is_autocast_enabled"): "guard torch.autocast",
     ("frontend/capture_values.py", "is_grad_enabled"): "guard grad_mode (capture's own)",
+    ("frontend/tracer.py", "is_grad_enabled"): "guard grad_mode (capture's own, compared with "
+    "PyTorch's inside inference mode or a custom autograd.Function's forward)",
     ("frontend/tracer.py", "is_autocast_enabled"): "guard torch.autocast (the ambient one); "
     "autocast entered by the program is captured as casts: here it only decides whether a call "
     "is left uncomputed, never the graph (frontend.unsampled)",

@@ -273,6 +273,12 @@ class Token:
     pass
 
 
+def _token_with(**attrs: Any) -> Token:
+    t = Token()
+    t.__dict__.update(attrs)
+    return t
+
+
 def scaled(x: torch.Tensor, n: Any = 2, t: Any = None, s: Any = None) -> torch.Tensor:
     return x * 2 + 1
 
@@ -290,7 +296,10 @@ INPUT_CASES: dict[str, tuple[tuple[Any, ...], dict[str, Any], bool]] = {
     "scalar-type": ((torch.randn(4, 8), 2.0), {}, False),
     "scalar-bool": ((torch.randn(4, 8), True), {}, False),
     "none-to-int": ((torch.randn(4, 8), 2, 1), {}, False),
-    "object-other": ((torch.randn(4, 8), 2, None, Token()), {}, False),
+    # NOTE: a plain object is a container of its attributes (a key/value cache's way in): another
+    # with the same attributes is the same input, one with others is not
+    "object-other": ((torch.randn(4, 8), 2, None, Token()), {}, True),
+    "object-attribute": ((torch.randn(4, 8), 2, None, _token_with(k=1)), {}, False),
     "tensor-for-scalar": ((torch.randn(4, 8), torch.tensor(2)), {}, False),
     "size-leaf": ((torch.randn(4, 8), 2, None, torch.Size([3])), {}, False),
 }

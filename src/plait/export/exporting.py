@@ -138,6 +138,8 @@ def export(
         )
     adapter = InputAdapter(model_or_fn)
     call_spec, leaves, paths = adapter.flatten(args, kwargs)
+    # NOTE: arguments an export cannot take (an object of the model's own type) refused first
+    call_json, leaves_json = call_spec_to_json(call_spec), leaves_to_json(leaves, paths)
     state = ModuleState(model_or_fn).fetch() if isinstance(model_or_fn, nn.Module) else []
     binding, weights, constant = _inputs(prog, comp.graph, state)
     out_leaves = _outputs(prog)
@@ -161,8 +163,8 @@ def export(
 
     calling = {
         "signature": signature_to_json(adapter.signature, adapter.defaults),
-        "call": call_spec_to_json(call_spec),
-        "leaves": leaves_to_json(leaves, paths),
+        "call": call_json,
+        "leaves": leaves_json,
         "inputs": [
             {"name": v.name, "leaf": leaf, "constant": v.name in constant}
             for v, leaf in zip(comp.graph.inputs, binding)
