@@ -67,6 +67,8 @@ def structure_text(spec: Any, kinds: Sequence[str]) -> str:
         if tag in ("tuple", "list"):
             body = ", ".join(text(k) for k in s[2])
             return f"({body})" if tag == "tuple" else f"[{body}]"
+        if tag == "alias":  # NOTE: the call's container met before, by its position
+            return f"<the call's container {s[1]}>"
         if tag in ("dict", "defaultdict"):
             keys, kids = s[-2], s[-1]
             return "{" + ", ".join(f"{k!r}: {text(v)}" for k, v in zip(keys, kids)) + "}"

@@ -94,29 +94,18 @@ class InputAdapter:
         return dict(bound.arguments)
 
     def flatten(self, args: tuple, kwargs: dict) -> tuple[Any, list[Any], list[str]]:
-        named = self.bind(args, kwargs)
-        specs: list[Any] = []
-        leaves: list[Any] = []
-        paths: list[str] = []
-        for name, value in named.items():
-            spec, ls, ps = self._flatten_one(value, name)
-            specs.append((name, spec))
-            leaves += ls
-            paths += ps
-        return tuple(specs), leaves, paths
-
-    def _flatten_one(self, value: Any, name: str) -> tuple[Any, list[Any], list[str]]:
-        """One argument's structure. A plain object (``pytree.state_rebuildable``: a key/value
+        """The call's structure. A plain object (``pytree.state_rebuildable``: a key/value
         cache) is a container of its attributes, so its tensors are inputs and its other
         attributes are guarded by value; a region's calls keep objects whole (they run split).
-        NOTE: an argument holding one object twice (or in a cycle) keeps its objects whole: a
-        rebuild would make two of one."""
+        A container met twice in the call is an alias of the first (``pytree.flatten_call``).
+        NOTE: a call with a cycle through an object keeps its objects whole."""
+        named = self.bind(args, kwargs)
         if not self._passthrough:
             try:
-                return pytree.flatten(value, name, pytree.always)
+                return pytree.flatten_call(named, pytree.always)
             except InvalidOptionError:
                 pass
-        return pytree.flatten(value, name)
+        return pytree.flatten_call(named)
 
     def containers(self, args: tuple, kwargs: dict, spec: Any) -> list[Any]:
         """The caller's mutable containers (lists, dicts, opened objects) of a call flattened
@@ -138,7 +127,7 @@ class InputAdapter:
         ``objects`` records the containers built for it (:mod:`plait.frontend.input_writes`)."""
         named: dict[str, Any] = {}
         i = 0
-        made = objects.made if objects is not None else None
+        made = objects.made if objects is not None else []  # NOTE: aliases index the call's
         for name, sub in spec:
             n = _count(sub)
             named[name] = pytree.unflatten(sub, leaves[i : i + n], made)
@@ -174,5 +163,7 @@ def _binding_state(target: Any) -> tuple[Any, ...]:
 def _count(spec: Any) -> int:
     if spec == pytree.LEAF:
         return 1
+    if spec[0] == "alias":
+        return 0
     kids = spec[-1]
     return sum(_count(k) for k in kids)

@@ -136,18 +136,73 @@ def flatten(
     return spec, leaves, paths
 
 
+def flatten_call(
+    named: dict[str, Any], open_object: Opener = _never
+) -> tuple[tuple[tuple[str, Spec], ...], list[Any], list[str]]:
+    """Flatten a call's named arguments as one structure, ``((name, spec), ...)``: a mutable
+    container (a list, a plain dict, an opened object) met again, in the same argument or
+    another (``f(cache, cache)``, an object holding a list also passed on its own), is
+    ``("alias", k)``, the ``k``-th container of the call (the order :func:`containers` and
+    :func:`unflatten` follow), so a rebuild shares it as the caller's call does and the
+    structure guard holds the sharing. Raises ValueError for a cycle."""
+    leaves: list[Any] = []
+    paths: list[str] = []
+    flattener = _Flattener(leaves, paths, open_object, _never, share=True)
+    specs = tuple((name, flattener.flatten(value, name)) for name, value in named.items())
+    return specs, leaves, paths
+
+
 def always(obj: Any) -> bool:
     return True
 
 
 class _Flattener:
     def __init__(
-        self, leaves: list[Any], paths: list[str], open_object: Opener, keep: Opener
+        self,
+        leaves: list[Any],
+        paths: list[str],
+        open_object: Opener,
+        keep: Opener,
+        share: bool = False,
     ) -> None:
         self.leaves, self.paths, self.open_object, self.keep = leaves, paths, open_object, keep
         self.opened: dict[int, str] = {}
+        self.share = share
+        self.shared: dict[int, tuple[int, str]] = {}  # NOTE: id -> (container index, path)
+        self.open_now: set[int] = set()  # the containers being flattened (a cycle's)
+        self.alive: list[Any] = []  # NOTE: keeps each id in shared from being reused
 
     def flatten(self, obj: Any, path: str) -> Spec:
+        if not self.share or not self._is_container(obj):
+            return self._flatten(obj, path)
+        key = id(obj)
+        if key in self.shared:
+            k, first = self.shared[key]
+            if key in self.open_now:
+                raise InvalidOptionError(f"{path} is {first}, which holds it: a cycle")
+            return ("alias", k)
+        self.shared[key] = (len(self.shared), path)
+        self.alive.append(obj)
+        self.open_now.add(key)
+        try:
+            return self._flatten(obj, path)
+        finally:
+            self.open_now.discard(key)
+
+    def _is_container(self, obj: Any) -> bool:
+        """What :func:`_flatten` makes a mutable container (see :func:`_mutable`)."""
+        if self.keep(obj):
+            return False
+        if type(obj) is list or type(obj) is dict:
+            return True
+        return (
+            _dataclass_fields(obj) is None
+            and not isinstance(obj, (tuple, list, dict))
+            and state_rebuildable(type(obj))
+            and self.open_object(obj)
+        )
+
+    def _flatten(self, obj: Any, path: str) -> Spec:
         go = self.flatten
         if self.keep(obj):
             self.leaves.append(obj)
@@ -195,7 +250,7 @@ def unflatten(spec: Spec, leaves: list[Any], made: list[Any] | None = None) -> A
     ``made``: gets each mutable container built (a list, a dict, an opened object), parents
     before their contents, in the order :func:`containers` finds a caller's."""
     it = iter(leaves)
-    out = _build(spec, it, made)
+    out = _build(spec, it, [] if made is None else made)
     if next(it, _END) is not _END:
         raise InternalValueError("unflatten: more leaves than the spec holds")
     return out
@@ -210,6 +265,10 @@ def _mutable(spec: Spec) -> bool:
 
 
 def _build(spec: Spec, it: Iterator[Any], made: list[Any] | None = None) -> Any:
+    if spec[0] == "alias":
+        if made is None or spec[1] >= len(made) or made[spec[1]] is None:
+            raise InternalValueError("unflatten: an alias of a container not built before it")
+        return made[spec[1]]
     if made is None or not _mutable(spec):
         return _make(spec, it, made)
     k = len(made)
@@ -262,7 +321,7 @@ def containers(spec: Spec, obj: Any) -> list[Any]:
 
     def walk(s: Spec, x: Any) -> None:
         tag = s[0]
-        if tag == "*":
+        if tag in ("*", "alias"):  # NOTE: an alias is a container met before
             return
         if _mutable(s):
             out.append(x)

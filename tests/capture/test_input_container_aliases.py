@@ -1,0 +1,101 @@
+"""Input containers reached twice in one call, and input containers the program changes.
+
+A list or an opened object met twice among a call's arguments (``f(cache, cache)``, an object
+holding a list also passed on its own) is one container in the rebuilt call too: a change made
+through one name shows through the other, as in eager, and a call whose arguments share nothing
+is another specialization. Compared with eager on copies of the same state, call after call.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+import plait
+from tests.util import assert_bitwise
+
+
+class Box:
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
+
+
+def _same(a: Any, b: Any, what: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert_bitwise(a, b, what)
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), what
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{what}[{i}]")
+    elif isinstance(a, dict):
+        assert type(a) is type(b) and list(a) == list(b), what
+        for k in a:
+            _same(a[k], b[k], f"{what}[{k!r}]")
+    elif isinstance(a, Box):
+        _same(vars(a), vars(b), f"{what}.__dict__")
+    else:
+        assert a == b, what
+
+
+def _against_eager(fn: Any, make: Any, calls: int = 4) -> None:
+    compiled = plait.compile(fn)
+    for i in range(calls):
+        torch.manual_seed(i)
+        args = make()
+        eager_args = copy.deepcopy(args)
+        _same(fn(*eager_args), compiled(*args), f"call {i}: result")
+        _same(eager_args, args, f"call {i}: arguments after the call")
+
+
+def test_list_passed_twice_shows_an_append_through_both_names() -> None:
+    def fn(a: list, b: list, t: torch.Tensor) -> torch.Tensor:
+        a.append(t * 2)
+        return torch.stack(b).sum(0) + len(b)
+
+    def make() -> tuple:
+        shared = [torch.randn(3)]
+        return shared, shared, torch.randn(3)
+
+    _against_eager(fn, make)
+
+
+def test_object_passed_twice_shows_a_counter_through_both_names() -> None:
+    def fn(a: Box, b: Box) -> torch.Tensor:
+        a.n = a.n + 1
+        a.t = a.t * 2
+        return b.t * b.n
+
+    def make() -> tuple:
+        shared = Box(n=0, t=torch.randn(3))
+        return shared, shared
+
+    _against_eager(fn, make)
+
+
+def test_list_held_by_an_object_and_passed_on_its_own_is_one_list() -> None:
+    def fn(o: Box, items: list, t: torch.Tensor) -> torch.Tensor:
+        items.append(t)
+        return torch.stack(o.items).sum(0)
+
+    def make() -> tuple:
+        items = [torch.randn(3)]
+        return Box(items=items), items, torch.randn(3)
+
+    _against_eager(fn, make)
+
+
+def test_shared_and_separate_lists_are_different_specializations() -> None:
+    def fn(a: list, b: list, t: torch.Tensor) -> torch.Tensor:
+        a.append(1)
+        return t * len(b)
+
+    compiled = plait.compile(fn)
+    for i in range(4):
+        t = torch.randn(3)
+        shared = [0]
+        args = (shared, shared, t) if i % 2 == 0 else ([0], [0], t)
+        eager_args = copy.deepcopy(args)
+        _same(fn(*eager_args), compiled(*args), f"call {i}: result")
+        _same(eager_args, args, f"call {i}: arguments after the call")
