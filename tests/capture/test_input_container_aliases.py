@@ -3,7 +3,9 @@
 A list or an opened object met twice among a call's arguments (``f(cache, cache)``, an object
 holding a list also passed on its own) is one container in the rebuilt call too: a change made
 through one name shows through the other, as in eager, and a call whose arguments share nothing
-is another specialization. Compared with eager on copies of the same state, call after call.
+is another specialization. An object plait passes as it is (slots, a set, a list subclass, a
+cycle) that the program changes in place is refused: capture would change the caller's once,
+compiled calls never again. Compared with eager on copies of the same state, call after call.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 import torch
 
 import plait
+from plait.errors import CaptureFallbackWarning, GraphCaptureError
 from tests.util import assert_bitwise
 
 
@@ -35,6 +39,8 @@ def _same(a: Any, b: Any, what: str) -> None:
             _same(a[k], b[k], f"{what}[{k!r}]")
     elif isinstance(a, Box):
         _same(vars(a), vars(b), f"{what}.__dict__")
+    elif isinstance(a, Slotted):
+        _same([a.n, a.seen], [b.n, b.seen], f"{what} slots")
     else:
         assert a == b, what
 
@@ -99,3 +105,70 @@ def test_shared_and_separate_lists_are_different_specializations() -> None:
         eager_args = copy.deepcopy(args)
         _same(fn(*eager_args), compiled(*args), f"call {i}: result")
         _same(eager_args, args, f"call {i}: arguments after the call")
+
+
+class Slotted:
+    __slots__ = ("n", "seen")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.seen: set[int] = set()
+
+
+class Items(list):
+    pass
+
+
+def _same_object_each_call(fn: Any, args: tuple, calls: int = 4) -> None:
+    """The same caller objects on every call (a change capture made once would show)."""
+    compiled = plait.compile(fn)
+    eager_args = copy.deepcopy(args)
+    for i in range(calls):
+        t = torch.randn(3)
+        _same(fn(*eager_args, t), compiled(*args, t), f"call {i}: result")
+        _same(eager_args, args, f"call {i}: arguments after the call")
+
+
+def test_counter_in_a_slotted_object_is_bumped_on_every_call() -> None:
+    def fn(s: Slotted, t: torch.Tensor) -> torch.Tensor:
+        s.n += 1
+        return t * s.n
+
+    s = Slotted()
+    with pytest.warns(CaptureFallbackWarning):
+        _same_object_each_call(fn, (s,))
+    assert s.n == 4
+
+
+def test_set_held_by_an_input_object_grows_on_every_call() -> None:
+    def fn(o: Box, t: torch.Tensor) -> torch.Tensor:
+        o.seen.add(len(o.seen))
+        return t + len(o.seen)
+
+    o = Box(seen={0})
+    with pytest.warns(CaptureFallbackWarning):
+        _same_object_each_call(fn, (o,))
+    assert o.seen == {0, 1, 2, 3, 4}
+
+
+def test_list_subclass_argument_grows_on_every_call() -> None:
+    def fn(items: Items, t: torch.Tensor) -> torch.Tensor:
+        items.append(1)
+        return t * len(items)
+
+    items = Items([1])
+    with pytest.warns(CaptureFallbackWarning):
+        _same_object_each_call(fn, (items,))
+    assert len(items) == 5
+
+
+def test_changed_object_in_a_cycle_is_refused_under_fullgraph() -> None:
+    def fn(o: Box, t: torch.Tensor) -> torch.Tensor:
+        o.me.n += 1
+        return t * o.n
+
+    o = Box(n=0)
+    o.me = o
+    with pytest.raises(GraphCaptureError, match="changed"):
+        plait.compile(fn, fullgraph=True)(o, torch.randn(3))
+    assert o.n == 0

@@ -287,6 +287,7 @@ def _capture_once(
             with swapped, cx.activate(), reads:
                 out = adapter.call(fn, spec, traced_leaves, objects)
         except BaseException as exc:
+            objects.restore_leaves()  # NOTE: a capture tried again starts from the caller's
             if cx.error is not None and exc is not cx.error:
                 raise cx.error from exc
             raise
@@ -516,6 +517,15 @@ def _refuse_hidden_writes(
                 "cannot write back after each call (it opens plain objects that copy.copy "
                 "rebuilds from their __dict__); return the tensor instead"
             )
+    changed = objects.leaf_changed()
+    if changed is not None:
+        objects.restore_leaves()
+        cx.current = "the program's input objects"
+        cx.limitation(
+            f"the program changed {changed} in place, an input plait passes as it is (a set, a "
+            "list or dict subclass, an array, an object with slots or in a cycle): a compiled "
+            "call could not do it again"
+        )
 
 
 def _out_leaf(kind: str, ref: Any, position: dict[int, int]) -> OutputLeaf:

@@ -57,6 +57,80 @@ def _attributes(x: Any) -> dict[str, Any]:
     return out
 
 
+_VALUES = (str, bytes, int, float, complex, bool, type(None), type, torch.dtype, torch.device)
+
+
+def _state(x: Any) -> Any:
+    """What ``x`` holds that a program could change in place, shallow (None: nothing)."""
+    if isinstance(x, (list, bytearray)):
+        return ("items", tuple(x), _attributes(x))
+    if isinstance(x, dict):
+        return ("items", tuple(x.items()), _attributes(x))
+    if isinstance(x, set):
+        return ("set", {id(v): v for v in x}, _attributes(x))
+    if type(x).__module__ == "numpy" and hasattr(x, "tobytes") and hasattr(x, "copy"):
+        return ("array", x.copy(), None)
+    attrs = _attributes(x)
+    return ("attrs", None, attrs) if attrs else None
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    if a is None or b is None or a[0] != b[0]:
+        return a is b
+    if a[0] == "array":
+        return bool(a[1].shape == b[1].shape and a[1].tobytes() == b[1].tobytes())
+    if a[0] == "set":
+        if a[1].keys() != b[1].keys():
+            return False
+    elif a[1] is not None and not _same(a[1], b[1]):
+        return False
+    ka, kb = a[2] or {}, b[2] or {}
+    return ka.keys() == kb.keys() and all(ka[k] is kb[k] for k in ka)
+
+
+def _snapshot(leaves: list[Any], depth: int = 8) -> list[tuple[Any, Any]]:
+    """The state of every object reachable from the call's leaves (NOTE: tensors and modules
+    have their own write rules, values are immutable)."""
+    out: list[tuple[Any, Any]] = []
+    seen: set[int] = set()
+    todo = [(x, depth) for x in leaves]
+    while todo:
+        x, left = todo.pop()
+        if left == 0 or isinstance(x, (torch.Tensor, nn.Module, *_VALUES)) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        state = _state(x)
+        if state is None:
+            continue
+        out.append((x, state))
+        kids: list[Any] = list((state[2] or {}).values())
+        if state[0] == "items":
+            kids += [v for item in state[1] for v in (item if isinstance(x, dict) else (item,))]
+        elif state[0] == "set":
+            kids += list(state[1].values())
+        todo += [(k, left - 1) for k in kids]
+    return out
+
+
+def _put_back(x: Any, was: Any) -> None:
+    kind, items, attrs = was
+    if kind == "array":
+        x[...] = items
+        return
+    if isinstance(x, dict):
+        x.clear()
+        x.update(items)
+    elif isinstance(x, (list, bytearray)):
+        x[:] = items
+    elif isinstance(x, set):
+        x.clear()
+        x.update(items.values())
+    for name in set(_attributes(x)) - set(attrs or {}):
+        object.__delattr__(x, name)
+    for name, value in (attrs or {}).items():
+        object.__setattr__(x, name, value)
+
+
 def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     """The same contents, item by item, by identity (NOTE: a key set again to an equal value
     counts as a change: the write back is then only redundant)."""
@@ -70,22 +144,30 @@ class InputObjects:
         self.made: list[Any] = []  # filled by unflatten, in the order pytree.containers walks
         self._before: list[tuple[Any, ...]] = []
         self.index: dict[int, int] = {}
-        self._kept: list[tuple[Any, dict[str, Any]]] = []
+        self._kept: list[tuple[Any, Any]] = []
 
     def started(self, leaves: list[Any]) -> None:
         """The program is about to run on the containers built and on the call's other leaves
         (``leaves``: objects passed as they are among them): note what each holds."""
         self._before = [_contents(c) for c in self.made]
         self.index = {id(c): k for k, c in enumerate(self.made)}
-        self._kept = [(x, _attributes(x)) for x in leaves if _attributes(x)]
+        self._kept = _snapshot(leaves)
+
+    def leaf_changed(self) -> str | None:
+        """What the program changed in place in an object the call passed as it is (a set, a
+        list subclass, a numpy array, a slotted object's counter, what such an object holds):
+        capture changed the caller's own once, a compiled call would never do it again."""
+        for x, was in self._kept:
+            if not _same_state(was, _state(x)):
+                return f"a {type(x).__qualname__}"
+        return None
 
     def restore_leaves(self) -> None:
-        """Put back the attributes of the objects the call passed as they are (a refused
-        capture must not leave its tensors in the caller's objects)."""
-        for x, attrs in self._kept:
-            for name, value in attrs.items():
-                with contextlib.suppress(AttributeError, TypeError):
-                    object.__setattr__(x, name, value)
+        """Put back what the objects the call passed as they are held (a refused or restarted
+        capture must not leave its changes, or its tensors, in the caller's objects)."""
+        for x, was in self._kept:
+            with contextlib.suppress(AttributeError, TypeError, ValueError):
+                _put_back(x, was)
 
     def is_input(self, x: Any) -> bool:
         return id(x) in self.index
