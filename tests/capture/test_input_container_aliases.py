@@ -5,12 +5,16 @@ holding a list also passed on its own) is one container in the rebuilt call too:
 through one name shows through the other, as in eager, and a call whose arguments share nothing
 is another specialization. An object plait passes as it is (slots, a set, a list subclass, a
 cycle) that the program changes in place is refused: capture would change the caller's once,
-compiled calls never again. Compared with eager on copies of the same state, call after call.
+compiled calls never again. A dict of any dict class (``defaultdict``, ``OrderedDict``) is
+written back like a plain one; a dataclass the program changes is refused. Compared with eager
+on copies of the same state, call after call.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -39,6 +43,8 @@ def _same(a: Any, b: Any, what: str) -> None:
             _same(a[k], b[k], f"{what}[{k!r}]")
     elif isinstance(a, Box):
         _same(vars(a), vars(b), f"{what}.__dict__")
+    elif isinstance(a, Record):
+        _same([a.t, a.n], [b.t, b.n], f"{what} fields")
     elif isinstance(a, Slotted):
         _same([a.n, a.seen], [b.n, b.seen], f"{what} slots")
     else:
@@ -172,3 +178,40 @@ def test_changed_object_in_a_cycle_is_refused_under_fullgraph() -> None:
     with pytest.raises(GraphCaptureError, match="changed"):
         plait.compile(fn, fullgraph=True)(o, torch.randn(3))
     assert o.n == 0
+
+
+@dataclasses.dataclass
+class Record:
+    t: torch.Tensor
+    n: int = 0
+
+
+def test_defaultdict_argument_gets_the_entries_the_program_adds() -> None:
+    def fn(d: collections.defaultdict, t: torch.Tensor) -> torch.Tensor:
+        d["k"].append(t * 2)
+        return t * len(d)
+
+    _against_eager(fn, lambda: (collections.defaultdict(list), torch.randn(3)))
+
+
+def test_ordered_dict_argument_gets_the_key_the_program_writes() -> None:
+    def fn(d: collections.OrderedDict, t: torch.Tensor) -> torch.Tensor:
+        d["z"] = t * 2
+        d.move_to_end("a")
+        return t * len(d)
+
+    _against_eager(fn, lambda: (collections.OrderedDict(a=1, b=2), torch.randn(3)))
+
+
+def test_changed_dataclass_argument_is_refused() -> None:
+    def fn(r: Record) -> torch.Tensor:
+        r.n += 1
+        r.t = r.t * 2
+        return r.t + r.n
+
+    r = Record(torch.randn(3))
+    with pytest.raises(GraphCaptureError, match="dataclass"):
+        plait.compile(fn, fullgraph=True)(r)
+    assert r.n == 0
+    with pytest.warns(CaptureFallbackWarning):
+        _against_eager(fn, lambda: (Record(torch.randn(3)),))

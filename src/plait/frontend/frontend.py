@@ -517,14 +517,14 @@ def _refuse_hidden_writes(
                 "cannot write back after each call (it opens plain objects that copy.copy "
                 "rebuilds from their __dict__); return the tensor instead"
             )
-    changed = objects.leaf_changed()
+    changed = objects.leaf_changed() or objects.unwritable(objects.changed())
     if changed is not None:
         objects.restore_leaves()
         cx.current = "the program's input objects"
         cx.limitation(
             f"the program changed {changed} in place, an input plait passes as it is (a set, a "
-            "list or dict subclass, an array, an object with slots or in a cycle): a compiled "
-            "call could not do it again"
+            "list subclass, an array, an object with slots or in a cycle) or does not write "
+            "back (a dataclass): a compiled call could not do it again"
         )
 
 

@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import torch
@@ -39,7 +40,7 @@ def _contents(c: Any) -> tuple[Any, ...]:
     """What a container holds, flat: a list's items, a dict's (or an object's) keys and values."""
     if isinstance(c, list):
         return tuple(c)
-    pairs = c.items() if isinstance(c, dict) else vars(c).items()
+    pairs = c.items() if isinstance(c, dict) else _attributes(c).items()
     return tuple(x for pair in pairs for x in pair)
 
 
@@ -179,6 +180,15 @@ class InputObjects:
             for k, (c, was) in enumerate(zip(self.made, self._before))
             if not _same(was, _contents(c))
         ]
+
+    def unwritable(self, changed: list[int]) -> str | None:
+        """A changed container that is not written back: a dataclass (``__init__`` rebuilds
+        it; its fields may be frozen, slotted or also a dict's, as ``ModelOutput``'s)."""
+        for k in changed:
+            c = self.made[k]
+            if dataclasses.is_dataclass(c):
+                return f"a {type(c).__qualname__} (a dataclass)"
+        return None
 
     def finals(self, changed: list[int] | None = None) -> tuple[Any, ...]:
         """The final contents of the ``changed`` containers: an object's as a dict of its

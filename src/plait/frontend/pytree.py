@@ -191,16 +191,11 @@ class _Flattener:
 
     def _is_container(self, obj: Any) -> bool:
         """What :func:`_flatten` makes a mutable container (see :func:`_mutable`)."""
-        if self.keep(obj):
+        if self.keep(obj) or isinstance(obj, tuple) or type(obj) is bool:
             return False
-        if type(obj) is list or type(obj) is dict:
+        if type(obj) is list or isinstance(obj, dict) or _dataclass_fields(obj) is not None:
             return True
-        return (
-            _dataclass_fields(obj) is None
-            and not isinstance(obj, (tuple, list, dict))
-            and state_rebuildable(type(obj))
-            and self.open_object(obj)
-        )
+        return not isinstance(obj, list) and state_rebuildable(type(obj)) and self.open_object(obj)
 
     def _flatten(self, obj: Any, path: str) -> Spec:
         go = self.flatten
@@ -260,8 +255,9 @@ _END = object()
 
 
 def _mutable(spec: Spec) -> bool:
-    """A list, a plain dict or an opened object: what a program can change in place."""
-    return spec[0] in ("list", "object") or (spec[0] == "dict" and spec[1] is dict)
+    """A list, a dict (of any dict class), a dataclass or an opened object: what a program can
+    change in place (NOTE: a changed dataclass is refused, not written back)."""
+    return spec[0] in ("list", "object", "dict", "defaultdict", "dataclass")
 
 
 def _build(spec: Spec, it: Iterator[Any], made: list[Any] | None = None) -> Any:
