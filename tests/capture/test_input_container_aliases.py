@@ -215,3 +215,27 @@ def test_changed_dataclass_argument_is_refused() -> None:
     assert r.n == 0
     with pytest.warns(CaptureFallbackWarning):
         _against_eager(fn, lambda: (Record(torch.randn(3)),))
+
+
+def test_program_raising_after_changing_inputs_leaves_eagers_partial_changes() -> None:
+    def fn(o: Box, items: list, t: torch.Tensor) -> torch.Tensor:
+        o.n += 1
+        items.append(1)
+        o.t = t * 2
+        if o.n > 2:
+            raise ValueError("past the end")
+        return t + o.n
+
+    compiled = plait.compile(fn)
+    mine = (Box(n=0, t=torch.zeros(3)), [0])
+    theirs = copy.deepcopy(mine)
+    for i in range(4):
+        t = torch.randn(3)
+        if i < 2:
+            _same(fn(*theirs, t), compiled(*mine, t), f"call {i}: result")
+        else:
+            with pytest.raises(ValueError, match="past the end"):
+                fn(*theirs, t)
+            with pytest.warns(CaptureFallbackWarning), pytest.raises(ValueError, match="past"):
+                compiled(*mine, t)
+        _same(theirs, mine, f"call {i}: arguments after the call")

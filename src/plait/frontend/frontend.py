@@ -287,9 +287,12 @@ def _capture_once(
             with swapped, cx.activate(), reads:
                 out = adapter.call(fn, spec, traced_leaves, objects)
         except BaseException as exc:
+            raised = None if cx.error is not None else objects.raised_after_changes(exc)
             objects.restore_leaves()  # NOTE: a capture tried again starts from the caller's
             if cx.error is not None and exc is not cx.error:
                 raise cx.error from exc
+            if raised is not None:
+                cx.limitation(raised)
             raise
         if cx.error is not None:
             raise cx.error

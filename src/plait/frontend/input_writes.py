@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.errors import InternalValueError
+from plait.errors import InternalValueError, PlaitError
 
 
 def _contents(c: Any) -> tuple[Any, ...]:
@@ -162,6 +162,19 @@ class InputObjects:
             if not _same_state(was, _state(x)):
                 return f"a {type(x).__qualname__}"
         return None
+
+    def raised_after_changes(self, exc: BaseException) -> str | None:
+        """The program raised ``exc`` (its own error, not capture's) after changing an input
+        container or object in place: eager leaves those changes in the caller's objects, a
+        capture left them in its own (the call then runs eagerly, as it would uncompiled)."""
+        if not isinstance(exc, Exception) or isinstance(exc, PlaitError) or not self._before:
+            return None
+        if not self.changed() and self.leaf_changed() is None:
+            return None
+        return (
+            f"the program raised {type(exc).__name__} after changing its input containers in "
+            "place: eager leaves those changes in the caller's objects"
+        )
 
     def restore_leaves(self) -> None:
         """Put back what the objects the call passed as they are held (a refused or restarted
