@@ -239,3 +239,24 @@ def test_program_raising_after_changing_inputs_leaves_eagers_partial_changes() -
             with pytest.warns(CaptureFallbackWarning), pytest.raises(ValueError, match="past"):
                 compiled(*mine, t)
         _same(theirs, mine, f"call {i}: arguments after the call")
+
+
+class Scaled:
+    scale = 2
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
+def test_class_constant_read_through_an_input_object_is_guarded() -> None:
+    def fn(o: Scaled, x: torch.Tensor) -> torch.Tensor:
+        return x * o.scale + o.t
+
+    compiled = plait.compile(fn)
+    try:
+        for scale in (2, 3, 4, 3):
+            Scaled.scale = scale
+            o, x = Scaled(torch.randn(3)), torch.randn(3)
+            assert_bitwise(fn(o, x), compiled(o, x), f"scale {scale}")
+    finally:
+        Scaled.scale = 2

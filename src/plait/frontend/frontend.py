@@ -310,7 +310,7 @@ def _capture_once(
                 "wrote them in place without a capture rule seeing it",
                 kind="limitation",
             )
-        pyroots = reads.finish()
+        pyroots = reads.finish(objects.made)
         return _finish(cx, out, spec, leaves, paths, ms, state, pyroots, reads.keys, objects)
 
 

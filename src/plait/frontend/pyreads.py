@@ -467,11 +467,16 @@ class PyReads:
             )
 
     # -- after the capture
-    def finish(self) -> list[Root]:
-        """The roots, with those the recorded names reach in user objects and modules; raises
-        :class:`GraphCaptureError` for a read that cannot be guarded. ``self.keys`` then holds
-        each root read now (:func:`~plait.frontend.pyvalues.keyed`), in the same order."""
+    def finish(self, inputs: Any = ()) -> list[Root]:
+        """The roots, with those the recorded names reach in user objects and modules, and in
+        the classes of the call's ``inputs`` (its opened objects: ``cache.SCALE`` a class
+        constant); raises :class:`GraphCaptureError` for a read that cannot be guarded.
+        ``self.keys`` then holds each root read now (:func:`~plait.frontend.pyvalues.keyed`),
+        in the same order."""
         self._resolve_pending()
+        for x in inputs:
+            self._alive.append(x)
+            self._host(x, None)
         if self._bypass:
             for m in [m for m in self._alive if isinstance(m, nn.Module)]:
                 self._add(("dict", id(m)), dict_root(m, self._where(m), self._desc(m, "dict")))
