@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from plait.errors import ProgramValueError
 from plait.frontend import datadep
+from plait.frontend.call_encoding import call_spec
 from plait.frontend.lower_common import both
 from plait.frontend.lower_nn import adaptive_output_size
 from plait.frontend.lower_shape import _scalar_for, _type, _view
@@ -289,11 +290,30 @@ def _adaptive_avg_pool1d(cx: CaptureContext, out: Any, x: Any, output_size: Any)
 
 
 # --- gather, take_along_dim --------------------------------------------------------------------
-def _gather_value(cx: CaptureContext, v: Value, dim: int, index: Value, wrap: bool) -> Value:
+def _bounds_check(cx: CaptureContext, bad: Value, what: str, dim: int, n: int) -> None:
+    """A runtime check (an ``aten_check`` of ``_assert_async.msg``, run in program order and
+    never dropped) that raises ``RuntimeError`` naming ``what`` where any of ``bad`` is true:
+    eager's gather raises a RuntimeError, the index_select under it an IndexError of
+    ``index_select``'s words. CPU only: on CUDA the assert is a device-side one."""
+    bt = _type(bad)
+    if torch.device(bt.device).type != "cpu":
+        return
+    ok = cx.call("logical_not", cx.call("any", bad, dims=tuple(range(bt.rank)), keepdim=False))
+    marker = torch.empty(0)
+    message = f"{what}(): an index is out of bounds for dimension {dim} with size {n}"
+    tensors, attrs = call_spec((marker, message), {})
+    assert tensors == [marker]
+    cx.call("aten_check", [ok], name="_assert_async", overload="msg", **attrs)
+
+
+def _gather_value(
+    cx: CaptureContext, v: Value, dim: int, index: Value, wrap: bool, check: str | None = None
+) -> Value:
     """``torch.gather(v, dim, index)`` as one ``index_select`` from the flattened ``v`` at
     the row-major positions ``index * stride[dim] + sum(i_k * stride[k])``: it moves elements,
     so it is bitwise eager's. An index out of range becomes position -1, which index_select
-    refuses as eager's gather refuses it (``wrap``: negative indices count from the end once).
+    refuses as eager's gather refuses it (``wrap``: negative indices count from the end once);
+    ``check`` (the op's name) raises eager's RuntimeError, naming the op, before it.
     """
     xt, it = _type(v), _type(index)
     if any(isinstance(d, int) and d == 0 for d in it.shape):
@@ -318,6 +338,8 @@ def _gather_value(cx: CaptureContext, v: Value, dim: int, index: Value, wrap: bo
     if wrap:
         idx = cx.call("where", cx.call("lt", idx, 0), cx.call("add", idx, n), idx)
     bad = cx.call("logical_or", cx.call("lt", idx, 0), cx.call("ge", idx, n))
+    if check is not None:
+        _bounds_check(cx, bad, check, d, n)
     pos = cx.call("mul", idx, strides[d])
     for k, m in enumerate(ishape):
         if k == d or m == 1:
@@ -336,7 +358,7 @@ def _gather_value(cx: CaptureContext, v: Value, dim: int, index: Value, wrap: bo
 def _gather(
     cx: CaptureContext, out: Any, x: Any, dim: Any, index: Any, *, sparse_grad: bool = False
 ) -> Value:
-    return _gather_value(cx, cx.value(x), cx.int(dim), cx.value(index), wrap=False)
+    return _gather_value(cx, cx.value(x), cx.int(dim), cx.value(index), wrap=False, check="gather")
 
 
 @op(*both("take_along_dim"))
@@ -344,7 +366,8 @@ def _take_along_dim(cx: CaptureContext, out: Any, x: Any, indices: Any, dim: Any
     v, idx = cx.value(x), cx.value(indices)
     if dim is None:
         flat = cx.call("reshape", v, shape=(-1,))
-        return _gather_value(cx, flat, 0, cx.call("reshape", idx, shape=(-1,)), wrap=False)
+        flat_idx = cx.call("reshape", idx, shape=(-1,))
+        return _gather_value(cx, flat, 0, flat_idx, wrap=False, check="take_along_dim")
     d = cx.int(dim) % max(_type(v).rank, 1)
     # NOTE: eager broadcasts x and indices against each other in every dim but ``dim``; the
     # IR's dims (symbolic with dynamic=True), not the sample's
@@ -359,7 +382,7 @@ def _take_along_dim(cx: CaptureContext, out: Any, x: Any, indices: Any, dim: Any
     target[d] = _type(v).shape[d] if _type(v).rank else 1
     if tuple(_type(v).shape) != tuple(target):
         v = cx.call("expand", v, shape=tuple(target))
-    return _gather_value(cx, v, d, idx, wrap=True)
+    return _gather_value(cx, v, d, idx, wrap=True, check="take_along_dim")
 
 
 @op(*both("take"))
