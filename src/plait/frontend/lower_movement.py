@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import sympy
 import torch
 import torch.nn.functional as F
 
@@ -28,7 +29,7 @@ from plait.frontend.table import NoIROp, Viewed, getter, op
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.views import ViewStep, put_diagonal
 from plait.ir import Value
-from plait.ir.ops.movement import PAD_MODES
+from plait.ir.ops.movement import PAD_MODES, padded_dims
 
 T = torch.Tensor
 
@@ -55,6 +56,7 @@ def _pad(
     pads = _ints(cx, pad)
     v = cx.value(x)
     dtype = _type(v).dtype
+    _guard_pad_sizes(cx, _type(v).shape, pads, mode)
     if mode == "constant":
         fill = _scalar_for(cx, 0 if value is None else value, dtype)
         result: Value = cx.call("constant_pad", v, pad=pads, value=fill)
@@ -65,6 +67,30 @@ def _pad(
         raise NoIROp(f"F.pad({mode!r}) of a bool tensor has no IR op")
     result = cx.call("pad", v, pad=pads, mode=mode)
     return result
+
+
+def _guard_pad_sizes(
+    cx: CaptureContext, shape: Sequence[Any], pads: Sequence[int], mode: str
+) -> None:
+    """NOTE: the pad's type rule checks a static dim as eager does (a reflect pad less than
+    the size, a circular one wrapping once, a nonempty result); a symbolic dim is guarded to
+    the same conditions instead (the capture sample met them: eager ran it), so a later call
+    at a size eager refuses captures again and raises eager's error, where the kernel's index
+    map would have read past the input."""
+    if len(pads) % 2 or len(pads) > 2 * len(shape):
+        return  # NOTE: the type rule refuses it
+    for d, lo, hi in padded_dims(len(shape), pads):
+        n = shape[d]
+        if isinstance(n, int):
+            continue
+        out = n + lo + hi
+        if mode == "reflect":
+            cx.record_predicate(sympy.Gt(n, max(lo, hi)), True)
+        if mode == "circular":
+            cx.record_predicate(sympy.Ge(n - max(-lo, 0) - max(-hi, 0), max(lo, hi)), True)
+        cx.record_predicate(
+            sympy.Ge(out, 0) if mode in ("constant", "circular") else sympy.Gt(out, 0), True
+        )
 
 
 # --- roll, flip, rot90 -------------------------------------------------------------------------
