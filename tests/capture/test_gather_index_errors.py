@@ -52,3 +52,20 @@ def test_take_along_dim_index_out_of_range_raises() -> None:
             j[2, 1] = bad
             with pytest.raises(RuntimeError, match=r"take_along_dim\(\).*dimension 1 with size 5"):
                 compiled(x, j)
+
+
+def test_gather_index_wider_than_the_source_raises_on_a_symbolic_capture() -> None:
+    """An index dim other than ``dim`` may not exceed the source's (eager: "Size does not
+    match"); once automatic dynamic made the index's dims symbolic, a wider index must not
+    read on into the source's next row."""
+    compiled = plait.compile(lambda x, i: torch.gather(x, 0, i) * 2)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 5, generator=g)
+    for cols in (4, 5, 3):
+        i = torch.randint(0, 3, (2, cols), generator=g)
+        assert_bitwise(compiled(x, i), torch.gather(x, 0, i) * 2, f"{cols} columns")
+    wide = torch.zeros(2, 7, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="Size does not match"):
+        torch.gather(x, 0, wide)
+    with pytest.raises(RuntimeError, match="Size does not match"):
+        compiled(x, wide)

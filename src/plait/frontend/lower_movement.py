@@ -355,6 +355,11 @@ def _gather_value(
         cx.limitation("gather from a source of symbolic dims; specialize them")
     d = dim % len(shape)
     n = shape[d]
+    for k, (m, size) in enumerate(zip(ishape, shape)):
+        if k != d and not (isinstance(m, int) and isinstance(size, int)):
+            # NOTE: eager refuses an index dim past the source's ("Size does not match"); the
+            # capture sample met it, the guard keeps it (a wider index reads the next row)
+            cx.record_predicate(sympy.Le(m, size), True)
     strides = [1] * len(shape)
     for k in range(len(shape) - 2, -1, -1):
         strides[k] = strides[k + 1] * shape[k + 1]
