@@ -291,7 +291,12 @@ class ProbingOracle:
                 out.append(learned if learned is not None else c)
             else:
                 out.append(got if usable else c)
-            self._samples[v] = r if usable else r.contiguous()
+            sample = r if usable else r.contiguous()
+            if not (sample.is_floating_point() or sample.is_complex()):
+                # NOTE: integers may be indices of a later extern, and an extern's on zeros
+                # need not be in range (topk of zeros gives [3, 5] of six): zeros, as laid_out
+                sample = torch.zeros_like(sample, memory_format=torch.preserve_format)
+            self._samples[v] = sample
         if isinstance(key, tuple):
             self._layout_memo[key] = tuple(out)
         return out

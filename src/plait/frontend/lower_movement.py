@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import sympy
 import torch
 import torch.nn.functional as F
 
 from plait.errors import ProgramValueError
 from plait.frontend import datadep
+from plait.frontend.call_encoding import call_spec
 from plait.frontend.lower_common import both
 from plait.frontend.lower_nn import adaptive_output_size
 from plait.frontend.lower_shape import _scalar_for, _type, _view
@@ -27,7 +29,7 @@ from plait.frontend.table import NoIROp, Viewed, getter, op
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.views import ViewStep, put_diagonal
 from plait.ir import Value
-from plait.ir.ops.movement import PAD_MODES
+from plait.ir.ops.movement import PAD_MODES, padded_dims
 
 T = torch.Tensor
 
@@ -54,6 +56,7 @@ def _pad(
     pads = _ints(cx, pad)
     v = cx.value(x)
     dtype = _type(v).dtype
+    _guard_pad_sizes(cx, _type(v).shape, pads, mode)
     if mode == "constant":
         fill = _scalar_for(cx, 0 if value is None else value, dtype)
         result: Value = cx.call("constant_pad", v, pad=pads, value=fill)
@@ -64,6 +67,30 @@ def _pad(
         raise NoIROp(f"F.pad({mode!r}) of a bool tensor has no IR op")
     result = cx.call("pad", v, pad=pads, mode=mode)
     return result
+
+
+def _guard_pad_sizes(
+    cx: CaptureContext, shape: Sequence[Any], pads: Sequence[int], mode: str
+) -> None:
+    """NOTE: the pad's type rule checks a static dim as eager does (a reflect pad less than
+    the size, a circular one wrapping once, a nonempty result); a symbolic dim is guarded to
+    the same conditions instead (the capture sample met them: eager ran it), so a later call
+    at a size eager refuses captures again and raises eager's error, where the kernel's index
+    map would have read past the input."""
+    if len(pads) % 2 or len(pads) > 2 * len(shape):
+        return  # NOTE: the type rule refuses it
+    for d, lo, hi in padded_dims(len(shape), pads):
+        n = shape[d]
+        if isinstance(n, int):
+            continue
+        out = n + lo + hi
+        if mode == "reflect":
+            cx.record_predicate(sympy.Gt(n, max(lo, hi)), True)
+        if mode == "circular":
+            cx.record_predicate(sympy.Ge(n - max(-lo, 0) - max(-hi, 0), max(lo, hi)), True)
+        cx.record_predicate(
+            sympy.Ge(out, 0) if mode in ("constant", "circular") else sympy.Gt(out, 0), True
+        )
 
 
 # --- roll, flip, rot90 -------------------------------------------------------------------------
@@ -289,11 +316,30 @@ def _adaptive_avg_pool1d(cx: CaptureContext, out: Any, x: Any, output_size: Any)
 
 
 # --- gather, take_along_dim --------------------------------------------------------------------
-def _gather_value(cx: CaptureContext, v: Value, dim: int, index: Value, wrap: bool) -> Value:
+def _bounds_check(cx: CaptureContext, bad: Value, what: str, dim: int, n: int) -> None:
+    """A runtime check (an ``aten_check`` of ``_assert_async.msg``, run in program order and
+    never dropped) that raises ``RuntimeError`` naming ``what`` where any of ``bad`` is true:
+    eager's gather raises a RuntimeError, the index_select under it an IndexError of
+    ``index_select``'s words. CPU only: on CUDA the assert is a device-side one."""
+    bt = _type(bad)
+    if torch.device(bt.device).type != "cpu":
+        return
+    ok = cx.call("logical_not", cx.call("any", bad, dims=tuple(range(bt.rank)), keepdim=False))
+    marker = torch.empty(0)
+    message = f"{what}(): an index is out of bounds for dimension {dim} with size {n}"
+    tensors, attrs = call_spec((marker, message), {})
+    assert tensors == [marker]
+    cx.call("aten_check", [ok], name="_assert_async", overload="msg", **attrs)
+
+
+def _gather_value(
+    cx: CaptureContext, v: Value, dim: int, index: Value, wrap: bool, check: str | None = None
+) -> Value:
     """``torch.gather(v, dim, index)`` as one ``index_select`` from the flattened ``v`` at
     the row-major positions ``index * stride[dim] + sum(i_k * stride[k])``: it moves elements,
     so it is bitwise eager's. An index out of range becomes position -1, which index_select
-    refuses as eager's gather refuses it (``wrap``: negative indices count from the end once).
+    refuses as eager's gather refuses it (``wrap``: negative indices count from the end once);
+    ``check`` (the op's name) raises eager's RuntimeError, naming the op, before it.
     """
     xt, it = _type(v), _type(index)
     if any(isinstance(d, int) and d == 0 for d in it.shape):
@@ -309,6 +355,11 @@ def _gather_value(cx: CaptureContext, v: Value, dim: int, index: Value, wrap: bo
         cx.limitation("gather from a source of symbolic dims; specialize them")
     d = dim % len(shape)
     n = shape[d]
+    for k, (m, size) in enumerate(zip(ishape, shape)):
+        if k != d and not (isinstance(m, int) and isinstance(size, int)):
+            # NOTE: eager refuses an index dim past the source's ("Size does not match"); the
+            # capture sample met it, the guard keeps it (a wider index reads the next row)
+            cx.record_predicate(sympy.Le(m, size), True)
     strides = [1] * len(shape)
     for k in range(len(shape) - 2, -1, -1):
         strides[k] = strides[k + 1] * shape[k + 1]
@@ -318,6 +369,8 @@ def _gather_value(cx: CaptureContext, v: Value, dim: int, index: Value, wrap: bo
     if wrap:
         idx = cx.call("where", cx.call("lt", idx, 0), cx.call("add", idx, n), idx)
     bad = cx.call("logical_or", cx.call("lt", idx, 0), cx.call("ge", idx, n))
+    if check is not None:
+        _bounds_check(cx, bad, check, d, n)
     pos = cx.call("mul", idx, strides[d])
     for k, m in enumerate(ishape):
         if k == d or m == 1:
@@ -336,7 +389,7 @@ def _gather_value(cx: CaptureContext, v: Value, dim: int, index: Value, wrap: bo
 def _gather(
     cx: CaptureContext, out: Any, x: Any, dim: Any, index: Any, *, sparse_grad: bool = False
 ) -> Value:
-    return _gather_value(cx, cx.value(x), cx.int(dim), cx.value(index), wrap=False)
+    return _gather_value(cx, cx.value(x), cx.int(dim), cx.value(index), wrap=False, check="gather")
 
 
 @op(*both("take_along_dim"))
@@ -344,7 +397,8 @@ def _take_along_dim(cx: CaptureContext, out: Any, x: Any, indices: Any, dim: Any
     v, idx = cx.value(x), cx.value(indices)
     if dim is None:
         flat = cx.call("reshape", v, shape=(-1,))
-        return _gather_value(cx, flat, 0, cx.call("reshape", idx, shape=(-1,)), wrap=False)
+        flat_idx = cx.call("reshape", idx, shape=(-1,))
+        return _gather_value(cx, flat, 0, flat_idx, wrap=False, check="take_along_dim")
     d = cx.int(dim) % max(_type(v).rank, 1)
     # NOTE: eager broadcasts x and indices against each other in every dim but ``dim``; the
     # IR's dims (symbolic with dynamic=True), not the sample's
@@ -359,7 +413,7 @@ def _take_along_dim(cx: CaptureContext, out: Any, x: Any, indices: Any, dim: Any
     target[d] = _type(v).shape[d] if _type(v).rank else 1
     if tuple(_type(v).shape) != tuple(target):
         v = cx.call("expand", v, shape=tuple(target))
-    return _gather_value(cx, v, d, idx, wrap=True)
+    return _gather_value(cx, v, d, idx, wrap=True, check="take_along_dim")
 
 
 @op(*both("take"))
