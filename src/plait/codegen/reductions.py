@@ -202,6 +202,10 @@ def _simple(name: str, node: Node, locs: dict[Value, Loc], epilogue: tuple[Node,
     out = tp.out_type()
     op = node.op
     source = node.attrs.get("dtype") if op in ("sum", "mean") else None
+    if op == "mean" and source in (torch.float16, torch.bfloat16) and x.type.device == "cpu":
+        # NOTE: ATen's CPU mean to a 16-bit dtype sums the input as float32 (never rounded to
+        # 16 bits: an int32 or float32 value may overflow float16) and rounds the mean once
+        source = torch.float32
     if op in ("sum", "mean"):
         acc_t = accum_type("reduction", source or x.type.dtype)
         acc_t = (

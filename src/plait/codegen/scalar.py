@@ -376,6 +376,10 @@ def _clamp(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...
     t = out_type(node)
     x = to(b, args[0], t)
     lo, hi = node.attrs["min"], node.attrs["max"]
+    if any(isinstance(v, float) and math.isnan(v) for v in (lo, hi)):
+        # NOTE: ATen fills the result with NaN when a scalar bound is NaN (before its loop);
+        # the comparisons below would leave every x unchanged
+        return b.const(math.nan, t)
     # NOTE: PyTorch's clamp by scalars: ``x < lo ? lo : x``, then ``x > hi ? hi : x``: a NaN x
     # stays NaN, a bound that equals x as a zero of the other sign leaves x (-0.0 stays -0.0).
     if lo is not None:

@@ -105,8 +105,8 @@ def _hard(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]
 
 @rule("elu")
 def _elu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...]) -> Stmt:
-    # NOTE: ATen: negcoef = alpha * scale in the compute type; x <= 0 (or NaN) takes the
-    # expm1 branch as the vector loop does (NaN either way).
+    # NOTE: ATen: negcoef = alpha * scale in the compute type; x < 0 (or NaN) takes the
+    # expm1 branch as the vector loop does (NaN either way); +-0 is x * scale whatever alpha is.
     x, t = unary_float(b, node, args)
     alpha, scale = _attr_const(b, node, "alpha", t), _attr_const(b, node, "scale", t)
     negcoef = b.op("mul", [alpha, scale], t)
@@ -115,7 +115,7 @@ def _elu(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...])
         [b.op("expm1", [b.op("mul", [x, _attr_const(b, node, "input_scale", t)], t)], t), negcoef],
         t,
     )
-    positive = b.op("gt", [x, b.const(0.0, t)], "b")
+    positive = b.op("ge", [x, b.const(0.0, t)], "b")
     return b.op("where", [positive, b.op("mul", [x, scale], t), neg], t)
 
 

@@ -97,7 +97,11 @@ def _nan_to_num(
         raise NoIROp("nan_to_num with a NaN replacement keeps its bits only in PyTorch's kernel")
 
     v: Value = cx.call(
-        "nan_to_num", cx.value(x), nan=float(nan or 0.0), posinf=opt(posinf), neginf=opt(neginf)
+        "nan_to_num",
+        cx.value(x),
+        nan=0.0 if nan is None else float(nan),  # NOTE: not ``nan or 0.0``: -0.0 is falsy
+        posinf=opt(posinf),
+        neginf=opt(neginf),
     )
     return v
 
