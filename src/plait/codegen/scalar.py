@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -235,46 +234,13 @@ def _div(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...])
     if mode is None:
         return b.op("div", [x, y], t)
     if is_float(t):
-        # NOTE: a one-element divisor: ATen's opmath path (float32, rounded once)
-        tensor_divisor = not one_element(args[1])
-        if mode == "trunc" and tensor_divisor:
-            # NOTE: ATen (CPU and CUDA) truncates the quotient rounded to the 16-bit type:
-            # bf16 -5.125 / 0.466796875 rounds to -11.0, truncated -11 (float32: -10)
+        if mode == "trunc" and not one_element(args[1]):
+            # NOTE: ATen's tensor path divides in the 16-bit type, then truncates the rounded
+            # quotient (bf16 -5.125 / 0.466796875 is -11.0, truncated -11); one element: opmath
             quotient = b.round(b.op("div", [x, y], t), storage_type(node))
             return b.op("trunc", [quotient], t)
-        sixteen = storage_type(node) in ("bf16", "f16")
-        if mode == "floor" and tensor_divisor and sixteen and _on_cpu(node):
-            # NOTE: CPU only: CUDA's kernel floors the float32 quotient (measured on an H100)
-            return _floor_div_16(b, x, y, t, storage_type(node))
         return b.op("fdiv_trunc" if mode == "trunc" else "fdiv_floor", [x, y], t)
     return b.op("idiv_trunc" if mode == "trunc" else "idiv_floor", [x, y], t)
-
-
-def _on_cpu(node: Node) -> bool:
-    ty = node.outputs[0].type
-    return not isinstance(ty, TensorType) or ty.device == "cpu"
-
-
-def _floor_div_16(b: KernelBuilder, x: Stmt, y: Stmt, t: str, storage: str) -> Stmt:
-    """ATen's floor division of two 16-bit tensors (``c10::div_floor_floating`` on the 16-bit
-    type: each step rounded to it), which the float32 ``fdiv_floor`` does not reproduce: bf16
-    19072 // -84.5 is -227 there (``(a - fmod(a, b)) / b`` rounds to -226), -226 in float32.
-    A zero divisor gives ``a / b``; a zero quotient takes the sign of ``a / b``."""
-    r = functools.partial(b.round, storage=storage)
-    zero, one, half = b.const(0.0, t), b.const(1.0, t), b.const(0.5, t)
-    mod = b.op("fmod", [x, y], t)  # NOTE: exact, so already a 16-bit value
-    div = r(b.op("div", [r(b.op("sub", [x, mod], t)), y], t))
-    opposite = b.op("ne", [b.op("lt", [y, zero], "b"), b.op("lt", [mod, zero], "b")], "b")
-    adjust = b.op("and", [b.op("ne", [mod, zero], "b"), opposite], "b")
-    div = b.op("where", [adjust, r(b.op("sub", [div, one], t)), div], t)
-    floor = b.op("floor", [div], t)
-    up = b.op("gt", [r(b.op("sub", [div, floor], t)), half], "b")
-    floor = b.op("where", [up, r(b.op("add", [floor, one], t)), floor], t)
-    quotient = r(b.op("div", [x, y], t))
-    floor = b.op(
-        "where", [b.op("eq", [div, zero], "b"), b.op("copysign", [zero, quotient], t), floor], t
-    )
-    return b.op("where", [b.op("eq", [y, zero], "b"), quotient, floor], t)
 
 
 @rule("pow")
