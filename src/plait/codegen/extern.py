@@ -30,6 +30,7 @@ import torch
 from plait.codegen import causal_attention
 from plait.codegen.cuda_batch_norm import batch_norm_call
 from plait.codegen.extern_call import ExternCall
+from plait.guards.sampled import digest_now
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
 
@@ -45,9 +46,18 @@ def reusable(w: object) -> bool:
     return isinstance(w, Value) and w.producer is None
 
 
-def written(w: torch.Tensor) -> tuple[int, int]:
+def watched(w: object) -> bool:
+    """Whether a reusable weight operand is the caller's tensor (a graph input, not a constant
+    the compiler owns and guards), whose prepared copy is then also checked against sampled
+    elements of it (:func:`written`'s ``watch``)."""
+    return isinstance(w, Value) and w.producer is None and w.kind != "const"
+
+
+def written(w: torch.Tensor, watch: bool = False) -> tuple[int, int, int | None]:
     """What says ``w``'s contents may have changed while it stays the same tensor: its version
-    counter, and its address (``w.data = other`` gives it other memory and bumps no counter).
+    counter, its address (``w.data = other`` gives it other memory and bumps no counter) and,
+    with ``watch``, a digest of its first elements (a write through ``w.data`` bumps no counter
+    of ``w``: :mod:`plait.guards.sampled`; NOTE: one that changes none of them is not seen).
 
     Example:
         >>> import torch
@@ -56,14 +66,19 @@ def written(w: torch.Tensor) -> tuple[int, int]:
         >>> w.data = torch.zeros(2)
         >>> written(w) != before
         True
+        >>> before = written(w, watch=True)
+        >>> _ = w.data.add_(1)
+        >>> written(w) == before[:2] + (None,), written(w, watch=True) != before
+        (True, True)
     """
-    return w._version, w.data_ptr()
+    return w._version, w.data_ptr(), digest_now(w) if watch else None
 
 
 class PreparedWeight:
     """A weight in the layout an extern wants, rebuilt when the source tensor is replaced or
-    written in place (identity, version counter and address: :func:`written`), and at every
-    call where it is not ``reuse``-able (:func:`reusable`).
+    written in place (identity, version counter and address, and with ``watch`` the first
+    elements: :func:`written`), and at every call where it is not ``reuse``-able
+    (:func:`reusable`).
 
     ``plain``, where the extern also takes the weight as it is: what a weight that changes
     between calls is given instead of a conversion at every call. A training step's optimizer
@@ -80,9 +95,11 @@ class PreparedWeight:
         portable: bool = True,
         reuse: bool = True,
         plain: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        watch: bool = False,
     ) -> None:
         self.convert = convert
         self.reuse = reuse
+        self.watch = watch
         self.plain = plain
         # NOTE: set once the weight was seen changing between calls (see the class docstring)
         self.varies = plain is not None and not reuse
@@ -98,7 +115,7 @@ class PreparedWeight:
         self.source: torch.Tensor | None = None
         # NOTE: the source's version counter and address when converted: ``w.data = other``
         # (and ``set_``) replace its memory and may bump no version counter
-        self.version: tuple[int, int] = (-1, 0)
+        self.version: tuple[int, int, int | None] = (-1, 0, None)
         self.value: torch.Tensor | None = None
         # NOTE: a prepacking started elsewhere (a thread of the rebuild's pool); the first use
         # waits for it (and re-raises its failure) before reading the fields it sets.
@@ -117,7 +134,7 @@ class PreparedWeight:
         ``finite``: whether ``w`` is all finite, if known (a cache entry's record, for the very
         bytes its key hashed), else read here."""
         self.value, self.keep = value, keep
-        self.source, self.version = w, written(w)
+        self.source, self.version = w, written(w, self.watch)
         if finite is None or not self.track_finite:
             self._read_finite(w)
         else:
@@ -126,7 +143,7 @@ class PreparedWeight:
     def prepare(self, w: torch.Tensor) -> None:
         """Convert ``w`` now (what a pending prepacking runs)."""
         self.value, self.keep = self.convert(w), None
-        self.source, self.version = w, written(w)
+        self.source, self.version = w, written(w, self.watch)
         self._read_finite(w)
 
     def _read_finite(self, w: torch.Tensor) -> None:
@@ -140,7 +157,7 @@ class PreparedWeight:
         if self.varies:
             assert self.plain is not None
             return self.plain(w)
-        stale = w is not self.source or written(w) != self.version or self.value is None
+        stale = w is not self.source or written(w, self.watch) != self.version or self.value is None
         if stale and self.plain is not None and w is self.source and self.value is not None:
             # NOTE: the converted tensor's own source, written since: it changes between calls
             self.varies, self.value, self.keep = True, None, None

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from plait.codegen.extern import ExternCall, reusable, written
+from plait.codegen.extern import ExternCall, reusable, watched, written
 
 # NOTE: row counts whose packs are kept per weight (the least recently used is dropped)
 KEPT = 4
@@ -42,16 +42,16 @@ class RowPacks:
     :func:`~plait.codegen.extern.written`), and at every call where it is not ``reuse``-able
     (:func:`~plait.codegen.extern.reusable`: a weight the program computes)."""
 
-    def __init__(self, reuse: bool = True) -> None:
-        self.reuse = reuse
+    def __init__(self, reuse: bool = True, watch: bool = False) -> None:
+        self.reuse, self.watch = reuse, watch
         self.source: torch.Tensor | None = None
-        self.version: tuple[int, int] = (-1, 0)
+        self.version: tuple[int, int, int | None] = (-1, 0, None)
         self.packs: OrderedDict[int, torch.Tensor] = OrderedDict()
 
     def __call__(self, w: torch.Tensor, rows: int) -> torch.Tensor:
-        if w is not self.source or written(w) != self.version or not self.reuse:
+        if w is not self.source or written(w, self.watch) != self.version or not self.reuse:
             self.packs.clear()
-            self.source, self.version = w, written(w)
+            self.source, self.version = w, written(w, self.watch)
         hit = self.packs.get(rows)
         if hit is None:
             hit = torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), rows)
@@ -67,7 +67,7 @@ def mkl_rows_call(node: Any, consts: Mapping[Any, torch.Tensor], hint_rows: int)
     """A float32 linear of symbolic row count, without post-ops, through MKL's packed GEMM:
     packed per row count (:class:`RowPacks`); a constant weight is packed for ``hint_rows`` (the
     compiling call's) at compile time."""
-    packs = RowPacks(reusable(node.inputs[1]))
+    packs = RowPacks(reusable(node.inputs[1]), watched(node.inputs[1]))
     fixed = consts.get(node.inputs[1])
     if fixed is not None:
         packs(fixed, hint_rows)

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from plait.codegen import packed
-from plait.codegen.extern import ExternCall, PreparedWeight, reusable
+from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
 from plait.codegen.mkl_rows import mkl_rows_call
 from plait.codegen.onednn_postops import (
     Epilogue,
@@ -275,12 +275,12 @@ def linear_weight(
     x = node.inputs[0]
     assert isinstance(x, Value) and isinstance(x.type, TensorType)
     rows = _rows(x.type, hints)[0]
-    reuse = reusable(node.inputs[1])
+    reuse, watch = reusable(node.inputs[1]), watched(node.inputs[1])
     if not mkl:
         reorder = torch.ops.mkldnn._reorder_linear_weight
         # NOTE: oneDNN's linear also takes the weight unconverted (PyTorch's [out, in] layout)
         return PreparedWeight(
-            lambda w: reorder(w.contiguous(), rows), reuse=reuse, plain=_contiguous
+            lambda w: reorder(w.contiguous(), rows), reuse=reuse, plain=_contiguous, watch=watch
         )
     if not x.type.is_static:
         return None
@@ -288,8 +288,9 @@ def linear_weight(
     # NOTE: MKL's own format for this CPU, no descriptor: never in a cache entry. Its plain
     # form is the weight itself, for eager's linear (mkl_linear_call).
     return PreparedWeight(
-        lambda w: pack(w.contiguous(), rows), portable=False, reuse=reuse, plain=_contiguous
-    )
+        lambda w: pack(w.contiguous(), rows),
+        portable=False, reuse=reuse, plain=_contiguous, watch=watch,
+    )  # fmt: skip
 
 
 def _contiguous(w: torch.Tensor) -> torch.Tensor:
@@ -365,6 +366,7 @@ def conv_call(
         lambda w: reorder(w.contiguous(), padding, stride, dilation, groups, size),
         track_finite=True,
         reuse=reusable(node.inputs[1]),
+        watch=watched(node.inputs[1]),
     )
     spelled = size if x.type.is_static else [str(d) for d in x.type.shape]
     key = _pack_key(node, padding, stride, dilation, groups, spelled)

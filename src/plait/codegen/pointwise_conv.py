@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from plait.codegen import onednn
-from plait.codegen.extern import ExternCall, PreparedWeight, reusable
+from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
 from plait.codegen.onednn_postops import Epilogue, runs_mkl
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
@@ -72,7 +72,7 @@ def pointwise_conv_call(
     pack = torch.ops.mkl._mkl_reorder_linear_weight
     weight = PreparedWeight(
         lambda w: pack(w.reshape(o, c).contiguous(), rows),
-        track_finite=True, portable=False, reuse=reusable(w),
+        track_finite=True, portable=False, reuse=reusable(w), watch=watched(w),
     )  # fmt: skip
     key = onednn._pack_key(node, "mkl-rows", rows)
     when = onednn._prepare(weight, consts.get(w), prepack, packs, key, node.id)

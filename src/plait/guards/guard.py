@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import torch
 
 from plait.errors import NotSavableError
+from plait.guards.sampled import Sample
 
 # NOTE: reasons list the program's own reads first: they are what the user can act on.
 _PRIORITY = {
@@ -80,7 +81,8 @@ class TensorCheck:
     """What is checked of one tensor: ``env.leaves[index]`` (``where="leaf"``) or
     ``env.state[index]`` (``"state"``). Each field that is not None must equal the tensor's:
     ``identity`` (``id``), ``version`` (``_version``), ``data_ptr``, ``dtype`` and ``device``
-    (both or neither), ``shape`` (None for a dim of any size), ``requires_grad``."""
+    (both or neither), ``shape`` (None for a dim of any size), ``requires_grad``; ``sample``:
+    the strides and the digest of the sampled elements (:mod:`plait.guards.sampled`)."""
 
     where: str
     index: int
@@ -91,6 +93,7 @@ class TensorCheck:
     device: torch.device | None = None
     shape: tuple[int | None, ...] | None = None
     requires_grad: bool | None = None
+    sample: Sample | None = None
 
 
 @dataclass(frozen=True)

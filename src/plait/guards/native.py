@@ -78,7 +78,7 @@ from plait.ir.private_files import publish_bytes
 CALL, CALL0, CALLS0, STRUCTURE, TENSORS, EDGES, ATTRS, LEAF_VALUE, LEAF_IS, LEAF_BITS, PYVALUES = (
     range(11)
 )
-F_ID, F_VERSION, F_PTR, F_META, F_SIZES, F_GRAD = 1, 2, 4, 8, 16, 32
+F_ID, F_VERSION, F_PTR, F_META, F_SIZES, F_GRAD, F_SAMPLE = 1, 2, 4, 8, 16, 32, 64
 FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-w")
 SOURCES = ("evaluator.cpp", "torch_layout.h")  # NOTE: csrc/; the first is the translation unit
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)  # NOTE: read natively; any other: Python
@@ -301,6 +301,11 @@ def _check(c: TensorCheck, protos: dict[Any, torch.Tensor]) -> tuple[Any, ...]:
     flags |= F_PTR if c.data_ptr is not None else 0
     flags |= F_SIZES if c.shape is not None else 0
     flags |= F_GRAD if c.requires_grad is not None else 0
+    s = c.sample
+    if s is not None:
+        if c.data_ptr != s.ptr or c.shape != s.shape or c.dtype != s.dtype:
+            raise _Unsupported("a sample taken of another tensor than the check's")
+        flags |= F_SAMPLE
     proto = None
     if c.dtype is not None or c.device is not None:
         flags |= F_META
@@ -317,6 +322,7 @@ def _check(c: TensorCheck, protos: dict[Any, torch.Tensor]) -> tuple[Any, ...]:
         proto,
         tuple(c.shape) if c.shape is not None else None,
         bool(c.requires_grad),
+        None if s is None else (s.strides, s.offsets, s.size, s.digest),
     )
 
 

@@ -3,10 +3,11 @@
 A frozen tensor (a parameter or buffer the compile made a graph constant) is guarded by its
 identity, its version counter and its storage address: replacing it (``module.weight = ...``,
 ``load_state_dict(assign=True)``), writing it in place (an optimizer step, ``load_state_dict``)
-or swapping its data (``weight.data = ...``, ``module.to(...)``) each fail a guard, so a frozen
-value is never stale. NOTE: a write through ``weight.data`` (``weight.data.add_(...)``) bumps no
-version counter PyTorch keeps for ``weight``; it is the one change no guard can see (PyTorch's
-autograd cannot see it either).
+or swapping its data (``weight.data = ...``, ``module.to(...)``) each fail a guard. A write
+through ``weight.data`` (``weight.data.clamp_(...)``) bumps no version counter PyTorch keeps for
+``weight``: for a CPU tensor, the guard also compares a digest of sampled elements and the
+strides with the ones frozen (:mod:`plait.guards.sampled`; NOTE: a write that changes none of
+the sampled elements is not seen).
 
 Example:
     >>> import torch
@@ -21,7 +22,7 @@ Example:
     >>> with torch.no_grad():
     ...     _ = lin.weight.mul_(2)
     >>> guards.holds(env), guards.explain(env)[0].split(":")[0]
-    (False, 'weight is the frozen tensor, unchanged (identity, version, storage)')
+    (False, 'weight is the frozen tensor, unchanged (identity, version, storage, sampled values)')
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from plait.frontend.guard_build import STATE_SIGNATURES
 from plait.frontend.state import ModuleState
 from plait.guards import native
 from plait.guards.guard import Guard, GuardEnv, ReadTensors, TensorCheck
+from plait.guards.sampled import Sample, reading, take_sample
 
 _VERSION = operator.attrgetter("_version")
 _DATA_PTR = torch.Tensor.data_ptr
@@ -76,6 +78,10 @@ def _signature(t: torch.Tensor) -> tuple[int, int, int]:
     return (id(t), t._version, t.data_ptr())
 
 
+def _sampled(t: Any, s: Sample | None) -> int | None:
+    return None if s is None else reading(t, s)
+
+
 _SIG = operator.attrgetter("dtype", "shape", "device", "requires_grad")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
@@ -104,8 +110,9 @@ def frozen_guards(
     and the signatures of the other ``used`` state tensors; it takes over the fast-path duty of
     capture's guard on the state's signatures, which is then checked only to explain a miss.
     NOTE: a frozen tensor's dtype, shape and device change only with its storage or version,
-    except through ``tensor.data = <a view of the same storage>``, a write through ``.data``
-    like ``.data.add_()``: both bypass PyTorch's own tracking, and plait's (documented)."""
+    except through ``tensor.data = <a view of the same storage>`` or a write through ``.data``
+    (``.data.add_()``), which bypass PyTorch's own tracking: a CPU tensor's sampled elements,
+    strides, dtype and shape are read for those (:mod:`plait.guards.sampled`)."""
     if not slots:
         return []
     grad = torch.is_grad_enabled() if grad is None else grad
@@ -113,6 +120,7 @@ def frozen_guards(
     index = [slots[n] for n in names]
     others = sorted(set(used) - set(index))
     pick, pick_others = _picker(index), _picker(others)
+    samples = [take_sample(state[k]) for k in index]
 
     def read_all(env: GuardEnv) -> tuple[tuple[Any, ...], ...]:
         now = pick(env.state)
@@ -122,10 +130,11 @@ def frozen_guards(
             tuple(map(_DATA_PTR, now)),
             tuple(map(_REQUIRES_GRAD, now)) if grad else (),
             tuple(map(_SIG, pick_others(env.state))),
+            tuple(map(_sampled, now, samples)),
         )
 
     expected = read_all(GuardEnv((), [], None, state))
-    ids, versions, ptrs, grads, sigs = expected
+    ids, versions, ptrs, grads, sigs, _ = expected
     checks = [
         TensorCheck(
             "state",
@@ -134,8 +143,13 @@ def frozen_guards(
             version=v,
             data_ptr=p,
             requires_grad=grads[j] if grad else None,
+            # NOTE: the type a sample's offsets hold for, checked before it is read
+            dtype=None if s is None else s.dtype,
+            device=None if s is None else state[k].device,
+            shape=None if s is None else s.shape,
+            sample=s,
         )
-        for j, (k, i, v, p) in enumerate(zip(index, ids, versions, ptrs))
+        for j, (k, i, v, p, s) in enumerate(zip(index, ids, versions, ptrs, samples))
     ]
     for k, (dtype, shape, device, rg) in zip(others, sigs):
         checks.append(
@@ -155,20 +169,22 @@ def frozen_guards(
             native=ReadTensors(tuple(checks)),
         )
     ]
-    for name, k in zip(names, index):
-        out.append(_frozen_guard(name, k, state[k]))
+    for name, k, s in zip(names, index, samples):
+        out.append(_frozen_guard(name, k, state[k], s))
     return out
 
 
-def _frozen_guard(name: str, k: int, tensor: torch.Tensor) -> Guard:
-    def read(env: GuardEnv) -> tuple[int, int, int]:
-        return _signature(env.state[k])
+def _frozen_guard(name: str, k: int, tensor: torch.Tensor, s: Sample | None) -> Guard:
+    def read(env: GuardEnv) -> tuple[Any, ...]:
+        t = env.state[k]
+        return (*_signature(t), _sampled(t, s))
 
+    what = "identity, version, storage" + (", sampled values" if s is not None else "")
     return Guard(
         "state",
         name,
-        f"{name} is the frozen tensor, unchanged (identity, version, storage)",
-        _signature(tensor),
+        f"{name} is the frozen tensor, unchanged ({what})",
+        (*_signature(tensor), _sampled(tensor, s)),
         read,
         redundant=True,
         fmt=_fmt_frozen,
@@ -176,8 +192,9 @@ def _frozen_guard(name: str, k: int, tensor: torch.Tensor) -> Guard:
     )
 
 
-def _fmt_frozen(reading: Any) -> str:
-    if not isinstance(reading, tuple) or len(reading) != 3:
-        return repr(reading)
-    ident, version, ptr = reading
-    return f"version {version} (tensor {ident:#x}, storage {ptr:#x})"
+def _fmt_frozen(read: Any) -> str:
+    if not isinstance(read, tuple) or len(read) != 4:
+        return repr(read)
+    ident, version, ptr, digest = read
+    values = "" if digest is None else f", sampled values {digest:#018x}"
+    return f"version {version} (tensor {ident:#x}, storage {ptr:#x}{values})"

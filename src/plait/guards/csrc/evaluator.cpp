@@ -67,7 +67,7 @@ struct PyCheck {
   mutable bool valid = false;
 };
 enum Flag {
-  F_ID = 1, F_VERSION = 2, F_PTR = 4, F_META = 8, F_SIZES = 16, F_GRAD = 32
+  F_ID = 1, F_VERSION = 2, F_PTR = 4, F_META = 8, F_SIZES = 16, F_GRAD = 32, F_SAMPLE = 64
 };
 
 struct TCheck {
@@ -82,6 +82,13 @@ struct TCheck {
   std::vector<int64_t> sizes;
   std::vector<char> wild;  // 1: a symbolic dim, any size
   bool grad = false;
+  // F_SAMPLE (plait.guards.sampled): the strides the offsets hold for, the byte offsets from
+  // the data pointer, the bytes read at each, the digest of what was read at freezing
+  std::vector<int64_t> strides;
+  std::vector<int64_t> offsets;
+  int64_t size = 0;
+  int64_t end = 0;  // NOTE: the last sampled byte's offset plus one (offsets are >= 0)
+  uint64_t digest = 0;
 };
 
 // getattr(o, name) read from o's instance dict: valid while o's type is `type` and that type
@@ -202,6 +209,47 @@ int run_structure(const Op& op, Env& e) {
   return HOLDS;
 }
 
+// FNV-1a over the mixed words at ptr + offsets, each `size` bytes read little-endian (as
+// plait.guards.sampled._digest computes it). NOTE: called once the pointer, dtype, sizes and
+// strides are the ones the offsets were taken for, and the storage holds the last byte.
+uint64_t sampled_digest(const char* ptr, const TCheck& c) {
+  uint64_t h = 0xCBF29CE484222325ULL;
+  for (int64_t off : c.offsets) {
+    uint64_t word = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    // NOTE: fixed-size copies compile to one load each (a variable size calls memcpy)
+    switch (c.size) {
+      case 4: { uint32_t v; std::memcpy(&v, ptr + off, 4); word = v; break; }
+      case 8: std::memcpy(&word, ptr + off, 8); break;
+      case 2: { uint16_t v; std::memcpy(&v, ptr + off, 2); word = v; break; }
+      default: std::memcpy(&word, ptr + off, static_cast<size_t>(c.size)); break;
+    }
+#else
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(ptr + off);
+    for (int64_t i = 0; i < c.size; ++i) word |= static_cast<uint64_t>(p[i]) << (8 * i);
+#endif
+    word ^= word >> 33;  // NOTE: MurmurHash3's finalizer on each word first
+    word *= 0xFF51AFD7ED558CCDULL;
+    word ^= word >> 33;
+    h = (h ^ word) * 0x100000001B3ULL;
+  }
+  return h;
+}
+
+int check_sample(const TCheck& c, c10::TensorImpl* t) {
+  if (t->device().type() != c10::DeviceType::CPU || !t->has_storage()) return FAILS;
+  c10::IntArrayRef st = t->strides();
+  if (st.size() != c.strides.size()) return FAILS;
+  for (size_t d = 0; d < st.size(); ++d) {
+    if (st[d] != c.strides[d]) return FAILS;
+  }
+  int64_t span = static_cast<int64_t>(t->storage().nbytes()) -
+                 t->storage_offset() * static_cast<int64_t>(t->dtype().itemsize());
+  if (c.end > span) return FAILS;
+  const char* ptr = static_cast<const char*>(t->data());
+  return sampled_digest(ptr, c) == c.digest ? HOLDS : FAILS;
+}
+
 int check_tensor(const TCheck& c, PyObject* obj) {
   if ((c.flags & F_ID) && reinterpret_cast<uintptr_t>(obj) != c.id) return FAILS;
   if (!plain(obj)) return PYTHON;
@@ -225,6 +273,7 @@ int check_tensor(const TCheck& c, PyObject* obj) {
       }
     }
     if ((c.flags & F_GRAD) && t->requires_grad() != c.grad) return FAILS;
+    if (c.flags & F_SAMPLE) return check_sample(c, t);
   } catch (const std::exception&) {
     return PYTHON;  // NOTE: the guard's own read decides (and explains)
   }
@@ -509,15 +558,54 @@ bool objects(PyObject* seq, std::vector<PyObject*>& out) {
   return true;
 }
 
-// (where, index, flags, id, version, ptr, prototype or None, sizes or None, requires_grad)
+bool int64_items(PyObject* seq, std::vector<int64_t>& out) {
+  if (!PyTuple_Check(seq)) {
+    PyErr_SetString(PyExc_TypeError, "expected a tuple of ints");
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(seq); ++i) {
+    long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
+    if (v == -1 && PyErr_Occurred()) return false;
+    out.push_back(v);
+  }
+  return true;
+}
+
+// (where, index, flags, id, version, ptr, prototype or None, sizes or None, requires_grad,
+//  (strides, offsets, size, digest) or None)
 bool tensor_check(PyObject* spec, TCheck& c) {
   int where = 0, grad = 0;
   long long version = 0;
   unsigned long long id = 0, ptr = 0;
-  PyObject *proto = nullptr, *sizes = nullptr;
-  if (!PyArg_ParseTuple(spec, "iniKLKOOp", &where, &c.index, &c.flags, &id, &version, &ptr,
-                        &proto, &sizes, &grad)) {
+  PyObject *proto = nullptr, *sizes = nullptr, *sample = nullptr;
+  if (!PyArg_ParseTuple(spec, "iniKLKOOpO", &where, &c.index, &c.flags, &id, &version, &ptr,
+                        &proto, &sizes, &grad, &sample)) {
     return false;
+  }
+  if (c.flags & F_SAMPLE) {
+    PyObject *strides = nullptr, *offsets = nullptr;
+    long long size = 0;
+    unsigned long long digest = 0;
+    if (!PyArg_ParseTuple(sample, "OOLK", &strides, &offsets, &size, &digest)) return false;
+    if (!int64_items(strides, c.strides) || !int64_items(offsets, c.offsets)) return false;
+    if (size < 1 || size > 8 || !(c.flags & F_PTR) || !(c.flags & F_META) ||
+        !(c.flags & F_SIZES)) {
+      PyErr_SetString(PyExc_ValueError, "a sample needs 1 to 8 bytes, the pointer and the type");
+      return false;
+    }
+    c.size = size;
+    c.digest = digest;
+    for (int64_t off : c.offsets) {
+      if (off < 0) {
+        PyErr_SetString(PyExc_ValueError, "a sampled offset is negative");
+        return false;
+      }
+      c.end = off + size > c.end ? off + size : c.end;
+    }
+    if (c.offsets.empty()) {
+      PyErr_SetString(PyExc_ValueError, "a sample reads no element");
+      return false;
+    }
   }
   c.where = where ? 1 : 0;
   c.id = static_cast<uintptr_t>(id);
