@@ -17,7 +17,7 @@ import plait
 from plait.frontend import ModuleState
 from plait.guards import GuardEnv, GuardSet
 from plait.guards.native import EVALUATORS
-from plait.guards.sampled import digest_now, reading, take_sample
+from plait.guards.sampled import reading, take_sample, values_now
 from plait.guards.state import StateFetcher, frozen_guards
 from tests.util import contract_tol
 
@@ -137,14 +137,14 @@ def test_sample_reads_what_it_took(make: Callable[[], torch.Tensor]) -> None:
     t = make()
     s = take_sample(t)
     assert s is not None
-    assert reading(t, s) == s.digest
-    before = digest_now(t)
+    assert reading(t, s) == s.raw
+    before = values_now(t)
     t.data.neg_()  # NOTE: every nonzero element changes, exactly back on the second
-    assert reading(t, s) != s.digest
-    assert digest_now(t) != before
+    assert reading(t, s) != s.raw
+    assert values_now(t) != before
     t.data.neg_()
-    assert reading(t, s) == s.digest
-    assert digest_now(t) == before
+    assert reading(t, s) == s.raw
+    assert values_now(t) == before
 
 
 def test_sample_refuses_another_layout() -> None:

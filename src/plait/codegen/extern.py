@@ -30,7 +30,7 @@ import torch
 from plait.codegen import causal_attention
 from plait.codegen.cuda_batch_norm import batch_norm_call
 from plait.codegen.extern_call import ExternCall
-from plait.guards.sampled import digest_now
+from plait.guards.sampled import values_now
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
 
@@ -53,10 +53,10 @@ def watched(w: object) -> bool:
     return isinstance(w, Value) and w.producer is None and w.kind != "const"
 
 
-def written(w: torch.Tensor, watch: bool = False) -> tuple[int, int, int | None]:
+def written(w: torch.Tensor, watch: bool = False) -> tuple[int, int, bytes | None]:
     """What says ``w``'s contents may have changed while it stays the same tensor: its version
     counter, its address (``w.data = other`` gives it other memory and bumps no counter) and,
-    with ``watch``, a digest of its first elements (a write through ``w.data`` bumps no counter
+    with ``watch``, its first elements (a write through ``w.data`` bumps no counter
     of ``w``: :mod:`plait.guards.sampled`; NOTE: one that changes none of them is not seen).
 
     Example:
@@ -71,7 +71,7 @@ def written(w: torch.Tensor, watch: bool = False) -> tuple[int, int, int | None]
         >>> written(w) == before[:2] + (None,), written(w, watch=True) != before
         (True, True)
     """
-    return w._version, w.data_ptr(), digest_now(w) if watch else None
+    return w._version, w.data_ptr(), values_now(w) if watch else None
 
 
 class PreparedWeight:
@@ -115,7 +115,7 @@ class PreparedWeight:
         self.source: torch.Tensor | None = None
         # NOTE: the source's version counter and address when converted: ``w.data = other``
         # (and ``set_``) replace its memory and may bump no version counter
-        self.version: tuple[int, int, int | None] = (-1, 0, None)
+        self.version: tuple[int, int, bytes | None] = (-1, 0, None)
         self.value: torch.Tensor | None = None
         # NOTE: a prepacking started elsewhere (a thread of the rebuild's pool); the first use
         # waits for it (and re-raises its failure) before reading the fields it sets.

@@ -45,7 +45,7 @@ class RowPacks:
     def __init__(self, reuse: bool = True, watch: bool = False) -> None:
         self.reuse, self.watch = reuse, watch
         self.source: torch.Tensor | None = None
-        self.version: tuple[int, int, int | None] = (-1, 0, None)
+        self.version: tuple[int, int, bytes | None] = (-1, 0, None)
         self.packs: OrderedDict[int, torch.Tensor] = OrderedDict()
 
     def __call__(self, w: torch.Tensor, rows: int) -> torch.Tensor:

@@ -5,8 +5,8 @@ identity, its version counter and its storage address: replacing it (``module.we
 ``load_state_dict(assign=True)``), writing it in place (an optimizer step, ``load_state_dict``)
 or swapping its data (``weight.data = ...``, ``module.to(...)``) each fail a guard. A write
 through ``weight.data`` (``weight.data.clamp_(...)``) bumps no version counter PyTorch keeps for
-``weight``: for a CPU tensor, the guard also compares a digest of sampled elements and the
-strides with the ones frozen (:mod:`plait.guards.sampled`; NOTE: a write that changes none of
+``weight``: for a CPU tensor, the guard also compares its first elements and its strides with
+the ones frozen (:mod:`plait.guards.sampled`; NOTE: a write that changes none of
 the sampled elements is not seen).
 
 Example:
@@ -78,7 +78,7 @@ def _signature(t: torch.Tensor) -> tuple[int, int, int]:
     return (id(t), t._version, t.data_ptr())
 
 
-def _sampled(t: Any, s: Sample | None) -> int | None:
+def _sampled(t: Any, s: Sample | None) -> bytes | None:
     return None if s is None else reading(t, s)
 
 
@@ -195,6 +195,6 @@ def _frozen_guard(name: str, k: int, tensor: torch.Tensor, s: Sample | None) -> 
 def _fmt_frozen(read: Any) -> str:
     if not isinstance(read, tuple) or len(read) != 4:
         return repr(read)
-    ident, version, ptr, digest = read
-    values = "" if digest is None else f", sampled values {digest:#018x}"
+    ident, version, ptr, raw = read
+    values = "" if raw is None else f", sampled values {bytes(raw).hex()}"
     return f"version {version} (tensor {ident:#x}, storage {ptr:#x}{values})"
