@@ -3,7 +3,8 @@ None)``) cannot be one graph: the program changes a value it reads. Its calls ru
 recorded fallback) and answer as eager: the value the failed capture memoized is put back
 before the program runs again, where it was refused as a tensor kept from a capture (Hugging
 Face's LongRoPE and dynamic RoPE memoize their frequencies so; a compiled Llama with either
-raised on every call)."""
+raised on every call). A module the compiled program reaches from outside that memoizes so
+is refused the same way (its name, absent when read, was guarded as the capture's tensor)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,39 @@ def test_a_tensor_memoized_on_the_module_is_not_the_capture_s() -> None:
             got = compiled(x)
         assert_bitwise(got, x * (torch.arange(4.0) * 2), f"call {i}")
         assert type(m.freq) is torch.Tensor, type(m.freq)
+    assert compiled.specializations[0].fallback_reason is not None
+
+
+class ScaleOnFirstCall(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "scale", None) is None:
+            self.scale = x.abs().mean()
+        return x * self.scale
+
+
+OUTSIDE = ScaleOnFirstCall()
+
+
+def _through_a_global_module(x: torch.Tensor) -> torch.Tensor:
+    return OUTSIDE(x) + 1
+
+
+def test_a_tensor_memoized_on_a_module_outside_the_compiled_one_is_eager_s() -> None:
+    """The module is not the compiled one (a function reaches it as a global): the name it
+    lacked when read was keyed after the run, so the capture's tensor was guarded as the
+    value it reads, and each compiled call scaled by its own input's mean where eager keeps
+    the first call's (0.27 off on the second call)."""
+    if "scale" in vars(OUTSIDE):
+        del OUTSIDE.scale
+    twin = ScaleOnFirstCall()
+    compiled = plait.compile(_through_a_global_module, options={"cache": False})
+    g = torch.Generator().manual_seed(5)
+    for i in range(3):
+        x = torch.randn(3, 4, generator=g)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CaptureFallbackWarning)
+            got = compiled(x)
+        assert_bitwise(got, twin(x) + 1, f"call {i}")
     assert compiled.specializations[0].fallback_reason is not None
 
 

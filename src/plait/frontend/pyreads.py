@@ -51,7 +51,8 @@ from torch import nn
 
 from plait.errors import GraphCaptureError
 from plait.frontend.attr_reads import _LOCAL, _instrument
-from plait.frontend.code_origin import find_function, generated_for, is_pinned
+from plait.frontend.capture_values import Tracer
+from plait.frontend.code_origin import find_function, generated_for, is_pinned, under_import
 from plait.frontend.pyvalues import (
     _MODULE_SKIP,
     ABSENT,
@@ -131,6 +132,7 @@ class PyReads:
         # modules outside the compiled module, which a module the program builds while it
         # runs (a cache's ModuleList) fills in then
         self._late: set[tuple[Any, ...]] = set()
+        self._absent: list[tuple[dict, str, str]] = []  # NOTE: late reads that found nothing
         self._codes: set[int] = set()
         # NOTE: codes with free variables: each frame of one is matched to its function object
         # (several functions share a code, each with its own closure cells, all guarded)
@@ -279,6 +281,8 @@ class PyReads:
             roots[key] = ("type", m, m, name, outside, Same(cls))  # NOTE: _Walk's class key
         found = namespace.get(name, ABSENT)
         late = outside is not None and (name in _MODULE_SKIP or found is ABSENT)
+        if late and found is ABSENT:
+            self._absent.append((namespace, name, f"{outside}.{name}"))
         key = ("item", id(namespace), name)
         if key not in roots:
             self._pend(key, ("attr", m, namespace, name, outside), found, False, late)
@@ -355,7 +359,7 @@ class PyReads:
                 return  # NOTE: a namedtuple's or dataclass's generated method: its class's
             if code.co_qualname.rsplit(".", 1)[-1] in _INLINE:
                 return  # NOTE: a comprehension: its enclosing function's loads cover it
-            if _under_import(frame):
+            if under_import(frame):
                 return  # NOTE: the import system's business (a finder), not the program's
             names = _attr_names(code)
             self.names |= names
@@ -493,8 +497,14 @@ class PyReads:
         for r in roots:
             if id(r) not in keys:
                 keys[id(r)] = keyed(r)
+        # NOTE: a late root is keyed after the run, so a name an existing module lacked when read
+        # and the program set to one of its tensors (getattr(self, "scale", None), then
+        # self.scale = t) would be guarded as that tensor: refused, and taken out again
+        stored = [(ns, n, show) for ns, n, show in self._absent if isinstance(ns.get(n), Tracer)]
+        for ns, n, _ in stored:
+            del ns[n]
         late = self._late
-        changed = [
+        changed = [show for _, _, show in stored] + [
             r.show
             for k, r in zip(self.roots, roots)
             if k not in late and keys[id(r)].key != r.first
@@ -572,20 +582,3 @@ class PyReads:
 
 _OBJECT_GETATTRIBUTE = object.__getattribute__
 _INLINE = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
-_IMPORT_SYSTEM = frozenset(
-    {
-        "_frozen_importlib",
-        "_frozen_importlib_external",
-        "importlib._bootstrap",
-        "importlib._bootstrap_external",
-    }
-)
-
-
-def _under_import(frame: types.FrameType) -> bool:
-    caller = frame.f_back
-    while caller is not None:
-        if caller.f_globals.get("__name__") in _IMPORT_SYSTEM:
-            return True
-        caller = caller.f_back
-    return False
