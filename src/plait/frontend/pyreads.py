@@ -132,7 +132,8 @@ class PyReads:
         # modules outside the compiled module, which a module the program builds while it
         # runs (a cache's ModuleList) fills in then
         self._late: set[tuple[Any, ...]] = set()
-        self._absent: list[tuple[dict, str, str]] = []  # NOTE: late reads that found nothing
+        # NOTE: each attribute read of a module outside the compiled module, with what it found
+        self._outside: list[tuple[dict, str, Any, str]] = []
         self._codes: set[int] = set()
         # NOTE: codes with free variables: each frame of one is matched to its function object
         # (several functions share a code, each with its own closure cells, all guarded)
@@ -281,8 +282,8 @@ class PyReads:
             roots[key] = ("type", m, m, name, outside, Same(cls))  # NOTE: _Walk's class key
         found = namespace.get(name, ABSENT)
         late = outside is not None and (name in _MODULE_SKIP or found is ABSENT)
-        if late and found is ABSENT:
-            self._absent.append((namespace, name, f"{outside}.{name}"))
+        if outside is not None and not isinstance(found, Tracer):
+            self._outside.append((namespace, name, found, f"{outside}.{name}"))
         key = ("item", id(namespace), name)
         if key not in roots:
             self._pend(key, ("attr", m, namespace, name, outside), found, False, late)
@@ -497,17 +498,22 @@ class PyReads:
         for r in roots:
             if id(r) not in keys:
                 keys[id(r)] = keyed(r)
-        # NOTE: a late root is keyed after the run, so a name an existing module lacked when read
-        # and the program set to one of its tensors (getattr(self, "scale", None), then
-        # self.scale = t) would be guarded as that tensor: refused, and taken out again
-        stored = [(ns, n, show) for ns, n, show in self._absent if isinstance(ns.get(n), Tracer)]
-        for ns, n, _ in stored:
-            del ns[n]
+        # NOTE: a module outside the compiled one that the program set to one of its tensors
+        # (self.scale = t where it read None, or nothing: a late root, keyed after the run, would
+        # be guarded as that tensor) is refused, and put back as read (plait.frontend.state
+        # puts back the compiled module's) for the run that follows
+        stored = [(ns, n, v, show) for ns, n, v, show in self._outside if _holds_tracer(ns, n)]
+        for ns, n, v, _ in stored:
+            if v is ABSENT:
+                ns.pop(n, None)
+            else:
+                ns[n] = v
         late = self._late
-        changed = [show for _, _, show in stored] + [
+        stored_shows = {show for *_, show in stored}
+        changed = list(stored_shows) + [
             r.show
             for k, r in zip(self.roots, roots)
-            if k not in late and keys[id(r)].key != r.first
+            if k not in late and keys[id(r)].key != r.first and r.show not in stored_shows
         ]
         if changed:
             raise GraphCaptureError(
@@ -582,3 +588,7 @@ class PyReads:
 
 _OBJECT_GETATTRIBUTE = object.__getattribute__
 _INLINE = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
+
+
+def _holds_tracer(namespace: dict, name: str) -> bool:
+    return isinstance(namespace.get(name), Tracer)
