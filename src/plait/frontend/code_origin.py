@@ -117,3 +117,23 @@ def generated_for(frame: types.FrameType, module: str, qualname: str) -> type | 
         cls = first if isinstance(first, type) else type(first)
         return cls if dataclasses.is_dataclass(cls) else None
     return None
+
+
+_IMPORT_SYSTEM = frozenset(
+    {
+        "_frozen_importlib",
+        "_frozen_importlib_external",
+        "importlib._bootstrap",
+        "importlib._bootstrap_external",
+    }
+)
+
+
+def under_import(frame: types.FrameType) -> bool:
+    """Whether ``frame`` runs for the import system (a finder), not for the program."""
+    caller = frame.f_back
+    while caller is not None:
+        if caller.f_globals.get("__name__") in _IMPORT_SYSTEM:
+            return True
+        caller = caller.f_back
+    return False

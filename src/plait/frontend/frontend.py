@@ -128,7 +128,8 @@ def _capture_until_done(
         )
         contexts.append(cx)
         try:
-            prog = _capture_once(cx, fn, adapter, spec, leaves, paths, module_state)
+            with module_state.restored_on_failure(_is_tracer) if module_state else nullcontext():
+                prog = _capture_once(cx, fn, adapter, spec, leaves, paths, module_state)
         except Restart as restart:
             static_sizes |= restart.sizes
             specialized.append(restart.why)

@@ -51,7 +51,8 @@ from torch import nn
 
 from plait.errors import GraphCaptureError
 from plait.frontend.attr_reads import _LOCAL, _instrument
-from plait.frontend.code_origin import find_function, generated_for, is_pinned
+from plait.frontend.capture_values import Tracer
+from plait.frontend.code_origin import find_function, generated_for, is_pinned, under_import
 from plait.frontend.pyvalues import (
     _MODULE_SKIP,
     ABSENT,
@@ -131,6 +132,8 @@ class PyReads:
         # modules outside the compiled module, which a module the program builds while it
         # runs (a cache's ModuleList) fills in then
         self._late: set[tuple[Any, ...]] = set()
+        # NOTE: each attribute read of a module outside the compiled module, with what it found
+        self._outside: list[tuple[dict, str, Any, str]] = []
         self._codes: set[int] = set()
         # NOTE: codes with free variables: each frame of one is matched to its function object
         # (several functions share a code, each with its own closure cells, all guarded)
@@ -279,6 +282,8 @@ class PyReads:
             roots[key] = ("type", m, m, name, outside, Same(cls))  # NOTE: _Walk's class key
         found = namespace.get(name, ABSENT)
         late = outside is not None and (name in _MODULE_SKIP or found is ABSENT)
+        if outside is not None and not isinstance(found, Tracer):
+            self._outside.append((namespace, name, found, f"{outside}.{name}"))
         key = ("item", id(namespace), name)
         if key not in roots:
             self._pend(key, ("attr", m, namespace, name, outside), found, False, late)
@@ -355,7 +360,7 @@ class PyReads:
                 return  # NOTE: a namedtuple's or dataclass's generated method: its class's
             if code.co_qualname.rsplit(".", 1)[-1] in _INLINE:
                 return  # NOTE: a comprehension: its enclosing function's loads cover it
-            if _under_import(frame):
+            if under_import(frame):
                 return  # NOTE: the import system's business (a finder), not the program's
             names = _attr_names(code)
             self.names |= names
@@ -493,11 +498,22 @@ class PyReads:
         for r in roots:
             if id(r) not in keys:
                 keys[id(r)] = keyed(r)
+        # NOTE: a module outside the compiled one that the program set to one of its tensors
+        # (self.scale = t where it read None, or nothing: a late root, keyed after the run, would
+        # be guarded as that tensor) is refused, and put back as read (plait.frontend.state
+        # puts back the compiled module's) for the run that follows
+        stored = [(ns, n, v, show) for ns, n, v, show in self._outside if _holds_tracer(ns, n)]
+        for ns, n, v, _ in stored:
+            if v is ABSENT:
+                ns.pop(n, None)
+            else:
+                ns[n] = v
         late = self._late
-        changed = [
+        stored_shows = {show for *_, show in stored}
+        changed = list(stored_shows) + [
             r.show
             for k, r in zip(self.roots, roots)
-            if k not in late and keys[id(r)].key != r.first
+            if k not in late and keys[id(r)].key != r.first and r.show not in stored_shows
         ]
         if changed:
             raise GraphCaptureError(
@@ -572,20 +588,7 @@ class PyReads:
 
 _OBJECT_GETATTRIBUTE = object.__getattribute__
 _INLINE = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
-_IMPORT_SYSTEM = frozenset(
-    {
-        "_frozen_importlib",
-        "_frozen_importlib_external",
-        "importlib._bootstrap",
-        "importlib._bootstrap_external",
-    }
-)
 
 
-def _under_import(frame: types.FrameType) -> bool:
-    caller = frame.f_back
-    while caller is not None:
-        if caller.f_globals.get("__name__") in _IMPORT_SYSTEM:
-            return True
-        caller = caller.f_back
-    return False
+def _holds_tracer(namespace: dict, name: str) -> bool:
+    return isinstance(namespace.get(name), Tracer)

@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,6 +108,29 @@ class ModuleState:
         return "self" if not name else f"self.{name}"
 
     @contextmanager
+    def restored_on_failure(self, made: Callable[[Any], bool]) -> Iterator[None]:
+        """On a failure inside, each module attribute or buffer slot that now holds a value
+        ``made`` tells (a tensor of the failed capture), alone or in a list, tuple or dict, is
+        put back as it was (removed where it was absent).
+
+        NOTE: a capture that fails runs the program again (a retry, or the eager fallback): a
+        value it memoized on a module (``self.cache = t`` after ``getattr(self, "cache",
+        None)``, as Hugging Face's LongRoPE and dynamic RoPE do) must not reach that run, where
+        its use is refused. Other side effects of the failed run stay, as in eager."""
+        tables = [t for _, m in self.modules for t in (m.__dict__, m._buffers)]
+        before = [dict(t) for t in tables]
+        try:
+            yield
+        except BaseException:
+            for table, old in zip(tables, before):
+                for key in [k for k, v in table.items() if _holds(v, made)]:
+                    if key in old:
+                        table[key] = old[key]
+                    else:
+                        del table[key]
+            raise
+
+    @contextmanager
     def swapped(self, tensors: Sequence[Any]) -> Iterator[None]:
         """Put ``tensors[i]`` in every slot of entry ``i`` for the duration; restore after.
 
@@ -139,3 +162,11 @@ class ModuleState:
         return [
             ((m._parameters if entry.kind == "param" else m._buffers), a) for m, a in entry.slots
         ]
+
+
+def _holds(value: Any, made: Callable[[Any], bool]) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(made(v) for v in value)
+    if isinstance(value, dict):
+        return any(made(v) for v in value.values())
+    return made(value)

@@ -236,7 +236,8 @@ def _global_hook_tables() -> tuple[dict[Any, Any], ...]:
     return tuple(getattr(module, name) for name in _GLOBAL_HOOK_TABLES)
 
 
-def _global_hooks(env: GuardEnv | None = None) -> tuple[tuple[tuple[Any, Any], ...], ...]:
+def global_hooks(env: GuardEnv | None = None) -> tuple[tuple[tuple[Any, Any], ...], ...]:
+    """The global module hooks now: each table's (handle id, hook) items."""
     return tuple(tuple(table.items()) for table in _global_hook_tables())
 
 
@@ -253,14 +254,14 @@ def global_hook_guard() -> Guard:
         (True, ((), (), (), ()))
     """
     tables = _global_hook_tables()
-    expected = _global_hooks()
+    expected = global_hooks()
     checks = tuple((4, t, tuple(t), tuple(t.values())) for t in tables)  # NOTE: dict items
     return Guard(
         "ambient",
         "global module hooks",
         "the global module hooks are the captured ones" + ("" if any(expected) else " (none)"),
         expected,
-        _global_hooks,
+        global_hooks,
         fmt=lambda v: f"{sum(map(len, v))} hook(s)",
         portable=not any(expected),
         native=ReadPyValues(checks, absent=object()),

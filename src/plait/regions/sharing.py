@@ -20,6 +20,7 @@ from plait.frontend import CapturedProgram
 from plait.frontend.guard_plan import build_guards
 from plait.frontend.pyvalues import Root, resolve
 from plait.guards import GuardEnv
+from plait.guards.ambient import global_hooks
 
 
 def block_signature(module: nn.Module) -> tuple[Any, ...]:
@@ -45,7 +46,9 @@ class BlockSharing:
         self.signature: dict[int, tuple[Any, ...]] = {}
         self.group_size: Counter[tuple[Any, ...]] = Counter()
         self._index()
-        self.programs: dict[tuple[Any, ...], list[CapturedProgram]] = {}
+        # NOTE: each with the global module hooks its capture ran (they are in its graph, and
+        # no guard of the program reads them: the compile adds that guard, for the hooks then)
+        self.programs: dict[tuple[Any, ...], list[tuple[CapturedProgram, Any]]] = {}
         self.artifacts: dict[tuple[Any, ...], Any] = {}
         self.counts: Counter[str] = Counter()
         self.unshared: dict[str, str] = {}  # module path -> why its program is its own
@@ -67,7 +70,10 @@ class BlockSharing:
         """A program an identical block captured, rebuilt for this block's call and guarded
         for it; None when there is none whose guards hold here."""
         sig = self.signature.get(id(engine.fn))
-        for first in self.programs.get(sig, []) if sig is not None else []:
+        for first, hooks in self.programs.get(sig, []) if sig is not None else []:
+            if hooks != global_hooks():
+                self.unshared[engine.path] = "the global module hooks are not its capture's"
+                continue
             try:
                 prog = _rebound(first, engine, env, paths)
             except LookupError as exc:
@@ -80,7 +86,7 @@ class BlockSharing:
     def publish_program(self, engine: Any, prog: CapturedProgram) -> None:
         if not self.shared(engine.fn) or not prog.has_graph or prog.guard_plan is None:
             return
-        self.programs.setdefault(self.signature[id(engine.fn)], []).append(prog)
+        self.programs.setdefault(self.signature[id(engine.fn)], []).append((prog, global_hooks()))
 
     @staticmethod
     def _artifact_key(prog: CapturedProgram, settings: Any) -> tuple[Any, ...] | None:
