@@ -289,6 +289,7 @@ def _capture_once(
         except BaseException as exc:
             raised = None if cx.error is not None else objects.raised_after_changes(exc)
             objects.restore_leaves()  # NOTE: a capture tried again starts from the caller's
+            reads.originals.restore()  # NOTE: and so do the Python values the program read
             if cx.error is not None and exc is not cx.error:
                 raise cx.error from exc
             if raised is not None:
