@@ -39,7 +39,7 @@ from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
 from plait.frontend.pyreads import PyReads
 from plait.frontend.pyvalues import Keyed, Root
 from plait.frontend.rng import keep_last_draw
-from plait.frontend.state import ModuleState
+from plait.frontend.state import ModuleState, backward_hooked
 from plait.frontend.symints import TracedInt, TracedSize
 from plait.frontend.tracer import CaptureContext
 from plait.frontend.unsampled import Resample
@@ -266,7 +266,7 @@ def _capture_once(
             kind="limitation",
         )
     if ms is not None and cx.grad_enabled:
-        hooked = _backward_hooked(ms.module)
+        hooked = backward_hooked(ms.module)
         if hooked is not None:
             raise GraphCaptureError(
                 "capture",
@@ -289,7 +289,8 @@ def _capture_once(
                 out = adapter.call(fn, spec, traced_leaves, objects)
         except BaseException as exc:
             raised = None if cx.error is not None else objects.raised_after_changes(exc)
-            objects.restore_leaves()  # NOTE: a capture tried again starts from the caller's
+            objects.restore_leaves()  # NOTE: a capture tried again starts from the caller's,
+            reads.originals.restore()  # and from the Python values the program read
             if cx.error is not None and exc is not cx.error:
                 raise cx.error from exc
             if raised is not None:
@@ -313,16 +314,6 @@ def _capture_once(
             )
         pyroots = reads.finish(objects.made)
         return _finish(cx, out, spec, leaves, paths, ms, state, pyroots, reads.keys, objects)
-
-
-def _backward_hooked(module: nn.Module) -> str | None:
-    """The first module of the tree (``module`` itself included) with a backward hook or
-    pre-hook of its own, named for a message (nn.Module wraps such a module's inputs in a
-    backward-hook function, on each call with grad), or None."""
-    for path, m in module.named_modules():
-        if m.__dict__.get("_backward_hooks") or m.__dict__.get("_backward_pre_hooks"):
-            return f"submodule {path}" if path else "the module"
-    return None
 
 
 def _is_tracer(x: Any) -> bool:

@@ -53,6 +53,7 @@ from plait.errors import GraphCaptureError
 from plait.frontend.attr_reads import _LOCAL, _instrument
 from plait.frontend.capture_values import Tracer
 from plait.frontend.code_origin import find_function, generated_for, is_pinned, under_import
+from plait.frontend.pyrollback import Originals
 from plait.frontend.pyvalues import (
     _MODULE_SKIP,
     ABSENT,
@@ -144,6 +145,7 @@ class PyReads:
         self._alive: list[Any] = []
         self._previous: Any = None
         self._trace: Any = None
+        self.originals = Originals()  # NOTE: put back where the program changes what it read
         self._active = False
         self._tracing = False
         self._gc_was_enabled = False
@@ -281,6 +283,7 @@ class PyReads:
         if key not in roots:
             roots[key] = ("type", m, m, name, outside, Same(cls))  # NOTE: _Walk's class key
         found = namespace.get(name, ABSENT)
+        self.originals.note(namespace, name, found)
         late = outside is not None and (name in _MODULE_SKIP or found is ABSENT)
         if outside is not None and not isinstance(found, Tracer):
             self._outside.append((namespace, name, found, f"{outside}.{name}"))
@@ -464,6 +467,7 @@ class PyReads:
         resolvable = sys.modules.get(module) is not None and vars(sys.modules[module]) is g
         desc = ["global", module, name] if resolvable else None
         show = f"global {module}.{name}"
+        self.originals.note(g, name, g.get(name, ABSENT))
         self._add(("item", id(g), name), item_root(g, name, show, desc))
         if name not in g:
             show = f"builtin {name}"
@@ -516,6 +520,7 @@ class PyReads:
             if k not in late and keys[id(r)].key != r.first and r.show not in stored_shows
         ]
         if changed:
+            self.originals.restore()  # NOTE: the eager run makes the changes once, from the start
             raise GraphCaptureError(
                 "Python state",
                 "the program changes Python values it reads while it runs "

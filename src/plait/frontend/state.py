@@ -123,7 +123,7 @@ class ModuleState:
             yield
         except BaseException:
             for table, old in zip(tables, before):
-                for key in [k for k, v in table.items() if _holds(v, made)]:
+                for key in [k for k, v in table.items() if holds_made(v, made)]:
                     if key in old:
                         table[key] = old[key]
                     else:
@@ -164,9 +164,20 @@ class ModuleState:
         ]
 
 
-def _holds(value: Any, made: Callable[[Any], bool]) -> bool:
+def holds_made(value: Any, made: Callable[[Any], bool]) -> bool:
+    """Whether ``value``, or an item of it (a list, tuple or dict), is one ``made`` tells."""
     if isinstance(value, (list, tuple)):
         return any(made(v) for v in value)
     if isinstance(value, dict):
         return any(made(v) for v in value.values())
     return made(value)
+
+
+def backward_hooked(module: nn.Module) -> str | None:
+    """The first module of the tree (``module`` itself included) with a backward hook or
+    pre-hook of its own, named for a message (nn.Module wraps such a module's inputs in a
+    backward-hook function, on each call with grad), or None."""
+    for path, m in module.named_modules():
+        if m.__dict__.get("_backward_hooks") or m.__dict__.get("_backward_pre_hooks"):
+            return f"submodule {path}" if path else "the module"
+    return None
