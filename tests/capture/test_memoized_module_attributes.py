@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -33,16 +34,9 @@ class Memoizing(nn.Module):
 
 def test_a_tensor_memoized_on_the_module_is_not_the_capture_s() -> None:
     m = Memoizing()
-    compiled = plait.compile(m, options={"cache": False})
-    g = torch.Generator().manual_seed(7)
-    for i in range(3):
-        x = torch.randn(3, 4, generator=g)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CaptureFallbackWarning)
-            got = compiled(x)
-        assert_bitwise(got, x * (torch.arange(4.0) * 2), f"call {i}")
-        assert type(m.freq) is torch.Tensor, type(m.freq)
-    assert compiled.specializations[0].fallback_reason is not None
+    _falls_back_matching(
+        m, lambda x: x * (torch.arange(4.0) * 2), 7, lambda: type(m.freq) is torch.Tensor
+    )
 
 
 class ScaleOnFirstCall(nn.Module):
@@ -70,15 +64,7 @@ def test_a_tensor_memoized_on_a_module_outside_the_compiled_one_is_eager_s(befor
     twin = ScaleOnFirstCall()
     if before == "None":
         OUTSIDE.scale = twin.scale = None
-    compiled = plait.compile(_through_a_global_module, options={"cache": False})
-    g = torch.Generator().manual_seed(5)
-    for i in range(3):
-        x = torch.randn(3, 4, generator=g)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CaptureFallbackWarning)
-            got = compiled(x)
-        assert_bitwise(got, twin(x) + 1, f"call {i}")
-    assert compiled.specializations[0].fallback_reason is not None
+    _falls_back_matching(_through_a_global_module, lambda x: twin(x) + 1, 5)
 
 
 def test_llama_with_scaled_rope_memoizing_frequencies_matches_eager() -> None:
@@ -109,3 +95,18 @@ def test_llama_with_scaled_rope_memoizing_frequencies_matches_eager() -> None:
                 got = compiled(ids, use_cache=False).logits
                 want = reference(ids, use_cache=False).logits
             torch.testing.assert_close(got, want, **contract_tol("model", torch.float32))
+
+
+def _falls_back_matching(fn: Any, expected: Any, seed: int, holds: Any = lambda: True) -> None:
+    """Three calls of ``fn`` compiled, on fresh inputs, each bitwise ``expected(x)`` (and
+    ``holds()`` after it); the program fell back."""
+    compiled = plait.compile(fn, options={"cache": False})
+    g = torch.Generator().manual_seed(seed)
+    for i in range(3):
+        x = torch.randn(3, 4, generator=g)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CaptureFallbackWarning)
+            got = compiled(x)
+        assert_bitwise(got, expected(x), f"call {i}")
+        assert holds(), f"call {i}"
+    assert compiled.specializations[0].fallback_reason is not None

@@ -72,13 +72,7 @@ def _compare(cm: Any, model: nn.Module, seeds: range) -> None:
 def test_global_hooks_registered_after_the_first_call_run(branch: bool) -> None:
     torch.manual_seed(0)
     model = _Net(branch).eval()
-    cm = plait.compile(model, options={"cache": False})
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore", CaptureFallbackWarning)
-        _compare(cm, model, range(2))
-        with _hooked():
-            _compare(cm, model, range(2, 5))
-        _compare(cm, model, range(5, 8))
+    _hooks_added_after_the_first_calls(model)
 
 
 def test_global_hooks_removed_after_the_first_call_no_longer_run() -> None:
@@ -194,6 +188,12 @@ def test_global_hooks_registered_later_reach_the_submodules_of_identical_blocks(
     Linear inside each block ran without the hooks (3.42 from eager at the worst element)."""
     torch.manual_seed(0)
     model = _Blocks().eval()
+    _hooks_added_after_the_first_calls(model)
+
+
+def _hooks_added_after_the_first_calls(model: nn.Module) -> None:
+    """Two calls without global hooks, three with them, three after they are removed: each
+    against eager."""
     cm = plait.compile(model, options={"cache": False})
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore", CaptureFallbackWarning)

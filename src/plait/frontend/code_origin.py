@@ -119,7 +119,8 @@ def generated_for(frame: types.FrameType, module: str, qualname: str) -> type | 
     return None
 
 
-_IMPORT_SYSTEM = frozenset(
+# NOTE: the modules whose frames run an import (a finder, a module body), not the program
+IMPORT_SYSTEM = frozenset(
     {
         "_frozen_importlib",
         "_frozen_importlib_external",
@@ -133,7 +134,7 @@ def under_import(frame: types.FrameType) -> bool:
     """Whether ``frame`` runs for the import system (a finder), not for the program."""
     caller = frame.f_back
     while caller is not None:
-        if caller.f_globals.get("__name__") in _IMPORT_SYSTEM:
+        if caller.f_globals.get("__name__") in IMPORT_SYSTEM:
             return True
         caller = caller.f_back
     return False

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from plait.frontend.code_origin import find_function, generated_for, is_pinned
+from plait.frontend.code_origin import IMPORT_SYSTEM, find_function, generated_for, is_pinned
 from plait.snapshots.fingerprint import Unpinnable, class_digest, function_digest
 
 # NOTE: nested code of these kinds is part of its enclosing function's digest, which also ran.
@@ -89,7 +89,7 @@ class CodeRecorder:
         loaded in a later process makes its functions not found there."""
         caller = frame.f_back
         while caller is not None and id(caller) not in self._outside:
-            if caller.f_globals.get("__name__") in _IMPORT_SYSTEM:
+            if caller.f_globals.get("__name__") in IMPORT_SYSTEM:
                 return True
             caller = caller.f_back
         return False
@@ -153,16 +153,6 @@ def _frame_dep(frame: types.FrameType) -> CodeDep | None:
     if fn is None or fn.__code__ is not code:
         raise Unpinnable(f"{module}.{qualname} ran but cannot be found again by its name")
     return CodeDep(module, qualname, function_digest(fn))
-
-
-_IMPORT_SYSTEM = frozenset(
-    {
-        "_frozen_importlib",
-        "_frozen_importlib_external",
-        "importlib._bootstrap",
-        "importlib._bootstrap_external",
-    }
-)
 
 
 def _generated_by_library(frame: types.FrameType) -> bool:
