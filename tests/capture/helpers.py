@@ -14,18 +14,26 @@ import plait
 from tests.util import assert_bitwise, contract_tol
 
 
-def assert_same(a: Any, b: Any, what: str = "output") -> None:
-    """Bitwise equality of (nested) outputs: tensors by their bits, everything else by ==."""
-    if isinstance(a, torch.Tensor):
+def assert_same(
+    a: Any, b: Any, what: str = "output", view: Callable[[Any], Any] | None = None
+) -> None:
+    """Bitwise equality of (nested) outputs: tensors by their bits, everything else by ==.
+    ``view``: what an object of the caller's own types is compared by (its fields, as a list
+    or dict), None for any other value."""
+    seen = None if view is None else view(a)
+    if seen is not None:
+        assert type(a) is type(b), what
+        assert_same(seen, view(b), f"{what} fields", view)
+    elif isinstance(a, torch.Tensor):
         assert_bitwise(a, b, what)
     elif isinstance(a, (tuple, list)):
         assert type(a) is type(b) and len(a) == len(b), what
         for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{what}[{i}]")
+            assert_same(x, y, f"{what}[{i}]", view)
     elif isinstance(a, dict):
-        assert list(a) == list(b), what
+        assert type(a) is type(b) and list(a) == list(b), what
         for k in a:
-            assert_same(a[k], b[k], f"{what}[{k!r}]")
+            assert_same(a[k], b[k], f"{what}[{k!r}]", view)
     else:
         assert a == b, f"{what}: {a!r} != {b!r}"
 

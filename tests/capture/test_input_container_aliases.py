@@ -22,6 +22,7 @@ import torch
 
 import plait
 from plait.errors import CaptureFallbackWarning, GraphCaptureError
+from tests.capture.helpers import assert_same
 from tests.util import assert_bitwise
 
 
@@ -30,25 +31,19 @@ class Box:
         self.__dict__.update(attrs)
 
 
+def _fields(x: Any) -> Any:
+    """What an object of this file's types is compared by (None: any other value)."""
+    if isinstance(x, Box):
+        return vars(x)
+    if isinstance(x, Record):
+        return [x.t, x.n]
+    if isinstance(x, Slotted):
+        return [x.n, x.seen]
+    return None
+
+
 def _same(a: Any, b: Any, what: str) -> None:
-    if isinstance(a, torch.Tensor):
-        assert_bitwise(a, b, what)
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), what
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{what}[{i}]")
-    elif isinstance(a, dict):
-        assert type(a) is type(b) and list(a) == list(b), what
-        for k in a:
-            _same(a[k], b[k], f"{what}[{k!r}]")
-    elif isinstance(a, Box):
-        _same(vars(a), vars(b), f"{what}.__dict__")
-    elif isinstance(a, Record):
-        _same([a.t, a.n], [b.t, b.n], f"{what} fields")
-    elif isinstance(a, Slotted):
-        _same([a.n, a.seen], [b.n, b.seen], f"{what} slots")
-    else:
-        assert a == b, what
+    assert_same(a, b, what, _fields)
 
 
 def _against_eager(fn: Any, make: Any, calls: int = 4) -> None:
