@@ -133,8 +133,8 @@ class PyReads:
         # modules outside the compiled module, which a module the program builds while it
         # runs (a cache's ModuleList) fills in then
         self._late: set[tuple[Any, ...]] = set()
-        # NOTE: each attribute read of a module outside the compiled module, with what it found
-        self._outside: list[tuple[dict, str, Any, str]] = []
+        # NOTE: each attribute read of a module outside the compiled module (that found no tracer)
+        self._outside: list[tuple[dict, str, str]] = []
         self._codes: set[int] = set()
         # NOTE: codes with free variables: each frame of one is matched to its function object
         # (several functions share a code, each with its own closure cells, all guarded)
@@ -286,7 +286,7 @@ class PyReads:
         self.originals.note(namespace, name, found)
         late = outside is not None and (name in _MODULE_SKIP or found is ABSENT)
         if outside is not None and not isinstance(found, Tracer):
-            self._outside.append((namespace, name, found, f"{outside}.{name}"))
+            self._outside.append((namespace, name, f"{outside}.{name}"))
         key = ("item", id(namespace), name)
         if key not in roots:
             self._pend(key, ("attr", m, namespace, name, outside), found, False, late)
@@ -504,20 +504,14 @@ class PyReads:
                 keys[id(r)] = keyed(r)
         # NOTE: a module outside the compiled one that the program set to one of its tensors
         # (self.scale = t where it read None, or nothing: a late root, keyed after the run, would
-        # be guarded as that tensor) is refused, and put back as read (plait.frontend.state
-        # puts back the compiled module's) for the run that follows
-        stored = [(ns, n, v, show) for ns, n, v, show in self._outside if _holds_tracer(ns, n)]
-        for ns, n, v, _ in stored:
-            if v is ABSENT:
-                ns.pop(n, None)
-            else:
-                ns[n] = v
+        # be guarded as that tensor) is refused, and put back as read by the originals' restore
+        # below (plait.frontend.state puts back the compiled module's) for the run that follows
+        stored = {show for ns, n, show in self._outside if _holds_tracer(ns, n)}
         late = self._late
-        stored_shows = {show for *_, show in stored}
-        changed = list(stored_shows) + [
+        changed = sorted(stored) + [
             r.show
             for k, r in zip(self.roots, roots)
-            if k not in late and keys[id(r)].key != r.first and r.show not in stored_shows
+            if k not in late and keys[id(r)].key != r.first and r.show not in stored
         ]
         if changed:
             self.originals.restore()  # NOTE: the eager run makes the changes once, from the start

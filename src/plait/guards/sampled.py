@@ -94,12 +94,12 @@ def take_sample(t: torch.Tensor) -> Sample | None:
 def reading(t: object, s: Sample) -> bytes | None:
     """The bytes at ``s``'s offsets of ``t`` now, or None where ``t`` is no longer laid out as
     ``s`` was taken (then no offset is read: it might lie outside the storage)."""
-    if type(t) not in _PLAIN or t.layout != torch.strided:  # type: ignore[attr-defined]
+    if type(t) not in _PLAIN:
         return None
     assert isinstance(t, torch.Tensor)
-    if t.data_ptr() != s.ptr or t.dtype != s.dtype or t.stride() != s.strides:
+    if t.layout != torch.strided or not t.is_cpu or t.data_ptr() != s.ptr:
         return None
-    if t.shape != s.shape or not t.is_cpu:
+    if t.dtype != s.dtype or t.stride() != s.strides or t.shape != s.shape:
         return None
     if s.end > t.untyped_storage().nbytes() - t.storage_offset() * t.element_size():
         return None
