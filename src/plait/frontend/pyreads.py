@@ -136,6 +136,7 @@ class PyReads:
         # NOTE: each attribute read of a module outside the compiled module (that found no tracer)
         self._outside: list[tuple[dict, str, str]] = []
         self._codes: set[int] = set()
+        self.user_codes: list[types.CodeType] = []  # NOTE: the program's own, in order run
         # NOTE: codes with free variables: each frame of one is matched to its function object
         # (several functions share a code, each with its own closure cells, all guarded)
         self._with_cells: set[int] = set()
@@ -365,6 +366,7 @@ class PyReads:
                 return  # NOTE: a comprehension: its enclosing function's loads cover it
             if under_import(frame):
                 return  # NOTE: the import system's business (a finder), not the program's
+            self.user_codes.append(code)
             names = _attr_names(code)
             self.names |= names
             loads = _global_loads(code)
@@ -514,14 +516,7 @@ class PyReads:
             if k not in late and keys[id(r)].key != r.first and r.show not in stored
         ]
         if changed:
-            self.originals.restore()  # NOTE: the eager run makes the changes once, from the start
-            raise GraphCaptureError(
-                "Python state",
-                "the program changes Python values it reads while it runs "
-                f"({', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}); a compiled "
-                "program would not replay that",
-                kind="limitation",
-            )
+            raise self.originals.refused(changed, self.user_codes)
         self.keys = [keys[id(r)] for r in roots]
         return roots
 

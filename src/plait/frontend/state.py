@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from plait.errors import GraphCaptureError, UnknownNameError
+from plait.frontend.pyvalues import _MAX_DEPTH, _is_value_object
 
 
 @dataclass
@@ -110,8 +111,8 @@ class ModuleState:
     @contextmanager
     def restored_on_failure(self, made: Callable[[Any], bool]) -> Iterator[None]:
         """On a failure inside, each module attribute or buffer slot that now holds a value
-        ``made`` tells (a tensor of the failed capture), alone or in a list, tuple or dict, is
-        put back as it was (removed where it was absent).
+        ``made`` tells (a tensor of the failed capture), alone or in what it holds
+        (:func:`holds_made`), is put back as it was (removed where it was absent).
 
         NOTE: a capture that fails runs the program again (a retry, or the eager fallback): a
         value it memoized on a module (``self.cache = t`` after ``getattr(self, "cache",
@@ -165,12 +166,34 @@ class ModuleState:
 
 
 def holds_made(value: Any, made: Callable[[Any], bool]) -> bool:
-    """Whether ``value``, or an item of it (a list, tuple or dict), is one ``made`` tells."""
-    if isinstance(value, (list, tuple)):
-        return any(made(v) for v in value)
-    if isinstance(value, dict):
-        return any(made(v) for v in value.values())
-    return made(value)
+    """Whether ``value``, or anything it holds (the items of a list, tuple, set or dict, the
+    attributes of a user object, a dataclass or a ``SimpleNamespace``, at any depth), is one
+    ``made`` tells."""
+    stack, seen = [(value, 0)], set()
+    while stack:
+        v, depth = stack.pop()
+        if made(v):
+            return True
+        if depth > _MAX_DEPTH or id(v) in seen:
+            continue
+        seen.add(id(v))
+        for item in opened(v):
+            stack.append((item, depth + 1))
+    return False
+
+
+def opened(v: Any) -> Iterable[Any]:
+    """What a value the program reads holds by its contents (its value key walks them): the
+    items of a list, tuple or set, a dict's values, a user object's attributes; nothing of a
+    tensor, a module or a library's object."""
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return v
+    if isinstance(v, dict):
+        return dict.values(v)  # NOTE: a subclass's own values() may do more
+    if isinstance(v, (torch.Tensor, nn.Module, type)) or not _is_value_object(v, type(v)):
+        return ()
+    namespace = getattr(v, "__dict__", None)
+    return namespace.values() if type(namespace) is dict else ()
 
 
 def backward_hooked(module: nn.Module) -> str | None:
