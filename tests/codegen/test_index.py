@@ -84,3 +84,37 @@ def test_merge_rule_and_clamp() -> None:
     assert str(e.div(5)) == "i0" and str(e.mod(5)) == "i1"
     assert (j - 2).clamp(0, 10) != j - 2
     assert (j + 1).clamp(0, 10) == j + 1
+
+
+def test_substitution_visits_a_shared_operand_once(monkeypatch) -> None:
+    """A loop merge substitutes into indices whose div and mod atoms share one operand (a
+    symbolic kernel's chain of reshapes): each operand is substituted once per call, so the
+    work grows with the distinct operands, not with the paths to them (a dynamic ShuffleNet's
+    kernels took minutes to print)."""
+    from plait.codegen import index
+    from plait.symbolic.poly import atom
+
+    n = atom("s0")
+    depth = 12
+
+    def chain(v: Var) -> Ix:
+        e = Ix.var(v)
+        for _ in range(depth):
+            e = e.div(n) + e.mod(n) * 2  # NOTE: both atoms read the previous level
+        return e
+
+    old, new = Var("i0", n * 64), Var("i1", n * 64)
+    before = chain(old)
+    calls = 0
+    normalize = index._normalize
+
+    def counted(terms, const):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        return normalize(terms, const)
+
+    monkeypatch.setattr(index, "_normalize", counted)
+    after = before.subs({old: Ix.var(new)})
+    monkeypatch.setattr(index, "_normalize", normalize)
+    assert after == chain(new)
+    assert calls <= 16 * depth  # NOTE: about 8 per level; without the sharing, 2**depth paths

@@ -50,13 +50,27 @@ def _s(x: Size) -> str:
     return str(x) if isinstance(x, int) or len(x.terms) == 1 else f"({x})"
 
 
+# NOTE: index values are immutable: each caches its text and hash (cached_property writes the
+# instance dict, past the frozen dataclass's __setattr__), which sorting and dict lookups ask for
+# again and again; without the caches a symbolic kernel's loop merging took minutes.
 @dataclass(frozen=True)
 class Div:
     e: Ix
     k: Size
 
     def __str__(self) -> str:
+        return self._text
+
+    @cached_property
+    def _text(self) -> str:
         return f"({self.e} / {_s(self.k)})"
+
+    def __hash__(self) -> int:
+        return self._hashed
+
+    @cached_property
+    def _hashed(self) -> int:
+        return hash((self.e, self.k))  # NOTE: the value the dataclass gave
 
 
 @dataclass(frozen=True)
@@ -65,7 +79,18 @@ class Mod:
     k: Size
 
     def __str__(self) -> str:
+        return self._text
+
+    @cached_property
+    def _text(self) -> str:
         return f"({self.e} % {_s(self.k)})"
+
+    def __hash__(self) -> int:
+        return self._hashed
+
+    @cached_property
+    def _hashed(self) -> int:
+        return hash((self.e, self.k))
 
 
 @dataclass(frozen=True)
@@ -75,7 +100,18 @@ class Clamp:
     hi: Size
 
     def __str__(self) -> str:
+        return self._text
+
+    @cached_property
+    def _text(self) -> str:
         return f"clamp({self.e}, {self.lo}, {self.hi})"
+
+    def __hash__(self) -> int:
+        return self._hashed
+
+    @cached_property
+    def _hashed(self) -> int:
+        return hash((self.e, self.lo, self.hi))
 
 
 Atom = Var | Div | Mod | Clamp
@@ -247,9 +283,14 @@ class Ix:
                 return None
         return dict(self.terms).get(v, 0)
 
-    def subs(self, mapping: Mapping[Var, Ix]) -> Ix:
+    def subs(self, mapping: Mapping[Var, Ix], _done: dict[Ix, Ix] | None = None) -> Ix:
         # NOTE: the pieces summed first and normalized once (a normalization per piece made
-        # the printer's loop merging quadratic in the terms)
+        # the printer's loop merging quadratic in the terms); ``_done`` holds each operand
+        # already substituted in this call (a div and a mod of one operand share it)
+        done: dict[Ix, Ix] = {} if _done is None else _done
+        hit = done.get(self)
+        if hit is not None:
+            return hit
         terms: dict[Atom, Size] = {}
         const: Size = self.const
         for a, c in self.terms:
@@ -259,23 +300,32 @@ class Ix:
                     continue
                 piece = mapping[a]
             elif isinstance(a, Div):
-                piece = a.e.subs(mapping).div(a.k)
+                piece = a.e.subs(mapping, done).div(a.k)
             elif isinstance(a, Mod):
-                piece = a.e.subs(mapping).mod(a.k)
+                piece = a.e.subs(mapping, done).mod(a.k)
             else:
-                piece = a.e.subs(mapping).clamp(a.lo, a.hi)
+                piece = a.e.subs(mapping, done).clamp(a.lo, a.hi)
             for b, bc in piece.terms:
                 terms[b] = terms.get(b, 0) + bc * c
             const = const + piece.const * c
-        return _normalize(terms, const)
+        out = done[self] = _normalize(terms, const)
+        return out
 
     def __str__(self) -> str:
+        return self._text
+
+    @cached_property
+    def _text(self) -> str:
         parts = [str(a) if c == 1 else f"{a}*{_s(c)}" for a, c in self.terms]
         if not is_zero(self.const) or not parts:
             parts.append(str(self.const))
         return " + ".join(parts)
 
     def __hash__(self) -> int:
+        return self._hashed
+
+    @cached_property
+    def _hashed(self) -> int:
         return hash((self.terms, self.const))
 
 

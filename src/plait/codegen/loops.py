@@ -44,6 +44,7 @@ def substitute(
 ) -> Kernel:
     """``kernel`` with every index rewritten by ``mapping`` and new loop variables."""
     memo: dict[int, Stmt] = {}
+    done: dict[Ix, Ix] = {}  # NOTE: every index of the kernel shares its operands' substitutions
 
     def stmt(s: Stmt) -> Stmt:
         hit = memo.get(s.id)
@@ -51,15 +52,15 @@ def substitute(
             return hit
         attr = s.attr
         if s.op == "load":
-            attr = (attr[0], attr[1].subs(mapping))
+            attr = (attr[0], attr[1].subs(mapping, done))
         elif s.op == "index":
-            attr = attr.subs(mapping)
+            attr = attr.subs(mapping, done)
         new = Stmt(s.id, s.op, tuple(stmt(a) for a in s.args), s.dtype, attr)
         memo[s.id] = new
         return new
 
     def store(st: Store) -> Store:
-        return Store(st.buffer, st.index.subs(mapping), stmt(st.value))
+        return Store(st.buffer, st.index.subs(mapping, done), stmt(st.value))
 
     phases = [
         Phase(

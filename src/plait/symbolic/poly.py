@@ -42,11 +42,12 @@ class Poly:
     """A non-constant integer polynomial over size atoms (construct through :func:`from_dim`,
     :func:`atom` and arithmetic; a constant result is an ``int``)."""
 
-    __slots__ = ("_hash", "terms")
+    __slots__ = ("_hash", "_text", "terms")
 
     def __init__(self, terms: tuple[tuple[Monomial, int], ...]) -> None:
         self.terms = terms
         self._hash = hash(terms)
+        self._text: str | None = None  # NOTE: to_text(self), made when first asked for
 
     # --- arithmetic ---------------------------------------------------------------------------
     def __add__(self, other: Size) -> Size:
@@ -117,10 +118,12 @@ class Poly:
     __le__ = __gt__ = __ge__ = __lt__
 
     def __str__(self) -> str:
-        return to_text(self)
+        # NOTE: immutable: an index's sort key prints its sizes again and again
+        if self._text is None:
+            self._text = to_text(self)
+        return self._text
 
-    def __repr__(self) -> str:
-        return to_text(self)
+    __repr__ = __str__
 
     # --- queries ------------------------------------------------------------------------------
     def atoms(self) -> set[str]:
