@@ -67,13 +67,17 @@ def take_sample(t: torch.Tensor) -> Sample | None:
     if not t.is_cpu or t.numel() == 0 or t.is_quantized:
         return None
     item = t.element_size()
-    offsets = []
-    for flat in range(min(COUNT, t.numel())):
-        off = 0
-        for d in range(t.dim() - 1, -1, -1):
-            flat, i = divmod(flat, t.shape[d])
-            off += i * t.stride(d)
-        offsets.append(off * item)
+    count = min(COUNT, t.numel())
+    if t.is_contiguous():  # NOTE: the row-major n-th element is n elements on (unit dims aside)
+        offsets = [n * item for n in range(count)]
+    else:
+        offsets = []
+        for flat in range(count):
+            off = 0
+            for d in range(t.dim() - 1, -1, -1):
+                flat, i = divmod(flat, t.shape[d])
+                off += i * t.stride(d)
+            offsets.append(off * item)
     size = min(item, 8)
     dense = all(b - a == size for a, b in itertools.pairwise(offsets))
     raw = _raw(t.data_ptr(), tuple(offsets), size, dense)
