@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -102,12 +103,14 @@ def test_floor_ceil_and_round_of_a_size_stay_symbolic() -> None:
 
 # NOTE: CPython reads an int's value directly in these (range's and operator.index's
 # PyNumber_Index, float arithmetic with the float on the left, math.log's integer path, list
-# repetition): a traced size is no int subclass, so each reaches __index__ or __float__
+# repetition): a traced size is no int subclass, so each reaches __index__ or __float__.
+# operator.index is read as a global: __import__ inside the lambda would read (and guard) the
+# whole module namespace, whose __loader__ under pytest reaches the session's every test item
 CONVERSIONS: dict[str, Callable[[Any], Any]] = {
     "range": lambda n: len(range(n)),
     "float_on_the_left": lambda n: 0.5 * n,
     "math_log2": lambda n: math.log2(n),
-    "operator_index": lambda n: __import__("operator").index(n),
+    "operator_index": lambda n: operator.index(n),
     "list_repetition": lambda n: len([0] * n),
     "float_comparison": lambda n: 1.0 if n > 4.5 else 2.0,
     "hash": lambda n: hash(n) % 5,

@@ -60,8 +60,19 @@ def load(path: str | Path | None = None) -> Contract:
         '1.3.0'
     """
     if path is None:
-        return parse(default_text(), source=f"plait/contract/{DEFAULT_RESOURCE}")
+        text = default_text()
+        cached = _DEFAULT.get(text)
+        if cached is None:
+            # NOTE: a Contract is immutable; parsing the packaged text costs ~10 ms, and the
+            # gate loads it on every check. Keyed by the text: an edited file is parsed again
+            cached = parse(text, source=f"plait/contract/{DEFAULT_RESOURCE}")
+            _DEFAULT.clear()
+            _DEFAULT[text] = cached
+        return cached
     return parse(_read_text(Path(path)), source=str(path))
+
+
+_DEFAULT: dict[str, Contract] = {}  # NOTE: the packaged text's last parse
 
 
 MAX_BYTES = 16 << 20  # NOTE: a contract is a few KiB; a larger file is refused, not read
