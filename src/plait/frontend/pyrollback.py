@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -65,7 +66,16 @@ class Originals:
         if key in self._seen:
             return
         self._seen[key] = (namespace, name, value)
-        if type(value) in _LEAVES:
+        kind = type(value)
+        if kind in _LEAVES or value is ABSENT:
+            return
+        if kind is tuple and all(type(x) in _LEAVES for x in value):
+            return  # NOTE: a module's sizes and flags (stride, padding): nothing to put back
+        if (kind is dict or kind is OrderedDict) and not value:
+            # NOTE: most reads: a module's empty hook tables; as the walk below records them
+            if id(value) not in self._held:
+                self._keep.append(value)
+                self._held[id(value)] = (value, "item", {}, (name,))
             return
         stack: list[tuple[Any, tuple[str, ...], int]] = [(value, (name,), 0)]
         held = self._held
