@@ -153,6 +153,8 @@ class AtenEmitter:
         keep: list[torch.Tensor] = []
         args = _plain(torch.fx.node.map_arg(node.args, mark))
         kwargs = _plain(torch.fx.node.map_arg(node.kwargs, mark))
+        if not keep and len(expected) == 1:
+            kwargs = _default_dtype_written(op, kwargs, expected[0].dtype)
         try:
             tensors, attrs = call_spec(tuple(args), dict(kwargs))
         except NotLiteral as exc:
@@ -189,3 +191,15 @@ class AtenEmitter:
             else:
                 kept.append(n)
         nodes[:] = kept
+
+
+def _default_dtype_written(op: Any, kwargs: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """A factory's keywords with the dtype it made written out where the call left it to
+    ``torch.get_default_dtype()``: the node then makes that dtype under any default in force
+    (where it is typed, run, or loaded from an export)."""
+    arg = next((a for a in op._schema.arguments if a.name == "dtype"), None)
+    if arg is None or not arg.kwarg_only or kwargs.get("dtype") is not None:
+        return kwargs
+    if not dtype.is_floating_point:
+        return kwargs
+    return {**kwargs, "dtype": dtype}

@@ -165,16 +165,31 @@ def _masked(out: Any, mask: list[bool] | None) -> Any:
     return tuple(o if keep else None for o, keep in zip(out, mask))
 
 
-@functools.lru_cache(maxsize=4096)
 def _meta_types(
     name: str, overload: str, literals: str, kwliterals: str, operands: tuple[TensorType, ...]
+) -> tuple[TensorType, ...]:
+    # NOTE: a call that leaves its dtype to torch.get_default_dtype() types by the default in
+    # force (capture writes the dtype out: frontend.aten_emit), so the default keys the memo
+    return _meta_types_under(
+        torch.get_default_dtype(), name, overload, literals, kwliterals, operands
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _meta_types_under(
+    default: torch.dtype,
+    name: str,
+    overload: str,
+    literals: str,
+    kwliterals: str,
+    operands: tuple[TensorType, ...],
 ) -> tuple[TensorType, ...]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     op = resolve_overload(name, overload)
     what = f"aten.{name}.{overload}"
     if (name, overload) in PROBED and not all(t.is_static for t in operands):
-        run = lambda ops: _meta_types(name, overload, literals, kwliterals, ops)
+        run = lambda ops: _meta_types_under(default, name, overload, literals, kwliterals, ops)
         return probed_types(run, operands)
     for t in operands:
         if not t.is_static:

@@ -20,7 +20,14 @@ from plait.ir.ops.registry import (
     TypeRuleError,
     register,
 )
-from plait.ir.ops.rules import broadcast_shapes, device_of, float_dtype, promote, require_float
+from plait.ir.ops.rules import (
+    broadcast_shapes,
+    device_of,
+    float_dtype,
+    promote,
+    promoted_float,
+    require_float,
+)
 from plait.ir.types import FLOAT_DTYPES, INT_DTYPES, ScalarType, TensorType, Type
 
 FLOATS = FLOAT_DTYPES
@@ -293,6 +300,7 @@ def _clamp_rule(x: TensorType, min: Any, max: Any) -> list[Type]:
     for bound in (min, max):
         if bound is not None:
             dtype = torch.result_type(torch.empty([1], dtype=dtype, device="meta"), bound)
+    dtype = promoted_float(dtype, x)
     if dtype not in NUMERIC:
         raise TypeRuleError(f"clamp: unsupported dtype {dtype}")
     return [x.with_dtype(dtype)]

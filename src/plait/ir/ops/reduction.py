@@ -17,7 +17,7 @@ from plait.ir.ops.registry import (
     TypeRuleError,
     register,
 )
-from plait.ir.ops.rules import reduce_shape, require_float, wrap_dim, wrap_dims
+from plait.ir.ops.rules import float_dtype, reduce_shape, require_float, wrap_dim, wrap_dims
 from plait.ir.types import FLOAT_DTYPES, INT_DTYPES, NoneType, TensorType, Type
 from plait.symbolic import Dim, dims_equal
 
@@ -227,7 +227,7 @@ def _logsumexp_rule(x: TensorType, dims: Any, keepdim: bool) -> list[Type]:
     if not dims and x.rank:
         raise TypeRuleError("logsumexp: needs the dims to reduce")
     axes = wrap_dims(dims, x.rank, "logsumexp")
-    out = x.dtype if x.dtype in FLOAT_DTYPES else torch.float32
+    out = float_dtype(x.dtype)
     return [TensorType(reduce_shape(x.shape, axes, keepdim), out, x.device)]
 
 

@@ -2,11 +2,20 @@
 
 NOTE: dtype promotion asks PyTorch itself (``torch.result_type`` on meta tensors), so the IR's
 rules agree with eager PyTorch by construction, including the scalar and 0-dim cases.
+
+NOTE: the IR's rules never read ``torch.get_default_dtype()``: where eager takes a dtype from
+the default (an integer tensor times a float, ``sqrt`` of integers, integer true division) the
+rules give :data:`IR_DEFAULT_FLOAT` (float32, PyTorch's own default), whatever the default in
+force, so a graph types the same wherever it is built, verified or loaded. Capture, under
+another default, casts such operands to it first (``frontend.default_dtype``); it learns which
+calls need that from :func:`default_reads`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -16,6 +25,38 @@ from plait.ir.types import FLOAT_DTYPES, NoneType, ScalarType, TensorType, Type
 from plait.symbolic import Dim, known_equal, known_not_equal, normalize
 
 _SCALAR_EXAMPLE = {"int": 1, "float": 1.0, "bool": True}
+
+IR_DEFAULT_FLOAT = torch.float32
+"""The float dtype the IR's rules give where eager would take ``torch.get_default_dtype()``."""
+
+_READS: ContextVar[list[str] | None] = ContextVar("plait_default_float_reads", default=None)
+
+
+def default_float(why: str) -> torch.dtype:
+    """:data:`IR_DEFAULT_FLOAT`, noted (``why``) in :func:`default_reads`' list if one is open."""
+    reads = _READS.get()
+    if reads is not None:
+        reads.append(why)
+    return IR_DEFAULT_FLOAT
+
+
+@contextlib.contextmanager
+def default_reads() -> Iterator[list[str]]:
+    """A list of the reasons type rules run inside the block took the default float dtype.
+
+    Example:
+        >>> with default_reads() as reads:
+        ...     float_dtype(torch.int64)
+        torch.float32
+        >>> reads
+        ['torch.int64 computes in the default float dtype']
+    """
+    reads: list[str] = []
+    token = _READS.set(reads)
+    try:
+        yield reads
+    finally:
+        _READS.reset(token)
 
 
 def tensors(*types: Any) -> list[TensorType]:
@@ -49,12 +90,24 @@ def promote(a: Type, b: Type | None = None) -> torch.dtype:
         return a.dtype
     if not (isinstance(a, TensorType) or isinstance(b, TensorType)):
         raise TypeRuleError("a pointwise op needs at least one tensor operand")
-    return torch.result_type(_meta(a), _meta(b))
+    return promoted_float(torch.result_type(_meta(a), _meta(b)), a, b)
+
+
+def promoted_float(dtype: torch.dtype, *operands: Any) -> torch.dtype:
+    """``dtype``, PyTorch's promotion of ``operands``; a float promoted from no float tensor
+    (an integer or bool tensor with a float scalar) is the default float dtype's."""
+    if dtype not in FLOAT_DTYPES:
+        return dtype
+    if any(isinstance(t, TensorType) and t.dtype in FLOAT_DTYPES for t in operands):
+        return dtype
+    return default_float("a float scalar promotes a tensor of no float dtype")
 
 
 def float_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Ops such as ``exp`` compute integers in the default float dtype (float32)."""
-    return dtype if dtype in FLOAT_DTYPES else torch.float32
+    """Ops such as ``exp`` compute integers in the default float dtype (see the module's note)."""
+    if dtype in FLOAT_DTYPES:
+        return dtype
+    return default_float(f"{dtype} computes in the default float dtype")
 
 
 def broadcast_shapes(*shapes: Sequence[Dim]) -> tuple[Dim, ...]:
