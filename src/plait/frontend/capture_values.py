@@ -27,7 +27,7 @@ import torch
 
 from plait.errors import GraphCaptureError, InvalidOptionError, ProgramError, ProgramTypeError
 from plait.frontend import datadep, stride_choices
-from plait.frontend.default_dtype import CaptureBuilder
+from plait.frontend.default_dtype import capture_builder
 from plait.frontend.dynamic_dims import DimPolicy
 from plait.frontend.frames import user_frame
 from plait.frontend.rng import RngTracker
@@ -128,7 +128,7 @@ class CaptureValues:
         dims: DimPolicy | None = None,
         arithmetic: str = "run",
     ) -> None:
-        self.builder: GraphBuilder = CaptureBuilder()
+        self.builder: GraphBuilder = capture_builder()
         # NOTE: None: every call runs; else the storages left uncomputed (frontend.unsampled)
         self.unsampled: Unsampled | None = Unsampled() if arithmetic == "skip" else None
         self.fullgraph = fullgraph

@@ -82,6 +82,13 @@ class CaptureBuilder(GraphBuilder):
         return super().call("to_dtype", x, dtype=self.default)
 
 
+def capture_builder() -> GraphBuilder:
+    """The builder of a capture under the default in force: a plain :class:`GraphBuilder`
+    under float32 (the IR's own default: nothing to cast), else a :class:`CaptureBuilder`."""
+    default = torch.get_default_dtype()
+    return GraphBuilder() if default == IR_DEFAULT_FLOAT else CaptureBuilder(default)
+
+
 def _reads_default(opdef: OpDef, inputs: Sequence[Any], attrs: Mapping[str, Any]) -> bool:
     """Whether ``opdef``'s type rule takes the default float dtype for these operands (a call
     the rule rejects reads nothing: the builder's own call raises its error)."""
