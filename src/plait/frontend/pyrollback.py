@@ -66,12 +66,12 @@ class Originals:
         if key in self._seen:
             return
         self._seen[key] = (namespace, name, value)
-        kind = type(value)
-        if kind in _LEAVES or value is ABSENT:
+        cls = type(value)
+        if cls in _LEAVES or value is ABSENT:
             return
-        if kind is tuple and all(type(x) in _LEAVES for x in value):
+        if cls is tuple and all(type(x) in _LEAVES for x in value):
             return  # NOTE: a module's sizes and flags (stride, padding): nothing to put back
-        if (kind is dict or kind is OrderedDict) and not value:
+        if (cls is dict or cls is OrderedDict) and not value:
             # NOTE: most reads: a module's empty hook tables; as the walk below records them
             if id(value) not in self._held:
                 self._keep.append(value)
