@@ -99,6 +99,7 @@ def capture_program(
     finally:
         for c in contexts:  # NOTE: a tensor of theirs kept in Python state is refused from now
             c.finished = True
+            c.release()
 
 
 def _capture_until_done(
