@@ -150,6 +150,30 @@ def test_a_buffer_written_in_place_is_written_once_by_the_refused_call() -> None
     _lockstep(CountedStatistics().eval(), same_state)
 
 
+class CountsIntoCache(Counter):
+    def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.calls += 1
+        y = self.lin(x)
+        cache["k"] = y * 2
+        return y * self.calls
+
+
+def test_an_input_dict_the_refused_call_fills_is_the_callers() -> None:
+    """The refused call's write into its input dict is made in the caller's dict, once."""
+    torch.manual_seed(0)
+    model = CountsIntoCache().eval()
+    twin = copy.deepcopy(model)
+    compiled = plait.compile(model, options={"cache": False})
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", CaptureFallbackWarning)
+        for x in _inputs(3, seed=5):
+            got_cache: dict[str, torch.Tensor] = {}
+            want_cache: dict[str, torch.Tensor] = {}
+            torch.testing.assert_close(compiled(x, got_cache), twin(x, want_cache), **TOL)
+            torch.testing.assert_close(got_cache, want_cache, **TOL)
+            assert model.calls == twin.calls
+
+
 class TrainingCounter(nn.Module):
     def __init__(self) -> None:
         super().__init__()
