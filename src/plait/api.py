@@ -30,7 +30,14 @@ from torch import nn
 
 from plait import logs
 from plait.backend_choice import default_backend
-from plait.backends import BACKENDS, KNOWN_OPTIONS, Compiled, CompileRequest, compile_program
+from plait.backends import (
+    BACKENDS,
+    KNOWN_OPTIONS,
+    Compiled,
+    CompileRequest,
+    compile_program,
+    run_captured,
+)
 from plait.cache import Store, check_store_option, resolve_store
 from plait.cache.remote_copies import start_copies
 from plait.cache.snapshots import forget_snapshot
@@ -191,6 +198,9 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
         self.refused: str | None = None  # why a region runs eagerly on every call, if it does
         self._refusal_warned = False
         self.hooked: str | None = None  # why its latest calls ran split (hooks below it)
+        # NOTE: the program of the call being captured, where its capture was refused after its
+        # Python ran to its end (plait.frontend.refused_after_run): that call runs it
+        self.ran_once: CapturedProgram | None = None
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.refused is not None:
@@ -212,6 +222,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
         # NOTE: the miss path, inline: warnings count the frames up to the user's call
         try:
             with self._tree_lock(), CAPTURE_LOCK, self.lock, collector_paused():
+                self.ran_once = None
                 try:
                     found = self._admitted(env) or self._recapture(env, paths, args, kwargs)
                 except (RecompileLimitError, Warning):
@@ -223,12 +234,16 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
                     # capture never did: its failure must not fail a call that ran eagerly before
                     found = None
                     self.refused = f"its capture or compile failed: {type(exc).__name__}: {exc}"
+                ran, self.ran_once = self.ran_once, None
             if self.refused is not None and found is None:
                 return self._refuse(args, kwargs, self.refused)
             if found is None:
                 return self._limit_call(args, kwargs)
             s, env, state = found
             s.calls += 1
+            if ran is not None and s.executor is None:  # NOTE: its Python ran, at capture
+                objects = self.adapter.containers(args, kwargs, env.spec) if ran.containers else ()
+                return run_captured(ran, env, state, objects, self._name())
             return self._run(s, env, state, args, kwargs)
         finally:
             start_copies()  # NOTE: a remote entry's local copy, once the call it served ended
@@ -350,6 +365,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
                 arithmetic="skip",  # NOTE: compiling reads the graph, never capture's values
             )
         seconds["capture"] = time.perf_counter() - start
+        self.ran_once, prog.this_call = prog.this_call, None
         return prog, recorder
 
     def _compile(

@@ -39,7 +39,7 @@ from plait.guards.ambient import (
     global_hook_guard,
     process_settings,
 )
-from plait.guards.guard import Guard
+from plait.guards.guard import Guard, GuardEnv
 from plait.guards.state import frozen_guards
 from plait.ir import Graph, TensorType, Value, interpret
 from plait.manifest import Manifest
@@ -152,6 +152,22 @@ def _eager_executor(inputs: Sequence[Value], optimized: Graph) -> Executor:
         ]
 
     return run
+
+
+def run_captured(
+    prog: CapturedProgram,
+    env: GuardEnv,
+    state: Sequence[torch.Tensor],
+    containers: Sequence[Any],
+    name: str,
+) -> Any:
+    """The call whose capture was refused after its Python ran to its end
+    (:mod:`plait.frontend.refused_after_run`): its result from its captured graph as it is (no
+    passes), run by the reference interpreter, inputs and buffers written back once; gradients
+    flow through its PyTorch calls, as through the ``eager`` backend's."""
+    assert prog.graph is not None
+    logs.emit("capture", "ran_once", f"{name}: the call that captured runs its captured graph")
+    return prog.run(_eager_executor(prog.graph.inputs, prog.graph), env, state, containers)
 
 
 def _stax_options(req: CompileRequest, training: bool = False) -> Any:

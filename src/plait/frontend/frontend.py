@@ -32,12 +32,13 @@ from plait.errors import GraphCaptureError, InvalidOptionError
 from plait.frontend import datadep, pytree, stride_choices
 from plait.frontend.capture_values import Lift, Restart, Tracer
 from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
-from plait.frontend.guard_plan import GuardPlan, build_guards
+from plait.frontend.guard_plan import build_guards, plan_of
 from plait.frontend.input_writes import InputObjects
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
 from plait.frontend.pyreads import PyReads
 from plait.frontend.pyvalues import Keyed, Root
+from plait.frontend.refused_after_run import fallback, this_call
 from plait.frontend.rng import keep_last_draw
 from plait.frontend.state import ModuleState, backward_hooked
 from plait.frontend.symints import TracedInt, TracedSize
@@ -128,9 +129,10 @@ def _capture_until_done(
             arithmetic=arithmetic,
         )
         contexts.append(cx)
+        ran: list[CapturedProgram] = []  # NOTE: this call's, where refused after it ran
         try:
             with module_state.restored_on_failure(_is_tracer) if module_state else nullcontext():
-                prog = _capture_once(cx, fn, adapter, spec, leaves, paths, module_state)
+                prog = _capture_once(cx, fn, adapter, spec, leaves, paths, module_state, ran)
         except Restart as restart:
             static_sizes |= restart.sizes
             specialized.append(restart.why)
@@ -151,7 +153,9 @@ def _capture_until_done(
                 raise
             if fullgraph or err.kind not in ("data-dependent", "unsupported", "limitation"):
                 raise
-            prog = _fallback(cx, err, spec, leaves, paths, module_state)
+            # NOTE: an earlier attempt ran the Python already: this graph is not the first run's
+            first = ran[0] if ran and len(contexts) == 1 else None
+            prog = fallback(cx, err, spec, leaves, paths, module_state, first)
         prog.specialized = specialized
         prog.resampled = resampled
         prog.uncomputed = cx.unsampled.calls if cx.unsampled is not None else 0
@@ -254,6 +258,7 @@ def _capture_once(
     leaves: list[Any],
     paths: list[str],
     ms: ModuleState | None,
+    ran: list[CapturedProgram],
 ) -> CapturedProgram:
     if cx.grad_enabled and (
         nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks
@@ -313,7 +318,17 @@ def _capture_once(
                 "wrote them in place without a capture rule seeing it",
                 kind="limitation",
             )
-        pyroots = reads.finish(objects.made)
+        try:
+            pyroots = reads.finish(objects.made)
+        except GraphCaptureError:  # NOTE: after the Python ran to its end: for later calls
+            once = this_call(
+                cx,
+                ms,
+                reads.originals,
+                lambda: _finish(cx, out, spec, leaves, paths, ms, state, [], [], objects),
+            )
+            ran.extend([once] if once is not None else [])
+            raise
         return _finish(cx, out, spec, leaves, paths, ms, state, pyroots, reads.keys, objects)
 
 
@@ -475,7 +490,7 @@ def _finish(
     built = cx.builder.build()
     if cx.unbacked:  # NOTE: nodes emitted outside a torch call (outputs, write-backs) too
         datadep.check_new_nodes(cx, 0)
-    plan = _plan(cx, ms, slots, mutations)
+    plan = plan_of(cx, ms, slots, mutations)
     plan.pyroots = pyroots
     return CapturedProgram(
         graph=built,
@@ -539,54 +554,3 @@ def _slot(lift: Lift) -> InputSlot:
     if lift.kind in ("param", "buffer"):
         return InputSlot("state", lift.ref)
     return InputSlot("const", lift.ref)
-
-
-def _plan(
-    cx: CaptureContext,
-    ms: ModuleState | None,
-    slots: list[InputSlot] | None,
-    mutations: list[tuple[Lift, int]],
-) -> GuardPlan:
-    """What the guards depend on besides the call (the call's own values come at build)."""
-    used = None
-    if ms is not None and slots is not None:
-        used = sorted(s.ref for s in slots if s.source == "state")
-    return GuardPlan(
-        user_types={lift.ref: lift.type for lift in cx.lifts if lift.kind == "user"},
-        predicates=list(cx.predicates.values()),
-        symbols=dict(cx.symbols),
-        bindings=dict(cx.bindings),
-        duck=list(cx.duck),
-        dynamic=cx.dynamic,
-        alias=bool(mutations),
-        written=[
-            ("user" if lift.kind == "user" else "state", lift.ref)
-            for lift, _ in mutations
-            if lift.kind in ("user", "param", "buffer")
-        ],
-        used=used,
-        layout_read=cx.layout_read,
-    )
-
-
-def _fallback(
-    cx: CaptureContext,
-    err: GraphCaptureError,
-    spec: Any,
-    leaves: list[Any],
-    paths: list[str],
-    ms: ModuleState | None,
-) -> CapturedProgram:
-    """The documented fallback: run eagerly, under the guards read before the failure."""
-    plan = _plan(cx, ms, None, [])
-    return CapturedProgram(
-        graph=None,
-        guards=build_guards(plan, spec, leaves, paths, ms),
-        guard_plan=plan,
-        semantic_hash=None,
-        opaque_counts=dict(cx.opaque_counts),
-        opaque_reasons=dict(cx.opaque_reasons),
-        fallback_reason=str(err),
-        dynamic=cx.dynamic,
-        fallback_error=err,
-    )

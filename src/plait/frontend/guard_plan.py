@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sympy
 import torch
@@ -36,6 +36,11 @@ from plait.ir import TensorType
 from plait.ir.parser import parse_type
 from plait.ir.text import format_type
 from plait.symbolic.dims import parse_dim, symbol
+
+if TYPE_CHECKING:
+    from plait.frontend.capture_values import Lift
+    from plait.frontend.program import InputSlot
+    from plait.frontend.tracer import CaptureContext
 
 _RELATIONS = {">": sympy.Gt, ">=": sympy.Ge, "<": sympy.Lt, "<=": sympy.Le, "==": sympy.Eq}
 
@@ -109,6 +114,35 @@ class GuardPlan:
             layout_read=doc["layout_read"],
             pyreads=[list(d) for d in doc["pyreads"]],
         )
+
+
+def plan_of(
+    cx: CaptureContext,
+    ms: ModuleState | None,
+    slots: list[InputSlot] | None,
+    mutations: list[tuple[Lift, int]],
+) -> GuardPlan:
+    """A capture's plan: what the guards depend on besides the call (the call's own values
+    come at build); ``slots``: the graph's inputs (None: a fallback's)."""
+    used = None
+    if ms is not None and slots is not None:
+        used = sorted(s.ref for s in slots if s.source == "state")
+    return GuardPlan(
+        user_types={lift.ref: lift.type for lift in cx.lifts if lift.kind == "user"},
+        predicates=list(cx.predicates.values()),
+        symbols=dict(cx.symbols),
+        bindings=dict(cx.bindings),
+        duck=list(cx.duck),
+        dynamic=cx.dynamic,
+        alias=bool(mutations),
+        written=[
+            ("user" if lift.kind == "user" else "state", lift.ref)
+            for lift, _ in mutations
+            if lift.kind in ("user", "param", "buffer")
+        ],
+        used=used,
+        layout_read=cx.layout_read,
+    )
 
 
 def build_guards(

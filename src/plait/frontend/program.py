@@ -74,6 +74,10 @@ class CapturedProgram:
     guard_plan: Any = None  # the GuardPlan the guards were built from (None: built otherwise)
     # NOTE: a fallback's GraphCaptureError (operation, file and line), for regional compilation
     fallback_error: Exception | None = field(default=None, repr=False, compare=False)
+    # NOTE: a fallback refused after the program's Python ran to its end: the program of the
+    # call that captured it, which that call runs instead of the Python again
+    # (plait.frontend.refused_after_run); taken off by the engine, never saved
+    this_call: CapturedProgram | None = field(default=None, repr=False, compare=False)
 
     def symbolic_dims(self) -> dict[str, str]:
         """Each input dim captured as a symbol (``"x.shape[0]"``) -> the symbol's name."""

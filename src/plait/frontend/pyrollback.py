@@ -59,6 +59,7 @@ class Originals:
         # it was reached by)
         self._held: dict[int, tuple[Any, str, Any, tuple[str, ...]]] = {}
         self._keep: list[Any] = []  # NOTE: the objects of _held's keys, alive while noted
+        self.put_back = False  # NOTE: whether a restore put anything back
 
     def note(self, namespace: MutableMapping[str, Any], name: str, value: Any) -> None:
         """``namespace[name]`` was first read as ``value`` (``ABSENT``: not there)."""
@@ -138,10 +139,11 @@ class Originals:
     def restore(self) -> None:
         """Puts back each binding that now holds a tracer (alone or in what it holds), each
         list read that now holds one it did not, and each key of a dict or attribute of a user
-        object read that does."""
+        object read that does (``put_back`` then says so)."""
         for namespace, name, value in self._seen.values():
             now = namespace.get(name, ABSENT)
             if now is not value and _holds_tracer(now):
+                self.put_back = True
                 if value is ABSENT:
                     namespace.pop(name, None)
                 else:
@@ -149,11 +151,13 @@ class Originals:
         for container, kind, copied, _ in self._held.values():
             if kind == "list":
                 if _differ(container, copied) and _holds_tracer(container):
+                    self.put_back = True
                     list.__setitem__(container, slice(None), copied)
                 continue
             # NOTE: through dict's own methods: a subclass's (a registry's) may do more
             for k, v in list(dict.items(container)):
                 if v is not copied.get(k, ABSENT) and _holds_tracer(v):
+                    self.put_back = True
                     if k in copied:
                         dict.__setitem__(container, k, copied[k])
                     else:
