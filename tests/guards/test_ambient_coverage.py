@@ -37,6 +37,13 @@ _PROTOCOL = "the artifact protocol's settings of a call, each pinned by a guard"
 COVERED = {
     ("frontend/guard_build.py", "is_grad_enabled"): "guard grad_mode",
     ("frontend/guard_build.py", "get_default_dtype"): "guard torch.get_default_dtype()",
+    ("frontend/default_dtype.py", "get_default_dtype"): "guard torch.get_default_dtype() (the "
+    "default a capture's builder casts integer operands to)",
+    ("frontend/aten_emit.py", "get_default_dtype"): "a docstring: a factory's dtype is written "
+    "out, nothing read",
+    ("ir/ops/rules.py", "get_default_dtype"): "its docstring: the IR's rules never read it",
+    ("ir/ops/aten.py", "get_default_dtype"): "guard torch.get_default_dtype() (an ATen node's "
+    "types memo is keyed by the default in force where the node is typed)",
     ("frontend/guard_build.py", "is_autocast_enabled"): "guard torch.autocast",
     ("frontend/capture_values.py", "is_grad_enabled"): "guard grad_mode (capture's own)",
     ("frontend/tracer.py", "is_grad_enabled"): "guard grad_mode (capture's own, compared with "
