@@ -422,9 +422,14 @@ int run_leaf(const Op& op, Env& e) {
 
 // The version of a dict: changes with every change of its items (CPython's PEP 509 tag while
 // it exists; 0 where it does not: no fast path).
+// NOTE: deprecated from 3.12 (a compile warning, an error under -Werror), still bumped by every
+// change of the items through 3.13 (its low bits tag the dict's watchers), removed in 3.14.
 inline uint64_t dict_version(PyObject* d) {
 #if PY_VERSION_HEX < 0x030E0000
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   return reinterpret_cast<PyDictObject*>(d)->ma_version_tag;
+#pragma GCC diagnostic pop
 #else
   (void)d;
   return 0;
