@@ -502,3 +502,21 @@ def test_a_write_through_data_writes_the_caller_s_tensor(requires_grad: bool) ->
         got = compiled(x, mine)
         torch.testing.assert_close(mine, theirs, **contract_tol("model", torch.float32))
         torch.testing.assert_close(got, want, **contract_tol("model", torch.float32))
+
+
+def test_a_compiled_bound_method_s_weights_are_module_state() -> None:
+    """``torch.compile(model.forward)``: Dynamo reaches the weights through the bound method
+    (``L['fn'].__self__._modules[...]``); they are module state to plait (frozen behind its
+    guards), as for ``torch.compile(model)``, and a weight changed in place is never stale."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU()).eval()
+    backend = PlaitBackend()
+    compiled = torch.compile(model.forward, backend=backend)
+    with torch.no_grad():
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(compiled(x), model(x), **contract_tol("model", torch.float32))
+        model[0].weight.mul_(-1)
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(compiled(x), model(x), **contract_tol("model", torch.float32))
+    (graph,) = backend.graphs
+    assert graph.state_paths[:2] == ["0.weight", "0.bias"], graph.state_paths

@@ -73,9 +73,11 @@ __all__ = ["DynamoGraph", "GraphProgram", "PlaitBackend", "graphs", "plait_backe
 # others go to plait.compile(options=...)
 _KEYWORDS = ("backend", "fullgraph", "dynamic")
 # `L['self']._modules['layer1']._modules['0']._parameters['weight']`: a module's state slot,
-# reached from a local (`L`) or global (`G`) name
+# reached from a local (`L`) or global (`G`) name, or from a bound method's module
+# (`L['fn'].__self__`: torch.compile(model.forward))
 _SLOT = re.compile(
-    r"^[LG]\['([^']+)'\]((?:\._modules\['[^']+'\])*)\._(parameters|buffers)\['([^']+)'\]$"
+    r"^[LG]\['([^']+)'\](?:\.__self__)?((?:\._modules\['[^']+'\])*)"
+    r"\._(parameters|buffers)\['([^']+)'\]$"
 )
 # the module being compiled (`self` in its forward, `fn` in nn.Module's call): no path prefix
 _ROOTS = ("self", "fn")
