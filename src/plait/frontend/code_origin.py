@@ -1,7 +1,8 @@
 """Where code comes from, for capture and for warm starts: whether a module's code is pinned by
 the toolchain versions (PyTorch's, plait's, NumPy's, SymPy's and the standard library's own),
-the function a module names under a qualified name in this process (no import), and the class a
-generated namedtuple or dataclass method belongs to.
+the function a module names under a qualified name in this process (no import), the class a
+generated namedtuple or dataclass method belongs to, and what belongs to the import system (a
+module's import metadata, loaders and finders).
 
 Example:
     >>> is_pinned("torch.nn.functional"), is_pinned("my_project.model")
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.abc
+import importlib.machinery
 import os
 import sys
 import sysconfig
@@ -138,3 +141,20 @@ def under_import(frame: types.FrameType) -> bool:
             return True
         caller = caller.f_back
     return False
+
+
+# NOTE: a module's import metadata that holds objects of the import system (its loader, its
+# spec), not values of the program: guarded by identity wherever a module namespace is read
+IMPORT_METADATA = frozenset({"__loader__", "__spec__"})
+_IMPORT_MACHINERY = (
+    importlib.abc.Loader,
+    importlib.abc.MetaPathFinder,
+    importlib.abc.PathEntryFinder,
+    importlib.machinery.ModuleSpec,
+)
+
+
+def is_import_machinery(v: Any) -> bool:
+    """Whether ``v`` is an object of the import system: a loader, a finder or a module spec
+    (pytest's assertion-rewriting hook, an editable install's finder), whatever its package."""
+    return isinstance(v, _IMPORT_MACHINERY)

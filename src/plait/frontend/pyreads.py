@@ -25,7 +25,8 @@ was assigned.
 
 A read that cannot be attributed is never ignored: a module class with its own
 ``__getattribute__`` (or a program that reads ``__dict__``) has its whole instance dict guarded;
-code that calls ``globals()``, ``eval`` or ``exec`` has its whole module namespace guarded; a
+code that calls ``globals()``, ``eval`` or ``exec`` has its whole module namespace guarded (its
+import metadata by identity: :mod:`plait.frontend.namespace_reads`); a
 function whose closure cannot be found, or a program that changes a value it read while it runs,
 is refused (:class:`GraphCaptureError`, ``kind="limitation"``: the documented eager fallback).
 
@@ -53,6 +54,7 @@ from plait.errors import GraphCaptureError
 from plait.frontend.attr_reads import _LOCAL, _instrument
 from plait.frontend.capture_values import Tracer
 from plait.frontend.code_origin import find_function, generated_for, is_pinned, under_import
+from plait.frontend.namespace_reads import WHOLE_NAMESPACE, name_roots, whole_names_root
 from plait.frontend.pyrollback import Originals
 from plait.frontend.pyvalues import (
     _MODULE_SKIP,
@@ -71,6 +73,7 @@ from plait.frontend.pyvalues import (
     func_root,
     item_root,
     keyed,
+    namespace_root,
     quick_key,
     table_names_root,
     type_root,
@@ -80,7 +83,6 @@ from plait.frontend.pyvalues import (
 # --- recording -----------------------------------------------------------------------------
 _TABLES = ("_parameters", "_buffers", "_modules")
 _STATE_TABLES = ("_parameters", "_buffers")
-_WHOLE_NAMESPACE = frozenset({"globals", "eval", "exec", "vars", "locals", "__import__"})
 
 
 @functools.lru_cache(maxsize=4096)
@@ -249,7 +251,7 @@ class PyReads:
             self.roots[key] = root
             return
         try:
-            root.first = _Walk().key(root.read(), shallow=root.shallow)
+            root.first = keyed(root).key
         except GraphCaptureError as exc:
             self.refusal = self.refusal or exc.reason
             return
@@ -374,9 +376,10 @@ class PyReads:
                 self._global(g, module, name, frame.f_builtins)
             if "__getattribute__" in names and "object" in loads:
                 self._around()  # NOTE: object.__getattribute__(self, "scale")
-            if _WHOLE_NAMESPACE & set(loads):
+            if WHOLE_NAMESPACE & set(loads):
                 for name in list(g):
                     self._global(g, module, name, frame.f_builtins)
+                self._add(*whole_names_root(g, module, self._resolvable(g, module)))
             if code.co_freevars:
                 self._with_cells.add(id(code))
         fn = find_function(module, code.co_qualname)
@@ -466,16 +469,18 @@ class PyReads:
     def _global(self, g: dict, module: str, name: str, builtins_: dict) -> None:
         if g.get(name) is _OBJECT_GETATTRIBUTE:
             self._around()  # NOTE: an alias of object.__getattribute__
-        resolvable = sys.modules.get(module) is not None and vars(sys.modules[module]) is g
-        desc = ["global", module, name] if resolvable else None
-        show = f"global {module}.{name}"
+        desc = ["global", module, name] if self._resolvable(g, module) else None
         self.originals.note(g, name, g.get(name, ABSENT))
-        self._add(("item", id(g), name), item_root(g, name, show, desc))
+        for key, root in name_roots(g, name, f"global {module}.{name}", desc):
+            self._add(key, root)
         if name not in g:
             show = f"builtin {name}"
-            self._add(
-                ("item", id(builtins_), name), item_root(builtins_, name, show, ["builtin", name])
-            )
+            root = namespace_root(builtins_, name, show, ["builtin", name])
+            self._add(("item", id(builtins_), name), root)
+
+    @staticmethod
+    def _resolvable(g: dict, module: str) -> bool:
+        return sys.modules.get(module) is not None and vars(sys.modules[module]) is g
 
     # -- after the capture
     def finish(self, inputs: Any = ()) -> list[Root]:
@@ -555,9 +560,8 @@ class PyReads:
                     if base is not None
                     else None
                 )
-                root = item_root(namespace, name, show, desc)
-                root.shallow = is_pinned(host.__name__)
-                self._add(("item", id(namespace), name), root)
+                for key, root in name_roots(namespace, name, show, desc, is_pinned(host.__name__)):
+                    self._add(key, root)
             return
         cls = host if isinstance(host, type) else type(host)
         own = getattr(host, "__dict__", {}) if not isinstance(host, type) else {}

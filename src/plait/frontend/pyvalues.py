@@ -33,7 +33,13 @@ import torch
 from torch import nn
 
 from plait.errors import GraphCaptureError, NotSavableError, UnknownNameError
-from plait.frontend.code_origin import find_function, is_pinned
+from plait.frontend.code_origin import (
+    IMPORT_METADATA,
+    find_function,
+    is_import_machinery,
+    is_pinned,
+)
+from plait.frontend.pyvalue_changes import changed_at, short
 from plait.guards.guard import Guard, GuardEnv, ReadPyValues
 
 
@@ -180,8 +186,11 @@ class _Walk:
 
 def _is_value_object(v: Any, cls: type) -> bool:
     """Whether ``v`` is compared by its contents: an object of a user class, a
-    ``SimpleNamespace``, a dataclass instance (a library's other objects: by identity)."""
-    return _is_user_class(cls) or isinstance(v, types.SimpleNamespace) or _is_data(v)
+    ``SimpleNamespace``, a dataclass instance (a library's other objects: by identity; so is
+    an object of the import system, a loader or finder, whatever package defines it)."""
+    if _is_user_class(cls):
+        return not is_import_machinery(v)
+    return isinstance(v, types.SimpleNamespace) or _is_data(v)
 
 
 def _is_data(v: Any) -> bool:
@@ -223,7 +232,8 @@ def value_key(v: Any) -> Any:
 @dataclass
 class Root:
     """One place the program read: ``read()`` reads it again now; ``desc`` finds it again in
-    another process (None: it cannot be, e.g. a closure cell); ``show`` names it for a user."""
+    another process (None: it cannot be, e.g. a closure cell); ``show`` names it for a user;
+    ``identity``: its value is compared by identity alone (a module's import metadata)."""
 
     show: str
     read: Callable[[], Any]
@@ -232,6 +242,7 @@ class Root:
     shallow: bool = False
     first: Any = None  # the value key at the first read (a change during capture is refused)
     names: frozenset[str] = field(default_factory=frozenset)
+    identity: bool = False
 
 
 def item_root(
@@ -241,6 +252,27 @@ def item_root(
         return mapping.get(key, ABSENT)
 
     return Root(show, read, desc, lambda v: (ITEMS, mapping, (key,), (v,)), **kw)
+
+
+def namespace_root(
+    namespace: dict, name: str, show: str, desc: list | None, shallow: bool = False
+) -> Root:
+    """A name of a module namespace (or of the builtins): its import metadata by identity, and
+    its ``__builtins__`` (whose entries are roots of their own: plait.frontend.namespace_reads)."""
+    same = name in IMPORT_METADATA or name == "__builtins__"
+    return item_root(namespace, name, show, desc, shallow=shallow, identity=same)
+
+
+def names_root(namespace: dict, show: str, desc: list | None) -> Root:
+    """The names a namespace holds (a program that reads it whole may look up one it lacks);
+    natively its dict version, the Python read after a change (as :func:`table_names_root`)."""
+
+    def read() -> Any:
+        return repr(list(namespace))
+
+    return Root(
+        show, read, desc, lambda v: (DICT, namespace, tuple(namespace), tuple(namespace.values()))
+    )
 
 
 def typeattr_root(cls: type, name: str, show: str, desc: list | None) -> Root:
@@ -353,11 +385,15 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
         mod = sys.modules.get(desc[1])
         if mod is None:
             raise UnknownNameError(f"module {desc[1]} is not loaded")
-        root = item_root(vars(mod), desc[2], f"global {desc[1]}.{desc[2]}", desc)
-        root.shallow = is_pinned(desc[1])
-        return root
+        show = f"global {desc[1]}.{desc[2]}"
+        return namespace_root(vars(mod), desc[2], show, desc, is_pinned(desc[1]))
     if kind == "builtin":
-        return item_root(vars(builtins), desc[1], f"builtin {desc[1]}", desc)
+        return namespace_root(vars(builtins), desc[1], f"builtin {desc[1]}", desc)
+    if kind == "names":
+        mod = builtins if desc[1] is None else sys.modules.get(desc[1])
+        if mod is None:
+            raise UnknownNameError(f"module {desc[1]} is not loaded")
+        return names_root(vars(mod), f"the names of {mod.__name__}", desc)
     if kind == "func":
         fn = find_function(desc[1], desc[2])
         if fn is None:
@@ -374,9 +410,8 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
     if kind == "attrpath":
         base = resolve(desc[1], module).read()
         if isinstance(base, types.ModuleType):
-            root = item_root(vars(base), desc[2], f"{base.__name__}.{desc[2]}", desc)
-            root.shallow = is_pinned(base.__name__)
-            return root
+            show = f"{base.__name__}.{desc[2]}"
+            return namespace_root(vars(base), desc[2], show, desc, is_pinned(base.__name__))
         cls = base if isinstance(base, type) else type(base)
         return typeattr_root(cls, desc[2], f"{cls.__qualname__}.{desc[2]}", desc)
     if kind == "typeattr":
@@ -385,55 +420,6 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
             raise UnknownNameError(f"{desc[1]}.{desc[2]} is not loaded")
         return typeattr_root(cls, desc[3], f"{desc[2]}.{desc[3]}", desc)
     raise UnknownNameError(f"unknown Python read {kind!r}")
-
-
-def _plain(key: Any) -> bool:
-    """A value key of a plain value: ``(type, value)`` or ``(type, "bits", ...)``."""
-    return (
-        isinstance(key, tuple)
-        and len(key) >= 2
-        and isinstance(key[0], type)
-        and (key[1] == "bits" or not isinstance(key[1], tuple))
-    )
-
-
-def _difference(a: Any, b: Any, where: str) -> tuple[str, Any, Any]:
-    """The first place two value keys differ (``self.config.n_embd``) and the two values."""
-    while (
-        isinstance(a, tuple)
-        and isinstance(b, tuple)
-        and len(a) == len(b)
-        and not _plain(a)
-        and not _plain(b)
-    ):
-        i = next(k for k, (x, y) in enumerate(zip(a, b)) if x != y)
-        x, y = a[i], b[i]
-        if (
-            isinstance(x, tuple)
-            and isinstance(y, tuple)
-            and len(x) == len(y) == 2
-            and x[0] == y[0]
-            and not _plain(x)
-        ):
-            name = x[0]
-            if isinstance(name, str):
-                where += f".{name}"
-            elif _plain(name):
-                where += f"[{name[1]!r}]"
-            a, b = x[1], y[1]
-            continue
-        a, b = x, y
-    return where, a, b
-
-
-def _short(key: Any) -> str:
-    if isinstance(key, tuple) and len(key) == 3 and key[1] == "bits":
-        return repr(struct.unpack("<d", struct.pack("<q", key[2]))[0])
-    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], type):
-        text = repr(key[1])
-    else:
-        text = repr(key)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class Keyed(NamedTuple):
@@ -453,6 +439,8 @@ _keyed = tuple.__new__  # NOTE: a Keyed made without its Python __new__
 def keyed(root: Root) -> Keyed:
     """``root`` read now, with its value key (a walk of its own, as the guard's read makes)."""
     value = root.read()
+    if root.identity:
+        return _keyed(Keyed, (value, Same(value), [], []))
     # NOTE: the walk's answer, without its setup, for the values most roots hold
     cls = type(value)
     if cls in _PLAIN_KEYED:
@@ -497,18 +485,22 @@ def python_values_guard(items: Sequence[tuple[Root, Keyed]]) -> Guard | None:
     checks = [c for _, k in items for c in k.checks]
     shallow = [r.shallow for r in roots]
     readers = [r.read for r in roots]
+    same = [r.identity for r in roots]
 
     def read(env: GuardEnv) -> Any:
         # NOTE: a walk per root, as :func:`keyed` made the expected keys
-        return tuple(_Walk().key(f(), shallow=s) for f, s in zip(readers, shallow))
+        return tuple(
+            Same(f()) if i else _Walk().key(f(), shallow=s)
+            for f, s, i in zip(readers, shallow, same)
+        )
 
     def detail(env: GuardEnv) -> str:
         now = read(env)
         changed = []
         for r, a, b in zip(roots, expected, now):
             if a != b:
-                where, was, got = _difference(a, b, r.show)
-                changed.append(f"{where}: was {_short(was)}, now {_short(got)}")
+                where, was, got = changed_at(a, b, r.show)
+                changed.append(f"{where}: was {short(was)}, now {short(got)}")
         return "; ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
 
     descs = [r.desc for r in roots]
