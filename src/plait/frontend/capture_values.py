@@ -439,7 +439,8 @@ class CaptureValues:
     def _restart_static(self, operands: Any, why: str, attrs: Any = None) -> None:
         """A type rule could not relate symbolic sizes (``s1`` against a weight's ``8``): make
         the sizes involved static and capture again. Sizes equal to a static dim of another
-        operand or to an int of the attributes (``normalized_shape``, split sizes) go first;
+        operand or to an int of the attributes (``normalized_shape``, split sizes) that the
+        rule's message names go first, then those it names, then those equal to a static size;
         failing that, every symbolic size of the operands."""
         types = [
             o.type
@@ -458,12 +459,15 @@ class CaptureValues:
         sizes = [v for k, v in (attrs or {}).items() if k in _SIZE_ATTRS]
         statics |= {v for v in _flat(sizes) if type(v) is int}
         matching = {s for s in syms if self.bindings[s] in statics}
-        # NOTE: then the sizes the rule's message names (the dims it could not relate:
-        # ViT's patch count ``floor(s2/8)**2 + 1`` against its position table's 5 names the
-        # height, not the batch); a guess too narrow only restarts the capture once more
+        # NOTE: the sizes the rule's message names are the dims it could not relate (ViT's
+        # patch count ``floor(s2/8)**2 + 1`` against its position table's 5 names the height,
+        # not the batch; a conv's ``s1 != 3`` names the channels, not a height of 64 that
+        # equals the weight's 64 output channels): an equal static size alone is a coincidence
+        # more often than not. A guess too narrow only restarts the capture once more; one too
+        # wide costs a specialization per size of a dim that never needed to be static.
         named = {s for s in syms if re.search(rf"(?<!\w){re.escape(str(s))}(?!\w)", why)}
         if syms:
-            self.restart(matching or named or syms, why)
+            self.restart((matching & named) or named or matching or syms, why)
 
     # --- shapes for metadata reads --------------------------------------------------------
     def sizes(self, t: Tracer) -> tuple[Any, ...]:

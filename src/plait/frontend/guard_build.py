@@ -422,28 +422,39 @@ def _sig_check(k: int, sig: tuple[Any, ...]) -> TensorCheck:
 _STRIDES = operator.methodcaller("stride")
 
 
+def _layout(t: torch.Tensor) -> Any:
+    """A tensor's layout as a symbolic program's guard reads it: ``"contiguous"`` for a
+    row-major tensor (its strides follow its sizes, which the size guards judge; every view,
+    reshape and contiguity question has the same answer for each such tensor of the guarded
+    shape), else its strides."""
+    return "contiguous" if t.is_contiguous() else t.stride()
+
+
 def layout_guard(
     where: str,
     leaves: Sequence[Any],
     paths: Sequence[str],
     used: Sequence[int],
     state: Sequence[torch.Tensor],
+    symbolic: bool = False,
 ) -> Guard:
     """The program read a layout (``is_contiguous`` in ``where``): the answer depends on the
     strides of the tensors it reads, so the strides of every tensor input and used parameter
-    or buffer are pinned."""
+    or buffer are pinned; where sizes are symbolic, a row-major tensor's only its contiguity
+    (its strides change with the sizes the program serves)."""
     tensor_ix = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     pick_leaves, pick_state = _picker(tensor_ix), _picker(used)
+    strides = _layout if symbolic else _STRIDES
     expected = (
-        tuple(map(_STRIDES, pick_leaves(leaves))),
-        tuple(map(_STRIDES, pick_state(state))) if used else (),
+        tuple(map(strides, pick_leaves(leaves))),
+        tuple(map(strides, pick_state(state))) if used else (),
     )
     names = ", ".join([paths[i] for i in tensor_ix][:3] + (["..."] if len(tensor_ix) > 3 else []))
 
     def read(env: GuardEnv) -> Any:
         return (
-            tuple(map(_STRIDES, pick_leaves(env.leaves))),
-            tuple(map(_STRIDES, pick_state(env.state))) if used else (),
+            tuple(map(strides, pick_leaves(env.leaves))),
+            tuple(map(strides, pick_state(env.state))) if used else (),
         )
 
     return Guard(

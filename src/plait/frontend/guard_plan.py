@@ -179,7 +179,11 @@ def build_guards(
         guards += guard_build.module_guards(ms, used, state or ms.fetch())
     if plan.layout_read is not None:
         live = state or (ms.fetch() if ms is not None else [])
-        guards.append(guard_build.layout_guard(plan.layout_read, leaves, paths, used, live))
+        guards.append(
+            guard_build.layout_guard(
+                plan.layout_read, leaves, paths, used, live, symbolic=bool(plan.bindings)
+            )
+        )
     roots = plan.pyroots
     if roots is None:
         module = ms.module if ms is not None else None

@@ -84,6 +84,24 @@ def _reachable(found: Any, value: Any) -> bool:
     return False
 
 
+def _a_copy_of(found: Any, value: Any) -> bool:
+    """Whether ``value`` is a copy of the function ``found`` (its code, globals, defaults and
+    closure, as ``types.FunctionType(f.__code__, ...)`` makes: transformers' ``copy_func`` sets
+    ``PreTrainedConfig.push_to_hub`` so, to give it its own docstring): what another process
+    would find, as it runs the same code on the same values."""
+    if not isinstance(value, types.FunctionType) or not isinstance(found, types.FunctionType):
+        return False
+    v, f = value, found
+    return (
+        getattr(v, "__wrapped__", None) is f
+        and v.__code__ is f.__code__
+        and v.__globals__ is f.__globals__
+        and v.__defaults__ is f.__defaults__
+        and v.__kwdefaults__ == f.__kwdefaults__
+        and v.__closure__ is f.__closure__
+    )
+
+
 def function_digest(fn: types.FunctionType) -> str:
     """SHA-256 over the function's code, defaults, the classes that own it, the module-level
     values its code names and their attributes it names (raises :class:`Unpinnable` for a
@@ -395,8 +413,21 @@ def _function_fp(fn: types.FunctionType, what: str, memo: dict[int, Any], depth:
         # NOTE: a lambda or nested function of user code cannot be found again by name, but
         # it is harmless unless it runs, and the recorder refuses the program when it does.
         return out
-    _check_found(fn, what)
+    if not _found_as_its_code(fn):
+        _check_found(fn, what)
     return out
+
+
+def _found_as_its_code(fn: types.FunctionType) -> bool:
+    """Whether the module ``fn``'s code belongs to names ``fn`` (or a function ``fn`` copies)
+    under the code's qualified name: a library's ``@wraps(other)`` method, or a copy of a
+    function made to carry its own docstring (transformers' ``PreTrainedModel.push_to_hub``),
+    has another function's ``__module__`` and ``__qualname__`` but is found where its code is."""
+    module, qualname = _globals_name(fn), fn.__code__.co_qualname
+    if "<" in qualname or is_pinned(module):
+        return False
+    found = lookup(module, qualname)
+    return _reachable(found, fn) or _a_copy_of(found, fn)
 
 
 def _cell_fp(cell: Any, what: str, memo: dict[int, Any], depth: int) -> Any:
@@ -507,7 +538,7 @@ def _field_fp(f: Any, where: str, memo: dict[int, Any], depth: int) -> Any:
         None if f.default is missing else _fp(f.default, where, memo, depth + 1),
         None if f.default_factory is missing else _fp(f.default_factory, where, memo, depth + 1),
         f.init,
-        f.kw_only,
+        None if f.kw_only is missing else f.kw_only,  # NOTE: a ClassVar pseudo-field's
     ]
 
 
