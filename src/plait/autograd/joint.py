@@ -243,7 +243,7 @@ def _attention_call(b: GraphBuilder, node: Node) -> list[Value]:
 
 def _attention_math_call(b: GraphBuilder, node: Node) -> list[Value]:
     """Attention with dropout as eager computes it on the CPU (its math path): scores, mask,
-    softmax, ATen's native_dropout on the weights (the numbers eager's dropout draws), then the
+    safe softmax, ATen's native_dropout on the weights (the numbers eager's dropout draws), then the
     product with the values; every step has a derivative rule."""
     q, k, v, *rest = node.inputs
     mask = rest[0] if rest else None
@@ -263,7 +263,12 @@ def _attention_math_call(b: GraphBuilder, node: Node) -> list[Value]:
             scores = b.call("where", mask, scores, big)
         else:
             scores = b.call("add", scores, mask)
-    weights = b.call("softmax", scores, dim=-1)
+    # NOTE: eager's _safe_softmax: a row every key of which is masked out (a padded query
+    # under a causal and padding mask) weighs nothing, where a plain softmax gives NaN; its
+    # scores are made finite first, so that the softmax's derivative reads no NaN either
+    masked = b.call("all", b.call("eq", scores, big), dims=[-1], keepdim=True)
+    weights = b.call("softmax", b.call("where", masked, 0.0, scores), dim=-1)
+    weights = b.call("where", masked, 0.0, weights)
     return [b.call("matmul", _native_dropout(b, weights, a["dropout_p"]), v)]
 
 

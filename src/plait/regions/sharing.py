@@ -48,7 +48,8 @@ class BlockSharing:
         self._index()
         # NOTE: each with the global module hooks its capture ran (they are in its graph, and
         # no guard of the program reads them: the compile adds that guard, for the hooks then)
-        self.programs: dict[tuple[Any, ...], list[tuple[CapturedProgram, Any]]] = {}
+        # and the engine that captured it
+        self.programs: dict[tuple[Any, ...], list[tuple[CapturedProgram, Any, Any]]] = {}
         self.artifacts: dict[tuple[Any, ...], Any] = {}
         self.counts: Counter[str] = Counter()
         self.unshared: dict[str, str] = {}  # module path -> why its program is its own
@@ -70,23 +71,33 @@ class BlockSharing:
         """A program an identical block captured, rebuilt for this block's call and guarded
         for it; None when there is none whose guards hold here."""
         sig = self.signature.get(id(engine.fn))
-        for first, hooks in self.programs.get(sig, []) if sig is not None else []:
+        why = None
+        for first, hooks, owner in self.programs.get(sig, []) if sig is not None else []:
+            if owner is engine:
+                continue  # NOTE: its own earlier program: its guards failed already
             if hooks != global_hooks():
-                self.unshared[engine.path] = "the global module hooks are not its capture's"
+                why = "the global module hooks are not its capture's"
                 continue
             try:
                 prog = _rebound(first, engine, env, paths)
             except LookupError as exc:
-                self.unshared[engine.path] = str(exc)
+                why = str(exc)
                 continue
             self.counts["programs_shared"] += 1
+            self.unshared.pop(engine.path, None)
             return prog
+        # NOTE: why its latest program is its own (None: no identical block captured one)
+        if why is None:
+            self.unshared.pop(engine.path, None)
+        else:
+            self.unshared[engine.path] = why
         return None
 
     def publish_program(self, engine: Any, prog: CapturedProgram) -> None:
         if not self.shared(engine.fn) or not prog.has_graph or prog.guard_plan is None:
             return
-        self.programs.setdefault(self.signature[id(engine.fn)], []).append((prog, global_hooks()))
+        programs = self.programs.setdefault(self.signature[id(engine.fn)], [])
+        programs.append((prog, global_hooks(), engine))
 
     @staticmethod
     def _artifact_key(prog: CapturedProgram, settings: Any) -> tuple[Any, ...] | None:

@@ -78,7 +78,9 @@ class RegionTree(BlockSharing, OpCounts):
         if engine is None:
             if id(module) not in self.names:
                 self._index()
-            engine = self.make_engine(module, self.path_of(module), self.shared(module))
+            path = self.path_of(module)
+            self.unshared.pop(path, None)  # NOTE: a replaced submodule's reason is not its
+            engine = self.make_engine(module, path, self.shared(module))
             self.engines[id(module)] = engine
             self.order.append(engine)
             self.version += 1
@@ -89,24 +91,28 @@ class RegionTree(BlockSharing, OpCounts):
         """Regions, boundaries, op shares and sharing counts, as JSON values."""
         root_engine = self.root_engine
         measured = self.measured or {"eager": {}, "compiled": {}, "opaque": {}}
+        # NOTE: a submodule replaced since its region ran is no longer the module's: its
+        # engine's regions and boundaries are not reported
+        live = {id(m): name for name, m in self.root.named_modules()}
+        engines = [e for e in self.order if live.get(id(e.fn)) == e.path]
         artifact_users: dict[int, list[str]] = {}
-        for e in self.order:
+        for e in engines:
             for s in e.specializations:
                 if s.executor is not None:
                     artifact_users.setdefault(id(s.compiled), []).append(e.path)
         regions: list[dict[str, Any]] = []
         boundaries: list[dict[str, Any]] = []
-        for e in [root_engine, *self.order]:
+        for e in [root_engine, *engines]:
             for s in e.specializations:
                 if s.executor is None and s.fallback_reason is not None:
-                    boundaries.append(
-                        {
-                            "module": e.path,
-                            "class": type(e.fn).__name__,
-                            "reason": s.fallback_reason,
-                            **_location(s.program.fallback_error),
-                        }
-                    )
+                    boundary = {
+                        "module": e.path,
+                        "class": type(e.fn).__name__,
+                        "reason": s.fallback_reason,
+                        **_location(s.program.fallback_error),
+                    }
+                    if boundary not in boundaries:  # NOTE: once, for all its specializations
+                        boundaries.append(boundary)
             for why in (e.refused, e.hooked, (e.limit_fallback or {}).get("reason")):
                 if why is not None:
                     boundaries.append(
