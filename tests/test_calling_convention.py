@@ -65,6 +65,10 @@ CALLS: list[Callable[[int], tuple[tuple[Any, ...], dict[str, Any]]]] = [
     lambda s: ((_x(s, 3, 6),), {"mask": _x(s + 1, 3, 4)}),
     lambda s: ((), {"x": _x(s, 3, 6), "use_cache": False}),
     lambda s: ((_x(s, 3, 6),), {"scale": 0.5, "extra": _x(s + 2, 3, 4)}),
+    # NOTE: a named argument after every one before it: passed on by name, as made (by position
+    # the decorator's own use_cache collided with it)
+    lambda s: ((_x(s, 3, 6), _x(s + 1, 3, 4)), {"use_cache": False}),
+    lambda s: ((), {"x": _x(s, 3, 6), "mask": _x(s + 1, 3, 4), "use_cache": False, "scale": 0.5}),
 ]
 
 
@@ -78,6 +82,52 @@ def test_a_decorated_forward_is_called_as_the_module_is(call: int) -> None:
             torch.testing.assert_close(
                 compiled(*args, **kwargs), model(*args, **kwargs), rtol=TOL.rtol, atol=TOL.atol
             )
+
+
+def test_a_decorated_forward_refuses_what_the_module_refuses_after_a_named_call() -> None:
+    """The same values passed by position where a named call was compiled: the decorator's
+    use_cache collides with it in eager, and so in the compiled module (the call's structure
+    says how each argument came, so the named call's program is not reused)."""
+    model = Decorated().eval()
+    compiled = plait.compile(model, fullgraph=True, options={"cache": False})
+    x, mask = _x(1, 3, 6), _x(2, 3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            compiled(x, mask, use_cache=False),
+            model(x, mask, use_cache=False),
+            rtol=TOL.rtol,
+            atol=TOL.atol,
+        )
+        with pytest.raises(TypeError) as eager:
+            model(x, mask, False)
+        with pytest.raises(TypeError) as got:
+            compiled(x, mask, False)
+    assert str(got.value) == str(eager.value)
+
+
+def test_hugging_face_llama_called_by_name_as_generate_calls_it() -> None:
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaModel(config).eval()
+    compiled = plait.compile(model, options={"cache": False})
+    for seed in (1, 2):
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, 64, (2, 7), generator=gen)
+        mask = torch.ones(2, 7, dtype=torch.long)
+        pos = torch.arange(7).unsqueeze(0)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", CaptureFallbackWarning)
+            # NOTE: every argument before use_cache named too, as generate() calls the model
+            named = {"input_ids": ids, "attention_mask": mask, "position_ids": pos,
+                     "cache": None, "inputs_embeds": None, "use_cache": False}  # fmt: skip
+            got = compiled(**named).last_hidden_state
+            want = model(**named).last_hidden_state
+        torch.testing.assert_close(got, want, rtol=TOL.rtol, atol=TOL.atol)
 
 
 @pytest.mark.slow

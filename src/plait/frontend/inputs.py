@@ -91,7 +91,8 @@ class InputAdapter:
             raise CompiledInputError(f"{self.name}(): {exc}") from None
         if self.defaults:
             bound.apply_defaults()
-        return dict(bound.arguments)
+            return dict(bound.arguments)
+        return _as_made(self.signature, dict(bound.arguments), kwargs)
 
     def flatten(self, args: tuple, kwargs: dict) -> tuple[Any, list[Any], list[str]]:
         """The call's structure. A plain object (``pytree.state_rebuildable``: a key/value
@@ -136,8 +137,15 @@ class InputAdapter:
             objects.started(leaves)
         if self.signature is None:
             return fn(*named["args"], **named["kwargs"])
+        by_keyword = _by_keyword(named)
         bound = inspect.BoundArguments(self.signature, named)
         args, kwargs = list(bound.args), bound.kwargs
+        if by_keyword:
+            # NOTE: a wrapper's call as made: what the caller named goes on by name
+            first = next(i for i, p in enumerate(self.signature.parameters) if p in by_keyword)
+            kwargs = {**{p: named[p] for p in list(self.signature.parameters)[first : len(args)]},
+                      **kwargs}  # fmt: skip
+            args = args[:first]
         params = list(self.signature.parameters.values())
         if self.defaults and not any(p.kind is p.VAR_POSITIONAL for p in params):
             # NOTE: trailing arguments at their defaults (applied by bind) are not passed on, so
@@ -146,6 +154,37 @@ class InputAdapter:
             while args and params[len(args) - 1].default is args[-1]:
                 args.pop()
         return fn(*args, **kwargs)
+
+
+# NOTE: in a wrapper's bound call, the arguments after this name were given by keyword (a name
+# no parameter has; its value, (), has no leaves): the call's structure, and so its guard, says
+# how each was passed, and the wrapper is called the same way
+BY_KEYWORD = "**"
+
+
+def _as_made(sig: inspect.Signature, named: dict[str, Any], kwargs: dict) -> dict[str, Any]:
+    """A wrapper's bound arguments, marked where the caller passed one by name that could be
+    positional: a decorator that fills in a missing keyword (Hugging Face's ``use_cache``)
+    would otherwise meet it again, passed on by position."""
+    params = sig.parameters
+    named_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD,)
+    given = [n for n in named if n in kwargs and params[n].kind in named_kinds]
+    if not given:
+        return named
+    out = {n: v for n, v in named.items() if n not in given}
+    out[BY_KEYWORD] = ()
+    out.update((n, named[n]) for n in given)
+    return out
+
+
+def _by_keyword(named: dict[str, Any]) -> set[str]:
+    """The names a wrapper's caller gave by keyword (:func:`_as_made`), taken out of ``named``."""
+    if BY_KEYWORD not in named:
+        return set()
+    names = list(named)
+    given = set(names[names.index(BY_KEYWORD) + 1 :])
+    del named[BY_KEYWORD]
+    return given
 
 
 def _binding_state(target: Any) -> tuple[Any, ...]:
