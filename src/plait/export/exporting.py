@@ -321,6 +321,13 @@ def _outputs(prog: Any) -> list[dict[str, Any]]:
             # NOTE: which leaves are one tensor, numbered in order (not the tracers' ids)
             same = tracers.setdefault(tracer, len(tracers))
             out.append({"from": "output", "index": index, "tracer": same, "fresh": bool(fresh)})
+        elif leaf.source == "view":  # NOTE: a view of another output (frontend.output_views)
+            index, tracer, size, stride, offset, _, base_size, base_stride, *reread = leaf.ref
+            same = tracers.setdefault(tracer, len(tracers))
+            out.append({"from": "view", "index": index, "tracer": same, "size": list(size),
+                        "stride": list(stride), "offset": offset, "base_size": list(base_size),
+                        "base_stride": list(base_stride),
+                        "dtype": str(reread[0]) if reread else None})  # fmt: skip
         else:
             slot = leaf.ref if leaf.source == "input" else leaf.ref[0]
             if slot not in user:

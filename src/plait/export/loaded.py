@@ -26,6 +26,7 @@ import torch
 from plait.errors import CompiledInputError, RecompileLimitError
 from plait.export.calling import Binder
 from plait.frontend import pytree
+from plait.frontend.output_views import Bases
 from plait.guards.guard import GuardEnv, GuardSet
 from plait.manifest import Explanation, Manifest, SpecializationReport
 
@@ -62,7 +63,8 @@ def of_input(kind: str, ref: Any, leaves: Sequence[Any]) -> torch.Tensor:
 class Bindings:
     """Where each program input comes from (a leaf of the call, by index, or a weight), and
     how each output leaf comes back (``("output", (index, tracer, fresh))``, ``("leaf", i)``,
-    ``("alias", (i, size, stride, offset, dtype))`` or ``("value", v)``)."""
+    ``("alias", (i, size, stride, offset, dtype))``, ``("view", ...)`` (a view of another
+    output, as :mod:`plait.frontend.output_views` reads it) or ``("value", v)``)."""
 
     inputs: list[tuple[int | None, Any]]
     out_spec: Any
@@ -148,15 +150,24 @@ class LoadedProgram:
         tensors = {id(v) for v in leaves if isinstance(v, torch.Tensor)}
         by_tracer: dict[int, Any] = {}
         handed_out: set[int] = set()
+        views = [ref for kind, ref in self.bindings.out_leaves if kind == "view"]
+        bases = Bases(views, results, tensors, handed_out) if views else None
         out: list[Any] = []
         for kind, ref in self.bindings.out_leaves:
             if kind == "value":
                 out.append(ref)
             elif kind in ("leaf", "alias"):
                 out.append(of_input(kind, ref, leaves))
+            elif kind == "view":
+                assert bases is not None
+                out.append(bases.view(ref))
             else:
                 index, tracer, fresh = ref
                 if tracer in by_tracer:
+                    out.append(by_tracer[tracer])
+                    continue
+                if bases is not None and index in bases.layouts:
+                    by_tracer[tracer] = bases.base(index)  # NOTE: the base other outputs view
                     out.append(by_tracer[tracer])
                     continue
                 t = results[index]

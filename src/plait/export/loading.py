@@ -404,6 +404,8 @@ def _out_leaf(entry: Any, n_outputs: int, in_leaves: list[dict[str, Any]]) -> tu
         if type(index) is int and 0 <= index < n_outputs and type(tracer) is int:
             return ("output", (index, tracer, bool(fresh)))
         raise bad
+    if kind == "view":
+        return ("view", _view_leaf(entry, n_outputs, bad))
     leaf = entry.get("leaf")
     if type(leaf) is not int or not 0 <= leaf < len(in_leaves):
         raise bad
@@ -421,6 +423,24 @@ def _out_leaf(entry: Any, n_outputs: int, in_leaves: list[dict[str, Any]]) -> tu
             raise bad from None
         return ("alias", (leaf, size, stride, offset, dtype))
     raise bad
+
+
+def _view_leaf(entry: dict[str, Any], n_outputs: int, bad: Exception) -> tuple[Any, ...]:
+    """A view of another output (:mod:`plait.frontend.output_views`), as the runtime reads it."""
+    try:
+        index, tracer, offset = entry["index"], entry["tracer"], int(entry["offset"])
+        size, stride, base_size, base_stride = (
+            tuple(int(x) for x in entry[k]) for k in ("size", "stride", "base_size", "base_stride")
+        )
+        dtype = entry.get("dtype")
+    except (KeyError, TypeError, ValueError):
+        raise bad from None
+    if type(index) is not int or not 0 <= index < n_outputs or type(tracer) is not int:
+        raise bad
+    if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+        raise bad
+    reread = () if dtype is None else (str(dtype),)
+    return (index, tracer, size, stride, offset, False, base_size, base_stride, *reread)
 
 
 def _weights(

@@ -29,7 +29,7 @@ from torch.nn.modules import module as nn_module
 
 from plait import logs
 from plait.errors import GraphCaptureError, InvalidOptionError
-from plait.frontend import datadep, pytree, stride_choices
+from plait.frontend import datadep, output_views, pytree, stride_choices
 from plait.frontend.capture_values import Lift, Restart, Tracer
 from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
 from plait.frontend.guard_plan import build_guards, plan_of
@@ -367,6 +367,8 @@ def _output_leaves(
         cx.limitation(f"the output cannot be rebuilt: {exc}")
     leaves: list[Any] = []
     values: list[Value] = []
+    shared = output_views.shared_roots([cx.tracer(x) for x in raw if isinstance(x, Tracer)])
+    indices: dict[int, int] = {}  # NOTE: a tracer's graph output
     for leaf in raw:
         if isinstance(leaf, Tracer):
             tr = cx.tracer(leaf)
@@ -378,8 +380,11 @@ def _output_leaves(
                 leaves.append(("input", lift))
             elif view is not None:
                 leaves.append(view)
+            elif (of := _output_view(cx, tr, shared)) is not None:
+                leaves.append(of)
             else:
                 values.append(cx.value(tr))
+                indices.setdefault(id(tr), len(values) - 1)
                 leaves.append(("graph", (len(values) - 1, id(tr), tr._root is None)))
         elif isinstance(leaf, TracedSize):
             leaves.append(("value", torch.Size(cx.int(d) for d in leaf)))
@@ -389,7 +394,37 @@ def _output_leaves(
             leaves.append(("object", objects.index[id(leaf)]))
         else:
             leaves.append(("value", leaf))
+    for i, (kind, ref) in enumerate(leaves):
+        if kind == "view":  # NOTE: the graph returns each base once (itself an output or not)
+            root, *rest = ref
+            if id(root) not in indices:
+                values.append(cx.value(root))
+                indices[id(root)] = len(values) - 1
+            leaves[i] = ("view", (indices[id(root)], *rest))
     return out_spec, leaves, values
+
+
+def _output_view(cx: CaptureContext, tr: Tracer, shared: set[int]) -> tuple[str, Any] | None:
+    """``("view", (root, tracer id, *geometry))`` for an output that views the memory of a
+    tensor the program computed, which another output views too
+    (:mod:`plait.frontend.output_views`); else None (the root itself is an output of its own)."""
+    root = output_views.computed_root(tr)
+    if root is None or root is tr or id(root) not in shared:
+        return None
+    geometry = output_views.geometry(tr, root)
+    if geometry is None:
+        return None
+    syms = {
+        s
+        for d in (*cx.type_of(root).shape, *cx.type_of(tr).shape)
+        if not isinstance(d, int)
+        for s in d.free_symbols
+    }
+    if any(s not in cx.bindings for s in syms):
+        return None  # NOTE: a size the data decides: the output keeps memory of its own
+    if syms:
+        cx.restart(syms, "the output is a view of another output")
+    return ("view", (root, id(tr), *geometry))
 
 
 def _input_view(

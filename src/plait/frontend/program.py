@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from plait.errors import InternalValueError
-from plait.frontend import pytree
+from plait.frontend import output_views, pytree
 from plait.frontend.input_writes import write_back
 from plait.guards.guard import GuardEnv, GuardSet
 from plait.ir import Graph, Value
@@ -42,7 +42,9 @@ class OutputLeaf:
     call's own ``k``-th input container, :func:`plait.frontend.pytree.containers`),
     ``("alias", (slot index, size, stride, storage offset, requires_grad[, dtype]))`` (a view
     of an input: made from it on each call, offset relative to its own; read as ``dtype``
-    first when one is named) or ``("value", obj)``."""
+    first when one is named), ``("view", (output index, tracer id, size, stride, offset,
+    requires_grad, base size, base stride[, dtype]))`` (a view of another output, made from the
+    graph's output ``index``: :mod:`plait.frontend.output_views`) or ``("value", obj)``."""
 
     source: str
     ref: Any
@@ -138,6 +140,8 @@ class CapturedProgram:
         inputs = {id(v) for v in values if isinstance(v, torch.Tensor)}
         by_tracer: dict[int, Any] = {}
         handed_out: set[int] = set()
+        views = [leaf.ref for leaf in self.out_leaves if leaf.source == "view"]
+        bases = output_views.Bases(views, results, inputs, handed_out) if views else None
         leaves: list[Any] = []
         for leaf in self.out_leaves:
             if leaf.source == "value":
@@ -148,9 +152,16 @@ class CapturedProgram:
                 leaves.append(_view_of(values, leaf.ref))
             elif leaf.source == "object":
                 leaves.append(containers[leaf.ref])
+            elif leaf.source == "view":
+                assert bases is not None
+                leaves.append(bases.view(leaf.ref))
             else:
                 index, tracer_id, fresh = leaf.ref
                 if tracer_id in by_tracer:
+                    leaves.append(by_tracer[tracer_id])
+                    continue
+                if bases is not None and index in bases.layouts:
+                    by_tracer[tracer_id] = bases.base(index)  # NOTE: the base other outputs view
                     leaves.append(by_tracer[tracer_id])
                     continue
                 t = results[index]
