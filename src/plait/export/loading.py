@@ -405,7 +405,10 @@ def _out_leaf(entry: Any, n_outputs: int, in_leaves: list[dict[str, Any]]) -> tu
             return ("output", (index, tracer, bool(fresh)))
         raise bad
     if kind == "view":
-        return ("view", _view_leaf(entry, n_outputs, bad))
+        view = _view_leaf(entry, n_outputs)
+        if view is None:
+            raise bad
+        return ("view", view)
     leaf = entry.get("leaf")
     if type(leaf) is not int or not 0 <= leaf < len(in_leaves):
         raise bad
@@ -425,8 +428,9 @@ def _out_leaf(entry: Any, n_outputs: int, in_leaves: list[dict[str, Any]]) -> tu
     raise bad
 
 
-def _view_leaf(entry: dict[str, Any], n_outputs: int, bad: Exception) -> tuple[Any, ...]:
-    """A view of another output (:mod:`plait.frontend.output_views`), as the runtime reads it."""
+def _view_leaf(entry: dict[str, Any], n_outputs: int) -> tuple[Any, ...] | None:
+    """A view of another output (:mod:`plait.frontend.output_views`), as the runtime reads it;
+    None where the entry is malformed."""
     try:
         index, tracer, offset = entry["index"], entry["tracer"], int(entry["offset"])
         size, stride, base_size, base_stride = (
@@ -434,11 +438,11 @@ def _view_leaf(entry: dict[str, Any], n_outputs: int, bad: Exception) -> tuple[A
         )
         dtype = entry.get("dtype")
     except (KeyError, TypeError, ValueError):
-        raise bad from None
+        return None
     if type(index) is not int or not 0 <= index < n_outputs or type(tracer) is not int:
-        raise bad
+        return None
     if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
-        raise bad
+        return None
     reread = () if dtype is None else (str(dtype),)
     return (index, tracer, size, stride, offset, False, base_size, base_stride, *reread)
 
