@@ -6,7 +6,9 @@ cold one filled: capture (``--warm-start capture``, the default) or, with ``--wa
 fingerprint``, the front key and the captured program from its snapshot (no capture); key, load,
 rebuild from the saved plan (no pass, no dry run, no compiler, no weight reordered: the entry
 carries oneDNN's prepacked weights; ``PLAIT_STAX_NO_COMPILE=1`` makes any compiler call an
-error). *Eager*: the model's own first call in a fresh process. First-call
+error). With ``--speculative on`` (the default) the warm call's program, named by the hint the
+cold process left, runs on another core while capture runs (:mod:`plait.speculative_run`);
+``off`` runs it after capture. *Eager*: the model's own first call in a fresh process. First-call
 times start at ``plait.compile`` and end with the first output (module imports, torch's and
 plait's, excluded; a ``gc.collect()`` before the clock starts, in every mode, so that a full
 collection owed by the imports does not land in whichever phase allocates first).
@@ -19,7 +21,7 @@ passes, frozen weights, plait's interpreter: the frozen guard set without oneDNN
 Usage::
 
     python benchmarks/cache_warm_start.py [--size 32] [--repeat 3] [--json out.json]
-        [--warm-start capture fingerprint]
+        [--warm-start capture fingerprint] [--speculative on off]
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import torch
 sys.path.insert(0, sys.argv[1])
 from benchmarks.models.resnet import resnet18
 mode, config, size, warm_start = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+speculative = sys.argv[6] == "on"
 torch.manual_seed(0)
 model = resnet18(num_classes=10).eval()
 x = torch.randn(1, 3, size, size)
@@ -62,7 +65,9 @@ kwargs = {
     "inputs": {"options": {"freeze": False}},
     "frozen-interpreter": {"backend": "eager", "options": {"passes": "inference"}},
 }[config]
-kwargs["options"] = {**kwargs.get("options", {}), "warm_start": warm_start}
+kwargs["options"] = {
+    **kwargs.get("options", {}), "warm_start": warm_start, "speculative": speculative
+}
 gc.collect()  # NOTE: the garbage imports and model building left, in every mode
 start = time.perf_counter()
 compiled = plait.compile(model, **kwargs)
@@ -90,6 +95,7 @@ print(json.dumps({
     "second_call": second,
     "status": spec.manifest.cache.get("status"),
     "capture": spec.manifest.cache.get("capture"),
+    "first_run": spec.manifest.cache.get("first run"),
     "compiles": build.STATS["compiles"],
     "kernels": len(spec.manifest.kernels.get("kernels", [])),
     "frozen": len(spec.manifest.graph.get("frozen", [])),
@@ -108,11 +114,12 @@ print(json.dumps({
 
 
 def _child(
-    mode: str, config: str, size: int, cache: Path, warm_start: str, **env: str
+    mode: str, config: str, size: int, cache: Path, warm_start: str, speculative: str, **env: str
 ) -> dict[str, Any]:
     environ = {**os.environ, "PLAIT_CACHE_DIR": str(cache), **env}
+    args = [mode, config, str(size), warm_start, speculative]
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(ROOT), mode, config, str(size), warm_start],
+        [sys.executable, "-c", CHILD, str(ROOT), *args],
         env=environ,
         capture_output=True,
         text=True,
@@ -123,15 +130,20 @@ def _child(
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(config: str, size: int, repeat: int, warm_start: str = "capture") -> dict[str, Any]:
+def measure(
+    config: str, size: int, repeat: int, warm_start: str = "capture", speculative: str = "on"
+) -> dict[str, Any]:
     colds, warms, eagers = [], [], []
+    common = (config, size)
     for _ in range(repeat):
         with tempfile.TemporaryDirectory(prefix="plait-bench-cache-") as tmp:
             cache = Path(tmp)
-            colds.append(_child("cold", config, size, cache, warm_start))
-            warms.append(_child("warm", config, size, cache, warm_start, PLAIT_STAX_NO_COMPILE="1"))
+            colds.append(_child("cold", *common, cache, warm_start, speculative))
+            warms.append(
+                _child("warm", *common, cache, warm_start, speculative, PLAIT_STAX_NO_COMPILE="1")
+            )
         with tempfile.TemporaryDirectory() as tmp:
-            eagers.append(_child("eager", config, size, Path(tmp), warm_start))
+            eagers.append(_child("eager", *common, Path(tmp), warm_start, speculative))
     assert all(c["status"] == "miss" for c in colds) and all(w["status"] == "hit" for w in warms)
     assert all(w["compiles"] == 0 for w in warms)
     # NOTE: the default warm start captures; "fingerprint" takes the snapshot instead
@@ -149,6 +161,8 @@ def measure(config: str, size: int, repeat: int, warm_start: str = "capture") ->
     return {
         "config": config,
         "warm_start": warm_start,
+        "speculative": speculative,
+        "warm_first_run": [w["first_run"] for w in warms],
         "size": size,
         "cold_first_call_s": cold,
         "warm_first_call_s": warm,
@@ -177,19 +191,21 @@ def measure(config: str, size: int, repeat: int, warm_start: str = "capture") ->
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| config | warm start | input | cold first call | warm first call | warm/cold "
-        "| warm/cold per repeat (median, range) | eager first call "
+        "| config | warm start | early first run | input | cold first call | warm first call "
+        "| warm/cold | warm/cold per repeat (median, range) | eager first call | warm/eager "
         "| native kernels | guard check per call |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         paired = r["warm_over_cold_per_repeat"]
         lines.append(
-            f"| {r['config']} | {r['warm_start']} | 1x3x{r['size']}x{r['size']} "
+            f"| {r['config']} | {r['warm_start']} | {r['speculative']} "
+            f"| 1x3x{r['size']}x{r['size']} "
             f"| {r['cold_first_call_s'] * 1e3:.0f} ms "
             f"| {r['warm_first_call_s'] * 1e3:.0f} ms | {r['warm_over_cold']:.1%} "
             f"| {statistics.median(paired):.1%} ({min(paired):.1%}-{max(paired):.1%}) "
-            f"| {r['eager_first_call_s'] * 1e3:.0f} ms | {r['native_kernels']} "
+            f"| {r['eager_first_call_s'] * 1e3:.0f} ms "
+            f"| {r['warm_first_call_s'] / r['eager_first_call_s']:.2f}x | {r['native_kernels']} "
             f"| {r['guard_holds_us']:.1f} µs |"
         )
     return "\n".join(lines)
@@ -214,12 +230,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--warm-start", nargs="+", choices=["capture", "fingerprint"], default=["capture"]
     )
+    parser.add_argument(
+        "--speculative",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on"],
+        help="the warm start's first run during capture (plait.speculative_run)",
+    )
     args = parser.parse_args(argv)
     rows = [
-        measure(c, s, args.repeat, w)
+        measure(c, s, args.repeat, w, p)
         for s in args.size
         for c in args.config
         for w in args.warm_start
+        for p in args.speculative
     ]
     info = {
         "machine": platform.machine(),

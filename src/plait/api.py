@@ -56,12 +56,7 @@ from plait.errors import (
     PlaitCompileError,
     RecompileLimitError,
 )
-from plait.frontend import (
-    CapturedProgram,
-    InputAdapter,
-    ModuleState,
-    capture_program,
-)
+from plait.frontend import CapturedProgram, InputAdapter, ModuleState, capture_program
 from plait.frontend.dynamic_dims import AutomaticDims, DimPolicy, DynamicSpec
 from plait.guards.guard import Evaluators, GuardEnv
 from plait.guards.native import EVALUATORS as NATIVE_GUARDS
@@ -79,6 +74,7 @@ from plait.specialization import (
     SpecializationUse,
     log_specialization,
 )
+from plait.speculative_run import SpeculativeRun, speculate, write_hint
 from plait.warm_start import from_snapshot, save_after_capture, warm_start_option
 
 __all__ = [
@@ -95,7 +91,7 @@ __all__ = [
 ]
 
 DEFAULT_RECOMPILE_LIMIT = 8
-_ENGINE_OPTIONS = ("recompile_limit", "on_recompile_limit", "cache", "warm_start")
+_ENGINE_OPTIONS = ("recompile_limit", "on_recompile_limit", "cache", "warm_start", "speculative")
 # NOTE: what each mode sets (options a user gave explicitly win): "max-autotune" spends compile
 # time timing each Triton kernel's launch shapes on the device (StaxOptions.triton_autotune)
 _MODES: dict[str | None, dict[str, Any]] = {
@@ -160,6 +156,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
             )
         self.cache = options.pop("cache", True)
         self.warm_start = warm_start_option(options.pop("warm_start", "capture"))
+        self.speculative = bool(options.pop("speculative", True))
         check_store_option(self.cache)  # NOTE: a wrong value fails here, not at the first call
         unknown = sorted(set(options) - set(KNOWN_OPTIONS))
         if unknown:
@@ -201,6 +198,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
         # NOTE: the program of the call being captured, where its capture was refused after its
         # Python ran to its end (plait.frontend.refused_after_run): that call runs it
         self.ran_once: CapturedProgram | None = None
+        self.early: SpeculativeRun | None = None
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.refused is not None:
@@ -220,6 +218,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
                 s.calls += 1
                 return self._run(s, env, state, args, kwargs)
         # NOTE: the miss path, inline: warnings count the frames up to the user's call
+        early = None  # NOTE: the warm start's early run (plait.speculative_run), if one started
         try:
             with self._tree_lock(), CAPTURE_LOCK, self.lock, collector_paused():
                 self.ran_once = None
@@ -234,6 +233,8 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
                     # capture never did: its failure must not fail a call that ran eagerly before
                     found = None
                     self.refused = f"its capture or compile failed: {type(exc).__name__}: {exc}"
+                finally:
+                    early, self.early = self.early, None
                 ran, self.ran_once = self.ran_once, None
             if self.refused is not None and found is None:
                 return self._refuse(args, kwargs, self.refused)
@@ -244,8 +245,12 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
             if ran is not None and s.executor is None:  # NOTE: its Python ran, at capture
                 objects = self.adapter.containers(args, kwargs, env.spec) if ran.containers else ()
                 return run_captured(ran, env, state, objects, self._name())
+            if early is not None and s.executor is not None:
+                return s.program.run(early.executor_for(s.program, s.compiled), env, state)
             return self._run(s, env, state, args, kwargs)
         finally:
+            if early is not None:
+                early.close()
             start_copies()  # NOTE: a remote entry's local copy, once the call it served ended
 
     region_call = __call__
@@ -291,6 +296,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
         forget()  # NOTE: a new compile step: no digest of an earlier one names this key
         shared = self.tree.shared_program(self, env, paths) if self.share and self.tree else None
         prog: CapturedProgram | None = shared
+        hint = None
         if shared is not None:
             parts, note, seconds, recorder = None, "shared", {}, None
         else:
@@ -301,6 +307,8 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
             seconds = {"cache.snapshot": time.perf_counter() - start}
             recorder = None
             if prog is None:
+                first = self.speculative and not self.region and not self.specializations
+                hint, self.early = speculate(first, store, self.fn, self._front_request(), env)
                 prog, recorder = self._capture(args, kwargs, parts is not None, seconds)
         assert prog is not None
         report_fallbacks(prog, stacklevel=4, region=self._region_name(), tree=self.tree)
@@ -325,6 +333,8 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
                 if recorder is not None and parts is not None:
                     note = save_after_capture(store, parts, prog, recorder, compiled, note)
                 compiled.manifest.cache["capture"] = note
+            if hint is not None and store is not None:
+                write_hint(store, hint, prog, compiled, self.early)
             reason = self._report_dynamic(prog, compiled, reason, store, env)
             spec = Specialization(
                 prog, compiled, reason, settings, evaluators=self.guard_evaluators

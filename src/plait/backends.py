@@ -119,7 +119,13 @@ def _state_slots(prog: CapturedProgram) -> dict[str, int]:
 
 def _bind(inputs: Sequence[Value], optimized: Graph) -> Callable[[list[Any]], list[Any]]:
     """Map the captured graph's input list onto the optimized graph's inputs (by name)."""
-    index = {v.name: i for i, v in enumerate(inputs)}
+    return _bind_names([v.name for v in inputs], optimized)
+
+
+def _bind_names(names: Sequence[str], optimized: Graph) -> Callable[[list[Any]], list[Any]]:
+    """Like :func:`_bind`, from the captured graph's input names; raises KeyError when the
+    optimized graph reads an input ``names`` lacks."""
+    index = {name: i for i, name in enumerate(names)}
     plan: list[tuple[bool, Any]] = []
     for v in optimized.inputs:
         if v.name in optimized.constants:
@@ -360,7 +366,13 @@ def _training_records(training: Any, m: Manifest) -> None:
 
 
 def _stax_executor(inputs: Sequence[Value], optimized: Graph, program: Any) -> Executor:
-    bind = _bind(inputs, optimized)
+    return stax_executor([v.name for v in inputs], optimized, program)
+
+
+def stax_executor(names: Sequence[str], optimized: Graph, program: Any) -> Executor:
+    """The executor of a Stax ``program`` built for ``optimized``, fed the captured graph's
+    inputs in ``names``' order; raises KeyError when ``optimized`` reads an input not named."""
+    bind = _bind_names(names, optimized)
 
     def run(values: list[Any]) -> list[Any]:
         # NOTE: capture wrote autocast's casts into the graph
@@ -402,7 +414,7 @@ def compile_program(req: CompileRequest) -> Compiled:
     pipeline = _pipeline(req, freeze)
     # NOTE: the global module hooks a capture ran are part of the program, like the settings
     ambient = [*ambient_guards(), global_hook_guard()]
-    with _outside_inference_mode():
+    with outside_inference_mode():
         if req.store is None or (needs_grad and req.backend == "stax"):
             compiled = _compile(req, m, pipeline, freeze, needs_grad)
             if req.store is not None:
@@ -420,7 +432,7 @@ def compile_program(req: CompileRequest) -> Compiled:
 
 
 @contextlib.contextmanager
-def _outside_inference_mode() -> Iterator[None]:
+def outside_inference_mode() -> Iterator[None]:
     """The block out of the caller's ``torch.inference_mode()``, grad mode as the call has it:
     a compile's folded constants and a warm start's constants loaded from the entry are then
     plain tensors (inference tensors have no version counter, and the checks of a prepacked

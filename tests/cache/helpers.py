@@ -61,6 +61,12 @@ def status(spec: Any) -> str:
     return str(spec.manifest.cache.get("status"))
 
 
+def artifact_entries(store: Any) -> list[Any]:
+    """The compiled artifacts among ``store``'s entries (snapshots and records left out: a
+    compile also writes a first-run hint, plait.speculative_run)."""
+    return [e for e in store.list() if "kind" not in e.meta]
+
+
 def stax_entry(cache: Path) -> tuple[LocalStore, str]:
     """The store at ``cache`` and the key of its one Stax artifact entry."""
     store = LocalStore(cache)

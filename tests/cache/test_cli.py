@@ -27,18 +27,18 @@ def test_help_lists_the_commands() -> None:
 def test_stats_verify_clear(tmp_path: Path) -> None:
     run(convnet(), sample(), tmp_path / "artifacts")
     code, out = _cli("stats", "--dir", str(tmp_path))
-    assert code == 0 and "2 entries" in out and "kernels:" in out
-    assert "1 compiled artifacts, 1 captured programs" in out
+    assert code == 0 and "3 entries" in out and "kernels:" in out
+    assert "1 compiled artifacts, 1 captured programs, 1 records" in out
     code, out = _cli("stats", "--dir", str(tmp_path), "--json")
-    assert json.loads(out)["entries"] == 2
-    assert _cli("verify", "--dir", str(tmp_path)) == (0, "checked 2 entries: ok\n")
+    assert json.loads(out)["entries"] == 3
+    assert _cli("verify", "--dir", str(tmp_path)) == (0, "checked 3 entries: ok\n")
     for entry in (tmp_path / "artifacts" / "objects").glob("*/*"):
         entry.write_bytes(entry.read_bytes()[:-1])
     code, out = _cli("verify", "--dir", str(tmp_path))
-    assert code == 1 and out.count("truncated") == 2
+    assert code == 1 and out.count("truncated") == 3
     run(convnet(), sample(), tmp_path / "artifacts")
     code, out = _cli("clear", "--dir", str(tmp_path), "--kernels")
-    assert code == 0 and "removed 2 entries" in out
+    assert code == 0 and "removed 3 entries" in out
     assert "0 entries" in _cli("stats", "--dir", str(tmp_path))[1]
 
 

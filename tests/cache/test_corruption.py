@@ -13,12 +13,12 @@ import torch
 from plait.cache import LocalStore
 from plait.cache.artifact import pack, unpack
 from plait.cache.lookup import CacheWarning
-from tests.cache.helpers import convnet, run, sample, status
+from tests.cache.helpers import artifact_entries, convnet, run, sample, status
 
 
 def _entry(cache: Path) -> tuple[LocalStore, str]:
     store = LocalStore(cache)
-    (entry,) = [e for e in store.list() if e.meta.get("kind") != "snapshot"]
+    (entry,) = artifact_entries(store)
     return store, entry.key
 
 

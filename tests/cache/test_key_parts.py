@@ -209,6 +209,7 @@ def test_hit_after_recompile_in_the_same_process(cache: Path) -> None:
         "artifact",
         "automatic dynamic dims",
         "automatic dynamic mark",
+        "first-run hint",
         "snapshot",
         "snapshot",
     ]

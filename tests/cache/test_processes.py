@@ -115,6 +115,7 @@ def test_processes_compiling_at_once_share_one_consistent_entry(tmp_path: Path) 
     report = store.verify()
     assert report.ok, report
     kinds = sorted(str(e.meta.get("kind", "artifact")) for e in store.list())
-    assert kinds == ["artifact", "snapshot"]  # NOTE: one of each, however many wrote them
+    # NOTE: one of each, however many wrote them
+    assert kinds == ["artifact", "first-run hint", "snapshot"]
     warm = _result(_child(cache, "warm", PLAIT_STAX_NO_COMPILE="1"))
     assert warm["status"] == "hit" and warm["out"] == results[0]["out"]

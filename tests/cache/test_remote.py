@@ -83,7 +83,8 @@ def test_a_compile_publishes_to_both_tiers_and_a_fresh_local_cache_reads_remote(
     out, spec, x = _compile(str(tmp_path / "a"))
     assert spec.manifest.cache["status"] == "miss"
     assert any("published to the remote tier" in e for e in spec.manifest.cache["events"])
-    assert len(_entries(server)) == 2  # NOTE: the artifact and the captured program
+    # NOTE: the artifact, the captured program and the first-run hint
+    assert len(_entries(server)) == 3
     out2, spec2, _ = _compile(str(tmp_path / "b"))
     assert spec2.manifest.cache["status"] == "hit" and spec2.manifest.cache["tier"] == "remote"
     assert spec2.manifest.cache["capture"].startswith("snapshot")
@@ -92,6 +93,7 @@ def test_a_compile_publishes_to_both_tiers_and_a_fresh_local_cache_reads_remote(
     # NOTE: the entries were copied into the local tier: the next read is local
     remote.settle()
     local = LocalStore(tmp_path / "b")
+    # NOTE: the two the warm start read (its snapshot replaced capture: no hint was read)
     assert local.verify().ok and len(local.list()) == 2
     _, spec3, _ = _compile(str(tmp_path / "b"))
     assert spec3.manifest.cache["tier"] == "local"
@@ -318,13 +320,13 @@ def test_cache_stats_shows_both_tiers(server: RedisServer, tmp_path: Path) -> No
         cache_group, ["stats", "--dir", str(tmp_path / "x"), "--url", server.url]
     )
     assert result.exit_code == 0, result.output
-    assert "remote: redis://127.0.0.1" in result.output and "2 entries" in result.output
+    assert "remote: redis://127.0.0.1" in result.output and "3 entries" in result.output
     data = json.loads(
         runner.invoke(
             cache_group, ["stats", "--json", "--dir", str(tmp_path), "--url", server.url]
         ).output
     )
-    assert data["remote"]["entries"] == 2 and data["remote"]["policy"] == "allkeys-lru"
+    assert data["remote"]["entries"] == 3 and data["remote"]["policy"] == "allkeys-lru"
     server.kill()
     down = runner.invoke(cache_group, ["stats", "--dir", str(tmp_path), "--url", server.url])
     assert down.exit_code == 0 and "unavailable" in down.output

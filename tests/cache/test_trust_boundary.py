@@ -26,7 +26,7 @@ from plait.codegen.build import KernelCacheWarning
 from plait.ir import private_files
 from plait.ir.private_files import UnsafeDirectoryError, private_dir
 
-from .helpers import convnet, sample, status
+from .helpers import artifact_entries, convnet, sample, status
 
 OTHER_UID = 54321
 
@@ -107,7 +107,7 @@ def test_an_artifact_entry_of_another_program_under_this_key_is_refused(tmp_path
                 sample()
             )
     store = LocalStore(cache)
-    entries = [e for e in store.list() if e.meta.get("kind") != "snapshot"]
+    entries = artifact_entries(store)
     key_of = {e.meta.get("source"): e.key for e in entries}
     assert len(entries) == 2, "the two models (other weights) have two entries"
     key_a, key_b = (e.key for e in sorted(entries, key=lambda e: e.last_access))

@@ -141,12 +141,21 @@ def stats(root: Path | None, url: str | None, as_json: bool) -> None:
         click.echo(f"remote: {line}")
     click.echo(f"kernels: {len(kernels)} files, {kernel_bytes / 2**20:.1f} MiB")
     entries = store.list()
-    snapshots = sum(e.meta.get("kind") == "snapshot" for e in entries)
-    click.echo(f"{len(entries) - snapshots} compiled artifacts, {snapshots} captured programs")
-    for e in entries[:10]:
+    kinds = [_kind(e.meta) for e in entries]
+    click.echo(
+        f"{kinds.count('artifact')} compiled artifacts, {kinds.count('program')} captured "
+        f"programs, {kinds.count('record')} records (first-run hints, automatic dynamic dims)"
+    )
+    for e, kind in list(zip(entries, kinds))[:10]:
         source = str(e.meta.get("source") or "?")[:16]
-        kind = "program" if e.meta.get("kind") == "snapshot" else "artifact"
         click.echo(f"  {e.key[:16]}…  {kind:8}  {e.size / 2**20:8.1f} MiB  source {source}…")
+
+
+def _kind(meta: dict) -> str:
+    """An entry's kind as ``stats`` lists it: a compiled artifact (its meta has no kind), a
+    captured program (a warm start's snapshot) or a small record."""
+    kind = meta.get("kind")
+    return "artifact" if kind is None else "program" if kind == "snapshot" else "record"
 
 
 @cache_group.command()
