@@ -195,6 +195,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
         self.refused: str | None = None  # why a region runs eagerly on every call, if it does
         self._refusal_warned = False
         self.hooked: str | None = None  # why its latest calls ran split (hooks below it)
+        self.split_calls = 0  # NOTE: calls that ran split for that reason (hooks, an object)
         # NOTE: the program of the call being captured, where its capture was refused after its
         # Python ran to its end (plait.frontend.refused_after_run): that call runs it
         self.ran_once: CapturedProgram | None = None

@@ -305,8 +305,11 @@ class Explanation:
     reason it was compiled, and its manifest. ``str()`` is a readable report.
 
     ``regions`` (a module whose call could not be captured whole, ``fullgraph=False``): each
-    region (``module`` path, ``class``, ``status``: ``compiled``, ``split`` into its own
-    regions, or ``eager``; ``backends``, ``specializations``, the regions it shares its
+    region (``module`` path, ``class``, ``status``: how its latest calls ran, ``compiled``,
+    ``split`` into its own regions, or ``eager``, with the ``reason`` when it is not compiled
+    for one (hooks below it, an object argument, a refusal); ``calls``: how many ran
+    ``compiled`` and how many ran ``split`` for such a reason; ``backends``,
+    ``specializations``, the regions it shares its
     artifact with, its ``compiled_ops``, ``opaque_ops`` and ``eager_ops``), each boundary (the
     module, the capture error as ``reason``, its ``operation``, ``file`` and ``line``), the
     ``ops`` (``compiled_share``: IR nodes run in compiled regions over those plus opaque nodes
@@ -355,7 +358,7 @@ def describe_regions(report: dict[str, Any]) -> list[str]:
         lines.append(
             f"  ops run compiled: {ops['compiled_share']:.1%} ({ops['compiled']} IR nodes in "
             f"compiled regions; {ops['opaque']} opaque nodes; {ops['eager']} ATen ops eagerly), "
-            "measured on the first call"
+            "measured on the first call (again after a region's calls began to run another way)"
         )
     else:
         lines.append("  ops: not measured yet (the first call measures them)")
@@ -365,6 +368,8 @@ def describe_regions(report: dict[str, Any]) -> list[str]:
         if r["backends"]:
             how += f" ({', '.join(r['backends'])})"
         line = f"    - {r['module'] or '<root>'} [{r['class']}]: {how}"
+        if r.get("reason"):
+            line += f" ({str(r['reason']).splitlines()[0]})"
         line += f", {r['specializations']} specialization(s)"
         if r["compiled_ops"] or r["eager_ops"]:
             line += f", {r['compiled_ops']} compiled / {r['eager_ops']} eager ops"

@@ -46,6 +46,7 @@ class RegionEngine:
     regions: RegionPlan | None
     refused: str | None
     hooked: str | None
+    split_calls: int
     share: bool
     requested: tuple
     guard_evaluators: Evaluators | None
@@ -80,18 +81,33 @@ class RegionEngine:
     def split_call(self, args: tuple, kwargs: dict, reason: str) -> Any:
         """This call of a region runs its module's Python eagerly with its submodules as
         regions (``reason``: a submodule has hooks, an argument is an object); reported as a
-        boundary, warned once."""
-        if self.hooked is None:
-            assert self.tree is not None
+        boundary and as the region's status while its calls run so, warned once."""
+        assert self.tree is not None
+        if self.hooked is None and not self.split_calls:
             self.tree.warn(f"plait runs region {self._region_name()} split: {reason}")
-        self.hooked = reason
+        self.split_calls += 1
+        if self.hooked != reason:
+            self._ran_otherwise(reason)
         module = self.fn
         if self.regions is None and isinstance(module, nn.Module):
-            assert self.tree is not None
             if any(True for _ in module.children()):
                 self.regions = RegionPlan(self.tree, module, self.path)
             self.tree.version += 1
         return self._eager(args, kwargs)
+
+    def ran_whole(self) -> None:
+        """A call of this region ran as the region again (its hooks were removed): what
+        ``plait.explain`` reports of it follows."""
+        if self.hooked is not None:
+            self._ran_otherwise(None)
+
+    def _ran_otherwise(self, reason: str | None) -> None:
+        """The region's calls run split now (``reason``) or as the region again (None): its
+        status, boundary and ops are reported anew (the ops measured again on the next call
+        of the root's plan, if this one is not measuring them)."""
+        self.hooked = reason
+        assert self.tree is not None
+        self.tree.ran_otherwise()
 
     def _make_region(self, module: nn.Module, path: str, share: bool) -> Any:
         """A region engine with this engine's backend and options; identical blocks keep

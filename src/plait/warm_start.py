@@ -69,7 +69,8 @@ def save_after_capture(
         return note
     try:
         artifact = compiled.manifest.cache.get("key")
-        key = save_snapshot(store, parts, prog, recorder.deps(), artifact)
+        read = frozenset(recorder.names)
+        key = save_snapshot(store, parts, prog, recorder.deps(), artifact, read)
     except Unpinnable as exc:
         return f"{note}; no snapshot: {exc}"
     except (OSError, ValueError) as exc:

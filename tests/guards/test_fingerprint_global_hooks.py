@@ -9,7 +9,8 @@ import pytest
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from plait.snapshots.fingerprint import Unpinnable, module_fingerprint
+from plait.snapshots.fingerprint import Unpinnable
+from plait.snapshots.modules import module_fingerprint
 
 
 def test_a_removed_global_backward_hook_leaves_fingerprints_possible() -> None:

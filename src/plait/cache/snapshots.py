@@ -9,7 +9,7 @@ cache: the artifact's key is made of what capture mints (the semantic hash and t
 
 - ``callable``: the module tree (classes with their bases, attributes and methods by name, every
   attribute of every submodule, training flags;
-  :func:`plait.snapshots.fingerprint.module_fingerprint`) or the function, found again by name;
+  :func:`plait.snapshots.modules.module_fingerprint`) or the function, found again by name;
 - ``inputs`` and ``state``: the call's structure, its tensors' dtype, shape, device and
   requires_grad (and class, for a subclass), its other arguments' values, and the same for
   parameters and buffers with every path that holds each (tied weights);
@@ -19,7 +19,11 @@ cache: the artifact's key is made of what capture mints (the semantic hash and t
 
 A snapshot is used only when, in this process, every function the capture ran (recorded at
 capture, PyTorch's and the standard library's own excepted) is found again by name with the same
-digest (:mod:`plait.snapshots.fingerprint`: bytecode, defaults, the values it reads), and the guards
+digest (:mod:`plait.snapshots.fingerprint`: bytecode, defaults, the values it reads), every set
+the capture's code could have iterated (one held under a name that code read) iterates in the
+order it did at capture (:mod:`plait.snapshots.set_order`: the front key and the digests
+describe sets in sorted order, so that a set of strings does not make each hash seed a key of
+its own), and the guards
 rebuilt from the saved plan and this call write the same key texts as capture's and hold. The
 program then goes through the artifact cache as a captured one would (same full key: a hit loads
 the compiled artifact). Anything else (no snapshot, a changed function, a program that could not
@@ -58,12 +62,23 @@ from plait.cache.store import CorruptEntryError, Store
 from plait.errors import StoreFormatError
 from plait.frontend import CapturedProgram, ModuleState
 from plait.frontend.guard_build import autocast_state
+from plait.snapshots import set_order
 from plait.snapshots.deps import CodeDep
-from plait.snapshots.fingerprint import Unpinnable, dep_digest, fingerprint, module_fingerprint
+from plait.snapshots.fingerprint import Unpinnable, dep_digest, fingerprint
+from plait.snapshots.modules import module_fingerprint
+from plait.snapshots.set_order import SetOrder
 from plait.snapshots.snapshot import encode, program_doc, program_from_doc
 
-# NOTE: /2: the front key's parts are kept as their canonical JSON text (compared as text)
-FORMAT = "plait.snapshot/2"
+# NOTE: /2: the front key's parts are kept as their canonical JSON text (compared as text);
+# /3: sets in sorted order, with the orders of those the capture could iterate beside
+FORMAT = "plait.snapshot/3"
+
+
+class FrontParts(dict[str, Any]):
+    """The front key's parts, and (``orders``, not part of the key) the iteration orders of
+    the sets they describe in sorted order."""
+
+    orders: list[SetOrder]
 
 
 _PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
@@ -98,7 +113,10 @@ def front_parts(
     :class:`Unpinnable` for what cannot be described without capture. ``ms``: the module's
     state as the caller already holds it (one is made when None)."""
     try:
-        return _front_parts(fn, spec, leaves, request, ms)
+        with set_order.collecting() as orders:
+            parts = FrontParts(_front_parts(fn, spec, leaves, request, ms))
+        parts.orders = orders
+        return parts
     except Unpinnable:
         raise
     except Exception as exc:  # NOTE: never fail a call over what a warm start could skip
@@ -165,16 +183,22 @@ def save_snapshot(
     prog: CapturedProgram,
     deps: Sequence[CodeDep],
     artifact: str | None = None,
+    read: frozenset[str] | None = None,
 ) -> str:
     """Publish ``prog`` under the front key ``parts``; returns the key. ``artifact``: the key
     of the artifact entry this call compiled to (a hint: a warm start reads it ahead while the
-    program loads; the artifact key computed from the loaded program decides). Raises
-    :class:`Unpinnable` for a program that has no saved form."""
+    program loads; the artifact key computed from the loaded program decides). ``read``: the
+    names the capture's code read (the sets held under one of them keep their order; None:
+    every set does). Raises :class:`Unpinnable` for a program that has no saved form."""
     front = canonical_json(dict(parts))
+    orders = getattr(parts, "orders", None)
+    if orders is None:
+        raise Unpinnable("the front key's set orders are unknown (its parts are not FrontParts)")
     doc = {
         "format": FORMAT,
         "front": front,
-        "deps": [[d.module, d.qualname, d.digest] for d in deps],
+        "orders": set_order.to_doc(orders, read),
+        "deps": [[d.module, d.qualname, d.digest, set_order.to_doc(d.orders, read)] for d in deps],
         "program": program_doc(prog),
         "artifact": artifact,
     }
@@ -215,8 +239,11 @@ def load_snapshot(
             raise StoreFormatError("not a snapshot document")
         if doc.get("format") != FORMAT or doc.get("front") != front:
             raise Unpinnable("the snapshot was saved for another front key")
-        for module, qualname, digest in doc["deps"]:
-            _check_dep(module, qualname, digest)
+        changed = set_order.changed(doc["orders"], getattr(parts, "orders", []))
+        if changed is not None:
+            raise Unpinnable(changed)
+        for module, qualname, digest, orders in doc["deps"]:
+            _check_dep(module, qualname, digest, orders)
         if isinstance(doc.get("artifact"), str):
             store.read_ahead(doc["artifact"])  # NOTE: its hash is checked while this loads
         prog = program_from_doc(doc["program"], spec, leaves, paths, ms, state)
@@ -237,9 +264,9 @@ def forget_snapshot(store: Store | None, key: str | None) -> None:
             store.delete(key)
 
 
-def _check_dep(module: str, qualname: str, digest: str) -> None:
+def _check_dep(module: str, qualname: str, digest: str, orders: Any) -> None:
     try:
-        now = dep_digest(module, qualname)
+        now, now_orders = dep_digest(module, qualname)
     except Unpinnable as exc:
         text = str(exc)
         if not text.startswith(f"{module}.{qualname}"):
@@ -251,3 +278,6 @@ def _check_dep(module: str, qualname: str, digest: str) -> None:
         ) from None
     if now != digest:
         raise Unpinnable(f"{module}.{qualname} changed since the capture")
+    changed = set_order.changed(orders, now_orders)
+    if changed is not None:
+        raise Unpinnable(f"{module}.{qualname} reads {changed}")

@@ -28,7 +28,9 @@ and eager ops).
 What ``plait.explain`` reports of ops: the *compiled* ops of a call are the IR nodes of the
 regions it ran compiled (as captured, opaque nodes apart), the *eager* ops are the ATen operators
 that ran outside any compiled region (counted by a ``TorchDispatchMode``); both are measured on
-the first call that runs the plan.
+the first call that runs the plan, and again after a region's calls began to run another way: a
+hook registered below a region makes its calls run split (its Python eagerly, its submodules as
+regions), and the region is reported as split, with the hook as the reason, while they do.
 
 Example:
     >>> import torch, warnings, plait

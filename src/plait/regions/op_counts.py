@@ -1,7 +1,8 @@
 """What ``plait.explain`` reports of ops: the *compiled* ops of a call are the IR nodes of the
 regions it ran compiled (as captured, opaque nodes apart), the *eager* ops are the ATen operators
 that ran outside any compiled region (counted by a ``TorchDispatchMode``); both are measured on
-the first call that runs the root's plan (:meth:`OpCounts.measuring`).
+the first call that runs the root's plan (:meth:`OpCounts.measuring`), and again on the next one
+after a region's calls began to run another way (split for hooks below it, or whole again).
 """
 
 from __future__ import annotations

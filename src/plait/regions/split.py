@@ -109,11 +109,15 @@ class RegionPlan:
             # NOTE: the region's capture and guards must see its submodules as written: the
             # dispatch slots of this and enclosing plans are taken out below it while it runs.
             hidden = _hide_below(module)
+            split = engine.split_calls
             try:
                 with tree.counting(None):
-                    return engine.region_call(args, kwargs)
+                    out = engine.region_call(args, kwargs)
             finally:
                 _restore(hidden)
+            if engine.split_calls == split:  # NOTE: it ran as the region (not split, for an object)
+                engine.ran_whole()
+            return out
         finally:
             _restore(own)
 

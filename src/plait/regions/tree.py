@@ -86,6 +86,14 @@ class RegionTree(BlockSharing, OpCounts):
             self.version += 1
         return engine
 
+    def ran_otherwise(self) -> None:
+        """A region's calls run another way than before (split for hooks, or as the region
+        again): the manifests are refreshed, and the op counts measured again on the next call
+        of the root's plan unless this call measures them."""
+        self.version += 1
+        if self.counter is None:
+            self.measured = None
+
     # --- the report -------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
         """Regions, boundaries, op shares and sharing counts, as JSON values."""
@@ -97,7 +105,7 @@ class RegionTree(BlockSharing, OpCounts):
         engines = [e for e in self.order if live.get(id(e.fn)) == e.path]
         artifact_users: dict[int, list[str]] = {}
         for e in engines:
-            for s in e.specializations:
+            for s in e.specializations if e.hooked is None else ():  # NOTE: runs split now
                 if s.executor is not None:
                     artifact_users.setdefault(id(s.compiled), []).append(e.path)
         regions: list[dict[str, Any]] = []
@@ -122,6 +130,9 @@ class RegionTree(BlockSharing, OpCounts):
                 continue
             compiled = [s for s in e.specializations if s.executor is not None]
             split = e.regions is not None
+            calls = {"compiled": sum(s.calls for s in compiled), "split": e.split_calls}
+            if e.hooked is not None:  # NOTE: its latest calls ran split, whatever it compiled
+                compiled = []
             status = "compiled" if compiled else "split" if split else "eager"
             others = sorted(
                 {p for s in compiled for p in artifact_users.get(id(s.compiled), ())} - {e.path}
@@ -132,6 +143,8 @@ class RegionTree(BlockSharing, OpCounts):
                     "module": e.path,
                     "class": type(e.fn).__name__,
                     "status": status,
+                    "reason": e.hooked if e.hooked is not None else e.refused,
+                    "calls": calls,
                     "backends": backends,
                     "specializations": len(e.specializations),
                     "shares_artifact_with": others,

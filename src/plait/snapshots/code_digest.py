@@ -1,6 +1,7 @@
 """The meaning of a code object, as another process can compare it: its bytecode, names and
 constants (nested code recursively), never its file name or line numbers (:func:`code_digest`);
-and the names it can read a value by (:func:`names_of`).
+the names it can read a value by (:func:`names_of`), and of those, the ones it does more with than
+test membership in (:func:`read_names`).
 
 Example:
     >>> def f(cfg):
@@ -9,6 +10,10 @@ Example:
     ['SCALE', 'getattr']
     >>> code_digest(f.__code__) == code_digest(f.__code__)
     True
+    >>> def g(self, x):
+    ...     return [k for k in self.ORDER] if x in self.NAMES else None
+    >>> sorted(read_names(g.__code__))
+    ['ORDER']
 """
 
 from __future__ import annotations
@@ -78,6 +83,34 @@ def names_of(code: types.CodeType) -> frozenset[str]:
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             out |= names_of(c)
+        elif isinstance(c, str) and c.isidentifier():
+            out.add(c)
+        elif isinstance(c, (tuple, frozenset)):
+            out |= {s for s in c if isinstance(s, str) and s.isidentifier()}
+    return frozenset(out)
+
+
+# NOTE: instructions that load a value by a name of co_names
+_NAME_LOADS = frozenset({"LOAD_ATTR", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_METHOD"})
+
+
+@functools.lru_cache(maxsize=4096)
+def read_names(code: types.CodeType) -> frozenset[str]:
+    """:func:`names_of` less the names ``code`` (and its nested code) only ever loads to test
+    membership in (``x in self.NAMES``): a value read only so is never iterated there."""
+    member: set[str] = set()
+    other: set[str] = set()
+    instructions = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+    for ins, nxt in zip(instructions, [*instructions[1:], None]):
+        if ins.opcode not in dis.hasname or not isinstance(ins.argval, str):
+            continue
+        membership = nxt is not None and nxt.opname == "CONTAINS_OP"
+        (member if ins.opname in _NAME_LOADS and membership else other).add(ins.argval)
+    only_member = member - other
+    out = {n for n in code.co_names if n not in only_member}
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out |= read_names(c)
         elif isinstance(c, str) and c.isidentifier():
             out.add(c)
         elif isinstance(c, (tuple, frozenset)):

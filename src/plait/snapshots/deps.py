@@ -6,6 +6,8 @@ libraries generate and run themselves, and what the import system runs are left 
 namedtuple's or a dataclass's generated methods count as their class. A lambda or nested
 function that runs (its closure cannot be read back by name) or module-level code makes the
 program :class:`~plait.snapshots.fingerprint.Unpinnable`: it is captured on every warm start.
+The names the code that ran reads (a library's too, plait's own excepted: :func:`read_names`)
+say which sets the capture could have iterated (:mod:`plait.snapshots.set_order`).
 
 Example:
     >>> import json
@@ -26,7 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from plait.frontend.code_origin import IMPORT_SYSTEM, find_function, generated_for, is_pinned
-from plait.snapshots.fingerprint import Unpinnable, class_digest, function_digest
+from plait.snapshots.code_digest import names_of, read_names
+from plait.snapshots.fingerprint import Unpinnable, class_orders, function_orders
+from plait.snapshots.set_order import SetOrder
 
 # NOTE: nested code of these kinds is part of its enclosing function's digest, which also ran.
 _INLINE = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
@@ -35,11 +39,13 @@ _INLINE = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
 @dataclass(frozen=True)
 class CodeDep:
     """A function (or a class whose generated methods ran) the capture ran: ``module`` and
-    ``qualname`` find it again; ``digest`` covers its code, defaults and the values it reads."""
+    ``qualname`` find it again; ``digest`` covers its code, defaults and the values it reads
+    (sets by their contents); ``orders``: the iteration orders of the sets among those."""
 
     module: str
     qualname: str
     digest: str
+    orders: tuple[SetOrder, ...] = ()
 
 
 # --- recording ------------------------------------------------------------------------------
@@ -54,6 +60,9 @@ class CodeRecorder:
         self.seen: set[int] = set()
         self.found: dict[tuple[str, str], CodeDep] = {}
         self.refusal: str | None = None
+        # NOTE: the names the code that ran reads by (all of it: a library's code may iterate
+        # a set it finds by a name): which sets the capture could have iterated
+        self.names: set[str] = set()
         self._alive: list[types.CodeType] = []  # NOTE: keeps the ids in `seen` from reuse
         self._outside: set[int] = set()  # NOTE: the frames on the stack when recording began
         self._frames: list[types.FrameType] = []
@@ -66,7 +75,15 @@ class CodeRecorder:
         code = frame.f_code
         if id(code) in self.seen:
             return
-        if self.refusal is None and not is_pinned(str(frame.f_globals.get("__name__", ""))):
+        module = str(frame.f_globals.get("__name__", ""))
+        pinned = is_pinned(module)
+        try:
+            # NOTE: plait's own code (capture) reads no value of the program by its name
+            if not (module == "plait" or module.startswith("plait.")):
+                self.names |= names_of(code) if pinned else read_names(code)
+        except Exception as exc:  # NOTE: never in user code: recorded as a refusal
+            self.refusal = self.refusal or f"reading the names of {code.co_name} failed ({exc!r})"
+        if self.refusal is None and not pinned:
             if self._under_import(frame):
                 return  # NOTE: not marked seen: the program proper may run it later
             # NOTE: an exception must never leave a profile hook: it would surface in user code
@@ -139,7 +156,8 @@ def _frame_dep(frame: types.FrameType) -> CodeDep | None:
         # NOTE: namedtuple's and dataclasses' generated methods follow from the class's fields
         if is_pinned(owner.__module__ or ""):
             return None
-        return CodeDep(owner.__module__, owner.__qualname__, class_digest(owner))
+        digest, orders = class_orders(owner)
+        return CodeDep(owner.__module__, owner.__qualname__, digest, tuple(orders))
     if qualname.rsplit(".", 1)[-1] in _INLINE:
         return None
     if qualname == "<module>":
@@ -152,7 +170,8 @@ def _frame_dep(frame: types.FrameType) -> CodeDep | None:
     fn = find_function(module, qualname)
     if fn is None or fn.__code__ is not code:
         raise Unpinnable(f"{module}.{qualname} ran but cannot be found again by its name")
-    return CodeDep(module, qualname, function_digest(fn))
+    digest, orders = function_orders(fn)
+    return CodeDep(module, qualname, digest, tuple(orders))
 
 
 def _generated_by_library(frame: types.FrameType) -> bool:

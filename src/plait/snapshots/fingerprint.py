@@ -3,27 +3,25 @@ digest of a function (its bytecode, constants and nested code, never file names 
 its defaults; the module-level values its code can read by name, a name it loads or a string
 constant such as ``getattr(cfg, "SCALE")`` uses; the attributes it names of the modules and
 functions those values are; the classes that own it), and the fingerprint of a value or of an
-``nn.Module`` tree (:func:`module_fingerprint`: classes, their bases, attributes and methods by
-name, and every attribute of every submodule).
+``nn.Module`` tree (:func:`plait.snapshots.modules.module_fingerprint`: classes, their bases,
+attributes and methods by name, and every attribute of every submodule).
 
 A value is described by :func:`fingerprint`: plain values by value; containers item by item (a
-set in its iteration order, which is what a loop over it sees); enums by name and value; user
-classes by their contents; dataclass configs by class and fields; functions and classes by
-module and qualified name, which must find the very object again (a class redefined since its
-instances were made is not the class its module names). PyTorch's, plait's, NumPy's, SymPy's
-and the standard library's own code is pinned by the toolchain versions in every key (a PyTorch
-module attribute that code names is checked for what it holds: ``F.gelu = my_gelu`` and
-``F.silu = torch.tanh`` change a digest, as does a ``torch.Tensor`` or ``nn.Module`` method the
-code names, replaced: ``torch.Tensor.tanh = torch.Tensor.sigmoid``). Anything these cannot
-pin down (an arbitrary object; a method bound to one; a user module held by an attribute; a
-forward hook; code that names the environment or the command line) raises :class:`Unpinnable`,
-with the reason.
+set in sorted order, its iteration order kept aside: :mod:`plait.snapshots.set_order`); enums by
+name and value; user classes by their contents; dataclass configs by class and fields; functions
+and classes by module and qualified name, which must find the very object again (a class
+redefined since its instances were made is not the class its module names). PyTorch's, plait's,
+NumPy's, SymPy's and the standard library's own code is pinned by the toolchain versions in
+every key (a PyTorch module attribute that code names is checked for what it holds: ``F.gelu =
+my_gelu`` and ``F.silu = torch.tanh`` change a digest, as does a ``torch.Tensor`` or
+``nn.Module`` method the code names, replaced: ``torch.Tensor.tanh = torch.Tensor.sigmoid``).
+Anything these cannot pin down (an arbitrary object; a method bound to one; a user module held
+by an attribute; a forward hook; code that names the environment or the command line) raises
+:class:`Unpinnable`, with the reason.
 
 Example:
-    >>> import torch
-    >>> fp = module_fingerprint(torch.nn.Linear(2, 3))
-    >>> fp[0]["class"], fp[0]["attrs"]["in_features"]
-    ('torch.nn.modules.linear.Linear', ['int', '2'])
+    >>> fingerprint({"b", "a"}, "NAMES")
+    ['set', [['str', "'a'"], ['str', "'b'"]]]
 """
 
 from __future__ import annotations
@@ -42,7 +40,9 @@ import torch
 from torch import nn
 
 from plait.frontend.code_origin import is_pinned, lookup, unwrap
+from plait.snapshots import set_order
 from plait.snapshots.code_digest import code_digest, names_of
+from plait.snapshots.set_order import SetOrder, collecting, gate
 
 # NOTE: names through which code reads state that differs from one process to the next.
 _PROCESS_STATE = frozenset({"environ", "environb", "getenv", "getenvb", "argv", "orig_argv"})
@@ -53,16 +53,17 @@ class Unpinnable(Exception):
     """A dependency another process cannot check without capturing (the message says which)."""
 
 
-def dep_digest(module: str, qualname: str) -> str:
+def dep_digest(module: str, qualname: str) -> tuple[str, list[SetOrder]]:
     """The digest the dependency ``module.qualname`` has in this process (compare with a
-    :class:`CodeDep`'s); raises :class:`Unpinnable` when it is not found."""
+    :class:`CodeDep`'s) and the orders of the sets it describes; raises :class:`Unpinnable`
+    when it is not found."""
     obj = lookup(module, qualname)
     if isinstance(obj, type):
-        return class_digest(obj)
+        return class_orders(obj)
     fn = unwrap(obj, qualname) if obj is not None else None
     if fn is None:
         raise Unpinnable(f"{module}.{qualname} is not loaded in this process")
-    return function_digest(fn)
+    return function_orders(fn)
 
 
 # --- finding and digesting ------------------------------------------------------------------
@@ -105,7 +106,18 @@ def _a_copy_of(found: Any, value: Any) -> bool:
 def function_digest(fn: types.FunctionType) -> str:
     """SHA-256 over the function's code, defaults, the classes that own it, the module-level
     values its code names and their attributes it names (raises :class:`Unpinnable` for a
-    value that has no fingerprint, or for code that reads the environment or command line)."""
+    value that has no fingerprint, or for code that reads the environment or command line).
+    Sets count by their contents: :func:`function_orders` gives their orders too."""
+    return function_orders(fn)[0]
+
+
+def function_orders(fn: types.FunctionType) -> tuple[str, list[SetOrder]]:
+    """:func:`function_digest`, and the iteration orders of the sets it describes."""
+    with collecting() as orders:
+        return _function_digest(fn), orders
+
+
+def _function_digest(fn: types.FunctionType) -> str:
     memo: dict[int, Any] = {}  # NOTE: fresh: a digest must not depend on what came before
     where = f"{fn.__module__}.{fn.__qualname__}"
     names = names_of(fn.__code__)
@@ -132,8 +144,9 @@ def function_digest(fn: types.FunctionType) -> str:
             continue
         value = globals_[name]
         what = f"global {globals_.get('__name__')}.{name}"
-        h.update(repr((name, _value_fp(value, what, memo))).encode())
-        _named_attrs(value, names, h, memo, seen, what)
+        with gate(name, reset=True):
+            h.update(repr((name, _value_fp(value, what, memo))).encode())
+            _named_attrs(value, names, h, memo, seen, what)
     # NOTE: a method the code may call on a tensor or a module (`y.tanh()`), as the class holds
     # it now: `torch.Tensor.tanh = torch.Tensor.sigmoid` changes what the same bytecode runs
     for name in sorted(names):
@@ -200,19 +213,21 @@ def _named_attrs(
         for attr in sorted(a for a in names if a in namespace):
             inner = namespace[attr]
             here = f"{what}.{attr}"
-            if not pinned:
-                h.update(repr((here, _value_fp(inner, here, memo))).encode())
-            elif _user_defined(inner):
-                h.update(repr(("replaced", here, _fp(inner, here, memo, 0))).encode())
-            else:  # NOTE: another library object put there (`F.silu = torch.tanh`)
-                h.update(repr(("library", here, _library_identity(inner))).encode())
-            _named_attrs(inner, names, h, memo, seen, here)
+            with gate(attr):
+                if not pinned:
+                    h.update(repr((here, _value_fp(inner, here, memo))).encode())
+                elif _user_defined(inner):
+                    h.update(repr(("replaced", here, _fp(inner, here, memo, 0))).encode())
+                else:  # NOTE: another library object put there (`F.silu = torch.tanh`)
+                    h.update(repr(("library", here, _library_identity(inner))).encode())
+                _named_attrs(inner, names, h, memo, seen, here)
     elif isinstance(value, types.FunctionType) and _user_defined(value):
         seen.add(id(value))
         namespace = vars(value)
         for attr in sorted(a for a in names if a in namespace and a != "__wrapped__"):
             here = f"{what}.{attr}"
-            h.update(repr((here, _fp(namespace[attr], here, memo, 0))).encode())
+            with gate(attr):
+                h.update(repr((here, _fp(namespace[attr], here, memo, 0))).encode())
 
 
 def _value_fp(value: Any, what: str, memo: dict[int, Any]) -> Any:
@@ -238,8 +253,14 @@ def _globals_name(fn: types.FunctionType) -> str:
 def class_digest(cls: type) -> str:
     """SHA-256 over a class's fingerprint (bases, attributes, methods by name, dataclass and
     namedtuple fields): what its generated methods and its readers depend on."""
-    fp = _fp(cls, _qualified(cls), {}, 0)
-    return "class:" + hashlib.sha256(repr(fp).encode()).hexdigest()
+    return class_orders(cls)[0]
+
+
+def class_orders(cls: type) -> tuple[str, list[SetOrder]]:
+    """:func:`class_digest`, and the iteration orders of the sets it describes."""
+    with collecting() as orders:
+        fp = _fp(cls, _qualified(cls), {}, 0)
+        return "class:" + hashlib.sha256(repr(fp).encode()).hexdigest(), orders
 
 
 # --- fingerprints ---------------------------------------------------------------------------
@@ -374,9 +395,19 @@ def _container_fp(value: Any, what: str, memo: dict[int, Any], depth: int) -> An
         if isinstance(value, defaultdict):
             items.append(_fp(value.default_factory, what, memo, depth + 1))
         return [tag, items]
-    # NOTE: a set in its iteration order: a loop over it sees that order, which may differ
-    # between processes (string hashing) or with the order of insertion.
-    return [tag, [_fp(v, what, memo, depth + 1) for v in value]]
+    if not isinstance(value, (set, frozenset)):
+        return [tag, [_fp(v, what, memo, depth + 1) for v in value]]
+    # NOTE: a set in sorted order: its iteration order (the hash seed's for strings, and one
+    # that may follow the order of insertion) is kept aside (plait.snapshots.set_order), with
+    # the names code reads to reach it: what a loop over it sees
+    fps, keys, nested = [], [], []
+    for v in value:
+        start = set_order.mark()
+        fp = _fp(v, what, memo, depth + 1)
+        fps.append(fp)
+        keys.append(repr(fp))
+        nested.append(set_order.take(start))
+    return [tag, [fps[i] for i in set_order.record(keys, nested, what)]]
 
 
 def _qualified(cls: type) -> str:
@@ -494,7 +525,11 @@ def _class_contents(cls: type, memo: dict[int, Any], depth: int) -> Any:
             if key in _CLASS_SKIP:
                 continue
             where = f"{_qualified(base)}.{key}"
-            attrs[f"{base.__qualname__}.{key}"] = _member_fp(base, key, value, where, memo, depth)
+            # NOTE: code reaches a class attribute by its name (a dunder one, such as
+            # __dataclass_fields__, also through the class: the library's code reads it)
+            with gate(key, reset=not (key.startswith("__") and key.endswith("__"))):
+                fp = _member_fp(base, key, value, where, memo, depth)
+            attrs[f"{base.__qualname__}.{key}"] = fp
     return [[_qualified(b) for b in cls.__mro__], [[k, attrs[k]] for k in sorted(attrs)]]
 
 
@@ -540,59 +575,3 @@ def _field_fp(f: Any, where: str, memo: dict[int, Any], depth: int) -> Any:
         f.init,
         None if f.kw_only is missing else f.kw_only,  # NOTE: a ClassVar pseudo-field's
     ]
-
-
-# --- modules --------------------------------------------------------------------------------
-_TABLES = ("_parameters", "_buffers", "_modules", "training", "_non_persistent_buffers_set")
-# NOTE: PyTorch's hook tables, by the names this version gives them in every module
-_HOOK_TABLES = frozenset(k for k in nn.Module().__dict__ if "hook" in k)
-
-
-def _hooks(name: str, value: Any, what: str) -> None:
-    """Forward and backward hooks run inside the program: a module that has any is captured."""
-    if "state_dict" in name or not value:
-        return
-    raise Unpinnable(f"{what} has hooks ({name}): they run inside the program")
-
-
-def module_fingerprint(module: nn.Module) -> list[dict[str, Any]]:
-    """Every submodule's path, class and attributes, and its classes' bases, attributes and
-    methods; raises :class:`Unpinnable` (hooks, tensor attributes, objects without a
-    fingerprint, a class that is not the one its module defines now)."""
-    for name in dir(nn.modules.module):
-        table = getattr(nn.modules.module, name)
-        # NOTE: the tables only: _global_is_full_backward_hook is a flag that stays set after
-        # the last global full backward hook is removed
-        if name.startswith("_global_") and "hook" in name and isinstance(table, dict):
-            _hooks(name, table, "torch.nn (global)")
-    out = []
-    memo: dict[int, Any] = {}
-    classes: dict[type, Any] = {}
-    for path, m in module.named_modules():
-        where = f"self.{path}" if path else "self"
-        attrs: dict[str, Any] = {}
-        for key, value in vars(m).items():
-            if key in _TABLES:
-                continue
-            if key in _HOOK_TABLES:
-                _hooks(key, value, where)
-                continue
-            what = f"{where}.{key}"
-            if isinstance(value, types.MethodType) and value.__self__ is m:
-                # NOTE: a method set on the instance (`model.forward = MethodType(f, model)`)
-                attrs[key] = ["method of self", _fp(value.__func__, what, memo, 0)]
-            else:
-                attrs[key] = _fp(value, what, memo, 0)
-        cls = type(m)
-        if cls not in classes:
-            contents = _class_fp(cls, f"{where}'s class", memo, 0)
-            classes[cls] = contents[2] if len(contents) > 2 else []
-        out.append(
-            {
-                "path": path,
-                "class": _qualified(cls),
-                "attrs": dict(sorted(attrs.items())),
-                "class_attrs": classes[cls],
-            }
-        )
-    return out
