@@ -56,7 +56,7 @@ from plait.errors import (
     PlaitCompileError,
     RecompileLimitError,
 )
-from plait.frontend import CapturedProgram, InputAdapter, ModuleState, capture_program
+from plait.frontend import CapturedProgram, Executor, InputAdapter, ModuleState, capture_program
 from plait.frontend.dynamic_dims import AutomaticDims, DimPolicy, DynamicSpec
 from plait.guards.guard import Evaluators, GuardEnv
 from plait.guards.native import EVALUATORS as NATIVE_GUARDS
@@ -246,9 +246,8 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
             if ran is not None and s.executor is None:  # NOTE: its Python ran, at capture
                 objects = self.adapter.containers(args, kwargs, env.spec) if ran.containers else ()
                 return run_captured(ran, env, state, objects, self._name())
-            if early is not None and s.executor is not None:
-                return s.program.run(early.executor_for(s.program, s.compiled), env, state)
-            return self._run(s, env, state, args, kwargs)
+            execute = early.executor_for(s.program, s.compiled) if early is not None else None
+            return self._run(s, env, state, args, kwargs, execute)
         finally:
             if early is not None:
                 early.close()
@@ -478,15 +477,16 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
         state: Sequence[torch.Tensor],
         args: tuple,
         kwargs: dict,
+        execute: Executor | None = None,  # NOTE: instead of s.executor (an early run's results)
     ) -> Any:
         if s.executor is None:
             return self._eager(args, kwargs)  # the recorded eager fallback, or its regions
         if self.tree is not None and self.region:
             self.tree.note_compiled(self.path, s.program)
-        prog = s.program
+        prog, execute = s.program, execute or s.executor
         if prog.containers:  # NOTE: it writes back or returns an input object (a KV cache)
-            return prog.run(s.executor, env, state, self.adapter.containers(args, kwargs, env.spec))
-        return prog.run(s.executor, env, state)
+            return prog.run(execute, env, state, self.adapter.containers(args, kwargs, env.spec))
+        return prog.run(execute, env, state)
 
 
 def _refusal(exc: Exception) -> str:

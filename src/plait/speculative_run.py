@@ -73,6 +73,26 @@ FORMAT = "plait.first-run-hint/1"
 # capture's Python for most of an interval each time
 _SWITCH_INTERVAL = 0.0002
 _SLOTS = ("user", "state")
+# NOTE: the switch interval is the process's: the early runs in flight (calls in other threads
+# overlap theirs) and the interval before the first of them, restored when the last one ends
+_LOWERED: list[float] = []
+_LOWERED_LOCK = threading.Lock()
+_IN_FLIGHT = [0]
+
+
+def _lower_switch_interval() -> None:
+    with _LOWERED_LOCK:
+        if _IN_FLIGHT[0] == 0:
+            _LOWERED[:] = [sys.getswitchinterval()]
+            sys.setswitchinterval(min(_LOWERED[0], _SWITCH_INTERVAL))
+        _IN_FLIGHT[0] += 1
+
+
+def _restore_switch_interval() -> None:
+    with _LOWERED_LOCK:
+        _IN_FLIGHT[0] -= 1
+        if _IN_FLIGHT[0] == 0:
+            sys.setswitchinterval(_LOWERED.pop())
 
 
 def _free_core() -> bool:
@@ -154,12 +174,17 @@ def may_speculate() -> bool:
     return not torch._C._autograd._profiler_enabled()
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _gather(
     hint: dict[str, Any], leaves: Sequence[Any], state: Sequence[torch.Tensor]
 ) -> tuple[list[str], list[Any]] | None:
     """The captured graph's input names and this call's values for them, as the hint says
     (None for a constant); None when the hint is malformed or an input is an inference tensor
-    (it has no version counter: a write to it while the early run reads it would not show)."""
+    (it has no version counter: a write to it while the early run reads it would not show) or
+    a tensor subclass (its ``__torch_function__`` is the user's Python, which the early run
+    would run in its thread while capture runs, and run again when the result is dropped)."""
     inputs = hint.get("inputs")
     if not isinstance(inputs, list):
         return None
@@ -173,7 +198,7 @@ def _gather(
             value = leaves[ref]
         elif source == "state" and isinstance(ref, int) and 0 <= ref < len(state):
             value = state[ref]
-        if isinstance(value, torch.Tensor) and value.is_inference():
+        if isinstance(value, torch.Tensor) and (value.is_inference() or type(value) not in _PLAIN):
             return None
         names.append(str(name))
         values.append(value)
@@ -194,7 +219,7 @@ class SpeculativeRun:
         self.results: Sequence[Any] | None = None
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
-        self.interval: float | None = None
+        self.lowered = False
         self.used = False
         self.why = "not run"
 
@@ -229,7 +254,12 @@ class SpeculativeRun:
             return None
         run = cls(store, key, hint, saved)
         hand_over(store, artifact, saved)
-        if not run._launch(*gathered):
+        try:
+            launched = run._launch(*gathered)
+        except Exception as exc:  # NOTE: no thread (RuntimeError): the call runs as without one
+            logs.emit("cache", "first_run", f"no early run: it did not start ({exc})")
+            launched = False
+        if not launched:
             take_back(store, artifact)
             return None
         return run
@@ -254,25 +284,28 @@ class SpeculativeRun:
             except BaseException as exc:  # NOTE: the call after capture raises it, if real
                 self.error = exc
 
-        self.interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self.interval, _SWITCH_INTERVAL))
-        self.thread = threading.Thread(target=run, name="plait-early-run", daemon=True)
-        self.thread.start()
+        thread = threading.Thread(target=run, name="plait-early-run", daemon=True)
+        thread.start()  # NOTE: first: a thread that does not start leaves nothing to undo
+        self.thread = thread
+        _lower_switch_interval()
+        self.lowered = True
         return True
 
     def _wait(self) -> None:
         if self.thread is not None:
             self.thread.join()
             self.thread = None
-        if self.interval is not None:
-            sys.setswitchinterval(self.interval)
-            self.interval = None
+        if self.lowered:
+            _restore_switch_interval()
+            self.lowered = False
 
     def executor_for(self, prog: CapturedProgram, compiled: Compiled) -> Any:
         """The executor of the call that captured ``prog``: the early run's results where they
-        are this call's, else the specialization's own executor (which runs now)."""
+        are this call's, else the specialization's own executor (which runs now); None for a
+        specialization that runs no executor."""
         execute = compiled.executor
-        assert execute is not None
+        if execute is None:
+            return None
 
         def run(values: list[Any]) -> Sequence[Any]:
             results = self._results(prog, compiled, values)

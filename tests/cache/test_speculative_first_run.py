@@ -21,6 +21,8 @@ from torch import nn
 
 import plait
 import plait.api
+import plait.cache.compiled
+import plait.speculative_run
 from plait.cache import LocalStore
 from plait.cache.lookup import CacheWarning
 from plait.errors import GraphCaptureError
@@ -241,3 +243,159 @@ def test_a_new_process_runs_its_first_call_during_capture(tmp_path: Path) -> Non
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert results[0] == {"status": "miss", "first": None}, results
     assert results[1] == {"status": "hit", "first": DURING}, results
+
+
+class _Linear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).relu()
+
+
+def _wait_for(done: Any) -> None:
+    for _ in range(6000):
+        if done():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("timed out")
+
+
+def test_early_runs_of_calls_in_two_threads_restore_the_switch_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = convnet(), _Linear().eval()
+    inputs = [_fresh(1), torch.randn(3, 6)]
+    for model, x in zip((first, second), inputs):
+        _call(model, tmp_path, x)
+    gates = [threading.Event(), threading.Event()]
+    pending = list(gates)
+    executor = plait.speculative_run.stax_executor
+
+    def gated(*args: Any) -> Any:
+        execute, gate = executor(*args), pending.pop(0)
+
+        def run(values: list[Any]) -> Any:
+            assert gate.wait(60)
+            return execute(values)
+
+        return run
+
+    monkeypatch.setattr(plait.speculative_run, "stax_executor", gated)
+    interval = sys.getswitchinterval()
+    compiled = [plait.compile(m, options={"cache": str(tmp_path)}) for m in (first, second)]
+    outs: list[Any] = [None, None]
+
+    def call(i: int) -> None:
+        with torch.no_grad():
+            outs[i] = compiled[i](inputs[i])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in (0, 1)]
+    threads[0].start()  # NOTE: its early run waits; its call waits for it, past capture
+    _wait_for(lambda: compiled[0].specializations)
+    threads[1].start()  # NOTE: its early run starts while the first one is in flight
+    _wait_for(lambda: compiled[1].specializations)
+    for gate, thread in zip(gates, threads):
+        gate.set()  # NOTE: the first early run ends first
+        thread.join(60)
+    assert sys.getswitchinterval() == interval
+    for i, model in enumerate((first, second)):
+        assert compiled[i].specializations[0].manifest.cache["first run"] == DURING
+        torch.testing.assert_close(
+            outs[i], _eager(model, inputs[i]), **contract_tol("model", torch.float32)
+        )
+    assert not plait.cache.compiled._AHEAD
+
+
+class _MaybeReturnsItsList(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.mode = "plain"
+
+    def forward(self, xs: list[torch.Tensor]) -> Any:
+        y = self.lin(xs[0])
+        if self.mode == "returns":
+            return y, xs
+        if self.mode == "appends":
+            xs.append("seen")  # NOTE: the same graph: no tensor is written
+        return y
+
+
+@pytest.mark.parametrize("mode", ["returns", "appends"])
+def test_a_program_with_the_hinted_artifact_that_returns_or_writes_its_input_list(
+    tmp_path: Path, mode: str
+) -> None:
+    model = _MaybeReturnsItsList().eval()
+    with torch.no_grad():
+        plait.compile(model, options={"cache": str(tmp_path)})([torch.randn(3, 6)])
+    model.mode = mode  # NOTE: the same graph, so the same artifact: the hint's
+    results, x = [], torch.randn(3, 6)
+    for speculative in (True, False):
+        xs = [x]
+        compiled = plait.compile(
+            model, options={"cache": str(tmp_path), "speculative": speculative}
+        )
+        with torch.no_grad():
+            out = compiled(xs)
+        cache = compiled.specializations[0].manifest.cache
+        assert cache["status"] == "hit", (speculative, cache)
+        assert cache.get("first run") == (DURING if speculative else None)
+        expected = _eager(model.lin, xs[0])
+        y = out[0] if mode == "returns" else out
+        torch.testing.assert_close(y, expected, **contract_tol("model", torch.float32))
+        if mode == "returns":
+            assert out[1] is xs
+        else:
+            assert xs == [x, "seen"]
+        results.append(y)
+    assert_bitwise(results[0], results[1], "the early run against the run after capture")
+    assert not plait.cache.compiled._AHEAD
+
+
+class _Logged(torch.Tensor):
+    threads: list[str] = []
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        cls.threads.append(threading.current_thread().name)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_tensor_subclass_input_gets_no_early_run(tmp_path: Path) -> None:
+    model = _Linear().eval()
+    _call(model, tmp_path, torch.randn(3, 6).as_subclass(_Logged))
+    x = torch.randn(3, 6).as_subclass(_Logged)
+    _Logged.threads.clear()
+    out, cache = _call(model, tmp_path, x)
+    # NOTE: its __torch_function__ is the user's Python: never run in another thread
+    assert set(_Logged.threads) == {threading.current_thread().name}, set(_Logged.threads)
+    assert cache["status"] == "hit" and "first run" not in cache
+    assert type(out) is _Logged
+    expected = _eager(model, x.as_subclass(torch.Tensor))
+    torch.testing.assert_close(
+        out.as_subclass(torch.Tensor), expected, **contract_tol("model", torch.float32)
+    )
+
+
+class _NoStart(threading.Thread):
+    def start(self) -> None:
+        if self.name == "plait-early-run":
+            raise RuntimeError("can't start new thread")
+        super().start()
+
+
+def test_an_early_run_whose_thread_does_not_start_leaves_the_call_as_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = convnet()
+    _call(model, tmp_path, _fresh(1))
+    interval = sys.getswitchinterval()
+    monkeypatch.setattr(threading, "Thread", _NoStart)
+    x = _fresh(2)
+    out, cache = _call(model, tmp_path, x)
+    assert cache["status"] == "hit" and "first run" not in cache
+    torch.testing.assert_close(out, _eager(model, x), **contract_tol("model", torch.float32))
+    assert sys.getswitchinterval() == interval
+    assert not plait.cache.compiled._AHEAD
