@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import plait.contract
-from plait.autograd import CompiledAutograd, build_joint, partition
+from plait.autograd import CompiledAutograd, Partition, build_joint, partition
 from plait.autograd.joint import Joint
 from plait.ir import Graph, GraphBuilder, TensorType, interpret
 
@@ -53,6 +53,7 @@ def test_partitions_of_random_graphs(g: Graph, seed: int) -> None:
         assert [v.name for v in p.backward.inputs] == saved_names + cot_names
         assert len(p.forward.outputs) == joint.n_outputs + len(p.saved)
         bytes_saved[name] = p.saved_bytes
+        _recomputed_just_in_time(p)
         run = CompiledAutograd.interpreted(
             p,
             n_inputs=2,
@@ -72,6 +73,43 @@ def test_partitions_of_random_graphs(g: Graph, seed: int) -> None:
             torch.testing.assert_close(got[k], e, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
         assert all(got[k] is None for k in range(2) if k not in joint.grads)
     assert bytes_saved["min-cut"] <= bytes_saved["save-all"]
+
+
+def _recomputed_just_in_time(p: Partition) -> None:
+    """Each node the backward recomputes comes just before its first reader: only other
+    recomputed nodes between them (each recomputed value live from there, not from the
+    backward's start)."""
+    nodes = p.backward.nodes
+    late = set(p.recomputed)
+    for i, n in enumerate(nodes):
+        if n.id not in late:
+            continue
+        outs = {id(v) for v in n.outputs}
+        readers = [j for j in range(i + 1, len(nodes))
+                   if outs & {id(u) for u in nodes[j].input_values()}]  # fmt: skip
+        if readers:
+            assert all(m.id in late for m in nodes[i + 1 : readers[0]]), (n, nodes[readers[0]])
+
+
+def test_min_cut_recomputes_each_value_just_before_its_first_reader() -> None:
+    """Three layers ``gelu(h @ w)`` on a GPU, whose GELUs min-cut recomputes: the backward,
+    last layer first, takes each GELU again where its weight's gradient reads it, not all
+    three at its start (they would all be live at once: the bytes they were not saved for)."""
+    b = GraphBuilder()
+    h = b.input("x", TensorType((4, 6), F64, "cuda:0"))
+    names = []
+    for i in range(3):
+        w = b.param(f"w{i}", TensorType((6, 6), F64, "cuda:0"))
+        h = b.call("gelu", b.call("matmul", h, w))
+        names.append(h.name)
+    b.output(b.call("matmul", h, b.param("w3", TensorType((6, 2), F64, "cuda:0"))))
+    joint = build_joint(b.build(), ["x", "w0", "w1", "w2", "w3"])
+    p = partition(joint, "min-cut")
+    ops = [n.op for n in p.backward.nodes]
+    assert ops.count("gelu") == 3 and not set(names) & {v.name for v in p.saved}
+    _recomputed_just_in_time(p)
+    gelus = [i for i, op in enumerate(ops) if op == "gelu"]
+    assert gelus[0] > 0 and gelus[1] > gelus[0] + 1 and gelus[2] > gelus[1] + 1
 
 
 def test_min_cut_saves_a_projection_rather_than_its_views() -> None:

@@ -315,23 +315,65 @@ def _split(joint: Joint, saved: list[Value], partitioner: str) -> Partition:
     forward = _subgraph(
         g, list(g.inputs[: joint.n_inputs]), fwd_ids, [*g.outputs[: joint.n_outputs], *saved]
     )
-    backward = _subgraph(g, [*saved, *cots], bwd_ids, list(roots))
     forward_ids = {n.id for n in g.nodes[: joint.n_forward_nodes]}
     recomputed = sorted(bwd_ids & forward_ids)
+    order = _recompute_late(g, bwd_ids, set(recomputed))
+    backward = _subgraph(g, [*saved, *cots], bwd_ids, list(roots), order)
     return Partition(forward, backward, list(saved), recomputed, partitioner)
 
 
-def _subgraph(g: Graph, inputs: list[Value], node_ids: set[int], outputs: list[Operand]) -> Graph:
-    """A graph of ``g``'s nodes in ``node_ids`` (in order), reading ``inputs``; values are copied,
-    so the two partitions share nothing. An input that was a computed value is a ``user``
-    input."""
+def _recompute_late(g: Graph, node_ids: set[int], late: set[int]) -> list[Node]:
+    """``g``'s nodes in ``node_ids`` in graph order, except that each node in ``late`` (a
+    forward node the backward recomputes) comes just before the first node that reads it (its
+    own late inputs before it). In the joint's order every recomputed node would come first,
+    so each recomputed value would be live from the backward's start to its last read: all
+    of them at once, as many bytes as saving them."""
+    producer = {id(v): n for n in g.nodes if n.id in late for v in n.outputs}
+    placed: set[int] = set()
+    order: list[Node] = []
+
+    def place(n: Node) -> None:
+        stack: list[tuple[Node, bool]] = [(n, False)]
+        while stack:
+            node, ready = stack.pop()
+            if node.id in placed:
+                continue
+            if ready:
+                placed.add(node.id)
+                order.append(node)
+                continue
+            stack.append((node, True))
+            for u in reversed(list(node.input_values())):
+                m = producer.get(id(u))
+                if m is not None and m.id not in placed:
+                    stack.append((m, False))
+
+    for n in g.nodes:
+        if n.id in node_ids and n.id not in late:
+            place(n)
+    for n in g.nodes:  # NOTE: a late node no other reads (an output itself), in graph order
+        if n.id in late:
+            place(n)
+    return order
+
+
+def _subgraph(
+    g: Graph,
+    inputs: list[Value],
+    node_ids: set[int],
+    outputs: list[Operand],
+    order: list[Node] | None = None,
+) -> Graph:
+    """A graph of ``g``'s nodes in ``node_ids`` (in ``order`` where given, else in graph
+    order), reading ``inputs``; values are copied, so the two partitions share nothing. An
+    input that was a computed value is a ``user`` input."""
     mapping: dict[int, Value] = {}
     out = Graph(constants={k: v for k, v in g.constants.items()})
     for v in inputs:
         new = Value(v.name, v.type, None, 0, v.kind or "user")
         mapping[id(v)] = new
         out.inputs.append(new)
-    for n in g.nodes:
+    for n in g.nodes if order is None else order:
         if n.id not in node_ids:
             continue
         node = Node(n.id, n.op, tuple(_remap(mapping, o) for o in n.inputs), dict(n.attrs))
