@@ -55,6 +55,7 @@ from plait import logs
 from plait.backends import Compiled, outside_inference_mode, stax_executor
 from plait.cache import Store
 from plait.cache.compiled import (
+    LoadFailed,
     SavedCompile,
     StaleEntryError,
     hand_over,
@@ -246,7 +247,7 @@ class SpeculativeRun:
                 saved = load_compiled(store, artifact)
         except Exception as exc:
             # NOTE: reported by the lookup that asks for it (as its own), or by close()
-            hand_over(store, artifact, exc)
+            hand_over(store, artifact, LoadFailed(exc))
             failed = cls(store, key, hint, None)
             failed.why = "after capture: the hinted artifact did not load"
             return failed
@@ -343,11 +344,12 @@ class SpeculativeRun:
         """Wait for the run, hand back an artifact the lookup did not take; what happened."""
         self._wait()
         left = take_back(self.store, self.artifact)
-        if isinstance(left, StaleEntryError):  # NOTE: as the lookup would have done
-            self.store.delete(self.artifact)
-            left = StaleEntryError(f"cache entry {self.artifact[:16]}… discarded: {left}")
-        if isinstance(left, Exception):  # NOTE: an entry no lookup asked for: reported here
-            warn_at_caller(f"plait cache: {left}")
+        if isinstance(left, LoadFailed):  # NOTE: an entry no lookup asked for: reported here
+            message = str(left.error)
+            if isinstance(left.error, StaleEntryError):  # NOTE: as the lookup would have done
+                self.store.delete(self.artifact)
+                message = f"cache entry {self.artifact[:16]}… discarded: {message}"
+            warn_at_caller(f"plait cache: {message}")
         self.results = None
         return self.why
 

@@ -33,6 +33,11 @@ SKIP = ("conformance/", "guards/ambient.py")
 # the artifact protocol (which settings a user's calls ran under); it decides nothing compiled.
 _PROTOCOL = "the artifact protocol's settings of a call, each pinned by a guard"
 
+# NOTE: plait.speculative_run reads them to decide whether a warm start's first run starts
+# early and under which hint; what a call is served is the specialization's own program, checked
+# after capture, whatever the hint named.
+_EARLY = "whether a first run starts before capture ends (a hint), never what a call is served"
+
 # (file, what it reads) -> what covers it
 COVERED = {
     ("frontend/guard_build.py", "is_grad_enabled"): "guard grad_mode",
@@ -76,6 +81,10 @@ COVERED = {
     ("codegen/tvm_build.py", "get_num_threads"): "guard torch.get_num_threads() (TVM's thread "
     "pool sized as the C++ kernels' OpenMP; speed only)",
     ("runtime/program.py", "cpu_count"): "build parallelism only: the same libraries",
+    ("speculative_run.py", "cpu_count"): _EARLY,
+    ("speculative_run.py", "get_num_threads"): _EARLY,
+    ("speculative_run.py", "is_grad_enabled"): _EARLY,
+    ("speculative_run.py", "get_default_dtype"): _EARLY,
     ("runtime/kernel_targets.py", "cpu_count"): "compile parallelism only: the same kernels",
     ("export/native_triton.py", "cpu_count"): "compile parallelism only: the same kernels",
     ("runtime/runner_emit.py", "is_grad_enabled"): "read per call, at run time (nothing compiled)",

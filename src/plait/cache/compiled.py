@@ -74,20 +74,27 @@ def save_compiled(store: Store, key: str, parts: dict[str, Any], saved: SavedCom
     store.put(key, pack_pieces(doc, tensors, blobs), meta)
 
 
+@dataclass
+class LoadFailed:
+    """What loading an entry ahead of its lookup raised: the lookup raises it as its own."""
+
+    error: Exception
+
+
 # NOTE: entries loaded ahead of the lookup that asks for them (a warm start's early run,
 # plait.speculative_run), by store and key, or what loading one raised: each is handed out
 # once, to that lookup, which reports an error as it reports its own
-_AHEAD: dict[tuple[str, str], SavedCompile | Exception] = {}
+_AHEAD: dict[tuple[str, str], SavedCompile | LoadFailed] = {}
 
 
-def hand_over(store: Store, key: str, loaded: SavedCompile | Exception) -> None:
+def hand_over(store: Store, key: str, loaded: SavedCompile | LoadFailed) -> None:
     """Give the next :func:`load_compiled` of ``key`` in ``store`` the entry ``loaded``
     (loaded and verified already), or make it raise what loading it raised;
     :func:`take_back` withdraws what no lookup took."""
     _AHEAD[(repr(store), key)] = loaded
 
 
-def take_back(store: Store, key: str) -> SavedCompile | Exception | None:
+def take_back(store: Store, key: str) -> SavedCompile | LoadFailed | None:
     return _AHEAD.pop((repr(store), key), None)
 
 
@@ -96,8 +103,8 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
     :class:`~plait.cache.store.CorruptEntryError` (the store removed it) or
     :class:`StaleEntryError` (the caller removes it)."""
     ahead = take_back(store, key)
-    if isinstance(ahead, Exception):
-        raise ahead
+    if isinstance(ahead, LoadFailed):
+        raise ahead.error
     if ahead is not None:
         return ahead
     start = time.perf_counter()

@@ -32,7 +32,7 @@ from plait.errors import GraphCaptureError, InvalidOptionError
 from plait.frontend import datadep, output_views, pytree, stride_choices
 from plait.frontend.capture_values import Lift, Restart, Tracer
 from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
-from plait.frontend.guard_plan import build_guards, plan_of
+from plait.frontend.guard_plan import build_guards, const_slots, plan_of
 from plait.frontend.input_writes import InputObjects
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
@@ -529,7 +529,9 @@ def _finish(
     plan.pyroots = pyroots
     return CapturedProgram(
         graph=built,
-        guards=build_guards(plan, spec, leaves, paths, ms, state, pykeys),
+        guards=build_guards(
+            plan, spec, leaves, paths, ms, state, pykeys, [s.ref for s in const_slots(slots)]
+        ),
         guard_plan=plan,
         semantic_hash=semantic_hash(built),
         inputs=slots,

@@ -59,8 +59,10 @@ class GuardPlan:
     # reads (user inputs and the state it uses) must not share memory, or one would read another's
     # value from before the write
     alias: bool = False
-    # NOTE: the tensors it writes, as ("user", leaf) or ("state", entry): none may overlap itself
-    # (eager's write would read what the same call wrote, in its order of visits)
+    # NOTE: the tensors it writes, as ("user", leaf), ("state", entry) or ("const", k: the k-th
+    # constant input): none may overlap itself (eager's write would read what the same call
+    # wrote, in its order of visits), and no constant may share memory with one written
+    # (the graph reads a constant as a tensor of its own)
     written: list[tuple[str, int]] = field(default_factory=list)
     used: list[int] | None = None  # state entries the graph reads (None: all)
     layout_read: str | None = None
@@ -135,14 +137,28 @@ def plan_of(
         duck=list(cx.duck),
         dynamic=cx.dynamic,
         alias=bool(mutations),
-        written=[
-            ("user" if lift.kind == "user" else "state", lift.ref)
-            for lift, _ in mutations
-            if lift.kind in ("user", "param", "buffer")
-        ],
+        written=_written(mutations, slots),
         used=used,
         layout_read=cx.layout_read,
     )
+
+
+def _written(mutations: list[tuple[Lift, int]], slots: list[InputSlot] | None) -> list:
+    """The plan's ``written``: each written input as ("user", leaf), ("state", entry) or
+    ("const", k), k its position among the constant inputs."""
+    consts = {id(s.ref): k for k, s in enumerate(const_slots(slots or []))}
+    out: list[tuple[str, int]] = []
+    for lift, _ in mutations:
+        if lift.kind in ("user", "param", "buffer"):
+            out.append(("user" if lift.kind == "user" else "state", lift.ref))
+        elif lift.kind == "const" and id(lift.ref) in consts:
+            out.append(("const", consts[id(lift.ref)]))
+    return out
+
+
+def const_slots(slots: Sequence[InputSlot]) -> list[InputSlot]:
+    """The constant inputs among a program's input slots, in order (a tensor each)."""
+    return [s for s in slots if s.source == "const" and isinstance(s.ref, torch.Tensor)]
 
 
 def build_guards(
@@ -153,9 +169,11 @@ def build_guards(
     ms: ModuleState | None = None,
     state: Sequence[torch.Tensor] = (),
     pykeys: Sequence[pyvalues.Keyed] | None = None,
+    consts: Sequence[torch.Tensor] = (),
 ) -> GuardSet:
     """The guard set of ``plan`` for the call ``(spec, leaves)`` and the module state.
-    ``pykeys``: the plan's Python roots each read just now (capture's, in their order)."""
+    ``pykeys``: the plan's Python roots each read just now (capture's, in their order);
+    ``consts``: the program's constant inputs, in slot order (:func:`const_slots`)."""
     guards: list[Guard] = [guard_build.structure_guard(spec, leaves, paths)]
     for i, (leaf, path) in enumerate(zip(leaves, paths)):
         if isinstance(leaf, torch.Tensor):
@@ -173,7 +191,7 @@ def build_guards(
         used = list(plan.used) if plan.used is not None else list(range(len(ms.entries)))
     if plan.alias:
         live_state = state or (ms.fetch() if ms is not None else [])
-        guards.append(_no_alias_guard(leaves, used, live_state, plan.written))
+        guards.append(_no_alias_guard(leaves, used, live_state, plan.written, consts))
     guards += guard_build.ambient_guards()
     if ms is not None:
         guards += guard_build.module_guards(ms, used, state or ms.fetch())
@@ -198,6 +216,11 @@ def _distinct_memory(tensors: list[torch.Tensor]) -> bool:
     return len(ptrs) == len(set(ptrs))
 
 
+def _shares_memory(t: torch.Tensor, others: Sequence[torch.Tensor]) -> bool:
+    ptr = t.untyped_storage().data_ptr()
+    return bool(ptr) and any(o.untyped_storage().data_ptr() == ptr for o in others)
+
+
 def overlaps_itself(t: torch.Tensor) -> bool:
     """Whether two elements of ``t`` may share memory (``expand``, overlapping ``as_strided``).
     NOTE: sufficient for no overlap: each stride, smallest first, passes the last element the
@@ -217,19 +240,50 @@ def _no_alias_guard(
     used: Sequence[int],
     state: Sequence[torch.Tensor],
     written: Sequence[tuple[str, int]] = (),
+    consts: Sequence[torch.Tensor] = (),
 ) -> Guard:
     tensor_ix = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     state_ix = [k for k in used if isinstance(state[k], torch.Tensor)]
     written_leaves = [i for where, i in written if where == "user"]
     written_state = [k for where, k in written if where == "state"]
+    written_consts = {k for where, k in written if where == "const" and k < len(consts)}
 
     def tensors(leaves: Sequence[Any], state: Sequence[Any]) -> list[torch.Tensor]:
         return [leaves[i] for i in tensor_ix] + [state[k] for k in state_ix]
 
-    def dense_writes(leaves: Sequence[Any], state: Sequence[Any]) -> bool:
-        targets = [leaves[i] for i in written_leaves] + [state[k] for k in written_state]
-        return not any(overlaps_itself(t) for t in targets)
+    def targets(leaves: Sequence[Any], state: Sequence[Any]) -> list[torch.Tensor]:
+        return [leaves[i] for i in written_leaves] + [state[k] for k in written_state]
 
+    def dense_writes(leaves: Sequence[Any], state: Sequence[Any]) -> bool:
+        writes = targets(leaves, state) + [consts[k] for k in written_consts]
+        return not any(overlaps_itself(t) for t in writes)
+
+    def consts_apart(leaves: Sequence[Any], state: Sequence[Any]) -> bool:
+        """No constant shares memory with a tensor the program writes, and no written
+        constant with any other tensor it reads."""
+        if not consts:
+            return True
+        read, written_now = tensors(leaves, state), targets(leaves, state)
+        for k, c in enumerate(consts):
+            others = [t for j, t in enumerate(consts) if j != k]
+            pool = (
+                read + others
+                if k in written_consts
+                else written_now + [consts[j] for j in written_consts if j != k]
+            )
+            if _shares_memory(c, pool):
+                return False
+        return True
+
+    if not consts_apart(leaves, state):
+        raise GraphCaptureError(
+            "inputs",
+            "the program writes a tensor that shares memory with a tensor it reads as a "
+            "constant (a global, a closure, an attribute that is not a parameter or buffer), "
+            "or writes such a constant that shares memory with an input, parameter or buffer: "
+            "pass the tensor as an argument instead",
+            kind="limitation",
+        )
     if not _distinct_memory(tensors(leaves, state)):
         raise GraphCaptureError(
             "inputs",
@@ -252,6 +306,8 @@ def _no_alias_guard(
         "program writes overlaps itself",
         True,
         lambda env: (
-            _distinct_memory(tensors(env.leaves, env.state)) and dense_writes(env.leaves, env.state)
+            _distinct_memory(tensors(env.leaves, env.state))
+            and dense_writes(env.leaves, env.state)
+            and consts_apart(env.leaves, env.state)
         ),
     )

@@ -17,7 +17,7 @@ from torch import nn
 
 from plait.errors import UnknownNameError
 from plait.frontend import CapturedProgram
-from plait.frontend.guard_plan import build_guards
+from plait.frontend.guard_plan import build_guards, const_slots
 from plait.frontend.pyvalues import Root, resolve
 from plait.guards import GuardEnv
 from plait.guards.ambient import global_hooks
@@ -153,7 +153,10 @@ def _rebound(
         roots.append(root)
     plan.pyroots = roots
     try:
-        guards = build_guards(plan, env.spec, env.leaves, paths, engine.state, env.state)
+        consts = [s.ref for s in const_slots(first.inputs)]
+        guards = build_guards(
+            plan, env.spec, env.leaves, paths, engine.state, env.state, consts=consts
+        )
     except Exception as exc:  # NOTE: e.g. an input aliasing another: capture says it best
         raise UnknownNameError(f"the guards do not apply to this block ({exc})") from None
     prog = copy.copy(first)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from plait.frontend.guard_plan import GuardPlan, build_guards
+from plait.frontend.guard_plan import GuardPlan, build_guards, const_slots
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
 from plait.frontend.state import ModuleState
 from plait.guards.guard import GuardEnv
@@ -217,7 +217,8 @@ def program_from_doc(
         raise Unpinnable(f"program format {doc.get('format')!r}, expected {FORMAT!r}")
     plan = GuardPlan.from_json(doc["guard_plan"])
     try:
-        guards = build_guards(plan, spec, leaves, paths, ms, state)
+        consts = [s.ref for s in const_slots([InputSlot(a, b) for a, b in doc["inputs"]])]
+        guards = build_guards(plan, spec, leaves, paths, ms, state, consts=consts)
         keys = guards.key_texts()
     except Exception as exc:  # NOTE: e.g. a new input aliasing another: capture says it best
         raise Unpinnable(f"the saved guards do not apply to this call ({exc})") from None
