@@ -134,6 +134,7 @@ class CapturedProgram:
         values = self.graph_inputs(env, state)
         results = list(execute(values))
         if self.mutations:
+            results = _apart_from_writes(results, [values[i] for i, _ in self.mutations])
             with torch.no_grad():
                 for i, o in self.mutations:
                     values[i].copy_(results[o])
@@ -182,6 +183,22 @@ class CapturedProgram:
         out, finals = out
         write_back(list(containers), self.written_objects, finals)
         return out
+
+
+def _apart_from_writes(results: list[Any], written: list[Any]) -> list[Any]:
+    """``results``, each tensor that shares memory with an input the call writes back copied
+    first. A graph passes an input's value through as it is (``out = x.clone(); x.add_(1);
+    return out``, a swap of two buffers): that result *is* the input, and the write-back would
+    change it before it is returned or copied into another input."""
+    ptrs = {p for p in (_memory(t) for t in written) if p}
+    return [t.clone() if isinstance(t, torch.Tensor) and _memory(t) in ptrs else t for t in results]
+
+
+def _memory(t: Any) -> int:
+    """The address of a tensor's storage (0: none, or no tensor)."""
+    if not isinstance(t, torch.Tensor):
+        return 0
+    return int(t.untyped_storage().data_ptr())
 
 
 def _view_of(values: list[Any], ref: Sequence[Any]) -> torch.Tensor:
