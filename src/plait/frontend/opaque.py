@@ -241,6 +241,7 @@ def _same_bits(computed: torch.Tensor, written: torch.Tensor) -> bool:
     with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
         if computed.shape != written.shape:
             return False
-        a = computed.to(written.dtype).reshape(-1).view(torch.uint8)
-        b = written.reshape(-1).view(torch.uint8)
+        # NOTE: contiguous first: a strided view (``x[::2]``) has no byte view of its own
+        a = computed.to(written.dtype).contiguous().reshape(-1).view(torch.uint8)
+        b = written.contiguous().reshape(-1).view(torch.uint8)
         return bool(torch.equal(a, b))
