@@ -34,6 +34,7 @@ from plait.frontend import datadep, pytree, stride_choices
 from plait.frontend.capture_values import CaptureValues, Tracer
 from plait.frontend.op_names import op_name
 from plait.frontend.opaque import run_opaque
+from plait.frontend.set_storage import refusing_set
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
 from plait.frontend.unsampled import SKIPPED, overwrites_garbage, probe, skippable
@@ -142,7 +143,7 @@ class CaptureContext(CaptureValues):
         CaptureValues.active = self
         push_sink(self)
         try:
-            with _Mode(self):
+            with _Mode(self), refusing_set(self):
                 yield
             if self.grad_enabled != self.ambient_grad:
                 self.limitation(
