@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import sympy
@@ -211,14 +212,24 @@ def build_guards(
     return GuardSet(guards)
 
 
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of ``t``'s storage, as [start, end) addresses (NOTE: storages of their own may
+    share memory: ``torch.from_numpy`` of two overlapping slices of one array)."""
+    storage = t.untyped_storage()
+    start = int(storage.data_ptr())
+    return start, start + int(storage.nbytes())
+
+
 def _distinct_memory(tensors: list[torch.Tensor]) -> bool:
-    ptrs = [p for p in (t.untyped_storage().data_ptr() for t in tensors) if p]
-    return len(ptrs) == len(set(ptrs))
+    spans = sorted(s for s in map(_span, tensors) if s[0] and s[1] > s[0])
+    return all(a[1] <= b[0] for a, b in pairwise(spans))
 
 
 def _shares_memory(t: torch.Tensor, others: Sequence[torch.Tensor]) -> bool:
-    ptr = t.untyped_storage().data_ptr()
-    return bool(ptr) and any(o.untyped_storage().data_ptr() == ptr for o in others)
+    lo, hi = _span(t)
+    if not lo or hi <= lo:
+        return False
+    return any(o_lo < hi and lo < o_hi for o_lo, o_hi in map(_span, others) if o_lo)
 
 
 def overlaps_itself(t: torch.Tensor) -> bool:
