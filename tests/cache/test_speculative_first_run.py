@@ -27,7 +27,7 @@ from plait.cache import LocalStore
 from plait.cache.lookup import CacheWarning
 from plait.errors import GraphCaptureError
 from tests.cache.helpers import artifact_entries, convnet
-from tests.util import assert_bitwise, contract_tol
+from tests.util import assert_bitwise, contract_tol, torch_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 DURING = "during capture (the hinted artifact)"
@@ -36,12 +36,8 @@ DURING = "during capture (the hinted artifact)"
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """The early run needs a core the call's own intra-op threads leave free."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _fresh(seed: int) -> torch.Tensor:

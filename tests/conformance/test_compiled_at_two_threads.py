@@ -32,16 +32,13 @@ from tests.conformance.test_ill_conditioned import (
     example,
     outside_budget,
 )
+from tests.util import torch_threads
 
 
 @pytest.fixture
 def two_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.usefixtures("two_threads")
