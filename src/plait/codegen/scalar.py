@@ -207,8 +207,36 @@ def _add_sub(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, .
     x, y = narrow(b, args[0], dtype), narrow(b, args[1], dtype)
     if t == "b":
         return b.op("or", [x, y], "b")
-    y = _scaled(b, y, node.attrs.get("alpha", 1), dtype)
+    alpha = node.attrs.get("alpha", 1)
+    if alpha != 1 and is_float(t):
+        return _fused_scaled(b, node.op, x, y, alpha, dtype)
+    y = _scaled(b, y, alpha, dtype)
     return b.op(node.op, [x, y], t)
+
+
+def _fused_scaled(
+    b: KernelBuilder, op: str, x: Stmt, y: Stmt, alpha: Any, dtype: torch.dtype
+) -> Stmt:
+    """``x +- alpha * y`` as ATen's float kernel computes it: one fused multiply-add
+    (``vec::fmadd``; its scalar loop is contracted to one too), the product never rounded, so
+    an infinite ``x`` beside a finite ``y`` whose scaled value overflows is ``x`` (not
+    ``inf - inf``). float32 (and 16-bit, computed in float32): in float64, where the product is
+    exact and cannot overflow, rounded once more at the end. float64: product and sum, with an
+    infinite ``x`` beside a finite product (``y`` and ``alpha`` finite) giving ``x`` (a
+    rounding apart from the fused form)."""
+    t = scalar_of(dtype)
+    if t == "f32":
+        # NOTE: alpha as ATen reads it (converted to the dtype), held exactly in float64
+        a = b.const(float(torch.tensor(alpha, dtype=torch.float64).to(dtype)), "f64")
+        product = b.op("mul", [a, b.cast(y, "f64")], "f64")
+        return b.cast(b.op(op, [b.cast(x, "f64"), product], "f64"), t)
+    if not math.isfinite(float(alpha)):
+        return b.op(op, [x, _scaled(b, y, alpha, dtype)], t)  # NOTE: the product is not finite
+    inf = b.const(math.inf, t)
+    infinite_x = b.op("eq", [b.op("abs", [x], t), inf], "b")
+    finite_y = b.op("lt", [b.op("abs", [y], t), inf], "b")
+    keep = b.op("and", [infinite_x, finite_y], "b")
+    return b.op("where", [keep, x, b.op(op, [x, _scaled(b, y, alpha, dtype)], t)], t)
 
 
 @rule("mul")
