@@ -410,11 +410,14 @@ def _clamp(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...
         return b.const(math.nan, t)
     # NOTE: PyTorch's clamp by scalars: ``x < lo ? lo : x``, then ``x > hi ? hi : x``: a NaN x
     # stays NaN, a bound that equals x as a zero of the other sign leaves x (-0.0 stays -0.0).
+    # The bounds are converted to a 16-bit dtype first, as ATen converts them: a bound below
+    # the dtype's least subnormal is a zero there (float16 -0.0 clamped at 1e-40 stays -0.0).
+    dtype = _out_dtype(node)
     if lo is not None:
-        bound = to(b, Arg(None, lo, scalar_type_of(lo)), t)
+        bound = narrow(b, Arg(None, lo, scalar_type_of(lo)), dtype)
         x = b.op("where", [b.op("lt", [x, bound], "b"), bound, x], t)
     if hi is not None:
-        bound = to(b, Arg(None, hi, scalar_type_of(hi)), t)
+        bound = narrow(b, Arg(None, hi, scalar_type_of(hi)), dtype)
         x = b.op("where", [b.op("gt", [x, bound], "b"), bound, x], t)
     return x
 
