@@ -23,6 +23,10 @@ from benchmarks.models.resnet import resnet18
 from plait.codegen.errors import CodegenError
 from plait.ir import GraphBuilder, TensorType
 from plait.runtime import StaxOptions, compile_graph
+from tests.codegen.test_clamp_bound_underflow import CASES as CLAMPS
+from tests.codegen.test_clamp_bound_underflow import check_clamp
+from tests.codegen.test_scaled_add_fma import OPS as SCALED_ADDS
+from tests.codegen.test_scaled_add_fma import check_scaled_add
 
 TRITON = {"stax": {"target": "triton"}}
 
@@ -93,3 +97,18 @@ def test_triton_on_cpu_tensors_needs_the_interpreter_and_targets_are_checked(
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(CodegenError, match="TRITON_INTERPRET=1"):
         compile_graph(graph, options=StaxOptions(target="triton"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", sorted(SCALED_ADDS))
+def test_scaled_add_keeps_eagers_infinities(name: str, dtype: torch.dtype) -> None:
+    """add/sub with alpha as eager's fused multiply-add: an infinite x beside a y whose scaled
+    value overflows is x, not inf - inf (tests/codegen/test_scaled_add_fma.py)."""
+    check_scaled_add(name, dtype, TRITON)
+
+
+@pytest.mark.parametrize("name", sorted(CLAMPS))
+def test_clamp_bound_converted_to_float16(name: str) -> None:
+    """A clamp bound below float16's least subnormal is a zero there, as ATen converts it
+    (tests/codegen/test_clamp_bound_underflow.py)."""
+    check_clamp(name, torch.float16, TRITON)

@@ -207,8 +207,36 @@ def _add_sub(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, .
     x, y = narrow(b, args[0], dtype), narrow(b, args[1], dtype)
     if t == "b":
         return b.op("or", [x, y], "b")
-    y = _scaled(b, y, node.attrs.get("alpha", 1), dtype)
+    alpha = node.attrs.get("alpha", 1)
+    if alpha != 1 and is_float(t):
+        return _fused_scaled(b, node.op, x, y, alpha, dtype)
+    y = _scaled(b, y, alpha, dtype)
     return b.op(node.op, [x, y], t)
+
+
+def _fused_scaled(
+    b: KernelBuilder, op: str, x: Stmt, y: Stmt, alpha: Any, dtype: torch.dtype
+) -> Stmt:
+    """``x +- alpha * y`` as ATen's float kernel computes it: one fused multiply-add
+    (``vec::fmadd``; its scalar loop is contracted to one too), the product never rounded, so
+    an infinite ``x`` beside a finite ``y`` whose scaled value overflows is ``x`` (not
+    ``inf - inf``). float32 (and 16-bit, computed in float32): in float64, where the product is
+    exact and cannot overflow, rounded once more at the end. float64: product and sum, with an
+    infinite ``x`` beside a finite product (``y`` and ``alpha`` finite) giving ``x`` (a
+    rounding apart from the fused form)."""
+    t = scalar_of(dtype)
+    if t == "f32":
+        # NOTE: alpha as ATen reads it (converted to the dtype), held exactly in float64
+        a = b.const(float(torch.tensor(alpha, dtype=torch.float64).to(dtype)), "f64")
+        product = b.op("mul", [a, b.cast(y, "f64")], "f64")
+        return b.cast(b.op(op, [b.cast(x, "f64"), product], "f64"), t)
+    if not math.isfinite(float(alpha)):
+        return b.op(op, [x, _scaled(b, y, alpha, dtype)], t)  # NOTE: the product is not finite
+    inf = b.const(math.inf, t)
+    infinite_x = b.op("eq", [b.op("abs", [x], t), inf], "b")
+    finite_y = b.op("lt", [b.op("abs", [y], t), inf], "b")
+    keep = b.op("and", [infinite_x, finite_y], "b")
+    return b.op("where", [keep, x, b.op(op, [x, _scaled(b, y, alpha, dtype)], t)], t)
 
 
 @rule("mul")
@@ -382,11 +410,14 @@ def _clamp(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...
         return b.const(math.nan, t)
     # NOTE: PyTorch's clamp by scalars: ``x < lo ? lo : x``, then ``x > hi ? hi : x``: a NaN x
     # stays NaN, a bound that equals x as a zero of the other sign leaves x (-0.0 stays -0.0).
+    # The bounds are converted to a 16-bit dtype first, as ATen converts them: a bound below
+    # the dtype's least subnormal is a zero there (float16 -0.0 clamped at 1e-40 stays -0.0).
+    dtype = _out_dtype(node)
     if lo is not None:
-        bound = to(b, Arg(None, lo, scalar_type_of(lo)), t)
+        bound = narrow(b, Arg(None, lo, scalar_type_of(lo)), dtype)
         x = b.op("where", [b.op("lt", [x, bound], "b"), bound, x], t)
     if hi is not None:
-        bound = to(b, Arg(None, hi, scalar_type_of(hi)), t)
+        bound = narrow(b, Arg(None, hi, scalar_type_of(hi)), dtype)
         x = b.op("where", [b.op("gt", [x, bound], "b"), bound, x], t)
     return x
 
