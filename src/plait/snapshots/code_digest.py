@@ -22,7 +22,7 @@ import dis
 import functools
 import hashlib
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # NOTE: by identity: code objects that differ only in a constant set's order compare equal
@@ -79,10 +79,17 @@ def _membership_only(code: types.CodeType) -> set[int]:
 def names_of(code: types.CodeType) -> frozenset[str]:
     """The names ``code`` (and its nested code) loads, and its identifier-like string constants
     (``getattr(cfg, "SCALE")``, ``globals()["SHIFT"]``)."""
-    out = set(code.co_names)
+    return _with_constants(set(code.co_names), code, names_of)
+
+
+def _with_constants(
+    out: set[str], code: types.CodeType, nested: Callable[[types.CodeType], frozenset[str]]
+) -> frozenset[str]:
+    """``out`` with ``nested`` of each code constant of ``code`` and its identifier-like string
+    constants (alone or in a tuple or frozenset)."""
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            out |= names_of(c)
+            out |= nested(c)
         elif isinstance(c, str) and c.isidentifier():
             out.add(c)
         elif isinstance(c, (tuple, frozenset)):
@@ -107,12 +114,4 @@ def read_names(code: types.CodeType) -> frozenset[str]:
         membership = nxt is not None and nxt.opname == "CONTAINS_OP"
         (member if ins.opname in _NAME_LOADS and membership else other).add(ins.argval)
     only_member = member - other
-    out = {n for n in code.co_names if n not in only_member}
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            out |= read_names(c)
-        elif isinstance(c, str) and c.isidentifier():
-            out.add(c)
-        elif isinstance(c, (tuple, frozenset)):
-            out |= {s for s in c if isinstance(s, str) and s.isidentifier()}
-    return frozenset(out)
+    return _with_constants({n for n in code.co_names if n not in only_member}, code, read_names)
