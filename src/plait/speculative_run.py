@@ -140,7 +140,7 @@ def hint_key(fn: Any, request: dict[str, Any], env: GuardEnv) -> str | None:
     return text_digest(canonical_json(parts))
 
 
-def _inputs_record(prog: CapturedProgram) -> list[list[Any]] | None:
+def _inputs_record(prog: CapturedProgram) -> list[list[Any]]:
     inputs = prog.interface()[0]
     record: list[list[Any]] = []
     for v, slot in zip(inputs, prog.inputs):
@@ -210,10 +210,8 @@ class SpeculativeRun:
     """One early run: the hinted artifact, loaded, running on the call's inputs in a thread.
     :meth:`close` waits for it and hands back what it loaded; call it once the call ends."""
 
-    def __init__(
-        self, store: Store, key: str, hint: dict[str, Any], saved: SavedCompile | None
-    ) -> None:
-        self.store, self.key, self.hint, self.saved = store, key, hint, saved
+    def __init__(self, store: Store, hint: dict[str, Any], saved: SavedCompile | None) -> None:
+        self.store, self.hint, self.saved = store, hint, saved
         self.artifact: str = hint["artifact"]
         self.values: list[Any] = []
         self.versions: list[tuple[torch.Tensor, int]] = []
@@ -221,7 +219,6 @@ class SpeculativeRun:
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
         self.lowered = False
-        self.used = False
         self.why = "not run"
 
     @classmethod
@@ -248,12 +245,12 @@ class SpeculativeRun:
         except Exception as exc:
             # NOTE: reported by the lookup that asks for it (as its own), or by close()
             hand_over(store, artifact, LoadFailed(exc))
-            failed = cls(store, key, hint, None)
+            failed = cls(store, hint, None)
             failed.why = "after capture: the hinted artifact did not load"
             return failed
         if saved is None or saved.program is None:
             return None
-        run = cls(store, key, hint, saved)
+        run = cls(store, hint, saved)
         hand_over(store, artifact, saved)
         try:
             launched = run._launch(*gathered)
@@ -335,7 +332,6 @@ class SpeculativeRun:
         elif any(t._version != v for t, v in self.versions):
             self.why = "after capture: an input was written while the early run read it"
         else:
-            self.used = True
             self.why = "during capture (the hinted artifact)"
             return self.results
         return None
