@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import plait
+from tests.autograd.test_training import seeded_grads_as_eager
 from tests.util import contract_tol
 
 TOL = contract_tol("attention", torch.float32)
@@ -34,15 +35,4 @@ def test_attention_dropout_gives_fully_masked_rows_zero_weights(kind: str) -> No
     for seed in (1, 2):
         qkv = [torch.randn(2, 2, 6, 4, generator=gen) for _ in range(3)]
         g = torch.randn(2, 2, 6, 4, generator=gen)
-        ours = [t.clone().requires_grad_(True) for t in qkv]
-        theirs = [t.clone().requires_grad_(True) for t in qkv]
-        torch.manual_seed(seed)
-        got = compiled(*ours)
-        torch.manual_seed(seed)
-        want = attend(*theirs)
-        assert not want.isnan().any()
-        torch.testing.assert_close(got, want, **TOL)
-        got.backward(g)
-        want.backward(g)
-        for a, b in zip(ours, theirs):
-            torch.testing.assert_close(a.grad, b.grad, **TOL)
+        seeded_grads_as_eager(attend, compiled, qkv, g, seed, TOL)
