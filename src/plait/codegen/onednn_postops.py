@@ -91,7 +91,14 @@ def supported(node: Node) -> bool:
         return False
     if not (isinstance(x, Value) and isinstance(w, Value) and isinstance(x.type, TensorType)):
         return False
+    if any(_empty(t) for t in (x.type, w.type, out)):
+        return False  # NOTE: oneDNN creates no primitive with a dim of size 0
     return node.op == "linear" or x.type.rank == 4
+
+
+def _empty(t: object) -> bool:
+    """Whether tensor type ``t`` has a dim that is the static size 0."""
+    return isinstance(t, TensorType) and any(isinstance(d, int) and d == 0 for d in t.shape)
 
 
 def _same(a: Value, b: Value) -> bool:
