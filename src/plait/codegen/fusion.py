@@ -79,10 +79,10 @@ from plait.codegen.reductions import ELEMENTWISE, OP_CLASS, lower_reduction
 from plait.codegen.replaying_oracle import ReplayingOracle
 from plait.codegen.saved_layouts import dense, extern_layouts
 from plait.codegen.scalar import RULES
-from plait.codegen.view_base import materialize_base
+from plait.codegen.view_base import COMPLEX_VIEW_COPY, complex_value, materialize_base
 from plait.codegen.views import MAPPED_VIEWS, input_index, recomputed_per_element, sizes_of
 from plait.ir.graph import Graph, Node, Value
-from plait.ir.types import COMPLEX_DTYPES, TensorType
+from plait.ir.types import TensorType
 from plait.symbolic.poly import Size
 
 __all__ = [
@@ -97,6 +97,9 @@ __all__ = [
 ]
 _COSTLY = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "silu", "gelu", "pow", "div"})
 CHEAP = 2
+# NOTE: the lowering and the printers walk an inlined expression recursively: one costlier
+# than this (a chain of hundreds of single-use ops) is materialized, not inlined further
+DEEPEST = 96
 
 
 class _Planner:
@@ -199,6 +202,8 @@ class _Planner:
             return True  # NOTE: no fusion: every pointwise or constant node is its own kernel.
         if self.cost(v) <= CHEAP:
             return False
+        if self.cost(v) > DEEPEST:
+            return True
         return len({u.id for u in users}) > 1 or recomputed_per_element(v, users, self.layout)
 
     def view_loc(self, node: Node, k: int) -> Loc:
@@ -352,7 +357,7 @@ class _Planner:
                     self.locs[v] = self.view_loc(node, k) if kind == "view" else Loc("inline")
                     if kind == "view" and materialize_base(self, node, k):
                         continue  # NOTE: a view of its input's buffer, in the open kernel
-                    if self.needs_buffer(v) and _complex(v):
+                    if self.needs_buffer(v) and complex_value(v):
                         # NOTE: no kernel computes complex values: PyTorch's view op, copied
                         self.close()
                         self._call_step(node, "fallback", COMPLEX_VIEW_COPY)
@@ -542,16 +547,6 @@ class _Planner:
                 self.locs[v] = Loc("inline")
         self.locs[ep.output] = Loc("buffer", ep.output, 0, strides[0])
         return None
-
-
-COMPLEX_VIEW_COPY = (
-    "a view of a complex tensor the program returns: PyTorch's view, copied (Stax kernels "
-    "compute real dtypes only)"
-)
-
-
-def _complex(v: Value) -> bool:
-    return isinstance(v.type, TensorType) and v.type.dtype in COMPLEX_DTYPES
 
 
 def plan_graph(

@@ -64,3 +64,14 @@ def _computed_inline_by_open_kernel(planner: Any, x: Value) -> bool:
     a member) computes ``x``'s producer inline for one of its members."""
     lowered = planner._open_lowered
     return lowered is not None and x.producer is not None and x.producer.id in lowered.covered
+
+
+COMPLEX_VIEW_COPY = (
+    "a view of a complex tensor the program returns: PyTorch's view, copied (Stax kernels "
+    "compute real dtypes only)"
+)
+
+
+def complex_value(v: Value) -> bool:
+    """Whether ``v`` is a complex tensor (no Stax kernel computes one)."""
+    return isinstance(v.type, TensorType) and v.type.dtype in COMPLEX_DTYPES
