@@ -30,6 +30,7 @@ import torch
 from plait.codegen import causal_attention
 from plait.codegen.cuda_batch_norm import batch_norm_call
 from plait.codegen.extern_call import ExternCall
+from plait.codegen.pool_layout import channels_last_pool
 from plait.guards.sampled import values_now
 from plait.ir.graph import Node, Value
 from plait.ir.types import TensorType
@@ -246,7 +247,7 @@ def _max_pool2d(n: Node, consts: Consts) -> ExternCall:
         a["dilation"],
         a["ceil_mode"],
     )
-    pool = torch.max_pool2d
+    pool = channels_last_pool(torch.max_pool2d)
 
     def fn(x: Any) -> Any:
         return pool(x, k, s, p, d, c)
@@ -298,6 +299,9 @@ def _aten(n: Node, consts: Consts) -> ExternCall:
     detail = f"aten.{name}" + ("" if overload == "default" else f".{overload}")
     if n.op == "aten_factory":
         return ExternCall(lambda: call([]), op_class, detail)
+    if name == "max_pool2d_with_indices" and overload == "default":
+        pool = channels_last_pool(lambda x: call([x]))
+        return ExternCall(lambda args: pool(*args), op_class, detail)
     return ExternCall(call, op_class, detail)
 
 
