@@ -92,3 +92,56 @@ def test_a_gradient_through_complex_values_is_eagers(name: str) -> None:
         torch.testing.assert_close(
             ours.grad, theirs.grad, **contract_tol("pointwise", torch.float32)
         )
+
+
+def _write_all(how: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    def write(h: torch.Tensor) -> torch.Tensor:
+        if how == "fill_":
+            h.fill_(0.5)
+        elif how == "zero_":
+            h.zero_()
+        elif how == "copy_":
+            h.copy_(torch.arange(5.0))
+        elif how == "setitem":
+            h[:] = 0.5
+        else:  # NOTE: one index of a dim of size one writes every element too
+            h.view(1, *h.shape)[0] = 0.5
+        return h
+
+    return write
+
+
+class Overwritten(nn.Module):
+    """A head whose activations are overwritten in place (an ablated branch): eager's result
+    keeps the write's history, so the head's parameters get zero gradients, not None."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.body = nn.Linear(5, 5)
+        self.head = nn.Linear(5, 5)
+        self.write = _write_all(how)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tanh(self.body(x)), self.write(self.head(x))
+
+
+@pytest.mark.parametrize("how", ["fill_", "zero_", "copy_", "setitem", "setitem-select"])
+def test_a_tensor_written_over_in_place_keeps_its_history(how: str) -> None:
+    torch.manual_seed(5)
+    model = Overwritten(how)
+    compiled = plait.compile(copy.deepcopy(model), backend="stax")
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.1) for m in (compiled, model)]
+    gen = torch.Generator().manual_seed(29)
+    for _ in range(3):
+        x = torch.randn(4, 5, generator=gen)
+        for m, opt in zip((compiled, model), opts):
+            opt.zero_grad()
+            body, head = m(x)
+            assert head.requires_grad
+            (body.square().sum() + head.sum()).backward()
+            opt.step()
+        for name, p in model.named_parameters():
+            q = compiled.get_parameter(name)
+            assert (q.grad is None) == (p.grad is None), name
+            torch.testing.assert_close(q.grad, p.grad, **contract_tol("model", torch.float32))
+            torch.testing.assert_close(q, p, **contract_tol("model", torch.float32))
