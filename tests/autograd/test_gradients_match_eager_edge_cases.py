@@ -145,3 +145,30 @@ def test_a_tensor_written_over_in_place_keeps_its_history(how: str) -> None:
             assert (q.grad is None) == (p.grad is None), name
             torch.testing.assert_close(q.grad, p.grad, **contract_tol("model", torch.float32))
             torch.testing.assert_close(q, p, **contract_tol("model", torch.float32))
+
+
+@pytest.mark.parametrize("mean", [0.0, 1.5])
+def test_an_in_place_normal_draw_into_a_tensor_that_requires_grad_trains(mean: float) -> None:
+    """Functionalized, ``normal_`` is an ATen overload PyTorch's autograd has no formula for;
+    eager's in-place draw has a zero one, and so has the compiled call."""
+
+    def fn(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        h = p * 2
+        h.normal_(mean)
+        return (h * x + p.sin()).sum()
+
+    compiled = plait.compile(fn, backend="stax")
+    gen = torch.Generator().manual_seed(31)
+    for seed in range(3):
+        x, p = torch.randn(5, generator=gen), torch.randn(5, generator=gen)
+        ours, theirs = p.clone().requires_grad_(), p.clone().requires_grad_()
+        torch.manual_seed(seed)
+        got = compiled(x, ours)
+        torch.manual_seed(seed)
+        want = fn(x, theirs)
+        torch.testing.assert_close(got, want, **contract_tol("pointwise", torch.float32))
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(
+            ours.grad, theirs.grad, **contract_tol("pointwise", torch.float32)
+        )
