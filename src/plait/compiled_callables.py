@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from torch import nn
 
 from plait import wrapper_hooks
+from plait.autograd.function import transforms_active
+from plait.errors import CaptureFallbackWarning
 from plait.specialization import Specialization, SpecializationUse
 
 
@@ -31,6 +34,8 @@ class Engine(Protocol):
 
     def __call__(self, args: tuple, kwargs: dict) -> Any: ...
 
+    def call_target(self, *args: Any, **kwargs: Any) -> Any: ...
+
     def uses(self) -> list[SpecializationUse]: ...
 
     def guard_failures(self, key: str, args: tuple, kwargs: dict) -> list[str]: ...
@@ -38,6 +43,20 @@ class Engine(Protocol):
     def call_specialization(self, key: str, args: tuple, kwargs: dict) -> Any: ...
 
     def specialize(self, args: tuple, kwargs: dict) -> SpecializationUse: ...
+
+
+def _under_transform(engine: Engine, args: tuple, kwargs: dict) -> Any:
+    """The call under a ``torch.func`` transform (grad, vjp, jacrev, vmap): the program as
+    written, warned. A compiled program has no transform rules; the transform gives eager's
+    values through the user's own code. (A helper of its own: the common call keeps its frames,
+    which capture's warnings count.)"""
+    warnings.warn(
+        "plait runs this call eagerly (fallback): a torch.func transform (grad, vjp, jacrev, "
+        "vmap) is active, and compiled programs have no transform rules",
+        CaptureFallbackWarning,
+        stacklevel=3,
+    )
+    return engine.call_target(*args, **kwargs)
 
 
 class _Copyable:
@@ -117,6 +136,8 @@ class CompiledFunction(_Copyable, _ArtifactProtocol):
         return super().__reduce_ex__(protocol)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if transforms_active():
+            return _under_transform(self._plait, args, kwargs)
         return self._plait(args, kwargs)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -179,6 +200,8 @@ class CompiledModule(_Copyable, _ArtifactProtocol, nn.Module):
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if transforms_active():
+            return _under_transform(self._plait, args, kwargs)
         return self._plait(args, kwargs)
 
     # NOTE: the module's calls run the global module hooks; the wrapper's call runs only its

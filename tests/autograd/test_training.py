@@ -14,6 +14,7 @@ import plait
 import plait.conformance
 import plait.contract
 from plait.autograd import DoubleBackwardError
+from plait.errors import CaptureFallbackWarning
 from tests.conformance.models import MLP, randn, seeded
 
 
@@ -373,3 +374,44 @@ def test_hard_gumbel_softmax_trains_with_eagers_straight_through_gradient() -> N
         want.backward(g)
         assert ours.grad is not None and theirs.grad is not None
         torch.testing.assert_close(ours.grad, theirs.grad, rtol=tol.rtol, atol=tol.atol)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vjp", "jacrev", "vmap"])
+def test_torch_func_transforms_run_the_call_eagerly_and_say_so(transform: str) -> None:
+    """A compiled program has no functorch rules: under ``torch.func`` the call runs as written
+    (a CaptureFallbackWarning), with eager's values, instead of failing inside PyTorch."""
+    model = seeded(3, Pointwise)
+    compiled = plait.compile(copy.deepcopy(model), backend="stax")
+    for seed in (1, 2):
+        x = randn(4, 8, 16, seed=seed)
+        compiled(x)  # NOTE: a compiled specialization exists; the transform must not use it
+        results = []
+        for m in (compiled, model):
+            params = {k: v.detach() for k, v in m.named_parameters()}
+
+            def loss(p: dict[str, torch.Tensor], x: torch.Tensor, m: nn.Module = m) -> Any:
+                return torch.func.functional_call(m, p, (x,)).square().sum()
+
+            if transform == "grad":
+                results.append(torch.func.grad(loss)(params, x)["w"])
+            elif transform == "vjp":
+                _, pull = torch.func.vjp(lambda w, m=m, x=x: m(x) * w, params["w"])
+                results.append(pull(torch.ones(4, 8, 16))[0])
+            elif transform == "jacrev":
+                results.append(torch.func.jacrev(lambda b, m=m, x=x: m(x[0, 0] * b))(params["b"]))
+            else:
+                results.append(torch.func.vmap(lambda xi, m=m: m(xi))(x))
+        if seed == 1:
+            with pytest.warns(CaptureFallbackWarning, match="torch.func transform"):
+                _ = torch.func.vmap(lambda xi: compiled(xi))(x)
+        tol = plait.contract.load().tolerance("pointwise", "float32")
+        torch.testing.assert_close(results[0], results[1], rtol=tol.rtol, atol=tol.atol)
+
+
+def test_a_batched_gradient_through_a_compiled_backward_names_the_problem() -> None:
+    make, draw = MODELS["pointwise"]
+    compiled = _compiled(make())
+    x = draw(4).requires_grad_(True)
+    y = compiled(x)
+    with pytest.raises(DoubleBackwardError, match="is_grads_batched"):
+        torch.autograd.grad(y, x, torch.ones(2, *y.shape), is_grads_batched=True)

@@ -489,6 +489,8 @@ _ZERO_CALLS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "aten.log_normal.default": lambda t: torch.ops.aten.log_normal.default(t, 1.0, 2.0),
     "aten.cauchy.default": lambda t: torch.ops.aten.cauchy.default(t, 0.0, 1.0),
     "aten.poisson.default": lambda t: torch.ops.aten.poisson.default(t.exp()),
+    # NOTE: a functional form with no formula of its own: eager's in-place op has one
+    "aten.normal_functional.default": lambda t: (t * 1).normal_(1.0, 2.0),
 }
 
 

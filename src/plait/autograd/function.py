@@ -71,6 +71,19 @@ def autocast_off() -> Iterator[None]:
         yield
 
 
+def transforms_active() -> bool:
+    """Is a ``torch.func`` transform (grad, vjp, jacrev, vmap; a batched backward's vmap) running
+    the caller? A compiled program's kernels read real tensors and its autograd function has no
+    transform rules: under one, PyTorch would fail inside the call."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def _legacy_batched(t: Any) -> bool:
+    """A cotangent batched by ``torch.autograd.grad(..., is_grads_batched=True)`` (the legacy
+    vmap: no functorch interpreter is running)."""
+    return isinstance(t, torch.Tensor) and torch._C._functorch.is_legacy_batchedtensor(t)
+
+
 class DoubleBackwardError(PlaitCompileError):
     """A gradient of a gradient through a compiled backward (``create_graph=True``)."""
 
@@ -181,6 +194,12 @@ class _Apply(torch.autograd.Function):
                 f"{run.name}: its backward is compiled and has no derivative of its own; "
                 "a second-order gradient (create_graph=True, torch.autograd.grad of a gradient) "
                 "needs the call run eagerly (plait.compile(..., backend='eager'))"
+            )
+        if transforms_active() or any(_legacy_batched(c) for c in cotangents):
+            raise DoubleBackwardError(
+                f"{run.name}: its backward is compiled and has no batching rule: a batched "
+                "gradient (is_grads_batched=True, a torch.func transform of the backward) needs "
+                "the call run eagerly (plait.compile(..., backend='eager'))"
             )
         out: list[Any] = [None] * (1 + run.n_inputs)
         untouched = untouched_inputs(run, cotangents)

@@ -72,7 +72,23 @@ class Joint:
 
 
 def _floating(v: Value) -> bool:
-    return isinstance(v.type, TensorType) and v.type.dtype in FLOAT_DTYPES
+    """A value a gradient can flow into: a floating or a complex tensor (eager's autograd
+    differentiates both; :func:`_refuse_complex` names the second)."""
+    return isinstance(v.type, TensorType) and (
+        v.type.dtype in FLOAT_DTYPES or v.type.dtype.is_complex
+    )
+
+
+def _refuse_complex(v: Any, where: str) -> None:
+    """Raises :class:`JointGraphError` when a gradient would flow into ``v`` and ``v`` is
+    complex: the derivative rules are real (eager's complex gradients take the conjugate
+    Wirtinger convention), so the call falls back to eager autograd instead of dropping or
+    misreading the gradient."""
+    if isinstance(v, Value) and isinstance(v.type, TensorType) and v.type.dtype.is_complex:
+        raise JointGraphError(
+            f"a gradient flows into the complex value %{v.name} ({where}): compiled backwards "
+            "differentiate real values only"
+        )
 
 
 def active_values(graph: Graph, wrt: set[str]) -> set[int]:
@@ -376,6 +392,7 @@ def build_joint(
     for i in allowed:
         o = outputs[i]
         if isinstance(o, Value) and id(o) in active:
+            _refuse_complex(o, f"output {i}")
             cot = b.input(f"cotangent_{i}", o.type)
             cotangents.append(i)
             _accumulate(b, grads, o, cot)
@@ -403,6 +420,9 @@ def _backward_of(b: GraphBuilder, node: Node, grads: dict[int, Value], active: s
     needs = [isinstance(o, Value) and id(o) in active for o in node.inputs]
     if not any(needs):
         return
+    for operand, need in zip(node.inputs, needs):
+        if need:
+            _refuse_complex(operand, f"operand of node {node.id} ({node.op})")
     rule = vjp_rule(node.op)
     if rule is None:
         return

@@ -34,7 +34,7 @@ from plait.frontend.rng import RngTracker
 from plait.frontend.symints import TracedInt, TracedSize, plain_int
 from plait.frontend.table import NoIROp
 from plait.frontend.unsampled import Resample, Unsampled
-from plait.frontend.views import ViewStep, replay, scatter
+from plait.frontend.views import ViewStep, keep_history, replay, scatter
 from plait.ir import GraphBuilder, TensorType, Value
 from plait.ir.ops import AttrError, TypeRuleError
 from plait.ir.ops.registry import ComplexDtypeError
@@ -522,6 +522,7 @@ class CaptureValues:
             self.limitation(
                 f"in-place update of input {lift.name!r}, which requires grad and is not a leaf"
             )
+        keep = self.grad_enabled and root._rg  # NOTE: eager's target keeps its history
         if requires_grad and self.grad_enabled and not root._rg:
             if lift is not None:
                 # NOTE: eager's input leaves the call requiring grad, with the write's history;
@@ -532,8 +533,8 @@ class CaptureValues:
                 )
             root._rg = tr._rg = True  # NOTE: what is computed from it from now on needs grad
         if tr._root is None:
-            self.value(tr)  # materialize a lifted input before rebinding it
-            tr._value = new
+            old_value = self.value(tr)  # materialize a lifted input before rebinding it
+            tr._value = keep_history(self.context, new, old_value) if keep else new
             tr._mutations += 1
         else:
             if tr._steps is None:
@@ -542,8 +543,10 @@ class CaptureValues:
                     "cannot put back into the tensor it views"
                 )
             base = self.value(tr._root)
+            if keep:
+                new = keep_history(self.context, new, self.value(tr))
             updated = scatter(self.context, base, tr._steps, new)
-            tr._root._value = updated
+            tr._root._value = keep_history(self.context, updated, base) if keep else updated
             tr._root._mutations += 1
             tr._value, tr._seen = new, tr._root._mutations
         stride_choices.on_write(self.context, root)

@@ -218,3 +218,36 @@ def storage_id(t: torch.Tensor) -> int:
         return int(t.untyped_storage()._cdata)
     except (RuntimeError, NotImplementedError):
         return 0
+
+
+def keep_history(cx: CaptureContext, new: Value, old: Value) -> Value:
+    """``new``, the value that replaces ``old`` in a write to a tensor that requires grad,
+    still carrying ``old``'s history. Eager's written tensor keeps its autograd history even
+    where the write covers every element (``fill_``, ``zero_``, ``copy_``, ``x[:] = c``): it
+    still requires grad and a zero gradient reaches what ``old`` was computed from (a parameter
+    then gets zeros, not None, and an optimizer steps it). A ``new`` that does not read ``old``
+    is joined to it by a ``where`` over an all-true mask: the same values, and that edge."""
+    if _reads(new, old):
+        return new
+    ty = old.type
+    assert isinstance(ty, TensorType)
+    keep = cx.call("full", shape=ty.shape, dtype=torch.bool, device=ty.device, value=True)
+    out: Value = cx.call("where", keep, new, old)
+    return out
+
+
+def _reads(new: Value, old: Value, limit: int = 256) -> bool:
+    """Does ``new`` depend on ``old``? False when the search gives up after ``limit`` values
+    (then a ``where`` joins them: one more node, never a lost gradient)."""
+    seen: set[int] = set()
+    todo = [new]
+    while todo and len(seen) < limit:
+        v = todo.pop()
+        if v is old:
+            return True
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if v.producer is not None:
+            todo.extend(v.producer.input_values())
+    return False

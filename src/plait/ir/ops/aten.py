@@ -367,7 +367,12 @@ def _check_ref(args: list[Any], name: str, overload: str, literals: str, kwliter
 # F.embedding_bag with a weight that does not require grad, so it records the inference one;
 # run with a gradient flowing (PyTorch's autograd over the reference: a torch_vjp node, a
 # backward that falls back to eager autograd) the reference calls eager's training overload.
-TRAINING_OVERLOADS = {aten._embedding_bag_forward_only.default: aten._embedding_bag.default}
+# Functionalization records a complex tensor's conj as _conj_copy, which has no complex
+# derivative: conj_physical computes the same values and has eager's.
+TRAINING_OVERLOADS = {
+    aten._embedding_bag_forward_only.default: aten._embedding_bag.default,
+    aten._conj_copy.default: aten.conj_physical.default,
+}
 
 
 def _aten_ref(args: list[Any], name: str, overload: str, literals: str, kwliterals: str) -> Any:

@@ -20,10 +20,14 @@ from plait.ir.types import FLOAT_DTYPES, TensorType, Type
 # NOTE: random ATen overloads whose eager derivative is zero for every operand (derivatives.yaml:
 # zeros_like; the draw does not depend on the operand's value differentiably). A call made of
 # these draws alone has no gradient; tests/autograd/test_vjp_extern.py checks each against eager.
+# normal_functional is what functionalization makes of Tensor.normal_: PyTorch's autograd has
+# no formula for it, eager's in-place op has (bernoulli.p is not here: eager's torch.bernoulli(x,
+# p) refuses a gradient, and its Tensor.bernoulli_(p) gives a zero one; one overload for both).
 ZERO_GRADIENT_DRAWS = frozenset(
     {
         "aten.bernoulli.default",
         "aten.bernoulli.Tensor",
+        "aten.normal_functional.default",
         "aten.uniform.default",
         "aten.normal.Tensor_float",
         "aten.normal.float_Tensor",
