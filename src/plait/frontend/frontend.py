@@ -18,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -35,6 +34,7 @@ from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
 from plait.frontend.guard_plan import build_guards, const_slots, plan_of
 from plait.frontend.input_writes import InputObjects
 from plait.frontend.inputs import InputAdapter
+from plait.frontend.lifting import lift_state, lift_user_inputs
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
 from plait.frontend.pyreads import PyReads
 from plait.frontend.pyvalues import Keyed, Root
@@ -188,68 +188,6 @@ def _log(prog: CapturedProgram, name: str) -> None:
         logs.emit("capture", "opaque", f"{name}: {op} x{n} runs in PyTorch: {why}", op=op, count=n)
 
 
-def _input_name(path: str, taken: set[str]) -> str:
-    name = re.sub(r"[^A-Za-z0-9_]+", "_", path).strip("_") or "arg"
-    base, n = name, 1
-    while name in taken:
-        name, n = f"{base}_{n}", n + 1
-    taken.add(name)
-    return name
-
-
-def _lift_user_inputs(cx: CaptureContext, leaves: list[Any], paths: list[str]) -> list[Any]:
-    out = list(leaves)
-    taken: set[str] = set()
-    for i, (leaf, path) in enumerate(zip(leaves, paths)):
-        if not isinstance(leaf, torch.Tensor):
-            continue
-        if isinstance(leaf, Tracer):
-            cx.limitation("a tensor from a running capture was passed to another capture")
-        if leaf.requires_grad and not leaf.is_leaf:
-            cx.nonleaf_inputs.add(i)
-        ir_shape, exprs = cx.input_dims(i, path, leaf.shape)
-        cx.current = f"input {path}"
-        ty = cx.type_of_plain(leaf).with_shape(ir_shape)
-        with torch._C.DisableTorchFunction():
-            sample = leaf.detach().clone()
-        tr = cx.lift_input(
-            sample,
-            kind="user",
-            name=_input_name(path, taken),
-            ref=i,
-            writeback=True,
-            requires_grad=leaf.requires_grad,
-            ir_type=ty,
-        )
-        tr._dim_exprs = exprs
-        out[i] = tr
-    cx.current = "<capture>"
-    return out
-
-
-def _lift_state(cx: CaptureContext, ms: ModuleState | None) -> tuple[list[Tracer], list[Any]]:
-    if ms is None:
-        return [], []
-    tensors = ms.fetch()
-    tracers: list[Tracer] = []
-    for k, (entry, t) in enumerate(zip(ms.entries, tensors)):
-        with torch._C.DisableTorchFunction():
-            # NOTE: parameters are traced in place (their writes are refused); buffers through
-            # clones, so BatchNorm's running statistics stay untouched by capture.
-            sample = t.detach() if entry.kind == "param" else t.detach().clone()
-        tracers.append(
-            cx.lift_input(
-                sample,
-                kind=entry.kind,
-                name=entry.path,
-                ref=k,
-                writeback=entry.kind == "buffer",
-                requires_grad=t.requires_grad,
-            )
-        )
-    return tracers, tensors
-
-
 def _capture_once(
     cx: CaptureContext,
     fn: Callable[..., Any],
@@ -283,8 +221,8 @@ def _capture_once(
             )
     with preserved_rng():
         cx.rng.start()
-        traced_leaves = _lift_user_inputs(cx, leaves, paths)
-        state_tracers, state = _lift_state(cx, ms)
+        traced_leaves = lift_user_inputs(cx, leaves, paths)
+        state_tracers, state = lift_state(cx, ms)
         versions = [t._version for t in state]
         reads = PyReads(ms.module if ms is not None else None, fn)
         cx.reads = reads

@@ -26,12 +26,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import sympy
 import torch
 from torch.overrides import TorchFunctionMode
 
 from plait.frontend import datadep, pytree, stride_choices
 from plait.frontend.capture_values import CaptureValues, Tracer
+from plait.frontend.constant_reads import NOT_CONSTANT, constant_read
 from plait.frontend.op_names import op_name
 from plait.frontend.opaque import run_opaque
 from plait.frontend.set_storage import refusing_set
@@ -41,7 +41,6 @@ from plait.frontend.unsampled import SKIPPED, overwrites_garbage, probe, skippab
 from plait.frontend.views import ViewStep, storage_id
 from plait.frontend.writes import partial_overlap, write_targets
 from plait.ir import TensorType, Value
-from plait.ir.ops import get_op
 
 _HINT_FULLGRAPH = (
     "plait captures whole graphs; with fullgraph=False, plait.compile runs such a program "
@@ -267,8 +266,8 @@ class CaptureContext(CaptureValues):
             assert rule.fn is not None
             return rule.fn(self, *args, **kwargs)
         if rule.kind == "data":
-            folded = self._constant_read(func, args, kwargs)
-            if folded is not _NOT_CONSTANT:
+            folded = constant_read(self, func, args, kwargs)
+            if folded is not NOT_CONSTANT:
                 return folded
             self.fail(
                 "data-dependent",
@@ -277,33 +276,6 @@ class CaptureContext(CaptureValues):
                 _HINT_FULLGRAPH,
             )
         return self.run_op(rule, func, args, kwargs)
-
-    def _constant_read(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """A read of tensor data whose tensors the graph computes from no input (only from
-        constant factories such as ``arange`` of static sizes, through deterministic ops): the
-        value is the same on every call of this specialization, so the read is that value (a
-        Python value; a tensor result is not folded). Else ``_NOT_CONSTANT``. Tensors computed
-        from symbolic sizes alone (``arange(x.shape[-1])``) restart the capture with those
-        sizes static, where the read is such a constant."""
-        found: list[Tracer] = []
-        self.unwrap((args, kwargs), found)
-        syms: set[sympy.Symbol] = set()
-        for t in found:
-            used = _sizes_only(self.value(t))
-            if used is None:
-                return _NOT_CONSTANT
-            syms |= used
-        if not found:
-            return _NOT_CONSTANT
-        if syms:
-            bound = syms & set(self.bindings)
-            if bound:
-                self.restart(bound, f"{self.current} reads a tensor computed from these sizes")
-            return _NOT_CONSTANT
-        out, _ = self.sample(func, args, kwargs)
-        if any(isinstance(x, torch.Tensor) for x in pytree_leaves(out)):
-            return _NOT_CONSTANT
-        return out
 
     def unwrap(self, x: Any, found: list[Tracer]) -> Any:
         cls = type(x)
@@ -554,33 +526,6 @@ def _aliased(out: torch.Tensor, inputs: list[Tracer]) -> Tracer | None:
         if storage_id(t._plain) == ptr:
             return t
     return None
-
-
-_NOT_CONSTANT = object()
-
-
-def _sizes_only(value: Value) -> set[sympy.Symbol] | None:
-    """The size symbols ``value`` is computed from when it is computed from no graph input and
-    no random op (its types, operands and attributes may be symbolic); else None. An empty set:
-    from constants of this specialization alone."""
-    stack, seen, syms = [value], set(), set()
-    while stack:
-        v = stack.pop()
-        if v.kind is not None or not isinstance(v.type, TensorType):
-            return None
-        syms |= {s for d in v.type.shape if isinstance(d, sympy.Basic) for s in d.free_symbols}
-        node = v.producer
-        if node is None or node.id in seen:
-            continue
-        seen.add(node.id)
-        if get_op(node.op).is_random(node.attrs):
-            return None
-        for operand in (*node.inputs, *node.attrs.values()):
-            if isinstance(operand, Value):
-                stack.append(operand)
-            elif isinstance(operand, sympy.Basic):
-                syms |= operand.free_symbols
-    return syms
 
 
 def pytree_leaves(x: Any) -> Iterator[Any]:
