@@ -32,6 +32,7 @@ from torch.overrides import TorchFunctionMode
 from plait.frontend import datadep, pytree, stride_choices
 from plait.frontend.capture_values import CaptureValues, Tracer
 from plait.frontend.constant_reads import NOT_CONSTANT, constant_read
+from plait.frontend.late_values import compute_or_resample
 from plait.frontend.op_names import op_name
 from plait.frontend.opaque import run_opaque
 from plait.frontend.set_storage import refusing_set
@@ -144,7 +145,7 @@ class CaptureContext(CaptureValues):
         try:
             with _Mode(self), refusing_set(self):
                 yield
-            if self.grad_enabled != self.ambient_grad:
+            if self.grad_enabled != self.ambient_grad and not self.continued:
                 self.limitation(
                     f"the program leaves grad mode {self.grad_enabled} (it was "
                     f"{self.ambient_grad}); a compiled call would not change it"
@@ -152,7 +153,8 @@ class CaptureContext(CaptureValues):
         finally:
             pop_sink(self)
             CaptureValues.active = prev
-            torch._C._set_grad_enabled(self.ambient_grad)  # NOTE: even when capture failed
+            if not self.continued:  # NOTE: eager leaves what the program set, once it continued
+                torch._C._set_grad_enabled(self.ambient_grad)  # NOTE: even when capture failed
 
     # --- dispatch --------------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -161,6 +163,8 @@ class CaptureContext(CaptureValues):
         # arguments are plain values: it runs only PyTorch's and plait's code (a user object's
         # __index__ or __float__ is the program's code, and a call with no rule may run a user
         # op's Python). They see the rest from before anything reads the arguments.
+        if self.continuation is not None and self.continuation.on:
+            return self.continuation.call(func, args, kwargs)
         reads = self.reads
         paused = reads is not None and type(func) in _PLAIN_FUNCS and reads.pause()
         try:
@@ -214,6 +218,8 @@ class CaptureContext(CaptureValues):
                     reads.pause()  # type: ignore[union-attr]
                 if late:
                     reads.resume()  # type: ignore[union-attr]
+            if self.continued:  # NOTE: this call (a refused read) went on eagerly
+                return result
             if self.unbacked:
                 datadep.check_new_nodes(self, first)
             if rule is None or rule.kind != "meta":  # NOTE: a metadata read computes nothing
@@ -259,7 +265,7 @@ class CaptureContext(CaptureValues):
             found: list[Tracer] = []
             self.unwrap((args, kwargs), found)
             if self.unsampled.holds(t._plain for t in found):
-                self.resample(f"{self.current} reads values capture did not compute")
+                compute_or_resample(self, f"{self.current} reads values capture did not compute")
         if rule is None:
             return run_opaque(self, func, args, kwargs)
         if rule.kind == "meta":
@@ -269,12 +275,16 @@ class CaptureContext(CaptureValues):
             folded = constant_read(self, func, args, kwargs)
             if folded is not NOT_CONSTANT:
                 return folded
-            self.fail(
+            err = self.error_of(
                 "data-dependent",
                 f"{rule.what} reads tensor data; a graph cannot branch on or "
                 "export the values it computes",
                 _HINT_FULLGRAPH,
             )
+            if self.continuation is not None and self.continuation.begin(self, err):
+                return self.continuation.call(func, args, kwargs)
+            self.error = self.error or err
+            raise err
         return self.run_op(rule, func, args, kwargs)
 
     def unwrap(self, x: Any, found: list[Tracer]) -> Any:
@@ -318,6 +328,10 @@ class CaptureContext(CaptureValues):
         self._refuse_unstrided(func, out)
         if garbage:
             assert unsampled is not None
+            if unsampled.replay is not None:
+                plains = [t._plain for t in found]
+                computed = [not unsampled.holds([p]) for p in plains]
+                unsampled.replay.ran(func, pargs, pkwargs, out, plains, computed, versions)
             unsampled.add(out)  # NOTE: in-place calls return their target: it is garbage too
             # NOTE: and every tensor the call wrote: ``buf[:] = y`` returns None; a training
             # batch norm's running stats are written without a version bump, and its rule
@@ -381,6 +395,9 @@ class CaptureContext(CaptureValues):
             out = torch.empty(shape, dtype=ty.dtype, device=ty.device)
             unsampled.add(out)
         unsampled.calls += 1
+        if unsampled.replay is not None:
+            computed = [p for p in plains if not unsampled.holds([p])]
+            unsampled.replay.skipped(func, pargs, pkwargs, out, computed, fresh=empty is not None)
         grad = rule.grad and self.grad_enabled and any(t._rg for t in found)
         return self.wrap(ir, out, found, grad)
 
