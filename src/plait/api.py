@@ -242,6 +242,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
             s, env, state = found
             s.calls += 1
             if ran is not None and s.executor is None:  # NOTE: its Python ran, at capture
+                self.ran_at_capture()
                 objects = self.adapter.containers(args, kwargs, env.spec) if ran.containers else ()
                 return run_captured(ran, env, state, objects, self._name())
             execute = early.executor_for(s.program, s.compiled) if early is not None else None
@@ -371,7 +372,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
                 adapter=self.adapter,
                 module_state=self.state,
                 arithmetic="skip",  # NOTE: compiling reads the graph, never capture's values
-                continuation=not isinstance(self.fn, nn.Module),  # NOTE: docs/capture.md
+                continuation=True,  # NOTE: docs/capture.md
             )
         seconds["capture"] = time.perf_counter() - start
         self.ran_once, prog.this_call = prog.this_call, None

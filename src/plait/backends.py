@@ -171,8 +171,7 @@ def run_captured(
     (:mod:`plait.frontend.refused_after_run`): its result from its captured graph as it is (no
     passes), run by the reference interpreter, inputs and buffers written back once; gradients
     flow through its PyTorch calls, as through the ``eager`` backend's. A call that went on
-    eagerly after a refusal while it ran (:mod:`plait.frontend.continuation`) returns its
-    result."""
+    eagerly from a refusal (:mod:`plait.frontend.continuation`) returns its result."""
     if isinstance(prog, Continued):
         logs.emit("capture", "ran_once", f"{name}: the call that captured went on eagerly")
         return prog.output

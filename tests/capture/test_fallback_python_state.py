@@ -4,10 +4,10 @@ Python values it reads) runs its captured graph instead of the Python again
 effects happen once, as in eager, and later calls run eagerly. Each model runs in lockstep with
 an eager twin on fresh inputs. Beside them, the case that rules out putting back what the
 capture changed (an install-once flag whose hooks stay installed), a program that stores one of
-its tensors (the eager run stands), and two known defects of a compiled module: a refusal
-while it runs still runs what came before it twice, and a capture that ran the Python again (a
-resample) ran it more than once before its refusal (a compiled function goes on eagerly:
-``tests/capture/test_refused_call_goes_on_eagerly.py``)."""
+its tensors (the eager run stands), and a compiled module refused while it runs, its counter
+counted once: the call goes on eagerly from the refusal, and a read of values capture left
+uncomputed computes them instead of running the Python again
+(``tests/capture/test_refused_call_goes_on_eagerly.py``)."""
 
 from __future__ import annotations
 
@@ -276,12 +276,6 @@ class CountsThenReads(Counter):
         return y * self.calls if bool(y.sum() > 0) else y
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a compiled module refused while it runs (here a read of tensor data) runs eagerly "
-    "from the start, its fallback regional: the counter's step is made twice in that call "
-    "(a compiled function goes on eagerly instead: test_refused_call_goes_on_eagerly.py)",
-)
 def test_a_counter_refused_while_it_runs_counts_each_call_once() -> None:
     torch.manual_seed(0)
 
@@ -300,12 +294,6 @@ class CountsThenSorts(Counter):
         return torch.sort(self.lin(x), dim=1).values * self.calls
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a compiled module's capture that read values it left uncomputed captures again "
-    "computing every call, running the Python again (a compiled function computes them when "
-    "read instead: test_refused_call_goes_on_eagerly.py)",
-)
 def test_a_resampled_refused_counter_counts_each_call_once() -> None:
     torch.manual_seed(0)
 

@@ -266,12 +266,6 @@ def test_a_counter_counts_each_call_once(model: type[nn.Module]) -> None:
     _lockstep(model().eval(), same_count)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plait.compile of a module does not go on after a refusal while it runs: its "
-    "fallback runs regions, which compile on the call that captured (tests/regions); the "
-    "eager run from the start steps the counter twice in that call",
-)
 def test_a_compiled_module_counts_each_call_once() -> None:
     torch.manual_seed(0)
     model = CountsThenReads().eval()

@@ -15,9 +15,9 @@ samples in place of tracers (:func:`untraced`); the capture ends as the recorded
 the call returns that result (``CapturedProgram.this_call``, a :class:`~plait.frontend.program.
 Continued`). Later calls run eagerly, as every fallback's do.
 
-``plait.compile`` asks for it for functions alone: a module's fallback is regional, and its
-regions are captured on the call that captured (its regional eager run), which going on would
-leave to the next call (docs/capture.md).
+``plait.compile`` asks for it for functions and modules alike: a module's fallback is
+regional, and the call that goes on runs its submodules as written, so its regions are captured
+from its next call on (docs/capture.md, "Regional compilation").
 
 NOTE: the capture continues only where every sample is the caller's tensor or computed exactly
 as eager computes it, so it never does in
@@ -36,8 +36,10 @@ as eager computes it, so it never does in
 Refusals other than a read of tensor data (a call with no capture rule, a limitation) never
 continue: their call may have run on the samples already.
 
-A tracer the program keeps where :func:`untraced` does not look (a closure, a global it never
-read) behaves as its sample from then on (:class:`plait.frontend.capture_values.Tracer`).
+A tracer the program keeps where :func:`untraced` does not look (the closure of a function it
+does not reach through those, a global it never read) behaves as its sample from then on
+(:class:`plait.frontend.capture_values.Tracer`); the closures of the functions it reaches (a
+module's hooks, a function a global names) hold samples.
 """
 
 from __future__ import annotations
@@ -219,8 +221,9 @@ def _refuse_kept(func: Any, args: Any, kwargs: dict) -> None:
 
 def untraced(x: Any, memo: dict[int, tuple[Any, Any]], depth: int = 0) -> Any:
     """``x`` with each tracer its sample and each traced size an int, changed in place where
-    it is a list, a dict, a set or an object's attributes (a tuple is rebuilt); ``memo``: by
-    id, each object met and what it became (objects put there first become their value)."""
+    it is a list, a dict, a set, an object's attributes or a function's closure (a hook's,
+    in a module's hook table; a tuple is rebuilt); ``memo``: by id, each object met and what
+    it became (objects put there first become their value)."""
     if isinstance(x, Tracer):
         return x._plain
     if isinstance(x, (TracedInt, TracedSize)):
@@ -232,6 +235,16 @@ def untraced(x: Any, memo: dict[int, tuple[Any, Any]], depth: int = 0) -> Any:
         return x
     memo[id(x)] = (x, x)
     more = depth + 1
+    if isinstance(x, types.FunctionType):  # NOTE: its closure's cells (a hook's list)
+        for cell in x.__closure__ or ():
+            try:
+                v = cell.cell_contents
+            except ValueError:  # NOTE: a cell not set yet
+                continue
+            new = untraced(v, memo, more)
+            if new is not v:
+                cell.cell_contents = new
+        return x
     if isinstance(x, tuple):
         items = [untraced(v, memo, more) for v in x]
         if any(a is not b for a, b in zip(items, x)):

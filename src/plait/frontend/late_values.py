@@ -5,7 +5,7 @@ A capture with ``arithmetic="skip"`` leaves the heaviest calls uncomputed
 ``linear``, a ``sort``) used to capture again computing every call, running the program's
 Python a second time: its side effects (``self.calls += 1``) happened twice in that call. Where
 the capture may continue the call eagerly (``capture_program(..., continuation=True)``, as
-``plait.compile`` captures a function: :mod:`plait.frontend.continuation`), :class:`Replay`
+``plait.compile`` captures: :mod:`plait.frontend.continuation`), :class:`Replay`
 records, in program order, each call left uncomputed and each call that ran on uncomputed
 values, and at such a read runs them again for real on the samples (the same kernels on the
 same operands: eager's values), so that capture goes on with every value computed and the
