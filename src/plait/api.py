@@ -35,6 +35,7 @@ from plait.backends import (
     KNOWN_OPTIONS,
     Compiled,
     CompileRequest,
+    Continued,
     compile_program,
     run_captured,
 )
@@ -184,9 +185,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
         # NOTE: regional compilation (plait.regions). A region engine compiles one submodule's
         # forward (its hooks run eagerly around it, in nn.Module.__call__, each call, side
         # effects and all); the root engine gets a tree when its module's capture falls back.
-        self.tree = tree
-        self.region = tree is not None
-        self.path = path
+        self.tree, self.region, self.path = tree, tree is not None, path
         self.share = share  # identical blocks in the tree share this engine's programs
         self.call_target: Callable[..., Any] = fn
         if self.region and isinstance(fn, nn.Module):
@@ -196,9 +195,8 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
         self._refusal_warned = False
         self.hooked: str | None = None  # why its latest calls ran split (hooks below it)
         self.split_calls = 0  # NOTE: calls that ran split for that reason (hooks, an object)
-        # NOTE: the program of the call being captured, where its capture was refused after its
-        # Python ran to its end (plait.frontend.refused_after_run): that call runs it
-        self.ran_once: CapturedProgram | None = None
+        # NOTE: what the call being captured runs or returns where refused (prog.this_call)
+        self.ran_once: CapturedProgram | Continued | None = None
         self.early: SpeculativeRun | None = None
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
@@ -244,6 +242,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
             s, env, state = found
             s.calls += 1
             if ran is not None and s.executor is None:  # NOTE: its Python ran, at capture
+                self.ran_at_capture()
                 objects = self.adapter.containers(args, kwargs, env.spec) if ran.containers else ()
                 return run_captured(ran, env, state, objects, self._name())
             execute = early.executor_for(s.program, s.compiled) if early is not None else None
@@ -373,6 +372,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
                 adapter=self.adapter,
                 module_state=self.state,
                 arithmetic="skip",  # NOTE: compiling reads the graph, never capture's values
+                continuation=True,  # NOTE: docs/capture.md
             )
         seconds["capture"] = time.perf_counter() - start
         self.ran_once, prog.this_call = prog.this_call, None

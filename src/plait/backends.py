@@ -32,7 +32,7 @@ from plait.cache.lookup import cached_compile, freeze_candidates
 from plait.cost import enforce as enforce_budgets
 from plait.cost import estimate as estimate_cost
 from plait.errors import CaptureFallbackWarning, InvalidOptionError, PlaitCompileError
-from plait.frontend.program import CapturedProgram, Executor
+from plait.frontend.program import CapturedProgram, Continued, Executor
 from plait.guards.ambient import (
     ambient_guards,
     call_settings,
@@ -161,7 +161,7 @@ def _eager_executor(inputs: Sequence[Value], optimized: Graph) -> Executor:
 
 
 def run_captured(
-    prog: CapturedProgram,
+    prog: CapturedProgram | Continued,
     env: GuardEnv,
     state: Sequence[torch.Tensor],
     containers: Sequence[Any],
@@ -170,7 +170,11 @@ def run_captured(
     """The call whose capture was refused after its Python ran to its end
     (:mod:`plait.frontend.refused_after_run`): its result from its captured graph as it is (no
     passes), run by the reference interpreter, inputs and buffers written back once; gradients
-    flow through its PyTorch calls, as through the ``eager`` backend's."""
+    flow through its PyTorch calls, as through the ``eager`` backend's. A call that went on
+    eagerly from a refusal (:mod:`plait.frontend.continuation`) returns its result."""
+    if isinstance(prog, Continued):
+        logs.emit("capture", "ran_once", f"{name}: the call that captured went on eagerly")
+        return prog.output
     assert prog.graph is not None
     logs.emit("capture", "ran_once", f"{name}: the call that captured runs its captured graph")
     return prog.run(_eager_executor(prog.graph.inputs, prog.graph), env, state, containers)

@@ -313,8 +313,10 @@ class Explanation:
     artifact with, its ``compiled_ops``, ``opaque_ops`` and ``eager_ops``), each boundary (the
     module, the capture error as ``reason``, its ``operation``, ``file`` and ``line``), the
     ``ops`` (``compiled_share``: IR nodes run in compiled regions over those plus opaque nodes
-    plus ATen ops run eagerly, measured on the first call) and the ``sharing`` counts of
-    identical blocks; None for a program captured whole."""
+    plus ATen ops run eagerly, measured on the first call that runs them all), the ``sharing``
+    counts of identical blocks and ``pending``: the modules (``""``, the root) whose call went
+    on eagerly from a refused capture, their regions captured from their next call; None for a
+    program captured whole."""
 
     name: str
     specializations: list[SpecializationReport]
@@ -358,11 +360,17 @@ def describe_regions(report: dict[str, Any]) -> list[str]:
         lines.append(
             f"  ops run compiled: {ops['compiled_share']:.1%} ({ops['compiled']} IR nodes in "
             f"compiled regions; {ops['opaque']} opaque nodes; {ops['eager']} ATen ops eagerly), "
-            "measured on the first call (again after a region's calls began to run another way)"
+            "measured on the first call that ran them all (again after a region's calls began "
+            "to run another way)"
         )
     else:
-        lines.append("  ops: not measured yet (the first call measures them)")
+        lines.append("  ops: not measured yet (the first call that runs the regions does)")
     lines.append(f"  regions: {len(report['regions'])}")
+    for path in report.get("pending", ()):
+        lines.append(
+            f"    (regions of {path or '<root>'}: captured and compiled from its next call; the "
+            "call whose capture was refused went on eagerly)"
+        )
     for r in report["regions"]:
         how = r["status"]
         if r["backends"]:

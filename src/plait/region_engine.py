@@ -95,6 +95,13 @@ class RegionEngine:
             self.tree.version += 1
         return self._eager(args, kwargs)
 
+    def ran_at_capture(self) -> None:
+        """This call's Python ran at capture, refused and gone on eagerly (its regions, where
+        it has any, run from its next call on): a region's ops ran uncounted
+        (:meth:`plait.regions.op_counts.OpCounts.uncounted`)."""
+        if self.tree is not None and self.region:
+            self.tree.uncounted()
+
     def ran_whole(self) -> None:
         """A call of this region ran as the region again (its hooks were removed): what
         ``plait.explain`` reports of it follows."""

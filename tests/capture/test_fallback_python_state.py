@@ -4,9 +4,10 @@ Python values it reads) runs its captured graph instead of the Python again
 effects happen once, as in eager, and later calls run eagerly. Each model runs in lockstep with
 an eager twin on fresh inputs. Beside them, the case that rules out putting back what the
 capture changed (an install-once flag whose hooks stay installed), a program that stores one of
-its tensors (the eager run stands), and two known defects: a refusal while the program runs
-still runs what came before it twice, and a capture that ran the Python again (a resample) ran
-it more than once before its refusal."""
+its tensors (the eager run stands), and a compiled module refused while it runs, its counter
+counted once: the call goes on eagerly from the refusal, and a read of values capture left
+uncomputed computes them instead of running the Python again
+(``tests/capture/test_refused_call_goes_on_eagerly.py``)."""
 
 from __future__ import annotations
 
@@ -275,12 +276,6 @@ class CountsThenReads(Counter):
         return y * self.calls if bool(y.sum() > 0) else y
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a capture refused while the program runs (here a read of tensor data) stopped after "
-    "the counter's step, which the eager run then makes again: the Python before the refusal "
-    "runs twice in that call",
-)
 def test_a_counter_refused_while_it_runs_counts_each_call_once() -> None:
     torch.manual_seed(0)
 
@@ -299,11 +294,6 @@ class CountsThenSorts(Counter):
         return torch.sort(self.lin(x), dim=1).values * self.calls
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a capture that ran the Python again (a resample computing every call, or a restart "
-    "with sizes made static) made the counter's step more than once before its refusal",
-)
 def test_a_resampled_refused_counter_counts_each_call_once() -> None:
     torch.manual_seed(0)
 

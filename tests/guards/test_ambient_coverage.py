@@ -56,6 +56,9 @@ COVERED = {
     ("frontend/tracer.py", "is_autocast_enabled"): "guard torch.autocast (the ambient one); "
     "autocast entered by the program is captured as casts: here it only decides whether a call "
     "is left uncomputed, never the graph (frontend.unsampled)",
+    ("frontend/late_values.py", "is_autocast_enabled"): "guard torch.autocast (the ambient "
+    "one); autocast entered by the program is captured as casts: here it only decides whether "
+    "skipped calls are computed when read or captured again, never the graph",
     ("backends.py", "is_grad_enabled"): "guard grad_mode (decides freezing and the backend)",
     ("frontend/lower_math.py", "is_grad_enabled"): "guard grad_mode (hardtanh's and a tensor "
     "clamp's gradient-exact capture)",

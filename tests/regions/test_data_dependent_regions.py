@@ -49,11 +49,19 @@ def test_branch_in_the_parent_compiles_the_children(backend: str) -> None:
     with torch.no_grad():
         with pytest.warns(CaptureFallbackWarning, match="Tensor.__bool__"):
             _close(cm(_x(5, 8, seed=1)), model(_x(5, 8, seed=1)))
+        # NOTE: the refused call went on eagerly: explain names the boundary and says the
+        # regions come on the next call
+        first = plait.explain(cm).regions
+        assert first is not None and first["pending"] == [""] and first["regions"] == []
+        assert [(b["module"], b["line"]) for b in first["boundaries"]] == [
+            ("", line_of(MODELS, "parent"))
+        ]
         for seed in range(2, 6):  # NOTE: both sides of the branch, no new warning
             x = _x(5, 8, seed=seed) + (seed % 2) * 3
             _close(cm(x), model(x))
     regions = _regions(cm)
     assert list(regions) == ["inp", "blocks.0", "blocks.1", "blocks.2", "head"]
+    assert not plait.explain(cm).regions["pending"]
     assert all(r["status"] == "compiled" for r in regions.values())
     assert all(r["backends"] == [backend] for r in regions.values())
     _slots_clear(model)
@@ -95,6 +103,9 @@ def test_region_that_falls_back_on_a_later_call_is_split() -> None:
     with torch.no_grad():
         with pytest.warns(CaptureFallbackWarning):
             _close(cm(_x(3, 8, seed=1)), model(_x(3, 8, seed=1)))
+        # NOTE: the refused call went on eagerly: the regions compile from the next call on
+        assert _regions(cm) == {}
+        _close(cm(_x(3, 8, seed=2)), model(_x(3, 8, seed=2)))
         assert _regions(cm)["body"]["status"] == "compiled"
         with pytest.warns(CaptureFallbackWarning, match="Tensor.__bool__"):
             _close(cm(_x(6, 8, seed=2)), model(_x(6, 8, seed=2)))
@@ -179,8 +190,16 @@ def test_the_gate_judges_the_regional_program() -> None:
     torch.manual_seed(0)
     model = models.ChildBranchModel().eval()
     cm = plait.compile(model, options={"cache": False})
-    with torch.no_grad(), pytest.warns(CaptureFallbackWarning):
-        cm(_x(4, 6, seed=1))
+    with torch.no_grad(), pytest.warns(CaptureFallbackWarning) as record:
+        # NOTE: each refused call goes on eagerly: the root's regions compile on the second
+        # call (mid's capture refused in turn), mid's own on the third
+        for _ in range(3):
+            cm(_x(4, 6, seed=1))
+    assert [w.message.args[0].split(":")[0] for w in record] == [
+        "plait runs this program eagerly (fallback)",
+        "plait runs region mid (BranchyChild) eagerly (fallback)",
+    ]
+    assert not plait.explain(cm).regions["pending"]
     with torch.no_grad():
         report = plait.conformance.check(model, cm, (_x(4, 6, seed=2),), candidate_module=model)
     assert report.ok, report

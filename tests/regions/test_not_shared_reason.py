@@ -20,6 +20,7 @@ def test_blocks_sharing_in_a_new_grad_mode_report_no_reason() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.no_grad():
+            cm(x)  # NOTE: refused, it goes on eagerly: the regions compile on the next call
             cm(x)
         cm(x)
     report = plait.explain(cm).regions

@@ -51,6 +51,8 @@ def test_regions_and_identical_blocks(recwarn: Any) -> None:
     model = BranchyParent().eval()
     compiled = plait.compile(model, options={"cache": False})
     with torch.no_grad():
+        compiled(torch.randn(4, 8))  # NOTE: refused, it goes on eagerly: regions come next
+        assert "captured and compiled from its next call" in render_html(compiled)
         compiled(torch.randn(4, 8))
     text = render_html(compiled)
     doc = _valid(text)

@@ -90,28 +90,10 @@ class Tracer(torch.Tensor):
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         cx = CaptureValues.active
         if cx is None:
-            _refuse_kept(func, args, kwargs or {})
-            with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **(kwargs or {}))
+            from plait.frontend.continuation import kept_call
+
+            return kept_call(func, args, kwargs or {})
         return cx.dispatch(func, args, kwargs or {})
-
-
-def _refuse_kept(func: Any, args: Any, kwargs: dict) -> None:
-    """Raises where a tensor of a finished capture is used: the program kept it in Python
-    state (``self.last = y``, a global, a list), which a compiled call never sets again, so
-    its value is the capture's, stale or never computed (a skipped convolution's)."""
-    for a in (*args, *kwargs.values()):
-        for t in a if isinstance(a, (list, tuple)) else (a,):
-            if isinstance(t, Tracer) and t._cx.finished:
-                raise GraphCaptureError(
-                    "capture",
-                    f"a tensor made by {t._made_by} while plait captured the program was kept "
-                    f"in Python state (a module attribute, a global, a container) and is used "
-                    f"now by {getattr(func, '__name__', func)}: a compiled call does not set "
-                    "that state again, so its value is not the latest call's (return the "
-                    "tensor from the program instead, or run the program without plait)",
-                    kind="limitation",
-                )
 
 
 class CaptureValues:
@@ -127,11 +109,21 @@ class CaptureValues:
         static_sizes: set[int],
         dims: DimPolicy | None = None,
         arithmetic: str = "run",
+        continuation: bool = False,
     ) -> None:
+        from plait.frontend.continuation import Continuation
+        from plait.frontend.late_values import Replay
+
         self.builder: GraphBuilder = capture_builder()
         # NOTE: None: every call runs; else the storages left uncomputed (frontend.unsampled)
         self.unsampled: Unsampled | None = Unsampled() if arithmetic == "skip" else None
         self.fullgraph = fullgraph
+        # NOTE: a refused read of tensor data may continue the call eagerly (its Python once:
+        # plait.frontend.continuation), and a read of skipped values compute them then
+        go_on = continuation and not fullgraph
+        self.continuation: Continuation | None = Continuation() if go_on else None
+        if go_on and self.unsampled is not None:
+            self.unsampled.replay = Replay()
         # NOTE: which input dims are symbolic (frontend.dynamic_dims); ``dynamic`` says some are
         self.dims = dims if dims is not None else DimPolicy(every=dynamic)
         self.dynamic = dynamic or self.dims.active
@@ -195,8 +187,15 @@ class CaptureValues:
 
     # --- errors --------------------------------------------------------------------------------
     def fail(self, kind: str, reason: str, hint: str | None = None) -> NoReturn:
+        err = self.error_of(kind, reason, hint)
+        if self.error is None:
+            self.error = err
+        raise err
+
+    def error_of(self, kind: str, reason: str, hint: str | None = None) -> GraphCaptureError:
+        """The refusal of the call running now, at the program's line."""
         frame = user_frame()
-        err = GraphCaptureError(
+        return GraphCaptureError(
             self.current,
             reason,
             kind=kind,
@@ -205,23 +204,25 @@ class CaptureValues:
             lineno=frame.lineno if frame else None,
             code=frame.code if frame else None,
         )
-        if self.error is None:
-            self.error = err
-        raise err
+
+    @property
+    def continued(self) -> bool:
+        """Whether this capture continues its call eagerly (calls run on the samples)."""
+        return self.continuation is not None and self.continuation.on
 
     def limitation(self, reason: str) -> NoReturn:
         self.fail("limitation", reason)
 
     # --- guards (the GuardSink protocol of symints) -----------------------------------------
     def record_predicate(self, rel: Any, outcome: bool) -> None:
-        if not isinstance(rel, sympy.Basic) or rel in (sympy.true, sympy.false):
+        if self.continued or not isinstance(rel, sympy.Basic) or rel in (sympy.true, sympy.false):
             return
         if not rel.free_symbols:
             return
         self.predicates.setdefault((str(rel), outcome), (rel, outcome))
 
     def specialize(self, expr: Any, value: int) -> None:
-        if not self.dynamic or not isinstance(expr, sympy.Basic):
+        if self.continued or not self.dynamic or not isinstance(expr, sympy.Basic):
             return
         ir_syms = {s for s in expr.free_symbols if s in self.bindings}
         if ir_syms:
@@ -284,6 +285,8 @@ class CaptureValues:
         t._seen, t._mutations, t._lift, t._dim_exprs = 0, 0, lift, None
         t._made_by, t._rg = self.current, requires_grad
         t._stride_choice = t._stride_output = None
+        if self.continuation is not None:
+            self.continuation.made(t)
         return t
 
     def _is_leaf(self, lift: Lift) -> bool:
@@ -494,6 +497,8 @@ class CaptureValues:
             new = self.call("detach", new)  # NOTE: a write inside `torch.no_grad()`
         tr = self.tracer(target)
         if self.unsampled is not None and self.unsampled.writing:
+            if self.unsampled.replay is not None and not self.unsampled.holds([tr._plain]):
+                self.unsampled.replay.stop(f"{self.current} wrote a computed tensor with garbage")
             self.unsampled.add(tr._plain)  # NOTE: written by a call that read garbage
         old = self.type_of(tr)
         assert isinstance(new.type, TensorType)

@@ -18,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -35,7 +34,8 @@ from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
 from plait.frontend.guard_plan import build_guards, const_slots, plan_of
 from plait.frontend.input_writes import InputObjects
 from plait.frontend.inputs import InputAdapter
-from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
+from plait.frontend.lifting import lift_state, lift_user_inputs
+from plait.frontend.program import CapturedProgram, Continued, InputSlot, OutputLeaf
 from plait.frontend.pyreads import PyReads
 from plait.frontend.pyvalues import Keyed, Root
 from plait.frontend.refused_after_run import fallback, this_call
@@ -51,7 +51,8 @@ _KIND_RANK = {"user": 0, "param": 1, "buffer": 2, "const": 3}
 
 
 @contextmanager
-def preserved_rng() -> Iterator[None]:
+def preserved_rng(restore: Callable[[], bool] = lambda: True) -> Iterator[None]:
+    """The generators' states put back after the block, where ``restore()`` says so."""
     cpu = torch.get_rng_state()
     cuda = (
         torch.cuda.get_rng_state_all()
@@ -61,8 +62,9 @@ def preserved_rng() -> Iterator[None]:
     try:
         yield
     finally:
-        torch.set_rng_state(cpu)
-        if cuda is not None:
+        if restore():
+            torch.set_rng_state(cpu)
+        if cuda is not None and restore():
             torch.cuda.set_rng_state_all(cuda)
 
 
@@ -76,13 +78,17 @@ def capture_program(
     adapter: InputAdapter | None = None,
     module_state: ModuleState | None = None,
     arithmetic: str = "run",
+    continuation: bool = False,
 ) -> CapturedProgram:
     """Capture ``fn(*args, **kwargs)``. With ``fullgraph=False`` a program that cannot be one
     graph comes back as a fallback (``graph is None``, ``fallback_reason`` set) instead of
     raising :class:`GraphCaptureError`. ``dynamic``: which input dims are symbolic
     (:mod:`plait.frontend.dynamic_dims`). ``arithmetic="skip"`` leaves the heaviest calls
     uncomputed where nothing reads their values, and captures again computing every call where
-    something does (:mod:`plait.frontend.unsampled`): the graph is the same either way."""
+    something does (:mod:`plait.frontend.unsampled`): the graph is the same either way.
+    ``continuation``: a refused read of tensor data continues the call eagerly where that is
+    sound (``fullgraph=False``; its Python runs once, and the fallback's ``this_call`` holds the
+    call's result: :mod:`plait.frontend.continuation`); it writes the caller's tensors."""
     if arithmetic not in ("run", "skip"):
         raise InvalidOptionError(f"arithmetic must be 'run' or 'skip', got {arithmetic!r}")
     policy = DimPolicy.of(dynamic)
@@ -93,10 +99,12 @@ def capture_program(
     if module_state is None and isinstance(fn, nn.Module):
         module_state = ModuleState(fn)
     contexts: list[CaptureContext] = []
+    callers = adapter.containers(tuple(args), kwargs, spec) if continuation else None
     try:
         return _capture_until_done(
-            contexts, fn, adapter, spec, leaves, paths, module_state, fullgraph, policy, arithmetic
-        )
+            contexts, fn, adapter, spec, leaves, paths, module_state, fullgraph, policy, arithmetic,
+            callers,
+        )  # fmt: skip
     finally:
         for c in contexts:  # NOTE: a tensor of theirs kept in Python state is refused from now
             c.finished = True
@@ -114,6 +122,7 @@ def _capture_until_done(
     fullgraph: bool,
     policy: DimPolicy,
     arithmetic: str,
+    callers: list[Any] | None,
 ) -> CapturedProgram:
     """Capture attempts until one stands: again with sizes specialized (a restart), again
     computing every call (a resample); the program, its fallback, or the error."""
@@ -127,17 +136,23 @@ def _capture_until_done(
             static_sizes=static_sizes,
             dims=policy,
             arithmetic=arithmetic,
+            continuation=callers is not None and not contexts,  # NOTE: its Python ran once
         )
         contexts.append(cx)
         ran: list[CapturedProgram] = []  # NOTE: this call's, where refused after it ran
         try:
             with module_state.restored_on_failure(_is_tracer) if module_state else nullcontext():
-                prog = _capture_once(cx, fn, adapter, spec, leaves, paths, module_state, ran)
+                prog = _capture_once(
+                    cx, fn, adapter, spec, leaves, paths, module_state, ran, callers or []
+                )
         except Restart as restart:
             static_sizes |= restart.sizes
             specialized.append(restart.why)
             continue
         except (Resample, Exception) as err:
+            went_on = cx.continuation.error if cx.continuation is not None else None
+            if went_on is not None and err is not went_on:
+                raise  # NOTE: the program's own, after its call went on eagerly: as eager's
             # NOTE: a torch call's failure after a skipped call may come of its garbage (an
             # index out of range): capture again computing every call, which raises or falls
             # back as it would have. A GraphCaptureError never does (a read of skipped values
@@ -156,6 +171,9 @@ def _capture_until_done(
             # NOTE: an earlier attempt ran the Python already: this graph is not the first run's
             first = ran[0] if ran and len(contexts) == 1 else None
             prog = fallback(cx, err, spec, leaves, paths, module_state, first)
+            if went_on is not None:
+                assert cx.continuation is not None
+                prog.this_call = Continued(cx.continuation.result)
         prog.specialized = specialized
         prog.resampled = resampled
         prog.uncomputed = cx.unsampled.calls if cx.unsampled is not None else 0
@@ -188,68 +206,6 @@ def _log(prog: CapturedProgram, name: str) -> None:
         logs.emit("capture", "opaque", f"{name}: {op} x{n} runs in PyTorch: {why}", op=op, count=n)
 
 
-def _input_name(path: str, taken: set[str]) -> str:
-    name = re.sub(r"[^A-Za-z0-9_]+", "_", path).strip("_") or "arg"
-    base, n = name, 1
-    while name in taken:
-        name, n = f"{base}_{n}", n + 1
-    taken.add(name)
-    return name
-
-
-def _lift_user_inputs(cx: CaptureContext, leaves: list[Any], paths: list[str]) -> list[Any]:
-    out = list(leaves)
-    taken: set[str] = set()
-    for i, (leaf, path) in enumerate(zip(leaves, paths)):
-        if not isinstance(leaf, torch.Tensor):
-            continue
-        if isinstance(leaf, Tracer):
-            cx.limitation("a tensor from a running capture was passed to another capture")
-        if leaf.requires_grad and not leaf.is_leaf:
-            cx.nonleaf_inputs.add(i)
-        ir_shape, exprs = cx.input_dims(i, path, leaf.shape)
-        cx.current = f"input {path}"
-        ty = cx.type_of_plain(leaf).with_shape(ir_shape)
-        with torch._C.DisableTorchFunction():
-            sample = leaf.detach().clone()
-        tr = cx.lift_input(
-            sample,
-            kind="user",
-            name=_input_name(path, taken),
-            ref=i,
-            writeback=True,
-            requires_grad=leaf.requires_grad,
-            ir_type=ty,
-        )
-        tr._dim_exprs = exprs
-        out[i] = tr
-    cx.current = "<capture>"
-    return out
-
-
-def _lift_state(cx: CaptureContext, ms: ModuleState | None) -> tuple[list[Tracer], list[Any]]:
-    if ms is None:
-        return [], []
-    tensors = ms.fetch()
-    tracers: list[Tracer] = []
-    for k, (entry, t) in enumerate(zip(ms.entries, tensors)):
-        with torch._C.DisableTorchFunction():
-            # NOTE: parameters are traced in place (their writes are refused); buffers through
-            # clones, so BatchNorm's running statistics stay untouched by capture.
-            sample = t.detach() if entry.kind == "param" else t.detach().clone()
-        tracers.append(
-            cx.lift_input(
-                sample,
-                kind=entry.kind,
-                name=entry.path,
-                ref=k,
-                writeback=entry.kind == "buffer",
-                requires_grad=t.requires_grad,
-            )
-        )
-    return tracers, tensors
-
-
 def _capture_once(
     cx: CaptureContext,
     fn: Callable[..., Any],
@@ -259,6 +215,7 @@ def _capture_once(
     paths: list[str],
     ms: ModuleState | None,
     ran: list[CapturedProgram],
+    callers: list[Any],
 ) -> CapturedProgram:
     if cx.grad_enabled and (
         nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks
@@ -281,19 +238,25 @@ def _capture_once(
                 "submodules, or call it under torch.no_grad())",
                 kind="limitation",
             )
-    with preserved_rng():
+    with preserved_rng(lambda: not cx.continued):
         cx.rng.start()
-        traced_leaves = _lift_user_inputs(cx, leaves, paths)
-        state_tracers, state = _lift_state(cx, ms)
+        traced_leaves = lift_user_inputs(cx, leaves, paths)
+        state_tracers, state = lift_state(cx, ms)
+        if cx.continuation is not None:
+            cx.continuation.leaves, cx.continuation.state = leaves, state
         versions = [t._version for t in state]
         reads = PyReads(ms.module if ms is not None else None, fn)
         cx.reads = reads
         objects = InputObjects()
         try:
-            swapped = ms.swapped(state_tracers) if ms is not None else nullcontext()
+            keep = lambda: cx.continued
+            swapped = ms.swapped(state_tracers, keep) if ms is not None else nullcontext()
             with swapped, cx.activate(), reads:
                 out = adapter.call(fn, spec, traced_leaves, objects)
         except BaseException as exc:
+            if cx.continuation is not None and cx.continuation.on:
+                cx.continuation.finish(None, objects, callers, ms, reads.originals, leaves)
+                raise
             raised = None if cx.error is not None else objects.raised_after_changes(exc)
             objects.restore_leaves()  # NOTE: a capture tried again starts from the caller's,
             reads.originals.restore()  # and from the Python values the program read
@@ -302,6 +265,9 @@ def _capture_once(
             if raised is not None:
                 cx.limitation(raised)
             raise
+        if cx.continuation is not None and cx.continuation.error is not None:
+            cx.continuation.finish(out, objects, callers, ms, reads.originals, leaves)
+            raise cx.continuation.error  # NOTE: the fallback, whose this_call is the result
         if cx.error is not None:
             raise cx.error
         cx.current = "the random number generator"

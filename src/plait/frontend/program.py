@@ -50,6 +50,15 @@ class OutputLeaf:
     ref: Any
 
 
+@dataclass(frozen=True)
+class Continued:
+    """The result of the call whose capture went on eagerly after a refusal while its program
+    ran (:mod:`plait.frontend.continuation`): that call returns ``output`` as it is."""
+
+    output: Any
+    containers = False  # NOTE: as CapturedProgram's: it needs none of the caller's containers
+
+
 @dataclass
 class CapturedProgram:
     graph: Graph | None
@@ -77,9 +86,11 @@ class CapturedProgram:
     # NOTE: a fallback's GraphCaptureError (operation, file and line), for regional compilation
     fallback_error: Exception | None = field(default=None, repr=False, compare=False)
     # NOTE: a fallback refused after the program's Python ran to its end: the program of the
-    # call that captured it, which that call runs instead of the Python again
-    # (plait.frontend.refused_after_run); taken off by the engine, never saved
-    this_call: CapturedProgram | None = field(default=None, repr=False, compare=False)
+    # call that captured it, which that call runs instead of the Python again; taken off by
+    # the engine, never saved
+    # (plait.frontend.refused_after_run), or the result of that call, where it went on
+    # eagerly after a refusal while it ran (plait.frontend.continuation)
+    this_call: CapturedProgram | Continued | None = field(default=None, repr=False, compare=False)
 
     def symbolic_dims(self) -> dict[str, str]:
         """Each input dim captured as a symbol (``"x.shape[0]"``) -> the symbol's name."""

@@ -6,7 +6,7 @@ A program may memoize a tensor in a container it reads (timm's LeViT and Efficie
 changes a value it reads (:mod:`plait.frontend.pyreads`), or starts again, and the call runs
 eagerly; by then the capture's run has stored one of its tracers there. The eager run, a capture
 tried again and every later call would find that tracer and read the capture's value, which
-:func:`plait.frontend.capture_values._refuse_kept` refuses: every call of the model raised.
+:func:`plait.frontend.continuation._refuse_kept` refuses: every call of the model raised.
 :class:`Originals` keeps each module attribute and global as the program first read it (the
 binding, and a shallow copy of each list, dict and user object's attributes it holds, at any
 depth: ``self.state.scale = t`` on a plain object, a dataclass or a ``SimpleNamespace``), and
@@ -102,6 +102,10 @@ class Originals:
             for k, x in copied.items():
                 more = (*names, k) if isinstance(k, str) else names
                 stack.append((x, more, depth + 1))
+
+    def namespaces(self) -> list[MutableMapping[str, Any]]:
+        """Each namespace (a module's ``__dict__``, globals) the program read a name of."""
+        return list({id(ns): ns for ns, _, _ in self._seen.values()}.values())
 
     def changes(self) -> list[Store]:
         """The stores the program made into what it read: bindings first, then contents."""

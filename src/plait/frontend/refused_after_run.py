@@ -2,7 +2,8 @@
 program's Python ran to its end.
 
 Most refusals come while the program runs (a read of tensor data, a call with no capture rule):
-its Python stopped there, and the call runs eagerly from the start. One comes after it ran to
+its Python stopped there, and the call goes on eagerly from there where it can
+(:mod:`plait.frontend.continuation`), else runs eagerly from the start. One comes after it ran to
 its end: :meth:`plait.frontend.pyreads.PyReads.finish` refuses a program that changes Python
 values it reads (``self.calls += 1``, a list it appends to, a global counter), or reads one no
 guard can check. That refusal concerns the calls after this one (a compiled program would not
@@ -24,8 +25,7 @@ NOTE: not for
   tensor stored in an input object it passes as it is);
 - a capture that ran the program's Python before (a restart with sizes made static, or a
   resample computing every call, ``capture_program`` says so with ``first=False``): its side
-  effects happened more than once already, and so does a refusal while the program runs for
-  what ran before it (docs/capture.md, "Known limitation").
+  effects happened more than once already (docs/capture.md, "Known limitation").
 """
 
 from __future__ import annotations

@@ -77,6 +77,7 @@ class RngTracker:
         NOTE: one draw first (capture restores the generator afterwards), so the state the
         program starts from is never that of a fresh manual_seed: a state equal to one is
         then the program's own seeding, never a restore of the caller's state."""
+        self.caller = cpu_state()  # NOTE: the caller's, for a call that continues eagerly
         if draw:
             torch.rand(1)
         self.expected = cpu_state()
@@ -134,6 +135,17 @@ class RngTracker:
     def draws(self) -> bool:
         """Whether the generator moved since the last accounted state (for opaque calls)."""
         return not _same(cpu_state(), self.expected)
+
+    def untouched(self) -> bool:
+        """Whether nothing moved the generators since the capture started (no draw, no seed,
+        no state set), the CUDA ones included."""
+        cuda = _cuda_states()
+        return (
+            len(self.history) == 1
+            and not self.draws()
+            and (cuda is None) == (self.cuda is None)
+            and all(_same(a, b) for a, b in zip(cuda or (), self.cuda or ()))
+        )
 
     # --- internals ---------------------------------------------------------------------------
     def _moved(self, cx: CaptureContext, now: torch.Tensor, value: Any) -> None:

@@ -37,6 +37,10 @@ _LOCAL = threading.local()
 
 def _set(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     cx = getattr(_LOCAL, "cx", None)
+    if cx is not None and cx.continued:  # NOTE: the call goes on eagerly, on the samples
+        from plait.frontend.continuation import plain
+
+        return _ORIGINAL(plain(self), *plain(args), **plain(kwargs))
     if cx is not None and any(isinstance(a, Tracer) for a in (self, *args, *kwargs.values())):
         cx.current = "Tensor.set_"
         cx.limitation(

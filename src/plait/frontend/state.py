@@ -132,11 +132,14 @@ class ModuleState:
             raise
 
     @contextmanager
-    def swapped(self, tensors: Sequence[Any]) -> Iterator[None]:
+    def swapped(
+        self, tensors: Sequence[Any], keep: Callable[[], bool] = lambda: False
+    ) -> Iterator[None]:
         """Put ``tensors[i]`` in every slot of entry ``i`` for the duration; restore after.
 
         NOTE: raises when the program assigned another tensor to a slot meanwhile (state the
-        capture could not roll back)."""
+        capture could not roll back), unless ``keep()`` (a call that went on eagerly: the
+        assignment is eager's, and stays)."""
         saved = [(e, self._tables(e)) for e in self.entries]
         originals = [e.get() for e in self.entries]
         for (_, tables), t in zip(saved, tensors):
@@ -150,8 +153,10 @@ class ModuleState:
                 for table, attr in tables:
                     if table.get(attr) is not t:
                         reassigned.append(entry.path)
+                        if keep():
+                            continue
                     table[attr] = orig
-        if reassigned:
+        if reassigned and not keep():
             raise GraphCaptureError(
                 "module state",
                 f"the program assigned new tensors to {sorted(set(reassigned))}; "

@@ -26,12 +26,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import sympy
 import torch
 from torch.overrides import TorchFunctionMode
 
 from plait.frontend import datadep, pytree, stride_choices
 from plait.frontend.capture_values import CaptureValues, Tracer
+from plait.frontend.constant_reads import NOT_CONSTANT, constant_read
+from plait.frontend.late_values import compute_or_resample
 from plait.frontend.op_names import op_name
 from plait.frontend.opaque import run_opaque
 from plait.frontend.set_storage import refusing_set
@@ -41,7 +42,6 @@ from plait.frontend.unsampled import SKIPPED, overwrites_garbage, probe, skippab
 from plait.frontend.views import ViewStep, storage_id
 from plait.frontend.writes import partial_overlap, write_targets
 from plait.ir import TensorType, Value
-from plait.ir.ops import get_op
 
 _HINT_FULLGRAPH = (
     "plait captures whole graphs; with fullgraph=False, plait.compile runs such a program "
@@ -145,7 +145,7 @@ class CaptureContext(CaptureValues):
         try:
             with _Mode(self), refusing_set(self):
                 yield
-            if self.grad_enabled != self.ambient_grad:
+            if self.grad_enabled != self.ambient_grad and not self.continued:
                 self.limitation(
                     f"the program leaves grad mode {self.grad_enabled} (it was "
                     f"{self.ambient_grad}); a compiled call would not change it"
@@ -153,7 +153,8 @@ class CaptureContext(CaptureValues):
         finally:
             pop_sink(self)
             CaptureValues.active = prev
-            torch._C._set_grad_enabled(self.ambient_grad)  # NOTE: even when capture failed
+            if not self.continued:  # NOTE: eager leaves what the program set, once it continued
+                torch._C._set_grad_enabled(self.ambient_grad)  # NOTE: even when capture failed
 
     # --- dispatch --------------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -162,6 +163,8 @@ class CaptureContext(CaptureValues):
         # arguments are plain values: it runs only PyTorch's and plait's code (a user object's
         # __index__ or __float__ is the program's code, and a call with no rule may run a user
         # op's Python). They see the rest from before anything reads the arguments.
+        if self.continuation is not None and self.continuation.on:
+            return self.continuation.call(func, args, kwargs)
         reads = self.reads
         paused = reads is not None and type(func) in _PLAIN_FUNCS and reads.pause()
         try:
@@ -215,6 +218,8 @@ class CaptureContext(CaptureValues):
                     reads.pause()  # type: ignore[union-attr]
                 if late:
                     reads.resume()  # type: ignore[union-attr]
+            if self.continued:  # NOTE: this call (a refused read) went on eagerly
+                return result
             if self.unbacked:
                 datadep.check_new_nodes(self, first)
             if rule is None or rule.kind != "meta":  # NOTE: a metadata read computes nothing
@@ -260,50 +265,27 @@ class CaptureContext(CaptureValues):
             found: list[Tracer] = []
             self.unwrap((args, kwargs), found)
             if self.unsampled.holds(t._plain for t in found):
-                self.resample(f"{self.current} reads values capture did not compute")
+                compute_or_resample(self, f"{self.current} reads values capture did not compute")
         if rule is None:
             return run_opaque(self, func, args, kwargs)
         if rule.kind == "meta":
             assert rule.fn is not None
             return rule.fn(self, *args, **kwargs)
         if rule.kind == "data":
-            folded = self._constant_read(func, args, kwargs)
-            if folded is not _NOT_CONSTANT:
+            folded = constant_read(self, func, args, kwargs)
+            if folded is not NOT_CONSTANT:
                 return folded
-            self.fail(
+            err = self.error_of(
                 "data-dependent",
                 f"{rule.what} reads tensor data; a graph cannot branch on or "
                 "export the values it computes",
                 _HINT_FULLGRAPH,
             )
+            if self.continuation is not None and self.continuation.begin(self, err):
+                return self.continuation.call(func, args, kwargs)
+            self.error = self.error or err
+            raise err
         return self.run_op(rule, func, args, kwargs)
-
-    def _constant_read(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """A read of tensor data whose tensors the graph computes from no input (only from
-        constant factories such as ``arange`` of static sizes, through deterministic ops): the
-        value is the same on every call of this specialization, so the read is that value (a
-        Python value; a tensor result is not folded). Else ``_NOT_CONSTANT``. Tensors computed
-        from symbolic sizes alone (``arange(x.shape[-1])``) restart the capture with those
-        sizes static, where the read is such a constant."""
-        found: list[Tracer] = []
-        self.unwrap((args, kwargs), found)
-        syms: set[sympy.Symbol] = set()
-        for t in found:
-            used = _sizes_only(self.value(t))
-            if used is None:
-                return _NOT_CONSTANT
-            syms |= used
-        if not found:
-            return _NOT_CONSTANT
-        if syms:
-            bound = syms & set(self.bindings)
-            if bound:
-                self.restart(bound, f"{self.current} reads a tensor computed from these sizes")
-            return _NOT_CONSTANT
-        out, _ = self.sample(func, args, kwargs)
-        if any(isinstance(x, torch.Tensor) for x in pytree_leaves(out)):
-            return _NOT_CONSTANT
-        return out
 
     def unwrap(self, x: Any, found: list[Tracer]) -> Any:
         cls = type(x)
@@ -346,6 +328,10 @@ class CaptureContext(CaptureValues):
         self._refuse_unstrided(func, out)
         if garbage:
             assert unsampled is not None
+            if unsampled.replay is not None:
+                plains = [t._plain for t in found]
+                computed = [not unsampled.holds([p]) for p in plains]
+                unsampled.replay.ran(func, pargs, pkwargs, out, plains, computed, versions)
             unsampled.add(out)  # NOTE: in-place calls return their target: it is garbage too
             # NOTE: and every tensor the call wrote: ``buf[:] = y`` returns None; a training
             # batch norm's running stats are written without a version bump, and its rule
@@ -409,6 +395,9 @@ class CaptureContext(CaptureValues):
             out = torch.empty(shape, dtype=ty.dtype, device=ty.device)
             unsampled.add(out)
         unsampled.calls += 1
+        if unsampled.replay is not None:
+            computed = [p for p in plains if not unsampled.holds([p])]
+            unsampled.replay.skipped(func, pargs, pkwargs, out, computed, fresh=empty is not None)
         grad = rule.grad and self.grad_enabled and any(t._rg for t in found)
         return self.wrap(ir, out, found, grad)
 
@@ -554,33 +543,6 @@ def _aliased(out: torch.Tensor, inputs: list[Tracer]) -> Tracer | None:
         if storage_id(t._plain) == ptr:
             return t
     return None
-
-
-_NOT_CONSTANT = object()
-
-
-def _sizes_only(value: Value) -> set[sympy.Symbol] | None:
-    """The size symbols ``value`` is computed from when it is computed from no graph input and
-    no random op (its types, operands and attributes may be symbolic); else None. An empty set:
-    from constants of this specialization alone."""
-    stack, seen, syms = [value], set(), set()
-    while stack:
-        v = stack.pop()
-        if v.kind is not None or not isinstance(v.type, TensorType):
-            return None
-        syms |= {s for d in v.type.shape if isinstance(d, sympy.Basic) for s in d.free_symbols}
-        node = v.producer
-        if node is None or node.id in seen:
-            continue
-        seen.add(node.id)
-        if get_op(node.op).is_random(node.attrs):
-            return None
-        for operand in (*node.inputs, *node.attrs.values()):
-            if isinstance(operand, Value):
-                stack.append(operand)
-            elif isinstance(operand, sympy.Basic):
-                syms |= operand.free_symbols
-    return syms
 
 
 def pytree_leaves(x: Any) -> Iterator[Any]:

@@ -18,8 +18,9 @@ NOTE: invariants.
 - Nothing reads unsampled values: a data read (``item``, ``bool``, ``torch.equal``), a call
   with no capture rule (an opaque node or an ATen trace, which run Python on the
   values), a size that depends on the values and any rule that cannot lower the call raise
-  :class:`Resample`, and ``capture_program`` captures again computing every call. The graph of
-  a capture that finishes is therefore the one a computing capture gives.
+  :class:`Resample`, and ``capture_program`` captures again computing every call (a data read
+  or a call with no rule first computes them where it can: :mod:`plait.frontend.late_values`).
+  The graph of a capture that finishes is therefore the one a computing capture gives.
 
 Example:
     >>> import torch
@@ -34,12 +35,15 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from plait.frontend.views import storage_id
+
+if TYPE_CHECKING:
+    from plait.frontend.late_values import Replay
 
 # NOTE: each returns a fresh tensor, writes nothing and draws no random numbers; for row-major
 # CPU operands its result is row-major (batch_norm only in inference mode, checked below)
@@ -69,6 +73,9 @@ class Unsampled:
         self.tried = False
         # NOTE: up while a call that read garbage is lowered: what its rule writes is garbage
         self.writing = False
+        # NOTE: the calls to run again where the program reads garbage, where capture may
+        # compute it then instead of capturing again (plait.frontend.late_values)
+        self.replay: Replay | None = None
 
     def __bool__(self) -> bool:
         return self.tried or bool(self.storages)

@@ -3,6 +3,9 @@ regions it ran compiled (as captured, opaque nodes apart), the *eager* ops are t
 that ran outside any compiled region (counted by a ``TorchDispatchMode``); both are measured on
 the first call that runs the root's plan (:meth:`OpCounts.measuring`), and again on the next one
 after a region's calls began to run another way (split for hooks below it, or whole again).
+A call in which a region's capture ran its Python (it went on eagerly from a refusal,
+:mod:`plait.frontend.continuation`) counted none of that region's ops: it is measured again on
+the next call (:meth:`OpCounts.uncounted`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class _OpCounter(TorchDispatchMode):
         super().__init__()
         self.where: list[str | None] = []
         self.eager: Counter[str] = Counter()
+        self.missed = False  # NOTE: a region's ops ran uncounted (OpCounts.uncounted)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self.where and self.where[-1] is not None:
@@ -50,6 +54,15 @@ class OpCounts:
         opaque = sum(1 for n in graph.nodes if n.op == "opaque")
         self.compiled_ops[path] += len(graph.nodes) - opaque
         self.opaque_ops[path] += opaque
+
+    def uncounted(self) -> None:
+        """A region's call ran its Python at capture, its ops uncounted, and its calls run
+        another way from now on (split): the measurement this call runs is not kept, and one
+        kept already is measured again on the next call of the root's plan."""
+        if self.counter is not None:
+            self.counter.missed = True
+        else:
+            self.measured = None
 
     @contextlib.contextmanager
     def counting(self, path: str | None) -> Iterator[None]:
@@ -82,7 +95,7 @@ class OpCounts:
             ok = True
         finally:
             self.counter = None
-            if ok:
+            if ok and not counter.missed:
                 self.measured = {
                     "eager": dict(counter.eager),
                     "compiled": dict(self.compiled_ops),

@@ -45,6 +45,7 @@ class RegionPlan:
         self.tree = tree
         self.module = module
         self.path = path
+        self.runs = 0  # NOTE: none yet: the call that made it went on eagerly, its regions wait
 
     def _dispatcher(self, module: nn.Module, prev: Any) -> Callable[..., Any]:
         original = _bound_forward(module, prev)
@@ -65,6 +66,7 @@ class RegionPlan:
             measure = tree.measuring() if self.module is tree.root else contextlib.nullcontext()
             with measure:
                 installed = self._install()
+                self.runs += 1
                 active = _active()
                 active.append(self)
                 try:

@@ -103,6 +103,8 @@ class RegionTree(BlockSharing, OpCounts):
         # engine's regions and boundaries are not reported
         live = {id(m): name for name, m in self.root.named_modules()}
         engines = [e for e in self.order if live.get(id(e.fn)) == e.path]
+        rank = {name: k for k, name in enumerate(live.values())}
+        engines.sort(key=lambda e: rank[e.path])  # NOTE: in module order, as made or not
         artifact_users: dict[int, list[str]] = {}
         for e in engines:
             for s in e.specializations if e.hooked is None else ():  # NOTE: runs split now
@@ -110,6 +112,11 @@ class RegionTree(BlockSharing, OpCounts):
                     artifact_users.setdefault(id(s.compiled), []).append(e.path)
         regions: list[dict[str, Any]] = []
         boundaries: list[dict[str, Any]] = []
+        # NOTE: a module whose call fell back and went on eagerly from the refusal: its regions
+        # are captured and compiled from its next call (docs/capture.md)
+        pending = [
+            e.path for e in [root_engine, *engines] if e.regions is not None and not e.regions.runs
+        ]
         for e in [root_engine, *engines]:
             for s in e.specializations:
                 if s.executor is None and s.fallback_reason is not None:
@@ -161,6 +168,7 @@ class RegionTree(BlockSharing, OpCounts):
         return {
             "regions": regions,
             "boundaries": boundaries,
+            "pending": pending,
             "ops": {
                 "measured": self.measured is not None,
                 "compiled": total_c,

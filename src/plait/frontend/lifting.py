@@ -1,0 +1,75 @@
+"""The graph inputs a capture starts from: the call's tensors (each traced through a clone of
+its own) and the module's parameters (traced in place) and buffers (through clones)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from plait.frontend.capture_values import Tracer
+from plait.frontend.state import ModuleState
+from plait.frontend.tracer import CaptureContext
+
+
+def _input_name(path: str, taken: set[str]) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", path).strip("_") or "arg"
+    base, n = name, 1
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def lift_user_inputs(cx: CaptureContext, leaves: list[Any], paths: list[str]) -> list[Any]:
+    out = list(leaves)
+    taken: set[str] = set()
+    for i, (leaf, path) in enumerate(zip(leaves, paths)):
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        if isinstance(leaf, Tracer):
+            cx.limitation("a tensor from a running capture was passed to another capture")
+        if leaf.requires_grad and not leaf.is_leaf:
+            cx.nonleaf_inputs.add(i)
+        ir_shape, exprs = cx.input_dims(i, path, leaf.shape)
+        cx.current = f"input {path}"
+        ty = cx.type_of_plain(leaf).with_shape(ir_shape)
+        with torch._C.DisableTorchFunction():
+            sample = leaf.detach().clone()
+        tr = cx.lift_input(
+            sample,
+            kind="user",
+            name=_input_name(path, taken),
+            ref=i,
+            writeback=True,
+            requires_grad=leaf.requires_grad,
+            ir_type=ty,
+        )
+        tr._dim_exprs = exprs
+        out[i] = tr
+    cx.current = "<capture>"
+    return out
+
+
+def lift_state(cx: CaptureContext, ms: ModuleState | None) -> tuple[list[Tracer], list[Any]]:
+    if ms is None:
+        return [], []
+    tensors = ms.fetch()
+    tracers: list[Tracer] = []
+    for k, (entry, t) in enumerate(zip(ms.entries, tensors)):
+        with torch._C.DisableTorchFunction():
+            # NOTE: parameters are traced in place (their writes are refused); buffers through
+            # clones, so BatchNorm's running statistics stay untouched by capture.
+            sample = t.detach() if entry.kind == "param" else t.detach().clone()
+        tracers.append(
+            cx.lift_input(
+                sample,
+                kind=entry.kind,
+                name=entry.path,
+                ref=k,
+                writeback=entry.kind == "buffer",
+                requires_grad=t.requires_grad,
+            )
+        )
+    return tracers, tensors
