@@ -28,6 +28,9 @@ from torch.nn.modules import module as nn_module
 
 from plait import logs
 from plait.errors import GraphCaptureError, InvalidOptionError
+
+# NOTE: continuation is loaded with capture (its one user imports it late), not by a first call
+from plait.frontend import continuation as _continuation  # noqa: F401
 from plait.frontend import datadep, output_views, pytree, stride_choices
 from plait.frontend.capture_values import Lift, Restart, Tracer
 from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
