@@ -9,7 +9,10 @@ partitioners choose what to save:
 - ``min-cut``: cheap pointwise and view nodes may be recomputed in the backward from other saved
   values; the saved set is a minimum cut (in bytes) of the forward's dataflow between what must
   run in the forward and what the backward reads. It never saves more bytes than ``save-all``
-  (the ``save-all`` set is one of the cuts it minimizes over).
+  (the ``save-all`` set is one of the cuts it minimizes over). With ``renormalize`` (the Triton
+  target), a training batch norm's normalized result is recomputable too, as pointwise
+  arithmetic of its input and batch statistics (:mod:`plait.autograd.renormalize`): the ReLU
+  after it need not be saved.
 
 Invariant (checked): the backward reads only saved values and cotangents.
 
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import networkx as nx
@@ -45,6 +48,7 @@ import sympy
 import torch
 
 from plait.autograd.joint import Joint
+from plait.autograd.renormalize import Chain, fold_normalize_chains, with_normalize_chains
 from plait.errors import InvalidOptionError, PlaitCompileError
 from plait.ir.graph import Graph, Node, Operand, Value
 from plait.ir.ops import Category, get_op
@@ -65,13 +69,15 @@ class PartitionError(PlaitCompileError, ValueError):
 class Partition:
     """``forward``: the joint's forward inputs; its outputs, then ``saved``. ``backward``:
     ``saved`` then the cotangents; the gradients. ``recomputed``: node ids the backward computes
-    again instead of reading them saved."""
+    again instead of reading them saved. ``renormalized``: the batch-norm nodes whose normalized
+    result the backward computes again (:mod:`plait.autograd.renormalize`)."""
 
     forward: Graph
     backward: Graph
     saved: list[Value]
     recomputed: list[int]
     partitioner: str
+    renormalized: list[int] = field(default_factory=list)
 
     @property
     def saved_bytes(self) -> int:
@@ -94,12 +100,19 @@ def value_bytes(v: Value) -> int:
     return n * t.dtype.itemsize
 
 
-def partition(joint: Joint, partitioner: str = "min-cut") -> Partition:
-    """Split ``joint`` into a forward and a backward graph (see the module doc)."""
+def partition(joint: Joint, partitioner: str = "min-cut", renormalize: bool = False) -> Partition:
+    """Split ``joint`` into a forward and a backward graph (see the module doc). ``renormalize``
+    (min-cut only): a training batch norm's normalized result may be computed again in the
+    backward from its saved input and batch statistics (:mod:`plait.autograd.renormalize`; the
+    Triton target's choice: the forward's kernel computes it in the same order)."""
     if partitioner not in PARTITIONERS:
         raise InvalidOptionError(
             f"unknown partitioner {partitioner!r}; known: {list(PARTITIONERS)}"
         )
+    chains: list[Chain] = []
+    if renormalize and partitioner == "min-cut":
+        graph, n_forward, chains = with_normalize_chains(joint.graph, joint.n_forward_nodes)
+        joint = replace(joint, graph=graph, n_forward_nodes=n_forward)
     g = joint.graph
     fwd_outputs = [o for o in g.outputs[: joint.n_outputs] if isinstance(o, Value)]
     forward_nodes = _needed(g, fwd_outputs, stop=set())
@@ -108,6 +121,10 @@ def partition(joint: Joint, partitioner: str = "min-cut") -> Partition:
     else:
         saved = _min_cut(g, joint, forward_nodes)
     part = _split(joint, saved, partitioner)
+    if chains:
+        part.forward = fold_normalize_chains(part.forward, chains)
+        bwd = {n.id for n in part.backward.nodes}
+        part.renormalized = [c.source for c in chains if c.last in bwd]
     _refuse_unbound_unbacked(part.backward)
     return carry_symbols(part, g)
 

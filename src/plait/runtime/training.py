@@ -74,6 +74,7 @@ class TrainingProgram:
             ],
             "saved_bytes": p.saved_bytes,
             "recomputed_nodes": p.recomputed,
+            "renormalized_batch_norms": p.renormalized,
             "forward_nodes": len(self.forward_graph.nodes),
             "backward_nodes": len(self.backward_graph.nodes),
             "wrt": [self.graph.inputs[i].name for i in self.run.grads],
@@ -161,7 +162,11 @@ def compile_training(
     joint = build_joint(prepared, wrt, differentiable_outputs)
     seconds["joint"] = time.perf_counter() - start
     start = time.perf_counter()
-    part = partition(joint, partitioner)
+    # NOTE: on the Triton target a batch norm's normalized result may be recomputed in the
+    # backward (plait.autograd.renormalize): GPU memory held between the halves, at the cost
+    # of a pointwise pass the backward's kernels fuse; the CPU keeps saving it
+    triton = resolve_target(prepared, options or StaxOptions()) == "triton"
+    part = partition(joint, partitioner, renormalize=triton)
     _static_handoff(part)
     seconds["partition"] = time.perf_counter() - start
     start = time.perf_counter()
