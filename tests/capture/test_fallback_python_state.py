@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import torch
@@ -22,9 +20,7 @@ from torch import nn
 
 import plait
 from plait.errors import CaptureFallbackWarning, GraphCaptureError
-from tests.util import contract_tol
-
-TOL = contract_tol("model", torch.float32)
+from tests.capture.lockstep import TOL, inputs, lockstep
 
 
 class Counter(nn.Module):
@@ -38,33 +34,13 @@ class Counter(nn.Module):
         return self.lin(x) * self.calls
 
 
-def _inputs(n: int, seed: int, rows: int = 2) -> Iterator[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(n):
-        yield torch.randn(rows, 4, generator=gen)
-
-
-def _lockstep(
-    model: nn.Module, check: Callable[[nn.Module, nn.Module], None], calls: int = 4, **compile: Any
-) -> None:
-    """``model`` compiled and an eager twin (a deep copy) called alike on fresh inputs: equal
-    outputs, and ``check(model, twin)`` after each call."""
-    twin = copy.deepcopy(model)
-    compiled = plait.compile(model, options={"cache": False}, **compile)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", CaptureFallbackWarning)
-        for x in _inputs(calls, seed=1):
-            torch.testing.assert_close(compiled(x), twin(x), **TOL)
-            check(model, twin)
-
-
 def test_a_refused_counter_counts_each_call_once() -> None:
     torch.manual_seed(0)
 
     def same_count(model: nn.Module, twin: nn.Module) -> None:
         assert model.calls == twin.calls
 
-    _lockstep(Counter().eval(), same_count)
+    lockstep(Counter().eval(), same_count)
 
 
 def test_the_call_that_captured_warns_and_later_calls_run_eagerly() -> None:
@@ -95,7 +71,7 @@ def test_a_refused_list_log_gets_one_entry_per_call() -> None:
     def same_log(model: nn.Module, twin: nn.Module) -> None:
         assert model.log == twin.log
 
-    _lockstep(Logged().eval(), same_log)
+    lockstep(Logged().eval(), same_log)
 
 
 STEPS = 0
@@ -120,7 +96,7 @@ def test_a_refused_global_counter_steps_once_per_call() -> None:
     STEPS = 0
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", CaptureFallbackWarning)
-        for step, x in enumerate(_inputs(4, seed=1), start=1):
+        for step, x in enumerate(inputs(4, seed=1), start=1):
             got = compiled(x)
             assert step == STEPS
             torch.testing.assert_close(got, model.lin(x) + step, **TOL)
@@ -148,7 +124,7 @@ def test_a_buffer_written_in_place_is_written_once_by_the_refused_call() -> None
         assert model.calls == twin.calls
         torch.testing.assert_close(model.total, twin.total, **TOL)
 
-    _lockstep(CountedStatistics().eval(), same_state)
+    lockstep(CountedStatistics().eval(), same_state)
 
 
 class CountsIntoCache(Counter):
@@ -167,7 +143,7 @@ def test_an_input_dict_the_refused_call_fills_is_the_callers() -> None:
     compiled = plait.compile(model, options={"cache": False})
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", CaptureFallbackWarning)
-        for x in _inputs(3, seed=5):
+        for x in inputs(3, seed=5):
             got_cache: dict[str, torch.Tensor] = {}
             want_cache: dict[str, torch.Tensor] = {}
             torch.testing.assert_close(compiled(x, got_cache), twin(x, want_cache), **TOL)
@@ -197,7 +173,7 @@ def test_a_refused_training_call_with_grad_matches_eager() -> None:
     compiled = plait.compile(model, options={"cache": False})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CaptureFallbackWarning)
-        for k, x in enumerate(_inputs(3, seed=4, rows=6)):
+        for k, x in enumerate(inputs(3, seed=4, rows=6)):
             torch.manual_seed(100 + k)
             got = compiled(x)
             torch.manual_seed(100 + k)
@@ -232,7 +208,7 @@ def test_a_refused_region_counts_each_call_once() -> None:
     def same_count(model: nn.Module, twin: nn.Module) -> None:
         assert model.child.calls == twin.child.calls
 
-    _lockstep(Parent().eval(), same_count)
+    lockstep(Parent().eval(), same_count)
 
 
 def test_fullgraph_raises_at_the_line_that_changes_the_value() -> None:
@@ -266,7 +242,7 @@ def test_a_refused_program_that_stores_its_tensor_runs_eagerly_once() -> None:
         assert len(model.outs) == len(twin.outs)
         torch.testing.assert_close(model.outs[-1], twin.outs[-1], **TOL)
 
-    _lockstep(OutputLog().eval(), same_log)
+    lockstep(OutputLog().eval(), same_log)
 
 
 class CountsThenReads(Counter):
@@ -282,7 +258,7 @@ def test_a_counter_refused_while_it_runs_counts_each_call_once() -> None:
     def same_count(model: nn.Module, twin: nn.Module) -> None:
         assert model.calls == twin.calls
 
-    _lockstep(CountsThenReads().eval(), same_count)
+    lockstep(CountsThenReads().eval(), same_count)
 
 
 class CountsThenSorts(Counter):
@@ -300,7 +276,7 @@ def test_a_resampled_refused_counter_counts_each_call_once() -> None:
     def same_count(model: nn.Module, twin: nn.Module) -> None:
         assert model.calls == twin.calls
 
-    _lockstep(CountsThenSorts().eval(), same_count)
+    lockstep(CountsThenSorts().eval(), same_count)
 
 
 class HookedOnce(nn.Module):
@@ -331,4 +307,4 @@ def test_an_install_once_hook_records_each_output_once() -> None:
         assert len(model.seen) == len(twin.seen) == 1
         torch.testing.assert_close(model.seen[0], twin.seen[0], **TOL)
 
-    _lockstep(HookedOnce().eval(), one_record, calls=3)
+    lockstep(HookedOnce().eval(), one_record, calls=3)

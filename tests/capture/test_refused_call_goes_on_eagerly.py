@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -22,29 +21,7 @@ import plait
 from plait.errors import CaptureFallbackWarning, GraphCaptureError
 from plait.frontend import capture_program
 from plait.frontend.capture_values import Tracer
-from tests.util import contract_tol
-
-TOL = contract_tol("model", torch.float32)
-
-
-def _inputs(n: int, seed: int, rows: int = 3) -> Iterator[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(n):
-        yield torch.randn(rows, 4, generator=gen)
-
-
-def _lockstep(
-    model: nn.Module, check: Callable[[nn.Module, nn.Module], None], calls: int = 4
-) -> None:
-    """``model`` compiled and its eager twin called alike under ``no_grad``: outputs equal and
-    ``check(model, twin)`` after each call."""
-    twin = copy.deepcopy(model)
-    compiled = plait.compile(lambda x: model(x), options={"cache": False})
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", CaptureFallbackWarning)
-        for x in _inputs(calls, seed=3):
-            torch.testing.assert_close(compiled(x), twin(x), **TOL)
-            check(model, twin)
+from tests.capture.lockstep import TOL, inputs, lockstep
 
 
 def _tracers(x: Any, seen: set[int] | None = None, depth: int = 0) -> list[str]:
@@ -82,7 +59,7 @@ def test_a_list_appended_before_the_refusal_gets_one_entry_per_call() -> None:
     def same_log(model: nn.Module, twin: nn.Module) -> None:
         assert model.log == twin.log
 
-    _lockstep(Logged().eval(), same_log)
+    lockstep(Logged().eval(), same_log, seed=3, rows=3, as_function=True)
 
 
 STEPS = 0
@@ -108,7 +85,7 @@ def test_a_global_counter_stepped_before_the_refusal_steps_once_per_call() -> No
     STEPS = 0
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", CaptureFallbackWarning)
-        for step, x in enumerate(_inputs(4, seed=1), start=1):
+        for step, x in enumerate(inputs(4, seed=1, rows=3), start=1):
             got = compiled(x)
             assert step == STEPS
             y = model.lin(x)
@@ -143,7 +120,7 @@ def test_buffer_and_input_writes_before_the_refusal_are_made_once() -> None:
     compiled = plait.compile(lambda x: model(x), options={"cache": False})
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", CaptureFallbackWarning)
-        for x in _inputs(4, seed=2):
+        for x in inputs(4, seed=2, rows=3):
             mine, theirs = x.clone(), x.clone()
             torch.testing.assert_close(compiled(mine), twin(theirs), **TOL)
             torch.testing.assert_close(mine, theirs, **TOL)
@@ -216,7 +193,7 @@ def test_with_grad_mode_on_the_call_runs_eagerly_as_eager_differentiates() -> No
     compiled = plait.compile(lambda x: model(x), options={"cache": False})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CaptureFallbackWarning)
-        for x in _inputs(3, seed=4):
+        for x in inputs(3, seed=4, rows=3):
             got, want = compiled(x), twin(x)
             torch.testing.assert_close(got, want, **TOL)
             got.square().sum().backward()
@@ -263,7 +240,7 @@ def test_a_counter_counts_each_call_once(model: type[nn.Module]) -> None:
     def same_count(m: nn.Module, twin: nn.Module) -> None:
         assert m.calls == twin.calls
 
-    _lockstep(model().eval(), same_count)
+    lockstep(model().eval(), same_count, seed=3, rows=3, as_function=True)
 
 
 def test_a_compiled_module_counts_each_call_once() -> None:
@@ -273,6 +250,6 @@ def test_a_compiled_module_counts_each_call_once() -> None:
     compiled = plait.compile(model, options={"cache": False})
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", CaptureFallbackWarning)
-        for x in _inputs(3, seed=6):
+        for x in inputs(3, seed=6, rows=3):
             torch.testing.assert_close(compiled(x), twin(x), **TOL)
             assert model.calls == twin.calls
