@@ -253,3 +253,32 @@ def test_a_compiled_module_counts_each_call_once() -> None:
         for x in inputs(3, seed=6, rows=3):
             torch.testing.assert_close(compiled(x), twin(x), **TOL)
             assert model.calls == twin.calls
+
+
+class WritesThroughData(nn.Module):
+    """Writes its input through ``.data`` (its own version counter) after a linear capture left
+    uncomputed, then reads the linear's result: computed on the input as the linear read it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        y = self.lin(x)
+        x.data.mul_(3)
+        return y * 2 if bool(y.sum() > 0) else y - x
+
+
+def test_a_write_through_data_after_a_skipped_call_keeps_the_value_it_read() -> None:
+    torch.manual_seed(0)
+    model = WritesThroughData().eval()
+    twin = copy.deepcopy(model)
+    compiled = plait.compile(lambda x: model(x), options={"cache": False})
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", CaptureFallbackWarning)
+        for x in inputs(3, seed=5, rows=3):
+            mine, theirs = x.clone(), x.clone()
+            torch.testing.assert_close(compiled(mine), twin(theirs), **TOL)
+            torch.testing.assert_close(mine, theirs, **TOL)

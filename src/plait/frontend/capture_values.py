@@ -496,6 +496,8 @@ class CaptureValues:
         if self.ambient_grad and not self.grad_enabled:
             new = self.call("detach", new)  # NOTE: a write inside `torch.no_grad()`
         tr = self.tracer(target)
+        if self.unsampled is not None and self.unsampled.replay is not None:
+            self.unsampled.replay.wrote(tr._plain)  # NOTE: `.data` has a version of its own
         if self.unsampled is not None and self.unsampled.writing:
             if self.unsampled.replay is not None and not self.unsampled.holds([tr._plain]):
                 self.unsampled.replay.stop(f"{self.current} wrote a computed tensor with garbage")

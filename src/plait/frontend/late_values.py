@@ -12,7 +12,8 @@ same operands: eager's values), so that capture goes on with every value compute
 Python runs once.
 
 NOTE: invariants. Replayed in recording order, each call sees its operands as they were when it
-ran: an operand it read computed must be unchanged since (its ``_version``), and every write to
+ran: an operand it read computed must be unchanged since (its ``_version``, and no write to its
+storage: one through ``.data`` keeps a version of its own), and every write to
 an uncomputed tensor is itself a recorded call. Not replayed (the capture computes every call
 again, as before): a call that wrote uncomputed values into a computed tensor (its earlier
 values are gone), a capture whose random number generator moved (a draw would not repeat), a
@@ -70,6 +71,7 @@ class Replay:
         self.held = 0
         self.skips = 0  # NOTE: calls left uncomputed among them
         self.broken: str | None = None
+        self.read: set[int] = set()  # NOTE: the storages recorded calls read computed
 
     def _record(self, call: _Call) -> None:
         if self.broken is not None:
@@ -79,11 +81,13 @@ class Replay:
             self.stop(f"the calls left uncomputed hold more than {LIMIT >> 20} MiB of results")
             return
         self.calls.append(call)
+        self.read.update(storage_id(t) for t, _ in call.computed)
 
     def stop(self, why: str) -> None:
         """Nothing is replayed from now on (``why``: the reason a read resamples)."""
         self.broken = self.broken or why
         self.calls.clear()
+        self.read.clear()
 
     def skipped(
         self, func: Any, pargs: Any, pkwargs: dict, out: torch.Tensor, computed: list[Any], *,
@@ -94,6 +98,12 @@ class Replay:
         self.skips += 1
         kept = [(t, t._version) for t in computed]
         self._record(_Call(func, pargs, pkwargs, [(0, out)] if fresh else [], kept))
+
+    def wrote(self, t: torch.Tensor) -> None:
+        """The program wrote ``t`` in place: a recorded call that read its storage computed
+        would read the new values (a write through ``.data`` bumps no version it kept)."""
+        if storage_id(t) in self.read:
+            self.stop("a call left uncomputed reads a tensor written since")
 
     def ran(
         self,
@@ -140,6 +150,7 @@ class Replay:
                 for i, t in call.fresh:
                     t.copy_(results[i])
         self.calls.clear()
+        self.read.clear()
         self.held = 0
         return None
 
