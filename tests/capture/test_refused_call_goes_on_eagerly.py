@@ -282,3 +282,51 @@ def test_a_write_through_data_after_a_skipped_call_keeps_the_value_it_read() -> 
             mine, theirs = x.clone(), x.clone()
             torch.testing.assert_close(compiled(mine), twin(theirs), **TOL)
             torch.testing.assert_close(mine, theirs, **TOL)
+
+
+class ReadsItsBuffer(nn.Module):
+    """Called with a view of its own buffer, which it writes before it reads the buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("total", torch.arange(4.0))
+        self.calls = 0
+
+    def forward(self, part: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        part.add_(1)
+        y = self.total * 3
+        if bool(y.sum() > 0):
+            self.total.mul_(2)
+        return y
+
+
+def test_an_input_that_views_a_buffer_it_writes_reads_the_write() -> None:
+    """The samples of the input and the buffer are copies of their own: the call runs eagerly
+    from the start (its Python before the refusal twice), as the alias guard would have it."""
+    model = ReadsItsBuffer().eval()
+    twin = copy.deepcopy(model)
+    compiled = plait.compile(lambda x: model(x), options={"cache": False})
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", CaptureFallbackWarning)
+        for _ in range(3):
+            torch.testing.assert_close(compiled(model.total[:2]), twin(twin.total[:2]), **TOL)
+            torch.testing.assert_close(model.total, twin.total, **TOL)
+
+
+def _adds_then_branches(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    a.add_(10)
+    return b * 2 if bool(b.sum() > 0) else b * 0
+
+
+@pytest.mark.parametrize("view", [False, True], ids=["same-tensor", "view-and-base"])
+def test_a_write_to_an_input_is_read_through_another_that_shares_its_memory(view: bool) -> None:
+    compiled = plait.compile(_adds_then_branches, options={"cache": False})
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", CaptureFallbackWarning)
+        for _ in range(3):
+            mine, theirs = -torch.ones(2, 4), -torch.ones(2, 4)
+            got = compiled(mine[0] if view else mine, mine)
+            want = _adds_then_branches(theirs[0] if view else theirs, theirs)
+            torch.testing.assert_close(got, want, **TOL)
+            torch.testing.assert_close(mine, theirs, **TOL)

@@ -31,6 +31,8 @@ as eager computes it, so it never does in
 - a capture whose random number generator moved (capture draws from another state);
 - a call whose tensor, buffer or constant has strides its clone did not keep (a view of it
   could not be made again on the caller's), or a traced view that reads it as another dtype;
+- a call whose tensor written before the refusal shares memory with another (the same tensor
+  passed twice, an input viewing a buffer): each was traced through a clone of its own;
 - ``fullgraph=True`` (the refusal raises) and ``plait.capture`` (a capture never writes the
   caller's tensors).
 Refusals other than a read of tensor data (a call with no capture rule, a limitation) never
@@ -55,6 +57,7 @@ from plait import logs
 from plait.errors import GraphCaptureError
 from plait.frontend import pytree
 from plait.frontend.capture_values import Tracer
+from plait.frontend.guard_plan import _shares_memory
 from plait.frontend.input_writes import InputObjects, write_back
 from plait.frontend.pyrollback import Originals
 from plait.frontend.pyvalues import _is_value_object
@@ -95,13 +98,17 @@ class Continuation:
         live = [t for t in (r() for r in self.tracers) if t is not None]
         why = _blocked(cx, live)
         clones: dict[int, tuple[Tracer, torch.Tensor]] = {}
+        roots: list[tuple[Tracer, torch.Tensor]] = []
         for t in live:
             lift = t._lift
+            if why is None and lift is not None and t._root is None:
+                roots.append((t, self.original(lift)))
             if why is None and lift is not None and t._root is None and lift.kind != "param":
                 orig = self.original(lift)
                 if t._plain.stride() != orig.stride() or t._plain.dtype != orig.dtype:
                     why = f"{lift.name} has strides its clone did not keep"
                 clones[storage_id(t._plain)] = (t, orig)
+        why = why or _written_alias(cx, roots)
         for t in live:
             hit = clones.get(storage_id(t._plain))
             if why is None and hit is not None and t._plain.dtype != hit[1].dtype:
@@ -166,6 +173,19 @@ def _blocked(cx: CaptureValues, live: list[Tracer]) -> str | None:
         return "the random number generator moved during the capture"
     if cx.grad_enabled:
         return "the program turned grad mode on"
+    return None
+
+
+def _written_alias(cx: CaptureValues, roots: list[tuple[Tracer, torch.Tensor]]) -> str | None:
+    """Why not, where the program wrote a tensor of the call (``roots``: each with the caller's)
+    that shares memory with another whose sample is a copy of its own (an input viewing a
+    buffer): what was read of the other before the refusal is not what eager read."""
+    for t, orig in roots:
+        if id(t) in cx.mutated or t._plain._version:
+            for u, other in roots:
+                apart = not _shares_memory(t._plain, [u._plain])
+                if u is not t and apart and _shares_memory(orig, [other]):
+                    return f"{t._lift.name if t._lift else 'a tensor'} shares memory with another"
     return None
 
 
