@@ -320,7 +320,9 @@ def _outputs(prog: Any) -> list[dict[str, Any]]:
             index, tracer, fresh = leaf.ref
             # NOTE: which leaves are one tensor, numbered in order (not the tracers' ids)
             same = tracers.setdefault(tracer, len(tracers))
-            out.append({"from": "output", "index": index, "tracer": same, "fresh": bool(fresh)})
+            layout = prog.out_layouts[index] if index < len(prog.out_layouts) else None
+            out.append({"from": "output", "index": index, "tracer": same, "fresh": bool(fresh),
+                        "layout": layout})  # fmt: skip
         elif leaf.source == "view":  # NOTE: a view of another output (frontend.output_views)
             index, tracer, size, stride, offset, _, base_size, base_stride, *reread = leaf.ref
             same = tracers.setdefault(tracer, len(tracers))

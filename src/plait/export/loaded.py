@@ -26,7 +26,7 @@ import torch
 from plait.errors import CompiledInputError, RecompileLimitError
 from plait.export.calling import Binder
 from plait.frontend import pytree
-from plait.frontend.output_views import Bases
+from plait.frontend.output_views import Bases, in_eager_layout
 from plait.guards.guard import GuardEnv, GuardSet
 from plait.manifest import Explanation, Manifest, SpecializationReport
 
@@ -62,9 +62,9 @@ def of_input(kind: str, ref: Any, leaves: Sequence[Any]) -> torch.Tensor:
 @dataclass
 class Bindings:
     """Where each program input comes from (a leaf of the call, by index, or a weight), and
-    how each output leaf comes back (``("output", (index, tracer, fresh))``, ``("leaf", i)``,
-    ``("alias", (i, size, stride, offset, dtype))``, ``("view", ...)`` (a view of another
-    output, as :mod:`plait.frontend.output_views` reads it) or ``("value", v)``)."""
+    how each output leaf comes back (``("output", (index, tracer, fresh, layout))``,
+    ``("leaf", i)``, ``("alias", (i, size, stride, offset, dtype))``, ``("view", ...)`` (a view
+    of another output, as :mod:`plait.frontend.output_views` reads it) or ``("value", v)``)."""
 
     inputs: list[tuple[int | None, Any]]
     out_spec: Any
@@ -162,7 +162,7 @@ class LoadedProgram:
                 assert bases is not None
                 out.append(bases.view(ref))
             else:
-                index, tracer, fresh = ref
+                index, tracer, fresh, layout = ref
                 if tracer in by_tracer:
                     out.append(by_tracer[tracer])
                     continue
@@ -170,7 +170,7 @@ class LoadedProgram:
                     by_tracer[tracer] = bases.base(index)  # NOTE: the base other outputs view
                     out.append(by_tracer[tracer])
                     continue
-                t = results[index]
+                t = in_eager_layout(results[index], layout)
                 # NOTE: a result eager gives memory of its own never comes back as an input's
                 # memory or as another output's
                 if fresh and isinstance(t, torch.Tensor) and id(t) in tensors | handed_out:

@@ -42,6 +42,7 @@ from plait.export.guards import guards_from_plan
 from plait.export.loaded import Bindings, Build, LoadedProgram
 from plait.export.references import unpack
 from plait.export.tensors import read_tensors
+from plait.frontend.output_views import LAYOUTS
 from plait.guards import GuardSet
 from plait.guards.ambient import ambient_guards
 from plait.guards.native import EVALUATORS
@@ -401,8 +402,11 @@ def _out_leaf(entry: Any, n_outputs: int, in_leaves: list[dict[str, Any]]) -> tu
         return ("value", decode_value(entry.get("value"), "an output value"))
     if kind == "output":
         index, tracer, fresh = entry.get("index"), entry.get("tracer"), entry.get("fresh")
+        layout = entry.get("layout")  # NOTE: the memory format eager gave it (None: as it is)
+        if layout is not None and layout not in LAYOUTS:
+            raise bad
         if type(index) is int and 0 <= index < n_outputs and type(tracer) is int:
-            return ("output", (index, tracer, bool(fresh)))
+            return ("output", (index, tracer, bool(fresh), layout))
         raise bad
     if kind == "view":
         view = _view_leaf(entry, n_outputs)

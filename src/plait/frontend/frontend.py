@@ -307,10 +307,11 @@ def _is_tracer(x: Any) -> bool:
 
 def _output_leaves(
     cx: CaptureContext, out: Any, call_leaves: list[Any], state: list[Any], objects: InputObjects
-) -> tuple[Any, list[Any], list[Value]]:
-    """The output's structure and leaves; ``out`` also holds the final contents of the input
-    containers the program changed (:mod:`plait.frontend.input_writes`), and a container of the
-    call's is a leaf standing for the caller's own."""
+) -> tuple[Any, list[Any], list[Value], list[str | None]]:
+    """The output's structure and leaves, the graph's outputs and the memory format eager gave
+    each (:func:`plait.frontend.output_views.eager_layout`); ``out`` also holds the final
+    contents of the input containers the program changed (:mod:`plait.frontend.input_writes`),
+    and a container of the call's is a leaf standing for the caller's own."""
     cx.current = "returning the output"
 
     def capture_made(x: Any) -> bool:
@@ -336,6 +337,7 @@ def _output_leaves(
         cx.limitation(f"the output cannot be rebuilt: {exc}")
     leaves: list[Any] = []
     values: list[Value] = []
+    layouts: list[str | None] = []
     shared = output_views.shared_roots([cx.tracer(x) for x in raw if isinstance(x, Tracer)])
     indices: dict[int, int] = {}  # NOTE: a tracer's graph output
     for leaf in raw:
@@ -353,6 +355,7 @@ def _output_leaves(
                 leaves.append(of)
             else:
                 values.append(cx.value(tr))
+                layouts.append(output_views.eager_layout(tr._plain))
                 indices.setdefault(id(tr), len(values) - 1)
                 leaves.append(("graph", (len(values) - 1, id(tr), tr._root is None)))
         elif isinstance(leaf, TracedSize):
@@ -368,9 +371,10 @@ def _output_leaves(
             root, *rest = ref
             if id(root) not in indices:
                 values.append(cx.value(root))
+                layouts.append(None)  # NOTE: a base: output_views lays it out for its views
                 indices[id(root)] = len(values) - 1
             leaves[i] = ("view", (indices[id(root)], *rest))
-    return out_spec, leaves, values
+    return out_spec, leaves, values, layouts
 
 
 def _output_view(cx: CaptureContext, tr: Tracer, shared: set[int]) -> tuple[str, Any] | None:
@@ -471,7 +475,7 @@ def _finish(
     _refuse_hidden_writes(cx, leaves, paths, objects)
     written = objects.changed()
     result = (out, objects.finals(written)) if written else out
-    out_spec, out_leaves, values = _output_leaves(cx, result, leaves, state, objects)
+    out_spec, out_leaves, values, layouts = _output_leaves(cx, result, leaves, state, objects)
     mutations: list[tuple[Lift, int]] = []
     for root in cx.mutated.values():
         if root._lift is not None and root._lift.writeback:
@@ -506,6 +510,7 @@ def _finish(
         inputs=slots,
         out_spec=out_spec,
         out_leaves=[_out_leaf(kind, ref, position) for kind, ref in out_leaves],
+        out_layouts=layouts,
         mutations=[(position[id(lift.value)], o) for lift, o in mutations],
         written_objects=written,
         containers=bool(written) or any(kind == "object" for kind, _ in out_leaves),

@@ -158,3 +158,27 @@ class Bases:
         if tracer not in self.views:
             self.views[tracer] = make_view(self.base(int(ref[0])), ref)
         return self.views[tracer]
+
+
+# NOTE: the memory formats an output keeps as eager gave it (else the program's layout stands)
+LAYOUTS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
+def eager_layout(t: torch.Tensor) -> str | None:
+    """The memory format eager gave output sample ``t``: ``"contiguous"``, ``"channels_last"``
+    (a 4-D tensor), or None (another layout: the program's result is returned as it is)."""
+    if t.is_contiguous():
+        return "contiguous"
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        return "channels_last"
+    return None
+
+
+def in_eager_layout(t: Any, layout: str | None) -> Any:
+    """``t`` in the memory format eager gave it, copied where the program's differs (a
+    convolution plait runs channels_last returns a row-major result as eager does, so that
+    ``y.view(n, -1)`` after the call works as in eager)."""
+    if layout is None or not isinstance(t, torch.Tensor):
+        return t
+    fmt = LAYOUTS[layout]
+    return t if t.is_contiguous(memory_format=fmt) else t.contiguous(memory_format=fmt)

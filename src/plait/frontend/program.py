@@ -67,6 +67,8 @@ class CapturedProgram:
     inputs: list[InputSlot] = field(default_factory=list)
     out_spec: Any = None
     out_leaves: list[OutputLeaf] = field(default_factory=list)
+    # NOTE: per graph output, the memory format eager gave it (output_views.eager_layout)
+    out_layouts: list[str | None] = field(default_factory=list)
     mutations: list[tuple[int, int]] = field(default_factory=list)
     # NOTE: the input containers (pytree.containers) whose final contents end the output, and
     # whether a call must find its own containers (to write them or return one)
@@ -176,7 +178,8 @@ class CapturedProgram:
                     by_tracer[tracer_id] = bases.base(index)  # NOTE: the base other outputs view
                     leaves.append(by_tracer[tracer_id])
                     continue
-                t = results[index]
+                layout = self.out_layouts[index] if index < len(self.out_layouts) else None
+                t = output_views.in_eager_layout(results[index], layout)
                 # NOTE: a fresh tensor in eager (a clone, or one returned twice under different
                 # names) must not come back as an input's memory or as another output's.
                 if (

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from plait.frontend.guard_plan import GuardPlan, build_guards, const_slots
+from plait.frontend.output_views import LAYOUTS
 from plait.frontend.program import CapturedProgram, InputSlot, OutputLeaf
 from plait.frontend.state import ModuleState
 from plait.guards.guard import GuardEnv
@@ -40,7 +41,8 @@ from plait.ir import Graph, Value, from_text, to_text
 from plait.ir.parser import graph_interface
 from plait.snapshots.fingerprint import Unpinnable
 
-FORMAT = "plait.program/1"
+# NOTE: /2: each graph output's eager memory format (out_layouts)
+FORMAT = "plait.program/2"
 
 
 # --- values ---------------------------------------------------------------------------------
@@ -193,6 +195,7 @@ def program_doc(prog: CapturedProgram) -> dict[str, Any]:
         "inputs": slots,
         "out_spec": encode(prog.out_spec),
         "out_leaves": leaves,
+        "out_layouts": list(prog.out_layouts),
         "mutations": [list(m) for m in prog.mutations],
         "opaque_counts": dict(prog.opaque_counts),
         "opaque_reasons": dict(prog.opaque_reasons),
@@ -245,6 +248,7 @@ def program_from_doc(
         inputs=[InputSlot(src, ref) for src, ref in doc["inputs"]],
         out_spec=decode(doc["out_spec"]),
         out_leaves=out_leaves,
+        out_layouts=[x if x in LAYOUTS else None for x in doc["out_layouts"]],
         mutations=[(i, o) for i, o in doc["mutations"]],
         opaque_counts=dict(doc["opaque_counts"]),
         opaque_reasons=dict(doc.get("opaque_reasons", {})),
