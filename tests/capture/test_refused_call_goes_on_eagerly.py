@@ -255,14 +255,9 @@ def test_a_compiled_module_counts_each_call_once() -> None:
             assert model.calls == twin.calls
 
 
-class WritesThroughData(nn.Module):
+class WritesThroughData(CountsThenReads):
     """Writes its input through ``.data`` (its own version counter) after a linear capture left
     uncomputed, then reads the linear's result: computed on the input as the linear read it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-        self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
