@@ -1,11 +1,19 @@
-"""Shared test configuration: hypothesis profiles (CI runs the same examples as developers) and
-one kernel cache directory for the whole session (never the user's own cache)."""
+"""Shared test configuration: hypothesis profiles (CI runs the same examples as developers), one
+kernel cache directory for the whole session (never the user's own cache), and Triton's
+interpreter on a machine without CUDA."""
 
 import os
 from collections.abc import Iterator
 
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
+
+if not torch.cuda.is_available():
+    # NOTE: Triton reads its interpreter switch when it is imported: a test module collected
+    # first that imports Triton (a GPU test's importorskip) left it out of interpreter mode for
+    # every Triton test of that process, whose modules set the switch as they are imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 settings.register_profile(
     "default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
