@@ -24,9 +24,15 @@ def _transposed(g: torch.Generator) -> torch.Tensor:
     return torch.randn(6, 4, generator=g).t()
 
 
+def _gapped(g: torch.Generator) -> torch.Tensor:
+    return torch.randn(4, 9, generator=g)[:, 1:7]
+
+
 LAYOUTS = {
     "contiguous_first": (_contiguous, _transposed),
     "transposed_first": (_transposed, _contiguous),
+    "gapped_first": (_gapped, _contiguous),
+    "contiguous_then_gapped": (_contiguous, _gapped),
 }
 
 PROGRAMS: dict[str, Callable[[torch.Tensor], Any]] = {
@@ -67,17 +73,54 @@ VIEWS: dict[str, Callable[[torch.Tensor], Any]] = {
 }
 
 
+def _expanded(g: torch.Generator) -> torch.Tensor:
+    return torch.randn(4, 1, generator=g).expand(4, 6)
+
+
+UNVIEWABLE = {"transposed": _transposed, "gapped": _gapped, "expanded": _expanded}
+
+
+@pytest.mark.parametrize("layout", UNVIEWABLE, ids=list(UNVIEWABLE))
 @pytest.mark.parametrize("name", VIEWS, ids=list(VIEWS))
-def test_view_that_eager_refuses_for_new_strides_raises(name: str) -> None:
+def test_view_that_eager_refuses_for_new_strides_raises(name: str, layout: str) -> None:
     fn = VIEWS[name]
     compiled = plait.compile(fn)
     x = _contiguous(torch.Generator().manual_seed(0))
     assert_bitwise(compiled(x), fn(x))
-    x = _transposed(torch.Generator().manual_seed(1))
-    with pytest.raises(RuntimeError, match="view size is not compatible"):
-        fn(x)
+    x = UNVIEWABLE[layout](torch.Generator().manual_seed(1))
+    try:
+        want = fn(x)
+    except RuntimeError as e:
+        assert "view size is not compatible" in str(e)
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            compiled(x)
+    else:
+        # NOTE: a product of an input with gaps or overlaps is laid out densely: its view succeeds
+        assert name == "view_of_intermediate" and layout != "transposed"
+        assert_bitwise(compiled(x), want)
+
+
+@pytest.mark.parametrize("layout", ["gapped", "expanded"])
+def test_view_of_an_input_with_gaps_or_overlaps_raises_at_its_first_call(layout: str) -> None:
+    """The capture traces a copy with the caller's strides, gaps and overlaps included, so a
+    ``view`` eager refuses is refused on the call that captures too."""
+    compiled = plait.compile(VIEWS["view_of_input"])
+    x = UNVIEWABLE[layout](torch.Generator().manual_seed(2))
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         compiled(x)
+    y = _contiguous(torch.Generator().manual_seed(3))
+    assert_bitwise(compiled(y), VIEWS["view_of_input"](y))
+
+
+@pytest.mark.parametrize("layout", ["gapped", "expanded"])
+def test_reshape_of_an_input_with_gaps_or_overlaps_copies_as_eager(layout: str) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(2, -1) * 3
+
+    compiled = plait.compile(fn)
+    for seed in range(3):
+        x = UNVIEWABLE[layout](torch.Generator().manual_seed(seed))
+        assert_bitwise(compiled(x), fn(x), f"draw {seed}")
 
 
 def test_view_after_contiguous_keeps_one_specialization() -> None:

@@ -30,6 +30,7 @@ from plait.frontend import datadep, stride_choices
 from plait.frontend.default_dtype import capture_builder
 from plait.frontend.dynamic_dims import DimPolicy
 from plait.frontend.frames import user_frame
+from plait.frontend.layout_clone import layout_clone
 from plait.frontend.rng import RngTracker
 from plait.frontend.symints import TracedInt, TracedSize, plain_int
 from plait.frontend.table import NoIROp
@@ -321,7 +322,7 @@ class CaptureValues:
         if found is not None and found._lift is not None and found._lift.ref is t:
             return found
         with torch._C.DisableTorchFunction():
-            sample = t.detach().clone()
+            sample = layout_clone(t.detach())
         tracer = self.lift_input(
             sample,
             kind="const",

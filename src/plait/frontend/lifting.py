@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from plait.frontend.capture_values import Tracer
+from plait.frontend.layout_clone import layout_clone
 from plait.frontend.state import ModuleState
 from plait.frontend.tracer import CaptureContext
 
@@ -36,7 +37,7 @@ def lift_user_inputs(cx: CaptureContext, leaves: list[Any], paths: list[str]) ->
         cx.current = f"input {path}"
         ty = cx.type_of_plain(leaf).with_shape(ir_shape)
         with torch._C.DisableTorchFunction():
-            sample = leaf.detach().clone()
+            sample = layout_clone(leaf.detach())
         tr = cx.lift_input(
             sample,
             kind="user",
@@ -61,7 +62,7 @@ def lift_state(cx: CaptureContext, ms: ModuleState | None) -> tuple[list[Tracer]
         with torch._C.DisableTorchFunction():
             # NOTE: parameters are traced in place (their writes are refused); buffers through
             # clones, so BatchNorm's running statistics stay untouched by capture.
-            sample = t.detach() if entry.kind == "param" else t.detach().clone()
+            sample = t.detach() if entry.kind == "param" else layout_clone(t.detach())
         tracers.append(
             cx.lift_input(
                 sample,
