@@ -95,7 +95,7 @@ def _gpt2(quick: bool) -> tuple[nn.Module, Batch, Callable[[Any, Any], Any]]:
 
 CASES = {"resnet50-bf16-b64": _resnet50, "gpt2-6l-bf16": _gpt2}
 SYSTEMS = ("eager", "plait", "inductor")
-KNOWN_SYSTEMS = (*SYSTEMS, "plait-copies")
+KNOWN_SYSTEMS = (*SYSTEMS, "plait-copies", "plait-own-pools")
 
 
 def _build(kind: str, model: nn.Module) -> Any:
@@ -105,6 +105,8 @@ def _build(kind: str, model: nn.Module) -> Any:
         return plait.compile(model)
     if kind == "plait-copies":  # NOTE: the ablation: saved values copied between the graphs
         return plait.compile(model, options={"stax": {"cuda_handoff": False}})
+    if kind == "plait-own-pools":  # NOTE: the ablation: the backward's graph in a pool of its own
+        return plait.compile(model, options={"stax": {"cuda_shared_pool": False}})
     assert kind == "inductor", kind
     torch._dynamo.reset()
     return torch.compile(model, dynamic=False)

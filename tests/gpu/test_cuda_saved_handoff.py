@@ -2,8 +2,9 @@
 place (``plait.runtime.cuda_handoff``): the backward graph reads the forward graph's buffers,
 and every backward reads what its own step saved, in order (no copies), with two forwards
 before their backwards (gradient accumulation), out of order, and with a retained graph run
-again after another step. Judged against the same compiled program run kernel by kernel
-(``cuda_graphs=False``), which copies nothing. Skipped without CUDA."""
+again after another step, the backward's graph captured into the forward graph's memory pool.
+Judged against the same compiled program run kernel by kernel (``cuda_graphs=False``), which
+copies nothing. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ def _handoff(compiled: nn.Module) -> object:
     assert program.forward.cuda_graph["used"] and program.backward.cuda_graph["used"]
     assert program.forward.cuda_graph["lends"]["values"] > 0
     assert program.backward.cuda_graph["borrows"] == program.forward.cuda_graph["lends"]
+    assert program.backward.cuda_graph["pool"] == "the forward's"
     return program.backward._call.handoff
 
 

@@ -53,9 +53,12 @@ class StaxOptions:
     kernel and extern from Python). ``cuda_handoff``: a training step's backward graph reads
     the saved values in the forward graph's own buffers instead of copies of them
     (:mod:`plait.runtime.cuda_handoff`; off: copied out of the one and into the other on every
-    step, an ablation). ``triton_autotune``: time a few block shapes of each Triton
-    kernel on the device at compile time and keep the fastest (the choice is cached with the
-    kernel, by its source and the GPU: a later compile times nothing); off: the heuristic's.
+    step, an ablation). ``cuda_shared_pool``: that backward graph is captured into the forward
+    graph's memory pool, so its temporaries and outputs take the memory the forward's temporaries
+    left free (off: a pool of its own, held beside the forward's; an ablation).
+    ``triton_autotune``: time a few block shapes of each Triton kernel on the device at compile
+    time and keep the fastest (the choice is cached with the kernel, by its source and the GPU:
+    a later compile times nothing); off: the heuristic's.
 
     ``kernels``: which printer prints the CPU kernels: ``cpp`` (the C++ printer) or ``tvm``
     (Apache TVM, ``pip install plait[tvm]``: each kernel lowered to TensorIR and built by TVM's
@@ -79,6 +82,7 @@ class StaxOptions:
     target: str = "auto"
     cuda_graphs: bool = True
     cuda_handoff: bool = True
+    cuda_shared_pool: bool = True
     triton_autotune: bool = False
     kernels: str = "cpp"
     tvm_tune: int = 0

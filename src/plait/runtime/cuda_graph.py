@@ -112,8 +112,11 @@ class GraphedCall:
         borrowed: Mapping[int, int] | None = None,
         handoff: Handoff | None = None,
         resident: Mapping[int, torch.Tensor] | None = None,
+        pool: Any = None,
     ) -> None:
         graph = program.graph
+        # NOTE: the memory pool captured into: a lending forward's, for its backward (graphed)
+        self.pool = pool
         self.fn = fn
         self.runner = program.runner
         self.device = program.device
@@ -192,7 +195,10 @@ class GraphedCall:
             with torch.cuda.stream(stream):
                 self.fn(*self.statics)
             torch.cuda.current_stream(self.device).wait_stream(stream)
-            with self.runner.returning_as_laid_out(), captured_into(self.graph, self.device):
+            with (
+                self.runner.returning_as_laid_out(),
+                captured_into(self.graph, self.device, self.pool),
+            ):
                 outs = self.fn(*self.statics)
         self.outputs = [self._classify(o, self.statics) for o in outs]
         self.sources = self._sources(self.outputs)
@@ -417,6 +423,7 @@ def graphed(
     enabled: bool,
     borrow_from: tuple[Any, Mapping[int, int]] | None = None,
     resident: Mapping[int, torch.Tensor] | None = None,
+    share_pool: bool = True,
 ) -> tuple[Call, dict[str, Any]]:
     """``program``'s call on CUDA: through one CUDA graph where it can be captured, else ``fn``
     (after a warm-up run that compiles its kernels); with the record of what happened.
@@ -426,13 +433,21 @@ def graphed(
     buffers of the right type are read there in place (:mod:`plait.runtime.cuda_handoff`).
     ``resident``: the caller's tensors for some input positions (a module's parameters), read
     where they live from the first capture on; a call that passes one elsewhere runs
-    uncaptured."""
+    uncaptured. ``share_pool``: a linked backward is captured into the forward graph's pool.
+
+    NOTE: sharing is safe by the calls' order: every graph output is copied out or lent under
+    the handoff's lock before another replay, the lent buffers stay allocated for the forward
+    graph's life (never free at the backward's capture), so what the two graphs share is memory
+    that neither holds between its replays."""
     reason = why_not_captured(program, enabled)
     start = time.perf_counter()
     if reason is None:
         link = _link(program, *borrow_from) if borrow_from is not None else None
         borrowed, handoff = (link[0], link[1]) if link is not None else (None, None)
-        call = GraphedCall(program, fn, borrowed, handoff, resident)
+        pool = None
+        if link is not None and borrow_from is not None and share_pool:
+            pool = borrow_from[0]._call.graph.pool()
+        call = GraphedCall(program, fn, borrowed, handoff, resident, pool)
         try:
             call.capture()
         except RuntimeError as exc:
@@ -448,6 +463,7 @@ def graphed(
                 }
                 lender.cuda_graph["lends"] = handed
                 record["borrows"] = handed
+                record["pool"] = "the forward's" if pool is not None else "its own"
             record["capture_s"] = round(time.perf_counter() - start, 6)
             return call, record
     warm_up(program, fn)

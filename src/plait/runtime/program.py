@@ -167,8 +167,9 @@ class StaxProgram:
             from plait.runtime.cuda_graph import graphed
 
             call, self.cuda_graph = graphed(
-                self, runner.fn, options.cuda_graphs, borrow_from, resident
-            )
+                self, runner.fn, options.cuda_graphs, borrow_from, resident,
+                options.cuda_shared_pool,
+            )  # fmt: skip
         # NOTE: Python looks ``__call__`` up on the class: the instance's choice is ``_call``
         self._call = call
 
