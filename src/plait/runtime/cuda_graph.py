@@ -55,6 +55,7 @@ from plait.runtime.cuda_graph_inputs import (
     fresh_copies,
     key_of,
     moved,
+    unowned,
 )
 from plait.runtime.cuda_handoff import (
     Handoff,
@@ -113,10 +114,17 @@ class GraphedCall:
         handoff: Handoff | None = None,
         resident: Mapping[int, torch.Tensor] | None = None,
         pool: Any = None,
+        may_lend: bool = False,
     ) -> None:
         graph = program.graph
         # NOTE: the memory pool captured into: a lending forward's, for its backward (graphed)
         self.pool = pool
+        # NOTE: per "copy" output position: the tensor owning its memory in the pool, kept only
+        # while a backward may still borrow it (``may_lend``; release_outputs); the outputs the
+        # calls read are unowned aliases (cuda_graph_inputs.unowned), so a later capture into
+        # the pool takes that memory for its own temporaries and outputs
+        self.may_lend = may_lend
+        self.owned: dict[int, torch.Tensor] = {}
         self.fn = fn
         self.runner = program.runner
         self.device = program.device
@@ -200,7 +208,12 @@ class GraphedCall:
                 captured_into(self.graph, self.device, self.pool),
             ):
                 outs = self.fn(*self.statics)
-        self.outputs = [self._classify(o, self.statics) for o in outs]
+        classified = [self._classify(o, self.statics) for o in outs]
+        del outs
+        if self.may_lend:
+            self.owned = {k: o for k, (kind, o) in enumerate(classified) if kind == "copy"}
+        self.outputs = _unowned_copies(classified)
+        del classified
         self.sources = self._sources(self.outputs)
         conformed = sum(isinstance(how, Conformed) for _, how in self.sources)
         if conformed:
@@ -226,8 +239,15 @@ class GraphedCall:
             captured_into(graph, self.device, pool),
         ):
             outs = self.fn(*inputs)
-        outputs = [self._classify(o, inputs) for o in outs]
+        outputs = _unowned_copies([self._classify(o, inputs) for o in outs])
+        del outs
         return InPlaceGraph(graph, pinned, outputs, self._sources(outputs))
+
+    def release_outputs(self, keep: set[int]) -> None:
+        """Let go of the pool memory of the "copy" outputs not at ``keep`` (the positions a
+        backward borrows): later captures into the pool may take it."""
+        self.owned = {p: t for p, t in self.owned.items() if p in keep}
+        self.may_lend = False
 
     def _sources(self, outputs: list[tuple[str, Any]]) -> list[tuple[torch.Tensor, Any]]:
         """What each call copies out for the ``copy`` outputs (cuda_graph_inputs.copy_source),
@@ -424,6 +444,7 @@ def graphed(
     borrow_from: tuple[Any, Mapping[int, int]] | None = None,
     resident: Mapping[int, torch.Tensor] | None = None,
     share_pool: bool = True,
+    may_lend: bool = False,
 ) -> tuple[Call, dict[str, Any]]:
     """``program``'s call on CUDA: through one CUDA graph where it can be captured, else ``fn``
     (after a warm-up run that compiles its kernels); with the record of what happened.
@@ -434,6 +455,8 @@ def graphed(
     ``resident``: the caller's tensors for some input positions (a module's parameters), read
     where they live from the first capture on; a call that passes one elsewhere runs
     uncaptured. ``share_pool``: a linked backward is captured into the forward graph's pool.
+    ``may_lend``: a training step's forward, whose outputs a backward may borrow: it keeps their
+    memory until the backward is linked, which lets go of the others (release_outputs).
 
     NOTE: sharing is safe by the calls' order: every graph output is copied out or lent under
     the handoff's lock before another replay, the lent buffers stay allocated for the forward
@@ -441,13 +464,16 @@ def graphed(
     that neither holds between its replays."""
     reason = why_not_captured(program, enabled)
     start = time.perf_counter()
+    lender = borrow_from[0]._call if borrow_from is not None else None
+    link = None
+    if reason is None and borrow_from is not None:
+        link = _link(program, *borrow_from)
+    if isinstance(lender, GraphedCall) and lender.may_lend:
+        lender.release_outputs(set(link[2]) if link is not None else set())
     if reason is None:
-        link = _link(program, *borrow_from) if borrow_from is not None else None
         borrowed, handoff = (link[0], link[1]) if link is not None else (None, None)
-        pool = None
-        if link is not None and borrow_from is not None and share_pool:
-            pool = borrow_from[0]._call.graph.pool()
-        call = GraphedCall(program, fn, borrowed, handoff, resident, pool)
+        pool = lender.graph.pool() if link is not None and lender and share_pool else None
+        call = GraphedCall(program, fn, borrowed, handoff, resident, pool, may_lend)
         try:
             call.capture()
         except RuntimeError as exc:
@@ -478,13 +504,13 @@ def _link(
     input's dtype and shape (the backward's kernels read their planned layout). Returns the
     borrowed positions (-> buffer index), the handoff, and the lent output positions."""
     lender = forward._call
-    if not isinstance(lender, GraphedCall) or lender.lent:
+    if not isinstance(lender, GraphedCall) or lender.lent or not lender.may_lend:
         return None
     borrowed: dict[int, int] = {}
     positions: list[int] = []
     buffers: list[torch.Tensor] = []
     for i, p in sorted(sources.items()):
-        kind, o = lender.outputs[p]
+        kind, o = lender.outputs[p][0], lender.owned.get(p)
         t = program.graph.inputs[i].type
         if (
             kind != "copy"
@@ -503,6 +529,11 @@ def _link(
     if not borrowed:
         return None
     return borrowed, Handoff(buffers), positions
+
+
+def _unowned_copies(outputs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``outputs`` with each "copy" output an unowned alias of its memory in the pool."""
+    return [(kind, unowned(o)) if kind == "copy" else (kind, o) for kind, o in outputs]
 
 
 def warm_up(program: Any, fn: Call) -> None:

@@ -219,6 +219,27 @@ class InPlaceInputs:
         }
 
 
+def unowned(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over ``t``'s memory that does not keep it allocated: a graph's output, read
+    after each replay (copied out under the program's lock) while the pool may lend its memory
+    to a later capture, whose replays run one at a time with this graph's. ``t`` itself where
+    PyTorch lacks the unowned storage (then the memory stays the graph's).
+
+    Example:
+        >>> a = torch.arange(6.0)
+        >>> b = unowned(a)
+        >>> (b.data_ptr() == a.data_ptr(), b.tolist() == a.tolist())
+        (True, True)
+    """
+    make = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+    if make is None:
+        return t
+    storage = t.untyped_storage()
+    alias = make(storage.data_ptr(), t.device, storage.nbytes())
+    out = torch.empty(0, dtype=t.dtype, device=t.device)
+    return out.set_(alias, t.storage_offset(), t.shape, t.stride())
+
+
 def moved(pinned: dict[int, Key], args: Sequence[Any]) -> bool:
     """Whether an input at ``pinned`` is not at the address and strides recorded for it."""
     return any(key_of(args[i]) != k for i, k in pinned.items())

@@ -140,6 +140,7 @@ class StaxProgram:
         target: str = "cpu",
         borrow_from: tuple[StaxProgram, Mapping[int, int]] | None = None,
         resident: Mapping[int, Any] | None = None,
+        lends: bool = False,
     ) -> None:
         self.graph = graph
         self.target = target
@@ -168,7 +169,7 @@ class StaxProgram:
 
             call, self.cuda_graph = graphed(
                 self, runner.fn, options.cuda_graphs, borrow_from, resident,
-                options.cuda_shared_pool,
+                options.cuda_shared_pool, lends,
             )  # fmt: skip
         # NOTE: Python looks ``__call__`` up on the class: the instance's choice is ``_call``
         self._call = call
@@ -407,6 +408,7 @@ def compile_graphs(
         program = StaxProgram(
             g, plan, memory, row, runner, opts, timings, funcs, target, borrow_from=lender,
             resident=resident[len(programs)] if resident is not None else None,
+            lends=handoff is not None and not programs,
         )  # fmt: skip
         if target == "triton":
             program.triton_precompile = precompiled
