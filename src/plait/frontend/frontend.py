@@ -261,6 +261,9 @@ def _capture_once(
                 cx.continuation.finish(None, objects, callers, ms, reads.originals, leaves)
                 raise
             raised = None if cx.error is not None else objects.raised_after_changes(exc)
+            if raised is None and cx.error is None:
+                lifts = [root._lift for root in cx.mutated.values()]
+                raised = objects.raised_after_writes(exc, lifts)
             objects.restore_leaves()  # NOTE: a capture tried again starts from the caller's,
             reads.originals.restore()  # and from the Python values the program read
             if cx.error is not None and exc is not cx.error:
