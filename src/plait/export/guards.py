@@ -43,11 +43,14 @@ _DISCHARGED_AMBIENT = {
     "torch.get_default_dtype()": "the exported program's dtypes are written out in its IR",
     "torch.autocast": "a loaded program runs with autocast off (capture wrote autocast's casts)",
 }
+_FORMAT = "an exported program returns each output in the memory format of the example's call"
 SETTINGS = "checked against the settings the program was built under where it is loaded"
 
 
 def discharged_reason(kind: str, source: str) -> str | None:
     """Why a guard of ``kind`` reading ``source`` is not carried, or None (it is)."""
+    if kind == "layout" and source == "memory format":
+        return _FORMAT
     if kind == "ambient":
         return _DISCHARGED_AMBIENT.get(source, SETTINGS)
     return _DISCHARGED.get(kind)

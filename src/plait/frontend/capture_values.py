@@ -167,6 +167,9 @@ class CaptureValues:
         # NOTE: a read of a tensor's layout (is_contiguous) specializes on the strides of the
         # inputs: the guards then pin them (the first such read, for the reason).
         self.layout_read: str | None = None
+        # NOTE: an output whose memory format eager took from its operands' layouts
+        # (output_views.FORMAT_READ): pins them as a layout read does, unless one came first
+        self.format_read: str | None = None
         self.rng = RngTracker()
 
     def release(self) -> None:

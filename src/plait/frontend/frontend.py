@@ -261,6 +261,9 @@ def _capture_once(
                 cx.continuation.finish(None, objects, callers, ms, reads.originals, leaves)
                 raise
             raised = None if cx.error is not None else objects.raised_after_changes(exc)
+            if raised is None and cx.error is None:
+                lifts = [root._lift for root in cx.mutated.values()]
+                raised = objects.raised_after_writes(exc, lifts)
             objects.restore_leaves()  # NOTE: a capture tried again starts from the caller's,
             reads.originals.restore()  # and from the Python values the program read
             if cx.error is not None and exc is not cx.error:
@@ -356,6 +359,7 @@ def _output_leaves(
             else:
                 values.append(cx.value(tr))
                 layouts.append(output_views.eager_layout(tr._plain))
+                _note_format(cx, tr)
                 indices.setdefault(id(tr), len(values) - 1)
                 leaves.append(("graph", (len(values) - 1, id(tr), tr._root is None)))
         elif isinstance(leaf, TracedSize):
@@ -370,11 +374,20 @@ def _output_leaves(
         if kind == "view":  # NOTE: the graph returns each base once (itself an output or not)
             root, *rest = ref
             if id(root) not in indices:
+                _note_format(cx, root)
                 values.append(cx.value(root))
                 layouts.append(None)  # NOTE: a base: output_views lays it out for its views
                 indices[id(root)] = len(values) - 1
             leaves[i] = ("view", (indices[id(root)], *rest))
     return out_spec, leaves, values, layouts
+
+
+def _note_format(cx: CaptureContext, tr: Tracer) -> None:
+    """An output (or the base other outputs view) that eager laid out other than row-major, as
+    its operands' layouts decided (channels_last), pins the strides of the tensors the program
+    reads, so that a row-major call captures again and gets eager's row-major result."""
+    if output_views.follows_layouts(tr._plain):
+        cx.format_read = output_views.FORMAT_READ
 
 
 def _output_view(cx: CaptureContext, tr: Tracer, shared: set[int]) -> tuple[str, Any] | None:

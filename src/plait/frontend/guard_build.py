@@ -437,6 +437,7 @@ def layout_guard(
     used: Sequence[int],
     state: Sequence[torch.Tensor],
     symbolic: bool = False,
+    source: str = "strides",
 ) -> Guard:
     """The program read a layout (``is_contiguous`` in ``where``): the answer depends on the
     strides of the tensors it reads, so the strides of every tensor input and used parameter
@@ -459,7 +460,7 @@ def layout_guard(
 
     return Guard(
         "layout",
-        "strides",
+        source,
         f"{names} keep their strides (the program read a layout in {where})",
         expected,
         read,

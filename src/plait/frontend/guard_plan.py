@@ -31,6 +31,7 @@ import torch
 
 from plait.errors import GraphCaptureError, NotSavableError
 from plait.frontend import guard_build, pyvalues, size_guards
+from plait.frontend.output_views import FORMAT_READ
 from plait.frontend.state import ModuleState
 from plait.guards.guard import Guard, GuardSet
 from plait.ir import TensorType
@@ -140,7 +141,7 @@ def plan_of(
         alias=bool(mutations),
         written=_written(mutations, slots),
         used=used,
-        layout_read=cx.layout_read,
+        layout_read=cx.layout_read if cx.layout_read is not None else cx.format_read,
     )
 
 
@@ -200,7 +201,13 @@ def build_guards(
         live = state or (ms.fetch() if ms is not None else [])
         guards.append(
             guard_build.layout_guard(
-                plan.layout_read, leaves, paths, used, live, symbolic=bool(plan.bindings)
+                plan.layout_read,
+                leaves,
+                paths,
+                used,
+                live,
+                symbolic=bool(plan.bindings),
+                source="memory format" if plan.layout_read == FORMAT_READ else "strides",
             )
         )
     roots = plan.pyroots

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -174,6 +175,22 @@ class InputObjects:
         return (
             f"the program raised {type(exc).__name__} after changing its input containers in "
             "place: eager leaves those changes in the caller's objects"
+        )
+
+    @staticmethod
+    def raised_after_writes(exc: BaseException, written: Iterable[Any]) -> str | None:
+        """The program raised ``exc`` (its own error) after writing in place a tensor of the
+        call, a buffer or a constant (``written``: the lifts of the roots it wrote): eager
+        leaves those writes in the caller's tensors, a capture left them in its clones (the call
+        then runs eagerly, as it would uncompiled)."""
+        if not isinstance(exc, Exception) or isinstance(exc, PlaitError):
+            return None
+        names = [lift.name for lift in written if lift is not None and lift.writeback]
+        if not names:
+            return None
+        return (
+            f"the program raised {type(exc).__name__} after writing {names[0]} in place: eager "
+            "leaves the write in the caller's tensor"
         )
 
     def restore_leaves(self) -> None:

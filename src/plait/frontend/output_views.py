@@ -174,6 +174,22 @@ def eager_layout(t: torch.Tensor) -> str | None:
     return None
 
 
+# NOTE: the reason a plan pins strides for an output's memory format (a guard an exported
+# program does not carry: it returns the example's format, as it runs one specialization)
+FORMAT_READ = "the memory format of an output (eager's follows its operands' layouts)"
+
+
+def follows_layouts(t: torch.Tensor) -> bool:
+    """Whether eager laid output sample ``t`` out other than row-major, as its operands' layouts
+    decided: a 4-D tensor, not row-major, of a shape that tells row-major from channels_last (a
+    convolution, pooling or elementwise result of a channels_last operand). That format holds
+    only for operands laid out as the samples were: for row-major operands eager's result is
+    row-major, so returning the capture's format would make ``y.view(n, -1)`` raise."""
+    if t.layout != torch.strided or t.dim() != 4 or t.is_contiguous():
+        return False
+    return not torch.empty(t.shape, device="meta").is_contiguous(memory_format=torch.channels_last)
+
+
 def in_eager_layout(t: Any, layout: str | None) -> Any:
     """``t`` in the memory format eager gave it, copied where the program's differs (a
     convolution plait runs channels_last returns a row-major result as eager does, so that
