@@ -197,6 +197,14 @@ FIRES: dict[str, tuple[str, str, bool]] = {
         "simplify",
         False,
     ),
+    "simplify.zero-pad": (
+        g(
+            "  %0 = constant_pad(%x) {pad=[0, 0, 0, 0], value=0.0} : f32[4, 6]\n"
+            "  %1 = exp(%0) : f32[4, 6]\n  return %1"
+        ),
+        "simplify",
+        False,
+    ),
     "simplify.identity-permute": (
         g("  %0 = permute(%x) {dims=[0, 1]} : f32[4, 6]\n  return %0"),
         "simplify",
@@ -443,6 +451,11 @@ MUST_NOT: dict[str, tuple[str, str, bool]] = {
     ),
     "simplify.identity-view": (
         g("  %0 = reshape(%x) {shape=[6, 4]} : f32[6, 4]\n  return %0"),
+        "simplify",
+        False,
+    ),
+    "simplify.zero-pad": (
+        g("  %0 = constant_pad(%x) {pad=[0, 1, 0, 0], value=0.0} : f32[4, 7]\n  return %0"),
         "simplify",
         False,
     ),

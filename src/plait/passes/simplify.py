@@ -141,6 +141,11 @@ RULES = [
         Op(("reshape", "view", "expand", "contiguous", "squeeze", "flatten", "slice"), Var("x")),
         lambda m, e: _same_shape(m),
     ),
+    Rule(
+        "simplify.zero-pad",
+        Op("constant_pad", Var("x"), attrs=lambda a: not any(a["pad"])),
+        lambda m, e: _same_shape(m),
+    ),
     Rule("simplify.identity-permute", Op("permute", Var("x")), lambda m, e: _identity_permute(m)),
     Rule(
         "simplify.permute-permute",
@@ -157,6 +162,7 @@ RULES = [
 
 @register_pass("simplify", VALUE_EQUAL, rules=tuple(r.name for r in RULES))
 def simplify(graph: Any, ctx: PassContext) -> Any:
-    """Remove identities (x*1, x+0, casts to the same dtype, no-op views, eval dropout), cancel
-    pairs (double neg, permute chains, lossless cast round trips), collapse reshape chains."""
+    """Remove identities (x*1, x+0, casts to the same dtype, no-op views and pads, eval
+    dropout), cancel pairs (double neg, permute chains, lossless cast round trips), collapse
+    reshape chains."""
     return apply_rules(graph, RULES, ctx.record)
