@@ -57,6 +57,7 @@ from plait import logs
 from plait.errors import GraphCaptureError
 from plait.frontend import pytree
 from plait.frontend.capture_values import Tracer
+from plait.frontend.grad_replay import GradTape
 from plait.frontend.guard_plan import _shares_memory
 from plait.frontend.input_writes import InputObjects, write_back
 from plait.frontend.pyrollback import Originals
@@ -81,9 +82,14 @@ class Continuation:
         self.leaves: list[Any] = []  # NOTE: the caller's leaves and module state, by lift ref
         self.state: list[Any] = []
         self.result: Any = None  # NOTE: the call's, once its program returned
+        # NOTE: under grad mode, the program's calls, to make its tensors again with eager's
+        # history at a refusal (plait.frontend.grad_replay)
+        self.tape: GradTape | None = GradTape() if torch.is_grad_enabled() else None
 
     def made(self, t: Tracer) -> None:
         self.tracers.append(weakref.ref(t))
+        if self.tape is not None and t._lift is not None:
+            self.tape.root(t._plain, t._lift)
 
     def original(self, lift: Lift) -> torch.Tensor:
         if lift.kind == "user":
@@ -96,6 +102,8 @@ class Continuation:
         """At the refusal ``err`` of a read of tensor data: continue the call eagerly where
         that is sound (the samples become the caller's tensors), else False."""
         live = [t for t in (r() for r in self.tracers) if t is not None]
+        if self.tape is not None:
+            return self._begin_with_grad(cx, err, live)
         why = _blocked(cx, live)
         clones: dict[int, tuple[Tracer, torch.Tensor]] = {}
         roots: list[tuple[Tracer, torch.Tensor]] = []
@@ -128,10 +136,34 @@ class Continuation:
                     orig, p = hit[1], t._plain
                     offset = p.storage_offset() + orig.storage_offset()
                     t._plain = orig.as_strided(p.shape, p.stride(), offset)
+        return self._going_on(cx, err)
+
+    def _going_on(self, cx: CaptureValues, err: GraphCaptureError) -> bool:
         torch.default_generator.set_state(cx.rng.caller)
         self.tracers.clear()
         self.on, self.error = True, err
         logs.debug("capture", "continue", f"the call goes on eagerly after: {err}")
+        return True
+
+    def _begin_with_grad(self, cx: CaptureValues, err: GraphCaptureError, live: list) -> bool:
+        """Under grad mode: the program's calls so far made again on the caller's tensors
+        (:mod:`plait.frontend.grad_replay`), each tensor it holds then eager's, history
+        included; False where the tape cannot."""
+        assert self.tape is not None
+        held = [t._plain for t in live]
+        why = cx.rng.redrawable(cx.builder.graph.nodes) or self.tape.why_not(held)
+        if why is not None:
+            logs.debug("capture", "continue", f"the call runs eagerly from the start: {why}")
+            return False
+        # NOTE: the replay draws what eager drew, from the caller's state, and leaves the
+        # generator where eager's calls left it
+        torch.default_generator.set_state(cx.rng.caller)
+        made = self.tape.replay(held, self.original)
+        for t, m in zip(live, made):
+            t._plain = m
+        self.tracers.clear()
+        self.on, self.error = True, err
+        logs.debug("capture", "continue", f"the call goes on with grad after: {err}")
         return True
 
     def finish(

@@ -147,6 +147,20 @@ class RngTracker:
             and all(_same(a, b) for a, b in zip(cuda or (), self.cuda or ()))
         )
 
+    def redrawable(self, nodes: list[Node]) -> str | None:
+        """Why the program's CPU draws so far could not be drawn again by running its calls
+        from the caller's state (:mod:`plait.frontend.grad_replay`), or None: a CUDA generator
+        moved, or the program seeded or set the generator (not a call a replay makes);
+        ``nodes``: the capture's so far."""
+        cuda = _cuda_states()
+        if (cuda is None) != (self.cuda is None) or not all(
+            _same(a, b) for a, b in zip(cuda or (), self.cuda or ())
+        ):
+            return "a CUDA generator moved during the capture"
+        if any(n.op in ("rng_seed", "rng_set_state") for n in nodes):
+            return "the program seeded or set the random number generator"
+        return None
+
     # --- internals ---------------------------------------------------------------------------
     def _moved(self, cx: CaptureContext, now: torch.Tensor, value: Any) -> None:
         assert isinstance(value, Value) and value.producer is not None

@@ -261,7 +261,11 @@ class CaptureContext(CaptureValues):
         return result
 
     def _dispatch(self, rule: Rule | None, func: Any, args: tuple, kwargs: dict) -> Any:
-        if self.unsampled and (rule is None or rule.kind == "data"):
+        # NOTE: a refused read under grad mode makes every value again from the tape, computed
+        # ones and skipped ones alike: computing the skipped ones first (or capturing again to)
+        # would run the program's Python once more for nothing
+        taped = rule is not None and self._tape_viable()
+        if self.unsampled and (rule is None or (rule.kind == "data" and not taped)):
             found: list[Tracer] = []
             self.unwrap((args, kwargs), found)
             if self.unsampled.holds(t._plain for t in found):
@@ -326,6 +330,7 @@ class CaptureContext(CaptureValues):
                 self.resample(f"{self.current} raised on values capture did not compute: {exc}")
             raise
         self._refuse_unstrided(func, out)
+        self._taped(func, pargs, pkwargs, out)
         if garbage:
             assert unsampled is not None
             if unsampled.replay is not None:
@@ -398,8 +403,20 @@ class CaptureContext(CaptureValues):
         if unsampled.replay is not None:
             computed = [p for p in plains if not unsampled.holds([p])]
             unsampled.replay.skipped(func, pargs, pkwargs, out, computed, fresh=empty is not None)
+        self._taped(func, pargs, pkwargs, out)
         grad = rule.grad and self.grad_enabled and any(t._rg for t in found)
         return self.wrap(ir, out, found, grad)
+
+    def _tape_viable(self) -> bool:
+        tape = self.continuation.tape if self.continuation is not None else None
+        return tape is not None and tape.broken is None
+
+    def _taped(self, func: Any, pargs: Any, pkwargs: dict, out: Any) -> None:
+        """A call of the program itself (not one a capture rule makes) recorded on the grad
+        tape, where there is one (:mod:`plait.frontend.grad_replay`)."""
+        tape = self.continuation.tape if self.continuation is not None else None
+        if tape is not None and not self.rule_depth:
+            tape.record(func, pargs, pkwargs, out, grad=torch.is_grad_enabled())
 
     def _refuse_unstrided(self, func: Any, out: Any) -> None:
         """A sparse, mkldnn or other non-strided result has no IR type (a tensor type is dense

@@ -1,0 +1,126 @@
+"""The tensors a refused capture computed under grad mode, made again with eager's autograd history.
+
+A capture runs every call of the program for real on samples, under ``no_grad`` (the graph, not
+PyTorch's autograd, is what capture differentiates). Where a read of tensor data refuses the
+capture of a call made with grad mode on, the call can go on eagerly from the refusal
+(:mod:`plait.frontend.continuation`) only if the tensors computed so far carry the history
+eager's would: :class:`GradTape` records each call the program made (its function, its
+arguments over the samples, its results, the grad mode it ran under), and at the refusal runs
+them again, in order, on the caller's tensors (the call's inputs, the module's parameters and
+buffers, the constants it read) with that grad mode: the same kernels on the same values, so
+each tensor the program holds becomes eager's, history included. The program's Python before
+the refusal is not run again.
+
+NOTE: invariants. A call is recorded only at the program's level (not the calls a capture
+rule makes while it runs), so replaying the tape makes each call once. The replay runs only
+where every tensor a recorded call reads, and every tensor the program still holds, is a lifted
+sample or a recorded call's result (checked before anything runs: the replay writes the
+caller's tensors, as eager did, and cannot be undone). A tape that grows past :data:`LIMIT`
+bytes of results stops: that call then runs eagerly from the start, as before.
+
+Example:
+    >>> import torch
+    >>> w = torch.ones(3, requires_grad=True)
+    >>> tape, sample = GradTape(), w.detach()
+    >>> tape.root(sample, w)
+    >>> with torch.no_grad():
+    ...     y = sample * 2
+    >>> tape.record(torch.mul, (sample, 2), {}, y, grad=True)
+    >>> made = tape.replay([y])
+    >>> made[0].requires_grad, made[0].tolist()
+    (True, [2.0, 2.0, 2.0])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from plait.frontend import pytree
+
+LIMIT = 256 << 20  # NOTE: bytes of recorded results held until a refusal replays them
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v)]
+    return []
+
+
+def _remap(x: Any, env: dict[int, torch.Tensor]) -> Any:
+    if isinstance(x, torch.Tensor):
+        return env[id(x)]
+    if type(x) is tuple or type(x) is list:
+        return type(x)(_remap(v, env) for v in x)
+    if isinstance(x, (list, tuple)) and pytree.is_named_sequence(x):
+        return pytree.same_type(x, [_remap(v, env) for v in x])
+    if isinstance(x, dict):
+        return {k: _remap(v, env) for k, v in x.items()}
+    return x
+
+
+class GradTape:
+    """The program's calls during one capture, to make again with grad (see the module doc)."""
+
+    def __init__(self) -> None:
+        # NOTE: each lifted sample with what names the caller's tensor it stands for
+        self.roots: list[tuple[torch.Tensor, Any]] = []
+        self.calls: list[tuple[Any, Any, dict, Any, bool]] = []
+        self.held = 0
+        self.broken: str | None = None
+
+    def root(self, sample: torch.Tensor, source: Any) -> None:
+        """A lifted sample, and what the replay's ``resolve`` turns into the caller's tensor."""
+        self.roots.append((sample, source))
+
+    def record(self, func: Any, pargs: Any, pkwargs: dict, out: Any, *, grad: bool) -> None:
+        """A call the program made: ``func`` on the samples, ``out`` its results."""
+        if self.broken is not None:
+            return
+        self.held += sum(t.untyped_storage().nbytes() for t in _tensors(out))
+        if self.held > LIMIT:
+            self.stop(f"the calls before it hold more than {LIMIT >> 20} MiB of results")
+            return
+        self.calls.append((func, pargs, pkwargs, out, grad))
+
+    def stop(self, why: str) -> None:
+        self.broken = self.broken or why
+        self.calls.clear()
+        self.roots.clear()
+
+    def why_not(self, held: list[torch.Tensor]) -> str | None:
+        """Why the tape cannot make ``held`` (the samples the program holds) again, or None."""
+        if self.broken is not None:
+            return self.broken
+        known = {id(s) for s, _ in self.roots}
+        for func, pargs, pkwargs, out, _ in self.calls:
+            if any(id(t) not in known for t in _tensors((pargs, pkwargs))):
+                name = getattr(func, "__name__", str(func))
+                return f"{name} read a tensor that no call of the program made"
+            known.update(id(t) for t in _tensors(out))
+        if any(id(t) not in known for t in held):
+            return "the program holds a tensor that no call of the program made"
+        return None
+
+    def replay(
+        self, held: list[torch.Tensor], resolve: Callable[[Any], torch.Tensor] = lambda t: t
+    ) -> list[torch.Tensor]:
+        """Run the recorded calls again on the caller's tensors (``resolve`` of each root's
+        source), each under its grad mode; returns the tensor made for each of ``held``. Call
+        after :meth:`why_not` said None."""
+        env = {id(s): resolve(src) for s, src in self.roots}
+        with torch._C.DisableTorchFunctionSubclass():
+            for func, pargs, pkwargs, out, grad in self.calls:
+                with torch.set_grad_enabled(grad):
+                    made = func(*_remap(pargs, env), **_remap(pkwargs, env))
+                for o, m in zip(_tensors(out), _tensors(made)):
+                    env[id(o)] = m
+        result = [env[id(t)] for t in held]
+        self.stop("replayed")
+        return result
