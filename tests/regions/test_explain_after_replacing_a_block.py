@@ -37,8 +37,9 @@ def test_a_replaced_block_is_listed_once_as_what_replaced_it() -> None:
             cm(torch.randn(4, 8, generator=gen))
         cm(torch.randn(4, 8, generator=gen))  # NOTE: grad mode: the root specializes again
         model.blocks[1] = Other(16)
-        x = torch.randn(4, 8, generator=gen)
-        torch.testing.assert_close(cm(x), model(x), **TOL)
+        for _ in range(2):  # NOTE: the first is refused again and goes on eagerly
+            x = torch.randn(4, 8, generator=gen)
+            torch.testing.assert_close(cm(x), model(x), **TOL)
     report = plait.explain(cm).regions
     listed = [(r["module"], r["class"]) for r in report["regions"]]
     assert len(listed) == len(set(p for p, _ in listed)), listed

@@ -22,6 +22,7 @@ def test_blocks_sharing_in_a_new_grad_mode_report_no_reason() -> None:
         with torch.no_grad():
             cm(x)  # NOTE: refused, it goes on eagerly: the regions compile on the next call
             cm(x)
+        cm(x)  # NOTE: grad mode: the root is captured again, refused, goes on eagerly
         cm(x)
     report = plait.explain(cm).regions
     blocks = {r["module"]: r for r in report["regions"] if r["module"].startswith("blocks.")}

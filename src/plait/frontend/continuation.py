@@ -24,8 +24,10 @@ as eager computes it, so it never does in
 - a capture that ran the program's Python before (a restart with sizes made static, or a
   resample computing every call): its side effects happened already (``capture_program``
   continues its first attempt alone);
-- a call made with grad mode on: samples are computed under ``no_grad``, without the history
-  eager's tensors carry;
+- with grad mode on, a call whose calls before the refusal cannot be made again
+  (:mod:`plait.frontend.grad_replay`): samples are computed under ``no_grad``, without the
+  history eager's tensors carry, so the tape makes them again on the caller's tensors instead
+  of the swaps below;
 - a capture holding values it did not compute (``arithmetic="skip"`` where
   :mod:`plait.frontend.late_values` could not compute them);
 - a capture whose random number generator moved (capture draws from another state);
