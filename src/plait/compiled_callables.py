@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from torch import nn
 
 from plait import wrapper_hooks
+from plait.ambient_modes import foreign_mode
 from plait.autograd.function import transforms_active
 from plait.errors import CaptureFallbackWarning
 from plait.specialization import Specialization, SpecializationUse
@@ -45,16 +46,28 @@ class Engine(Protocol):
     def specialize(self, args: tuple, kwargs: dict) -> SpecializationUse: ...
 
 
-def _under_transform(engine: Engine, args: tuple, kwargs: dict) -> Any:
-    """The call under a ``torch.func`` transform (grad, vjp, jacrev, vmap): the program as
-    written, warned. A compiled program has no transform rules; the transform gives eager's
-    values through the user's own code. (A helper of its own: the common call keeps its frames,
-    which capture's warnings count.)"""
+def _eager_reason() -> str | None:
+    """Why this call must run the program as written, if it must: a ``torch.func`` transform
+    (compiled programs have no transform rules) or a mode that is not plait's
+    (:mod:`plait.ambient_modes`: it sees, and may change, every torch call of the eager
+    program, none of a compiled one's)."""
+    if transforms_active():
+        return (
+            "a torch.func transform (grad, vjp, jacrev, vmap) is active, and compiled programs "
+            "have no transform rules"
+        )
+    mode = foreign_mode()
+    if mode is not None:
+        return f"{mode} is active, and it sees none of a compiled program's torch calls"
+    return None
+
+
+def _run_eagerly(engine: Engine, why: str, args: tuple, kwargs: dict) -> Any:
+    """The call under a ``torch.func`` transform or a foreign mode: the program as written,
+    warned; the transform or the mode gives eager's values through the user's own code. (A
+    helper of its own: the common call keeps its frames, which capture's warnings count.)"""
     warnings.warn(
-        "plait runs this call eagerly (fallback): a torch.func transform (grad, vjp, jacrev, "
-        "vmap) is active, and compiled programs have no transform rules",
-        CaptureFallbackWarning,
-        stacklevel=3,
+        f"plait runs this call eagerly (fallback): {why}", CaptureFallbackWarning, stacklevel=3
     )
     return engine.call_target(*args, **kwargs)
 
@@ -136,8 +149,9 @@ class CompiledFunction(_Copyable, _ArtifactProtocol):
         return super().__reduce_ex__(protocol)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if transforms_active():
-            return _under_transform(self._plait, args, kwargs)
+        why = _eager_reason()
+        if why is not None:
+            return _run_eagerly(self._plait, why, args, kwargs)
         return self._plait(args, kwargs)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -200,8 +214,9 @@ class CompiledModule(_Copyable, _ArtifactProtocol, nn.Module):
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if transforms_active():
-            return _under_transform(self._plait, args, kwargs)
+        why = _eager_reason()
+        if why is not None:
+            return _run_eagerly(self._plait, why, args, kwargs)
         return self._plait(args, kwargs)
 
     # NOTE: the module's calls run the global module hooks; the wrapper's call runs only its

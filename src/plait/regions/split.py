@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from plait.ambient_modes import foreign_mode
 from plait.frontend import CapturedProgram
 from plait.regions.tree import RegionTree
 
@@ -51,7 +52,9 @@ class RegionPlan:
         original = _bound_forward(module, prev)
 
         def dispatch(*args: Any, **kwargs: Any) -> Any:
-            if self not in _active():  # NOTE: another thread: the module as written
+            # NOTE: another thread, or a mode of the user's (its Python sees every torch call
+            # of the module as written, none of a compiled region's): the module as written
+            if self not in _active() or foreign_mode() is not None:
                 return original(*args, **kwargs)
             return self._call_region(module, args, kwargs)
 
