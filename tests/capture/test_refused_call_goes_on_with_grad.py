@@ -162,3 +162,124 @@ def test_draws_before_the_refusal_are_eagers_from_the_same_seed() -> None:
         assert m.calls == t.calls
 
     _run(DropsThenBranches().train(), _x(3), same, as_function=True)
+
+
+class AutocastAfterALinear(nn.Module):
+    """A linear before the program's own autocast block, the read inside it: a replay at the
+    read would run the linear under autocast (bfloat16), which eager did not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.lin(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.exp(a) * 2
+            return y if bool(y.sum() > 0) else -y
+
+
+class AutocastOffInside(nn.Module):
+    """Called under the caller's autocast, a linear inside the program's
+    ``autocast(enabled=False)`` block, the read after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.out = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", enabled=False):
+            a = self.lin(x)
+        y = self.out(a)
+        return y if bool(y.float().sum() > 0) else -y
+
+
+class CompressesSaved(nn.Module):
+    """Saved-tensor hooks that round what autograd saves to bfloat16, the read after them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.packs = 0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        self.packs += 1
+        return t.to(torch.bfloat16)
+
+    def unpack(self, t: torch.Tensor) -> torch.Tensor:
+        return t.float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+            h = torch.tanh(self.lin(x)) * x
+        return h if bool(h.sum() > 0) else -h
+
+
+def test_a_call_before_the_programs_own_autocast_block_keeps_eagers_dtype() -> None:
+    torch.manual_seed(4)
+    _run(AutocastAfterALinear(), _x(3), lambda m, t: None, as_function=True)
+
+
+def test_a_call_the_program_ran_without_the_callers_autocast_is_eagers() -> None:
+    torch.manual_seed(5)
+    model = AutocastOffInside()
+    twin = copy.deepcopy(model)
+    compiled = plait.compile(lambda x: model(x), options={"cache": False})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CaptureFallbackWarning)
+        for seed in range(3):
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+            x_twin = x.detach().clone().requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                got, want = compiled(x), twin(x_twin)
+            assert_bitwise(got, want, f"call {seed}: output")
+            got.float().square().sum().backward()
+            want.float().square().sum().backward()
+            assert_bitwise(x.grad, x_twin.grad, f"call {seed}: input gradient")
+            for g, h in zip(_grads(model), _grads(twin)):
+                assert_bitwise(g, h, f"call {seed}: parameter gradient")
+
+
+def test_saved_tensor_hooks_before_the_refusal_see_what_eagers_saw() -> None:
+    torch.manual_seed(6)
+
+    def same(m: nn.Module, t: nn.Module) -> None:
+        assert m.packs == t.packs
+
+    _run(CompressesSaved(), _x(3), same, as_function=True)
+
+
+class InferenceThenBranches(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.inference_mode():
+            a = x * 2
+        return (a, x + 1) if bool(a.sum() > 0) else (a, x - 1)
+
+
+class InferenceSavedForBackward(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            a = x * 2
+        y = a * x  # NOTE: eager refuses to save an inference tensor for backward
+        return y if bool(y.sum() > 0) else -y
+
+
+def test_a_tensor_made_in_inference_mode_before_the_refusal_is_an_inference_tensor() -> None:
+    torch.manual_seed(7)
+    model = InferenceThenBranches()
+    compiled = plait.compile(lambda x: model(x), options={"cache": False})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CaptureFallbackWarning)
+        for seed in range(3):
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+            got, want = compiled(x), model(x)
+            for g, w in zip(got, want):
+                assert_bitwise(g, w, f"call {seed}: output")
+            assert [t.is_inference() for t in got] == [t.is_inference() for t in want]
+    refusing = plait.compile(lambda x: InferenceSavedForBackward()(x), options={"cache": False})
+    x = torch.randn(3, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+        InferenceSavedForBackward()(x)
+    with warnings.catch_warnings(), pytest.raises(RuntimeError, match="cannot be saved"):
+        warnings.simplefilter("ignore", CaptureFallbackWarning)
+        refusing(x)

@@ -12,11 +12,15 @@ each tensor the program holds becomes eager's, history included. The program's P
 the refusal is not run again.
 
 NOTE: invariants. A call is recorded only at the program's level (not the calls a capture
-rule makes while it runs), so replaying the tape makes each call once. The replay runs only
-where every tensor a recorded call reads, and every tensor the program still holds, is a lifted
-sample or a recorded call's result (checked before anything runs: the replay writes the
-caller's tensors, as eager did, and cannot be undone). A tape that grows past :data:`LIMIT`
-bytes of results stops: that call then runs eagerly from the start, as before.
+rule makes while it runs), so replaying the tape makes each call once, under the grad mode and
+inference mode it ran in. The replay runs only where every tensor a recorded call reads, and
+every tensor the program still holds, is a lifted sample or a recorded call's result, and where
+each call ran under the autocast and saved-tensor hooks in force at the refusal (:func:`modes`:
+the replay runs under those; a call the program made inside its own ``torch.autocast`` block,
+or inside ``saved_tensors_hooks`` or a non-reentrant checkpoint, would not compute or save
+what eager's did). That is checked before anything runs: the replay writes the caller's
+tensors, as eager did, and cannot be undone. A tape that grows past :data:`LIMIT` bytes of
+results stops: that call then runs eagerly from the start, as before.
 
 Example:
     >>> import torch
@@ -33,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -65,13 +70,27 @@ def _remap(x: Any, env: dict[int, torch.Tensor]) -> Any:
     return x
 
 
+def modes() -> tuple[Any, ...]:
+    """The thread's state, beside grad and inference mode, that changes what a call computes or
+    the history it leaves: autocast's (on, and its dtype, per device type) and the saved-tensor
+    hooks autograd calls on each tensor it saves (``saved_tensors_hooks``, a non-reentrant
+    ``torch.utils.checkpoint``)."""
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    return (
+        *((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")),
+        torch._C._autograd._saved_tensors_hooks_is_enabled(),  # type: ignore[attr-defined]
+        *(hooks or ()),
+    )
+
+
 class GradTape:
     """The program's calls during one capture, to make again with grad (see the module doc)."""
 
     def __init__(self) -> None:
         # NOTE: each lifted sample with what names the caller's tensor it stands for
         self.roots: list[tuple[torch.Tensor, Any]] = []
-        self.calls: list[tuple[Any, Any, dict, Any, bool]] = []
+        # NOTE: each call: function, arguments, results, grad mode, inference mode, modes()
+        self.calls: list[tuple[Any, Any, dict, Any, bool, bool, tuple]] = []
         self.held = 0
         self.broken: str | None = None
 
@@ -87,7 +106,8 @@ class GradTape:
         if self.held > LIMIT:
             self.stop(f"the calls before it hold more than {LIMIT >> 20} MiB of results")
             return
-        self.calls.append((func, pargs, pkwargs, out, grad))
+        inference = torch.is_inference_mode_enabled()
+        self.calls.append((func, pargs, pkwargs, out, grad, inference, modes()))
 
     def stop(self, why: str) -> None:
         self.broken = self.broken or why
@@ -99,10 +119,13 @@ class GradTape:
         if self.broken is not None:
             return self.broken
         known = {id(s) for s, _ in self.roots}
-        for func, pargs, pkwargs, out, _ in self.calls:
+        now = modes()
+        for func, pargs, pkwargs, out, _, _, ran in self.calls:
+            name = getattr(func, "__name__", str(func))
             if any(id(t) not in known for t in _tensors((pargs, pkwargs))):
-                name = getattr(func, "__name__", str(func))
                 return f"{name} read a tensor that no call of the program made"
+            if len(ran) != len(now) or any(a is not b and a != b for a, b in zip(ran, now)):
+                return f"{name} ran under another autocast or other saved-tensor hooks"
             known.update(id(t) for t in _tensors(out))
         if any(id(t) not in known for t in held):
             return "the program holds a tensor that no call of the program made"
@@ -116,11 +139,18 @@ class GradTape:
         after :meth:`why_not` said None."""
         env = {id(s): resolve(src) for s, src in self.roots}
         with torch._C.DisableTorchFunctionSubclass():
-            for func, pargs, pkwargs, out, grad in self.calls:
-                with torch.set_grad_enabled(grad):
+            for func, pargs, pkwargs, out, grad, inference, _ in self.calls:
+                with _inference(inference), torch.set_grad_enabled(grad):
                     made = func(*_remap(pargs, env), **_remap(pkwargs, env))
                 for o, m in zip(_tensors(out), _tensors(made)):
                     env[id(o)] = m
         result = [env[id(t)] for t in held]
         self.stop("replayed")
         return result
+
+
+def _inference(on: bool) -> Any:
+    """Inference mode as a recorded call ran in (its tensors are inference tensors, as eager's)."""
+    if on == torch.is_inference_mode_enabled():
+        return contextlib.nullcontext()
+    return torch.inference_mode(on)
