@@ -263,6 +263,23 @@ def write_atomic(path: Path, data: bytes | list[Any], durable: bool = True) -> N
         _fsync_dir(path.parent)
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def _index_row(key: object, row: object) -> bool:
+    """Whether an index row is one the store wrote: a key that names an object, an integer
+    size, a number for the last access, a dict for the meta. Anything else (a damaged or
+    foreign index that still parses as JSON) makes the index unreadable, rebuilt from the
+    objects: a row of another shape must not reach the eviction's arithmetic or
+    :meth:`LocalStore.path`."""
+    if not (isinstance(key, str) and len(key) >= 3 and all(c in _HEX for c in key)):
+        return False
+    if not isinstance(row, dict) or type(row.get("size")) is not int or row["size"] < 0:
+        return False
+    last = row.get("last_access", 0.0)
+    return type(last) in (int, float) and isinstance(row.get("meta", {}), dict)
+
+
 class LocalStore(Store):
     """Entries under ``root`` (``objects/``, ``index.json``, ``index.lock``); ``max_bytes``
     (default ``$PLAIT_CACHE_MAX_BYTES``, else 8 GiB) bounds their total size."""
@@ -317,7 +334,7 @@ class LocalStore(Store):
                 )
             entries = data["entries"]
             if not isinstance(entries, dict) or not all(
-                isinstance(v, dict) and isinstance(v.get("size"), int) for v in entries.values()
+                _index_row(k, v) for k, v in entries.items()
             ):
                 raise StoreFormatError("malformed entries")
         except (ValueError, KeyError, UnicodeDecodeError) as exc:
