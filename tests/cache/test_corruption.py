@@ -91,3 +91,27 @@ def test_garbage_index_is_rebuilt_and_the_entry_still_serves(tmp_path: Path) -> 
     assert "rebuilt from the objects" in spec.manifest.cache["events"][0]
     report = LocalStore(cache).verify()
     assert report.ok, report  # NOTE: the run above rewrote a good index
+
+
+def test_a_stale_entry_in_a_store_whose_index_cannot_be_locked_is_rebuilt(
+    tmp_path: Path,
+) -> None:
+    """A stale entry is removed before it is rebuilt; where that removal fails (here a
+    directory stands where the index lock file should be) the compile still answers, and the
+    rebuilt entry replaces the stale one (removing it used to raise out of the call)."""
+    cache = tmp_path / "cache"
+    expected, _ = run(convnet(), sample(), cache)
+    store, key = _entry(cache)
+    _stale(store, key)
+    (cache / "index.lock").unlink(missing_ok=True)
+    (cache / "index.lock").mkdir()
+    with pytest.warns(CacheWarning) as caught:
+        out, spec = run(convnet(), sample(), cache)
+    assert torch.equal(out, expected)
+    assert status(spec) == "miss"
+    warned = [str(w.message) for w in caught]
+    assert any("differ from the recorded ones" in m for m in warned), warned
+    assert any("index.lock" in m for m in warned), warned  # NOTE: the index was not updated
+    (cache / "index.lock").rmdir()
+    again, spec = run(convnet(), sample(), cache)
+    assert status(spec) == "hit" and torch.equal(again, expected)

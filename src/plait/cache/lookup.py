@@ -307,7 +307,8 @@ def cached_compile(
     except CorruptEntryError as exc:
         _report(events, f"{exc}; rebuilt")
     except StaleEntryError as exc:
-        store.delete(digest)
+        with contextlib.suppress(OSError):  # NOTE: the rebuilt entry replaces it anyway
+            store.delete(digest)
         _report(events, f"cache entry {digest[:16]}… discarded: {exc}; rebuilt")
     except OSError as exc:  # NOTE: an unusable cache directory costs the cache, not the compile
         _report(events, f"cache unavailable ({exc}); compiled without it")
