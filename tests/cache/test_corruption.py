@@ -13,6 +13,8 @@ import torch
 from plait.cache import LocalStore
 from plait.cache.artifact import pack, unpack
 from plait.cache.lookup import CacheWarning
+from plait.codegen import build
+from plait.codegen.build import KernelCacheWarning
 from tests.cache.helpers import artifact_entries, convnet, run, sample, status
 
 
@@ -115,3 +117,29 @@ def test_a_stale_entry_in_a_store_whose_index_cannot_be_locked_is_rebuilt(
     (cache / "index.lock").rmdir()
     again, spec = run(convnet(), sample(), cache)
     assert status(spec) == "hit" and torch.equal(again, expected)
+
+
+@pytest.mark.parametrize("speculative", [True, False], ids=["early-run", "after-capture"])
+def test_a_damaged_kernel_library_behind_a_hit_is_in_its_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, speculative: bool
+) -> None:
+    """The kernel library a hit's program needs is damaged: it is discarded and rebuilt,
+    warned, and the hit's manifest says so in ``cache.events`` (the load that rebuilt the
+    program, ahead of capture for the early run or in the lookup, used to leave it out)."""
+    kernels, cache = tmp_path / "kernels", tmp_path / "cache"
+    monkeypatch.setenv("PLAIT_CACHE_DIR", str(kernels))
+    for name, fresh in (("_LOADED", {}), ("_DIRS", {}), ("_WARNED", set())):
+        monkeypatch.setattr(build, name, fresh)
+    options = {"speculative": speculative}
+    expected, _ = run(convnet(), sample(), cache, options=options)
+    (lib,) = sorted(kernels.glob("??/*.so"))
+    data = bytearray(lib.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    lib.unlink()  # NOTE: a new file: the library this process mapped is never written
+    lib.write_bytes(bytes(data))
+    monkeypatch.setattr(build, "_LOADED", {})  # NOTE: as a new process finds the cache
+    with pytest.warns(KernelCacheWarning, match="does not match its recorded hash"):
+        out, spec = run(convnet(), sample(), cache, options=options)
+    assert status(spec) == "hit" and torch.equal(out, expected)
+    events = spec.manifest.cache["events"]
+    assert any(e.startswith("kernel cache: ") and "recorded hash" in e for e in events), events

@@ -324,6 +324,8 @@ def cached_compile(
         _report(events, problem)
     events += store.take_notes()  # NOTE: a remote tier's reads, outages (warned once)
     if saved is not None:
+        # NOTE: the load rebuilt the program (here, or ahead of capture for an early run)
+        events += [f"kernel cache: {e}" for e in saved.kernel_events]
         with kernel_cache_events(events):
             compiled = restore_fn(req, saved)
         compiled.manifest.cache_key = m.cache_key
