@@ -41,6 +41,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -343,7 +344,8 @@ class SpeculativeRun:
         if isinstance(left, LoadFailed):  # NOTE: an entry no lookup asked for: reported here
             message = str(left.error)
             if isinstance(left.error, StaleEntryError):  # NOTE: as the lookup would have done
-                self.store.delete(self.artifact)
+                with contextlib.suppress(OSError):  # NOTE: an unusable index costs the removal
+                    self.store.delete(self.artifact)
                 message = f"cache entry {self.artifact[:16]}… discarded: {message}"
             warn_at_caller(f"plait cache: {message}")
         self.results = None

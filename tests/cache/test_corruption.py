@@ -13,6 +13,8 @@ import torch
 from plait.cache import LocalStore
 from plait.cache.artifact import pack, unpack
 from plait.cache.lookup import CacheWarning
+from plait.codegen import build
+from plait.codegen.build import KernelCacheWarning
 from tests.cache.helpers import artifact_entries, convnet, run, sample, status
 
 
@@ -91,3 +93,53 @@ def test_garbage_index_is_rebuilt_and_the_entry_still_serves(tmp_path: Path) -> 
     assert "rebuilt from the objects" in spec.manifest.cache["events"][0]
     report = LocalStore(cache).verify()
     assert report.ok, report  # NOTE: the run above rewrote a good index
+
+
+def test_a_stale_entry_in_a_store_whose_index_cannot_be_locked_is_rebuilt(
+    tmp_path: Path,
+) -> None:
+    """A stale entry is removed before it is rebuilt; where that removal fails (here a
+    directory stands where the index lock file should be) the compile still answers, and the
+    rebuilt entry replaces the stale one (removing it used to raise out of the call)."""
+    cache = tmp_path / "cache"
+    expected, _ = run(convnet(), sample(), cache)
+    store, key = _entry(cache)
+    _stale(store, key)
+    (cache / "index.lock").unlink(missing_ok=True)
+    (cache / "index.lock").mkdir()
+    with pytest.warns(CacheWarning) as caught:
+        out, spec = run(convnet(), sample(), cache)
+    assert torch.equal(out, expected)
+    assert status(spec) == "miss"
+    warned = [str(w.message) for w in caught]
+    assert any("differ from the recorded ones" in m for m in warned), warned
+    assert any("index.lock" in m for m in warned), warned  # NOTE: the index was not updated
+    (cache / "index.lock").rmdir()
+    again, spec = run(convnet(), sample(), cache)
+    assert status(spec) == "hit" and torch.equal(again, expected)
+
+
+@pytest.mark.parametrize("speculative", [True, False], ids=["early-run", "after-capture"])
+def test_a_damaged_kernel_library_behind_a_hit_is_in_its_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, speculative: bool
+) -> None:
+    """The kernel library a hit's program needs is damaged: it is discarded and rebuilt,
+    warned, and the hit's manifest says so in ``cache.events`` (the load that rebuilt the
+    program, ahead of capture for the early run or in the lookup, used to leave it out)."""
+    kernels, cache = tmp_path / "kernels", tmp_path / "cache"
+    monkeypatch.setenv("PLAIT_CACHE_DIR", str(kernels))
+    for name, fresh in (("_LOADED", {}), ("_DIRS", {}), ("_WARNED", set())):
+        monkeypatch.setattr(build, name, fresh)
+    options = {"speculative": speculative}
+    expected, _ = run(convnet(), sample(), cache, options=options)
+    (lib,) = sorted(kernels.glob("??/*.so"))
+    data = bytearray(lib.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    lib.unlink()  # NOTE: a new file: the library this process mapped is never written
+    lib.write_bytes(bytes(data))
+    monkeypatch.setattr(build, "_LOADED", {})  # NOTE: as a new process finds the cache
+    with pytest.warns(KernelCacheWarning, match="does not match its recorded hash"):
+        out, spec = run(convnet(), sample(), cache, options=options)
+    assert status(spec) == "hit" and torch.equal(out, expected)
+    events = spec.manifest.cache["events"]
+    assert any(e.startswith("kernel cache: ") and "recorded hash" in e for e in events), events

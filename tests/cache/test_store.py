@@ -3,13 +3,14 @@ an index that is rebuilt when it is garbage; least-recently-used eviction under 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from plait.cache import CorruptEntryError, LocalStore, Store, resolve_store
-from plait.cache.entry_file import decode_entry, encode_entry
+from plait.cache.entry_file import ALIGN, FORMAT, HEADER, MAGIC, decode_entry, encode_entry
 from tests.cache.helpers import store_clock
 
 KEY = "ab" * 32
@@ -228,3 +229,60 @@ def test_the_default_get_buffer_is_a_writable_copy(tmp_path: Path) -> None:
     view = Store.get_buffer(store, KEY)
     assert view is not None and not view.readonly and bytes(view) == b"payload"
     assert Store.get_buffer(store, OTHER) is None
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"size": 7, "last_access": "yesterday"},
+        {"size": 7, "last_access": None},
+        {"size": "7", "last_access": 1.0},
+        {"size": 7, "last_access": 1.0, "meta": "not a dict"},
+    ],
+    ids=["last-access-text", "last-access-null", "size-text", "meta-text"],
+)
+def test_an_index_of_json_with_malformed_rows_is_rebuilt(
+    tmp_path: Path, row: dict[str, object]
+) -> None:
+    """An index that parses, under the right schema, but whose rows are not the store's (a
+    damaged or foreign file) is rebuilt from the objects: writing, listing and evicting never
+    reach a row's bad value (a text last access used to raise TypeError from ``put``)."""
+    store = _store(tmp_path)
+    store.put(KEY, b"payload", {"parts": {"source": "s"}})
+    index = tmp_path / "artifacts" / "index.json"
+    doc = json.loads(index.read_bytes())
+    doc["entries"][KEY] = row
+    index.write_text(json.dumps(doc))
+    fresh = _store(tmp_path, max_bytes=1)
+    fresh.put(OTHER, b"other", {"parts": {"source": "t"}})  # NOTE: evicts KEY
+    assert [e.key for e in fresh.list()] == [OTHER]
+    assert any("index.json unreadable" in p for p in fresh.verify().problems)
+    assert fresh.verify().ok
+
+
+def test_an_index_row_under_a_name_that_is_no_key_is_rebuilt(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.put(KEY, b"payload", {"parts": {"source": "s"}})
+    index = tmp_path / "artifacts" / "index.json"
+    doc = json.loads(index.read_bytes())
+    doc["entries"]["../../elsewhere"] = {"size": 1, "last_access": 0.0}
+    index.write_text(json.dumps(doc))
+    fresh = _store(tmp_path, max_bytes=1)
+    fresh.put(OTHER, b"other", {"parts": {"source": "t"}})
+    assert [e.key for e in fresh.list()] == [OTHER]
+
+
+def test_an_object_whose_meta_is_no_json_object_is_not_listed(tmp_path: Path) -> None:
+    """An object with a well-formed header whose meta parses as JSON but not as an object: the
+    listing skips it (it used to raise TypeError from reading its head); verify removes it."""
+    store = _store(tmp_path)
+    store.put(KEY, b"payload", {"parts": {"source": "s"}})
+    meta = b"[1]"
+    pad = bytes(-(-(HEADER.size + len(meta)) // ALIGN) * ALIGN - HEADER.size - len(meta))
+    head = HEADER.pack(MAGIC, FORMAT, bytes(16), len(meta), 0)
+    path = store.path(OTHER)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    path.write_bytes(head + meta + pad)
+    assert [e.key for e in store.list()] == [KEY]
+    report = store.verify()
+    assert not report.ok and not path.exists()

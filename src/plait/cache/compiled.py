@@ -38,6 +38,7 @@ import torch
 
 from plait.cache.artifact import pack_pieces, unpack
 from plait.cache.store import Store
+from plait.codegen import build
 from plait.ir import Graph, TensorType
 from plait.ir.persist import Blobs, GraphDocError, graph_from_doc, graph_to_doc
 from plait.runtime.program_doc import ProgramDocError, program_from_doc, program_to_doc
@@ -59,6 +60,9 @@ class SavedCompile:
     frozen: list[str] = field(default_factory=list)
     program: Any = None
     seconds: dict[str, float] = field(default_factory=dict)
+    # NOTE: what the kernel cache reported while the load rebuilt the program (a library
+    # discarded and rebuilt, ...): the lookup that takes the entry puts them in its manifest
+    kernel_events: list[str] = field(default_factory=list)
 
 
 def save_compiled(store: Store, key: str, parts: dict[str, Any], saved: SavedCompile) -> None:
@@ -108,6 +112,7 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
     if ahead is not None:
         return ahead
     start = time.perf_counter()
+    first_event = len(build.EVENTS)
     # NOTE: a writable view (LocalStore: a private mapping of the entry): the constants are built
     # on it without a copy. Its hash is checked in the background while the Python parsers read
     # it, and waited for before anything native (a descriptor, a kernel) touches it.
@@ -164,7 +169,8 @@ def load_compiled(store: Store, key: str) -> SavedCompile | None:
         "cache.rebuild": t_rebuild - t_parse + time.perf_counter() - t_verified,
         "cache.verify_wait": t_verified - t_rebuild,
     }
-    return SavedCompile(graph, manifest, executor, frozen, program, seconds)
+    events = build.EVENTS[first_event:]
+    return SavedCompile(graph, manifest, executor, frozen, program, seconds, events)
 
 
 def _off_cpu(graph: Graph) -> bool:

@@ -150,4 +150,7 @@ def read_head(path: Path) -> dict[str, Any]:
         magic, fmt, _, n_meta, _ = HEADER.unpack(head)
         if magic != MAGIC or fmt != FORMAT:
             raise StoreFormatError(f"not a plait cache entry of format {FORMAT}")
-        return dict(json.loads(f.read(n_meta)))
+        meta = json.loads(f.read(n_meta))
+        if not isinstance(meta, dict):  # NOTE: a TypeError would escape the callers' checks
+            raise StoreFormatError("meta is not a JSON object")
+        return meta

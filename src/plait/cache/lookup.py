@@ -307,7 +307,8 @@ def cached_compile(
     except CorruptEntryError as exc:
         _report(events, f"{exc}; rebuilt")
     except StaleEntryError as exc:
-        store.delete(digest)
+        with contextlib.suppress(OSError):  # NOTE: the rebuilt entry replaces it anyway
+            store.delete(digest)
         _report(events, f"cache entry {digest[:16]}… discarded: {exc}; rebuilt")
     except OSError as exc:  # NOTE: an unusable cache directory costs the cache, not the compile
         _report(events, f"cache unavailable ({exc}); compiled without it")
@@ -323,6 +324,8 @@ def cached_compile(
         _report(events, problem)
     events += store.take_notes()  # NOTE: a remote tier's reads, outages (warned once)
     if saved is not None:
+        # NOTE: the load rebuilt the program (here, or ahead of capture for an early run)
+        events += [f"kernel cache: {e}" for e in saved.kernel_events]
         with kernel_cache_events(events):
             compiled = restore_fn(req, saved)
         compiled.manifest.cache_key = m.cache_key

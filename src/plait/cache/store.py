@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from plait.cache.entry_file import (
     HEADER,
@@ -69,6 +69,9 @@ from plait.errors import InvalidOptionError, StoreFormatError
 from plait.ir.private_files import FILE_MODE, private_dir, private_subdir, staged_file
 
 DEFAULT_MAX_BYTES = 8 << 30
+# NOTE: seconds a writer waits for index.lock: a holder that is stopped (Ctrl-Z, a debugger,
+# SIGSTOP) or hung must cost the index update, never hang every compile that writes the cache
+INDEX_LOCK_TIMEOUT = 10.0
 INDEX_SCHEMA = "plait.cache.index/1"
 
 
@@ -263,6 +266,23 @@ def write_atomic(path: Path, data: bytes | list[Any], durable: bool = True) -> N
         _fsync_dir(path.parent)
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def _index_row(key: object, row: object) -> bool:
+    """Whether an index row is one the store wrote: a key that names an object, an integer
+    size, a number for the last access, a dict for the meta. Anything else (a damaged or
+    foreign index that still parses as JSON) makes the index unreadable, rebuilt from the
+    objects: a row of another shape must not reach the eviction's arithmetic or
+    :meth:`LocalStore.path`."""
+    if not (isinstance(key, str) and len(key) >= 3 and all(c in _HEX for c in key)):
+        return False
+    if not isinstance(row, dict) or type(row.get("size")) is not int or row["size"] < 0:
+        return False
+    last = row.get("last_access", 0.0)
+    return type(last) in (int, float) and isinstance(row.get("meta", {}), dict)
+
+
 class LocalStore(Store):
     """Entries under ``root`` (``objects/``, ``index.json``, ``index.lock``); ``max_bytes``
     (default ``$PLAIT_CACHE_MAX_BYTES``, else 8 GiB) bounds their total size."""
@@ -296,7 +316,14 @@ class LocalStore(Store):
     def _index(self) -> Iterator[dict[str, dict[str, Any]]]:
         """The index entries, under the lock; written back when the block ends."""
         self._private_root()
-        with self._lock:
+        try:
+            self._lock.acquire(timeout=INDEX_LOCK_TIMEOUT)
+        except Timeout:
+            raise TimeoutError(
+                f"{self.root / 'index.lock'} was held by another process for more than "
+                f"{INDEX_LOCK_TIMEOUT:g} s (a stopped or hung process?); the index was not updated"
+            ) from None
+        try:
             entries = self._read_index()
             yield entries
             data = {"schema": INDEX_SCHEMA, "entries": entries}
@@ -304,6 +331,8 @@ class LocalStore(Store):
             # one a crash left unreadable is rebuilt from them.
             text = json.dumps(data, sort_keys=True).encode()
             write_atomic(self.root / "index.json", text, durable=False)
+        finally:
+            self._lock.release()
 
     def _read_index(self) -> dict[str, dict[str, Any]]:
         path = self.root / "index.json"
@@ -317,7 +346,7 @@ class LocalStore(Store):
                 )
             entries = data["entries"]
             if not isinstance(entries, dict) or not all(
-                isinstance(v, dict) and isinstance(v.get("size"), int) for v in entries.values()
+                _index_row(k, v) for k, v in entries.items()
             ):
                 raise StoreFormatError("malformed entries")
         except (ValueError, KeyError, UnicodeDecodeError) as exc:
@@ -442,7 +471,8 @@ class LocalStore(Store):
 
     def _discard(self, key: str) -> None:
         self._remove(self.path(key))
-        with self._index() as index:
+        # NOTE: the object is gone; a row the index keeps for it meanwhile is dropped later
+        with contextlib.suppress(OSError), self._index() as index:
             index.pop(key, None)
 
     def put(self, key: str, payload: Payload, meta: dict[str, Any]) -> None:
@@ -451,9 +481,12 @@ class LocalStore(Store):
         self._private_root()
         write_atomic(path, pieces)
         size = sum(memoryview(p).nbytes for p in pieces)
-        with self._index() as index:
-            index[key] = {"size": size, "last_access": time.time(), "meta": summary(meta)}
-            self._evict(index, keep=key)
+        try:
+            with self._index() as index:
+                index[key] = {"size": size, "last_access": time.time(), "meta": summary(meta)}
+                self._evict(index, keep=key)
+        except TimeoutError as exc:  # NOTE: a later write's index takes the object in
+            raise TimeoutError(f"the entry is published but not indexed: {exc}") from None
 
     def _refresh(self, index: dict[str, dict[str, Any]]) -> None:
         """Each row's last access, with the reads since it was written (objects' mtimes), and
