@@ -610,6 +610,9 @@ class _NoLock:
     def __enter__(self) -> None:
         raise PermissionError(13, "Permission denied", "index.lock")
 
+    def acquire(self, timeout: float = -1) -> None:
+        raise PermissionError(13, "Permission denied", "index.lock")
+
     def __exit__(self, *exc: object) -> None:
         return None
 
