@@ -384,6 +384,10 @@ CODES: dict[str, ErrorCode] = {
               "a directory plait keeps trusted files in (the cache, the kernel cache) is not "
               "owned by this user, is a symlink or is writable by others",
               "do what the message says (chmod 700 it, or point PLAIT_CACHE_DIR elsewhere)"),
+        _code("PLAIT-C147", "compile", "a cache's index lock was held too long",
+              "another process held the cache's index.lock past the bound (stopped with "
+              "Ctrl-Z, paused in a debugger, or hung)",
+              "end or resume that process; the compile meanwhile goes on without the cache"),
         _code("PLAIT-C150", "compile", "an op's type rule refused its operands",
               "a graph built by hand (or by a pass) with operand types or attributes the op "
               "does not take",
@@ -466,6 +470,7 @@ _BY_NAME = {
     "plait.ir.errors.NotRegularFileError": "PLAIT-C144",
     "plait.ir.persist.GraphDocError": "PLAIT-C144",
     "plait.ir.private_files.UnsafeDirectoryError": "PLAIT-C146",
+    "plait.cache.store.IndexLockTimeout": "PLAIT-C147",
     "plait.ir.ops.vjp.NoDerivativeError": "PLAIT-C120",
     "plait.conformance.report.ConformanceError": "PLAIT-N301",
     "plait.contract.model.ContractError": "PLAIT-N302",

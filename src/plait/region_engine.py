@@ -16,7 +16,7 @@ NOTE: a mixin of ``plait.api._Engine``; it reads the engine's attributes (``tree
     >>> with warnings.catch_warnings():
     ...     warnings.simplefilter("ignore")
     ...     m = plait.compile(Gate(), backend="eager", options={"cache": False})
-    ...     _ = m(torch.ones(2, 4))
+    ...     _ = m(torch.ones(2, 4)), m(torch.ones(2, 4))  # NOTE: the first goes on eagerly
     >>> [(r["module"], r["status"]) for r in plait.explain(m).regions["regions"]]
     [('a', 'compiled')]
 """

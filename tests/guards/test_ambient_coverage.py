@@ -51,6 +51,8 @@ COVERED = {
     "types memo is keyed by the default in force where the node is typed)",
     ("frontend/guard_build.py", "is_autocast_enabled"): "guard torch.autocast",
     ("frontend/capture_values.py", "is_grad_enabled"): "guard grad_mode (capture's own)",
+    ("frontend/grad_replay.py", "is_autocast_enabled"): "guard torch.autocast (each recorded "
+    "call's autocast, compared with the refusal's before a replay)",
     ("frontend/continuation.py", "is_grad_enabled"): "guard grad_mode (whether a capture "
     "records its calls to go on with grad at a refusal)",
     ("frontend/tracer.py", "is_grad_enabled"): "guard grad_mode (capture's own, compared with "

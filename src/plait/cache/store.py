@@ -89,6 +89,12 @@ def max_bytes_setting() -> int:
         ) from None
 
 
+class IndexLockTimeout(TimeoutError):
+    """Another process held a store's index lock past :data:`INDEX_LOCK_TIMEOUT` (a stopped
+    or hung process): an ``OSError``, which the store's callers treat as a cache they cannot
+    update (the compile goes on uncached)."""
+
+
 class CorruptEntryError(Exception):
     """An entry failed its own hash (or could not be read); it was removed from the store."""
 
@@ -319,7 +325,7 @@ class LocalStore(Store):
         try:
             self._lock.acquire(timeout=INDEX_LOCK_TIMEOUT)
         except Timeout:
-            raise TimeoutError(
+            raise IndexLockTimeout(
                 f"{self.root / 'index.lock'} was held by another process for more than "
                 f"{INDEX_LOCK_TIMEOUT:g} s (a stopped or hung process?); the index was not updated"
             ) from None
@@ -485,8 +491,8 @@ class LocalStore(Store):
             with self._index() as index:
                 index[key] = {"size": size, "last_access": time.time(), "meta": summary(meta)}
                 self._evict(index, keep=key)
-        except TimeoutError as exc:  # NOTE: a later write's index takes the object in
-            raise TimeoutError(f"the entry is published but not indexed: {exc}") from None
+        except IndexLockTimeout as exc:  # NOTE: a later write's index takes the object in
+            raise IndexLockTimeout(f"the entry is published but not indexed: {exc}") from None
 
     def _refresh(self, index: dict[str, dict[str, Any]]) -> None:
         """Each row's last access, with the reads since it was written (objects' mtimes), and

@@ -43,7 +43,7 @@ Example:
     >>> cm = plait.compile(Net(), backend="eager", options={"cache": False})
     >>> with warnings.catch_warnings():
     ...     warnings.simplefilter("ignore")
-    ...     _ = cm(torch.ones(2, 4)), cm(-torch.ones(2, 4))
+    ...     _ = cm(torch.ones(2, 4)), cm(torch.ones(2, 4)), cm(-torch.ones(2, 4))
     >>> [(r["module"], r["status"]) for r in plait.explain(cm).regions["regions"]]
     [('a', 'compiled'), ('b', 'compiled')]
 """
