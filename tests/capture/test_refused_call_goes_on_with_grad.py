@@ -18,19 +18,8 @@ from torch import nn
 
 import plait
 from plait.errors import CaptureFallbackWarning
+from tests.capture.test_refused_call_goes_on_eagerly import CountsThenReads
 from tests.util import assert_bitwise
-
-
-class CountsThenBranches(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-        self.calls = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        y = self.lin(x)
-        return y * self.calls if bool(y.sum() > 0) else y - self.calls
 
 
 class NormsThenBranches(nn.Module):
@@ -129,7 +118,7 @@ def test_a_counter_before_the_refusal_steps_once_and_gradients_are_eagers(
     def same(m: nn.Module, t: nn.Module) -> None:
         assert m.calls == t.calls
 
-    _run(CountsThenBranches(), _x(3), same, as_function=as_function)
+    _run(CountsThenReads(), _x(3), same, as_function=as_function)
 
 
 def test_a_train_mode_batch_norm_before_the_refusal_updates_its_statistics_once() -> None:

@@ -138,10 +138,13 @@ class Continuation:
                     orig, p = hit[1], t._plain
                     offset = p.storage_offset() + orig.storage_offset()
                     t._plain = orig.as_strided(p.shape, p.stride(), offset)
-        return self._going_on(cx, err)
+        return self._going_on(cx, err, replayed=False)
 
-    def _going_on(self, cx: CaptureValues, err: GraphCaptureError) -> bool:
-        torch.default_generator.set_state(cx.rng.caller)
+    def _going_on(self, cx: CaptureValues, err: GraphCaptureError, *, replayed: bool) -> bool:
+        """The call goes on eagerly from ``err``; the generator gets the caller's state back,
+        unless a replay drew from it (then it is where eager's calls left it)."""
+        if not replayed:
+            torch.default_generator.set_state(cx.rng.caller)
         self.tracers.clear()
         self.on, self.error = True, err
         logs.debug("capture", "continue", f"the call goes on eagerly after: {err}")
@@ -163,10 +166,7 @@ class Continuation:
         made = self.tape.replay(held, self.original)
         for t, m in zip(live, made):
             t._plain = m
-        self.tracers.clear()
-        self.on, self.error = True, err
-        logs.debug("capture", "continue", f"the call goes on with grad after: {err}")
-        return True
+        return self._going_on(cx, err, replayed=True)
 
     def finish(
         self,

@@ -44,18 +44,9 @@ from typing import Any
 import torch
 
 from plait.frontend import pytree
+from plait.frontend.views import tensors_in
 
 LIMIT = 256 << 20  # NOTE: bytes of recorded results held until a refusal replays them
-
-
-def _tensors(x: Any) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _tensors(v)]
-    if isinstance(x, dict):
-        return [t for v in x.values() for t in _tensors(v)]
-    return []
 
 
 def _remap(x: Any, env: dict[int, torch.Tensor]) -> Any:
@@ -102,7 +93,7 @@ class GradTape:
         """A call the program made: ``func`` on the samples, ``out`` its results."""
         if self.broken is not None:
             return
-        self.held += sum(t.untyped_storage().nbytes() for t in _tensors(out))
+        self.held += sum(t.untyped_storage().nbytes() for t in tensors_in(out))
         if self.held > LIMIT:
             self.stop(f"the calls before it hold more than {LIMIT >> 20} MiB of results")
             return
@@ -122,11 +113,11 @@ class GradTape:
         now = modes()
         for func, pargs, pkwargs, out, _, _, ran in self.calls:
             name = getattr(func, "__name__", str(func))
-            if any(id(t) not in known for t in _tensors((pargs, pkwargs))):
+            if any(id(t) not in known for t in tensors_in((pargs, pkwargs))):
                 return f"{name} read a tensor that no call of the program made"
             if len(ran) != len(now) or any(a is not b and a != b for a, b in zip(ran, now)):
                 return f"{name} ran under another autocast or other saved-tensor hooks"
-            known.update(id(t) for t in _tensors(out))
+            known.update(id(t) for t in tensors_in(out))
         if any(id(t) not in known for t in held):
             return "the program holds a tensor that no call of the program made"
         return None
@@ -142,7 +133,7 @@ class GradTape:
             for func, pargs, pkwargs, out, grad, inference, _ in self.calls:
                 with _inference(inference), torch.set_grad_enabled(grad):
                     made = func(*_remap(pargs, env), **_remap(pkwargs, env))
-                for o, m in zip(_tensors(out), _tensors(made)):
+                for o, m in zip(tensors_in(out), tensors_in(made)):
                     env[id(o)] = m
         result = [env[id(t)] for t in held]
         self.stop("replayed")

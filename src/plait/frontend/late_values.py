@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from plait.frontend.views import storage_id
+from plait.frontend.views import storage_id, tensors_in
 
 if TYPE_CHECKING:
     from plait.frontend.tracer import CaptureContext
@@ -53,14 +53,6 @@ class _Call:
     pkwargs: dict
     fresh: list[tuple[int, torch.Tensor]]  # NOTE: (position among its results, the result)
     computed: list[tuple[torch.Tensor, int]]  # NOTE: operands read computed, with _version
-
-
-def _tensors(x: Any) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _tensors(v)]
-    return []
 
 
 class Replay:
@@ -129,7 +121,7 @@ class Replay:
             self.stop("a call ran on values capture did not compute under autocast")
             return
         owned = {storage_id(t) for t in operands}
-        fresh = [(i, t) for i, t in enumerate(_tensors(out)) if storage_id(t) not in owned]
+        fresh = [(i, t) for i, t in enumerate(tensors_in(out)) if storage_id(t) not in owned]
         self._record(_Call(func, pargs, pkwargs, fresh, kept))
 
     def compute(self, moved: bool) -> str | None:
@@ -146,7 +138,7 @@ class Replay:
             return "the program reads them under autocast"
         with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
             for call in self.calls:
-                results = _tensors(call.func(*call.pargs, **call.pkwargs))
+                results = tensors_in(call.func(*call.pargs, **call.pkwargs))
                 for i, t in call.fresh:
                     t.copy_(results[i])
         self.calls.clear()

@@ -16,15 +16,16 @@ def layout_clone(t: torch.Tensor) -> torch.Tensor:
     """
     if t.layout != torch.strided or t.is_conj() or t.is_neg() or t.numel() == 0:
         return t.clone()
-    if _dense(t):
+    if is_dense(t):
         return t.clone()  # NOTE: a dense tensor's clone keeps its strides (preserve_format)
     span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
     flat = torch.as_strided(t, (span,), (1,), t.storage_offset()).clone()
     return flat.as_strided(t.shape, t.stride(), 0)
 
 
-def _dense(t: torch.Tensor) -> bool:
-    """Whether ``t``'s elements fill its memory span exactly once, in some order of its dims."""
+def is_dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its memory span exactly once, in some order of its dims
+    (a permutation of a contiguous layout)."""
     expected = 1
     for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1):
         if stride != expected:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from plait.errors import InternalValueError
+from plait.frontend.layout_clone import is_dense
 from plait.frontend.views import storage_id
 
 # NOTE: ("view", (base output index, tracer id, size, stride, offset, requires_grad, base size,
@@ -52,18 +53,6 @@ def shared_roots(tracers: Sequence[Any]) -> set[int]:
     return {r for r, members in seen.items() if len(members) > 1}
 
 
-def _dense(t: torch.Tensor) -> bool:
-    """Whether ``t``'s elements fill its memory once each (a permutation of a contiguous
-    layout)."""
-    expected = 1
-    dims = sorted(((st, s) for s, st in zip(t.shape, t.stride()) if s != 1))
-    for stride, size in dims:
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
 def _extent(size: Sequence[int], stride: Sequence[int], offset: int) -> tuple[int, int]:
     """The first and last element a geometry reaches (``(0, -1)`` for no element)."""
     if any(s == 0 for s in size):
@@ -78,7 +67,7 @@ def geometry(tr: Any, root: Any) -> tuple[Any, ...] | None:
     relative to ``root``, or None where it cannot be made again of the compiled base (a base
     that is not dense, a view reaching outside its base's elements, no reading as its dtype)."""
     plain, base = tr._plain, root._plain
-    if not _dense(base) or base.numel() == 0:
+    if not is_dense(base) or base.numel() == 0:
         return None
     reread: tuple[str, ...] = ()
     if plain.dtype != base.dtype:

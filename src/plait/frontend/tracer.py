@@ -39,7 +39,7 @@ from plait.frontend.set_storage import refusing_set
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
 from plait.frontend.unsampled import SKIPPED, overwrites_garbage, probe, skippable
-from plait.frontend.views import ViewStep, storage_id
+from plait.frontend.views import ViewStep, storage_id, tensors_in
 from plait.frontend.writes import partial_overlap, write_targets
 from plait.ir import TensorType, Value
 
@@ -109,17 +109,6 @@ def _plain_call(x: Any) -> bool:
     if cls is slice:
         return _plain_call((x.start, x.stop, x.step))
     return False
-
-
-def _tensors(x: Any) -> list[torch.Tensor]:
-    """The tensors in a call's arguments (tuples, lists and dicts looked into)."""
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (tuple, list)):
-        return [t for v in x for t in _tensors(v)]
-    if isinstance(x, dict):
-        return [t for v in x.values() for t in _tensors(v)]
-    return []
 
 
 def _requires_grad(x: Any) -> bool:
@@ -264,8 +253,7 @@ class CaptureContext(CaptureValues):
         # NOTE: a refused read under grad mode makes every value again from the tape, computed
         # ones and skipped ones alike: computing the skipped ones first (or capturing again to)
         # would run the program's Python once more for nothing
-        taped = rule is not None and self._tape_viable()
-        if self.unsampled and (rule is None or (rule.kind == "data" and not taped)):
+        if self.unsampled and (rule is None or (rule.kind == "data" and not self._tape_viable())):
             found: list[Tracer] = []
             self.unwrap((args, kwargs), found)
             if self.unsampled.holds(t._plain for t in found):
@@ -438,11 +426,11 @@ class CaptureContext(CaptureValues):
             if not isinstance(t, torch.Tensor):
                 continue
             written = self._plain_of(t)
-            operands = _tensors((args, kwargs))
-            if self.current.endswith("__setitem__") and len(args) == 3 and not _tensors(args[1]):
+            operands = tensors_in((args, kwargs))
+            if self.current.endswith("__setitem__") and len(args) == 3 and not tensors_in(args[1]):
                 # NOTE: a basic index writes its own view of the target (``x[:, 1:] += 1``
                 # reads and writes the same elements): that view is what the value may overlap
-                written, operands = written[self.unwrap(args[1], [])], _tensors(args[2])
+                written, operands = written[self.unwrap(args[1], [])], tensors_in(args[2])
             for a in operands:
                 if a is not t and partial_overlap(written, self._plain_of(a)):
                     self.limitation(

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from plait.frontend.layout_clone import is_dense
 from plait.frontend.views import storage_id
 
 if TYPE_CHECKING:
@@ -116,20 +117,9 @@ def overwrites_garbage(name: str, targets: list[Any], unsampled: Unsampled) -> b
     return (
         base in _ELEMENTWISE
         and plain is not None
-        and _dense(plain)  # NOTE: eager refuses a write into an expanded view
+        and is_dense(plain)  # NOTE: eager refuses a write into an expanded view
         and unsampled.holds([plain])
     )
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether ``t``'s elements are distinct and fill its span (any order of dims)."""
-    step = 1
-    dims = sorted((s, d) for d, s in zip(t.shape, t.stride()) if d != 1)
-    for stride, size in dims:
-        if stride != step:
-            return False
-        step *= size
-    return True
 
 
 def skippable(func: Any, plains: list[torch.Tensor], args: tuple, kwargs: dict) -> bool:

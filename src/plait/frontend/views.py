@@ -212,6 +212,24 @@ def scatter(cx: CaptureContext, root_value: Value, steps: Sequence[ViewStep], ne
     return steps[0].unapply(cx, root_value, inner_new)
 
 
+def tensors_in(x: Any) -> list[torch.Tensor]:
+    """The tensors in a call's arguments or results (tuples, lists and dicts looked into), in
+    order.
+
+    Example:
+        >>> a, b = torch.zeros(1), torch.ones(1)
+        >>> [t is a for t in tensors_in((a, [2, {"k": b}]))]
+        [True, False]
+    """
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for v in x for t in tensors_in(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in tensors_in(v)]
+    return []
+
+
 def storage_id(t: torch.Tensor) -> int:
     """Identity of the memory a tensor views (works for meta tensors too)."""
     try:

@@ -481,13 +481,13 @@ def graphed(
         else:
             record = call.record
             if link is not None and borrow_from is not None:
-                lender, positions = borrow_from[0], link[2]
-                lender._call.lend_through(link[1], positions)
+                forward, positions = borrow_from[0], link[2]
+                forward._call.lend_through(link[1], positions)
                 handed = {
                     "values": len(positions),
                     "bytes": sum(b.numel() * b.element_size() for b in link[1].buffers),
                 }
-                lender.cuda_graph["lends"] = handed
+                forward.cuda_graph["lends"] = handed
                 record["borrows"] = handed
                 record["pool"] = "the forward's" if pool is not None else "its own"
             record["capture_s"] = round(time.perf_counter() - start, 6)
