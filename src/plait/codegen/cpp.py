@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from plait.codegen.index import Atom, Clamp, Div, Ix, Mod, Var
 from plait.codegen.kir import CHECKED_INT_OPS, Kernel, Reduce, Stmt, Store, is_float
-from plait.codegen.loops import merge_loops
+from plait.codegen.loops import merge_loops, segments
 from plait.errors import InternalCompilerError
 from plait.symbolic.poly import Poly, Size, is_zero, lower_bound, to_text
 
@@ -135,7 +135,7 @@ def c_const(value: object, t: str) -> str:
 class _Printer:
     def __init__(self, kernel: Kernel, symbol: str, options: PrintOptions) -> None:
         self.atoms = kernel.size_atoms()
-        self.k = merge_loops(kernel)
+        self.k = merge_loops(kernel, per_element=True)
         self.symbol = symbol
         self.opts = options
         self.lines: list[str] = []
@@ -333,16 +333,18 @@ class _Printer:
             parallel = level == 0
             when = f" if(parallel: {c_size(v.extent)} > 1 && {c_size(work)} >= {threshold})"
         red = " reduction(|:err)" if self.uses_err else ""
-        if parallel and innermost:
-            self.line(f"#pragma omp parallel for simd schedule(static){red}{when}")
-        elif parallel:
-            self.line(f"#pragma omp parallel for schedule(static){red}{when}")
-        elif innermost:
-            self.line(f"#pragma omp simd{red}")
-        saved = self.open(f"for (int64_t {v} = 0; {v} < {c_size(v.extent)}; ++{v})")
-        self.emit_where(roots, lambda o, i, p: o == level and i < 0 and p < 0)
-        self.outer_loop(level + 1, roots)
-        self.close(saved)
+        pieces = segments(k, v) if innermost else [(0, v.extent)]
+        for lo, hi in pieces:
+            if parallel and innermost:
+                self.line(f"#pragma omp parallel for simd schedule(static){red}{when}")
+            elif parallel:
+                self.line(f"#pragma omp parallel for schedule(static){red}{when}")
+            elif innermost:
+                self.line(f"#pragma omp simd{red}")
+            saved = self.open(f"for (int64_t {v} = {lo}; {v} < {c_size(hi)}; ++{v})")
+            self.emit_where(roots, lambda o, i, p: o == level and i < 0 and p < 0)
+            self.outer_loop(level + 1, roots)
+            self.close(saved)
 
     def outer_body(self) -> None:
         k = self.k
