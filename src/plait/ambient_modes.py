@@ -26,6 +26,16 @@ def _own(mode: object) -> bool:
     return type(mode).__module__.startswith("plait.")
 
 
+def capture_running() -> bool:
+    """Whether a plait capture is tracing on this thread (its mode, marked ``plait_capture``,
+    is on the TorchFunctionMode stack): a compiled callable called there is part of the program
+    being captured, and runs as written so that the capture traces through it."""
+    for i in range(torch._C._len_torch_function_stack()):
+        if getattr(torch._C._get_function_stack_at(i), "plait_capture", False):
+            return True
+    return False
+
+
 def foreign_mode() -> str | None:
     """The first mode on this thread's stacks that is not plait's own, described; None when
     there is none (the common case: two C calls)."""
@@ -40,4 +50,4 @@ def foreign_mode() -> str | None:
     return None
 
 
-__all__ = ["foreign_mode"]
+__all__ = ["capture_running", "foreign_mode"]

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from torch import nn
 
 from plait import wrapper_hooks
-from plait.ambient_modes import foreign_mode
+from plait.ambient_modes import capture_running, foreign_mode
 from plait.autograd.function import transforms_active
 from plait.errors import CaptureFallbackWarning
 from plait.specialization import Specialization, SpecializationUse
@@ -44,6 +44,14 @@ class Engine(Protocol):
     def call_specialization(self, key: str, args: tuple, kwargs: dict) -> Any: ...
 
     def specialize(self, args: tuple, kwargs: dict) -> SpecializationUse: ...
+
+
+def _inlined(engine: Engine, args: tuple, kwargs: dict) -> Any:
+    """A compiled callable called while another's capture traces (``plait.compile(outer)``
+    calling a compiled block): the callable's program as written, which the running capture
+    traces into its own graph, as if the inner had never been compiled. Nothing of the call
+    is recorded on the inner's engine: called on its own later, it compiles its own program."""
+    return engine.call_target(*args, **kwargs)
 
 
 def _eager_reason() -> str | None:
@@ -149,6 +157,8 @@ class CompiledFunction(_Copyable, _ArtifactProtocol):
         return super().__reduce_ex__(protocol)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if capture_running():
+            return _inlined(self._plait, args, kwargs)
         why = _eager_reason()
         if why is not None:
             return _run_eagerly(self._plait, why, args, kwargs)
@@ -214,6 +224,8 @@ class CompiledModule(_Copyable, _ArtifactProtocol, nn.Module):
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if capture_running():
+            return _inlined(self._plait, args, kwargs)
         why = _eager_reason()
         if why is not None:
             return _run_eagerly(self._plait, why, args, kwargs)

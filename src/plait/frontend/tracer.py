@@ -52,6 +52,8 @@ _HINT_FULLGRAPH = (
 class _Mode(TorchFunctionMode):
     """Sees every torch call during capture, factories (no tensor argument) included."""
 
+    plait_capture = True  # NOTE: plait.ambient_modes.capture_running looks for it
+
     def __init__(self, cx: CaptureContext) -> None:
         super().__init__()
         self.cx = cx
