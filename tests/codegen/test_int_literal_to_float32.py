@@ -4,8 +4,12 @@ Eager wraps the int as an int64 0-dim tensor and converts it to float32 directly
 to even). The kernels converted it to a Python float (float64) first, and the float32 literal
 rounded it again: ``2**60 + 2**36 + 1`` is ``2**60 + 2**36`` in float64, a tie that float32
 breaks to ``2**60``, where eager's single rounding gives ``2**60 + 2**37``. Comparisons with
-such a number flipped and a sum that cancels it was off by its whole ulp. Only ints past
-float64's 53 bits round twice; results must equal eager's bit for bit.
+such a number flipped and a sum that cancels it was off by its whole ulp. The same held for
+the Scalar arguments capture turned into floats (threshold's, hardtanh's bounds) and for
+``add``'s alpha. ``F.pad``'s value is the exception: a ``float?`` in its schema, eager rounds an
+int to float64 first (an int64 tensor padded with ``2**60 + 1`` gets ``2**60``), where
+``constant_pad_nd`` takes a Scalar. Only ints past float64's 53 bits round twice; results must
+equal eager's bit for bit.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import plait
 from plait.codegen.kir import int_to_f32
@@ -31,6 +36,13 @@ CASES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "where": lambda x: torch.where(x > 2.0**60, x, BIG),
     "clamp": lambda x: x.clamp(max=BIG),
     "negative": lambda x: (x * -4 > NEG) | (x - NEG == 0),
+    "threshold": lambda x: F.threshold(x, BIG, NEG),
+    "hardtanh": lambda x: F.hardtanh(x, -BIG, BIG),
+    "add_alpha": lambda x: torch.add(x, torch.ones_like(x), alpha=BIG) - x,
+    "pad": lambda x: F.pad(x, (1, 2), value=BIG) - 2.0**60,
+    "constant_pad_nd": lambda x: torch.constant_pad_nd(x, (1, 2), BIG) - 2.0**60,
+    "pad_int64": lambda x: F.pad(x.long(), (1, 2), value=2**60 + 1) - 2**60,
+    "constant_pad_nd_int64": lambda x: torch.constant_pad_nd(x.long(), (1, 2), 2**60 + 1),
 }
 
 
