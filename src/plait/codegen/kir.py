@@ -291,6 +291,8 @@ class KernelBuilder:
             value = bool(value)
         elif not is_float(dtype):
             value = int(value)
+        elif dtype == "f32" and isinstance(value, int) and not isinstance(value, bool):
+            value = int_to_f32(value)
         else:
             value = float(value)
         return self._make("const", (), dtype, value)
@@ -363,6 +365,26 @@ def _attr_key(attr: Any) -> Any:
     if isinstance(attr, tuple):
         return tuple(_attr_key(a) for a in attr)
     return attr
+
+
+def int_to_f32(value: int) -> float:
+    """The float32 nearest ``value`` (ties to even), as ATen converts an int64 to float32.
+
+    ``float(value)`` rounds to float64 first, and the printer's float32 literal rounds again:
+    ``2**60 + 2**36 + 1`` is ``2**60 + 2**36`` in float64, a tie that float32 breaks to even
+    (``2**60``), where the integer rounds once to ``2**60 + 2**37``.
+
+    >>> int_to_f32(2**60 + 2**36 + 1) == 2.0**60 + 2**37, int_to_f32(-3)
+    (True, -3.0)
+    """
+    magnitude = abs(value)
+    shift = magnitude.bit_length() - 24
+    if shift > 0:
+        q, r = divmod(magnitude, 1 << shift)
+        half = 1 << (shift - 1)
+        q += r > half or (r == half and q & 1)
+        magnitude = q << shift
+    return float(magnitude) if value >= 0 else -float(magnitude)
 
 
 def _exact_const(value: Any, dtype: str) -> bool:

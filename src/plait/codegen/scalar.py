@@ -227,7 +227,9 @@ def _fused_scaled(
     t = scalar_of(dtype)
     if t == "f32":
         # NOTE: alpha as ATen reads it (converted to the dtype), held exactly in float64
-        a = b.const(float(torch.tensor(alpha, dtype=torch.float64).to(dtype)), "f64")
+        # (an int straight from int64: through float64 it would round twice)
+        wide = None if isinstance(alpha, int) else torch.float64
+        a = b.const(float(torch.tensor(alpha, dtype=wide).to(dtype)), "f64")
         product = b.op("mul", [a, b.cast(y, "f64")], "f64")
         return b.cast(b.op(op, [b.cast(x, "f64"), product], "f64"), t)
     if not math.isfinite(float(alpha)):

@@ -75,7 +75,7 @@ def to(b: KernelBuilder, a: Arg, t: str) -> Stmt:
     if t == "b":
         return b.const(bool(value), "b")
     if is_float(t):
-        return b.const(float(value), t)
+        return b.const(value, t)  # NOTE: an int rounds once, to t (const's conversion)
     if isinstance(value, float):
         return cast(b, b.const(value, "f64"), t)
     return b.const(int(value), t)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from plait.frontend.lower_common import dtype_of, scalar_attr
 from plait.frontend.lower_math import hardtanh_value
 from plait.frontend.table import InPlace, NoIROp, op
 from plait.frontend.tracer import CaptureContext
@@ -99,7 +100,10 @@ def _softshrink(cx: CaptureContext, out: Any, x: Any, lambd: float = 0.5) -> Any
 def _threshold(
     cx: CaptureContext, out: Any, x: Any, threshold: float, value: float, inplace: bool = False
 ) -> Any:
-    return _emit(cx, x, "threshold", inplace, threshold=float(threshold), value=float(value))
+    # NOTE: both are Scalars in ATen's schema: an int rounds once, to x's dtype
+    dtype = dtype_of(cx.value(x))
+    attrs = {"threshold": scalar_attr(threshold, dtype), "value": scalar_attr(value, dtype)}
+    return _emit(cx, x, "threshold", inplace, **attrs)
 
 
 @op(F.relu6)

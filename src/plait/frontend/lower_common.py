@@ -29,6 +29,19 @@ def dtype_of(v: Value) -> torch.dtype:
     return v.type.dtype
 
 
+def scalar_attr(value: Any, dtype: torch.dtype) -> float:
+    """A float attribute for a ``Scalar`` argument, as eager converts it to ``dtype``: an int
+    rounds once, straight to a float ``dtype`` (``float(int)`` would round it to float64 first,
+    a second rounding for float32 past 2**53).
+
+    >>> scalar_attr(2**60 + 2**36 + 1, torch.float32) == 2.0**60 + 2**37
+    True
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and dtype.is_floating_point:
+        return float(torch.tensor(value).to(dtype))
+    return float(value)
+
+
 def call_binary(cx: CaptureContext, ir_op: str, a: Any, b: Any, **attrs: Any) -> Value:
     """IR op ``ir_op`` of ``a`` and ``b`` in eager's order (a Python scalar stays a literal)."""
     v: Value = cx.call(ir_op, cx.operand(a), cx.operand(b), **attrs)

@@ -203,10 +203,13 @@ def hardtanh_value(cx: CaptureContext, v: Value, lo: float, hi: float) -> Value:
     detached, outside the open interval: ``where(lo < x < hi, x, detach(clamp(x)))``. NOTE: at
     NaN eager's gradient is zero in its vectorized loop and the cotangent in its scalar tail (it
     depends on the element's position); this is the loop's zero, as clamp's."""
-    clamped: Value = cx.call("clamp", v, min=float(lo), max=float(hi))
+    # NOTE: the bounds are Scalars in ATen's schema: an int stays an int (it rounds once, to
+    # x's dtype, where float() would round it to float64 first)
+    lo, hi = (b if isinstance(b, int) else float(b) for b in (lo, hi))
+    clamped: Value = cx.call("clamp", v, min=lo, max=hi)
     if not torch.is_grad_enabled():
         return clamped
-    inside = cx.call("logical_and", cx.call("gt", v, float(lo)), cx.call("lt", v, float(hi)))
+    inside = cx.call("logical_and", cx.call("gt", v, lo), cx.call("lt", v, hi))
     out: Value = cx.call("where", inside, v, cx.call("detach", clamped))
     return out
 

@@ -46,13 +46,21 @@ def _ints(cx: CaptureContext, xs: Any) -> tuple[int, ...]:
 # --- padding -----------------------------------------------------------------------------------
 @op(torch.constant_pad_nd)
 def _constant_pad_nd(cx: CaptureContext, out: Any, x: Any, pad: Any, value: Any = 0) -> Value:
-    return _pad(cx, out, x, pad, "constant", value)
+    return _padded(cx, x, pad, "constant", value)
 
 
 @op(F.pad)
 def _pad(
     cx: CaptureContext, out: Any, x: Any, pad: Any, mode: str = "constant", value: Any = None
 ) -> Value:
+    if isinstance(value, int) and not isinstance(value, bool):
+        # NOTE: F.pad's value is a ``float?`` in its schema: eager rounds an int to float64
+        # first (2**60 + 1 pads an int64 tensor with 2**60); constant_pad_nd's is a Scalar
+        value = float(value)
+    return _padded(cx, x, pad, mode, value)
+
+
+def _padded(cx: CaptureContext, x: Any, pad: Any, mode: str, value: Any) -> Value:
     pads = _ints(cx, pad)
     v = cx.value(x)
     dtype = _type(v).dtype
