@@ -52,6 +52,7 @@ from torch import nn
 
 from plait.errors import GraphCaptureError
 from plait.frontend.attr_reads import _LOCAL, _instrument
+from plait.frontend.bound_state import bound_roots
 from plait.frontend.capture_values import Tracer
 from plait.frontend.code_origin import find_function, generated_for, is_pinned, under_import
 from plait.frontend.namespace_reads import WHOLE_NAMESPACE, name_roots, whole_names_root
@@ -156,6 +157,8 @@ class PyReads:
 
     # -- entering and leaving
     def __enter__(self) -> PyReads:
+        for key, root in bound_roots(self.program):
+            self._add(key, root)  # NOTE: obj.step's obj, a partial's arguments, a callable obj
         for m in self.tree:
             if type(m).__getattribute__ is not nn.Module.__getattribute__:
                 # NOTE: a class of its own __getattribute__ may read around the instrument
