@@ -152,6 +152,10 @@ COVERED = {
     ("settings.py", "mkldnn.enabled"): _PROTOCOL,
     ("settings.py", "cudnn."): _PROTOCOL,
     ("settings.py", "flush_denormal"): _PROTOCOL,
+    ("frontend/pyvalues.py", "os.environ"): "guard: the environment's contents, where the "
+    "program reads them (os.environ, os.getenv): the Python values guard's root",
+    ("frontend/process_reads.py", "os.environ"): "its docstring: the root "
+    "frontend/pyvalues.py guards",
     ("logs.py", "os.environ"): "PLAIT_LOGS: which log records are shown, never what compiles",
     ("codegen/packed.py", "_get_mkldnn"): "not a setting: mkldnn._get_mkldnn_serialized_md, a "
     "prepacked weight's descriptor (entries are keyed by PyTorch's build and the CPU)",

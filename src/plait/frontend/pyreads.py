@@ -52,9 +52,11 @@ from torch import nn
 
 from plait.errors import GraphCaptureError
 from plait.frontend.attr_reads import _LOCAL, _instrument
+from plait.frontend.bound_state import bound_roots
 from plait.frontend.capture_values import Tracer
 from plait.frontend.code_origin import find_function, generated_for, is_pinned, under_import
 from plait.frontend.namespace_reads import WHOLE_NAMESPACE, name_roots, whole_names_root
+from plait.frontend.process_reads import ENV_NAMES, GlobalDraws
 from plait.frontend.pyrollback import Originals
 from plait.frontend.pyvalues import (
     _MODULE_SKIP,
@@ -69,6 +71,7 @@ from plait.frontend.pyvalues import (
     _Walk,
     cell_root,
     dict_root,
+    environ_root,
     find_class,
     func_root,
     item_root,
@@ -115,8 +118,7 @@ class PyReads:
     compiled module (its submodules' paths name their roots), if any."""
 
     def __init__(self, module: nn.Module | None = None, program: Any = None) -> None:
-        # NOTE: the program function's own defaults are applied to the call's arguments (and
-        # guarded there): its closure is what is read of it
+        # NOTE: its defaults bind the call's arguments (guarded there); read: closure, bound state
         self.program = program
         self.paths: dict[int, str] = {}
         self.tree: list[nn.Module] = []
@@ -153,9 +155,12 @@ class PyReads:
         self._tracing = False
         self._gc_was_enabled = False
         self._bypass = False  # NOTE: see _around
+        self._draws = GlobalDraws()  # NOTE: Python's and NumPy's generators, as they are now
 
     # -- entering and leaving
     def __enter__(self) -> PyReads:
+        for key, root in bound_roots(self.program):
+            self._add(key, root)  # NOTE: obj.step's obj, a partial's arguments, a callable obj
         for m in self.tree:
             if type(m).__getattribute__ is not nn.Module.__getattribute__:
                 # NOTE: a class of its own __getattribute__ may read around the instrument
@@ -372,6 +377,8 @@ class PyReads:
             names = _attr_names(code)
             self.names |= names
             loads = _global_loads(code)
+            if ENV_NAMES & (names | set(loads)):
+                self._add(("environ",), environ_root())
             for name in loads:
                 self._global(g, module, name, frame.f_builtins)
             if "__getattribute__" in names and "object" in loads:
@@ -501,6 +508,7 @@ class PyReads:
             if type(r) is tuple:
                 made[key] = self._made(*r)
         keys: dict[int, Keyed] = {}
+        self.refusal = self.refusal or self._draws.refusal()
         if self.refusal is None:
             self._named_attributes(keys)
         if self.refusal is not None:

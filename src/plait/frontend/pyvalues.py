@@ -21,6 +21,7 @@ import builtins
 import dataclasses
 import enum
 import functools
+import os
 import struct
 import sys
 import types
@@ -39,6 +40,7 @@ from plait.frontend.code_origin import (
     is_import_machinery,
     is_pinned,
 )
+from plait.frontend.process_reads import rng_state
 from plait.frontend.pyvalue_changes import changed_at, short
 from plait.guards.guard import Guard, GuardEnv, ReadPyValues
 
@@ -128,6 +130,10 @@ class _Walk:
             return Same(v)
         if isinstance(v, types.MethodType):
             return ("method", Same(v.__func__), self.key(v.__self__, depth + 1, shallow))
+        state = rng_state(v)
+        if state is not None:  # NOTE: a random generator object: by its state
+            self.checks.append((PYTHON,))
+            return (cls, "rng", state)
         if callable(v) and not _is_user_class(cls) and not _is_data(v):
             return Same(v)  # NOTE: a library's callable (a builtin, a torch op)
         if depth > _MAX_DEPTH:
@@ -342,6 +348,11 @@ def table_names_root(owner: Any, table: str, show: str, desc: list | None) -> Ro
     return Root(show, read, desc, native)
 
 
+def environ_root() -> Root:
+    """The environment's contents (``os.environ``'s dict; natively its version tag)."""
+    return item_root(vars(os.environ), "_data", "the environment (os.environ)", ["environ"])
+
+
 def find_class(module: str, qualname: str) -> Any:
     """The object ``module.qualname`` names in this process (no import), or None."""
     obj: Any = sys.modules.get(module)
@@ -387,6 +398,8 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
             raise UnknownNameError(f"module {desc[1]} is not loaded")
         show = f"global {desc[1]}.{desc[2]}"
         return namespace_root(vars(mod), desc[2], show, desc, is_pinned(desc[1]))
+    if kind == "environ":
+        return environ_root()
     if kind == "builtin":
         return namespace_root(vars(builtins), desc[1], f"builtin {desc[1]}", desc)
     if kind == "names":
