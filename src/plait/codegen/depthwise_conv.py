@@ -220,28 +220,33 @@ def symbol(k: int, s: int, ia: int, oa: int) -> str:
     return f"plait_depthwise_k{k}_s{s}_i{ia}_o{oa}"
 
 
+def entry(k: int, s: int, ia: int, oa: int) -> str:
+    """The ``extern "C"`` entry of one instantiation of ``csrc/depthwise.h``."""
+    return (
+        f'extern "C" int {symbol(k, s, ia, oa)}(const int64_t* p, const float* f) '
+        f"{{ return dw::entry<{k}, {s}, {ia}, {oa}>(p, f); }}\n"
+    )
+
+
 _LIBS: dict[tuple[int, int, int, int], Any] = {}
 _LOCK = threading.Lock()
 
 
 def kernel(k: int, s: int, ia: int, oa: int) -> Any:
     """The C entry of one instantiation, built once per machine through the kernel cache
-    (:func:`plait.codegen.build.build_units`; raises its :class:`~plait.codegen.errors.BuildError`)."""
+    (:func:`plait.codegen.build.build_units`, which raises
+    :class:`~plait.codegen.errors.BuildError`)."""
     key = (k, s, ia, oa)
     with _LOCK:
         if key in _LIBS:
             return _LIBS[key]
     name = symbol(*key)
-    entry = (
-        f'extern "C" int {name}(const int64_t* p, const float* f) '
-        f"{{ return dw::entry<{k}, {s}, {ia}, {oa}>(p, f); }}"
-    )
-    unit = build.Unit([name], [source() + "\n" + entry])
+    unit = build.Unit([name], [source() + "\n" + entry(k, s, ia, oa)])
     build.build_units([unit], jobs=1)
     assert unit.lib is not None
     fn = getattr(unit.lib, name)
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float)]
     with _LOCK:
         return _LIBS.setdefault(key, fn)
 
@@ -252,7 +257,7 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     return w.detach().reshape(c, k * k).t().contiguous()
 
 
-def _eager(dw: Depthwise) -> Any:
+def eager_ops(dw: Depthwise) -> Any:
     """What eager computes for ``dw``'s nodes, one reference op after another (a weight with a
     non-finite value), the result channels_last as the kernel's."""
     chain = [*dw.prologue, dw.host, *dw.epilogue]
@@ -287,8 +292,7 @@ def depthwise_call(dw: Depthwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
         weight.prepare(fixed)
     params = (ctypes.c_int64 * 12)(0, 0, 0, 0, n, h, wd, c, oh, ow, top, left)
     bounds = (ctypes.c_float * 4)(*dw.in_act[1:], *dw.out_act[1:])
-    p_addr, f_addr = ctypes.addressof(params), ctypes.addressof(bounds)
-    eager = _eager(dw)
+    eager = eager_ops(dw)
     empty = torch.empty_strided
 
     def call(x: Any, w: Any, b: Any) -> Any:
@@ -300,7 +304,7 @@ def depthwise_call(dw: Depthwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
         y = empty((n, c, oh, ow), sizes, dtype=torch.float32)
         params[0], params[1] = x.data_ptr(), packed.data_ptr()
         params[2], params[3] = (bias.data_ptr() if bias is not None else 0), y.data_ptr()
-        fn(p_addr, f_addr)
+        fn(params, bounds)  # NOTE: the call holds both arrays (the kernel reads their memory)
         return y
 
     when = "at compile time" if fixed is not None else "on first use"
