@@ -7,6 +7,7 @@ finite. An activation something else also reads stays its own kernel."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import plait
+from tests.cache.helpers import status
 from tests.codegen.test_special_values import assert_matches_eager
-from tests.util import contract_tol
+from tests.util import assert_bitwise, contract_tol
 
 NATIVE = "native depthwise"
 
@@ -205,3 +207,20 @@ def test_turned_off_runs_onednn() -> None:
         x = torch.randn(1, 8, 12, 12, generator=gen)
         torch.testing.assert_close(compiled(x), model(x), **contract_tol("conv", torch.float32))
     assert not any(NATIVE in d for d in _details(compiled).values())
+
+
+@pytest.mark.usefixtures("stax_cache")
+def test_warm_start_from_the_cache_runs_the_native_call_bitwise(tmp_path: Path) -> None:
+    """A second compile loads the artifact (the plan replayed, the kernel from the kernel
+    cache): the same native call, the cold program's bits."""
+    torch.manual_seed(14)
+    model = InvertedResidual(48, 3, 2).eval()
+    x = torch.randn(1, 8, 15, 15, generator=torch.Generator().manual_seed(15))
+    results = []
+    for expected in ("miss", "hit"):
+        compiled = plait.compile(model, backend="stax", options={"cache": str(tmp_path)})
+        with torch.no_grad():
+            results.append(compiled(x))
+        assert status(compiled.specializations[-1]) == expected
+        assert any(NATIVE in d for d in _details(compiled).values())
+    assert_bitwise(results[1], results[0], "warm against cold")
