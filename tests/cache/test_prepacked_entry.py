@@ -46,8 +46,10 @@ DTYPES = [pytest.param(torch.float32, id="fp32"), BF16]
 
 # NOTE: the compile options of every test here: float32 linears run oneDNN (with prepacked
 # weights an entry carries), as bfloat16 ones and builds without MKL always do; MKL's packed
-# linears, never in an entry, are tests/cache/test_mkl_packed_linear.py's.
-ONEDNN_LINEARS = {"stax": {"mkl_linear": False}}
+# linears, never in an entry, are tests/cache/test_mkl_packed_linear.py's; the depthwise conv
+# runs oneDNN too (plait's native depthwise kernel keeps no pack in an entry:
+# tests/codegen/test_depthwise_conv.py).
+ONEDNN_LINEARS = {"stax": {"mkl_linear": False, "depthwise": False}}
 
 
 class Net(nn.Module):

@@ -22,7 +22,7 @@ else:  # pragma: no cover - Python 3.10 only
     import tomli as tomllib
 
 import plait
-from plait.codegen import build, native_hash, prelude
+from plait.codegen import build, depthwise_conv, native_hash, prelude
 from plait.guards import native
 
 ROOT = Path(plait.__file__).parent
@@ -58,12 +58,28 @@ def _hash(tmp: Path) -> list[str]:
     return [build.toolchain().cxx, *native_hash.FLAGS, *WARNINGS, str(src)]
 
 
+def _depthwise(tmp: Path) -> list[str]:
+    # NOTE: as depthwise_conv.kernel's units start, with every instantiation
+    entries = "".join(
+        depthwise_conv.entry(k, s, i, o)
+        for k in depthwise_conv.KERNELS
+        for s in depthwise_conv.STRIDES
+        for i in (0, 1)
+        for o in (0, 1, 2)
+    )
+    src = tmp / "depthwise.cpp"
+    src.write_text(prelude.PRELUDE + "\n" + depthwise_conv.source() + "\n" + entries)
+    tc = build.toolchain()
+    return [tc.cxx, *(f for f in tc.flags if f != "-shared"), *WARNINGS, str(src)]
+
+
 # NOTE: every shipped file, and the command that compiles it (a header: the units including it)
 COMPILED: dict[str, Callable[[Path], list[str]]] = {
     "guards/csrc/evaluator.cpp": lambda tmp: _evaluator(tmp, "evaluator.cpp"),
     "guards/csrc/torch_layout_check.cpp": lambda tmp: _evaluator(tmp, "torch_layout_check.cpp"),
     "codegen/csrc/prelude.h": _prelude,
     "codegen/csrc/native_hash.cpp": _hash,
+    "codegen/csrc/depthwise.h": _depthwise,
 }
 INCLUDED = {"guards/csrc/torch_layout.h": ("evaluator.cpp", "torch_layout_check.cpp")}
 
@@ -97,6 +113,7 @@ def test_package_data_ships_every_source() -> None:
         assert text == (ROOT / "guards/csrc" / name).read_text()
     assert native_hash.source() == (ROOT / "codegen/csrc/native_hash.cpp").read_text()
     assert prelude.source() == (ROOT / "codegen/csrc/prelude.h").read_text()
+    assert depthwise_conv.source() == (ROOT / "codegen/csrc/depthwise.h").read_text()
 
 
 def test_caches_key_on_the_files_text(monkeypatch: pytest.MonkeyPatch) -> None:

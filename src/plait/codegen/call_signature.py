@@ -43,14 +43,16 @@ def call_signature(
     detail: str,
     layout_of: Callable[[Value], Layout | None],
     extra: Sequence[Value] = (),
+    inputs: Sequence[object] | None = None,
 ) -> tuple[object, ...] | None:
     """The signature of ``node``'s call (``detail``: what the call does, fused post-ops
     included), or ``None`` when its outcome must not be reused (see the module's invariant, and
-    an operand whose layout is unknown)."""
+    an operand whose layout is unknown). ``inputs``: what the call reads in place of the node's
+    inputs (a call with fused prologue nodes reads their source)."""
     if node.op in UNREMEMBERED or get_op(node.op).is_random(node.attrs):
         return None
     parts: list[object] = []
-    for operand in (*node.inputs, *extra):
+    for operand in (*(node.inputs if inputs is None else inputs), *extra):
         if isinstance(operand, Value):
             layout = layout_of(operand)
             if layout is None:

@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from plait.codegen import timed_matmul
+from plait.codegen import depthwise_plan, timed_matmul
 from plait.codegen.admission import (
     CONSTANTS,
     TARGETS,
@@ -57,12 +57,7 @@ from plait.codegen.extern import make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
 from plait.codegen.layout_oracle import LayoutOracle, PlanFacts
 from plait.codegen.lower import Unfusable, loop_vars, lower_pointwise, native_max_pool
-from plait.codegen.onednn_postops import (
-    Epilogue,
-    find_epilogue,
-    supported,
-    unfused_activation,
-)
+from plait.codegen.onednn_postops import Epilogue, find_epilogue, supported, unfused_activation
 from plait.codegen.placement import Loc, Lowered
 from plait.codegen.plan import (
     ExternStep,
@@ -116,6 +111,7 @@ class _Planner:
         onednn: bool = True,
         timed_matmul: bool = False,
         reread: bool = False,
+        depthwise: bool = True,
     ) -> None:
         graph = facts.graph
         self.graph = graph
@@ -148,11 +144,15 @@ class _Planner:
         self.unfused: dict[int, str] = {}
         self.exactness: dict[int, str] = {}
         self.fused_into: dict[int, Node] = {}
+        # NOTE: depthwise convolutions run by plait's kernel, claimed before oneDNN's epilogues
+        on = fuse and self.onednn and depthwise
+        self.depthwise = depthwise_plan.claim(self) if on else {}
         for node in graph.nodes if fuse and self.onednn else ():
             ep = find_epilogue(node, self.users, self.outputs, self.live, mkl_linear)
             # NOTE: first come, first served: two convs feeding one residual add both find it.
             if (
                 node.id in self.live
+                and node.id not in self.depthwise
                 and ep is not None
                 and not any(n.id in self.fused_into for n in ep.nodes)
             ):
@@ -319,7 +319,8 @@ class _Planner:
                 strides = contiguous_strides(sizes_of(v.type))
                 self.locs[v] = Loc("input", v, 0, strides)
                 self.oracle.laid_out(v, strides)
-        self.oracle.start(self.live, {h: ep.nodes[0].id for h, ep in self.epilogues.items()})
+        deferred = {h: ep.nodes[0].id for h, ep in self.epilogues.items()}
+        self.oracle.start(self.live, {**deferred, **depthwise_plan.read_at(self.depthwise)})
         for position, node in enumerate(self.graph.nodes):
             self.oracle.at_node(position)
             if node.id not in self.live:
@@ -332,6 +333,8 @@ class _Planner:
                 continue  # NOTE: computed in the store of the reduction template before it.
             if kind == "fused":
                 host = self.fused_into[node.id]
+                if host.id in self.depthwise:
+                    continue  # NOTE: computed by the depthwise call, where its node stands
                 ep = self.epilogues[host.id]
                 if node is not ep.nodes[0]:
                     continue
@@ -344,7 +347,9 @@ class _Planner:
                 self._unfuse(host, ep)
                 self._call_step(host, "extern", "", f"{ep.describe()} not fused: {failure}")
                 kind, reason = self.kinds[node.id]
-            if kind in ("extern", "fallback"):
+            if node.id in self.depthwise:
+                depthwise_plan.emit(self, node)
+            elif kind in ("extern", "fallback"):
                 if kind == "extern" and self.device.type == "cuda":
                     self._copy_strided_operands(node)
                 self.close()
@@ -517,15 +522,9 @@ class _Planner:
     def _fused_step(self, host: Node, ep: Epilogue) -> str | None:
         """Emit ``host`` with ``ep`` as oneDNN post-ops; the reason, emitting nothing, when
         oneDNN cannot create or run the fused call."""
-        call = conv_or_linear_call(
-            host,
-            self.facts.consts,
-            ep,
-            self.channels_last,
-            self.oracle.prepack,
-            self.oracle.packs,
-            hints=self.facts.hints,
-        )
+        o = self.oracle
+        args = (self.channels_last, o.prepack, o.packs)
+        call = conv_or_linear_call(host, self.facts.consts, ep, *args, hints=self.facts.hints)
         extra = (ep.other,) if ep.other is not None else ()
         step = ExternStep(host, call, [], ep.nodes, extra)
         failure = self.oracle.decide(step, "fused", self.locs)
@@ -561,6 +560,7 @@ def plan_graph(
     onednn: bool = True,
     timed_matmul: bool = False,
     reread: bool = False,
+    depthwise: bool = True,
 ) -> Plan:
     """Decide locations, kernels and calls for ``graph`` (static shapes, CPU). ``layouts``
     (an extern node's position in ``graph.nodes`` -> its result strides, as
@@ -575,7 +575,8 @@ def plan_graph(
     graph's device). ``onednn=False``: convolutions and linears are PyTorch's own
     kernels on the CPU too. ``timed_matmul``: float32 products without a prepacked weight run
     oneDNN's matmul where it timed faster than PyTorch's kernel (:mod:`.timed_matmul`).
-    ``reread``: kernels may read back their own stores (:func:`.reductions.lower_reduction`)."""
+    ``reread``: kernels may read back their own stores (:func:`.reductions.lower_reduction`).
+    ``depthwise``: plait's depthwise kernel (:mod:`.depthwise_plan`)."""
     check_graph(graph, target)
     facts = PlanFacts.of(graph, channels_last)
     oracle: LayoutOracle
@@ -585,7 +586,8 @@ def plan_graph(
         # NOTE: bare layouts (without the compile's oneDNN decisions) give the strides; each
         # oneDNN call is still probed once
         oracle = ProbingOracle(facts, infer_layouts, layouts)
-    planner = _Planner(facts, oracle, fuse, mkl_linear, target, onednn, timed_matmul, reread)
+    args = (fuse, mkl_linear, target, onednn, timed_matmul, reread, depthwise)
+    planner = _Planner(facts, oracle, *args)
     try:
         plan = planner.run()
     except BaseException:

@@ -44,7 +44,11 @@ class StaxOptions:
     oneDNN's matmul where it timed faster than PyTorch's kernel at compile time, on the call's
     own shapes, and a linear that would run MKL's packed GEMM runs oneDNN's prepacked linear
     where that timed faster (off: PyTorch's kernel, MKL's packed GEMM; see
-    :mod:`plait.codegen.timed_matmul`).
+    :mod:`plait.codegen.timed_matmul`). ``depthwise``: a float32 depthwise convolution (3x3 or
+    5x5, stride 1 or 2) of the C++ target runs plait's native kernel, with the zero pad and the
+    activation before it and the activation after it folded in where nothing else reads them
+    (off: oneDNN's convolution, the pad and activations native kernels; see
+    :mod:`plait.codegen.depthwise_conv`).
 
     ``target``: ``auto`` (C++ kernels for CPU tensors, Triton kernels for CUDA tensors),
     ``cpu`` or ``triton`` (Triton on CPU tensors runs through Triton's interpreter: what CI tests
@@ -79,6 +83,7 @@ class StaxOptions:
     mkl_linear: bool = True
     onednn: bool = True
     timed_matmul: bool = True
+    depthwise: bool = True
     target: str = "auto"
     cuda_graphs: bool = True
     cuda_handoff: bool = True

@@ -54,9 +54,18 @@ class ExternStep:
     # NOTE: the call a timed step is measured against (codegen.timed_matmul; None: PyTorch's
     # kernel for its node). Read at compile time only; a saved plan keeps the decision.
     rival: ExternCall | None = None
+    # NOTE: pointwise nodes before ``node`` that the call computes too (codegen.depthwise_conv:
+    # the input activation and zero pad), and what the call reads in place of the node's inputs
+    # then (the first prologue node's input); None: the node's inputs
+    prologue: tuple[Node, ...] = ()
+    inputs: tuple[Operand, ...] | None = None
+
+    def node_inputs(self) -> list[Operand]:
+        """The operands the call takes for its node's inputs."""
+        return list(self.node.inputs if self.inputs is None else self.inputs)
 
     def operands(self) -> list[Operand]:
-        return [*self.node.inputs, *self.extra]
+        return [*self.node_inputs(), *self.extra]
 
     @property
     def outputs(self) -> tuple[Value, ...]:
@@ -73,8 +82,9 @@ Step = KernelStep | ExternStep | FallbackStep
 
 # NOTE: what a oneDNN decision is about: the call with its post-ops ("fused"), or the call alone
 # ("onednn", after the fused one was refused or when there was no epilogue), or a product timed
-# against PyTorch's kernel ("timed": codegen.timed_matmul.STAGE).
-STAGES = ("fused", "onednn", "timed")
+# against PyTorch's kernel ("timed": codegen.timed_matmul.STAGE), or plait's native call
+# (codegen.depthwise_plan.STAGE).
+STAGES = ("fused", "onednn", "timed", "native")
 
 
 class SavedLayouts(dict[int, list[tuple[int, ...]]]):

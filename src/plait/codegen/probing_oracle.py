@@ -188,7 +188,7 @@ class ProbingOracle:
             node = step.node
 
             def measure() -> str | None:
-                samples = [self._operand_sample(o, locs) for o in node.inputs]
+                samples = [self._operand_sample(o, locs) for o in step.node_inputs()]
                 args = get_op(node.op).structure(samples)
                 default = (step.rival or make_call(node, dict(self._facts.consts))).fn
                 times = timed_matmul.timings(step.call.fn, default, args)
@@ -219,7 +219,7 @@ class ProbingOracle:
             shape = sizes_of(v.type) if isinstance(v.type, TensorType) else ()
             return shape, loc.strides, loc.offset  # type: ignore[return-value]
 
-        return call_signature(step.node, step.call.detail, layout, step.extra)
+        return call_signature(step.node, step.call.detail, layout, step.extra, step.inputs)
 
     def _probe(self, step: ExternStep) -> None:
         def fresh(o: object) -> object:
@@ -233,7 +233,7 @@ class ProbingOracle:
                 self._hinted(sizes_of(o.type)), dtype=o.type.dtype, device=self._facts.device
             )
 
-        args = get_op(step.node.op).structure([fresh(o) for o in step.node.inputs])
+        args = get_op(step.node.op).structure([fresh(o) for o in step.node_inputs()])
         args += [fresh(o) for o in step.extra]
         with torch.no_grad():
             step.call.fn(*args)
@@ -265,7 +265,8 @@ class ProbingOracle:
             for v, s in zip(step.outputs, remembered):
                 self.laid_out(v, s)
             return list(remembered)
-        args = get_op(node.op).structure([self._operand_sample(o, locs) for o in node.inputs])
+        samples = [self._operand_sample(o, locs) for o in step.node_inputs()]
+        args = get_op(node.op).structure(samples)
         args += [self._operand_sample(o, locs) for o in step.extra]
         try:
             with torch.no_grad():

@@ -50,7 +50,7 @@ def step_nodes(program: StaxProgram, k: int) -> list[int]:
     if isinstance(step, KernelStep):
         return list(step.lowered.kernel.nodes)
     if isinstance(step, ExternStep):
-        return [step.node.id, *(n.id for n in step.fused)]
+        return [*(n.id for n in step.prologue), step.node.id, *(n.id for n in step.fused)]
     assert isinstance(step, FallbackStep)
     return [step.node.id]
 

@@ -333,6 +333,7 @@ def compile_graphs(
             target=target,
             onednn=opts.onednn,
             timed_matmul=opts.timed_matmul,
+            depthwise=opts.depthwise,
             reread=target == "cpu" and opts.kernels != "tvm",  # NOTE: the C++ printer's loops
         )
         if opts.strict and plan.fallbacks:

@@ -429,7 +429,7 @@ class RunnerEmitter:
 
     def extern_step(self, step: ExternStep) -> None:
         node = step.node
-        args = [self.operand(o) for o in node.inputs]
+        args = [self.operand(o) for o in step.node_inputs()]
         args = get_op(node.op).structure(args) + [self.operand(o) for o in step.extra]
         # NOTE: a variadic param (an ``aten`` node's operands) is passed as one list
         spelled = [f"[{', '.join(a)}]" if isinstance(a, list) else a for a in args]
@@ -438,7 +438,7 @@ class RunnerEmitter:
         # NOTE: a multi-output extern (an ``aten`` node) returns a tuple or list of tensors
         target = outs[0] if len(outs) == 1 else f"({', '.join(outs)},)"
         self.line(f"{target} = {fn}({', '.join(spelled)})")
-        tensors = [self.operand(o) for o in [*node.inputs, *step.extra] if isinstance(o, Value)]
+        tensors = [self.operand(o) for o in step.operands() if isinstance(o, Value)]
         operands = f"({''.join(f'{a}, ' for a in tensors)})"
         for var, out, strides in zip(outs, step.outputs, step.out_strides):
             if isinstance(out.type, TensorType) and has_unbacked(out.type.shape):

@@ -1,0 +1,176 @@
+// A depthwise convolution (groups == channels, one filter per channel) of a channels_last float32
+// map, with its zero padding, bias and activations folded in (plait.codegen.depthwise_conv puts
+// it in a translation unit after the prelude, with one extern "C" entry per instantiation).
+//
+// Layouts: x [N][H][W][C], y [N][OH][OW][C], w [K][K][C] (taps outermost, channels innermost, so
+// one tap of 16 channels is one vector load), b [C] or null. Each output is its bias plus the
+// products of its in-bounds taps (a padded position is zero: its product is skipped, which is
+// eager's sum wherever the weight is finite; the caller runs eager's convolution otherwise).
+//
+// Work: one output row at a time (OpenMP-parallel over rows of large calls), 16 channels per
+// vector; interior columns in blocks of P output pixels whose input columns ((P-1)*S+K per tap
+// row) are loaded once per tap row, activated once, and reused across the K taps of the row.
+//
+// Activations (NaN kept, as PyTorch's): IA on each input element as it is loaded, OA on each
+// output: 0 none, 1 clamp ``v < lo ? lo : v`` then ``v > hi ? hi : v`` (an absent bound is an
+// infinity: its comparison is never true), 2 silu ``v / (1 + exp(-v))`` (outputs only).
+namespace dw {
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+typedef int64_t i64;
+
+inline v16 load(const float* p) { return *(const v16u*)p; }
+inline void store(float* p, v16 v) { *(v16u*)p = v; }
+inline v16 splat(float f) { return v16{} + f; }
+
+template <int A> inline v16 act(v16 v, v16 lo, v16 hi) {
+  if (A == 1) {
+    v = v < lo ? lo : v;
+    v = v > hi ? hi : v;
+  }
+  return v;
+}
+
+template <int A> inline float act1(float v, float lo, float hi) {
+  if (A == 1) {
+    v = v < lo ? lo : v;
+    v = v > hi ? hi : v;
+  }
+  return v;
+}
+
+// NOTE: one fused multiply-add per tap where the CPU has it (the conv contract's rounding;
+// the translation unit is built with -ffp-contract=off, which keeps a*b+c unfused)
+inline v16 madd(v16 a, v16 b, v16 c) {
+#if defined(__AVX512F__)
+  return __builtin_ia32_vfmaddps512_mask(a, b, c, (unsigned short)-1, 4);
+#else
+  return a * b + c;
+#endif
+}
+
+struct Args {
+  const float* x;
+  const float* w;
+  const float* b;
+  float* y;
+  i64 n, h, w_, c, oh, ow, pt, pl;
+  float ilo, ihi, olo, ohi;
+};
+
+// One output pixel of 16 channels at column ``o`` (every tap checked against the borders).
+template <int K, int S, int IA, int OA>
+inline void pixel(const Args& a, const float* xn, float* yr, i64 r, i64 o, i64 c) {
+  v16 acc = a.b ? load(a.b + c) : v16{};
+  const v16 ilo = splat(a.ilo), ihi = splat(a.ihi);
+  for (int kh = 0; kh < K; ++kh) {
+    const i64 ih = r * S - a.pt + kh;
+    if (ih < 0 || ih >= a.h) continue;
+    for (int kw = 0; kw < K; ++kw) {
+      const i64 iw = o * S - a.pl + kw;
+      if (iw < 0 || iw >= a.w_) continue;
+      const v16 xv = act<IA>(load(xn + (ih * a.w_ + iw) * a.c + c), ilo, ihi);
+      acc = madd(xv, load(a.w + (kh * K + kw) * a.c + c), acc);
+    }
+  }
+  store(yr + o * a.c + c, act<OA == 1 ? 1 : 0>(acc, splat(a.olo), splat(a.ohi)));
+}
+
+// P interior output pixels of 16 channels from column ``o`` (every tap column in bounds).
+template <int K, int S, int IA, int OA, int P>
+inline void block(const Args& a, const float* xn, float* yr, i64 r, i64 o, i64 c) {
+  constexpr int COLS = (P - 1) * S + K;
+  const v16 bias = a.b ? load(a.b + c) : v16{};
+  const v16 ilo = splat(a.ilo), ihi = splat(a.ihi);
+  v16 acc[P];
+#pragma GCC unroll 16
+  for (int p = 0; p < P; ++p) acc[p] = bias;
+  const i64 iw0 = o * S - a.pl;
+#pragma GCC unroll 8
+  for (int kh = 0; kh < K; ++kh) {
+    const i64 ih = r * S - a.pt + kh;
+    if (ih < 0 || ih >= a.h) continue;
+    const float* row = xn + (ih * a.w_ + iw0) * a.c + c;
+    v16 xs[COLS];
+#pragma GCC unroll 32
+    for (int j = 0; j < COLS; ++j) xs[j] = act<IA>(load(row + j * a.c), ilo, ihi);
+#pragma GCC unroll 8
+    for (int kw = 0; kw < K; ++kw) {
+      const v16 wv = load(a.w + (kh * K + kw) * a.c + c);
+#pragma GCC unroll 16
+      for (int p = 0; p < P; ++p) acc[p] = madd(xs[p * S + kw], wv, acc[p]);
+    }
+  }
+  const v16 olo = splat(a.olo), ohi = splat(a.ohi);
+#pragma GCC unroll 16
+  for (int p = 0; p < P; ++p) store(yr + (o + p) * a.c + c, act<OA == 1 ? 1 : 0>(acc[p], olo, ohi));
+}
+
+// The channels past the last multiple of 16, one at a time.
+template <int K, int S, int IA, int OA>
+inline void tail(const Args& a, const float* xn, float* yr, i64 r, i64 c0) {
+  for (i64 o = 0; o < a.ow; ++o) {
+    for (i64 c = c0; c < a.c; ++c) {
+      float acc = a.b ? a.b[c] : 0.0f;
+      for (int kh = 0; kh < K; ++kh) {
+        const i64 ih = r * S - a.pt + kh;
+        if (ih < 0 || ih >= a.h) continue;
+        for (int kw = 0; kw < K; ++kw) {
+          const i64 iw = o * S - a.pl + kw;
+          if (iw < 0 || iw >= a.w_) continue;
+          const float xv = act1<IA>(xn[(ih * a.w_ + iw) * a.c + c], a.ilo, a.ihi);
+          acc = __builtin_fmaf(xv, a.w[(kh * K + kw) * a.c + c], acc);
+        }
+      }
+      yr[o * a.c + c] = act1<OA == 1 ? 1 : 0>(acc, a.olo, a.ohi);
+    }
+  }
+}
+
+template <int K, int S, int IA, int OA, int P>
+void conv(const Args& a) {
+  // NOTE: interior columns [lo, hi): o*S - pl >= 0 and o*S - pl + K <= w
+  i64 lo = (a.pl + S - 1) / S;
+  i64 hi = a.w_ + a.pl >= K ? (a.w_ + a.pl - K) / S + 1 : 0;
+  if (lo > a.ow) lo = a.ow;
+  if (hi > a.ow) hi = a.ow;
+  if (hi < lo) hi = lo;
+  const i64 cv = a.c / 16 * 16;
+  const i64 rows = a.n * a.oh;
+#pragma omp parallel for schedule(static) if (rows * a.ow * a.c >= (1 << 18))
+  for (i64 nr = 0; nr < rows; ++nr) {
+    const i64 r = nr % a.oh;
+    const float* xn = a.x + (nr / a.oh) * a.h * a.w_ * a.c;
+    float* yr = a.y + nr * a.ow * a.c;
+    for (i64 c = 0; c < cv; c += 16) {
+      i64 o = 0;
+      for (; o < lo; ++o) pixel<K, S, IA, OA>(a, xn, yr, r, o, c);
+      for (; o + P <= hi; o += P) block<K, S, IA, OA, P>(a, xn, yr, r, o, c);
+      if (P > 4 && o + 4 <= hi) {
+        block<K, S, IA, OA, 4>(a, xn, yr, r, o, c);
+        o += 4;
+      }
+      if (P > 2 && o + 2 <= hi) {
+        block<K, S, IA, OA, 2>(a, xn, yr, r, o, c);
+        o += 2;
+      }
+      for (; o < hi; ++o) block<K, S, IA, OA, 1>(a, xn, yr, r, o, c);
+      for (; o < a.ow; ++o) pixel<K, S, IA, OA>(a, xn, yr, r, o, c);
+    }
+    if (cv < a.c) tail<K, S, IA, OA>(a, xn, yr, r, cv);
+    if (OA == 2) {
+      const i64 m = a.ow * a.c;
+#pragma omp simd
+      for (i64 i = 0; i < m; ++i) yr[i] = yr[i] / (1.0f + expf(-yr[i]));
+    }
+  }
+}
+
+template <int K, int S, int IA, int OA>
+int entry(const int64_t* p, const float* f) {
+  Args a{(const float*)p[0], (const float*)p[1], (const float*)p[2], (float*)p[3],
+         p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], f[0], f[1], f[2], f[3]};
+  conv<K, S, IA, OA, (S == 1 || K == 3) ? 8 : 4>(a);
+  return 0;
+}
+}  // namespace dw

@@ -1,0 +1,321 @@
+"""A depthwise convolution as one native kernel, with the zero pad before it, its bias and its
+activations folded in.
+
+A float32 convolution whose groups equal its input and output channels (one 3x3 or 5x5 filter
+per channel, stride 1 or 2, no dilation) reads each channel alone. oneDNN runs it well, but
+around it a MobileNet-V2 block ran two more native kernels: the ReLU6 of the expansion's result
+written into Hugging Face's explicit zero pad (``constant_pad``), and the ReLU6 of the
+depthwise result. oneDNN's clip post-op maps NaN to 0 (eager's clamp keeps it), so neither
+could be a post-op. Here one kernel (``csrc/depthwise.h``, compiled through the kernel cache)
+does all of it, on channels_last maps, NaN kept as eager keeps it:
+
+- a zero ``constant_pad`` of the last two dims read only by the convolution is folded into its
+  padding (a padded tap is skipped: its product is zero for a finite weight);
+- an activation of the clamp family (``clamp``, ``relu``; ``hardtanh`` and ``relu6`` capture as
+  ``clamp``) read only by that pad or by the convolution is applied to each input element as it
+  is loaded (the activated map is never written);
+- an activation (the clamp family, or ``silu``) that alone reads the convolution's result is
+  applied to each output before it is stored.
+
+Each output is its bias plus the products of its in-bounds taps, summed with fused
+multiply-adds in another order than oneDNN's (the contract's conv budget). A weight with a
+non-finite value runs eager's ops instead (a padded zero times an infinite weight is NaN in
+eager's sum), as :func:`plait.codegen.onednn.conv_call` does. The weight is re-laid out once as
+``[kh][kw][C]`` (a tap of 16 channels is one vector load).
+
+Example:
+    >>> import torch
+    >>> from plait.ir import GraphBuilder, TensorType
+    >>> gb = GraphBuilder()
+    >>> x = gb.input("x", TensorType((1, 16, 8, 8), torch.float32))
+    >>> w = gb.input("w", TensorType((16, 1, 3, 3), torch.float32))
+    >>> y = gb.call("conv2d", gb.call("clamp", x, min=0.0, max=6.0), w, None, stride=[1, 1],
+    ...             padding=[1, 1], dilation=[1, 1], groups=16)
+    >>> gb.output(gb.call("clamp", y, min=0.0, max=6.0))
+    >>> g = gb.build()
+    >>> dw = find_depthwise(g.nodes[1], g.users(), set(), {n.id for n in g.nodes})
+    >>> [n.op for n in dw.prologue], [n.op for n in dw.epilogue], dw.pads
+    (['clamp'], ['clamp'], (1, 1, 1, 1))
+    >>> xs, ws = torch.randn(1, 16, 8, 8), torch.randn(16, 1, 3, 3)
+    >>> got = depthwise_call(dw, {}).fn(xs, ws, None)
+    >>> want = torch.conv2d(xs.clamp(0, 6), ws, None, 1, 1, 1, 16).clamp(0, 6)
+    >>> torch.allclose(got, want, atol=1e-5), got.is_contiguous(memory_format=torch.channels_last)
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import torch
+
+from plait.codegen import build
+from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
+from plait.ir.graph import Node, Value
+from plait.ir.ops import get_op
+from plait.ir.types import TensorType
+
+CL = torch.channels_last
+KERNELS = (3, 5)
+STRIDES = (1, 2)
+# NOTE: activation codes of csrc/depthwise.h
+NONE, CLAMP, SILU = 0, 1, 2
+Activation = tuple[int, float, float]
+IDENTITY: Activation = (NONE, -math.inf, math.inf)
+
+
+@dataclass(frozen=True)
+class Depthwise:
+    """A depthwise convolution ``host`` with what its kernel folds in: ``prologue`` (the input
+    activation and the zero pad, in graph order) read from ``source``, ``epilogue`` (the output
+    activation), ``pads`` (top, bottom, left, right: the pad's and the convolution's own)."""
+
+    host: Node
+    source: Value
+    prologue: tuple[Node, ...]
+    epilogue: tuple[Node, ...]
+    in_act: Activation
+    out_act: Activation
+    pads: tuple[int, int, int, int]
+
+    @property
+    def output(self) -> Value:
+        return (self.epilogue[-1] if self.epilogue else self.host).outputs[0]
+
+    def describe(self) -> str:
+        parts = [f"{n.op} (node {n.id})" for n in (*self.prologue, *self.epilogue)]
+        return ", ".join(parts) if parts else "nothing"
+
+
+def _float32(v: object, rank: int | None = None) -> TensorType | None:
+    if not isinstance(v, Value) or not isinstance(v.type, TensorType):
+        return None
+    t = v.type
+    if t.dtype != torch.float32 or t.device != "cpu" or not t.is_static:
+        return None
+    return t if rank is None or t.rank == rank else None
+
+
+def _only_user(
+    v: Value, users: Mapping[Value, list[Node]], outputs: set[int], live: set[int]
+) -> Node | None:
+    if id(v) in outputs:
+        return None
+    found = {u.id: u for u in users.get(v, []) if u.id in live}
+    return next(iter(found.values())) if len(found) == 1 else None
+
+
+def _bound(value: object, default: float) -> float | None:
+    """A clamp bound as float32 (None: a bound the kernel does not take, NaN or a tensor)."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(torch.tensor(float(value), dtype=torch.float32))
+
+
+def activation(n: Node, outputs_too: bool) -> Activation | None:
+    """``n`` as a kernel activation of a same-typed float32 value (``silu`` only on outputs)."""
+    x = n.inputs[0] if n.inputs else None
+    if _float32(x) is None or not isinstance(x, Value) or x.type != n.outputs[0].type:
+        return None
+    if n.op == "relu":
+        return CLAMP, 0.0, math.inf
+    if n.op == "clamp":
+        lo, hi = _bound(n.attrs.get("min"), -math.inf), _bound(n.attrs.get("max"), math.inf)
+        return None if lo is None or hi is None else (CLAMP, lo, hi)
+    if n.op == "silu" and outputs_too:
+        return SILU, 0.0, 0.0
+    return None
+
+
+def _shape(node: Node) -> tuple[int, int] | None:
+    """The (kernel size, stride) of a depthwise convolution the kernel computes, else None."""
+    if node.op != "conv2d" or len(node.inputs) < 2:
+        return None
+    x, w = node.inputs[0], node.inputs[1]
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    xt, wt, yt = _float32(x, 4), _float32(w, 4), _float32(node.outputs[0], 4)
+    if xt is None or wt is None or yt is None or (b is not None and _float32(b, 1) is None):
+        return None
+    a = node.attrs
+    c, k = int(xt.shape[1]), int(wt.shape[2])
+    if a["groups"] != c or tuple(wt.shape) != (c, 1, k, k) or int(yt.shape[1]) != c:
+        return None
+    stride = tuple(a["stride"])
+    if k not in KERNELS or stride not in ((1, 1), (2, 2)) or tuple(a["dilation"]) != (1, 1):
+        return None
+    if any(int(d) == 0 for d in (*xt.shape, *yt.shape)):
+        return None
+    return k, int(stride[0])
+
+
+def _zero_pad(n: Node) -> tuple[int, int, int, int] | None:
+    """A zero ``constant_pad`` of the last two dims only: its (top, bottom, left, right)."""
+    if n.op != "constant_pad" or _float32(n.inputs[0], 4) is None:
+        return None
+    pad, value = list(n.attrs["pad"]), n.attrs.get("value", 0)
+    if value != 0 or len(pad) % 2 or not all(isinstance(p, int) and p >= 0 for p in pad):
+        return None
+    pad += [0] * (4 - len(pad))
+    if any(pad[4:]):
+        return None
+    return pad[2], pad[3], pad[0], pad[1]
+
+
+def find_depthwise(
+    node: Node, users: Mapping[Value, list[Node]], outputs: set[int], live: set[int]
+) -> Depthwise | None:
+    """``node`` as a :class:`Depthwise` with everything it can fold in, or None where it is not
+    a depthwise convolution the kernel computes. A pad or input activation is folded only where
+    the convolution alone reads its result (and it is no program output): the kernel never
+    writes it."""
+    shape = _shape(node)
+    if shape is None:
+        return None
+    ph, pw = (int(p) for p in node.attrs["padding"])
+    pads = (ph, ph, pw, pw)
+    x = node.inputs[0]
+    assert isinstance(x, Value)
+    prologue: list[Node] = []
+    pad = x.producer
+    folded = _zero_pad(pad) if pad is not None else None
+    if pad is not None and folded is not None and _only_user(x, users, outputs, live) is node:
+        pads = tuple(p + q for p, q in zip(pads, folded))  # type: ignore[assignment]
+        prologue.append(pad)
+        x = pad.inputs[0]
+        assert isinstance(x, Value)
+    in_act = IDENTITY
+    act = x.producer
+    reader = prologue[0] if prologue else node
+    if act is not None and _only_user(x, users, outputs, live) is reader:
+        found = activation(act, outputs_too=False)
+        if found is not None:
+            in_act = found
+            prologue.insert(0, act)
+            x = act.inputs[0]
+            assert isinstance(x, Value)
+    epilogue: tuple[Node, ...] = ()
+    out_act = IDENTITY
+    then = _only_user(node.outputs[0], users, outputs, live)
+    found = activation(then, outputs_too=True) if then is not None else None
+    if then is not None and found is not None and then.inputs[0] is node.outputs[0]:
+        epilogue, out_act = (then,), found
+    return Depthwise(node, x, tuple(prologue), epilogue, in_act, out_act, pads)
+
+
+# --- the kernel -------------------------------------------------------------------------------
+def source() -> str:
+    """The kernel's C++ as shipped (``csrc/depthwise.h``)."""
+    return resources.files("plait.codegen").joinpath("csrc", "depthwise.h").read_text()
+
+
+def symbol(k: int, s: int, ia: int, oa: int) -> str:
+    return f"plait_depthwise_k{k}_s{s}_i{ia}_o{oa}"
+
+
+def entry(k: int, s: int, ia: int, oa: int) -> str:
+    """The ``extern "C"`` entry of one instantiation of ``csrc/depthwise.h``."""
+    return (
+        f'extern "C" int {symbol(k, s, ia, oa)}(const int64_t* p, const float* f) '
+        f"{{ return dw::entry<{k}, {s}, {ia}, {oa}>(p, f); }}\n"
+    )
+
+
+_LIBS: dict[tuple[int, int, int, int], Any] = {}
+_LOCK = threading.Lock()
+
+
+def kernel(k: int, s: int, ia: int, oa: int) -> Any:
+    """The C entry of one instantiation, built once per machine through the kernel cache
+    (:func:`plait.codegen.build.build_units`, which raises
+    :class:`~plait.codegen.errors.BuildError`)."""
+    key = (k, s, ia, oa)
+    with _LOCK:
+        if key in _LIBS:
+            return _LIBS[key]
+    name = symbol(*key)
+    unit = build.Unit([name], [source() + "\n" + entry(k, s, ia, oa)])
+    build.build_units([unit], jobs=1)
+    assert unit.lib is not None
+    fn = getattr(unit.lib, name)
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float)]
+    with _LOCK:
+        return _LIBS.setdefault(key, fn)
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """A ``[C, 1, K, K]`` weight as ``[K, K, C]`` (contiguous)."""
+    c, _, k, _ = w.shape
+    return w.detach().reshape(c, k * k).t().contiguous()
+
+
+def eager_ops(dw: Depthwise) -> Any:
+    """What eager computes for ``dw``'s nodes, one reference op after another (a weight with a
+    non-finite value), the result channels_last as the kernel's."""
+    chain = [*dw.prologue, dw.host, *dw.epilogue]
+
+    def run(x: Any, w: Any, b: Any) -> Any:
+        v = x.contiguous()
+        for n in chain:
+            flat = [v, w, b][: len(n.inputs)] if n is dw.host else [v]
+            v = get_op(n.op).run(flat, dict(n.attrs))[0]
+        return v.contiguous(memory_format=CL)
+
+    return run
+
+
+def depthwise_call(dw: Depthwise, consts: Mapping[Any, torch.Tensor]) -> ExternCall:
+    """The call of ``dw`` (operands: its source, the weight, the bias or None). Raises
+    :class:`~plait.codegen.errors.BuildError` where the kernel cannot be built."""
+    shape = _shape(dw.host)
+    assert shape is not None
+    k, s = shape
+    fn = kernel(k, s, dw.in_act[0], dw.out_act[0])
+    xt, yt = dw.source.type, dw.output.type
+    assert isinstance(xt, TensorType) and isinstance(yt, TensorType)
+    n, c, h, wd = (int(d) for d in xt.shape)
+    oh, ow = int(yt.shape[2]), int(yt.shape[3])
+    top, _, left, _ = dw.pads
+    sizes = (oh * ow * c, 1, ow * c, c)
+    w = dw.host.inputs[1]
+    weight = PreparedWeight(pack_weight, track_finite=True, reuse=reusable(w), watch=watched(w))
+    fixed = consts.get(w)
+    if fixed is not None:
+        weight.prepare(fixed)
+    params = (ctypes.c_int64 * 12)(0, 0, 0, 0, n, h, wd, c, oh, ow, top, left)
+    bounds = (ctypes.c_float * 4)(*dw.in_act[1:], *dw.out_act[1:])
+    eager = eager_ops(dw)
+    empty = torch.empty_strided
+
+    def call(x: Any, w: Any, b: Any) -> Any:
+        packed = weight(w)
+        if not weight.finite:
+            return eager(x, w, b)
+        x = x.contiguous(memory_format=CL)
+        bias = b.contiguous() if b is not None else None
+        y = empty((n, c, oh, ow), sizes, dtype=torch.float32)
+        params[0], params[1] = x.data_ptr(), packed.data_ptr()
+        params[2], params[3] = (bias.data_ptr() if bias is not None else 0), y.data_ptr()
+        fn(params, bounds)  # NOTE: the call holds both arrays (the kernel reads their memory)
+        return y
+
+    when = "at compile time" if fixed is not None else "on first use"
+    detail = (
+        f"native depthwise {k}x{k} conv2d, stride {s}, channels_last, padding {dw.pads} "
+        f"(folded: {dw.describe()}; weight laid out [kh][kw][C] {when}; a weight with a "
+        f"non-finite value runs eager's ops)"
+    )
+    return ExternCall(call, "conv", detail, "native")
+
+
+def fused_nodes(dws: Sequence[Depthwise]) -> set[int]:
+    """The ids of the nodes the calls of ``dws`` compute besides their convolutions."""
+    return {n.id for dw in dws for n in (*dw.prologue, *dw.epilogue)}
