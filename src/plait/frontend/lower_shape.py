@@ -354,18 +354,32 @@ def _basic_steps(cx: CaptureContext, x: Any, index: Any) -> tuple[list[ViewStep]
                 )
             d += 1
         elif isinstance(it, (list, tuple)):
-            cx.limitation("indexing with a Python list (an implicit index tensor)")
+            if not it or any(type(k) is not int for k in it):
+                cx.limitation("indexing with a Python list (an implicit index tensor)")
+            if advanced is not None:
+                raise NoIROp("indexing with more than one index tensor has no IR op")
+            advanced = (d, tuple(it))  # NOTE: constant positions, as a flat list of ints
+            d += 1
         else:
             steps.append(ViewStep.of("select", dim=d, index=cx.int(it)))
     return steps, advanced
 
 
 def _gather(cx: CaptureContext, v: Value, dim: int, index: Any) -> Value:
-    """``v`` indexed along ``dim`` by an integer tensor (negative entries wrap, like eager)."""
-    idx = cx.value(index)
+    """``v`` indexed along ``dim`` by an integer tensor, or a flat tuple of ints (a Python
+    list index: eager's implicit index tensor; the sampled call checked their range);
+    negative entries wrap, like eager. A copy, never a view, as eager's."""
     n = _type(v).shape[dim]
     if not isinstance(n, int):
         cx.limitation("an index tensor on a symbolic dim")
+    if isinstance(index, tuple):
+        rows = [
+            ViewStep.of("slice", dim=dim, start=k % n, end=k % n + 1, step=1).apply(cx, v)
+            for k in index
+        ]
+        picked: Value = cx.call("cat", rows, dim=dim)
+        return picked
+    idx = cx.value(index)
     wrapped = cx.call("where", cx.call("lt", idx, 0), cx.call("add", idx, n), idx)
     flat = wrapped if _type(idx).rank == 1 else cx.call("reshape", wrapped, shape=(-1,))
     picked = cx.call("index_select", v, flat, dim=dim)

@@ -30,6 +30,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from plait.frontend import datadep, pytree, stride_choices
+from plait.frontend.call_keywords import fit_rule
 from plait.frontend.capture_values import CaptureValues, Tracer
 from plait.frontend.constant_reads import NOT_CONSTANT, constant_read
 from plait.frontend.late_values import compute_or_resample
@@ -262,6 +263,12 @@ class CaptureContext(CaptureValues):
                 compute_or_resample(self, f"{self.current} reads values capture did not compute")
         if rule is None:
             return run_opaque(self, func, args, kwargs)
+        if rule.fn is not None:  # NOTE: keywords by PyTorch's names, where the rule's differ
+            leading = 2 if rule.kind == "op" else 1
+            args, kwargs, bound = fit_rule(rule.fn, leading, func, args, kwargs)
+            if not bound and rule.kind == "op":
+                said = f"its parameters do not take these arguments (keywords {sorted(kwargs)})"
+                return run_opaque(self, func, args, kwargs, rule_said=said)
         if rule.kind == "meta":
             assert rule.fn is not None
             return rule.fn(self, *args, **kwargs)
