@@ -155,21 +155,27 @@ def split_loops(kernel: Kernel, static: bool = False) -> Kernel:
     return kernel
 
 
-def _per_element_divmod(kernel: Kernel) -> int:
+def _per_element_divmod(kernel: Kernel) -> tuple[int, int]:
     """The div/mod/clamp atoms of a pointwise kernel's indices that read its innermost loop
-    variable: the index arithmetic run for every element (the rest runs once per row)."""
+    variable (the index arithmetic run for every element; the rest runs once per row), and
+    the div/mod atoms by a size known only at run time (a division the compiler cannot turn
+    into a multiplication, kept out of even the outer loops)."""
     last = kernel.outer[-1] if kernel.outer else None
-    n = 0
+    inner = symbolic = 0
     for ix in kernel_indices(kernel):
-        n += sum(1 for a, _ in ix.terms if not isinstance(a, Var) and last in a.e.vars())
-    return n
+        for a, _ in ix.terms:
+            if isinstance(a, Var):
+                continue
+            inner += last in a.e.vars()
+            symbolic += isinstance(a, (Div, Mod)) and not isinstance(a.k, int)
+    return inner, symbolic
 
 
 def merge_loops(kernel: Kernel, per_element: bool = False) -> Kernel:
     """Drop size-1 loops, split loops that symbolic divisors divide (with ``per_element``,
     constant ones too), then merge adjacent loops (innermost pairs first) where free: where the
     kernel's div/mod atoms do not grow, or with ``per_element`` in a pointwise kernel, its
-    per-element ones (:func:`_per_element_divmod`).
+    per-element ones and its divisions by run-time sizes (:func:`_per_element_divmod`).
 
     Example (a transposing copy, ``y[b, t, h*4 + d] = x[b, h, t, d]``):
         >>> from plait.codegen.index import Ix, Var
@@ -192,7 +198,8 @@ def merge_loops(kernel: Kernel, per_element: bool = False) -> Kernel:
         while j >= 0:
             candidate = _merge_pair(kernel, which, j)
             if pointwise:
-                keep = _per_element_divmod(candidate) <= _per_element_divmod(kernel)
+                now, then = _per_element_divmod(kernel), _per_element_divmod(candidate)
+                keep = then[0] <= now[0] and then[1] <= now[1]
             else:
                 keep = _count_divmod(candidate) <= _count_divmod(kernel)
             if keep:
