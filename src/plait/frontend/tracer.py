@@ -32,6 +32,7 @@ from torch.overrides import TorchFunctionMode
 from plait.frontend import datadep, pytree, stride_choices
 from plait.frontend.call_keywords import fit_rule
 from plait.frontend.capture_values import CaptureValues, Tracer
+from plait.frontend.compiling_flag import compiling
 from plait.frontend.constant_reads import NOT_CONSTANT, constant_read
 from plait.frontend.late_values import compute_or_resample
 from plait.frontend.op_names import op_name
@@ -135,7 +136,7 @@ class CaptureContext(CaptureValues):
         CaptureValues.active = self
         push_sink(self)
         try:
-            with _Mode(self), refusing_set(self):
+            with _Mode(self), refusing_set(self), compiling():
                 yield
             if self.grad_enabled != self.ambient_grad and not self.continued:
                 self.limitation(
