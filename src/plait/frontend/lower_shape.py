@@ -14,6 +14,7 @@ import torch
 
 from plait.errors import ProgramIndexError, ProgramValueError
 from plait.frontend import datadep, stride_choices
+from plait.frontend.index_tensors import count, gather_adjacent, listed
 from plait.frontend.lower_common import both
 from plait.frontend.symints import TracedInt, plain_int
 from plait.frontend.table import InPlace, NoIROp, Viewed, getter, op
@@ -335,9 +336,12 @@ def _basic_steps(cx: CaptureContext, x: Any, index: Any) -> tuple[list[ViewStep]
                     "data-dependent",
                     "indexing with a 0-dim tensor reads its value as a Python index",
                 )
-            if advanced is not None:
-                raise NoIROp("indexing with more than one index tensor has no IR op")
-            advanced = (d, it)
+            if advanced is None:
+                advanced = (d, it)
+            elif isinstance(advanced[1], tuple) or advanced[0] + count(advanced[1]) != d:
+                raise NoIROp("indexing with index tensors that are not adjacent has no IR op")
+            else:
+                advanced = (advanced[0], [*listed(advanced[1]), it])
             d += 1
         elif isinstance(it, slice):
             if it.step is not None and cx.int(it.step) <= 0:
@@ -368,7 +372,10 @@ def _basic_steps(cx: CaptureContext, x: Any, index: Any) -> tuple[list[ViewStep]
 def _gather(cx: CaptureContext, v: Value, dim: int, index: Any) -> Value:
     """``v`` indexed along ``dim`` by an integer tensor, or a flat tuple of ints (a Python
     list index: eager's implicit index tensor; the sampled call checked their range);
-    negative entries wrap, like eager. A copy, never a view, as eager's."""
+    negative entries wrap, like eager. A copy, never a view, as eager's. Several tensors (a
+    list) index adjacent dims together (:func:`~plait.frontend.index_tensors.gather_adjacent`)."""
+    if isinstance(index, list):
+        return gather_adjacent(cx, v, dim, index)
     n = _type(v).shape[dim]
     if not isinstance(n, int):
         cx.limitation("an index tensor on a symbolic dim")
