@@ -57,6 +57,7 @@ import torch
 
 from plait.codegen import build
 from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
+from plait.codegen.onednn_postops import single_user
 from plait.ir.graph import Node, Value
 from plait.ir.ops import get_op
 from plait.ir.types import TensorType
@@ -100,15 +101,6 @@ def _float32(v: object, rank: int | None = None) -> TensorType | None:
     if t.dtype != torch.float32 or t.device != "cpu" or not t.is_static:
         return None
     return t if rank is None or t.rank == rank else None
-
-
-def _only_user(
-    v: Value, users: Mapping[Value, list[Node]], outputs: set[int], live: set[int]
-) -> Node | None:
-    if id(v) in outputs:
-        return None
-    found = {u.id: u for u in users.get(v, []) if u.id in live}
-    return next(iter(found.values())) if len(found) == 1 else None
 
 
 def _bound(value: object, default: float) -> float | None:
@@ -186,7 +178,7 @@ def find_depthwise(
     prologue: list[Node] = []
     pad = x.producer
     folded = _zero_pad(pad) if pad is not None else None
-    if pad is not None and folded is not None and _only_user(x, users, outputs, live) is node:
+    if pad is not None and folded is not None and single_user(x, users, outputs, live) is node:
         pads = tuple(p + q for p, q in zip(pads, folded))  # type: ignore[assignment]
         prologue.append(pad)
         x = pad.inputs[0]
@@ -194,7 +186,7 @@ def find_depthwise(
     in_act = IDENTITY
     act = x.producer
     reader = prologue[0] if prologue else node
-    if act is not None and _only_user(x, users, outputs, live) is reader:
+    if act is not None and single_user(x, users, outputs, live) is reader:
         found = activation(act, outputs_too=False)
         if found is not None:
             in_act = found
@@ -203,7 +195,7 @@ def find_depthwise(
             assert isinstance(x, Value)
     epilogue: tuple[Node, ...] = ()
     out_act = IDENTITY
-    then = _only_user(node.outputs[0], users, outputs, live)
+    then = single_user(node.outputs[0], users, outputs, live)
     found = activation(then, outputs_too=True) if then is not None else None
     if then is not None and found is not None and then.inputs[0] is node.outputs[0]:
         epilogue, out_act = (then,), found

@@ -105,9 +105,11 @@ def _same(a: Value, b: Value) -> bool:
     return isinstance(a.type, TensorType) and a.type == b.type
 
 
-def _single_user(
+def single_user(
     v: Value, users: Mapping[Value, list[Node]], outputs: set[int], live: set[int]
 ) -> Node | None:
+    """The one live node reading ``v``; None where ``v`` is a program output or has no reader
+    or several (a value fused into its reader must have no other)."""
     if id(v) in outputs:
         return None
     found = {u.id: u for u in users.get(v, []) if u.id in live}
@@ -186,7 +188,7 @@ def unfused_activation(
         return None
     v = node.outputs[0]
     for _ in range(2):
-        user = _single_user(v, users, outputs, live)
+        user = single_user(v, users, outputs, live)
         if user is None:
             return None
         reason = inexact_reason(node.op, user)
@@ -211,7 +213,7 @@ def find_epilogue(
     if not supported(node) or runs_mkl(node, mkl_linear):
         return None
     v = node.outputs[0]
-    first = _single_user(v, users, outputs, live)
+    first = single_user(v, users, outputs, live)
     if first is None:
         return None
     unary = _unary(first, v, node.op)
@@ -226,7 +228,7 @@ def find_epilogue(
     if not (_same(other, v) and _same(v, first.outputs[0])):
         return None
     added = first.outputs[0]
-    then = _single_user(added, users, outputs, live) if node.op == "conv2d" else None
+    then = single_user(added, users, outputs, live) if node.op == "conv2d" else None
     after = _unary(then, added, node.op) if then is not None else None
     if then is not None and after is not None:
         return Epilogue((first, then), after[0], after[1], other, then.outputs[0])
