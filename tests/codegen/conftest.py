@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 
 from plait.codegen import timed_choices
-from tests.codegen.stax_helpers import stax_cache
+from tests.codegen.stax_helpers import stax_batch, stax_cache
 
-__all__ = ["fresh_timed_choices", "stax_cache"]
+__all__ = ["fresh_timed_choices", "stax_batch", "stax_cache"]
 
 
 @pytest.fixture(autouse=True)

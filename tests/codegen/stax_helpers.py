@@ -1,5 +1,6 @@
 """Helpers for the Stax tests: graphs from op-database samples, fresh input factories, the
-float64 anchor, the op classes the contract judges each op by, and a shared kernel cache."""
+float64 anchor, the op classes the contract judges each op by, a shared kernel cache, and one
+batched build for the graphs that several test modules compile by the thousand."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from plait.ir import Graph, GraphBuilder, TensorType
 from plait.ir.graph import Value
 from plait.ir.ops import get_op
+from plait.runtime import StaxOptions, StaxProgram, compile_graphs
 from tests.ir.opdb import Sample
 
 # NOTE: test data, not compiler code: which contract row judges each op when compiled alone.
@@ -133,3 +135,32 @@ def stax_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("PLAIT_CACHE_DIR", None)
     else:
         os.environ["PLAIT_CACHE_DIR"] = old
+
+
+# NOTE: the op database's samples (tests/codegen/test_opdb.py) and their special-value variants
+# (test_special_values.py) are the same one-node graphs for the most part: built in one
+# compile_graphs call, a kernel two lists share is compiled once (each list alone built about
+# 2000 kernels the other list also builds). The tests that read the batch share an xdist group.
+BATCH_GROUP = "stax-opdb-batch"
+_BATCH: dict[str, Callable[[], list[tuple[Graph, Any]]]] = {}
+
+Batch = dict[str, list[tuple[Any, Graph, StaxProgram]]]
+
+
+def compile_in_batch(name: str, items: Callable[[], list[tuple[Graph, Any]]]) -> None:
+    """Add the list ``items()`` (graphs, each with what its tests need) to the session's batched
+    build under ``name``; :func:`stax_batch` builds every list added by the test modules
+    collected, together, on first use."""
+    _BATCH[name] = items
+
+
+@pytest.fixture(scope="session")
+def stax_batch(stax_cache: Path) -> Batch:
+    """Per name given to :func:`compile_in_batch`: (payload, graph, program) per item."""
+    lists = {name: make() for name, make in _BATCH.items()}
+    graphs = [g for items in lists.values() for g, _ in items]
+    programs = iter(compile_graphs(graphs, options=StaxOptions(kernels_per_unit=400)))
+    return {
+        name: [(payload, g, next(programs)) for g, payload in items]
+        for name, items in lists.items()
+    }

@@ -5,13 +5,13 @@ compiled; all kernels of a family are built together once. The gate draws fresh 
 sample's (the sample is one more case), stresses them, anchors 16-bit results on float64, checks
 channels_last for 4-D inputs, and holds each op to its contract row. Tolerances come from the
 contract, never from this file. Non-contiguous inputs are checked bitwise against their
-contiguous copies (the gate itself feeds contiguous tensors).
+contiguous copies (the gate itself feeds contiguous tensors). The kernels are built in the
+session's batch (``stax_batch``) with the special-value variants of the same samples.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +19,16 @@ import torch
 import plait.conformance
 from plait.ir import Graph, interpret
 from plait.ir.ops import get_op
-from plait.runtime import StaxOptions, StaxProgram, compile_graphs
-from tests.codegen.stax_helpers import evaluate64, graph_of, has_4d_float, op_class
+from plait.runtime import StaxProgram
+from tests.codegen.stax_helpers import (
+    BATCH_GROUP,
+    Batch,
+    compile_in_batch,
+    evaluate64,
+    graph_of,
+    has_4d_float,
+    op_class,
+)
 from tests.ir import opdb
 from tests.util import assert_bitwise
 
@@ -50,26 +58,36 @@ class Compiled:
 Table = dict[tuple[str, torch.dtype], list[Compiled]]
 
 
-def _compile(cases: list[tuple[str, torch.dtype]]) -> Table:
+def _items(
+    cases: list[tuple[str, torch.dtype]],
+) -> list[tuple[Graph, tuple[str, torch.dtype, opdb.Sample, list[torch.Tensor]]]]:
     items = []
     for op, dtype in cases:
         for sample in opdb.samples(op, dtype):
-            items.append((op, dtype, sample, *graph_of(sample)))
-    programs = compile_graphs([it[3] for it in items], options=StaxOptions(kernels_per_unit=400))
+            graph, inputs = graph_of(sample)
+            items.append((graph, (op, dtype, sample, inputs)))
+    return items
+
+
+compile_in_batch("opdb-pointwise", lambda: _items(POINTWISE))
+compile_in_batch("opdb-other", lambda: _items(OTHER))
+
+
+def _table(batch: Batch, name: str) -> Table:
     out: Table = {}
-    for (op, dtype, sample, graph, inputs), program in zip(items, programs):
+    for (op, dtype, sample, inputs), graph, program in batch[name]:
         out.setdefault((op, dtype), []).append(Compiled(sample, graph, inputs, program))
     return out
 
 
 @pytest.fixture(scope="module")
-def pointwise(stax_cache: Path) -> Table:
-    return _compile(POINTWISE)
+def pointwise(stax_batch: Batch) -> Table:
+    return _table(stax_batch, "opdb-pointwise")
 
 
 @pytest.fixture(scope="module")
-def other(stax_cache: Path) -> Table:
-    return _compile(OTHER)
+def other(stax_batch: Batch) -> Table:
+    return _table(stax_batch, "opdb-other")
 
 
 def _check(table: Table, op: str, dtype: torch.dtype, part: slice = slice(None)) -> None:
@@ -102,7 +120,7 @@ def _noncontiguous(table: Table, op: str, dtype: torch.dtype) -> None:
             assert_bitwise(a, b, f"{op} {dtype} {c.sample.desc}")
 
 
-@pytest.mark.xdist_group("stax-opdb-pointwise")
+@pytest.mark.xdist_group(BATCH_GROUP)
 @pytest.mark.parametrize(("op", "dtype"), POINTWISE, ids=_ids(POINTWISE))
 def test_pointwise_op_conforms(pointwise: Table, op: str, dtype: torch.dtype) -> None:
     """Every other sample through the gate (the rest: the slow test); all bitwise in layouts."""
@@ -111,13 +129,13 @@ def test_pointwise_op_conforms(pointwise: Table, op: str, dtype: torch.dtype) ->
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("stax-opdb-pointwise")
+@pytest.mark.xdist_group(BATCH_GROUP)
 @pytest.mark.parametrize(("op", "dtype"), POINTWISE, ids=_ids(POINTWISE))
 def test_pointwise_op_conforms_rest(pointwise: Table, op: str, dtype: torch.dtype) -> None:
     _check(pointwise, op, dtype, slice(1, None, 2))
 
 
-@pytest.mark.xdist_group("stax-opdb-other")
+@pytest.mark.xdist_group(BATCH_GROUP)
 @pytest.mark.parametrize(("op", "dtype"), OTHER, ids=_ids(OTHER))
 def test_op_conforms(other: Table, op: str, dtype: torch.dtype) -> None:
     """Reductions, normalizations, views, constants, externs, random and opaque ops."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,8 +39,14 @@ from plait.codegen.reductions import TEMPLATES
 from plait.codegen.scalar import RULES
 from plait.ir import Graph, interpret
 from plait.ir.ops import get_op
-from plait.runtime import StaxOptions, compile_graphs
-from tests.codegen.stax_helpers import evaluate64, graph_of, op_class
+from tests.codegen.stax_helpers import (
+    BATCH_GROUP,
+    Batch,
+    compile_in_batch,
+    evaluate64,
+    graph_of,
+    op_class,
+)
 from tests.ir import opdb
 from tests.util import needs_bf16
 
@@ -234,18 +239,29 @@ def test_every_codegen_op_is_covered() -> None:
 Compiled = dict[str, list[tuple[Case, Graph, Any, list[torch.Tensor]]]]
 
 
+def _items() -> list[tuple[Graph, tuple[Case, list[torch.Tensor]]]]:
+    out = []
+    for c in CASES:
+        graph, inputs = graph_of(c.sample)
+        out.append((graph, (c, inputs)))
+    return out
+
+
+# NOTE: built with the op database's samples (tests/codegen/test_opdb.py), whose kernels these
+# variants' graphs mostly share
+compile_in_batch("special-values", _items)
+
+
 @pytest.fixture(scope="module")
-def compiled(stax_cache: Path) -> Compiled:
-    graphs = [graph_of(c.sample) for c in CASES]
-    programs = compile_graphs([g for g, _ in graphs], options=StaxOptions(kernels_per_unit=400))
+def compiled(stax_batch: Batch) -> Compiled:
     out: Compiled = {}
-    for c, (graph, inputs), program in zip(CASES, graphs, programs):
+    for (c, inputs), graph, program in stax_batch["special-values"]:
         out.setdefault(c.op, []).append((c, graph, program, inputs))
     return out
 
 
-@pytest.mark.slow  # NOTE: the module's fixture compiles about 2000 one-node graphs
-@pytest.mark.xdist_group("stax-special-values")
+@pytest.mark.slow  # NOTE: the batch compiles about 2000 one-node graphs for this module
+@pytest.mark.xdist_group(BATCH_GROUP)
 @pytest.mark.parametrize("op", OPS)
 def test_op_keeps_special_values(compiled: Compiled, op: str) -> None:
     for case, graph, program, inputs in compiled[op]:
