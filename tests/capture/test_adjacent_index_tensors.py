@@ -92,3 +92,20 @@ def test_index_tensors_apart_stay_an_opaque_node() -> None:
     with pytest.warns(CaptureFallbackWarning, match="opaque"):
         got = compiled(x, i, j)
     assert_bitwise(got, fn(x, i, j))
+
+
+def test_index_tensors_on_a_symbolic_dim_run_eagerly_with_a_warning() -> None:
+    def fn(x: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        return x[i, j] * 2
+
+    compiled = plait.compile(fn, dynamic=True)
+    for n in (5, 7, 9):
+        g = torch.Generator().manual_seed(n)
+        x = torch.randn(n, n + 1, generator=g)
+        i, j = _ints(g, n, (3,)), _ints(g, n + 1, (3,))
+        if n == 5:
+            with pytest.warns(CaptureFallbackWarning, match="symbolic dim"):
+                got = compiled(x, i, j)
+        else:
+            got = compiled(x, i, j)
+        assert_bitwise(got, fn(x, i, j))

@@ -7,7 +7,9 @@ data only to choose a faster path of the same function. transformers' mask code 
 to regions) unless it is compiling, and then builds the full mask instead, with the same
 result; its decoders with a padded batch compiled 21-34% of their ops by regions, and compile
 whole under the flag. Other threads keep PyTorch's own answer while a capture runs, and the
-function is PyTorch's again once no capture runs.
+function is PyTorch's again once no capture runs. A capture with dynamic shapes leaves it off:
+those paths of transformers' masks index with tensors on symbolic dims, which have no IR op
+and cannot be opaque nodes (the whole program would run eagerly).
 
 Example:
     >>> import torch

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from plait.frontend.table import NoIROp
 from plait.frontend.tracer import CaptureContext
 from plait.ir import TensorType, Value
 
@@ -54,7 +55,7 @@ def gather_adjacent(cx: CaptureContext, v: Value, dim: int, indices: list[Any]) 
     ty = _type(v)
     sizes = ty.shape[dim : dim + len(indices)]
     if not all(isinstance(n, int) for n in sizes):
-        cx.limitation("an index tensor on a symbolic dim")
+        raise NoIROp("index tensors on a symbolic dim have no IR op")  # NOTE: an opaque node
     offset: Value | None = None
     for idx, n in zip(indices, sizes):
         checked = _checked(cx, cx.value(idx), int(n), ty.device)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -136,7 +136,10 @@ class CaptureContext(CaptureValues):
         CaptureValues.active = self
         push_sink(self)
         try:
-            with _Mode(self), refusing_set(self), compiling():
+            # NOTE: not with dynamic shapes: the compiling paths of transformers' masks index
+            # with tensors on symbolic dims, which have no IR op and cannot be opaque nodes
+            flag = compiling() if not self.dynamic else nullcontext()
+            with _Mode(self), refusing_set(self), flag:
                 yield
             if self.grad_enabled != self.ambient_grad and not self.continued:
                 self.limitation(
