@@ -32,11 +32,13 @@ import torch
 
 _LOCK = threading.Lock()
 _CAPTURING: dict[int, int] = {}  # NOTE: thread id -> depth of the captures running on it
-_ORIGINAL: list[Callable[[], bool]] = []  # NOTE: PyTorch's function while ours is installed
+# NOTE: the function ours replaced, kept after it is put back: a thread that looked ours up
+# just before may call it after
+_REPLACED: list[Callable[[], bool]] = [torch.compiler.is_compiling]
 
 
 def _is_compiling() -> bool:
-    return threading.get_ident() in _CAPTURING or _ORIGINAL[0]()
+    return threading.get_ident() in _CAPTURING or _REPLACED[0]()
 
 
 @contextmanager
@@ -44,8 +46,8 @@ def compiling() -> Iterator[None]:
     """``torch.compiler.is_compiling()`` is True on this thread inside the block."""
     me = threading.get_ident()
     with _LOCK:
-        if not _CAPTURING:
-            _ORIGINAL[:] = [torch.compiler.is_compiling]
+        if not _CAPTURING and torch.compiler.is_compiling is not _is_compiling:
+            _REPLACED[0] = torch.compiler.is_compiling
             torch.compiler.is_compiling = _is_compiling
         _CAPTURING[me] = _CAPTURING.get(me, 0) + 1
     try:
@@ -56,4 +58,4 @@ def compiling() -> Iterator[None]:
             if not _CAPTURING[me]:
                 del _CAPTURING[me]
             if not _CAPTURING:
-                torch.compiler.is_compiling = _ORIGINAL.pop()
+                torch.compiler.is_compiling = _REPLACED[0]
