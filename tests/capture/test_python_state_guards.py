@@ -245,6 +245,8 @@ def test_closure_cells_of_generators_left_suspended(evaluator: str) -> None:
     functions are found by reference, and a change to either one's cell is seen."""
     makers = [_scales(3.0), _scales(5.0)]
     running = [m() for m in makers]
+    for r in running:  # NOTE: suspended at the yield, where each call leaves it (not refused)
+        next(r)
 
     def f(x: torch.Tensor) -> torch.Tensor:
         return x * next(running[0]) + x * next(running[1])
