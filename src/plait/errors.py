@@ -291,6 +291,12 @@ class CaptureFallbackWarning(PlaitWarning):
     """Capture fell back: the program (or one call in it) runs eagerly in PyTorch."""
 
 
+class ClockReadWarning(PlaitWarning):
+    """The captured program read the clock (``time.perf_counter()``, ``datetime.now()``): a
+    value computed from that reading is fixed in the compiled program, where eager reads the
+    clock again on every call. Pass the reading as an argument if a result depends on it."""
+
+
 # --- the codes -----------------------------------------------------------------------------
 def _code(code: str, category: str, title: str, cause: str, action: str) -> ErrorCode:
     return ErrorCode(code, category, title, cause, action)

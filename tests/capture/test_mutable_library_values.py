@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import plait
-from plait.errors import CaptureFallbackWarning, GraphCaptureError
+from plait.errors import CaptureFallbackWarning, ClockReadWarning, GraphCaptureError
 from tests.util import assert_bitwise, contract_tol
 
 NO_CACHE = {"cache": False}
@@ -138,3 +138,123 @@ def test_a_generator_yielding_one_value_from_one_place_keeps_its_graph() -> None
         x = torch.randn(3)
         assert_bitwise(compiled(x), program(x))
     assert len(compiled.specializations) == 1
+
+
+def _containers() -> list[tuple[str, Any, Callable[[Any], float], Callable[[Any, float], None]]]:
+    """(name, container, read one value, write one value in place)."""
+    import array
+    import collections
+    import contextvars
+    import threading
+    import types
+
+    def set_first(c: Any, v: float) -> None:
+        c[0] = v
+
+    def set_byte(c: Any, v: float) -> None:
+        c[0] = int(v * 100) % 256
+
+    def set_var(c: Any, v: float) -> None:
+        c.set(v)
+
+    def set_attr(c: Any, v: float) -> None:
+        c.scale = v
+
+    def draw() -> float:
+        return float(torch.rand(()).item())
+
+    def update(c: Any, v: float) -> None:
+        c.maps[0].update(scale=v) if isinstance(c, collections.ChainMap) else backing.update(
+            scale=v
+        )
+
+    backing = dict(scale=draw())
+    view = memoryview(bytearray(torch.randint(0, 256, (2,)).tolist()))
+    var: contextvars.ContextVar[float] = contextvars.ContextVar("scale")
+    var.set(draw())
+    local = threading.local()
+    local.scale = draw()
+    chain = collections.ChainMap({"scale": draw()}, {})
+    return [
+        ("deque", collections.deque(torch.rand(2).tolist()), lambda c: c[0], set_first),
+        ("bytearray", bytearray(torch.randint(0, 256, (2,)).tolist()), lambda c: c[0], set_byte),
+        ("memoryview", view, lambda c: c[0], set_byte),
+        ("array", array.array("f", torch.rand(2).tolist()), lambda c: c[0], set_first),
+        ("contextvar", var, lambda c: c.get(), set_var),
+        ("thread_local", local, lambda c: c.scale, set_attr),
+        ("mapping_proxy", types.MappingProxyType(backing), lambda c: c["scale"], update),
+        ("chain_map", chain, lambda c: c["scale"], update),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", _containers(), ids=lambda c: c[0])
+def test_a_library_container_written_in_place_recompiles(case: Any) -> None:
+    _, box, read, write = case
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return x * read(box)
+
+    compiled = plait.compile(program, options=NO_CACHE)
+    for _ in range(3):
+        x = torch.randn(4)
+        assert_bitwise(compiled(x), program(x))
+        write(box, abs(float(torch.randn(()).item())) + 1.0)
+
+
+def test_a_program_rotating_a_deque_runs_eagerly() -> None:
+    import collections
+
+    ring = collections.deque(torch.randn(3).tolist())
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        ring.rotate(1)
+        return x * ring[0]
+
+    twin = collections.deque(ring)
+
+    def eager(x: torch.Tensor) -> torch.Tensor:
+        twin.rotate(1)
+        return x * twin[0]
+
+    compiled = plait.compile(program, options=NO_CACHE)
+    with pytest.warns(CaptureFallbackWarning, match="changes Python values it reads"):
+        for _ in range(4):
+            x = torch.randn(3)
+            assert_bitwise(compiled(x), eager(x))
+
+
+class _Settings:
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+
+def test_the_object_a_weak_reference_holds_is_guarded() -> None:
+    import weakref
+
+    target = _Settings(float(torch.randn(()).item()))
+    ref = weakref.ref(target)
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return x * ref().scale
+
+    compiled = plait.compile(program, options=NO_CACHE)
+    for _ in range(3):
+        x = torch.randn(3)
+        assert_bitwise(compiled(x), program(x))
+        target.scale = float(torch.randn(()).item())
+
+
+def test_a_program_that_reads_the_clock_compiles_with_a_warning() -> None:
+    import time
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        y = x.sin()
+        _ = time.perf_counter() - start
+        return y
+
+    compiled = plait.compile(program, options=NO_CACHE)
+    with pytest.warns(ClockReadWarning, match=r"time\.perf_counter"):
+        compiled(torch.randn(3))
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), program(x), **contract_tol("pointwise", torch.float32))

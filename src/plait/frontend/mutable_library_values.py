@@ -18,6 +18,15 @@ bakes in what it read of them:
   graph, guarded by ``k``. File objects are iterators too; they stay compared by identity (what
   is written to them is a side effect, not a value the program computes with).
 
+- a standard library container (``collections.deque``, ``bytearray``, ``array.array``,
+  ``memoryview``, ``ChainMap``, a ``MappingProxyType``) is compared by its items, as a list is;
+  a ``weakref.ref`` by the object it refers to; a ``contextvars.ContextVar`` by its value in
+  the calling context; a ``threading.local`` by the calling thread's attributes.
+- the clock (``time.time``, ``time.perf_counter`` ...): a value computed from a reading would be
+  fixed in the graph. Whether it reaches a tensor cannot be told (programs also time
+  themselves), so a program that names a clock function is compiled with a warning
+  (:data:`CLOCKS`).
+
 Example:
     >>> import numpy as np
     >>> a = np.arange(3.0)
@@ -29,17 +38,38 @@ Example:
 
 from __future__ import annotations
 
+import array
+import collections
+import contextvars
+import datetime
 import hashlib
 import io
 import sys
+import threading
+import time
 import types
 import warnings
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from plait.errors import GraphCaptureError
+from plait.errors import ClockReadWarning, GraphCaptureError
 
+_UNSET = object()  # NOTE: a context variable without a value (nor a default)
 INLINE_BYTES = 1 << 16  # NOTE: an array's bytes kept as they are up to this; a digest past it
+# NOTE: functions whose every call reads the clock anew
+CLOCKS = frozenset(
+    getattr(time, name)
+    for name in (
+        "time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns",
+        "process_time", "process_time_ns", "thread_time", "thread_time_ns", "localtime",
+        "gmtime", "ctime", "asctime", "strftime",
+    )
+    if hasattr(time, name)
+) | frozenset(
+    {datetime.datetime.now, datetime.datetime.utcnow, datetime.datetime.today,
+     datetime.date.today}
+)  # fmt: skip
 
 
 def array_key(v: Any) -> tuple[Any, ...] | None:
@@ -59,6 +89,36 @@ def array_key(v: Any) -> tuple[Any, ...] | None:
         data = hashlib.blake2b(data, digest_size=32).digest()
     mask = np.ma.getmaskarray(v).tobytes() if isinstance(v, np.ma.MaskedArray) else b""
     return (type(v), "array", v.dtype.str, tuple(v.shape), data, mask)
+
+
+def container_key(v: Any, key: Callable[[Any], Any]) -> tuple[Any, ...] | None:
+    """What a standard library container is compared by, ``key`` keying its items (None for
+    anything else): a deque by its items and bound, a ``bytearray``, ``array.array`` or
+    ``memoryview`` by its bytes, a mapping proxy or ``ChainMap`` by its mappings, a
+    ``weakref.ref`` by the object it refers to (``None`` once that is gone), a ``ContextVar``
+    by its value here, a ``threading.local`` by this thread's attributes."""
+    cls = type(v)
+    if isinstance(v, collections.deque):
+        return (cls, "deque", v.maxlen, tuple(key(x) for x in v))
+    if isinstance(v, bytearray):
+        return (cls, "bytes", bytes(v))
+    if isinstance(v, array.array):
+        return (cls, "array", v.typecode, v.tobytes())
+    if isinstance(v, weakref.ref) and not isinstance(v, weakref.WeakMethod):
+        return (cls, "weakref", key(v()))
+    if isinstance(v, contextvars.ContextVar):
+        return (cls, "contextvar", v.name, key(v.get(_UNSET)))
+    if isinstance(v, threading.local):
+        return (cls, "local", key(dict(vars(v))))
+    if isinstance(v, types.MappingProxyType):
+        return (cls, "mapping", key(dict(v)))
+    if isinstance(v, collections.ChainMap):
+        return (cls, "chainmap", key(list(v.maps)))
+    if isinstance(v, memoryview):
+        if v.obj is None:  # NOTE: released
+            return (cls, "released")
+        return (cls, "memoryview", v.format, v.shape, v.tobytes())
+    return None
 
 
 def iterator_key(v: Any, key: Callable[[Any], Any]) -> tuple[Any, ...] | None:
@@ -90,3 +150,26 @@ def iterator_key(v: Any, key: Callable[[Any], Any]) -> tuple[Any, ...] | None:
         "yields as an argument",
         kind="limitation",
     )
+
+
+def warn_of_clocks(reads: Iterable[tuple[str, Any]]) -> None:
+    """Warn (:class:`~plait.errors.ClockReadWarning`) if any of ``reads`` (each a read's name
+    and the value it found) is a clock function."""
+    found = sorted({name for name, v in reads if _is_clock(v)})
+    if found:
+        warnings.warn(
+            f"the program reads the clock ({', '.join(found)}) while it is captured: a value "
+            "computed from that reading is fixed in the compiled program, where eager reads "
+            "the clock on every call; pass the reading as an argument if a result depends on it",
+            ClockReadWarning,
+            stacklevel=2,
+        )
+
+
+def _is_clock(v: Any) -> bool:
+    if not callable(v):
+        return False
+    try:
+        return v in CLOCKS
+    except (TypeError, ValueError):  # NOTE: an unhashable value is no clock function
+        return False

@@ -55,6 +55,7 @@ from plait.frontend.attr_reads import _LOCAL, _instrument
 from plait.frontend.bound_state import bound_roots
 from plait.frontend.capture_values import Tracer
 from plait.frontend.code_origin import find_function, generated_for, is_pinned, under_import
+from plait.frontend.mutable_library_values import warn_of_clocks
 from plait.frontend.namespace_reads import WHOLE_NAMESPACE, name_roots, whole_names_root
 from plait.frontend.process_reads import ENV_NAMES, GlobalDraws
 from plait.frontend.pyrollback import Originals
@@ -522,15 +523,14 @@ class PyReads:
         # be guarded as that tensor) is refused, and put back as read by the originals' restore
         # below (plait.frontend.state puts back the compiled module's) for the run that follows
         stored = {show for ns, n, show in self._outside if _holds_tracer(ns, n)}
-        late = self._late
         changed = sorted(stored) + [
-            r.show
-            for k, r in zip(self.roots, roots)
-            if k not in late and keys[id(r)].key != r.first and r.show not in stored
-        ]
+            r.show for k, r in zip(self.roots, roots)
+            if k not in self._late and keys[id(r)].key != r.first and r.show not in stored
+        ]  # fmt: skip
         if changed:
             raise self.originals.refused(changed, self.user_codes)
         self.keys = [keys[id(r)] for r in roots]
+        warn_of_clocks((r.show, keys[id(r)].value) for r in roots)
         return roots
 
     def _named_attributes(self, keys: dict[int, Keyed]) -> None:

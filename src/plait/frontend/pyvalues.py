@@ -40,7 +40,7 @@ from plait.frontend.code_origin import (
     is_import_machinery,
     is_pinned,
 )
-from plait.frontend.mutable_library_values import array_key, iterator_key
+from plait.frontend.mutable_library_values import array_key, container_key, iterator_key
 from plait.frontend.process_reads import rng_state
 from plait.frontend.pyvalue_changes import changed_at, short
 from plait.guards.guard import Guard, GuardEnv, ReadPyValues
@@ -135,10 +135,12 @@ class _Walk:
         if state is not None:  # NOTE: a random generator object: by its state
             self.checks.append((PYTHON,))
             return (cls, "rng", state)
-        array = array_key(v)
-        if array is not None:  # NOTE: a NumPy array: by its contents, read on every call
+        contents = array_key(v)
+        if contents is None and not shallow:
+            contents = container_key(v, lambda x: self.key(x, depth + 1))
+        if contents is not None:  # NOTE: a NumPy array, a deque ...: by contents, each call
             self.checks.append((PYTHON,))
-            return array
+            return contents
         if callable(v) and not _is_user_class(cls) and not _is_data(v):
             return Same(v)  # NOTE: a library's callable (a builtin, a torch op)
         position = None if shallow else iterator_key(v, lambda p: self.key(p, depth + 1))
