@@ -148,12 +148,12 @@ def export(
 
     start = time.perf_counter()
     cases, out_doc, layouts, anchor = _reference_cases(
-        model_or_fn, compiled, key, args, kwargs, references, binder, (call_spec, leaves)
+        model_or_fn, compiled, key, references, binder, (call_spec, leaves)
     )
     enough = _cases_for_samples([*cases.outputs["eager"][0], *cases.inputs[0]], references)
     if enough > references:  # NOTE: the same seeds: the first cases are drawn again as they were
         cases, out_doc, layouts, anchor = _reference_cases(
-            model_or_fn, compiled, key, args, kwargs, enough, binder, (call_spec, leaves)
+            model_or_fn, compiled, key, enough, binder, (call_spec, leaves)
         )
     seconds["references"] = time.perf_counter() - start
     case_paths = binder.flatten(*cases.call(0))[2]
@@ -348,15 +348,17 @@ def _reference_cases(
     fn: Any,
     compiled: Any,
     key: str,
-    args: tuple,
-    kwargs: dict,
     count: int,
     binder: Binder,
     example: tuple[Any, Sequence[Any]],
 ) -> tuple[refs.ReferenceCases, list[dict[str, Any]], list[str | None], str]:
     """The reference cases (inputs laid out as the example's), the output leaves' record,
-    the inputs' layouts and what anchors the float64 outputs (or why nothing does)."""
+    the inputs' layouts and what anchors the float64 outputs (or why nothing does).
+
+    Cases are drawn from the example's bound call, defaults applied: a default the artifact
+    cannot record (a tuple, a tensor) is passed by each case, as a loaded call must pass it."""
     call_spec, example_leaves = example
+    args, kwargs = _rebuilt(binder, call_spec, list(example_leaves))
     layouts = [
         refs.memory_format(x) if isinstance(x, torch.Tensor) else None for x in example_leaves
     ]
