@@ -208,6 +208,10 @@ def _draws(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.dropout(x, 0.5, training=True)
 
 
+def _views_its_input(x: torch.Tensor) -> torch.Tensor:
+    return x.t()
+
+
 @pytest.mark.parametrize(
     ("fn", "args", "message"),
     [
@@ -215,8 +219,11 @@ def _draws(x: torch.Tensor) -> torch.Tensor:
         (_returns_its_own_type, (torch.randn(3),), "the result is a Pair"),
         (_takes_an_object, (torch.randn(3), _Config()), "cfg is a _Config"),
         (_draws, (torch.randn(3),), "the program draws random numbers"),
+        # NOTE: the result views a transposed example: its strides are guarded, and no case
+        # an artifact stores (contiguous or channels-last) has them
+        (_views_its_input, (torch.randn(4, 3).t(),), "the program's guards refuse its reference"),
     ],
-    ids=["in-place", "result-type", "argument-type", "random"],
+    ids=["in-place", "result-type", "argument-type", "random", "strides-of-the-example"],
 )
 def test_what_cannot_be_exported_is_refused(fn: Any, args: tuple, message: str) -> None:
     with pytest.raises(ExportError, match=message), warnings.catch_warnings():

@@ -51,6 +51,7 @@ from plait.frontend import pytree
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.state import ModuleState
 from plait.ir import Graph, TensorType, get_op, to_text, weights_hash
+from plait.specialization import SpecializationMissError
 
 
 @dataclass
@@ -375,7 +376,16 @@ def _reference_cases(
         a, kw = _rebuilt(binder, call_spec, leaves)
         with torch.no_grad():
             eager = fn(*a, **kw)
-            result = compiled.call_specialization(key, *a, **kw)
+            try:
+                result = compiled.call_specialization(key, *a, **kw)
+            except SpecializationMissError as exc:
+                # NOTE: a case is laid out contiguous or channels-last: an example of other
+                # strides whose layout the program reads has no case its guards admit
+                raise ExportError(
+                    "the program's guards refuse its reference cases (fresh inputs laid out "
+                    f"contiguous or channels-last, as an artifact stores them): {exc}; export "
+                    "with an example laid out so"
+                ) from None
         out_spec, eager_leaves, eager_paths = pytree.flatten(eager, "output")
         compiled_spec, compiled_leaves, _ = pytree.flatten(result, "output")
         if spec_to_json(out_spec, "the result") != spec_to_json(compiled_spec, "the result"):
