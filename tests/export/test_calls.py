@@ -160,6 +160,31 @@ def test_a_program_with_a_0d_output_exports_and_verifies(tmp_path: Path) -> None
         )
 
 
+def _shifted(x: torch.Tensor, shift: tuple[float, float] = (0.5, 2.0)) -> torch.Tensor:
+    return x * shift[1] + shift[0]
+
+
+def test_a_default_the_artifact_cannot_record_is_passed_by_the_loaded_call(
+    tmp_path: Path,
+) -> None:
+    """A default that is no plain value (a tuple) is not recorded: the export's reference cases
+    pass it, as a loaded call must (the export raised CompiledInputError on its own cases)."""
+    gen = seeded(12)
+    path = plait.export(_shifted, (torch.randn(4, generator=gen),), native=False).save(
+        tmp_path / "shifted.plait"
+    )
+    assert plait.verify(path).ok
+    loaded = plait.load(path)
+    x = torch.randn(4, generator=gen)
+    torch.testing.assert_close(
+        loaded(x, (0.5, 2.0)), _shifted(x), **contract_tol("model", torch.float32)
+    )
+    with pytest.raises(CompiledInputError, match="missing a required argument: 'shift'"):
+        loaded(x)
+    with pytest.raises(CompiledInputError, match=r"shift\[1\] == 2.0"):
+        loaded(x, (0.5, 3.0))
+
+
 def _writes_its_input(x: torch.Tensor) -> torch.Tensor:
     return x.add_(1.0) * 2
 
@@ -183,6 +208,10 @@ def _draws(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.dropout(x, 0.5, training=True)
 
 
+def _views_its_input(x: torch.Tensor) -> torch.Tensor:
+    return x.t()
+
+
 @pytest.mark.parametrize(
     ("fn", "args", "message"),
     [
@@ -190,8 +219,11 @@ def _draws(x: torch.Tensor) -> torch.Tensor:
         (_returns_its_own_type, (torch.randn(3),), "the result is a Pair"),
         (_takes_an_object, (torch.randn(3), _Config()), "cfg is a _Config"),
         (_draws, (torch.randn(3),), "the program draws random numbers"),
+        # NOTE: the result views a transposed example: its strides are guarded, and no case
+        # an artifact stores (contiguous or channels-last) has them
+        (_views_its_input, (torch.randn(4, 3).t(),), "the program's guards refuse its reference"),
     ],
-    ids=["in-place", "result-type", "argument-type", "random"],
+    ids=["in-place", "result-type", "argument-type", "random", "strides-of-the-example"],
 )
 def test_what_cannot_be_exported_is_refused(fn: Any, args: tuple, message: str) -> None:
     with pytest.raises(ExportError, match=message), warnings.catch_warnings():

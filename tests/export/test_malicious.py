@@ -4,6 +4,7 @@ nothing anywhere (the kernel cache and the temporary directory stay empty)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -226,6 +227,10 @@ CORPUS: dict[str, tuple[Callable[[dict[str, bytes]], Any], type[Exception], str]
     "truncated-tail": (
         lambda m: crafting_bytes(m)[:-10], ArtifactFormatError, "truncated",
     ),
+    "damaged-deflated-member": (
+        lambda m: _damaged_deflate(crafting_bytes(m), "program.ir"),
+        ArtifactFormatError, "member program.ir does not read (Error -3",
+    ),
     "tampered-member": (
         lambda m: {**m, "program.ir": m["program.ir"].replace(b"relu", b"tanh")},
         ArtifactFormatError, "program.ir does not match its SHA-256",
@@ -306,6 +311,21 @@ def crafting_bytes(members: dict[str, bytes]) -> bytes:
     from plait.export.archive import pack_archive
 
     return pack_archive(members)
+
+
+def _damaged_deflate(archive: bytes, name: str) -> bytes:
+    """``archive`` with the deflated data of member ``name`` overwritten by bytes no inflater
+    reads (a deflate block of the reserved type 3), its headers intact."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+        info = zf.getinfo(name)
+    assert info.compress_type == zipfile.ZIP_DEFLATED
+    start = info.header_offset
+    name_len, extra_len = struct.unpack("<HH", archive[start + 26 : start + 30])
+    data = start + 30 + name_len + extra_len
+    return archive[:data] + b"\xff" * info.compress_size + archive[data + info.compress_size :]
 
 
 def _drop_listing(members: dict[str, bytes], name: str) -> bytes:

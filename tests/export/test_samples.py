@@ -39,3 +39,23 @@ def test_a_program_of_empty_inputs_exports_and_verifies(tmp_path: Path) -> None:
     assert plait.verify(path).ok
     total, doubled = plait.load(path)(torch.randn(0, 4))
     assert torch.equal(total, torch.zeros(4)) and doubled.shape == (0, 4)
+
+
+def _by_layout(x: torch.Tensor) -> torch.Tensor:
+    return x * 2.0 if x.is_contiguous(memory_format=torch.channels_last) else x - 1.0
+
+
+def test_a_channels_last_program_is_judged_in_channels_last(tmp_path: Path) -> None:
+    """The gate judges an artifact on its stored cases as they are laid out (channels-last,
+    as the example): a program that reads its input's layout exports and verifies (the gate
+    made the cases contiguous, which the layout guard refuses: the export failed the gate)."""
+    gen = seeded(32)
+    example = torch.randn(2, 3, 4, 5, generator=gen).to(memory_format=torch.channels_last)
+    artifact = plait.export(_by_layout, (example,), native=False)
+    assert "layout channels_last" in str(artifact.verdict)
+    path = artifact.save(tmp_path / "by_layout.plait")
+    result = plait.verify(path)
+    assert result.ok and "layout channels_last" in str(result)
+    loaded = plait.load(path)
+    x = torch.randn(2, 3, 4, 5, generator=gen).to(memory_format=torch.channels_last)
+    torch.testing.assert_close(loaded(x), _by_layout(x), **contract_tol("model", torch.float32))

@@ -31,6 +31,7 @@ import json
 import re
 import stat
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -305,7 +306,8 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
     try:
         with zf.open(info) as f:
             data = f.read(info.file_size + 1)
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, RuntimeError) as exc:
+    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, RuntimeError) as exc:
+        # NOTE: zlib.error: damaged deflated data (zipfile passes it on as it is)
         raise ArtifactFormatError(f"member {info.filename} does not read ({exc})") from None
     if len(data) != info.file_size:
         raise ArtifactFormatError(

@@ -51,6 +51,7 @@ from plait.frontend import pytree
 from plait.frontend.inputs import InputAdapter
 from plait.frontend.state import ModuleState
 from plait.ir import Graph, TensorType, get_op, to_text, weights_hash
+from plait.specialization import SpecializationMissError
 
 
 @dataclass
@@ -148,12 +149,12 @@ def export(
 
     start = time.perf_counter()
     cases, out_doc, layouts, anchor = _reference_cases(
-        model_or_fn, compiled, key, args, kwargs, references, binder, (call_spec, leaves)
+        model_or_fn, compiled, key, references, binder, (call_spec, leaves)
     )
     enough = _cases_for_samples([*cases.outputs["eager"][0], *cases.inputs[0]], references)
     if enough > references:  # NOTE: the same seeds: the first cases are drawn again as they were
         cases, out_doc, layouts, anchor = _reference_cases(
-            model_or_fn, compiled, key, args, kwargs, enough, binder, (call_spec, leaves)
+            model_or_fn, compiled, key, enough, binder, (call_spec, leaves)
         )
     seconds["references"] = time.perf_counter() - start
     case_paths = binder.flatten(*cases.call(0))[2]
@@ -348,15 +349,17 @@ def _reference_cases(
     fn: Any,
     compiled: Any,
     key: str,
-    args: tuple,
-    kwargs: dict,
     count: int,
     binder: Binder,
     example: tuple[Any, Sequence[Any]],
 ) -> tuple[refs.ReferenceCases, list[dict[str, Any]], list[str | None], str]:
     """The reference cases (inputs laid out as the example's), the output leaves' record,
-    the inputs' layouts and what anchors the float64 outputs (or why nothing does)."""
+    the inputs' layouts and what anchors the float64 outputs (or why nothing does).
+
+    Cases are drawn from the example's bound call, defaults applied: a default the artifact
+    cannot record (a tuple, a tensor) is passed by each case, as a loaded call must pass it."""
     call_spec, example_leaves = example
+    args, kwargs = _rebuilt(binder, call_spec, list(example_leaves))
     layouts = [
         refs.memory_format(x) if isinstance(x, torch.Tensor) else None for x in example_leaves
     ]
@@ -373,7 +376,16 @@ def _reference_cases(
         a, kw = _rebuilt(binder, call_spec, leaves)
         with torch.no_grad():
             eager = fn(*a, **kw)
-            result = compiled.call_specialization(key, *a, **kw)
+            try:
+                result = compiled.call_specialization(key, *a, **kw)
+            except SpecializationMissError as exc:
+                # NOTE: a case is laid out contiguous or channels-last: an example of other
+                # strides whose layout the program reads has no case its guards admit
+                raise ExportError(
+                    "the program's guards refuse its reference cases (fresh inputs laid out "
+                    f"contiguous or channels-last, as an artifact stores them): {exc}; export "
+                    "with an example laid out so"
+                ) from None
         out_spec, eager_leaves, eager_paths = pytree.flatten(eager, "output")
         compiled_spec, compiled_leaves, _ = pytree.flatten(result, "output")
         if spec_to_json(out_spec, "the result") != spec_to_json(compiled_spec, "the result"):

@@ -27,6 +27,7 @@ from torch import nn
 
 import plait.conformance
 from plait.conformance.compare import identical
+from plait.conformance.draws import apply_layout
 from plait.contract import Contract
 from plait.errors import ArtifactFormatError, UnknownNameError
 from plait.export.calling import Binder, count_leaves, leaves_from_json
@@ -345,4 +346,16 @@ def judge(
         stress=None,
         reference64=anchor,
         op_class="model",
+        layouts=(_gate_layout(cases),),
     )
+
+
+def _gate_layout(cases: ReferenceCases) -> str:
+    """The gate's layout that lays the stored cases out as they are: ``channels_last`` where
+    the cases' 4-D (5-D) float inputs are all channels-last (the example's memory format, which
+    the program may read and its guards pin), else ``contiguous``."""
+    stored = tuple(x for x in cases.inputs[0] if isinstance(x, torch.Tensor))
+    (laid,), changed = apply_layout((stored,), "channels_last")
+    if changed and all(a.stride() == b.stride() for a, b in zip(laid, stored)):
+        return "channels_last"
+    return "contiguous"
