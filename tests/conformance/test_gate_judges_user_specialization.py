@@ -157,6 +157,24 @@ def test_each_settings_group_of_the_user_calls_is_judged() -> None:
     assert len(compiled.specializations) == 2
 
 
+def test_a_specialization_no_case_reaches_is_never_reported_judged() -> None:
+    """The user's calls ran batch 2 and batch 5 (two specializations of one settings group); a
+    check on batch 2 runs only the first: the wrong second one is not named judged, and a
+    warning says it was not judged."""
+    model = _model()
+    compiled = plait.compile(model, options={"cache": False})
+    with torch.no_grad():
+        compiled(_x(2))
+        compiled(_x(5))
+    _break(compiled, 1)
+    report = plait.conformance.check(model, compiled, (_x(2, seed=3),))
+    assert [j.index for j in report.judged] == [0], report
+    assert any(f.check == "specialization" and f.where == "#1" for f in report.warnings), report
+    both = plait.conformance.check(model, compiled, lambda s: (_x(2 + 3 * (s % 2), seed=s),))
+    assert [j.index for j in both.judged] == [0, 1] and not both.ok, both
+    assert not [f for f in both.warnings if f.check == "specialization"], both
+
+
 def test_a_plain_candidate_is_called_as_it_is() -> None:
     model = _model()
     report = plait.conformance.check(model, lambda x: model(x), (_x(),), candidate_module=model)

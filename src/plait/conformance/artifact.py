@@ -44,6 +44,10 @@ class Context:
     keys: tuple[str, ...] = ()
     settings: Mapping[str, Any] = field(default_factory=dict)
     input_grads: bool | None = None  # whether float inputs require grad (None: as ``grads``)
+    # NOTE: the specializations of ``keys`` with how each was chosen, and the keys the gate's
+    # calls ran (only those are reported judged)
+    uses: tuple[tuple[Any, str], ...] = ()
+    ran: set[str] = field(default_factory=set)
 
 
 def speaks_protocol(candidate: Any) -> bool:
@@ -81,8 +85,6 @@ def contexts(candidate: Any, example: Sequence[Any], grads: bool, report: Report
         grad_on = bool(settings.get(GRAD_MODE, True))
         label = "settings " + ", ".join(f"#{u.index}" for u in members)
         keys = tuple(u.key for u in members)
-        for u in members:
-            report.judged.append(_judged(u, how.format(calls=u.calls)))
         if grads and not grad_on:
             report.note(
                 f"{label}: the user's calls ran with gradients disabled: judged forward only"
@@ -94,15 +96,18 @@ def contexts(candidate: Any, example: Sequence[Any], grads: bool, report: Report
                 f"{label}: the user's calls passed inputs that do not require grad: gradients "
                 "judged for parameters only"
             )
+        ran: set[str] = set()
         out.append(
             Context(
-                _pinned(candidate, keys),
+                _pinned(candidate, keys, ran),
                 members[0].applied,
                 grads and grad_on,
                 label if len(groups) > 1 else None,
                 keys,
                 settings,
                 input_grads,
+                tuple((u, how.format(calls=u.calls)) for u in members),
+                ran,
             )
         )
     if grads and not any(c.grads for c in out):
@@ -127,15 +132,32 @@ def _input_grads(
     return grads
 
 
-def _pinned(candidate: Any, keys: tuple[str, ...]) -> Callable[..., Any]:
-    """Call ``candidate`` with the first of ``keys`` whose guards admit the call, or raise
-    :class:`NeedsAnotherSpecialization` naming what each refused."""
+def record_judged(contexts: Sequence[Context], report: Report) -> None:
+    """Name in ``report.judged`` each specialization the gate's calls ran; a specialization
+    the user's calls ran that no case of the check reached (inputs of another shape) is a
+    warning: it was not judged, and the report must not say it was."""
+    for context in contexts:
+        for use, how in context.uses:
+            if use.key in context.ran:
+                report.judged.append(_judged(use, how))
+                continue
+            msg = (
+                f"specialization #{use.index} (key {use.key[:16]}, {how}) was not judged: its "
+                "guards admit none of this check's cases; check it with inputs like its calls'"
+            )
+            report.add(Failure("warning", "specialization", f"#{use.index}", "all cases", msg))
+
+
+def _pinned(candidate: Any, keys: tuple[str, ...], ran: set[str]) -> Callable[..., Any]:
+    """Call ``candidate`` with the first of ``keys`` whose guards admit the call (added to
+    ``ran``), or raise :class:`NeedsAnotherSpecialization` naming what each refused."""
 
     def call(*args: Any) -> Any:
         refused = []
         for key in keys:
             failed = candidate.guard_failures(key, *args)
             if not failed:
+                ran.add(key)
                 return candidate.call_specialization(key, *args)
             refused.append(f"{key[:16]}: {'; '.join(failed)}")
         raise NeedsAnotherSpecialization(

@@ -23,6 +23,7 @@ from plait.conformance.artifact import (
     NeedsAnotherSpecialization,
     contexts,
     ieee_problem,
+    record_judged,
 )
 from plait.conformance.compare import identical
 from plait.conformance.draws import (
@@ -40,6 +41,7 @@ from plait.conformance.judge import (
     Judge,
     check_call_aliases,
     check_input_aliases,
+    check_output_aliases,
     judge_run,
     poison,
     same_run,
@@ -146,6 +148,7 @@ def check(
     finally:
         ref.reset()
         cand.reset()
+    record_judged(judged, report)
     return report
 
 
@@ -240,6 +243,7 @@ def _check_case(
         return
     judge_run(report, judge, label, r1, first, z, group=group, baselines=others, ill_only=stress)
     check_input_aliases(report, label, r1, first)
+    check_output_aliases(report, label, r1, first)
     snapshot = _snapshot(first)
     poison(first, ref.storages() | cand.storages() | first.input_storages)
     second = run(cand, case.args, rng_seed=seed, grads=grads, input_grads=input_grads, cuda=cuda)

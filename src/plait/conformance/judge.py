@@ -234,6 +234,64 @@ def check_input_aliases(report: Report, case: str, ref: Run, cand: Run) -> None:
         report.add(Failure("warning", "alias", name, case, msg))
 
 
+def check_output_aliases(report: Report, case: str, ref: Run, cand: Run) -> None:
+    """Two outputs that share memory must do so in both programs: a candidate that hands out one
+    tensor for two of eager's (a common subexpression merged across outputs) changes the other
+    output when the caller writes to one."""
+    report.count("alias")
+    ref_pairs, cand_pairs = overlapping_outputs(ref), overlapping_outputs(cand)
+    for a, b in sorted(cand_pairs - ref_pairs):
+        msg = f"candidate output shares memory with {b}; the reference's outputs do not"
+        report.add(Failure("error", "alias", a, case, msg))
+    for a, b in sorted(ref_pairs - cand_pairs):
+        msg = f"reference output is a view of {b}; the candidate's are separate copies"
+        report.add(Failure("warning", "alias", a, case, msg))
+
+
+def overlapping_outputs(result: Run) -> set[tuple[str, str]]:
+    """The pairs of output tensors (by name, in leaf order) whose elements share memory."""
+    by_storage: dict[int, list[tuple[str, torch.Tensor]]] = {}
+    for name, leaf in leaves(result.outputs, "output"):
+        if isinstance(leaf, torch.Tensor) and leaf.numel() and leaf.untyped_storage().nbytes():
+            by_storage.setdefault(leaf.untyped_storage().data_ptr(), []).append((name, leaf))
+    pairs = set()
+    for group in by_storage.values():
+        for i, (a, ta) in enumerate(group):
+            pairs |= {(a, b) for b, tb in group[i + 1 :] if _overlap(ta, tb)}
+    return pairs
+
+
+# NOTE: tensors spanning more elements than this are taken to overlap wherever their byte
+# ranges do (their elements are not enumerated)
+_ENUMERATED = 1 << 22
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one storage have an element in common (their byte ranges meet,
+    and, where both are small, an element's bytes)."""
+    ranges = [_byte_range(t) for t in (a, b)]
+    if ranges[0][1] <= ranges[1][0] or ranges[1][1] <= ranges[0][0]:
+        return False
+    size = a.element_size()
+    spans = [(hi - lo) // t.element_size() for (lo, hi), t in zip(ranges, (a, b), strict=True)]
+    if b.element_size() != size or (ranges[0][0] - ranges[1][0]) % size or max(spans) > _ENUMERATED:
+        return True
+    found = [_element_offsets(t) + lo // size for (lo, _), t in zip(ranges, (a, b), strict=True)]
+    return bool(torch.isin(found[0], found[1]).any())
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    start = int(t.storage_offset()) * t.element_size()
+    last = sum((int(n) - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    return start, start + (last + 1) * t.element_size()
+
+
+def _element_offsets(t: torch.Tensor) -> torch.Tensor:
+    """Each element's offset in elements from the tensor's first (strides are never negative)."""
+    span = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) + 1
+    return torch.arange(span).as_strided(tuple(t.shape), t.stride()).reshape(-1)
+
+
 def check_call_aliases(
     report: Report, case: str, ref: tuple[Run, Run], cand: tuple[Run, Run]
 ) -> None:

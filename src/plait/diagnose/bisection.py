@@ -32,6 +32,7 @@ from torch import nn
 
 import plait.conformance
 from plait.api import compile as plait_compile
+from plait.conformance.draws import stressed
 from plait.conformance.report import Report
 from plait.diagnose.backend import localize_backend
 from plait.diagnose.judging import Executor, Measure, first_measure, graph_executor
@@ -56,6 +57,19 @@ from plait.errors import (
 from plait.guards.guard import GuardEnv
 from plait.ir import Graph, Value
 from plait.runtime import StaxOptions
+
+
+def expand_pipeline(pipeline: str) -> str:
+    """``pipeline`` with ``inference`` and ``training`` standing for the default pipelines.
+
+    Example:
+        >>> expand_pipeline("inference,my-pass").endswith(",dce,my-pass")
+        True
+    """
+    from plait.passes import INFERENCE_PIPELINE, TRAINING_PIPELINE
+
+    named = {"inference": INFERENCE_PIPELINE, "training": TRAINING_PIPELINE}
+    return ",".join(named.get(p.strip(), p.strip()) for p in pipeline.split(",") if p.strip())
 
 
 @dataclass
@@ -163,6 +177,7 @@ class Subject:
     stax: StaxOptions | None
     judge: Callable[[Executor], Report]
     sample: Callable[[int], dict[str, Any]]
+    samples: int = 4  # NOTE: how many input sets ``sample`` makes (localization tries each)
 
 
 def diagnose_subject(
@@ -219,9 +234,8 @@ def diagnose_subject(
     return out
 
 
-# NOTE: how many input sets localization tries (the first is the call's own; the gate's
-# failing case is one of the next ones when the subject replays the gate's draws)
-SAMPLES = 4
+# NOTE: the stress factor of bisect's gate, its stage judgments and its last diagnosis inputs
+STRESS = 100.0
 
 
 def _on_samples(
@@ -230,7 +244,7 @@ def _on_samples(
     """Localize on each of the subject's input sets in turn until a value breaks its budget;
     else the closest found, with the inputs it was found on."""
     best: tuple[Divergence | None, dict[str, Any]] | None = None
-    for k in range(SAMPLES):
+    for k in range(subject.samples):
         inputs = subject.sample(k)
         found = localize(inputs)
         if found is not None and found.exceeded:
@@ -333,9 +347,15 @@ def _blame(out: Bisection, found: Divergence | None, after: str, before: str) ->
             None if replaced is None else _line(replaced), found.note,
         )  # fmt: skip
     if not found.exceeded:
+        anchored = out.stage_error is not None and out.stage_error.check == "anchored"
+        why = (
+            "the gate judged the whole program by the float64-anchored model rule"
+            if anchored
+            else "the gate's failing case is not among the diagnosis inputs"
+        )
         out.notes.append(
             "no single value breaks its op-class row on the diagnosis inputs; the node shown "
-            "came closest (the gate judged the whole program by the float64-anchored model rule)"
+            f"came closest ({why})"
         )
 
 
@@ -413,6 +433,8 @@ def bisect(
         (True, None)
     """
     opts = {"cache": False, **(options or {})}
+    if isinstance(opts.get("passes"), str):
+        opts["passes"] = expand_pipeline(opts["passes"])
     call_args = (
         args if isinstance(args, tuple) else tuple(args) if isinstance(args, list) else (args,)
     )
@@ -453,14 +475,14 @@ def bisect(
 
         report = plait.conformance.check(
             reference, run_compiled, call_args, reference_module=module,
-            candidate_module=module, draws=draws, seed=seed,
+            candidate_module=module, draws=draws, stress=STRESS, seed=seed,
         )  # fmt: skip
         gate_s = time.perf_counter() - start - compile_s
         if report.ok:
             return Bisection(
                 True, report=str(report), seconds={"compile": compile_s, "gate": gate_s}
             )
-        subject = _user_subject(compiled, reference, module, call_args, kw, seed)
+        subject = _user_subject(compiled, reference, module, call_args, kw, seed, draws)
         result = diagnose_subject(subject, repro_dir=repro_dir,
                                   shrink_seconds=shrink_seconds, stage_report=report)  # fmt: skip
     result.seconds = {"compile": compile_s, "gate": gate_s, **result.seconds,
@@ -470,7 +492,7 @@ def bisect(
 
 def _user_subject(
     compiled: Any, reference: Callable[..., Any], module: nn.Module | None,
-    args: tuple[Any, ...], kwargs: dict[str, Any], seed: int,
+    args: tuple[Any, ...], kwargs: dict[str, Any], seed: int, draws: int,
 ) -> Subject:  # fmt: skip
     engine = compiled._plait
     spec = engine.specializations[-1]
@@ -495,18 +517,26 @@ def _user_subject(
             env, st = env_of(a)
             return prog.run(execute, env, st)
 
-        # NOTE: a pass's output is judged on the example and one fresh draw (no stress draw):
-        # the compiled program already failed the full gate; this only says which stage
+        # NOTE: a stage is judged on the cases the compiled program failed on: the example, the
+        # same draws and the stress draw (judged on fewer, a pass wrong only on large inputs
+        # passed, and the backend was blamed for it)
         return plait.conformance.check(
             reference, candidate, args, reference_module=module, candidate_module=module,
-            draws=1, stress=None, seed=seed,
+            draws=draws, stress=STRESS, seed=seed,
         )  # fmt: skip
 
     def sample(k: int) -> dict[str, Any]:
-        # NOTE: the example, then draws as the gate makes them (its seed * 7919 + i)
-        drawn = args if k == 0 else plait.conformance.draw_like(args, seed * 7919 + k)
+        # NOTE: the example, the draws as the gate makes them (its seed * 7919 + i), and last
+        # its stress draw (a draw at its seed * 7919, scaled)
+        base = seed * 7919
+        if k == 0:
+            drawn = args
+        elif k <= draws:
+            drawn = plait.conformance.draw_like(args, base + k)
+        else:
+            drawn = stressed(plait.conformance.draw_like(args, base), STRESS)
         env, st = env_of(drawn)
         values = prog.graph_inputs(env, st)
         return {v.name: x for v, x in zip(graph.inputs, values)}
 
-    return Subject(graph, pipeline, params, stax, judge, sample)
+    return Subject(graph, pipeline, params, stax, judge, sample, samples=draws + 2)

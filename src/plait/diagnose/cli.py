@@ -87,7 +87,7 @@ def diagnose_command(
     if not isinstance(options, dict):
         raise click.BadParameter("--options must be a JSON object")
     if passes is not None:
-        options["passes"] = _expanded(passes)
+        options["passes"] = passes
     model, args, kwargs = load_target(target)
     found = bisect(model, args, kwargs, options=options, repro_dir=repro_dir, seed=seed)
     click.echo(str(found))
@@ -136,13 +136,6 @@ def fuzz_command(
     else:
         click.echo(str(report))
     sys.exit(0 if report.ok else 1)
-
-
-def _expanded(pipeline: str) -> str:
-    from plait.passes import INFERENCE_PIPELINE, TRAINING_PIPELINE
-
-    named = {"inference": INFERENCE_PIPELINE, "training": TRAINING_PIPELINE}
-    return ",".join(named.get(p.strip(), p.strip()) for p in pipeline.split(",") if p.strip())
 
 
 def register(group: click.Group) -> None:

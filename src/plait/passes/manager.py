@@ -165,14 +165,21 @@ def run_pipeline(
 ) -> PipelineResult:
     """Run the named passes in order. ``source_hash`` (minted at capture) is carried untouched."""
     records: list[PassRecord] = []
+    texts = _Texts()
     for name in parse_pipeline(pipeline):
         info = get_pass(name)
         record = PassRecord(name)
         ctx = PassContext(record, params or {}, options or {})
         start = time.perf_counter()
-        graph = info.fn(graph.copy(), ctx)
+        before, graph = graph, info.fn(graph.copy(), ctx)
         record.seconds = time.perf_counter() - start
         record.graph = graph
+        if not record.changed and texts.differ(before, graph):
+            # NOTE: the record says what the pass did; a pass that rewrote without saying so
+            # (a user's pass that forgot ``ctx.record.fired``) would be "unchanged" in the
+            # manifest and skipped by plait.diagnose's bisection, which blamed the next stage
+            record.changed = True
+            record.details[UNRECORDED] = UNRECORDED_DETAIL
         records.append(record)
         _log(record, graph)
         if checks:
@@ -182,6 +189,33 @@ def run_pipeline(
                 node_id = exc.node.id if exc.node is not None else None
                 raise SemanticDriftError(name, str(exc), node_id) from exc
     return PipelineResult(graph, records, source_hash)
+
+
+# NOTE: the detail a pass's record gets when its output differs from its input though the
+# pass recorded no rewrite
+UNRECORDED = "unrecorded_change"
+UNRECORDED_DETAIL = "the output differs from the input, but the pass recorded no rewrite"
+
+
+class _Texts:
+    """Whether a pass's output differs from its input (its IR text, or a constant's value
+    object), each graph's text made once: a pass's output is the next pass's input."""
+
+    def __init__(self) -> None:
+        self._last: tuple[Graph, str] | None = None
+
+    def text(self, graph: Graph) -> str:
+        if self._last is None or self._last[0] is not graph:
+            self._last = (graph, to_text(graph))
+        return self._last[1]
+
+    def differ(self, before: Graph, after: Graph) -> bool:
+        if before.constants.keys() != after.constants.keys() or any(
+            after.constants[k] is not v for k, v in before.constants.items()
+        ):
+            return True
+        old = self.text(before)
+        return old != self.text(after)
 
 
 def _log(record: PassRecord, graph: Graph) -> None:
