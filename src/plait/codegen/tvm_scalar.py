@@ -176,6 +176,21 @@ def opaque(x: str, t: str, side: int) -> str:
     return f'T.reinterpret("{vector_type(DTYPE[t])}", T.reinterpret("{word}", {x}))'
 
 
+def product(x: str, y: str, t: str) -> str:
+    """A float product no addition may fuse with: TVM's LLVM target contracts ``a * b + c``
+    into one FMA (one rounding; ``FPOpFusion::Fast``, whatever the IR's flags), where the C++
+    kernels (``-ffp-contract=off``) and eager round the product first. An arithmetic fence
+    around the product (free: no instruction) keeps it rounded.
+
+    Example:
+        >>> product("a", "b", "f32")
+        'T.call_llvm_pure_intrin("float32", "llvm.arithmetic.fence", (a * b))'
+    """
+    return (
+        f'T.call_llvm_pure_intrin("{vector_type(DTYPE[t])}", "llvm.arithmetic.fence", ({x} * {y}))'
+    )
+
+
 # NOTE: PyTorch's CPU casts convert with the machine's instruction: x86's gives the lowest
 # integer for NaN and out-of-range values; others' (AArch64's) saturate, NaN to 0
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")

@@ -71,6 +71,7 @@ from plait.codegen.tvm_scalar import (
     integer_division,
     integer_power,
     opaque,
+    product,
     round16,
     select,
     signbit,
@@ -105,7 +106,7 @@ INT32_BOUND = 1 << 31
 _BOUND_OPS = (*CHECKED_INT_OPS, "fdiv_floor", "ipow")
 # NOTE: the inlined text of a block's values, in characters, past which a block binds them all
 INLINE_LIMIT = 1 << 15
-PRINTER_VERSION = "plait-tvm-script-1"
+PRINTER_VERSION = "plait-tvm-script-2"
 
 
 class Unsupported(CodegenError):
@@ -316,13 +317,11 @@ class _Printer:
                 if op == "ne":
                     return float_ne(x, y, s.args[0].dtype)
                 x, y = opaque(x, s.args[0].dtype, 0), opaque(y, s.args[0].dtype, 1)
+                if op == "mul":
+                    return product(x, y, t)
             return f"({x} {_ARITH.get(op) or _COMPARE[op]} {y})"
-        if op == "and":
-            return f"T.And({a[0]}, {a[1]})"
-        if op == "or":
-            return f"T.Or({a[0]}, {a[1]})"
-        if op == "not":
-            return f"T.Not({a[0]})"
+        if op in ("and", "or", "not"):
+            return f"T.{op.capitalize()}({', '.join(a)})"
         if op == "neg":
             return f"(-{opaque(a[0], t, 0)})" if is_float(t) else f"({const_text(0, t)} - {a[0]})"
         if op == "abs":
