@@ -109,6 +109,12 @@ INLINE_LIMIT = 1 << 15
 PRINTER_VERSION = "plait-tvm-script-2"
 
 
+# NOTE: the longest float sum a TVM kernel adds (its lanes add their elements in sequence):
+# rows of 8192 float32 values passed the gate's reduction rule, rows of 20000 failed it; longer
+# sums go to the C++ printer, which adds them in blocks (plait.codegen.cpp.BLOCK)
+SUM_RUN = 8192
+
+
 class Unsupported(CodegenError):
     """The TVM printer does not print this kernel (the C++ printer does); ``str()`` says why."""
 
@@ -180,6 +186,11 @@ class _Printer:
         for r in self.reduce_of.values():
             if r.dtype == "b":
                 raise Unsupported("a reduction of bools")
+            if r.kind == "sum" and is_float(r.dtype) and math.prod(self.inner) > SUM_RUN:
+                raise Unsupported(
+                    f"a float sum over {math.prod(self.inner)} elements (past {SUM_RUN}: the C++ "
+                    "printer sums in blocks, a TVM kernel's lanes would add it in one run each)"
+                )
         self.checks = any(s.op in CHECKED_INT_OPS for s in self.k.stmts())
         if any(s.op == "ipow" and s.args[1].op != "const" for s in self.k.stmts()):
             raise Unsupported("an integer power whose exponent is not a constant")
