@@ -258,3 +258,24 @@ def test_a_program_that_reads_the_clock_compiles_with_a_warning() -> None:
         compiled(torch.randn(3))
     x = torch.randn(3)
     torch.testing.assert_close(compiled(x), program(x), **contract_tol("pointwise", torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32, torch.uint8])
+def test_numpy_scalars_are_operands_as_python_numbers(dtype: torch.dtype) -> None:
+    """``x * TABLE.sum()`` passes a ``np.float32``: compiled (no fallback), promoted and
+    rounded as eager does, and guarded through the array it came from."""
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return x * TABLE[:3].sum() + np.int64(TABLE.size)
+
+    saved = TABLE.copy()
+    try:
+        compiled = plait.compile(program, fullgraph=True, options=NO_CACHE)
+        for _ in range(2):
+            x = (torch.rand(5) * 20).to(dtype)
+            torch.testing.assert_close(
+                compiled(x), program(x), **contract_tol("pointwise", program(x).dtype)
+            )
+            _write(TABLE)
+    finally:
+        TABLE[:] = saved

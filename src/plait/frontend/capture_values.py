@@ -31,6 +31,7 @@ from plait.frontend.default_dtype import capture_builder
 from plait.frontend.dynamic_dims import DimPolicy
 from plait.frontend.frames import user_frame
 from plait.frontend.layout_clone import layout_clone
+from plait.frontend.numpy_scalars import numpy_number
 from plait.frontend.rng import RngTracker
 from plait.frontend.symints import TracedInt, TracedSize, plain_int
 from plait.frontend.table import NoIROp
@@ -406,6 +407,9 @@ class CaptureValues:
             return x
         if isinstance(x, complex):  # NOTE: no IR literal; the ATen graph carries it
             raise NoIROp("a complex scalar operand is no IR literal")
+        number = numpy_number(x)
+        if number is not None:
+            return number
         self.limitation(f"cannot pass {type(x).__name__} as an operand")
 
     def dim(self, x: Any) -> Any:
@@ -586,3 +590,4 @@ def _flat(xs: Any) -> Iterator[Any]:
             yield from _flat(x)
         else:
             yield x
+
