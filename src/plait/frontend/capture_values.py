@@ -67,6 +67,7 @@ class Lift:
     type: TensorType
     writeback: bool
     value: Value | None = None
+    origin: Any = None  # NOTE: the caller's tensor (its Python attributes: tensor_attrs)
 
 
 class Tracer(torch.Tensor):
@@ -86,6 +87,11 @@ class Tracer(torch.Tensor):
     # NOTE: on roots: a view-or-copy choice by strides involves it (plait.frontend.stride_choices)
     _stride_choice: str | None
     _stride_output: str | None
+
+    def __getattr__(self, name: str) -> Any:
+        from plait.frontend.tensor_attrs import missing_attribute  # NOTE: reads pyreads
+
+        return missing_attribute(self, name)
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -334,6 +340,7 @@ class CaptureValues:
             writeback=True,
             requires_grad=t.requires_grad,
         )
+        tracer._lift.origin = t  # type: ignore[union-attr]
         self.consts[id(t)] = tracer
         return tracer
 

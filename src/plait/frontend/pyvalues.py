@@ -124,6 +124,12 @@ class _Walk:
             return (cls, v.name)
         if v is ABSENT:
             return "<absent>"
+        if cls is torch.Tensor or cls is nn.Parameter:
+            # NOTE: and the Python attributes set on it (w.gain), absent ones too: a tensor
+            # subclass (a tracer) is by identity alone
+            own = v.__dict__
+            self.checks.append((DICT, own, tuple(own), tuple(own.values())))
+            return ("tensor", Same(v), tuple((k, self.key(x, depth + 1)) for k, x in own.items()))
         if isinstance(v, (torch.Tensor, nn.Module, types.FunctionType, types.CodeType)):
             return Same(v)
         if isinstance(v, (type, types.ModuleType)):
