@@ -340,7 +340,6 @@ class CaptureValues:
             writeback=True,
             requires_grad=t.requires_grad,
         )
-        tracer._lift.origin = t  # type: ignore[union-attr]
         self.consts[id(t)] = tracer
         return tracer
 
@@ -354,7 +353,9 @@ class CaptureValues:
                 self.limitation("a tensor from another capture leaked into this one")
             return t
         if isinstance(t, torch.Tensor):
-            return self.lift_const(t)
+            tracer = self.lift_const(t)
+            tracer._lift.origin = t  # type: ignore[union-attr]  # NOTE: the program's, not plait's
+            return tracer
         raise ProgramTypeError(f"expected a tensor, got {type(t).__name__}")
 
     def value(self, t: Any) -> Value:

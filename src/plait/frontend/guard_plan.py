@@ -72,8 +72,9 @@ class GuardPlan:
     # capture; a warm start finds them again from their saved descriptions
     pyroots: list[Any] | None = field(default=None, compare=False, repr=False)
     pyreads: list[list[Any]] = field(default_factory=list)
-    # NOTE: every constant tensor the program read, its metadata alone too (``T.shape[0]``, no
-    # graph input): its type is guarded (guard_build.const_guard); None: the constant inputs'
+    # NOTE: every constant tensor the program read of its environment, its metadata alone too
+    # (``T.shape[0]``, no graph input): its type is guarded (guard_build.const_guard); plait's
+    # own constants (a torch.tensor call's, an ATen graph's) are fixed; None: the constant inputs'
     read_consts: list[Any] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -147,7 +148,7 @@ def plan_of(
         layout_read=cx.layout_read if cx.layout_read is not None else cx.format_read,
         read_consts=None
         if slots is None
-        else [lift.ref for lift in cx.lifts if lift.kind == "const"],
+        else [lift.ref for lift in cx.lifts if lift.kind == "const" and lift.origin is not None],
     )
 
 

@@ -74,7 +74,8 @@ def missing_attribute(tracer: Any, name: str) -> Any:
         rec = getattr(_LOCAL, "rec", None)
         if rec is not None:
             show = f"the attribute {name} of {what}"
-            rec._add(("item", id(namespace), name), item_root(namespace, name, show, None))
+            desc = None if lift.kind == "const" else ["tensorattr", lift.name, name]
+            rec._add(("item", id(namespace), name), item_root(namespace, name, show, desc))
             rec._alive.append(origin)
     if found is ABSENT:
         raise AttributeError(f"'{type(origin).__name__}' object has no attribute '{name}'")
