@@ -30,6 +30,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from plait.frontend.pyvalues import TYPE, Root, _Walk
@@ -51,6 +52,15 @@ def _held(program: Any, depth: int = 0) -> list[tuple[str, Callable[[], Any]]]:
     return []
 
 
+def _bare_tensors(v: Any) -> bool:
+    """Tensors without Python attributes (a tuple of them): nothing in them changes unseen (a
+    tensor's value key checks its instance dict, empty here: an attribute set later on a
+    tensor a partial fixes is not guarded, as before)."""
+    if type(v) is tuple:
+        return bool(v) and all(_bare_tensors(x) for x in v)
+    return isinstance(v, torch.Tensor) and not getattr(v, "__dict__", None)
+
+
 def bound_roots(program: Any) -> list[tuple[tuple[Any, ...], Root]]:
     """The roots (with their keys in a :class:`~plait.frontend.pyreads.PyReads`) of what
     ``program`` holds that can change: those whose value key has a check or names a host."""
@@ -58,7 +68,7 @@ def bound_roots(program: Any) -> list[tuple[tuple[Any, ...], Root]]:
     for k, (show, read) in enumerate(_held(program)):
         walk = _Walk()
         walk.key(read())
-        if not walk.checks and not walk.hosts:
+        if (not walk.checks and not walk.hosts) or _bare_tensors(read()):
             continue  # NOTE: nothing in it can change (a module, numbers, a tensor)
         root = Root(show, read, None, lambda v: (TYPE, v, type(v)))
         out.append((("bound", id(program), k), root))

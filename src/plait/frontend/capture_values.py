@@ -68,6 +68,7 @@ class Lift:
     type: TensorType
     writeback: bool
     value: Value | None = None
+    origin: Any = None  # NOTE: the caller's tensor (its Python attributes: tensor_attrs)
 
 
 class Tracer(torch.Tensor):
@@ -87,6 +88,11 @@ class Tracer(torch.Tensor):
     # NOTE: on roots: a view-or-copy choice by strides involves it (plait.frontend.stride_choices)
     _stride_choice: str | None
     _stride_output: str | None
+
+    def __getattr__(self, name: str) -> Any:
+        from plait.frontend.tensor_attrs import missing_attribute  # NOTE: reads pyreads
+
+        return missing_attribute(self, name)
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -348,7 +354,9 @@ class CaptureValues:
                 self.limitation("a tensor from another capture leaked into this one")
             return t
         if isinstance(t, torch.Tensor):
-            return self.lift_const(t)
+            tracer = self.lift_const(t)
+            tracer._lift.origin = t  # type: ignore[union-attr]  # NOTE: the program's, not plait's
+            return tracer
         raise ProgramTypeError(f"expected a tensor, got {type(t).__name__}")
 
     def value(self, t: Any) -> Value:

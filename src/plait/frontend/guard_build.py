@@ -466,3 +466,40 @@ def layout_guard(
         read,
         fmt=lambda r: f"strides {list(r[0])}",
     )
+
+
+def _const_signature(t: torch.Tensor) -> tuple[Any, ...]:
+    return (t.dtype, tuple(t.shape), t.stride(), t.device, t.requires_grad)
+
+
+def const_guard(consts: Sequence[torch.Tensor]) -> list[Guard]:
+    """The constant tensors the program reads (a global tensor, a plain module attribute) keep
+    their dtype, shape, strides, device and ``requires_grad``: their values are read live on
+    each call, but a graph fixed their types (``T.data = torch.randn(8)``, ``T.resize_(1)``,
+    ``T.requires_grad_()`` change them under the same identity: one recompile, where the graph
+    would be fed a tensor of another type, or a size or flag the program read would be stale)."""
+    if not consts:
+        return []
+    kept = tuple(consts)
+    expected = tuple(map(_const_signature, kept))
+
+    def read(env: GuardEnv = None) -> tuple[Any, ...]:  # type: ignore[assignment]
+        return tuple(map(_const_signature, kept))
+
+    def detail(env: GuardEnv) -> str:
+        now = read(env)
+        bad = [f"const{k}" for k, (a, b) in enumerate(zip(expected, now)) if a != b]
+        return "changed: " + ", ".join(bad[:5]) + (" ..." if len(bad) > 5 else "")
+
+    return [
+        Guard(
+            "tensor",
+            "constant tensors",
+            "constant tensors keep their dtype, shape, strides, device and requires_grad",
+            expected,
+            read,
+            detail,
+            fmt=lambda r: f"{len(r)} signatures",
+            native=ReadCall(read),
+        )
+    ]

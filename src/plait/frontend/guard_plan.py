@@ -72,6 +72,10 @@ class GuardPlan:
     # capture; a warm start finds them again from their saved descriptions
     pyroots: list[Any] | None = field(default=None, compare=False, repr=False)
     pyreads: list[list[Any]] = field(default_factory=list)
+    # NOTE: every constant tensor the program read of its environment, its metadata alone too
+    # (``T.shape[0]``, no graph input): its type is guarded (guard_build.const_guard); plait's
+    # own constants (a torch.tensor call's, an ATen graph's) are fixed; None: the constant inputs'
+    read_consts: list[Any] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON form; raises ``ValueError`` for a relation it cannot write."""
@@ -142,6 +146,9 @@ def plan_of(
         written=_written(mutations, slots),
         used=used,
         layout_read=cx.layout_read if cx.layout_read is not None else cx.format_read,
+        read_consts=None
+        if slots is None
+        else [lift.ref for lift in cx.lifts if lift.kind == "const" and lift.origin is not None],
     )
 
 
@@ -195,6 +202,7 @@ def build_guards(
         live_state = state or (ms.fetch() if ms is not None else [])
         guards.append(_no_alias_guard(leaves, used, live_state, plan.written, consts))
     guards += guard_build.ambient_guards()
+    guards += guard_build.const_guard(consts if plan.read_consts is None else plan.read_consts)
     if ms is not None:
         guards += guard_build.module_guards(ms, used, state or ms.fetch())
     if plan.layout_read is not None:

@@ -48,6 +48,7 @@ def lift_user_inputs(cx: CaptureContext, leaves: list[Any], paths: list[str]) ->
             ir_type=ty,
         )
         tr._dim_exprs = exprs
+        tr._lift.origin = leaf  # type: ignore[union-attr]
         out[i] = tr
     cx.current = "<capture>"
     return out
@@ -73,4 +74,5 @@ def lift_state(cx: CaptureContext, ms: ModuleState | None) -> tuple[list[Tracer]
                 requires_grad=t.requires_grad,
             )
         )
+        tracers[-1]._lift.origin = t  # type: ignore[union-attr]
     return tracers, tensors

@@ -124,6 +124,12 @@ class _Walk:
             return (cls, v.name)
         if v is ABSENT:
             return "<absent>"
+        if cls is torch.Tensor or cls is nn.Parameter:
+            # NOTE: and the Python attributes set on it (w.gain), absent ones too: a tensor
+            # subclass (a tracer) is by identity alone
+            own = v.__dict__
+            self.checks.append((DICT, own, tuple(own), tuple(own.values())))
+            return ("tensor", Same(v), tuple((k, self.key(x, depth + 1)) for k, x in own.items()))
         if isinstance(v, (torch.Tensor, nn.Module, types.FunctionType, types.CodeType)):
             return Same(v)
         if isinstance(v, (type, types.ModuleType)):
@@ -443,6 +449,14 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
         if not isinstance(cls, type):
             raise UnknownNameError(f"{desc[1]}.{desc[2]} is not loaded")
         return typeattr_root(cls, desc[3], f"{desc[2]}.{desc[3]}", desc)
+    if kind == "tensorattr":  # NOTE: a parameter's or buffer's (plait.frontend.tensor_attrs)
+        owner, _, leaf = desc[1].rpartition(".")
+        tables = vars(module.get_submodule(owner)) if module is not None else {}
+        found = [tables.get(k, {}).get(leaf) for k in ("_parameters", "_buffers")]
+        found = [t for t in found if t is not None]
+        if not found:
+            raise UnknownNameError(f"no parameter or buffer {desc[1]}")
+        return item_root(vars(found[0]), desc[2], f"the attribute {desc[2]} of {desc[1]}", desc)
     raise UnknownNameError(f"unknown Python read {kind!r}")
 
 

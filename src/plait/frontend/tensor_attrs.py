@@ -1,0 +1,85 @@
+"""Python attributes set on a tensor the program reads (``self.weight.gain = 2.0``,
+``getattr(self.weight, "quant_scale", 1.0)``).
+
+Capture runs the program on tracers, not on the caller's tensors: a parameter, a buffer, an
+input or a constant is a :class:`~plait.frontend.capture_values.Tracer` of its own, whose
+instance dict is empty. A read of an attribute the caller set on the tensor would raise
+``AttributeError`` where eager finds it, or, through ``getattr`` with a default or
+``hasattr``, bake the default into the graph. The tracer's ``__getattr__`` (called only where
+ordinary lookup fails) answers from the caller's tensor instead:
+
+- a parameter, buffer or constant tensor (the same object on every call): the value found in
+  its instance dict, or its absence, is a root of the Python values guard (by value, as any
+  value the program reads: :mod:`plait.frontend.pyvalues`), so setting, changing or deleting
+  the attribute recompiles;
+- an input tensor (a new object on each call): an attribute it holds cannot be guarded, so the
+  capture is refused (``GraphCaptureError(kind="limitation")``: the loud eager fallback); one it
+  lacks raises ``AttributeError`` as in eager.
+
+Views and tensors the program makes are the program's own: their attributes are as in eager
+(the tracer's own instance dict).
+
+Example:
+    >>> import torch, plait
+    >>> lin = torch.nn.Linear(2, 2)
+    >>> lin.weight.gain = 3.0
+    >>> class Scaled(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.lin = lin
+    ...     def forward(self, x):
+    ...         return self.lin(x) * getattr(self.lin.weight, "gain", 1.0)
+    >>> m = Scaled()
+    >>> f = plait.compile(m, options={"cache": False})
+    >>> x = torch.ones(1, 2)
+    >>> bool((f(x) == m(x)).all())
+    True
+    >>> lin.weight.gain = 5.0
+    >>> bool((f(x) == m(x)).all()), len(f.specializations)
+    (True, 2)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plait.errors import GraphCaptureError
+from plait.frontend.attr_reads import _LOCAL
+from plait.frontend.pyvalues import ABSENT, item_root
+
+_WHAT = {"param": "parameter", "buffer": "buffer", "const": "constant tensor", "user": "input"}
+
+
+def missing_attribute(tracer: Any, name: str) -> Any:
+    """What ``getattr(tracer, name)`` finds on the caller's tensor behind ``tracer`` (see the
+    module doc); raises ``AttributeError`` where that tensor lacks it too."""
+    own = object.__getattribute__(tracer, "__dict__")
+    lift = own.get("_lift")
+    origin = getattr(lift, "origin", None)
+    if name.startswith("__") or origin is None or own.get("_root") is not None:
+        raise AttributeError(f"'{type(tracer).__name__}' object has no attribute '{name}'")
+    namespace = object.__getattribute__(origin, "__dict__")
+    found = namespace.get(name, ABSENT)
+    what = f"{_WHAT.get(lift.kind, 'tensor')} {lift.name}"
+    if lift.kind == "user":
+        if found is not ABSENT:
+            raise GraphCaptureError(
+                "Python state",
+                f"the program reads the Python attribute {name!r} set on {what}: an "
+                "argument is a new tensor on each call, whose attributes the compiled program "
+                "cannot guard; pass the value as an argument",
+                kind="limitation",
+            )
+    else:
+        rec = getattr(_LOCAL, "rec", None)
+        if rec is not None:
+            show = f"the attribute {name} of {what}"
+            desc = None if lift.kind == "const" else ["tensorattr", lift.name, name]
+            rec._add(("item", id(namespace), name), item_root(namespace, name, show, desc))
+            rec._alive.append(origin)
+    if found is ABSENT:
+        raise AttributeError(f"'{type(origin).__name__}' object has no attribute '{name}'")
+    return found
+
+
+__all__ = ["missing_attribute"]
