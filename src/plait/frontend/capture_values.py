@@ -411,13 +411,11 @@ class CaptureValues:
             if x.expr is not None and isinstance(x.ir, sympy.Expr) and not x.ir.is_Integer:
                 return x.ir
             return self.int(x)
+        x = numpy_number(x)  # NOTE: a NumPy integer or float scalar: its Python number
         if isinstance(x, (bool, int, float)) or x is None:
             return x
         if isinstance(x, complex):  # NOTE: no IR literal; the ATen graph carries it
             raise NoIROp("a complex scalar operand is no IR literal")
-        number = numpy_number(x)
-        if number is not None:
-            return number
         self.limitation(f"cannot pass {type(x).__name__} as an operand")
 
     def dim(self, x: Any) -> Any:

@@ -7,8 +7,8 @@ capture turns it into that number's literal. A ``np.bool_`` is not treated so (e
 
 Example:
     >>> import numpy as np
-    >>> numpy_number(np.float32(2.5)), numpy_number(np.int64(3)), numpy_number(np.bool_(True))
-    (2.5, 3, None)
+    >>> numpy_number(np.float32(2.5)), numpy_number(np.int64(3)), numpy_number(np.bool_(1)) is True
+    (2.5, 3, False)
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import sys
 from typing import Any
 
 
-def numpy_number(x: Any) -> int | float | None:
-    """``x`` as a Python ``int`` or ``float`` where it is a NumPy integer or float scalar; None
-    for anything else."""
+def numpy_number(x: Any) -> Any:
+    """``x`` as a Python ``int`` or ``float`` where it is a NumPy integer or float scalar; ``x``
+    itself otherwise."""
     np = sys.modules.get("numpy")
     if np is None:
-        return None
+        return x
     if isinstance(x, np.integer):
         return int(x)
     if isinstance(x, np.floating):
         return float(x)
-    return None
+    return x
