@@ -596,4 +596,3 @@ def _flat(xs: Any) -> Iterator[Any]:
             yield from _flat(x)
         else:
             yield x
-
