@@ -24,11 +24,14 @@ Example:
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+
+from plait.frontend.nested_fast_path import refuse_if_encoder_fast_path
 
 _LOCK = threading.Lock()
 _CAPTURING: dict[int, int] = {}  # NOTE: thread id -> depth of the captures running on it
@@ -38,7 +41,10 @@ _REPLACED: list[Callable[[], bool]] = [torch.compiler.is_compiling]
 
 
 def _is_compiling() -> bool:
-    return threading.get_ident() in _CAPTURING or _REPLACED[0]()
+    if threading.get_ident() in _CAPTURING:
+        refuse_if_encoder_fast_path(sys._getframe(1))  # NOTE: its mask check asks the flag
+        return True
+    return _REPLACED[0]()
 
 
 @contextmanager

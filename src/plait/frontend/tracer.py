@@ -35,6 +35,7 @@ from plait.frontend.capture_values import CaptureValues, Tracer
 from plait.frontend.compiling_flag import compiling
 from plait.frontend.constant_reads import NOT_CONSTANT, constant_read
 from plait.frontend.late_values import compute_or_resample
+from plait.frontend.nested_fast_path import watching
 from plait.frontend.op_names import op_name
 from plait.frontend.opaque import run_opaque
 from plait.frontend.set_storage import refusing_set
@@ -139,7 +140,7 @@ class CaptureContext(CaptureValues):
             # NOTE: not with dynamic shapes: the compiling paths of transformers' masks index
             # with tensors on symbolic dims, which have no IR op and cannot be opaque nodes
             flag = compiling() if not self.dynamic else nullcontext()
-            with _Mode(self), refusing_set(self), flag:
+            with _Mode(self), refusing_set(self), flag, watching():
                 yield
             if self.grad_enabled != self.ambient_grad and not self.continued:
                 self.limitation(

@@ -136,6 +136,10 @@ def object_argument(leaves: list[Any], paths: list[str]) -> str | None:
     a config) its Python may change (``cache.update(...)``), which a compiled call would not;
     None when every argument is a tensor or a plain value."""
     for leaf, path in zip(leaves, paths):
+        if isinstance(leaf, torch.Tensor) and leaf.is_nested:
+            return (
+                f"its call passes {path}, a nested tensor (no capture takes one), so it runs split"
+            )
         if not isinstance(leaf, (torch.Tensor, *_VALUES)):
             return (
                 f"its call passes {path}, a {type(leaf).__name__} object (its Python may change "
