@@ -279,3 +279,23 @@ def test_numpy_scalars_are_operands_as_python_numbers(dtype: torch.dtype) -> Non
             _write(TABLE)
     finally:
         TABLE[:] = saved
+
+
+def test_a_list_of_plain_values_a_library_module_holds_is_guarded_by_items() -> None:
+    """``"--double" in sys.argv``: a library module's list, compared by its items."""
+    import sys
+
+    flag = f"--scale-{int(torch.randint(0, 10**6, ()).item())}"
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if flag in sys.argv else x - 1
+
+    compiled = plait.compile(program, options=NO_CACHE)
+    x = torch.randn(3)
+    assert_bitwise(compiled(x), program(x))
+    sys.argv.append(flag)
+    try:
+        assert_bitwise(compiled(x), program(x))
+    finally:
+        sys.argv.remove(flag)
+    assert_bitwise(compiled(x), program(x))

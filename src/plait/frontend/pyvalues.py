@@ -165,7 +165,7 @@ class _Walk:
             return (cls, tuple(self.key(x, depth + 1, shallow) for x in v))
         if isinstance(v, frozenset):
             return (cls, frozenset(self.key(x, depth + 1, shallow) for x in v))
-        if shallow and not _is_user_class(cls):
+        if shallow and not _is_user_class(cls) and not _plain_list(v):
             return Same(v)  # NOTE: a library's object (a library module's attribute)
         self.seen[id(v)] = len(self.seen)
         self.keep.append(v)
@@ -205,6 +205,11 @@ class _Walk:
             self.checks.append((PYTHON,))
             parts.append(tuple(self.key(getattr(v, s, ABSENT), depth + 1) for s in slots))
         return ("object", *parts)
+
+
+def _plain_list(v: Any) -> bool:
+    """A list of plain values (``sys.argv``): by its items even as a library's attribute."""
+    return type(v) is list and all(type(x) in _PLAIN_KEYED or type(x) is float for x in v)
 
 
 def _is_value_object(v: Any, cls: type) -> bool:
