@@ -57,6 +57,13 @@ def lift_user_inputs(cx: CaptureContext, leaves: list[Any], paths: list[str]) ->
 def lift_state(cx: CaptureContext, ms: ModuleState | None) -> tuple[list[Tracer], list[Any]]:
     if ms is None:
         return [], []
+    for prefix, mod in ms.modules:
+        if isinstance(mod, torch.jit.ScriptModule):
+            cx.limitation(
+                f"{prefix or 'the module'} is a TorchScript module ({type(mod).__name__}, made "
+                "by torch.jit.script or torch.jit.trace), which capture cannot run: compile the "
+                "Python module it was made from"
+            )
     tensors = ms.fetch()
     tracers: list[Tracer] = []
     for k, (entry, t) in enumerate(zip(ms.entries, tensors)):

@@ -35,7 +35,7 @@ class StateEntry:
     def get(self) -> torch.Tensor:
         owner, attr = self.slots[0]
         table = owner._parameters if self.kind == "param" else owner._buffers
-        t = table.get(attr)
+        t = table[attr] if attr in table else None  # noqa: SIM401  # NOTE: TorchScript: no .get
         if t is None:
             raise UnknownNameError(
                 f"{self.path} is no longer a {'parameter' if self.kind == 'param' else 'buffer'}"

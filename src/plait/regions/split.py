@@ -89,6 +89,8 @@ class RegionPlan:
         for m in self.module.modules():
             if m is self.module or getattr(m, "_compiled_call_impl", None) is not None:
                 continue  # NOTE: one the user compiled (Module.compile) keeps its own
+            if isinstance(m, torch.jit.ScriptModule):
+                continue  # NOTE: TorchScript runs its own forward; no capture can run it
             prev = m.__dict__.get(_SLOT, _ABSENT)
             if getattr(prev, "_plait_region", False):
                 continue  # NOTE: another thread's plan cannot be running (the tree's lock)
