@@ -206,10 +206,9 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
             spec, leaves, paths = self.adapter.flatten(args, kwargs)
         except TypeError as exc:
             raise CompiledInputError(str(exc)) from None
-        if self.region:
-            why = object_argument(leaves, paths)
-            if why is not None:
-                return self.split_call(args, kwargs, why)
+        why = object_argument(leaves, paths, self.region)
+        if why is not None:
+            return self.unsupported_call(args, kwargs, why)
         state = self.fetch()
         env = GuardEnv(spec, leaves, self.fn, state)
         for s in self.specializations:

@@ -24,12 +24,14 @@ NOTE: a mixin of ``plait.api._Engine``; it reads the engine's attributes (``tree
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from plait.errors import CaptureFallbackWarning
 from plait.frontend import CapturedProgram
 from plait.guards.guard import Evaluators, GuardEnv
 from plait.regions import RegionPlan
@@ -51,6 +53,7 @@ class RegionEngine:
     requested: tuple
     guard_evaluators: Evaluators | None
     _refusal_warned: bool
+    _unsupported_warned: bool = False
 
     def _eager(self, args: tuple, kwargs: dict) -> Any:
         raise NotImplementedError
@@ -76,6 +79,16 @@ class RegionEngine:
                 assert self.tree is not None
                 if any(True for _ in module.children()):
                     self.regions = RegionPlan(self.tree, module, self.path)
+        return self._eager(args, kwargs)
+
+    def unsupported_call(self, args: tuple, kwargs: dict, reason: str) -> Any:
+        """A call with an argument no compiled program takes (``reason``): a region runs split,
+        a whole program eagerly, warned once."""
+        if self.tree is not None and self.region:
+            return self.split_call(args, kwargs, reason)
+        if not self._unsupported_warned:
+            self._unsupported_warned = True
+            warnings.warn(f"plait runs this call eagerly: {reason}", CaptureFallbackWarning, 3)
         return self._eager(args, kwargs)
 
     def split_call(self, args: tuple, kwargs: dict, reason: str) -> Any:

@@ -133,16 +133,20 @@ class RegionPlan:
 _VALUES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 
 
-def object_argument(leaves: list[Any], paths: list[str]) -> str | None:
-    """Why a region call cannot be compiled: an argument that is an object (a key-value cache,
-    a config) its Python may change (``cache.update(...)``), which a compiled call would not;
-    None when every argument is a tensor or a plain value."""
+def object_argument(leaves: list[Any], paths: list[str], region: bool = True) -> str | None:
+    """Why a call cannot be compiled: a tensor argument that is not strided (sparse, nested,
+    oneDNN's: compiled programs take strided tensors); in a region call, also an argument that
+    is an object (a key-value cache, a config) its Python may change (``cache.update(...)``),
+    which a compiled call would not. None when every argument is a tensor or a plain value."""
     for leaf, path in zip(leaves, paths):
-        if isinstance(leaf, torch.Tensor) and leaf.is_nested:
-            return (
-                f"its call passes {path}, a nested tensor (no capture takes one), so it runs split"
-            )
-        if not isinstance(leaf, (torch.Tensor, *_VALUES)):
+        if isinstance(leaf, torch.Tensor):
+            if leaf.layout is not torch.strided or leaf.is_nested:
+                kind = "nested" if leaf.is_nested else str(leaf.layout).removeprefix("torch.")
+                return (
+                    f"its call passes {path}, a {kind} tensor (compiled programs take strided ones)"
+                )
+            continue
+        if region and not isinstance(leaf, _VALUES):
             return (
                 f"its call passes {path}, a {type(leaf).__name__} object (its Python may change "
                 "it on each call), so it runs split"
