@@ -243,7 +243,8 @@ def _check_case(
         return
     judge_run(report, judge, label, r1, first, z, group=group, baselines=others, ill_only=stress)
     check_input_aliases(report, label, r1, first)
-    check_output_aliases(report, label, r1, first)
+    if ref.aliases_known:
+        check_output_aliases(report, label, r1, first)
     snapshot = _snapshot(first)
     poison(first, ref.storages() | cand.storages() | first.input_storages)
     second = run(cand, case.args, rng_seed=seed, grads=grads, input_grads=input_grads, cuda=cuda)

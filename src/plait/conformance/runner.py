@@ -41,6 +41,10 @@ class Program:
     fn: Callable[..., Any]
     module: nn.Module | None
     initial: dict[str, torch.Tensor] = field(default_factory=dict)
+    # NOTE: False for a reference that answers stored values (an artifact's reference cases,
+    # ``output_aliases_known = False`` on the callable): which of its outputs share memory is
+    # not eager's, so output aliasing is not judged against it
+    aliases_known: bool = True
 
     @classmethod
     def of(cls, fn: Callable[..., Any], module: nn.Module | None) -> Program:
@@ -49,7 +53,7 @@ class Program:
         initial = {}
         if module is not None:
             initial = {n: b.detach().clone() for n, b in module.named_buffers()}
-        return cls(fn, module, initial)
+        return cls(fn, module, initial, bool(getattr(fn, "output_aliases_known", True)))
 
     def reset(self) -> None:
         """Put every buffer back to its initial value (only those that changed, in place)."""

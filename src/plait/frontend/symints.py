@@ -191,6 +191,13 @@ class TracedInt(torch.SymInt):
 
     @property
     def node(self) -> Any:
+        # NOTE: PyTorch's C++ asked for a SymInt's node: a call no rule converts the size for
+        # (functorch's vmap takes the batch size so): the capture refuses it, which its sink
+        # keeps even where the program's own cleanup raises another error after it
+        sink = active_sink()
+        refuse = getattr(sink, "limitation", None)
+        if refuse is not None:
+            refuse(f"a size ({self._value}) reached PyTorch's C++ where no capture rule runs")
         raise InternalCompilerError(
             "a traced size reached PyTorch unconverted (plait capture should have passed its "
             f"value {self._value})"

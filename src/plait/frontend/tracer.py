@@ -177,6 +177,11 @@ class CaptureContext(CaptureValues):
         """``paused``: Python reads are paused, and the arguments are plain values."""
         if self.error is not None:
             raise self.error
+        if torch._C._functorch.maybe_current_level() is not None:
+            self.limitation(
+                f"{op_name(func)} runs inside a torch.func transform (vmap, grad, jacrev, "
+                "jvp ...), whose batched and dual tensors capture cannot hold"
+            )
         if self.grad_enabled and not torch.is_grad_enabled():
             # NOTE: grad mode turned off where no call of the program showed it: PyTorch's C++
             # did, inside ``torch.inference_mode()`` or a custom autograd.Function's forward
