@@ -123,3 +123,30 @@ def test_a_factory_gets_a_special_values_draw_too() -> None:
 
     report = check(torch.relu, swallows, factory)
     assert report.caught("output", "nonfinite")
+
+
+def test_where_eager_differs_between_its_layouts_a_candidate_matching_one_passes() -> None:
+    # NOTE: eager's hardtanh (relu6) backward drops the gradient at a NaN input in its vectorized
+    # kernel and passes it in its scalar one (eight elements or fewer; an expanded gradient, as
+    # adaptive_avg_pool2d's backward gives on channels_last): eager's gradients here differ
+    # between its layouts, and a candidate that always computes in the contiguous layout matches
+    # eager's contiguous run in the channels_last case
+    model = seeded(0, lambda: nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.ReLU6(), nn.AdaptiveAvgPool2d(1), nn.Flatten()
+    ))  # fmt: skip
+
+    def contiguous(x: torch.Tensor) -> torch.Tensor:
+        return model(x.contiguous())
+
+    x, layouts = randn(2, 3, 8, 8, seed=0), ("contiguous", "channels_last")
+    report = check(model, contiguous, (x,), candidate_module=model, grads=True, layouts=layouts)
+    assert report.ok, str(report)
+    assert any("eager's own value differs in layout contiguous" in n for n in report.notes)
+
+    # NOTE: a candidate matching neither of eager's answers still fails
+    def swallows(x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.nn.functional.relu6(model[0](x))
+        return model[3](model[2](hidden.nan_to_num(nan=0.0, posinf=math.inf, neginf=-math.inf)))
+
+    report = check(model, swallows, (x,), candidate_module=model, grads=True, layouts=layouts)
+    assert report.caught("output", "nonfinite")
