@@ -11,7 +11,6 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,10 +38,14 @@ def cases() -> list[tuple[str, nn.Module, tuple[torch.Tensor, ...], dict[str, An
     ]  # fmt: skip
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+def timed_check(
+    model: nn.Module, compiled: Any, args: tuple, special: bool, **options: Any
+) -> float:
     start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
+    report = check(model, compiled, args, candidate_module=model, special_values=special, **options)
+    seconds = time.perf_counter() - start
+    assert report.ok, str(report)
+    return seconds
 
 
 def main() -> None:
@@ -54,14 +57,7 @@ def main() -> None:
         seconds: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(repeats):
             for special in (False, True):
-                s, report = timed(
-                    lambda special=special: check(
-                        model, compiled, args, candidate_module=model,
-                        special_values=special, **options,
-                    )
-                )  # fmt: skip
-                assert report.ok, str(report)
-                seconds[special].append(s)
+                seconds[special].append(timed_check(model, compiled, args, special, **options))
         off, on = (statistics.median(seconds[k]) for k in (False, True))
         print(f"{name}: without {off:.2f} s, with {on:.2f} s (+{on - off:.2f} s, x{on / off:.2f})")
 
