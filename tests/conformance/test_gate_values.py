@@ -110,7 +110,9 @@ def test_the_tail_rule_catches_one_element_the_rms_dilutes() -> None:
         bump[0, 0] = 64 * 2.0**-24 * float(y.detach().abs().max())
         return y + bump
 
-    report = check(model, candidate, (randn(64, 64, seed=13),), candidate_module=model)
+    # NOTE: on the special-values draw the bump would be NaN (the largest value is): not this test
+    x = randn(64, 64, seed=13)
+    report = check(model, candidate, (x,), candidate_module=model, special_values=False)
     assert report.caught("output", "anchored") and not report.caught("output", "tolerance")
     (stat,) = [a for where, a in report.anchored.items() if where.startswith("output")]
     rms_share, tail_share = stat.shares

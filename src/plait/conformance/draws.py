@@ -8,6 +8,7 @@ draw is never all zeros.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,51 @@ def stressed(args: Args, scale: float) -> Args:
         return (t.detach().double() * scale).clamp(-bound, bound).to(t.dtype)
 
     return tuple(map_tensors(scale_one, a) for a in args)
+
+
+# NOTE: the special-values draw writes these, in this order, into the first positions of a
+# random permutation of each floating-point input (as many as the input has elements)
+SPECIAL_VALUES = (math.nan, math.inf, -math.inf, -0.0, 0.0)
+
+
+def with_special_values(args: Args, seed: int) -> tuple[Args, list[str]]:
+    """``args`` with NaN, +inf, -inf, -0.0 and +0.0 written into random positions of every real
+    floating-point tensor (integers, bools and complex values unchanged); also where each went.
+
+    Example:
+        >>> (y,), where = with_special_values((torch.ones(2, 3),), seed=0)
+        >>> int(y.isnan().sum()), int(y.isinf().sum()), where[0].startswith("input[0]: NaN at")
+        (1, 2, True)
+    """
+    gen = torch.Generator().manual_seed(seed)
+    written: list[str | None] = []  # NOTE: per tensor leaf, in the order leaves() names them
+
+    def write(t: torch.Tensor) -> torch.Tensor:
+        if not t.dtype.is_floating_point or not t.numel():
+            written.append(None)
+            return t
+        new = t.detach().clone()
+        picks = torch.randperm(t.numel(), generator=gen)[: len(SPECIAL_VALUES)].tolist()
+        spots = []
+        for value, pick in zip(SPECIAL_VALUES, picks, strict=False):
+            index = tuple(int(k) for k in torch.unravel_index(torch.tensor(pick), t.shape))
+            new[index] = value
+            spots.append(f"{_special_name(value)} at {index}")
+        written.append(", ".join(spots))
+        return new
+
+    out = tuple(map_tensors(write, a) for a in args)
+    names = [name for name, t in leaves(args, "input") if isinstance(t, torch.Tensor)]
+    where = [f"{name}: {spots}" for name, spots in zip(names, written, strict=True) if spots]
+    return out, where
+
+
+def _special_name(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+inf" if value > 0 else "-inf"
+    return "-0.0" if math.copysign(1.0, value) < 0 else "+0.0"
 
 
 def apply_layout(args: Args, layout: str) -> tuple[Args, bool]:

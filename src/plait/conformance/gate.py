@@ -25,18 +25,17 @@ from plait.conformance.artifact import (
     ieee_problem,
     record_judged,
 )
-from plait.conformance.compare import identical
-from plait.conformance.draws import (
-    Args,
-    Case,
-    apply_layout,
-    as_args,
-    draw_from_factory,
-    draw_like,
-    stressed,
-    to_device,
-    to_float64,
+from plait.conformance.cases import (
+    SPECIAL,
+    STRESS,
+    Inputs,
+    alone,
+    check_fresh,
+    draw_cases,
+    is_factory,
+    more_draws,
 )
+from plait.conformance.draws import Args, Case, apply_layout, to_device, to_float64
 from plait.conformance.judge import (
     Judge,
     check_call_aliases,
@@ -51,7 +50,6 @@ from plait.conformance.runner import Program, Run, backward, ieee_float32, make_
 from plait.conformance.tree import leaves, map_tensors
 from plait.contract import Contract, loosened
 
-Inputs = Any  # a tuple of example arguments, a lone tensor, or a factory(seed) -> arguments
 _HALF = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -71,6 +69,7 @@ def check(
     reference64: Callable[..., Any] | None = None,
     bitwise: bool = False,
     stress: float | None = 100.0,
+    special_values: bool = True,
     seed: int = 0,
     precision: torch.dtype | None = None,
 ) -> Report:
@@ -78,7 +77,10 @@ def check(
 
     ``inputs`` is a tuple of example arguments (fresh draws copy their shapes, dtypes and devices;
     the example itself is one more case) or a ``factory(seed) -> arguments``. ``draws`` fresh
-    draws are always judged, plus one ``stress`` draw with float inputs scaled by ``stress``, and
+    draws are always judged, plus one ``stress`` draw with float inputs scaled by ``stress``, one
+    special-values draw with NaN, +inf, -inf, -0.0 and +0.0 written into a few random positions
+    of every floating-point input (``special_values=False`` skips it; judged where eager runs on
+    it: if eager raises there, that is noted, not failed), and
     more fresh draws while a value pools fewer than ``MIN_SAMPLES`` error samples (at most
     ``MAX_ADDED_DRAWS``; the report notes them, and a value still short).
     Module state: a ``nn.Module`` reference/candidate is its own module; a plain callable names its
@@ -110,7 +112,7 @@ def check(
         msg = "the reference has buffers; the candidate's module is unknown: pass candidate_module="
         report.add(Failure("error", "setup", "buffers", "all cases", msg))
     anchor = _Anchor.build(reference, ref, reference64, report)
-    cases = _draws(inputs, draws, stress, seed, report)
+    cases = draw_cases(inputs, draws, stress, special_values, seed, report)
     on = _devices(devices, cases, report)
     # NOTE: a compiled candidate is judged as its users' calls run it: per group of their
     # settings, every case under those settings, pinned to their specializations (made, when
@@ -131,15 +133,15 @@ def check(
     try:
         with ieee_float32():
             judge_cases(cases, seed)
-            fresh = [c for c in cases if not c[0].startswith("stress")]
+            fresh = [c for c in cases if not alone(c[0])]
             added = 0
             while True:
                 more = min(_thin_values(judge, report), MAX_ADDED_DRAWS - added)
                 if more <= 0:
                     break
-                extra = _more_draws(inputs, cases, draws + added, more, seed)
-                if _is_factory(inputs):
-                    _check_fresh(fresh + extra, report, first_new=len(fresh))
+                extra = more_draws(inputs, cases, draws + added, more, seed)
+                if is_factory(inputs):
+                    check_fresh(fresh + extra, report, first_new=len(fresh))
                 fresh += extra
                 judge_cases(extra, seed + len(cases) + added)
                 added += more
@@ -215,6 +217,9 @@ def _check_case(
 ) -> None:
     label, cuda = str(case), _uses_cuda(case)
     r1 = run(ref, case.args, rng_seed=seed, grads=grads, input_grads=input_grads, cuda=cuda)
+    if r1.error is not None and case.label.startswith(SPECIAL):
+        report.note(f"{label}: the reference raised {r1.error!r} on NaN/inf inputs: not judged")
+        return
     if r1.error is not None:
         msg = f"the reference raised {r1.error!r}: these inputs are outside its domain"
         report.add(Failure("error", "setup", "reference", label, msg))
@@ -229,19 +234,23 @@ def _check_case(
     # draws'), where the anchored rule judges only what is ill-conditioned there: at x100 a
     # network may amplify rounding beyond the elementwise budget (MobileNetV3's squeeze-excite
     # gates, hardsigmoid of a sum of terms ~1e4 that lands in [-3, 3]), and eager is then no
-    # witness within it, not even against itself in another layout
-    stress = case.label.startswith("stress")
-    z = anchor.run(case.args, r1, seed, cot, grads, report, input_grads, stress)
+    # witness within it, not even against itself in another layout. So is the special-values
+    # draw (its finite values are judged as the other draws', its NaN and inf by position)
+    one_off = (STRESS if case.label.startswith(STRESS) else SPECIAL) if alone(case.label) else None
+    z = anchor.run(case.args, r1, seed, cot, grads, report, input_grads, one_off)
     group = f"layout {case.layout}, device {case.device_name}"
-    group = f"stress draw, {group}" if stress else group
+    group = f"{one_off}, {group}" if one_off else group
     if context is not None:
         group = f"{group}, {context}"
-    others = _baseline_runs(judge, case, ref, seed, cot, grads, input_grads) if z else {}
+    baseline = z is not None or one_off == SPECIAL  # NOTE: eager's NaN paths vary by layout
+    others = _baseline_runs(judge, case, ref, seed, cot, grads, input_grads) if baseline else {}
     first = run(cand, case.args, rng_seed=seed, grads=grads, input_grads=input_grads, cuda=cuda)
     _backward(first, cand, cot, grads)
     if _raised(report, first, label, "first call"):
         return
-    judge_run(report, judge, label, r1, first, z, group=group, baselines=others, ill_only=stress)
+    witnesses = others if one_off == SPECIAL else None
+    judge_run(report, judge, label, r1, first, z, group=group, baselines=others,
+              ill_only=one_off is not None, witnesses=witnesses)  # fmt: skip
     check_input_aliases(report, label, r1, first)
     if ref.aliases_known:
         check_output_aliases(report, label, r1, first)
@@ -358,7 +367,7 @@ class _Anchor:
         grads: bool,
         report: Report,
         input_grads: bool | None = None,
-        stress: bool = False,
+        one_off: str | None = None,
     ) -> Run | None:
         if self.program is None or not _needs_anchor(eager):
             if self.program is not None and _complex64(eager):
@@ -379,9 +388,9 @@ class _Anchor:
         problem = _anchor_problem(result, eager)
         if problem is None:
             return result
-        if stress:  # NOTE: large inputs only: the other cases keep their anchor
+        if one_off:  # NOTE: large or special inputs only: the other cases keep their anchor
             report.note(
-                f"float64 anchor unavailable in the stress draw ({problem}): values there are "
+                f"float64 anchor unavailable in the {one_off} ({problem}): values there are "
                 "judged by op-class tolerances alone"
             )
             return None
@@ -418,34 +427,6 @@ def _anchor_problem(result: Run, eager: Run) -> str | None:
     return None
 
 
-def _draws(
-    inputs: Inputs, draws: int, stress: float | None, seed: int, report: Report
-) -> list[tuple[str, Args]]:
-    base = seed * 7919
-    if _is_factory(inputs):
-        cases = [(f"draw {i}", _fresh(inputs, (), base + i)) for i in range(1, draws + 1)]
-        _check_fresh(cases, report)
-        if stress:
-            big = stressed(_fresh(inputs, (), base + draws + 1), stress)
-            cases.append((f"stress draw (x{stress:g})", big))
-        return cases
-    example = as_args(inputs)
-    cases = [("example", example)]
-    cases += [(f"draw {i}", _fresh(inputs, example, base + i)) for i in range(1, draws + 1)]
-    if stress:
-        cases.append((f"stress draw (x{stress:g})", stressed(draw_like(example, base), stress)))
-    return cases
-
-
-def _is_factory(inputs: Inputs) -> bool:
-    return callable(inputs) and not isinstance(inputs, torch.Tensor)
-
-
-def _fresh(inputs: Inputs, example: Args, seed: int) -> Args:
-    """A fresh draw: the factory's at ``seed``, else one shaped like ``example``."""
-    return draw_from_factory(inputs, seed) if _is_factory(inputs) else draw_like(example, seed)
-
-
 # NOTE: the model rule compares RMS errors; on fewer pooled samples than this the ratio of two
 # equally accurate programs' errors passes the factor too often (docs/conformance.md, "Statistics")
 MIN_SAMPLES = 4
@@ -455,15 +436,15 @@ MAX_ADDED_DRAWS = 2 * MIN_SAMPLES
 
 
 def _short(judge: Judge) -> Iterator[tuple[str, str, int, int]]:
-    """(where, group, samples, cases) of each pooled value, outside the stress draw (judged
-    alone), with fewer than ``MIN_SAMPLES`` error samples over at least one case."""
+    """(where, group, samples, cases) of each pooled value, outside the stress and special-values
+    draws (judged alone), with fewer than ``MIN_SAMPLES`` error samples over at least one case."""
     for where, group, samples, cases in judge.pool.samples():
-        if not group.startswith("stress") and samples < MIN_SAMPLES and cases:
+        if not alone(group) and samples < MIN_SAMPLES and cases:
             yield where, group, samples, cases
 
 
 def _thin_values(judge: Judge, report: Report) -> int:
-    """How many more draws bring every pooled value (outside the stress draw, judged alone) to
+    """How many more draws bring every pooled value (outside the draws judged alone) to
     ``MIN_SAMPLES`` error samples: a 0-d loss or a cancelling sum has one per draw."""
     more = 0
     for where, group, samples, cases in _short(judge):
@@ -488,42 +469,6 @@ def _note_still_thin(judge: Judge, report: Report, added: int) -> None:
             f"{added} added draw(s) (at most {MAX_ADDED_DRAWS}), fewer than the {MIN_SAMPLES} "
             "the model rule needs: judged on those"
         )
-
-
-def _more_draws(
-    inputs: Inputs, cases: list[tuple[str, Args]], draws: int, more: int, seed: int
-) -> list[tuple[str, Args]]:
-    """``more`` fresh draws after ``draws`` (seeds the first draws and the stress draw never
-    use: a factory's stress draw takes the seed after its draws)."""
-    base, example = seed * 7919 + draws + _is_factory(inputs), cases[0][1]
-    return [(f"draw {draws + i}", _fresh(inputs, example, base + i)) for i in range(1, more + 1)]
-
-
-def _check_fresh(cases: list[tuple[str, Args]], report: Report, first_new: int = 0) -> None:
-    """A factory's draws from ``first_new`` on: none repeats an earlier one, none has an
-    all-zero float input."""
-    flat = [(label, [t for _, t in leaves(args, "input")]) for label, args in cases]
-    for i, (label, tensors) in enumerate(flat):
-        if i < first_new:
-            continue
-        for j in range(i):
-            other_label, other = flat[j]
-            same = len(tensors) == len(other) and all(
-                identical(a, b) if isinstance(a, torch.Tensor) else a == b
-                for a, b in zip(tensors, other, strict=True)
-            )
-            # NOTE: empty tensors hold nothing to draw: inputs that are all empty never repeat
-            arrays = [t for t in tensors if isinstance(t, torch.Tensor)]
-            empty = bool(arrays) and not any(t.numel() for t in arrays)
-            if same and tensors and not empty:
-                msg = f"the factory returned the same inputs for {other_label} and {label}"
-                report.add(Failure("error", "setup", "inputs", label, msg))
-    for label, args in cases[first_new:]:
-        for name, t in leaves(args, "input"):
-            floating = isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.numel()
-            if floating and not bool(t.ne(0).any()):
-                msg = "the factory drew an all-zero float input"
-                report.add(Failure("error", "setup", name, label, msg))
 
 
 def _devices(

@@ -126,13 +126,15 @@ def judge_run(
     against: Run | None = None,
     baselines: dict[str, Run] | None = None,
     ill_only: bool = False,
+    witnesses: dict[str, Run] | None = None,
 ) -> None:
     """Compare ``cand`` with ``ref`` (or, for determinism, bitwise with ``against``).
 
     Anchored statistics go to the judge's pool under ``group``; no group, no anchored rule.
     ``baselines`` are the reference's runs in other layouts on the same inputs (by layout).
     ``ill_only``: the anchored rule judges only values ill-conditioned in this case (the stress
-    draw); the others keep the elementwise check alone.
+    draw); the others keep the elementwise check alone. ``witnesses``: eager's runs in other
+    layouts on the same inputs (the special-values draw), for :func:`eager_disagrees`.
     """
     ref_vals, cand_vals = values(ref), values(cand)
     z_vals = values(anchor) if anchor is not None else {}
@@ -161,11 +163,51 @@ def judge_run(
         budget = judge.budget(expected, anchored)
         anchor_value = z if anchored else None
         others = {layout: vals.get(name) for layout, vals in other_vals.items()}
+        if witnesses and eager_disagrees(report, judge, name, case, expected, actual, witnesses):
+            continue
         compare(
             report, name, case, expected, actual, budget, anchor_value,
             pool=judge.pool, group=group or "", baselines=others if anchored else None,
             ill_only=ill_only,
         )  # fmt: skip
+
+
+def eager_disagrees(
+    report: Report,
+    judge: Judge,
+    name: str,
+    case: str,
+    expected: Any,
+    actual: Any,
+    witnesses: dict[str, Run],
+) -> bool:
+    """True (noted) where eager's own value differs between its layouts on these inputs and the
+    candidate's matches eager's in another layout, not in the case's own: eager gives no single
+    answer there (its vectorized and scalar kernels part on NaN: hardtanh's backward drops the
+    gradient at a NaN input in one and passes it in the other), and the candidate gave one of
+    eager's. Judged elementwise (NaN and inf positions, tolerances); False otherwise, and the
+    value is judged as every other."""
+    if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
+        return False
+    budget = judge.budget(expected, anchored=False)
+
+    def agree(e: Any, a: Any) -> bool:
+        if not isinstance(e, torch.Tensor) or e.shape != a.shape or e.dtype != a.dtype:
+            return False
+        return compare(Report(), name, case, e, a, budget)
+
+    if agree(expected, actual):
+        return False
+    for layout, run in witnesses.items():
+        other = values(run).get(name)
+        if not agree(expected, other) and agree(other, actual):
+            report.note(
+                f"{name} @ {case}: eager's own value differs in layout {layout} on these inputs "
+                f"(NaN or inf taken another way); the candidate matches eager's there"
+            )
+            report.count("nonfinite (eager's other layout)")
+            return True
+    return False
 
 
 def _check_structure(report: Report, case: str, ref: Any, cand: Any) -> None:

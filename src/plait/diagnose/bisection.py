@@ -32,7 +32,8 @@ from torch import nn
 
 import plait.conformance
 from plait.api import compile as plait_compile
-from plait.conformance.draws import stressed
+from plait.conformance.cases import SPECIAL_SEED
+from plait.conformance.draws import stressed, with_special_values
 from plait.conformance.report import Report
 from plait.diagnose.backend import localize_backend
 from plait.diagnose.judging import Executor, Measure, first_measure, graph_executor
@@ -526,17 +527,20 @@ def _user_subject(
         )  # fmt: skip
 
     def sample(k: int) -> dict[str, Any]:
-        # NOTE: the example, the draws as the gate makes them (its seed * 7919 + i), and last
-        # its stress draw (a draw at its seed * 7919, scaled)
+        # NOTE: the example, the draws as the gate makes them (its seed * 7919 + i), its stress
+        # draw (a draw at its seed * 7919, scaled) and last its special-values draw (NaN and inf)
         base = seed * 7919
         if k == 0:
             drawn = args
         elif k <= draws:
             drawn = plait.conformance.draw_like(args, base + k)
-        else:
+        elif k == draws + 1:
             drawn = stressed(plait.conformance.draw_like(args, base), STRESS)
+        else:
+            special = base + SPECIAL_SEED
+            drawn, _ = with_special_values(plait.conformance.draw_like(args, special), special)
         env, st = env_of(drawn)
         values = prog.graph_inputs(env, st)
         return {v.name: x for v, x in zip(graph.inputs, values)}
 
-    return Subject(graph, pipeline, params, stax, judge, sample, samples=draws + 2)
+    return Subject(graph, pipeline, params, stax, judge, sample, samples=draws + 3)
