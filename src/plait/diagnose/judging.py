@@ -262,6 +262,10 @@ def gate_graph(
         lambda s: tuple(draw(s)),
         draws=draws,
         stress=None,
+        # NOTE: random graphs compose ops where eager's own answer on special values depends on
+        # its kernel path (which zero min/max return of -0.0 and +0.0, fed to atan2: -pi or
+        # -0.0); the fuzz judges ordinary draws, as it judges no stress draw
+        special_values=False,
         seed=seed,
         reference64=ref64,
     )

@@ -1,6 +1,5 @@
 """The value bookkeeping of a capture: the :class:`Tracer` tensor, the graph inputs it is lifted
 from, each tracer's current IR value, the symbolic sizes of the inputs and in-place rebinding.
-
 :class:`CaptureValues` holds the state of one capture; :class:`plait.frontend.tracer.CaptureContext`
 adds activation and call dispatch on top of it.
 
@@ -92,7 +91,10 @@ class Tracer(torch.Tensor):
     def __getattr__(self, name: str) -> Any:
         from plait.frontend.tensor_attrs import missing_attribute  # NOTE: reads pyreads
 
-        return missing_attribute(self, name)
+        found, owner = missing_attribute(self, name)
+        if owner is not None:
+            raise AttributeError(f"'{owner}' object has no attribute '{name}'")
+        return found
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

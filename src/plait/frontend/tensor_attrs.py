@@ -50,14 +50,15 @@ from plait.frontend.pyvalues import ABSENT, item_root
 _WHAT = {"param": "parameter", "buffer": "buffer", "const": "constant tensor", "user": "input"}
 
 
-def missing_attribute(tracer: Any, name: str) -> Any:
+def missing_attribute(tracer: Any, name: str) -> tuple[Any, str | None]:
     """What ``getattr(tracer, name)`` finds on the caller's tensor behind ``tracer`` (see the
-    module doc); raises ``AttributeError`` where that tensor lacks it too."""
+    module doc), and None; or None and the name of the class that lacks it (the caller raises
+    ``AttributeError``, in its ``__getattr__``)."""
     own = object.__getattribute__(tracer, "__dict__")
     lift = own.get("_lift")
     origin = getattr(lift, "origin", None)
     if name.startswith("__") or origin is None or own.get("_root") is not None:
-        raise AttributeError(f"'{type(tracer).__name__}' object has no attribute '{name}'")
+        return None, type(tracer).__name__
     namespace = object.__getattribute__(origin, "__dict__")
     found = namespace.get(name, ABSENT)
     what = f"{_WHAT.get(lift.kind, 'tensor')} {lift.name}"
@@ -78,8 +79,8 @@ def missing_attribute(tracer: Any, name: str) -> Any:
             rec._add(("item", id(namespace), name), item_root(namespace, name, show, desc))
             rec._alive.append(origin)
     if found is ABSENT:
-        raise AttributeError(f"'{type(origin).__name__}' object has no attribute '{name}'")
-    return found
+        return None, type(origin).__name__
+    return found, None
 
 
 __all__ = ["missing_attribute"]
