@@ -25,43 +25,27 @@ Example:
 from __future__ import annotations
 
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
 from plait.frontend.nested_fast_path import refuse_if_encoder_fast_path
-
-_LOCK = threading.Lock()
-_CAPTURING: dict[int, int] = {}  # NOTE: thread id -> depth of the captures running on it
-# NOTE: the function ours replaced, kept after it is put back: a thread that looked ours up
-# just before may call it after
-_REPLACED: list[Callable[[], bool]] = [torch.compiler.is_compiling]
+from plait.frontend.thread_patch import ThreadPatch
 
 
 def _is_compiling() -> bool:
-    if threading.get_ident() in _CAPTURING:
+    if _FLAG.active():
         refuse_if_encoder_fast_path(sys._getframe(1))  # NOTE: its mask check asks the flag
         return True
-    return _REPLACED[0]()
+    return bool(_FLAG.original())
+
+
+_FLAG = ThreadPatch(torch.compiler, "is_compiling", _is_compiling)
 
 
 @contextmanager
 def compiling() -> Iterator[None]:
     """``torch.compiler.is_compiling()`` is True on this thread inside the block."""
-    me = threading.get_ident()
-    with _LOCK:
-        if not _CAPTURING and torch.compiler.is_compiling is not _is_compiling:
-            _REPLACED[0] = torch.compiler.is_compiling
-            torch.compiler.is_compiling = _is_compiling
-        _CAPTURING[me] = _CAPTURING.get(me, 0) + 1
-    try:
+    with _FLAG.on():
         yield
-    finally:
-        with _LOCK:
-            _CAPTURING[me] -= 1
-            if not _CAPTURING[me]:
-                del _CAPTURING[me]
-            if not _CAPTURING:
-                torch.compiler.is_compiling = _REPLACED[0]

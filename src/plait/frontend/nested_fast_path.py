@@ -20,21 +20,19 @@ Example:
 
 from __future__ import annotations
 
-import threading
+import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from plait.errors import GraphCaptureError
+from plait.frontend.thread_patch import ThreadPatch
 
 _ENCODER_FORWARD = torch.nn.TransformerEncoder.forward.__code__
 _SUPPORTED_DEVICES = ("cpu", "cuda", "xpu")
-_LOCK = threading.Lock()
-_ACTIVE: dict[int, int] = {}  # NOTE: thread id -> depth of the captures watching on it
-_REPLACED: list[Callable[..., bool]] = [torch.overrides.has_torch_function]
 
 
 def refuse_if_encoder_fast_path(frame: types.FrameType | None, mask_check: bool = True) -> None:
@@ -74,29 +72,17 @@ def _first_layer_tensors(layer: Any) -> list[Any]:
 
 
 def _has_torch_function(args: Any) -> bool:
-    if threading.get_ident() in _ACTIVE:
-        import sys
-
+    if _HAS_TORCH_FUNCTION.active():
         refuse_if_encoder_fast_path(sys._getframe(1), mask_check=False)
-    return _REPLACED[0](args)
+    return bool(_HAS_TORCH_FUNCTION.original(args))
+
+
+_HAS_TORCH_FUNCTION = ThreadPatch(torch.overrides, "has_torch_function", _has_torch_function)
 
 
 @contextmanager
 def watching() -> Iterator[None]:
     """While a capture runs on this thread: ``torch.overrides.has_torch_function`` called by
     ``TransformerEncoder.forward`` refuses its fast path (the ``mask_check=False`` case)."""
-    me = threading.get_ident()
-    with _LOCK:
-        if not _ACTIVE and torch.overrides.has_torch_function is not _has_torch_function:
-            _REPLACED[0] = torch.overrides.has_torch_function
-            torch.overrides.has_torch_function = _has_torch_function
-        _ACTIVE[me] = _ACTIVE.get(me, 0) + 1
-    try:
+    with _HAS_TORCH_FUNCTION.on():
         yield
-    finally:
-        with _LOCK:
-            _ACTIVE[me] -= 1
-            if not _ACTIVE[me]:
-                del _ACTIVE[me]
-            if not _ACTIVE:
-                torch.overrides.has_torch_function = _REPLACED[0]
