@@ -90,6 +90,12 @@ def other(stax_batch: Batch) -> Table:
     return _table(stax_batch, "opdb-other")
 
 
+# NOTE: ops whose CPU candidate is plait's Triton kernel (interpreted) standing in for CUDA's:
+# its algebra is CUDA eager's, ``(x - mean) * (rstd * w) + b``, whose NaN positions differ from
+# ATen's CPU kernel (``x * alpha + beta``) at an infinite weight: no special-values draw
+TRITON_STAND_INS = {"batch_norm_relu", "batch_norm_relu_backward"}
+
+
 def _check(table: Table, op: str, dtype: torch.dtype, part: slice = slice(None)) -> None:
     for c in table[(op, dtype)][part]:
         graph = c.graph
@@ -101,6 +107,7 @@ def _check(table: Table, op: str, dtype: torch.dtype, part: slice = slice(None))
             reference64=evaluate64(graph),
             layouts=("contiguous", "channels_last") if has_4d_float(c.inputs) else ("contiguous",),
             draws=1,
+            special_values=op not in TRITON_STAND_INS,
         )
         assert report.ok, f"{op} {dtype} {c.sample.desc} {c.sample.attrs}:\n{report}"
 

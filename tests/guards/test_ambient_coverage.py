@@ -55,6 +55,10 @@ COVERED = {
     "call's autocast, compared with the refusal's before a replay)",
     ("frontend/continuation.py", "is_grad_enabled"): "guard grad_mode (whether a capture "
     "records its calls to go on with grad at a refusal)",
+    ("frontend/nested_fast_path.py", "is_grad_enabled"): "guard grad_mode (whether eager's "
+    "TransformerEncoder would take its nested fast path, which the capture then refuses)",
+    ("frontend/nested_fast_path.py", "is_autocast_enabled"): "guard torch.autocast (the same "
+    "decision: eager's fast path needs autocast off)",
     ("frontend/tracer.py", "is_grad_enabled"): "guard grad_mode (capture's own, compared with "
     "PyTorch's inside inference mode or a custom autograd.Function's forward)",
     ("frontend/tracer.py", "is_autocast_enabled"): "guard torch.autocast (the ambient one); "

@@ -59,26 +59,32 @@ class Epilogue:
 
 def eager_gelu_uses_onednn(x: object) -> bool:
     """Whether eager computes gelu(erf) of ``x`` (an IR value) with oneDNN, PyTorch's
-    ``use_mkldnn``: a CPU float32 tensor, or bfloat16 where oneDNN has it, of more than one
-    element (assumed dense, as every pointwise result is in eager). oneDNN's gelu(+inf) is NaN;
-    ATen's loop gives +inf. NOTE: the build's oneDNN (a cache key part), not the user's switch
-    for it: a program that turns oneDNN off gets ATen's +inf from eager."""
+    ``use_mkldnn``: a CPU float32 tensor, or bfloat16 or float16 where this CPU's oneDNN has
+    it, of more than one element (assumed dense, as every pointwise result is in eager).
+    oneDNN's gelu(+inf) is NaN; ATen's loop gives +inf. NOTE: the build's oneDNN (a cache key
+    part), not the user's switch for it: a program that turns oneDNN off gets ATen's +inf."""
     if not isinstance(x, Value) or not isinstance(x.type, TensorType):
         return False
     if x.type.device != "cpu" or not torch.backends.mkldnn.is_available():
         # NOTE: on CUDA eager's gelu is ATen's kernel: gelu(+inf) = +inf
         return False
+    if not _onednn_gelu_dtype(x.type.dtype):
+        return False
     if not x.type.is_static:
-        # NOTE: a symbolic size is at least 2 where plait captured it (sizes 0 and 1 specialize)
-        return x.type.dtype == torch.float32 or (
-            x.type.dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        )
+        return True  # NOTE: a symbolic size is at least 2 where plait captured it
     numel = 1
     for d in x.type.shape:
         numel *= int(d)
-    if x.type.dtype == torch.bfloat16:
-        return numel > 1 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return numel > 1 and x.type.dtype == torch.float32
+    return numel > 1
+
+
+def _onednn_gelu_dtype(dtype: torch.dtype) -> bool:
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        check = getattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", None)
+        return check is not None and bool(check())
+    return dtype == torch.float32
 
 
 def supported(node: Node) -> bool:
