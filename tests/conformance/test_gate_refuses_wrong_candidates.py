@@ -115,3 +115,21 @@ def test_same_structure_and_scalars_still_pass() -> None:
         return [_f(t), {"n": 2, "s": 1.5, "b": True, "none": None}]
 
     assert plait.conformance.check(program, program, (x,)).ok
+
+
+@pytest.mark.parametrize("position", [40, -40], ids=["positive", "negative"])
+def test_a_lone_index_baked_from_the_example_is_refused(position: int) -> None:
+    """An integer input of one value (a decoding position) draws other values: a candidate that
+    kept the example's row passed every draw while all draws repeated that one value."""
+    table = torch.randn(64, 16, generator=torch.Generator().manual_seed(3))
+
+    def reference(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return t[i] * 2
+
+    def baked(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return t[torch.full_like(i, position)] * 2
+
+    example = (table, torch.tensor([position]))
+    report = plait.conformance.check(reference, baked, example, stress=None)
+    assert not report.ok and any(f.check == "tolerance" for f in report.errors), str(report)
+    assert plait.conformance.check(reference, reference, example, stress=None).ok

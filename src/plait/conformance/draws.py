@@ -3,7 +3,9 @@
 A draw copies the example's structure, shapes, dtypes and devices, never its values: floats are
 ``mean + std * randn`` of the example (sign kept when the example has one sign), integers are
 ``randint`` over the example's range, bools are fair coins. A zero example still gets std 1, so a
-draw is never all zeros.
+draw is never all zeros. An integer example of one value ``v`` (a position, a lone index) draws
+from ``0..v`` (``v..-1`` when negative): values between zero and a valid index are valid indices,
+and two draws of one repeated value could not show a result computed for another.
 """
 
 from __future__ import annotations
@@ -74,8 +76,7 @@ def _draw_tensor(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     elif dtype.is_floating_point or dtype.is_complex:
         out = _draw_float(src, gen)
     elif dtype in _INT_DTYPES:
-        low = int(src.min()) if src.numel() else 0
-        high = int(src.max()) + 1 if src.numel() else 2
+        low, high = _int_range(src)
         out = torch.randint(low, high, shape, generator=gen, dtype=torch.int64)
     else:
         return src.clone()  # NOTE: dtypes we cannot draw (float8, quantized) stay as given.
@@ -83,6 +84,19 @@ def _draw_tensor(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _int_range(src: torch.Tensor) -> tuple[int, int]:
+    """``randint``'s bounds for an integer example: its range, widened towards zero when the
+    example holds one value (``[0, v]`` or ``[v, -1]``; a zero stays zero)."""
+    if not src.numel():
+        return 0, 2
+    low, high = int(src.min()), int(src.max()) + 1
+    if high - low == 1 and low > 0:
+        return 0, high
+    if high - low == 1 and low < -1:
+        return low, 0
+    return low, high
 
 
 def _draw_float(src: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
