@@ -17,6 +17,7 @@ import torch
 from plait.codegen import cuda_batch_norm as cbn
 from plait.ir import GraphBuilder, TensorType
 from plait.ir.graph import Node
+from tests.codegen.cuda_batch_norm_eager import cuda_forward
 from tests.util import contract_tol
 
 aten = torch.ops.aten
@@ -91,13 +92,17 @@ def test_nan_reaches_its_channel_as_in_eager() -> None:
         _close(g, v)
 
 
-def test_an_infinite_value_gives_eagers_infinite_mean() -> None:
+def test_an_infinite_value_gives_eagers_cuda_mean() -> None:
+    """+-inf where eager's CUDA thread reads the infinity last, else NaN (its Welford update:
+    tests.codegen.cuda_batch_norm_eager), through plait's splits and their shifts."""
     x, w, b, rm, rv, _ = _draw(5, (16, 4, 32, 32), torch.float32)
-    x[9, 1, 3, 4] = float("inf")  # NOTE: the second split of channel 1
-    x[0, 2, 0, 0] = float("-inf")  # NOTE: the first tile of channel 2 (the split's shift)
+    x[15, 0, 31, 31] = float("inf")  # NOTE: the last value of channel 0, in its last split: +inf
+    x[9, 1, 3, 4] = float("inf")  # NOTE: the second split of channel 1: NaN
+    x[0, 2, 0, 0] = float("-inf")  # NOTE: the first tile of channel 2 (the split's shift): NaN
     x[1, 3, 2, 2], x[12, 3, 5, 5] = float("inf"), float("-inf")  # NOTE: both signs: NaN
-    want = aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, MOMENTUM, EPS)
+    want = cuda_forward(x, w, b, rm, rv)
     got = cbn.forward(x, w, b, rm, rv, MOMENTUM, EPS)
+    assert want[1][0] == float("inf") and want[1][1:].isnan().all()
     for g, v in zip(got, want):
         assert torch.equal(g.isnan(), v.isnan()) and torch.equal(g.isinf(), v.isinf())
         assert torch.equal(g[g.isinf()], v[v.isinf()])

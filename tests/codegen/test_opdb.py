@@ -92,7 +92,9 @@ def other(stax_batch: Batch) -> Table:
 
 # NOTE: ops whose CPU candidate is plait's Triton kernel (interpreted) standing in for CUDA's:
 # its algebra is CUDA eager's, ``(x - mean) * (rstd * w) + b``, whose NaN positions differ from
-# ATen's CPU kernel (``x * alpha + beta``) at an infinite weight: no special-values draw
+# ATen's CPU kernel (``x * alpha + beta``) at an infinite weight, and so is its batch mean of an
+# infinity (NaN unless CUDA's Welford thread reads it last; CPU's is ``sum / n``, +-inf): no
+# special-values draw (tests/codegen/test_cuda_batch_norm_special_values.py judges them)
 TRITON_STAND_INS = {"batch_norm_relu", "batch_norm_relu_backward"}
 
 

@@ -1,5 +1,6 @@
 """Training-mode batch norm on CUDA runs plait's Triton kernels (``plait.codegen.cuda_batch_norm``),
-forward and backward: against ATen's CUDA kernels on fresh random inputs of ResNet-50's shapes,
+forward and backward: against ATen's CUDA kernels on fresh random inputs of ResNet-50's shapes
+(NaN, infinities and -0.0 written in too, where ATen's CUDA mean is not its CPU kernel's),
 and in a convolutional network with residual adds trained under bfloat16 autocast (the gate on
 outputs and gradients; the running statistics moved once per step as eager moves them). The
 global average's gradient there is a broadcast (``plait.ir.ops.pooling``), eager's within the
@@ -18,6 +19,7 @@ from torch import nn
 import plait
 from plait.codegen import cuda_batch_norm as cbn
 from tests.autograd.test_training_autocast import gate_bf16_training
+from tests.codegen import cuda_batch_norm_eager as eager
 from tests.util import contract_tol
 
 pytestmark = [
@@ -81,10 +83,8 @@ def _kernels(x: Any, w: Any, b: Any, rm: Any, rv: Any, gy: Any) -> tuple[torch.T
 def kernels_pass_the_gate(
     shape: tuple[int, ...], device: str, special_values: bool = False
 ) -> None:
-    """bfloat16 input, float32 statistics (autocast's): the gate, anchored on float64.
-    NOTE: without the special-values draw by default: on CUDA a channel holding both +inf and
-    -inf gets the batch mean +-inf from plait's kernels where ATen's is NaN (a known defect,
-    test_a_channel_of_both_infinities_has_a_nan_mean below)."""
+    """bfloat16 input, float32 statistics (autocast's): the gate, anchored on float64; with
+    ``special_values``, its special-values draw too."""
     report = plait.conformance.check(
         _aten,
         _kernels,
@@ -103,13 +103,35 @@ def test_bfloat16_kernels_pass_the_gate(shape: tuple[int, ...]) -> None:
     kernels_pass_the_gate(shape, "cuda")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect: the batch statistics of a channel holding +inf and -inf come back "
-    "+-inf from plait's CUDA kernels where ATen's are NaN (the gate's special-values draw)",
-)
-def test_a_channel_of_both_infinities_has_a_nan_mean() -> None:
+def test_the_gates_special_values_draw_gives_atens_results() -> None:
+    """The draw on which an H100 found the kernels' batch mean -inf where ATen's is NaN: a
+    channel's one -inf, in row 0 of 5, which ATen's thread reads before row 4 (its Welford
+    update: ``-inf + (v + inf) / 2``)."""
     kernels_pass_the_gate((5, 3, 9, 11), "cuda", special_values=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [*eager.SHAPES, (8, 64, 56, 56), (3000, 64)], ids=str)
+def test_special_values_give_atens_results(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """NaN, infinities and -0.0 where ATen's CUDA kernels part from its CPU kernel (an infinity
+    its thread reads last keeps the mean +-inf, one read before another makes it NaN;
+    tests.codegen.cuda_batch_norm_eager.special_draw): plait's kernels give ATen's results, NaN
+    and infinities at the same positions, and so does the CPU tests' emulation of ATen's mean."""
+    for seed in (1, 2, 3):
+        x, w, b, rm, rv, gy = (t.cuda() for t in eager.special_draw(seed, shape, dtype))
+        want = aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, MOMENTUM, EPS)
+        got = cbn.forward(x, w, b, rm, rv, MOMENTUM, EPS)
+        for name, g, v in zip(("y", "mean", "invstd", "running_mean", "running_var"), got, want):
+            eager.assert_same_values(g, v, name)
+        eager.assert_same_values(eager.cuda_batch_mean(x.cpu()), want[1].cpu(), "emulated mean")
+        mean, invstd = want[1], want[2]
+        grads = aten.native_batch_norm_backward(
+            _wide(gy), _wide(x), w, None, None, mean, invstd, True, EPS, MASK
+        )
+        mine = cbn.backward(gy, x, w, mean, invstd, MASK)
+        for name, g, v in zip(("dx", "dw", "db"), mine, (grads[0].to(x.dtype), *grads[1:])):
+            assert g is not None
+            eager.assert_same_values(g, v, name)
 
 
 @pytest.mark.parametrize("shape", SHAPES32, ids=str)

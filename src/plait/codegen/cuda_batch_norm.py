@@ -215,6 +215,38 @@ def splits(n: int, c: int, length: int) -> tuple[int, int]:
     return math.ceil(n / rows), rows
 
 
+def _last_pow2(n: int) -> int:
+    return 1 << max(0, n.bit_length() - 1)
+
+
+def last_reads(n: int, c: int, length: int) -> tuple[int, int]:
+    """``(row, col)``: of an ``(n, c, length)`` input, the values at a row ``>= row`` and a
+    column ``>= col`` are the last that the threads of eager's CUDA statistics kernel read.
+
+    ATen (``Normalization.cuh``) takes each thread's mean and variance by Welford's update
+    ``mean += (v - mean) / k``: after an infinity the thread's next value, or the channels-last
+    kernel's next masked step (``(0 - mean) * 0``), makes its mean NaN (``inf - inf``), and so
+    the channel's; an infinity read last stays (``+-inf``, NaN for both signs). The NCHW kernel
+    (``length > 1``) runs blocks of ``tf x 512 / tf`` threads (``tf`` the least of 32, ..., 512
+    that covers ``length``), thread ``(i, j)`` reading rows ``j, j + 512 / tf, ...`` of columns
+    ``i, i + tf, ...``; a contiguous ``(n, c)`` input (``length == 1``, stride 1 between
+    channels) runs the channels-last kernel, whose threads read ``by * gy`` rows apart, four
+    loads a step (``by``, ``gy``: ATen's ``flexible_launch_configs``), for the same number of
+    steps each.
+
+    >>> last_reads(5, 3, 99), last_reads(64, 256, 3136), last_reads(9, 6, 1)
+    ((1, -29), (63, 2624), (8, 0))
+    """
+    if length > 1:
+        tf = next((t for t in (32, 64, 128, 256) if length <= t), 512)
+        return n - max(1, 512 // tf), length - tf
+    bx = min(_last_pow2(c), 32)
+    by = min(_last_pow2(math.ceil(n / 16)), 512 // bx)
+    gy = min(math.ceil(n / (by * 16)), 128)
+    step = by * (gy if gy >= 8 else 1) * 4  # NOTE: one block row of the grid under 8
+    return (n - 1) // step * step, 0
+
+
 def _kernels() -> Any:
     from plait.codegen import cuda_batch_norm_kernels
     from plait.codegen.triton_load import torch_ptxas_once
@@ -262,7 +294,11 @@ def forward(
     rstd = torch.empty((c,), device=x.device, dtype=f32)
     y = torch.empty_like(x)
     rb, lb, warps = tiles(rows, length, REDUCE_TILE, REDUCE_ROW)
-    _launch(k._moments, (c, s), x, part, c, n, L=length, ROWS=rows, RB=rb, LB=lb, num_warps=warps)
+    row_last, col_last = last_reads(n, c, length)
+    _launch(
+        k._moments, (c, s), x, part, c, n, row_last, col_last,
+        L=length, ROWS=rows, RB=rb, LB=lb, num_warps=warps,
+    )  # fmt: skip
     running = rm is not None and rv is not None
     new_rm = torch.empty_like(rm) if rm is not None else mean
     new_rv = torch.empty_like(rv) if rv is not None else rstd

@@ -10,7 +10,10 @@ split order. Nothing is atomic, so a result depends on the shapes alone (determi
 Statistics: each split's sums are taken about a shift, the mean of its first tile (shifted sums:
 the variance's rounding error is that of the deviations from the shift, not of the values), and
 the splits are combined by Chan's pairwise formula (count, mean, sum of squared deviations). A
-NaN or infinity reaches the channel's mean and variance as in eager's Welford loop. The
+NaN or infinity reaches the channel's mean and variance as in eager's CUDA kernel, whose threads
+run Welford's update: the variance NaN; the mean NaN, but +-inf where there is no NaN and every
+infinity is of that sign and the last value its thread reads (``cuda_batch_norm.last_reads``; a
+split holding an infinity reads itself again to find that, finite data never do). The
 elementwise kernels compute eager's expressions: ``(x - mean) * (rstd * w) + b`` and
 ``(g - sum_g / n - (x - mean) * (sum_gx / n * rstd^2)) * (rstd * w)``. A batch norm fused with
 its ReLU (``plait.passes.fuse_bn_relu``) applies the ReLU to the rounded result as it stores it,
@@ -33,6 +36,9 @@ from plait.codegen.triton_load import interpreting
 # NOTE: IEEE division and square root (Triton's float32 ``/`` is approximate on the GPU):
 # libdevice's, or the numpy shim's where Triton interprets
 FLT_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)  # NOTE: finite means |v| <= it
+# NOTE: float32 NaN from its bits (a NaN constant would fail Triton's check that globals are
+# unchanged: NaN != NaN)
+NAN_BITS: tl.constexpr = tl.constexpr(0x7FC00000)
 M: Any = importlib.import_module(
     "plait.codegen.triton_interp" if interpreting() else "triton.language.extra.cuda.libdevice"
 )
@@ -40,10 +46,12 @@ M: Any = importlib.import_module(
 
 @triton.jit
 def _moments(
-    x_ptr, part_ptr, C, N, L: tl.constexpr, ROWS: tl.constexpr, RB: tl.constexpr, LB: tl.constexpr
-):
+    x_ptr, part_ptr, C, N, ROW_LAST, COL_LAST,
+    L: tl.constexpr, ROWS: tl.constexpr, RB: tl.constexpr, LB: tl.constexpr,
+):  # fmt: skip
     """Split ``s`` of channel ``c``: (its mean, its sum of squared deviations) at
-    ``part[(s * C + c) * 2]``."""
+    ``part[(s * C + c) * 2]``; the mean NaN where an infinity of the split lies before row
+    ``ROW_LAST`` or column ``COL_LAST`` (eager's Welford loop, :func:`_early_infinity`)."""
     c = tl.program_id(0)
     s = tl.program_id(1)
     n0 = s * ROWS
@@ -57,7 +65,8 @@ def _moments(
         tl.sum(tl.sum(x0, axis=1), axis=0), tl.sum(tl.sum(first.to(tl.float32), axis=1), axis=0)
     )
     # NOTE: an infinite or NaN shift would turn an infinite mean into NaN (inf - inf): the
-    # plain sums then give eager's mean (+-inf; NaN for both signs or a NaN)
+    # plain sums then give +-inf (NaN for both signs or a NaN), eager's where its threads read
+    # each infinity last
     shift = tl.where(tl.abs(shift) <= FLT_MAX, shift, 0.0)
     s1 = tl.zeros([RB, LB], dtype=tl.float32)
     s2 = tl.zeros([RB, LB], dtype=tl.float32)
@@ -76,8 +85,37 @@ def _moments(
     t2 = tl.sum(tl.sum(s2, axis=1), axis=0)
     m2 = t2 - t1 * M.div_rn(t1, count)
     m2 = tl.where(m2 < 0.0, 0.0, m2)  # NOTE: rounding only; a NaN stays (NaN < 0 is false)
-    tl.store(part_ptr + (s * C + c) * 2, shift + M.div_rn(t1, count))
+    mean = shift + M.div_rn(t1, count)
+    if tl.abs(t1) > FLT_MAX:
+        # NOTE: infinities of one sign and no NaN (else t1 is NaN, and so the mean): read again
+        # for one that eager's thread reads before its last value (never on finite data)
+        early = _early_infinity(x_ptr, C, n0, n1, c, ROW_LAST, COL_LAST, L, ROWS, RB, LB)
+        mean = tl.where(early, tl.full([], NAN_BITS, tl.int32).to(tl.float32, bitcast=True), mean)
+    tl.store(part_ptr + (s * C + c) * 2, mean)
     tl.store(part_ptr + (s * C + c) * 2 + 1, m2)
+
+
+@triton.jit
+def _early_infinity(
+    x_ptr, C, n0, n1, c, ROW_LAST, COL_LAST,
+    L: tl.constexpr, ROWS: tl.constexpr, RB: tl.constexpr, LB: tl.constexpr,
+):  # fmt: skip
+    """Whether rows ``[n0, n1)`` of channel ``c`` hold an infinity at a row before
+    ``ROW_LAST`` or a column before ``COL_LAST``: one that eager's CUDA statistics kernel reads
+    before its thread's last value, whose Welford update then makes the thread's mean NaN
+    (``inf + (v - inf) / n``), and so the channel's (``cuda_batch_norm.last_reads``)."""
+    r = tl.arange(0, RB)[:, None]
+    j = tl.arange(0, LB)[None, :]
+    seen = tl.zeros([RB, LB], dtype=tl.int32)
+    for i in range(0, ROWS, RB):
+        row = n0 + i + r
+        live = row < n1
+        for lb in range(0, L, LB):
+            m = live & ((lb + j) < L)
+            v = tl.load(x_ptr + row * C * L + c * L + lb + j, mask=m, other=0.0).to(tl.float32)
+            early = (row < ROW_LAST) | ((lb + j) < COL_LAST)
+            seen = seen | (m & early & (tl.abs(v) > FLT_MAX)).to(tl.int32)
+    return tl.max(tl.max(seen, axis=1), axis=0) > 0
 
 
 @triton.jit
