@@ -22,6 +22,7 @@ from plait.ir.ops import get_op
 from plait.runtime import StaxProgram
 from tests.codegen.stax_helpers import (
     BATCH_GROUP,
+    TRITON_STAND_INS,
     Batch,
     compile_in_batch,
     evaluate64,
@@ -88,14 +89,6 @@ def pointwise(stax_batch: Batch) -> Table:
 @pytest.fixture(scope="module")
 def other(stax_batch: Batch) -> Table:
     return _table(stax_batch, "opdb-other")
-
-
-# NOTE: ops whose CPU candidate is plait's Triton kernel (interpreted) standing in for CUDA's:
-# its algebra is CUDA eager's, ``(x - mean) * (rstd * w) + b``, whose NaN positions differ from
-# ATen's CPU kernel (``x * alpha + beta``) at an infinite weight, and so is its batch mean of an
-# infinity (NaN unless CUDA's Welford thread reads it last; CPU's is ``sum / n``, +-inf): no
-# special-values draw (tests/codegen/test_cuda_batch_norm_special_values.py judges them)
-TRITON_STAND_INS = {"batch_norm_relu", "batch_norm_relu_backward"}
 
 
 def _check(table: Table, op: str, dtype: torch.dtype, part: slice = slice(None)) -> None:

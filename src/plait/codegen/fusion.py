@@ -56,7 +56,7 @@ from plait.codegen.datadep import datadep_call, touches_unbacked, unbacked
 from plait.codegen.extern import make_call
 from plait.codegen.index import Ix, contiguous_strides, linear
 from plait.codegen.layout_oracle import LayoutOracle, PlanFacts
-from plait.codegen.lower import Unfusable, loop_vars, lower_pointwise, native_max_pool
+from plait.codegen.lower import OpenKernel, Unfusable, loop_vars, native_max_pool
 from plait.codegen.onednn_postops import Epilogue, find_epilogue, supported, unfused_activation
 from plait.codegen.placement import Loc, Lowered
 from plait.codegen.plan import (
@@ -136,9 +136,8 @@ class _Planner:
         self._cost: dict[int, int] = {}
         # NOTE: the unbacked sizes of the call running (codegen.datadep), one table per program
         self.unbacked_sizes: dict[str, int] = {}
-        self._open: list[Value] = []
         self._open_key: tuple[tuple[Size, ...], tuple[Size, ...]] | None = None
-        self._open_lowered: Lowered | None = None
+        self._open_kernel: OpenKernel | None = None
         self._count = 0
         self.epilogues: dict[int, Epilogue] = {}
         self.unfused: dict[int, str] = {}
@@ -234,9 +233,9 @@ class _Planner:
         return f"k{self._count - 1}"
 
     def close(self) -> None:
-        if self._open_lowered is not None:
-            self._emit_kernel(self._open_lowered, list(self._open))
-        self._open, self._open_lowered = [], None
+        if self._open_kernel is not None:
+            self._emit_kernel(self._open_kernel.lowered(), list(self._open_kernel.members))
+        self._open_kernel = None
 
     def _emit_kernel(self, lowered: Lowered, outputs: list[Value]) -> None:
         self.steps.append(KernelStep(lowered, outputs))
@@ -299,19 +298,16 @@ class _Planner:
         shape = sizes_of(v.type)
         strides = self.layout(v)
         self.locs[v] = Loc("buffer", v, 0, strides)
-        if self.fuse and self._open and self._open_key == (shape, strides):
+        if self.fuse and self._open_kernel is not None and self._open_key == (shape, strides):
             try:
-                name = self._open_lowered.kernel.name if self._open_lowered else self._name()
-                members = [*self._open, v]
-                self._open_lowered = lower_pointwise(name, members, shape, self.locs, strides)
-                self._open.append(v)
+                self._open_kernel.add(v)
                 return
             except Unfusable:
                 pass
         self.close()
-        self._open = [v]
         self._open_key = (shape, strides)
-        self._open_lowered = lower_pointwise(self._name(), [v], shape, self.locs, strides)
+        self._open_kernel = OpenKernel(self._name(), shape, self.locs, strides)
+        self._open_kernel.add(v)
 
     def run(self) -> Plan:
         for v in self.graph.inputs:

@@ -349,6 +349,26 @@ class KernelBuilder:
     def store_final(self, buffer: int, index: Ix, value: Stmt) -> None:
         self.final.append(Store(buffer, index, value))
 
+    def mark(self) -> tuple[int, ...]:
+        """What has been built so far, for :meth:`rewind`."""
+        last = self.phases[-1]
+        return (len(self.buffers), len(self._memo), len(self.phases), len(last.stores),
+                len(last.reduces), len(self.final), self._next_acc)  # fmt: skip
+
+    def rewind(self, mark: tuple[int, ...]) -> None:
+        """Forget every buffer, statement, store and reduction made since ``mark``. Statements
+        are numbered in order of creation (the hash-consing table keeps insertion order), so
+        those kept keep their numbers."""
+        buffers, stmts, phases, stores, reduces, final, acc = mark
+        del self.buffers[buffers:]
+        while len(self._memo) > stmts:
+            self._memo.popitem()
+        del self.phases[phases:]
+        del self.phases[-1].stores[stores:]
+        del self.phases[-1].reduces[reduces:]
+        del self.final[final:]
+        self._next_acc = acc
+
     def build(self, nodes: tuple[int, ...], template: str = "pointwise") -> Kernel:
         phases = [p for p in self.phases if p.reduces or p.stores]
         return Kernel(

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from plait.codegen.index import Ix, Var, contiguous_strides, linear
 from plait.codegen.kir import STORAGE_OF, KernelBuilder, Stmt, scalar_of
@@ -311,6 +312,86 @@ def memory_order(shape: Sequence[Size], strides: Sequence[Size]) -> list[int]:
     return sorted(range(len(shape)), key=lambda d: (-hint(strides[d]), d))
 
 
+class OpenKernel:
+    """A pointwise kernel still taking members: each value added is lowered once, on top of
+    what the members before it built (a kernel of n members costs n lowerings, where lowering
+    all of them again at each member cost n^2/2). A member that cannot join raises
+    :class:`Unfusable` and leaves the kernel as it was.
+
+    Example:
+        >>> import torch
+        >>> from plait.ir import GraphBuilder, TensorType
+        >>> gb = GraphBuilder()
+        >>> x = gb.input("x", TensorType((4,), torch.float32))
+        >>> gb.output(gb.call("exp", x))
+        >>> g = gb.build()
+        >>> (y,) = g.outputs
+        >>> open_kernel = OpenKernel("k0", (4,), {g.inputs[0]: Loc("input", g.inputs[0], 0, (1,))})
+        >>> open_kernel.add(y)
+        >>> [v.name for v in open_kernel.lowered().bindings] == [g.inputs[0].name, y.name]
+        True
+    """
+
+    def __init__(
+        self,
+        name: str,
+        shape: tuple[Size, ...],
+        locs: dict[Value, Loc],
+        strides: tuple[Size, ...] | None = None,
+    ) -> None:
+        self.strides = strides or contiguous_strides(shape)
+        order = memory_order(shape, self.strides)
+        outer = tuple(Var(f"i{k}", _extent(shape[d])) for k, d in enumerate(order))
+        by_dim = {d: outer[k] for k, d in enumerate(order)}
+        self.b = KernelBuilder(name, outer)
+        self.low = Lowerer(self.b, locs)
+        self.home = tuple(Ix.var(by_dim[d]) for d in range(len(shape)))
+        self.low.home = self.home
+        self.members: list[Value] = []
+
+    @property
+    def name(self) -> str:
+        return self.b.name
+
+    @property
+    def covered(self) -> set[int]:
+        """The nodes the members computed so far (inline or stored)."""
+        return self.low.covered
+
+    def add(self, v: Value) -> None:
+        """Store ``v`` (of the kernel's shape) into a fresh buffer, computed at the kernel's
+        own index; raises :class:`Unfusable` (kernel unchanged) where it cannot join."""
+        low = self.low
+        mark = (self.b.mark(), len(low.bindings), len(low._buf_of), len(low._memo))
+        covered = set(low.covered)
+        try:
+            stmt = low.produce(v, self.home)
+        except Unfusable:
+            built, bindings, buffers, memo = mark
+            self.b.rewind(built)
+            del low.bindings[bindings:]
+            _truncate(low._buf_of, buffers)
+            _truncate(low._memo, memo)
+            low.covered = covered
+            raise
+        low.own[v] = stmt
+        low.own_values.add(v)
+        out = low.buffer_for(v, output=True)
+        self.b.store(out, linear(self.home, self.strides), stmt)
+        self.members.append(v)
+
+    def lowered(self) -> Lowered:
+        """The kernel with the members added so far."""
+        nodes = tuple(sorted(self.low.covered))
+        return Lowered(self.b.build(nodes, "pointwise"), self.low.bindings, self.low.covered)
+
+
+def _truncate(table: dict[Any, Any], length: int) -> None:
+    """Drop the entries added after the first ``length`` (dicts keep insertion order)."""
+    while len(table) > length:
+        table.popitem()
+
+
 def lower_pointwise(
     name: str,
     values: Sequence[Value],
@@ -320,21 +401,7 @@ def lower_pointwise(
 ) -> Lowered:
     """One kernel storing each of ``values`` (all of ``shape``) into a fresh buffer laid out
     with ``strides`` (contiguous by default); loops walk that layout's memory order."""
-    strides = strides or contiguous_strides(shape)
-    order = memory_order(shape, strides)
-    outer = tuple(Var(f"i{k}", _extent(shape[d])) for k, d in enumerate(order))
-    by_dim = {d: outer[k] for k, d in enumerate(order)}
-    b = KernelBuilder(name, outer)
-    low = Lowerer(b, locs)
-    home = tuple(Ix.var(by_dim[d]) for d in range(len(shape)))
-    low.home = home
+    kernel = OpenKernel(name, shape, locs, strides)
     for v in values:
-        node = v.producer
-        assert node is not None
-        stmt = low.produce(v, home)
-        low.own[v] = stmt
-        low.own_values.add(v)
-        out = low.buffer_for(v, output=True)
-        b.store(out, linear(home, strides), stmt)
-    nodes = tuple(sorted(low.covered))
-    return Lowered(b.build(nodes, "pointwise"), low.bindings, low.covered)
+        kernel.add(v)
+    return kernel.lowered()

@@ -60,10 +60,10 @@ def materialize_base(planner: Any, node: Node, k: int) -> bool:
 
 
 def _computed_inline_by_open_kernel(planner: Any, x: Value) -> bool:
-    """Whether the open kernel (not yet emitted: ``materialize`` lowers it again with ``x``
-    a member) computes ``x``'s producer inline for one of its members."""
-    lowered = planner._open_lowered
-    return lowered is not None and x.producer is not None and x.producer.id in lowered.covered
+    """Whether the open kernel (not yet emitted) computes ``x``'s producer inline for one of
+    its members."""
+    kernel = planner._open_kernel
+    return kernel is not None and x.producer is not None and x.producer.id in kernel.covered
 
 
 COMPLEX_VIEW_COPY = (
