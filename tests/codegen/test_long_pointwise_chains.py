@@ -6,10 +6,13 @@ grows past a bound is materialized, and the chain runs as several kernels."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 import plait
+from plait.codegen import lower
 from tests.util import contract_tol
 
 
@@ -33,3 +36,26 @@ def test_long_chain_compiles_and_matches_eager(fn, cols) -> None:
         torch.testing.assert_close(compiled(x), fn(x), **contract_tol("model", torch.float32))
     manifest = compiled.specializations[-1].compiled.manifest
     assert not manifest.fallbacks
+
+
+def test_a_kernel_lowers_each_member_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning a chain of n same-shaped members lowers each value a bounded number of times
+    (it lowered the whole open kernel again for every member joining it: n^2/2)."""
+    produced = [0]
+    original = lower.Lowerer.produce
+
+    def counting(self: lower.Lowerer, v: Any, idx: Any) -> Any:
+        produced[0] += 1
+        return original(self, v, idx)
+
+    monkeypatch.setattr(lower.Lowerer, "produce", counting)
+    counts = {}
+    for cols in (100, 400):
+        produced[0] = 0
+        compiled = plait.compile(_column_sum, fullgraph=True, options={"cache": False})
+        x = torch.rand(3, cols, generator=torch.Generator().manual_seed(cols)) - 0.5
+        torch.testing.assert_close(
+            compiled(x), _column_sum(x), **contract_tol("model", torch.float32)
+        )
+        counts[cols] = produced[0]
+    assert counts[400] < 6 * counts[100], counts  # NOTE: linear: 4x; quadratic was about 16x
