@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
@@ -184,7 +184,7 @@ DEFAULTED = "*"
 
 
 def _as_made(
-    sig: inspect.Signature, named: dict[str, Any], kwargs: dict, defaulted: list[str] = ()
+    sig: inspect.Signature, named: dict[str, Any], kwargs: dict, defaulted: Sequence[str] = ()
 ) -> dict[str, Any]:
     """Bound arguments, marked where the caller passed one by name that could be positional
     (a decorator that fills in a missing keyword, Hugging Face's ``use_cache``, would otherwise
