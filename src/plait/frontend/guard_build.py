@@ -422,7 +422,7 @@ def _lazy_sig(t: torch.Tensor) -> tuple[Any, ...]:
     if not is_lazy(t):
         return _SIG(t)
     with torch._C.DisableTorchFunction():  # NOTE: its class overrides `shape` to raise
-        return t.dtype, torch._C.TensorBase.shape.__get__(t), t.device, t.requires_grad
+        return t.dtype, torch._C.TensorBase.size(t), t.device, t.requires_grad
 
 
 def _sig_check(k: int, sig: tuple[Any, ...]) -> TensorCheck:
