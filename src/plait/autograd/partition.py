@@ -114,8 +114,7 @@ def partition(joint: Joint, partitioner: str = "min-cut", renormalize: bool = Fa
         graph, n_forward, chains = with_normalize_chains(joint.graph, joint.n_forward_nodes)
         joint = replace(joint, graph=graph, n_forward_nodes=n_forward)
     g = joint.graph
-    fwd_outputs = [o for o in g.outputs[: joint.n_outputs] if isinstance(o, Value)]
-    forward_nodes = _needed(g, fwd_outputs, stop=set())
+    forward_nodes = _needed(g, _forward_roots(g, joint), stop=set())
     if partitioner == "save-all":
         saved = _read_by_others(g, joint, forward_nodes)
     else:
@@ -198,6 +197,15 @@ def _needed(g: Graph, roots: Iterable[Value], stop: set[int]) -> set[int]:
         seen.add(node.id)
         work.extend(u for u in node.input_values() if id(u) not in stop)
     return seen
+
+
+def _forward_roots(g: Graph, joint: Joint) -> list[Value]:
+    """What the forward must compute: the user's outputs and every random node of the forward
+    (NOTE: a draw or a ``manual_seed`` nothing reads still moves the generator: dropped, every
+    later draw and the generator's state after the call would not be eager's)."""
+    outputs = [o for o in g.outputs[: joint.n_outputs] if isinstance(o, Value)]
+    forward = g.nodes[: joint.n_forward_nodes]
+    return outputs + [v for n in forward if get_op(n.op).is_random(n.attrs) for v in n.outputs]
 
 
 def _backward_roots(g: Graph, joint: Joint) -> list[Value]:
@@ -313,8 +321,7 @@ def _split(joint: Joint, saved: list[Value], partitioner: str) -> Partition:
     saved_ids = {id(v) for v in saved}
     cots = list(g.inputs[joint.n_inputs :])
     roots = _backward_roots(g, joint)
-    fwd_outputs = [o for o in g.outputs[: joint.n_outputs] if isinstance(o, Value)]
-    fwd_ids = _needed(g, [*fwd_outputs, *saved], stop=set())
+    fwd_ids = _needed(g, [*_forward_roots(g, joint), *saved], stop=set())
     bwd_ids = _needed(g, roots, stop=saved_ids | {id(v) for v in cots})
     reachable = {id(v) for v in cots} | saved_ids
     for n in g.nodes:

@@ -10,6 +10,7 @@ from typing import Any
 
 import sympy
 import torch
+from torch.nn.parameter import is_lazy
 
 from plait.frontend.state import ModuleState
 from plait.guards.guard import (
@@ -357,14 +358,17 @@ def module_guards(
         else ""
     )
 
-    expected = tuple(map(_SIG, (state[k] for k in used)))
-    signatures = ReadTensors(tuple(_sig_check(k, sig) for k, sig in zip(used, expected)))
+    # NOTE: a lazy module's uninitialized parameter (a fallback's: capture refuses it) has a
+    # signature of its own: its first call gives it a shape, and the next call captures
+    sig = _lazy_sig if any(is_lazy(state[k]) for k in used) else _SIG
+    expected = tuple(map(sig, (state[k] for k in used)))
+    signatures = ReadTensors(tuple(_sig_check(k, s) for k, s in zip(used, expected)))
     paths = [ms.entries[k].path for k in used]
     pick = _picker(used)
 
     def state_detail(env: GuardEnv) -> str:
         now = ms.fetch()
-        bad = [p for p, k, e in zip(paths, used, expected) if _SIG(now[k]) != e]
+        bad = [p for p, k, e in zip(paths, used, expected) if sig(now[k]) != e]
         return "changed: " + ", ".join(bad[:5]) + (" ..." if len(bad) > 5 else "")
 
     # NOTE: the fast path reads with C-level maps over precomputed tables (a few tens of
@@ -404,12 +408,21 @@ def module_guards(
             STATE_SIGNATURES,
             "parameters and buffers keep their dtype, shape, device and requires_grad",
             expected,
-            lambda env: tuple(map(_SIG, pick(env.state))),
+            lambda env: tuple(map(sig, pick(env.state))),
             state_detail,
             fmt=lambda r: f"{len(r)} signatures",
             native=signatures,
         ),
     ]
+
+
+def _lazy_sig(t: torch.Tensor) -> tuple[Any, ...]:
+    """A tensor's signature, an uninitialized parameter's included (its shape, read by
+    PyTorch's own property, raises; the tensor under it is empty)."""
+    if not is_lazy(t):
+        return _SIG(t)
+    with torch._C.DisableTorchFunction():  # NOTE: its class overrides `shape` to raise
+        return t.dtype, torch._C.TensorBase.size(t), t.device, t.requires_grad
 
 
 def _sig_check(k: int, sig: tuple[Any, ...]) -> TensorCheck:

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
+from torch.nn.modules import module as nn_module
 
 from plait.errors import CompiledInputError, InvalidOptionError
 from plait.frontend import pytree
@@ -89,10 +90,21 @@ class InputAdapter:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise CompiledInputError(f"{self.name}(): {exc}") from None
-        if self.defaults:
-            bound.apply_defaults()
+        if not self.defaults:
+            return _as_made(self.signature, dict(bound.arguments), kwargs)
+        given = set(bound.arguments)
+        bound.apply_defaults()
+        if not _hooks_see_call(self._fn):
             return dict(bound.arguments)
-        return _as_made(self.signature, dict(bound.arguments), kwargs)
+        # NOTE: a module's forward hooks see its call as made (a forward pre-hook replaces the
+        # positional arguments and keeps the keyword ones): how each argument was passed is
+        # part of the call's structure, and the defaults stay leaves (guarded), not passed on
+        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        params = self.signature.parameters
+        defaulted = [
+            n for n in bound.arguments if n not in given and params[n].kind not in variadic
+        ]
+        return _as_made(self.signature, dict(bound.arguments), kwargs, defaulted)
 
     def flatten(self, args: tuple, kwargs: dict) -> tuple[Any, list[Any], list[str]]:
         """The call's structure. A plain object (``pytree.state_rebuildable``: a key/value
@@ -137,51 +149,72 @@ class InputAdapter:
             objects.started(leaves)
         if self.signature is None:
             return fn(*named["args"], **named["kwargs"])
-        by_keyword = _by_keyword(named)
+        by_keyword = _call_form(named)
         bound = inspect.BoundArguments(self.signature, named)
         args, kwargs = list(bound.args), bound.kwargs
         if by_keyword:
-            # NOTE: a wrapper's call as made: what the caller named goes on by name
-            first = next(i for i, p in enumerate(self.signature.parameters) if p in by_keyword)
-            kwargs = {**{p: named[p] for p in list(self.signature.parameters)[first : len(args)]},
+            # NOTE: a call as made: what the caller named goes on by name
+            names = list(self.signature.parameters)
+            first = next(i for i, p in enumerate(names) if p in by_keyword)
+            kwargs = {**{p: named[p] for p in names[first : len(args)] if p in by_keyword},
                       **kwargs}  # fmt: skip
             args = args[:first]
-        params = list(self.signature.parameters.values())
-        if self.defaults and not any(p.kind is p.VAR_POSITIONAL for p in params):
-            # NOTE: trailing arguments at their defaults (applied by bind) are not passed on, so
-            # forward pre-hooks see the caller's positional arguments. A wrapper's calls were
-            # bound without defaults and pass on exactly as made.
-            while args and params[len(args) - 1].default is args[-1]:
-                args.pop()
         return fn(*args, **kwargs)
 
 
-# NOTE: in a wrapper's bound call, the arguments after this name were given by keyword (a name
-# no parameter has; its value, (), has no leaves): the call's structure, and so its guard, says
-# how each was passed, and the wrapper is called the same way
+def _hooks_see_call(fn: Any) -> bool:
+    """Whether calling ``fn`` runs forward hooks that see how it was called: its own forward
+    (pre-)hooks or the global ones (a hook registered later is a recompile: capture guards
+    the hook tables)."""
+    return isinstance(fn, nn.Module) and bool(
+        fn._forward_pre_hooks
+        or fn._forward_hooks
+        or nn_module._global_forward_pre_hooks
+        or nn_module._global_forward_hooks
+    )
+
+
+# NOTE: in a wrapper's or a module's bound call, the arguments after this name were given by
+# keyword (a name no parameter has; its value, (), has no leaves): the call's structure, and so
+# its guard, says how each was passed, and the callable is called the same way
 BY_KEYWORD = "**"
+# NOTE: in a module's bound call, the arguments after this name are the defaults the caller did
+# not pass: leaves (guarded by value), not passed on, so the module's hooks see the call as made
+DEFAULTED = "*"
 
 
-def _as_made(sig: inspect.Signature, named: dict[str, Any], kwargs: dict) -> dict[str, Any]:
-    """A wrapper's bound arguments, marked where the caller passed one by name that could be
-    positional: a decorator that fills in a missing keyword (Hugging Face's ``use_cache``)
-    would otherwise meet it again, passed on by position."""
+def _as_made(
+    sig: inspect.Signature, named: dict[str, Any], kwargs: dict, defaulted: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Bound arguments, marked where the caller passed one by name that could be positional
+    (a decorator that fills in a missing keyword, Hugging Face's ``use_cache``, would otherwise
+    meet it again, passed on by position; a module's forward hooks see it in ``kwargs``), and
+    where a default was applied that the caller did not pass (``defaulted``)."""
     params = sig.parameters
     named_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD,)
     given = [n for n in named if n in kwargs and params[n].kind in named_kinds]
-    if not given:
+    if not given and not defaulted:
         return named
-    out = {n: v for n, v in named.items() if n not in given}
-    out[BY_KEYWORD] = ()
-    out.update((n, named[n]) for n in given)
+    out = {n: v for n, v in named.items() if n not in given and n not in defaulted}
+    if given:
+        out[BY_KEYWORD] = ()
+        out.update((n, named[n]) for n in given)
+    if defaulted:
+        out[DEFAULTED] = ()
+        out.update((n, named[n]) for n in defaulted)
     return out
 
 
-def _by_keyword(named: dict[str, Any]) -> set[str]:
-    """The names a wrapper's caller gave by keyword (:func:`_as_made`), taken out of ``named``."""
+def _call_form(named: dict[str, Any]) -> set[str]:
+    """The names the caller gave by keyword, as :func:`_as_made` marked them; the marks and
+    the defaults the caller did not pass are taken out of ``named`` (they are not passed on)."""
+    names = list(named)
+    if DEFAULTED in named:
+        for n in names[names.index(DEFAULTED) :]:
+            del named[n]
+        names = names[: names.index(DEFAULTED)]
     if BY_KEYWORD not in named:
         return set()
-    names = list(named)
     given = set(names[names.index(BY_KEYWORD) + 1 :])
     del named[BY_KEYWORD]
     return given

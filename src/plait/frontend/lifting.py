@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from plait.frontend.capture_values import Tracer
 from plait.frontend.layout_clone import layout_clone
@@ -65,6 +66,15 @@ def lift_state(cx: CaptureContext, ms: ModuleState | None) -> tuple[list[Tracer]
                 "Python module it was made from"
             )
     tensors = ms.fetch()
+    for entry, t in zip(ms.entries, tensors):
+        if is_lazy(t):
+            # NOTE: a lazy module (nn.LazyLinear) gives it a shape at its first call, from a
+            # pre-hook that reads the module's own slots: traced, they hold no uninitialized one
+            cx.limitation(
+                f"{entry.path} is an uninitialized parameter of a lazy module (its shape comes "
+                "from the first call's input, which runs eagerly; with fullgraph=True, call the "
+                "model once before compiling it)"
+            )
     tracers: list[Tracer] = []
     for k, (entry, t) in enumerate(zip(ms.entries, tensors)):
         with torch._C.DisableTorchFunction():

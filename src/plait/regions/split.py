@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from plait.ambient_modes import foreign_mode
 from plait.frontend import CapturedProgram
@@ -234,4 +235,6 @@ def can_split(module: Any, prog: CapturedProgram) -> bool:
     err = prog.fallback_error
     if getattr(err, "operation", None) == "torch.autocast":
         return False
+    if any(is_lazy(t) for t in (*module.parameters(), *module.buffers())):
+        return False  # NOTE: a lazy module's first call shapes it; the next call captures whole
     return any(True for _ in module.children())

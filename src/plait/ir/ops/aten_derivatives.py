@@ -21,6 +21,7 @@ from plait.ir.ops.aten import is_seeded
 from plait.ir.ops.aten_overloads import resolve_overload
 from plait.ir.ops.call_autograd import ZERO_GRADIENT_DRAWS, call_probe, differentiated_call
 from plait.ir.ops.call_literals import decode_call
+from plait.ir.ops.pointwise_grads import zero_grads
 from plait.ir.ops.pooling import max_pool_backward
 from plait.ir.ops.vjp import (
     NoDerivativeError,
@@ -39,7 +40,7 @@ aten = torch.ops.aten
 def _aten_vjp(ctx: VjpContext) -> list[Operand | None]:
     """PyTorch's autograd over the overload (``torch_vjp``: it runs the overload again in the
     backward), except where running it again would draw other random numbers: ``native_dropout``
-    reads the mask it returned; a draw whose eager derivative is zero has no gradient; any other
+    reads the mask it returned; a draw whose eager derivative is zero has a zero one; any other
     random call is refused."""
     name, overload = ctx.attrs["name"], ctx.attrs["overload"]
     op = resolve_overload(name, overload)
@@ -57,7 +58,7 @@ def _aten_vjp(ctx: VjpContext) -> list[Operand | None]:
     ):
         return _batch_norm_train_vjp(ctx, op)
     if str(op) in ZERO_GRADIENT_DRAWS:
-        return [None] * len(ctx.inputs)
+        return zero_grads(ctx)  # NOTE: zeros, as eager's: an optimizer steps on them (not None)
     probe = call_probe(ctx, f"aten.{name}.{overload}")
     if (probe is None and is_seeded(op)) or (probe is not None and probe.draws):
         raise NoDerivativeError(

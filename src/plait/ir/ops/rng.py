@@ -28,6 +28,7 @@ import torch
 from plait.ir.graph import Operand
 from plait.ir.ops.call_autograd import ZERO_GRADIENT_DRAWS, call_probe
 from plait.ir.ops.call_literals import decode_call, resolve_target, run_call
+from plait.ir.ops.pointwise_grads import zero_grads
 from plait.ir.ops.registry import VARIADIC, Attr, Category, OpDef, Param, TypeRuleError, register
 from plait.ir.ops.vjp import NoDerivativeError, VjpContext, nondifferentiable, vjp
 from plait.ir.parser import parse_type
@@ -158,7 +159,7 @@ def _random_call_vjp(ctx: VjpContext) -> list[Operand | None]:
         ):
             return [None] * len(ctx.inputs)
         if probe.calls and all(c in ZERO_GRADIENT_DRAWS for c in probe.calls):
-            return [None] * len(ctx.inputs)
+            return zero_grads(ctx)  # NOTE: eager's zeros (an optimizer steps on them), not None
     raise NoDerivativeError(
         f"random_call {target}: its gradient depends on the random numbers it drew, which "
         "plait cannot replay in the backward"
