@@ -218,3 +218,47 @@ def test_a_python_getter_of_process_state_is_asked_again(warn_always: None) -> N
 
     torch.set_warn_always(False)
     _changed_then_equal(program, lambda: torch.set_warn_always(True))
+
+
+def test_a_bounded_cache_whose_entry_was_evicted_and_computed_again_is_read_anew() -> None:
+    """``lru_cache(maxsize=1)`` reuses its one entry's link for each new key: the entry the
+    program reads, evicted by another and computed again from changed state, is a new result
+    under the same link; an entry for other arguments alone keeps the graph."""
+
+    @functools.lru_cache(maxsize=1)
+    def scaled(n: int) -> float:
+        return TABLE["k"] * n
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return x * scaled(2)
+
+    compiled = plait.compile(program, options=NO_CACHE)
+    try:
+        x = _x()
+        assert_bitwise(compiled(x), program(x))
+        scaled(3)  # NOTE: evicts 2 (a miss)
+        TABLE["k"] = 9.0
+        scaled(2)  # NOTE: 2 again, from the changed state, in the same link
+        x = _x()
+        assert_bitwise(compiled(x), program(x), "recomputed under the same link")
+        assert len(compiled.specializations) == 2
+    finally:
+        TABLE["k"] = 2.0
+
+
+def test_a_miss_for_other_arguments_of_a_bounded_cache_keeps_the_graph() -> None:
+    @functools.lru_cache(maxsize=8)
+    def scaled(n: int) -> float:
+        return TABLE["k"] * n
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return x * scaled(2)
+
+    compiled = plait.compile(program, options=NO_CACHE)
+    for n in (3, 4):
+        x = _x()
+        assert_bitwise(compiled(x), program(x))
+        scaled(n)  # NOTE: a miss; the entry the program reads is unchanged
+    x = _x()
+    assert_bitwise(compiled(x), program(x))
+    assert len(compiled.specializations) == 1

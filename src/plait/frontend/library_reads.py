@@ -11,7 +11,8 @@ guard, so a change recompiles:
   ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``): the module global it returns,
   whenever a frame of it runs (:data:`FRAME_READS`); ``torch.is_warn_always_enabled()`` likewise;
 - a ``logging.Logger`` whose ``isEnabledFor`` or ``getEffectiveLevel`` runs, or that
-  ``logging.getLogger`` returns: the logger, compared by its levels up its hierarchy
+  ``logging.getLogger`` returns, for the program's code (a library's own logging, and plait's,
+  decide nothing the program computes): the logger, compared by its levels up its hierarchy
   (:func:`plait.frontend.mutable_library_values.library_key`), so ``log.setLevel`` recompiles;
 - a property of a module object the program names (``torch.backends.cudnn.deterministic``,
   ``torch.utils.deterministic.fill_uninitialized_memory``): its value, read on every call
@@ -53,8 +54,9 @@ import torch
 import torch.backends.mha
 
 from plait.errors import GraphCaptureError, UnknownNameError
+from plait.frontend.code_origin import is_pinned
 from plait.frontend.mutable_library_values import CACHED
-from plait.frontend.pyvalues import ABSENT, ITEMS, PYTHON, TYPE, Root, namespace_root
+from plait.frontend.pyvalues import ABSENT, ITEMS, TYPE, Root, namespace_root, value_key
 
 CALL = 8  # NOTE: the native check kind ``(8, fn, value)``: ``fn() is value``
 _MHA = "torch.backends.mha"
@@ -71,7 +73,8 @@ def _fastpath(frame: types.FrameType) -> Found:
 
 def _warn_always(frame: types.FrameType) -> Found:
     getter = torch._C._get_warnAlways
-    return [(("reader", id(getter)), getter_root(getter, "torch.is_warn_always_enabled()"))]
+    desc = ["getter", "torch._C", "_get_warnAlways"]
+    return [(("reader", id(getter)), getter_root(getter, "torch.is_warn_always_enabled()", desc))]
 
 
 def getter_root(getter: Callable[[], Any], show: str, desc: list[Any] | None = None) -> Root:
@@ -85,15 +88,24 @@ def logger_root(logger: logging.Logger) -> Root:
     return Root(show, lambda: logger, ["logger", logger.name], lambda v: (TYPE, v, type(v)))
 
 
-def _is_plait(logger: Any) -> bool:
-    """plait's own loggers (``plait.<channel>``), which its own code asks while it captures."""
-    name = getattr(logger, "name", "")
-    return not isinstance(name, str) or name == "plait" or name.startswith("plait.")
+def _by_the_program(frame: types.FrameType) -> bool:
+    """Whether the code nearest ``frame`` up its callers that is not a library's is the
+    program's (not plait's, nor none: a library's own logging, PyTorch's loggers made and set
+    as plait's ATen tracing imports them, decides nothing the program computes)."""
+    f = frame.f_back
+    while f is not None:
+        module = str(f.f_globals.get("__name__", ""))
+        if module == "plait" or module.startswith("plait."):
+            return False
+        if not is_pinned(module):
+            return True
+        f = f.f_back
+    return False
 
 
 def _self_logger(frame: types.FrameType) -> Found:
     logger = frame.f_locals.get("self")
-    if not isinstance(logger, logging.Logger) or _is_plait(logger):
+    if not isinstance(logger, logging.Logger) or not _by_the_program(frame):
         return []
     return [(("logger", id(logger)), logger_root(logger))]
 
@@ -103,13 +115,13 @@ def _named_logger(frame: types.FrameType) -> Found:
     returns (asking for it here makes it, as the call is about to)."""
     name = frame.f_locals.get("name")
     manager = frame.f_locals.get("self", logging.Logger.manager)
+    if not _by_the_program(frame):
+        return []
     if name is None or name == logging.root.name:
         logger: Any = logging.root
     elif isinstance(name, str) and isinstance(manager, logging.Manager):
         logger = manager.getLogger(name)
     else:
-        return []
-    if _is_plait(logger):
         return []
     return [(("logger", id(logger)), logger_root(logger))]
 
@@ -218,17 +230,35 @@ def cache_entries_root(wrapper: Any, show: str) -> Root | None:
             kind="limitation",
         )
 
-    def read_bounded() -> Any:
-        results = _cached_results(wrapper, table) or {}
-        return tuple(results.get(k, ABSENT) for k in keys)
+    # NOTE: a bounded cache's table holds links whose results change in place: an evicted
+    # entry's link is reused, on a miss. Natively, each key holds its link of now (a cleared
+    # cache's links are gone: those kept here make new ones other objects) and no miss was
+    # counted since the results were last found equal to now's (each miss: a Python read)
+    links = tuple(table[k] for k in keys)
+    first = tuple((_cached_results(wrapper, table) or {}).get(k, ABSENT) for k in keys)
+    verified = [wrapper.cache_info().misses, links, value_key(first)]
 
-    # NOTE: a bounded cache's table holds links whose results change in place (an evicted
-    # entry's link is reused): read on every call
-    return Root(name, read_bounded, None, lambda v: (PYTHON,))
+    def read_bounded() -> Any:
+        misses = wrapper.cache_info().misses
+        now = tuple(table.get(k) for k in keys)
+        if misses == verified[0] and all(a is b for a, b in zip(now, verified[1], strict=True)):
+            return first
+        results = _cached_results(wrapper, table) or {}
+        out = tuple(results.get(k, ABSENT) for k in keys)
+        if value_key(out) == verified[2]:
+            verified[:2] = [misses, now]
+        return out
+
+    def unmissed() -> bool:
+        return bool(wrapper.cache_info().misses == verified[0])
+
+    checks = ((ITEMS, table, keys, links), (CALL, unmissed, True))
+    return Root(name, read_bounded, None, lambda v: checks)
 
 
 def resolve_library(desc: list[Any]) -> Root:
-    """The root a ``"logger"`` or ``"modprop"`` description names in this process."""
+    """The root a ``"logger"``, ``"modprop"`` or ``"getter"`` description names in this
+    process."""
     if desc[0] == "logger":
         name = desc[1]
         found: Any = logging.root if name == logging.root.name else None
@@ -237,7 +267,10 @@ def resolve_library(desc: list[Any]) -> Root:
             raise UnknownNameError(f"no logger {name!r}")
         return logger_root(found)
     module = sys.modules.get(desc[1])
-    getter = None if module is None else _module_property(module, desc[2])
+    if desc[0] == "getter":
+        getter = getattr(module, desc[2], None)
+    else:
+        getter = None if module is None else _module_property(module, desc[2])
     if getter is None:
         raise UnknownNameError(f"no property {desc[2]} of module {desc[1]}")
     return getter_root(getter, f"{desc[1]}.{desc[2]}", desc)

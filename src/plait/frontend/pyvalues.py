@@ -271,7 +271,7 @@ class Root:
     show: str
     read: Callable[[], Any]
     desc: list[Any] | None
-    native: Callable[[Any], tuple[Any, ...]]  # (captured value) -> the native check
+    native: Callable[[Any], tuple[Any, ...]]  # (captured value) -> the native check(s)
     shallow: bool = False
     first: Any = None  # the value key at the first read (a change during capture is refused)
     names: frozenset[str] = field(default_factory=frozenset)
@@ -445,8 +445,9 @@ def python_values_guards(roots: Sequence[Root], keys: Sequence[Keyed] | None = N
     python: list[tuple[Root, Keyed]] = []
     native: list[tuple[Root, Keyed]] = []
     for r, k in zip(roots, keys):
-        checks = k.checks
-        (python if checks and any(c[0] == PYTHON for c in checks) else native).append((r, k))
+        heads = _heads(r.native(k.value))
+        read = any(c[0] == PYTHON for c in (*k.checks, *heads))
+        (python if read else native).append((r, k))
     return [g for g in (python_values_guard(native), python_values_guard(python)) if g]
 
 
@@ -457,7 +458,7 @@ def python_values_guard(items: Sequence[tuple[Root, Keyed]]) -> Guard | None:
         return None
     roots = [r for r, _ in items]
     expected = tuple(k.key for _, k in items)
-    heads = [r.native(k.value) for r, k in items]
+    heads = [h for r, k in items for h in _heads(r.native(k.value))]
     checks = [c for _, k in items for c in k.checks]
     shallow = [r.shallow for r in roots]
     readers = [r.read for r in roots]
@@ -492,6 +493,11 @@ def python_values_guard(items: Sequence[tuple[Root, Keyed]]) -> Guard | None:
         key=key,
         native=ReadPyValues(_grouped(heads + checks), ABSENT),
     )
+
+
+def _heads(native: tuple[Any, ...]) -> tuple[tuple[Any, ...], ...]:
+    """A root's native checks: one check, or a tuple of them."""
+    return native if native and isinstance(native[0], tuple) else (native,)
 
 
 def _grouped(checks: list[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:

@@ -104,6 +104,6 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
         if not found:
             raise UnknownNameError(f"no parameter or buffer {desc[1]}")
         return item_root(vars(found[0]), desc[2], f"the attribute {desc[2]} of {desc[1]}", desc)
-    if kind in ("logger", "modprop"):
+    if kind in ("logger", "modprop", "getter"):
         return resolve_library(desc)
     raise UnknownNameError(f"unknown Python read {kind!r}")
