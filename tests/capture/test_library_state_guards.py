@@ -19,6 +19,9 @@ import pytest
 import torch
 
 import plait
+from plait.frontend import capture_program
+from plait.frontend.pyvalues import keyed
+from plait.frontend.saved_roots import resolve
 from tests.util import assert_bitwise
 
 NO_CACHE = {"cache": False}
@@ -262,3 +265,29 @@ def test_a_miss_for_other_arguments_of_a_bounded_cache_keeps_the_graph() -> None
     x = _x()
     assert_bitwise(compiled(x), program(x))
     assert len(compiled.specializations) == 1
+
+
+def test_library_reads_are_found_again_from_their_saved_form(
+    log_levels: None, warn_always: None, cudnn_flags: None
+) -> None:
+    """A warm start rebuilds the guard from the roots' saved descriptions: a logger by name, a
+    backends module's property, a getter, the fast-path flag's module global."""
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        x = x * 2.0 if logging.getLogger("tests.capture.library_state").isEnabledFor(10) else x
+        x = x * 3.0 if torch.backends.cudnn.deterministic else x
+        x = x * 5.0 if torch.is_warn_always_enabled() else x
+        return x * 7.0 if torch.backends.mha.get_fastpath_enabled() else x
+
+    prog = capture_program(program, (_x(),))
+    saved = prog.guard_plan.to_json()["pyreads"]
+    kinds = {d[0] for d in saved}
+    assert {"logger", "modprop", "getter", "global"} <= kinds, saved
+    for desc in saved:
+        root = resolve(desc, None)
+        assert root.desc == desc
+        assert keyed(root).key == keyed(root).key  # NOTE: readable again in this process
+    LOG.setLevel(logging.DEBUG)
+    found = {tuple(map(str, d)): keyed(resolve(d, None)).key for d in saved}
+    LOG.setLevel(logging.INFO)
+    assert found != {tuple(map(str, d)): keyed(resolve(d, None)).key for d in saved}
