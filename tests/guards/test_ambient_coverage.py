@@ -168,6 +168,9 @@ COVERED = {
     ("frontend/library_reads.py", "fastpath_enabled"): "guard: the Python values guard's "
     "root on torch.backends.mha's global, wherever a frame of get_fastpath_enabled runs in a "
     "capture (the program's, nn.MultiheadAttention's, nn.TransformerEncoderLayer's)",
+    ("frontend/nested_fast_path.py", "fastpath_enabled"): "its docstring and refusal message "
+    "name torch.backends.mha.set_fastpath_enabled; the flag is read by the attention modules "
+    "(guard: frontend/library_reads.py's root)",
     ("frontend/library_reads.py", "_get_warnAlways"): "guard: the Python values guard's getter "
     "check, where a frame of torch.is_warn_always_enabled runs in a capture",
     ("frontend/library_reads.py", "cudnn."): "its docstring: a backends module's property "
