@@ -117,8 +117,8 @@ def library_key(
         except Exception:  # NOTE: a getter this build cannot answer: by identity
             return None
         return ("reader", same(v), key(value)), [(_CALL, v, value)], []
-    if isinstance(v, logging.Logger):
-        return _logger_key(v, same)
+    if isinstance(v, logging.Logger) and type(v).__module__ == "logging":
+        return _logger_key(v, same)  # NOTE: a user's subclass: by contents, as a user object
     return None
 
 
