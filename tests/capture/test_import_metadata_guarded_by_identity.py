@@ -24,7 +24,8 @@ import torch
 
 import plait
 from plait.frontend.pyreads import PyReads
-from plait.frontend.pyvalues import keyed, resolve, saved_form
+from plait.frontend.pyvalues import keyed, saved_form
+from plait.frontend.saved_roots import resolve
 from tests.util import contract_tol
 
 _SOURCE = """

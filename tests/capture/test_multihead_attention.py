@@ -16,6 +16,7 @@ from torch import nn
 import plait
 import plait.conformance
 from plait.errors import CaptureFallbackWarning
+from tests.util import assert_bitwise, contract_tol
 
 
 def _draw(*shapes: tuple[int, ...]) -> Callable[[int], tuple[torch.Tensor, ...]]:
@@ -78,9 +79,18 @@ def test_forms_with_no_rule_are_aten_nodes_or_announced_opaque_nodes(
     call: Callable[..., Any],
 ) -> None:
     """A form with no capture rule of its own compiles through its ATen graph (extern
-    nodes) or runs as an opaque node, announced by a warning exactly when one is opaque."""
+    nodes) or runs as an opaque node, announced by a warning exactly when one is opaque.
+    NOTE: eager's fast path off (with a mask it is the loud eager fallback: test below)."""
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        _aten_or_opaque(mha, call)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+
+
+def _aten_or_opaque(mha: nn.MultiheadAttention, call: Callable[..., Any]) -> None:
 
     def program(x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = call(mha, x)
@@ -98,3 +108,52 @@ def test_forms_with_no_rule_are_aten_nodes_or_announced_opaque_nodes(
             program, compiled, _draw((2, 5, 16)), candidate_module=mha, op_class="attention"
         )
     assert report.ok, str(report)
+
+
+def _fully_masked(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch whose second sequence masks every key, and an attention mask row likewise."""
+    g = torch.Generator().manual_seed(seed)
+    pad = torch.rand(3, 5, generator=g) > 0.6
+    pad[1] = True
+    return torch.randn(3, 5, 16, generator=g), pad
+
+
+@pytest.mark.parametrize("module", ["attention", "layer"])
+def test_a_masked_fast_path_call_is_eagers_with_a_warning(module: str) -> None:
+    """In eval mode without grad, given a mask, eager takes the fast path, whose fully masked
+    rows are NaN where the slow path a capture takes gives 0: the call runs eagerly, warned;
+    with the fast path turned off, it compiles (and the flag's change recompiles)."""
+    torch.manual_seed(0)
+    if module == "attention":
+        mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+
+        def program(x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+            return mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+    else:
+        layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True).eval()
+
+        def program(x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+            return layer(x, src_key_padding_mask=pad)
+
+    with torch.no_grad():
+        compiled = plait.compile(program, options={"cache": False})
+        with pytest.warns(CaptureFallbackWarning, match="fast path"):
+            got = compiled(*_fully_masked(1))
+        want = program(*_fully_masked(1))
+        assert want.isnan().any()  # NOTE: eager's fast path: the fully masked rows
+        assert_bitwise(got, want, "the eager fallback")
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            compiled = plait.compile(program, options={"cache": False})
+            for seed in (2, 3):
+                torch.testing.assert_close(
+                    compiled(*_fully_masked(seed)),
+                    program(*_fully_masked(seed)),
+                    **contract_tol("attention", torch.float32),
+                )
+            assert compiled.specializations[0].fallback_reason is None
+        finally:
+            torch.backends.mha.set_fastpath_enabled(True)
+        with pytest.warns(CaptureFallbackWarning, match="fast path"):  # NOTE: the flag's guard
+            assert_bitwise(compiled(*_fully_masked(4)), program(*_fully_masked(4)))
+        assert len(compiled.specializations) == 2

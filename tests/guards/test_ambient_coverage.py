@@ -24,7 +24,8 @@ PATTERN = re.compile(
     r"get_num_threads|allow_tf32|float32_matmul_precision|deterministic_algorithms|"
     r"/proc/cpuinfo|get_device_capability|get_default_dtype|mkldnn\.is_available|"
     r"mkldnn\.enabled|cudnn\.|is_autocast_enabled|is_grad_enabled|os\.environ|cpu_count|"
-    r"fp32_precision|_get_cublas|_get_cudnn|_get_mkldnn|_get_deterministic|flush_denormal"
+    r"fp32_precision|_get_cublas|_get_cudnn|_get_mkldnn|_get_deterministic|flush_denormal|"
+    r"fastpath_enabled|is_anomaly_enabled|_get_warnAlways"
 )
 # NOTE: not the compiler: the gate reads what it compares under, and the ambient table itself.
 SKIP = ("conformance/", "guards/ambient.py")
@@ -37,6 +38,10 @@ _PROTOCOL = "the artifact protocol's settings of a call, each pinned by a guard"
 # early and under which hint; what a call is served is the specialization's own program, checked
 # after capture, whatever the hint named.
 _EARLY = "whether a first run starts before capture ends (a hint), never what a call is served"
+
+# NOTE: plait.frontend.mutable_library_values.READERS: getters a program may name, each asked
+# again on every call by the Python values guard of the programs that name it.
+_READER = "guard: the Python values guard's getter check, where the program names the getter"
 
 # (file, what it reads) -> what covers it
 COVERED = {
@@ -160,6 +165,21 @@ COVERED = {
     "program reads them (os.environ, os.getenv): the Python values guard's root",
     ("frontend/process_reads.py", "os.environ"): "its docstring: the root "
     "frontend/pyvalues.py guards",
+    ("frontend/library_reads.py", "fastpath_enabled"): "guard: the Python values guard's "
+    "root on torch.backends.mha's global, wherever a frame of get_fastpath_enabled runs in a "
+    "capture (the program's, nn.MultiheadAttention's, nn.TransformerEncoderLayer's)",
+    ("frontend/nested_fast_path.py", "fastpath_enabled"): "its docstring and refusal message "
+    "name torch.backends.mha.set_fastpath_enabled; the flag is read by the attention modules "
+    "(guard: frontend/library_reads.py's root)",
+    ("frontend/library_reads.py", "_get_warnAlways"): "guard: the Python values guard's getter "
+    "check, where a frame of torch.is_warn_always_enabled runs in a capture",
+    ("frontend/library_reads.py", "cudnn."): "its docstring: a backends module's property "
+    "the program names is the Python values guard's getter check",
+    ("frontend/mutable_library_values.py", "_get_cudnn"): _READER,
+    ("frontend/mutable_library_values.py", "_get_mkldnn"): _READER,
+    ("frontend/mutable_library_values.py", "_get_deterministic"): _READER,
+    ("frontend/mutable_library_values.py", "is_anomaly_enabled"): _READER,
+    ("frontend/mutable_library_values.py", "_get_warnAlways"): _READER,
     ("logs.py", "os.environ"): "PLAIT_LOGS: which log records are shown, never what compiles",
     ("codegen/packed.py", "_get_mkldnn"): "not a setting: mkldnn._get_mkldnn_serialized_md, a "
     "prepacked weight's descriptor (entries are keyed by PyTorch's build and the CPU)",

@@ -4,6 +4,8 @@ program read, and again after each change is undone."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import sys
 import types
 from collections.abc import Callable
@@ -102,6 +104,121 @@ def test_native_agrees_with_the_python_read(name: str) -> None:
     undo = _changes(m)[name]()
     assert agree() == (name == "equal-rebind")
     undo()
+    assert agree()
+    if native.status().available:
+        assert spec.guards.evaluator == "native"
+
+
+LOG = logging.getLogger("tests.guards.python_values_native")
+TABLE = {"k": 1.0}
+
+
+@functools.cache
+def _cached(n: int) -> float:
+    return TABLE["k"] * n
+
+
+@functools.lru_cache(maxsize=2)
+def _bounded(n: int) -> float:
+    return TABLE["k"] * n
+
+
+class LibraryNet(nn.Module):
+    """Reads state through library code: a logger's level, a functools cache's result, a
+    getter of process state in C, a property of a backends module, the attention fast-path
+    flag (plait.frontend.library_reads)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * float(LOG.getEffectiveLevel()) * _cached(2) * _bounded(2)
+        y = y * 2.0 if torch.is_anomaly_enabled() else y
+        y = y * 3.0 if torch.backends.cudnn.deterministic else y
+        return y * 5.0 if torch.backends.mha.get_fastpath_enabled() else y
+
+
+def _library_changes() -> dict[str, Callable[[], Callable[[], None]]]:
+    def level() -> Callable[[], None]:
+        before = LOG.level
+        LOG.setLevel(logging.DEBUG if before != logging.DEBUG else logging.INFO)
+        return lambda: LOG.setLevel(before)
+
+    def refilled() -> Callable[[], None]:
+        TABLE["k"] = 4.0
+        _cached.cache_clear()
+        _cached(2)
+
+        def undo() -> None:
+            TABLE["k"] = 1.0
+            _cached.cache_clear()
+            _cached(2)  # NOTE: another float object of the same bits: the guard holds
+
+        return undo
+
+    def evicted() -> Callable[[], None]:
+        TABLE["k"] = 4.0
+        _bounded(3), _bounded(4), _bounded(2)  # NOTE: 2 evicted, then computed again
+
+        def undo() -> None:
+            TABLE["k"] = 1.0
+            _bounded(5), _bounded(6), _bounded(2)
+
+        return undo
+
+    def other_miss() -> Callable[[], None]:
+        _bounded(7)  # NOTE: a miss that evicts nothing the program read: the guard holds
+        return lambda: None
+
+    def anomaly() -> Callable[[], None]:
+        torch.autograd.set_detect_anomaly(True)
+        return lambda: torch.autograd.set_detect_anomaly(False)
+
+    def deterministic() -> Callable[[], None]:
+        torch.backends.cudnn.deterministic = True
+
+        def undo() -> None:
+            torch.backends.cudnn.deterministic = False
+
+        return undo
+
+    def fastpath() -> Callable[[], None]:
+        torch.backends.mha.set_fastpath_enabled(False)
+        return lambda: torch.backends.mha.set_fastpath_enabled(True)
+
+    return {
+        "logger-level": level,
+        "cache-refilled": refilled,
+        "bounded-cache-evicted": evicted,
+        "bounded-cache-other-miss": other_miss,
+        "anomaly": anomaly,
+        "cudnn-deterministic": deterministic,
+        "attention-fast-path": fastpath,
+    }
+
+
+@pytest.mark.parametrize("name", list(_library_changes()))
+def test_library_state_native_agrees_with_the_python_read(name: str) -> None:
+    m = LibraryNet()
+    cm = plait.compile(m, backend="eager", options={"cache": False})
+    x = torch.randn(2, 4)
+    _cached(2)
+    _bounded.cache_clear()
+    _bounded(2)
+    cm(x)
+    spec = cm.specializations[0]
+    eng = cm._plait
+    spec_, leaves, _ = eng.adapter.flatten((x,), {})
+
+    def agree() -> bool:
+        env = GuardEnv(spec_, leaves, m, eng.fetch())
+        fast, slow = spec.guards.holds(env), spec.guards.holds_python(env)
+        assert fast == slow, spec.guards.explain(env)
+        return fast
+
+    assert agree()
+    undo = _library_changes()[name]()
+    try:
+        assert agree() == (name == "bounded-cache-other-miss")
+    finally:
+        undo()
     assert agree()
     if native.status().available:
         assert spec.guards.evaluator == "native"

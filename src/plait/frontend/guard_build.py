@@ -189,6 +189,24 @@ def scalar_guard(i: int, path: str, value: Any) -> Guard:
     )
 
 
+def input_attrs_guard(absent: Sequence[tuple[int, str]], paths: Sequence[str]) -> Guard:
+    """The input tensors lack the Python attributes the program looked for on them and did not
+    find (``getattr(x, "scale", 1.0)`` took its default): a call whose tensor holds one would
+    read it in eager (:mod:`plait.frontend.tensor_attrs`)."""
+    pairs = tuple(absent)
+    shown = ", ".join(f"{paths[i] if i < len(paths) else i}.{name}" for i, name in pairs)
+
+    def read(env: GuardEnv) -> tuple[str, ...]:
+        leaves = env.leaves
+        return tuple(
+            f"{paths[i] if i < len(paths) else i}.{name}"
+            for i, name in pairs
+            if name in getattr(leaves[i], "__dict__", ())
+        )
+
+    return Guard("python", "input tensor attributes", f"inputs lack {shown}", (), read)
+
+
 def _display(expr: Any, names: dict[sympy.Symbol, sympy.Symbol]) -> str:
     return str(expr.xreplace(names))
 

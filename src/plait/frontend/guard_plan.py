@@ -30,7 +30,7 @@ import sympy
 import torch
 
 from plait.errors import GraphCaptureError, NotSavableError
-from plait.frontend import guard_build, pyvalues, size_guards
+from plait.frontend import guard_build, pyvalues, saved_roots, size_guards
 from plait.frontend.output_views import FORMAT_READ
 from plait.frontend.state import ModuleState
 from plait.guards.guard import Guard, GuardSet
@@ -76,6 +76,9 @@ class GuardPlan:
     # (``T.shape[0]``, no graph input): its type is guarded (guard_build.const_guard); plait's
     # own constants (a torch.tensor call's, an ATen graph's) are fixed; None: the constant inputs'
     read_consts: list[Any] | None = field(default=None, compare=False, repr=False)
+    # NOTE: (leaf, name): a Python attribute the program looked for on an input tensor that
+    # lacked it (getattr with a default, hasattr): later calls' tensors must lack it too
+    input_attrs: list[tuple[int, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON form; raises ``ValueError`` for a relation it cannot write."""
@@ -96,6 +99,7 @@ class GuardPlan:
             "written": [list(w) for w in self.written],
             "used": self.used,
             "layout_read": self.layout_read,
+            "input_attrs": [list(a) for a in self.input_attrs],
             "pyreads": pyvalues.saved_form(self.pyroots) if self.pyroots else self.pyreads,
         }
 
@@ -120,6 +124,7 @@ class GuardPlan:
             written=[(str(where), int(i)) for where, i in doc.get("written", [])],
             used=doc["used"],
             layout_read=doc["layout_read"],
+            input_attrs=[(int(i), str(n)) for i, n in doc.get("input_attrs", [])],
             pyreads=[list(d) for d in doc["pyreads"]],
         )
 
@@ -146,6 +151,7 @@ def plan_of(
         written=_written(mutations, slots),
         used=used,
         layout_read=cx.layout_read if cx.layout_read is not None else cx.format_read,
+        input_attrs=sorted(cx.absent_attrs),
         read_consts=None
         if slots is None
         else [lift.ref for lift in cx.lifts if lift.kind == "const" and lift.origin is not None],
@@ -218,10 +224,12 @@ def build_guards(
                 source="memory format" if plan.layout_read == FORMAT_READ else "strides",
             )
         )
+    if plan.input_attrs:
+        guards.append(guard_build.input_attrs_guard(plan.input_attrs, paths))
     roots = plan.pyroots
     if roots is None:
         module = ms.module if ms is not None else None
-        roots = [pyvalues.resolve(d, module) for d in plan.pyreads]
+        roots = [saved_roots.resolve(d, module) for d in plan.pyreads]
         pykeys = None
     guards += pyvalues.python_values_guards(roots, pykeys)
     return GuardSet(guards)

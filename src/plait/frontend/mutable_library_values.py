@@ -22,6 +22,13 @@ bakes in what it read of them:
   ``memoryview``, ``ChainMap``, a ``MappingProxyType``) is compared by its items, as a list is;
   a ``weakref.ref`` by the object it refers to; a ``contextvars.ContextVar`` by its value in
   the calling context; a ``threading.local`` by the calling thread's attributes.
+- a ``logging.Logger`` (``if log.isEnabledFor(logging.DEBUG):``, ``log.level``): by the level,
+  ``disabled`` flag and parent of each logger up its hierarchy and ``logging.disable``'s level
+  (natively, the version tags of their dicts), so ``log.setLevel`` recompiles.
+- a getter of process state PyTorch implements in C (:data:`READERS`: ``torch.is_anomaly_enabled``
+  ...): by its answer, asked on every call (natively, one C call).
+- a ``functools.lru_cache``/``functools.cache`` function: by identity here; the results its
+  cache holds are a root of their own (:mod:`plait.frontend.library_reads`).
 - the clock (``time.time``, ``time.perf_counter`` ...): a value computed from a reading would be
   fixed in the graph. Whether it reaches a tensor cannot be told (programs also time
   themselves), so a program that names a clock function is compiled with a warning
@@ -42,8 +49,10 @@ import array
 import collections
 import contextvars
 import datetime
+import functools
 import hashlib
 import io
+import logging
 import sys
 import threading
 import time
@@ -52,6 +61,8 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+import torch
 
 from plait.errors import ClockReadWarning, GraphCaptureError
 
@@ -70,6 +81,65 @@ CLOCKS = frozenset(
     {datetime.datetime.now, datetime.datetime.utcnow, datetime.datetime.today,
      datetime.date.today}
 )  # fmt: skip
+
+
+# NOTE: the check kinds of the Python values guard these keys make (plait.frontend.pyvalues's)
+_ITEMS, _CALL = 0, 8
+CACHED = functools._lru_cache_wrapper
+# NOTE: getters of process state (PyTorch's, in C) that no guard of every specialization covers
+READERS = tuple(
+    f
+    for f in (
+        torch.is_anomaly_enabled, torch.is_anomaly_check_nan_enabled,
+        torch.is_autocast_cache_enabled, torch.get_num_interop_threads,
+        getattr(torch._C, "_get_warnAlways", None),
+        getattr(torch._C, "_get_cudnn_deterministic", None),
+        getattr(torch._C, "_get_cudnn_benchmark", None),
+        getattr(torch._C, "_get_mkldnn_deterministic", None),
+        getattr(torch._C, "_get_deterministic_fill_uninitialized_memory", None),
+    )
+    if f is not None
+)  # fmt: skip
+_READER_IDS = frozenset(map(id, READERS))
+
+
+def library_key(
+    v: Any, key: Callable[[Any], Any], same: Callable[[Any], Any]
+) -> tuple[Any, list[tuple[Any, ...]], list[Any]] | None:
+    """What a logger, a getter of :data:`READERS` or a functools cache is compared by (None for
+    anything else), with the native checks of that key and the objects whose roots it adds
+    (see the module doc); ``key`` keys a part by value, ``same`` by identity."""
+    if type(v) is CACHED:
+        return ("cached", same(v)), [], [v]
+    if id(v) in _READER_IDS:
+        try:
+            value = v()
+        except Exception:  # NOTE: a getter this build cannot answer: by identity
+            return None
+        return ("reader", same(v), key(value)), [(_CALL, v, value)], []
+    if isinstance(v, logging.Logger) and type(v).__module__ == "logging":
+        return _logger_key(v, same)  # NOTE: a user's subclass: by contents, as a user object
+    return None
+
+
+def _logger_key(
+    v: logging.Logger, same: Callable[[Any], Any]
+) -> tuple[Any, list[tuple[Any, ...]], list[Any]]:
+    """A logger by what ``isEnabledFor`` and ``getEffectiveLevel`` read: each logger's level and
+    ``disabled`` flag up its parents, and the manager's ``disable`` level."""
+    parts: list[Any] = []
+    checks: list[tuple[Any, ...]] = []
+    node: Any = v
+    while isinstance(node, logging.Logger) and len(parts) < 64:
+        own = vars(node)
+        names = tuple(n for n in ("level", "disabled", "parent") if n in own)
+        checks.append((_ITEMS, own, names, tuple(own[n] for n in names)))
+        parts.append((same(node), own.get("level"), own.get("disabled")))
+        node = own.get("parent")
+    manager = vars(getattr(v, "manager", None) or logging.Logger.manager)
+    at = "_disable" if "_disable" in manager else "disable"  # NOTE: a property over it (3.7+)
+    checks.append((_ITEMS, manager, (at,), (manager.get(at),)))
+    return ("logger", tuple(parts), manager.get(at)), checks, []
 
 
 def array_key(v: Any) -> tuple[Any, ...] | None:

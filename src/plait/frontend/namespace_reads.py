@@ -20,12 +20,39 @@ Example:
 from __future__ import annotations
 
 import builtins
+import dis
+import functools
 import types
 from typing import Any
 
 from plait.frontend.pyvalues import ABSENT, Root, names_root, namespace_root
 
 WHOLE_NAMESPACE = frozenset({"globals", "eval", "exec", "vars", "locals", "__import__"})
+
+
+@functools.lru_cache(maxsize=4096)
+def global_loads(code: types.CodeType) -> tuple[str, ...]:
+    """The names ``code`` loads as globals (nested comprehensions included)."""
+    out: list[str] = []
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str):
+            out.append(ins.argval)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType) and c.co_name.startswith("<") and c.co_name != "<lambda>":
+            out.extend(global_loads(c))
+    return tuple(dict.fromkeys(out))
+
+
+@functools.lru_cache(maxsize=4096)
+def attr_names(code: types.CodeType) -> frozenset[str]:
+    """The attribute names ``code`` uses and its identifier-like string constants."""
+    out = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out |= attr_names(c)
+        elif isinstance(c, str) and c.isidentifier():
+            out.add(c)
+    return frozenset(out)
 
 
 def name_roots(

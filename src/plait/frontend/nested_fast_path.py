@@ -13,6 +13,16 @@ with the encoder's frame: where eager's remaining conditions hold, the capture i
 (:class:`~plait.errors.GraphCaptureError`), and the program runs eagerly with a warning (its
 layers may still compile as regions).
 
+``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` have fast paths of their own in
+eval mode without grad (``torch._native_multi_head_attention``,
+``torch._transformer_encoder_layer_fwd``), which a capture does not take either
+(``has_torch_function``). Without a mask they compute what the slow path does, within the
+contract. With one, a row whose every key is masked is NaN on the fast path, where the slow
+path's scaled dot-product attention (which the layer and ``need_weights=False`` use) gives 0:
+such a call is refused (:func:`refuse_if_attention_fast_path`), unless
+``torch.backends.mha.set_fastpath_enabled(False)`` turned eager's fast path off (a flag that
+capture guards, :mod:`plait.frontend.library_reads`).
+
 Example:
     >>> import sys
     >>> refuse_if_encoder_fast_path(sys._getframe())  # not the encoder's frame: nothing
@@ -71,9 +81,47 @@ def _first_layer_tensors(layer: Any) -> list[Any]:
     ]  # fmt: skip
 
 
+_ATTENTION = torch.nn.MultiheadAttention.forward.__code__
+_LAYER = torch.nn.TransformerEncoderLayer.forward.__code__
+
+
+def refuse_if_attention_fast_path(frame: types.FrameType | None) -> None:
+    """Raise where ``frame`` is ``MultiheadAttention.forward`` or
+    ``TransformerEncoderLayer.forward`` at its ``has_torch_function`` check (the fast path's
+    other conditions held) and eager would take its fast path with a mask (see the module
+    doc)."""
+    if frame is None or frame.f_code not in (_ATTENTION, _LAYER):
+        return
+    loc = frame.f_locals
+    layer = frame.f_code is _LAYER
+    masks = ("src_mask", "src_key_padding_mask") if layer else ("attn_mask", "key_padding_mask")
+    if all(loc.get(m) is None for m in masks) or (not layer and loc.get("need_weights")):
+        return
+    args = [t for t in loc.get("tensor_args", ()) if isinstance(t, torch.Tensor)]
+    devices = (*_SUPPORTED_DEVICES, torch.utils.backend_registration._privateuse1_backend_name)
+    if any(t.device.type not in devices for t in args):
+        return
+    if torch.is_grad_enabled() and any(t.requires_grad for t in args):
+        return
+    attn = loc.get("self")
+    attn = getattr(attn, "self_attn", None) if layer else attn
+    if getattr(attn, "in_proj_bias", None) is None or getattr(attn, "in_proj_weight", None) is None:
+        return
+    what = "nn.TransformerEncoderLayer" if layer else "nn.MultiheadAttention (need_weights=False)"
+    raise GraphCaptureError(
+        "attention fast path",
+        f"{what} in eval mode without grad, given a mask, takes PyTorch's fast path, whose "
+        "rows with every key masked are NaN where the slow path a capture takes gives 0. "
+        "Call torch.backends.mha.set_fastpath_enabled(False) before its first call to compile it",
+        kind="limitation",
+    )
+
+
 def _has_torch_function(args: Any) -> bool:
     if _HAS_TORCH_FUNCTION.active():
-        refuse_if_encoder_fast_path(sys._getframe(1), mask_check=False)
+        frame = sys._getframe(1)
+        refuse_if_encoder_fast_path(frame, mask_check=False)
+        refuse_if_attention_fast_path(frame)
     return bool(_HAS_TORCH_FUNCTION.original(args))
 
 
@@ -83,6 +131,8 @@ _HAS_TORCH_FUNCTION = ThreadPatch(torch.overrides, "has_torch_function", _has_to
 @contextmanager
 def watching() -> Iterator[None]:
     """While a capture runs on this thread: ``torch.overrides.has_torch_function`` called by
-    ``TransformerEncoder.forward`` refuses its fast path (the ``mask_check=False`` case)."""
+    ``TransformerEncoder.forward`` refuses its fast path (the ``mask_check=False`` case), and
+    called by ``MultiheadAttention.forward`` or ``TransformerEncoderLayer.forward``, their
+    fast paths with a mask."""
     with _HAS_TORCH_FUNCTION.on():
         yield

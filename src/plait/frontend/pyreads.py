@@ -41,8 +41,6 @@ Example:
 
 from __future__ import annotations
 
-import dis
-import functools
 import gc
 import sys
 import types
@@ -55,8 +53,15 @@ from plait.frontend.attr_reads import _LOCAL, _instrument
 from plait.frontend.bound_state import bound_roots
 from plait.frontend.capture_values import Tracer
 from plait.frontend.code_origin import find_function, generated_for, is_pinned, under_import
-from plait.frontend.mutable_library_values import warn_of_clocks
-from plait.frontend.namespace_reads import WHOLE_NAMESPACE, name_roots, whole_names_root
+from plait.frontend.library_reads import FRAME_READS, cache_entries_root, module_property_roots
+from plait.frontend.mutable_library_values import CACHED, warn_of_clocks
+from plait.frontend.namespace_reads import (
+    WHOLE_NAMESPACE,
+    attr_names,
+    global_loads,
+    name_roots,
+    whole_names_root,
+)
 from plait.frontend.process_reads import ENV_NAMES, GlobalDraws
 from plait.frontend.pyrollback import Originals
 from plait.frontend.pyvalues import (
@@ -87,31 +92,6 @@ from plait.frontend.pyvalues import (
 # --- recording -----------------------------------------------------------------------------
 _TABLES = ("_parameters", "_buffers", "_modules")
 _STATE_TABLES = ("_parameters", "_buffers")
-
-
-@functools.lru_cache(maxsize=4096)
-def _global_loads(code: types.CodeType) -> tuple[str, ...]:
-    """The names ``code`` loads as globals (nested comprehensions included)."""
-    out: list[str] = []
-    for ins in dis.get_instructions(code):
-        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str):
-            out.append(ins.argval)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType) and c.co_name.startswith("<") and c.co_name != "<lambda>":
-            out.extend(_global_loads(c))
-    return tuple(dict.fromkeys(out))
-
-
-@functools.lru_cache(maxsize=4096)
-def _attr_names(code: types.CodeType) -> frozenset[str]:
-    """The attribute names ``code`` uses and its identifier-like string constants."""
-    out = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            out |= _attr_names(c)
-        elif isinstance(c, str) and c.isidentifier():
-            out.add(c)
-    return frozenset(out)
 
 
 class PyReads:
@@ -361,6 +341,11 @@ class PyReads:
 
     def _frame(self, frame: types.FrameType) -> None:
         code = frame.f_code
+        library = FRAME_READS.get(code)
+        if library is not None:  # NOTE: each frame of it (never in _codes): what it reads
+            for key, root in library(frame):
+                self._add(key, root)
+            return
         g = frame.f_globals
         module = str(g.get("__name__", ""))
         if id(code) not in self._codes:
@@ -375,9 +360,9 @@ class PyReads:
             if under_import(frame):
                 return  # NOTE: the import system's business (a finder), not the program's
             self.user_codes.append(code)
-            names = _attr_names(code)
+            names = attr_names(code)
             self.names |= names
-            loads = _global_loads(code)
+            loads = global_loads(code)
             if ENV_NAMES & (names | set(loads)):
                 self._add(("environ",), environ_root())
             for name in loads:
@@ -570,6 +555,13 @@ class PyReads:
                 )
                 for key, root in name_roots(namespace, name, show, desc, is_pinned(host.__name__)):
                     self._add(key, root)
+            for key, root in module_property_roots(host, self.names):
+                self._add(key, root)
+            return
+        if type(host) is CACHED:  # NOTE: a functools cache: the results it holds now
+            entries = cache_entries_root(host, getattr(host, "__qualname__", "a function"))
+            if entries is not None:
+                self._add(("cache", id(host)), entries)
             return
         cls = host if isinstance(host, type) else type(host)
         own = getattr(host, "__dict__", {}) if not isinstance(host, type) else {}

@@ -8,7 +8,8 @@ and user objects (dataclasses, ``SimpleNamespace``, Hugging Face ``PretrainedCon
 their contents recursively, tensors, modules, functions, classes and library objects by
 identity. :func:`python_values_guard` turns roots into one guard whose native form
 (:class:`~plait.guards.guard.ReadPyValues`) checks identities and version tags, and whose
-Python read compares value keys. :func:`resolve` finds a root again from its saved description.
+Python read compares value keys. :func:`plait.frontend.saved_roots.resolve` finds a root again
+from its saved description.
 
 Example:
     >>> value_key(0.0) == value_key(-0.0), value_key([1, 2.5]) == value_key([1, 2.5])
@@ -17,12 +18,10 @@ Example:
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import enum
 import functools
 import os
-import struct
 import sys
 import types
 from collections import OrderedDict
@@ -33,17 +32,22 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from plait.errors import GraphCaptureError, NotSavableError, UnknownNameError
+from plait.errors import GraphCaptureError, NotSavableError
 from plait.frontend.code_origin import (
     IMPORT_METADATA,
-    find_function,
     is_import_machinery,
     is_pinned,
 )
-from plait.frontend.mutable_library_values import array_key, container_key, iterator_key
+from plait.frontend.mutable_library_values import (
+    array_key,
+    container_key,
+    iterator_key,
+    library_key,
+)
 from plait.frontend.process_reads import rng_state
 from plait.frontend.pyvalue_changes import changed_at, short
 from plait.guards.guard import Guard, GuardEnv, ReadPyValues
+from plait.guards.guard import float_bits as _bits
 
 
 class _Absent:
@@ -83,10 +87,6 @@ _MAX_DEPTH = 24
 # NOTE: guarded elsewhere: parameters, buffers, submodules (state guards), training flags
 _MODULE_SKIP = frozenset({"_parameters", "_buffers", "_modules", "training", "__class__"})
 _IMMUTABLE = (type(None), bool, int, str, bytes, torch.dtype, torch.device, torch.layout)
-
-
-def _bits(x: float) -> int:
-    return int(struct.unpack("<q", struct.pack("<d", x))[0])
 
 
 def _is_user_class(cls: type) -> bool:
@@ -137,6 +137,11 @@ class _Walk:
             return Same(v)
         if isinstance(v, types.MethodType):
             return ("method", Same(v.__func__), self.key(v.__self__, depth + 1, shallow))
+        found = library_key(v, lambda x: self.key(x, depth + 1), Same)
+        if found is not None:  # NOTE: a logger, a getter of process state, a functools cache
+            self.checks += found[1]
+            self.hosts += found[2]
+            return found[0]
         state = rng_state(v)
         if state is not None:  # NOTE: a random generator object: by its state
             self.checks.append((PYTHON,))
@@ -266,7 +271,7 @@ class Root:
     show: str
     read: Callable[[], Any]
     desc: list[Any] | None
-    native: Callable[[Any], tuple[Any, ...]]  # (captured value) -> the native check
+    native: Callable[[Any], tuple[Any, ...]]  # (captured value) -> the native check(s)
     shallow: bool = False
     first: Any = None  # the value key at the first read (a change during capture is refused)
     names: frozenset[str] = field(default_factory=frozenset)
@@ -393,78 +398,6 @@ def _cell_value(cell: Any) -> Any:
 
 
 # --- the guard --------------------------------------------------------------------------------
-def resolve(desc: list[Any], module: nn.Module | None) -> Root:
-    """The root ``desc`` describes in this process (a warm start); raises ``LookupError``."""
-    kind = desc[0]
-    if kind in ("attr", "classattr", "type", "dict", "table", "tablenames"):
-        if module is None:
-            raise UnknownNameError("a module attribute without a module")
-        m = module.get_submodule(desc[1]) if desc[1] else module
-        where = f"self.{desc[1]}" if desc[1] else "self"
-        if kind == "dict":
-            return dict_root(m, where, desc)
-        if kind == "type":
-            return type_root(m, f"type({where})", desc)
-        if kind == "attr":
-            namespace = object.__getattribute__(m, "__dict__")
-            return item_root(namespace, desc[2], f"{where}.{desc[2]}", desc)
-        if kind == "tablenames":
-            return table_names_root(m, desc[2], f"{where}.{desc[2]} (names)", desc)
-        if kind == "table":
-            slots = object.__getattribute__(m, "__dict__")[desc[2]]
-            return item_root(slots, desc[3], f"{where}.{desc[3]}", desc)
-        return typeattr_root(type(m), desc[2], f"{where}.{desc[2]}", desc)
-    if kind == "global":
-        mod = sys.modules.get(desc[1])
-        if mod is None:
-            raise UnknownNameError(f"module {desc[1]} is not loaded")
-        show = f"global {desc[1]}.{desc[2]}"
-        return namespace_root(vars(mod), desc[2], show, desc, is_pinned(desc[1]))
-    if kind == "environ":
-        return environ_root()
-    if kind == "builtin":
-        return namespace_root(vars(builtins), desc[1], f"builtin {desc[1]}", desc)
-    if kind == "names":
-        mod = builtins if desc[1] is None else sys.modules.get(desc[1])
-        if mod is None:
-            raise UnknownNameError(f"module {desc[1]} is not loaded")
-        return names_root(vars(mod), f"the names of {mod.__name__}", desc)
-    if kind == "func":
-        fn = find_function(desc[1], desc[2])
-        if fn is None:
-            raise UnknownNameError(f"{desc[1]}.{desc[2]} is not loaded")
-        return func_root(fn, f"{desc[1]}.{desc[2]} (code, defaults)", desc)
-    if kind == "cell":
-        fn = find_function(desc[1], desc[2])
-        if fn is None or fn.__closure__ is None or len(fn.__closure__) <= desc[3]:
-            raise UnknownNameError(f"{desc[1]}.{desc[2]} has not that closure")
-        name = fn.__code__.co_freevars[desc[3]]
-        root = cell_root(fn.__closure__[desc[3]], f"{desc[1]}.{desc[2]}: closure variable {name}")
-        root.desc = desc
-        return root
-    if kind == "attrpath":
-        base = resolve(desc[1], module).read()
-        if isinstance(base, types.ModuleType):
-            show = f"{base.__name__}.{desc[2]}"
-            return namespace_root(vars(base), desc[2], show, desc, is_pinned(base.__name__))
-        cls = base if isinstance(base, type) else type(base)
-        return typeattr_root(cls, desc[2], f"{cls.__qualname__}.{desc[2]}", desc)
-    if kind == "typeattr":
-        cls = find_class(desc[1], desc[2])
-        if not isinstance(cls, type):
-            raise UnknownNameError(f"{desc[1]}.{desc[2]} is not loaded")
-        return typeattr_root(cls, desc[3], f"{desc[2]}.{desc[3]}", desc)
-    if kind == "tensorattr":  # NOTE: a parameter's or buffer's (plait.frontend.tensor_attrs)
-        owner, _, leaf = desc[1].rpartition(".")
-        tables = vars(module.get_submodule(owner)) if module is not None else {}
-        found = [tables.get(k, {}).get(leaf) for k in ("_parameters", "_buffers")]
-        found = [t for t in found if t is not None]
-        if not found:
-            raise UnknownNameError(f"no parameter or buffer {desc[1]}")
-        return item_root(vars(found[0]), desc[2], f"the attribute {desc[2]} of {desc[1]}", desc)
-    raise UnknownNameError(f"unknown Python read {kind!r}")
-
-
 class Keyed(NamedTuple):
     """A root's value as read now, its value key, and the native checks and the hosts (objects
     whose named attributes count) of that key's walk: one walk serves the change check, the
@@ -512,8 +445,9 @@ def python_values_guards(roots: Sequence[Root], keys: Sequence[Keyed] | None = N
     python: list[tuple[Root, Keyed]] = []
     native: list[tuple[Root, Keyed]] = []
     for r, k in zip(roots, keys):
-        checks = k.checks
-        (python if checks and any(c[0] == PYTHON for c in checks) else native).append((r, k))
+        heads = _heads(r.native(k.value))
+        read = any(c[0] == PYTHON for c in (*k.checks, *heads))
+        (python if read else native).append((r, k))
     return [g for g in (python_values_guard(native), python_values_guard(python)) if g]
 
 
@@ -524,7 +458,7 @@ def python_values_guard(items: Sequence[tuple[Root, Keyed]]) -> Guard | None:
         return None
     roots = [r for r, _ in items]
     expected = tuple(k.key for _, k in items)
-    heads = [r.native(k.value) for r, k in items]
+    heads = [h for r, k in items for h in _heads(r.native(k.value))]
     checks = [c for _, k in items for c in k.checks]
     shallow = [r.shallow for r in roots]
     readers = [r.read for r in roots]
@@ -559,6 +493,11 @@ def python_values_guard(items: Sequence[tuple[Root, Keyed]]) -> Guard | None:
         key=key,
         native=ReadPyValues(_grouped(heads + checks), ABSENT),
     )
+
+
+def _heads(native: tuple[Any, ...]) -> tuple[tuple[Any, ...], ...]:
+    """A root's native checks: one check, or a tuple of them."""
+    return native if native and isinstance(native[0], tuple) else (native,)
 
 
 def _grouped(checks: list[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:

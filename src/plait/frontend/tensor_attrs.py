@@ -11,10 +11,12 @@ ordinary lookup fails) answers from the caller's tensor instead:
 - a parameter, buffer or constant tensor (the same object on every call): the value found in
   its instance dict, or its absence, is a root of the Python values guard (by value, as any
   value the program reads: :mod:`plait.frontend.pyvalues`), so setting, changing or deleting
-  the attribute recompiles;
+  the attribute recompiles; so does a parameter or buffer replaced by another tensor (the
+  module's slot is a root too, by the tensor it holds);
 - an input tensor (a new object on each call): an attribute it holds cannot be guarded, so the
   capture is refused (``GraphCaptureError(kind="limitation")``: the loud eager fallback); one it
-  lacks raises ``AttributeError`` as in eager.
+  lacks raises ``AttributeError`` as in eager, and the guards then require the call's tensor
+  to lack it too (a later call's input that holds it recompiles, and is refused).
 
 Views and tensors the program makes are the program's own: their attributes are as in eager
 (the tracer's own instance dict).
@@ -71,6 +73,9 @@ def missing_attribute(tracer: Any, name: str) -> tuple[Any, str | None]:
                 "cannot guard; pass the value as an argument",
                 kind="limitation",
             )
+        # NOTE: eager raises AttributeError too; a later call's input that holds it must not
+        # reuse this graph (the capture's absence read is guarded: guard_build.input_attrs_guard)
+        own["_cx"].absent_attrs.add((lift.ref, name))
     else:
         rec = getattr(_LOCAL, "rec", None)
         if rec is not None:
@@ -78,9 +83,26 @@ def missing_attribute(tracer: Any, name: str) -> tuple[Any, str | None]:
             desc = None if lift.kind == "const" else ["tensorattr", lift.name, name]
             rec._add(("item", id(namespace), name), item_root(namespace, name, show, desc))
             rec._alive.append(origin)
+            if lift.kind != "const":
+                _slot_read(rec, lift.name, "_parameters" if lift.kind == "param" else "_buffers")
     if found is ABSENT:
         return None, type(origin).__name__
     return found, None
+
+
+def _slot_read(rec: Any, path: str, table: str) -> None:
+    """The slot a parameter or buffer whose attribute the program read is held in, by the
+    tensor it holds: a tensor set there in its place (``m.w = nn.Parameter(...)``, whose
+    attributes are the ones eager reads) recompiles. Keyed when the capture ends (the slot
+    holds a tracer while it runs)."""
+    owner, _, leaf = path.rpartition(".")
+    for m in rec.tree:
+        if rec.paths.get(id(m)) == owner:
+            slots = object.__getattribute__(m, "__dict__")[table]
+            where = f"self.{path}" if path else "self"
+            desc = ["table", owner, table, leaf]
+            rec._add(("item", id(slots), leaf), item_root(slots, leaf, where, desc), late=True)
+            return
 
 
 __all__ = ["missing_attribute"]

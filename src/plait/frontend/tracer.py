@@ -130,6 +130,12 @@ def _requires_grad(x: Any) -> bool:
 class CaptureContext(CaptureValues):
     """Records one run of the program into a graph: activation and the dispatch of each call."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # NOTE: (leaf, name): a Python attribute the program looked for on an input tensor,
+        # which lacked it (plait.frontend.tensor_attrs): guarded absent on later calls
+        self.absent_attrs: set[tuple[int, str]] = set()
+
     # --- activation ---------------------------------------------------------------------------
     @contextmanager
     def activate(self) -> Iterator[None]:

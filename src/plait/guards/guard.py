@@ -169,7 +169,8 @@ class ReadPyValues:
     ``mapping.get(key, absent) is value``; ``(1, cell, value)``; ``(2, fn, code, defaults,
     kwdefaults)``; ``(3, obj, type)``; ``(4, dict, keys, values)`` the dict's items are exactly
     these objects, in order; ``(5, list, items)`` likewise; ``(6,)`` never (the read decides);
-    ``(7, cls, names, values)`` the MRO lookup of each name on ``cls`` is its value."""
+    ``(7, cls, names, values)`` the MRO lookup of each name on ``cls`` is its value;
+    ``(8, fn, value)`` ``fn()`` is ``value`` (a library's getter of process state)."""
 
     checks: tuple[tuple[Any, ...], ...]
     absent: Any

@@ -18,7 +18,8 @@ from torch import nn
 from plait.errors import UnknownNameError
 from plait.frontend import CapturedProgram
 from plait.frontend.guard_plan import build_guards, const_slots
-from plait.frontend.pyvalues import Root, resolve
+from plait.frontend.pyvalues import Root
+from plait.frontend.saved_roots import resolve
 from plait.guards import GuardEnv
 from plait.guards.ambient import global_hooks
 

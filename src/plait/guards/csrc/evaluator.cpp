@@ -51,7 +51,7 @@ enum Code {
 // PYVALUES check kinds (plait.guards.guard.ReadPyValues)
 enum PyKind {
   PK_ITEMS = 0, PK_CELL = 1, PK_FUNC = 2, PK_TYPE = 3, PK_DICT = 4, PK_LIST = 5, PK_PYTHON = 6,
-  PK_TYPEATTRS = 7
+  PK_TYPEATTRS = 7, PK_CALL = 8
 };
 
 // One PYVALUES check; `seen` remembers the dict version (or type version tag) at which the
@@ -527,6 +527,17 @@ int run_pycheck(const PyCheck& c, PyObject* absent) {
       c.valid = c.seen != 0;
       return HOLDS;
     }
+    case PK_CALL: {  // NOTE: fn() is value; any other answer (or an error): the read decides
+      PyObject* v = PyObject_CallNoArgs(c.a);
+      if (v == nullptr) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return ERROR;
+        PyErr_Clear();
+        return PYTHON;
+      }
+      bool same = v == c.b;
+      Py_DECREF(v);
+      return same ? HOLDS : PYTHON;
+    }
   }
   return PYTHON;
 }
@@ -747,6 +758,11 @@ bool build_op(PyObject* t, Op& op) {
           case PK_TYPE:
             c.a = at(1);
             c.b = at(2);
+            break;
+          case PK_CALL:
+            c.a = at(1);
+            c.b = at(2);
+            if (!PyCallable_Check(c.a)) c.kind = PK_PYTHON;
             break;
           case PK_LIST:
             c.a = at(1);
