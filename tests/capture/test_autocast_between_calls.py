@@ -177,12 +177,6 @@ def _autocast_dtype_read(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.get_autocast_dtype("cpu")) * 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: torch.get_autocast_dtype read by the program while autocast is off is not "
-    "guarded (the autocast guard pins the dtype only while autocast is on), so a call after "
-    "torch.set_autocast_dtype reuses the program that cast to the old dtype",
-)
 def test_autocast_dtype_read_while_autocast_is_off() -> None:
     compiled = plait.compile(_autocast_dtype_read)
     compiled(_x(0, 4))

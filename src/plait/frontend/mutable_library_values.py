@@ -26,7 +26,8 @@ bakes in what it read of them:
   ``disabled`` flag and parent of each logger up its hierarchy and ``logging.disable``'s level
   (natively, the version tags of their dicts), so ``log.setLevel`` recompiles.
 - a getter of process state PyTorch implements in C (:data:`READERS`: ``torch.is_anomaly_enabled``
-  ...): by its answer, asked on every call (natively, one C call).
+  ...): by its answer, asked on every call (natively, one C call); one that takes a device type
+  (:data:`PER_DEVICE_READERS`: ``torch.get_autocast_dtype``) by its answer for each device.
 - a ``functools.lru_cache``/``functools.cache`` function: by identity here; the results its
   cache holds are a root of their own (:mod:`plait.frontend.library_reads`).
 - the clock (``time.time``, ``time.perf_counter`` ...): a value computed from a reading would be
@@ -101,6 +102,11 @@ READERS = tuple(
     if f is not None
 )  # fmt: skip
 _READER_IDS = frozenset(map(id, READERS))
+# NOTE: getters of process state that take a device type: asked for each device plait compiles
+# for (torch.get_autocast_dtype("cpu") is read by a program whether or not autocast is on)
+PER_DEVICE_READERS = (torch.get_autocast_dtype,)
+_PER_DEVICE_IDS = frozenset(map(id, PER_DEVICE_READERS))
+_DEVICES = ("cpu", "cuda")
 
 
 def library_key(
@@ -117,6 +123,11 @@ def library_key(
         except Exception:  # NOTE: a getter this build cannot answer: by identity
             return None
         return ("reader", same(v), key(value)), [(_CALL, v, value)], []
+    if id(v) in _PER_DEVICE_IDS:
+        asks = [functools.partial(v, device) for device in _DEVICES]
+        answers = [ask() for ask in asks]
+        checks: list[tuple[Any, ...]] = [(_CALL, a, x) for a, x in zip(asks, answers)]
+        return ("reader", same(v), key(tuple(answers))), checks, []
     if isinstance(v, logging.Logger) and type(v).__module__ == "logging":
         return _logger_key(v, same)  # NOTE: a user's subclass: by contents, as a user object
     return None
