@@ -57,6 +57,17 @@ def assert_bitwise(a: Any, b: Any, what: str = "") -> None:
         )
 
 
+def assert_grads_match_and_clear(
+    model: torch.nn.Module, reference: torch.nn.Module, tol: dict[str, float]
+) -> None:
+    """Each parameter's gradient of ``model`` close to ``reference``'s (both present), then
+    both cleared for the next step."""
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None, name
+        torch.testing.assert_close(p.grad, q.grad, **tol)
+        p.grad, q.grad = None, None
+
+
 def linear_called_at_high_precision(x: torch.Tensor) -> tuple[torch.nn.Module, Any]:
     """An ``nn.Linear`` and its compiled form, called once on ``x`` under float32 matmul
     precision "high" (a setting the gate refuses to judge), the precision restored after."""

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import plait
-from tests.util import assert_bitwise, contract_tol
+from tests.util import assert_bitwise, assert_grads_match_and_clear, contract_tol
 
 
 def _seeded(x: torch.Tensor) -> torch.Tensor:
@@ -89,10 +89,7 @@ def test_training_draws_and_leaves_the_generator_as_eager(body: str) -> None:
         torch.testing.assert_close(got, want, **tol)
         got.square().sum().backward()
         want.square().sum().backward()
-        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-            assert p.grad is not None and q.grad is not None, name
-            torch.testing.assert_close(p.grad, q.grad, **tol)
-            p.grad, q.grad = None, None
+        assert_grads_match_and_clear(model, reference, tol)
     (spec,) = compiled.specializations
     assert spec.compiled.manifest.autograd["wrt"]  # NOTE: a training program, not eager
 

@@ -16,7 +16,7 @@ from torch import nn
 
 import plait
 from plait.errors import CaptureFallbackWarning, GraphCaptureError
-from tests.util import contract_tol
+from tests.util import assert_grads_match_and_clear, contract_tol
 
 
 def _lazy() -> nn.Module:
@@ -51,10 +51,7 @@ def test_first_call_shapes_the_module_and_the_next_compiles(train: bool) -> None
         if train:
             got.square().sum().backward()
             want.square().sum().backward()
-            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-                assert p.grad is not None and q.grad is not None, name
-                torch.testing.assert_close(p.grad, q.grad, **tol)
-                p.grad, q.grad = None, None
+            assert_grads_match_and_clear(model, reference, tol)
     assert [s.program.has_graph for s in compiled.specializations] == [False, True]
 
 
