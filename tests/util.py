@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -66,6 +67,13 @@ def assert_grads_match_and_clear(
         assert p.grad is not None and q.grad is not None, name
         torch.testing.assert_close(p.grad, q.grad, **tol)
         p.grad, q.grad = None, None
+
+
+def set_backend_flag(module: Any, name: str, value: Any) -> None:
+    """Set a ``torch.backends`` flag (``cudnn.deterministic``) through its property's setter:
+    assigning it raises once PyTorch's test utilities froze the flags (``disable_global_flags``,
+    which importing ``torch.testing._internal.common_utils`` calls in that process)."""
+    inspect.getattr_static(type(module), name).setter(value)
 
 
 def linear_called_at_high_precision(x: torch.Tensor) -> tuple[torch.nn.Module, Any]:

@@ -22,7 +22,7 @@ import plait
 from plait.frontend import capture_program
 from plait.frontend.pyvalues import keyed
 from plait.frontend.saved_roots import resolve
-from tests.util import assert_bitwise
+from tests.util import assert_bitwise, set_backend_flag
 
 NO_CACHE = {"cache": False}
 LOG = logging.getLogger("tests.capture.library_state")
@@ -193,17 +193,18 @@ def test_a_getter_of_process_state_is_asked_again(anomaly: None) -> None:
 def cudnn_flags() -> Iterator[None]:
     before = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     yield
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before
+    set_backend_flag(torch.backends.cudnn, "deterministic", before[0])
+    set_backend_flag(torch.backends.cudnn, "benchmark", before[1])
 
 
 def test_a_property_of_a_backends_module_is_read_again(cudnn_flags: None) -> None:
     def program(x: torch.Tensor) -> torch.Tensor:
         return x * 2.0 if torch.backends.cudnn.deterministic else x * 3.0
 
-    torch.backends.cudnn.deterministic = False
+    set_backend_flag(torch.backends.cudnn, "deterministic", False)
 
     def change() -> None:
-        torch.backends.cudnn.deterministic = True
+        set_backend_flag(torch.backends.cudnn, "deterministic", True)
 
     _changed_then_equal(program, change)
 

@@ -17,6 +17,7 @@ from torch import nn
 
 import plait
 from plait.guards import GuardEnv, native
+from tests.util import set_backend_flag
 
 LIMIT = 0.5
 
@@ -172,12 +173,8 @@ def _library_changes() -> dict[str, Callable[[], Callable[[], None]]]:
         return lambda: torch.autograd.set_detect_anomaly(False)
 
     def deterministic() -> Callable[[], None]:
-        torch.backends.cudnn.deterministic = True
-
-        def undo() -> None:
-            torch.backends.cudnn.deterministic = False
-
-        return undo
+        set_backend_flag(torch.backends.cudnn, "deterministic", True)
+        return lambda: set_backend_flag(torch.backends.cudnn, "deterministic", False)
 
     def fastpath() -> Callable[[], None]:
         torch.backends.mha.set_fastpath_enabled(False)
