@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import plait
+from plait.errors import CaptureFallbackWarning
 from plait.frontend import capture_program
 from plait.frontend.pyvalues import keyed
 from plait.frontend.saved_roots import resolve
@@ -291,3 +292,29 @@ def test_library_reads_are_found_again_from_their_saved_form(
     found = {tuple(map(str, d)): keyed(resolve(d, None)).key for d in saved}
     LOG.setLevel(logging.INFO)
     assert found != {tuple(map(str, d)): keyed(resolve(d, None)).key for d in saved}
+
+
+@pytest.mark.parametrize("maxsize", [None, 8])
+def test_a_tensor_the_capture_stores_in_a_cache_is_eagers_after_the_call(
+    maxsize: int | None,
+) -> None:
+    """A cached function the program calls with a constant computes a tensor: during the
+    capture, a tensor of the capture, which the cache kept (the capture cannot see the C
+    cache fill). Every later call, eager or compiled, got it back and raised. The entry is
+    taken out, the call runs eagerly (loudly) and fills the cache with eager's tensor."""
+
+    @functools.lru_cache(maxsize=maxsize)
+    def freqs(n: int) -> torch.Tensor:
+        return torch.arange(n, dtype=torch.float32) * 0.5
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return x * freqs(4)
+
+    compiled = plait.compile(program, options=NO_CACHE)
+    with pytest.warns(CaptureFallbackWarning, match="functools cache"):
+        x = torch.randn(4)
+        assert_bitwise(compiled(x), program(x), "the call that captured")
+    assert type(freqs(4)) is torch.Tensor  # NOTE: eager's, not one of the capture's
+    for _ in range(2):
+        x = torch.randn(4)
+        assert_bitwise(compiled(x), program(x), "a later call")
