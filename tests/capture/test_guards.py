@@ -10,6 +10,7 @@ import torch
 
 import plait
 from plait.errors import RecompileLimitError
+from tests.util import assert_bitwise
 
 
 def seed(x: torch.Tensor) -> torch.Tensor:
@@ -199,6 +200,47 @@ def test_replaced_submodule_recompiles() -> None:
     model[0] = torch.nn.Linear(4, 3)
     x = torch.randn(1, 4)
     assert torch.equal(compiled(x), model(x))
+    assert compiled.recompile_reasons[0].startswith("self has the captured submodules")
+
+
+class _Scale(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+
+class _Tied(torch.nn.Module):
+    """Two submodules holding one parameter; the program reads it through the second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = _Scale(), _Scale()
+        self.b.w = self.a.w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.b.w * getattr(self.b.w, "scale", 1.0)
+
+
+@pytest.mark.parametrize("untie", ["first slot", "second slot", "both, tied again"])
+def test_tied_weights_set_apart_recompile(untie: str) -> None:
+    """Tied weights are one input, read from the first slot: a parameter set in one slot
+    only (or a new one in both) was not seen, and the program kept multiplying by the old
+    one (or read the new one through the wrong slot)."""
+    model = _Tied()
+    compiled = plait.compile(model)
+    with torch.no_grad():
+        x = torch.randn(4)
+        assert_bitwise(compiled(x), model(x), "tied")
+        new = torch.nn.Parameter(torch.randn(4))
+        new.scale = 3.0  # type: ignore[attr-defined]
+        if untie != "second slot":
+            model.a.w = new
+        if untie != "first slot":
+            model.b.w = new
+        for _ in range(2):
+            x = torch.randn(4)
+            assert_bitwise(compiled(x), model(x), untie)
+    assert len(compiled.specializations) == 2
     assert compiled.recompile_reasons[0].startswith("self has the captured submodules")
 
 

@@ -394,9 +394,10 @@ def module_guards(
     modules = [m for _, m in ms.modules]
     # NOTE: and the entries that read the state are current (ModuleState.status): a parameter
     # or buffer registered, deleted or set to None since reorders the state a program reads
-    tables = [p._modules for p, _, _ in ms.edges] + [ms.status]
-    keys = [k for _, k, _ in ms.edges] + ["current"]
-    children: list[Any] = [c for _, _, c in ms.edges] + [ms]
+    # and each slot of tied weights holds the tensor its entry reads (ModuleState.tied)
+    tables = [p._modules for p, _, _ in ms.edges] + [t for t, _, _ in ms.tied] + [ms.status]
+    keys = [k for _, k, _ in ms.edges] + [a for _, a, _ in ms.tied] + ["current"]
+    children: list[Any] = [c for _, _, c in ms.edges] + [x for _, _, x in ms.tied] + [ms]
 
     def intact(env: GuardEnv) -> bool:
         return all(map(operator.is_, map(dict.get, tables, keys), children))

@@ -92,19 +92,19 @@ class InputAdapter:
             raise CompiledInputError(f"{self.name}(): {exc}") from None
         if not self.defaults:
             return _as_made(self.signature, dict(bound.arguments), kwargs)
-        given = set(bound.arguments)
+        given = bound.arguments  # NOTE: apply_defaults binds a new dict
         bound.apply_defaults()
         if not _hooks_see_call(self._fn):
             return dict(bound.arguments)
         # NOTE: a module's forward hooks see its call as made (a forward pre-hook replaces the
         # positional arguments and keeps the keyword ones): how each argument was passed is
         # part of the call's structure, and the defaults stay leaves (guarded), not passed on
-        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        named = dict(bound.arguments)
+        if len(named) == len(given):
+            return _as_made(self.signature, named, kwargs)
         params = self.signature.parameters
-        defaulted = [
-            n for n in bound.arguments if n not in given and params[n].kind not in variadic
-        ]
-        return _as_made(self.signature, dict(bound.arguments), kwargs, defaulted)
+        defaulted = [n for n in named if n not in given and params[n].kind not in _VARIADIC]
+        return _as_made(self.signature, named, kwargs, defaulted)
 
     def flatten(self, args: tuple, kwargs: dict) -> tuple[Any, list[Any], list[str]]:
         """The call's structure. A plain object (``pytree.state_rebuildable``: a key/value
@@ -178,6 +178,7 @@ def _hooks_see_call(fn: Any) -> bool:
 # keyword (a name no parameter has; its value, (), has no leaves): the call's structure, and so
 # its guard, says how each was passed, and the callable is called the same way
 BY_KEYWORD = "**"
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 # NOTE: in a module's bound call, the arguments after this name are the defaults the caller did
 # not pass: leaves (guarded by value), not passed on, so the module's hooks see the call as made
 DEFAULTED = "*"
@@ -192,7 +193,7 @@ def _as_made(
     where a default was applied that the caller did not pass (``defaulted``)."""
     params = sig.parameters
     named_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD,)
-    given = [n for n in named if n in kwargs and params[n].kind in named_kinds]
+    given = [n for n in named if n in kwargs and params[n].kind in named_kinds] if kwargs else []
     if not given and not defaulted:
         return named
     out = {n: v for n, v in named.items() if n not in given and n not in defaulted}
@@ -208,6 +209,8 @@ def _as_made(
 def _call_form(named: dict[str, Any]) -> set[str]:
     """The names the caller gave by keyword, as :func:`_as_made` marked them; the marks and
     the defaults the caller did not pass are taken out of ``named`` (they are not passed on)."""
+    if DEFAULTED not in named and BY_KEYWORD not in named:
+        return set()
     names = list(named)
     if DEFAULTED in named:
         for n in names[names.index(DEFAULTED) :]:

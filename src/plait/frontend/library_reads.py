@@ -197,6 +197,32 @@ def _cached_results(wrapper: Any, table: dict) -> dict | None:
     return dict(zip(items[0::2], items[1::2]))
 
 
+def drop_capture_entries(wrapper: Any, show: str, made: Callable[[Any], bool]) -> str | None:
+    """Where ``wrapper``'s cache holds a result that holds a tensor of the capture (``made``)
+    under a key that holds none (the program's run during the capture computed it): those
+    entries are taken out (a bounded cache's links cannot be, one by one: it is cleared), so
+    the eager run that follows fills them with eager's tensors, and the refusal's message is
+    returned; else None. Left in the cache, every later call, eager or compiled, would read
+    the capture's tensor. NOTE: an entry under a key of the capture's (an argument the program
+    computed) is left: no later call asks for that key."""
+    table = cache_table(wrapper)
+    if table is None:
+        return None  # NOTE: cache_entries_root refuses it
+    bounded = wrapper.cache_parameters()["maxsize"] is not None
+    results = (_cached_results(wrapper, table) or {}) if bounded else table
+    stored = [k for k, v in list(results.items()) if made(v) and not made(k)]
+    if not stored:
+        return None
+    if bounded:
+        wrapper.cache_clear()
+    for k in stored:
+        table.pop(k, None)
+    return (
+        f"the program stores a tensor it computes in the functools cache {show}, which a "
+        "compiled call would not fill; the entries are taken out and this call runs eagerly"
+    )
+
+
 def cache_entries_root(wrapper: Any, show: str) -> Root | None:
     """The results ``wrapper``'s cache holds now, for each key it holds now (see the module
     doc); None when it holds none. Raises :class:`GraphCaptureError` where its table cannot
@@ -280,6 +306,7 @@ __all__ = [
     "FRAME_READS",
     "cache_entries_root",
     "cache_table",
+    "drop_capture_entries",
     "getter_root",
     "logger_root",
     "module_property_roots",

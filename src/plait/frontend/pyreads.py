@@ -49,6 +49,7 @@ from typing import Any
 from torch import nn
 
 from plait.errors import GraphCaptureError
+from plait.frontend import library_reads
 from plait.frontend.attr_reads import _LOCAL, _instrument
 from plait.frontend.bound_state import bound_roots
 from plait.frontend.capture_values import Tracer
@@ -63,7 +64,7 @@ from plait.frontend.namespace_reads import (
     whole_names_root,
 )
 from plait.frontend.process_reads import ENV_NAMES, GlobalDraws
-from plait.frontend.pyrollback import Originals
+from plait.frontend.pyrollback import Originals, holds_tracer
 from plait.frontend.pyvalues import (
     _MODULE_SKIP,
     ABSENT,
@@ -559,7 +560,12 @@ class PyReads:
                 self._add(key, root)
             return
         if type(host) is CACHED:  # NOTE: a functools cache: the results it holds now
-            entries = cache_entries_root(host, getattr(host, "__qualname__", "a function"))
+            show = getattr(host, "__qualname__", "a function")
+            stored = library_reads.drop_capture_entries(host, show, holds_tracer)
+            if stored is not None:  # NOTE: the eager run fills it (not this call's graph)
+                self.refusal, self.originals.put_back = self.refusal or stored, True
+                return
+            entries = cache_entries_root(host, show)
             if entries is not None:
                 self._add(("cache", id(host)), entries)
             return

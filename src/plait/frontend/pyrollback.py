@@ -146,7 +146,7 @@ class Originals:
         object read that does (``put_back`` then says so)."""
         for namespace, name, value in self._seen.values():
             now = namespace.get(name, ABSENT)
-            if now is not value and _holds_tracer(now):
+            if now is not value and holds_tracer(now):
                 self.put_back = True
                 if value is ABSENT:
                     namespace.pop(name, None)
@@ -154,13 +154,13 @@ class Originals:
                     namespace[name] = value
         for container, kind, copied, _ in self._held.values():
             if kind == "list":
-                if _differ(container, copied) and _holds_tracer(container):
+                if _differ(container, copied) and holds_tracer(container):
                     self.put_back = True
                     list.__setitem__(container, slice(None), copied)
                 continue
             # NOTE: through dict's own methods: a subclass's (a registry's) may do more
             for k, v in list(dict.items(container)):
-                if v is not copied.get(k, ABSENT) and _holds_tracer(v):
+                if v is not copied.get(k, ABSENT) and holds_tracer(v):
                     self.put_back = True
                     if k in copied:
                         dict.__setitem__(container, k, copied[k])
@@ -190,7 +190,8 @@ def _differ(items: list[Any], copied: list[Any]) -> bool:
     return len(now) != len(copied) or any(a is not b for a, b in zip(now, copied))
 
 
-def _holds_tracer(v: Any) -> bool:
+def holds_tracer(v: Any) -> bool:
+    """Whether ``v``, or anything it holds, is a tensor of the capture."""
     return holds_made(v, _is_tracer)
 
 

@@ -66,6 +66,16 @@ class ModuleState:
                         self.entries.append(entry)
                     entry.slots.append((mod, attr))
         self.layout = self._layout()
+        # NOTE: each slot of a tensor several slots hold (tied weights), with that tensor: one
+        # entry (one graph input) stands for them all, read from its first slot, so a slot set
+        # to another tensor unties what these entries cannot follow (the guards and
+        # structure_intact check it)
+        self.tied: list[tuple[dict[str, Any], str, torch.Tensor]] = [
+            (table, attr, table[attr])
+            for e in self.entries
+            if len(e.slots) > 1
+            for table, attr in self._tables(e)
+        ]
         # NOTE: ``status["current"] is self`` until structure_intact finds the module changed
         # (the engine then reads its state again): the guards of the programs captured with
         # these entries check it with the submodule edges, and fail from then on
@@ -80,12 +90,15 @@ class ModuleState:
 
     def structure_intact(self) -> bool:
         """Whether the entries still name the module's parameters and buffers: the captured
-        submodules, and in each module the same parameter and buffer names holding tensors
-        (a slot set to None, deleted or registered changes the entries). Once not, these
+        submodules, each tied tensor in all its slots, and in each module the same parameter
+        and buffer names holding tensors (a slot set to None, deleted or registered, or one
+        slot of tied weights set to another tensor, changes the entries). Once not, these
         entries are not :attr:`current`: the state is read by another ``ModuleState``'s
         entries from then on, in another order."""
-        intact = all(p._modules.get(k) is c for p, k, c in self.edges) and (
-            self._layout() == self.layout
+        intact = (
+            all(p._modules.get(k) is c for p, k, c in self.edges)
+            and all(table.get(attr) is t for table, attr, t in self.tied)
+            and self._layout() == self.layout
         )
         if not intact:
             self.status.clear()
