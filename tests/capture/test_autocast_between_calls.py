@@ -194,12 +194,6 @@ def _other_device_dtype_read(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.get_autocast_dtype("mps")) * 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch.get_autocast_dtype is guarded by its answers for cpu and cuda only "
-    "(mutable_library_values.PER_DEVICE_READERS): a program asking for another device's "
-    "(mps, xpu, hpu ...) keeps the dtype of its capture",
-)
 def test_autocast_dtype_of_another_device_read_while_autocast_is_off() -> None:
     compiled = plait.compile(_other_device_dtype_read)
     compiled(_x(0, 4))

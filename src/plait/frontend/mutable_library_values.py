@@ -102,11 +102,24 @@ READERS = tuple(
     if f is not None
 )  # fmt: skip
 _READER_IDS = frozenset(map(id, READERS))
-# NOTE: getters of process state that take a device type: asked for each device plait compiles
-# for (torch.get_autocast_dtype("cpu") is read by a program whether or not autocast is on)
+# NOTE: getters of process state that take a device type: asked for each device type
+# (torch.get_autocast_dtype("cpu") is read by a program whether or not autocast is on)
 PER_DEVICE_READERS = (torch.get_autocast_dtype,)
 _PER_DEVICE_IDS = frozenset(map(id, PER_DEVICE_READERS))
-_DEVICES = ("cpu", "cuda")
+_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "privateuseone", "mtia", "ipu",
+                 "maia")  # fmt: skip
+
+
+def _answered(device: str) -> bool:
+    try:
+        torch.get_autocast_dtype(device)
+    except Exception:  # NOTE: a device type this build's autocast does not know
+        return False
+    return True
+
+
+# NOTE: every device type autocast answers for here (a program may ask any of them)
+_DEVICES = tuple(filter(_answered, _DEVICE_TYPES))
 
 
 def library_key(
