@@ -173,35 +173,22 @@ def test_autocast_entered_inside_the_program_is_refused_loudly() -> None:
             torch.testing.assert_close(got, want, **contract_tol("model", torch.bfloat16))
 
 
-def _autocast_dtype_read(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.get_autocast_dtype("cpu")) * 2
+@pytest.mark.parametrize(("device", "other"), [("cpu", torch.float16), ("mps", torch.bfloat16)])
+def test_autocast_dtype_read_while_autocast_is_off(device: str, other: torch.dtype) -> None:
+    """A program's read of ``torch.get_autocast_dtype(device)``, for this machine's device or
+    another's, follows ``torch.set_autocast_dtype`` after compiling."""
 
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.get_autocast_dtype(device)) * 2
 
-def test_autocast_dtype_read_while_autocast_is_off() -> None:
-    compiled = plait.compile(_autocast_dtype_read)
+    compiled = plait.compile(program)
     compiled(_x(0, 4))
-    before = torch.get_autocast_dtype("cpu")
-    torch.set_autocast_dtype("cpu", torch.float16)
+    before = torch.get_autocast_dtype(device)
+    assert before != other
+    torch.set_autocast_dtype(device, other)
     try:
         x = _x(1, 4)
-        got, want = compiled(x), _autocast_dtype_read(x)
+        got, want = compiled(x), program(x)
     finally:
-        torch.set_autocast_dtype("cpu", before)
-    assert got.dtype == want.dtype
-
-
-def _other_device_dtype_read(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.get_autocast_dtype("mps")) * 2
-
-
-def test_autocast_dtype_of_another_device_read_while_autocast_is_off() -> None:
-    compiled = plait.compile(_other_device_dtype_read)
-    compiled(_x(0, 4))
-    before = torch.get_autocast_dtype("mps")
-    torch.set_autocast_dtype("mps", torch.bfloat16)
-    try:
-        x = _x(1, 4)
-        got, want = compiled(x), _other_device_dtype_read(x)
-    finally:
-        torch.set_autocast_dtype("mps", before)
-    assert got.dtype == want.dtype
+        torch.set_autocast_dtype(device, before)
+    assert got.dtype == want.dtype == other
