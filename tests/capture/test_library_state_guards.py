@@ -350,11 +350,6 @@ def test_an_entry_read_then_evicted_during_the_capture_is_computed_again() -> No
         TABLE["k"] = 2.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a logger is compared by what isEnabledFor reads (levels, disabled, parents, "
-    "logging.disable), not by its handlers nor its propagate flag, which hasHandlers reads",
-)
 def test_a_handler_added_after_compiling_recompiles_a_branch_on_has_handlers() -> None:
     log = logging.getLogger("tests.capture.library_state.handlers")
     log.propagate = False

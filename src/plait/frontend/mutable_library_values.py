@@ -85,7 +85,7 @@ CLOCKS = frozenset(
 
 
 # NOTE: the check kinds of the Python values guard these keys make (plait.frontend.pyvalues's)
-_ITEMS, _CALL = 0, 8
+_ITEMS, _LIST, _CALL = 0, 5, 8
 CACHED = functools._lru_cache_wrapper
 # NOTE: getters of process state (PyTorch's, in C) that no guard of every specialization covers
 READERS = tuple(
@@ -149,16 +149,25 @@ def library_key(
 def _logger_key(
     v: logging.Logger, same: Callable[[Any], Any]
 ) -> tuple[Any, list[tuple[Any, ...]], list[Any]]:
-    """A logger by what ``isEnabledFor`` and ``getEffectiveLevel`` read: each logger's level and
-    ``disabled`` flag up its parents, and the manager's ``disable`` level."""
+    """A logger by what ``isEnabledFor``, ``getEffectiveLevel`` and ``hasHandlers`` read: each
+    logger's level, ``disabled`` and ``propagate`` flags and handlers (the list, changed in place
+    by ``addHandler``: by its items) up its parents, and the manager's ``disable`` level."""
     parts: list[Any] = []
     checks: list[tuple[Any, ...]] = []
     node: Any = v
     while isinstance(node, logging.Logger) and len(parts) < 64:
         own = vars(node)
-        names = tuple(n for n in ("level", "disabled", "parent") if n in own)
+        names = tuple(
+            n for n in ("level", "disabled", "propagate", "handlers", "parent") if n in own
+        )
         checks.append((_ITEMS, own, names, tuple(own[n] for n in names)))
-        parts.append((same(node), own.get("level"), own.get("disabled")))
+        handlers = own.get("handlers")
+        if type(handlers) is list:
+            checks.append((_LIST, handlers, tuple(handlers)))
+        held = tuple(map(same, handlers)) if isinstance(handlers, list) else None
+        parts.append(
+            (same(node), own.get("level"), own.get("disabled"), own.get("propagate"), held)
+        )
         node = own.get("parent")
     manager = vars(getattr(v, "manager", None) or logging.Logger.manager)
     at = "_disable" if "_disable" in manager else "disable"  # NOTE: a property over it (3.7+)
