@@ -313,10 +313,11 @@ def memory_order(shape: Sequence[Size], strides: Sequence[Size]) -> list[int]:
 
 
 class OpenKernel:
-    """A pointwise kernel still taking members: each value added is lowered once, on top of
-    what the members before it built (a kernel of n members costs n lowerings, where lowering
-    all of them again at each member cost n^2/2). A member that cannot join raises
-    :class:`Unfusable` and leaves the kernel as it was.
+    """A pointwise kernel still taking members, each stored into a fresh buffer laid out with
+    ``strides`` (contiguous by default; loops walk that layout's memory order): each value
+    added is lowered once, on top of what the members before it built (a kernel of n members
+    costs n lowerings, where lowering all of them again at each member cost n^2/2). A member
+    that cannot join raises :class:`Unfusable` and leaves the kernel as it was.
 
     Example:
         >>> import torch
@@ -390,18 +391,3 @@ def _truncate(table: dict[Any, Any], length: int) -> None:
     """Drop the entries added after the first ``length`` (dicts keep insertion order)."""
     while len(table) > length:
         table.popitem()
-
-
-def lower_pointwise(
-    name: str,
-    values: Sequence[Value],
-    shape: tuple[Size, ...],
-    locs: dict[Value, Loc],
-    strides: tuple[Size, ...] | None = None,
-) -> Lowered:
-    """One kernel storing each of ``values`` (all of ``shape``) into a fresh buffer laid out
-    with ``strides`` (contiguous by default); loops walk that layout's memory order."""
-    kernel = OpenKernel(name, shape, locs, strides)
-    for v in values:
-        kernel.add(v)
-    return kernel.lowered()
