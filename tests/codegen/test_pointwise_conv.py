@@ -1,6 +1,8 @@
-"""A 1x1 convolution of a few pixels (a squeeze-and-excitation block's) runs MKL's packed GEMM of
-its channels_last rows, its activation a native kernel (``plait.codegen.pointwise_conv``); on a
-larger map it stays oneDNN's convolution. Either way it answers as eager within the contract's
+"""Where plait's native 1x1 kernel is off (``StaxOptions.pointwise``, or a CPU without
+AVX-512; ``tests/codegen/test_pointwise_native.py`` tests the kernel), a 1x1 convolution of a few
+pixels (a squeeze-and-excitation block's) runs MKL's packed GEMM of its channels_last rows, its
+activation a native kernel (``plait.codegen.pointwise_conv``); on a larger map it stays oneDNN's
+convolution. Either way it answers as eager within the contract's
 conv budget on fresh inputs, keeps eager's special values for a weight that is not all finite,
 and sees a weight written in place between calls. A costly value a kernel would compute again
 for each element it reads it at (the gate's sigmoid, per pixel of a channels_last map it scales)
@@ -24,6 +26,8 @@ from tests.util import contract_tol
 
 pytestmark = pytest.mark.skipif(not mkl_linear_available(), reason="needs MKL's packed linear")
 ROWS = "1x1 conv2d as MKL's packed linear"
+# NOTE: without plait's native 1x1 kernel (the path of a CPU without AVX-512)
+OFF = {"pointwise": False}
 
 
 class SqueezeExcite(nn.Module):
@@ -58,7 +62,7 @@ def _conv_details(compiled: Any) -> list[str]:
 def test_squeeze_excite_runs_mkl_rows_and_matches_eager(batch: int) -> None:
     torch.manual_seed(0)
     model = SqueezeExcite(96, 24).eval()
-    compiled = plait.compile(model, backend="stax")
+    compiled = plait.compile(model, backend="stax", options={"stax": OFF})
     gen = torch.Generator().manual_seed(batch)
     with torch.no_grad():
         for _ in range(3):
@@ -77,7 +81,7 @@ def test_a_map_of_more_rows_keeps_onednn_conv(side: int) -> None:
     """4x4 is FEW_ROWS pixels: the rows' GEMM; 5x5 is more: oneDNN's convolution. Both as eager."""
     torch.manual_seed(1)
     model = nn.Sequential(nn.Conv2d(32, 48, 1), nn.Sigmoid()).eval()
-    compiled = plait.compile(model, backend="stax")
+    compiled = plait.compile(model, backend="stax", options={"stax": OFF})
     gen = torch.Generator().manual_seed(side)
     with torch.no_grad():
         for _ in range(2):
@@ -96,7 +100,7 @@ def test_weight_input_written_in_place_and_nonfinite() -> None:
         return F.conv2d(x, w, b)
 
     gen = torch.Generator().manual_seed(7)
-    compiled = plait.compile(f, backend="stax")
+    compiled = plait.compile(f, backend="stax", options={"stax": OFF})
     w = torch.randn(16, 8, 1, 1, generator=gen)
     b = torch.randn(16, generator=gen)
     with torch.no_grad():
@@ -149,13 +153,13 @@ def test_a_warm_start_packs_the_rows_again_and_answers_as_eager(tmp_path: Path) 
     warm start (the entry's plan rebuilt, nothing captured again but the program) packs again."""
     cache = str(tmp_path / "cache")
     torch.manual_seed(2)
-    cold = plait.compile(SqueezeExcite(32, 8).eval(), options={"cache": cache})
+    cold = plait.compile(SqueezeExcite(32, 8).eval(), options={"cache": cache, "stax": OFF})
     with torch.no_grad():
         cold(torch.randn(2, 32, 7, 7))
     assert status(cold.specializations[-1]) == "miss"
     torch.manual_seed(2)
     model = SqueezeExcite(32, 8).eval()
-    warm = plait.compile(model, options={"cache": cache})
+    warm = plait.compile(model, options={"cache": cache, "stax": OFF})
     gen = torch.Generator().manual_seed(12)
     with torch.no_grad():
         for _ in range(2):
@@ -170,7 +174,7 @@ def test_a_warm_start_packs_the_rows_again_and_answers_as_eager(tmp_path: Path) 
 def test_with_mkl_linear_off_the_gate_convolutions_run_onednn_with_post_ops() -> None:
     torch.manual_seed(3)
     model = SqueezeExcite(32, 8).eval()
-    compiled = plait.compile(model, options={"cache": False, "stax": {"mkl_linear": False}})
+    compiled = plait.compile(model, options={"cache": False, "stax": {**OFF, "mkl_linear": False}})
     gen = torch.Generator().manual_seed(13)
     with torch.no_grad():
         for _ in range(2):

@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from plait.codegen import depthwise_plan, timed_matmul
+from plait.codegen import native_conv_plan, timed_matmul
 from plait.codegen.admission import (
     CONSTANTS,
     TARGETS,
@@ -111,7 +111,7 @@ class _Planner:
         onednn: bool = True,
         timed_matmul: bool = False,
         reread: bool = False,
-        depthwise: bool = True,
+        native: tuple[str, ...] = native_conv_plan.KINDS,
     ) -> None:
         graph = facts.graph
         self.graph = graph
@@ -143,15 +143,14 @@ class _Planner:
         self.unfused: dict[int, str] = {}
         self.exactness: dict[int, str] = {}
         self.fused_into: dict[int, Node] = {}
-        # NOTE: depthwise convolutions run by plait's kernel, claimed before oneDNN's epilogues
-        on = fuse and self.onednn and depthwise
-        self.depthwise = depthwise_plan.claim(self) if on else {}
+        # NOTE: convolutions run by plait's kernels, claimed before oneDNN's epilogues
+        self.native_convs = native_conv_plan.claim(self, native if fuse and self.onednn else ())
         for node in graph.nodes if fuse and self.onednn else ():
             ep = find_epilogue(node, self.users, self.outputs, self.live, mkl_linear)
             # NOTE: first come, first served: two convs feeding one residual add both find it.
             if (
                 node.id in self.live
-                and node.id not in self.depthwise
+                and node.id not in self.native_convs
                 and ep is not None
                 and not any(n.id in self.fused_into for n in ep.nodes)
             ):
@@ -316,7 +315,7 @@ class _Planner:
                 self.locs[v] = Loc("input", v, 0, strides)
                 self.oracle.laid_out(v, strides)
         deferred = {h: ep.nodes[0].id for h, ep in self.epilogues.items()}
-        self.oracle.start(self.live, {**deferred, **depthwise_plan.read_at(self.depthwise)})
+        self.oracle.start(self.live, {**deferred, **native_conv_plan.read_at(self.native_convs)})
         for position, node in enumerate(self.graph.nodes):
             self.oracle.at_node(position)
             if node.id not in self.live:
@@ -329,8 +328,10 @@ class _Planner:
                 continue  # NOTE: computed in the store of the reduction template before it.
             if kind == "fused":
                 host = self.fused_into[node.id]
-                if host.id in self.depthwise:
-                    continue  # NOTE: computed by the depthwise call, where its node stands
+                if host.id in self.native_convs:  # NOTE: computed by a native call, at its place
+                    if native_conv_plan.at(self.native_convs[host.id][0]) is node:
+                        native_conv_plan.emit(self, host)
+                    continue
                 ep = self.epilogues[host.id]
                 if node is not ep.nodes[0]:
                     continue
@@ -343,8 +344,9 @@ class _Planner:
                 self._unfuse(host, ep)
                 self._call_step(host, "extern", "", f"{ep.describe()} not fused: {failure}")
                 kind, reason = self.kinds[node.id]
-            if node.id in self.depthwise:
-                depthwise_plan.emit(self, node)
+            if node.id in self.native_convs:
+                if native_conv_plan.at(self.native_convs[node.id][0]) is node:
+                    native_conv_plan.emit(self, node)
             elif kind in ("extern", "fallback"):
                 if kind == "extern" and self.device.type == "cuda":
                     self._copy_strided_operands(node)
@@ -556,7 +558,7 @@ def plan_graph(
     onednn: bool = True,
     timed_matmul: bool = False,
     reread: bool = False,
-    depthwise: bool = True,
+    native: tuple[str, ...] = native_conv_plan.KINDS,
 ) -> Plan:
     """Decide locations, kernels and calls for ``graph`` (static shapes, CPU). ``layouts``
     (an extern node's position in ``graph.nodes`` -> its result strides, as
@@ -572,7 +574,7 @@ def plan_graph(
     kernels on the CPU too. ``timed_matmul``: float32 products without a prepacked weight run
     oneDNN's matmul where it timed faster than PyTorch's kernel (:mod:`.timed_matmul`).
     ``reread``: kernels may read back their own stores (:func:`.reductions.lower_reduction`).
-    ``depthwise``: plait's depthwise kernel (:mod:`.depthwise_plan`)."""
+    ``native``: plait's convolution kernels to use (:mod:`.native_conv_plan`)."""
     check_graph(graph, target)
     facts = PlanFacts.of(graph, channels_last)
     oracle: LayoutOracle
@@ -582,7 +584,7 @@ def plan_graph(
         # NOTE: bare layouts (without the compile's oneDNN decisions) give the strides; each
         # oneDNN call is still probed once
         oracle = ProbingOracle(facts, infer_layouts, layouts)
-    args = (fuse, mkl_linear, target, onednn, timed_matmul, reread, depthwise)
+    args = (fuse, mkl_linear, target, onednn, timed_matmul, reread, native)
     planner = _Planner(facts, oracle, *args)
     try:
         plan = planner.run()

@@ -48,7 +48,10 @@ class StaxOptions:
     5x5, stride 1 or 2) of the C++ target runs plait's native kernel, with the zero pad and the
     activation before it and the activation after it folded in where nothing else reads them
     (off: oneDNN's convolution, the pad and activations native kernels; see
-    :mod:`plait.codegen.depthwise_conv`).
+    :mod:`plait.codegen.depthwise_conv`). ``pointwise``: a float32 1x1 convolution (stride 1,
+    no padding, one group) of the C++ target on a CPU with AVX-512 runs plait's native kernel,
+    with the residual add and the activation after it folded in where nothing else reads the
+    convolution's result (off: oneDNN's convolution; see :mod:`plait.codegen.pointwise_native`).
 
     ``target``: ``auto`` (C++ kernels for CPU tensors, Triton kernels for CUDA tensors),
     ``cpu`` or ``triton`` (Triton on CPU tensors runs through Triton's interpreter: what CI tests
@@ -84,6 +87,7 @@ class StaxOptions:
     onednn: bool = True
     timed_matmul: bool = True
     depthwise: bool = True
+    pointwise: bool = True
     target: str = "auto"
     cuda_graphs: bool = True
     cuda_handoff: bool = True

@@ -31,6 +31,7 @@ from plait.codegen.errors import CodegenError
 from plait.codegen.fusion import extern_layouts, graph_device, plan_graph
 from plait.codegen.kernel_digest import structure_digest
 from plait.codegen.kir import Kernel
+from plait.codegen.native_conv_plan import KINDS as NATIVE_CONVS
 from plait.codegen.onednn import LOADED
 from plait.codegen.options import StaxOptions
 from plait.codegen.plan import KernelStep, NodeTag, Plan, SavedLayouts
@@ -333,7 +334,7 @@ def compile_graphs(
             target=target,
             onednn=opts.onednn,
             timed_matmul=opts.timed_matmul,
-            depthwise=opts.depthwise,
+            native=tuple(k for k in NATIVE_CONVS if getattr(opts, k)),
             reread=target == "cpu" and opts.kernels != "tvm",  # NOTE: the C++ printer's loops
         )
         if opts.strict and plan.fallbacks:

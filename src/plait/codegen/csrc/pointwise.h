@@ -1,0 +1,152 @@
+// A 1x1 convolution (stride 1, no padding, one group) of a channels_last float32 map, with its
+// bias, a residual add and an activation folded in (plait.codegen.pointwise_native puts it in a
+// translation unit after the prelude, with one extern "C" entry per instantiation).
+//
+// On channels_last maps the convolution is a matrix product: x [P][C] (P = N*H*W pixels), the
+// weight packed as w [C][OP] (OP: the output channels O rounded up to 16, the padding zero),
+// y [P][O]; b [O] or null; r [P][O] (the residual) or null. Each output is its bias plus its C
+// products summed in channel order with fused multiply-adds (the contract's conv budget), then
+// plus its residual, then activated.
+//
+// Work: tiles of up to 96 pixels (OpenMP-parallel over tiles for large calls), each by blocks of
+// up to 64 output channels; inside, MR pixels by NB vectors of 16 channels held in registers
+// (MR*NB <= 24), each input element broadcast from its row (no packing: the rows are read where
+// they are).
+//
+// Activations (NaN kept, as PyTorch's), on each output after the residual: 0 none, 1 clamp
+// ``v < lo ? lo : v`` then ``v > hi ? hi : v`` (an absent bound is an infinity), 2 silu
+// ``v / (1 + exp(-v))`` (exp16 below, in registers before the store).
+#include <immintrin.h>
+
+namespace pw {
+typedef int64_t i64;
+
+struct Args {
+  const float* x;
+  const float* w;
+  const float* b;
+  const float* r;
+  float* y;
+  i64 p, c, o, op;
+  float lo, hi;
+};
+
+// exp of 16 lanes: n = round(x / ln 2), r = x - n ln 2 (in two parts), exp(r) by Cephes'
+// degree-7 polynomial (about 1 ulp), times 2^n by scalef (overflow to inf, gradual underflow);
+// x above expf's overflow bound is +inf, below its underflow bound 0, NaN stays NaN.
+inline __m512 exp16(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  __m512 y = _mm512_scalef_ps(p, n);
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(88.7228394f), _CMP_GT_OQ), y,
+                           _mm512_set1_ps(__builtin_inff()));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.972084f), _CMP_LT_OQ),
+                              y, _mm512_setzero_ps());
+}
+
+// silu of 16 lanes: v / (1 + exp(-v)) (a NaN v stays NaN; -inf gives NaN, as -inf / inf)
+inline __m512 silu16(__m512 v, __m512 one) {
+  return _mm512_div_ps(v, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+}
+
+// MR pixels from row r0 by NB vectors of output channels from channel j0; the last vector holds
+// ``last`` valid channels.
+template <int MR, int NB, int ACT, bool RES>
+inline void micro(const Args& a, i64 r0, i64 j0, int last) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __mmask16 tail = (__mmask16)((1u << last) - 1);
+  __m512 acc[MR][NB];
+#pragma GCC unroll 8
+  for (int j = 0; j < NB; ++j) {
+    const __mmask16 mk = j < NB - 1 ? (__mmask16)0xffff : tail;
+    const __m512 bv = a.b ? _mm512_maskz_loadu_ps(mk, a.b + j0 + j * 16) : _mm512_setzero_ps();
+#pragma GCC unroll 32
+    for (int m = 0; m < MR; ++m) acc[m][j] = bv;
+  }
+  const float* rows[MR];
+#pragma GCC unroll 32
+  for (int m = 0; m < MR; ++m) rows[m] = a.x + (r0 + m) * a.c;
+  const float* wp = a.w + j0;
+  for (i64 k = 0; k < a.c; ++k) {
+    __m512 wv[NB];
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_ps(wp + j * 16);
+#pragma GCC unroll 32
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xb = _mm512_set1_ps(rows[m][k]);
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_fmadd_ps(xb, wv[j], acc[m][j]);
+    }
+    wp += a.op;
+  }
+  const __m512 lo = _mm512_set1_ps(a.lo), hi = _mm512_set1_ps(a.hi);
+#pragma GCC unroll 32
+  for (int m = 0; m < MR; ++m) {
+    float* yr = a.y + (r0 + m) * a.o + j0;
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) {
+      const __mmask16 mk = j < NB - 1 ? (__mmask16)0xffff : tail;
+      __m512 v = acc[m][j];
+      if (RES) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, a.r + (r0 + m) * a.o + j0 + j * 16));
+      if (ACT == 1) {
+        v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, lo, _CMP_LT_OQ), v, lo);
+        v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, hi, _CMP_GT_OQ), v, hi);
+      }
+      if (ACT == 2) v = silu16(v, one);
+      _mm512_mask_storeu_ps(yr + j * 16, mk, v);
+    }
+  }
+}
+
+template <int MR, int NB, int ACT, bool RES>
+inline void rows(const Args& a, i64 r0, i64 r1, i64 j0, int last) {
+  i64 r = r0;
+  for (; r + MR <= r1; r += MR) micro<MR, NB, ACT, RES>(a, r, j0, last);
+  for (; r < r1; ++r) micro<1, NB, ACT, RES>(a, r, j0, last);
+}
+
+// NOTE: register blocks by vectors per block: 12x1, 12x2, 8x3, 6x4 (at most 24 accumulators)
+template <int ACT, bool RES>
+inline void block(const Args& a, i64 r0, i64 r1, i64 j0) {
+  const i64 n = a.o - j0 < 64 ? a.o - j0 : 64;
+  const int vecs = (int)((n + 15) / 16), last = (int)(n - (vecs - 1) * 16);
+  if (vecs == 4) rows<6, 4, ACT, RES>(a, r0, r1, j0, last);
+  else if (vecs == 3) rows<8, 3, ACT, RES>(a, r0, r1, j0, last);
+  else if (vecs == 2) rows<12, 2, ACT, RES>(a, r0, r1, j0, last);
+  else rows<12, 1, ACT, RES>(a, r0, r1, j0, last);
+}
+
+extern "C" int omp_get_max_threads(void);
+
+// NOTE: tiles of at most 96 pixels, at least one per thread (where a call is large enough to
+// split); a tile runs every channel block
+template <int ACT, bool RES>
+void conv(const Args& a) {
+  const i64 threads = a.p * a.c * a.o >= (1 << 20) ? omp_get_max_threads() : 1;
+  i64 tiles = (a.p + 95) / 96;
+  if (tiles < threads) tiles = threads < a.p ? threads : a.p;
+  const i64 rt = (a.p + tiles - 1) / tiles;
+#pragma omp parallel for schedule(static) if (threads > 1)
+  for (i64 t = 0; t < tiles; ++t) {
+    const i64 r0 = t * rt, r1 = (t + 1) * rt < a.p ? (t + 1) * rt : a.p;
+    for (i64 j0 = 0; j0 < a.o; j0 += 64) block<ACT, RES>(a, r0, r1, j0);
+  }
+}
+
+template <int ACT, bool RES>
+int entry(const int64_t* p, const float* f) {
+  Args a{(const float*)p[0], (const float*)p[1], (const float*)p[2], (const float*)p[3],
+         (float*)p[4], p[5], p[6], p[7], p[8], f[0], f[1]};
+  conv<ACT, RES>(a);
+  return 0;
+}
+}  // namespace pw
