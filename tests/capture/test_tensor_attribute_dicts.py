@@ -161,3 +161,17 @@ def test_a_call_going_on_eagerly_reads_and_writes_the_callers_dict() -> None:
 
 def _none() -> Any:
     return contextlib.nullcontext()
+
+
+def test_a_parameter_dict_read_is_found_again_from_its_saved_form() -> None:
+    """A warm start finds the root again by its description (``plait.frontend.saved_roots``)."""
+    from plait.frontend.pyvalues import value_key
+    from plait.frontend.saved_roots import resolve
+
+    m = _Tagged()
+    m.w.gain = 2.0  # type: ignore[attr-defined]
+    root = resolve(["tensordict", "w"], m)
+    before = value_key(root.read())
+    m.w.gain = 3.0  # type: ignore[attr-defined]
+    assert value_key(root.read()) != before
+    assert root.show == "the attributes of w"
