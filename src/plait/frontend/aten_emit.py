@@ -27,7 +27,13 @@ from plait.frontend.aten_table import emit_native
 from plait.frontend.call_encoding import NotLiteral, call_spec
 from plait.ir import TensorType, Value, get_op
 from plait.ir.ops import AttrError, TypeRuleError
-from plait.ir.ops.aten import CHECK_TOKEN, RUNTIME_CHECKS, is_seeded, overload_name
+from plait.ir.ops.aten import (
+    CHECK_TOKEN,
+    RUNTIME_CHECKS,
+    is_seeded,
+    output_mask,
+    overload_name,
+)
 
 if TYPE_CHECKING:
     from plait.frontend.capture_values import Tracer
@@ -99,7 +105,11 @@ class AtenEmitter:
         if op is None:
             return f"aten.{target.__name__} aliases its input and has no _copy form"
         vals = node.meta["val"]
-        expected = [TensorType.of(v) for v in (vals if isinstance(vals, (tuple, list)) else [vals])]
+        metas = list(vals) if isinstance(vals, (tuple, list)) else [vals]
+        defined = output_mask(target, node.args, node.kwargs)
+        if defined is not None and len(defined) == len(metas) and not all(defined):
+            return self._partly_defined(node, target, op, written, metas, defined)
+        expected = [TensorType.of(v) for v in metas]
         variant = bool(written) and op is not out_of_place(target)  # NOTE: a _functional op
         if variant and self.grad:
             # NOTE: rrelu_with_noise_functional's backward reads the noise argument, not the
@@ -119,6 +129,27 @@ class AtenEmitter:
         for i, new in zip(written, value[results:]):
             self._rebind(node_arg(node, target, i), new)
         return value[:results] if isinstance(vals, (tuple, list)) else value[0]
+
+    def _partly_defined(
+        self,
+        node: torch.fx.Node,
+        target: Any,
+        op: Any,
+        written: list[int],
+        metas: list[Any],
+        defined: list[bool],
+    ) -> Any:
+        """A call whose arguments leave some of its results undefined (None in eager, a tensor
+        on fake tensors: ``need_weights=False``): a node of the defined ones, None for the
+        others."""
+        if written:
+            return f"aten.{target.__name__} writes its inputs and leaves a result undefined"
+        expected = [TensorType.of(v) for v, keep in zip(metas, defined) if keep]
+        value = self._aten(node, op, expected)
+        if isinstance(value, str):
+            return value
+        found = iter(value if isinstance(value, list) else [value])
+        return [next(found) if keep else None for keep in defined]
 
     def _rebind(self, written: torch.fx.Node, new: Value) -> None:
         """NOTE: the written tensor is ``new`` from here on, under every node that is it."""

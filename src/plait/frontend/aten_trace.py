@@ -214,6 +214,12 @@ def trace_to_aten(
             emitter.drop_effects(first)
             reasons.append(values if isinstance(values, str) else "another number of results")
             continue
+        if any((v is None) != (o is None) for v, o in zip(values, outs)):
+            # NOTE: a result eager leaves undefined (None) that its node computes, or the other
+            # way round (a kernel that defines more than its arguments ask for)
+            emitter.drop_effects(first)
+            reasons.append("its nodes define other results than eager's call")
+            continue
         break
     else:
         return Refused(reasons[0], sampled)

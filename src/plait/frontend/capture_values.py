@@ -15,9 +15,7 @@ NOTE: invariants.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
@@ -31,6 +29,7 @@ from plait.frontend.dynamic_dims import DimPolicy
 from plait.frontend.frames import user_frame
 from plait.frontend.layout_clone import layout_clone
 from plait.frontend.numpy_scalars import numpy_number
+from plait.frontend.restart_sizes import sizes_to_make_static
 from plait.frontend.rng import RngTracker
 from plait.frontend.symints import TracedInt, TracedSize, plain_int
 from plait.frontend.table import NoIROp
@@ -56,6 +55,10 @@ class Restart(BaseException):
         self.why = why
 
 
+# NOTE: a tensor's own instance dict, read past a subclass's ``__dict__`` property
+INSTANCE_DICT: Any = torch.Tensor.__dict__["__dict__"]
+
+
 @dataclass
 class Lift:
     """How a root tracer enters the graph: a graph input of ``kind`` named ``name``."""
@@ -71,8 +74,15 @@ class Lift:
 
 
 class Tracer(torch.Tensor):
-    """A tensor seen by the program during capture (see the module docstring)."""
+    """A tensor seen by the program during capture (see the module docstring).
 
+    NOTE: plait's fields are slots: the instance dict holds what the program sets, and
+    ``vars(t)``/``t.__dict__`` answer what eager's tensor holds (:mod:`~.tensor_attrs`)."""
+
+    __slots__ = (
+        *("_cx", "_plain", "_value", "_root", "_steps", "_seen", "_mutations", "_lift"),
+        *("_dim_exprs", "_made_by", "_rg", "_stride_choice", "_stride_output"),
+    )
     _cx: CaptureContext
     _plain: torch.Tensor
     _value: Value | None
@@ -87,6 +97,16 @@ class Tracer(torch.Tensor):
     # NOTE: on roots: a view-or-copy choice by strides involves it (plait.frontend.stride_choices)
     _stride_choice: str | None
     _stride_output: str | None
+
+    @property
+    def __dict__(self) -> dict[str, Any]:
+        from plait.frontend.tensor_attrs import attribute_dict
+
+        return attribute_dict(self)
+
+    @__dict__.setter
+    def __dict__(self, value: dict[str, Any]) -> None:
+        INSTANCE_DICT.__set__(self, value)
 
     def __getattr__(self, name: str) -> Any:
         from plait.frontend.tensor_attrs import missing_attribute  # NOTE: reads pyreads
@@ -456,37 +476,11 @@ class CaptureValues:
             self.limitation(f"plait's IR op {op!r} rejects this call: {exc}")
 
     def _restart_static(self, operands: Any, why: str, attrs: Any = None) -> None:
-        """A type rule could not relate symbolic sizes (``s1`` against a weight's ``8``): make
-        the sizes involved static and capture again. Sizes equal to a static dim of another
-        operand or to an int of the attributes (``normalized_shape``, split sizes) that the
-        rule's message names go first, then those it names, then those equal to a static size;
-        failing that, every symbolic size of the operands."""
-        types = [
-            o.type
-            for o in _flat(operands)
-            if isinstance(o, Value) and isinstance(o.type, TensorType)
-        ]
-        syms = {
-            s
-            for t in types
-            for d in t.shape
-            if not isinstance(d, int)
-            for s in d.free_symbols
-            if s in self.bindings
-        }
-        statics = {d for t in types for d in t.shape if isinstance(d, int)}
-        sizes = [v for k, v in (attrs or {}).items() if k in _SIZE_ATTRS]
-        statics |= {v for v in _flat(sizes) if type(v) is int}
-        matching = {s for s in syms if self.bindings[s] in statics}
-        # NOTE: the sizes the rule's message names are the dims it could not relate (ViT's
-        # patch count ``floor(s2/8)**2 + 1`` against its position table's 5 names the height,
-        # not the batch; a conv's ``s1 != 3`` names the channels, not a height of 64 that
-        # equals the weight's 64 output channels): an equal static size alone is a coincidence
-        # more often than not. A guess too narrow only restarts the capture once more; one too
-        # wide costs a specialization per size of a dim that never needed to be static.
-        named = {s for s in syms if re.search(rf"(?<!\w){re.escape(str(s))}(?!\w)", why)}
+        """A type rule could not relate symbolic sizes: capture again with the sizes
+        :func:`~plait.frontend.restart_sizes.sizes_to_make_static` picks static."""
+        syms = sizes_to_make_static(self.bindings, operands, why, attrs)
         if syms:
-            self.restart((matching & named) or named or matching or syms, why)
+            self.restart(syms, why)
 
     # --- shapes for metadata reads --------------------------------------------------------
     def sizes(self, t: Tracer) -> tuple[Any, ...]:
@@ -586,15 +580,3 @@ class CaptureValues:
                 self.limitation(
                     f"in-place update of parameter {root._lift.name!r} inside the program"
                 )
-
-
-# NOTE: attributes that are sizes a type rule compares with an operand's dims
-_SIZE_ATTRS = frozenset({"normalized_shape", "sizes", "shape", "size", "output_size"})
-
-
-def _flat(xs: Any) -> Iterator[Any]:
-    for x in xs:
-        if isinstance(x, (list, tuple)):
-            yield from _flat(x)
-        else:
-            yield x

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from plait.frontend.call_encoding import NotLiteral, call_spec
+from plait.frontend.restart_sizes import flat
 from plait.frontend.table import op
 from plait.ir import TensorType, Value
 from plait.ir.graph import Node
@@ -285,9 +286,7 @@ def refuse_unruled(cx: CaptureContext, args: tuple, kwargs: dict) -> None:
 
 def refuse_operands(cx: CaptureContext, name: str, operands: Any) -> None:
     """An IR op's type rule rejected operands of which one has an unbacked size."""
-    from plait.frontend.capture_values import _flat
-
-    for o in _flat(operands):
+    for o in flat(operands):
         if isinstance(o, Value) and unbacked_type(o.type):
             refuse(cx, f"{name} cannot take {o.type}")
 

@@ -13,6 +13,7 @@ import torch
 from torch.nn.parameter import is_lazy
 
 from plait.frontend.state import ModuleState
+from plait.frontend.tensor_attrs import ANY_ATTRIBUTE
 from plait.guards.guard import (
     Guard,
     GuardEnv,
@@ -191,18 +192,24 @@ def scalar_guard(i: int, path: str, value: Any) -> Guard:
 
 def input_attrs_guard(absent: Sequence[tuple[int, str]], paths: Sequence[str]) -> Guard:
     """The input tensors lack the Python attributes the program looked for on them and did not
-    find (``getattr(x, "scale", 1.0)`` took its default): a call whose tensor holds one would
-    read it in eager (:mod:`plait.frontend.tensor_attrs`)."""
+    find (``getattr(x, "scale", 1.0)`` took its default), or any at all where it read their
+    whole dict (``vars(x)``: ``ANY_ATTRIBUTE``): a call whose tensor holds one would read it
+    in eager (:mod:`plait.frontend.tensor_attrs`)."""
     pairs = tuple(absent)
-    shown = ", ".join(f"{paths[i] if i < len(paths) else i}.{name}" for i, name in pairs)
+
+    def name_of(i: int, name: str) -> str:
+        path = paths[i] if i < len(paths) else str(i)
+        return f"vars({path})" if name == ANY_ATTRIBUTE else f"{path}.{name}"
+
+    shown = ", ".join(name_of(i, name) for i, name in pairs)
+
+    def holds(leaf: Any, name: str) -> bool:
+        own = getattr(leaf, "__dict__", None) or {}
+        return bool(own) if name == ANY_ATTRIBUTE else name in own
 
     def read(env: GuardEnv) -> tuple[str, ...]:
         leaves = env.leaves
-        return tuple(
-            f"{paths[i] if i < len(paths) else i}.{name}"
-            for i, name in pairs
-            if name in getattr(leaves[i], "__dict__", ())
-        )
+        return tuple(name_of(i, name) for i, name in pairs if holds(leaves[i], name))
 
     return Guard("python", "input tensor attributes", f"inputs lack {shown}", (), read)
 

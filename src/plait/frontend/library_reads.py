@@ -64,11 +64,14 @@ _FASTPATH = "_is_fastpath_enabled"
 Found = list[tuple[tuple[Any, ...], Root]]
 
 
-def _fastpath(frame: types.FrameType) -> Found:
-    namespace = vars(torch.backends.mha)
+def fastpath_root() -> Root:
+    """``torch.backends.mha.get_fastpath_enabled()``: the module global it returns."""
     show = f"{_MHA}.get_fastpath_enabled()"
-    root = namespace_root(namespace, _FASTPATH, show, ["global", _MHA, _FASTPATH])
-    return [(("item", id(namespace), _FASTPATH), root)]
+    return namespace_root(vars(torch.backends.mha), _FASTPATH, show, ["global", _MHA, _FASTPATH])
+
+
+def _fastpath(frame: types.FrameType) -> Found:
+    return [(("item", id(vars(torch.backends.mha)), _FASTPATH), fastpath_root())]
 
 
 def _warn_always(frame: types.FrameType) -> Found:

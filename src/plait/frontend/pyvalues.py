@@ -308,6 +308,17 @@ def names_root(namespace: dict, show: str, desc: list | None) -> Root:
     )
 
 
+def tensor_dict_root(namespace: dict, show: str, desc: list | None) -> Root:
+    """The whole instance dict of a tensor (``vars(self.weight)``): its names and values, by
+    value (natively, its dict version tag and items)."""
+    return Root(
+        show,
+        lambda: namespace,
+        desc,
+        lambda v: (DICT, namespace, tuple(namespace), tuple(namespace.values())),
+    )
+
+
 def typeattr_root(cls: type, name: str, show: str, desc: list | None) -> Root:
     return Root(
         show,

@@ -91,9 +91,12 @@ def fallback(
     ms: ModuleState | None,
     ran: CapturedProgram | None = None,
 ) -> CapturedProgram:
-    """The documented fallback: run eagerly, under the guards read before the failure;
-    ``ran``: the graph of this call, where :func:`this_call` made one."""
+    """The documented fallback: run eagerly, under the guards read before the failure and the
+    Python values the refusal was decided by; ``ran``: the graph of this call, where
+    :func:`this_call` made one."""
     plan = plan_of(cx, ms, None, [])
+    # NOTE: the Python values the refusal was decided by (plait.frontend.nested_fast_path)
+    plan.pyroots = list(cx.refusal_reads) or None
     return CapturedProgram(
         graph=None,
         guards=build_guards(plan, spec, leaves, paths, ms),

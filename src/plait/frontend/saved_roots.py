@@ -30,6 +30,7 @@ from plait.frontend.pyvalues import (
     names_root,
     namespace_root,
     table_names_root,
+    tensor_dict_root,
     type_root,
     typeattr_root,
 )
@@ -96,13 +97,15 @@ def resolve(desc: list[Any], module: nn.Module | None) -> Root:
         if not isinstance(cls, type):
             raise UnknownNameError(f"{desc[1]}.{desc[2]} is not loaded")
         return typeattr_root(cls, desc[3], f"{desc[2]}.{desc[3]}", desc)
-    if kind == "tensorattr":  # NOTE: a parameter's or buffer's (plait.frontend.tensor_attrs)
+    if kind in ("tensorattr", "tensordict"):  # NOTE: a parameter's or buffer's (tensor_attrs)
         owner, _, leaf = desc[1].rpartition(".")
         tables = vars(module.get_submodule(owner)) if module is not None else {}
         found = [tables.get(k, {}).get(leaf) for k in ("_parameters", "_buffers")]
         found = [t for t in found if t is not None]
         if not found:
             raise UnknownNameError(f"no parameter or buffer {desc[1]}")
+        if kind == "tensordict":
+            return tensor_dict_root(vars(found[0]), f"the attributes of {desc[1]}", desc)
         return item_root(vars(found[0]), desc[2], f"the attribute {desc[2]} of {desc[1]}", desc)
     if kind in ("logger", "modprop", "getter"):
         return resolve_library(desc)

@@ -38,6 +38,7 @@ from plait.frontend.late_values import compute_or_resample
 from plait.frontend.nested_fast_path import watching
 from plait.frontend.op_names import op_name
 from plait.frontend.opaque import run_opaque
+from plait.frontend.pyvalues import Root
 from plait.frontend.set_storage import refusing_set
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
@@ -135,6 +136,9 @@ class CaptureContext(CaptureValues):
         # NOTE: (leaf, name): a Python attribute the program looked for on an input tensor,
         # which lacked it (plait.frontend.tensor_attrs): guarded absent on later calls
         self.absent_attrs: set[tuple[int, str]] = set()
+        # NOTE: the Python values a refusal was decided by (the attention fast-path flag):
+        # the fallback's guards hold them (plait.frontend.refused_after_run)
+        self.refusal_reads: list[Root] = []
 
     # --- activation ---------------------------------------------------------------------------
     @contextmanager

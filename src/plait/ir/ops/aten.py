@@ -12,8 +12,10 @@ text can never make plait run arbitrary code.
 An overload's undefined results (``None``: the gradients ``convolution_backward`` leaves out by
 its ``output_mask``) are no outputs of the node: its outputs are the defined results, in order
 (:func:`defined_results`; a single one is the tensor itself). Which results are undefined depends
-on the arguments alone: an ``output_mask`` argument decides them, for the types and at run time
-alike (kernels and meta kernels define more than it asks for, each its own way: :func:`_masked`).
+on the arguments alone: an ``output_mask`` argument, or a flag that asks for a result
+(``_native_multi_head_attention``'s weights, only with ``need_weights``), decides them
+(:func:`output_mask`), for the types and at run time alike (kernels and meta kernels define more
+than it asks for, each its own way: :func:`_masked`).
 
 Non-tensor arguments travel as the JSON literals of opaque nodes (``literals``/``kwliterals``,
 :func:`plait.ir.ops.extern.decode_literal`; ``{"t": i}`` is tensor operand ``i``). Refused by
@@ -143,10 +145,37 @@ def _results(out: Any, what: str) -> list[torch.Tensor]:
     return outs
 
 
-def _output_mask(op: torch._ops.OpOverload, args: Any, kwargs: dict[str, Any]) -> list[bool] | None:
-    """The call's ``output_mask`` argument (the results a backward kernel is asked for), if the
-    overload has one."""
+# NOTE: overloads whose kernels leave a result undefined (None) by a flag argument, where their
+# meta kernels make a tensor for it: (the flag, the results it asks for)
+_FLAGGED_RESULTS: dict[tuple[str, str], tuple[str, int]] = {
+    # NOTE: the attention weights, only with need_weights=True (empty on fake tensors)
+    ("aten::_native_multi_head_attention", "default"): ("need_weights", 1),
+}
+
+
+def output_mask(op: Any, args: Any, kwargs: Any) -> list[bool] | None:
+    """Which results of ``op(*args, **kwargs)`` are defined, decided by its arguments alone:
+    its ``output_mask`` argument (the results a backward kernel is asked for), or the flag that
+    asks for a result (:data:`_FLAGGED_RESULTS`); None when every result is. ``args`` may hold
+    anything in place of tensors (fx nodes, placeholders): only flags are read.
+
+    Example:
+        >>> op = torch.ops.aten._native_multi_head_attention.default
+        >>> output_mask(op, [None] * 9, {"need_weights": False})
+        [True, False]
+    """
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
     names = [a.name for a in op._schema.arguments]
+    flagged = _FLAGGED_RESULTS.get((op._schema.name, op._overloadname))
+    if flagged is not None:
+        flag, result = flagged
+        at = names.index(flag)
+        default = op._schema.arguments[at].default_value
+        value = args[at] if at < len(args) else kwargs.get(flag, default)
+        mask = [True] * len(op._schema.returns)
+        mask[result] = bool(value)
+        return mask
     if "output_mask" not in names:
         return None
     at = names.index("output_mask")
@@ -201,7 +230,7 @@ def _meta_types_under(
         with torch._C.DisableTorchFunction(), FakeTensorMode():
             fakes = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in operands]
             args, kwargs = decode_call(fakes, literals, kwliterals)
-            outs = _results(_masked(op(*args, **kwargs), _output_mask(op, args, kwargs)), what)
+            outs = _results(_masked(op(*args, **kwargs), output_mask(op, args, kwargs)), what)
             types = [(tuple(o.shape), o.dtype, str(o.device)) for o in outs]
     except TypeRuleError:
         raise
@@ -315,7 +344,7 @@ def _bind(
             return tuple(fill(v, tensors) for v in x)
         return x
 
-    mask = _output_mask(op, args, kwargs)
+    mask = output_mask(op, args, kwargs)
     return lambda tensors: defined_results(
         _masked(op(*fill(args, tensors), **{k: fill(v, tensors) for k, v in kwargs.items()}), mask)
     )
@@ -383,7 +412,7 @@ def _aten_ref(args: list[Any], name: str, overload: str, literals: str, kwlitera
     ):
         op = TRAINING_OVERLOADS.get(op, op)
     return defined_results(
-        _masked(op(*call_args, **keywords), _output_mask(op, call_args, keywords))
+        _masked(op(*call_args, **keywords), output_mask(op, call_args, keywords))
     )
 
 
