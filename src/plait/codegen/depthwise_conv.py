@@ -290,7 +290,7 @@ def depthwise_call(dw: Depthwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
     def call(x: Any, w: Any, b: Any) -> Any:
         packed = weight(w)
         if not weight.finite:
-            return eager(x, w, b)
+            return empty((n, c, oh, ow), sizes, dtype=torch.float32).copy_(eager(x, w, b))
         x = x.contiguous(memory_format=CL)
         bias = b.contiguous() if b is not None else None
         y = empty((n, c, oh, ow), sizes, dtype=torch.float32)
@@ -305,7 +305,7 @@ def depthwise_call(dw: Depthwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
         f"(folded: {dw.describe()}; weight laid out [kh][kw][C] {when}; a weight with a "
         f"non-finite value runs eager's ops)"
     )
-    return ExternCall(call, "conv", detail, "native")
+    return ExternCall(call, "conv", detail, "native", fresh=True)
 
 
 def fused_nodes(dws: Sequence[Depthwise]) -> set[int]:

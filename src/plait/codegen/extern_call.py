@@ -19,3 +19,6 @@ class ExternCall:
     # NOTE: the library whose compile-time refusal or acceptance the plan reports ("oneDNN",
     # "MKL"); empty for PyTorch's own ops.
     library: str = ""
+    # NOTE: every result is a tensor the call allocated, in the strides its dry run had, sharing
+    # no operand's storage (plait's native calls): the runner takes it as it is
+    fresh: bool = False

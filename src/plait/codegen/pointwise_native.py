@@ -253,7 +253,7 @@ def pointwise_call(pw: Pointwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
     def call(x: Any, w: Any, b: Any, *extra: Any) -> Any:
         packed = weight(w)
         if not weight.finite:
-            return eager(x, w, b, *extra)
+            return empty(size, sizes, dtype=torch.float32).copy_(eager(x, w, b, *extra))
         x = x.contiguous(memory_format=CL)
         bias = b.contiguous() if b is not None else None
         res = extra[0].contiguous(memory_format=CL) if extra else None
@@ -270,4 +270,4 @@ def pointwise_call(pw: Pointwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
         f"native 1x1 conv2d, channels_last (folded: {pw.describe()}; weight laid out [C][O] "
         f"{when}; a weight with a non-finite value runs eager's ops)"
     )
-    return ExternCall(call, "conv", detail, "native")
+    return ExternCall(call, "conv", detail, "native", fresh=True)

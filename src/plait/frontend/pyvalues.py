@@ -83,6 +83,7 @@ class Same:
 
 # NOTE: native check kinds (plait.guards native evaluator, op PYVALUES)
 ITEMS, CELL, FUNC, TYPE, DICT, LIST, PYTHON, TYPEATTRS = range(8)
+SET = 9  # NOTE: ``(9, s, items)``: s is an exact set holding exactly those items
 _MAX_DEPTH = 24
 # NOTE: guarded elsewhere: parameters, buffers, submodules (state guards), training flags
 _MODULE_SKIP = frozenset({"_parameters", "_buffers", "_modules", "training", "__class__"})
@@ -100,6 +101,13 @@ def _mro_lookup(cls: type, name: str) -> Any:
         if found is not ABSENT:
             return found
     return ABSENT
+
+
+def _identity_set(v: Any) -> bool:
+    """Whether a set's membership alone decides its key: an exact set of classes and exact
+    strings (a class hashes and compares by identity, a string by its value, which is its key;
+    an int would not do: ``True in {1}``)."""
+    return type(v) is set and all(isinstance(x, type) or type(x) is str for x in v)
 
 
 class _Walk:
@@ -184,7 +192,7 @@ class _Walk:
             extra = self.key(v.default_factory, depth + 1) if hasattr(v, "default_factory") else ()
             return (cls, items, extra)
         if isinstance(v, (set, frozenset)):
-            self.checks.append((PYTHON,))
+            self.checks.append((SET, v, tuple(v)) if _identity_set(v) else (PYTHON,))
             return (cls, frozenset(self.key(x, depth + 1) for x in v))
         if isinstance(v, functools.partial):
             self.checks.append((PYTHON,))

@@ -170,7 +170,8 @@ class ReadPyValues:
     kwdefaults)``; ``(3, obj, type)``; ``(4, dict, keys, values)`` the dict's items are exactly
     these objects, in order; ``(5, list, items)`` likewise; ``(6,)`` never (the read decides);
     ``(7, cls, names, values)`` the MRO lookup of each name on ``cls`` is its value;
-    ``(8, fn, value)`` ``fn()`` is ``value`` (a library's getter of process state)."""
+    ``(8, fn, value)`` ``fn()`` is ``value`` (a library's getter of process state); ``(9, set,
+    items)`` an exact set holding exactly these items (classes and strings)."""
 
     checks: tuple[tuple[Any, ...], ...]
     absent: Any

@@ -443,7 +443,7 @@ class RunnerEmitter:
         for var, out, strides in zip(outs, step.outputs, step.out_strides):
             if isinstance(out.type, TensorType) and has_unbacked(out.type.shape):
                 continue  # NOTE: a data-dependent size: PyTorch's tensor, read only by PyTorch
-            if isinstance(out.type, TensorType):
+            if isinstance(out.type, TensorType) and not step.call.fresh:
                 # NOTE: the plan owns each result: a view of an operand is copied (runner_calls)
                 st = self.const(tuple(strides))
                 if id(out) in self.returned:

@@ -9,9 +9,9 @@
 // plus its residual, then activated.
 //
 // Work: tiles of up to 96 pixels (OpenMP-parallel over tiles for large calls), each by blocks of
-// up to 64 output channels; inside, MR pixels by NB vectors of 16 channels held in registers
-// (MR*NB <= 24), each input element broadcast from its row (no packing: the rows are read where
-// they are).
+// up to 64 output channels, each by blocks of KC input channels; inside, MR pixels by NB vectors
+// of 16 channels held in registers (MR*NB <= 24), each input element broadcast from its row (no
+// packing: the rows are read where they are).
 //
 // Activations (NaN kept, as PyTorch's), on each output after the residual: 0 none, 1 clamp
 // ``v < lo ? lo : v`` then ``v > hi ? hi : v`` (an absent bound is an infinity), 2 silu
@@ -58,72 +58,95 @@ inline __m512 silu16(__m512 v, __m512 one) {
   return _mm512_div_ps(v, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
 }
 
-// MR pixels from row r0 by NB vectors of output channels from channel j0; the last vector holds
-// ``last`` valid channels.
+// One call's operands as locals (the intrinsics' stores may alias anything, so fields read
+// through the Args would be loaded again after each store).
+struct Tile {
+  const float* x;  // the tile's first row
+  const float* w;  // the weight panel's first element: row k0, column j0
+  const float* b;  // the bias at column j0, or null
+  const float* r;  // the residual at the tile's first row, column j0, or null
+  float* y;        // the result at the tile's first row, column j0
+  i64 c, o, op, k0, k1;
+  __mmask16 tail;  // the valid lanes of the block's last vector
+  bool first, final;
+  float lo, hi;
+};
+
+// MR pixels by NB vectors of output channels: their sums over channels [k0, k1), started
+// from the bias (``first``) or the partial sums stored before, then stored partial, or
+// (``final``) finished: plus the residual, activated, stored.
 template <int MR, int NB, int ACT, bool RES>
-inline void micro(const Args& a, i64 r0, i64 j0, int last) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __mmask16 tail = (__mmask16)((1u << last) - 1);
+inline void micro(const Tile& t, i64 m0) {
+  const i64 c = t.c, o = t.o, op = t.op, k0 = t.k0, k1 = t.k1;
+  float* const y = t.y + m0 * o;
+  const __mmask16 tail = t.tail;
   __m512 acc[MR][NB];
 #pragma GCC unroll 8
   for (int j = 0; j < NB; ++j) {
     const __mmask16 mk = j < NB - 1 ? (__mmask16)0xffff : tail;
-    const __m512 bv = a.b ? _mm512_maskz_loadu_ps(mk, a.b + j0 + j * 16) : _mm512_setzero_ps();
-#pragma GCC unroll 32
-    for (int m = 0; m < MR; ++m) acc[m][j] = bv;
+    const __m512 bv = t.b ? _mm512_maskz_loadu_ps(mk, t.b + j * 16) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int m = 0; m < MR; ++m) {
+      acc[m][j] = t.first ? bv : _mm512_maskz_loadu_ps(mk, y + m * o + j * 16);
+    }
   }
   const float* rows[MR];
-#pragma GCC unroll 32
-  for (int m = 0; m < MR; ++m) rows[m] = a.x + (r0 + m) * a.c;
-  const float* wp = a.w + j0;
-  for (i64 k = 0; k < a.c; ++k) {
+#pragma GCC unroll 16
+  for (int m = 0; m < MR; ++m) rows[m] = t.x + (m0 + m) * c;
+  const float* wp = t.w;
+  for (i64 k = k0; k < k1; ++k) {
     __m512 wv[NB];
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_ps(wp + j * 16);
-#pragma GCC unroll 32
+#pragma GCC unroll 16
     for (int m = 0; m < MR; ++m) {
       const __m512 xb = _mm512_set1_ps(rows[m][k]);
 #pragma GCC unroll 8
       for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_fmadd_ps(xb, wv[j], acc[m][j]);
     }
-    wp += a.op;
+    wp += op;
   }
-  const __m512 lo = _mm512_set1_ps(a.lo), hi = _mm512_set1_ps(a.hi);
-#pragma GCC unroll 32
+  const __m512 one = _mm512_set1_ps(1.0f), lo = _mm512_set1_ps(t.lo), hi = _mm512_set1_ps(t.hi);
+#pragma GCC unroll 16
   for (int m = 0; m < MR; ++m) {
-    float* yr = a.y + (r0 + m) * a.o + j0;
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) {
       const __mmask16 mk = j < NB - 1 ? (__mmask16)0xffff : tail;
       __m512 v = acc[m][j];
-      if (RES) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, a.r + (r0 + m) * a.o + j0 + j * 16));
-      if (ACT == 1) {
-        v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, lo, _CMP_LT_OQ), v, lo);
-        v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, hi, _CMP_GT_OQ), v, hi);
+      if (t.final) {
+        if (RES) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, t.r + (m0 + m) * o + j * 16));
+        if (ACT == 1) {
+          v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, lo, _CMP_LT_OQ), v, lo);
+          v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, hi, _CMP_GT_OQ), v, hi);
+        }
+        if (ACT == 2) v = silu16(v, one);
       }
-      if (ACT == 2) v = silu16(v, one);
-      _mm512_mask_storeu_ps(yr + j * 16, mk, v);
+      _mm512_mask_storeu_ps(y + m * o + j * 16, mk, v);
     }
   }
 }
 
 template <int MR, int NB, int ACT, bool RES>
-inline void rows(const Args& a, i64 r0, i64 r1, i64 j0, int last) {
-  i64 r = r0;
-  for (; r + MR <= r1; r += MR) micro<MR, NB, ACT, RES>(a, r, j0, last);
-  for (; r < r1; ++r) micro<1, NB, ACT, RES>(a, r, j0, last);
+inline void rows(const Tile& t, i64 n) {
+  i64 m = 0;
+  for (; m + MR <= n; m += MR) micro<MR, NB, ACT, RES>(t, m);
+  for (; m < n; ++m) micro<1, NB, ACT, RES>(t, m);
 }
 
-// NOTE: register blocks by vectors per block: 12x1, 12x2, 8x3, 6x4 (at most 24 accumulators)
+// NOTE: register blocks by vectors per block: 8x1, 8x2, 8x3, 6x4 (at most 24 accumulators,
+// at most 8 row pointers: no spills)
 template <int ACT, bool RES>
-inline void block(const Args& a, i64 r0, i64 r1, i64 j0) {
-  const i64 n = a.o - j0 < 64 ? a.o - j0 : 64;
-  const int vecs = (int)((n + 15) / 16), last = (int)(n - (vecs - 1) * 16);
-  if (vecs == 4) rows<6, 4, ACT, RES>(a, r0, r1, j0, last);
-  else if (vecs == 3) rows<8, 3, ACT, RES>(a, r0, r1, j0, last);
-  else if (vecs == 2) rows<12, 2, ACT, RES>(a, r0, r1, j0, last);
-  else rows<12, 1, ACT, RES>(a, r0, r1, j0, last);
+inline void block(const Tile& t, i64 n, int vecs) {
+  if (vecs == 4) rows<6, 4, ACT, RES>(t, n);
+  else if (vecs == 3) rows<8, 3, ACT, RES>(t, n);
+  else if (vecs == 2) rows<8, 2, ACT, RES>(t, n);
+  else rows<8, 1, ACT, RES>(t, n);
 }
+
+// NOTE: channels in blocks of KC: a block's weight panel (KC x 64 floats, 32 KB) stays in the
+// L1 cache while the tile's rows run through it; the partial sums wait in the result, so every
+// output's sum still runs in channel order.
+constexpr i64 KC = 128;
 
 extern "C" int omp_get_max_threads(void);
 
@@ -138,7 +161,25 @@ void conv(const Args& a) {
 #pragma omp parallel for schedule(static) if (threads > 1)
   for (i64 t = 0; t < tiles; ++t) {
     const i64 r0 = t * rt, r1 = (t + 1) * rt < a.p ? (t + 1) * rt : a.p;
-    for (i64 j0 = 0; j0 < a.o; j0 += 64) block<ACT, RES>(a, r0, r1, j0);
+    if (r1 <= r0) continue;
+    for (i64 j0 = 0; j0 < a.o; j0 += 64) {
+      const i64 n = a.o - j0 < 64 ? a.o - j0 : 64;
+      const int vecs = (int)((n + 15) / 16), last = (int)(n - (vecs - 1) * 16);
+      for (i64 k0 = 0; k0 < a.c; k0 += KC) {
+        Tile tile;
+        tile.x = a.x + r0 * a.c;
+        tile.w = a.w + k0 * a.op + j0;
+        tile.b = a.b ? a.b + j0 : nullptr;
+        tile.r = RES ? a.r + r0 * a.o + j0 : nullptr;
+        tile.y = a.y + r0 * a.o + j0;
+        tile.c = a.c, tile.o = a.o, tile.op = a.op;
+        tile.k0 = k0, tile.k1 = k0 + KC < a.c ? k0 + KC : a.c;
+        tile.tail = (__mmask16)((1u << last) - 1);
+        tile.first = k0 == 0, tile.final = tile.k1 == a.c;
+        tile.lo = a.lo, tile.hi = a.hi;
+        block<ACT, RES>(tile, r1 - r0, vecs);
+      }
+    }
   }
 }
 

@@ -51,7 +51,7 @@ enum Code {
 // PYVALUES check kinds (plait.guards.guard.ReadPyValues)
 enum PyKind {
   PK_ITEMS = 0, PK_CELL = 1, PK_FUNC = 2, PK_TYPE = 3, PK_DICT = 4, PK_LIST = 5, PK_PYTHON = 6,
-  PK_TYPEATTRS = 7, PK_CALL = 8
+  PK_TYPEATTRS = 7, PK_CALL = 8, PK_SET = 9
 };
 
 // One PYVALUES check; `seen` remembers the dict version (or type version tag) at which the
@@ -527,6 +527,16 @@ int run_pycheck(const PyCheck& c, PyObject* absent) {
       c.valid = c.seen != 0;
       return HOLDS;
     }
+    case PK_SET: {  // NOTE: an exact set holding exactly these items (classes, strings)
+      if (!PySet_CheckExact(c.a)) return PYTHON;
+      if (PySet_GET_SIZE(c.a) != static_cast<Py_ssize_t>(c.values.size())) return PYTHON;
+      for (PyObject* x : c.values) {
+        int in = PySet_Contains(c.a, x);
+        if (in < 0) return failed_read();
+        if (in == 0) return PYTHON;
+      }
+      return HOLDS;
+    }
     case PK_CALL: {  // NOTE: fn() is value; any other answer (or an error): the read decides
       PyObject* v = PyObject_CallNoArgs(c.a);
       if (v == nullptr) {
@@ -765,6 +775,7 @@ bool build_op(PyObject* t, Op& op) {
             if (!PyCallable_Check(c.a)) c.kind = PK_PYTHON;
             break;
           case PK_LIST:
+          case PK_SET:
             c.a = at(1);
             ok = objects(at(2), c.values);
             break;
