@@ -20,6 +20,9 @@ from plait.guards import GuardEnv, native
 from tests.util import set_backend_flag
 
 LIMIT = 0.5
+# NOTE: sets of classes and of strings: guarded natively by their members (op PYVALUES, kind 9)
+KINDS = {int, float}
+NAMES = {"relu", "clamp"}
 
 
 class Holder:
@@ -43,7 +46,8 @@ class Net(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.lin(x) * self.alpha + self.holder.EPS
         y = y * self.holder.sizes[1] * self.holder.table["k"]
-        y = y.clamp(max=LIMIT)
+        y = y.clamp(max=LIMIT) if "clamp" in NAMES else y
+        y = y * 2.0 if float in KINDS else y
         return y.relu() if self.ns.flag else y
 
 
@@ -65,6 +69,20 @@ def _changes(m: Net) -> dict[str, Callable[[], Callable[[], None]]]:
         m.holder.table["k"] = 2.0
         return lambda: m.holder.table.__setitem__("k", 1.0)
 
+    def set_add(members: set[Any], x: Any) -> Callable[[], Callable[[], None]]:
+        def change() -> Callable[[], None]:
+            members.add(x)
+            return lambda: members.discard(x)
+
+        return change
+
+    def set_remove(members: set[Any], x: Any) -> Callable[[], Callable[[], None]]:
+        def change() -> Callable[[], None]:
+            members.discard(x)
+            return lambda: members.add(x)
+
+        return change
+
     def equal_rebind() -> Callable[[], None]:
         before = m.alpha
         m.alpha = float("0.5")  # NOTE: another object, same bits: the guard still holds
@@ -80,6 +98,10 @@ def _changes(m: Net) -> dict[str, Callable[[], Callable[[], None]]]:
         "namespace": _set(m.ns, "flag", False),
         "global": _set(sys.modules[__name__], "LIMIT", 0.75),
         "hook": lambda: m.lin.register_forward_hook(lambda *a: None).remove,
+        "class-set-add": set_add(KINDS, str),
+        "class-set-remove": set_remove(KINDS, float),
+        "string-set-add": set_add(NAMES, "gelu"),
+        "string-set-remove": set_remove(NAMES, "clamp"),
     }
 
 
@@ -102,6 +124,13 @@ def test_native_agrees_with_the_python_read(name: str) -> None:
         return fast
 
     assert agree()
+    if native.status().available:
+        # NOTE: unchanged state, sets included, holds without a Python read
+        reads = spec.guards.holds.python_reads  # type: ignore[attr-defined]
+        env = GuardEnv(spec_, leaves, m, eng.fetch())
+        with torch.no_grad():
+            assert spec.guards.holds(env)
+        assert spec.guards.holds.python_reads == reads  # type: ignore[attr-defined]
     undo = _changes(m)[name]()
     assert agree() == (name == "equal-rebind")
     undo()
