@@ -424,11 +424,13 @@ def test_a_buffer_slot_that_was_none(evaluator: str) -> None:
     _changed_once(cm, m, lambda: setattr(m, "shift", torch.randn(4)), "self.shift")
 
 
-_FLAGS = {"double"}
+_FLAGS = {2}
 
 
 class ReadsASet(nn.Module):
-    """Reads module attributes (checked natively) and a global set (checked by a Python read)."""
+    """Reads module attributes (checked natively) and a global set of numbers (checked by a
+    Python read: a set of classes or strings is checked natively,
+    tests/guards/test_python_values_native.py)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -436,7 +438,7 @@ class ReadsASet(nn.Module):
         self.alpha = 0.5
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin(x) * self.alpha * (2.0 if "double" in _FLAGS else 1.0)
+        return self.lin(x) * self.alpha * (2.0 if 2 in _FLAGS else 1.0)
 
 
 def test_a_value_read_in_python_is_guarded_apart_from_the_native_ones() -> None:
@@ -448,9 +450,9 @@ def test_a_value_read_in_python_is_guarded_apart_from_the_native_ones() -> None:
     assert len(python) == 2, [g.text for g in python]
     assert sorted("(1)" in g.text for g in python) == [False, True], [g.text for g in python]
     try:
-        _changed_once(cm, m, lambda: _FLAGS.discard("double"), "_FLAGS")
+        _changed_once(cm, m, lambda: _FLAGS.discard(2), "_FLAGS")
     finally:
-        _FLAGS.add("double")
+        _FLAGS.add(2)
 
 
 def _guards_after_a_call(compiled: Any, eager: Callable[..., Any]) -> Any:

@@ -22,7 +22,7 @@ else:  # pragma: no cover - Python 3.10 only
     import tomli as tomllib
 
 import plait
-from plait.codegen import build, depthwise_conv, native_hash, prelude
+from plait.codegen import build, depthwise_conv, native_hash, pointwise_native, prelude, stem_conv
 from plait.guards import native
 
 ROOT = Path(plait.__file__).parent
@@ -73,6 +73,27 @@ def _depthwise(tmp: Path) -> list[str]:
     return [tc.cxx, *(f for f in tc.flags if f != "-shared"), *WARNINGS, str(src)]
 
 
+def _unit(tmp: Path, name: str, source: str, symbols: list[str], call: str) -> list[str]:
+    # NOTE: as a native convolution's unit starts: the prelude, the kernel, every entry
+    head = 'extern "C" int {}(const int64_t* p, const float* f) {{ return {}; }}\n'
+    entries = "".join(head.format(sym, call.format(*args)) for sym, args in symbols)
+    src = tmp / f"{name}.cpp"
+    src.write_text(prelude.PRELUDE + "\n" + source + "\n" + entries)
+    tc = build.toolchain()
+    return [tc.cxx, *(f for f in tc.flags if f != "-shared"), *WARNINGS, str(src)]
+
+
+def _pointwise(tmp: Path) -> list[str]:
+    keys = [(a, r) for a in pointwise_native.ACTIVATIONS for r in ("false", "true")]
+    symbols = [(f"pw_{a}_{r}", (a, r)) for a, r in keys]
+    return _unit(tmp, "pointwise", pointwise_native.source(), symbols, "pw::entry<{}, {}>(p, f)")
+
+
+def _stem(tmp: Path) -> list[str]:
+    symbols = [(f"stem_{a}", (a,)) for a in pointwise_native.ACTIVATIONS]
+    return _unit(tmp, "stem", stem_conv.source(), symbols, "sc::entry<{}>(p, f)")
+
+
 # NOTE: every shipped file, and the command that compiles it (a header: the units including it)
 COMPILED: dict[str, Callable[[Path], list[str]]] = {
     "guards/csrc/evaluator.cpp": lambda tmp: _evaluator(tmp, "evaluator.cpp"),
@@ -80,6 +101,8 @@ COMPILED: dict[str, Callable[[Path], list[str]]] = {
     "codegen/csrc/prelude.h": _prelude,
     "codegen/csrc/native_hash.cpp": _hash,
     "codegen/csrc/depthwise.h": _depthwise,
+    "codegen/csrc/pointwise.h": _pointwise,
+    "codegen/csrc/stem_conv.h": _stem,
 }
 INCLUDED = {"guards/csrc/torch_layout.h": ("evaluator.cpp", "torch_layout_check.cpp")}
 

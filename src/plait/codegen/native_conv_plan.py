@@ -1,15 +1,16 @@
 """Where the planner gives a convolution one of plait's native kernels: a depthwise one
-(:mod:`plait.codegen.depthwise_conv`) or a 1x1 one (:mod:`plait.codegen.pointwise_native`);
-which nodes each such call folds in, and its step.
+(:mod:`plait.codegen.depthwise_conv`), a 1x1 one (:mod:`plait.codegen.pointwise_native`) or a
+network's stem (:mod:`plait.codegen.stem_conv`); which nodes each such call folds in, and its
+step.
 
-The nodes a call folds in (a depthwise call's input activation and zero pad before it; the
-residual add and activation after either) are claimed before any oneDNN epilogue is looked
-for, and are computed by no other step: the planner skips them where they stand and gives their
-results no buffer (only the call read them). The step reads the first folded node's input in
-place of the convolution's (``ExternStep.inputs``), and the residual as an extra operand, and
-writes the last folded node's result. A call that adds a residual is emitted where its add
-stands (the residual may be computed after the convolution), any other where its convolution
-stands.
+The nodes a call folds in (the zero pad before a depthwise or stem call, and a depthwise call's
+input activation; the residual add and activation after a call) are claimed before any oneDNN
+epilogue is looked for, and are computed by no other step: the planner skips them where they
+stand and gives their results no buffer (only the call read them). The step reads the first
+folded node's input in place of the convolution's (``ExternStep.inputs``), and the residual as
+an extra operand, and writes the last folded node's result. A call that adds a residual is
+emitted where its add stands (the residual may be computed after the convolution), any other
+where its convolution stands.
 
 Example:
     >>> import torch
@@ -30,13 +31,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from plait.codegen import depthwise_conv, pointwise_native
+from plait.codegen import depthwise_conv, pointwise_native, stem_conv
 from plait.codegen.depthwise_conv import Depthwise, depthwise_call, find_depthwise
 from plait.codegen.errors import BuildError
 from plait.codegen.extern_call import ExternCall
 from plait.codegen.placement import Loc
 from plait.codegen.plan import ExternStep, NodeTag
 from plait.codegen.pointwise_native import Pointwise, find_pointwise, pointwise_call
+from plait.codegen.stem_conv import Stem, find_stem, stem_call
 
 if TYPE_CHECKING:
     from plait.codegen.fusion import _Planner
@@ -45,26 +47,32 @@ if TYPE_CHECKING:
 # NOTE: the oracle stage of a native convolution call (a dry run that raised refuses it)
 STAGE = "native"
 # NOTE: the kernels by name, as StaxOptions turns them on and off
-KINDS = ("depthwise", "pointwise")
-Native = Depthwise | Pointwise
+KINDS = ("depthwise", "pointwise", "stem")
+Native = Depthwise | Pointwise | Stem
 
 
 def _find(node: Node, planner: _Planner, kind: str) -> Native | None:
     args = (planner.users, planner.outputs, planner.live)
     if kind == "depthwise":
         return find_depthwise(node, *args)
+    if kind == "stem":
+        return find_stem(node, *args, taken=planner.fused_into)
     return find_pointwise(node, *args, taken=planner.fused_into)
 
 
 def _call(spec: Native, consts: Any) -> ExternCall:
     if isinstance(spec, Pointwise):
         return pointwise_call(spec, consts)
+    if isinstance(spec, Stem):
+        return stem_call(spec, consts)
     return depthwise_call(spec, consts)
 
 
 def _eager(spec: Native) -> Any:
     if isinstance(spec, Pointwise):
         return pointwise_native.eager_ops(spec)
+    if isinstance(spec, Stem):
+        return stem_conv.eager_ops(spec)
     return depthwise_conv.eager_ops(spec)
 
 

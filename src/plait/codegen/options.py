@@ -52,6 +52,11 @@ class StaxOptions:
     no padding, one group) of the C++ target on a CPU with AVX-512 runs plait's native kernel,
     with the residual add and the activation after it folded in where nothing else reads the
     convolution's result (off: oneDNN's convolution; see :mod:`plait.codegen.pointwise_native`).
+    ``stem``: a float32 convolution of few input channels (at most 32 taps per output) reading a
+    tensor the caller passes, as a network's first convolution reads the image, runs plait's
+    native kernel on the CPU with AVX-512, reading it in place, with the zero pad before it and
+    the activation after it folded in (off: oneDNN's convolution on a channels_last copy; see
+    :mod:`plait.codegen.stem_conv`).
 
     ``target``: ``auto`` (C++ kernels for CPU tensors, Triton kernels for CUDA tensors),
     ``cpu`` or ``triton`` (Triton on CPU tensors runs through Triton's interpreter: what CI tests
@@ -88,6 +93,7 @@ class StaxOptions:
     timed_matmul: bool = True
     depthwise: bool = True
     pointwise: bool = True
+    stem: bool = True
     target: str = "auto"
     cuda_graphs: bool = True
     cuda_handoff: bool = True
