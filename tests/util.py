@@ -73,7 +73,11 @@ def set_backend_flag(module: Any, name: str, value: Any) -> None:
     """Set a ``torch.backends`` flag (``cudnn.deterministic``) through its property's setter:
     assigning it raises once PyTorch's test utilities froze the flags (``disable_global_flags``,
     which importing ``torch.testing._internal.common_utils`` calls in that process)."""
-    inspect.getattr_static(type(module), name).setter(value)
+    prop = inspect.getattr_static(type(module), name, None)
+    if prop is None:  # NOTE: not a module's property (``mkldnn.matmul``'s own setattr)
+        setattr(module, name, value)
+    else:
+        prop.setter(value)
 
 
 def linear_called_at_high_precision(x: torch.Tensor) -> tuple[torch.nn.Module, Any]:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import plait
-from tests.util import contract_tol
+from tests.util import contract_tol, set_backend_flag
 
 SETTINGS = {
     "mkldnn.matmul bf16": (torch.backends.mkldnn.matmul, "bf16"),
@@ -30,7 +30,7 @@ def restore_precision() -> Iterator[None]:
         yield
     finally:
         for obj, value in reversed(saved):
-            obj.fp32_precision = value
+            set_backend_flag(obj, "fp32_precision", value)
         torch.set_float32_matmul_precision(legacy)
 
 
@@ -54,7 +54,7 @@ def test_a_per_backend_precision_compiles_and_is_keyed(
     obj, value = SETTINGS[setting]
     model = _mlp()
     _call(model, tmp_path, 1)  # NOTE: the default setting fills the cache
-    obj.fp32_precision = value
+    set_backend_flag(obj, "fp32_precision", value)
     out, expected, status = _call(model, tmp_path, 2)
     torch.testing.assert_close(out, expected, **contract_tol("matmul", torch.float32))
     assert status == "miss"

@@ -47,9 +47,12 @@ DTYPES = [pytest.param(torch.float32, id="fp32"), BF16]
 # NOTE: the compile options of every test here: float32 linears run oneDNN (with prepacked
 # weights an entry carries), as bfloat16 ones and builds without MKL always do; MKL's packed
 # linears, never in an entry, are tests/cache/test_mkl_packed_linear.py's; the depthwise conv
-# runs oneDNN too, and so does the 1x1 conv (plait's native depthwise and 1x1 kernels keep no
-# pack in an entry: tests/codegen/test_depthwise_conv.py, tests/codegen/test_pointwise_native.py).
-ONEDNN_LINEARS = {"stax": {"mkl_linear": False, "depthwise": False, "pointwise": False}}
+# runs oneDNN too, and so do the 1x1 and stem convs (plait's native convolution kernels keep no
+# pack in an entry: tests/codegen/test_depthwise_conv.py, test_pointwise_native.py,
+# test_stem_conv.py).
+ONEDNN_LINEARS = {
+    "stax": {"mkl_linear": False, "depthwise": False, "pointwise": False, "stem": False}
+}
 
 
 class Net(nn.Module):

@@ -2,7 +2,8 @@
 depthwise conv, as Hugging Face's MobileNetV2 and EfficientNet pad) is written channels_last,
 the layout the oneDNN conv reads: no layout copy at each call, and eager's values. (With
 plait's depthwise kernel, the default, that pad is folded into the depthwise call instead:
-``tests/codegen/test_depthwise_conv.py``; here it is turned off, and so is plait's 1x1 kernel.)"""
+``tests/codegen/test_depthwise_conv.py``; here it is turned off, and so are plait's 1x1 and
+stem kernels.)"""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def _images(seed: int) -> tuple[torch.Tensor]:
 def test_padded_conv_input_is_written_in_the_conv_layout() -> None:
     torch.manual_seed(0)
     model = _PadConv().eval()
-    options = {"stax": {"depthwise": False, "pointwise": False}}
+    options = {"stax": {"depthwise": False, "pointwise": False, "stem": False}}
     compiled = plait.compile(model, backend="stax", fullgraph=True, options=options)
     with torch.no_grad():
         report = plait.conformance.check(

@@ -10,8 +10,8 @@ VM at one thread that kernel took 120-150 us and oneDNN's convolution 270 us (Mo
 the padded taps, and writes the result channels_last, as the depthwise convolution after it
 reads it. It applies where:
 
-- the convolution is float32, one group, no dilation, stride 1 or 2, with at most
-  :data:`MAX_TAPS` taps per output (input channels times window);
+- the convolution is float32, one group, no dilation, stride 1 or 2, a window larger than 1x1,
+  with at most :data:`MAX_TAPS` taps per output (input channels times window);
 - what it reads (through a zero ``constant_pad`` of the last two dims that only it reads) is a
   tensor the caller passes in;
 - an activation of the clamp family or ``silu`` that alone reads its result is folded in (unless
@@ -115,7 +115,8 @@ def _is_stem(node: Node) -> bool:
     stride = tuple(a["stride"])
     if a["groups"] != 1 or tuple(a["dilation"]) != (1, 1) or stride not in ((1, 1), (2, 2)):
         return False
-    return math.prod(int(d) for d in wt.shape[1:]) <= MAX_TAPS
+    window = int(wt.shape[2]) * int(wt.shape[3])  # NOTE: a 1x1 is the pointwise kernel's
+    return window > 1 and math.prod(int(d) for d in wt.shape[1:]) <= MAX_TAPS
 
 
 def find_stem(
