@@ -321,7 +321,8 @@ def test_one_tensor_passed_twice_to_a_program_setting_its_attribute_runs_eagerly
     assert len(compiled.specializations) == 2
 
 
-def test_attributes_set_before_a_refused_data_read_are_the_callers() -> None:
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_attributes_set_before_a_refused_data_read_are_the_callers(grad: bool) -> None:
     def program(x: torch.Tensor) -> torch.Tensor:
         x.seen = 1  # type: ignore[attr-defined]
         y = x * 2
@@ -335,12 +336,14 @@ def test_attributes_set_before_a_refused_data_read_are_the_callers() -> None:
     compiled = plait.compile(program, options=NO_CACHE)
     for call in range(3):
         x, twin = _twins()
-        if call == 0:
-            with pytest.warns(CaptureFallbackWarning, match="Tensor.__bool__"):
+        with torch.set_grad_enabled(grad):
+            if call == 0:
+                with pytest.warns(CaptureFallbackWarning, match="Tensor.__bool__"):
+                    got = compiled(x)
+            else:
                 got = compiled(x)
-        else:
-            got = compiled(x)
-        _same_results(got, program(twin), f"call {call}")
+            want = program(twin)
+        _same_results(got, want, f"call {call}")
         _same_attrs(x, twin, f"call {call}: the input")
 
 
@@ -371,3 +374,66 @@ def test_a_parameter_attribute_set_through_its_dict_runs_eagerly_with_a_warning(
             got = compiled(x)
         torch.testing.assert_close(got, twin(x), **TOL, msg=f"call {call}")
         _same_attrs(model.w, twin.w, f"call {call}")
+
+
+def test_regions_of_a_module_that_runs_eagerly_set_their_attributes() -> None:
+    class Sub(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.lin.weight.flag = "set"  # type: ignore[attr-defined]
+            y = self.lin(x)
+            y.made_by = "sub"  # type: ignore[attr-defined]
+            return y
+
+    class Top(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = Sub(), Sub()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.a(x)
+            return self.b(y) if y.sum() > -1e9 else y  # NOTE: a data read: regions
+
+    model = Top()
+    twin = copy.deepcopy(model)
+    compiled = plait.compile(model, options=NO_CACHE)
+    for call in range(3):
+        x = torch.randn(2, 3)
+        if call == 0:
+            with pytest.warns(CaptureFallbackWarning, match="Tensor.__bool__"):
+                got = compiled(x)
+        else:
+            got = compiled(x)
+        want = twin(x)
+        torch.testing.assert_close(got, want, **TOL, msg=f"call {call}")
+        _same_attrs(got, want, f"call {call}: the result")
+        for (name, a), (_, b) in zip(_module_tensors(model), _module_tensors(twin)):
+            _same_attrs(a, b, f"call {call}: {name}")
+        for m in (model, twin):
+            del m.a.lin.weight.flag, m.b.lin.weight.flag
+
+
+CALLS: list[int] = []
+
+
+def test_the_call_refused_after_its_program_ran_sets_the_attributes_once() -> None:
+    def program(x: torch.Tensor) -> torch.Tensor:
+        CALLS.append(1)  # NOTE: a Python value it reads and changes: refused after it ran
+        x.seen = len(CALLS)  # type: ignore[attr-defined]
+        return x * 2
+
+    compiled = plait.compile(program, options=NO_CACHE)
+    for call in range(3):
+        x, twin = _twins()
+        if call == 0:
+            with pytest.warns(CaptureFallbackWarning, match="changes Python values"):
+                got = compiled(x)
+        else:
+            got = compiled(x)
+        assert x.seen == len(CALLS)  # type: ignore[attr-defined]
+        del CALLS[-1]  # NOTE: the twin's call appends again
+        _same_results(got, program(twin), f"call {call}")
+        _same_attrs(x, twin, f"call {call}: the input")
