@@ -10,8 +10,8 @@ call's own objects:
 - an input tensor of the call (``("user", leaf)``), a parameter or buffer of the module
   (``("state", entry)``: the tensor its slot holds at that call) or a tensor the program
   reads of its environment (``("const", tensor)``): the attributes its tracer holds when the
-  program returns (a write through ``vars(x)``/``x.__dict__`` too: an input's dict is then
-  guarded empty, a parameter's by its contents, :mod:`plait.frontend.tensor_attrs`);
+  program returns (an input's write through ``vars(x)``/``x.__dict__`` too: its dict is then
+  guarded empty, :mod:`plait.frontend.tensor_attrs`);
 - a tensor the program returns (``("output", k)``: the ``k``-th leaf of the output, or of an
   input container the program writes back): the attributes its tracer holds.
 
@@ -33,9 +33,12 @@ call; the constants are ``None``, bools, ints, floats, complex numbers, strings,
 ``torch.dtype``/``device``/``layout``/``memory_format`` and tuples or ``torch.Size`` of them, a
 size read from a shape specialized), ``del x.attr`` and ``x.__dict__ = ...`` on an input,
 parameter, buffer or constant tensor (eager removes attributes of the caller's tensor that
-capture never saw), and a call in which a tensor whose attributes the program sets is also
-another of its tensors (``f(x, x)``, ``m(m.weight)``: capture traced them as two; guarded for
-later calls by :func:`distinct_guard`).
+capture never saw), an attribute of a parameter, buffer or constant the program read (its
+value guarded) and sets to another value (``self.w.calls = getattr(self.w, "calls", 0) + 1``,
+or a write through ``vars(self.w)``: every later call would capture again, so it is refused as
+a module attribute the program reads and changes is), and a call in which a tensor whose
+attributes the program sets is also another of its tensors (``f(x, x)``, ``m(m.weight)``:
+capture traced them as two; guarded for later calls by :func:`distinct_guard`).
 
 Example:
     >>> import torch, plait
@@ -89,9 +92,10 @@ def same_tensor(made: Tracer, inputs: Sequence[Tracer], out: torch.Tensor) -> No
 
 
 def _refuse(tracer: Tracer, how: str) -> bool:
-    """Whether ``how`` (a deletion, a dict replaced) on ``tracer`` is refused: an input,
-    parameter, buffer or constant tensor while its capture runs (raises), else False; the
-    call goes on eagerly: True where ``tracer`` stands for the caller's tensor then."""
+    """Raises where ``how`` (a deletion, a dict replaced) is done to a tensor of the caller's
+    (an input, parameter, buffer or constant) while its capture runs; True where the call
+    goes on eagerly (:mod:`plait.frontend.continuation`) and ``tracer`` stands for the
+    caller's tensor, else False (a tensor the program makes: its own dict, as in eager)."""
     lift = lifted(tracer)
     cx = CaptureValues.active
     if lift is None or cx is None or cx is not tracer._cx:
@@ -109,13 +113,9 @@ def _refuse(tracer: Tracer, how: str) -> bool:
 def delete_attribute(tracer: Tracer, name: str) -> None:
     """``del tracer.name`` (``Tracer.__delattr__``): refused on a tensor of the caller's (see
     the module doc), eager's own where the call goes on eagerly."""
-    if name in _SLOTS or not _refuse(tracer, f"deletes the Python attribute {name!r}"):
-        object.__delattr__(tracer, name)
-        return
-    own = INSTANCE_DICT.__get__(tracer)  # NOTE: the caller's dict (continuation shares it)
-    if name not in own:
-        raise AttributeError(name)
-    del own[name]
+    if name not in _SLOTS:
+        _refuse(tracer, f"deletes the Python attribute {name!r}")
+    object.__delattr__(tracer, name)  # NOTE: gone on eagerly, its dict is the caller's
 
 
 def replace_attributes(tracer: Tracer, value: dict[str, Any]) -> None:
