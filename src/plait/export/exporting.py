@@ -254,6 +254,11 @@ def _check_exportable(prog: Any, comp: Any) -> None:
             "the program changes or returns an input object (a key/value cache): an exported "
             "program is a function of its tensors"
         )
+    if getattr(prog, "attr_writes", None):
+        raise ExportError(
+            "the program sets Python attributes of tensors (x.flag = ...): an exported program "
+            "is a function of its tensors"
+        )
     if prog.guard_plan is None:
         raise ExportError("the program's guards have no saved form (a region of a module?)")
     for node in comp.graph.nodes:

@@ -71,6 +71,7 @@ class Lift:
     writeback: bool
     value: Value | None = None
     origin: Any = None  # NOTE: the caller's tensor (its Python attributes: tensor_attrs)
+    attrs: dict[str, Any] | None = None  # NOTE: its tracer's: what the program sets on it
 
 
 class Tracer(torch.Tensor):
@@ -106,7 +107,14 @@ class Tracer(torch.Tensor):
 
     @__dict__.setter
     def __dict__(self, value: dict[str, Any]) -> None:
-        INSTANCE_DICT.__set__(self, value)
+        from plait.frontend.tensor_attr_writes import replace_attributes
+
+        replace_attributes(self, value)
+
+    def __delattr__(self, name: str) -> None:
+        from plait.frontend.tensor_attr_writes import delete_attribute
+
+        delete_attribute(self, name)
 
     def __getattr__(self, name: str) -> Any:
         from plait.frontend.tensor_attrs import missing_attribute  # NOTE: reads pyreads
@@ -346,7 +354,9 @@ class CaptureValues:
         self.lifts.append(lift)
         if kind == "user":
             lift.value = self.builder.input(name, ir_type, "user")
-        return self.new_root(plain, lift.value, requires_grad, lift)
+        tracer = self.new_root(plain, lift.value, requires_grad, lift)
+        lift.attrs = INSTANCE_DICT.__get__(tracer)
+        return tracer
 
     def lift_const(self, t: torch.Tensor) -> Tracer:
         """A tensor the program reads that is not an input (a closure, a module attribute)."""

@@ -57,7 +57,7 @@ from torch import nn
 
 from plait import logs
 from plait.errors import GraphCaptureError
-from plait.frontend import pytree
+from plait.frontend import pytree, tensor_attr_writes
 from plait.frontend.capture_values import Tracer
 from plait.frontend.grad_replay import GradTape
 from plait.frontend.guard_plan import _shares_memory
@@ -145,6 +145,9 @@ class Continuation:
         unless a replay drew from it (then it is where eager's calls left it)."""
         if not replayed:
             torch.default_generator.set_state(cx.rng.caller)
+        for t in [r() for r in self.tracers]:
+            if t is not None:  # NOTE: the attributes it set so far are the caller's tensor's
+                tensor_attr_writes.continued(t)
         self.tracers.clear()
         self.on, self.error = True, err
         logs.debug("capture", "continue", f"the call goes on eagerly after: {err}")

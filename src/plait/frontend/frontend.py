@@ -31,7 +31,7 @@ from plait.errors import GraphCaptureError, InvalidOptionError
 
 # NOTE: continuation is loaded with capture (its one user imports it late), not by a first call
 from plait.frontend import continuation as _continuation  # noqa: F401
-from plait.frontend import datadep, output_views, pytree, stride_choices
+from plait.frontend import datadep, output_views, pytree, stride_choices, tensor_attr_writes
 from plait.frontend.capture_values import Lift, Restart, Tracer
 from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
 from plait.frontend.guard_plan import build_guards, const_slots, plan_of
@@ -310,9 +310,10 @@ def _is_tracer(x: Any) -> bool:
 
 def _output_leaves(
     cx: CaptureContext, out: Any, call_leaves: list[Any], state: list[Any], objects: InputObjects
-) -> tuple[Any, list[Any], list[Value], list[str | None]]:
-    """The output's structure and leaves, the graph's outputs and the memory format eager gave
-    each (:func:`plait.frontend.output_views.eager_layout`); ``out`` also holds the final
+) -> tuple[Any, list[Any], list[Value], list[str | None], list[Any]]:
+    """The output's structure and leaves, the graph's outputs, the memory format eager gave
+    each (:func:`plait.frontend.output_views.eager_layout`) and the leaves as the program gave
+    them; ``out`` also holds the final
     contents of the input containers the program changed (:mod:`plait.frontend.input_writes`),
     and a container of the call's is a leaf standing for the caller's own."""
     cx.current = "returning the output"
@@ -379,7 +380,7 @@ def _output_leaves(
                 layouts.append(None)  # NOTE: a base: output_views lays it out for its views
                 indices[id(root)] = len(values) - 1
             leaves[i] = ("view", (indices[id(root)], *rest))
-    return out_spec, leaves, values, layouts
+    return out_spec, leaves, values, layouts, raw
 
 
 def _note_format(cx: CaptureContext, tr: Tracer) -> None:
@@ -488,7 +489,8 @@ def _finish(
     _refuse_hidden_writes(cx, leaves, paths, objects)
     written = objects.changed()
     result = (out, objects.finals(written)) if written else out
-    out_spec, out_leaves, values, layouts = _output_leaves(cx, result, leaves, state, objects)
+    out_spec, out_leaves, values, layouts, raw = _output_leaves(cx, result, leaves, state, objects)
+    attr_writes, attr_targets = tensor_attr_writes.recorded(cx, raw)
     mutations: list[tuple[Lift, int]] = []
     for root in cx.mutated.values():
         if root._lift is not None and root._lift.writeback:
@@ -512,7 +514,7 @@ def _finish(
     if cx.unbacked:  # NOTE: nodes emitted outside a torch call (outputs, write-backs) too
         datadep.check_new_nodes(cx, 0)
     plan = plan_of(cx, ms, slots, mutations)
-    plan.pyroots = pyroots
+    plan.pyroots, plan.attr_targets = pyroots, attr_targets
     return CapturedProgram(
         graph=built,
         guards=build_guards(
@@ -526,6 +528,7 @@ def _finish(
         out_layouts=layouts,
         mutations=[(position[id(lift.value)], o) for lift, o in mutations],
         written_objects=written,
+        attr_writes=attr_writes,
         containers=bool(written) or any(kind == "object" for kind, _ in out_leaves),
         opaque_counts=dict(cx.opaque_counts),
         opaque_reasons=dict(cx.opaque_reasons),

@@ -30,7 +30,7 @@ import sympy
 import torch
 
 from plait.errors import GraphCaptureError, NotSavableError
-from plait.frontend import guard_build, pyvalues, saved_roots, size_guards
+from plait.frontend import guard_build, pyvalues, saved_roots, size_guards, tensor_attr_writes
 from plait.frontend.output_views import FORMAT_READ
 from plait.frontend.state import ModuleState
 from plait.guards.guard import Guard, GuardSet
@@ -79,9 +79,15 @@ class GuardPlan:
     # NOTE: (leaf, name): a Python attribute the program looked for on an input tensor that
     # lacked it (getattr with a default, hasattr): later calls' tensors must lack it too
     input_attrs: list[tuple[int, str]] = field(default_factory=list)
+    # NOTE: the tensors whose Python attributes the program sets, as ("user", leaf), ("state",
+    # entry) or ("const", tensor): each is no other tensor of the call (tensor_attr_writes)
+    attr_targets: list[tuple[str, Any]] = field(default_factory=list, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON form; raises ``ValueError`` for a relation it cannot write."""
+        """A JSON form; raises ``ValueError`` for a relation it cannot write, or where the
+        program sets Python attributes of tensors (set again by the program capture made)."""
+        if self.attr_targets:
+            raise NotSavableError("the program sets Python attributes of tensors")
         preds = []
         for rel, outcome in self.predicates:
             op = getattr(rel, "rel_op", None)
@@ -226,6 +232,10 @@ def build_guards(
         )
     if plan.input_attrs:
         guards.append(guard_build.input_attrs_guard(plan.input_attrs, paths))
+    if plan.attr_targets:
+        live = state or (ms.fetch() if ms is not None else [])
+        held = plan.read_consts or []
+        guards.append(tensor_attr_writes.distinct_guard(plan.attr_targets, leaves, live, held))
     roots = plan.pyroots
     if roots is None:
         module = ms.module if ms is not None else None

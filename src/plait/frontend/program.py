@@ -74,6 +74,9 @@ class CapturedProgram:
     # whether a call must find its own containers (to write them or return one)
     written_objects: list[int] = field(default_factory=list)
     containers: bool = False
+    # NOTE: the Python attributes the program sets on tensors, set again after each call
+    # (plait.frontend.tensor_attr_writes: ``(where, ref, ((name, value), ...))``)
+    attr_writes: list[tuple[str, Any, tuple[tuple[str, Any], ...]]] = field(default_factory=list)
     opaque_counts: dict[str, int] = field(default_factory=dict)
     # NOTE: per opaque target, why its call became no ATen program (the first call's reason)
     opaque_reasons: dict[str, str] = field(default_factory=dict)
@@ -193,12 +196,33 @@ class CapturedProgram:
                 by_tracer[tracer_id] = t
                 handed_out.add(id(t))
                 leaves.append(t)
+        if self.attr_writes:
+            _set_attributes(self.attr_writes, env.leaves, state, leaves)
         out = pytree.unflatten(self.out_spec, leaves)
         if not self.written_objects:
             return out
         out, finals = out
         write_back(list(containers), self.written_objects, finals)
         return out
+
+
+def _set_attributes(
+    writes: Sequence[tuple[str, Any, tuple[tuple[str, Any], ...]]],
+    leaves: Sequence[Any],
+    state: Sequence[Any],
+    outputs: Sequence[Any],
+) -> None:
+    """The Python attributes the program sets, set on this call's tensors: its inputs, the
+    module's parameters and buffers, the constants it reads, the tensors it returns."""
+    for where, ref, items in writes:
+        if where == "user":
+            t = leaves[ref]
+        elif where == "state":
+            t = state[ref]
+        else:
+            t = outputs[ref] if where == "output" else ref
+        for name, value in items:
+            setattr(t, name, value)
 
 
 def _apart_from_writes(results: list[Any], written: list[Any]) -> list[Any]:

@@ -62,12 +62,15 @@ _WHAT = {"param": "parameter", "buffer": "buffer", "const": "constant tensor", "
 ANY_ATTRIBUTE = "__dict__"
 
 
-def _lifted(tracer: Any) -> Any:
-    """The lift of the caller's tensor behind ``tracer`` (a root lifted from one), or None.
+def lifted(tracer: Any) -> Any:
+    """The lift of the caller's tensor behind ``tracer`` (a root lifted from one, or a tensor
+    an op returned as that root itself: ``x.contiguous()`` is ``x`` in eager), or None.
     NOTE: slots read past ``Tracer.__getattr__`` (a slot not set yet raises)."""
+    get = object.__getattribute__
     try:
-        lift = object.__getattribute__(tracer, "_lift")
-        root = object.__getattribute__(tracer, "_root")
+        lift, root = get(tracer, "_lift"), get(tracer, "_root")
+        if root is not None and get(tracer, "_plain") is get(root, "_plain"):
+            lift, root = get(root, "_lift"), get(root, "_root")
     except AttributeError:
         return None
     return lift if root is None and getattr(lift, "origin", None) is not None else None
@@ -77,7 +80,7 @@ def missing_attribute(tracer: Any, name: str) -> tuple[Any, str | None]:
     """What ``getattr(tracer, name)`` finds on the caller's tensor behind ``tracer`` (see the
     module doc), and None; or None and the name of the class that lacks it (the caller raises
     ``AttributeError``, in its ``__getattr__``)."""
-    lift = _lifted(tracer)
+    lift = lifted(tracer)
     if name.startswith("__") or lift is None:
         return None, type(tracer).__name__
     origin = lift.origin
@@ -114,7 +117,7 @@ def attribute_dict(tracer: Any) -> dict[str, Any]:
     """``vars(tracer)`` and ``tracer.__dict__`` as eager's tensor answers them (see the module
     doc): the tracer's own instance dict, or for a tensor of the caller's, what it holds."""
     own: dict[str, Any] = INSTANCE_DICT.__get__(tracer)
-    lift = _lifted(tracer)
+    lift = lifted(tracer)
     if lift is None:
         return own
     origin = lift.origin
@@ -183,4 +186,4 @@ def _slot_read(rec: Any, path: str, table: str) -> None:
             return
 
 
-__all__ = ["ANY_ATTRIBUTE", "attribute_dict", "missing_attribute"]
+__all__ = ["ANY_ATTRIBUTE", "attribute_dict", "lifted", "missing_attribute"]

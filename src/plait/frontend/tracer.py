@@ -42,6 +42,7 @@ from plait.frontend.pyvalues import Root
 from plait.frontend.set_storage import refusing_set
 from plait.frontend.symints import TracedInt, TracedSize, plain_int, pop_sink, push_sink
 from plait.frontend.table import InPlace, NoIROp, Rule, Viewed, lookup
+from plait.frontend.tensor_attr_writes import same_tensor
 from plait.frontend.unsampled import SKIPPED, overwrites_garbage, probe, skippable
 from plait.frontend.views import ViewStep, storage_id, tensors_in
 from plait.frontend.writes import partial_overlap, write_targets
@@ -532,6 +533,7 @@ class CaptureContext(CaptureValues):
         self.check(value, out)
         requires_grad = (grad and out.is_floating_point()) or out.requires_grad
         t = self.new_root(out, value, requires_grad)
+        same_tensor(t, inputs, out)  # NOTE: eager returned an input itself: one dict
         source = _aliased(out, inputs)
         if source is None:
             if isinstance(ir, Viewed) and ir.by_strides:

@@ -173,6 +173,8 @@ def program_doc(prog: CapturedProgram) -> dict[str, Any]:
         raise Unpinnable("a fallback program has no graph to save")
     if prog.containers:
         raise Unpinnable("the program writes back or returns an input object (no saved form)")
+    if prog.attr_writes:
+        raise Unpinnable("the program sets Python attributes of tensors (no saved form)")
     slots = []
     for s in prog.inputs:
         if s.source == "const":
