@@ -243,3 +243,54 @@ def test_two_threads_match_one() -> None:
             torch.set_num_threads(threads)
         torch.testing.assert_close(one, model(x, r), **contract_tol("conv", torch.float32))
     assert_bitwise(two, one, "two threads against one")
+
+
+class Chain(nn.Module):
+    """Three 1x1 convolutions in a row: the two results the program does not return live in
+    the arena (each call writes into its buffer); the returned one is the call's own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(c, o, 1) for c, o in ((24, 40), (40, 24), (24, 32)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv in self.convs:
+            x = F.relu6(conv(x))
+        return x
+
+
+def test_results_in_the_arena_match_eager_call_after_call() -> None:
+    torch.manual_seed(21)
+    model = Chain().eval()
+    compiled = _check(model, [(2, 24, 9, 9)], seed=22, calls=4)
+    program = compiled.specializations[-1].compiled.program
+    homes = [
+        program.memory_plan.by_value[step.outputs[0]].home
+        for step in program.plan.steps
+        if getattr(step, "call", None) is not None and NATIVE in step.call.detail
+    ]
+    assert homes == ["arena", "arena", "torch"], homes
+    first = compiled(torch.randn(2, 24, 9, 9))
+    kept = first.clone()
+    compiled(torch.randn(2, 24, 9, 9))  # NOTE: a later call leaves a returned result as it was
+    assert_bitwise(first, kept, "a returned result after another call")
+
+
+def test_a_plan_of_contiguous_results_copies_each_native_result() -> None:
+    """Without inferred layouts the plan expects contiguous results: a native call's
+    channels_last result is then conformed (copied), never read as if contiguous, and gets no
+    arena buffer."""
+    torch.manual_seed(23)
+    model = Chain().eval()
+    compiled = plait.compile(model, backend="stax", options={"stax": {"infer_layouts": False}})
+    gen = torch.Generator().manual_seed(24)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(2, 24, 9, 9, generator=gen)
+            torch.testing.assert_close(compiled(x), model(x), **contract_tol("conv", torch.float32))
+    program = compiled.specializations[-1].compiled.program
+    natives = [
+        s for s in program.plan.steps if NATIVE in getattr(getattr(s, "call", None), "detail", "")
+    ]
+    assert len(natives) == 3
+    assert all(program.memory_plan.by_value[s.outputs[0]].home == "torch" for s in natives)

@@ -265,7 +265,8 @@ def eager_ops(dw: Depthwise) -> Any:
 
 
 def depthwise_call(dw: Depthwise, consts: Mapping[Any, torch.Tensor]) -> ExternCall:
-    """The call of ``dw`` (operands: its source, the weight, the bias or None). Raises
+    """The call of ``dw`` (operands: its source, the weight, the bias or None; ``out``: the
+    result's buffer, else a new one). Raises
     :class:`~plait.codegen.errors.BuildError` where the kernel cannot be built."""
     shape = _shape(dw.host)
     assert shape is not None
@@ -287,13 +288,13 @@ def depthwise_call(dw: Depthwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
     eager = eager_ops(dw)
     empty = torch.empty_strided
 
-    def call(x: Any, w: Any, b: Any) -> Any:
+    def call(x: Any, w: Any, b: Any, out: Any = None) -> Any:
         packed = weight(w)
+        y = empty((n, c, oh, ow), sizes, dtype=torch.float32) if out is None else out
         if not weight.finite:
-            return empty((n, c, oh, ow), sizes, dtype=torch.float32).copy_(eager(x, w, b))
+            return y.copy_(eager(x, w, b))
         x = x.contiguous(memory_format=CL)
         bias = b.contiguous() if b is not None else None
-        y = empty((n, c, oh, ow), sizes, dtype=torch.float32)
         params[0], params[1] = x.data_ptr(), packed.data_ptr()
         params[2], params[3] = (bias.data_ptr() if bias is not None else 0), y.data_ptr()
         fn(params, bounds)  # NOTE: the call holds both arrays (the kernel reads their memory)
@@ -305,7 +306,7 @@ def depthwise_call(dw: Depthwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
         f"(folded: {dw.describe()}; weight laid out [kh][kw][C] {when}; a weight with a "
         f"non-finite value runs eager's ops)"
     )
-    return ExternCall(call, "conv", detail, "native", fresh=True)
+    return ExternCall(call, "conv", detail, "native", strides=sizes)
 
 
 def fused_nodes(dws: Sequence[Depthwise]) -> set[int]:

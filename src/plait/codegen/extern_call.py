@@ -4,7 +4,7 @@ build calls that :mod:`plait.codegen.extern`'s table names."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,12 @@ class ExternCall:
     # NOTE: the library whose compile-time refusal or acceptance the plan reports ("oneDNN",
     # "MKL"); empty for PyTorch's own ops.
     library: str = ""
-    # NOTE: every result is a tensor the call allocated, in the strides its dry run had, sharing
-    # no operand's storage (plait's native calls): the runner takes it as it is
-    fresh: bool = False
+    # NOTE: plait's native calls: their one result is a tensor they allocate in these strides,
+    # sharing no operand's memory; where the plan expects these strides (:meth:`native_result`)
+    # the runner takes it as it is, and the memory plan gives it an arena buffer (the call
+    # takes it as the keyword ``out``, writes it and returns it) as a kernel's result gets one
+    strides: tuple[int, ...] | None = None
+
+    def native_result(self, planned: Sequence[object]) -> bool:
+        """Whether the plan's strides for the result are the ones this call writes."""
+        return self.strides is not None and tuple(planned) == self.strides

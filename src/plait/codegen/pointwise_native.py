@@ -230,8 +230,8 @@ def eager_ops(pw: Pointwise) -> Any:
 
 def pointwise_call(pw: Pointwise, consts: Mapping[Any, torch.Tensor]) -> ExternCall:
     """The call of ``pw`` (operands: its source, the weight, the bias or None, then the
-    residual where it adds one). Raises :class:`~plait.codegen.errors.BuildError` where the
-    kernel cannot be built."""
+    residual where it adds one; ``out``: the result's buffer, else a new one). Raises
+    :class:`~plait.codegen.errors.BuildError` where the kernel cannot be built."""
     fn = kernel(pw.act[0], pw.other is not None)
     w = pw.host.inputs[1]
     assert isinstance(w, Value)
@@ -250,14 +250,14 @@ def pointwise_call(pw: Pointwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
     eager = eager_ops(pw)
     empty = torch.empty_strided
 
-    def call(x: Any, w: Any, b: Any, *extra: Any) -> Any:
+    def call(x: Any, w: Any, b: Any, *extra: Any, out: Any = None) -> Any:
         packed = weight(w)
+        y = empty(size, sizes, dtype=torch.float32) if out is None else out
         if not weight.finite:
-            return empty(size, sizes, dtype=torch.float32).copy_(eager(x, w, b, *extra))
+            return y.copy_(eager(x, w, b, *extra))
         x = x.contiguous(memory_format=CL)
         bias = b.contiguous() if b is not None else None
         res = extra[0].contiguous(memory_format=CL) if extra else None
-        y = empty(size, sizes, dtype=torch.float32)
         params[0], params[1] = x.data_ptr(), packed.data_ptr()
         params[2] = bias.data_ptr() if bias is not None else 0
         params[3] = res.data_ptr() if res is not None else 0
@@ -270,4 +270,4 @@ def pointwise_call(pw: Pointwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
         f"native 1x1 conv2d, channels_last (folded: {pw.describe()}; weight laid out [C][O] "
         f"{when}; a weight with a non-finite value runs eager's ops)"
     )
-    return ExternCall(call, "conv", detail, "native", fresh=True)
+    return ExternCall(call, "conv", detail, "native", strides=sizes)

@@ -216,7 +216,8 @@ def eager_ops(stem: Stem) -> Any:
 
 
 def stem_call(stem: Stem, consts: Mapping[Any, torch.Tensor]) -> ExternCall:
-    """The call of ``stem`` (operands: its source, the weight, the bias or None). Raises
+    """The call of ``stem`` (operands: its source, the weight, the bias or None; ``out``: the
+    result's buffer, else a new one). Raises
     :class:`~plait.codegen.errors.BuildError` where the kernel cannot be built."""
     fn = kernel(stem.act[0])
     w = stem.host.inputs[1]
@@ -247,9 +248,9 @@ def stem_call(stem: Stem, consts: Mapping[Any, torch.Tensor]) -> ExternCall:
     eager = eager_ops(stem)
     empty = torch.empty_strided
 
-    def call(x: Any, w: Any, b: Any, _offsets: torch.Tensor = offsets) -> Any:
+    def call(x: Any, w: Any, b: Any, out: Any = None, _offsets: torch.Tensor = offsets) -> Any:
         packed = weight(w)
-        y = empty(size, sizes, dtype=torch.float32)
+        y = empty(size, sizes, dtype=torch.float32) if out is None else out
         if not weight.finite:
             return y.copy_(eager(x, w, b))
         x = x.contiguous()
@@ -266,4 +267,4 @@ def stem_call(stem: Stem, consts: Mapping[Any, torch.Tensor]) -> ExternCall:
         f"passes it, written channels_last, padding {stem.pads} (folded: {stem.describe()}; "
         f"weight laid out [taps][O] {when}; a weight with a non-finite value runs eager's ops)"
     )
-    return ExternCall(call, "conv", detail, "native", fresh=True)
+    return ExternCall(call, "conv", detail, "native", strides=sizes)

@@ -184,12 +184,17 @@ def plan_memory(plan: Plan, allow_inplace: bool = True, reuse: bool = True) -> M
         for v in step_reads(plan, step):
             last[id(v)] = i
     buffers: dict[Value, BufferPlan] = {}
+    extern_out: list[BufferPlan] = []  # NOTE: extern results the plan gives an arena buffer
     for i, step in enumerate(plan.steps):
         written = _writes(step)
         if not isinstance(step, KernelStep):
             for v in written:
-                home = "torch"
-                buffers[v] = BufferPlan(v, home, nbytes(v), i, _last(v, i, last, outputs, end))
+                stop = _last(v, i, last, outputs, end)
+                size = nbytes(v)
+                home = "arena" if reuse and _writes_out(step, v, size, outputs) else "torch"
+                buffers[v] = BufferPlan(v, home, size, i, stop)
+                if home == "arena":
+                    extern_out.append(buffers[v])
             continue
         taken: set[int] = set()
         for v in written:
@@ -214,11 +219,22 @@ def plan_memory(plan: Plan, allow_inplace: bool = True, reuse: bool = True) -> M
             buffers[v] = bp
     ordered = list(buffers.values())
     if any(isinstance(b.nbytes, Poly) for b in ordered):
+        for b in extern_out:  # NOTE: an extern's result in the arena only at fixed offsets
+            b.home = "torch"
         # NOTE: offsets per call (MemoryPlan.arena_at): a best fit depends on the sizes
         return MemoryPlan(ordered, 0, None, buffers, reuse, symbolic=True)
     arena = _assign_arena([b for b in ordered if b.home == "arena"])
     peak = _peak(ordered, end, {})
     return MemoryPlan(ordered, arena, peak, buffers, reuse)
+
+
+def _writes_out(step: Any, v: Value, size: Any, outputs: set[int]) -> bool:
+    """Whether extern ``step`` writes its result ``v`` into a buffer the plan gives it: a
+    native call in the strides the plan expects (``ExternCall.native_result``), of a fixed
+    size, not returned by the program."""
+    if not isinstance(step, ExternStep) or not step.out_strides or id(v) in outputs:
+        return False
+    return isinstance(size, int) and step.call.native_result(step.out_strides[0])
 
 
 def _last(v: Value, i: int, last: dict[int, int], outputs: set[int], end: int) -> int:

@@ -437,13 +437,18 @@ class RunnerEmitter:
         outs = [self.var(out) for out in step.outputs]
         # NOTE: a multi-output extern (an ``aten`` node) returns a tuple or list of tensors
         target = outs[0] if len(outs) == 1 else f"({', '.join(outs)},)"
+        (first, *_) = step.outputs
+        native = step.call.native_result(step.out_strides[0]) if step.out_strides else False
+        if native and not self.symbolic and self.root(first).home == "arena":
+            # NOTE: the call writes its result into the arena buffer the plan gave it
+            spelled.append(f"out={self.arena_view(first)}")
         self.line(f"{target} = {fn}({', '.join(spelled)})")
         tensors = [self.operand(o) for o in step.operands() if isinstance(o, Value)]
         operands = f"({''.join(f'{a}, ' for a in tensors)})"
         for var, out, strides in zip(outs, step.outputs, step.out_strides):
             if isinstance(out.type, TensorType) and has_unbacked(out.type.shape):
                 continue  # NOTE: a data-dependent size: PyTorch's tensor, read only by PyTorch
-            if isinstance(out.type, TensorType) and not step.call.fresh:
+            if isinstance(out.type, TensorType) and not native:
                 # NOTE: the plan owns each result: a view of an operand is copied (runner_calls)
                 st = self.const(tuple(strides))
                 if id(out) in self.returned:
