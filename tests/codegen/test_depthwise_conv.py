@@ -18,6 +18,7 @@ from torch import nn
 import plait
 from plait.codegen import pointwise_native
 from tests.cache.helpers import status
+from tests.codegen.native_conv_helpers import node_details, special_values
 from tests.codegen.test_special_values import assert_matches_eager
 from tests.util import assert_bitwise, contract_tol
 
@@ -48,12 +49,6 @@ class InvertedResidual(nn.Module):
         return self.project(self.act(self.dw(v)))
 
 
-def _details(compiled: Any) -> dict[str, str]:
-    program = compiled.specializations[-1].compiled.program
-    ops = {n.id: n.op for n in program.graph.nodes}
-    return {f"{ops[i]}#{i}": t.detail for i, t in program.evidence.nodes.items() if i in ops}
-
-
 def _check(model: nn.Module, shape: tuple[int, ...], seed: int) -> Any:
     model.eval()
     compiled = plait.compile(model, backend="stax")
@@ -81,7 +76,7 @@ def test_mobilenet_block_runs_native_depthwise_and_matches_eager(
 ) -> None:
     torch.manual_seed(channels + side)
     compiled = _check(InvertedResidual(channels, k, s), (2, 8, side, side + 2), seed=side)
-    details = _details(compiled)
+    details = node_details(compiled)
     (dw,) = [d for key, d in details.items() if key.startswith("conv2d") and NATIVE in d]
     assert "folded: clamp" in dw and "constant_pad" in dw, dw
     folded = [key for key, d in details.items() if d.startswith("folded into node")]
@@ -98,7 +93,7 @@ def test_own_padding_and_silu_match_eager(act: str) -> None:
     AVX-512, else a oneDNN post-op), the one after it is folded."""
     torch.manual_seed(3)
     model = InvertedResidual(48, 5, 2, act, own_padding=True)
-    details = _details(_check(model, (1, 8, 15, 17), seed=4))
+    details = node_details(_check(model, (1, 8, 15, 17), seed=4))
     (dw,) = [d for d in details.values() if NATIVE in d]
     folded = [key.split("#")[0] for key, d in details.items() if d.startswith("folded into")]
     silu = ["silu", "silu"] if pointwise_native.available() else ["silu"]
@@ -121,20 +116,10 @@ class SharedActivation(nn.Module):
 @pytest.mark.usefixtures("stax_cache")
 def test_activation_read_elsewhere_is_not_folded() -> None:
     torch.manual_seed(5)
-    details = _details(_check(SharedActivation(), (1, 32, 10, 12), seed=6))
+    details = node_details(_check(SharedActivation(), (1, 32, 10, 12), seed=6))
     assert any(NATIVE in d for d in details.values()), details
     clamps = [d.startswith("folded into") for key, d in details.items() if key.startswith("clamp")]
     assert sorted(clamps) == [False, True], details  # NOTE: the output's ReLU6 only
-
-
-def _special(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    x = torch.randn(shape, generator=gen) * 4
-    flat = x.view(-1)
-    picks = torch.randperm(flat.numel(), generator=gen)[:30]
-    flat[picks[:10]] = float("nan")
-    flat[picks[10:20]] = float("inf")
-    flat[picks[20:]] = float("-inf")
-    return x
 
 
 class Depthwise(nn.Module):
@@ -161,10 +146,10 @@ def test_nan_and_infinities_with_relu6_folded_match_eager(k: int, s: int) -> Non
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for _ in range(3):
-            x = _special((2, 32, 9, 13), gen)
+            x = special_values((2, 32, 9, 13), gen)
             want = model(x)
             assert_matches_eager([compiled(x)], [[want]], "conv", "relu6-pad-dw-relu6")
-    assert any(NATIVE in d for d in _details(compiled).values())
+    assert any(NATIVE in d for d in node_details(compiled).values())
 
 
 @pytest.mark.usefixtures("stax_cache")
@@ -177,9 +162,9 @@ def test_nan_output_of_unclamped_depthwise_matches_eager() -> None:
     gen = torch.Generator().manual_seed(9)
     with torch.no_grad():
         for _ in range(3):
-            x = _special((1, 16, 8, 8), gen)
+            x = special_values((1, 16, 8, 8), gen)
             assert_matches_eager([compiled(x)], [[model(x)]], "conv", "dw")
-    assert any(NATIVE in d for d in _details(compiled).values())
+    assert any(NATIVE in d for d in node_details(compiled).values())
 
 
 @pytest.mark.usefixtures("stax_cache")
@@ -209,7 +194,7 @@ def test_turned_off_runs_onednn() -> None:
     with torch.no_grad():
         x = torch.randn(1, 8, 12, 12, generator=gen)
         torch.testing.assert_close(compiled(x), model(x), **contract_tol("conv", torch.float32))
-    assert not any(NATIVE in d for d in _details(compiled).values())
+    assert not any(NATIVE in d for d in node_details(compiled).values())
 
 
 @pytest.mark.usefixtures("stax_cache")
@@ -225,5 +210,5 @@ def test_warm_start_from_the_cache_runs_the_native_call_bitwise(tmp_path: Path) 
         with torch.no_grad():
             results.append(compiled(x))
         assert status(compiled.specializations[-1]) == expected
-        assert any(NATIVE in d for d in _details(compiled).values())
+        assert any(NATIVE in d for d in node_details(compiled).values())
     assert_bitwise(results[1], results[0], "warm against cold")

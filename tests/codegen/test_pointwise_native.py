@@ -19,6 +19,7 @@ from torch import nn
 import plait
 from plait.codegen.pointwise_native import available
 from tests.cache.helpers import status
+from tests.codegen.native_conv_helpers import node_details, special_values
 from tests.codegen.test_special_values import assert_matches_eager
 from tests.util import assert_bitwise, contract_tol
 
@@ -44,14 +45,8 @@ class Projection(nn.Module):
         return self.act(y + r if self.residual else y)
 
 
-def _details(compiled: Any) -> dict[str, str]:
-    program = compiled.specializations[-1].compiled.program
-    ops = {n.id: n.op for n in program.graph.nodes}
-    return {f"{ops[i]}#{i}": t.detail for i, t in program.evidence.nodes.items() if i in ops}
-
-
 def _folded(compiled: Any) -> list[str]:
-    return sorted(k.split("#")[0] for k, d in _details(compiled).items() if "native conv" in d)
+    return sorted(k.split("#")[0] for k, d in node_details(compiled).items() if "native conv" in d)
 
 
 def _check(model: nn.Module, shapes: list[tuple[int, ...]], seed: int, calls: int = 3) -> Any:
@@ -63,7 +58,7 @@ def _check(model: nn.Module, shapes: list[tuple[int, ...]], seed: int, calls: in
             args = [torch.randn(s, generator=gen) * 3 for s in shapes]
             got, want = compiled(*args), model(*args)
             torch.testing.assert_close(got, want, **contract_tol("conv", torch.float32))
-    assert any(NATIVE in d for d in _details(compiled).values()), _details(compiled)
+    assert any(NATIVE in d for d in node_details(compiled).values()), node_details(compiled)
     return compiled
 
 
@@ -85,7 +80,7 @@ def test_shapes_and_epilogues_match_eager(
     compiled = _check(model, [(2, cin, side, side + 1), (2, cout, side, side + 1)], seed=side)
     folded_act = {"none": [], "relu6": ["clamp"], "silu": ["silu"]}[act]
     want = (["add"] if residual else []) + folded_act
-    assert _folded(compiled) == sorted(want), _details(compiled)
+    assert _folded(compiled) == sorted(want), node_details(compiled)
 
 
 @pytest.mark.parametrize("act", ["relu", "clamp"])
@@ -94,16 +89,6 @@ def test_no_bias_and_clamp_bounds_match_eager(act: str) -> None:
     model = Projection(40, 72, act, residual=True, bias=False)
     compiled = _check(model, [(1, 40, 10, 10), (1, 72, 10, 10)], seed=2)
     assert _folded(compiled) == ["add", "clamp" if act == "clamp" else "relu"]
-
-
-def _special(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    x = torch.randn(shape, generator=gen) * 4
-    flat = x.view(-1)
-    picks = torch.randperm(flat.numel(), generator=gen)[:30]
-    flat[picks[:10]] = float("nan")
-    flat[picks[10:20]] = float("inf")
-    flat[picks[20:]] = float("-inf")
-    return x
 
 
 @pytest.mark.parametrize("act", ["relu", "relu6", "silu"])
@@ -116,9 +101,9 @@ def test_nan_and_infinities_match_eager(act: str) -> None:
     gen = torch.Generator().manual_seed(4)
     with torch.no_grad():
         for _ in range(3):
-            x, r = _special((2, 32, 6, 7), gen), _special((2, 24, 6, 7), gen)
+            x, r = special_values((2, 32, 6, 7), gen), special_values((2, 24, 6, 7), gen)
             assert_matches_eager([compiled(x, r)], [[model(x, r)]], "conv", f"1x1+add+{act}")
-    assert any(NATIVE in d for d in _details(compiled).values())
+    assert any(NATIVE in d for d in node_details(compiled).values())
 
 
 def test_infinite_weight_runs_eager_ops() -> None:
@@ -168,7 +153,7 @@ class LateResidual(nn.Module):
 def test_residual_computed_after_the_convolution_matches_eager() -> None:
     torch.manual_seed(9)
     compiled = _check(LateResidual(), [(2, 16, 14, 12)], seed=10)
-    assert _folded(compiled) == ["add", "relu"], _details(compiled)
+    assert _folded(compiled) == ["add", "relu"], node_details(compiled)
 
 
 class SharedResult(nn.Module):
@@ -206,7 +191,7 @@ def test_turned_off_runs_onednn() -> None:
         x, r = torch.randn(1, 24, 9, 9, generator=gen), torch.randn(1, 40, 9, 9, generator=gen)
         tol = contract_tol("conv", torch.float32)
         torch.testing.assert_close(compiled(x, r), model(x, r), **tol)
-    assert not any(NATIVE in d for d in _details(compiled).values())
+    assert not any(NATIVE in d for d in node_details(compiled).values())
 
 
 def test_warm_start_from_the_cache_runs_the_native_call_bitwise(tmp_path: Path) -> None:
@@ -220,7 +205,7 @@ def test_warm_start_from_the_cache_runs_the_native_call_bitwise(tmp_path: Path) 
         with torch.no_grad():
             results.append(compiled(x, r))
         assert status(compiled.specializations[-1]) == expected
-        assert any(NATIVE in d for d in _details(compiled).values())
+        assert any(NATIVE in d for d in node_details(compiled).values())
     assert_bitwise(results[1], results[0], "warm against cold")
 
 

@@ -19,6 +19,7 @@ from torch import nn
 import plait
 from plait.codegen.stem_conv import MAX_TAPS, available
 from tests.cache.helpers import status
+from tests.codegen.native_conv_helpers import node_details, special_values
 from tests.codegen.test_special_values import assert_matches_eager
 from tests.util import assert_bitwise, contract_tol
 
@@ -47,14 +48,8 @@ class Stem(nn.Module):
         return self.act(self.bn(self.conv(x)))
 
 
-def _details(compiled: Any) -> dict[str, str]:
-    program = compiled.specializations[-1].compiled.program
-    ops = {n.id: n.op for n in program.graph.nodes}
-    return {f"{ops[i]}#{i}": t.detail for i, t in program.evidence.nodes.items() if i in ops}
-
-
 def _folded(compiled: Any) -> list[str]:
-    return sorted(k.split("#")[0] for k, d in _details(compiled).items() if "native conv" in d)
+    return sorted(k.split("#")[0] for k, d in node_details(compiled).items() if "native conv" in d)
 
 
 def _model(cin: int, cout: int, k: int, s: int, act: str, tf_pad: bool) -> nn.Module:
@@ -92,7 +87,7 @@ def test_stems_match_eager(
 ) -> None:
     torch.manual_seed(cin * 100 + cout + side)
     compiled = _check(_model(cin, cout, k, s, act, tf_pad), (2, cin, side, side + 3), seed=side)
-    details = _details(compiled)
+    details = node_details(compiled)
     (stem,) = [d for d in details.values() if d.startswith(NATIVE)]
     want = (["constant_pad"] if tf_pad else []) + {
         "none": [],
@@ -106,17 +101,7 @@ def test_stems_match_eager(
 def test_a_channels_last_input_matches_eager() -> None:
     torch.manual_seed(1)
     compiled = _check(_model(3, 32, 3, 2, "relu", False), (1, 3, 30, 30), 2, torch.channels_last)
-    assert any(d.startswith(NATIVE) for d in _details(compiled).values())
-
-
-def _special(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    x = torch.randn(shape, generator=gen) * 4
-    flat = x.view(-1)
-    picks = torch.randperm(flat.numel(), generator=gen)[:30]
-    flat[picks[:10]] = float("nan")
-    flat[picks[10:20]] = float("inf")
-    flat[picks[20:]] = float("-inf")
-    return x
+    assert any(d.startswith(NATIVE) for d in node_details(compiled).values())
 
 
 @pytest.mark.parametrize("act", ["relu6", "silu", "none"])
@@ -127,9 +112,9 @@ def test_nan_and_infinities_match_eager(act: str) -> None:
     gen = torch.Generator().manual_seed(4)
     with torch.no_grad():
         for _ in range(3):
-            x = _special((2, 3, 15, 16), gen)
+            x = special_values((2, 3, 15, 16), gen)
             assert_matches_eager([compiled(x)], [[model(x)]], "conv", f"stem+{act}")
-    assert any(d.startswith(NATIVE) for d in _details(compiled).values())
+    assert any(d.startswith(NATIVE) for d in node_details(compiled).values())
 
 
 def test_infinite_weight_runs_eager_ops() -> None:
@@ -163,7 +148,7 @@ def test_a_computed_input_or_many_taps_stay_onednn() -> None:
     torch.manual_seed(7)
     for model, shape in ((Computed(), (1, 3, 12, 12)), (nn.Conv2d(4, 8, 3, 1, 1), (1, 4, 9, 9))):
         compiled = _check(model.eval(), shape, seed=8)
-        assert not any(d.startswith(NATIVE) for d in _details(compiled).values())
+        assert not any(d.startswith(NATIVE) for d in node_details(compiled).values())
     assert MAX_TAPS < 4 * 3 * 3
 
 
@@ -176,7 +161,7 @@ def test_turned_off_runs_onednn() -> None:
         x = torch.randn(1, 3, 14, 14, generator=gen)
         tol = contract_tol("conv", torch.float32)
         torch.testing.assert_close(compiled(x), model(x), **tol)
-    assert not any(d.startswith(NATIVE) for d in _details(compiled).values())
+    assert not any(d.startswith(NATIVE) for d in node_details(compiled).values())
 
 
 def test_warm_start_from_the_cache_runs_the_native_call_bitwise(tmp_path: Path) -> None:
@@ -189,7 +174,7 @@ def test_warm_start_from_the_cache_runs_the_native_call_bitwise(tmp_path: Path) 
         with torch.no_grad():
             results.append(compiled(x))
         assert status(compiled.specializations[-1]) == expected
-        assert any(d.startswith(NATIVE) for d in _details(compiled).values())
+        assert any(d.startswith(NATIVE) for d in node_details(compiled).values())
     assert_bitwise(results[1], results[0], "warm against cold")
 
 

@@ -106,7 +106,8 @@ def available() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
 
 
-def _float32(v: object) -> TensorType | None:
+def float32_map(v: object) -> TensorType | None:
+    """``v``'s type where it is a static, non-empty float32 CPU tensor of rank 4, else None."""
     if not isinstance(v, Value) or not isinstance(v.type, TensorType):
         return None
     t = v.type
@@ -114,18 +115,23 @@ def _float32(v: object) -> TensorType | None:
     return t if ok and all(int(d) > 0 for d in t.shape) else None
 
 
+def float32_bias(b: object) -> bool:
+    """Whether a convolution's bias operand is absent or a float32 tensor value."""
+    return b is None or (
+        isinstance(b, Value) and isinstance(b.type, TensorType) and b.type.dtype == torch.float32
+    )
+
+
 def is_pointwise(node: Node) -> bool:
     """Whether ``node`` is a float32 1x1 convolution the kernel computes."""
     if node.op != "conv2d" or len(node.inputs) < 2:
         return False
-    x, w, yt = node.inputs[0], node.inputs[1], _float32(node.outputs[0])
+    x, w, yt = node.inputs[0], node.inputs[1], float32_map(node.outputs[0])
     b = node.inputs[2] if len(node.inputs) > 2 else None
-    wt = _float32(w)
-    if _float32(x) is None or wt is None or yt is None:
+    wt = float32_map(w)
+    if float32_map(x) is None or wt is None or yt is None:
         return False
-    if b is not None and not (
-        isinstance(b, Value) and isinstance(b.type, TensorType) and b.type.dtype == torch.float32
-    ):
+    if not float32_bias(b):
         return False
     a = node.attrs
     geometry = (tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), a["groups"])
@@ -153,7 +159,7 @@ def find_pointwise(
         a, b = then.inputs
         o = b if a is v else a
         same = isinstance(o, Value) and o is not v and (a is v or b is v)
-        if same and _float32(o) == v.type and then.outputs[0].type == v.type:
+        if same and float32_map(o) == v.type and then.outputs[0].type == v.type:
             epilogue, other = [then], o  # type: ignore[assignment]
             v = then.outputs[0]
             then = single_user(v, users, outputs, live)

@@ -59,7 +59,7 @@ from plait.codegen import build, pointwise_native
 from plait.codegen.depthwise_conv import CLAMP, IDENTITY, Activation, _zero_pad, activation
 from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
 from plait.codegen.onednn_postops import single_user
-from plait.codegen.pointwise_native import ACTIVATIONS, available
+from plait.codegen.pointwise_native import ACTIVATIONS, available, float32_bias, float32_map
 from plait.ir.graph import Node, Value
 from plait.ir.ops import get_op
 from plait.ir.types import TensorType
@@ -91,25 +91,15 @@ class Stem:
         return ", ".join(parts) if parts else "nothing"
 
 
-def _float32(v: object) -> TensorType | None:
-    if not isinstance(v, Value) or not isinstance(v.type, TensorType):
-        return None
-    t = v.type
-    ok = t.dtype == torch.float32 and t.device == "cpu" and t.is_static and t.rank == 4
-    return t if ok and all(int(d) > 0 for d in t.shape) else None
-
-
 def _is_stem(node: Node) -> bool:
     if node.op != "conv2d" or len(node.inputs) < 2:
         return False
     x, w = node.inputs[0], node.inputs[1]
     b = node.inputs[2] if len(node.inputs) > 2 else None
-    xt, wt = _float32(x), _float32(w)
-    if xt is None or wt is None or _float32(node.outputs[0]) is None:
+    xt, wt = float32_map(x), float32_map(w)
+    if xt is None or wt is None or float32_map(node.outputs[0]) is None:
         return False
-    if b is not None and not (
-        isinstance(b, Value) and isinstance(b.type, TensorType) and b.type.dtype == torch.float32
-    ):
+    if not float32_bias(b):
         return False
     a = node.attrs
     stride = tuple(a["stride"])
