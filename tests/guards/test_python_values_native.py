@@ -25,6 +25,28 @@ KINDS = {int, float}
 NAMES = {"relu", "clamp"}
 
 
+class _AllEqual(type):
+    """A metaclass whose classes all compare and hash equal: a set of them is not checked by
+    membership (a swapped class would still be "in" it), its Python read decides."""
+
+    def __eq__(cls, other: object) -> bool:
+        return isinstance(other, _AllEqual)
+
+    def __hash__(cls) -> int:
+        return 0
+
+
+class Odd(metaclass=_AllEqual):
+    pass
+
+
+class Other(metaclass=_AllEqual):
+    pass
+
+
+ODD = {Odd}
+
+
 class Holder:
     """A config object of a user class (compared by its contents)."""
 
@@ -137,6 +159,40 @@ def test_native_agrees_with_the_python_read(name: str) -> None:
     assert agree()
     if native.status().available:
         assert spec.guards.evaluator == "native"
+
+
+class ReadsOddSet(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 3.0 if Odd in ODD else x
+
+
+def test_a_set_of_classes_that_compare_equal_is_read_in_python() -> None:
+    """Membership cannot tell ``Other`` from ``Odd`` (their metaclass makes them equal): the
+    set's Python read decides, and a swapped member fails the guard."""
+    m = ReadsOddSet()
+    cm = plait.compile(m, backend="eager", options={"cache": False})
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        cm(x)
+    spec, eng = cm.specializations[0], cm._plait
+    spec_, leaves, _ = eng.adapter.flatten((x,), {})
+
+    def holds() -> bool:
+        env = GuardEnv(spec_, leaves, m, eng.fetch())
+        with torch.no_grad():
+            fast, slow = spec.guards.holds(env), spec.guards.holds_python(env)
+        assert fast == slow, spec.guards.explain(env)
+        return fast
+
+    assert holds()
+    ODD.discard(Odd)
+    ODD.add(Other)
+    try:
+        assert not holds()
+    finally:
+        ODD.discard(Other)
+        ODD.add(Odd)
+    assert holds()
 
 
 LOG = logging.getLogger("tests.guards.python_values_native")

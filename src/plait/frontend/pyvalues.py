@@ -104,10 +104,15 @@ def _mro_lookup(cls: type, name: str) -> Any:
 
 
 def _identity_set(v: Any) -> bool:
-    """Whether a set's membership alone decides its key: an exact set of classes and exact
-    strings (a class hashes and compares by identity, a string by its value, which is its key;
-    an int would not do: ``True in {1}``)."""
-    return type(v) is set and all(isinstance(x, type) or type(x) is str for x in v)
+    """Whether a set's membership alone decides its key: an exact set of exact strings and of
+    classes whose metaclass compares and hashes as ``type`` does, by identity (a string by its
+    value, which is its key; an int would not do: ``True in {1}``)."""
+    return type(v) is set and all(type(x) is str or _identity_class(x) for x in v)
+
+
+def _identity_class(x: Any) -> bool:
+    meta = type(x)
+    return isinstance(x, type) and meta.__eq__ is type.__eq__ and meta.__hash__ is type.__hash__
 
 
 class _Walk:

@@ -437,9 +437,9 @@ class RunnerEmitter:
         outs = [self.var(out) for out in step.outputs]
         # NOTE: a multi-output extern (an ``aten`` node) returns a tuple or list of tensors
         target = outs[0] if len(outs) == 1 else f"({', '.join(outs)},)"
-        (first, *_) = step.outputs
-        native = step.call.native_result(step.out_strides[0]) if step.out_strides else False
-        if native and not self.symbolic and self.root(first).home == "arena":
+        first = step.outputs[0] if step.outputs else None
+        native = bool(step.out_strides) and step.call.native_result(step.out_strides[0])
+        if native and first is not None and not self.symbolic and self.root(first).home == "arena":
             # NOTE: the call writes its result into the arena buffer the plan gave it
             spelled.append(f"out={self.arena_view(first)}")
         self.line(f"{target} = {fn}({', '.join(spelled)})")
