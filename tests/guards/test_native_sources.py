@@ -22,7 +22,15 @@ else:  # pragma: no cover - Python 3.10 only
     import tomli as tomllib
 
 import plait
-from plait.codegen import build, depthwise_conv, native_hash, pointwise_native, prelude, stem_conv
+from plait.codegen import (
+    build,
+    depthwise_conv,
+    native_entries,
+    native_hash,
+    pointwise_native,
+    prelude,
+    stem_conv,
+)
 from plait.guards import native
 
 ROOT = Path(plait.__file__).parent
@@ -75,8 +83,7 @@ def _depthwise(tmp: Path) -> list[str]:
 
 def _unit(tmp: Path, name: str, source: str, symbols: list[str], call: str) -> list[str]:
     # NOTE: as a native convolution's unit starts: the prelude, the kernel, every entry
-    head = 'extern "C" int {}(const int64_t* p, const float* f) {{ return {}; }}\n'
-    entries = "".join(head.format(sym, call.format(*args)) for sym, args in symbols)
+    entries = "".join(native_entries.entry_text(sym, call.format(*args)) for sym, args in symbols)
     src = tmp / f"{name}.cpp"
     src.write_text(prelude.PRELUDE + "\n" + source + "\n" + entries)
     tc = build.toolchain()

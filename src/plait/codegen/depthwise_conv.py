@@ -55,8 +55,8 @@ from typing import Any
 
 import torch
 
-from plait.codegen import build
 from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
+from plait.codegen.native_entries import build_entries, entry_text
 from plait.codegen.onednn_postops import single_user
 from plait.ir.graph import Node, Value
 from plait.ir.ops import get_op
@@ -94,7 +94,8 @@ class Depthwise:
         return ", ".join(parts) if parts else "nothing"
 
 
-def _float32(v: object, rank: int | None = None) -> TensorType | None:
+def float32_static(v: object, rank: int | None = None) -> TensorType | None:
+    """``v``'s type where it is a static float32 CPU tensor (of ``rank``, if given)."""
     if not isinstance(v, Value) or not isinstance(v.type, TensorType):
         return None
     t = v.type
@@ -115,7 +116,7 @@ def _bound(value: object, default: float) -> float | None:
 def activation(n: Node, outputs_too: bool) -> Activation | None:
     """``n`` as a kernel activation of a same-typed float32 value (``silu`` only on outputs)."""
     x = n.inputs[0] if n.inputs else None
-    if _float32(x) is None or not isinstance(x, Value) or x.type != n.outputs[0].type:
+    if float32_static(x) is None or not isinstance(x, Value) or x.type != n.outputs[0].type:
         return None
     if n.op == "relu":
         return CLAMP, 0.0, math.inf
@@ -133,8 +134,8 @@ def _shape(node: Node) -> tuple[int, int] | None:
         return None
     x, w = node.inputs[0], node.inputs[1]
     b = node.inputs[2] if len(node.inputs) > 2 else None
-    xt, wt, yt = _float32(x, 4), _float32(w, 4), _float32(node.outputs[0], 4)
-    if xt is None or wt is None or yt is None or (b is not None and _float32(b, 1) is None):
+    xt, wt, yt = float32_static(x, 4), float32_static(w, 4), float32_static(node.outputs[0], 4)
+    if xt is None or wt is None or yt is None or (b is not None and float32_static(b, 1) is None):
         return None
     a = node.attrs
     c, k = int(xt.shape[1]), int(wt.shape[2])
@@ -148,9 +149,9 @@ def _shape(node: Node) -> tuple[int, int] | None:
     return k, int(stride[0])
 
 
-def _zero_pad(n: Node) -> tuple[int, int, int, int] | None:
+def zero_pad(n: Node) -> tuple[int, int, int, int] | None:
     """A zero ``constant_pad`` of the last two dims only: its (top, bottom, left, right)."""
-    if n.op != "constant_pad" or _float32(n.inputs[0], 4) is None:
+    if n.op != "constant_pad" or float32_static(n.inputs[0], 4) is None:
         return None
     pad, value = list(n.attrs["pad"]), n.attrs.get("value", 0)
     if value != 0 or len(pad) % 2 or not all(isinstance(p, int) and p >= 0 for p in pad):
@@ -177,7 +178,7 @@ def find_depthwise(
     assert isinstance(x, Value)
     prologue: list[Node] = []
     pad = x.producer
-    folded = _zero_pad(pad) if pad is not None else None
+    folded = zero_pad(pad) if pad is not None else None
     if pad is not None and folded is not None and single_user(x, users, outputs, live) is node:
         pads = tuple(p + q for p, q in zip(pads, folded))  # type: ignore[assignment]
         prologue.append(pad)
@@ -214,10 +215,11 @@ def symbol(k: int, s: int, ia: int, oa: int) -> str:
 
 def entry(k: int, s: int, ia: int, oa: int) -> str:
     """The ``extern "C"`` entry of one instantiation of ``csrc/depthwise.h``."""
-    return (
-        f'extern "C" int {symbol(k, s, ia, oa)}(const int64_t* p, const float* f) '
-        f"{{ return dw::entry<{k}, {s}, {ia}, {oa}>(p, f); }}\n"
-    )
+    return entry_text(symbol(k, s, ia, oa), _call(k, s, ia, oa))
+
+
+def _call(k: int, s: int, ia: int, oa: int) -> str:
+    return f"dw::entry<{k}, {s}, {ia}, {oa}>(p, f)"
 
 
 _LIBS: dict[tuple[int, int, int, int], Any] = {}
@@ -233,12 +235,7 @@ def kernel(k: int, s: int, ia: int, oa: int) -> Any:
         if key in _LIBS:
             return _LIBS[key]
     name = symbol(*key)
-    unit = build.Unit([name], [source() + "\n" + entry(k, s, ia, oa)])
-    build.build_units([unit], jobs=1)
-    assert unit.lib is not None
-    fn = getattr(unit.lib, name)
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float)]
+    fn = build_entries(source(), {name: _call(*key)})[name]
     with _LOCK:
         return _LIBS.setdefault(key, fn)
 

@@ -54,9 +54,17 @@ from typing import Any
 
 import torch
 
-from plait.codegen import build
-from plait.codegen.depthwise_conv import CLAMP, IDENTITY, NONE, SILU, Activation, activation
+from plait.codegen.depthwise_conv import (
+    CLAMP,
+    IDENTITY,
+    NONE,
+    SILU,
+    Activation,
+    activation,
+    float32_static,
+)
 from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
+from plait.codegen.native_entries import build_entries
 from plait.codegen.onednn_postops import single_user
 from plait.ir.graph import Node, Value
 from plait.ir.ops import get_op
@@ -108,11 +116,8 @@ def available() -> bool:
 
 def float32_map(v: object) -> TensorType | None:
     """``v``'s type where it is a static, non-empty float32 CPU tensor of rank 4, else None."""
-    if not isinstance(v, Value) or not isinstance(v.type, TensorType):
-        return None
-    t = v.type
-    ok = t.dtype == torch.float32 and t.device == "cpu" and t.is_static and t.rank == 4
-    return t if ok and all(int(d) > 0 for d in t.shape) else None
+    t = float32_static(v, 4)
+    return t if t is not None and all(int(d) > 0 for d in t.shape) else None
 
 
 def float32_bias(b: object) -> bool:
@@ -193,19 +198,8 @@ def kernel(act: int, res: bool) -> Any:
     with _LOCK:
         if not _LIB:
             keys = [(a, r) for a in ACTIVATIONS for r in (False, True)]
-            entries = "".join(
-                f'extern "C" int {symbol(a, r)}(const int64_t* p, const float* f) '
-                f"{{ return pw::entry<{a}, {str(r).lower()}>(p, f); }}\n"
-                for a, r in keys
-            )
-            unit = build.Unit([symbol(*k) for k in keys], [source() + "\n" + entries])
-            build.build_units([unit], jobs=1)
-            assert unit.lib is not None
-            for k in keys:
-                fn = getattr(unit.lib, symbol(*k))
-                fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float)]
-                _LIB[symbol(*k)] = fn
+            calls = {symbol(a, r): f"pw::entry<{a}, {str(r).lower()}>(p, f)" for a, r in keys}
+            _LIB.update(build_entries(source(), calls))
         return _LIB[symbol(act, res)]
 
 

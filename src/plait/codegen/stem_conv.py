@@ -55,9 +55,10 @@ from typing import Any
 
 import torch
 
-from plait.codegen import build, pointwise_native
-from plait.codegen.depthwise_conv import CLAMP, IDENTITY, Activation, _zero_pad, activation
+from plait.codegen import pointwise_native
+from plait.codegen.depthwise_conv import CLAMP, IDENTITY, Activation, activation, zero_pad
 from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
+from plait.codegen.native_entries import build_entries
 from plait.codegen.onednn_postops import single_user
 from plait.codegen.pointwise_native import ACTIVATIONS, available, float32_bias, float32_map
 from plait.ir.graph import Node, Value
@@ -127,7 +128,7 @@ def find_stem(
     assert isinstance(x, Value)
     prologue: tuple[Node, ...] = ()
     pad = x.producer
-    folded = _zero_pad(pad) if pad is not None else None
+    folded = zero_pad(pad) if pad is not None else None
     alone = single_user(x, users, outputs, live) is node
     if pad is not None and folded is not None and alone and pad.id not in taken:
         pads = tuple(p + q for p, q in zip(pads, folded))  # type: ignore[assignment]
@@ -164,20 +165,8 @@ def kernel(act: int) -> Any:
     :class:`~plait.codegen.errors.BuildError`)."""
     with _LOCK:
         if not _LIB:
-            entries = "".join(
-                f'extern "C" int {symbol(a)}(const int64_t* p, const float* f) '
-                f"{{ return sc::entry<{a}>(p, f); }}\n"
-                for a in ACTIVATIONS
-            )
-            names = [symbol(a) for a in ACTIVATIONS]
-            unit = build.Unit(names, [source() + "\n" + entries])
-            build.build_units([unit], jobs=1)
-            assert unit.lib is not None
-            for name in names:
-                fn = getattr(unit.lib, name)
-                fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float)]
-                _LIB[name] = fn
+            calls = {symbol(a): f"sc::entry<{a}>(p, f)" for a in ACTIVATIONS}
+            _LIB.update(build_entries(source(), calls))
         return _LIB[symbol(act)]
 
 

@@ -154,14 +154,11 @@ class CapturedProgram:
             with torch.no_grad():
                 for i, o in self.mutations:
                     values[i].copy_(results[o])
-        inputs: set[int] | None = None  # NOTE: the input tensors' ids, made where needed
+        inputs = {id(v) for v in values if isinstance(v, torch.Tensor)}
         by_tracer: dict[int, Any] = {}
         handed_out: set[int] = set()
         views = [leaf.ref for leaf in self.out_leaves if leaf.source == "view"]
-        bases = None
-        if views:
-            inputs = {id(v) for v in values if isinstance(v, torch.Tensor)}
-            bases = output_views.Bases(views, results, inputs, handed_out)
+        bases = output_views.Bases(views, results, inputs, handed_out) if views else None
         leaves: list[Any] = []
         for leaf in self.out_leaves:
             if leaf.source == "value":
@@ -188,11 +185,12 @@ class CapturedProgram:
                 t = output_views.in_eager_layout(results[index], layout)
                 # NOTE: a fresh tensor in eager (a clone, or one returned twice under different
                 # names) must not come back as an input's memory or as another output's.
-                if fresh and isinstance(t, torch.Tensor):
-                    if inputs is None:
-                        inputs = {id(v) for v in values if isinstance(v, torch.Tensor)}
-                    if id(t) in inputs or id(t) in handed_out:
-                        t = t.clone()
+                if (
+                    fresh
+                    and isinstance(t, torch.Tensor)
+                    and (id(t) in inputs or id(t) in handed_out)
+                ):
+                    t = t.clone()
                 by_tracer[tracer_id] = t
                 handed_out.add(id(t))
                 leaves.append(t)

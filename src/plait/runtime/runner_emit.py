@@ -439,8 +439,9 @@ class RunnerEmitter:
         target = outs[0] if len(outs) == 1 else f"({', '.join(outs)},)"
         first = step.outputs[0] if step.outputs else None
         native = bool(step.out_strides) and step.call.native_result(step.out_strides[0])
-        if native and first is not None and not self.symbolic and self.root(first).home == "arena":
-            # NOTE: the call writes its result into the arena buffer the plan gave it
+        if native and first is not None and self.root(first).home == "arena":
+            # NOTE: the call writes its result into the arena buffer the plan gave it (never a
+            # symbolic plan's: codegen memory plans such results "torch" there)
             spelled.append(f"out={self.arena_view(first)}")
         self.line(f"{target} = {fn}({', '.join(spelled)})")
         tensors = [self.operand(o) for o in step.operands() if isinstance(o, Value)]
