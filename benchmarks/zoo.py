@@ -37,10 +37,12 @@ from benchmarks.bench.run import cache_env, interleave
 from plait.progress import Progress
 
 SCHEMA_VERSION = "1.0"
-# NOTE: the pause before each timed call at more than one thread: ONNX Runtime's intra-op
-# threads spin-wait for tens of milliseconds after a call (a 20 ms pause still left eager's
-# next call 2.2x slower on 2 cores; 50 ms did not), and so do OpenMP's.
-SETTLE_S = 0.1
+# NOTE: at more than one thread each system makes TURN timed calls in a row, opened by LEAD
+# untimed ones: ONNX Runtime's intra-op threads and OpenMP's spin-wait after a call, and the
+# next system's first calls share the cores with them (on 2 cores: ONNX Runtime's first call
+# after plait's 8.3 ms, its next ones 3.6-4.1 ms). An idle pause instead made every system's
+# calls 3x slower on a 2-core VM.
+TURN, LEAD = 8, 2
 STEM = "zoo"
 OUT_DEFAULT = Path("benchmarks/out")
 MAX_WARNINGS = 20
@@ -240,7 +242,7 @@ class ModelRun:
             try:
                 samples = interleave(
                     group, batches, cfg.warmup, "cpu", progress, label,
-                    settle_s=SETTLE_S if threads > 1 else 0.0,
+                    **({"block": TURN, "lead": LEAD} if threads > 1 else {}),
                 )  # fmt: skip
             except Exception as exc:  # NOTE: a steady-state call that raises: every cell says so.
                 for r in live:

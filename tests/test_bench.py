@@ -129,26 +129,28 @@ def test_training_benchmarks_name_an_unknown_case_or_system(
         assert named in capsys.readouterr().err
 
 
-def test_interleave_pauses_before_every_call_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interleave_runs_turns_of_consecutive_calls_opened_by_untimed_ones() -> None:
     import torch
 
     from benchmarks.bench import run, systems
     from plait.progress import Progress
 
     events: list[str] = []
-    monkeypatch.setattr(run.time, "sleep", lambda s: events.append(f"sleep {s}"))
     group = [
         systems.System(k, k, "cpu", torch.nn.Identity(), lambda x, k=k: events.append(k))
         for k in ("a", "b")
     ]
-    batches = [torch.randn(2)] * 3
-    samples = run.interleave(group, batches, 1, "cpu", Progress("quiet"), "t", settle_s=0.25)
-    order = ["a", "b", "b", "a", "a", "b"]  # NOTE: the order rotates every repetition
-    assert events == [e for k in order for e in ("sleep 0.25", k)]
-    assert {k: len(v) for k, v in samples.items()} == {"a": 2, "b": 2}
+    batches = [torch.randn(2)] * 5  # NOTE: 1 warm-up, then turns of 3 and 1 timed calls
+    samples = run.interleave(group, batches, 1, "cpu", Progress("quiet"), "t", block=3, lead=1)
+    warm = ["a", "b"]
+    first = ["b"] * 4 + ["a"] * 4  # NOTE: the order rotates every turn
+    last = ["a"] * 2 + ["b"] * 2
+    assert events == warm + first + last
+    assert {k: len(v) for k, v in samples.items()} == {"a": 4, "b": 4}
     events.clear()
-    run.interleave(group, batches, 0, "cpu", Progress("quiet"), "t")
-    assert not any(e.startswith("sleep") for e in events)
+    samples = run.interleave(group, batches[:3], 1, "cpu", Progress("quiet"), "t")
+    assert events == ["a", "b", "b", "a", "a", "b"]
+    assert {k: len(v) for k, v in samples.items()} == {"a": 2, "b": 2}
 
 
 def test_missing_knobs_are_reported_not_measured() -> None:

@@ -13,7 +13,6 @@ import functools
 import math
 import os
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,27 +112,38 @@ def interleave(
     device: str,
     progress: Progress,
     label: str,
-    settle_s: float = 0.0,
+    block: int = 1,
+    lead: int = 0,
 ) -> dict[str, list[float]]:
-    """Warm-up calls, then one timed call per system per repetition; the order rotates each
-    repetition so no system always runs first (or right after a given other one).
+    """Warm-up calls, then timed calls in turns: each system makes ``block`` consecutive timed
+    calls per turn, and the order of the systems rotates every turn so that no system always
+    runs first (or right after a given other one).
 
-    ``settle_s``: an untimed pause before every call, so that each system starts on idle cores.
-    Systems with thread pools of their own spin-wait after a call (ONNX Runtime's intra-op
-    threads, OpenMP's): on a machine with as many cores as threads, the next system's call
-    then shares its cores with them (measured: eager's EfficientNet-B0 at 2 threads took 39 ms
-    right after an ONNX Runtime call, 21 ms after a 50 ms pause)."""
+    ``lead``: untimed calls opening each turn. Systems with thread pools of their own spin-wait
+    after a call (ONNX Runtime's intra-op threads, OpenMP's): on a machine with as many cores as
+    threads, the first calls after another system share their cores with its spinning threads
+    (measured on 2 cores, MobileNetV2 at 2 threads: ONNX Runtime's first call after plait's
+    8.3 ms, its next ones 3.6-4.1 ms). A pause instead of calls does not help on every machine:
+    after 0.1 s idle, both systems' calls took 3x longer on a 2-core VM.
+    """
     samples: dict[str, list[float]] = {s.name: [] for s in group}
+    timed = batches[warmup:]
+    turns = [timed[i : i + block] for i in range(0, len(timed), block)]
     with torch.no_grad(), progress.task(label, total=len(batches)) as advance:
-        for i, x in enumerate(batches):
+        for i, x in enumerate(batches[:warmup]):
             k = i % len(group)
             for s in group[k:] + group[:k]:
-                if settle_s:
-                    time.sleep(settle_s)
-                seconds, _ = timing.timed(functools.partial(s.fn, x), device)
-                if i >= warmup:
-                    samples[s.name].append(seconds)
+                timing.timed(functools.partial(s.fn, x), device)
             advance()
+        for t, turn in enumerate(turns):
+            k = (warmup + t) % len(group)
+            for s in group[k:] + group[:k]:
+                for _ in range(lead):
+                    timing.timed(functools.partial(s.fn, turn[0]), device)
+                for x in turn:
+                    seconds, _ = timing.timed(functools.partial(s.fn, x), device)
+                    samples[s.name].append(seconds)
+            advance(len(turn))
     return samples
 
 
