@@ -152,6 +152,36 @@ def test_nan_and_infinities_with_relu6_folded_match_eager(k: int, s: int) -> Non
     assert any(NATIVE in d for d in node_details(compiled).values())
 
 
+class DepthwiseSilu(nn.Module):
+    """EfficientNet's depthwise convolution and the SiLU after it (folded into the stores)."""
+
+    def __init__(self, c: int, k: int, s: int) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, k, s, k // 2, groups=c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(self.dw(x))
+
+
+@pytest.mark.usefixtures("stax_cache")
+@pytest.mark.parametrize("c,k,s", [(48, 3, 1), (40, 5, 2)])
+def test_folded_silu_matches_eager_on_large_and_special_values(c: int, k: int, s: int) -> None:
+    """The SiLU folded into the stores: NaN stays NaN, -inf gives
+    NaN, outputs past exp's overflow and underflow bounds (inputs scaled by 60) match eager's;
+    40 channels leave 8 to the one-channel tail."""
+    torch.manual_seed(c + k + s)
+    model = DepthwiseSilu(c, k, s).eval()
+    compiled = plait.compile(model, backend="stax")
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for scale in (1.0, 60.0):
+            x = special_values((2, c, 9, 13), gen) * scale
+            want = model(x)
+            assert_matches_eager([compiled(x)], [[want]], "conv", f"dw-silu x{scale}")
+    (dw,) = [d for d in node_details(compiled).values() if NATIVE in d]
+    assert "folded: silu" in dw, dw
+
+
 @pytest.mark.usefixtures("stax_cache")
 def test_nan_output_of_unclamped_depthwise_matches_eager() -> None:
     """Without activations, a NaN or infinity of the input reaches each output whose taps read
