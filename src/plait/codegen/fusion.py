@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from plait.codegen import native_conv_plan, timed_matmul
+from plait.codegen import gemm_conv, native_conv_plan, timed_matmul
 from plait.codegen.admission import (
     CONSTANTS,
     TARGETS,
@@ -112,6 +112,7 @@ class _Planner:
         timed_matmul: bool = False,
         reread: bool = False,
         native: tuple[str, ...] = native_conv_plan.KINDS,
+        gemm_conv: bool = False,
     ) -> None:
         graph = facts.graph
         self.graph = graph
@@ -121,6 +122,7 @@ class _Planner:
         # PyTorch's own kernels on the graph's device (cuDNN, cuBLAS, flash attention).
         self.onednn = target == "cpu" and onednn
         self.timed_matmul = target == "cpu" and timed_matmul
+        self.timed = (self.timed_matmul, target == "cpu" and gemm_conv)
         self.device = facts.device
         self.fuse = fuse
         self.channels_last = facts.channels_last
@@ -474,10 +476,10 @@ class _Planner:
                     step = None
                 else:
                     accepted = "; ".join(x for x in (chosen, self.oracle.accepted_note(call)) if x)
-            if step is None and self.timed_matmul and timed_matmul.eligible(node):
-                timed = ExternStep(node, timed_matmul.onednn_call(node), [])
-                if self.oracle.decide(timed, timed_matmul.STAGE, self.locs) is None:
-                    step = timed
+            timed = None if step else gemm_conv.timed_step(node, self.facts.consts, *self.timed)
+            if timed is not None:
+                failure = self.oracle.decide(timed, timed_matmul.STAGE, self.locs)
+                step, accepted = gemm_conv.chosen(timed, failure, accepted)
             if step is None:
                 special = None
                 if self.device.type == "cuda":
@@ -559,6 +561,7 @@ def plan_graph(
     timed_matmul: bool = False,
     reread: bool = False,
     native: tuple[str, ...] = native_conv_plan.KINDS,
+    gemm_conv: bool = False,
 ) -> Plan:
     """Decide locations, kernels and calls for ``graph`` (static shapes, CPU). ``layouts``
     (an extern node's position in ``graph.nodes`` -> its result strides, as
@@ -574,7 +577,8 @@ def plan_graph(
     kernels on the CPU too. ``timed_matmul``: float32 products without a prepacked weight run
     oneDNN's matmul where it timed faster than PyTorch's kernel (:mod:`.timed_matmul`).
     ``reread``: kernels may read back their own stores (:func:`.reductions.lower_reduction`).
-    ``native``: plait's convolution kernels to use (:mod:`.native_conv_plan`)."""
+    ``native``: plait's convolution kernels to use (:mod:`.native_conv_plan`). ``gemm_conv``:
+    a convolution's backward runs as GEMMs where that timed faster (:mod:`.gemm_conv`)."""
     check_graph(graph, target)
     facts = PlanFacts.of(graph, channels_last)
     oracle: LayoutOracle
@@ -584,7 +588,7 @@ def plan_graph(
         # NOTE: bare layouts (without the compile's oneDNN decisions) give the strides; each
         # oneDNN call is still probed once
         oracle = ProbingOracle(facts, infer_layouts, layouts)
-    args = (fuse, mkl_linear, target, onednn, timed_matmul, reread, native)
+    args = (fuse, mkl_linear, target, onednn, timed_matmul, reread, native, gemm_conv)
     planner = _Planner(facts, oracle, *args)
     try:
         plan = planner.run()

@@ -44,9 +44,13 @@ class StaxOptions:
     oneDNN's matmul where it timed faster than PyTorch's kernel at compile time, on the call's
     own shapes, and a linear that would run MKL's packed GEMM runs oneDNN's prepacked linear
     where that timed faster (off: PyTorch's kernel, MKL's packed GEMM; see
-    :mod:`plait.codegen.timed_matmul`). ``depthwise``: a float32 depthwise convolution (3x3 or
-    5x5, stride 1 or 2) of the C++ target runs plait's native kernel, with the zero pad and the
-    activation before it and the activation after it folded in where nothing else reads them
+    :mod:`plait.codegen.timed_matmul`). ``gemm_conv``: a float32 convolution's backward (a
+    training program's ``convolution_backward``) runs as an im2col, MKL GEMMs and a col2im where
+    that timed faster than PyTorch's kernel at compile time, on the call's own shapes (off:
+    PyTorch's kernel; see :mod:`plait.codegen.gemm_conv`). ``depthwise``: a float32 depthwise
+    convolution (3x3 or 5x5, stride 1 or 2) of the C++ target runs plait's native kernel, with
+    the zero pad and the activation before it and the activation after it folded in where
+    nothing else reads them
     (off: oneDNN's convolution, the pad and activations native kernels; see
     :mod:`plait.codegen.depthwise_conv`). ``pointwise``: a float32 1x1 convolution (stride 1,
     no padding, one group) of the C++ target on a CPU with AVX-512 runs plait's native kernel,
@@ -91,6 +95,7 @@ class StaxOptions:
     mkl_linear: bool = True
     onednn: bool = True
     timed_matmul: bool = True
+    gemm_conv: bool = True
     depthwise: bool = True
     pointwise: bool = True
     stem: bool = True

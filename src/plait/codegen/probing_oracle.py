@@ -192,7 +192,9 @@ class ProbingOracle:
                 args = get_op(node.op).structure(samples)
                 default = (step.rival or make_call(node, dict(self._facts.consts))).fn
                 times = timed_matmul.timings(step.call.fn, default, args)
-                return timed_matmul.refusal(*times, rival)
+                return timed_matmul.refusal(
+                    *times, rival, step.call.library or timed_matmul.LIBRARY
+                )
 
             # NOTE: a decision this machine made before is replayed (codegen.timed_choices)
             reason = measure() if key is None else timed_choices.store().decide(memo, measure)

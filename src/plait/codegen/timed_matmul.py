@@ -169,11 +169,16 @@ def rival_name(rival: ExternCall | None) -> str:
     return "PyTorch's kernel" if rival is None else f"{rival.library}'s packed GEMM"
 
 
-def refusal(candidate_s: float, default_s: float, rival: str = "PyTorch's kernel") -> str | None:
-    """The reason oneDNN is refused (``rival`` was not slower), or None."""
+def refusal(
+    candidate_s: float,
+    default_s: float,
+    rival: str = "PyTorch's kernel",
+    candidate: str = LIBRARY,
+) -> str | None:
+    """The reason ``candidate`` (oneDNN) is refused (``rival`` was not slower), or None."""
     if candidate_s < default_s:
         return None
     return (
         f"{rival} was faster at compile time ({default_s * 1e6:.0f} us against "
-        f"oneDNN's {candidate_s * 1e6:.0f} us)"
+        f"{candidate}'s {candidate_s * 1e6:.0f} us)"
     )

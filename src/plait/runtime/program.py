@@ -334,6 +334,7 @@ def compile_graphs(
             target=target,
             onednn=opts.onednn,
             timed_matmul=opts.timed_matmul,
+            gemm_conv=opts.gemm_conv,
             native=tuple(k for k in NATIVE_CONVS if getattr(opts, k)),
             reread=target == "cpu" and opts.kernels != "tvm",  # NOTE: the C++ printer's loops
         )
