@@ -25,6 +25,7 @@ import plait
 from plait.codegen import (
     build,
     depthwise_conv,
+    gemm_conv,
     native_entries,
     native_hash,
     pointwise_native,
@@ -101,6 +102,11 @@ def _stem(tmp: Path) -> list[str]:
     return _unit(tmp, "stem", stem_conv.source(), symbols, "sc::entry<{}>(p, f)")
 
 
+def _im2col(tmp: Path) -> list[str]:
+    symbols = [(name, (call,)) for name, call in gemm_conv.ENTRIES.items()]
+    return _unit(tmp, "im2col", gemm_conv.source(), symbols, "{}")
+
+
 # NOTE: every shipped file, and the command that compiles it (a header: the units including it)
 COMPILED: dict[str, Callable[[Path], list[str]]] = {
     "guards/csrc/evaluator.cpp": lambda tmp: _evaluator(tmp, "evaluator.cpp"),
@@ -110,6 +116,7 @@ COMPILED: dict[str, Callable[[Path], list[str]]] = {
     "codegen/csrc/depthwise.h": _depthwise,
     "codegen/csrc/pointwise.h": _pointwise,
     "codegen/csrc/stem_conv.h": _stem,
+    "codegen/csrc/im2col.h": _im2col,
 }
 INCLUDED = {"guards/csrc/torch_layout.h": ("evaluator.cpp", "torch_layout_check.cpp")}
 
