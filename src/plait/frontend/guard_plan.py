@@ -82,6 +82,9 @@ class GuardPlan:
     # NOTE: the tensors whose Python attributes the program sets, as ("user", leaf), ("state",
     # entry) or ("const", tensor): each is no other tensor of the call (tensor_attr_writes)
     attr_targets: list[tuple[str, Any]] = field(default_factory=list, compare=False, repr=False)
+    # NOTE: (leaf, first): an input tensor that was the same object as an earlier leaf at
+    # capture (traced as one): later calls pass the same pattern of identical tensors
+    same: list[tuple[int, int]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON form; raises ``ValueError`` for a relation it cannot write, or where the
@@ -106,6 +109,7 @@ class GuardPlan:
             "used": self.used,
             "layout_read": self.layout_read,
             "input_attrs": [list(a) for a in self.input_attrs],
+            "same": [list(p) for p in self.same],
             "pyreads": pyvalues.saved_form(self.pyroots) if self.pyroots else self.pyreads,
         }
 
@@ -131,6 +135,7 @@ class GuardPlan:
             used=doc["used"],
             layout_read=doc["layout_read"],
             input_attrs=[(int(i), str(n)) for i, n in doc.get("input_attrs", [])],
+            same=[(int(i), int(j)) for i, j in doc.get("same", [])],
             pyreads=[list(d) for d in doc["pyreads"]],
         )
 
@@ -158,6 +163,7 @@ def plan_of(
         used=used,
         layout_read=cx.layout_read if cx.layout_read is not None else cx.format_read,
         input_attrs=sorted(cx.absent_attrs),
+        same=list(cx.same_leaves),
         read_consts=None
         if slots is None
         else [lift.ref for lift in cx.lifts if lift.kind == "const" and lift.origin is not None],
@@ -196,6 +202,9 @@ def build_guards(
     ``pykeys``: the plan's Python roots each read just now (capture's, in their order);
     ``consts``: the program's constant inputs, in slot order (:func:`const_slots`)."""
     guards: list[Guard] = [guard_build.structure_guard(spec, leaves, paths)]
+    tensor_leaves = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    if len(tensor_leaves) > 1:
+        guards.append(guard_build.identity_guard(tensor_leaves, plan.same, paths))
     for i, (leaf, path) in enumerate(zip(leaves, paths)):
         if isinstance(leaf, torch.Tensor):
             ty = plan.user_types.get(i) or TensorType.of(leaf)

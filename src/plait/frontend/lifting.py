@@ -1,5 +1,6 @@
 """The graph inputs a capture starts from: the call's tensors (each traced through a clone of
-its own) and the module's parameters (traced in place) and buffers (through clones)."""
+its own; a tensor passed twice through one) and the module's parameters (traced in place) and
+buffers (through clones)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,14 @@ def _input_name(path: str, taken: set[str]) -> str:
 def lift_user_inputs(cx: CaptureContext, leaves: list[Any], paths: list[str]) -> list[Any]:
     out = list(leaves)
     taken: set[str] = set()
+    first: dict[int, int] = {}
     for i, (leaf, path) in enumerate(zip(leaves, paths)):
         if not isinstance(leaf, torch.Tensor):
+            continue
+        j = first.setdefault(id(leaf), i)
+        if j != i:  # NOTE: the same tensor passed again: one tracer, as eager has one object
+            cx.same_leaves.append((i, j))
+            out[i] = out[j]
             continue
         if isinstance(leaf, Tracer):
             cx.limitation("a tensor from a running capture was passed to another capture")

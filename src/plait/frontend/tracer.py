@@ -137,6 +137,9 @@ class CaptureContext(CaptureValues):
         # NOTE: (leaf, name): a Python attribute the program looked for on an input tensor,
         # which lacked it (plait.frontend.tensor_attrs): guarded absent on later calls
         self.absent_attrs: set[tuple[int, str]] = set()
+        # NOTE: (leaf, first): an input tensor that is the same object as an earlier leaf of
+        # the call (``f(x, x)``): traced as that leaf, so ``a is b`` holds as in eager
+        self.same_leaves: list[tuple[int, int]] = []
         # NOTE: the Python values a refusal was decided by (the attention fast-path flag):
         # the fallback's guards hold them (plait.frontend.refused_after_run)
         self.refusal_reads: list[Root] = []
