@@ -15,7 +15,10 @@ does all of it, on channels_last maps, NaN kept as eager keeps it:
   ``clamp``) read only by that pad or by the convolution is applied to each input element as it
   is loaded (the activated map is never written);
 - an activation (the clamp family, or ``silu``) that alone reads the convolution's result is
-  applied to each output before it is stored.
+  applied to each output before it is stored;
+- a global average pool of that result (squeeze-and-excitation's squeeze: :func:`global_pool`)
+  is computed as the rows are stored (:class:`PooledMeans`; its step only hands the means
+  over, or pools the map where the call ran eager's ops).
 
 Each output is its bias plus the products of its in-bounds taps, summed with fused
 multiply-adds in another order than oneDNN's (the contract's conv budget). A weight with a
@@ -84,6 +87,9 @@ class Depthwise:
     in_act: Activation
     out_act: Activation
     pads: tuple[int, int, int, int]
+    # NOTE: a global average pool of the result (squeeze-and-excitation's squeeze) whose means
+    # the call writes too (:class:`Pooled`): the pool's step only hands them over
+    pool: Node | None = None
 
     @property
     def output(self) -> Value:
@@ -200,7 +206,28 @@ def find_depthwise(
     found = activation(then, outputs_too=True) if then is not None else None
     if then is not None and found is not None and then.inputs[0] is node.outputs[0]:
         epilogue, out_act = (then,), found
-    return Depthwise(node, x, tuple(prologue), epilogue, in_act, out_act, pads)
+    result = (epilogue[-1] if epilogue else node).outputs[0]
+    pool = next((u for u in users.get(result, []) if u.id in live and global_pool(u)), None)
+    return Depthwise(node, x, tuple(prologue), epilogue, in_act, out_act, pads, pool)
+
+
+def global_pool(n: Node) -> bool:
+    """Whether ``n`` averages a float32 map over all of its pixels into ``[N, C, 1, 1]`` (as
+    squeeze-and-excitation blocks squeeze: ``adaptive_avg_pool2d`` to 1x1, or ``mean`` over
+    the last two dims keeping them)."""
+    a = n.attrs
+    if n.op == "adaptive_avg_pool2d":
+        pooled = tuple(a.get("output_size", ())) == (1, 1)
+    elif n.op == "mean":
+        dims = sorted(d % 4 for d in a.get("dims") or ())
+        pooled = dims == [2, 3] and a.get("keepdim") is True and a.get("dtype") is None
+    else:
+        return False
+    return (
+        pooled
+        and float32_static(n.inputs[0], 4) is not None
+        and float32_static(n.outputs[0], 4) is not None
+    )
 
 
 # --- the kernel -------------------------------------------------------------------------------
@@ -261,10 +288,31 @@ def eager_ops(dw: Depthwise) -> Any:
     return run
 
 
-def depthwise_call(dw: Depthwise, consts: Mapping[Any, torch.Tensor]) -> ExternCall:
+@dataclass
+class PooledMeans:
+    """The means a depthwise call writes for its pool (:attr:`Depthwise.pool`): ``rows`` the
+    kernel's scratch ``[N*OH, C]``, ``means`` ``[N, C]``; ``fresh`` from the call that wrote
+    them to the pool step that takes them (the runner's lock keeps one program call's steps
+    together and in order: the convolution's, then the pool's)."""
+
+    rows: torch.Tensor
+    means: torch.Tensor
+    fresh: bool = False
+
+    @classmethod
+    def of(cls, dw: Depthwise) -> PooledMeans:
+        yt = dw.output.type
+        assert isinstance(yt, TensorType)
+        n, c, oh, _ = (int(d) for d in yt.shape)
+        return cls(torch.empty(n * oh, c), torch.empty(n, c))
+
+
+def depthwise_call(
+    dw: Depthwise, consts: Mapping[Any, torch.Tensor], pooled: PooledMeans | None = None
+) -> ExternCall:
     """The call of ``dw`` (operands: its source, the weight, the bias or None; ``out``: the
-    result's buffer, else a new one). Raises
-    :class:`~plait.codegen.errors.BuildError` where the kernel cannot be built."""
+    result's buffer, else a new one); with ``pooled``, it writes its pool's means there too.
+    Raises :class:`~plait.codegen.errors.BuildError` where the kernel cannot be built."""
     shape = _shape(dw.host)
     assert shape is not None
     k, s = shape
@@ -280,7 +328,9 @@ def depthwise_call(dw: Depthwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
     fixed = consts.get(w)
     if fixed is not None:
         weight.prepare(fixed)
-    params = (ctypes.c_int64 * 12)(0, 0, 0, 0, n, h, wd, c, oh, ow, top, left)
+    params = (ctypes.c_int64 * 14)(0, 0, 0, 0, n, h, wd, c, oh, ow, top, left, 0, 0)
+    if pooled is not None:
+        params[12], params[13] = pooled.rows.data_ptr(), pooled.means.data_ptr()
     bounds = (ctypes.c_float * 4)(*dw.in_act[1:], *dw.out_act[1:])
     eager = eager_ops(dw)
     empty = torch.empty_strided
@@ -289,21 +339,54 @@ def depthwise_call(dw: Depthwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
         packed = weight(w)
         y = empty((n, c, oh, ow), sizes, dtype=torch.float32) if out is None else out
         if not weight.finite:
+            if pooled is not None:
+                pooled.fresh = False
             return y.copy_(eager(x, w, b))
         x = x.contiguous(memory_format=CL)
         bias = b.contiguous() if b is not None else None
         params[0], params[1] = x.data_ptr(), packed.data_ptr()
         params[2], params[3] = (bias.data_ptr() if bias is not None else 0), y.data_ptr()
         fn(params, bounds)  # NOTE: the call holds both arrays (the kernel reads their memory)
+        if pooled is not None:
+            pooled.fresh = True
         return y
 
     when = "at compile time" if fixed is not None else "on first use"
+    means = f"; the means of node {dw.pool.id} written too" if pooled and dw.pool else ""
     detail = (
         f"native depthwise {k}x{k} conv2d, stride {s}, channels_last, padding {dw.pads} "
         f"(folded: {dw.describe()}; weight laid out [kh][kw][C] {when}; a weight with a "
-        f"non-finite value runs eager's ops)"
+        f"non-finite value runs eager's ops{means})"
     )
     return ExternCall(call, "conv", detail, "native", strides=sizes)
+
+
+def pool_ops(pool: Node) -> Any:
+    """Eager's op for a :func:`global_pool` node, on its map."""
+    if pool.op == "mean":
+        return lambda y: torch.mean(y, (2, 3), keepdim=True)
+    return lambda y: torch._C._nn.adaptive_avg_pool2d(y, (1, 1))
+
+
+def pooled_call(dw: Depthwise, pooled: PooledMeans) -> ExternCall:
+    """The call of ``dw.pool`` (operand: the map): the means ``dw``'s call wrote in this
+    program call, else (the call ran eager's ops) eager's pool of the map."""
+    assert dw.pool is not None
+    n, c = (int(d) for d in pooled.means.shape)
+    empty, fallback = torch.empty_strided, pool_ops(dw.pool)
+
+    def call(y: Any) -> Any:
+        if not pooled.fresh:
+            return fallback(y)
+        pooled.fresh = False
+        out = empty((n, c, 1, 1), (c, 1, c, c), dtype=torch.float32)
+        return out.copy_(pooled.means.view(n, c, 1, 1))
+
+    detail = (
+        f"global average pool written by node {dw.host.id}'s native depthwise call (its "
+        f"result's means; eager's {dw.pool.op} where that call ran eager's ops)"
+    )
+    return ExternCall(call, "reduction", detail, "native")
 
 
 def fused_nodes(dws: Sequence[Depthwise]) -> set[int]:

@@ -29,10 +29,17 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from plait.codegen import depthwise_conv, pointwise_native, stem_conv
-from plait.codegen.depthwise_conv import Depthwise, depthwise_call, find_depthwise
+from plait.codegen.depthwise_conv import (
+    Depthwise,
+    PooledMeans,
+    depthwise_call,
+    find_depthwise,
+    pooled_call,
+)
 from plait.codegen.errors import BuildError
 from plait.codegen.extern_call import ExternCall
 from plait.codegen.placement import Loc
@@ -48,7 +55,28 @@ if TYPE_CHECKING:
 STAGE = "native"
 # NOTE: the kernels by name, as StaxOptions turns them on and off
 KINDS = ("depthwise", "pointwise", "stem")
-Native = Depthwise | Pointwise | Stem
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """The global average pool of a depthwise call's result, whose means that call writes
+    (:class:`~plait.codegen.depthwise_conv.PooledMeans`): its step hands them over."""
+
+    host: Node
+    conv: Depthwise
+    prologue: tuple[Node, ...] = ()
+    epilogue: tuple[Node, ...] = ()
+
+    @property
+    def source(self) -> Any:
+        return self.host.inputs[0]
+
+    @property
+    def output(self) -> Any:
+        return self.host.outputs[0]
+
+
+Native = Depthwise | Pointwise | Stem | Pooled
 
 
 def _find(node: Node, planner: _Planner, kind: str) -> Native | None:
@@ -60,12 +88,13 @@ def _find(node: Node, planner: _Planner, kind: str) -> Native | None:
     return find_pointwise(node, *args, taken=planner.fused_into)
 
 
-def _call(spec: Native, consts: Any) -> ExternCall:
+def _call(spec: Native, consts: Any, pooled: PooledMeans | None) -> ExternCall:
     if isinstance(spec, Pointwise):
         return pointwise_call(spec, consts)
     if isinstance(spec, Stem):
         return stem_call(spec, consts)
-    return depthwise_call(spec, consts)
+    assert isinstance(spec, Depthwise)
+    return depthwise_call(spec, consts, pooled)
 
 
 def _eager(spec: Native) -> Any:
@@ -73,6 +102,8 @@ def _eager(spec: Native) -> Any:
         return pointwise_native.eager_ops(spec)
     if isinstance(spec, Stem):
         return stem_conv.eager_ops(spec)
+    if isinstance(spec, Pooled):
+        return depthwise_conv.pool_ops(spec.host)
     return depthwise_conv.eager_ops(spec)
 
 
@@ -84,18 +115,24 @@ def claim(planner: _Planner, kinds: tuple[str, ...]) -> dict[int, tuple[Native, 
     # NOTE: depthwise calls first: an activation between a 1x1 convolution and a depthwise one
     # is the depthwise call's (its kernel folds the zero pad after it only with it)
     order = [(k, n) for k in KINDS if k in kinds for n in planner.graph.nodes]
+    claimed: set[Node] = set()
     for kind, node in order:
         if node.id not in planner.live or node.id in found:
             continue
         spec = _find(node, planner, kind)
         if spec is None or any(n.id in planner.fused_into for n in folded(spec)):
             continue
+        pool = spec.pool if isinstance(spec, Depthwise) and spec.pool not in claimed else None
+        pooled = PooledMeans.of(spec) if pool is not None else None
         try:
-            call = _call(spec, planner.facts.consts)
+            call = _call(spec, planner.facts.consts, pooled)
         except BuildError as e:
             planner.unfused[node.id] = f"native convolution kernel not built ({e})"
             continue
         found[node.id] = (spec, call)
+        if pool is not None and pooled is not None and isinstance(spec, Depthwise):
+            found[pool.id] = (Pooled(pool, spec), pooled_call(spec, pooled))
+            claimed.add(pool)
         for n in folded(spec):
             planner.fused_into[n.id] = node
             planner.kinds[n.id] = ("fused", "")
@@ -120,8 +157,9 @@ def read_at(claimed: dict[int, tuple[Native, ExternCall]]) -> dict[int, int]:
 
 
 def emit(planner: _Planner, node: Node) -> None:
-    """The step of convolution ``node`` (claimed by :func:`claim`): the native call, or, where
-    its dry run raised, eager's ops for the same nodes (the reason in its detail)."""
+    """The step of convolution ``node`` (claimed by :func:`claim`; or of a pool whose means a
+    depthwise call writes): the native call, or, where its dry run raised, eager's ops for the
+    same nodes (the reason in its detail)."""
     dw, call = planner.native_convs[node.id]
     planner.close()
     inputs = (dw.source, *node.inputs[1:])
@@ -130,13 +168,14 @@ def emit(planner: _Planner, node: Node) -> None:
     failure = planner.oracle.decide(step, STAGE, planner.locs)
     executor = "native"
     if failure is not None:
-        eager = ExternCall(_eager(dw), "conv", f"eager's ops ({failure})")
+        op_class = "reduction" if isinstance(dw, Pooled) else "conv"
+        eager = ExternCall(_eager(dw), op_class, f"eager's ops ({failure})")
         step = ExternStep(node, eager, [], dw.epilogue, extra, prologue=dw.prologue, inputs=inputs)
         step.out_strides = planner.oracle.result_strides(step, planner.locs)
         planner.unfused[node.id] = failure
         executor = "extern"
     planner.steps.append(step)
-    planner.tags[node.id] = NodeTag(executor, f"{step.call.detail} (conv)")
+    planner.tags[node.id] = NodeTag(executor, f"{step.call.detail} ({step.call.op_class})")
     for n in (*dw.prologue, *dw.epilogue):
         what = f"folded into node {node.id}'s native convolution call"
         planner.tags[n.id] = NodeTag(executor, what)

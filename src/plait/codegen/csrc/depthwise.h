@@ -11,6 +11,11 @@
 // vector; interior columns in blocks of P output pixels whose input columns ((P-1)*S+K per tap
 // row) are loaded once per tap row, activated once, and reused across the K taps of the row.
 //
+// Pooled means (``pool`` not null, ``rows`` its scratch [N*OH][C]): each output row's sums per
+// channel (its columns in order) are written once the row is stored, then after every row each
+// image's rows are summed in order and divided by OH*OW into pool [N][C] (a global average
+// pool of the result read where it was just written, the same for any number of threads).
+//
 // Activations (NaN kept, as PyTorch's): IA on each input element as it is loaded, OA on each
 // output: 0 none, 1 clamp ``v < lo ? lo : v`` then ``v > hi ? hi : v`` (an absent bound is an
 // infinity: its comparison is never true), 2 silu ``v / (1 + exp(-v))`` (outputs only).
@@ -56,7 +61,34 @@ struct Args {
   float* y;
   i64 n, h, w_, c, oh, ow, pt, pl;
   float ilo, ihi, olo, ohi;
+  float* rows;
+  float* pool;
 };
+
+// One output row's sums per channel, over its columns in order.
+inline void row_sums(const Args& a, const float* yr, float* rs) {
+  for (i64 c = 0; c < a.c; ++c) rs[c] = 0.0f;
+  for (i64 o = 0; o < a.ow; ++o) {
+    const float* yo = yr + o * a.c;
+#pragma omp simd
+    for (i64 c = 0; c < a.c; ++c) rs[c] += yo[c];
+  }
+}
+
+// Each image's row sums, in row order, divided by its pixels.
+inline void pooled_means(const Args& a) {
+  const float pixels = (float)(a.oh * a.ow);
+  for (i64 n = 0; n < a.n; ++n) {
+    float* pn = a.pool + n * a.c;
+    for (i64 c = 0; c < a.c; ++c) pn[c] = 0.0f;
+    for (i64 r = 0; r < a.oh; ++r) {
+      const float* rs = a.rows + (n * a.oh + r) * a.c;
+#pragma omp simd
+      for (i64 c = 0; c < a.c; ++c) pn[c] += rs[c];
+    }
+    for (i64 c = 0; c < a.c; ++c) pn[c] = pn[c] / pixels;
+  }
+}
 
 // One output pixel of 16 channels at column ``o`` (every tap checked against the borders).
 template <int K, int S, int IA, int OA>
@@ -163,13 +195,16 @@ void conv(const Args& a) {
 #pragma omp simd
       for (i64 i = 0; i < m; ++i) yr[i] = yr[i] / (1.0f + expf(-yr[i]));
     }
+    if (a.pool) row_sums(a, yr, a.rows + nr * a.c);
   }
+  if (a.pool) pooled_means(a);
 }
 
 template <int K, int S, int IA, int OA>
 int entry(const int64_t* p, const float* f) {
   Args a{(const float*)p[0], (const float*)p[1], (const float*)p[2], (float*)p[3],
-         p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], f[0], f[1], f[2], f[3]};
+         p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], f[0], f[1], f[2], f[3],
+         (float*)p[12], (float*)p[13]};
   conv<K, S, IA, OA, (S == 1 || K == 3) ? 8 : 4>(a);
   return 0;
 }
