@@ -115,24 +115,22 @@ def claim(planner: _Planner, kinds: tuple[str, ...]) -> dict[int, tuple[Native, 
     # NOTE: depthwise calls first: an activation between a 1x1 convolution and a depthwise one
     # is the depthwise call's (its kernel folds the zero pad after it only with it)
     order = [(k, n) for k in KINDS if k in kinds for n in planner.graph.nodes]
-    claimed: set[Node] = set()
     for kind, node in order:
         if node.id not in planner.live or node.id in found:
             continue
         spec = _find(node, planner, kind)
         if spec is None or any(n.id in planner.fused_into for n in folded(spec)):
             continue
-        pool = spec.pool if isinstance(spec, Depthwise) and spec.pool not in claimed else None
-        pooled = PooledMeans.of(spec) if pool is not None else None
+        dw = spec if isinstance(spec, Depthwise) and spec.pool is not None else None
+        pooled = PooledMeans.of(dw) if dw is not None else None
         try:
             call = _call(spec, planner.facts.consts, pooled)
         except BuildError as e:
             planner.unfused[node.id] = f"native convolution kernel not built ({e})"
             continue
         found[node.id] = (spec, call)
-        if pool is not None and pooled is not None and isinstance(spec, Depthwise):
-            found[pool.id] = (Pooled(pool, spec), pooled_call(spec, pooled))
-            claimed.add(pool)
+        if dw is not None and dw.pool is not None and pooled is not None:
+            found[dw.pool.id] = (Pooled(dw.pool, dw), pooled_call(dw, pooled))
         for n in folded(spec):
             planner.fused_into[n.id] = node
             planner.kinds[n.id] = ("fused", "")
