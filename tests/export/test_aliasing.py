@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import plait
+from plait.errors import ExportError
 from tests.export.models import seeded
+from tests.util import contract_tol
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -69,3 +71,23 @@ def test_outputs_that_view_another_output_load_as_views_of_it(tmp_path: Path) ->
     for g, w in zip(got, want):
         assert torch.equal(g, w)
         assert g.untyped_storage().data_ptr() == got[1].untyped_storage().data_ptr()
+
+
+def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a * b.sin()
+
+
+def test_an_example_passing_one_tensor_twice_is_refused_with_the_two_names(
+    tmp_path: Path,
+) -> None:
+    """Capture traces one tensor passed twice as one (``a is b`` as in eager); an artifact takes
+    each input apart, so such an example is refused before anything is compiled."""
+    x = torch.randn(3, 4, generator=seeded(22))
+    with pytest.raises(ExportError, match=r"one tensor as a and as b: .*distinct tensors"):
+        plait.export(_product, (x, x), native=False)
+    path = plait.export(_product, (x, x.clone()), native=False).save(tmp_path / "two.plait")
+    loaded = plait.load(path)
+    y, z = torch.randn(3, 4, generator=seeded(23)), torch.randn(3, 4, generator=seeded(24))
+    torch.testing.assert_close(
+        loaded(y, z), _product(y, z), **contract_tol("pointwise", torch.float32)
+    )

@@ -95,6 +95,20 @@ class Artifact:
         return load_members(members, self.header["name"], trusted, Limits())
 
 
+def _refuse_repeated_tensors(model_or_fn: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+    """An example passing one tensor as two inputs is refused: capture traces it as one tensor
+    (``a is b`` holds as in eager), where an artifact takes each input apart."""
+    _, leaves, paths = InputAdapter(model_or_fn).flatten(args, kwargs)
+    first: dict[int, str] = {}
+    for leaf, path in zip(leaves, paths):
+        if isinstance(leaf, torch.Tensor) and first.setdefault(id(leaf), path) != path:
+            raise ExportError(
+                f"the example passes one tensor as {first[id(leaf)]} and as {path}: an exported "
+                "program takes each input apart, so export with distinct tensors (for example "
+                f"{path}=x.clone())"
+            )
+
+
 def export(
     model_or_fn: Any,
     args: Any,
@@ -109,6 +123,7 @@ def export(
     kwargs = dict(kwargs or {})
     if references < 1:
         raise InvalidOptionError("references must be >= 1: verify judges the program on them")
+    _refuse_repeated_tensors(model_or_fn, args, kwargs)
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     # NOTE: the libraries timing chose, carried: a load on this machine replays them
