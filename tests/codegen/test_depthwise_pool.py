@@ -16,7 +16,7 @@ from torch import nn
 import plait
 from tests.codegen.native_conv_helpers import node_details, special_values
 from tests.codegen.test_special_values import assert_matches_eager
-from tests.util import assert_bitwise, contract_tol
+from tests.util import assert_bitwise, contract_tol, torch_threads
 
 POOLED = "global average pool written by node"
 
@@ -113,15 +113,11 @@ def test_two_threads_give_the_means_of_one() -> None:
     model = SqueezeExcite(144, 3, 1, both=True)
     compiled = _compiled(model)
     x = torch.randn(1, 144, 56, 56, generator=torch.Generator().manual_seed(10))
-    threads = torch.get_num_threads()
     with torch.no_grad():
-        try:
-            torch.set_num_threads(1)
+        with torch_threads(1):
             one = compiled(x)
-            torch.set_num_threads(2)
+        with torch_threads(2):
             two = compiled(x)
-        finally:
-            torch.set_num_threads(threads)
     assert_bitwise(two[1], one[1], "means, two threads against one")
     assert_bitwise(two[0], one[0], "block, two threads against one")
 
