@@ -9,9 +9,10 @@ The fallback now holds the flag: turning it off captures again on the next call,
 (and turning it back on is the fallback again), with eager's results in both states.
 
 The same tensor passed as query, key and value (``attn(x, x, x)`` compiled alone, or as the
-region of a module that falls back) was traced as three tensors, whose ``query is key`` failed:
-the capture took the slow path where eager took the fast path, and a row whose every key is
-masked was 0 where eager's is NaN. Such a call is refused too (the loud eager fallback)."""
+region of a module that falls back) must not take the slow path where eager takes the fast path
+(a row whose every key is masked is 0 there, where eager's is NaN): it is traced as one tensor,
+so ``query is key`` holds as in eager, and such a call is refused too (the loud eager
+fallback)."""
 
 from __future__ import annotations
 

@@ -87,6 +87,7 @@ def test_resnet_guard_fast_path_is_batched() -> None:
         env = GuardEnv(*engine.adapter.flatten((x,), {})[:2], model, engine.fetch())
         assert spec.guards.holds(env)
         assert len(spec.manifest.graph["frozen"]) > 100
-        assert len(spec.guards._fast) <= 12, [g.text for g in spec.guards if not g.redundant]
+        # NOTE: one guard each: structure, identity of the inputs, types, ambient settings ...
+        assert len(spec.guards._fast) <= 13, [g.text for g in spec.guards if not g.redundant]
         per_call = min(timeit.repeat(lambda: spec.guards.holds(env), number=200, repeat=3)) / 200
     assert per_call < 1e-3  # NOTE: a loose bound for loaded CI machines; see RESULTS.md

@@ -171,6 +171,9 @@ class CaptureValues:
         self.static_sizes = static_sizes
         self.lifts: list[Lift] = []
         self.consts: dict[int, Tracer] = {}
+        # NOTE: id -> path of each input tensor of the call: one the program reads also as a
+        # constant (a global, a closure) is refused, guarded by plait.frontend.identity_guard
+        self.input_paths: dict[int, str] = {}
         # NOTE: TensorType.of of a (shape, dtype, device): a type is a frozen value
         self._plain_types: dict[tuple[Any, ...], TensorType] = {}
         self.mutated: dict[int, Tracer] = {}
@@ -363,6 +366,12 @@ class CaptureValues:
         found = self.consts.get(id(t))
         if found is not None and found._lift is not None and found._lift.ref is t:
             return found
+        if id(t) in self.input_paths:
+            self.limitation(
+                f"the program reads its input {self.input_paths[id(t)]} also as a constant (a "
+                "global, a closure or a plain attribute holds the same tensor), which capture "
+                "would trace as two tensors: read it through the argument only, or pass a copy"
+            )
         with torch._C.DisableTorchFunction():
             sample = layout_clone(t.detach())
         tracer = self.lift_input(

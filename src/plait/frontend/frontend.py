@@ -37,7 +37,7 @@ from plait.frontend.dynamic_dims import DimPolicy, DynamicSpec
 from plait.frontend.guard_plan import build_guards, const_slots, plan_of
 from plait.frontend.input_writes import InputObjects
 from plait.frontend.inputs import InputAdapter
-from plait.frontend.lifting import lift_state, lift_user_inputs
+from plait.frontend.lifting import bind_state_leaves, lift_state, lift_user_inputs
 from plait.frontend.program import CapturedProgram, Continued, InputSlot, OutputLeaf
 from plait.frontend.pyreads import PyReads
 from plait.frontend.pyvalues import Keyed, Root
@@ -243,8 +243,9 @@ def _capture_once(
             )
     with preserved_rng(lambda: not cx.continued):
         cx.rng.start()
-        traced_leaves = lift_user_inputs(cx, leaves, paths)
+        traced_leaves = lift_user_inputs(cx, leaves, paths, ms)
         state_tracers, state = lift_state(cx, ms)
+        bind_state_leaves(cx, traced_leaves, state_tracers)
         if cx.continuation is not None:
             cx.continuation.leaves, cx.continuation.state = leaves, state
         versions = [t._version for t in state]

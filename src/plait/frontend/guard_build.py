@@ -56,31 +56,6 @@ def structure_guard(spec: Any, leaves: Sequence[Any], paths: Sequence[str]) -> G
     )
 
 
-def identity_guard(
-    tensors: Sequence[int], same: Sequence[tuple[int, int]], paths: Sequence[str]
-) -> Guard:
-    """The input tensors ``tensors`` (leaf indices) are the same objects where capture found
-    them the same (``same``: (leaf, earlier leaf) pairs, traced as one tensor) and distinct
-    objects elsewhere: ``a is b`` in the program reads as it did at capture.
-
-    >>> g = identity_guard([0, 1], [(1, 0)], ["a", "b"])
-    >>> g.expected, g.text
-    ((0, 0), 'inputs: b is a')
-    """
-    firsts = dict(same)
-    expected = tuple(firsts.get(i, i) for i in tensors)
-
-    def text(firsts: Sequence[int]) -> str:
-        pairs = [f"{paths[i]} is {paths[j]}" for i, j in zip(tensors, firsts) if i != j]
-        return f"inputs: {', '.join(pairs)}" if pairs else "input tensors are distinct objects"
-
-    def read(env: GuardEnv) -> tuple[int, ...]:
-        first: dict[int, int] = {}
-        return tuple(first.setdefault(id(env.leaves[i]), i) for i in tensors)
-
-    return Guard("alias", "input tensors", text(expected), expected, read, fmt=text)
-
-
 def structure_text(spec: Any, kinds: Sequence[str]) -> str:
     """The call's structure with each leaf's kind, by argument: ``(inp: {'a': tensor, 'b':
     [tensor]}, scale: float)`` (dict keys in their order: a call differing only in it shows

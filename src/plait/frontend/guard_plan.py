@@ -30,7 +30,14 @@ import sympy
 import torch
 
 from plait.errors import GraphCaptureError, NotSavableError
-from plait.frontend import guard_build, pyvalues, saved_roots, size_guards, tensor_attr_writes
+from plait.frontend import (
+    guard_build,
+    identity_guard,
+    pyvalues,
+    saved_roots,
+    size_guards,
+    tensor_attr_writes,
+)
 from plait.frontend.output_views import FORMAT_READ
 from plait.frontend.state import ModuleState
 from plait.guards.guard import Guard, GuardSet
@@ -85,6 +92,9 @@ class GuardPlan:
     # NOTE: (leaf, first): an input tensor that was the same object as an earlier leaf at
     # capture (traced as one): later calls pass the same pattern of identical tensors
     same: list[tuple[int, int]] = field(default_factory=list)
+    # NOTE: (leaf, entry): an input tensor that was the module's state entry at capture (traced
+    # as that parameter or buffer): later calls pass it again, and no other input is state
+    in_state: list[tuple[int, int]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON form; raises ``ValueError`` for a relation it cannot write, or where the
@@ -110,6 +120,7 @@ class GuardPlan:
             "layout_read": self.layout_read,
             "input_attrs": [list(a) for a in self.input_attrs],
             "same": [list(p) for p in self.same],
+            "in_state": [list(p) for p in self.in_state],
             "pyreads": pyvalues.saved_form(self.pyroots) if self.pyroots else self.pyreads,
         }
 
@@ -136,6 +147,7 @@ class GuardPlan:
             layout_read=doc["layout_read"],
             input_attrs=[(int(i), str(n)) for i, n in doc.get("input_attrs", [])],
             same=[(int(i), int(j)) for i, j in doc.get("same", [])],
+            in_state=[(int(i), int(k)) for i, k in doc.get("in_state", [])],
             pyreads=[list(d) for d in doc["pyreads"]],
         )
 
@@ -164,6 +176,7 @@ def plan_of(
         layout_read=cx.layout_read if cx.layout_read is not None else cx.format_read,
         input_attrs=sorted(cx.absent_attrs),
         same=list(cx.same_leaves),
+        in_state=list(cx.state_leaves),
         read_consts=None
         if slots is None
         else [lift.ref for lift in cx.lifts if lift.kind == "const" and lift.origin is not None],
@@ -203,8 +216,22 @@ def build_guards(
     ``consts``: the program's constant inputs, in slot order (:func:`const_slots`)."""
     guards: list[Guard] = [guard_build.structure_guard(spec, leaves, paths)]
     tensor_leaves = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    if len(tensor_leaves) > 1:
-        guards.append(guard_build.identity_guard(tensor_leaves, plan.same, paths))
+    state_paths = [e.path for e in ms.entries] if ms is not None else []
+    read_consts = consts if plan.read_consts is None else plan.read_consts
+    roots = plan.pyroots
+    if roots is None:
+        module = ms.module if ms is not None else None
+        roots = [saved_roots.resolve(d, module) for d in plan.pyreads]
+        pykeys = None
+    keys = list(pykeys) if pykeys is not None else [pyvalues.keyed(r) for r in roots]
+    held = identity_guard.held_tensors(read_consts, [k.key for k in keys])
+    identity_guard.refuse_held_inputs(tensor_leaves, leaves, paths, held)
+    if len(tensor_leaves) > 1 or (tensor_leaves and (state_paths or held)):
+        guards.append(
+            identity_guard.identity_guard(
+                tensor_leaves, plan.same, paths, plan.in_state, state_paths, held
+            )
+        )
     for i, (leaf, path) in enumerate(zip(leaves, paths)):
         if isinstance(leaf, torch.Tensor):
             ty = plan.user_types.get(i) or TensorType.of(leaf)
@@ -221,9 +248,12 @@ def build_guards(
         used = list(plan.used) if plan.used is not None else list(range(len(ms.entries)))
     if plan.alias:
         live_state = state or (ms.fetch() if ms is not None else [])
-        guards.append(_no_alias_guard(leaves, used, live_state, plan.written, consts))
+        traced_as_other = {i for i, _ in [*plan.same, *plan.in_state]}
+        guards.append(
+            _no_alias_guard(leaves, used, live_state, plan.written, consts, traced_as_other)
+        )
     guards += guard_build.ambient_guards()
-    guards += guard_build.const_guard(consts if plan.read_consts is None else plan.read_consts)
+    guards += guard_build.const_guard(read_consts)
     if ms is not None:
         guards += guard_build.module_guards(ms, used, state or ms.fetch())
     if plan.layout_read is not None:
@@ -245,12 +275,7 @@ def build_guards(
         live = state or (ms.fetch() if ms is not None else [])
         held = plan.read_consts or []
         guards.append(tensor_attr_writes.distinct_guard(plan.attr_targets, leaves, live, held))
-    roots = plan.pyroots
-    if roots is None:
-        module = ms.module if ms is not None else None
-        roots = [saved_roots.resolve(d, module) for d in plan.pyreads]
-        pykeys = None
-    guards += pyvalues.python_values_guards(roots, pykeys)
+    guards += pyvalues.python_values_guards(roots, keys)
     return GuardSet(guards)
 
 
@@ -294,8 +319,13 @@ def _no_alias_guard(
     state: Sequence[torch.Tensor],
     written: Sequence[tuple[str, int]] = (),
     consts: Sequence[torch.Tensor] = (),
+    traced_as_other: set[int] | frozenset[int] = frozenset(),
 ) -> Guard:
-    tensor_ix = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    """``traced_as_other``: the leaves traced as another (an earlier leaf or a state tensor
+    they are, guarded by the identity guard): one tensor of the program, read once here."""
+    tensor_ix = [
+        i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and i not in traced_as_other
+    ]
     state_ix = [k for k in used if isinstance(state[k], torch.Tensor)]
     written_leaves = [i for where, i in written if where == "user"]
     written_state = [k for where, k in written if where == "state"]

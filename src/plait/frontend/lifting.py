@@ -1,6 +1,7 @@
 """The graph inputs a capture starts from: the call's tensors (each traced through a clone of
-its own; a tensor passed twice through one) and the module's parameters (traced in place) and
-buffers (through clones)."""
+its own; a tensor passed twice through one; a parameter or buffer of the module passed as an
+input as that state tensor) and the module's parameters (traced in place) and buffers (through
+clones)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,24 @@ def _input_name(path: str, taken: set[str]) -> str:
     return name
 
 
-def lift_user_inputs(cx: CaptureContext, leaves: list[Any], paths: list[str]) -> list[Any]:
+def lift_user_inputs(
+    cx: CaptureContext, leaves: list[Any], paths: list[str], ms: ModuleState | None = None
+) -> list[Any]:
+    """The call's leaves with each tensor traced; one that is a tensor of the module's state
+    ``ms`` is left as it is, for :func:`bind_state_leaves` (recorded in ``cx.state_leaves``)."""
     out = list(leaves)
     taken: set[str] = set()
     first: dict[int, int] = {}
+    entry_of: dict[int, int] = {}
+    if ms is not None:
+        for k, t in enumerate(ms.fetch()):
+            entry_of.setdefault(id(t), k)
     for i, (leaf, path) in enumerate(zip(leaves, paths)):
         if not isinstance(leaf, torch.Tensor):
+            continue
+        cx.input_paths.setdefault(id(leaf), path)
+        if id(leaf) in entry_of:
+            cx.state_leaves.append((i, entry_of[id(leaf)]))
             continue
         j = first.setdefault(id(leaf), i)
         if j != i:  # NOTE: the same tensor passed again: one tracer, as eager has one object
@@ -60,6 +73,14 @@ def lift_user_inputs(cx: CaptureContext, leaves: list[Any], paths: list[str]) ->
         out[i] = tr
     cx.current = "<capture>"
     return out
+
+
+def bind_state_leaves(cx: CaptureContext, traced: list[Any], state_tracers: list[Tracer]) -> None:
+    """Trace each input that is a parameter or buffer of the module as that state tensor (its
+    tracer from :func:`lift_state`): ``x is self.weight`` reads as in eager, and a write
+    through either name is a write of the state tensor."""
+    for i, k in cx.state_leaves:
+        traced[i] = state_tracers[k]
 
 
 def lift_state(cx: CaptureContext, ms: ModuleState | None) -> tuple[list[Tracer], list[Any]]:

@@ -24,9 +24,8 @@ such a call is refused (:func:`refuse_if_attention_fast_path`), unless
 capture guards, :mod:`plait.frontend.library_reads`). Each refusal here is decided by that flag
 too: the eager fallback's guards hold it, so turning the fast path off after a refused call
 captures again, and compiles. One tensor of the call passed as query, key and value is traced as
-three tensors (each input through a clone of its own), so the capture's ``query is key`` fails
-where eager's holds: ``get_fastpath_enabled()``, asked by ``MultiheadAttention.forward`` before
-that check, refuses such a masked call (:func:`refuse_if_one_tensor_traced_thrice`).
+one tensor (:mod:`plait.frontend.lifting`), so the capture's ``query is key`` holds as eager's
+does, and such a masked call reaches the ``has_torch_function`` check, refused there.
 
 Example:
     >>> import sys
@@ -45,7 +44,7 @@ import torch
 import torch.backends.mha
 
 from plait.errors import GraphCaptureError
-from plait.frontend.capture_values import CaptureValues, Tracer
+from plait.frontend.capture_values import CaptureValues
 from plait.frontend.library_reads import fastpath_root
 from plait.frontend.thread_patch import ThreadPatch
 
@@ -134,73 +133,6 @@ def _runs_fast(tensors: Any, attn: Any) -> bool:
     return weight is not None and bias is not None
 
 
-def refuse_if_one_tensor_traced_thrice(frame: types.FrameType | None) -> None:
-    """Raise where ``frame`` is ``MultiheadAttention.forward`` asking the fast-path flag (on),
-    called with one tensor of the call as query, key and value (``attn(x, x, x)`` compiled
-    alone, or as a region): eager's ``query is key`` holds and, given a mask, it takes the
-    fast path; capture traces each argument through a clone of its own, so its ``is`` fails
-    and it would take the slow path, whose fully masked rows differ (see the module doc).
-    The fast path's other conditions are checked as eager checks them next."""
-    if frame is None or frame.f_code is not _ATTENTION:
-        return
-    loc = frame.f_locals
-    query, key, value = loc.get("query"), loc.get("key"), loc.get("value")
-    if (query is key and key is value) or not _one_input(query, key, value):
-        return  # NOTE: one tracer: eager's check at has_torch_function refuses it
-    masked = loc.get("attn_mask") is not None or loc.get("key_padding_mask") is not None
-    if not masked or loc.get("need_weights") or loc.get("why_not_fast_path"):
-        return
-    attn = loc.get("self")
-    if not isinstance(query, torch.Tensor) or not _fast_module(attn, query):
-        return
-    projections = [getattr(attn, "in_proj_weight", None), getattr(attn, "in_proj_bias", None)]
-    out = getattr(attn, "out_proj", None)
-    projections += [getattr(out, "weight", None), getattr(out, "bias", None)]
-    if not _runs_fast([query, *projections], attn):
-        return
-    raise _decided_by_flag(
-        "attention fast path",
-        "nn.MultiheadAttention (need_weights=False) in eval mode without grad, given a mask "
-        "and one tensor as query, key and value, takes PyTorch's fast path, whose rows with "
-        "every key masked are NaN where the slow path a capture takes (it traces each "
-        f"argument through a tensor of its own) gives 0. {_OFF}",
-        kind="limitation",
-    )
-
-
-def _one_input(*tensors: Any) -> bool:
-    """Whether ``tensors`` are the capture's tracers of one tensor of the call, passed more than
-    once (each lifted as an input of its own)."""
-    origins = []
-    for t in tensors:
-        lift = t._lift if isinstance(t, Tracer) and t._root is None else None
-        if lift is None or lift.kind != "user" or lift.origin is None:
-            return False
-        origins.append(lift.origin)
-    return all(o is origins[0] for o in origins)
-
-
-def _fast_module(attn: Any, query: torch.Tensor) -> bool:
-    """``MultiheadAttention.forward``'s fast-path conditions on the module and the query after
-    the flag and ``query is key is value`` (PyTorch's order)."""
-    weight, bias = getattr(attn, "in_proj_weight", None), getattr(attn, "in_proj_bias", None)
-    return (
-        query.dim() == 3
-        and (bias is None or query.dtype == bias.dtype)
-        and weight is not None
-        and query.dtype == weight.dtype
-        and not attn.training
-        and attn.num_heads % 2 == 0
-        and attn.batch_first
-        and attn.bias_k is None
-        and attn.bias_v is None
-        and not attn.add_zero_attn
-        and attn._qkv_same_embed_dim
-        and not query.is_nested
-        and not torch.is_autocast_enabled()
-    )
-
-
 def _decided_by_flag(operation: str, reason: str, kind: str) -> GraphCaptureError:
     """The refusal, whose fallback the fast-path flag is read by: eager takes the fast path
     only while ``torch.backends.mha.get_fastpath_enabled()``, so the fallback's guards hold the
@@ -222,23 +154,11 @@ def _has_torch_function(args: Any) -> bool:
 _HAS_TORCH_FUNCTION = ThreadPatch(torch.overrides, "has_torch_function", _has_torch_function)
 
 
-def _get_fastpath_enabled() -> bool:
-    enabled = bool(_FASTPATH_FLAG.original())
-    if enabled and _FASTPATH_FLAG.active():
-        refuse_if_one_tensor_traced_thrice(sys._getframe(1))
-    return enabled
-
-
-_FASTPATH_FLAG = ThreadPatch(torch.backends.mha, "get_fastpath_enabled", _get_fastpath_enabled)
-
-
 @contextmanager
 def watching() -> Iterator[None]:
     """While a capture runs on this thread: ``torch.overrides.has_torch_function`` called by
     ``TransformerEncoder.forward`` refuses its fast path (the ``mask_check=False`` case), and
     called by ``MultiheadAttention.forward`` or ``TransformerEncoderLayer.forward``, their
-    fast paths with a mask; ``torch.backends.mha.get_fastpath_enabled()`` called by
-    ``MultiheadAttention.forward`` refuses its fast path with a mask for one tensor of the
-    call passed as query, key and value."""
-    with _HAS_TORCH_FUNCTION.on(), _FASTPATH_FLAG.on():
+    fast paths with a mask."""
+    with _HAS_TORCH_FUNCTION.on():
         yield

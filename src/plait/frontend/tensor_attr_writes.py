@@ -249,9 +249,12 @@ def _apart(
     state: Sequence[Any],
     consts: Sequence[Any],
 ) -> bool:
-    """No tensor whose attributes the program sets is another tensor of the call too."""
-    counts: dict[int, int] = {}
-    for t in [*leaves, *state, *consts]:
+    """No tensor whose attributes the program sets is also a constant the program read: the
+    call's input tensors and state tensors are traced one tracer per object (an input passed
+    twice, a parameter passed as an input: :mod:`plait.frontend.lifting`), a constant through
+    one of its own."""
+    counts = {id(t): 1 for t in [*leaves, *state] if isinstance(t, torch.Tensor)}
+    for t in consts:
         if isinstance(t, torch.Tensor):
             counts[id(t)] = counts.get(id(t), 0) + 1
     return all(counts.get(id(t), 0) <= 1 for t in _objects(targets, leaves, state))
@@ -263,21 +266,22 @@ def distinct_guard(
     state: Sequence[Any],
     consts: Sequence[Any],
 ) -> Guard:
-    """The tensors whose attributes the program sets are no other tensor of the call (an
-    input passed twice, a parameter passed as an input): capture traced such a tensor as two,
-    each with attributes of its own, where eager sets and reads one. Refused at capture."""
+    """The tensors whose attributes the program sets are no constant it read too (a global
+    tensor passed as an input): capture traced such a tensor as two, each with attributes of
+    its own, where eager sets and reads one. Refused at capture."""
     consts = list(consts)
     if not _apart(targets, leaves, state, consts):
         raise GraphCaptureError(
             "inputs",
-            "the program sets a Python attribute of a tensor that is also another of its "
-            "tensors (the same tensor passed twice, or a parameter passed as an input)",
+            "the program sets a Python attribute of a tensor that it also reads as a constant "
+            "(a global, a closure, an attribute that is not a parameter or buffer): pass the "
+            "tensor as an argument only",
             kind="limitation",
         )
     return Guard(
         "alias",
         "tensor attributes",
-        "the tensors whose Python attributes the program sets are distinct objects",
+        "the tensors whose Python attributes the program sets are no constant it reads",
         True,
         lambda env: _apart(targets, env.leaves, env.state, consts),
     )

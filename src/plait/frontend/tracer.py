@@ -140,6 +140,9 @@ class CaptureContext(CaptureValues):
         # NOTE: (leaf, first): an input tensor that is the same object as an earlier leaf of
         # the call (``f(x, x)``): traced as that leaf, so ``a is b`` holds as in eager
         self.same_leaves: list[tuple[int, int]] = []
+        # NOTE: (leaf, entry): an input tensor that is the module's parameter or buffer
+        # ``entry`` (``m(m.weight)``): traced as that state tensor, as eager has one object
+        self.state_leaves: list[tuple[int, int]] = []
         # NOTE: the Python values a refusal was decided by (the attention fast-path flag):
         # the fallback's guards hold them (plait.frontend.refused_after_run)
         self.refusal_reads: list[Root] = []

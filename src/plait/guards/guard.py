@@ -162,6 +162,20 @@ class ReadLeaf:
 
 
 @dataclass(frozen=True)
+class ReadIdentity:
+    """Which objects the tensor leaves ``leaves`` are: each reads as the index of the first of
+    them it is, as ``-1 - k`` for the state entry ``k`` it is (``state``: the state is
+    scanned), or as ``HELD - c`` for ``held[c]``; the guard holds where these are ``codes``."""
+
+    leaves: tuple[int, ...]
+    codes: tuple[int, ...]
+    state: bool
+    held: tuple[Any, ...]
+
+    HELD = -(1 << 40)
+
+
+@dataclass(frozen=True)
 class ReadPyValues:
     """Python values the program read (:mod:`plait.frontend.pyreads`): ``checks`` are
     identity checks that, when all hold, imply the guard holds (any other answer: the guard's
@@ -186,6 +200,7 @@ NativeRead = (
     | ReadCalls
     | ReadLeaf
     | ReadPyValues
+    | ReadIdentity
 )
 
 

@@ -65,6 +65,7 @@ from plait.guards.guard import (
     ReadCall,
     ReadCalls,
     ReadEdges,
+    ReadIdentity,
     ReadLeaf,
     ReadPyValues,
     ReadStructure,
@@ -75,9 +76,10 @@ from plait.guards.guard import (
 from plait.ir.private_files import publish_bytes
 
 # NOTE: op codes and tensor-check flags, as the C++ source numbers them
-CALL, CALL0, CALLS0, STRUCTURE, TENSORS, EDGES, ATTRS, LEAF_VALUE, LEAF_IS, LEAF_BITS, PYVALUES = (
-    range(11)
-)
+(
+    CALL, CALL0, CALLS0, STRUCTURE, TENSORS, EDGES, ATTRS, LEAF_VALUE, LEAF_IS, LEAF_BITS,
+    PYVALUES, IDENTITY,
+) = range(12)  # fmt: skip
 F_ID, F_VERSION, F_PTR, F_META, F_SIZES, F_GRAD, F_SAMPLE = 1, 2, 4, 8, 16, 32, 64
 FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-w")
 SOURCES = ("evaluator.cpp", "torch_layout.h")  # NOTE: csrc/; the first is the translation unit
@@ -350,6 +352,8 @@ def _op(g: Guard, protos: dict[Any, torch.Tensor]) -> tuple[Any, ...]:
         if n.expected is not None and n.exact:
             raise _Unsupported("exact calls with values of their own")
         return (CALLS0, *head, n.fns, want, n.exact)
+    if isinstance(n, ReadIdentity):
+        return (IDENTITY, *head, n.leaves, n.codes, n.state, n.held)
     if isinstance(n, ReadPyValues):
         return (PYVALUES, *head, n.checks, n.absent)
     if isinstance(n, ReadLeaf):

@@ -46,7 +46,7 @@ inline bool plain(PyObject* o) {
 enum Result { HOLDS = 0, FAILS = 1, PYTHON = 2, ERROR = 3 };
 enum Code {
   CALL = 0, CALL0 = 1, CALLS0 = 2, STRUCTURE = 3, TENSORS = 4, EDGES = 5, ATTRS = 6,
-  LEAF_VALUE = 7, LEAF_IS = 8, LEAF_BITS = 9, PYVALUES = 10
+  LEAF_VALUE = 7, LEAF_IS = 8, LEAF_BITS = 9, PYVALUES = 10, IDENTITY = 11
 };
 // PYVALUES check kinds (plait.guards.guard.ReadPyValues)
 enum PyKind {
@@ -111,6 +111,7 @@ struct Op {
   std::vector<TCheck> checks;
   std::vector<AttrFast> fast;
   std::vector<PyCheck> pychecks;
+  std::vector<int64_t> ints, codes;  // IDENTITY: the leaf indices and their expected codes
 };
 
 struct Env {
@@ -552,6 +553,42 @@ int run_pycheck(const PyCheck& c, PyObject* absent) {
   return PYTHON;
 }
 
+// IDENTITY: each leaf of op.ints reads as the index of the first of them it is, as -1 - k for
+// the state entry k it is (op.exact: the state is scanned), or as kHeld - c for the held
+// tensor c (op.xs); the codes must be op.codes (plait.frontend.identity_guard).
+constexpr int64_t kHeld = -(int64_t(1) << 40);
+
+int run_identity(const Op& op, Env& e) {
+  PyObject* leaves = env_attr(e, &e.leaves, s_leaves);
+  if (leaves == nullptr) return failed_read();
+  if (!PyList_CheckExact(leaves) && !PyTuple_CheckExact(leaves)) return PYTHON;
+  PyObject* state = nullptr;
+  Py_ssize_t ns = 0;
+  if (op.exact) {
+    state = env_attr(e, &e.state, s_state);
+    if (state == nullptr) return failed_read();
+    if (!PyList_CheckExact(state) && !PyTuple_CheckExact(state)) return PYTHON;
+    ns = PySequence_Fast_GET_SIZE(state);
+  }
+  for (size_t p = 0; p < op.ints.size(); ++p) {
+    PyObject* leaf = item(leaves, op.ints[p]);
+    if (leaf == nullptr) return FAILS;
+    int64_t code = op.ints[p];
+    bool found = false;
+    for (Py_ssize_t k = 0; k < ns && !found; ++k) {
+      if (PySequence_Fast_GET_ITEM(state, k) == leaf) code = -1 - k, found = true;
+    }
+    for (size_t c = 0; c < op.xs.size() && !found; ++c) {
+      if (op.xs[c] == leaf) code = kHeld - int64_t(c), found = true;
+    }
+    for (size_t q = 0; q < p && !found; ++q) {
+      if (item(leaves, op.ints[q]) == leaf) code = op.ints[q], found = true;
+    }
+    if (code != op.codes[p]) return FAILS;
+  }
+  return HOLDS;
+}
+
 int run_pyvalues(const Op& op) {
   for (const PyCheck& c : op.pychecks) {
     int r = run_pycheck(c, op.a);
@@ -573,6 +610,7 @@ int run(const Op& op, Env& e) {
     case LEAF_BITS:
     case LEAF_IS: return run_leaf(op, e);
     case PYVALUES: return run_pyvalues(op);
+    case IDENTITY: return run_identity(op, e);
   }
   return PYTHON;
 }
@@ -728,6 +766,14 @@ bool build_op(PyObject* t, Op& op) {
       op.a = arg(4);
       op.xs.push_back(arg(5));
       return true;
+    case IDENTITY:  // (leaves, codes, scan the state, held tensors)
+      op.exact = PyObject_IsTrue(arg(5)) == 1;
+      if (!int64_items(arg(3), op.ints) || !int64_items(arg(4), op.codes)) return false;
+      if (op.ints.size() != op.codes.size()) {
+        PyErr_SetString(PyExc_ValueError, "as many codes as leaves");
+        return false;
+      }
+      return objects(arg(6), op.xs);
     case PYVALUES: {  // (checks, absent)
       std::vector<PyObject*> checks;
       if (!objects(arg(3), checks)) return false;
