@@ -476,6 +476,26 @@ class CaptureContext(CaptureValues):
                         "copy (.clone()) instead"
                     )
 
+    def _values_before(self, targets: list[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The samples an in-place call is about to write, each with a copy of its values."""
+        out = []
+        with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
+            for t in targets:
+                if isinstance(t, torch.Tensor):
+                    plain = self._plain_of(t)
+                    out.append((plain, plain.clone()))
+        return out
+
+    def _undo_write(self, before: list[tuple[torch.Tensor, torch.Tensor]], func: Any) -> None:
+        """Put back the samples' values from before a call (and take the call off the grad
+        tape), so that the call can be captured another way and run on them again."""
+        with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
+            for plain, values in before:
+                plain.copy_(values)
+        tape = self.continuation.tape if self.continuation is not None else None
+        if tape is not None and not self.rule_depth and tape.calls and tape.calls[-1][0] is func:
+            tape.calls.pop()
+
     def _plain_of(self, t: torch.Tensor) -> torch.Tensor:
         return self.tracer(t)._plain if isinstance(t, Tracer) else t
 
@@ -489,6 +509,7 @@ class CaptureContext(CaptureValues):
             made = self._uncomputed(rule, func, args, kwargs, targets)
             if made is not None:
                 return made
+        before = self._values_before(targets)
         out, inputs = self.sample(func, args, kwargs)
         if out is NotImplemented:  # e.g. `tensor == None`: Python falls back to identity
             return out
@@ -505,6 +526,11 @@ class CaptureContext(CaptureValues):
         finally:
             self.rule_depth -= 1
         if ir is NoIROp:  # NOTE: the rule has no IR form for this call
+            if before:
+                # NOTE: an in-place call: its write, undone on the samples, is made again by
+                # its out-of-place form, whose result rebinds the target (opaque.run_opaque)
+                self._undo_write(before, func)
+                return run_opaque(self, func, args, kwargs, rule_said=rule_said)
             return run_opaque(self, func, args, kwargs, rule_said=rule_said, sampled=out)
         if rule.inplace:
             ir = InPlace(args[0], ir)
