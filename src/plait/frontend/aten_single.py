@@ -81,7 +81,7 @@ def single_node_graph(
     graph = torch.fx.Graph()
     nodes = iter([graph.placeholder(f"t{i}") for i in range(len(tensors))])
     fake_mode = FakeTensorMode()
-    fakes = iter([fake_mode.from_tensor(t) for t in tensors])
+    fakes = iter([_fake(fake_mode, t) for t in tensors])
     args, kwargs = torch_pytree.tree_unflatten(
         [next(nodes) if isinstance(x, torch.Tensor) else x for x in leaves], spec
     )
@@ -105,3 +105,19 @@ def single_node_graph(
     else:
         graph.output(call)
     return torch.fx.GraphModule(torch.nn.Module(), graph), tensors
+
+
+def _fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a fake tensor of its metadata. NOTE: a view is made by replaying its views on
+    its base, which fails for some chains (``view_as_complex`` of a reshaped view, logged as an
+    error by PyTorch): a strided tensor of its own stands for a view of another dtype than its
+    base's, or one whose replay fails (a functional overload reads no aliasing)."""
+    base = t._base
+    if base is None or base.dtype == t.dtype:
+        try:
+            return mode.from_tensor(t)
+        except Exception:  # NOTE: a replay refused: the tensor alone, below
+            pass
+    with torch._C.DisableTorchFunction():
+        alone = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return mode.from_tensor(alone)
