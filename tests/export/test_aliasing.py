@@ -91,3 +91,16 @@ def test_an_example_passing_one_tensor_twice_is_refused_with_the_two_names(
     torch.testing.assert_close(
         loaded(y, z), _product(y, z), **contract_tol("pointwise", torch.float32)
     )
+
+
+def test_an_example_passing_the_models_own_parameter_is_refused(tmp_path: Path) -> None:
+    """``m(m.weight)`` traces the input as the parameter; an artifact holds its weights apart
+    from its inputs, so such an example is refused, naming both."""
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(ExportError, match=r"the model's weight and as input"):
+        plait.export(model, (model.weight,), native=False)
+    x = torch.randn(4, 4, generator=seeded(25))
+    loaded = plait.load(plait.export(model, (x,), native=False).save(tmp_path / "lin.plait"))
+    y = torch.randn(4, 4, generator=seeded(26))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(y), model(y), **contract_tol("matmul", torch.float32))

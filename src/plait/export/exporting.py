@@ -96,10 +96,14 @@ class Artifact:
 
 
 def _refuse_repeated_tensors(model_or_fn: Any, args: tuple, kwargs: dict[str, Any]) -> None:
-    """An example passing one tensor as two inputs is refused: capture traces it as one tensor
-    (``a is b`` holds as in eager), where an artifact takes each input apart."""
+    """An example passing one tensor as two inputs, or a parameter or buffer of the model as an
+    input, is refused: capture traces it as one tensor (``a is b``, ``x is self.weight`` hold as
+    in eager), where an artifact takes each input apart from the others and from its weights."""
     _, leaves, paths = InputAdapter(model_or_fn).flatten(args, kwargs)
     first: dict[int, str] = {}
+    if isinstance(model_or_fn, torch.nn.Module):
+        named = [*model_or_fn.named_parameters(), *model_or_fn.named_buffers()]
+        first.update((id(t), f"the model's {name}") for name, t in named)
     for leaf, path in zip(leaves, paths):
         if isinstance(leaf, torch.Tensor) and first.setdefault(id(leaf), path) != path:
             raise ExportError(
