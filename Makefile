@@ -39,7 +39,10 @@ layers: $(STAMP)
 # ran other tests first, Dynamo was once seen handing module parameters as plain inputs (an
 # order dependence not yet found; results stay within the contract).
 DYNAMO_TESTS := tests/test_dynamo_backend.py "tests/test_doctests.py::test_docstring_examples[plait.dynamo_backend]"
+# NOTE: bytecode compiled once: where PYTHONDONTWRITEBYTECODE is set, every process the tests
+# start (warm starts, concurrent compiles) would otherwise compile plait's modules again
 pytest: $(STAMP)
+	$(BIN)/python -m compileall -q -j 2 src benchmarks tools > /dev/null
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q --ignore tests/test_dynamo_backend.py --deselect "tests/test_doctests.py::test_docstring_examples[plait.dynamo_backend]"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q $(DYNAMO_TESTS)
 
