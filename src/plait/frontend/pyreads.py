@@ -392,6 +392,10 @@ class PyReads:
         except GraphCaptureError as exc:
             self.refusal = self.refusal or exc.reason
             return
+        for var in code.co_freevars:
+            value = here.get(var, ABSENT)
+            if value is not ABSENT:
+                self.originals.note_closure(value)
         self._pending.append((frame, module, keys))
 
     def _record(

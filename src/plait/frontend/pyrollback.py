@@ -7,7 +7,8 @@ changes a value it reads (:mod:`plait.frontend.pyreads`), or starts again, and t
 eagerly; by then the capture's run has stored one of its tracers there. The eager run, a capture
 tried again and every later call would find that tracer and read the capture's value, which
 :func:`plait.frontend.continuation._refuse_kept` refuses: every call of the model raised.
-:class:`Originals` keeps each module attribute and global as the program first read it (the
+:class:`Originals` keeps each module attribute, global and closure value (a hook's log list)
+as the program first read it (the
 binding, and a shallow copy of each list, dict and user object's attributes it holds, at any
 depth: ``self.state.scale = t`` on a plain object, a dataclass or a ``SimpleNamespace``), and
 :meth:`Originals.restore` puts back those that now hold a tracer they did not hold, so the eager
@@ -59,6 +60,7 @@ class Originals:
         # it was reached by)
         self._held: dict[int, tuple[Any, str, Any, tuple[str, ...]]] = {}
         self._keep: list[Any] = []  # NOTE: the objects of _held's keys, alive while noted
+        self._cells: dict[str, Any] = {}  # NOTE: closure values noted (note_closure)
         self.put_back = False  # NOTE: whether a restore put anything back
 
     def note(self, namespace: MutableMapping[str, Any], name: str, value: Any) -> None:
@@ -102,6 +104,14 @@ class Originals:
             for k, x in copied.items():
                 more = (*names, k) if isinstance(k, str) else names
                 stack.append((x, more, depth + 1))
+
+    def note_closure(self, value: Any) -> None:
+        """A closure variable's value as its function's frame first read it (a hook's log list):
+        what it holds is put back as a binding's contents are. NOTE: by the value's identity,
+        in a namespace of this object's own (its cell is found only once the frame ended)."""
+        name = f"closure value {id(value)}"
+        self._cells.setdefault(name, value)
+        self.note(self._cells, name, value)
 
     def namespaces(self) -> list[MutableMapping[str, Any]]:
         """Each namespace (a module's ``__dict__``, globals) the program read a name of."""
