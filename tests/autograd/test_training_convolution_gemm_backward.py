@@ -160,3 +160,28 @@ def test_a_grouped_convolution_keeps_pytorchs_backward(gemm_faster: None) -> Non
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, **contract_tol("conv", torch.float32))
     assert not any("im2col" in d for d in _backward_details(compiled))
+
+
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_gemm_backward_gives_eagers_special_values_for_a_non_finite_weight(
+    value: str, gemm_faster: None
+) -> None:
+    """One infinite (or NaN) weight tap: oneDNN's input gradient holds NaNs at inputs that tap
+    never reads (an unpadded strided convolution's last column), where the GEMMs' is finite;
+    the call runs eager's kernel for such a gradient. Planted between calls, in both models."""
+    model = seeded(5, lambda: nn.Conv2d(16, 16, 3, stride=2, bias=True))
+    compiled = plait.compile(copy.deepcopy(model), backend="stax")
+    for call in range(3):
+        if call == 1:
+            with torch.no_grad():
+                for m in (model, compiled):
+                    m.weight[0, 0, 0, 0] = float(value)
+        x = randn(2, 16, 9, 9, seed=20 + call)
+        g = randn(2, 16, 4, 4, seed=30 + call)
+        want, got = _gradients(model, compiled, x, g, True)
+        for a, b in zip(got, want):
+            assert a is not None and b is not None
+            assert torch.equal(a.isnan(), b.isnan()), f"call {call}"
+            assert torch.equal(a.isinf(), b.isinf()), f"call {call}"
+            torch.testing.assert_close(a, b, equal_nan=True, **contract_tol("conv", torch.float32))
+    assert any(gemm_conv.DETAIL in d for d in _backward_details(compiled))

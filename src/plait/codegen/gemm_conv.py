@@ -16,7 +16,11 @@ Taken: float32 CPU operands of static shapes, one group, not transposed, strict 
 bytes. The sums run in another order than oneDNN's (the contract's conv budget). A padded tap
 reads 0 in the columns: where the output's gradient has an infinity or NaN, its product with a
 padded 0 would be NaN in the weight's gradient where eager's kernel skips the tap, so such a call
-(padding only) runs eager's kernel, checked at each call.
+(padding only) runs eager's kernel, checked at each call. An input's gradient that is not all
+finite (an infinite or NaN weight, or output gradient) is made again by eager's kernel too: where
+one tap of the weight is infinite, oneDNN's gradient holds NaNs at inputs that tap never reads
+(its products with zeros it adds), which the GEMMs leave finite; one pass over the input's
+gradient checks it.
 
 Example:
     >>> import torch
@@ -188,7 +192,8 @@ def backward_fn(
 ) -> Callable[[list[Any]], Any]:
     """The call over the node's operands ``[g, x, w]``: the gradients ``mask`` asks for (input,
     weight, bias), a single one as the tensor itself. ``eager``: PyTorch's kernel, run where the
-    output's gradient is not all finite and the convolution pads (see the module doc)."""
+    output's gradient is not all finite and the convolution pads, or where the input's gradient
+    is not all finite (see the module doc)."""
     o = geo.w[0]
     padded = any(geo.padding)
     mm = torch.mm
@@ -203,7 +208,10 @@ def backward_fn(
         out: list[torch.Tensor] = []
         if mask[0]:
             dcols = mm(grad, w.reshape(o, geo.cols))
-            out.append(image(dcols, geo))
+            dx = image(dcols, geo)
+            if eager is not None and not bool(torch.isfinite(dx).all()):
+                return eager(tensors)  # NOTE: a non-finite weight or gradient: eager's NaNs
+            out.append(dx)
         if mask[1]:
             cols = columns(x.contiguous(), geo)
             out.append(mm(grad.t(), cols).view(geo.w))
