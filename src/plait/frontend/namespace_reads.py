@@ -44,6 +44,28 @@ def global_loads(code: types.CodeType) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=4096)
+def imported_names(code: types.CodeType) -> tuple[tuple[str, int], ...]:
+    r"""The modules ``code`` imports as it runs (``import m``, ``from m import x`` inside a
+    function), each as (name, level): ``level`` > 0 for a relative import.
+
+    >>> imported_names(compile("from os import sep\nimport json.decoder", "f", "exec"))
+    (('os', 0), ('json.decoder', 0))
+    """
+    out: list[tuple[str, int]] = []
+    consts: list[Any] = []
+    for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_CONST":
+            consts.append(ins.argval)
+        elif ins.opname == "IMPORT_NAME" and isinstance(ins.argval, str):
+            level = consts[-2] if len(consts) >= 2 and isinstance(consts[-2], int) else 0
+            out.append((ins.argval, level))
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType) and c.co_name.startswith("<") and c.co_name != "<lambda>":
+            out.extend(imported_names(c))
+    return tuple(dict.fromkeys(out))
+
+
+@functools.lru_cache(maxsize=4096)
 def attr_names(code: types.CodeType) -> frozenset[str]:
     """The attribute names ``code`` uses and its identifier-like string constants."""
     out = set(code.co_names)

@@ -42,6 +42,7 @@ Example:
 from __future__ import annotations
 
 import gc
+import importlib.util
 import sys
 import types
 from typing import Any
@@ -60,6 +61,7 @@ from plait.frontend.namespace_reads import (
     WHOLE_NAMESPACE,
     attr_names,
     global_loads,
+    imported_names,
     name_roots,
     whole_names_root,
 )
@@ -122,6 +124,9 @@ class PyReads:
         # NOTE: each attribute read of a module outside the compiled module (that found no tracer)
         self._outside: list[tuple[dict, str, str]] = []
         self._codes: set[int] = set()
+        # NOTE: (name, level, package) of each module user code imports as it runs (``from m
+        # import SCALE`` inside forward): hosts of the names the code uses, as global modules
+        self._imports: list[tuple[str, int, str | None]] = []
         self.user_codes: list[types.CodeType] = []  # NOTE: the program's own, in order run
         # NOTE: codes with free variables: each frame of one is matched to its function object
         # (several functions share a code, each with its own closure cells, all guarded)
@@ -368,6 +373,8 @@ class PyReads:
                 self._add(("environ",), environ_root())
             for name in loads:
                 self._global(g, module, name, frame.f_builtins)
+            for name, level in imported_names(code):
+                self._imports.append((name, level, g.get("__package__")))
             if "__getattribute__" in names and "object" in loads:
                 self._around()  # NOTE: object.__getattribute__(self, "scale")
             if WHOLE_NAMESPACE & set(loads):
@@ -491,6 +498,9 @@ class PyReads:
         for x in inputs:
             self._alive.append(x)
             self._host(x, None)
+        for mod in _imported_modules(self._imports):
+            self._alive.append(mod)
+            self._host(mod, None)
         if self._bypass:
             for m in [m for m in self._alive if isinstance(m, nn.Module)]:
                 self._add(("dict", id(m)), dict_root(m, self._where(m), self._desc(m, "dict")))
@@ -600,3 +610,20 @@ _INLINE = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
 
 def _holds_tracer(namespace: dict, name: str) -> bool:
     return isinstance(namespace.get(name), Tracer)
+
+
+def _imported_modules(imports: list[tuple[str, int, str | None]]) -> list[types.ModuleType]:
+    """The loaded modules of ``imports`` ((name, level, importing package)), each package on
+    the way too (``import a.b`` binds ``a``)."""
+    out: dict[str, types.ModuleType] = {}
+    for name, level, package in imports:
+        try:
+            full = importlib.util.resolve_name("." * level + name, package) if level else name
+        except (ImportError, ValueError):
+            continue
+        parts = full.split(".")
+        for k in range(1, len(parts) + 1):
+            mod = sys.modules.get(".".join(parts[:k]))
+            if isinstance(mod, types.ModuleType):
+                out.setdefault(mod.__name__, mod)
+    return list(out.values())
