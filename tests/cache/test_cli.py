@@ -42,6 +42,26 @@ def test_stats_verify_clear(tmp_path: Path) -> None:
     assert "0 entries" in _cli("stats", "--dir", str(tmp_path))[1]
 
 
+def test_dir_naming_the_store_itself(tmp_path: Path) -> None:
+    """``--dir`` takes the directory ``options={"cache": DIR}`` named as the store itself."""
+    store = tmp_path / "store"
+    run(convnet(), sample(), store)
+    code, out = _cli("stats", "--dir", str(store))
+    assert code == 0 and "3 entries" in out
+    assert _cli("verify", "--dir", str(store)) == (0, "checked 3 entries: ok\n")
+    code, out = _cli("clear", "--dir", str(store))
+    assert code == 0 and "removed 3 entries" in out
+    assert "0 entries" in _cli("stats", "--dir", str(store))[1]
+
+
+def test_dir_holding_no_cache_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a cache")
+    for command in ("stats", "verify", "clear"):
+        code, out = _cli(command, "--dir", str(tmp_path))
+        assert code == 1 and "holds no plait cache" in out, (command, out)
+    assert (tmp_path / "notes.txt").exists() and not (tmp_path / "artifacts").exists()
+
+
 def test_explain_miss_names_the_part_that_differs(tmp_path: Path) -> None:
     _, spec = run(convnet(), sample(), tmp_path / "artifacts")
     manifest = tmp_path / "m.json"

@@ -1,7 +1,9 @@
 """``plait cache``: look after the artifact cache (stats, verify, clear, explain a miss).
 
-``--dir`` names the cache directory (what ``$PLAIT_CACHE_DIR`` names; artifacts live in its
-``artifacts/`` folder, kernels beside them); the default is the one ``plait.compile`` uses.
+``--dir`` names either a cache directory (what ``$PLAIT_CACHE_DIR`` names; artifacts live in its
+``artifacts/`` folder, kernels beside them) or a store itself (what ``plait.compile(...,
+options={"cache": DIR})`` names: ``index.json`` and ``objects/`` in it); a directory that holds
+neither is refused rather than reported empty. The default is the one ``plait.compile`` uses.
 ``--url`` (``stats``, ``verify``) names the remote tier (default ``$PLAIT_CACHE_URL``).
 
 Example:
@@ -42,8 +44,27 @@ _URL = click.option(
 )
 
 
+def _is_store(path: Path) -> bool:
+    """Whether ``path`` is a store's own directory (:class:`LocalStore` keeps these in it)."""
+    return any((path / name).exists() for name in ("index.json", "index.lock", "objects"))
+
+
 def _store(root: Path | None) -> LocalStore:
-    return LocalStore((root or cache_root()) / "artifacts")
+    """The store ``--dir`` names: the directory itself when it is one (``options={"cache":
+    DIR}``), else its ``artifacts/`` folder (``$PLAIT_CACHE_DIR``). A directory with other
+    contents and neither is refused: reporting it as an empty cache would hide the mistake."""
+    if root is None:
+        return LocalStore(cache_root() / "artifacts")
+    if _is_store(root):
+        return LocalStore(root)
+    artifacts = root / "artifacts"
+    if artifacts.is_dir() or not root.is_dir() or not any(root.iterdir()) or _kernel_files(root):
+        return LocalStore(artifacts)
+    raise click.ClickException(
+        f"{printable(str(root))} holds no plait cache: neither a store (index.json, objects/, "
+        'as options={"cache": DIR} makes) nor a cache directory (artifacts/, kernels, as '
+        "$PLAIT_CACHE_DIR names); name one of those with --dir"
+    )
 
 
 def _remote(url: str | None) -> RedisStore | None:
