@@ -243,8 +243,9 @@ def _capture_once(
             )
     with preserved_rng(lambda: not cx.continued):
         cx.rng.start()
-        traced_leaves = lift_user_inputs(cx, leaves, paths, ms)
-        state_tracers, state = lift_state(cx, ms)
+        fetched = ms.fetch() if ms is not None else []
+        traced_leaves = lift_user_inputs(cx, leaves, paths, fetched)
+        state_tracers, state = lift_state(cx, ms, fetched)
         bind_state_leaves(cx, traced_leaves, state_tracers)
         if cx.continuation is not None:
             cx.continuation.leaves, cx.continuation.state = leaves, state

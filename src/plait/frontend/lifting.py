@@ -6,6 +6,7 @@ clones)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -27,17 +28,17 @@ def _input_name(path: str, taken: set[str]) -> str:
 
 
 def lift_user_inputs(
-    cx: CaptureContext, leaves: list[Any], paths: list[str], ms: ModuleState | None = None
+    cx: CaptureContext, leaves: list[Any], paths: list[str], state: Sequence[torch.Tensor] = ()
 ) -> list[Any]:
     """The call's leaves with each tensor traced; one that is a tensor of the module's state
-    ``ms`` is left as it is, for :func:`bind_state_leaves` (recorded in ``cx.state_leaves``)."""
+    (``state``: its tensors, as ``ModuleState.fetch`` gives them) is left as it is, for
+    :func:`bind_state_leaves` (recorded in ``cx.state_leaves``)."""
     out = list(leaves)
     taken: set[str] = set()
     first: dict[int, int] = {}
     entry_of: dict[int, int] = {}
-    if ms is not None:
-        for k, t in enumerate(ms.fetch()):
-            entry_of.setdefault(id(t), k)
+    for k, t in enumerate(state):
+        entry_of.setdefault(id(t), k)
     for i, (leaf, path) in enumerate(zip(leaves, paths)):
         if not isinstance(leaf, torch.Tensor):
             continue
@@ -83,7 +84,10 @@ def bind_state_leaves(cx: CaptureContext, traced: list[Any], state_tracers: list
         traced[i] = state_tracers[k]
 
 
-def lift_state(cx: CaptureContext, ms: ModuleState | None) -> tuple[list[Tracer], list[Any]]:
+def lift_state(
+    cx: CaptureContext, ms: ModuleState | None, tensors: list[torch.Tensor]
+) -> tuple[list[Tracer], list[Any]]:
+    """A tracer for each of ``ms``'s tensors (``tensors``, as ``ms.fetch()`` gave them)."""
     if ms is None:
         return [], []
     for prefix, mod in ms.modules:
@@ -93,7 +97,6 @@ def lift_state(cx: CaptureContext, ms: ModuleState | None) -> tuple[list[Tracer]
                 "by torch.jit.script or torch.jit.trace), which capture cannot run: compile the "
                 "Python module it was made from"
             )
-    tensors = ms.fetch()
     for entry, t in zip(ms.entries, tensors):
         if is_lazy(t):
             # NOTE: a lazy module (nn.LazyLinear) gives it a shape at its first call, from a
