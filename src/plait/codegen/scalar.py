@@ -304,13 +304,20 @@ def _pow(b: KernelBuilder, node: Node, args: Sequence[Arg], idx: tuple[Ix, ...])
             return b.op("div", [one, x], t)
         if e == -2:
             return b.op("div", [one, b.op("mul", [x, x], t)], t)
-    if e == 0.5 and args[0].stmt is not None:
-        # NOTE: float16's pow(x, 0.5): GCC turns a vectorized pow by a constant 0.5 into sqrt,
-        # which differs at -0 (pow: +0) and -inf (pow: +inf); written out as pow's result.
+    if isinstance(e, (int, float)) and _read_as(e, dtype) == 0.5 and args[0].stmt is not None:
+        # NOTE: a pow whose exponent reads as 0.5 in the kernel (float16's 0.5, any float's
+        # 0.5000000001 that rounds to it): GCC turns a vectorized pow by a constant 0.5 into
+        # sqrt, which differs at -0 (pow: +0) and -inf (pow: +inf); written out as pow's result.
         root = b.op("add", [b.op("sqrt", [x], t), b.const(0.0, t)], t)
         minus_inf = b.op("eq", [x, b.const(-math.inf, t)], "b")
         return b.op("where", [minus_inf, b.const(math.inf, t), root], t)
     return b.op("pow", [x, narrow(b, args[1], dtype)], t)
+
+
+def _read_as(e: float, dtype: torch.dtype) -> float:
+    """The exponent as the kernel reads it: rounded to the operation's float dtype (a float64
+    kernel reads it as it is)."""
+    return float(torch.tensor(float(e), dtype=torch.float64).to(dtype))
 
 
 @rule("maximum", "minimum")
