@@ -39,7 +39,7 @@ from plait.symbolic.poly import (
     lower_bound,
 )
 
-IDENTITY_VIEWS = frozenset({"contiguous", "dropout"})
+IDENTITY_VIEWS = frozenset({"contiguous", "dropout", "detach"})  # NOTE: values unchanged
 MAPPED_VIEWS = frozenset(
     {
         "view", "reshape", "flatten", "permute", "transpose", "expand", "unsqueeze", "squeeze",
