@@ -225,6 +225,15 @@ def _binary(
     alpha: bool = False,
 ) -> None:
     def emit(cx: CaptureContext, out: Any, a: Any, b: Any, *, alpha: Any = 1) -> Value:
+        if ir_op == "pow" and isinstance(out, torch.Tensor) and out.dtype == torch.bool:
+            # NOTE: a bool tensor to a bool power, bools as in ATen (the IR's pow is numeric):
+            # x ** True is x (x and x), x ** False all True (x or not x)
+            x = cx.value(a)
+            if b:
+                same: Value = cx.call("logical_and", x, x)
+                return same
+            ones: Value = cx.call("logical_or", x, cx.call("logical_not", x))
+            return ones
         attrs = {"alpha": cx.operand(alpha)} if ir_op in ("add", "sub") else {}
         return call_binary(cx, ir_op, a, b, **attrs)
 
