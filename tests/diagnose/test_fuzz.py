@@ -56,7 +56,9 @@ def test_fuzzer_found_bugs_stay_fixed(name: str) -> None:
     assert not result.reproduced, str(result)
 
 
-@pytest.mark.parametrize("seed", [22, 60])
+# NOTE: 7000383 and 7001157 (graphs 362 and 1136 of seed 7) return one expression as two
+# outputs: cse merges them, and the judge takes them apart as plait.compile hands them out
+@pytest.mark.parametrize("seed", [22, 60, 7000383, 7001157])
 def test_fuzzer_found_graphs_conform(seed: int) -> None:
     assert check_case(generate(seed), parse_pipeline(INFERENCE_PIPELINE), StaxOptions()) is None
 

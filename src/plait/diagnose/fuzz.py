@@ -32,7 +32,7 @@ from plait.diagnose.bisection import Bisection, Subject, diagnose_subject
 from plait.diagnose.fuzz_graphs import FuzzCase, generate
 from plait.diagnose.judging import Executor, float64_executor, gate_graph, graph_executor
 from plait.diagnose.replay import PassFailure, replay
-from plait.ir import to_text
+from plait.ir import Category, Graph, Value, get_op, to_text
 from plait.passes import INFERENCE_PIPELINE, parse_pipeline
 from plait.runtime import StaxOptions, compile_graph
 
@@ -230,19 +230,27 @@ def _subject(case: FuzzCase, pipeline: list[str], options: StaxOptions) -> Subje
     def on_user(execute: Executor) -> Executor:
         return lambda values: execute(case.inputs(values))
 
+    roots = _view_roots(g0)
+
     def owned(execute: Executor) -> Executor:
         """NOTE: as plait.compile's calling convention does (CapturedProgram.run), an output
-        that is a caller's input (a pass simplified ``contiguous(x)`` to ``x``) is handed out
-        as a copy where the captured program made a fresh tensor."""
+        that is a caller's input (a pass simplified ``contiguous(x)`` to ``x``), or that is
+        another output's memory where the original graph made two tensors (cse merged them),
+        is handed out as a copy."""
 
         def run(values: list[Any]) -> list[Any]:
             inputs = {x.untyped_storage().data_ptr() for x in values if isinstance(x, Tensor)}
-            out = execute(values)
-            return [
-                t.clone() if isinstance(t, Tensor) and t.untyped_storage().data_ptr() in inputs
-                else t
-                for t in out
-            ]  # fmt: skip
+            handed: dict[int, str] = {}
+            out = []
+            for t, root in zip(execute(values), roots):
+                if isinstance(t, Tensor):
+                    ptr = t.untyped_storage().data_ptr()
+                    if ptr in inputs or handed.get(ptr, root) != root:
+                        t = t.clone()
+                        ptr = t.untyped_storage().data_ptr()
+                    handed.setdefault(ptr, root)
+                out.append(t)
+            return out
 
         return run
 
@@ -255,6 +263,19 @@ def _subject(case: FuzzCase, pipeline: list[str], options: StaxOptions) -> Subje
         return {v.name: x for v, x in zip(g0.inputs, case.inputs(case.draw(k + 1)))}
 
     return Subject(g0, pipeline, dict(case.params), options, judge, sample)
+
+
+def _view_roots(graph: Graph) -> list[str]:
+    """Each output's root through view ops: outputs of one root may share memory in the
+    original graph's run; outputs of two never do."""
+    roots = []
+    for i, v in enumerate(graph.outputs):
+        while isinstance(v, Value) and v.producer is not None:
+            if get_op(v.producer.op).category is not Category.VIEW:
+                break
+            v = v.producer.inputs[0]
+        roots.append(v.name if isinstance(v, Value) else f"#{i}")
+    return roots
 
 
 def _compile_failure(
