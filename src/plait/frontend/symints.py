@@ -336,11 +336,27 @@ class TracedSize(tuple):
     def __radd__(self, other: Any) -> TracedSize:
         return TracedSize(tuple(other) + tuple(self))
 
+    def __mul__(self, n: SupportsIndex) -> TracedSize:
+        return TracedSize(tuple(self) * n)
+
+    __rmul__ = __mul__
+
     def numel(self) -> Any:
         out: Any = 1
         for d in self:
             out = out * d
         return out
 
+    # NOTE: torch.Size cannot be subclassed; isinstance(x.shape, torch.Size) reads __class__
+    # when the type itself is no subclass, as it does for proxies, so the program's test of a
+    # shape takes eager's branch
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # type: ignore[override]
+        return torch.Size
+
     def __repr__(self) -> str:
-        return f"TracedSize({[plain_int(d) for d in self]})"
+        # NOTE: the program's text of a shape depends on its dims: each is read (str of a
+        # traced size specializes it), as eager's text would differ with them
+        return f"torch.Size([{', '.join(str(d) for d in self)}])"
+
+    __str__ = __repr__
