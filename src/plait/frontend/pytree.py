@@ -110,6 +110,18 @@ def _slot_names(cls: type) -> set[str]:
 
 
 def _dataclass_fields(obj: Any) -> list[str] | None:
+    """A dataclass instance's state by name: its ``__init__`` fields first (the rebuild passes
+    them to the constructor), then its other fields and the attributes set on it after
+    construction (set on the rebuilt object); None for anything else."""
+    init = _init_fields(obj)
+    if init is None:
+        return None
+    rest = [f.name for f in dataclasses.fields(obj) if not f.init and hasattr(obj, f.name)]
+    attrs = [k for k in getattr(obj, "__dict__", {}) if k not in init and k not in rest]
+    return init + rest + attrs
+
+
+def _init_fields(obj: Any) -> list[str] | None:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return [f.name for f in dataclasses.fields(obj) if f.init]
     return None
@@ -216,7 +228,10 @@ class _Flattener:
         fields = _dataclass_fields(obj)
         if fields is not None:
             kids = tuple(go(getattr(obj, f), f"{path}.{f}") for f in fields)
-            return ("dataclass", type(obj), tuple(fields), kids)
+            # NOTE: a mapping dataclass (transformers' ModelOutput) is rebuilt by its
+            # constructor, which fills the mapping from the fields; any other is its state
+            init = len(_init_fields(obj) or ()) if isinstance(obj, dict) else None
+            return ("dataclass", type(obj), tuple(fields), kids, init)
         if isinstance(obj, defaultdict):
             keys = tuple(obj)
             kids = tuple(go(obj[k], f"{path}[{k!r}]") for k in keys)
@@ -288,8 +303,17 @@ def _make(spec: Spec, it: Iterator[Any], made: list[Any] | None) -> Any:
     if tag == "structseq":
         return spec[1]([_build(s, it, made) for s in spec[2]])
     if tag == "dataclass":
-        values = {f: _build(s, it, made) for f, s in zip(spec[2], spec[3])}
-        return spec[1](**values)
+        values = [(f, _build(s, it, made)) for f, s in zip(spec[2], spec[3])]
+        init = spec[4]
+        if init is None:
+            # NOTE: the object's state, set as it is: calling the constructor would run its
+            # __post_init__ again on values it already made (x * 2 doubled twice)
+            obj = spec[1].__new__(spec[1])
+        else:
+            obj, values = spec[1](**dict(values[:init])), values[init:]
+        for f, v in values:  # NOTE: a frozen dataclass's too, as its own code sets them
+            object.__setattr__(obj, f, v)
+        return obj
     if tag == "object":
         cls = spec[1]
         if not state_rebuildable(cls):
