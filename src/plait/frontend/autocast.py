@@ -31,6 +31,8 @@ from plait.frontend.capture_values import Tracer
 from plait.frontend.tracer import CaptureContext, pytree_leaves
 from plait.frontend.writes import write_targets
 
+_REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32}
+
 
 def autocast_inputs(
     cx: CaptureContext, func: Any, out: Any, args: tuple, kwargs: dict, inplace: bool
@@ -41,7 +43,8 @@ def autocast_inputs(
     promoting arithmetic) keeps its operands. Never replaced: what the call writes (an in-place
     op's first operand, batch norm's running statistics)."""
     found = [o for o in pytree_leaves(out) if isinstance(o, torch.Tensor)]
-    floats = [o.dtype for o in found if o.is_floating_point()]
+    # NOTE: a complex result (stft's) reads as its parts' float dtype
+    floats = [_REAL.get(o.dtype, o.dtype) for o in found if o.is_floating_point() or o.is_complex()]
     if not floats:
         return args, kwargs
     target = floats[0]
@@ -50,7 +53,13 @@ def autocast_inputs(
     # NOTE: only the plain samples are read here: a Tracer's attributes are torch calls
     if all(t._plain.dtype == target for t in operands if t._plain.is_floating_point()):
         return args, kwargs
-    if _result_dtype_without_autocast(cx, func, args, kwargs) == target:
+    # NOTE: a call whose result dtype autocast did not change either was left alone
+    # (mixed-dtype batch norm keeps its bfloat16 result and float32 weights), or is on
+    # autocast's float32 list with operands that promote to float32 anyway (the bfloat16
+    # logits of binary_cross_entropy_with_logits, which eager's own ops would compute in
+    # bfloat16 before promoting): a cast up to float32 is exact, and is what autocast does
+    unchanged = _result_dtype_without_autocast(cx, func, args, kwargs) == target
+    if unchanged and target != torch.float32:
         return args, kwargs
     written = {id(cx.tracer(t)) for t in write_targets(cx.current, func, args, kwargs)}
     if inplace and args and isinstance(args[0], torch.Tensor):
@@ -61,7 +70,7 @@ def autocast_inputs(
             isinstance(x, Tracer)
             and id(x) not in written
             and x._plain.is_floating_point()
-            and x._plain.dtype != target
+            and x._plain.dtype not in (target, torch.float64)  # NOTE: autocast leaves float64
         ):
             value = cx.call("to_dtype", cx.value(x), dtype=target)
             return cx.new_root(x._plain.to(target), value, x._rg)

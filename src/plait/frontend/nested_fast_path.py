@@ -102,17 +102,27 @@ def refuse_if_attention_fast_path(frame: types.FrameType | None) -> None:
     loc = frame.f_locals
     layer = frame.f_code is _LAYER
     masks = ("src_mask", "src_key_padding_mask") if layer else ("attn_mask", "key_padding_mask")
-    if all(loc.get(m) is None for m in masks) or (not layer and loc.get("need_weights")):
+    # NOTE: the layer's fast path checks CUDA's autocast only: under the CPU's it still runs,
+    # and its fused kernel returns autocast's dtype where the slow path ends in float32
+    cpu_autocast = layer and torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled()
+    masked = not all(loc.get(m) is None for m in masks)
+    if not (masked or cpu_autocast) or (not layer and loc.get("need_weights")):
         return
     attn = loc.get("self")
     attn = getattr(attn, "self_attn", None) if layer else attn
     if not _runs_fast(loc.get("tensor_args", ()), attn):
         return
     what = "nn.TransformerEncoderLayer" if layer else "nn.MultiheadAttention (need_weights=False)"
+    why = (
+        "given a mask, takes PyTorch's fast path, whose rows with every key masked are NaN "
+        "where the slow path a capture takes gives 0"
+        if masked
+        else "under the CPU's autocast, takes PyTorch's fast path, whose result has autocast's "
+        "dtype where the slow path a capture takes ends in float32"
+    )
     raise _decided_by_flag(
         "attention fast path",
-        f"{what} in eval mode without grad, given a mask, takes PyTorch's fast path, whose "
-        f"rows with every key masked are NaN where the slow path a capture takes gives 0. {_OFF}",
+        f"{what} in eval mode without grad, {why}. {_OFF}",
         kind="limitation",
     )
 

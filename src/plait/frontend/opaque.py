@@ -95,6 +95,13 @@ def run_opaque(
     targets = write_targets(name, func, args, kwargs)
     if targets and sampled is _NOT_RUN:
         return _run_functionalized(cx, func, args, kwargs, targets, no_rule)
+    if cx.autocast and sampled is _NOT_RUN:
+        # NOTE: the call's operands as autocast gave them to its kernel, as a capture rule's
+        # (the compiled program runs with autocast off); its sample is autocast's result
+        from plait.frontend.autocast import autocast_inputs
+
+        sampled = _sample_unwritten(cx, func, args, kwargs)
+        args, kwargs = autocast_inputs(cx, func, sampled, args, kwargs, False)
     traced = trace_to_aten(cx, func, args, kwargs, sampled)
     if not isinstance(traced, Refused):
         return traced
@@ -112,17 +119,9 @@ def run_opaque(
             f"{no_rule}; no ATen program ({traced.reason}), and it cannot be an opaque node: {why}",
         )
     tracers = [cx.tracer(a) for a in operands]
-    if sampled is _NOT_RUN:
-        versions = [t._plain._version for t in tracers]
-        out, _ = cx.sample(func, args, kwargs)
-        if [t._plain._version for t in tracers] != versions:
-            cx.fail(
-                "unsupported",
-                f"{name} updates its inputs in place; an opaque node cannot, and it is no ATen "
-                f"program: {traced.reason}",
-            )
-    else:
-        out = sampled
+    out = (
+        _sample_unwritten(cx, func, args, kwargs, traced.reason) if sampled is _NOT_RUN else sampled
+    )
     # NOTE: a call that moved the generator is random: a random node, run in program order
     random = cx.rng.draws()
     if not random and not tracers:
@@ -192,6 +191,24 @@ def _out_of_place(func: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dic
     except Exception:
         return None
     return pure, args, kwargs
+
+
+def _sample_unwritten(
+    cx: CaptureContext, func: Any, args: tuple, kwargs: dict, no_aten: str = ""
+) -> Any:
+    """PyTorch's result on the samples of a call that declares no write; one that wrote its
+    inputs anyway cannot be an opaque node."""
+    found: list[Any] = []
+    cx.unwrap((args, kwargs), found)
+    versions = [t._plain._version for t in found]
+    out, _ = cx.sample(func, args, kwargs)
+    if [t._plain._version for t in found] != versions:
+        cx.fail(
+            "unsupported",
+            f"{cx.current} updates its inputs in place; an opaque node cannot"
+            + (f", and it is no ATen program: {no_aten}" if no_aten else ""),
+        )
+    return out
 
 
 def _run_functionalized(

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from plait.frontend import CapturedProgram
@@ -80,8 +81,12 @@ class OpCounts:
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[None]:
-        """The first call that runs the root's plan counts its ops (see the module doc)."""
-        if self.measured is not None or self.counter is not None:
+        """The first call that runs the root's plan counts its ops (see the module doc); not one
+        under ``torch.autocast``: the ops an ATen kernel calls inside a dispatch mode skip
+        autocast, so its result could change (``nn.TransformerEncoderLayer``'s fused kernel
+        returned float32 where eager's returns bfloat16): a later call is measured."""
+        busy = self.measured is not None or self.counter is not None
+        if busy or any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
             yield
             return
         counter = _OpCounter()
