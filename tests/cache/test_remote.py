@@ -323,12 +323,12 @@ def test_cache_stats_shows_both_tiers(server: RedisServer, tmp_path: Path) -> No
     assert "remote: redis://127.0.0.1" in result.output and "3 entries" in result.output
     data = json.loads(
         runner.invoke(
-            cache_group, ["stats", "--json", "--dir", str(tmp_path), "--url", server.url]
+            cache_group, ["stats", "--json", "--dir", str(tmp_path / "x"), "--url", server.url]
         ).output
     )
     assert data["remote"]["entries"] == 3 and data["remote"]["policy"] == "allkeys-lru"
     server.kill()
-    down = runner.invoke(cache_group, ["stats", "--dir", str(tmp_path), "--url", server.url])
+    down = runner.invoke(cache_group, ["stats", "--dir", str(tmp_path / "x"), "--url", server.url])
     assert down.exit_code == 0 and "unavailable" in down.output
 
 
