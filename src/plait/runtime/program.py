@@ -42,6 +42,8 @@ from plait.runtime.memory import MemoryPlan, plan_memory
 from plait.runtime.runner import Runner, build_runner
 
 EXECUTORS = ("native", "extern", "fallback", "dead")
+# NOTE: the fewest kernels a unit gets where a program's kernels are split across processes
+SPLIT_KERNELS = 8
 
 
 @dataclass
@@ -553,7 +555,12 @@ def _units(symbols: list[str], sources: dict[str, str], opts: StaxOptions) -> li
     import os
 
     jobs = opts.jobs or os.cpu_count() or 1
-    count = max(min(jobs, len(symbols)), -(-len(symbols) // opts.kernels_per_unit))
+    # NOTE: a program's kernels are split across compiler processes only where each part keeps
+    # SPLIT_KERNELS kernels or more: a g++ process costs ~45 ms before its first kernel, a small
+    # kernel ~8 ms (native math units on a Xeon), so splitting a program of a few kernels cost
+    # CPU time (two processes of mostly start-up) for a few ms of latency at best
+    split = max(1, min(jobs, len(symbols) // SPLIT_KERNELS))
+    count = max(split, -(-len(symbols) // opts.kernels_per_unit))
     buckets: list[list[str]] = [[] for _ in range(count)]
     for i, sym in enumerate(symbols):
         buckets[i % count].append(sym)
