@@ -23,6 +23,15 @@ class Counted:
 
 
 @dataclasses.dataclass
+class WithDerived:
+    a: torch.Tensor
+    b: torch.Tensor | None = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.b = None
+
+
+@dataclasses.dataclass
 class Doubling:
     x: torch.Tensor
     n: int = 1
@@ -47,11 +56,13 @@ class Output(ModelOutput):  # type: ignore[misc]
     hidden: torch.Tensor | None = None
 
 
-def program(x: torch.Tensor, k: int) -> tuple[Counted, Doubling, Frozen, Output]:
+def program(x: torch.Tensor, k: int) -> tuple[Counted, WithDerived, Doubling, Frozen, Output]:
     counted = Counted(x * k)
     counted.n_tokens = x.shape[0] * k
     counted.note = f"k={k}"  # type: ignore[attr-defined]
-    return counted, Doubling(x + k), Frozen(x - k), Output(logits=x.relu(), hidden=None)
+    derived = WithDerived(x)
+    derived.b = x * 3  # NOTE: a tensor in a field outside __init__: an output of the graph
+    return counted, derived, Doubling(x + k), Frozen(x - k), Output(logits=x.relu(), hidden=None)
 
 
 def _state(obj: object) -> dict[str, object]:

@@ -430,15 +430,6 @@ class _Listish(list):
     pass
 
 
-@dataclasses.dataclass
-class _WithDerived:
-    a: Any
-    b: Any = dataclasses.field(init=False)
-
-    def __post_init__(self) -> None:
-        self.b = None
-
-
 def _twice(x: torch.Tensor) -> Any:
     held = _Holder(x * 2)
     return (held, held)
@@ -453,11 +444,10 @@ def _twice(x: torch.Tensor) -> Any:
         lambda x: _Listish([x * 2]),
         lambda x: {x * 2},
         lambda x: {"deep": [(_Holder(_Slotted(x.exp())),)]},
-        lambda x: setattr(w := _WithDerived(x), "b", x * 3) or w,
         _twice,
     ],
     ids=[
-        "slots", "custom-reduce", "object-in-dict", "list-subclass", "set", "deep", "nofield",
+        "slots", "custom-reduce", "object-in-dict", "list-subclass", "set", "deep",
         "same-object-twice",
     ],
 )  # fmt: skip

@@ -231,7 +231,7 @@ class _Flattener:
             # NOTE: a mapping dataclass (transformers' ModelOutput) is rebuilt by its
             # constructor, which fills the mapping from the fields; any other is its state
             init = len(_init_fields(obj) or ()) if isinstance(obj, dict) else None
-            return ("dataclass", type(obj), tuple(fields), kids, init)
+            return ("dataclass", type(obj), tuple(fields), init, kids)
         if isinstance(obj, defaultdict):
             keys = tuple(obj)
             kids = tuple(go(obj[k], f"{path}[{k!r}]") for k in keys)
@@ -303,8 +303,8 @@ def _make(spec: Spec, it: Iterator[Any], made: list[Any] | None) -> Any:
     if tag == "structseq":
         return spec[1]([_build(s, it, made) for s in spec[2]])
     if tag == "dataclass":
-        values = [(f, _build(s, it, made)) for f, s in zip(spec[2], spec[3])]
-        init = spec[4]
+        values = [(f, _build(s, it, made)) for f, s in zip(spec[2], spec[4])]
+        init = spec[3]
         if init is None:
             # NOTE: the object's state, set as it is: calling the constructor would run its
             # __post_init__ again on values it already made (x * 2 doubled twice)
@@ -349,7 +349,7 @@ def containers(spec: Spec, obj: Any) -> list[Any]:
             for sub, v in zip(s[2], x):
                 walk(sub, v)
         elif tag in ("dataclass", "object"):
-            for f, sub in zip(s[2], s[3]):
+            for f, sub in zip(s[2], s[-1]):
                 walk(sub, getattr(x, f))
         else:  # NOTE: a dict or defaultdict: its keys, then its kids
             for k, sub in zip(s[-2], s[-1]):
