@@ -15,9 +15,9 @@ import contextvars
 import math
 import platform
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
-from plait.codegen.kir import Reduce, is_float, reduce_identity
+from plait.codegen.kir import Reduce, Stmt, is_float, reduce_identity
 
 DTYPE = {
     "f64": "float64",
@@ -231,12 +231,43 @@ def signbit(x: str, t: str) -> str:
     return f'(T.shift_right(T.reinterpret("uint32", {x}), T.uint32(31)) != T.uint32(0))'
 
 
-def bf16_bits(v: str) -> str:
-    """The nearest bfloat16's bits (ties to even; NaN: 0x7FC0), as ``uint16``."""
+def bf16_bits(v: str, rounded: bool = False) -> str:
+    """The nearest bfloat16's bits (ties to even; NaN: 0x7FC0), as ``uint16``; of a value
+    ``rounded`` to bfloat16 already (:func:`round16`), its upper half."""
     u = f'T.reinterpret("uint32", {v})'
+    if rounded:
+        return f'T.Cast("uint16", T.shift_right({u}, T.uint32(16)))'
     odd = f"T.bitwise_and(T.shift_right({u}, T.uint32(16)), T.uint32(1))"
-    rounded = f'T.Cast("uint16", T.shift_right({u} + T.uint32(32767) + {odd}, T.uint32(16)))'
-    return f"T.Select(T.isnan({v}), T.uint16(32704), {rounded})"
+    nearest = f'T.Cast("uint16", T.shift_right({u} + T.uint32(32767) + {odd}, T.uint32(16)))'
+    return f"T.Select(T.isnan({v}), T.uint16(32704), {nearest})"
+
+
+def holds_bf16_rounding(s: Stmt, names: Mapping[int, str]) -> bool:
+    """Whether ``s``, as printed (inlined, but for the statements bound in ``names``), rounds
+    to bfloat16 somewhere."""
+    todo, seen = [s], set()
+    while todo:
+        x = todo.pop()
+        if x.id in seen or x.id in names:
+            continue
+        if x.op == "round" and x.attr == "bf16":
+            return True
+        seen.add(x.id)
+        todo.extend(x.args)
+    return False
+
+
+def local_scalar(name: str, t: str, value: str) -> tuple[str, str]:
+    """The lines of a block's local scalar ``name`` (of type ``t``, of the lanes being printed)
+    set to ``value``, read as ``name[0]``: a load, which TVM's simplifier and code generator
+    leave as it is, where they expand a ``T.let`` (or ``T.Let``) value into each of its reads.
+
+    Example:
+        >>> local_scalar("r", "f32", "a + b")[1]
+        'r[0] = a + b'
+    """
+    alloc = f'T.sblock_alloc_buffer((1,), "{vector_type(DTYPE[t])}", scope="local")'
+    return f"{name} = {alloc}", f"{name}[0] = {value}"
 
 
 def round16(v: str, storage: str) -> str:

@@ -6,14 +6,17 @@ may turn (:mod:`plait.codegen.tvm_tune`). The default (what runs untuned):
   the loop, as the C++ printer's ``omp simd`` reductions accumulate (a sum's order is then a
   reduction's, which the numerical contract allows; a float max or min is a max and a NaN flag,
   :mod:`plait.codegen.tvm_script`). Reductions the printer accumulated in vector lanes itself
-  (:mod:`plait.codegen.tvm_vector`) are left as printed.
+  (:mod:`plait.codegen.tvm_vector`), and those whose block holds a local scalar, are left as
+  printed.
 - Phases are fused: every block moves under the outer loops of the kernel's last block
   (``compute_at``, ``reverse_compute_at``), so each outer point runs its phases in order while
   its row is in cache, as the C++ kernels do (a kernel printed fused, ``TvmSource.fused``, is
   so already).
 - Vectors of 512 bits (16 float32 lanes): each partial result, and each store block's innermost
   loop of its own, where the extent divides evenly and the block calls no C library function
-  (those stay scalar: there is no vector libm here).
+  (those stay scalar: there is no vector libm here) and holds no local scalar (a chain of
+  bfloat16 roundings, :mod:`plait.codegen.tvm_script`: TVM's vectorizer keeps one for all the
+  lanes).
 - The outer loops are fused into one, parallel on TVM's thread pool when the kernel's work
   (elements times phases) reaches the threshold the C++ printer uses for OpenMP.
 - Each reduction's initialisation is moved out of its loop (``decompose_reduction``).
@@ -115,6 +118,11 @@ class _Scheduler:
     def calls_libm(self, block: Any) -> bool:
         return "call_pure_extern" in self.sch.get(block).script()
 
+    def holds_scalars(self, block: Any) -> bool:
+        """A block with local scalars (:mod:`plait.codegen.tvm_script`): TVM's vectorizer
+        keeps one scalar for all the lanes of a vectorized loop (wrong values)."""
+        return 'scope="local"' in self.sch.get(block).script()
+
     def lanes(self, knob: str, loop: Any, itemsize: int) -> int:
         choices, default = lane_choices(int(self.sch.get(loop).extent), itemsize)
         return self.choose(self.sch, knob, choices, default)
@@ -126,6 +134,8 @@ class _Scheduler:
         dtype = self.name(block).split("_")[2]
         loops = self.sch.get_loops(block)
         if len(loops) <= self.m or self.calls_libm(block) or self.printed_in_lanes(block):
+            return None
+        if self.holds_scalars(block):
             return None
         lanes = self.lanes(f"partial:{self.name(block)}", loops[-1], _ITEMSIZE.get(dtype, 8))
         if lanes == 1:
@@ -172,6 +182,8 @@ class _Scheduler:
     def vectorize_store(self, block: Any, alone: bool) -> None:
         loops = self.sch.get_loops(block)
         if not loops or self.calls_libm(block) or (len(loops) <= self.m and not alone):
+            return
+        if self.holds_scalars(block):
             return
         if "_vector" in self.name(block):  # NOTE: printed over vector lanes already
             return

@@ -20,13 +20,15 @@ under the outer loops they share, one nest.
 
 Statements are inlined into the expressions that read them (TVM's common subexpression pass
 shares them again), so that a reduction's update is one store TensorIR recognizes; integer and
-floor division and integer powers are ``T.let`` lines of their own. Semantics that TVM would
-otherwise change are spelled out: float operands pass through :func:`opaque` (TVM's simplifier
-applies integer algebra to floats), NaN tests are ``T.isnan`` (it folds ``x != x`` to false), a
-float max or min reduction is TVM's max (or min) plus a flag of NaNs and infinities, so that it
-stays a reduction TVM can split into vector lanes and still returns what the C++ kernel does
-(one in lanes propagates NaN in one pass instead). Transcendentals call the C library's
-functions (``expf``, ...), as the C++ kernels' scalar paths do, or libmvec's in vector blocks.
+floor division and integer powers are ``T.let`` lines of their own, and a bfloat16 rounding's
+argument that rounds in turn is a local scalar of its block (read three times, a chain of them
+inlined grew as 3^n; TVM expands lets). Semantics that TVM would otherwise change are spelled
+out: float operands pass through :func:`opaque` (TVM's simplifier applies integer algebra to
+floats), NaN tests are ``T.isnan`` (it folds ``x != x`` to false), a float max or min reduction
+is TVM's max (or min) plus a flag of NaNs and infinities, so that it stays a reduction TVM can
+split into vector lanes and still returns what the C++ kernel does (one in lanes propagates NaN
+in one pass instead). Transcendentals call the C library's functions (``expf``, ...), as the C++
+kernels' scalar paths do, or libmvec's in vector blocks.
 
 Refused (the caller falls back to the C++ printer, recorded): symbolic sizes (TVM kernels are
 static), an empty loop, an index or buffer past int32, a reduction of bools.
@@ -67,9 +69,11 @@ from plait.codegen.tvm_scalar import (
     float_ne,
     float_to_int,
     floor_division,
+    holds_bf16_rounding,
     identity_text,
     integer_division,
     integer_power,
+    local_scalar,
     opaque,
     product,
     round16,
@@ -81,6 +85,7 @@ from plait.codegen.tvm_scalar import (
 from plait.codegen.tvm_vector import (
     lane_coefficient,
     reduction_lanes,
+    rereads,
     store_lanes,
     vector_lanes_for,
     vector_name,
@@ -149,25 +154,6 @@ def _index_bound(ix: Ix) -> int:
     return index_bound(ix, lambda n: _static(n, "index"))
 
 
-def _rereads(kernel: Kernel) -> bool:
-    """Whether a phase loads a buffer an earlier phase stored (the C++ printer's softmax keeps
-    its exps in the output between phases; TVM's blocks are not ordered for it)."""
-    stored: set[int] = set()
-    for ph in kernel.phases:
-        todo = [r.value for r in ph.reduces] + [st.value for st in ph.stores]
-        seen: set[int] = set()
-        while todo:
-            st = todo.pop()
-            if st.id in seen:
-                continue
-            seen.add(st.id)
-            if st.op == "load" and st.attr[0] in stored:
-                return True
-            todo.extend(st.args)
-        stored |= {st.buffer for st in ph.stores}
-    return False
-
-
 class _Printer:
     def __init__(
         self, kernel: Kernel, symbol: str, vector_math: tuple[str, int] | None = None
@@ -194,7 +180,7 @@ class _Printer:
         self.checks = any(s.op in CHECKED_INT_OPS for s in self.k.stmts())
         if any(s.op == "ipow" and s.args[1].op != "const" for s in self.k.stmts()):
             raise Unsupported("an integer power whose exponent is not a constant")
-        if _rereads(self.k):
+        if rereads(self.k):
             raise Unsupported("a phase reads back a buffer an earlier phase stored")
         self.lines: list[str] = []
         self.names: dict[int, str] = {}  # NOTE: statements bound by name in the current block
@@ -242,8 +228,8 @@ class _Printer:
             raise Unsupported("an index or buffer past int32 (TVM kernels index in int32)")
 
     # --- text helpers -------------------------------------------------------------------------
-    def line(self, depth: int, text: str) -> None:
-        self.lines.append("    " * depth + text)
+    def line(self, depth: int, *texts: str) -> None:
+        self.lines += ["    " * depth + text for text in texts]
 
     def index(self, ix: Ix) -> str:
         parts = []
@@ -425,6 +411,11 @@ class _Printer:
         for x in s.args:
             self._bind(depth, x, done)
         done.add(s.id)
+        if s.op == "round" and s.attr == "bf16" and holds_bf16_rounding(s.args[0], self.names):
+            # NOTE: read three times by the rounding, stored once (inlined, a chain grew as 3^n)
+            x, name = s.args[0], f"s{s.args[0].id}_{len(self.block_names)}"
+            self.line(depth, *local_scalar(name, x.dtype, self.operand(x)))
+            self.names[x.id] = f"{name}[0]"
 
         def emit(text: str) -> None:
             self.line(depth, text)
@@ -535,7 +526,7 @@ class _Printer:
         v = self.operand(st.value)
         storage = self.k.buffers[st.buffer].dtype
         if storage == "bf16":
-            return bf16_bits(v)
+            return bf16_bits(v, rounded=st.value.op == "round" and st.value.attr == "bf16")
         if storage == "f16":
             return f'T.reinterpret("uint16", T.Cast("float16", {v}))'
         if storage == "b":

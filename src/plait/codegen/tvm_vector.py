@@ -139,6 +139,18 @@ def store_lanes(
     return isa[1]
 
 
+def rereads(k: Kernel) -> bool:
+    """Whether a phase loads a buffer an earlier phase stored (the C++ printer's softmax keeps
+    its exps in the output between phases; TVM's blocks are not ordered for it)."""
+    stored: set[int] = set()
+    for ph in k.phases:
+        values = [r.value for r in ph.reduces] + [st.value for st in ph.stores]
+        if any(s.op == "load" and s.attr[0] in stored for s in _closure(values)):
+            return True
+        stored |= {st.buffer for st in ph.stores}
+    return False
+
+
 def _closure(roots: list[Stmt]) -> list[Stmt]:
     seen: dict[int, Stmt] = {}
     todo = list(roots)
