@@ -56,6 +56,18 @@ def aten_name(func: Any) -> str | None:
     return None
 
 
+def distinct_tensors(leaves: list[Any]) -> list[torch.Tensor]:
+    """The tensors among ``leaves``, each once (first place first): one tensor passed as two
+    arguments is one input of the graph, so the call sees ``q is k`` as eager's does
+    (``multi_head_attention_forward`` projects such a call with one packed product, whose bits
+    differ from three products')."""
+    out: dict[int, torch.Tensor] = {}
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            out.setdefault(id(x), x)
+    return list(out.values())
+
+
 def single_node_graph(
     func: Any, pargs: Any, pkwargs: Any
 ) -> tuple[torch.fx.GraphModule, list[Any]] | str:
@@ -77,16 +89,17 @@ def single_node_graph(
     if torch.Tag.nondeterministic_seeded in overload.tags or not schema.returns:
         return f"aten.{name} draws random numbers or returns nothing"
     leaves, spec = torch_pytree.tree_flatten((pargs, pkwargs))
-    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    tensors = distinct_tensors(leaves)  # NOTE: as the ATen trace's inputs
+    place = {id(t): i for i, t in enumerate(tensors)}
     graph = torch.fx.Graph()
-    nodes = iter([graph.placeholder(f"t{i}") for i in range(len(tensors))])
+    nodes = [graph.placeholder(f"t{i}") for i in range(len(tensors))]
     fake_mode = FakeTensorMode()
-    fakes = iter([_fake(fake_mode, t) for t in tensors])
+    fakes = [_fake(fake_mode, t) for t in tensors]
     args, kwargs = torch_pytree.tree_unflatten(
-        [next(nodes) if isinstance(x, torch.Tensor) else x for x in leaves], spec
+        [nodes[place[id(x)]] if isinstance(x, torch.Tensor) else x for x in leaves], spec
     )
     fake_args, fake_kwargs = torch_pytree.tree_unflatten(
-        [next(fakes) if isinstance(x, torch.Tensor) else x for x in leaves], spec
+        [fakes[place[id(x)]] if isinstance(x, torch.Tensor) else x for x in leaves], spec
     )
     try:
         with torch._C.DisableTorchFunction(), fake_mode:

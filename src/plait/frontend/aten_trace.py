@@ -49,7 +49,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from plait.frontend import pytree
 from plait.frontend.aten_emit import AtenEmitter
 from plait.frontend.aten_graph import check_graph, written_inputs
-from plait.frontend.aten_single import single_node_graph
+from plait.frontend.aten_single import distinct_tensors, single_node_graph
 from plait.ir import Value
 from plait.ir.ops.aten import is_seeded
 
@@ -77,12 +77,12 @@ def _trace(func: Any, pargs: Any, pkwargs: Any) -> tuple[torch.fx.GraphModule, l
     """The call as a functional ATen graph over its tensor arguments (in pytree order), or why
     not."""
     leaves, spec = torch_pytree.tree_flatten((pargs, pkwargs))
-    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    tensors = distinct_tensors(leaves)
+    place = {id(t): i for i, t in enumerate(tensors)}
 
     def call(*values: torch.Tensor) -> Any:
-        it = iter(values)
         a, k = torch_pytree.tree_unflatten(
-            [next(it) if isinstance(x, torch.Tensor) else x for x in leaves], spec
+            [values[place[id(x)]] if isinstance(x, torch.Tensor) else x for x in leaves], spec
         )
         return func(*a, **k)
 

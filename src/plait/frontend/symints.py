@@ -351,7 +351,7 @@ class TracedSize(tuple):
     # when the type itself is no subclass, as it does for proxies, so the program's test of a
     # shape takes eager's branch
     @property  # type: ignore[misc]
-    def __class__(self) -> type:  # type: ignore[override]
+    def __class__(self) -> type:
         return torch.Size
 
     def __repr__(self) -> str:
