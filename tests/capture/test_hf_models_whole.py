@@ -2,7 +2,8 @@
 one graph through ``plait.compile``: no whole-program fallback (their mask code calls
 ``torch.diff(x, prepend=t)`` and ``torch.gather(x, 1, index=t)`` with tensor keywords, reads a
 constant packed-sequence check, and Llama's SDPA uses ``enable_gqa``), and match eager bitwise
-on fresh token ids, in no-grad inference and with gradients (parameter gradients bitwise)."""
+on fresh token ids, in no-grad inference and with gradients (parameter gradients within the
+contract: the backward's products read other layouts than eager's)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import transformers
 import plait
 from plait.errors import CaptureFallbackWarning
 from tests.capture.helpers import assert_same
+from tests.util import contract_tol
 
 
 def _gpt2(attn: str) -> Any:
@@ -99,5 +101,10 @@ def test_model_gradients_match_eager(name: str) -> None:
         for (path, p), q in zip(model.named_parameters(), reference.parameters()):
             assert (p.grad is None) == (q.grad is None), path
             if p.grad is not None:
-                assert_same(p.grad, q.grad, f"{path}.grad, call {i}")
+                # NOTE: within the contract, not bitwise: the backward's products and attention
+                # read the graph's contiguous values where eager's read strided views, and on
+                # AVX-512 CPUs their last bits follow the layout (Llama's GQA attention)
+                torch.testing.assert_close(
+                    p.grad, q.grad, **contract_tol("model", p.grad.dtype), msg=f"{path}, {i}"
+                )
     assert compiled.specializations[0].fallback_reason is None
