@@ -29,7 +29,10 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import inspect
 import json
+import marshal
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -168,7 +171,12 @@ class DynamicShapes:
             else x
             for x in env.leaves
         ]
-        request = {"automatic_dynamic": True, "backend": self.backend, "region": self.region}
+        request = {
+            "automatic_dynamic": True,
+            "backend": self.backend,
+            "region": self.region,
+            "code": code_digest(self.fn),
+        }
         try:
             parts = front_parts(self.fn, env.spec, leaves, request, self.state)
         except Unpinnable:
@@ -225,3 +233,20 @@ class DynamicShapes:
         with contextlib.suppress(OSError, ValueError):
             store.put(key, payload, {"kind": "automatic dynamic dims"})
             store.put(index, b"{}", {"kind": "automatic dynamic mark"})
+
+
+def code_digest(fn: Any) -> str:
+    """A digest of the code ``fn`` runs first (a module's ``forward``, a function's body, nested
+    functions' included): an automatic dynamic record is kept per version of that code, so a
+    function edited under its old name does not inherit the sizes its old version saw.
+
+    Example:
+        >>> code_digest(lambda x: x + 1) == code_digest(lambda x: x + 1)
+        True
+    """
+    target = type(fn).forward if isinstance(fn, torch.nn.Module) else fn
+    target = getattr(target, "__func__", target)
+    code = getattr(inspect.unwrap(target), "__code__", None)
+    if code is None:
+        return ""
+    return hashlib.sha256(marshal.dumps(code)).hexdigest()[:16]

@@ -188,6 +188,42 @@ def test_a_new_process_at_a_new_size_starts_warm(tmp_path: Path) -> None:
     assert second == [[1, "hit", "f32[s0, 8]"], [1, "hit", "f32[s0, 8]"]]
 
 
+_EDITED = """
+import json, sys, torch, plait
+
+def block(x):
+    return BODY
+
+f = plait.compile(block)
+for n in map(int, sys.argv[1:]):
+    x = torch.randn(n, 8)
+    torch.testing.assert_close(f(x), block(x))
+print(json.dumps(str(f.specializations[-1].graph.inputs[0].type)))
+"""
+
+
+def test_an_edited_function_does_not_inherit_its_old_sizes(tmp_path: Path) -> None:
+    """The automatic dynamic record is kept per version of the callable's code: a function
+    edited under its old name starts static, as a new function does."""
+    env = {**os.environ, "PLAIT_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root)])
+    script = tmp_path / "prog.py"
+
+    def run(body: str, *sizes: int) -> str:
+        script.write_text(textwrap.dedent(_EDITED).replace("BODY", body))
+        done = subprocess.run(
+            [sys.executable, str(script), *map(str, sizes)],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return str(json.loads(done.stdout.splitlines()[-1]))
+
+    assert run("x.relu() * 2", 4, 6) == "f32[s0, 8]"
+    assert run("x.relu() * 2", 9) == "f32[s0, 8]"  # NOTE: this version saw its dim change
+    assert run("x.exp() - 1", 9) == "f32[9, 8]"  # NOTE: the edited one has seen one size
+
+
 def test_a_training_program_whose_backward_refuses_symbols_specializes() -> None:
     """Training batch norm runs ATen's kernels, typed by their meta kernels for static shapes:
     the symbolic compile is refused, loudly, and sizes specialize; gradients stay eager's."""
