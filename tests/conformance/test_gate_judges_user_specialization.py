@@ -175,6 +175,22 @@ def test_a_specialization_no_case_reaches_is_never_reported_judged() -> None:
     assert not [f for f in both.warnings if f.check == "specialization"], both
 
 
+def test_a_symbolic_specialization_judged_at_one_size_is_warned() -> None:
+    """The user's calls ran batch 2, then 4 (one symbolic specialization from the second); a
+    check at batch 4 alone judges it at that size: a warning names the sizes it was made from.
+    A check whose cases run two sizes says nothing of it."""
+    model = _model()
+    compiled = plait.compile(model, options={"cache": False})
+    with torch.no_grad():
+        compiled(_x(2))
+        compiled(_x(4))
+    one = plait.conformance.check(model, compiled, (_x(4, seed=3),))
+    sized = [f for f in one.warnings if f.check == "sizes"]
+    assert one.ok and len(sized) == 1 and "2, 4" in sized[0].message, one
+    two = plait.conformance.check(model, compiled, lambda s: (_x(4 + (s % 2), seed=s),))
+    assert not [f for f in two.warnings if f.check == "sizes"], two
+
+
 def test_a_plain_candidate_is_called_as_it_is() -> None:
     model = _model()
     report = plait.conformance.check(model, lambda x: model(x), (_x(),), candidate_module=model)

@@ -47,7 +47,7 @@ class Context:
     # NOTE: the specializations of ``keys`` with how each was chosen, and the keys the gate's
     # calls ran (only those are reported judged)
     uses: tuple[tuple[Any, str], ...] = ()
-    ran: set[str] = field(default_factory=set)
+    ran: dict[str, set[tuple]] = field(default_factory=dict)
 
 
 def speaks_protocol(candidate: Any) -> bool:
@@ -96,7 +96,7 @@ def contexts(candidate: Any, example: Sequence[Any], grads: bool, report: Report
                 f"{label}: the user's calls passed inputs that do not require grad: gradients "
                 "judged for parameters only"
             )
-        ran: set[str] = set()
+        ran: dict[str, set[tuple]] = {}
         out.append(
             Context(
                 _pinned(candidate, keys, ran),
@@ -140,24 +140,55 @@ def record_judged(contexts: Sequence[Context], report: Report) -> None:
         for use, how in context.uses:
             if use.key in context.ran:
                 report.judged.append(_judged(use, how))
+                if len(context.ran[use.key]) == 1:  # NOTE: the check's cases had one shape
+                    _warn_sizes_unjudged(use, how, report)
                 continue
             msg = (
-                f"specialization #{use.index} (key {use.key[:16]}, {how}) was not judged: its "
-                "guards admit none of this check's cases; check it with inputs like its calls'"
+                f"specialization #{use.index} (key {use.key[:16]}, {how}) was not judged: no "
+                "case of this check ran it (its guards admit none of them, or an earlier "
+                "specialization's admit them first); check it with inputs like its calls'"
             )
             report.add(Failure("warning", "specialization", f"#{use.index}", "all cases", msg))
 
 
-def _pinned(candidate: Any, keys: tuple[str, ...], ran: set[str]) -> Callable[..., Any]:
+def _warn_sizes_unjudged(use: Any, how: str, report: Report) -> None:
+    """A judged specialization with symbolic sizes, which the check's cases ran at one shape
+    (drawn at the example's sizes), while its capture saw several: a warning naming them, so a
+    pass is not read as covering sizes it never ran."""
+    options = getattr(use.manifest, "options", None) or {}
+    dims = options.get("dynamic_dims") if isinstance(options, dict) else None
+    if not isinstance(dims, dict):
+        return
+    seen = {
+        name: sizes
+        for name, record in dims.items()
+        if isinstance(record, dict) and len(sizes := record.get("sizes_seen") or []) > 1
+    }
+    if not seen:
+        return
+    text = "; ".join(f"{name}: {', '.join(map(str, sizes))}" for name, sizes in seen.items())
+    msg = (
+        f"specialization #{use.index} ({how}) has symbolic sizes ({text} seen before it was "
+        "compiled); this check judged it at the example's sizes only: check it with inputs at "
+        "each size you rely on"
+    )
+    report.add(Failure("warning", "sizes", f"#{use.index}", "symbolic sizes", msg))
+
+
+def _pinned(
+    candidate: Any, keys: tuple[str, ...], ran: dict[str, set[tuple]]
+) -> Callable[..., Any]:
     """Call ``candidate`` with the first of ``keys`` whose guards admit the call (added to
-    ``ran``), or raise :class:`NeedsAnotherSpecialization` naming what each refused."""
+    ``ran`` with the shapes of the call's tensors), or raise
+    :class:`NeedsAnotherSpecialization` naming what each refused."""
 
     def call(*args: Any) -> Any:
         refused = []
         for key in keys:
             failed = candidate.guard_failures(key, *args)
             if not failed:
-                ran.add(key)
+                shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+                ran.setdefault(key, set()).add(shapes)
                 return candidate.call_specialization(key, *args)
             refused.append(f"{key[:16]}: {'; '.join(failed)}")
         raise NeedsAnotherSpecialization(
