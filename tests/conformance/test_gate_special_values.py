@@ -150,3 +150,14 @@ def test_where_eager_differs_between_its_layouts_a_candidate_matching_one_passes
 
     report = check(model, swallows, (x,), candidate_module=model, grads=True, layouts=layouts)
     assert report.caught("output", "nonfinite")
+
+
+def test_an_infinity_of_the_other_sign_is_named_by_its_sign() -> None:
+    def flipped(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        return torch.where(y == -math.inf, math.inf, y)
+
+    report = check(lambda x: x * 2, flipped, (randn(6, 8, seed=2),))
+    errors = [f for f in report.errors if f.check == "nonfinite"]
+    assert errors, report
+    assert "candidate +Inf where reference is -Inf" in errors[0].message, errors[0].message

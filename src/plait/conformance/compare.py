@@ -341,7 +341,10 @@ def _as_real64(t: torch.Tensor) -> torch.Tensor:
 
 
 def _kind(value: float) -> str:
-    return "NaN" if math.isnan(value) else ("Inf" if math.isinf(value) else "finite")
+    """NaN, +Inf, -Inf or finite: an infinity of the other sign is named as such."""
+    if math.isnan(value):
+        return "NaN"
+    return ("+Inf" if value > 0 else "-Inf") if math.isinf(value) else "finite"
 
 
 _EXACT = Budget(Tolerance(0.0, 0.0, "float64", False), None, 0.0, bitwise=True)
