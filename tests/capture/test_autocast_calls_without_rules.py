@@ -34,6 +34,8 @@ def _draw(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 8, generator=g) * 3, torch.rand(8, 8, generator=g)
 
 
+# NOTE: stft and binary_cross_entropy_with_logits are opaque nodes (warned), svdvals an ATen program
+@pytest.mark.filterwarnings("ignore::plait.errors.CaptureFallbackWarning")
 @pytest.mark.parametrize("name", list(CALLS))
 def test_autocast_float32_ops_without_rules_match_eager(name: str) -> None:
     f = CALLS[name]

@@ -73,6 +73,8 @@ COVERED = {
     "one); autocast entered by the program is captured as casts: here it only decides whether "
     "skipped calls are computed when read or captured again, never the graph",
     ("backends.py", "is_grad_enabled"): "guard grad_mode (decides freezing and the backend)",
+    ("regions/op_counts.py", "is_autocast_enabled"): "explain's op counts only: a call under "
+    "autocast is not measured (a dispatch mode would change its fused kernels), never the graph",
     ("frontend/lower_math.py", "is_grad_enabled"): "guard grad_mode (hardtanh's and a tensor "
     "clamp's gradient-exact capture)",
     ("guards/state.py", "is_grad_enabled"): "guard grad_mode (what the frozen guard reads)",
