@@ -7,8 +7,9 @@ the first step the gate judges each compiled training step against eager (``grad
 outputs, BatchNorm running-statistic updates, parameter gradients). After the steps the state
 (parameters and buffers) is judged by the contract's model rule against a float64 run of the
 same steps (:func:`benchmarks.bench.parity.state_after_steps`: a trajectory amplifies rounding,
-so the bound is eager float32's own error); the loss curve and the largest difference from
-eager's parameters are displayed beside it.
+so the bound is eager float32's own error, the larger of its contiguous and channels_last runs'
+errors); the loss curve and the largest difference from eager's parameters are displayed beside
+it.
 
 Where the forward and the backward actually ran is read from plait's manifest, never assumed: a
 compiled backward is recorded there (``executor["backward"]``, ``autograd``: the partition and
@@ -90,6 +91,10 @@ def run(cfg: BenchConfig, model: nn.Module, data: ImageSet, progress: Progress) 
     eager = runs[0]["system"].model
     anchor = copy.deepcopy(model).train().double()  # NOTE: the float64 run the state is judged by
     anchor_opt = torch.optim.SGD(anchor.parameters(), lr=LR, momentum=MOMENTUM)
+    # NOTE: eager again in channels_last (oneDNN's other algorithms): the spread of eager's own
+    # rounding the state is judged by, beside eager's contiguous run
+    spread = copy.deepcopy(model).train().to(memory_format=torch.channels_last)
+    spread_opt = torch.optim.SGD(spread.parameters(), lr=LR, momentum=MOMENTUM)
     gates: dict[str, Any] = {}
     with progress.task("training: gate (grads)", total=len(runs) - 1) as advance:
         for r in runs[1:]:
@@ -112,6 +117,9 @@ def run(cfg: BenchConfig, model: nn.Module, data: ImageSet, progress: Progress) 
             anchor_opt.zero_grad(set_to_none=True)
             loss_fn(anchor(x.double()), y).backward()
             anchor_opt.step()
+            spread_opt.zero_grad(set_to_none=True)
+            loss_fn(spread(x.to(memory_format=torch.channels_last)), y).backward()
+            spread_opt.step()
             order = runs[k % len(runs) :] + runs[: k % len(runs)]
             for r in order:
                 s, opt = r["system"], r["opt"]
@@ -149,7 +157,9 @@ def run(cfg: BenchConfig, model: nn.Module, data: ImageSet, progress: Progress) 
                     abs(a - b) for a, b in zip(r["losses"], eager_losses)
                 ),
                 "params_vs_eager": _diff(eager, s.model),
-                "state_after_steps": parity.state_after_steps(eager, anchor, s.model),
+                "state_after_steps": parity.state_after_steps(
+                    eager, anchor, s.model, spread=[spread]
+                ),
                 "executors": _executors(s),
                 "gate": gates.get(s.name),
                 "warnings": s.warnings,
