@@ -32,7 +32,7 @@ import contextlib
 import hashlib
 import inspect
 import json
-import marshal
+import types
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -249,4 +249,29 @@ def code_digest(fn: Any) -> str:
     code = getattr(inspect.unwrap(target), "__code__", None)
     if code is None:
         return ""
-    return hashlib.sha256(marshal.dumps(code)).hexdigest()[:16]
+    return hashlib.sha256(repr(_code_parts(code)).encode()).hexdigest()[:16]
+
+
+def _code_parts(code: types.CodeType) -> list[Any]:
+    """What a code object computes, as plain data: its bytecode, its constants (nested code
+    objects by their own parts, a frozenset's members sorted: their order follows the string
+    hash seed) and the names it reads (marshal's bytes are no digest: they mark objects by their
+    reference counts)."""
+
+    def const(c: Any) -> Any:
+        if isinstance(c, types.CodeType):
+            return _code_parts(c)
+        if isinstance(c, frozenset):
+            return ["frozenset", sorted(repr(v) for v in c)]
+        if isinstance(c, tuple):
+            return ["tuple", [const(v) for v in c]]
+        return repr(c)
+
+    return [
+        code.co_code.hex(),
+        [const(c) for c in code.co_consts],
+        list(code.co_names),
+        list(code.co_varnames),
+        list(code.co_freevars),
+        list(code.co_cellvars),
+    ]
