@@ -29,10 +29,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
 import json
-import types
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -47,6 +45,7 @@ from plait.errors import CaptureFallbackWarning
 from plait.frontend import CapturedProgram, ModuleState
 from plait.frontend.dynamic_dims import AutomaticDims, DimPolicy
 from plait.guards import GuardEnv
+from plait.snapshots.code_digest import code_digest as digest_of_code
 from plait.snapshots.fingerprint import Unpinnable
 
 
@@ -237,8 +236,9 @@ class DynamicShapes:
 
 def code_digest(fn: Any) -> str:
     """A digest of the code ``fn`` runs first (a module's ``forward``, a function's body, nested
-    functions' included): an automatic dynamic record is kept per version of that code, so a
-    function edited under its old name does not inherit the sizes its old version saw.
+    functions' included; :func:`plait.snapshots.code_digest.code_digest`): an automatic dynamic
+    record is kept per version of that code, so a function edited under its old name does not
+    inherit the sizes its old version saw.
 
     Example:
         >>> code_digest(lambda x: x + 1) == code_digest(lambda x: x + 1)
@@ -247,31 +247,4 @@ def code_digest(fn: Any) -> str:
     target = type(fn).forward if isinstance(fn, torch.nn.Module) else fn
     target = getattr(target, "__func__", target)
     code = getattr(inspect.unwrap(target), "__code__", None)
-    if code is None:
-        return ""
-    return hashlib.sha256(repr(_code_parts(code)).encode()).hexdigest()[:16]
-
-
-def _code_parts(code: types.CodeType) -> list[Any]:
-    """What a code object computes, as plain data: its bytecode, its constants (nested code
-    objects by their own parts, a frozenset's members sorted: their order follows the string
-    hash seed) and the names it reads (marshal's bytes are no digest: they mark objects by their
-    reference counts)."""
-
-    def const(c: Any) -> Any:
-        if isinstance(c, types.CodeType):
-            return _code_parts(c)
-        if isinstance(c, frozenset):
-            return ["frozenset", sorted(repr(v) for v in c)]
-        if isinstance(c, tuple):
-            return ["tuple", [const(v) for v in c]]
-        return repr(c)
-
-    return [
-        code.co_code.hex(),
-        [const(c) for c in code.co_consts],
-        list(code.co_names),
-        list(code.co_varnames),
-        list(code.co_freevars),
-        list(code.co_cellvars),
-    ]
+    return "" if code is None else digest_of_code(code).hex()[:16]
