@@ -1,4 +1,5 @@
-"""A training convolution's backward run as an im2col, MKL GEMMs and a col2im
+"""A training convolution's backward run as an im2col, GEMMs (plait's native kernel where the
+columns' width is a multiple of 16 on an AVX-512 CPU, else MKL's) and a col2im
 (``plait.codegen.gemm_conv``) gives eager's gradients within the contract's conv budget, for
 strided, padded, dilated, 1x1, 3x3 and 7x7 convolutions, with or without the input's and the
 bias's gradients; where the output's gradient holds an infinity, a padded convolution gives
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 import plait
-from plait.codegen import gemm_conv, timed_choices, timed_matmul
+from plait.codegen import gemm_conv, pointwise_native, timed_choices, timed_matmul
 from tests.conformance.models import randn, seeded
 from tests.util import contract_tol
 
@@ -79,6 +80,9 @@ CASES = {
     "7x7-s2-p3": (3, 8, 7, 2, 3, 1, False, (14, 13)),
     "3x3-dilated-p2": (4, 6, 3, 1, 2, 2, True, (8, 8)),
     "uneven-stride-padding": (5, 7, (3, 2), (2, 1), (1, 0), 1, True, (8, 6)),
+    # NOTE: C*kh*kw a multiple of 16: the products run the native kernel on an AVX-512 CPU
+    "3x3-s1-p1-width-144": (16, 20, 3, 1, 1, 1, True, (7, 5)),
+    "3x3-s2-p1-width-288": (32, 16, 3, 2, 1, 1, False, (9, 9)),
 }
 
 
@@ -103,14 +107,17 @@ def test_gemm_backward_gives_eagers_gradients(case: str, wants_x: bool, gemm_fas
     assert any("timed faster than PyTorch's kernel" in d for d in details), details
 
 
+@pytest.mark.parametrize("channels", [4, 16], ids=["mkl-width", "native-width"])
 @pytest.mark.parametrize("where", ["gradient", "input"])
-def test_gemm_backward_gives_eagers_special_values(where: str, gemm_faster: None) -> None:
+def test_gemm_backward_gives_eagers_special_values(
+    where: str, channels: int, gemm_faster: None
+) -> None:
     """A padded tap times an infinite gradient: eager's kernel skips the tap (the weight's
     gradient is infinite, not NaN), so the call runs it for such a gradient. An infinite or NaN
     input enters the same products in both."""
-    model = seeded(4, lambda: nn.Conv2d(4, 6, 3, padding=1, bias=False))
+    model = seeded(4, lambda: nn.Conv2d(channels, 6, 3, padding=1, bias=False))
     compiled = plait.compile(copy.deepcopy(model), backend="stax")
-    x = randn(2, 4, 5, 5, seed=7)
+    x = randn(2, channels, 5, 5, seed=7)
     g = randn(2, 6, 5, 5, seed=8)
     t = g if where == "gradient" else x
     t[0, 1, 0, 0] = float("inf")
@@ -122,6 +129,25 @@ def test_gemm_backward_gives_eagers_special_values(where: str, gemm_faster: None
         assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.isinf(), b.isinf())
         torch.testing.assert_close(a, b, equal_nan=True, **contract_tol("conv", torch.float32))
     assert any(gemm_conv.DETAIL in d for d in _backward_details(compiled))
+
+
+@pytest.mark.skipif(not pointwise_native.available(), reason="the native kernel needs AVX-512")
+def test_the_products_run_the_native_kernel_where_the_columns_width_allows(
+    gemm_faster: None,
+) -> None:
+    """16 channels of a 3x3 kernel (columns 144 wide) run the native kernel; 8 (72 wide), MKL."""
+    libraries = []
+    for c in (16, 8):
+        model = seeded(8, lambda: nn.Conv2d(c, 12, 3, padding=1))
+        compiled = plait.compile(copy.deepcopy(model), backend="stax")
+        x, g = randn(2, c, 6, 6, seed=9), randn(2, 12, 6, 6, seed=10)
+        want, got = _gradients(model, compiled, x, g, True)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, **contract_tol("conv", torch.float32))
+        [detail] = [d for d in _backward_details(compiled) if gemm_conv.DETAIL in d]
+        libraries.append(detail)
+    assert f"({gemm_conv.NATIVE_LIBRARY} products)" in libraries[0], libraries
+    assert f"({gemm_conv.LIBRARY} products)" in libraries[1], libraries
 
 
 def test_a_slower_gemm_backward_is_not_taken_and_the_manifest_says_why(

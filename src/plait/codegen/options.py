@@ -45,7 +45,7 @@ class StaxOptions:
     own shapes, and a linear that would run MKL's packed GEMM runs oneDNN's prepacked linear
     where that timed faster (off: PyTorch's kernel, MKL's packed GEMM; see
     :mod:`plait.codegen.timed_matmul`). ``gemm_conv``: a float32 convolution's backward (a
-    training program's ``convolution_backward``) runs as an im2col, MKL GEMMs and a col2im where
+    training program's ``convolution_backward``) runs as an im2col, GEMMs and a col2im where
     that timed faster than PyTorch's kernel at compile time, on the call's own shapes (off:
     PyTorch's kernel; see :mod:`plait.codegen.gemm_conv`). ``depthwise``: a float32 depthwise
     convolution (3x3 or 5x5, stride 1 or 2) of the C++ target runs plait's native kernel, with
