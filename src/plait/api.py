@@ -70,6 +70,7 @@ from plait.settings import call_state
 from plait.snapshots.deps import CodeRecorder, recording
 from plait.snapshots.snapshot import SnapshotUnreadable
 from plait.specialization import (
+    LookupOrder,
     Specialization,
     SpecializationMissError,
     SpecializationUse,
@@ -115,15 +116,15 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
     """The specialization cache shared by CompiledFunction and CompiledModule.
 
     Each call flattens its inputs, fetches the module's live state and tries the
-    specializations in order (:meth:`GuardSet.holds`, the fast path). A miss captures and
-    compiles a new one (through the artifact cache) with the failed guards as its reason, up
-    to the recompile limit: past it, a clear error, or with ``on_recompile_limit="eager"`` the
-    original program, run eagerly, warned once and recorded for :func:`explain`.
+    specializations, the latest to admit a call first (:class:`LookupOrder`; the fast path). A
+    miss captures and compiles a new one (through the artifact cache) with the failed guards as
+    its reason, up to the recompile limit: past it, a clear error, or with
+    ``on_recompile_limit="eager"`` the original program, run eagerly, warned once and recorded
+    for :func:`explain`.
 
-    NOTE: thread safety. The fast path takes no lock: the table only grows, each entry appended
-    whole. A miss holds the process-wide capture lock, then ``self.lock``, and looks again
-    (:meth:`_admitted`: another thread may have added the specialization while this one
-    waited) before capturing: concurrent first calls capture once."""
+    NOTE: thread safety. The fast path takes no lock (it reads the lookup order's tuple). A miss
+    holds the process-wide capture lock, then ``self.lock``, and looks again (:meth:`_admitted`:
+    another thread may have added one meanwhile) before capturing: first calls capture once."""
 
     # NOTE: what runs its specializations' guards (and its regions'), injected here
     guard_evaluators: Evaluators | None = NATIVE_GUARDS
@@ -170,9 +171,8 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
         self.fn, self.backend, self.fullgraph, self.dynamic = fn, backend, fullgraph, dynamic
         # NOTE: dynamic=None: static first, then the dims seen changing (frontend.dynamic_dims)
         self.automatic = AutomaticDims() if dynamic is None else None
-        # NOTE: a region's call is passed on exactly as its parent made it (positional and
-        # keyword arguments as they came): a decorated forward (Hugging Face's) fills in
-        # keywords itself, and a forward pre-hook may supply an argument
+        # NOTE: a region's call is passed on as its parent made it (positional and keyword
+        # arguments as they came): a decorated forward fills in keywords, a pre-hook arguments
         self.adapter = InputAdapter(fn, passthrough=tree is not None)
         self.state = ModuleState(fn) if isinstance(fn, nn.Module) else None
         self.fetch: Callable[[], Sequence[torch.Tensor]] = (
@@ -182,9 +182,9 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
         self.recompile_reasons: list[str] = []
         self.limit_fallback: dict[str, Any] | None = None  # on_recompile_limit="eager", once hit
         self.lock = threading.RLock()
-        # NOTE: regional compilation (plait.regions). A region engine compiles one submodule's
-        # forward (its hooks run eagerly around it, in nn.Module.__call__, each call, side
-        # effects and all); the root engine gets a tree when its module's capture falls back.
+        self.lookup = LookupOrder(self.lock)  # NOTE: the order calls try specializations in
+        # NOTE: regional compilation (plait.regions): a region engine compiles one submodule's
+        # forward (its hooks run eagerly around it); the root gets a tree when capture falls back
         self.tree, self.region, self.path = tree, tree is not None, path
         self.share = share  # identical blocks in the tree share this engine's programs
         self.call_target: Callable[..., Any] = fn
@@ -211,10 +211,10 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
             return self.unsupported_call(args, kwargs, why)
         state = self.fetch()
         env = GuardEnv(spec, leaves, self.fn, state)
-        for s in self.specializations:
-            if s.guards.holds(env):
-                s.calls += 1
-                return self._run(s, env, state, args, kwargs)
+        s = self.lookup.first_holding(env)
+        if s is not None:
+            s.calls += 1
+            return self._run(s, env, state, args, kwargs)
         # NOTE: the miss path, inline: warnings count the frames up to the user's call
         early = None  # NOTE: the warm start's early run (plait.speculative_run), if one started
         try:
@@ -342,6 +342,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
         if self.share and self.tree is not None and shared is None:
             self.tree.publish_program(self, prog)
         self.specializations.append(spec)
+        self.lookup.add(spec)
         log_specialization(self._name(), len(self.specializations) - 1, spec)
         if self.tree is not None:
             self.tree.version += 1
