@@ -138,7 +138,7 @@ def test_the_products_run_the_native_kernel_where_the_columns_width_allows(
     """16 channels of a 3x3 kernel (columns 144 wide) run the native kernel; 8 (72 wide), MKL."""
     libraries = []
     for c in (16, 8):
-        model = seeded(8, lambda: nn.Conv2d(c, 12, 3, padding=1))
+        model = seeded(8, lambda c=c: nn.Conv2d(c, 12, 3, padding=1))
         compiled = plait.compile(copy.deepcopy(model), backend="stax")
         x, g = randn(2, c, 6, 6, seed=9), randn(2, 12, 6, 6, seed=10)
         want, got = _gradients(model, compiled, x, g, True)
