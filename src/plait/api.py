@@ -116,7 +116,7 @@ class _Engine(RegionEngine, DynamicShapes, ProtocolEngine):
     """The specialization cache shared by CompiledFunction and CompiledModule.
 
     Each call flattens its inputs, fetches the module's live state and tries the
-    specializations, the latest to admit a call first (:class:`LookupOrder`; the fast path). A
+    specializations, stale ones last (:class:`LookupOrder`; the fast path). A
     miss captures and compiles a new one (through the artifact cache) with the failed guards as
     its reason, up to the recompile limit: past it, a clear error, or with
     ``on_recompile_limit="eager"`` the original program, run eagerly, warned once and recorded

@@ -135,28 +135,32 @@ def log_specialization(name: str, index: int, spec: Specialization) -> None:
 
 
 class LookupOrder:
-    """The order a call tries its engine's specializations in: the one that admitted the latest
-    call first (Dynamo's cache entries move to the front the same way). A specialization whose
-    guards went stale for good (a library patched ``nn.Module.__init__``, a flag the program
-    reads changed) otherwise costs every later call its failing check first; a failing check
-    of the Python values the program read walks them all again (12 ms a call on a Llama of 8
-    layers). The engine's ``specializations`` list stays in creation order; this order is a
-    tuple replaced whole, so a call reads it without the lock, and it is reordered only under
-    the engine's lock, taken without waiting (a compile holding it leaves the order as it is).
+    """The order a call tries its engine's specializations in: the order they were made, except
+    that one whose guards on the Python values the program read failed (a value changed for
+    good: a library patched ``nn.Module.__init__``, a flag the program reads was set) goes last
+    once a later one admits a call. Such a specialization otherwise costs every later call its
+    failing check first, and a failing check of the Python values walks all of them again (12
+    ms a call on a Llama of 8 layers). A call whose inputs an earlier one does not admit (a new
+    size, another grad mode) leaves the order as it is: a static specialization stays ahead of
+    the symbolic one made after it. The order is a tuple replaced whole, so a call reads it
+    without the lock; it is changed only under the engine's lock, taken without waiting (a
+    compile holding it leaves the order as it is).
 
     Example:
         >>> import threading
         >>> class Spec:
-        ...     def __init__(self, ok): self.ok = ok
+        ...     def __init__(self, ok, stale): self.ok, self.is_stale = ok, stale
         ...     @property
         ...     def guards(self): return self
         ...     def holds(self, env): return self.ok
+        ...     def stale(self, env): return self.is_stale
         >>> order = LookupOrder(threading.RLock())
-        >>> stale, fresh = Spec(False), Spec(True)
-        >>> order.add(stale); order.add(fresh); order.first_holding(None) is fresh
+        >>> old, wrong_size, fresh = Spec(False, True), Spec(False, False), Spec(True, False)
+        >>> for s in (old, wrong_size, fresh): order.add(s)
+        >>> order.first_holding(None) is fresh
         True
-        >>> order.order[0] is fresh
-        True
+        >>> [s is wrong_size for s in order.order], order.order[-1] is old
+        ([True, False, False], True)
     """
 
     def __init__(self, lock: Any) -> None:
@@ -164,19 +168,24 @@ class LookupOrder:
         self.order: tuple[Any, ...] = ()
 
     def add(self, spec: Any) -> None:
-        """``spec``, just made (under the engine's lock), goes first: the call that made it is
-        the latest."""
-        self.order = (spec, *self.order)
+        """``spec``, just made (under the engine's lock), goes last."""
+        self.order = (*self.order, spec)
 
     def first_holding(self, env: Any) -> Any:
-        """The first specialization whose guards hold for ``env``, moved to the front; None."""
+        """The first specialization whose guards hold for ``env`` (None): the stale ones it
+        passed over go last."""
         order = self.order
         for i, spec in enumerate(order):
             if spec.guards.holds(env):
                 if i and self._lock.acquire(blocking=False):
                     try:
-                        self.order = (spec, *(s for s in self.order if s is not spec))
+                        self._demote([s for s in order[:i] if s.guards.stale(env)])
                     finally:
                         self._lock.release()
                 return spec
         return None
+
+    def _demote(self, stale: list[Any]) -> None:
+        if stale:
+            ids = {id(s) for s in stale}
+            self.order = (*(s for s in self.order if id(s) not in ids), *stale)

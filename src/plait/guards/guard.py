@@ -354,6 +354,20 @@ class GuardSet:
         assert self._evaluator is not None
         return self._evaluator
 
+    def stale(self, env: GuardEnv) -> bool:
+        """Whether a guard on the Python values the program read fails for ``env``: then the
+        specialization admits no call, whatever its inputs, until those values change back.
+        Checked natively first, as :meth:`holds` (its own guard set, made on first use)."""
+        check = self.__dict__.get("_stale_check")
+        if check is None:
+            python = [g for g in self.guards if g.kind == "python" and not g.redundant]
+            check = GuardSet(python, self._evaluators).holds if python else bool
+            self.__dict__["_stale_check"] = check
+        try:
+            return not check(env)
+        except Exception:  # NOTE: an unreadable value: not known to be stale
+            return False
+
     def holds_python(self, env: GuardEnv) -> bool:
         """The guards' Python reads, in order, stopping at the first that fails (the reference
         for every compiled evaluator)."""
