@@ -289,6 +289,10 @@ class Root:
     first: Any = None  # the value key at the first read (a change during capture is refused)
     names: frozenset[str] = field(default_factory=frozenset)
     identity: bool = False
+    # NOTE: a value other code sets again to an equal one (os.environ: a library writes its
+    # variable at every call) fails the native identity check: its guard of its own keeps the
+    # Python read that follows to this root, not a walk of every value the program read
+    alone: bool = False
 
 
 def item_root(
@@ -401,7 +405,9 @@ def table_names_root(owner: Any, table: str, show: str, desc: list | None) -> Ro
 
 def environ_root() -> Root:
     """The environment's contents (``os.environ``'s dict; natively its version tag)."""
-    return item_root(vars(os.environ), "_data", "the environment (os.environ)", ["environ"])
+    return item_root(
+        vars(os.environ), "_data", "the environment (os.environ)", ["environ"], alone=True
+    )
 
 
 def find_class(module: str, qualname: str) -> Any:
@@ -461,18 +467,24 @@ def keyed(root: Root) -> Keyed:
 def python_values_guards(roots: Sequence[Root], keys: Sequence[Keyed] | None = None) -> list[Guard]:
     """The guards over ``roots`` (``keys``: each root :func:`keyed` just now, if the caller
     has them): the roots the native evaluator checks alone in one guard, the roots whose check
-    needs a Python read (a set, a dict subclass, ...) in another. NOTE: a guard with any
-    Python-read check re-reads all its roots on every call; split, one such value costs its
-    own read, not a read of every value the program read."""
+    needs a Python read (a set, a dict subclass, ...) in another, each root marked ``alone``
+    (the environment) in its own. NOTE: a guard with any Python-read check re-reads all its
+    roots on every call; split, one such value costs its own read, not a read of every value
+    the program read."""
     keys = list(keys) if keys is not None else [keyed(r) for r in roots]
     assert len(keys) == len(roots)
     python: list[tuple[Root, Keyed]] = []
     native: list[tuple[Root, Keyed]] = []
+    alone: list[list[tuple[Root, Keyed]]] = []
     for r, k in zip(roots, keys):
+        if r.alone:
+            alone.append([(r, k)])
+            continue
         heads = _heads(r.native(k.value))
         read = any(c[0] == PYTHON for c in (*k.checks, *heads))
         (python if read else native).append((r, k))
-    return [g for g in (python_values_guard(native), python_values_guard(python)) if g]
+    groups = (native, python, *alone)
+    return [g for g in (python_values_guard(items) for items in groups) if g]
 
 
 def python_values_guard(items: Sequence[tuple[Root, Keyed]]) -> Guard | None:
