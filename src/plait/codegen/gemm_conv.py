@@ -213,13 +213,15 @@ def native_products(geo: Geometry) -> bool:
 
 
 def _native_mm() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """``a @ b`` for a contiguous ``a [P, C]`` and a contiguous ``b [C, O]``, ``O`` a multiple
-    of 16, through the native 1x1 kernel (no bias, residual or activation). Raises
-    :class:`~plait.codegen.errors.BuildError` where the kernel cannot be built."""
+    """``a @ b`` for ``a [P, C]`` and ``b [C, O]``, ``O`` a multiple of 16, through the native
+    1x1 kernel (no bias, residual or activation), which reads both row-major: each is made
+    contiguous (``G^T`` is copied). Raises :class:`~plait.codegen.errors.BuildError` where the
+    kernel cannot be built."""
     fn = pointwise_native.kernel(pointwise_native.NONE, False)
     bounds = (ctypes.c_float * 2)(-math.inf, math.inf)
 
     def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a, b = a.contiguous(), b.contiguous()
         (p, c), o = a.shape, int(b.shape[1])
         y = torch.empty(p, o, dtype=torch.float32)
         params = (ctypes.c_int64 * 9)(a.data_ptr(), b.data_ptr(), 0, 0, y.data_ptr(), p, c, o, o)
@@ -239,8 +241,7 @@ def backward_fn(
     :class:`~plait.codegen.errors.BuildError` where a native kernel cannot be built."""
     o = geo.w[0]
     padded = any(geo.padding)
-    native = native_products(geo)
-    mm = _native_mm() if native else torch.mm
+    mm = _native_mm() if native_products(geo) else torch.mm
     if not geo.pointwise:
         kernels()  # NOTE: built now: a build failure refuses the call at compile time
 
@@ -251,17 +252,14 @@ def backward_fn(
         grad = g.permute(0, 2, 3, 1).reshape(geo.rows, o)
         out: list[torch.Tensor] = []
         if mask[0]:
-            dcols = mm(grad.contiguous(), w.reshape(o, geo.cols).contiguous())
+            dcols = mm(grad, w.reshape(o, geo.cols))
             dx = image(dcols, geo)
             if eager is not None and not _all_finite(dx):
                 return eager(tensors)  # NOTE: a non-finite weight or gradient: eager's NaNs
             out.append(dx)
         if mask[1]:
             cols = columns(x.contiguous(), geo)
-            if native:  # NOTE: the native kernel reads its rows in place: G^T made contiguous
-                out.append(mm(grad.t().contiguous(), cols.contiguous()).view(geo.w))
-            else:
-                out.append(mm(grad.t(), cols).view(geo.w))
+            out.append(mm(grad.t(), cols).view(geo.w))
         if mask[2]:
             out.append(grad.sum(0))
         return out[0] if len(out) == 1 else tuple(out)
