@@ -494,18 +494,23 @@ def python_values_guard(items: Sequence[tuple[Root, Keyed]]) -> Guard | None:
         return None
     roots = [r for r, _ in items]
     expected = tuple(k.key for _, k in items)
-    heads = [h for r, k in items for h in _heads(r.native(k.value))]
-    checks = [c for _, k in items for c in k.checks]
-    shallow = [r.shallow for r in roots]
-    readers = [r.read for r in roots]
-    same = [r.identity for r in roots]
+
+    def native_checks(keys: Sequence[Keyed]) -> tuple[tuple[Any, ...], ...]:
+        heads = [h for r, k in zip(roots, keys) for h in _heads(r.native(k.value))]
+        return _grouped(heads + [c for k in keys for c in k.checks])
 
     def read(env: GuardEnv) -> Any:
         # NOTE: a walk per root, as :func:`keyed` made the expected keys
-        return tuple(
-            Same(f()) if i else _Walk().key(f(), shallow=s)
-            for f, s, i in zip(readers, shallow, same)
-        )
+        keys = [keyed(r) for r in roots]
+        return _Read((k.key for k in keys), keys)
+
+    def rearm(now: Any) -> tuple[tuple[Any, ...], ...] | None:
+        # NOTE: ``now`` equals ``expected``: the checks of the objects it read imply it, as
+        # the capture's did (an object read set again to an equal one fails its old check)
+        if not isinstance(now, _Read):
+            return None
+        checks = native_checks(now.keyed)
+        return None if any(c[0] == PYTHON for c in checks) else checks
 
     def detail(env: GuardEnv) -> str:
         now = read(env)
@@ -518,6 +523,8 @@ def python_values_guard(items: Sequence[tuple[Root, Keyed]]) -> Guard | None:
 
     descs = [r.desc for r in roots]
     key = "python|" + repr(sorted(map(repr, descs)))
+    checks = native_checks([k for _, k in items])
+    armed = not any(c[0] == PYTHON for c in checks)  # NOTE: else the read runs every call
     return Guard(
         "python",
         "Python values read",
@@ -527,8 +534,20 @@ def python_values_guard(items: Sequence[tuple[Root, Keyed]]) -> Guard | None:
         detail,
         fmt=lambda r: "as captured" if r is expected else "a change",
         key=key,
-        native=ReadPyValues(_grouped(heads + checks), ABSENT),
+        native=ReadPyValues(checks, ABSENT, rearm if armed else None),
     )
+
+
+class _Read(tuple):
+    """A guard's read: the roots' value keys, and each root's :class:`Keyed` (its native
+    checks), which re-arm the guard's native check."""
+
+    keyed: list[Keyed]
+
+    def __new__(cls, keys: Any, keyed: list[Keyed]) -> _Read:
+        out = super().__new__(cls, keys)
+        out.keyed = keyed
+        return out
 
 
 def _heads(native: tuple[Any, ...]) -> tuple[tuple[Any, ...], ...]:

@@ -185,10 +185,13 @@ class ReadPyValues:
     these objects, in order; ``(5, list, items)`` likewise; ``(6,)`` never (the read decides);
     ``(7, cls, names, values)`` the MRO lookup of each name on ``cls`` is its value;
     ``(8, fn, value)`` ``fn()`` is ``value`` (a library's getter of process state); ``(9, set,
-    items)`` an exact set holding exactly these items (classes and strings)."""
+    items)`` an exact set holding exactly these items (classes and strings). ``rearm``: called
+    with the guard's read when a check failed and the read found the value unchanged, returns
+    the checks of the objects that read saw (they replace ``checks``), or None (keep them)."""
 
     checks: tuple[tuple[Any, ...], ...]
     absent: Any
+    rearm: Callable[[Any], tuple[tuple[Any, ...], ...] | None] | None = None
 
 
 NativeRead = (

@@ -355,7 +355,7 @@ def _op(g: Guard, protos: dict[Any, torch.Tensor]) -> tuple[Any, ...]:
     if isinstance(n, ReadIdentity):
         return (IDENTITY, *head, n.leaves, n.codes, n.state, n.held)
     if isinstance(n, ReadPyValues):
-        return (PYVALUES, *head, n.checks, n.absent)
+        return (PYVALUES, *head, n.checks, n.absent, n.rearm)
     if isinstance(n, ReadLeaf):
         if n.identity:
             return (LEAF_IS, *head, n.index, n.value)

@@ -6,6 +6,8 @@
 //   ((code, read, expected, *args)); what an op cannot decide natively (a tensor of a type other
 //   than torch.Tensor/nn.Parameter, an error inside PyTorch) it decides with the guard's own
 //   Python read, and counts it (python_reads).
+//   A PYVALUES op given a re-arm callable takes new identity checks from it after its checks
+//   failed and the Python read found the values unchanged (counted: rearms).
 // * Fetcher(tables, keys): called with no argument, returns [tables[i][keys[i]] ...].
 //
 // Tensors are read through their TensorImpl (headers of the PyTorch it is built against); where
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -66,6 +69,15 @@ struct PyCheck {
   mutable uint64_t seen = 0;
   mutable bool valid = false;
 };
+
+// A PYVALUES op's checks; `owner` (owned, or nullptr where the op's tuple owns them) keeps
+// alive the objects they borrow. Shared, so that a run holds the set it started with while a
+// re-arm (a Python read in another thread may run between checks) installs another.
+struct PyChecks {
+  std::vector<PyCheck> checks;
+  PyObject* owner = nullptr;
+  ~PyChecks() { Py_XDECREF(owner); }  // NOTE: dropped with the GIL held (runs, clear)
+};
 enum Flag {
   F_ID = 1, F_VERSION = 2, F_PTR = 4, F_META = 8, F_SIZES = 16, F_GRAD = 32, F_SAMPLE = 64
 };
@@ -110,7 +122,8 @@ struct Op {
   std::vector<PyObject*> xs, ys, zs;
   std::vector<TCheck> checks;
   std::vector<AttrFast> fast;
-  std::vector<PyCheck> pychecks;
+  mutable std::shared_ptr<const PyChecks> pychecks;
+  PyObject* rearm = nullptr;  // PYVALUES: (read result) -> new checks or None; None: never
   std::vector<int64_t> ints, codes;  // IDENTITY: the leaf indices and their expected codes
 };
 
@@ -147,6 +160,8 @@ inline int compare(PyObject* actual, PyObject* expected) {
   return eq ? HOLDS : FAILS;
 }
 
+bool build_pychecks(PyObject* seq, std::vector<PyCheck>& out);
+
 int python_read(const Op& op, PyObject* env) {
   PyObject* r = PyObject_CallOneArg(op.read, env);
   if (r == nullptr) return failed_read();
@@ -154,6 +169,43 @@ int python_read(const Op& op, PyObject* env) {
   Py_DECREF(r);
   if (ne < 0) return failed_read();
   return ne ? FAILS : HOLDS;
+}
+
+// The Python read of a PYVALUES op that has a re-arm callable: where the values are unchanged,
+// the checks made by the read's walk (of the objects it read) replace the op's, so that an
+// object set again to an equal value fails its identity check once, not at every call. A
+// re-arm that raises or returns None keeps the old checks (counted: rearm_errors).
+int python_read_rearm(const Op& op, PyObject* env, unsigned long long* rearms,
+                      unsigned long long* errors) {
+  PyObject* r = PyObject_CallOneArg(op.read, env);
+  if (r == nullptr) return failed_read();
+  int ne = PyObject_RichCompareBool(r, op.expected, Py_NE);
+  if (ne != 0) {
+    Py_DECREF(r);
+    return ne < 0 ? failed_read() : FAILS;
+  }
+  PyObject* checks = PyObject_CallOneArg(op.rearm, r);
+  Py_DECREF(r);
+  if (checks == nullptr) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return ERROR;
+    PyErr_Clear();
+    *errors += 1;
+    return HOLDS;
+  }
+  if (checks == Py_None) {
+    Py_DECREF(checks);
+    return HOLDS;  // NOTE: the read's values need a Python read anyway
+  }
+  auto set = std::make_shared<PyChecks>();
+  set->owner = checks;  // NOTE: takes the reference
+  if (!build_pychecks(checks, set->checks)) {
+    PyErr_Clear();
+    *errors += 1;
+    return HOLDS;
+  }
+  op.pychecks = std::move(set);
+  *rearms += 1;
+  return HOLDS;
 }
 
 PyObject* env_attr(Env& e, PyObject** slot, PyObject* name) {
@@ -590,7 +642,8 @@ int run_identity(const Op& op, Env& e) {
 }
 
 int run_pyvalues(const Op& op) {
-  for (const PyCheck& c : op.pychecks) {
+  std::shared_ptr<const PyChecks> keep = op.pychecks;  // NOTE: a re-arm may replace it
+  for (const PyCheck& c : keep->checks) {
     int r = run_pycheck(c, op.a);
     if (r != HOLDS) return r;
   }
@@ -711,6 +764,67 @@ bool tensor_check(PyObject* spec, TCheck& c) {
   return true;
 }
 
+// The checks of a PYVALUES op from their tuple (plait.guards.guard.ReadPyValues.checks); the
+// objects they point to are borrowed from `seq`.
+bool build_pychecks(PyObject* seq, std::vector<PyCheck>& out) {
+  std::vector<PyObject*> checks;
+  if (!objects(seq, checks)) return false;
+  for (PyObject* t : checks) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) {
+      PyErr_SetString(PyExc_TypeError, "a Python-value check is a tuple (kind, ...)");
+      return false;
+    }
+    PyCheck c;
+    c.kind = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(t, 0)));
+    if (c.kind == -1 && PyErr_Occurred()) return false;
+    Py_ssize_t m = PyTuple_GET_SIZE(t);
+    auto at = [&](Py_ssize_t i) { return i < m ? PyTuple_GET_ITEM(t, i) : Py_None; };
+    bool ok = true;
+    switch (c.kind) {
+      case PK_ITEMS:
+      case PK_DICT:
+      case PK_TYPEATTRS:
+        c.a = at(1);
+        ok = objects(at(2), c.keys) && objects(at(3), c.values) &&
+             c.keys.size() == c.values.size();
+        if (ok && c.kind == PK_TYPEATTRS && !PyType_Check(c.a)) c.kind = PK_PYTHON;
+        if (ok && c.kind == PK_DICT && !PyDict_Check(c.a)) c.kind = PK_PYTHON;
+        break;
+      case PK_CELL:
+        c.a = at(1);
+        c.b = at(2);
+        if (!PyCell_Check(c.a)) c.kind = PK_PYTHON;
+        break;
+      case PK_FUNC:
+        c.a = at(1);
+        c.b = at(2);
+        c.c = at(3);
+        c.d = at(4);
+        if (!PyFunction_Check(c.a)) c.kind = PK_PYTHON;
+        break;
+      case PK_TYPE:
+        c.a = at(1);
+        c.b = at(2);
+        break;
+      case PK_CALL:
+        c.a = at(1);
+        c.b = at(2);
+        if (!PyCallable_Check(c.a)) c.kind = PK_PYTHON;
+        break;
+      case PK_LIST:
+      case PK_SET:
+        c.a = at(1);
+        ok = objects(at(2), c.values);
+        break;
+      default:
+        c.kind = PK_PYTHON;
+    }
+    if (!ok) return false;
+    out.push_back(std::move(c));
+  }
+  return true;
+}
+
 bool build_op(PyObject* t, Op& op) {
   if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 3) {
     PyErr_SetString(PyExc_TypeError, "an op is a tuple (code, read, expected, ...)");
@@ -774,63 +888,12 @@ bool build_op(PyObject* t, Op& op) {
         return false;
       }
       return objects(arg(6), op.xs);
-    case PYVALUES: {  // (checks, absent)
-      std::vector<PyObject*> checks;
-      if (!objects(arg(3), checks)) return false;
+    case PYVALUES: {  // (checks, absent, re-arm callable or None)
+      auto set = std::make_shared<PyChecks>();
+      if (!build_pychecks(arg(3), set->checks)) return false;
+      op.pychecks = std::move(set);
       op.a = arg(4);
-      for (PyObject* t : checks) {
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) {
-          PyErr_SetString(PyExc_TypeError, "a Python-value check is a tuple (kind, ...)");
-          return false;
-        }
-        PyCheck c;
-        c.kind = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(t, 0)));
-        if (c.kind == -1 && PyErr_Occurred()) return false;
-        Py_ssize_t m = PyTuple_GET_SIZE(t);
-        auto at = [&](Py_ssize_t i) { return i < m ? PyTuple_GET_ITEM(t, i) : Py_None; };
-        bool ok = true;
-        switch (c.kind) {
-          case PK_ITEMS:
-          case PK_DICT:
-          case PK_TYPEATTRS:
-            c.a = at(1);
-            ok = objects(at(2), c.keys) && objects(at(3), c.values) &&
-                 c.keys.size() == c.values.size();
-            if (ok && c.kind == PK_TYPEATTRS && !PyType_Check(c.a)) c.kind = PK_PYTHON;
-            if (ok && c.kind == PK_DICT && !PyDict_Check(c.a)) c.kind = PK_PYTHON;
-            break;
-          case PK_CELL:
-            c.a = at(1);
-            c.b = at(2);
-            if (!PyCell_Check(c.a)) c.kind = PK_PYTHON;
-            break;
-          case PK_FUNC:
-            c.a = at(1);
-            c.b = at(2);
-            c.c = at(3);
-            c.d = at(4);
-            if (!PyFunction_Check(c.a)) c.kind = PK_PYTHON;
-            break;
-          case PK_TYPE:
-            c.a = at(1);
-            c.b = at(2);
-            break;
-          case PK_CALL:
-            c.a = at(1);
-            c.b = at(2);
-            if (!PyCallable_Check(c.a)) c.kind = PK_PYTHON;
-            break;
-          case PK_LIST:
-          case PK_SET:
-            c.a = at(1);
-            ok = objects(at(2), c.values);
-            break;
-          default:
-            c.kind = PK_PYTHON;
-        }
-        if (!ok) return false;
-        op.pychecks.push_back(std::move(c));
-      }
+      if (arg(5) != Py_None) op.rearm = arg(5);
       return true;
     }
     case LEAF_BITS:  // (index, type, bits as a signed 64-bit int)
@@ -853,12 +916,20 @@ struct Evaluator {
   std::vector<Op>* ops;
   PyObject* tuples;  // the op tuples (owns the objects the ops point to)
   unsigned long long python_reads;
+  unsigned long long rearms;
+  unsigned long long rearm_errors;
   vectorcallfunc vectorcall;
 };
 
 // NOTE: the ops hold modules and closures; GC support lets a cycle through them be collected.
 int evaluator_traverse(PyObject* self, visitproc visit, void* arg) {
-  Py_VISIT(reinterpret_cast<Evaluator*>(self)->tuples);
+  auto* ev = reinterpret_cast<Evaluator*>(self);
+  Py_VISIT(ev->tuples);
+  if (ev->ops != nullptr) {
+    for (const Op& op : *ev->ops) {
+      if (op.pychecks) Py_VISIT(op.pychecks->owner);  // NOTE: a re-armed op's checks
+    }
+  }
   return 0;
 }
 
@@ -894,7 +965,8 @@ PyObject* evaluator_vectorcall(PyObject* self, PyObject* const* args, size_t nar
     int r = run(op, e);
     if (r == PYTHON) {
       ev->python_reads += 1;
-      r = python_read(op, e.env);
+      r = op.rearm != nullptr ? python_read_rearm(op, e.env, &ev->rearms, &ev->rearm_errors)
+                              : python_read(op, e.env);
     }
     if (r == ERROR) return nullptr;
     if (r != HOLDS) Py_RETURN_FALSE;
@@ -918,6 +990,8 @@ PyObject* evaluator_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   if (ev == nullptr) return nullptr;
   ev->ops = new std::vector<Op>();
   ev->python_reads = 0;
+  ev->rearms = 0;
+  ev->rearm_errors = 0;
   ev->vectorcall = evaluator_vectorcall;
   Py_INCREF(ops);
   ev->tuples = ops;
@@ -936,6 +1010,14 @@ PyObject* evaluator_python_reads(PyObject* self, void*) {
   return PyLong_FromUnsignedLongLong(reinterpret_cast<Evaluator*>(self)->python_reads);
 }
 
+PyObject* evaluator_rearms(PyObject* self, void*) {
+  return PyLong_FromUnsignedLongLong(reinterpret_cast<Evaluator*>(self)->rearms);
+}
+
+PyObject* evaluator_rearm_errors(PyObject* self, void*) {
+  return PyLong_FromUnsignedLongLong(reinterpret_cast<Evaluator*>(self)->rearm_errors);
+}
+
 PyObject* evaluator_len(PyObject* self, void*) {
   return PyLong_FromSize_t(reinterpret_cast<Evaluator*>(self)->ops->size());
 }
@@ -943,6 +1025,10 @@ PyObject* evaluator_len(PyObject* self, void*) {
 PyGetSetDef evaluator_getset[] = {
     {"python_reads", evaluator_python_reads, nullptr,
      "ops decided by the guard's Python read since creation", nullptr},
+    {"rearms", evaluator_rearms, nullptr,
+     "Python-value checks replaced after a read found the values unchanged", nullptr},
+    {"rearm_errors", evaluator_rearm_errors, nullptr,
+     "re-arms that failed (the old checks were kept)", nullptr},
     {"size", evaluator_len, nullptr, "the number of ops", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
