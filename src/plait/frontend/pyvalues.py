@@ -289,9 +289,9 @@ class Root:
     first: Any = None  # the value key at the first read (a change during capture is refused)
     names: frozenset[str] = field(default_factory=frozenset)
     identity: bool = False
-    # NOTE: a value other code sets again to an equal one (os.environ: a cache directory set
-    # per model, inductor's variable) fails the native identity check from then on: its guard
-    # of its own keeps the Python read that follows to this root, not every value read
+    # NOTE: a value other code sets again to an equal one, often (os.environ: a cache directory
+    # set per model, inductor's variable), fails the native identity check until the Python
+    # read re-arms it: its guard of its own keeps that read to this root, not every value read
     alone: bool = False
 
 
