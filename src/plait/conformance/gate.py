@@ -251,7 +251,7 @@ def _check_case(
     witnesses = others if one_off == SPECIAL else None
     judge_run(report, judge, label, r1, first, z, group=group, baselines=others,
               ill_only=one_off is not None, witnesses=witnesses)  # fmt: skip
-    check_input_aliases(report, label, r1, first)
+    check_input_aliases(report, label, r1, first, (ref.storages(), cand.storages()))
     if ref.aliases_known:
         check_output_aliases(report, label, r1, first)
     snapshot = _snapshot(first)

@@ -262,18 +262,31 @@ def output_storages(result: Run) -> dict[str, set[int]]:
     return out
 
 
-def check_input_aliases(report: Report, case: str, ref: Run, cand: Run) -> None:
-    """An output that aliases an input must do so in both programs: a write to one is visible in
-    the other."""
+def check_input_aliases(
+    report: Report,
+    case: str,
+    ref: Run,
+    cand: Run,
+    state: tuple[set[int], set[int]] | None = None,
+) -> None:
+    """An output that aliases an input, or a parameter or buffer of its program's module (the
+    storages ``state`` holds, the reference's and the candidate's), must do so in both
+    programs: a write to one is visible in the other (an output that is a weight's memory where
+    eager's is a copy lets the caller's write change the model)."""
     report.count("alias")
-    ref_alias = {n for n, s in output_storages(ref).items() if s & ref.input_storages}
-    cand_alias = {n for n, s in output_storages(cand).items() if s & cand.input_storages}
-    for name in sorted(cand_alias - ref_alias):
-        msg = "candidate output aliases an input; the reference's does not"
-        report.add(Failure("error", "alias", name, case, msg))
-    for name in sorted(ref_alias - cand_alias):
-        msg = "reference output is a view of an input; the candidate's is a copy"
-        report.add(Failure("warning", "alias", name, case, msg))
+    ref_state, cand_state = state if state is not None else (set(), set())
+    for what, ref_at, cand_at in (
+        ("an input", ref.input_storages, cand.input_storages),
+        ("a parameter or buffer", ref_state, cand_state),
+    ):
+        ref_alias = {n for n, s in output_storages(ref).items() if s & ref_at}
+        cand_alias = {n for n, s in output_storages(cand).items() if s & cand_at}
+        for name in sorted(cand_alias - ref_alias):
+            msg = f"candidate output aliases {what}; the reference's does not"
+            report.add(Failure("error", "alias", name, case, msg))
+        for name in sorted(ref_alias - cand_alias):
+            msg = f"reference output is a view of {what}; the candidate's is a copy"
+            report.add(Failure("warning", "alias", name, case, msg))
 
 
 def check_output_aliases(report: Report, case: str, ref: Run, cand: Run) -> None:
