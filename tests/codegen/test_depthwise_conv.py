@@ -20,7 +20,7 @@ from plait.codegen import pointwise_native
 from tests.cache.helpers import status
 from tests.codegen.native_conv_helpers import node_details, special_values
 from tests.codegen.test_special_values import assert_matches_eager
-from tests.util import assert_bitwise, contract_tol
+from tests.util import assert_bitwise, contract_tol, torch_threads
 
 NATIVE = "native depthwise"
 
@@ -242,3 +242,22 @@ def test_warm_start_from_the_cache_runs_the_native_call_bitwise(tmp_path: Path) 
         assert status(compiled.specializations[-1]) == expected
         assert any(NATIVE in d for d in node_details(compiled).values())
     assert_bitwise(results[1], results[0], "warm against cold")
+
+
+@pytest.mark.usefixtures("stax_cache")
+@pytest.mark.parametrize("channels,side,k,s", [(192, 14, 3, 1), (960, 7, 5, 1), (17, 13, 3, 2)])
+def test_two_threads_match_one(channels: int, side: int, k: int, s: int) -> None:
+    """Calls of every size above a few thousand outputs split their rows over threads (each
+    thread reads the pixels the 1x1 call before it wrote there): each output is still one
+    thread's sum, in the same order."""
+    torch.manual_seed(channels)
+    model = InvertedResidual(channels, k, s, act="silu", own_padding=True).eval()
+    compiled = plait.compile(model, backend="stax")
+    x = torch.randn(2, 8, side, side + 2, generator=torch.Generator().manual_seed(side))
+    with torch.no_grad():
+        with torch_threads(1):
+            one = compiled(x)
+        with torch_threads(2):
+            two = compiled(x)
+        torch.testing.assert_close(one, model(x), **contract_tol("conv", torch.float32))
+    assert_bitwise(two, one, "two threads against one")

@@ -7,7 +7,7 @@
 // products of its in-bounds taps (a padded position is zero: its product is skipped, which is
 // eager's sum wherever the weight is finite; the caller runs eager's convolution otherwise).
 //
-// Work: one output row at a time (OpenMP-parallel over rows of large calls), 16 channels per
+// Work: one output row at a time (OpenMP-parallel over rows of all but tiny calls), 16 channels per
 // vector; interior columns in blocks of P output pixels whose input columns ((P-1)*S+K per tap
 // row) are loaded once per tap row, activated once, and reused across the K taps of the row.
 //
@@ -20,6 +20,7 @@
 // output: 0 none, 1 clamp ``v < lo ? lo : v`` then ``v > hi ? hi : v`` (an absent bound is an
 // infinity: its comparison is never true), 2 silu ``v / (1 + exp(-v))`` (outputs only).
 namespace dw {
+extern "C" int omp_get_max_threads(void);
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4)));
 typedef int64_t i64;
@@ -169,7 +170,12 @@ void conv(const Args& a) {
   if (hi < lo) hi = lo;
   const i64 cv = a.c / 16 * 16;
   const i64 rows = a.n * a.oh;
-#pragma omp parallel for schedule(static) if (rows * a.ow * a.c >= (1 << 18))
+  // NOTE: split wherever each thread gets 2048 outputs or more: the rows a thread computes are
+  // about those of the pixels the 1x1 call before it wrote on that thread (its pixels split
+  // the same way), while a call run on one thread reads the other threads' halves from their
+  // caches (EfficientNet-B0 at two threads: about 5-11% of a call, benchmarks/RESULTS.md)
+  const i64 split = (i64)omp_get_max_threads();
+#pragma omp parallel for schedule(static) if (split > 1 && rows * a.ow * a.c >= split << 11)
   for (i64 nr = 0; nr < rows; ++nr) {
     const i64 r = nr % a.oh;
     const float* xn = a.x + (nr / a.oh) * a.h * a.w_ * a.c;

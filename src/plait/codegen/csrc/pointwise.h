@@ -150,11 +150,13 @@ constexpr i64 KC = 128;
 
 extern "C" int omp_get_max_threads(void);
 
-// NOTE: tiles of at most 96 pixels, at least one per thread (where a call is large enough to
-// split); a tile runs every channel block
+// NOTE: tiles of at most 96 pixels, at least one per thread (where a call has 8192 products or
+// more per thread: small calls split too, so that each thread reads the pixels it wrote in the
+// call before, as depthwise.h's rows); a tile runs every channel block
 template <int ACT, bool RES>
 void conv(const Args& a) {
-  const i64 threads = a.p * a.c * a.o >= (1 << 20) ? omp_get_max_threads() : 1;
+  const i64 most = omp_get_max_threads();
+  const i64 threads = a.p * a.c * a.o >= most << 13 ? most : 1;
   i64 tiles = (a.p + 95) / 96;
   if (tiles < threads) tiles = threads < a.p ? threads : a.p;
   const i64 rt = (a.p + tiles - 1) / tiles;
