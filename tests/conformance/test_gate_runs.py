@@ -4,6 +4,7 @@ devices, determinism, aliasing and the global state it must leave alone."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -218,3 +219,52 @@ def test_eager_in_a_layout_that_draws_other_random_numbers_is_no_baseline() -> N
 def test_dropout_sees_the_same_random_stream_in_both_programs() -> None:
     model = nn.Sequential(nn.Linear(6, 6), nn.Dropout(0.5)).train()
     assert check(model, model, (randn(4, 6, seed=10),), grads=True).ok
+
+
+def _sums_in_turns(turn: Callable[[torch.Tensor], bool]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Row sums of ``x @ x.T`` in chunks, the chunks' order reversed on the calls where
+    ``turn(x)`` says so: a race's answer, as atomics accumulate."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        chunks = [x[:, k : k + 4] @ x[:, k : k + 4].T for k in range(0, x.shape[1], 4)]
+        if turn(x):
+            chunks.reverse()
+        out = chunks[0]
+        for c in chunks[1:]:
+            out = out + c
+        return out
+
+    return f
+
+
+def _every_other() -> Callable[[torch.Tensor], bool]:
+    calls = [0]
+
+    def turn(x: torch.Tensor) -> bool:
+        calls[0] += 1
+        return calls[0] % 2 == 0
+
+    return turn
+
+
+def _after_two_sightings() -> Callable[[torch.Tensor], bool]:
+    """Reversed from the third call on one input: eager's two runs of a case agree, the
+    runs made again differ."""
+    seen: dict[bytes, int] = {}
+
+    def turn(x: torch.Tensor) -> bool:
+        key = x.detach().contiguous().numpy().tobytes()
+        seen[key] = seen.get(key, 0) + 1
+        return seen[key] > 2
+
+    return turn
+
+
+def test_a_candidates_differing_calls_make_eager_run_again_before_they_fail() -> None:
+    x = randn(6, 32, seed=11)
+    racing = check(_sums_in_turns(_after_two_sightings()), _sums_in_turns(_every_other()), (x,))
+    assert racing.ok, str(racing)
+    assert any("eager is itself nondeterministic" in note for note in racing.notes), racing
+    # NOTE: eager that stays deterministic: the candidate's differing calls still fail
+    steady = check(_sums_in_turns(lambda x: False), _sums_in_turns(_every_other()), (x,))
+    assert steady.caught("output", "nondeterminism"), str(steady)
