@@ -209,17 +209,19 @@ def test_warm_start_from_the_cache_runs_the_native_call_bitwise(tmp_path: Path) 
     assert_bitwise(results[1], results[0], "warm against cold")
 
 
-@pytest.mark.parametrize("side", [40, 14, 7])
-def test_two_threads_match_one(side: int) -> None:
+@pytest.mark.parametrize(
+    "side,cin,cout", [(40, 96, 144), (14, 96, 144), (7, 96, 144), (1, 960, 240)]
+)
+def test_two_threads_match_one(side: int, cin: int, cout: int) -> None:
     """A call split over threads (tiles of pixels, as many per thread: 1600 pixels in 18 tiles,
-    196 in 4, 49 in 2) gives each output the same sum as one thread: every output is one
-    thread's."""
+    196 in 4, 49 in 2; a 1x1 map by blocks of output channels) gives each output the same sum
+    as one thread: every output is one thread's."""
     torch.manual_seed(19)
-    model = Projection(96, 144, "relu6", residual=False).eval()
+    model = Projection(cin, cout, "relu6", residual=False).eval()
     compiled = plait.compile(model, backend="stax")
     gen = torch.Generator().manual_seed(20)
-    x = torch.randn(1, 96, side, side, generator=gen)
-    r = torch.randn(1, 144, side, side, generator=gen)
+    x = torch.randn(1, cin, side, side, generator=gen)
+    r = torch.randn(1, cout, side, side, generator=gen)
     threads = torch.get_num_threads()
     with torch.no_grad():
         try:

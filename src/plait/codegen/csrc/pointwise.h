@@ -163,27 +163,31 @@ void conv(const Args& a) {
   tiles = (tiles + threads - 1) / threads * threads;
   if (tiles > a.p) tiles = a.p;
   const i64 rt = (a.p + tiles - 1) / tiles;
+  // NOTE: work items are (tile, block of 64 output channels), tile-major: a thread takes whole
+  // tiles where there are as many as threads, and a map of fewer pixels than threads (a
+  // squeeze-and-excitation block's 1x1 map, bound by the weight's reads) splits its output
+  // channels, each thread reading its own columns of the weight
+  const i64 blocks = (a.o + 63) / 64;
 #pragma omp parallel for schedule(static) if (threads > 1)
-  for (i64 t = 0; t < tiles; ++t) {
+  for (i64 item = 0; item < tiles * blocks; ++item) {
+    const i64 t = item / blocks, j0 = item % blocks * 64;
     const i64 r0 = t * rt, r1 = (t + 1) * rt < a.p ? (t + 1) * rt : a.p;
     if (r1 <= r0) continue;
-    for (i64 j0 = 0; j0 < a.o; j0 += 64) {
-      const i64 n = a.o - j0 < 64 ? a.o - j0 : 64;
-      const int vecs = (int)((n + 15) / 16), last = (int)(n - (vecs - 1) * 16);
-      for (i64 k0 = 0; k0 < a.c; k0 += KC) {
-        Tile tile;
-        tile.x = a.x + r0 * a.c;
-        tile.w = a.w + k0 * a.op + j0;
-        tile.b = a.b ? a.b + j0 : nullptr;
-        tile.r = RES ? a.r + r0 * a.o + j0 : nullptr;
-        tile.y = a.y + r0 * a.o + j0;
-        tile.c = a.c, tile.o = a.o, tile.op = a.op;
-        tile.k0 = k0, tile.k1 = k0 + KC < a.c ? k0 + KC : a.c;
-        tile.tail = (__mmask16)((1u << last) - 1);
-        tile.first = k0 == 0, tile.final = tile.k1 == a.c;
-        tile.lo = a.lo, tile.hi = a.hi;
-        block<ACT, RES>(tile, r1 - r0, vecs);
-      }
+    const i64 n = a.o - j0 < 64 ? a.o - j0 : 64;
+    const int vecs = (int)((n + 15) / 16), last = (int)(n - (vecs - 1) * 16);
+    for (i64 k0 = 0; k0 < a.c; k0 += KC) {
+      Tile tile;
+      tile.x = a.x + r0 * a.c;
+      tile.w = a.w + k0 * a.op + j0;
+      tile.b = a.b ? a.b + j0 : nullptr;
+      tile.r = RES ? a.r + r0 * a.o + j0 : nullptr;
+      tile.y = a.y + r0 * a.o + j0;
+      tile.c = a.c, tile.o = a.o, tile.op = a.op;
+      tile.k0 = k0, tile.k1 = k0 + KC < a.c ? k0 + KC : a.c;
+      tile.tail = (__mmask16)((1u << last) - 1);
+      tile.first = k0 == 0, tile.final = tile.k1 == a.c;
+      tile.lo = a.lo, tile.hi = a.hi;
+      block<ACT, RES>(tile, r1 - r0, vecs);
     }
   }
 }
