@@ -130,3 +130,28 @@ def test_threads_calling_while_another_sets_equal_objects_again(settings: Any) -
     assert not errors, errors
     assert _evaluator(compiled).rearm_errors == 0
     assert len(compiled.specializations) == 1
+
+
+def test_objects_set_again_at_every_call_stop_the_re_arms(settings: Any) -> None:
+    # NOTE: each re-arm costs about a read again: after four in a row, with no call held
+    # natively between them, the guard reads in Python alone, as it did without re-arms
+    compiled = plait.compile(_program)
+    _call(compiled, 1)
+    ev = _evaluator(compiled)
+    reads = ev.python_reads
+    for seed in range(2, 10):
+        settings["names"] = list(settings["names"])
+        _call(compiled, seed)
+    assert ev.rearms == 4
+    assert ev.python_reads == reads + 8
+    _call(compiled, 10)  # NOTE: not re-armed since the fourth: the Python read decides
+    assert (ev.python_reads, ev.rearms) == (reads + 9, 4)
+    # NOTE: the writes stop; a read every 64 tries a re-arm, and the calls after it hold natively
+    for seed in range(11, 11 + 64):
+        _call(compiled, seed)
+    assert ev.rearms == 5
+    before = ev.python_reads
+    for seed in range(100, 104):
+        _call(compiled, seed)
+    assert ev.python_reads == before
+    assert len(compiled.specializations) == 1

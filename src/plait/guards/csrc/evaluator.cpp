@@ -124,6 +124,8 @@ struct Op {
   std::vector<AttrFast> fast;
   mutable std::shared_ptr<const PyChecks> pychecks;
   PyObject* rearm = nullptr;  // PYVALUES: (read result) -> new checks or None; None: never
+  mutable int streak = 0;  // PYVALUES: re-arms since its checks last held natively
+  mutable int skipped = 0;  // PYVALUES: Python reads made without a re-arm, once stopped
   std::vector<int64_t> ints, codes;  // IDENTITY: the leaf indices and their expected codes
 };
 
@@ -171,6 +173,17 @@ int python_read(const Op& op, PyObject* env) {
   return ne ? FAILS : HOLDS;
 }
 
+// Re-arms in a row, with no call held natively between them, after which an op re-arms only at
+// every kRearmRetry-th Python read (until its checks hold again): its values are rebound to
+// equal objects at every call, and each re-arm would cost about as much again as the read.
+constexpr int kRearmStreak = 4;
+constexpr int kRearmRetry = 64;
+
+inline bool rearms(const Op& op) {
+  if (op.rearm == nullptr) return false;
+  return op.streak < kRearmStreak || ++op.skipped % kRearmRetry == 0;
+}
+
 // The Python read of a PYVALUES op that has a re-arm callable: where the values are unchanged,
 // the checks made by the read's walk (of the objects it read) replace the op's, so that an
 // object set again to an equal value fails its identity check once, not at every call. A
@@ -204,6 +217,7 @@ int python_read_rearm(const Op& op, PyObject* env, unsigned long long* rearms,
     return HOLDS;
   }
   op.pychecks = std::move(set);
+  op.streak += 1;
   *rearms += 1;
   return HOLDS;
 }
@@ -647,6 +661,7 @@ int run_pyvalues(const Op& op) {
     int r = run_pycheck(c, op.a);
     if (r != HOLDS) return r;
   }
+  op.streak = 0;
   return HOLDS;
 }
 
@@ -965,8 +980,8 @@ PyObject* evaluator_vectorcall(PyObject* self, PyObject* const* args, size_t nar
     int r = run(op, e);
     if (r == PYTHON) {
       ev->python_reads += 1;
-      r = op.rearm != nullptr ? python_read_rearm(op, e.env, &ev->rearms, &ev->rearm_errors)
-                              : python_read(op, e.env);
+      r = rearms(op) ? python_read_rearm(op, e.env, &ev->rearms, &ev->rearm_errors)
+                     : python_read(op, e.env);
     }
     if (r == ERROR) return nullptr;
     if (r != HOLDS) Py_RETURN_FALSE;
