@@ -1,8 +1,9 @@
 """The environment a program read is guarded apart from its other Python values: code that sets
 a variable again to an equal value (a cache directory set per model, inductor's
-``_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR``) fails the native identity check from then on, and
-the Python read that follows keys the environment alone, not every value the program read. A
-changed value still compiles again, with the new value."""
+``_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR``, written at every call: the re-arm then stops,
+tests/guards/test_python_values_rearm.py) fails the native identity check, and the Python read
+that follows keys the environment alone, not every value the program read. A changed value
+still compiles again, with the new value."""
 
 from __future__ import annotations
 

@@ -275,12 +275,13 @@ def check_input_aliases(
     eager's is a copy lets the caller's write change the model)."""
     report.count("alias")
     ref_state, cand_state = state if state is not None else (set(), set())
+    ref_out, cand_out = output_storages(ref), output_storages(cand)
     for what, ref_at, cand_at in (
         ("an input", ref.input_storages, cand.input_storages),
         ("a parameter or buffer", ref_state, cand_state),
     ):
-        ref_alias = {n for n, s in output_storages(ref).items() if s & ref_at}
-        cand_alias = {n for n, s in output_storages(cand).items() if s & cand_at}
+        ref_alias = {n for n, s in ref_out.items() if s & ref_at}
+        cand_alias = {n for n, s in cand_out.items() if s & cand_at}
         for name in sorted(cand_alias - ref_alias):
             msg = f"candidate output aliases {what}; the reference's does not"
             report.add(Failure("error", "alias", name, case, msg))

@@ -164,10 +164,16 @@ inline int compare(PyObject* actual, PyObject* expected) {
 
 bool build_pychecks(PyObject* seq, std::vector<PyCheck>& out);
 
-int python_read(const Op& op, PyObject* env) {
+// The guard's Python read against its expected value; with `held`, a read that holds is handed
+// over there (a new reference).
+int python_read(const Op& op, PyObject* env, PyObject** held = nullptr) {
   PyObject* r = PyObject_CallOneArg(op.read, env);
   if (r == nullptr) return failed_read();
   int ne = PyObject_RichCompareBool(r, op.expected, Py_NE);
+  if (ne == 0 && held != nullptr) {
+    *held = r;
+    return HOLDS;
+  }
   Py_DECREF(r);
   if (ne < 0) return failed_read();
   return ne ? FAILS : HOLDS;
@@ -179,7 +185,7 @@ int python_read(const Op& op, PyObject* env) {
 constexpr int kRearmStreak = 4;
 constexpr int kRearmRetry = 64;
 
-inline bool rearms(const Op& op) {
+inline bool should_rearm(const Op& op) {
   if (op.rearm == nullptr) return false;
   return op.streak < kRearmStreak || ++op.skipped % kRearmRetry == 0;
 }
@@ -190,13 +196,9 @@ inline bool rearms(const Op& op) {
 // re-arm that raises or returns None keeps the old checks (counted: rearm_errors).
 int python_read_rearm(const Op& op, PyObject* env, unsigned long long* rearms,
                       unsigned long long* errors) {
-  PyObject* r = PyObject_CallOneArg(op.read, env);
-  if (r == nullptr) return failed_read();
-  int ne = PyObject_RichCompareBool(r, op.expected, Py_NE);
-  if (ne != 0) {
-    Py_DECREF(r);
-    return ne < 0 ? failed_read() : FAILS;
-  }
+  PyObject* r = nullptr;
+  int read = python_read(op, env, &r);
+  if (read != HOLDS) return read;
   PyObject* checks = PyObject_CallOneArg(op.rearm, r);
   Py_DECREF(r);
   if (checks == nullptr) {
@@ -980,8 +982,8 @@ PyObject* evaluator_vectorcall(PyObject* self, PyObject* const* args, size_t nar
     int r = run(op, e);
     if (r == PYTHON) {
       ev->python_reads += 1;
-      r = rearms(op) ? python_read_rearm(op, e.env, &ev->rearms, &ev->rearm_errors)
-                     : python_read(op, e.env);
+      r = should_rearm(op) ? python_read_rearm(op, e.env, &ev->rearms, &ev->rearm_errors)
+                           : python_read(op, e.env);
     }
     if (r == ERROR) return nullptr;
     if (r != HOLDS) Py_RETURN_FALSE;
