@@ -224,7 +224,9 @@ def _native_mm() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         a, b = a.contiguous(), b.contiguous()
         (p, c), o = a.shape, int(b.shape[1])
         y = torch.empty(p, o, dtype=torch.float32)
-        params = (ctypes.c_int64 * 9)(a.data_ptr(), b.data_ptr(), 0, 0, y.data_ptr(), p, c, o, o)
+        # NOTE: the last parameter 0: b is row-major [C][O], not the blocked packed weight
+        ptrs = (a.data_ptr(), b.data_ptr(), 0, 0, y.data_ptr())
+        params = (ctypes.c_int64 * 10)(*ptrs, p, c, o, o, 0)
         fn(params, bounds)  # NOTE: a, b and y stay referenced until it returns
         return y
 

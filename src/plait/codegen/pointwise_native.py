@@ -203,12 +203,22 @@ def kernel(act: int, res: bool) -> Any:
         return _LIB[symbol(act, res)]
 
 
+BLOCK = 64  # output channels a block of the packed weight holds (csrc/pointwise.h's)
+
+
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
-    """A ``[O, C, 1, 1]`` weight as ``[C, OP]`` (OP: O rounded up to 16; the padding zero)."""
+    """A ``[O, C, 1, 1]`` weight blocked as the kernel reads it: ``[C, OP]`` (OP: O rounded up to
+    16; the padding zero) cut into blocks of 64 columns (the last one OP's rest), each stored
+    whole (``[C, 64]``), one after another; flat.
+
+    >>> w = torch.arange(6.0).reshape(3, 2, 1, 1)  # O = 3, C = 2
+    >>> pack_weight(w).reshape(2, 16)[:, :4].tolist()  # one block: [C][16], O padded
+    [[0.0, 2.0, 4.0, 0.0], [1.0, 3.0, 5.0, 0.0]]
+    """
     o, c = int(w.shape[0]), int(w.shape[1])
-    packed = torch.zeros(c, (o + 15) // 16 * 16, dtype=torch.float32)
-    packed[:, :o] = w.detach().reshape(o, c).t()
-    return packed
+    rows = torch.zeros(c, (o + 15) // 16 * 16, dtype=torch.float32)
+    rows[:, :o] = w.detach().reshape(o, c).t()
+    return torch.cat([block.flatten() for block in rows.split(BLOCK, dim=1)])
 
 
 def eager_ops(pw: Pointwise) -> Any:
@@ -244,7 +254,7 @@ def pointwise_call(pw: Pointwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
     fixed = consts.get(w)
     if fixed is not None:
         weight.prepare(fixed)
-    params = (ctypes.c_int64 * 9)(0, 0, 0, 0, 0, n * h * wd, c, o, (o + 15) // 16 * 16)
+    params = (ctypes.c_int64 * 10)(0, 0, 0, 0, 0, n * h * wd, c, o, (o + 15) // 16 * 16, 1)
     lo, hi = pw.act[1:] if pw.act[0] == CLAMP else (-math.inf, math.inf)
     bounds = (ctypes.c_float * 2)(lo, hi)
     eager = eager_ops(pw)
@@ -267,7 +277,7 @@ def pointwise_call(pw: Pointwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
 
     when = "at compile time" if fixed is not None else "on first use"
     detail = (
-        f"native 1x1 conv2d, channels_last (folded: {pw.describe()}; weight laid out [C][O] "
-        f"{when}; a weight with a non-finite value runs eager's ops)"
+        f"native 1x1 conv2d, channels_last (folded: {pw.describe()}; weight laid out [C][O] in "
+        f"blocks of 64 {when}; a weight with a non-finite value runs eager's ops)"
     )
     return ExternCall(call, "conv", detail, "native", strides=sizes)

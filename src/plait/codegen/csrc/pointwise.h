@@ -3,8 +3,11 @@
 // translation unit after the prelude, with one extern "C" entry per instantiation).
 //
 // On channels_last maps the convolution is a matrix product: x [P][C] (P = N*H*W pixels), the
-// weight packed as w [C][OP] (OP: the output channels O rounded up to 16, the padding zero),
-// y [P][O]; b [O] or null; r [P][O] (the residual) or null. Each output is its bias plus its C
+// weight w [C][OP] (OP: the output channels O rounded up to 16, the padding zero), y [P][O];
+// b [O] or null; r [P][O] (the residual) or null. A weight packed at compile time is blocked:
+// the columns of each block of 64 output channels (the last one OP's rest) stored whole, one
+// block after another, so that a block's rows are read as one stream (a [C][OP] weight's rows,
+// read 256 bytes a row at a stride of OP floats, came from memory at half the speed). Each output is its bias plus its C
 // products summed in channel order with fused multiply-adds (the contract's conv budget), then
 // plus its residual, then activated.
 //
@@ -28,6 +31,7 @@ struct Args {
   const float* r;
   float* y;
   i64 p, c, o, op;
+  bool blocked;  // w blocked (above), else [C][OP] row-major
   float lo, hi;
 };
 
@@ -66,7 +70,7 @@ struct Tile {
   const float* b;  // the bias at column j0, or null
   const float* r;  // the residual at the tile's first row, column j0, or null
   float* y;        // the result at the tile's first row, column j0
-  i64 c, o, op, k0, k1;
+  i64 c, o, op, k0, k1;  // op: the weight panel's row stride
   __mmask16 tail;  // the valid lanes of the block's last vector
   bool first, final;
   float lo, hi;
@@ -178,11 +182,13 @@ void conv(const Args& a) {
     for (i64 k0 = 0; k0 < a.c; k0 += KC) {
       Tile tile;
       tile.x = a.x + r0 * a.c;
-      tile.w = a.w + k0 * a.op + j0;
+      // NOTE: the panel's row stride: the block's width where blocked, else OP
+      const i64 ws = !a.blocked ? a.op : a.op - j0 < 64 ? a.op - j0 : 64;
+      tile.w = a.blocked ? a.w + j0 * a.c + k0 * ws : a.w + k0 * a.op + j0;
       tile.b = a.b ? a.b + j0 : nullptr;
       tile.r = RES ? a.r + r0 * a.o + j0 : nullptr;
       tile.y = a.y + r0 * a.o + j0;
-      tile.c = a.c, tile.o = a.o, tile.op = a.op;
+      tile.c = a.c, tile.o = a.o, tile.op = ws;
       tile.k0 = k0, tile.k1 = k0 + KC < a.c ? k0 + KC : a.c;
       tile.tail = (__mmask16)((1u << last) - 1);
       tile.first = k0 == 0, tile.final = tile.k1 == a.c;
@@ -195,7 +201,7 @@ void conv(const Args& a) {
 template <int ACT, bool RES>
 int entry(const int64_t* p, const float* f) {
   Args a{(const float*)p[0], (const float*)p[1], (const float*)p[2], (const float*)p[3],
-         (float*)p[4], p[5], p[6], p[7], p[8], f[0], f[1]};
+         (float*)p[4], p[5], p[6], p[7], p[8], p[9] != 0, f[0], f[1]};
   conv<ACT, RES>(a);
   return 0;
 }
