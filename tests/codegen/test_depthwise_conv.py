@@ -28,7 +28,8 @@ NATIVE = "native depthwise"
 class InvertedResidual(nn.Module):
     """Hugging Face's MobileNetV2 block: 1x1 expansion, ReLU6, an explicit TF-"same" zero pad,
     the depthwise convolution (no padding of its own), ReLU6, 1x1 projection; or, with
-    ``own_padding``, torchvision's (the convolution pads itself), or EfficientNet's (SiLU)."""
+    ``own_padding``, torchvision's (the convolution pads itself), EfficientNet's (SiLU) or
+    MobileNetV3's (Hardswish)."""
 
     def __init__(self, c: int, k: int, s: int, act: str = "relu6", own_padding: bool = False):
         super().__init__()
@@ -37,7 +38,7 @@ class InvertedResidual(nn.Module):
         pad = k // 2 if own_padding else 0
         self.dw = nn.Conv2d(c, c, k, s, pad, groups=c)
         self.project = nn.Conv2d(c, 8, 1)
-        self.act = nn.ReLU6() if act == "relu6" else nn.SiLU()
+        self.act = {"relu6": nn.ReLU6(), "silu": nn.SiLU(), "hardswish": nn.Hardswish()}[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         v = self.act(self.expand(x))
@@ -86,18 +87,20 @@ def test_mobilenet_block_runs_native_depthwise_and_matches_eager(
 
 
 @pytest.mark.usefixtures("stax_cache")
-@pytest.mark.parametrize("act", ["relu6", "silu"])
+@pytest.mark.parametrize("act", ["relu6", "silu", "hardswish"])
 def test_own_padding_and_silu_match_eager(act: str) -> None:
-    """torchvision's block (the convolution pads itself) and EfficientNet's SiLU: the SiLU
-    before the convolution is the expansion's (folded into plait's 1x1 call where the CPU has
-    AVX-512, else a oneDNN post-op), the one after it is folded."""
+    """torchvision's block (the convolution pads itself), EfficientNet's SiLU and MobileNetV3's
+    Hardswish: the activation before the convolution is the expansion's (folded into plait's 1x1
+    call where the CPU has AVX-512, else a oneDNN post-op, which has no Hardswish), the one after
+    it is folded."""
     torch.manual_seed(3)
     model = InvertedResidual(48, 5, 2, act, own_padding=True)
     details = node_details(_check(model, (1, 8, 15, 17), seed=4))
     (dw,) = [d for d in details.values() if NATIVE in d]
     folded = [key.split("#")[0] for key, d in details.items() if d.startswith("folded into")]
-    silu = ["silu", "silu"] if pointwise_native.available() else ["silu"]
-    assert folded == (["clamp", "clamp"] if act == "relu6" else silu), (folded, dw)
+    both = ["clamp", "clamp"] if act == "relu6" else [act, act]
+    want = both if act == "relu6" or pointwise_native.available() else both[:1]
+    assert folded == want, (folded, dw)
 
 
 class SharedActivation(nn.Module):
@@ -152,34 +155,40 @@ def test_nan_and_infinities_with_relu6_folded_match_eager(k: int, s: int) -> Non
     assert any(NATIVE in d for d in node_details(compiled).values())
 
 
-class DepthwiseSilu(nn.Module):
-    """EfficientNet's depthwise convolution and the SiLU after it (folded into the stores)."""
+class DepthwiseAct(nn.Module):
+    """EfficientNet's depthwise convolution and the SiLU after it, or MobileNetV3's and its
+    Hardswish (folded into the stores)."""
 
-    def __init__(self, c: int, k: int, s: int) -> None:
+    def __init__(self, c: int, k: int, s: int, act: str) -> None:
         super().__init__()
         self.dw = nn.Conv2d(c, c, k, s, k // 2, groups=c)
+        self.act = F.silu if act == "silu" else F.hardswish
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.silu(self.dw(x))
+        return self.act(self.dw(x))
 
 
 @pytest.mark.usefixtures("stax_cache")
+@pytest.mark.parametrize("act", ["silu", "hardswish"])
 @pytest.mark.parametrize("c,k,s", [(48, 3, 1), (40, 5, 2)])
-def test_folded_silu_matches_eager_on_large_and_special_values(c: int, k: int, s: int) -> None:
-    """The SiLU folded into the stores: NaN stays NaN, -inf gives
-    NaN, outputs past exp's overflow and underflow bounds (inputs scaled by 60) match eager's;
-    40 channels leave 8 to the one-channel tail."""
+def test_folded_silu_matches_eager_on_large_and_special_values(
+    c: int, k: int, s: int, act: str
+) -> None:
+    """The SiLU or Hardswish folded into the stores: NaN stays NaN, -inf gives NaN (SiLU's
+    -inf / inf, Hardswish's -inf * 0), outputs past exp's overflow and underflow bounds and past
+    Hardswish's bounds (inputs scaled by 60) match eager's; 40 channels leave 8 to the channels'
+    tail (masked lanes on AVX-512)."""
     torch.manual_seed(c + k + s)
-    model = DepthwiseSilu(c, k, s).eval()
+    model = DepthwiseAct(c, k, s, act).eval()
     compiled = plait.compile(model, backend="stax")
     gen = torch.Generator().manual_seed(11)
     with torch.no_grad():
         for scale in (1.0, 60.0):
             x = special_values((2, c, 9, 13), gen) * scale
             want = model(x)
-            assert_matches_eager([compiled(x)], [[want]], "conv", f"dw-silu x{scale}")
+            assert_matches_eager([compiled(x)], [[want]], "conv", f"dw-{act} x{scale}")
     (dw,) = [d for d in node_details(compiled).values() if NATIVE in d]
-    assert "folded: silu" in dw, dw
+    assert f"folded: {act}" in dw, dw
 
 
 @pytest.mark.usefixtures("stax_cache")

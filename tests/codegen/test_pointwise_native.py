@@ -29,7 +29,7 @@ pytestmark = [
 ]
 NATIVE = "native 1x1 conv2d"
 ACTS = {"none": lambda v: v, "relu": F.relu, "relu6": F.relu6, "silu": F.silu,
-        "clamp": lambda v: v.clamp(-1.0, 2.5)}  # fmt: skip
+        "hardswish": F.hardswish, "clamp": lambda v: v.clamp(-1.0, 2.5)}  # fmt: skip
 
 
 class Projection(nn.Module):
@@ -71,14 +71,16 @@ SHAPES = [
 
 
 @pytest.mark.parametrize("cin,cout,side", SHAPES)
-@pytest.mark.parametrize("act,residual", [("none", True), ("relu6", False), ("silu", True)])
+@pytest.mark.parametrize(
+    "act,residual", [("none", True), ("relu6", False), ("silu", True), ("hardswish", False)]
+)
 def test_shapes_and_epilogues_match_eager(
     cin: int, cout: int, side: int, act: str, residual: bool
 ) -> None:
     torch.manual_seed(cin + cout + side)
     model = Projection(cin, cout, act, residual)
     compiled = _check(model, [(2, cin, side, side + 1), (2, cout, side, side + 1)], seed=side)
-    folded_act = {"none": [], "relu6": ["clamp"], "silu": ["silu"]}[act]
+    folded_act = {"none": [], "relu6": ["clamp"], "silu": ["silu"], "hardswish": ["hardswish"]}[act]
     want = (["add"] if residual else []) + folded_act
     assert _folded(compiled) == sorted(want), node_details(compiled)
 
@@ -91,7 +93,7 @@ def test_no_bias_and_clamp_bounds_match_eager(act: str) -> None:
     assert _folded(compiled) == ["add", "clamp" if act == "clamp" else "relu"]
 
 
-@pytest.mark.parametrize("act", ["relu", "relu6", "silu"])
+@pytest.mark.parametrize("act", ["relu", "relu6", "silu", "hardswish"])
 def test_nan_and_infinities_match_eager(act: str) -> None:
     """NaN stays NaN through a folded ReLU (oneDNN's post-op would make it 0); an infinity of
     the input or the residual reaches the outputs eager's do."""

@@ -28,7 +28,8 @@ pytestmark = [
     pytest.mark.skipif(not available(), reason="the native stem kernel needs AVX-512"),
 ]
 NATIVE = "native stem conv2d"
-ACTS = {"none": lambda v: v, "relu6": F.relu6, "silu": F.silu, "relu": F.relu}
+ACTS = {"none": lambda v: v, "relu6": F.relu6, "silu": F.silu, "relu": F.relu,
+        "hardswish": F.hardswish}  # fmt: skip
 
 
 class Stem(nn.Module):
@@ -81,7 +82,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("cin,cout,k,s,side", CASES)
-@pytest.mark.parametrize("act,tf_pad", [("relu6", True), ("silu", True), ("none", False)])
+@pytest.mark.parametrize(
+    "act,tf_pad", [("relu6", True), ("silu", True), ("hardswish", False), ("none", False)]
+)
 def test_stems_match_eager(
     cin: int, cout: int, k: int, s: int, side: int, act: str, tf_pad: bool
 ) -> None:
@@ -93,6 +96,7 @@ def test_stems_match_eager(
         "none": [],
         "relu6": ["clamp"],
         "silu": ["silu"],
+        "hardswish": ["hardswish"],
     }[act]
     assert _folded(compiled) == sorted(want), details
     assert len(compiled.specializations[-1].compiled.program.kernels) == 0, stem
@@ -104,7 +108,7 @@ def test_a_channels_last_input_matches_eager() -> None:
     assert any(d.startswith(NATIVE) for d in node_details(compiled).values())
 
 
-@pytest.mark.parametrize("act", ["relu6", "silu", "none"])
+@pytest.mark.parametrize("act", ["relu6", "silu", "hardswish", "none"])
 def test_nan_and_infinities_match_eager(act: str) -> None:
     torch.manual_seed(3)
     model = _model(3, 32, 3, 2, act, True)

@@ -14,8 +14,8 @@ does all of it, on channels_last maps, NaN kept as eager keeps it:
 - an activation of the clamp family (``clamp``, ``relu``; ``hardtanh`` and ``relu6`` capture as
   ``clamp``) read only by that pad or by the convolution is applied to each input element as it
   is loaded (the activated map is never written);
-- an activation (the clamp family, or ``silu``) that alone reads the convolution's result is
-  applied to each output before it is stored;
+- an activation (the clamp family, ``silu`` or ``hardswish``) that alone reads the
+  convolution's result is applied to each output before it is stored;
 - a global average pool of that result (squeeze-and-excitation's squeeze: :func:`global_pool`)
   is computed as the rows are stored (:class:`PooledMeans`; its step only hands the means
   over, or pools the map where the call ran eager's ops).
@@ -68,8 +68,8 @@ from plait.ir.types import TensorType
 CL = torch.channels_last
 KERNELS = (3, 5)
 STRIDES = (1, 2)
-# NOTE: activation codes of csrc/depthwise.h
-NONE, CLAMP, SILU = 0, 1, 2
+# NOTE: activation codes of csrc/depthwise.h (and of csrc/pointwise.h, csrc/stem_conv.h)
+NONE, CLAMP, SILU, HARDSWISH = 0, 1, 2, 3
 Activation = tuple[int, float, float]
 IDENTITY: Activation = (NONE, -math.inf, math.inf)
 
@@ -120,7 +120,8 @@ def _bound(value: object, default: float) -> float | None:
 
 
 def activation(n: Node, outputs_too: bool) -> Activation | None:
-    """``n`` as a kernel activation of a same-typed float32 value (``silu`` only on outputs)."""
+    """``n`` as a kernel activation of a same-typed float32 value (``silu`` and ``hardswish``
+    only on outputs)."""
     x = n.inputs[0] if n.inputs else None
     if float32_static(x) is None or not isinstance(x, Value) or x.type != n.outputs[0].type:
         return None
@@ -131,6 +132,8 @@ def activation(n: Node, outputs_too: bool) -> Activation | None:
         return None if lo is None or hi is None else (CLAMP, lo, hi)
     if n.op == "silu" and outputs_too:
         return SILU, 0.0, 0.0
+    if n.op == "hardswish" and outputs_too:
+        return HARDSWISH, 0.0, 0.0
     return None
 
 

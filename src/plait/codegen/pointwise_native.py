@@ -12,8 +12,8 @@ result:
 - a residual ``add`` of a same-shaped float32 tensor (MobileNet's and EfficientNet's
   projections; the residual is read channels_last);
 - then an activation of the clamp family (``relu``, ``clamp``; ``hardtanh`` and ``relu6``
-  capture as ``clamp``) or ``silu``, NaN kept as eager keeps it (oneDNN's clip post-op maps NaN
-  to 0, so a ReLU after a convolution was a separate kernel).
+  capture as ``clamp``), ``silu`` or ``hardswish``, NaN kept as eager keeps it (oneDNN's clip
+  post-op maps NaN to 0, so a ReLU after a convolution was a separate kernel).
 
 Each output is its bias plus its products summed with fused multiply-adds in channel order
 (the contract's conv budget), then its residual, then its activation. A weight with a
@@ -56,6 +56,7 @@ import torch
 
 from plait.codegen.depthwise_conv import (
     CLAMP,
+    HARDSWISH,
     IDENTITY,
     NONE,
     SILU,
@@ -72,7 +73,7 @@ from plait.ir.types import TensorType
 
 CL = torch.channels_last
 # NOTE: the activation codes of csrc/pointwise.h, as csrc/depthwise.h's
-ACTIVATIONS = (NONE, CLAMP, SILU)
+ACTIVATIONS = (NONE, CLAMP, SILU, HARDSWISH)
 
 
 @dataclass(frozen=True)

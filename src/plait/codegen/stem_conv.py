@@ -14,8 +14,8 @@ reads it. It applies where:
   with at most :data:`MAX_TAPS` taps per output (input channels times window);
 - what it reads (through a zero ``constant_pad`` of the last two dims that only it reads) is a
   tensor the caller passes in;
-- an activation of the clamp family or ``silu`` that alone reads its result is folded in (unless
-  a depthwise call folds it in first).
+- an activation of the clamp family, ``silu`` or ``hardswish`` that alone reads its result is
+  folded in (unless a depthwise call folds it in first).
 
 Each output is its bias plus the products of its in-bounds taps, in the weight's order, by fused
 multiply-adds (the contract's conv budget). A weight with a non-finite value runs eager's ops

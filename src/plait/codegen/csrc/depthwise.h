@@ -21,7 +21,9 @@
 //
 // Activations (NaN kept, as PyTorch's): IA on each input element as it is loaded, OA on each
 // output: 0 none, 1 clamp ``v < lo ? lo : v`` then ``v > hi ? hi : v`` (an absent bound is an
-// infinity: its comparison is never true), 2 silu ``v / (1 + exp(-v))`` (outputs only).
+// infinity: its comparison is never true), 2 silu ``v / (1 + exp(-v))``, 3 hardswish
+// ``v * min(max(v + 3, 0), 6) / 6`` as ATen's vector loop, multiplied, then divided (2 and 3:
+// outputs only).
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -58,6 +60,13 @@ template <int A> inline v16 act(v16 v, v16 lo, v16 hi) {
     v = v < lo ? lo : v;
     v = v > hi ? hi : v;
   }
+  if (A == 3) {
+    const v16 zero = v16{}, six = splat(6.0f);
+    v16 t = v + splat(3.0f);
+    t = t < zero ? zero : t;
+    t = t > six ? six : t;
+    v = v * t / six;
+  }
   return v;
 }
 
@@ -66,8 +75,17 @@ template <int A> inline float act1(float v, float lo, float hi) {
     v = v < lo ? lo : v;
     v = v > hi ? hi : v;
   }
+  if (A == 3) {
+    float t = v + 3.0f;
+    t = t < 0.0f ? 0.0f : t;
+    t = t > 6.0f ? 6.0f : t;
+    v = v * t / 6.0f;
+  }
   return v;
 }
+
+// NOTE: the activation applied as each output is stored (silu runs over the stored row)
+constexpr int stored(int oa) { return oa == 2 ? 0 : oa; }
 
 // NOTE: one fused multiply-add per tap where the CPU has it (the conv contract's rounding;
 // the translation unit is built with -ffp-contract=off, which keeps a*b+c unfused)
@@ -130,7 +148,7 @@ inline void pixel(const Args& a, const float* xn, float* yr, i64 r, i64 o, i64 c
       acc = madd(xv, load<M>(a.w + (kh * K + kw) * a.c + c, m), acc);
     }
   }
-  store<M>(yr + o * a.c + c, act<OA == 1 ? 1 : 0>(acc, splat(a.olo), splat(a.ohi)), m);
+  store<M>(yr + o * a.c + c, act<stored(OA)>(acc, splat(a.olo), splat(a.ohi)), m);
 }
 
 // P interior output pixels of 16 channels from column ``o`` (every tap column in bounds).
@@ -161,7 +179,7 @@ inline void block(const Args& a, const float* xn, float* yr, i64 r, i64 o, i64 c
   const v16 olo = splat(a.olo), ohi = splat(a.ohi);
 #pragma GCC unroll 16
   for (int p = 0; p < P; ++p) {
-    store<M>(yr + (o + p) * a.c + c, act<OA == 1 ? 1 : 0>(acc[p], olo, ohi), m);
+    store<M>(yr + (o + p) * a.c + c, act<stored(OA)>(acc[p], olo, ohi), m);
   }
 }
 
@@ -201,7 +219,7 @@ inline void tail(const Args& a, const float* xn, float* yr, i64 r, i64 c0) {
           acc = __builtin_fmaf(xv, a.w[(kh * K + kw) * a.c + c], acc);
         }
       }
-      yr[o * a.c + c] = act1<OA == 1 ? 1 : 0>(acc, a.olo, a.ohi);
+      yr[o * a.c + c] = act1<stored(OA)>(acc, a.olo, a.ohi);
     }
   }
 }

@@ -18,7 +18,8 @@
 //
 // Activations (NaN kept, as PyTorch's), on each output after the residual: 0 none, 1 clamp
 // ``v < lo ? lo : v`` then ``v > hi ? hi : v`` (an absent bound is an infinity), 2 silu
-// ``v / (1 + exp(-v))`` (exp16 below, in registers before the store).
+// ``v / (1 + exp(-v))`` (exp16 below, in registers before the store), 3 hardswish
+// ``v * min(max(v + 3, 0), 6) / 6`` (hardswish16 below).
 #include <immintrin.h>
 
 namespace pw {
@@ -60,6 +61,16 @@ inline __m512 exp16(__m512 x) {
 // silu of 16 lanes: v / (1 + exp(-v)) (a NaN v stays NaN; -inf gives NaN, as -inf / inf)
 inline __m512 silu16(__m512 v, __m512 one) {
   return _mm512_div_ps(v, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+}
+
+// hardswish of 16 lanes as ATen's vector loop computes it: (v * min(max(v + 3, 0), 6)) / 6,
+// the bounds compared as the clamp's (a NaN v stays NaN)
+inline __m512 hardswish16(__m512 v) {
+  const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
+  __m512 t = _mm512_add_ps(v, _mm512_set1_ps(3.0f));
+  t = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(t, zero, _CMP_LT_OQ), t, zero);
+  t = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(t, six, _CMP_GT_OQ), t, six);
+  return _mm512_div_ps(_mm512_mul_ps(v, t), six);
 }
 
 // One call's operands as locals (the intrinsics' stores may alias anything, so fields read
@@ -124,6 +135,7 @@ inline void micro(const Tile& t, i64 m0) {
           v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, hi, _CMP_GT_OQ), v, hi);
         }
         if (ACT == 2) v = silu16(v, one);
+        if (ACT == 3) v = hardswish16(v);
       }
       _mm512_mask_storeu_ps(y + m * o + j * 16, mk, v);
     }

@@ -36,6 +36,7 @@ inline __m512 finish(__m512 v, float lo, float hi) {
     v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, u, _CMP_GT_OQ), v, u);
   }
   if (ACT == 2) v = pw::silu16(v, _mm512_set1_ps(1.0f));
+  if (ACT == 3) v = pw::hardswish16(v);
   return v;
 }
 
