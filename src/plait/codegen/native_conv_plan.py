@@ -1,7 +1,7 @@
 """Where the planner gives a convolution one of plait's native kernels: a depthwise one
-(:mod:`plait.codegen.depthwise_conv`), a 1x1 one (:mod:`plait.codegen.pointwise_native`) or a
-network's stem (:mod:`plait.codegen.stem_conv`); which nodes each such call folds in, and its
-step.
+(:mod:`plait.codegen.depthwise_conv`), a 1x1 one (:mod:`plait.codegen.pointwise_native`, which
+also runs a linear of few rows) or a network's stem (:mod:`plait.codegen.stem_conv`); which nodes
+each such call folds in, and its step.
 
 The nodes a call folds in (the zero pad before a depthwise or stem call, and a depthwise call's
 input activation; the residual add and activation after a call) are claimed before any oneDNN
@@ -174,8 +174,9 @@ def emit(planner: _Planner, node: Node) -> None:
         executor = "extern"
     planner.steps.append(step)
     planner.tags[node.id] = NodeTag(executor, f"{step.call.detail} ({step.call.op_class})")
+    linear = isinstance(dw, Pointwise) and dw.linear
     for n in (*dw.prologue, *dw.epilogue):
-        what = f"folded into node {node.id}'s native convolution call"
+        what = f"folded into node {node.id}'s native {'linear' if linear else 'convolution'} call"
         planner.tags[n.id] = NodeTag(executor, what)
         for v in n.outputs:
             planner.locs[v] = Loc("inline")
