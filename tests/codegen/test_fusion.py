@@ -191,7 +191,8 @@ def test_an_mkl_linear_takes_no_post_op_and_its_activation_runs_native() -> None
     if not mkl_linear_available():
         pytest.skip("this PyTorch build has no MKL packed linear")
     gb = GraphBuilder()
-    x = gb.input("x", TensorType((8, 36), torch.float32))
+    # NOTE: more rows than plait's native kernel takes for a linear (MAX_LINEAR_ROWS)
+    x = gb.input("x", TensorType((16, 36), torch.float32))
     lw = gb.input("lw", TensorType((16, 36), torch.float32), kind="const")
     lw2 = gb.input("lw2", TensorType((4, 16), torch.float32))
     t = gb.call("tanh", gb.call("linear", x, lw))

@@ -31,7 +31,9 @@ class QKV(nn.Module):
 def test_opaque_result_viewed_into_attention() -> None:
     torch.manual_seed(0)
     model = QKV().eval()
-    cf = plait.compile(model, backend="stax")
+    # NOTE: the product stays PyTorch's (plait's native kernel, which runs a linear of few rows
+    # with its own order of sums, off): the bits below are eager's
+    cf = plait.compile(model, backend="stax", options={"stax": {"pointwise": False}})
     gen = torch.Generator().manual_seed(4)
     with torch.no_grad():
         for _ in range(3):

@@ -69,7 +69,8 @@ def test_repeated_linear_blocks_probe_once(monkeypatch: pytest.MonkeyPatch) -> N
     ran = _counting(monkeypatch)
     torch.manual_seed(0)
     blocks = [m for _ in range(LAYERS) for m in (nn.Linear(32, 32), nn.GELU())]
-    _check(nn.Sequential(*blocks).eval(), (4, 32))
+    # NOTE: 16 rows: linears of the library (plait's native kernel takes at most 8)
+    _check(nn.Sequential(*blocks).eval(), (16, 32))
     # NOTE: the first linear reads the graph input, the others a buffer of the same layout
     assert len(ran) == 1, ran
 

@@ -361,7 +361,8 @@ def depthwise_call(
         f"(folded: {dw.describe()}; weight laid out [kh][kw][C] {when}; a weight with a "
         f"non-finite value runs eager's ops{means})"
     )
-    return ExternCall(call, "conv", detail, "native", strides=sizes)
+    entries = (symbol(k, s, dw.in_act[0], dw.out_act[0]),)
+    return ExternCall(call, "conv", detail, "native", strides=sizes, entries=entries)
 
 
 def pool_ops(pool: Node) -> Any:

@@ -24,6 +24,9 @@ class ExternCall:
     # the runner takes it as it is, and the memory plan gives it an arena buffer (the call
     # takes it as the keyword ``out``, writes it and returns it) as a kernel's result gets one
     strides: tuple[int, ...] | None = None
+    # NOTE: plait's native calls: the C entries of csrc's kernels they call
+    # (:func:`plait.codegen.native_entries.unit_of`), whose libraries an export carries
+    entries: tuple[str, ...] = ()
 
     def native_result(self, planned: Sequence[object]) -> bool:
         """Whether the plan's strides for the result are the ones this call writes."""

@@ -276,9 +276,12 @@ def gemm_call(node: Node, eager: ExternCall) -> ExternCall | None:
     if found is None:
         return None
     geo, mask = found
-    library = NATIVE_LIBRARY if native_products(geo) else LIBRARY
+    native = native_products(geo)
+    library = NATIVE_LIBRARY if native else LIBRARY
     detail = f"{DETAIL} ({library} products)"
-    return ExternCall(backward_fn(geo, mask, eager.fn), eager.op_class, detail, library)
+    entries = (pointwise_native.symbol(pointwise_native.NONE, False),) if native else ()
+    fn = backward_fn(geo, mask, eager.fn)
+    return ExternCall(fn, eager.op_class, detail, library, entries=entries)
 
 
 def timed_step(node: Node, consts: Consts, matmul: bool, gemm: bool) -> ExternStep | None:

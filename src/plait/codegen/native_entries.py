@@ -17,6 +17,9 @@ from typing import Any
 from plait.codegen import build
 
 ARGTYPES = [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float)]
+# NOTE: each unit built in this process, by each of its entry names: (its entries in the
+# unit's order, its text), what an export carries (:func:`unit_of`)
+_UNITS: dict[str, tuple[tuple[str, ...], str]] = {}
 
 
 def entry_text(name: str, call: str) -> str:
@@ -32,6 +35,7 @@ def build_entries(source: str, calls: Mapping[str, str]) -> dict[str, Any]:
     unit = build.Unit(list(calls), [text])
     build.build_units([unit], jobs=1)
     assert unit.lib is not None
+    _UNITS.update(dict.fromkeys(calls, (tuple(calls), text)))
     found = {}
     for name in calls:
         fn = getattr(unit.lib, name)
@@ -39,3 +43,10 @@ def build_entries(source: str, calls: Mapping[str, str]) -> dict[str, Any]:
         fn.argtypes = ARGTYPES
         found[name] = fn
     return found
+
+
+def unit_of(name: str) -> tuple[tuple[str, ...], str] | None:
+    """The unit that entry ``name`` was built in by this process: its entry names in the
+    unit's order and its text (:func:`plait.codegen.build.unit_file` finds its library), or
+    None where no unit of it was built here."""
+    return _UNITS.get(name)

@@ -80,6 +80,7 @@ ACTIVATIONS = (NONE, CLAMP, SILU, HARDSWISH)
 # per call from memory, where the blocked stream is read at twice MKL's speed (a 960 x 1280
 # weight, one row, one thread: 190 us against 437 us for torch's linear, the caches flushed)
 MAX_LINEAR_ROWS = 8
+STATE = ("param", "buffer", "const")  # NOTE: the kinds of weight a linear's call packs once
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,13 @@ def float32_bias(b: object) -> bool:
 
 def few_rows_linear(node: Node) -> bool:
     """Whether ``node`` is a float32 linear of at most :data:`MAX_LINEAR_ROWS` rows (the
-    product of its input's leading sizes) the kernel computes."""
+    product of its input's leading sizes) the kernel computes: its weight a parameter, buffer
+    or constant (packed once; a weight passed in at each call stays the library's, which reads
+    it as it is)."""
     if node.op != "linear" or len(node.inputs) < 2:
+        return False
+    w = node.inputs[1]
+    if not isinstance(w, Value) or w.producer is not None or w.kind not in STATE:
         return False
     xt, wt = float32_static(node.inputs[0]), float32_static(node.inputs[1], 2)
     b = node.inputs[2] if len(node.inputs) > 2 else None
@@ -319,4 +325,5 @@ def pointwise_call(pw: Pointwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
         "weight with a non-finite value runs eager's ops)"
     )
     op_class = "matmul" if pw.linear else "conv"
-    return ExternCall(call, op_class, detail, "native", strides=sizes)
+    entries = (symbol(pw.act[0], pw.other is not None),)
+    return ExternCall(call, op_class, detail, "native", strides=sizes, entries=entries)

@@ -246,4 +246,5 @@ def stem_call(stem: Stem, consts: Mapping[Any, torch.Tensor]) -> ExternCall:
         f"passes it, written channels_last, padding {stem.pads} (folded: {stem.describe()}; "
         f"weight laid out [taps][O] {when}; a weight with a non-finite value runs eager's ops)"
     )
-    return ExternCall(call, "conv", detail, "native", strides=sizes)
+    entries = (symbol(stem.act[0]),)
+    return ExternCall(call, "conv", detail, "native", strides=sizes, entries=entries)

@@ -29,7 +29,8 @@ from plait.errors import ArtifactFormatError, ArtifactTrustError, InvalidOptionE
 from plait.export.archive import Members, claim, sha256
 
 INDEX = "native/index.json"
-_SYMBOL = re.compile(r"stax_[0-9a-f]{24}")
+# NOTE: a Stax kernel's symbol, or the C entry of one of csrc's native kernels
+_SYMBOL = re.compile(r"stax_[0-9a-f]{24}|plait_[a-z0-9_]{1,80}")
 _KEY = re.compile(r"[0-9a-f]{64}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -68,7 +69,10 @@ def collect(program: Any) -> tuple[dict[str, bytes], dict[str, Any] | None, str]
     by_unit: dict[str, dict[str, str]] = {}
     for k in program.kernels:
         by_unit.setdefault(k.unit, {})[k.symbol] = k.source
-    if not by_unit:
+    entries, missing = _entry_units(program)
+    if missing:
+        return {}, None, f"no native kernels: entry {missing} was not built in this process"
+    if not by_unit and not entries:
         return {}, None, "no native kernels: the program has no kernel"
     members: dict[str, bytes] = {}
     units = []
@@ -86,6 +90,14 @@ def collect(program: Any) -> tuple[dict[str, bytes], dict[str, Any] | None, str]
         key = path.stem
         members[f"native/{key}.so"] = data
         units.append({"key": key, "symbols": symbols, "sha256": sha256(data)})
+    for names, text in entries:
+        try:
+            path = build.unit_file(names, [text])
+        except BuildError as exc:
+            return {}, None, f"no native kernels: entry {names[0]}'s unit is not cached ({exc})"
+        data = path.read_bytes()
+        members[f"native/{path.stem}.so"] = data
+        units.append({"key": path.stem, "symbols": list(names), "sha256": sha256(data)})
     tc = build.toolchain()
     index = {
         "toolchain": tc.key_parts(),
@@ -94,6 +106,22 @@ def collect(program: Any) -> tuple[dict[str, bytes], dict[str, Any] | None, str]
         "units": units,
     }
     return members, index, f"{len(units)} native kernel libraries for this toolchain"
+
+
+def _entry_units(program: Any) -> tuple[list[tuple[tuple[str, ...], str]], str | None]:
+    """The units of csrc's native kernels (a 1x1, depthwise or stem convolution's, a linear's
+    of few rows) that ``program``'s extern calls call, each once, in the order of its steps;
+    and an entry whose unit this process did not build, if any."""
+    from plait.codegen.native_entries import unit_of
+
+    found: dict[tuple[str, ...], str] = {}
+    for step in program.plan.steps:
+        for name in getattr(getattr(step, "call", None), "entries", ()):
+            unit = unit_of(name)
+            if unit is None:
+                return [], name
+            found.setdefault(unit[0], unit[1])
+    return list(found.items()), None
 
 
 def trusted_digests(trust: str | Iterable[str] | None) -> frozenset[str] | None:
