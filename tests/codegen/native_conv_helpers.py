@@ -24,3 +24,21 @@ def special_values(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor
     flat[picks[10:20]] = float("inf")
     flat[picks[20:]] = float("-inf")
     return x
+
+
+def special_values_match(
+    model: Any, shapes: list[tuple[int, ...]], op_class: str, what: str, seed: int
+) -> Any:
+    """``model`` compiled for Stax, called on three draws of :func:`special_values` of
+    ``shapes``, each result judged against eager's (NaN and infinities where eager has them,
+    the rest within the contract's ``op_class`` row); the compiled model."""
+    import plait
+    from tests.codegen.test_special_values import assert_matches_eager
+
+    compiled = plait.compile(model, backend="stax")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _ in range(3):
+            args = [special_values(s, gen) for s in shapes]
+            assert_matches_eager([compiled(*args)], [[model(*args)]], op_class, what)
+    return compiled

@@ -17,8 +17,7 @@ from torch import nn
 
 import plait
 from plait.codegen.pointwise_native import MAX_LINEAR_ROWS, available
-from tests.codegen.native_conv_helpers import node_details, special_values
-from tests.codegen.test_special_values import assert_matches_eager
+from tests.codegen.native_conv_helpers import node_details, special_values_match
 from tests.util import assert_bitwise, contract_tol, torch_threads
 
 pytestmark = [
@@ -94,12 +93,7 @@ def test_no_bias_matches_eager() -> None:
 def test_nan_and_infinities_match_eager(act: str) -> None:
     torch.manual_seed(5)
     model = Head(48, 72, act, residual=True).eval()
-    compiled = plait.compile(model, backend="stax")
-    gen = torch.Generator().manual_seed(6)
-    with torch.no_grad():
-        for _ in range(3):
-            x, r = special_values((4, 48), gen), special_values((4, 72), gen)
-            assert_matches_eager([compiled(x, r)], [[model(x, r)]], "matmul", f"linear+{act}")
+    compiled = special_values_match(model, [(4, 48), (4, 72)], "matmul", f"linear+{act}", 6)
     assert len(_natives(compiled)) == 1
 
 
