@@ -55,7 +55,9 @@ class StaxOptions:
     :mod:`plait.codegen.depthwise_conv`). ``pointwise``: a float32 1x1 convolution (stride 1,
     no padding, one group) of the C++ target on a CPU with AVX-512 runs plait's native kernel,
     with the residual add and the activation after it folded in where nothing else reads the
-    convolution's result (off: oneDNN's convolution; see :mod:`plait.codegen.pointwise_native`).
+    convolution's result, and so does a float32 linear of at most 8 rows whose weight is a
+    parameter, buffer or constant (off: oneDNN's convolution, MKL's or oneDNN's linear; see
+    :mod:`plait.codegen.pointwise_native`).
     ``stem``: a float32 convolution of few input channels (at most 32 taps per output) reading a
     tensor the caller passes, as a network's first convolution reads the image, runs plait's
     native kernel on the CPU with AVX-512, reading it in place, with the zero pad before it and
