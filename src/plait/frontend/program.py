@@ -154,7 +154,9 @@ class CapturedProgram:
             with torch.no_grad():
                 for i, o in self.mutations:
                     values[i].copy_(results[o])
-        inputs = {id(v) for v in values if isinstance(v, torch.Tensor)}
+        # NOTE: every value's id, tensor or not: each is alive for the call, so none of the
+        # others shares a tensor's id (the membership tests below ask only about tensors)
+        inputs = {id(v) for v in values}
         by_tracer: dict[int, Any] = {}
         handed_out: set[int] = set()
         views = [leaf.ref for leaf in self.out_leaves if leaf.source == "view"]
