@@ -349,12 +349,45 @@ int check_tensor(const TCheck& c, PyObject* obj) {
   return HOLDS;
 }
 
-int run_tensors(const Op& op, Env& e) {
-  // NOTE: the sampled elements' memory is requested for all tensors first, so that their cache
-  // misses overlap (a prefetch never faults: the address is the one frozen, checked later)
+inline void prefetch_lines(const void* p, int lines) {
+  const char* c = static_cast<const char*>(p);
+  for (int i = 0; i < lines; ++i) __builtin_prefetch(c + 64 * i);
+}
+
+// NOTE: a call's kernels evict the guard's objects, and a tensor's check follows a chain of
+// pointers (the Python object, its TensorImpl, then the impl's version counter, storage and
+// autograd metadata): each level is requested for every tensor before the next level is read,
+// so that the tensors' cache misses overlap instead of queueing one after another. Prefetches
+// never fault and decide nothing: the checks below read everything again.
+void prefetch_tensors(const Op& op, PyObject* const seqs[2]) {
+  const size_t n = op.checks.size();
   for (const TCheck& c : op.checks) {
-    if (c.flags & F_SAMPLE) __builtin_prefetch(reinterpret_cast<const char*>(c.ptr));
+    if (c.flags & F_SAMPLE) {
+      for (int64_t off : c.offsets) __builtin_prefetch(reinterpret_cast<const char*>(c.ptr) + off);
+    }
+    PyObject* obj = item(seqs[c.where], c.index);
+    if (obj != nullptr) __builtin_prefetch(obj);
   }
+  std::vector<c10::TensorImpl*> impls(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    const TCheck& c = op.checks[i];
+    PyObject* obj = item(seqs[c.where], c.index);
+    if (obj == nullptr || !plain(obj)) continue;
+    impls[i] = impl_of(obj);
+    prefetch_lines(impls[i], (sizeof(c10::TensorImpl) + 63) / 64);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const c10::TensorImpl* t = impls[i];
+    if (t == nullptr) continue;
+    if (op.checks[i].flags & F_VERSION) __builtin_prefetch(plait_layout::version_counter_of(t));
+    if (op.checks[i].flags & (F_PTR | F_SAMPLE)) {
+      __builtin_prefetch(t->unsafe_storage().unsafeGetStorageImpl());
+    }
+    if (op.checks[i].flags & F_GRAD) __builtin_prefetch(t->autograd_meta());
+  }
+}
+
+int run_tensors(const Op& op, Env& e) {
   PyObject* seqs[2] = {nullptr, nullptr};
   for (const TCheck& c : op.checks) {
     PyObject*& seq = seqs[c.where];
@@ -363,7 +396,10 @@ int run_tensors(const Op& op, Env& e) {
       if (seq == nullptr) return failed_read();
       if (!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq)) return PYTHON;
     }
-    PyObject* obj = item(seq, c.index);
+  }
+  prefetch_tensors(op, seqs);
+  for (const TCheck& c : op.checks) {
+    PyObject* obj = item(seqs[c.where], c.index);
     if (obj == nullptr) return FAILS;  // NOTE: the read would raise IndexError
     int r = check_tensor(c, obj);
     if (r != HOLDS) return r;
@@ -371,7 +407,16 @@ int run_tensors(const Op& op, Env& e) {
   return HOLDS;
 }
 
+// NOTE: as prefetch_tensors: every table, then every table's keys, requested before the reads
+void prefetch_dicts(const std::vector<PyObject*>& dicts) {
+  for (PyObject* d : dicts) __builtin_prefetch(d);
+  for (PyObject* d : dicts) {
+    if (PyDict_CheckExact(d)) __builtin_prefetch(reinterpret_cast<PyDictObject*>(d)->ma_keys);
+  }
+}
+
 int run_edges(const Op& op) {
+  prefetch_dicts(op.xs);
   for (size_t i = 0; i < op.xs.size(); ++i) {
     PyObject* table = op.xs[i];
     if (!PyDict_Check(table)) return PYTHON;
@@ -428,6 +473,12 @@ inline PyObject* get_attr(PyObject* o, PyObject* name, const AttrFast& f) {
 }
 
 int run_attrs(const Op& op) {
+  // NOTE: each object's header and the words before it (where CPython 3.11+ keeps a managed
+  // instance dict's pointer), requested for all objects before the reads
+  for (PyObject* o : op.xs) {
+    __builtin_prefetch(o);
+    __builtin_prefetch(reinterpret_cast<const char*>(o) - 32);
+  }
   for (size_t i = 0; i < op.xs.size(); ++i) {
     PyObject* v = get_attr(op.xs[i], op.a, op.fast[i]);
     if (v == nullptr) return failed_read();
@@ -659,6 +710,7 @@ int run_identity(const Op& op, Env& e) {
 
 int run_pyvalues(const Op& op) {
   std::shared_ptr<const PyChecks> keep = op.pychecks;  // NOTE: a re-arm may replace it
+  for (const PyCheck& c : keep->checks) __builtin_prefetch(c.a);  // NOTE: as prefetch_dicts
   for (const PyCheck& c : keep->checks) {
     int r = run_pycheck(c, op.a);
     if (r != HOLDS) return r;

@@ -42,4 +42,13 @@ inline c10::TensorImpl* impl_of(PyObject* o) {
 }
 #endif
 
+// The VersionCounter a tensor's version counter points to, for a prefetch only (a prefetch of a
+// wrong address never faults; the checks read the counter through PyTorch's API).
+// NOTE: c10::VariableVersion is one intrusive_ptr<VersionCounter> (static_asserted below).
+static_assert(sizeof(c10::VariableVersion) == sizeof(void*),
+              "c10::VariableVersion is one intrusive pointer");
+inline const void* version_counter_of(const c10::TensorImpl* t) {
+  return *reinterpret_cast<const void* const*>(&t->version_counter());
+}
+
 }  // namespace plait_layout
