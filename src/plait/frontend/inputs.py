@@ -22,11 +22,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
@@ -47,6 +49,9 @@ class InputAdapter:
         self.signature: inspect.Signature | None = None
         self.name = type(fn).__name__
         self.defaults = False
+        # NOTE: (count, binding state, hooks see the call, spec, default leaves, paths) of the
+        # last call made of positional plain tensors alone (flatten's fast path)
+        self._positional: tuple[Any, ...] | None = None
         self._refresh()
 
     def _target(self) -> Any:
@@ -112,13 +117,48 @@ class InputAdapter:
         attributes are guarded by value; a region's calls keep objects whole (they run split).
         A container met twice in the call is an alias of the first (``pytree.flatten_call``).
         NOTE: a call with a cycle through an object keeps its objects whole."""
+        tensors = (
+            not kwargs and not self._passthrough and all(type(a) is torch.Tensor for a in args)
+        )
+        if tensors and self._positional is not None:
+            count, seen, hooked, spec, tail, paths = self._positional
+            self._refresh()
+            if count == len(args) and seen is self._seen and hooked == _hooks_see_call(self._fn):
+                return spec, [*args, *tail], list(paths)
         named = self.bind(args, kwargs)
+        flat = None
         if not self._passthrough:
-            try:
-                return pytree.flatten_call(named, pytree.always)
-            except InvalidOptionError:
-                pass
-        return pytree.flatten_call(named)
+            with contextlib.suppress(InvalidOptionError):
+                flat = pytree.flatten_call(named, pytree.always)
+        if flat is None:
+            flat = pytree.flatten_call(named)
+        if tensors:
+            self._remember(args, named, flat)
+        return flat
+
+    def _remember(
+        self, args: tuple, named: dict[str, Any], flat: tuple[Any, list[Any], list[str]]
+    ) -> None:
+        """Keep a call of positional plain tensors' structure for the next such call: valid
+        while the binding state and the hooks' view are the same, when each bound value is one
+        of the tensors, a default that is an atom (immutable: a list default could change in
+        place) or a mark, and the leaves are the tensors, then those defaults."""
+        spec, leaves, paths = flat
+        n = len(args)
+        ids = {id(a) for a in args}
+        if (
+            all(
+                id(v) in ids or type(v) in _ATOMS or (k in (BY_KEYWORD, DEFAULTED) and v == ())
+                for k, v in named.items()
+            )
+            and len(leaves) >= n
+            and all(a is b for a, b in zip(leaves, args))
+            and all(type(v) in _ATOMS for v in leaves[n:])
+        ):
+            hooked = _hooks_see_call(self._fn)
+            self._positional = (n, self._seen, hooked, spec, tuple(leaves[n:]), tuple(paths))
+        else:
+            self._positional = None
 
     def containers(self, args: tuple, kwargs: dict, spec: Any) -> list[Any]:
         """The caller's mutable containers (lists, dicts, opened objects) of a call flattened
@@ -173,6 +213,9 @@ def _hooks_see_call(fn: Any) -> bool:
         or nn_module._global_forward_hooks
     )
 
+
+# NOTE: default values flatten's fast path may keep: immutable, and leaves of their own
+_ATOMS = frozenset({type(None), bool, int, float, str, bytes})
 
 # NOTE: in a wrapper's or a module's bound call, the arguments after this name were given by
 # keyword (a name no parameter has; its value, (), has no leaves): the call's structure, and so
