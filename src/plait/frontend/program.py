@@ -8,6 +8,8 @@ rebuilds the user's output structure.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +98,8 @@ class CapturedProgram:
     # (plait.frontend.refused_after_run), or the result of that call, where it went on
     # eagerly after a refusal while it ran (plait.frontend.continuation)
     this_call: CapturedProgram | Continued | None = field(default=None, repr=False, compare=False)
+    # NOTE: (the inputs list, its length, its InputGather): graph_inputs' plan for that list
+    _gather: Any = field(default=None, init=False, repr=False, compare=False)
 
     def symbolic_dims(self) -> dict[str, str]:
         """Each input dim captured as a symbol (``"x.shape[0]"``) -> the symbol's name."""
@@ -127,15 +131,12 @@ class CapturedProgram:
         return frozenset(mutated | (returned & {v.name for v in inputs}))
 
     def graph_inputs(self, env: GuardEnv, state: Sequence[torch.Tensor]) -> list[Any]:
-        out: list[Any] = []
-        for slot in self.inputs:
-            if slot.source == "user":
-                out.append(env.leaves[slot.ref])
-            elif slot.source == "state":
-                out.append(state[slot.ref])
-            else:
-                out.append(slot.ref)
-        return out
+        """The graph's input values for a call: the call's leaves, the state's entries and the
+        constants the slots name, in the graph's order (one C-level gather)."""
+        plan = self._gather
+        if plan is None or plan[0] is not self.inputs or plan[1] != len(self.inputs):
+            plan = self._gather = (self.inputs, len(self.inputs), InputGather(self.inputs))
+        return plan[2](env.leaves, state)
 
     def run(
         self,
@@ -154,13 +155,15 @@ class CapturedProgram:
             with torch.no_grad():
                 for i, o in self.mutations:
                     values[i].copy_(results[o])
-        # NOTE: every value's id, tensor or not: each is alive for the call, so none of the
-        # others shares a tensor's id (the membership tests below ask only about tensors)
-        inputs = {id(v) for v in values}
+        inputs = _Members(values)
         by_tracer: dict[int, Any] = {}
         handed_out: set[int] = set()
         views = [leaf.ref for leaf in self.out_leaves if leaf.source == "view"]
-        bases = output_views.Bases(views, results, inputs, handed_out) if views else None
+        bases = None
+        if views:
+            # NOTE: every value's id, tensor or not: each is alive for the call, so none of
+            # the others shares a tensor's id (the membership tests ask only about tensors)
+            bases = output_views.Bases(views, results, inputs.id_set(), handed_out)
         leaves: list[Any] = []
         for leaf in self.out_leaves:
             if leaf.source == "value":
@@ -187,11 +190,7 @@ class CapturedProgram:
                 t = output_views.in_eager_layout(results[index], layout)
                 # NOTE: a fresh tensor in eager (a clone, or one returned twice under different
                 # names) must not come back as an input's memory or as another output's.
-                if (
-                    fresh
-                    and isinstance(t, torch.Tensor)
-                    and (id(t) in inputs or id(t) in handed_out)
-                ):
+                if fresh and isinstance(t, torch.Tensor) and (id(t) in handed_out or t in inputs):
                     t = t.clone()
                 by_tracer[tracer_id] = t
                 handed_out.add(id(t))
@@ -223,6 +222,70 @@ def _set_attributes(
             t = outputs[ref] if where == "output" else ref
         for name, value in items:
             setattr(t, name, value)
+
+
+class InputGather:
+    """Gathers a call's graph inputs as ``slots`` name them: one ``itemgetter`` over the
+    leaves, the state and the constants laid end to end (no Python loop over the slots; a
+    call's kernels leave the slots' objects out of cache).
+
+    Example:
+        >>> gather = InputGather([InputSlot("state", 1), InputSlot("user", 0)])
+        >>> gather(["x"], ["w0", "w1"])
+        ['w1', 'x']
+    """
+
+    def __init__(self, slots: Sequence[InputSlot]) -> None:
+        self.users = 1 + max((s.ref for s in slots if s.source == "user"), default=-1)
+        self.states = 1 + max((s.ref for s in slots if s.source == "state"), default=-1)
+        self.consts = tuple(s.ref for s in slots if s.source not in ("user", "state"))
+        where, k = [], 0
+        for s in slots:
+            if s.source == "user":
+                where.append(s.ref)
+            elif s.source == "state":
+                where.append(self.users + s.ref)
+            else:
+                where.append(self.users + self.states + k)
+                k += 1
+        self.n = len(where)
+        self.get = operator.itemgetter(*where) if where else None
+
+    def __call__(self, leaves: Sequence[Any], state: Sequence[Any]) -> list[Any]:
+        # NOTE: an index past a sequence's end raises, as it would alone: never a short list
+        if len(leaves) < self.users or len(state) < self.states:
+            raise IndexError(
+                f"graph inputs name {self.users} leaves and {self.states} state entries; "
+                f"the call has {len(leaves)} and {len(state)}"
+            )
+        if self.get is None:
+            return []
+        laid = [*leaves[: self.users], *state[: self.states], *self.consts]
+        return [self.get(laid)] if self.n == 1 else list(self.get(laid))
+
+
+class _Members:
+    """Whether an object is one of a call's values, by identity: a C-level scan of the list for
+    the first few questions (a call of one or two outputs builds no set), a set of ids after."""
+
+    SCANS = 4
+
+    def __init__(self, values: list[Any]) -> None:
+        self.values, self.asked = values, 0
+        self.ids: set[int] | None = None
+
+    def id_set(self) -> set[int]:
+        # NOTE: every value's id, tensor or not: each is alive for the call, so none of the
+        # others shares a tensor's id (the membership tests ask only about tensors)
+        if self.ids is None:
+            self.ids = {id(v) for v in self.values}
+        return self.ids
+
+    def __contains__(self, obj: Any) -> bool:
+        if self.ids is None and self.asked < self.SCANS:
+            self.asked += 1
+            return any(map(operator.is_, itertools.repeat(obj), self.values))
+        return id(obj) in self.id_set()
 
 
 def _apart_from_writes(results: list[Any], written: list[Any]) -> list[Any]:
