@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import plait
+from plait.errors import InternalValueError
 from plait.frontend.program import InputGather, InputSlot
 from tests.util import assert_bitwise, contract_tol
 
@@ -99,5 +100,5 @@ def test_the_gather_follows_the_slots_order() -> None:
 
 def test_the_gather_refuses_a_short_call() -> None:
     gather = InputGather([InputSlot("user", 0), InputSlot("state", 3)])
-    with pytest.raises(IndexError, match="4 state entries"):
+    with pytest.raises(InternalValueError, match="4 state entries"):
         gather(["x"], ["s0", "s1"])

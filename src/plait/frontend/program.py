@@ -252,9 +252,10 @@ class InputGather:
         self.get = operator.itemgetter(*where) if where else None
 
     def __call__(self, leaves: Sequence[Any], state: Sequence[Any]) -> list[Any]:
-        # NOTE: an index past a sequence's end raises, as it would alone: never a short list
+        # NOTE: the guards hold the leaves' and the state's structure: a shorter call is a bug,
+        # never a short list of inputs
         if len(leaves) < self.users or len(state) < self.states:
-            raise IndexError(
+            raise InternalValueError(
                 f"graph inputs name {self.users} leaves and {self.states} state entries; "
                 f"the call has {len(leaves)} and {len(state)}"
             )
