@@ -8,10 +8,9 @@
 // eager's sum wherever the weight is finite; the caller runs eager's convolution otherwise).
 //
 // Work: one output row at a time (OpenMP-parallel over rows of all but tiny calls), 16 channels per
-// vector; columns in blocks of P output pixels whose input columns ((P-1)*S+K per tap row) are
-// loaded once per tap row, activated once, and reused across the K taps of the row; with 5x5 taps
-// or wider, a block with a column in the padding skips that column's taps (a map of 7 columns
-// has four such columns: one pixel at a time, each tap checked, they took most of the call). The
+// vector (a map of at most 128 channels: every vector of a block of pixels before the next
+// block); interior columns in blocks of P output pixels whose input columns ((P-1)*S+K per tap
+// row) are loaded once per tap row, activated once, and reused across the K taps of the row. The
 // channels past the last multiple of 16 are one vector of masked lanes where the CPU has AVX-512
 // (a map of 72 channels ran a ninth of them one at a time: a third of the call), else one
 // channel at a time; either sums each output's taps in the same order.
@@ -153,10 +152,8 @@ inline void pixel(const Args& a, const float* xn, float* yr, i64 r, i64 o, i64 c
   store<M>(yr + o * a.c + c, act<stored(OA)>(acc, splat(a.olo), splat(a.ohi)), m);
 }
 
-// P output pixels of 16 channels from column ``o``. B: some tap columns may lie in the padding:
-// those are neither loaded nor multiplied (each pixel's in-bounds taps, in the same order as
-// an interior pixel's); else every tap column is in bounds. Rows in the padding are skipped.
-template <int K, int S, int IA, int OA, int P, bool M, bool B>
+// P interior output pixels of 16 channels from column ``o`` (every tap column in bounds).
+template <int K, int S, int IA, int OA, int P, bool M>
 inline void block(const Args& a, const float* xn, float* yr, i64 r, i64 o, i64 c, mask16 m) {
   constexpr int COLS = (P - 1) * S + K;
   const v16 bias = a.b ? load<M>(a.b + c, m) : v16{};
@@ -165,26 +162,19 @@ inline void block(const Args& a, const float* xn, float* yr, i64 r, i64 o, i64 c
 #pragma GCC unroll 16
   for (int p = 0; p < P; ++p) acc[p] = bias;
   const i64 iw0 = o * S - a.pl;
-  bool in[COLS];
-#pragma GCC unroll 32
-  for (int j = 0; j < COLS; ++j) in[j] = !B || (iw0 + j >= 0 && iw0 + j < a.w_);
 #pragma GCC unroll 8
   for (int kh = 0; kh < K; ++kh) {
     const i64 ih = r * S - a.pt + kh;
     if (ih < 0 || ih >= a.h) continue;
-    const i64 at = (ih * a.w_ + iw0) * a.c + c;  // NOTE: an offset: only in-bounds ones are read
+    const float* row = xn + (ih * a.w_ + iw0) * a.c + c;
     v16 xs[COLS];
 #pragma GCC unroll 32
-    for (int j = 0; j < COLS; ++j) {
-      xs[j] = in[j] ? act<IA>(load<M>(xn + (at + j * a.c), m), ilo, ihi) : v16{};
-    }
+    for (int j = 0; j < COLS; ++j) xs[j] = act<IA>(load<M>(row + j * a.c, m), ilo, ihi);
 #pragma GCC unroll 8
     for (int kw = 0; kw < K; ++kw) {
       const v16 wv = load<M>(a.w + (kh * K + kw) * a.c + c, m);
 #pragma GCC unroll 16
-      for (int p = 0; p < P; ++p) {
-        if (in[p * S + kw]) acc[p] = madd(xs[p * S + kw], wv, acc[p]);
-      }
+      for (int p = 0; p < P; ++p) acc[p] = madd(xs[p * S + kw], wv, acc[p]);
     }
   }
   const v16 olo = splat(a.olo), ohi = splat(a.ohi);
@@ -194,42 +184,63 @@ inline void block(const Args& a, const float* xn, float* yr, i64 r, i64 o, i64 c
   }
 }
 
-// Columns [o, end) in blocks of P, then of 4, 2 and 1 (B: as block's).
-template <int K, int S, int IA, int OA, int P, bool M, bool B>
-inline i64 blocks(const Args& a, const float* xn, float* yr, i64 r, i64 c, mask16 m, i64 o,
-                  i64 end) {
-  for (; o + P <= end; o += P) block<K, S, IA, OA, P, M, B>(a, xn, yr, r, o, c, m);
-  if (P > 4 && o + 4 <= end) {
-    block<K, S, IA, OA, 4, M, B>(a, xn, yr, r, o, c, m);
-    o += 4;
-  }
-  if (P > 2 && o + 2 <= end) {
-    block<K, S, IA, OA, 2, M, B>(a, xn, yr, r, o, c, m);
-    o += 2;
-  }
-  for (; o < end; ++o) block<K, S, IA, OA, 1, M, B>(a, xn, yr, r, o, c, m);
-  return o;
-}
-
-// One row's columns for the 16 channels (``M``: the lanes of ``m``) from ``c``: the interior in
-// unchecked blocks; the border columns [0, lo) and [hi, OW) in checked blocks where the taps
-// are 5x5 or wider (two border columns a side: MobileNetV3's 960-channel 7x7 maps, 90 -> 70 us
-// a call), one pixel at a time for 3x3 taps (one a side; checked blocks measured no faster).
+// One row's columns for the 16 channels (``M``: the lanes of ``m``) from ``c``: the border
+// pixels one at a time, the interior in blocks of P, then of 4, 2 and 1.
 template <int K, int S, int IA, int OA, int P, bool M>
 inline void columns(const Args& a, const float* xn, float* yr, i64 r, i64 c, mask16 m, i64 lo,
                     i64 hi) {
   i64 o = 0;
-  if (K >= 5) {
-    o = blocks<K, S, IA, OA, P, M, true>(a, xn, yr, r, c, m, 0, lo);
-  } else {
-    for (; o < lo; ++o) pixel<K, S, IA, OA, M>(a, xn, yr, r, o, c, m);
+  for (; o < lo; ++o) pixel<K, S, IA, OA, M>(a, xn, yr, r, o, c, m);
+  for (; o + P <= hi; o += P) block<K, S, IA, OA, P, M>(a, xn, yr, r, o, c, m);
+  if (P > 4 && o + 4 <= hi) {
+    block<K, S, IA, OA, 4, M>(a, xn, yr, r, o, c, m);
+    o += 4;
   }
-  o = blocks<K, S, IA, OA, P, M, false>(a, xn, yr, r, c, m, o, hi);
-  if (K >= 5) {
-    blocks<K, S, IA, OA, P, M, true>(a, xn, yr, r, c, m, o, a.ow);
-  } else {
-    for (; o < a.ow; ++o) pixel<K, S, IA, OA, M>(a, xn, yr, r, o, c, m);
+  if (P > 2 && o + 2 <= hi) {
+    block<K, S, IA, OA, 2, M>(a, xn, yr, r, o, c, m);
+    o += 2;
   }
+  for (; o < hi; ++o) block<K, S, IA, OA, 1, M>(a, xn, yr, r, o, c, m);
+  for (; o < a.ow; ++o) pixel<K, S, IA, OA, M>(a, xn, yr, r, o, c, m);
+}
+
+// P pixels from column ``o`` (pixel: one, its taps checked) for every channel vector in turn.
+template <int K, int S, int IA, int OA, int P>
+inline void block_all(const Args& a, const float* xn, float* yr, i64 r, i64 o, i64 cv, mask16 rest) {
+  for (i64 c = 0; c < cv; c += 16) block<K, S, IA, OA, P, false>(a, xn, yr, r, o, c, 0);
+#if defined(__AVX512F__)
+  if (cv < a.c) block<K, S, IA, OA, P, true>(a, xn, yr, r, o, cv, rest);
+#endif
+}
+
+template <int K, int S, int IA, int OA>
+inline void pixel_all(const Args& a, const float* xn, float* yr, i64 r, i64 o, i64 cv, mask16 rest) {
+  for (i64 c = 0; c < cv; c += 16) pixel<K, S, IA, OA, false>(a, xn, yr, r, o, c, 0);
+#if defined(__AVX512F__)
+  if (cv < a.c) pixel<K, S, IA, OA, true>(a, xn, yr, r, o, cv, rest);
+#endif
+}
+
+// One row's columns as columns() computes them, each block of pixels for all the channel vectors
+// before the next block (a map of few channels: a pixel's channels are read as one stream, where
+// a pass per 16 channels read every fourth line of a 64-channel map's rows; the tail of a CPU
+// without AVX-512 is tail()'s).
+template <int K, int S, int IA, int OA, int P>
+inline void row_by_pixels(const Args& a, const float* xn, float* yr, i64 r, i64 cv, mask16 rest,
+                          i64 lo, i64 hi) {
+  i64 o = 0;
+  for (; o < lo; ++o) pixel_all<K, S, IA, OA>(a, xn, yr, r, o, cv, rest);
+  for (; o + P <= hi; o += P) block_all<K, S, IA, OA, P>(a, xn, yr, r, o, cv, rest);
+  if (P > 4 && o + 4 <= hi) {
+    block_all<K, S, IA, OA, 4>(a, xn, yr, r, o, cv, rest);
+    o += 4;
+  }
+  if (P > 2 && o + 2 <= hi) {
+    block_all<K, S, IA, OA, 2>(a, xn, yr, r, o, cv, rest);
+    o += 2;
+  }
+  for (; o < hi; ++o) block_all<K, S, IA, OA, 1>(a, xn, yr, r, o, cv, rest);
+  for (; o < a.ow; ++o) pixel_all<K, S, IA, OA>(a, xn, yr, r, o, cv, rest);
 }
 
 // The channels past the last multiple of 16, one at a time (a CPU without AVX-512).
@@ -253,7 +264,7 @@ inline void tail(const Args& a, const float* xn, float* yr, i64 r, i64 c0) {
   }
 }
 
-template <int K, int S, int IA, int OA, int P>
+template <int K, int S, int IA, int OA, int P, bool BY_PIXELS>
 void conv(const Args& a) {
   // NOTE: interior columns [lo, hi): o*S - pl >= 0 and o*S - pl + K <= w
   i64 lo = (a.pl + S - 1) / S;
@@ -263,6 +274,7 @@ void conv(const Args& a) {
   if (hi < lo) hi = lo;
   const i64 cv = a.c / 16 * 16;
   const i64 rows = a.n * a.oh;
+  const mask16 rest = (mask16)((1u << (a.c - cv)) - 1);
   // NOTE: split wherever each thread gets 2048 outputs or more: the rows a thread computes are
   // about those of the pixels the 1x1 call before it wrote on that thread (its pixels split
   // the same way), while a call run on one thread reads the other threads' halves from their
@@ -273,11 +285,17 @@ void conv(const Args& a) {
     const i64 r = nr % a.oh;
     const float* xn = a.x + (nr / a.oh) * a.h * a.w_ * a.c;
     float* yr = a.y + nr * a.ow * a.c;
-    for (i64 c = 0; c < cv; c += 16) columns<K, S, IA, OA, P, false>(a, xn, yr, r, c, 0, lo, hi);
+    if (BY_PIXELS) {
+      row_by_pixels<K, S, IA, OA, P>(a, xn, yr, r, cv, rest, lo, hi);
+    } else {
+      for (i64 c = 0; c < cv; c += 16) {
+        columns<K, S, IA, OA, P, false>(a, xn, yr, r, c, 0, lo, hi);
+      }
 #if defined(__AVX512F__)
-    const mask16 rest = (mask16)((1u << (a.c - cv)) - 1);
-    if (cv < a.c) columns<K, S, IA, OA, P, true>(a, xn, yr, r, cv, rest, lo, hi);
-#else
+      if (cv < a.c) columns<K, S, IA, OA, P, true>(a, xn, yr, r, cv, rest, lo, hi);
+#endif
+    }
+#if !defined(__AVX512F__)
     if (cv < a.c) tail<K, S, IA, OA>(a, xn, yr, r, cv);
 #endif
     if (OA == 2) {
@@ -295,7 +313,17 @@ int entry(const int64_t* p, const float* f) {
   Args a{(const float*)p[0], (const float*)p[1], (const float*)p[2], (float*)p[3],
          p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], f[0], f[1], f[2], f[3],
          (float*)p[12], (float*)p[13]};
-  conv<K, S, IA, OA, (S == 1 || K == 3) ? 8 : 4>(a);
+  constexpr int P = (S == 1 || K == 3) ? 8 : 4;
+  // NOTE: a map of at most 128 channels runs each block of pixels for all its channels (one
+  // stream per pixel, every tap's weights in L1: 64 channels at 112x112, stride 2, 124 -> 95 us
+  // a call), a wider one 16 channels at a time over the row (per block of pixels, its weights for
+  // all channels would not stay in L1: 480-672 channels at 14x14 ran 10-20% slower so). Two
+  // instantiations: one function holding both orders ran the wide maps' 2-5% slower.
+  if (a.c <= 128) {
+    conv<K, S, IA, OA, P, true>(a);
+  } else {
+    conv<K, S, IA, OA, P, false>(a);
+  }
   return 0;
 }
 }  // namespace dw
