@@ -314,11 +314,11 @@ int entry(const int64_t* p, const float* f) {
          p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], f[0], f[1], f[2], f[3],
          (float*)p[12], (float*)p[13]};
   constexpr int P = (S == 1 || K == 3) ? 8 : 4;
-  // NOTE: a map of at most 128 channels runs each block of pixels for all its channels (one
-  // stream per pixel, every tap's weights in L1: 64 channels at 112x112, stride 2, 124 -> 95 us
-  // a call), a wider one 16 channels at a time over the row (per block of pixels, its weights for
-  // all channels would not stay in L1: 480-672 channels at 14x14 ran 10-20% slower so). Two
-  // instantiations: one function holding both orders ran the wide maps' 2-5% slower.
+  // NOTE: a map of at most 128 channels runs each block of pixels for all its channels (a
+  // pixel's channels read as one stream: 64 channels at 112x112, stride 2, 124 -> 95 us a call),
+  // a wider one 16 channels at a time over the row (by blocks of pixels, 480-1152 channels at
+  // 14x14 and 7x7 ran up to 10% slower in the kernel bench). Two instantiations: one function
+  // holding both orders ran the wide maps 2-5% slower.
   if (a.c <= 128) {
     conv<K, S, IA, OA, P, true>(a);
   } else {
