@@ -359,36 +359,33 @@ inline void prefetch_lines(const void* p, int lines) {
 // autograd metadata): each level is requested for every tensor before the next level is read,
 // so that the tensors' cache misses overlap instead of queueing one after another. Prefetches
 // never fault and decide nothing: the checks below read everything again.
-void prefetch_tensors(const Op& op, PyObject* const seqs[2]) {
-  const size_t n = op.checks.size();
-  for (const TCheck& c : op.checks) {
+void prefetch_tensors(const Op& op, const std::vector<PyObject*>& objs) {
+  for (size_t i = 0; i < objs.size(); ++i) {
+    const TCheck& c = op.checks[i];
     if (c.flags & F_SAMPLE) {
       for (int64_t off : c.offsets) __builtin_prefetch(reinterpret_cast<const char*>(c.ptr) + off);
     }
-    PyObject* obj = item(seqs[c.where], c.index);
-    if (obj != nullptr) __builtin_prefetch(obj);
+    if (objs[i] != nullptr) __builtin_prefetch(objs[i]);
   }
-  std::vector<c10::TensorImpl*> impls(n, nullptr);
-  for (size_t i = 0; i < n; ++i) {
-    const TCheck& c = op.checks[i];
-    PyObject* obj = item(seqs[c.where], c.index);
-    if (obj == nullptr || !plain(obj)) continue;
-    impls[i] = impl_of(obj);
-    prefetch_lines(impls[i], (sizeof(c10::TensorImpl) + 63) / 64);
-  }
-  for (size_t i = 0; i < n; ++i) {
-    const c10::TensorImpl* t = impls[i];
-    if (t == nullptr) continue;
-    if (op.checks[i].flags & F_VERSION) __builtin_prefetch(plait_layout::version_counter_of(t));
-    if (op.checks[i].flags & (F_PTR | F_SAMPLE)) {
-      __builtin_prefetch(t->unsafe_storage().unsafeGetStorageImpl());
+  for (PyObject* obj : objs) {
+    if (obj != nullptr && plain(obj)) {
+      prefetch_lines(impl_of(obj), (sizeof(c10::TensorImpl) + 63) / 64);
     }
-    if (op.checks[i].flags & F_GRAD) __builtin_prefetch(t->autograd_meta());
+  }
+  for (size_t i = 0; i < objs.size(); ++i) {
+    if (objs[i] == nullptr || !plain(objs[i])) continue;
+    const c10::TensorImpl* t = impl_of(objs[i]);
+    const int flags = op.checks[i].flags;
+    if (flags & F_VERSION) __builtin_prefetch(plait_layout::version_counter_of(t));
+    if (flags & (F_PTR | F_SAMPLE)) __builtin_prefetch(t->unsafe_storage().unsafeGetStorageImpl());
+    if (flags & F_GRAD) __builtin_prefetch(t->autograd_meta());
   }
 }
 
 int run_tensors(const Op& op, Env& e) {
   PyObject* seqs[2] = {nullptr, nullptr};
+  std::vector<PyObject*> objs;  // NOTE: each check's object, read once (nullptr: past the end)
+  objs.reserve(op.checks.size());
   for (const TCheck& c : op.checks) {
     PyObject*& seq = seqs[c.where];
     if (seq == nullptr) {
@@ -396,12 +393,12 @@ int run_tensors(const Op& op, Env& e) {
       if (seq == nullptr) return failed_read();
       if (!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq)) return PYTHON;
     }
+    objs.push_back(item(seq, c.index));
   }
-  prefetch_tensors(op, seqs);
-  for (const TCheck& c : op.checks) {
-    PyObject* obj = item(seqs[c.where], c.index);
-    if (obj == nullptr) return FAILS;  // NOTE: the read would raise IndexError
-    int r = check_tensor(c, obj);
+  prefetch_tensors(op, objs);
+  for (size_t i = 0; i < objs.size(); ++i) {
+    if (objs[i] == nullptr) return FAILS;  // NOTE: the read would raise IndexError
+    int r = check_tensor(op.checks[i], objs[i]);
     if (r != HOLDS) return r;
   }
   return HOLDS;
