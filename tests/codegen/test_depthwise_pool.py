@@ -140,3 +140,51 @@ def test_pool_of_another_map_is_not_folded() -> None:
         x = torch.randn(1, 16, 8, 8, generator=torch.Generator().manual_seed(12))
         torch.testing.assert_close(compiled(x), model(x), **contract_tol("conv", torch.float32))
     assert not _pool_detail(compiled).startswith(POOLED)
+
+
+def _pooled_means(compiled: object) -> list[object]:
+    """The pooled-means records of the compiled program's depthwise calls."""
+    from plait.codegen.depthwise_conv import PooledMeans
+
+    program = compiled.specializations[0].compiled.program  # type: ignore[attr-defined]
+    found = []
+    for step in program.plan.steps:
+        fn = getattr(getattr(step, "call", None), "fn", None)
+        for cell in getattr(fn, "__closure__", None) or ():
+            if isinstance(cell.cell_contents, PooledMeans):
+                found.append(cell.cell_contents)
+    return list({id(p): p for p in found}.values())  # NOTE: the depthwise and pool steps share it
+
+
+def test_means_read_by_one_convolution_are_written_in_one_kept_tensor() -> None:
+    """The squeeze's means feed only the reduce convolution: every call writes them in the
+    same tensor, and every call's block still matches eager on its own input."""
+    torch.manual_seed(13)
+    model = SqueezeExcite(64, 3, 1)
+    compiled = _compiled(model)
+    gen = torch.Generator().manual_seed(14)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(2, 64, 12, 12, generator=gen)
+            torch.testing.assert_close(compiled(x), model(x), **contract_tol("conv", torch.float32))
+    (pooled,) = _pooled_means(compiled)
+    assert pooled.kept is not None  # type: ignore[attr-defined]
+    assert _pool_detail(compiled).startswith(POOLED)
+
+
+def test_means_returned_to_the_caller_are_a_new_tensor_each_call() -> None:
+    """The means are a program output: a later call must not write into the tensor an
+    earlier call returned."""
+    torch.manual_seed(15)
+    model = SqueezeExcite(48, 3, 1, both=True)
+    compiled = _compiled(model)
+    gen = torch.Generator().manual_seed(16)
+    with torch.no_grad():
+        first_x = torch.randn(1, 48, 10, 10, generator=gen)
+        first = compiled(first_x)[1]
+        kept = first.clone()
+        second = compiled(torch.randn(1, 48, 10, 10, generator=gen))[1]
+    assert first.data_ptr() != second.data_ptr()
+    assert_bitwise(first, kept, "the first call's means after the second call")
+    (pooled,) = _pooled_means(compiled)
+    assert pooled.kept is None  # type: ignore[attr-defined]

@@ -294,20 +294,35 @@ def eager_ops(dw: Depthwise) -> Any:
 @dataclass
 class PooledMeans:
     """The means a depthwise call writes for its pool (:attr:`Depthwise.pool`): ``rows`` the
-    kernel's scratch ``[N*OH, C]``, ``means`` ``[N, C]``; ``fresh`` from the call that wrote
-    them to the pool step that takes them (the runner's lock keeps one program call's steps
-    together and in order: the convolution's, then the pool's)."""
+    kernel's scratch ``[N*OH, C]``; ``means`` the pool's result ``[N, C, 1, 1]`` (channels_last
+    strides) from the call that wrote it to the pool step that hands it over as it is, else
+    None (the runner's lock keeps one program call's steps together and in order: the
+    convolution's, then the pool's). ``kept``: one tensor every call writes, where the pool's
+    result dies within the call (:func:`means_die_in_call`), else None and a new tensor per
+    call."""
 
     rows: torch.Tensor
-    means: torch.Tensor
-    fresh: bool = False
+    kept: torch.Tensor | None = None
+    means: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, dw: Depthwise) -> PooledMeans:
+    def of(cls, dw: Depthwise, keep: bool) -> PooledMeans:
         yt = dw.output.type
         assert isinstance(yt, TensorType)
         n, c, oh, _ = (int(d) for d in yt.shape)
-        return cls(torch.empty(n * oh, c), torch.empty(n, c))
+        kept = torch.empty_strided((n, c, 1, 1), (c, 1, c, c)) if keep else None
+        return cls(torch.empty(n * oh, c), kept)
+
+
+def means_die_in_call(
+    dw: Depthwise, users: Mapping[Value, list[Node]], outputs: set[int], live: set[int]
+) -> bool:
+    """Whether the pool's result is read by one convolution alone and is no program output: a
+    convolution's result never shares its input's memory, so nothing holds the means after
+    the call and the next call may write them in the same tensor."""
+    assert dw.pool is not None
+    reader = single_user(dw.pool.outputs[0], users, outputs, live)
+    return reader is not None and reader.op == "conv2d"
 
 
 def depthwise_call(
@@ -333,7 +348,8 @@ def depthwise_call(
         weight.prepare(fixed)
     params = (ctypes.c_int64 * 14)(0, 0, 0, 0, n, h, wd, c, oh, ow, top, left, 0, 0)
     if pooled is not None:
-        params[12], params[13] = pooled.rows.data_ptr(), pooled.means.data_ptr()
+        params[12] = pooled.rows.data_ptr()
+        means_shape, means_strides = (n, c, 1, 1), (c, 1, c, c)
     bounds = (ctypes.c_float * 4)(*dw.in_act[1:], *dw.out_act[1:])
     eager = eager_ops(dw)
     empty = torch.empty_strided
@@ -343,15 +359,20 @@ def depthwise_call(
         y = empty((n, c, oh, ow), sizes, dtype=torch.float32) if out is None else out
         if not weight.finite:
             if pooled is not None:
-                pooled.fresh = False
+                pooled.means = None
             return y.copy_(eager(x, w, b))
         x = x.contiguous(memory_format=CL)
         bias = b.contiguous() if b is not None else None
         params[0], params[1] = x.data_ptr(), packed.data_ptr()
         params[2], params[3] = (bias.data_ptr() if bias is not None else 0), y.data_ptr()
+        if pooled is not None:
+            means = pooled.kept
+            if means is None:
+                means = empty(means_shape, means_strides, dtype=torch.float32)
+            params[13] = means.data_ptr()
         fn(params, bounds)  # NOTE: the call holds both arrays (the kernel reads their memory)
         if pooled is not None:
-            pooled.fresh = True
+            pooled.means = means
         return y
 
     when = "at compile time" if fixed is not None else "on first use"
@@ -376,15 +397,14 @@ def pooled_call(dw: Depthwise, pooled: PooledMeans) -> ExternCall:
     """The call of ``dw.pool`` (operand: the map): the means ``dw``'s call wrote in this
     program call, else (the call ran eager's ops) eager's pool of the map."""
     assert dw.pool is not None
-    n, c = (int(d) for d in pooled.means.shape)
-    empty, fallback = torch.empty_strided, pool_ops(dw.pool)
+    fallback = pool_ops(dw.pool)
 
     def call(y: Any) -> Any:
-        if not pooled.fresh:
+        means = pooled.means
+        if means is None:
             return fallback(y)
-        pooled.fresh = False
-        out = empty((n, c, 1, 1), (c, 1, c, c), dtype=torch.float32)
-        return out.copy_(pooled.means.view(n, c, 1, 1))
+        pooled.means = None
+        return means
 
     detail = (
         f"global average pool written by node {dw.host.id}'s native depthwise call (its "

@@ -38,6 +38,7 @@ from plait.codegen.depthwise_conv import (
     PooledMeans,
     depthwise_call,
     find_depthwise,
+    means_die_in_call,
     pooled_call,
 )
 from plait.codegen.errors import BuildError
@@ -122,7 +123,10 @@ def claim(planner: _Planner, kinds: tuple[str, ...]) -> dict[int, tuple[Native, 
         if spec is None or any(n.id in planner.fused_into for n in folded(spec)):
             continue
         dw = spec if isinstance(spec, Depthwise) and spec.pool is not None else None
-        pooled = PooledMeans.of(dw) if dw is not None else None
+        pooled = None
+        if dw is not None:
+            keep = means_die_in_call(dw, planner.users, planner.outputs, planner.live)
+            pooled = PooledMeans.of(dw, keep)
         try:
             call = _call(spec, planner.facts.consts, pooled)
         except BuildError as e:
