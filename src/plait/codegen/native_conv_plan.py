@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from plait.codegen import depthwise_conv, pointwise_native, stem_conv
+from plait.codegen import depthwise_conv, global_pool, pointwise_native, stem_conv
 from plait.codegen.depthwise_conv import (
     Depthwise,
     PooledMeans,
@@ -55,16 +55,17 @@ if TYPE_CHECKING:
 # NOTE: the oracle stage of a native convolution call (a dry run that raised refuses it)
 STAGE = "native"
 # NOTE: the kernels by name, as StaxOptions turns them on and off
-KINDS = ("depthwise", "pointwise", "stem")
+KINDS = ("depthwise", "pointwise", "stem", "global_pool")
 
 
 @dataclass(frozen=True)
 class Pooled:
-    """The global average pool of a depthwise call's result, whose means that call writes
-    (:class:`~plait.codegen.depthwise_conv.PooledMeans`): its step hands them over."""
+    """A global average pool: of a depthwise call's result, whose means that call writes
+    (:class:`~plait.codegen.depthwise_conv.PooledMeans`), its step handing them over; or, with
+    no ``conv``, of any map, by its own kernel (:mod:`plait.codegen.global_pool`)."""
 
     host: Node
-    conv: Depthwise
+    conv: Depthwise | None
     prologue: tuple[Node, ...] = ()
     epilogue: tuple[Node, ...] = ()
 
@@ -86,6 +87,9 @@ def _find(node: Node, planner: _Planner, kind: str) -> Native | None:
         return find_depthwise(node, *args)
     if kind == "stem":
         return find_stem(node, *args, taken=planner.fused_into)
+    if kind == "global_pool":
+        pool = global_pool.find_global_pool(node, *args)
+        return Pooled(pool, None) if pool is not None else None
     return find_pointwise(node, *args, taken=planner.fused_into)
 
 
@@ -94,6 +98,8 @@ def _call(spec: Native, consts: Any, pooled: PooledMeans | None) -> ExternCall:
         return pointwise_call(spec, consts)
     if isinstance(spec, Stem):
         return stem_call(spec, consts)
+    if isinstance(spec, Pooled):
+        return global_pool.global_pool_call(spec.host)
     assert isinstance(spec, Depthwise)
     return depthwise_call(spec, consts, pooled)
 

@@ -62,7 +62,9 @@ class StaxOptions:
     tensor the caller passes, as a network's first convolution reads the image, runs plait's
     native kernel on the CPU with AVX-512, reading it in place, with the zero pad before it and
     the activation after it folded in (off: oneDNN's convolution on a channels_last copy; see
-    :mod:`plait.codegen.stem_conv`).
+    :mod:`plait.codegen.stem_conv`). ``global_pool``: a float32 ``adaptive_avg_pool2d`` to 1x1
+    (a classifier's head) of the C++ target runs plait's native kernel (off: ATen's; see
+    :mod:`plait.codegen.global_pool`).
 
     ``target``: ``auto`` (C++ kernels for CPU tensors, Triton kernels for CUDA tensors),
     ``cpu`` or ``triton`` (Triton on CPU tensors runs through Triton's interpreter: what CI tests
@@ -101,6 +103,7 @@ class StaxOptions:
     depthwise: bool = True
     pointwise: bool = True
     stem: bool = True
+    global_pool: bool = True
     target: str = "auto"
     cuda_graphs: bool = True
     cuda_handoff: bool = True
