@@ -12,7 +12,7 @@ from torch import nn
 import plait
 from tests.codegen.native_conv_helpers import node_details, special_values
 from tests.codegen.test_special_values import assert_matches_eager
-from tests.util import contract_tol
+from tests.util import assert_bitwise, contract_tol, torch_threads
 
 NATIVE = "native global average pool"
 
@@ -104,3 +104,22 @@ def test_the_option_off_and_other_pools_stay_atens() -> None:
         got = compiled(x)
         torch.testing.assert_close(got, fn(x), **contract_tol("reduction", got.dtype))
         assert not _pool_detail(compiled).startswith(NATIVE), fn.__name__
+
+
+def test_two_threads_give_the_means_of_one() -> None:
+    """A batch's map is split over threads by images and blocks of channels; each mean is one
+    thread's sum in pixel order."""
+
+    def pool(x: torch.Tensor) -> torch.Tensor:
+        return F.adaptive_avg_pool2d(x, 1)
+
+    compiled = plait.compile(pool, backend="stax", options={"cache": False})
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 200, 17, 17, generator=gen).contiguous(memory_format=torch.channels_last)
+    with torch_threads(1):
+        one = compiled(x)
+    with torch_threads(2):
+        two = compiled(x)
+    assert_bitwise(two, one, "two threads against one")
+    torch.testing.assert_close(one, pool(x), **contract_tol("reduction", x.dtype))
+    assert _pool_detail(compiled).startswith(NATIVE)
