@@ -26,6 +26,7 @@ from plait.codegen import (
     build,
     depthwise_conv,
     gemm_conv,
+    global_pool,
     native_entries,
     native_hash,
     pointwise_native,
@@ -102,6 +103,11 @@ def _stem(tmp: Path) -> list[str]:
     return _unit(tmp, "stem", stem_conv.source(), symbols, "sc::entry<{}>(p, f)")
 
 
+def _global_pool(tmp: Path) -> list[str]:
+    symbols = [(global_pool.SYMBOL, ())]
+    return _unit(tmp, "global_pool", global_pool.source(), symbols, "gp::entry(p, f)")
+
+
 def _im2col(tmp: Path) -> list[str]:
     symbols = [(name, (call,)) for name, call in gemm_conv.ENTRIES.items()]
     return _unit(tmp, "im2col", gemm_conv.source(), symbols, "{}")
@@ -117,6 +123,7 @@ COMPILED: dict[str, Callable[[Path], list[str]]] = {
     "codegen/csrc/pointwise.h": _pointwise,
     "codegen/csrc/stem_conv.h": _stem,
     "codegen/csrc/im2col.h": _im2col,
+    "codegen/csrc/global_pool.h": _global_pool,
 }
 INCLUDED = {"guards/csrc/torch_layout.h": ("evaluator.cpp", "torch_layout_check.cpp")}
 
@@ -151,6 +158,7 @@ def test_package_data_ships_every_source() -> None:
     assert native_hash.source() == (ROOT / "codegen/csrc/native_hash.cpp").read_text()
     assert prelude.source() == (ROOT / "codegen/csrc/prelude.h").read_text()
     assert depthwise_conv.source() == (ROOT / "codegen/csrc/depthwise.h").read_text()
+    assert global_pool.source() == (ROOT / "codegen/csrc/global_pool.h").read_text()
 
 
 def test_caches_key_on_the_files_text(monkeypatch: pytest.MonkeyPatch) -> None:
