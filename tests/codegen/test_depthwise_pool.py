@@ -188,3 +188,23 @@ def test_means_returned_to_the_caller_are_a_new_tensor_each_call() -> None:
     assert_bitwise(first, kept, "the first call's means after the second call")
     (pooled,) = _pooled_means(compiled)
     assert pooled.kept is None  # type: ignore[attr-defined]
+
+
+def test_kept_means_are_float32_under_a_float64_default_dtype() -> None:
+    """Compiled while the default dtype is float64, the block still computes in float32."""
+    torch.manual_seed(17)
+    model = SqueezeExcite(32, 3, 1)
+    compiled = _compiled(model)
+    x = torch.randn(1, 32, 8, 8, generator=torch.Generator().manual_seed(18))
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.no_grad():
+            got = compiled(x)
+    finally:
+        torch.set_default_dtype(old)
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(got, want, **contract_tol("conv", torch.float32))
+    (pooled,) = _pooled_means(compiled)
+    assert pooled.kept is not None and pooled.kept.dtype == torch.float32  # type: ignore[attr-defined]

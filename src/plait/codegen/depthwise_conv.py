@@ -310,8 +310,10 @@ class PooledMeans:
         yt = dw.output.type
         assert isinstance(yt, TensorType)
         n, c, oh, _ = (int(d) for d in yt.shape)
-        kept = torch.empty_strided((n, c, 1, 1), (c, 1, c, c)) if keep else None
-        return cls(torch.empty(n * oh, c), kept)
+        # NOTE: float32 whatever the default dtype: the kernel writes float32
+        f32 = torch.float32
+        kept = torch.empty_strided((n, c, 1, 1), (c, 1, c, c), dtype=f32) if keep else None
+        return cls(torch.empty(n * oh, c, dtype=f32), kept)
 
 
 def means_die_in_call(
