@@ -19,7 +19,7 @@ Example:
     >>> gb.output(gb.call("adaptive_avg_pool2d", x, output_size=[1, 1]))
     >>> g = gb.build()
     >>> pool = g.nodes[0]
-    >>> bool(find_global_pool(pool, g.users(), set(), {pool.id}))
+    >>> find_global_pool(pool) is pool
     True
 """
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
@@ -36,21 +35,16 @@ import torch
 from plait.codegen.depthwise_conv import float32_static, global_pool
 from plait.codegen.extern import ExternCall
 from plait.codegen.native_entries import build_entries
-from plait.ir.graph import Node, Value
+from plait.ir.graph import Node
 
 CL = torch.channels_last
 SYMBOL = "plait_global_pool"
 
 
-def find_global_pool(
-    node: Node, users: Mapping[Value, list[Node]], outputs: set[int], live: set[int]
-) -> Node | None:
+def find_global_pool(node: Node) -> Node | None:
     """``node`` where it is an ``adaptive_avg_pool2d`` to 1x1 of a static float32 CPU map (a
     ``mean`` over the pixels is a native reduction of the C++ printer already)."""
-    del users, outputs
-    if node.op != "adaptive_avg_pool2d" or node.id not in live or not global_pool(node):
-        return None
-    return node if float32_static(node.inputs[0], 4) is not None else None
+    return node if node.op == "adaptive_avg_pool2d" and global_pool(node) else None
 
 
 def source() -> str:
@@ -58,7 +52,7 @@ def source() -> str:
     return resources.files("plait.codegen").joinpath("csrc", "global_pool.h").read_text()
 
 
-_LIB: list[Any] = []
+_LIB: dict[str, Any] = {}
 _LOCK = threading.Lock()
 
 
@@ -66,13 +60,9 @@ def kernel() -> Any:
     """The C entry, built once per machine through the kernel cache (raises
     :class:`~plait.codegen.errors.BuildError` where it cannot be built)."""
     with _LOCK:
-        if _LIB:
-            return _LIB[0]
-    fn = build_entries(source(), {SYMBOL: "gp::entry(p, f)"})[SYMBOL]
-    with _LOCK:
         if not _LIB:
-            _LIB.append(fn)
-        return _LIB[0]
+            _LIB.update(build_entries(source(), {SYMBOL: "gp::entry(p, f)"}))
+        return _LIB[SYMBOL]
 
 
 def global_pool_call(pool: Node) -> ExternCall:
@@ -84,14 +74,13 @@ def global_pool_call(pool: Node) -> ExternCall:
     n, c, h, w = (int(d) for d in xt.shape)
     sizes = (c, 1, c, c)
     params = (ctypes.c_int64 * 5)(0, 0, n, h * w, c)
-    none = (ctypes.c_float * 1)(0.0)
     empty = torch.empty_strided
 
     def call(x: Any, out: Any = None) -> Any:
         y = empty((n, c, 1, 1), sizes, dtype=torch.float32) if out is None else out
         x = x.contiguous(memory_format=CL)
         params[0], params[1] = x.data_ptr(), y.data_ptr()
-        fn(params, none)  # NOTE: the call holds x (the kernel reads its memory)
+        fn(params, None)  # NOTE: the call holds x (the kernel reads its memory)
         return y
 
     detail = "native global average pool, channels_last (each channel's pixels summed in order)"

@@ -88,7 +88,7 @@ def _find(node: Node, planner: _Planner, kind: str) -> Native | None:
     if kind == "stem":
         return find_stem(node, *args, taken=planner.fused_into)
     if kind == "global_pool":
-        pool = global_pool.find_global_pool(node, *args)
+        pool = global_pool.find_global_pool(node)
         return Pooled(pool, None) if pool is not None else None
     return find_pointwise(node, *args, taken=planner.fused_into)
 
