@@ -29,6 +29,7 @@ from plait.codegen import (
     global_pool,
     native_entries,
     native_hash,
+    native_launch,
     pointwise_native,
     prelude,
     stem_conv,
@@ -108,6 +109,11 @@ def _global_pool(tmp: Path) -> list[str]:
     return _unit(tmp, "global_pool", global_pool.source(), symbols, "gp::entry(p, f)")
 
 
+def _launch(tmp: Path) -> list[str]:
+    symbols = [(native_launch.SYMBOL, ())]
+    return _unit(tmp, "launch", native_launch.source(), symbols, "nl::entry(p, f)")
+
+
 def _im2col(tmp: Path) -> list[str]:
     symbols = [(name, (call,)) for name, call in gemm_conv.ENTRIES.items()]
     return _unit(tmp, "im2col", gemm_conv.source(), symbols, "{}")
@@ -124,6 +130,7 @@ COMPILED: dict[str, Callable[[Path], list[str]]] = {
     "codegen/csrc/stem_conv.h": _stem,
     "codegen/csrc/im2col.h": _im2col,
     "codegen/csrc/global_pool.h": _global_pool,
+    "codegen/csrc/launch.h": _launch,
 }
 INCLUDED = {"guards/csrc/torch_layout.h": ("evaluator.cpp", "torch_layout_check.cpp")}
 

@@ -60,6 +60,7 @@ import torch
 
 from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
 from plait.codegen.native_entries import build_entries, entry_text
+from plait.codegen.native_launch import NativeLaunch
 from plait.codegen.onednn_postops import single_user
 from plait.ir.graph import Node, Value
 from plait.ir.ops import get_op
@@ -385,7 +386,14 @@ def depthwise_call(
         f"non-finite value runs eager's ops{means})"
     )
     entries = (symbol(k, s, dw.in_act[0], dw.out_act[0]),)
-    return ExternCall(call, "conv", detail, "native", strides=sizes, entries=entries)
+    # NOTE: means written into a new tensor per call are no array's to run again
+    launch = None
+    if pooled is None:
+        launch = NativeLaunch(fn, params, bounds, (0, 1, 2), 3, weight)
+    elif pooled.kept is not None:
+        owned = ((12, pooled.rows), (13, pooled.kept))
+        launch = NativeLaunch(fn, params, bounds, (0, 1, 2), 3, weight, owned, pooled)
+    return ExternCall(call, "conv", detail, "native", sizes, entries, launch)
 
 
 def pool_ops(pool: Node) -> Any:
@@ -401,10 +409,13 @@ def pooled_call(dw: Depthwise, pooled: PooledMeans) -> ExternCall:
     assert dw.pool is not None
     fallback = pool_ops(dw.pool)
 
+    kept = pooled.kept
+
     def call(y: Any) -> Any:
         means = pooled.means
         if means is None:
-            return fallback(y)
+            # NOTE: a kept tensor is this step's result at every call (NativeLaunch.result)
+            return fallback(y) if kept is None else kept.copy_(fallback(y))
         pooled.means = None
         return means
 
@@ -412,7 +423,10 @@ def pooled_call(dw: Depthwise, pooled: PooledMeans) -> ExternCall:
         f"global average pool written by node {dw.host.id}'s native depthwise call (its "
         f"result's means; eager's {dw.pool.op} where that call ran eager's ops)"
     )
-    return ExternCall(call, "reduction", detail, "native")
+    launch = None
+    if kept is not None:
+        launch = NativeLaunch(None, None, None, (0,), -1, pooled=pooled, result=kept)
+    return ExternCall(call, "reduction", detail, "native", launch=launch)
 
 
 def fused_nodes(dws: Sequence[Depthwise]) -> set[int]:

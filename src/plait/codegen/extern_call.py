@@ -27,6 +27,9 @@ class ExternCall:
     # NOTE: plait's native calls: the C entries of csrc's kernels they call
     # (:func:`plait.codegen.native_entries.unit_of`), whose libraries an export carries
     entries: tuple[str, ...] = ()
+    # NOTE: plait's native calls: their arrays, for a run of them as one C call
+    # (:class:`plait.codegen.native_launch.NativeLaunch`); None where the call cannot be run so
+    launch: Any = None
 
     def native_result(self, planned: Sequence[object]) -> bool:
         """Whether the plan's strides for the result are the ones this call writes."""

@@ -35,6 +35,7 @@ import torch
 from plait.codegen.depthwise_conv import float32_static, global_pool
 from plait.codegen.extern import ExternCall
 from plait.codegen.native_entries import build_entries
+from plait.codegen.native_launch import NativeLaunch
 from plait.ir.graph import Node
 
 CL = torch.channels_last
@@ -84,4 +85,5 @@ def global_pool_call(pool: Node) -> ExternCall:
         return y
 
     detail = "native global average pool, channels_last (each channel's pixels summed in order)"
-    return ExternCall(call, "reduction", detail, "native", strides=sizes, entries=(SYMBOL,))
+    launch = NativeLaunch(fn, params, None, slots=(0,), out=1)
+    return ExternCall(call, "reduction", detail, "native", sizes, (SYMBOL,), launch)

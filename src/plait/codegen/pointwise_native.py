@@ -66,6 +66,7 @@ from plait.codegen.depthwise_conv import (
 )
 from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
 from plait.codegen.native_entries import build_entries
+from plait.codegen.native_launch import NativeLaunch
 from plait.codegen.onednn_postops import single_user
 from plait.ir.graph import Node, Value
 from plait.ir.ops import get_op
@@ -326,4 +327,5 @@ def pointwise_call(pw: Pointwise, consts: Mapping[Any, torch.Tensor]) -> ExternC
     )
     op_class = "matmul" if pw.linear else "conv"
     entries = (symbol(pw.act[0], pw.other is not None),)
-    return ExternCall(call, op_class, detail, "native", strides=sizes, entries=entries)
+    launch = NativeLaunch(fn, params, bounds, slots=(0, 1, 2, 3), out=4, weight=weight)
+    return ExternCall(call, op_class, detail, "native", sizes, entries, launch)

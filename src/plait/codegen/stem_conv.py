@@ -59,6 +59,7 @@ from plait.codegen import pointwise_native
 from plait.codegen.depthwise_conv import CLAMP, IDENTITY, Activation, activation, zero_pad
 from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
 from plait.codegen.native_entries import build_entries
+from plait.codegen.native_launch import NativeLaunch
 from plait.codegen.onednn_postops import single_user
 from plait.codegen.pointwise_native import ACTIVATIONS, available, float32_bias, float32_map
 from plait.ir.graph import Node, Value
@@ -247,4 +248,5 @@ def stem_call(stem: Stem, consts: Mapping[Any, torch.Tensor]) -> ExternCall:
         f"weight laid out [taps][O] {when}; a weight with a non-finite value runs eager's ops)"
     )
     entries = (symbol(stem.act[0]),)
-    return ExternCall(call, "conv", detail, "native", strides=sizes, entries=entries)
+    launch = NativeLaunch(fn, params, bounds, (0, 1, 2), 3, weight, ((4, offsets),))
+    return ExternCall(call, "conv", detail, "native", sizes, entries, launch)

@@ -110,17 +110,24 @@ def collect(program: Any) -> tuple[dict[str, bytes], dict[str, Any] | None, str]
 
 def _entry_units(program: Any) -> tuple[list[tuple[tuple[str, ...], str]], str | None]:
     """The units of csrc's native kernels (a 1x1, depthwise or stem convolution's, a linear's
-    of few rows) that ``program``'s extern calls call, each once, in the order of its steps;
-    and an entry whose unit this process did not build, if any."""
+    of few rows) that ``program``'s extern calls call, each once, in the order of its steps,
+    and the launcher's where its runner runs them as one call; and an entry whose unit this
+    process did not build, if any."""
     from plait.codegen.native_entries import unit_of
+    from plait.codegen.native_launch import SYMBOL
+    from plait.runtime.native_run import NativeRun
 
     found: dict[tuple[str, ...], str] = {}
-    for step in program.plan.steps:
-        for name in getattr(getattr(step, "call", None), "entries", ()):
-            unit = unit_of(name)
-            if unit is None:
-                return [], name
-            found.setdefault(unit[0], unit[1])
+    names = [
+        n for s in program.plan.steps for n in getattr(getattr(s, "call", None), "entries", ())
+    ]
+    if any(isinstance(v, NativeRun) for v in program.runner.globals.values()):
+        names.append(SYMBOL)  # NOTE: the runner runs its native calls through the launcher
+    for name in names:
+        unit = unit_of(name)
+        if unit is None:
+            return [], name
+        found.setdefault(unit[0], unit[1])
     return list(found.items()), None
 
 

@@ -27,6 +27,7 @@ from plait.ir.graph import Value
 from plait.ir.ops import get_op
 from plait.ir.types import TensorType
 from plait.runtime.memory import BufferPlan, MemoryPlan, step_reads
+from plait.runtime.native_run import emit_run, plan_runs
 from plait.runtime.runner_calls import (
     StaxInputError,
     bad_input,
@@ -103,6 +104,9 @@ class RunnerEmitter:
         self.fixed: list[tuple[int, int]] = []  # (slot, arena offset)
         self.arena: torch.Tensor | None = None
         self.arena_views: dict[int, str] = {}
+        # NOTE: results that are one tensor at every call (a native call's own:
+        # plait.runtime.native_run), by value id: the global holding it
+        self.fixed_results: dict[int, str] = {}
         # NOTE: symbolic shapes: the size atoms a call binds (in order), the table slots that
         # point at their values, the arena slots and views rebuilt when the sizes change
         self.symbolic = is_symbolic(plan.graph)
@@ -167,6 +171,8 @@ class RunnerEmitter:
         """An expression for ``v``'s tensor at this point of the call."""
         if id(v) in self.inputs:
             return self.var(v)
+        if id(v) in self.fixed_results:
+            return self.fixed_results[id(v)]
         bp = self.memory.by_value.get(v)
         if bp is not None and self.root(bp.value).home == "arena":
             return self.arena_view(v)
@@ -287,7 +293,15 @@ class RunnerEmitter:
             self.g["_P"] = [0.0] * (len(plan.steps) + 1)
             self.line("_t = _clock()")
         ends: list[int] = []
+        runs = plan_runs(self, plan.steps)
+        run_end = 0
         for k, step in enumerate(plan.steps):
+            if k in runs:
+                run_end = runs[k]
+                emit_run(self, k, plan.steps[k:run_end])
+            if k < run_end:
+                ends.append(len(self.lines))  # NOTE: the run's lines stand at its first step
+                continue
             if isinstance(step, KernelStep):
                 self.kernel_step(k, step)
             elif isinstance(step, ExternStep):
@@ -427,10 +441,14 @@ class RunnerEmitter:
             else:
                 self.line(f"{self.var(v)} = {src}.view({self.const(sizes_of(t))})")
 
-    def extern_step(self, step: ExternStep) -> None:
-        node = step.node
+    def extern_args(self, step: ExternStep) -> list[Any]:
+        """The code of an extern call's operands, in its order (a variadic param, an ``aten``
+        node's operands, as a list of them)."""
         args = [self.operand(o) for o in step.node_inputs()]
-        args = get_op(node.op).structure(args) + [self.operand(o) for o in step.extra]
+        return get_op(step.node.op).structure(args) + [self.operand(o) for o in step.extra]
+
+    def extern_step(self, step: ExternStep) -> None:
+        args = self.extern_args(step)
         # NOTE: a variadic param (an ``aten`` node's operands) is passed as one list
         spelled = [f"[{', '.join(a)}]" if isinstance(a, list) else a for a in args]
         fn = self.const(step.call.fn, "X")
