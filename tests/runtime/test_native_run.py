@@ -228,3 +228,45 @@ def test_a_call_that_read_other_memory_than_the_plan_is_not_run_from_its_arrays(
     for i in range(2):
         _check_block(compiled, next(inputs), weights, f"call {i}")
         assert run.key is None and run.refused is not None
+
+
+def _squeeze(x: torch.Tensor, *w: torch.Tensor) -> torch.Tensor:
+    """EfficientNet's block, its weights passed by the caller: a depthwise convolution of the
+    caller's map with SiLU, squeeze-and-excitation (pool, 1x1, SiLU, 1x1, sigmoid, scale) and
+    a 1x1 convolution. The depthwise call reads the caller's tensor: it runs on its own, and
+    the run starts at the pool step."""
+    h = F.silu(F.conv2d(x, w[0], padding=1, groups=w[0].shape[0]))
+    s = F.silu(F.conv2d(F.adaptive_avg_pool2d(h, 1), w[1], w[2]))
+    h = h * torch.sigmoid(F.conv2d(s, w[3], w[4]))
+    return F.conv2d(h, w[5])
+
+
+def test_a_squeeze_whose_depthwise_weight_turns_infinite_reads_eager_means() -> None:
+    """The pool step hands over the means its depthwise call kept, and the run skips it:
+    where the depthwise call ran eager's ops, that call writes the kept means itself."""
+    gen = torch.Generator().manual_seed(11)
+    shapes = [(32, 1, 3, 3), (8, 32, 1, 1), (8,), (32, 8, 1, 1), (32,), (8, 32, 1, 1)]
+    weights = [torch.randn(s, generator=gen) for s in shapes]
+    compiled = plait.compile(_squeeze, backend="stax", options={"cache": False})
+    tol = contract_tol("conv", torch.float32)
+
+    def check(what: str) -> None:
+        x = torch.randn(2, 32, 10, 10, generator=gen)
+        with torch.no_grad():
+            got, want = compiled(x, *weights), _squeeze(x, *weights)
+        torch.testing.assert_close(got, want, **tol, equal_nan=True, msg=what)
+
+    for i in range(2):
+        check(f"call {i}")
+    (run,) = _runs(compiled)
+    assert run.key is not None
+    assert "adaptive_avg_pool2d" in str(_program(compiled).schedule()[1])
+    with torch.no_grad():
+        weights[0][5, 0, 0, 2] = float("inf")
+    for i in range(2):
+        check(f"call {i} with an infinite depthwise weight")
+    with torch.no_grad():
+        weights[0][5, 0, 0, 2] = 0.25
+    for i in range(2):
+        check(f"call {i} finite again")
+    assert run.key is not None

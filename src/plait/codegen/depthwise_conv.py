@@ -356,14 +356,20 @@ def depthwise_call(
     bounds = (ctypes.c_float * 4)(*dw.in_act[1:], *dw.out_act[1:])
     eager = eager_ops(dw)
     empty = torch.empty_strided
+    pool = pool_ops(dw.pool) if dw.pool is not None else None
 
     def call(x: Any, w: Any, b: Any, out: Any = None) -> Any:
         packed = weight(w)
         y = empty((n, c, oh, ow), sizes, dtype=torch.float32) if out is None else out
         if not weight.finite:
+            y.copy_(eager(x, w, b))
             if pooled is not None:
                 pooled.means = None
-            return y.copy_(eager(x, w, b))
+                if pooled.kept is not None and pool is not None:
+                    # NOTE: the kept means are this call's to write, natively or not: the
+                    # pool step may not run (plait.runtime.native_run)
+                    pooled.kept.copy_(pool(y))
+            return y
         x = x.contiguous(memory_format=CL)
         bias = b.contiguous() if b is not None else None
         params[0], params[1] = x.data_ptr(), packed.data_ptr()
@@ -392,7 +398,7 @@ def depthwise_call(
         launch = NativeLaunch(fn, params, bounds, (0, 1, 2), 3, weight)
     elif pooled.kept is not None:
         owned = ((12, pooled.rows), (13, pooled.kept))
-        launch = NativeLaunch(fn, params, bounds, (0, 1, 2), 3, weight, owned, pooled)
+        launch = NativeLaunch(fn, params, bounds, (0, 1, 2), 3, weight, owned)
     return ExternCall(call, "conv", detail, "native", sizes, entries, launch)
 
 
@@ -405,17 +411,20 @@ def pool_ops(pool: Node) -> Any:
 
 def pooled_call(dw: Depthwise, pooled: PooledMeans) -> ExternCall:
     """The call of ``dw.pool`` (operand: the map): the means ``dw``'s call wrote in this
-    program call, else (the call ran eager's ops) eager's pool of the map."""
+    program call (in the kept tensor, whichever way it ran), else (the call ran eager's ops
+    and keeps no tensor) eager's pool of the map."""
     assert dw.pool is not None
     fallback = pool_ops(dw.pool)
-
     kept = pooled.kept
 
     def call(y: Any) -> Any:
+        if kept is not None:
+            # NOTE: the depthwise call wrote them there, natively or by eager's ops: this
+            # step's result at every call (NativeLaunch.result)
+            return kept
         means = pooled.means
         if means is None:
-            # NOTE: a kept tensor is this step's result at every call (NativeLaunch.result)
-            return fallback(y) if kept is None else kept.copy_(fallback(y))
+            return fallback(y)
         pooled.means = None
         return means
 
@@ -425,7 +434,7 @@ def pooled_call(dw: Depthwise, pooled: PooledMeans) -> ExternCall:
     )
     launch = None
     if kept is not None:
-        launch = NativeLaunch(None, None, None, (0,), -1, pooled=pooled, result=kept)
+        launch = NativeLaunch(None, None, None, (0,), -1, result=kept)
     return ExternCall(call, "reduction", detail, "native", launch=launch)
 
 

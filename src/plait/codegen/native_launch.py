@@ -41,8 +41,7 @@ class NativeLaunch:
     order; with a ``weight`` (the operand at 1's prepared copy) operand 1's slot holds the
     prepared copy's pointer and operand 2 is the bias (None or a tensor read where it is).
     ``out``: the result's index. ``owned``: indexes holding the pointer of a tensor the call
-    owns (scratch, a kept result). ``pooled``: a depthwise call's kept means
-    (:class:`plait.codegen.depthwise_conv.PooledMeans`), handed to its pool step.
+    owns (scratch, a kept result).
 
     A call with no ``fn`` runs nothing in C: it returns ``result``, a tensor of its own, at
     every call (a pool step handing over the means its depthwise call wrote), which the
@@ -55,7 +54,6 @@ class NativeLaunch:
     out: int
     weight: Any = None
     owned: tuple[tuple[int, torch.Tensor], ...] = ()
-    pooled: Any = None
     result: torch.Tensor | None = None
 
     @property

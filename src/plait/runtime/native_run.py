@@ -95,12 +95,6 @@ class NativeRun:
         self.key: tuple[int, ...] | None = None
         self.refused: tuple[int, ...] | None = None
         self.held: tuple[Any, ...] = ()
-        self.pooled = [m.launch.pooled for m in members if isinstance(m, _Call) and m.launch.pooled]
-
-    def ran(self) -> None:
-        """After the C call: each kept means tensor is what its pool step hands over."""
-        for pooled in self.pooled:
-            pooled.means = pooled.kept
 
     def bind(self, key: tuple[int, ...], stable: tuple[Any, ...]) -> None:
         """After the calls ran one by one under ``key``: copy their arrays where every pointer
@@ -308,6 +302,3 @@ def emit_run(em: RunnerEmitter, first: int, steps: list[Step]) -> None:
     em.line(f"if {ran}:")
     em.lines += slow
     em.line(f"{name}.bind({key}, ({''.join(f'{a}, ' for a in stable)}))", 3)
-    if run.pooled:
-        em.line("else:")
-        em.line(f"{name}.ran()", 3)
