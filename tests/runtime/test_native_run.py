@@ -270,3 +270,21 @@ def test_a_squeeze_whose_depthwise_weight_turns_infinite_reads_eager_means() -> 
     for i in range(2):
         check(f"call {i} finite again")
     assert run.key is not None
+
+
+def test_weights_made_under_inference_mode_are_read_as_they_are_at_every_call() -> None:
+    """Inference tensors have no version counter: a weight written in place inside
+    ``torch.inference_mode()`` moves nothing the run's key reads, so such a run is never
+    bound, and each call prepares the weights again."""
+    compiled = plait.compile(_block, backend="stax", options={"cache": False})
+    inputs = _block_inputs(13)
+    with torch.inference_mode():
+        weights = [w.clone() for w in _weights(14)]
+        assert all(w.is_inference() for w in weights)
+        for i in range(2):
+            _check_block(compiled, next(inputs), weights, f"call {i}")
+        for which, k in sorted(WHICH.items()):
+            weights[k].mul_(-1.5)
+            _check_block(compiled, next(inputs), weights, f"after the {which} written")
+    (run,) = _runs(compiled)
+    assert run.key is None and run.refused is False

@@ -71,8 +71,12 @@ def written(w: torch.Tensor, watch: bool = False) -> tuple[int, int, bytes | Non
         >>> _ = w.data.add_(1)
         >>> written(w) == before[:2] + (None,), written(w, watch=True) != before
         (True, True)
+
+    An inference tensor (made under ``torch.inference_mode()``) has no version counter: -1
+    stands for it, and :class:`PreparedWeight` prepares such a weight at every call.
     """
-    return w._version, w.data_ptr(), values_now(w) if watch else None
+    version = -1 if w.is_inference() else w._version
+    return version, w.data_ptr(), values_now(w) if watch else None
 
 
 class PreparedWeight:
@@ -158,7 +162,12 @@ class PreparedWeight:
         if self.varies:
             assert self.plain is not None
             return self.plain(w)
-        stale = w is not self.source or written(w, self.watch) != self.version or self.value is None
+        stale = (
+            w is not self.source
+            or w.is_inference()  # NOTE: written in place with no counter to say so
+            or written(w, self.watch) != self.version
+            or self.value is None
+        )
         if stale and self.plain is not None and w is self.source and self.value is not None:
             # NOTE: the converted tensor's own source, written since: it changes between calls
             self.varies, self.value, self.keep = True, None, None

@@ -106,6 +106,14 @@ def lift_state(
                 "from the first call's input, which runs eagerly; with fullgraph=True, call the "
                 "model once before compiling it)"
             )
+        elif t.is_inference():
+            # NOTE: a compiled program's guards and prepared weights see writes to its state
+            # through version counters, which inference tensors do not have
+            cx.limitation(
+                f"{entry.path} is an inference tensor (made under torch.inference_mode()), "
+                "whose writes no version counter records: create or load the model outside "
+                "torch.inference_mode() (calling the compiled model inside it is fine)"
+            )
     tracers: list[Tracer] = []
     for k, (entry, t) in enumerate(zip(ms.entries, tensors)):
         with torch._C.DisableTorchFunction():

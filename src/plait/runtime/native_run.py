@@ -5,11 +5,14 @@ entry from Python; inside a model's call that Python cost about 12 us a step. Th
 a run of two or more such steps, each reading only arena buffers, weights and biases and
 writing its arena buffer, as::
 
-    _r0 = (id(a3), a3._version, a3.data_ptr(), ...)    # every weight and bias of the run
-    if _r0 == R0.key and not _L(P0, None):             # one C call: the whole run
-        pass
-    else:                                              # the calls one by one, then
-        X3(V4, a3, a4, out=V6)                         # their arrays copied (bind)
+    try:
+        _r0 = (id(a3), a3._version, a3.data_ptr(), ...)  # every weight and bias of the run
+    except RuntimeError:
+        _r0 = False                                       # an inference tensor: no version
+    _s0 = _L(P0, None) if _r0 == R0.key else 1           # one C call: the whole run
+    if _s0 == 2: _zero_division()                         # (a kernel of the run divided by 0)
+    if _s0:                                               # else the calls one by one, then
+        X3(V4, a3, a4, out=V6)                            # their arrays copied (bind)
         ...
         R0.bind(_r0, (a3, a4, ...))
 
@@ -93,18 +96,18 @@ class NativeRun:
         # NOTE: the launcher's array: steps, step count, checks, check count
         self.args = (ctypes.c_int64 * 4)()
         self.key: tuple[int, ...] | None = None
-        self.refused: tuple[int, ...] | None = None
+        self.refused: tuple[int, ...] | bool | None = None
         self.held: tuple[Any, ...] = ()
 
-    def bind(self, key: tuple[int, ...], stable: tuple[Any, ...]) -> None:
+    def bind(self, key: tuple[int, ...] | bool, stable: tuple[Any, ...]) -> None:
         """After the calls ran one by one under ``key``: copy their arrays where every pointer
         in them stays while the key holds, else remember the key as refused. ``stable``: each
         member's weight and bias (None, None for a member without a weight)."""
         if key == self.refused:
             return
         self.key = None
-        made = self._arrays(stable)
-        if made is None:
+        made = None if isinstance(key, bool) else self._arrays(stable)
+        if made is None or isinstance(key, bool):
             self.refused, self.held = key, ()
             return
         steps, count, checks, checked, held = made
@@ -155,7 +158,7 @@ def _wanted(
                 return None
             found.append((slot, value.data_ptr()))
         elif launch.weighted and j == 2:
-            if b is not None and not b.is_contiguous():
+            if b is not None and (not b.is_contiguous() or b.is_inference()):
                 return None
             found.append((slot, 0 if b is None else b.data_ptr()))
             held.append(b)
@@ -179,6 +182,8 @@ def _prepared(weight: Any, w: Any, checks: list[int], held: list[Any]) -> torch.
     ``checks``), else None."""
     if weight.pending is not None or weight.varies or not weight.reuse or weight.finite is not True:
         return None
+    if w.is_inference():
+        return None  # NOTE: no version counter: it is prepared again at every call
     value = weight.value
     if value is None or weight.source is not w or written(w)[:2] != weight.version[:2]:
         return None
@@ -295,7 +300,10 @@ def emit_run(em: RunnerEmitter, first: int, steps: list[Step]) -> None:
     fn = em.const(launcher(), "L")
     keyed = list(dict.fromkeys(a for a in stable if a != "None"))
     key, ran = f"_r{name[1:]}", f"_s{name[1:]}"
-    em.line(f"{key} = ({''.join(f'id({a}), {a}._version, {a}.data_ptr(), ' for a in keyed)})")
+    em.line("try:")
+    em.line(f"{key} = ({''.join(f'id({a}), {a}._version, {a}.data_ptr(), ' for a in keyed)})", 3)
+    em.line("except RuntimeError:")
+    em.line(f"{key} = False", 3)  # NOTE: an inference tensor (no version): never a bound key
     em.line(f"{ran} = {fn}({table}, None) if {key} == {name}.key else 1")
     if any(isinstance(m, _Kernel) for m in members):
         em.line(f"if {ran} == {ZERO_DIVISION}: _zero_division()")
