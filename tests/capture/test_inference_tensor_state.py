@@ -11,17 +11,16 @@ import warnings
 
 import pytest
 import torch
-import transformers
 
 import plait
 from plait.errors import CaptureFallbackWarning, GraphCaptureError
+from tests.codegen.hf_vision_models import mobilenet_v2
 from tests.util import contract_tol
 
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = transformers.MobileNetV2Config(depth_multiplier=0.35, image_size=32)
-    return transformers.MobileNetV2Model(cfg).eval()
+    return mobilenet_v2().eval()
 
 
 def _x(seed: int) -> torch.Tensor:

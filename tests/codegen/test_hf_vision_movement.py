@@ -15,22 +15,11 @@ import transformers
 
 import plait
 import plait.conformance
+from tests.codegen.hf_vision_models import efficientnet, mobilenet_v2
 
 pytestmark = [pytest.mark.usefixtures("stax_cache"), pytest.mark.xdist_group("stax-hf-vision")]
 
 SHAPE = (1, 3, 32, 32)
-
-
-def _mobilenet() -> Any:
-    cfg = transformers.MobileNetV2Config(depth_multiplier=0.25, image_size=32)
-    return transformers.MobileNetV2Model(cfg)
-
-
-def _efficientnet() -> Any:
-    cfg = transformers.EfficientNetConfig(
-        width_coefficient=0.25, depth_coefficient=0.25, image_size=32, hidden_dim=320
-    )
-    return transformers.EfficientNetModel(cfg)
 
 
 def _swin() -> Any:
@@ -42,8 +31,8 @@ def _swin() -> Any:
 
 
 MODELS: dict[str, tuple[Callable[[], Any], set[str]]] = {
-    "mobilenet_v2": (_mobilenet, {"constant_pad"}),
-    "efficientnet": (_efficientnet, {"constant_pad"}),
+    "mobilenet_v2": (mobilenet_v2, {"constant_pad"}),
+    "efficientnet": (efficientnet, {"constant_pad"}),
     "swin": (_swin, {"constant_pad", "roll"}),
 }
 

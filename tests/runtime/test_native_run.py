@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-import transformers
 
 import plait
 from plait.runtime import native_run
+from tests.codegen.hf_vision_models import efficientnet, mobilenet_v2
 from tests.util import assert_bitwise, contract_tol
 
 pytestmark = pytest.mark.usefixtures("stax_cache")
@@ -29,19 +29,7 @@ SHAPE = (2, 3, 32, 32)
 RUN = ".key else 1"
 
 
-def _mobilenet() -> Any:
-    cfg = transformers.MobileNetV2Config(depth_multiplier=0.35, image_size=32)
-    return transformers.MobileNetV2Model(cfg)
-
-
-def _efficientnet() -> Any:
-    cfg = transformers.EfficientNetConfig(
-        width_coefficient=0.25, depth_coefficient=0.25, image_size=32, hidden_dim=320
-    )
-    return transformers.EfficientNetModel(cfg)
-
-
-MODELS: dict[str, Callable[[], Any]] = {"mobilenet_v2": _mobilenet, "efficientnet": _efficientnet}
+MODELS: dict[str, Callable[[], Any]] = {"mobilenet_v2": mobilenet_v2, "efficientnet": efficientnet}
 
 
 def _compiled(model: torch.nn.Module) -> Any:
@@ -192,7 +180,7 @@ def test_another_runner_of_the_program_leaves_the_run_its_own_buffers() -> None:
     """A profile builds a second runner with its own arena and calls the same native calls
     (which store that arena's pointers in their arrays): the run keeps its copies."""
     torch.manual_seed(7)
-    model = _mobilenet()
+    model = mobilenet_v2()
     compiled = _compiled(model)
     inputs = _inputs(8)
     _check(compiled, model, next(inputs), "first call")
