@@ -208,3 +208,32 @@ def test_kept_means_are_float32_under_a_float64_default_dtype() -> None:
     torch.testing.assert_close(got, want, **contract_tol("conv", torch.float32))
     (pooled,) = _pooled_means(compiled)
     assert pooled.kept is not None and pooled.kept.dtype == torch.float32  # type: ignore[attr-defined]
+
+
+def test_a_depthwise_call_refused_at_its_dry_run_leaves_the_pool_to_eager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The depthwise call's dry run raised: its step runs eager's ops, which write no means
+    (nor the kept tensor), and the pool step pools the map they wrote."""
+    from dataclasses import replace
+
+    from plait.codegen import native_conv_plan
+
+    built = native_conv_plan.depthwise_call
+
+    def refused(*args: object, **kwargs: object) -> object:
+        def raises(*a: object, **k: object) -> object:
+            raise RuntimeError("refused at the dry run")
+
+        return replace(built(*args, **kwargs), fn=raises)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(native_conv_plan, "depthwise_call", refused)
+    torch.manual_seed(19)
+    model = SqueezeExcite(32, 3, 1)
+    compiled = _compiled(model)
+    gen = torch.Generator().manual_seed(20)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(1, 32, 10, 10, generator=gen)
+            torch.testing.assert_close(compiled(x), model(x), **contract_tol("conv", torch.float32))
+    assert "refused at the dry run" in str(node_details(compiled))

@@ -182,6 +182,11 @@ def emit(planner: _Planner, node: Node) -> None:
         step.out_strides = planner.oracle.result_strides(step, planner.locs)
         planner.unfused[node.id] = failure
         executor = "extern"
+        if isinstance(dw, Depthwise) and dw.pool is not None and dw.pool.id in planner.native_convs:
+            # NOTE: no native call writes the means (nor a kept tensor): the pool step pools
+            # the map eager's ops wrote (its step comes after this one)
+            pool = planner.native_convs[dw.pool.id][0]
+            planner.native_convs[dw.pool.id] = (pool, pooled_call(dw, PooledMeans.of(dw, False)))
     planner.steps.append(step)
     planner.tags[node.id] = NodeTag(executor, f"{step.call.detail} ({step.call.op_class})")
     linear = isinstance(dw, Pointwise) and dw.linear
