@@ -45,6 +45,18 @@ def _compiled(model: nn.Module) -> object:
     return plait.compile(model, backend="stax", options={"cache": False})
 
 
+def _three_calls_match_eager(
+    compiled: object, model: nn.Module, shape: tuple[int, ...], seed: int
+) -> None:
+    """Three calls on fresh draws, each against eager within the contract."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(shape, generator=gen)
+            got = compiled(x)  # type: ignore[operator]
+            torch.testing.assert_close(got, model(x), **contract_tol("conv", torch.float32))
+
+
 def _pool_detail(compiled: object) -> str:
     details = node_details(compiled).items()
     (pool,) = [d for key, d in details if key.startswith(("adaptive", "mean"))]
@@ -162,11 +174,7 @@ def test_means_read_by_one_convolution_are_written_in_one_kept_tensor() -> None:
     torch.manual_seed(13)
     model = SqueezeExcite(64, 3, 1)
     compiled = _compiled(model)
-    gen = torch.Generator().manual_seed(14)
-    with torch.no_grad():
-        for _ in range(3):
-            x = torch.randn(2, 64, 12, 12, generator=gen)
-            torch.testing.assert_close(compiled(x), model(x), **contract_tol("conv", torch.float32))
+    _three_calls_match_eager(compiled, model, (2, 64, 12, 12), 14)
     (pooled,) = _pooled_means(compiled)
     assert pooled.kept is not None  # type: ignore[attr-defined]
     assert _pool_detail(compiled).startswith(POOLED)
@@ -231,9 +239,5 @@ def test_a_depthwise_call_refused_at_its_dry_run_leaves_the_pool_to_eager(
     torch.manual_seed(19)
     model = SqueezeExcite(32, 3, 1)
     compiled = _compiled(model)
-    gen = torch.Generator().manual_seed(20)
-    with torch.no_grad():
-        for _ in range(3):
-            x = torch.randn(1, 32, 10, 10, generator=gen)
-            torch.testing.assert_close(compiled(x), model(x), **contract_tol("conv", torch.float32))
+    _three_calls_match_eager(compiled, model, (1, 32, 10, 10), 20)
     assert "refused at the dry run" in str(node_details(compiled))
