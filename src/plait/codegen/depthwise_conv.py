@@ -50,16 +50,14 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import torch
 
 from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
-from plait.codegen.native_entries import build_entries, entry_text
+from plait.codegen.native_entries import build_entries, entry_text, shipped
 from plait.codegen.native_launch import NativeLaunch
 from plait.codegen.onednn_postops import single_user
 from plait.ir.graph import Node, Value
@@ -237,7 +235,7 @@ def global_pool(n: Node) -> bool:
 # --- the kernel -------------------------------------------------------------------------------
 def source() -> str:
     """The kernel's C++ as shipped (``csrc/depthwise.h``)."""
-    return resources.files("plait.codegen").joinpath("csrc", "depthwise.h").read_text()
+    return shipped("depthwise.h")
 
 
 def symbol(k: int, s: int, ia: int, oa: int) -> str:
@@ -253,22 +251,12 @@ def _call(k: int, s: int, ia: int, oa: int) -> str:
     return f"dw::entry<{k}, {s}, {ia}, {oa}>(p, f)"
 
 
-_LIBS: dict[tuple[int, int, int, int], Any] = {}
-_LOCK = threading.Lock()
-
-
 def kernel(k: int, s: int, ia: int, oa: int) -> Any:
     """The C entry of one instantiation, built once per machine through the kernel cache
     (:func:`plait.codegen.build.build_units`, which raises
     :class:`~plait.codegen.errors.BuildError`)."""
-    key = (k, s, ia, oa)
-    with _LOCK:
-        if key in _LIBS:
-            return _LIBS[key]
-    name = symbol(*key)
-    fn = build_entries(source(), {name: _call(*key)})[name]
-    with _LOCK:
-        return _LIBS.setdefault(key, fn)
+    name = symbol(k, s, ia, oa)
+    return build_entries(source(), {name: _call(k, s, ia, oa)})[name]
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:

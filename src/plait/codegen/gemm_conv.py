@@ -44,10 +44,8 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import torch
@@ -56,7 +54,7 @@ from plait.codegen import pointwise_native, timed_matmul
 from plait.codegen.errors import BuildError
 from plait.codegen.extern import Consts, make_call
 from plait.codegen.extern_call import ExternCall
-from plait.codegen.native_entries import build_entries
+from plait.codegen.native_entries import build_entries, shipped
 from plait.codegen.plan import ExternStep
 from plait.codegen.timed_matmul import strict_float32
 from plait.ir.graph import Node, Value
@@ -146,21 +144,17 @@ def eligible(node: Node) -> tuple[Geometry, tuple[bool, bool, bool]] | None:
 # --- the kernels ------------------------------------------------------------------------------
 def source() -> str:
     """The kernels' C++ as shipped (``csrc/im2col.h``)."""
-    return resources.files("plait.codegen").joinpath("csrc", "im2col.h").read_text()
+    return shipped("im2col.h")
 
 
 ENTRIES = {"plait_im2col_nchw": "i2c::im2col(p, f)", "plait_col2im_nchw": "i2c::col2im(p, f)"}
-_KERNELS: dict[str, Any] = {}
-_LOCK = threading.Lock()
 
 
 def kernels() -> tuple[Any, Any]:
     """The im2col and col2im entries, built once per machine through the kernel cache (raises
     :class:`~plait.codegen.errors.BuildError` where they cannot be built)."""
-    with _LOCK:
-        if not _KERNELS:
-            _KERNELS.update(build_entries(source(), ENTRIES))
-        return _KERNELS["plait_im2col_nchw"], _KERNELS["plait_col2im_nchw"]
+    found = build_entries(source(), ENTRIES)
+    return found["plait_im2col_nchw"], found["plait_col2im_nchw"]
 
 
 def _run(fn: Any, src: torch.Tensor, dst: torch.Tensor, geo: Geometry) -> None:

@@ -26,15 +26,13 @@ Example:
 from __future__ import annotations
 
 import ctypes
-import threading
-from importlib import resources
 from typing import Any
 
 import torch
 
 from plait.codegen.depthwise_conv import float32_static, global_pool
 from plait.codegen.extern import ExternCall
-from plait.codegen.native_entries import build_entries
+from plait.codegen.native_entries import build_entries, shipped
 from plait.codegen.native_launch import NativeLaunch
 from plait.ir.graph import Node
 
@@ -50,20 +48,13 @@ def find_global_pool(node: Node) -> Node | None:
 
 def source() -> str:
     """The kernel's C++ as shipped (``csrc/global_pool.h``)."""
-    return resources.files("plait.codegen").joinpath("csrc", "global_pool.h").read_text()
-
-
-_LIB: dict[str, Any] = {}
-_LOCK = threading.Lock()
+    return shipped("global_pool.h")
 
 
 def kernel() -> Any:
     """The C entry, built once per machine through the kernel cache (raises
     :class:`~plait.codegen.errors.BuildError` where it cannot be built)."""
-    with _LOCK:
-        if not _LIB:
-            _LIB.update(build_entries(source(), {SYMBOL: "gp::entry(p, f)"}))
-        return _LIB[SYMBOL]
+    return build_entries(source(), {SYMBOL: "gp::entry(p, f)"})[SYMBOL]
 
 
 def global_pool_call(pool: Node) -> ExternCall:

@@ -22,14 +22,12 @@ Example:
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import torch
 
-from plait.codegen.native_entries import build_entries
+from plait.codegen.native_entries import build_entries, shipped
 
 SYMBOL = "plait_native_launch"
 
@@ -66,19 +64,12 @@ class NativeLaunch:
         return self.slots[:count]
 
 
-_LIB: dict[str, Any] = {}
-_LOCK = threading.Lock()
-
-
 def source() -> str:
     """The launcher's C++ as shipped (``csrc/launch.h``)."""
-    return resources.files("plait.codegen").joinpath("csrc", "launch.h").read_text()
+    return shipped("launch.h")
 
 
 def launcher() -> Any:
     """The launcher's C entry, built once per machine through the kernel cache (raises
     :class:`~plait.codegen.errors.BuildError` where it cannot be built)."""
-    with _LOCK:
-        if not _LIB:
-            _LIB.update(build_entries(source(), {SYMBOL: "nl::entry(p, f)"}))
-        return _LIB[SYMBOL]
+    return build_entries(source(), {SYMBOL: "nl::entry(p, f)"})[SYMBOL]

@@ -45,11 +45,9 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from typing import Any
 
 import torch
@@ -65,7 +63,7 @@ from plait.codegen.depthwise_conv import (
     float32_static,
 )
 from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
-from plait.codegen.native_entries import build_entries
+from plait.codegen.native_entries import build_entries, shipped
 from plait.codegen.native_launch import NativeLaunch
 from plait.codegen.onednn_postops import single_user
 from plait.ir.graph import Node, Value
@@ -216,27 +214,20 @@ def find_pointwise(
 # --- the kernel -------------------------------------------------------------------------------
 def source() -> str:
     """The kernel's C++ as shipped (``csrc/pointwise.h``)."""
-    return resources.files("plait.codegen").joinpath("csrc", "pointwise.h").read_text()
+    return shipped("pointwise.h")
 
 
 def symbol(act: int, res: bool) -> str:
     return f"plait_pointwise_a{act}_r{int(res)}"
 
 
-_LIB: dict[str, Any] = {}
-_LOCK = threading.Lock()
-
-
 def kernel(act: int, res: bool) -> Any:
     """The C entry of one instantiation; all six are built in one unit, once per machine,
     through the kernel cache (:func:`plait.codegen.build.build_units`, which raises
     :class:`~plait.codegen.errors.BuildError`)."""
-    with _LOCK:
-        if not _LIB:
-            keys = [(a, r) for a in ACTIVATIONS for r in (False, True)]
-            calls = {symbol(a, r): f"pw::entry<{a}, {str(r).lower()}>(p, f)" for a, r in keys}
-            _LIB.update(build_entries(source(), calls))
-        return _LIB[symbol(act, res)]
+    keys = [(a, r) for a in ACTIVATIONS for r in (False, True)]
+    calls = {symbol(a, r): f"pw::entry<{a}, {str(r).lower()}>(p, f)" for a, r in keys}
+    return build_entries(source(), calls)[symbol(act, res)]
 
 
 BLOCK = 64  # output channels a block of the packed weight holds (csrc/pointwise.h's)

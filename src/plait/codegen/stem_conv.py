@@ -46,11 +46,10 @@ Example:
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
-import threading
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import torch
@@ -58,7 +57,7 @@ import torch
 from plait.codegen import pointwise_native
 from plait.codegen.depthwise_conv import CLAMP, IDENTITY, Activation, activation, zero_pad
 from plait.codegen.extern import ExternCall, PreparedWeight, reusable, watched
-from plait.codegen.native_entries import build_entries
+from plait.codegen.native_entries import build_entries, shipped
 from plait.codegen.native_launch import NativeLaunch
 from plait.codegen.onednn_postops import single_user
 from plait.codegen.pointwise_native import ACTIVATIONS, available, float32_bias, float32_map
@@ -146,29 +145,22 @@ def find_stem(
 
 
 # --- the kernel -------------------------------------------------------------------------------
+@functools.cache
 def source() -> str:
     """The kernel's C++ as shipped (``csrc/stem_conv.h``, after ``csrc/pointwise.h``)."""
-    root = resources.files("plait.codegen").joinpath("csrc")
-    return pointwise_native.source() + "\n" + root.joinpath("stem_conv.h").read_text()
+    return pointwise_native.source() + "\n" + shipped("stem_conv.h")
 
 
 def symbol(act: int) -> str:
     return f"plait_stem_conv_a{act}"
 
 
-_LIB: dict[str, Any] = {}
-_LOCK = threading.Lock()
-
-
 def kernel(act: int) -> Any:
     """The C entry of one instantiation; all are built in one unit, once per machine, through
     the kernel cache (:func:`plait.codegen.build.build_units`, which raises
     :class:`~plait.codegen.errors.BuildError`)."""
-    with _LOCK:
-        if not _LIB:
-            calls = {symbol(a): f"sc::entry<{a}>(p, f)" for a in ACTIVATIONS}
-            _LIB.update(build_entries(source(), calls))
-        return _LIB[symbol(act)]
+    calls = {symbol(a): f"sc::entry<{a}>(p, f)" for a in ACTIVATIONS}
+    return build_entries(source(), calls)[symbol(act)]
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
