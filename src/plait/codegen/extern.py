@@ -162,12 +162,9 @@ class PreparedWeight:
         if self.varies:
             assert self.plain is not None
             return self.plain(w)
-        stale = (
-            w is not self.source
-            or w.is_inference()  # NOTE: written in place with no counter to say so
-            or written(w, self.watch) != self.version
-            or self.value is None
-        )
+        now = written(w, self.watch)
+        # NOTE: version -1, an inference tensor: written in place with no counter to say so
+        stale = w is not self.source or now[0] < 0 or now != self.version or self.value is None
         if stale and self.plain is not None and w is self.source and self.value is not None:
             # NOTE: the converted tensor's own source, written since: it changes between calls
             self.varies, self.value, self.keep = True, None, None

@@ -245,23 +245,28 @@ def _fixed_result(em: RunnerEmitter, step: ExternStep, launch: NativeLaunch) -> 
     return em.fixed_results[id(out)]
 
 
-def plan_runs(em: RunnerEmitter, steps: list[Step]) -> dict[int, int]:
-    """The runs to emit as one call, first step -> one past the last: straight runs of
-    native calls and arena kernels holding at least :data:`LEAST` native calls."""
+Member = tuple[NativeLaunch, list[str], str] | None
+
+
+def plan_runs(em: RunnerEmitter, steps: list[Step]) -> dict[int, tuple[int, list[Member]]]:
+    """The runs to emit as one call, first step -> one past the last and each step's native
+    call (None: an arena kernel): straight runs of native calls and arena kernels holding at
+    least :data:`LEAST` native calls."""
     if em.symbolic or em.profile or em.trace is not None or em.launch:
         return {}
-    found: dict[int, int] = {}
-    start, calls = None, 0
+    found: dict[int, tuple[int, list[Member]]] = {}
+    start: int | None = None
+    members: list[Member] = []
     for k, step in enumerate([*steps, None]):
-        call = step is not None and _member(em, step) is not None
+        call = _member(em, step) if step is not None else None
         kernel = step is not None and _arena_kernel(em, step)
-        if (call or kernel) and start is None:
-            start, calls = k, 0
-        if call:
-            calls += 1
-        elif not kernel and start is not None:
-            if calls >= LEAST:
-                found[start] = k
+        if (call is not None or kernel) and start is None:
+            start, members = k, []
+        if call is not None or kernel:
+            members.append(call)
+        elif start is not None:
+            if sum(m is not None for m in members) >= LEAST:
+                found[start] = (k, members)
             start = None
     if found:
         try:
@@ -271,13 +276,13 @@ def plan_runs(em: RunnerEmitter, steps: list[Step]) -> dict[int, int]:
     return found
 
 
-def emit_run(em: RunnerEmitter, first: int, steps: list[Step]) -> None:
-    """The lines of one run (see the module docstring); ``first``: its first step's index."""
+def emit_run(em: RunnerEmitter, first: int, steps: list[Step], calls: list[Member]) -> None:
+    """The lines of one run (see the module docstring); ``first``: its first step's index;
+    ``calls``: each step's native call as :func:`plan_runs` found it."""
     members: list[_Call | _Kernel] = []
     stable: list[str] = []
     slow_start = len(em.lines)
-    for k, step in enumerate(steps, first):
-        member = _member(em, step)
+    for k, step, member in zip(range(first, first + len(steps)), steps, calls):
         if member is None:
             assert isinstance(step, KernelStep)
             em.kernel_step(k, step)  # NOTE: ``if K(A): _zero_division()``, moved below

@@ -297,8 +297,8 @@ class RunnerEmitter:
         run_end = 0
         for k, step in enumerate(plan.steps):
             if k in runs:
-                run_end = runs[k]
-                emit_run(self, k, plan.steps[k:run_end])
+                run_end, members = runs[k]
+                emit_run(self, k, plan.steps[k:run_end], members)
             if k < run_end:
                 ends.append(len(self.lines))  # NOTE: the run's lines stand at its first step
                 continue
